@@ -1,0 +1,93 @@
+"""Typed surface of the Rust extension ``checkpointd._native`` (see rust/src/py/).
+
+The scanner walks a workspace in parallel with the GIL released, applies the
+policy, classifies entries, zeroes secrets, hashes with BLAKE3 and consults a
+persistent stat cache. Results cross into Python as compact bytes.
+"""
+
+from collections.abc import Iterator, Sequence
+
+__version__: str
+
+class ScanCancelled(Exception):
+    """Raised by ``scan`` when its ``CancelToken`` was cancelled."""
+
+class CancelToken:
+    def __init__(self) -> None: ...
+    def cancel(self) -> None: ...
+    @property
+    def cancelled(self) -> bool: ...
+
+class ScanResult:
+    # The manifest in checkpointd.codec's compact encoding (a UTF-8 JSON array of
+    # rows), sorted by the UTF-8 bytes of the path. Unsupported entries are NOT in it.
+    manifest: bytes
+    # Every unsupported entry the policy did not exclude, sorted by path bytes:
+    # (path, kind) with kind one of "symlink-escapes", "fifo", "socket",
+    # "block-device", "char-device", "non-utf8-name", "unknown".
+    # Non-UTF-8 paths are given with surrogateescape-decoded text.
+    unsupported: list[tuple[str, str]]
+    entries: int          # manifest entries (files + dirs + symlinks)
+    files_hashed: int     # files read and hashed in this scan
+    files_reused: int     # files whose hash came from the stat cache
+    bytes_hashed: int     # bytes read for hashing
+
+class PolicyMatcher:
+    """The declarative policy of SPEC §4, compiled once (gitignore dialect)."""
+
+    def __init__(
+        self, exclude: Sequence[str], include: Sequence[str], default_excludes: bool
+    ) -> None: ...
+    # True when a path (workspace-relative, '/'-separated) is selected by the
+    # policy: not excluded (by itself or any ancestor directory) and, for files,
+    # included. ``is_dir`` selects the directory-only pattern rules.
+    def selects(self, path: str, is_dir: bool) -> bool: ...
+    # True when the path or one of its ancestors is excluded.
+    def excluded(self, path: str, is_dir: bool) -> bool: ...
+
+def scan(
+    root: str,
+    *,
+    exclude: Sequence[str] = (),
+    include: Sequence[str] = (),
+    default_excludes: bool = True,
+    secrets: Sequence[bytes] = (),
+    cache_path: str | None = None,
+    threads: int = 0,
+    cancel: CancelToken | None = None,
+) -> ScanResult:
+    """Walk ``root`` (never following symlinks) and build its manifest.
+
+    Top-level names starting with ``.checkpointd`` are never captured. With
+    ``cache_path``, loads the stat cache from there (a missing or corrupt file is
+    an empty cache) and saves the updated cache atomically. ``threads=0`` means
+    one per core. Raises OSError when the root cannot be read, ValueError for a
+    bad pattern or a secret shorter than 4 bytes, ScanCancelled on cancel.
+    """
+
+def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:
+    """(64-hex BLAKE3 of the zeroed bytes, size), streaming in fixed memory."""
+
+class ZeroingReader:
+    """Streams a file's bytes with every secret occurrence zeroed (fixed memory).
+
+    Opens with O_NOFOLLOW. Iterating yields chunks of up to ``chunk_size`` bytes;
+    matches spanning chunk boundaries are zeroed too.
+    """
+
+    def __init__(self, path: str, secrets: Sequence[bytes] = (), chunk_size: int = 1 << 20) -> None: ...
+    def __iter__(self) -> Iterator[bytes]: ...
+    def __next__(self) -> bytes: ...
+    def close(self) -> None: ...
+
+def zero_secrets(data: bytes, secrets: Sequence[bytes]) -> bytes:
+    """Every occurrence (overlapping too) of each secret replaced by zero bytes."""
+
+def secrets_fingerprint(secrets: Sequence[bytes]) -> str:
+    """A keyed hash of the secret set, stored in the stat cache (never the secrets)."""
+
+def record_in_cache(
+    root: str, cache_path: str, files: Sequence[tuple[str, str]], secrets: Sequence[bytes] = ()
+) -> None:
+    """After a restore: stat each (relative path, 64-hex) written and record it in
+    the stat cache so the next capture reuses those hashes."""

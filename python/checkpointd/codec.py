@@ -1,0 +1,120 @@
+"""Compact documents for checkpoints: one JSON document per manifest, never a row per file.
+
+A manifest is a JSON array of short arrays, in entry order:
+
+    ["f", path, <64-hex of the blob>, size, mode, mtime_ns]
+    ["d", path, mode]
+    ["l", path, target]
+
+The native scanner emits the same encoding, so a capture's manifest crosses from
+Rust to Python as one ``bytes`` value. ``encode_checkpoint`` adds the other fields
+and returns the document stores persist (optionally zlib-compressed by the store).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .model import (
+    ARTIFACT_KEY_PREFIX,
+    FILE_KEY_PREFIX,
+    Artifact,
+    Checkpoint,
+    DirEntry,
+    Entry,
+    FileEntry,
+    SymlinkEntry,
+)
+
+_PREFIX_LEN = len(FILE_KEY_PREFIX)
+
+
+def _entry_row(entry: Entry) -> list[Any]:
+    if isinstance(entry, FileEntry):
+        return ["f", entry.path, entry.blob_key[_PREFIX_LEN:], entry.size, entry.mode, entry.mtime_ns]
+    if isinstance(entry, DirEntry):
+        return ["d", entry.path, entry.mode]
+    return ["l", entry.path, entry.target]
+
+
+def encode_entries(entries: tuple[Entry, ...] | list[Entry]) -> bytes:
+    """Encode validated entries (blob keys must have the file-key shape)."""
+    rows = [_entry_row(entry) for entry in entries]
+    return json.dumps(rows, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def entries_from_rows(rows: list[list[Any]]) -> tuple[Entry, ...]:
+    out: list[Entry] = []
+    append = out.append
+    for row in rows:
+        tag = row[0]
+        if tag == "f":
+            append(FileEntry(row[1], FILE_KEY_PREFIX + row[2], row[3], row[4], row[5]))
+        elif tag == "d":
+            append(DirEntry(row[1], row[2]))
+        elif tag == "l":
+            append(SymlinkEntry(row[1], row[2]))
+        else:
+            raise ValueError(f"unknown manifest row tag {tag!r}")
+    return tuple(out)
+
+
+def decode_entries(data: bytes | str) -> tuple[Entry, ...]:
+    return entries_from_rows(json.loads(data))
+
+
+def _artifact_row(artifact: Artifact) -> list[Any]:
+    return [
+        artifact.artifact_id,
+        artifact.name,
+        artifact.mime_type,
+        artifact.size,
+        artifact.blob_key[len(ARTIFACT_KEY_PREFIX) :],
+        artifact.created_at,
+    ]
+
+
+def _artifact_from_row(row: list[Any]) -> Artifact:
+    return Artifact(
+        artifact_id=row[0],
+        name=row[1],
+        mime_type=row[2],
+        size=row[3],
+        blob_key=ARTIFACT_KEY_PREFIX + row[4],
+        created_at=row[5],
+    )
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The whole checkpoint as one compact UTF-8 JSON document."""
+    document = {
+        "id": checkpoint.id,
+        "thread_id": checkpoint.thread_id,
+        "parent_checkpoint_id": checkpoint.parent_checkpoint_id,
+        "created_at": checkpoint.created_at,
+        "reason": checkpoint.reason,
+        "label": checkpoint.label,
+        "source_run_id": checkpoint.source_run_id,
+        "files": [_entry_row(entry) for entry in checkpoint.files],
+        "conversation": list(checkpoint.conversation),
+        "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
+    }
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def decode_checkpoint(data: bytes | str) -> Checkpoint:
+    """A fresh Checkpoint (new conversation objects each call, so callers can't mutate the store)."""
+    document = json.loads(data)
+    return Checkpoint(
+        id=document["id"],
+        thread_id=document["thread_id"],
+        parent_checkpoint_id=document["parent_checkpoint_id"],
+        created_at=document["created_at"],
+        reason=document["reason"],
+        label=document["label"],
+        source_run_id=document["source_run_id"],
+        files=entries_from_rows(document["files"]),
+        conversation=tuple(document["conversation"]),
+        artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
+    )

@@ -1,0 +1,222 @@
+"""The data model of SPEC §2 and §8: checkpoints, entries, artifacts, writers, policy.
+
+Models are frozen dataclasses built by keyword. Validation lives in
+``checkpointd.validation`` so that stores, capture and restore apply one set of rules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+
+Reason: TypeAlias = Literal["automatic", "named", "fork-root"]
+REASONS: tuple[str, ...] = ("automatic", "named", "fork-root")
+
+FILE_KEY_PREFIX = "sandbox-files/blake3/"
+ARTIFACT_KEY_PREFIX = "sandbox-artifacts/blake3/"
+
+
+@dataclass(frozen=True, slots=True)
+class FileEntry:
+    """A regular file; its bytes (after secret zeroing) live at ``blob_key``."""
+
+    path: str
+    blob_key: str
+    size: int
+    mode: int = 0o644
+    mtime_ns: int = 0
+    kind: Literal["file"] = field(default="file", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """A directory; every captured directory is recorded so empty ones come back."""
+
+    path: str
+    mode: int = 0o755
+    kind: Literal["dir"] = field(default="dir", init=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SymlinkEntry:
+    """A symbolic link whose target stays inside the workspace; stored as read."""
+
+    path: str
+    target: str
+    kind: Literal["symlink"] = field(default="symlink", init=False, repr=False)
+
+
+Entry: TypeAlias = FileEntry | DirEntry | SymlinkEntry
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    """A named blob kept with a checkpoint (a report, a screenshot...)."""
+
+    artifact_id: str
+    name: str
+    mime_type: str
+    size: int
+    blob_key: str
+    created_at: int
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """One immutable checkpoint of a thread (SPEC §2)."""
+
+    id: str
+    thread_id: str
+    parent_checkpoint_id: str | None
+    created_at: int
+    reason: Reason = "automatic"
+    files: tuple[Entry, ...] = ()
+    conversation: tuple[Any, ...] = ()
+    artifacts: tuple[Artifact, ...] = ()
+    label: str | None = None
+    source_run_id: str | None = None
+
+    def blob_keys(self) -> list[str]:
+        """The distinct blob keys this checkpoint uses, in first-seen order."""
+        seen: dict[str, None] = {}
+        for entry in self.files:
+            if isinstance(entry, FileEntry):
+                seen.setdefault(entry.blob_key, None)
+        for artifact in self.artifacts:
+            seen.setdefault(artifact.blob_key, None)
+        return list(seen)
+
+
+@runtime_checkable
+class WriterLike(Protocol):
+    """Anything with the three ``Writer`` fields is accepted as a writer."""
+
+    @property
+    def thread_id(self) -> str: ...
+
+    @property
+    def owner_token(self) -> str: ...
+
+    @property
+    def fence(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Writer:
+    thread_id: str
+    owner_token: str
+    fence: int
+
+
+class WriterLease:
+    """A thread's writer lease as handed out by ``acquire_writer``.
+
+    Not frozen: ``renew()`` moves ``expires_at``. The store supplies the two
+    callbacks; ``release()`` never raises, so it is safe in ``finally`` blocks.
+    """
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        owner_token: str,
+        fence: int,
+        expires_at: int,
+        renew_after_ms: int,
+        renew: Callable[[WriterLease], Awaitable[int]],
+        release: Callable[[WriterLease], Awaitable[None]],
+    ) -> None:
+        self.thread_id = thread_id
+        self.owner_token = owner_token
+        self.fence = fence
+        self.expires_at = expires_at
+        self.renew_after_ms = renew_after_ms
+        self._renew = renew
+        self._release = release
+
+    def as_writer(self) -> Writer:
+        return Writer(self.thread_id, self.owner_token, self.fence)
+
+    async def renew(self) -> int:
+        """Extend the lease to now + duration; returns the new ``expires_at``.
+
+        Raises SandboxCheckpointWriterLostError when the lease expired or was
+        replaced by another writer's.
+        """
+        expires_at = await self._renew(self)
+        self.expires_at = expires_at
+        return expires_at
+
+    async def release(self) -> None:
+        """Remove this lease's record (only its own); never raises."""
+        try:
+            await self._release(self)
+        except Exception:  # noqa: BLE001 - release must be safe in finally blocks
+            pass
+
+    async def __aenter__(self) -> WriterLease:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    def __repr__(self) -> str:
+        return (
+            f"WriterLease(thread_id={self.thread_id!r}, fence={self.fence}, "
+            f"expires_at={self.expires_at})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BlobReference:
+    """A blob key and how many checkpoints use it (always > 0 when listed)."""
+
+    key: str
+    references: int
+
+    # Allow ``key, count = ref`` as SPEC writes the pairs as ``(key, count)``.
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        yield self.key
+        yield self.references
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Which paths a capture keeps and a restore manages (SPEC §4).
+
+    Patterns use git's gitignore dialect. Exclude wins over include; an empty
+    ``include`` includes every file. ``default_excludes`` adds any ``.git``,
+    ``node_modules`` or ``.env*`` path segment.
+    """
+
+    exclude: tuple[str, ...] = ()
+    include: tuple[str, ...] = ()
+    default_excludes: bool = True
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but keep the frozen value hashable.
+        object.__setattr__(self, "exclude", tuple(self.exclude))
+        object.__setattr__(self, "include", tuple(self.include))
+
+
+DEFAULT_EXCLUDES: tuple[str, ...] = (".git", "node_modules", ".env*")
+
+__all__ = [
+    "ARTIFACT_KEY_PREFIX",
+    "DEFAULT_EXCLUDES",
+    "FILE_KEY_PREFIX",
+    "REASONS",
+    "Artifact",
+    "BlobReference",
+    "Checkpoint",
+    "DirEntry",
+    "Entry",
+    "FileEntry",
+    "Policy",
+    "Reason",
+    "SymlinkEntry",
+    "Writer",
+    "WriterLease",
+    "WriterLike",
+]
