@@ -76,3 +76,44 @@ class InstanceStore(Protocol):
     async def delete(self, key: str) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class BlobGuard(Protocol):
+    """Pin/condemn: what makes ``sweep_blobs`` safe while captures run (SPEC §6).
+
+    Every store we ship implements it. The proof, in short:
+
+    * A capture pins every key it will reference (``pin_blobs``) *before* it asks
+      the bucket whether the blob exists. A pin lives while the writer lease that
+      made it is current (same thread, same owner_token, not expired); releasing
+      the lease drops its pins. After the append, the reference count protects
+      the key.
+    * A sweep condemns keys (``condemn_blobs``) before deleting them. Condemning
+      is one transaction that skips any key with a reference or a live pin, and
+      marks the rest condemned until ``now + hold_ms``.
+    * ``pin_blobs`` records pins on all keys but returns the keys that are
+      condemned right now; the capture must not trust the bucket for those and
+      retries the pin until they are no longer condemned (the sweep released
+      them or the hold expired), then checks the bucket and uploads if missing.
+    * The sweep stops issuing deletes for a batch once its hold is about to
+      expire (a safety margin), so a delete never lands after a capture's pin
+      could have succeeded.
+    """
+
+    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+        """Pin ``keys`` for ``writer`` (checked first: WRITER_LOST when not current).
+
+        Returns the subset of ``keys`` that are condemned by a sweep right now.
+        Invalid keys → SandboxCheckpointInvalidEntryError. Idempotent.
+        """
+        ...
+
+    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+        """Condemn each key that has no reference, no live pin and no live
+        condemnation; returns the condemned keys (in the given order)."""
+        ...
+
+    async def release_condemned(self, keys: list[str]) -> None:
+        """Drop condemnations (after the sweep deleted or gave up on the keys)."""
+        ...
