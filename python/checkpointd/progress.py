@@ -1,0 +1,29 @@
+"""Progress reports from long work (capture, restore), for the gRPC stream and the CLI.
+
+Engines call ``report(Progress(...))`` at phase changes and at most every ~100 ms
+within a phase; the callback must be cheap and must not raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Capture phases: "lease", "scan", "pin", "upload", "append".
+# Restore phases: "lease", "resolve", "plan", "fetch", "apply".
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    phase: str
+    files_done: int = 0
+    files_total: int = 0
+    bytes_done: int = 0
+    bytes_total: int = 0
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+def ignore_progress(_: Progress) -> None:
+    """The default callback."""
