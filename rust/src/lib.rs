@@ -1,4 +1,16 @@
 //! checkpointd's native core: tree walk, policy, secret zeroing, hashing, stat cache.
 //! Core modules never import pyo3; `py/` is the only binding layer.
 
+pub mod cancel;
+pub mod classify;
+pub mod error;
+pub mod fs;
+pub mod hash;
+pub mod manifest;
+pub mod policy;
+pub mod redact;
+pub mod scan;
+pub mod statcache;
+pub mod walk;
+
 pub mod py;

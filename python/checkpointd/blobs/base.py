@@ -54,8 +54,7 @@ class BlobStore(Protocol):
         """Chunks of the blob; raises BlobNotFoundError on first iteration."""
         ...
 
-    async def head(self, key: str) -> BlobInfo | None:
-        ...
+    async def head(self, key: str) -> BlobInfo | None: ...
 
     async def list(self, prefix: str) -> list[BlobInfo]:
         """Every object under ``prefix`` (all pages)."""

@@ -6,6 +6,8 @@ suites in ``checkpointd.testkit``; users' own stores can too.
 
 from __future__ import annotations
 
+import builtins
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -23,7 +25,7 @@ DEFAULT_RENEW_AFTER_MS = 45_000
 class CheckpointStore(Protocol):
     async def get(self, checkpoint_id: str) -> Checkpoint | None: ...
 
-    async def list(self, thread_id: str) -> list[Checkpoint]: ...
+    async def list(self, thread_id: str) -> builtins.list[Checkpoint]: ...
 
     async def get_head(self, thread_id: str) -> str | None: ...
 
@@ -35,11 +37,11 @@ class CheckpointStore(Protocol):
 
     async def acquire_writer(self, thread_id: str) -> WriterLease: ...
 
-    async def list_blob_references(self) -> list[BlobReference]: ...
+    async def list_blob_references(self) -> builtins.list[BlobReference]: ...
 
     async def delete_checkpoints(
         self, thread_id: str, keep: int, writer: WriterLike
-    ) -> list[str]: ...
+    ) -> builtins.list[str]: ...
 
     async def fork_from_checkpoint(
         self,
@@ -101,7 +103,7 @@ class BlobGuard(Protocol):
       could have succeeded.
     """
 
-    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
         """Pin ``keys`` for ``writer`` (checked first: WRITER_LOST when not current).
 
         Returns the subset of ``keys`` that are condemned by a sweep right now.
@@ -109,11 +111,11 @@ class BlobGuard(Protocol):
         """
         ...
 
-    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn each key that has no reference, no live pin and no live
         condemnation; returns the condemned keys (in the given order)."""
         ...
 
-    async def release_condemned(self, keys: list[str]) -> None:
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
         """Drop condemnations (after the sweep deleted or gave up on the keys)."""
         ...

@@ -1,8 +1,27 @@
 //! The PyO3 binding: owns inputs, releases the GIL, calls the core, converts results.
+//! The only place in the crate that imports pyo3.
+
+mod args;
+mod cancel;
+mod errors;
+mod policy;
+mod scan;
+mod stream;
+
 use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
+    m.add_class::<cancel::CancelToken>()?;
+    m.add_class::<scan::ScanResult>()?;
+    m.add_class::<policy::PyPolicyMatcher>()?;
+    m.add_class::<stream::ZeroingReader>()?;
+    m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::record_in_cache, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;
     Ok(())
 }

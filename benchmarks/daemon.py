@@ -1,0 +1,162 @@
+"""checkpointd's operations through the daemon: ``checkpointd serve`` plus its CLI.
+
+A daemon serves one workspace, so captures go to a daemon on the working copy and
+restores to a second one on the restore target; both share one SQLite store and
+blob dir, as sidecars sharing a store would. Each timed run is the CLI client
+(``python -m checkpointd capture|restore THREAD --json``), i.e. what an
+orchestrator's shell-out costs end to end; daemon start-up is never timed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO
+
+from .context import (
+    APPEND_1MIB,
+    CHANGED_1PCT,
+    COLD,
+    NO_CHANGE,
+    RESTORE_EMPTY,
+    RESTORE_OVER,
+    CorpusRun,
+)
+from .corpus import disk_usage
+from .timing import OURS
+
+DAEMON_TOOL = "checkpointd (daemon)"
+THREAD = "bench"
+CHECKPOINTD = [sys.executable, "-m", "checkpointd"]
+START_TIMEOUT_S = 60.0
+
+
+class DaemonError(RuntimeError):
+    """The daemon did not start serving; carries the tail of its log."""
+
+
+class Daemon:
+    """One ``checkpointd serve`` process that we started, stopped by its pid."""
+
+    def __init__(self, workspace: Path, store: str, blobs: str, data_dir: Path, log: Path) -> None:
+        self.workspace, self.store, self.blobs, self.data_dir, self.log = (
+            workspace, store, blobs, data_dir, log,
+        )  # fmt: skip
+        # Unix socket paths are limited to ~107 bytes: keep it short, outside the scratch.
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="cpb-"))
+        self.address = f"unix://{self._socket_dir / 'd.sock'}"
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: IO[bytes] | None = None
+
+    def start(self) -> None:
+        """Start serving and wait for SERVING. Raises DaemonError when it does not."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._log_file = self.log.open("ab")
+        self._proc = subprocess.Popen(
+            [*CHECKPOINTD, "serve", "--workspace", str(self.workspace),
+             "--data-dir", str(self.data_dir), "--store", self.store, "--blobs", self.blobs,
+             "--listen", self.address, "--log-level", "WARNING"],
+            stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        health = subprocess.run(
+            [*CHECKPOINTD, "health", "--address", self.address, "--wait", str(START_TIMEOUT_S)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        if health.returncode != 0 or self._proc.poll() is not None:
+            self.stop()
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-5:]
+            raise DaemonError(f"checkpointd serve did not start: {' | '.join(tail)}")
+
+    def stop(self) -> None:
+        """SIGTERM our daemon (it drains and closes its stores), SIGKILL if it hangs."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+        self._proc = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def close(self) -> None:
+        self.stop()
+        for leftover in self._socket_dir.iterdir():
+            leftover.unlink()
+        self._socket_dir.rmdir()
+
+    def client(self, operation: str) -> list[str]:
+        return [*CHECKPOINTD, operation, THREAD, "--address", self.address, "--json"]
+
+
+def cli_available() -> str | None:
+    """None when ``checkpointd serve`` can run here, else why not."""
+    probe = subprocess.run([*CHECKPOINTD, "serve", "--help"], capture_output=True, check=False)
+    return None if probe.returncode == 0 else "`python -m checkpointd serve` is not there yet"
+
+
+def daemon_suite(ctx: CorpusRun) -> None:
+    """Every operation through the daemon and its CLI client, one client per run."""
+    missing = cli_available()
+    if missing:
+        print(f"   checkpointd daemon: skipped ({missing})")
+        return
+    base = ctx.tool_dir("checkpointd-daemon")
+    store_dir = base / "store"
+    store, blobs = f"sqlite:///{store_dir}/checkpoints.db", f"file://{store_dir}/blobs"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    capturer = Daemon(ctx.work, store, blobs, base / "data", base / "capture-daemon.log")
+    restorer = Daemon(ctx.target, store, blobs, base / "restore-data", base / "restore-daemon.log")
+    try:
+        ctx.fresh_work()
+        base.mkdir(parents=True, exist_ok=True)
+
+        def fresh_store(_run: int) -> None:
+            capturer.stop()
+            ctx.scratch.aside(store_dir, capturer.data_dir)
+            (store_dir / "blobs").mkdir(parents=True)
+            capturer.start()
+
+        capture = capturer.client("capture")
+        cold = ctx.bench(COLD, DAEMON_TOOL, OURS, capture, prepare=fresh_store, env=env)
+        if cold.error:
+            return
+        cold.notes["stored_bytes"] = disk_usage(store_dir)
+        ctx.bench(NO_CHANGE, DAEMON_TOOL, OURS, capture, warmup=True, env=env)
+        ctx.bench(
+            CHANGED_1PCT, DAEMON_TOOL, OURS, capture,
+            prepare=lambda run: ctx.mutate_work(CHANGED_1PCT, run), env=env,
+        )  # fmt: skip
+        if ctx.big_file:
+            ctx.bench(
+                APPEND_1MIB, DAEMON_TOOL, OURS, capture,
+                prepare=lambda run: ctx.append_work(APPEND_1MIB, run), env=env,
+            )  # fmt: skip
+        capturer.stop()
+
+        def empty_target(_run: int) -> None:
+            restorer.stop()
+            ctx.fresh_target()
+            ctx.scratch.aside(restorer.data_dir)
+            restorer.start()
+
+        restore = restorer.client("restore")
+        empty = ctx.bench(RESTORE_EMPTY, DAEMON_TOOL, OURS, restore, prepare=empty_target, env=env)
+        ctx.verify_restore(empty)
+        if not empty.error:
+            over = ctx.bench(
+                RESTORE_OVER, DAEMON_TOOL, OURS, restore,
+                prepare=lambda run: ctx.mutate_target(RESTORE_OVER, run), env=env,
+            )  # fmt: skip
+            ctx.verify_restore(over)
+    except DaemonError as exc:
+        print(f"   checkpointd daemon: stopped ({exc})")
+    finally:
+        capturer.close()
+        restorer.close()

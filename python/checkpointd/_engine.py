@@ -1,0 +1,205 @@
+"""Machinery shared by the capture and restore engines.
+
+* ``LeaseKeeper`` renews a writer lease in the background while an engine works.
+* ``run_in_thread`` runs blocking work off the event loop and, when the awaiting
+  task is cancelled, tells the work to stop and waits for it: a cancelled capture
+  must not release its lease while a thread still writes the stat cache or the
+  workspace.
+* ``run_bounded`` runs a coroutine per item with bounded concurrency and stops
+  the others at the first failure.
+* ``PhaseReporter`` turns work into ``Progress`` reports (every phase change, at
+  most ~10 per second within a phase) and measures each phase.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+from .errors import SandboxCheckpointWriterLostError
+from .model import WriterLease
+from .progress import Progress, ProgressCallback
+
+T = TypeVar("T")
+
+_REPORT_INTERVAL_S = 0.1
+# After a transient failure to renew (database busy), try again sooner than usual.
+_RENEW_RETRY_S = 0.5
+
+
+class LeaseKeeper:
+    """Renews ``lease`` every ``renew_after_ms`` until the block ends.
+
+    A lease that is lost (expired or replaced) cannot come back: the keeper stops
+    and ``check()`` raises SandboxCheckpointWriterLostError so the engine gives up
+    early instead of finishing work it can no longer publish.
+    """
+
+    def __init__(self, lease: WriterLease) -> None:
+        self._lease = lease
+        self._task: asyncio.Task[None] | None = None
+        self.lost: SandboxCheckpointWriterLostError | None = None
+
+    async def _run(self) -> None:
+        delay = max(self._lease.renew_after_ms, 1) / 1000
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._lease.renew()
+            except SandboxCheckpointWriterLostError as error:
+                self.lost = error
+                return
+            except Exception:  # noqa: BLE001 - a transient store failure; the lease may still be live
+                delay = min(_RENEW_RETRY_S, max(self._lease.renew_after_ms, 1) / 1000)
+                continue
+            delay = max(self._lease.renew_after_ms, 1) / 1000
+
+    def check(self) -> None:
+        """Raise SandboxCheckpointWriterLostError if renewing found the lease lost."""
+        if self.lost is not None:
+            raise self.lost
+
+    async def __aenter__(self) -> LeaseKeeper:
+        self._task = asyncio.create_task(self._run(), name="checkpointd-lease-renewal")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+class StopFlag:
+    """Set when the task awaiting threaded work is cancelled; the work polls it."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def raise_if_set(self) -> None:
+        if self._event.is_set():
+            raise WorkCancelled("cancelled")
+
+
+class WorkCancelled(Exception):
+    """Raised inside threaded work that noticed its StopFlag."""
+
+
+async def run_in_thread(
+    work: Callable[[], T], on_cancel: Callable[[], None] | None = None
+) -> T:
+    """Run ``work`` in a worker thread; on cancellation call ``on_cancel`` (which
+    should make the work stop soon), wait for the thread, then re-raise."""
+    future = asyncio.ensure_future(asyncio.to_thread(work))
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        if on_cancel is not None:
+            on_cancel()
+        with contextlib.suppress(BaseException):
+            await future
+        raise
+
+
+async def run_bounded(
+    items: Iterable[T], worker: Callable[[T], Awaitable[None]], limit: int
+) -> None:
+    """Await ``worker(item)`` for every item, at most ``limit`` at a time.
+
+    The first failure cancels the other workers and is raised as is (no
+    exception group), after they have stopped.
+    """
+    iterator = iter(items)
+
+    async def drain() -> None:
+        for item in iterator:  # the workers share one iterator
+            await worker(item)
+
+    tasks = [asyncio.create_task(drain()) for _ in range(max(limit, 1))]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+class PhaseReporter:
+    """Progress reports and per-phase timings for one engine run.
+
+    ``phase()`` always reports (it is called on the event loop, so a callback can
+    act before the phase starts); ``advance()`` reports at most every 100 ms and
+    may be called from a worker thread: the report is then handed to the event
+    loop, so callbacks always run on the loop's thread.
+    """
+
+    def __init__(self, callback: ProgressCallback | None) -> None:
+        self._callback = callback
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._started = time.monotonic()
+        self._phase = ""
+        self._phase_started = self._started
+        self._last_report = 0.0
+        self._files_done = self._files_total = self._bytes_done = self._bytes_total = 0
+        self.phases_ms: dict[str, int] = {}
+
+    def _close_phase(self, now: float) -> None:
+        if self._phase:
+            elapsed = int((now - self._phase_started) * 1000)
+            self.phases_ms[self._phase] = self.phases_ms.get(self._phase, 0) + elapsed
+
+    def phase(self, name: str, *, files_total: int = 0, bytes_total: int = 0) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._close_phase(now)
+            self._phase, self._phase_started = name, now
+            self._files_done, self._bytes_done = 0, 0
+            self._files_total, self._bytes_total = files_total, bytes_total
+            self._last_report = now
+            report = self._snapshot()
+        if self._callback is not None:
+            self._callback(report)
+
+    def advance(self, files: int = 0, nbytes: int = 0) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._files_done += files
+            self._bytes_done += nbytes
+            if self._callback is None or now - self._last_report < _REPORT_INTERVAL_S:
+                return
+            self._last_report = now
+            report = self._snapshot()
+        self._deliver(report)
+
+    def finish(self) -> int:
+        """Close the current phase; returns the total duration in ms."""
+        now = time.monotonic()
+        with self._lock:
+            self._close_phase(now)
+            self._phase = ""
+        return int((now - self._started) * 1000)
+
+    def _snapshot(self) -> Progress:
+        return Progress(
+            self._phase, self._files_done, self._files_total, self._bytes_done, self._bytes_total
+        )
+
+    def _deliver(self, report: Progress) -> None:
+        assert self._callback is not None
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._callback(report)
+        else:
+            self._loop.call_soon_threadsafe(self._callback, report)

@@ -1,0 +1,230 @@
+"""``ObjectBlobStore``: the BlobStore protocol over any obstore store.
+
+One class serves memory, local directory, S3 (and S3-compatible services such as
+R2 or SeaweedFS), GCS and Azure, because obstore gives them one API. What this
+module adds on top of obstore:
+
+* Errors: obstore's not-found (a builtin ``FileNotFoundError``) becomes
+  ``BlobNotFoundError``; every other failure becomes ``BlobStoreError`` naming the
+  store URL (never credentials) and the key.
+* ``put(..., if_absent=True)``: a small blob (at most one multipart part) goes up
+  with obstore's conditional create (``mode="create"``); "already exists" means
+  the blob is there and is a success that returns False. A larger, streamed blob
+  cannot use conditional create (obstore would buffer it whole in memory), so it
+  is checked with ``head`` first and then streamed as a multipart upload. Keys are
+  content addresses, so two writers racing on the same key write the same bytes
+  and either result is correct. A backend without conditional create falls back
+  to head-then-put for good.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import AsyncIterable, AsyncIterator, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError, NotSupportedError
+
+from .base import BlobInfo, BlobNotFoundError, BlobStoreError
+
+if TYPE_CHECKING:
+    from obstore.store import ObjectStore
+
+# obstore's multipart part size; a streamed blob no larger than this is buffered
+# and sent as one conditional PUT, anything larger streams part by part.
+MULTIPART_PART_SIZE = 5 * 1024 * 1024
+# Parts in flight per upload: obstore's default (12) x 5 MiB is 60 MiB of buffers
+# per blob; capture runs several uploads at once, so keep each one modest.
+MULTIPART_CONCURRENCY = 4
+# Objects per listing page (S3 returns at most 1000).
+LIST_PAGE_SIZE = 1000
+
+# obstore raises its own classes, plus builtin FileNotFoundError for a missing
+# object and plain OSError for some local-directory failures.
+_BACKEND_ERRORS = (BaseError, OSError)
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _to_ms(moment: dt.datetime) -> int:
+    """Milliseconds since the epoch, exactly (no float rounding)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.UTC)
+    return (moment - _EPOCH) // dt.timedelta(milliseconds=1)
+
+
+def error_summary(error: BaseException) -> str:
+    """The first line of an obstore error message."""
+    # obstore messages carry a multi-line "Debug source" dump; the first line
+    # already says what failed and where.
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+def _info(meta: Any) -> BlobInfo:
+    return BlobInfo(
+        key=meta["path"], size=int(meta["size"]), last_modified_ms=_to_ms(meta["last_modified"])
+    )
+
+
+class ObjectBlobStore:
+    """A BlobStore backed by an obstore ``ObjectStore``.
+
+    ``url`` names the store in errors and in GetServerInfo; pass it without
+    credentials (``open_blobs`` does).
+    """
+
+    def __init__(self, store: ObjectStore, url: str) -> None:
+        self._store = store
+        self.url = url
+        self._conditional_create = True  # cleared when the backend refuses it
+
+    def __repr__(self) -> str:
+        return f"ObjectBlobStore({self.url!r})"
+
+    @property
+    def object_store(self) -> ObjectStore:
+        """The underlying obstore store (for callers that need obstore directly)."""
+        return self._store
+
+    def _translate(self, operation: str, key: str, error: BaseException) -> Exception:
+        if isinstance(error, FileNotFoundError):
+            return BlobNotFoundError(key)
+        return BlobStoreError(f"{operation} {key!r} on {self.url} failed: {error_summary(error)}")
+
+    @contextmanager
+    def _errors(self, operation: str, key: str) -> Iterator[None]:
+        try:
+            yield
+        except _BACKEND_ERRORS as error:
+            raise self._translate(operation, key, error) from error
+
+    async def put(
+        self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
+    ) -> bool:
+        """Store ``data`` (bytes or an async iterable of chunks) under ``key``.
+
+        With ``if_absent`` an existing key is left untouched and False is
+        returned; otherwise True after the bytes were written. Raises
+        BlobStoreError when the backend fails (nothing is half-written: obstore
+        puts are atomic).
+        """
+        if isinstance(data, bytes | bytearray | memoryview):
+            return await self._put_small(key, bytes(data), if_absent)
+        stream = aiter(data)
+        head = await _read_up_to(stream, MULTIPART_PART_SIZE + 1)
+        if len(head) <= MULTIPART_PART_SIZE:
+            return await self._put_small(key, head, if_absent)
+        if if_absent and await self.head(key) is not None:
+            await _close(stream)
+            return False
+        with self._errors("put", key):
+            await obstore.put_async(
+                self._store,
+                key,
+                _chain(head, stream),
+                use_multipart=True,
+                chunk_size=MULTIPART_PART_SIZE,
+                max_concurrency=MULTIPART_CONCURRENCY,
+            )
+        return True
+
+    async def _put_small(self, key: str, data: bytes, if_absent: bool) -> bool:
+        if if_absent and self._conditional_create:
+            try:
+                await obstore.put_async(self._store, key, data, mode="create")
+                return True
+            except AlreadyExistsError:
+                return False
+            except (NotSupportedError, NotImplementedError):
+                # e.g. S3 with conditional_put="disabled" for a backend that
+                # ignores or rejects If-None-Match.
+                self._conditional_create = False
+            except _BACKEND_ERRORS as error:
+                raise self._translate("put", key, error) from error
+        if if_absent and await self.head(key) is not None:
+            return False
+        with self._errors("put", key):
+            await obstore.put_async(self._store, key, data)
+        return True
+
+    async def get(self, key: str) -> bytes:
+        """All bytes of the blob. Raises BlobNotFoundError or BlobStoreError."""
+        with self._errors("get", key):
+            result = await obstore.get_async(self._store, key)
+            return bytes(await result.bytes_async())
+
+    async def get_stream(self, key: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        """Chunks of the blob (each at least ``chunk_size`` bytes but the last).
+
+        Raises BlobNotFoundError on the first iteration when the key is missing,
+        BlobStoreError when the backend fails mid-stream.
+        """
+        with self._errors("get", key):
+            result = await obstore.get_async(self._store, key)
+            async for chunk in result.stream(min_chunk_size=chunk_size):
+                yield chunk
+
+    async def head(self, key: str) -> BlobInfo | None:
+        """Size and upload time of the blob, or None when it does not exist."""
+        try:
+            with self._errors("head", key):
+                return _info(await obstore.head_async(self._store, key))
+        except BlobNotFoundError:
+            return None
+
+    async def list(self, prefix: str) -> list[BlobInfo]:
+        """Every object whose key starts with the path segments of ``prefix``.
+
+        Prefixes match whole segments (``a/b`` lists ``a/b/c``, not ``a/bc``), as
+        in obstore. ``last_modified_ms`` is the backend's last-modified time: the
+        file's mtime for a directory (when its bytes were written), the put
+        time in memory, whole seconds on S3. Raises BlobStoreError when listing
+        fails.
+        """
+        found: list[BlobInfo] = []
+        with self._errors("list", prefix):
+            async for page in obstore.list(self._store, prefix, chunk_size=LIST_PAGE_SIZE):
+                found.extend(_info(meta) for meta in page)
+        return found
+
+    async def delete(self, key: str) -> None:
+        """Remove the key; a missing key is not an error. Raises BlobStoreError."""
+        try:
+            with self._errors("delete", key):
+                await obstore.delete_async(self._store, key)
+        except BlobNotFoundError:
+            pass  # the local-directory backend reports a missing file; S3 does not
+
+
+async def _read_up_to(stream: AsyncIterator[bytes], limit: int) -> bytes:
+    """Read chunks until at least ``limit`` bytes or the end of the stream."""
+    parts: list[bytes] = []
+    total = 0
+    while total < limit:
+        try:
+            chunk = await anext(stream)
+        except StopAsyncIteration:
+            break
+        parts.append(bytes(chunk))
+        total += len(chunk)
+    return b"".join(parts)
+
+
+async def _chain(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for chunk in rest:
+        yield chunk
+
+
+async def _close(stream: AsyncIterator[bytes]) -> None:
+    # An async generator left half-read would only be closed by the GC (with a
+    # warning); close it now so files it holds open are released.
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+__all__ = ["MULTIPART_PART_SIZE", "ObjectBlobStore"]

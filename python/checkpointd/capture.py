@@ -1,0 +1,556 @@
+"""The capture engine (SPEC §4): save a workspace as a new checkpoint of a thread.
+
+Read top to bottom, ``capture_checkpoint`` does:
+
+1. validate the arguments, then take the thread's writer lease (a second capture
+   of the thread fails fast with WRITER_CONFLICT) and read the head right after;
+   a background task renews the lease while we work;
+2. scan natively in a worker thread (walk, policy, classify, zero secrets, BLAKE3,
+   stat cache); unsupported entries the policy does not exclude fail the capture,
+   listing every path;
+3. pin every blob key the checkpoint will reference in the store *before* asking
+   the bucket about it, retrying keys that a concurrent sweep has condemned, so a
+   sweep can never delete a blob this capture counts on (store/base.py BlobGuard);
+4. find the missing blobs: keys the parent checkpoint references are present
+   (the parent cannot lose them while we hold the lease); the rest are checked
+   with ``head``, a few at a time;
+5. upload each missing blob streaming from disk through the native re-zeroing
+   reader, hashing on the way; the last chunk is only released once size and
+   BLAKE3 match the scan, so a file that changed under the capture never completes
+   an upload with torn bytes. Such a file is hashed again and its entry updated
+   (a few rounds at most), or dropped when it vanished;
+6. append with ``expected_head_id`` = the head read in step 1, then release the
+   lease (in every case).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import blake3
+
+from . import _native
+from ._engine import LeaseKeeper, PhaseReporter, run_bounded, run_in_thread
+from .blobs.base import BlobStore
+from .codec import decode_entries
+from .errors import (
+    MISSING_BLOB,
+    UNSUPPORTED_ENTRY,
+    SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointInvalidEntryError,
+    SandboxSnapshotError,
+)
+from .ids import new_uuid7
+from .model import FILE_KEY_PREFIX, Artifact, Checkpoint, Entry, FileEntry, Policy, WriterLease
+from .progress import ProgressCallback
+from .statcache_paths import resolve_data_dir, stat_cache_path
+from .store.base import BlobGuard, CheckpointStore
+from .validation import artifact_problem, check_id, check_optional_id
+
+# A file kept changing while we uploaded it, more often than we retry.
+FILE_CHANGED = "SANDBOX_SNAPSHOT_FILE_CHANGED"
+
+# Uploads in flight; each streams in fixed memory (chunk + the store's parts).
+UPLOAD_CONCURRENCY = 8
+# `head` requests in flight while looking for missing blobs.
+HEAD_CONCURRENCY = 16
+# Files this small are read whole, checked, then sent as one conditional PUT.
+SMALL_FILE_BYTES = 1 << 20
+READ_CHUNK_BYTES = 1 << 20
+# Rounds of "hash again and upload" for files that change under the capture.
+CHANGED_FILE_ROUNDS = 3
+MIN_SECRET_BYTES = 4
+# Waiting for a sweep to release a condemned key: first and longest pause.
+_PIN_RETRY_FIRST_S = 0.05
+_PIN_RETRY_MAX_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureStats:
+    """What a capture did (SPEC §4)."""
+
+    entries: int  # manifest entries (files + dirs + symlinks)
+    files_hashed: int  # files read and hashed by the scan
+    files_reused: int  # files whose hash came from the stat cache
+    bytes_hashed: int
+    blobs_uploaded: int  # distinct keys put
+    bytes_uploaded: int
+    duration_ms: int  # total
+    phases_ms: dict[str, int] = field(default_factory=dict)  # lease, scan, pin, upload, append
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureResult:
+    checkpoint: Checkpoint
+    stats: CaptureStats
+
+
+class _FileChanged(Exception):
+    """The file's bytes no longer match what the scan hashed."""
+
+
+@dataclass
+class _Uploads:
+    blobs: int = 0
+    bytes: int = 0
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _check_secrets(secrets: Iterable[bytes]) -> tuple[bytes, ...]:
+    checked: list[bytes] = []
+    for secret in secrets:
+        if not isinstance(secret, bytes | bytearray | memoryview):
+            raise SandboxCheckpointInvalidArgumentError("secrets must be byte strings")
+        value = bytes(secret)
+        if len(value) < MIN_SECRET_BYTES:
+            # The message says how long, never what: secrets are never echoed.
+            raise SandboxCheckpointInvalidArgumentError(
+                f"every secret must be at least {MIN_SECRET_BYTES} bytes (one has {len(value)})"
+            )
+        checked.append(value)
+    return tuple(checked)
+
+
+def _check_artifacts(artifacts: Iterable[Artifact]) -> tuple[Artifact, ...]:
+    checked = tuple(artifacts)
+    for artifact in checked:
+        problem = artifact_problem(artifact)
+        if problem:
+            raise SandboxCheckpointInvalidEntryError(f"invalid artifact: {problem}")
+    return checked
+
+
+def _check_root(root: str) -> None:
+    if not os.path.isdir(root):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"workspace root {root!r} is not a directory", details={"path": root}
+        )
+
+
+async def capture_checkpoint(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    blobs: BlobStore,
+    thread_id: str,
+    *,
+    label: str | None = None,
+    policy: Policy | None = None,
+    secrets: Sequence[bytes] = (),
+    conversation: Sequence[Any] = (),
+    artifacts: Sequence[Artifact] = (),
+    source_run_id: str | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    now: Callable[[], int] | None = None,
+    progress: ProgressCallback | None = None,
+    checkpoint_id: str | None = None,
+    cancel: _native.CancelToken | None = None,
+) -> CaptureResult:
+    """Capture the workspace into a new checkpoint at the head of ``thread_id``.
+
+    ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
+    checkpoint with that id already exists in this thread it is returned with
+    zeroed stats. ``cancel`` lets a caller stop the scan and the uploads.
+
+    Raises SandboxCheckpointInvalidIdError (bad thread or checkpoint id),
+    SandboxCheckpointInvalidArgumentError (a secret shorter than 4 bytes, a
+    data_dir inside the workspace, a missing root), SandboxCheckpointInvalidEntryError
+    (bad artifact, label or conversation), SandboxCheckpointWriterConflictError
+    (the thread's lease is held), SandboxCheckpointWriterLostError (the lease was
+    lost meanwhile), SandboxCheckpointConflictError (the head moved),
+    SandboxCheckpointDuplicateIdError (the id is used by another thread),
+    SandboxSnapshotError with UNSUPPORTED_ENTRY (every offending path listed),
+    MISSING_BLOB (an artifact's blob is gone) or FILE_CHANGED (a file kept
+    changing while it was uploaded), BlobStoreError when the bucket fails, and
+    ScanCancelled when ``cancel`` was cancelled.
+    """
+    check_id(thread_id, "thread id")
+    check_optional_id(checkpoint_id, "checkpoint id")
+    checked_secrets = _check_secrets(secrets)
+    checked_artifacts = _check_artifacts(artifacts)
+    root = os.path.abspath(os.fspath(workspace_root))
+    _check_root(root)
+    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
+    policy = policy if policy is not None else Policy()
+    clock = now if now is not None else _now_ms
+    new_id = checkpoint_id if checkpoint_id is not None else new_uuid7()
+    token = cancel if cancel is not None else _native.CancelToken()
+    reporter = PhaseReporter(progress)
+
+    reporter.phase("lease")
+    lease = await store.acquire_writer(thread_id)
+    try:
+        async with LeaseKeeper(lease) as keeper:
+            head_id = await store.get_head(thread_id)
+            if checkpoint_id is not None:
+                existing = await _existing(store, checkpoint_id, thread_id)
+                if existing is not None:
+                    return CaptureResult(existing, _empty_stats(reporter))
+            parent = await store.get(head_id) if head_id is not None else None
+
+            reporter.phase("scan")
+            outcome = await _scan(root, policy, checked_secrets, cache_path, token)
+            entries = list(decode_entries(outcome.manifest))
+            keeper.check()
+
+            engine = _Uploader(
+                root, store, blobs, lease, keeper, checked_secrets, reporter, token
+            )
+            entries = await engine.store_blobs(entries, checked_artifacts, parent)
+
+            reporter.phase("append")
+            parent_created = parent.created_at if parent is not None else None
+            created_at = clock()
+            if parent_created is not None:
+                created_at = max(created_at, int(parent_created) + 1)
+            checkpoint = Checkpoint(
+                id=new_id,
+                thread_id=thread_id,
+                parent_checkpoint_id=head_id,
+                created_at=created_at,
+                reason="named" if label is not None else "automatic",
+                files=tuple(entries),
+                conversation=tuple(conversation),
+                artifacts=checked_artifacts,
+                label=label,
+                source_run_id=source_run_id,
+            )
+            keeper.check()
+            await store.append(checkpoint, head_id, lease)
+            duration_ms = reporter.finish()
+            stats = CaptureStats(
+                entries=len(entries),
+                files_hashed=outcome.files_hashed,
+                files_reused=outcome.files_reused,
+                bytes_hashed=outcome.bytes_hashed,
+                blobs_uploaded=engine.uploads.blobs,
+                bytes_uploaded=engine.uploads.bytes,
+                duration_ms=duration_ms,
+                phases_ms=dict(reporter.phases_ms),
+            )
+            return CaptureResult(checkpoint, stats)
+    finally:
+        await lease.release()
+
+
+async def _existing(store: CheckpointStore, checkpoint_id: str, thread_id: str) -> Checkpoint | None:
+    """A checkpoint a previous attempt with this id already appended, if any."""
+    existing = await store.get(checkpoint_id)
+    if existing is None:
+        return None
+    if existing.thread_id != thread_id:
+        raise SandboxCheckpointDuplicateIdError(
+            f"checkpoint id {checkpoint_id!r} is used by another thread",
+            details={"checkpoint_id": checkpoint_id},
+        )
+    return existing
+
+
+def _empty_stats(reporter: PhaseReporter) -> CaptureStats:
+    duration_ms = reporter.finish()
+    return CaptureStats(0, 0, 0, 0, 0, 0, duration_ms, dict(reporter.phases_ms))
+
+
+async def _scan(
+    root: str,
+    policy: Policy,
+    secrets: tuple[bytes, ...],
+    cache_path: str,
+    token: _native.CancelToken,
+) -> Any:
+    from .scanner import scan_workspace
+
+    outcome = await run_in_thread(
+        lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token), token.cancel
+    )
+    if outcome.unsupported:
+        listing = ", ".join(f"{path} ({kind})" for path, kind in outcome.unsupported)
+        raise SandboxSnapshotError(
+            UNSUPPORTED_ENTRY,
+            f"the workspace has entries a checkpoint cannot hold: {listing}; "
+            "exclude them with the policy",
+            details={"paths": [path for path, _kind in outcome.unsupported]},
+        )
+    return outcome
+
+
+class _Uploader:
+    """Steps 3-5: pin, find missing, upload; owns the upload counters."""
+
+    def __init__(
+        self,
+        root: str,
+        store: CheckpointStore,
+        blobs: BlobStore,
+        lease: WriterLease,
+        keeper: LeaseKeeper,
+        secrets: tuple[bytes, ...],
+        reporter: PhaseReporter,
+        token: _native.CancelToken,
+    ) -> None:
+        self.root = root
+        self.store = store
+        self.blobs = blobs
+        self.lease = lease
+        self.keeper = keeper
+        self.secrets = secrets
+        self.reporter = reporter
+        self.token = token
+        self.uploads = _Uploads()
+
+    def _check_running(self) -> None:
+        self.keeper.check()
+        if self.token.cancelled:
+            raise _native.ScanCancelled("capture cancelled")
+
+    async def store_blobs(
+        self, entries: list[Entry], artifacts: tuple[Artifact, ...], parent: Checkpoint | None
+    ) -> list[Entry]:
+        """Make sure every blob the entries and artifacts use is in the bucket;
+        returns the entries, updated for files that changed under the capture."""
+        known_present = set(parent.blob_keys()) if parent is not None else set()
+        artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
+        pending = [entry for entry in entries if isinstance(entry, FileEntry)]
+        replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
+        first_round = True
+        for _round in range(CHANGED_FILE_ROUNDS + 1):
+            keys = list(dict.fromkeys(entry.blob_key for entry in pending))
+            self.reporter.phase("pin", files_total=len(keys))
+            await self._pin(keys + (artifact_keys if first_round else []))
+            if first_round:
+                await self._require_artifacts(artifact_keys)
+                first_round = False
+            missing = await self._missing(keys, known_present)
+            by_key: dict[str, list[FileEntry]] = {}
+            for entry in pending:
+                if entry.blob_key in missing:
+                    by_key.setdefault(entry.blob_key, []).append(entry)
+            self.reporter.phase(
+                "upload",
+                files_total=len(by_key),
+                bytes_total=sum(group[0].size for group in by_key.values()),
+            )
+            changed: list[FileEntry] = []
+            await run_bounded(
+                by_key.values(),
+                lambda group: self._upload_one_of(group, changed, replaced),
+                UPLOAD_CONCURRENCY,
+            )
+            if not changed:
+                return _apply_replacements(entries, replaced)
+            pending = changed
+        paths = ", ".join(entry.path for entry in pending)
+        raise SandboxSnapshotError(
+            FILE_CHANGED,
+            f"files kept changing while they were captured: {paths}; capture again when "
+            "nothing writes to them",
+            details={"paths": [entry.path for entry in pending]},
+        )
+
+    async def _pin(self, keys: list[str]) -> None:
+        if not keys or not isinstance(self.store, BlobGuard):
+            return
+        condemned = await self.store.pin_blobs(keys, self.lease)
+        delay = _PIN_RETRY_FIRST_S
+        while condemned:
+            # A sweep may be deleting these right now: wait until it lets go,
+            # then our pin holds and the bucket can be trusted for them.
+            self._check_running()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _PIN_RETRY_MAX_S)
+            condemned = await self.store.pin_blobs(condemned, self.lease)
+
+    async def _require_artifacts(self, keys: list[str]) -> None:
+        async def check(key: str) -> None:
+            if await self.blobs.head(key) is None:
+                raise SandboxSnapshotError(
+                    MISSING_BLOB,
+                    f"artifact blob {key} is missing from {self.blobs.url}; upload it again",
+                    details={"key": key},
+                )
+
+        await run_bounded(keys, check, HEAD_CONCURRENCY)
+
+    async def _missing(self, keys: list[str], known_present: set[str]) -> set[str]:
+        missing: set[str] = set()
+
+        async def check(key: str) -> None:
+            if await self.blobs.head(key) is None:
+                missing.add(key)
+
+        await run_bounded([key for key in keys if key not in known_present], check, HEAD_CONCURRENCY)
+        return missing
+
+    async def _upload_one_of(
+        self,
+        group: list[FileEntry],
+        changed: list[FileEntry],
+        replaced: dict[str, FileEntry | None],
+    ) -> None:
+        """Upload the group's blob from the first of its files that still holds
+        those bytes; the others that changed get new entries for the next round."""
+        for entry in group:
+            self._check_running()
+            try:
+                written = await self._upload(entry)
+            except _FileChanged:
+                fresh = await self._rehash(entry)
+                replaced[entry.path] = fresh
+                if fresh is not None:
+                    changed.append(fresh)
+                continue
+            if written:
+                self.uploads.blobs += 1
+                self.uploads.bytes += entry.size
+            self.reporter.advance(files=1)
+            return
+        # Every file with these bytes changed: nothing references the key any more.
+
+    async def _upload(self, entry: FileEntry) -> bool:
+        reader = _VerifyingReader(
+            os.path.join(self.root, entry.path), self.secrets, entry, self.reporter
+        )
+        try:
+            if entry.size <= SMALL_FILE_BYTES:
+                data = await asyncio.to_thread(reader.read_all)
+                return await self.blobs.put(entry.blob_key, data, if_absent=True)
+            try:
+                return await self.blobs.put(entry.blob_key, reader.stream(), if_absent=True)
+            except Exception:
+                # The store may wrap what our stream raised; the reader knows.
+                if reader.changed:
+                    raise _FileChanged(entry.path) from None
+                raise
+        finally:
+            reader.close()
+
+    async def _rehash(self, entry: FileEntry) -> FileEntry | None:
+        """The file's entry as it is now, or None when it is gone."""
+        path = os.path.join(self.root, entry.path)
+        try:
+            hex_hash, size = await asyncio.to_thread(_native.hash_file, path, self.secrets)
+            info = os.lstat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as error:
+            raise SandboxSnapshotError(
+                FILE_CHANGED,
+                f"{entry.path} changed while it was captured and can no longer be read: {error}",
+                details={"path": entry.path},
+            ) from None
+        if not stat.S_ISREG(info.st_mode):
+            raise SandboxSnapshotError(
+                FILE_CHANGED,
+                f"{entry.path} stopped being a regular file while it was captured",
+                details={"path": entry.path},
+            )
+        return FileEntry(
+            entry.path,
+            FILE_KEY_PREFIX + hex_hash,
+            size,
+            stat.S_IMODE(info.st_mode) & 0o777,
+            info.st_mtime_ns,
+        )
+
+
+def _apply_replacements(entries: list[Entry], replaced: dict[str, FileEntry | None]) -> list[Entry]:
+    if not replaced:
+        return entries
+    out: list[Entry] = []
+    for entry in entries:
+        if entry.path in replaced:
+            fresh = replaced[entry.path]
+            if fresh is not None:
+                out.append(fresh)
+        else:
+            out.append(entry)
+    return out
+
+
+class _VerifyingReader:
+    """Re-zeroed chunks of a file, checked against the scan's size and hash.
+
+    Reading and hashing run in worker threads; the stream holds back one chunk so
+    that the final chunk is only handed to the store after the whole file
+    matched: a torn file raises instead of completing the upload.
+    """
+
+    def __init__(
+        self, path: str, secrets: tuple[bytes, ...], entry: FileEntry, reporter: PhaseReporter
+    ) -> None:
+        self.path = path
+        self.entry = entry
+        self.expected_hex = entry.blob_key[len(FILE_KEY_PREFIX) :]
+        self.reporter = reporter
+        self.hasher = blake3.blake3()
+        self.size = 0
+        self.changed = False
+        try:
+            self.reader: _native.ZeroingReader | None = _native.ZeroingReader(
+                path, secrets, READ_CHUNK_BYTES
+            )
+        except OSError:
+            # Gone, or no longer a regular file (O_NOFOLLOW refused a link).
+            self.reader = None
+            self.changed = True
+            raise _FileChanged(path) from None
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+    def _fail(self) -> _FileChanged:
+        self.changed = True
+        return _FileChanged(self.path)
+
+    def next_chunk(self) -> bytes | None:
+        assert self.reader is not None
+        try:
+            chunk = next(self.reader, None)
+        except OSError:
+            raise self._fail() from None
+        if chunk is None:
+            return None
+        self.hasher.update(chunk)
+        self.size += len(chunk)
+        if self.size > self.entry.size:
+            raise self._fail()
+        return chunk
+
+    def verify(self) -> None:
+        if self.size != self.entry.size or self.hasher.hexdigest() != self.expected_hex:
+            raise self._fail()
+
+    def read_all(self) -> bytes:
+        parts = []
+        while (chunk := self.next_chunk()) is not None:
+            parts.append(chunk)
+        self.verify()
+        data = b"".join(parts)
+        self.reporter.advance(nbytes=len(data))
+        return data
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        current = await asyncio.to_thread(self.next_chunk)
+        while current is not None:
+            following = await asyncio.to_thread(self.next_chunk)
+            if following is None:
+                await asyncio.to_thread(self.verify)
+            self.reporter.advance(nbytes=len(current))
+            yield current
+            current = following
+        if self.size == 0:
+            self.verify()
+
+
+__all__ = ["FILE_CHANGED", "CaptureResult", "CaptureStats", "capture_checkpoint"]

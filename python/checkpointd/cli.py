@@ -1,0 +1,570 @@
+"""The ``checkpointd`` command: ``serve`` runs the daemon; the other commands are its clients.
+
+Kept light: the gRPC client and rich are imported when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOT_FOUND = 3
+EXIT_CONFLICT = 4
+EXIT_PRECONDITION = 5
+EXIT_DATA_LOSS = 6
+EXIT_UNAVAILABLE = 7
+EXIT_UNAUTHENTICATED = 8
+
+EPILOG = """\
+exit codes:
+  0  success
+  1  other error (INTERNAL, UNKNOWN...)
+  2  bad input: a bad flag or argument, or INVALID_ARGUMENT from the daemon
+  3  not found: NOT_FOUND (no such checkpoint, file or artifact)
+  4  conflict: ABORTED or ALREADY_EXISTS (another writer holds the thread, the
+     head moved, the id exists) — retrying later may succeed
+  5  failed precondition: FAILED_PRECONDITION (not the head, unsupported entry,
+     fork destination not empty)
+  6  data loss: DATA_LOSS (a blob is missing or corrupt)
+  7  unavailable: the daemon cannot be reached, is not serving, or a store is down
+  8  unauthenticated: missing or wrong bearer token
+
+environment: CHECKPOINTD_ADDRESS and CHECKPOINTD_TOKEN for the client commands;
+CHECKPOINTD_<SETTING> (e.g. CHECKPOINTD_DATA_DIR, CHECKPOINTD_STORE) and
+CHECKPOINTD_CONFIG (a TOML file) for serve. Flags win over the environment, which
+wins over the file.
+"""
+
+STATUS_EXIT_CODES = {
+    "INVALID_ARGUMENT": EXIT_BAD_INPUT,
+    "OUT_OF_RANGE": EXIT_BAD_INPUT,
+    "NOT_FOUND": EXIT_NOT_FOUND,
+    "ABORTED": EXIT_CONFLICT,
+    "ALREADY_EXISTS": EXIT_CONFLICT,
+    "FAILED_PRECONDITION": EXIT_PRECONDITION,
+    "DATA_LOSS": EXIT_DATA_LOSS,
+    "UNAVAILABLE": EXIT_UNAVAILABLE,
+    "DEADLINE_EXCEEDED": EXIT_UNAVAILABLE,
+    "UNAUTHENTICATED": EXIT_UNAUTHENTICATED,
+    "PERMISSION_DENIED": EXIT_UNAUTHENTICATED,
+}
+
+
+class UsageError(Exception):
+    """Bad command-line input found after argparse (exit code 2)."""
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="gitignore pattern to leave out (repeatable)",
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="only files matching (repeatable)",
+    )
+    parser.add_argument(
+        "--no-default-excludes", action="store_true", help="also capture .git, node_modules, .env*"
+    )
+    parser.add_argument("--subdir", default="", help="a directory inside the daemon's workspace")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpointd",
+        description="Checkpoint an AI agent sandbox's workspace and restore it anywhere.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"checkpointd {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run the daemon",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("--config", help="TOML file (keys as the flags, with _)")
+    serve.add_argument("--workspace", help="the one workspace root (default /workspace)")
+    serve.add_argument(
+        "--data-dir", help="stat cache, socket, embedded store (default ~/.local/state/checkpointd)"
+    )
+    serve.add_argument("--store", help="sqlite:///abs/path.db, postgresql://…, memory://")
+    serve.add_argument(
+        "--blobs", help="file:///abs/dir, s3://bucket/prefix, gs://…, az://…, memory://"
+    )
+    serve.add_argument(
+        "--listen",
+        help="unix:///path.sock (default <data-dir>/checkpointd.sock) or tcp://host:port",
+    )
+    serve.add_argument(
+        "--token", help="bearer token every TCP call must carry (prefer CHECKPOINTD_TOKEN)"
+    )
+    serve.add_argument("--token-file", help="file holding the bearer token")
+    serve.add_argument("--grace-period", help="drain time on SIGTERM (default 10s)")
+    serve.add_argument("--thread", help="thread for --restore-on-start / --capture-every")
+    serve.add_argument(
+        "--restore-on-start",
+        action="store_const",
+        const=True,
+        default=None,
+        help="restore the thread's newest checkpoint before serving",
+    )
+    serve.add_argument(
+        "--capture-every",
+        metavar="PERIOD",
+        help="capture the thread every PERIOD (60s, 5m); final capture on SIGTERM",
+    )
+    serve.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+
+    def client(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument(
+            "--address",
+            default=None,
+            help="daemon address (CHECKPOINTD_ADDRESS; default unix://<data-dir>/checkpointd.sock)",
+        )
+        sub.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
+        sub.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
+        sub.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+        return sub
+
+    capture = client("capture", "capture the workspace into a new checkpoint")
+    capture.add_argument("thread")
+    capture.add_argument("--label")
+    capture.add_argument(
+        "--request-id", help="idempotency key: a retry returns the committed checkpoint"
+    )
+    capture.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="VAR",
+        help="zero the value of env VAR in captured files (repeatable)",
+    )
+    capture.add_argument(
+        "--conversation", metavar="FILE", help="JSON file holding a list of messages"
+    )
+    capture.add_argument(
+        "--artifact",
+        action="append",
+        default=[],
+        metavar="FILE[:MIME]",
+        help="upload a file as an artifact (repeatable)",
+    )
+    _add_policy_flags(capture)
+
+    restore = client("restore", "restore a checkpoint into the workspace")
+    restore.add_argument("thread")
+    restore.add_argument("--checkpoint", help="checkpoint id (default: the head)")
+    _add_policy_flags(restore)
+
+    listing = client("list", "list a thread's checkpoints")
+    listing.add_argument("thread")
+
+    show = client("show", "show a checkpoint")
+    show.add_argument("checkpoint")
+    show.add_argument("--entries", action="store_true", help="list the manifest")
+    show.add_argument("--conversation", action="store_true", help="include the conversation")
+
+    diff = client("diff", "changes between two checkpoints, or a checkpoint and the live workspace")
+    diff.add_argument("from_checkpoint")
+    diff.add_argument("to_checkpoint", nargs="?")
+    _add_policy_flags(diff)
+
+    fork = client("fork", "start a new thread from a checkpoint")
+    fork.add_argument("source_thread")
+    fork.add_argument("checkpoint")
+    fork.add_argument("destination_thread")
+
+    prune = client("prune", "delete a thread's old checkpoints")
+    prune.add_argument("thread")
+    prune.add_argument(
+        "--keep", type=int, required=True, help="keep the head and its KEEP-1 nearest ancestors"
+    )
+    prune.add_argument("--dry-run", action="store_true")
+
+    sweep = client("sweep", "delete blobs no checkpoint uses")
+    sweep.add_argument(
+        "--older-than", default="1h", help="only blobs uploaded at least this long ago (default 1h)"
+    )
+    sweep.add_argument("--dry-run", action="store_true")
+
+    health = client("health", "check that the daemon is SERVING")
+    health.add_argument(
+        "--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING"
+    )
+
+    client("info", "server version and capabilities")
+    return parser
+
+
+# ---------------------------------------------------------------- output
+
+
+class Output:
+    """Human text (with a progress bar on a terminal) or one JSON document."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self._progress: Any = None
+        self._task: Any = None
+
+    def progress_callback(self) -> Callable[[Any], None] | None:
+        if self.as_json or not sys.stderr.isatty():
+            return None
+        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+
+        self._progress = Progress(
+            TextColumn("{task.description:<8}"), BarColumn(), DownloadColumn(), transient=True
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("start", total=None)
+
+        def on_event(event: Any) -> None:
+            if event.HasField("progress"):
+                p = event.progress
+                self._progress.update(
+                    self._task,
+                    description=p.phase,
+                    completed=p.bytes_done,
+                    total=p.bytes_total or None,
+                )
+
+        return on_event
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+    def emit(self, data: Any, text: str) -> None:
+        self.close()
+        print(json.dumps(data, indent=2, sort_keys=True) if self.as_json else text)
+
+
+def _to_dict(message: Any) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+
+
+def _summary_line(s: Any) -> str:
+    label = f"  {s.label}" if s.HasField("label") else ""
+    return f"{s.id}  {s.reason:<9}  {s.file_count:>6} files  {s.total_bytes:>12} bytes  created_at={s.created_at}{label}"
+
+
+# ---------------------------------------------------------------- commands
+
+
+def _policy(args: argparse.Namespace) -> Any:
+    from .v1 import checkpointd_pb2 as pb
+
+    if not (args.exclude or args.include or args.no_default_excludes):
+        return None
+    return pb.Policy(
+        exclude=args.exclude, include=args.include, default_excludes=not args.no_default_excludes
+    )
+
+
+def _default_address() -> str:
+    from .service.config import resolve
+    from .statcache_paths import DEFAULT_DATA_DIR
+
+    address = os.environ.get("CHECKPOINTD_ADDRESS")
+    if address:
+        return address
+    data_dir = os.environ.get("CHECKPOINTD_DATA_DIR", DEFAULT_DATA_DIR)
+    return resolve({"data_dir": data_dir, "listen": None}, environ={}).listen
+
+
+def _parse_ms(text: str) -> int:
+    from .service.config import parse_duration
+
+    return int(parse_duration(text) * 1000)
+
+
+async def _run_client(args: argparse.Namespace) -> int:
+    from .service.client import Client, RpcError
+
+    output = Output(args.json)
+    token = args.token or os.environ.get("CHECKPOINTD_TOKEN")
+    address = args.address or _default_address()
+    try:
+        async with Client(address, token=token, timeout=args.timeout) as client:
+            return await COMMANDS[args.command](client, args, output)
+    except RpcError as error:
+        output.close()
+        if args.json:
+            print(
+                json.dumps(
+                    {
+                        "error": {
+                            "code": error.code.name,
+                            "reason": error.reason,
+                            "message": error.message,
+                            "metadata": error.metadata,
+                        }
+                    }
+                )
+            )
+        else:
+            print(f"checkpointd {args.command}: {error}", file=sys.stderr)
+            for key, value in error.metadata.items():
+                print(f"  {key}: {value}", file=sys.stderr)
+        return STATUS_EXIT_CODES.get(error.code.name, EXIT_ERROR)
+    finally:
+        output.close()
+
+
+async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
+    secrets = []
+    for name in args.secret_env:
+        value = os.environ.get(name)
+        if not value:
+            raise UsageError(f"--secret-env {name}: the variable is not set")
+        secrets.append(value.encode())
+    conversation: list[str] = []
+    if args.conversation:
+        text = await asyncio.to_thread(Path(args.conversation).read_text, encoding="utf-8")
+        messages = json.loads(text)
+        if not isinstance(messages, list):
+            raise UsageError("--conversation must hold a JSON list")
+        conversation = [json.dumps(m) for m in messages]
+    artifacts = []
+    for spec in args.artifact:
+        path, _, mime = spec.partition(":")
+        data = await asyncio.to_thread(Path(path).read_bytes)
+        artifacts.append(
+            await client.upload_artifact(
+                os.path.basename(path), mime or "application/octet-stream", data
+            )
+        )
+    done = await client.capture(
+        args.thread,
+        label=args.label,
+        policy=_policy(args),
+        secrets=secrets,
+        conversation=conversation,
+        artifacts=artifacts,
+        workspace_subdir=args.subdir,
+        request_id=args.request_id,
+        on_event=out.progress_callback(),
+    )
+    s, st = done.checkpoint, done.stats
+    out.emit(
+        _to_dict(done),
+        f"captured {s.id} ({s.file_count} files, {s.total_bytes} bytes; hashed {st.files_hashed}, "
+        f"reused {st.files_reused}, uploaded {st.blobs_uploaded} blobs in {st.duration_ms} ms)"
+        + (" [replayed]" if done.replayed else ""),
+    )
+    return EXIT_OK
+
+
+async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
+    done = await client.restore(
+        args.thread,
+        checkpoint_id=args.checkpoint,
+        policy=_policy(args),
+        workspace_subdir=args.subdir,
+        on_event=out.progress_callback(),
+    )
+    text = (
+        f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files) in {done.duration_ms} ms"
+        if done.restored
+        else f"thread {args.thread} has no checkpoint; nothing restored"
+    )
+    out.emit(_to_dict(done), text)
+    return EXIT_OK
+
+
+async def _list(client: Any, args: argparse.Namespace, out: Output) -> int:
+    summaries = await client.list_checkpoints(args.thread)
+    head = await client.get_head(args.thread)
+    lines = [("* " if s.id == head else "  ") + _summary_line(s) for s in summaries]
+    out.emit(
+        {"head": head, "checkpoints": [_to_dict(s) for s in summaries]},
+        "\n".join(lines) if lines else f"thread {args.thread} has no checkpoints",
+    )
+    return EXIT_OK
+
+
+async def _show(client: Any, args: argparse.Namespace, out: Output) -> int:
+    response = await client.get_checkpoint(args.checkpoint, include_conversation=args.conversation)
+    data = _to_dict(response)
+    lines = [_summary_line(response.checkpoint)]
+    if args.entries:
+        entries = await client.list_entries(args.checkpoint)
+        data["entries"] = [_to_dict(e) for e in entries]
+        from .v1 import checkpointd_pb2 as pb
+
+        for e in entries:
+            kind = pb.EntryKind.Name(e.kind).removeprefix("ENTRY_KIND_").lower()
+            extra = f" -> {e.target}" if e.target else f" {e.size}"
+            lines.append(f"  {kind:<7} {e.mode:04o} {e.path}{extra}")
+    for artifact in response.artifacts:
+        lines.append(
+            f"  artifact {artifact.name} ({artifact.mime_type}, {artifact.size} bytes) {artifact.blob_key}"
+        )
+    for message in response.conversation:
+        lines.append(f"  message {message}")
+    out.emit(data, "\n".join(lines))
+    return EXIT_OK
+
+
+async def _diff(client: Any, args: argparse.Namespace, out: Output) -> int:
+    from .v1 import checkpointd_pb2 as pb
+
+    changes = await client.diff(
+        args.from_checkpoint, args.to_checkpoint, policy=_policy(args), workspace_subdir=args.subdir
+    )
+    marks = {
+        pb.CHANGE_KIND_ADDED: "A",
+        pb.CHANGE_KIND_DELETED: "D",
+        pb.CHANGE_KIND_MODIFIED: "M",
+        pb.CHANGE_KIND_MODE_CHANGED: "m",
+    }
+    lines = [f"{marks.get(c.kind, '?')} {c.path}" for c in changes]
+    out.emit(
+        {"changes": [_to_dict(c) for c in changes]}, "\n".join(lines) if lines else "no changes"
+    )
+    return EXIT_OK
+
+
+async def _fork(client: Any, args: argparse.Namespace, out: Output) -> int:
+    summary = await client.fork(args.source_thread, args.checkpoint, args.destination_thread)
+    out.emit(
+        _to_dict(summary),
+        f"forked {args.checkpoint} into thread {args.destination_thread} as {summary.id}",
+    )
+    return EXIT_OK
+
+
+async def _prune(client: Any, args: argparse.Namespace, out: Output) -> int:
+    deleted = await client.prune(args.thread, args.keep, dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    out.emit(
+        {"deleted": deleted, "dry_run": args.dry_run},
+        f"{verb} {len(deleted)} checkpoints" + "".join(f"\n  {d}" for d in deleted),
+    )
+    return EXIT_OK
+
+
+async def _sweep(client: Any, args: argparse.Namespace, out: Output) -> int:
+    report = await client.sweep(_parse_ms(args.older_than), dry_run=args.dry_run)
+    verb = "would delete" if args.dry_run else "deleted"
+    text = f"{verb} {len(report.deleted)} blobs, kept {len(report.kept)}, {len(report.failures)} failures"
+    text += "".join(f"\n  failed {f.key}: {f.message}" for f in report.failures)
+    out.emit(_to_dict(report), text)
+    return EXIT_OK if not report.failures else EXIT_ERROR
+
+
+async def _health(client: Any, args: argparse.Namespace, out: Output) -> int:
+    if args.wait > 0:
+        try:
+            await client.wait_serving(within=args.wait)
+        except TimeoutError as error:
+            out.emit({"status": "NOT_SERVING"}, str(error))
+            return EXIT_UNAVAILABLE
+    status = await client.health()
+    out.emit({"status": status}, status)
+    return EXIT_OK if status == "SERVING" else EXIT_UNAVAILABLE
+
+
+async def _info(client: Any, args: argparse.Namespace, out: Output) -> int:
+    info = await client.server_info()
+    caps = info.capabilities
+    out.emit(
+        _to_dict(info),
+        f"checkpointd {info.version} (protocol {info.protocol_version}); store {caps.store_backend}, "
+        f"blobs {caps.blob_backend}; fork={caps.fork} diff={caps.diff} safe_sweep={caps.safe_sweep}",
+    )
+    return EXIT_OK
+
+
+COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Output], Any]] = {
+    "capture": _capture,
+    "restore": _restore,
+    "list": _list,
+    "show": _show,
+    "diff": _diff,
+    "fork": _fork,
+    "prune": _prune,
+    "sweep": _sweep,
+    "health": _health,
+    "info": _info,
+}
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from .errors import SandboxCheckpointError
+    from .service import config as service_config
+    from .service.server import run
+
+    flags = {name: getattr(args, name, None) for name in service_config.SETTINGS}
+    try:
+        config = service_config.resolve(flags, config_file=args.config)
+    except SandboxCheckpointError as error:
+        print(f"checkpointd serve: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    logging.basicConfig(
+        level=getattr(logging, config.log_level, logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(run(config))
+    except SandboxCheckpointError as error:
+        print(f"checkpointd serve: {error}", file=sys.stderr)
+        from .service.status import classify
+
+        code = classify(error)[0]
+        return STATUS_EXIT_CODES.get(code.name, EXIT_ERROR)
+    except (OSError, RuntimeError) as error:
+        # Cannot bind, cannot reach the database or bucket...: one line, not a traceback.
+        logging.getLogger("checkpointd.server").error("cannot serve: %s", error)
+        return EXIT_UNAVAILABLE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``checkpointd`` script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
+    try:
+        return asyncio.run(_run_client(args))
+    except UsageError as error:
+        print(f"checkpointd {args.command}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except OSError as error:
+        print(f"checkpointd {args.command}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,440 @@
+"""The restore engine (SPEC §5): bring a workspace back to a checkpoint, safely.
+
+Read top to bottom, ``restore_checkpoint`` does:
+
+1. take the thread's writer lease (fails fast with WRITER_CONFLICT) and resolve
+   the checkpoint (None when the thread has none);
+2. validate the manifest: every path as in SPEC §2, and no top-level
+   ``.checkpointd*`` name (reserved for staging) → INVALID_PATH;
+3. plan against the live workspace, scanned with the same policy and the stat
+   cache: only files whose content differs are written, paths the policy selects
+   that the checkpoint lacks are deleted, excluded paths stay;
+4. fetch every needed blob into a staging directory at the top of the root (same
+   filesystem, so the final renames are atomic), checking size and BLAKE3, before
+   the first change to the workspace: MISSING_BLOB / INVALID_BLOB leave it as it
+   was;
+5. apply: deletions (deepest first), directories, files by atomic rename, symlinks
+   (also renamed in from staging), then file modes and mtimes, then directory
+   modes (deepest first, so a read-only directory is filled before it is locked).
+
+Every path operation goes through ``safefs.SafeRoot``: descriptor-relative, never
+following a symlink, so neither a hostile manifest nor a workspace whose
+directories were swapped for symlinks can make restore touch anything outside the
+root. The plan is computed from the live state, so re-running an interrupted
+restore completes it. Afterwards the written files are recorded in the stat cache
+so the next capture reuses their hashes.
+
+Symlink targets are restored exactly as stored: creating a link never touches what
+it names, and restore never follows one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import blake3
+
+from . import _native
+from ._engine import LeaseKeeper, PhaseReporter, StopFlag, run_bounded, run_in_thread
+from .blobs.base import BlobNotFoundError, BlobStore
+from .codec import decode_entries
+from .errors import (
+    INVALID_BLOB,
+    INVALID_PATH,
+    MISSING_BLOB,
+    MISSING_CHECKPOINT,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxSnapshotError,
+)
+from .model import (
+    FILE_KEY_PREFIX,
+    Checkpoint,
+    DirEntry,
+    Entry,
+    FileEntry,
+    Policy,
+    SymlinkEntry,
+)
+from .progress import ProgressCallback
+from .safefs import SafeRoot, create_file
+from .statcache_paths import resolve_data_dir, stat_cache_path
+from .store.base import CheckpointStore
+from .validation import check_id, check_optional_id, entries_problem
+
+# Blobs fetched at the same time; each streams in fixed memory.
+FETCH_CONCURRENCY = 8
+_RESERVED_TOP_LEVEL = ".checkpointd"
+_COPY_CHUNK = 1 << 20
+
+
+@dataclass
+class RestorePlan:
+    """What restore changes, computed from the checkpoint and the live tree."""
+
+    deletions: list[tuple[str, bool]] = field(default_factory=list)  # (path, is_dir), deepest first
+    dirs_to_make: list[DirEntry] = field(default_factory=list)  # shallowest first
+    writes: list[FileEntry] = field(default_factory=list)  # content differs or missing
+    links: list[SymlinkEntry] = field(default_factory=list)
+    file_metadata: list[FileEntry] = field(default_factory=list)  # same bytes, mode/mtime differ
+    dir_modes: list[DirEntry] = field(default_factory=list)  # deepest first
+    blob_sizes: dict[str, int] = field(default_factory=dict)  # key → size, for writes
+
+    @property
+    def operations(self) -> int:
+        return (
+            len(self.deletions)
+            + len(self.dirs_to_make)
+            + len(self.writes)
+            + len(self.links)
+            + len(self.file_metadata)
+            + len(self.dir_modes)
+        )
+
+
+def _path_key(path: str) -> bytes:
+    return path.encode("utf-8", "surrogateescape")
+
+
+def validate_manifest(checkpoint: Checkpoint) -> dict[str, Entry]:
+    """The checkpoint's entries by path, or SandboxSnapshotError(INVALID_PATH).
+
+    Applies SPEC §2's path rules (no '..', no absolute path, no entry beneath a
+    file or symlink...) and refuses top-level ``.checkpointd*`` names, which
+    restore reserves for its staging area.
+    """
+    problem = entries_problem(checkpoint.files)
+    if problem is None:
+        for entry in checkpoint.files:
+            if entry.path.split("/", 1)[0].startswith(_RESERVED_TOP_LEVEL):
+                problem = (entry.path, "top-level .checkpointd* names are reserved")
+                break
+    if problem is not None:
+        path, reason = problem
+        raise SandboxSnapshotError(
+            INVALID_PATH,
+            f"checkpoint {checkpoint.id} has an invalid path {path}: {reason}",
+            details={"checkpoint_id": checkpoint.id, "path": path},
+        )
+    return {entry.path: entry for entry in checkpoint.files}
+
+
+def plan_restore(
+    targets: dict[str, Entry], live: Sequence[Entry], unsupported: Sequence[str]
+) -> RestorePlan:
+    """Compare the checkpoint's entries with the live (policy-selected) ones."""
+    plan = RestorePlan()
+    live_by_path: dict[str, Entry] = {entry.path: entry for entry in live}
+    doomed: list[tuple[str, bool]] = [
+        (entry.path, isinstance(entry, DirEntry))
+        for entry in live
+        if entry.path not in targets
+    ]
+    doomed += [(path, False) for path in unsupported if path not in targets]
+    # Reverse byte order puts every path after its descendants ("a/b" > "a").
+    plan.deletions = sorted(doomed, key=lambda item: _path_key(item[0]), reverse=True)
+
+    for path in sorted(targets, key=_path_key):
+        target = targets[path]
+        current = live_by_path.get(path)
+        if isinstance(target, FileEntry):
+            if (
+                isinstance(current, FileEntry)
+                and current.blob_key == target.blob_key
+                and current.size == target.size
+            ):
+                if current.mode != target.mode or current.mtime_ns != target.mtime_ns:
+                    plan.file_metadata.append(target)
+            else:
+                plan.writes.append(target)
+                plan.blob_sizes[target.blob_key] = target.size
+        elif isinstance(target, DirEntry):
+            if not isinstance(current, DirEntry):
+                plan.dirs_to_make.append(target)
+                plan.dir_modes.append(target)
+            elif current.mode != target.mode:
+                plan.dir_modes.append(target)
+        elif not (isinstance(current, SymlinkEntry) and current.target == target.target):
+            plan.links.append(target)
+    plan.dir_modes.reverse()
+    return plan
+
+
+async def restore_checkpoint(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    blobs: BlobStore,
+    thread_id: str,
+    *,
+    checkpoint_id: str | None = None,
+    policy: Policy | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    progress: ProgressCallback | None = None,
+) -> Checkpoint | None:
+    """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
+
+    Returns the restored checkpoint, or None when the thread has none (the root is
+    still created). Raises SandboxCheckpointInvalidIdError for a bad id,
+    SandboxCheckpointInvalidArgumentError for a data_dir inside the workspace or a
+    root whose parent is missing, SandboxCheckpointWriterConflictError when the
+    thread's lease is held, and SandboxSnapshotError with MISSING_CHECKPOINT (an
+    unknown id or one of another thread), INVALID_PATH (hostile manifest),
+    MISSING_BLOB or INVALID_BLOB (the workspace is then unchanged).
+    """
+    check_id(thread_id, "thread id")
+    check_optional_id(checkpoint_id, "checkpoint id")
+    root = os.path.abspath(os.fspath(workspace_root))
+    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
+    policy = policy if policy is not None else Policy()
+    reporter = PhaseReporter(progress)
+
+    reporter.phase("lease")
+    lease = await store.acquire_writer(thread_id)
+    try:
+        async with LeaseKeeper(lease) as keeper:
+            reporter.phase("resolve")
+            checkpoint = await _resolve(store, thread_id, checkpoint_id)
+            targets = validate_manifest(checkpoint) if checkpoint is not None else {}
+            _ensure_root(root)
+            if checkpoint is None:
+                return None
+
+            reporter.phase("plan")
+            live, unsupported = await _scan_live(root, policy, cache_path)
+            plan = plan_restore(targets, live, unsupported)
+            keeper.check()
+            await _fetch_and_apply(root, blobs, plan, reporter, keeper)
+
+            written = [
+                (entry.path, entry.blob_key[len(FILE_KEY_PREFIX) :])
+                for entry in targets.values()
+                if isinstance(entry, FileEntry)
+            ]
+            if written:
+                await run_in_thread(lambda: _native.record_in_cache(root, cache_path, written, ()))
+            reporter.finish()
+            return checkpoint
+    finally:
+        await lease.release()
+
+
+async def _resolve(
+    store: CheckpointStore, thread_id: str, checkpoint_id: str | None
+) -> Checkpoint | None:
+    if checkpoint_id is None:
+        head = await store.get_head(thread_id)
+        if head is None:
+            return None
+        checkpoint_id = head
+    checkpoint = await store.get(checkpoint_id)
+    if checkpoint is None or checkpoint.thread_id != thread_id:
+        raise SandboxSnapshotError(
+            MISSING_CHECKPOINT,
+            f"checkpoint {checkpoint_id!r} does not exist in thread {thread_id!r}",
+            details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
+        )
+    return checkpoint
+
+
+def _ensure_root(root: str) -> None:
+    try:
+        os.mkdir(root, 0o755)
+    except FileExistsError:
+        if not os.path.isdir(root):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"workspace root {root!r} is not a directory", details={"path": root}
+            ) from None
+    except FileNotFoundError:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"the parent of the workspace root {root!r} does not exist", details={"path": root}
+        ) from None
+
+
+async def _scan_live(
+    root: str, policy: Policy, cache_path: str
+) -> tuple[tuple[Entry, ...], list[str]]:
+    """The workspace as the policy sees it; secrets are not zeroed (none are known)."""
+    from .scanner import scan_workspace
+
+    token = _native.CancelToken()
+    outcome = await run_in_thread(
+        lambda: scan_workspace(root, policy, (), cache_path, cancel=token), token.cancel
+    )
+    return decode_entries(outcome.manifest), [path for path, _kind in outcome.unsupported]
+
+
+async def _fetch_and_apply(
+    root: str,
+    blobs: BlobStore,
+    plan: RestorePlan,
+    reporter: PhaseReporter,
+    keeper: LeaseKeeper,
+) -> None:
+    with SafeRoot(root) as safe:
+        # Leftovers of a restore that was killed: nobody else restores this
+        # workspace while we hold the lease, so they are garbage.
+        for name in safe.stale_staging_names():
+            safe.remove_top_level(name)
+        staging_name, staging_fd = safe.make_staging()
+        try:
+            reporter.phase(
+                "fetch",
+                files_total=len(plan.blob_sizes),
+                bytes_total=sum(plan.blob_sizes.values()),
+            )
+            await run_bounded(
+                plan.blob_sizes.items(),
+                lambda item: _fetch_blob(blobs, item[0], item[1], staging_fd, reporter),
+                FETCH_CONCURRENCY,
+            )
+            keeper.check()
+            # Phase report before the first change: a caller's hook runs here.
+            reporter.phase("apply", files_total=plan.operations)
+            stop = StopFlag()
+            await run_in_thread(lambda: _apply(safe, plan, staging_fd, reporter, stop), stop.set)
+        finally:
+            os.close(staging_fd)
+            safe.remove_top_level(staging_name)
+
+
+def _staged_name(key: str) -> str:
+    return "b-" + key[len(FILE_KEY_PREFIX) :]
+
+
+class _StagedBlob:
+    """Writes one blob into staging while hashing and counting it."""
+
+    def __init__(self, staging_fd: int, key: str) -> None:
+        self.fd = create_file(staging_fd, _staged_name(key))
+        self.hasher = blake3.blake3()
+        self.size = 0
+
+    def write(self, chunk: bytes) -> None:
+        self.hasher.update(chunk)
+        self.size += len(chunk)
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(self.fd, view) :]
+
+
+async def _fetch_blob(
+    blobs: BlobStore, key: str, size: int, staging_fd: int, reporter: PhaseReporter
+) -> None:
+    """Stream one blob into staging; MISSING_BLOB / INVALID_BLOB on failure."""
+
+    def invalid(reason: str) -> SandboxSnapshotError:
+        return SandboxSnapshotError(
+            INVALID_BLOB, f"blob {key} is invalid: {reason}", details={"key": key}
+        )
+
+    sink = _StagedBlob(staging_fd, key)
+    try:
+        try:
+            async for chunk in blobs.get_stream(key):
+                if sink.size + len(chunk) > size:
+                    # Stop early: a hostile or corrupt blob must not fill the disk.
+                    raise invalid(f"longer than the {size} bytes the checkpoint records")
+                await asyncio.to_thread(sink.write, chunk)
+                reporter.advance(nbytes=len(chunk))
+        except BlobNotFoundError:
+            raise SandboxSnapshotError(
+                MISSING_BLOB, f"blob {key} is missing from {blobs.url}", details={"key": key}
+            ) from None
+    finally:
+        os.close(sink.fd)
+    if sink.size != size:
+        raise invalid(f"{sink.size} bytes where the checkpoint records {size}")
+    if sink.hasher.hexdigest() != key[len(FILE_KEY_PREFIX) :]:
+        raise invalid("its BLAKE3 hash does not match its key")
+    reporter.advance(files=1)
+
+
+def _apply(
+    safe: SafeRoot, plan: RestorePlan, staging_fd: int, reporter: PhaseReporter, stop: StopFlag
+) -> None:
+    """Change the workspace (runs in a worker thread; ``stop`` ends it early)."""
+    for path, is_dir in plan.deletions:
+        stop.raise_if_set()
+        if is_dir:
+            safe.remove_dir_if_empty(path)  # one holding excluded paths stays
+        else:
+            safe.remove_leaf(path)
+        reporter.advance(files=1)
+    for directory in plan.dirs_to_make:
+        stop.raise_if_set()
+        safe.ensure_dir(directory.path)
+        reporter.advance(files=1)
+
+    remaining_uses = Counter(entry.blob_key for entry in plan.writes)
+    for number, entry in enumerate(plan.writes):
+        stop.raise_if_set()
+        remaining_uses[entry.blob_key] -= 1
+        staged = _staged_name(entry.blob_key)
+        if remaining_uses[entry.blob_key] > 0:
+            # Another path needs these bytes too: give this one a copy.
+            name = f"c-{number}"
+            _copy_file(staging_fd, staged, name)
+        else:
+            name = staged
+        _set_file_metadata(staging_fd, name, entry)
+        safe.rename_into(staging_fd, name, entry.path)
+        reporter.advance(files=1, nbytes=entry.size)
+
+    for number, link in enumerate(plan.links):
+        stop.raise_if_set()
+        name = f"l-{number}"
+        os.symlink(link.target, name, dir_fd=staging_fd)
+        safe.rename_into(staging_fd, name, link.path)
+        reporter.advance(files=1)
+    for entry in plan.file_metadata:
+        stop.raise_if_set()
+        safe.chmod(entry.path, entry.mode, is_dir=False)
+        safe.set_mtime(entry.path, entry.mtime_ns)
+        reporter.advance(files=1)
+    for directory in plan.dir_modes:
+        stop.raise_if_set()
+        safe.chmod(directory.path, directory.mode, is_dir=True)
+        reporter.advance(files=1)
+
+
+def _copy_file(dir_fd: int, source: str, destination: str) -> None:
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        dst = create_file(dir_fd, destination)
+        try:
+            while True:
+                try:
+                    copied = os.copy_file_range(src, dst, _COPY_CHUNK)
+                except OSError:
+                    copied = _copy_by_read(src, dst)
+                if copied == 0:
+                    break
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_by_read(src: int, dst: int) -> int:
+    chunk = os.read(src, _COPY_CHUNK)
+    view = memoryview(chunk)
+    while view:
+        view = view[os.write(dst, view) :]
+    return len(chunk)
+
+
+def _set_file_metadata(dir_fd: int, name: str, entry: FileEntry) -> None:
+    """Mode and mtime on the staged file, before it is renamed into place."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, stat.S_IMODE(entry.mode))
+        os.utime(fd, ns=(entry.mtime_ns, entry.mtime_ns))
+    finally:
+        os.close(fd)
+
+
+__all__ = ["RestorePlan", "plan_restore", "restore_checkpoint", "validate_manifest"]

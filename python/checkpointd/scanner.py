@@ -1,0 +1,158 @@
+"""The Python face of the native scanner, for the capture and restore engines.
+
+``scan_workspace`` runs :func:`checkpointd._native.scan` (GIL released, parallel)
+and is the ONE place where native errors become checkpointd errors:
+
+- a secret shorter than 4 bytes, or a bad policy pattern →
+  :class:`~checkpointd.errors.SandboxCheckpointInvalidArgumentError`;
+- a workspace root that is missing, not a directory, a symlink or unreadable →
+  :class:`~checkpointd.errors.SandboxCheckpointInvalidArgumentError` naming the
+  path (``details["path"]``), chained to the ``OSError``;
+- cancellation → :class:`checkpointd._native.ScanCancelled`, unchanged (the
+  engines catch it to stop cleanly);
+- any other ``OSError`` (a file unreadable mid-scan) propagates unchanged.
+
+The manifest stays compact bytes (``ScanOutcome.manifest``); entries are decoded
+only when asked for, through :mod:`checkpointd.codec`.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from . import _native
+from .codec import decode_entries
+from .errors import SandboxCheckpointInvalidArgumentError
+from .model import Entry, Policy
+
+MIN_SECRET_LEN = 4
+
+# Errors about the root itself, as opposed to an entry inside it.
+_ROOT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM})
+
+
+@dataclass(frozen=True)
+class ScanOutcome:
+    """What one scan found.
+
+    ``manifest`` is the codec's compact JSON (sorted by path bytes);
+    ``unsupported`` lists every ``(path, kind)`` the policy did not exclude.
+    """
+
+    manifest: bytes
+    unsupported: list[tuple[str, str]]
+    entries_count: int
+    files_hashed: int
+    files_reused: int
+    bytes_hashed: int
+
+    # Decoded lazily: a million-entry manifest is only turned into objects on demand.
+    @cached_property
+    def entries(self) -> tuple[Entry, ...]:
+        """The manifest decoded into model entries (computed once)."""
+        return decode_entries(self.manifest)
+
+
+def check_secrets(secrets: Iterable[bytes]) -> tuple[bytes, ...]:
+    """The secrets as a tuple of bytes.
+
+    Raises SandboxCheckpointInvalidArgumentError when one is not bytes-like or is
+    shorter than 4 bytes (the message never shows the secret).
+    """
+    if isinstance(secrets, (bytes, bytearray, memoryview, str)):
+        raise SandboxCheckpointInvalidArgumentError(
+            "secrets must be a sequence of byte strings, not a single value"
+        )
+    checked: list[bytes] = []
+    for index, secret in enumerate(secrets):
+        if not isinstance(secret, (bytes, bytearray, memoryview)):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"secret #{index} is a {type(secret).__name__}, not bytes"
+            )
+        value = bytes(secret)
+        if len(value) < MIN_SECRET_LEN:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"secret #{index} is {len(value)} bytes; secrets must be at least "
+                f"{MIN_SECRET_LEN} bytes",
+                details={"secret_index": index},
+            )
+        checked.append(value)
+    return tuple(checked)
+
+
+def policy_matcher(policy: Policy | None) -> _native.PolicyMatcher:
+    """The policy compiled natively (a default ``Policy()`` when None).
+
+    Raises SandboxCheckpointInvalidArgumentError for a bad pattern.
+    """
+    policy = policy if policy is not None else Policy()
+    try:
+        return _native.PolicyMatcher(policy.exclude, policy.include, policy.default_excludes)
+    except ValueError as error:
+        raise SandboxCheckpointInvalidArgumentError(str(error)) from error
+
+
+def scan_workspace(
+    root: str | os.PathLike[str],
+    policy: Policy | None,
+    secrets: Sequence[bytes],
+    cache_path: str | os.PathLike[str] | None,
+    cancel: _native.CancelToken | None = None,
+    *,
+    threads: int = 0,
+) -> ScanOutcome:
+    """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
+    at ``cache_path`` (None: no cache).
+
+    Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
+    root), ScanCancelled, or OSError for an unreadable entry.
+    """
+    policy = policy if policy is not None else Policy()
+    checked = check_secrets(secrets)
+    root_text = os.fspath(root)
+    try:
+        result = _native.scan(
+            root_text,
+            exclude=policy.exclude,
+            include=policy.include,
+            default_excludes=policy.default_excludes,
+            secrets=checked,
+            cache_path=os.fspath(cache_path) if cache_path is not None else None,
+            threads=threads,
+            cancel=cancel,
+        )
+    except _native.ScanCancelled:
+        raise
+    except ValueError as error:
+        raise SandboxCheckpointInvalidArgumentError(str(error)) from error
+    except OSError as error:
+        if _is_root_error(error, root_text):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"workspace root {root_text!r} cannot be scanned: {error.strerror or error}",
+                details={"path": root_text},
+            ) from error
+        raise
+    return ScanOutcome(
+        manifest=result.manifest,
+        unsupported=list(result.unsupported),
+        entries_count=result.entries,
+        files_hashed=result.files_hashed,
+        files_reused=result.files_reused,
+        bytes_hashed=result.bytes_hashed,
+    )
+
+
+def _is_root_error(error: OSError, root: str) -> bool:
+    """Whether the native OSError is about the root itself (not an entry inside)."""
+    if isinstance(error, NotADirectoryError) and error.filename is not None:
+        return os.path.abspath(error.filename) == os.path.abspath(root)
+    if error.errno not in _ROOT_ERRNOS or error.filename is None:
+        return False
+    return os.path.abspath(error.filename) == os.path.abspath(root)
+
+
+__all__ = ["MIN_SECRET_LEN", "ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]

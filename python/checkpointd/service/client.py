@@ -1,0 +1,315 @@
+"""A small asyncio client of the daemon, used by the CLI (and handy in tests).
+
+Addresses: ``unix:///abs/path.sock`` (or ``unix:/abs/path``) and
+``tcp://host:port`` (or ``host:port``). With a token every call carries
+``authorization: Bearer <token>``. Failed calls raise :class:`RpcError`, which
+carries the status code and the ErrorInfo reason and metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from ..v1 import checkpointd_pb2 as pb
+from ..v1 import checkpointd_pb2_grpc as pb_grpc
+from .auth import bearer_metadata
+from .config import grpc_address
+from .status import error_info_from_metadata
+
+T = TypeVar("T")
+UPLOAD_CHUNK = 256 * 1024
+
+
+@dataclass
+class RpcError(Exception):
+    """A failed call: gRPC status plus the daemon's ErrorInfo (when it sent one)."""
+
+    code: grpc.StatusCode
+    message: str
+    reason: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        reason = f" [{self.reason}]" if self.reason else ""
+        return f"{self.code.name}{reason}: {self.message}"
+
+
+def rpc_error(error: grpc.aio.AioRpcError) -> RpcError:
+    info = error_info_from_metadata(error.trailing_metadata())
+    return RpcError(
+        code=error.code(),
+        message=error.details() or "",
+        reason=info.reason if info is not None else "",
+        metadata=dict(info.metadata) if info is not None else {},
+    )
+
+
+class Client:
+    """``async with Client(address, token=...) as client: await client.capture(...)``."""
+
+    def __init__(
+        self, address: str, *, token: str | None = None, timeout: float | None = None
+    ) -> None:
+        self.address = address
+        self._metadata = bearer_metadata(token) if token else ()
+        self._timeout = timeout
+        self._channel = grpc.aio.insecure_channel(
+            grpc_address(address),
+            options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)],
+        )
+        self.stub = pb_grpc.CheckpointdStub(self._channel)
+        self.health_stub = health_pb2_grpc.HealthStub(self._channel)
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    def _kw(self) -> dict[str, Any]:
+        return {"metadata": self._metadata, "timeout": self._timeout}
+
+    async def _unary(self, method: Any, request: Any) -> Any:
+        try:
+            return await method(request, **self._kw())
+        except grpc.aio.AioRpcError as error:
+            raise rpc_error(error) from None
+
+    async def _stream(self, method: Any, request: Any) -> AsyncIterator[Any]:
+        call = method(request, **self._kw())
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as error:
+            raise rpc_error(error) from None
+        finally:
+            call.cancel()
+
+    # ---------------------------------------------------------------- long work
+
+    async def capture(
+        self,
+        thread_id: str,
+        *,
+        label: str | None = None,
+        policy: pb.Policy | None = None,
+        secrets: Sequence[bytes] = (),
+        conversation: Sequence[str] = (),
+        artifacts: Sequence[pb.Artifact] = (),
+        workspace_subdir: str = "",
+        request_id: str | None = None,
+        source_run_id: str | None = None,
+        on_event: Callable[[pb.CaptureEvent], None] | None = None,
+    ) -> pb.CaptureDone:
+        """Capture; ``on_event`` sees every event. Returns the done event."""
+        request = pb.CaptureRequest(
+            thread_id=thread_id,
+            secrets=list(secrets),
+            conversation=list(conversation),
+            artifacts=list(artifacts),
+            workspace_subdir=workspace_subdir,
+        )
+        if label is not None:
+            request.label = label
+        if policy is not None:
+            request.policy.CopyFrom(policy)
+        if request_id is not None:
+            request.request_id = request_id
+        if source_run_id is not None:
+            request.source_run_id = source_run_id
+        async for event in self._stream(self.stub.Capture, request):
+            if on_event is not None:
+                on_event(event)
+            if event.HasField("done"):
+                return event.done
+        raise RpcError(grpc.StatusCode.UNKNOWN, "capture stream ended without a done event")
+
+    async def restore(
+        self,
+        thread_id: str,
+        *,
+        checkpoint_id: str | None = None,
+        policy: pb.Policy | None = None,
+        workspace_subdir: str = "",
+        on_event: Callable[[pb.RestoreEvent], None] | None = None,
+    ) -> pb.RestoreDone:
+        request = pb.RestoreRequest(thread_id=thread_id, workspace_subdir=workspace_subdir)
+        if checkpoint_id is not None:
+            request.checkpoint_id = checkpoint_id
+        if policy is not None:
+            request.policy.CopyFrom(policy)
+        async for event in self._stream(self.stub.Restore, request):
+            if on_event is not None:
+                on_event(event)
+            if event.HasField("done"):
+                return event.done
+        raise RpcError(grpc.StatusCode.UNKNOWN, "restore stream ended without a done event")
+
+    # ---------------------------------------------------------------- reading
+
+    async def get_checkpoint(
+        self, checkpoint_id: str, *, include_conversation: bool = False
+    ) -> pb.GetCheckpointResponse:
+        return await self._unary(
+            self.stub.GetCheckpoint,
+            pb.GetCheckpointRequest(
+                checkpoint_id=checkpoint_id, include_conversation=include_conversation
+            ),
+        )
+
+    async def list_checkpoints(
+        self, thread_id: str, *, page_size: int = 0
+    ) -> list[pb.CheckpointSummary]:
+        """Every checkpoint of the thread (all pages), oldest first."""
+        out: list[pb.CheckpointSummary] = []
+        token = ""
+        while True:
+            page = await self._unary(
+                self.stub.ListCheckpoints,
+                pb.ListCheckpointsRequest(
+                    thread_id=thread_id, page_size=page_size, page_token=token
+                ),
+            )
+            out.extend(page.checkpoints)
+            token = page.next_page_token
+            if not token:
+                return out
+
+    async def get_head(self, thread_id: str) -> str | None:
+        response = await self._unary(self.stub.GetHead, pb.GetHeadRequest(thread_id=thread_id))
+        return response.checkpoint_id if response.HasField("checkpoint_id") else None
+
+    async def list_entries(self, checkpoint_id: str, *, path_prefix: str = "") -> list[pb.Entry]:
+        out: list[pb.Entry] = []
+        request = pb.ListEntriesRequest(checkpoint_id=checkpoint_id, path_prefix=path_prefix)
+        async for message in self._stream(self.stub.ListEntries, request):
+            out.extend(message.entries)
+        return out
+
+    async def diff(
+        self,
+        from_checkpoint_id: str,
+        to_checkpoint_id: str | None = None,
+        *,
+        policy: pb.Policy | None = None,
+        secrets: Sequence[bytes] = (),
+        workspace_subdir: str = "",
+    ) -> list[pb.Change]:
+        """Changes from one checkpoint to another, or (``to`` None) to the live workspace."""
+        request = pb.DiffRequest(
+            from_checkpoint_id=from_checkpoint_id,
+            secrets=list(secrets),
+            workspace_subdir=workspace_subdir,
+        )
+        if to_checkpoint_id is not None:
+            request.to_checkpoint_id = to_checkpoint_id
+        if policy is not None:
+            request.policy.CopyFrom(policy)
+        out: list[pb.Change] = []
+        async for message in self._stream(self.stub.Diff, request):
+            out.extend(message.changes)
+        return out
+
+    async def read_file(self, checkpoint_id: str, path: str, *, chunk_size: int = 0) -> bytes:
+        parts = []
+        request = pb.ReadFileRequest(checkpoint_id=checkpoint_id, path=path, chunk_size=chunk_size)
+        async for message in self._stream(self.stub.ReadFile, request):
+            parts.append(message.data)
+        return b"".join(parts)
+
+    async def upload_artifact(
+        self, name: str, mime_type: str, data: bytes | AsyncIterable[bytes]
+    ) -> pb.Artifact:
+        async def messages() -> AsyncIterator[pb.UploadArtifactRequest]:
+            yield pb.UploadArtifactRequest(
+                metadata=pb.UploadArtifactMetadata(name=name, mime_type=mime_type)
+            )
+            if isinstance(data, bytes):
+                for start in range(0, len(data), UPLOAD_CHUNK):
+                    yield pb.UploadArtifactRequest(chunk=data[start : start + UPLOAD_CHUNK])
+            else:
+                async for chunk in data:
+                    yield pb.UploadArtifactRequest(chunk=chunk)
+
+        try:
+            response = await self.stub.UploadArtifact(messages(), **self._kw())
+        except grpc.aio.AioRpcError as error:
+            raise rpc_error(error) from None
+        return response.artifact
+
+    async def read_artifact(self, blob_key: str) -> bytes:
+        parts = []
+        async for message in self._stream(
+            self.stub.ReadArtifact, pb.ReadArtifactRequest(blob_key=blob_key)
+        ):
+            parts.append(message.data)
+        return b"".join(parts)
+
+    # ---------------------------------------------------------------- writing
+
+    async def fork(
+        self, source_thread_id: str, source_checkpoint_id: str, destination_thread_id: str
+    ) -> pb.CheckpointSummary:
+        response = await self._unary(
+            self.stub.Fork,
+            pb.ForkRequest(
+                source_thread_id=source_thread_id,
+                source_checkpoint_id=source_checkpoint_id,
+                destination_thread_id=destination_thread_id,
+            ),
+        )
+        return response.checkpoint
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str) -> str | None:
+        response = await self._unary(
+            self.stub.DeleteHead,
+            pb.DeleteHeadRequest(thread_id=thread_id, checkpoint_id=checkpoint_id),
+        )
+        return response.head_checkpoint_id if response.HasField("head_checkpoint_id") else None
+
+    async def prune(self, thread_id: str, keep: int, *, dry_run: bool = False) -> list[str]:
+        response = await self._unary(
+            self.stub.Prune, pb.PruneRequest(thread_id=thread_id, keep=keep, dry_run=dry_run)
+        )
+        return list(response.deleted_checkpoint_ids)
+
+    async def sweep(self, older_than_ms: int, *, dry_run: bool = False) -> pb.SweepBlobsResponse:
+        return await self._unary(
+            self.stub.SweepBlobs, pb.SweepBlobsRequest(older_than_ms=older_than_ms, dry_run=dry_run)
+        )
+
+    async def server_info(self) -> pb.GetServerInfoResponse:
+        return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest())
+
+    # ---------------------------------------------------------------- health
+
+    async def health(self, service: str = "") -> str:
+        """The health status name (SERVING, NOT_SERVING...)."""
+        response = await self._unary(
+            self.health_stub.Check, health_pb2.HealthCheckRequest(service=service)
+        )
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    async def wait_serving(self, *, within: float) -> None:
+        """Poll health until SERVING. Raises TimeoutError after ``within`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        while True:
+            try:
+                if await self.health() == "SERVING":
+                    return
+            except RpcError as error:
+                if error.code == grpc.StatusCode.UNAUTHENTICATED:
+                    raise
+            if loop.time() >= deadline:
+                raise TimeoutError(f"daemon at {self.address} not SERVING after {within}s")
+            await asyncio.sleep(0.05)

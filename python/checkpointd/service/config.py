@@ -1,0 +1,205 @@
+"""Daemon configuration: flags over ``CHECKPOINTD_*`` environment over a TOML file.
+
+Every setting has one name used in all three places: the flag ``--data-dir``, the
+variable ``CHECKPOINTD_DATA_DIR`` and the TOML key ``data_dir`` (top level, or in
+a ``[serve]`` table). The TOML file is named by ``--config`` or
+``CHECKPOINTD_CONFIG``.
+
+Defaults (the embedded setup): data dir ``~/.local/state/checkpointd``, store
+``sqlite://<data_dir>/checkpoints.db``, blobs ``file://<data_dir>/blobs``
+(``<data_dir>`` is absolute, so three slashes),
+listening on the Unix socket ``<data_dir>/checkpointd.sock``. TCP
+(``tcp://127.0.0.1:50051``) needs a bearer token (``token`` or ``token_file``);
+the daemon refuses to start without one.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import SandboxCheckpointInvalidArgumentError
+from ..statcache_paths import DEFAULT_DATA_DIR
+
+ENV_PREFIX = "CHECKPOINTD_"
+
+# name → (type, default); None defaults are derived in ``resolve``.
+SETTINGS: dict[str, tuple[str, Any]] = {
+    "workspace": ("path", "/workspace"),
+    "data_dir": ("path", DEFAULT_DATA_DIR),
+    "store": ("str", None),
+    "blobs": ("str", None),
+    "listen": ("str", None),
+    "token": ("str", None),
+    "token_file": ("path", None),
+    "grace_period": ("duration", 10.0),
+    "thread": ("str", None),
+    "restore_on_start": ("bool", False),
+    "capture_every": ("duration", None),
+    "log_level": ("str", "INFO"),
+}
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds from ``"60s"``, ``"5m"``, ``"250ms"``, ``"1h"`` or a plain number.
+
+    Raises SandboxCheckpointInvalidArgumentError for anything else.
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text)
+    match = _DURATION.match(str(text))
+    if not match:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"not a duration: {text!r} (use e.g. 60s, 5m, 250ms)", details={"value": str(text)}
+        )
+    return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+
+
+def _parse_bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    lowered = str(text).strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise SandboxCheckpointInvalidArgumentError(f"not a boolean: {text!r}")
+
+
+def _convert(name: str, value: Any) -> Any:
+    kind = SETTINGS[name][0]
+    if value is None:
+        return None
+    if kind == "duration":
+        return parse_duration(value)
+    if kind == "bool":
+        return _parse_bool(value)
+    if kind == "path":
+        return Path(os.path.expanduser(str(value)))
+    return str(value)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    workspace: Path
+    data_dir: Path
+    store: str
+    blobs: str
+    listen: str
+    token: str | None
+    grace_period: float
+    thread: str | None
+    restore_on_start: bool
+    capture_every: float | None
+    log_level: str
+
+    @property
+    def socket_path(self) -> Path | None:
+        """The Unix socket path when listening on one."""
+        return socket_path_of(self.listen)
+
+    @property
+    def is_tcp(self) -> bool:
+        return self.socket_path is None
+
+
+def socket_path_of(address: str) -> Path | None:
+    """The path of a ``unix:`` address, None for a TCP address."""
+    if address.startswith("unix://"):
+        return Path(address[len("unix://") :])
+    if address.startswith("unix:"):
+        return Path(address[len("unix:") :])
+    return None
+
+
+def grpc_address(address: str) -> str:
+    """The address in grpc's syntax: ``unix:/abs/path`` or ``host:port``."""
+    path = socket_path_of(address)
+    if path is not None:
+        return f"unix:{path}"
+    return address.removeprefix("tcp://")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"cannot read config file {path}: {exc}", details={"path": str(path)}
+        ) from exc
+    table = document.get("serve", document)
+    unknown = sorted(set(table) - set(SETTINGS) - {"serve"})
+    if unknown:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"unknown keys in {path}: {', '.join(unknown)}", details={"path": str(path)}
+        )
+    return {key: value for key, value in table.items() if key in SETTINGS}
+
+
+def resolve(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str] | None = None,
+    config_file: str | os.PathLike[str] | None = None,
+) -> ServeConfig:
+    """Merge flags (None = not given), environment and the TOML file; derive defaults.
+
+    Raises SandboxCheckpointInvalidArgumentError for bad values and for TCP
+    without a token.
+    """
+    environ = os.environ if environ is None else environ
+    config_path = config_file or environ.get(ENV_PREFIX + "CONFIG")
+    from_file = _read_toml(Path(config_path)) if config_path else {}
+    values: dict[str, Any] = {}
+    for name, (_, default) in SETTINGS.items():
+        raw = flags.get(name)
+        if raw is None:
+            raw = environ.get(ENV_PREFIX + name.upper())
+        if raw is None:
+            raw = from_file.get(name)
+        values[name] = _convert(name, raw) if raw is not None else _convert(name, default)
+
+    workspace = Path(os.path.abspath(values["workspace"]))
+    data_dir = Path(os.path.abspath(values["data_dir"]))
+    token = values["token"]
+    if token is None and values["token_file"] is not None:
+        try:
+            token = Path(values["token_file"]).read_text().strip()
+        except OSError as exc:
+            raise SandboxCheckpointInvalidArgumentError(f"cannot read token file: {exc}") from exc
+    listen = values["listen"] or f"unix://{data_dir / 'checkpointd.sock'}"
+    config = ServeConfig(
+        workspace=workspace,
+        data_dir=data_dir,
+        # data_dir is absolute, so these read sqlite:///abs/path.db and file:///abs/dir.
+        store=values["store"] or f"sqlite://{data_dir / 'checkpoints.db'}",
+        blobs=values["blobs"] or f"file://{data_dir / 'blobs'}",
+        listen=listen,
+        token=token or None,
+        grace_period=values["grace_period"],
+        thread=values["thread"],
+        restore_on_start=values["restore_on_start"],
+        capture_every=values["capture_every"],
+        log_level=str(values["log_level"]).upper(),
+    )
+    if config.is_tcp and not config.token:
+        raise SandboxCheckpointInvalidArgumentError(
+            "refusing to listen on TCP without a bearer token (set --token, --token-file "
+            "or CHECKPOINTD_TOKEN), or listen on a Unix socket",
+            details={"listen": listen},
+        )
+    if (config.restore_on_start or config.capture_every) and not config.thread:
+        raise SandboxCheckpointInvalidArgumentError(
+            "--restore-on-start and --capture-every need --thread"
+        )
+    if config.capture_every is not None and config.capture_every <= 0:
+        raise SandboxCheckpointInvalidArgumentError("--capture-every must be positive")
+    return config

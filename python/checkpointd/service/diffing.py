@@ -1,0 +1,86 @@
+"""Diff two manifests, or a manifest and the live workspace (the Diff RPC).
+
+A change is one of: added, deleted, modified (content, entry kind or symlink
+target differ) or mode changed (only the mode differs). A file's mtime alone is
+not a change: restore sets mtimes, and content is what a checkpoint promises.
+Changes come out sorted by the UTF-8 bytes of the path, like manifests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from .. import codec
+from ..model import DirEntry, Entry, FileEntry, Policy, SymlinkEntry
+from ..statcache_paths import stat_cache_path
+
+ChangeKind = Literal["added", "deleted", "modified", "mode_changed"]
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    path: str
+    kind: ChangeKind
+    old: Entry | None
+    new: Entry | None
+
+
+def _compare(old: Entry, new: Entry) -> ChangeKind | None:
+    if type(old) is not type(new):
+        return "modified"
+    if isinstance(old, FileEntry) and isinstance(new, FileEntry):
+        if old.blob_key != new.blob_key or old.size != new.size:
+            return "modified"
+        return "mode_changed" if old.mode != new.mode else None
+    if isinstance(old, SymlinkEntry) and isinstance(new, SymlinkEntry):
+        return "modified" if old.target != new.target else None
+    if isinstance(old, DirEntry) and isinstance(new, DirEntry):
+        return "mode_changed" if old.mode != new.mode else None
+    return None
+
+
+def diff_entries(old: Sequence[Entry], new: Sequence[Entry]) -> Iterator[Change]:
+    """The changes that turn manifest ``old`` into manifest ``new``."""
+    before = {entry.path: entry for entry in old}
+    after = {entry.path: entry for entry in new}
+    for path in sorted(
+        before.keys() | after.keys(), key=lambda p: p.encode("utf-8", "surrogateescape")
+    ):
+        was, now = before.get(path), after.get(path)
+        if was is None:
+            yield Change(path, "added", None, now)
+        elif now is None:
+            yield Change(path, "deleted", was, None)
+        else:
+            kind = _compare(was, now)
+            if kind is not None:
+                yield Change(path, kind, was, now)
+
+
+async def scan_live(
+    root: Path, policy: Policy | None, secrets: Sequence[bytes], data_dir: Path
+) -> tuple[Entry, ...]:
+    """The live workspace's manifest, scanned natively off the event loop.
+
+    Shares capture's stat cache (so unchanged files are not read again). Entries
+    capture would refuse (fifos, escaping links...) are left out. Raises OSError
+    when the root cannot be read, ValueError for a bad pattern or short secret.
+    """
+    from .. import _native
+
+    policy = policy or Policy()
+    cache = stat_cache_path(data_dir, root)
+    result = await asyncio.to_thread(
+        _native.scan,
+        str(root),
+        exclude=list(policy.exclude),
+        include=list(policy.include),
+        default_excludes=policy.default_excludes,
+        secrets=list(secrets),
+        cache_path=cache,
+    )
+    return codec.decode_entries(result.manifest)

@@ -1,0 +1,167 @@
+"""The daemon: ``build_server`` assembles the grpc.aio server, ``run`` runs it.
+
+Lifecycle, in this fixed order:
+
+1. Listen (Unix socket created with mode 0600; TCP only with a bearer token).
+   Health says NOT_SERVING.
+2. Open the checkpoint store and the blob store.
+3. With ``--restore-on-start``: restore the thread's newest checkpoint (nothing
+   else can write yet: the service still refuses calls).
+4. Health says SERVING; calls are accepted. With ``--capture-every`` the capture
+   loop starts (see ``loop.py``).
+5. SIGTERM/SIGINT: health says NOT_SERVING, new calls are refused, running calls
+   get ``grace_period`` seconds to finish and are then cancelled (the engines
+   release their leases as they unwind); the loop makes its final capture; the
+   stores are closed; the socket file is removed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
+from .auth import BearerTokenInterceptor
+from .config import ServeConfig, grpc_address
+from .servicer import CheckpointdServicer, ServiceState
+
+SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+_log = logging.getLogger("checkpointd.server")
+
+
+def backend_name(url: str) -> str:
+    """``sqlite``, ``postgresql``, ``file``, ``s3``… from a store or blob URL."""
+    scheme = urlsplit(url).scheme.lower()
+    return "postgresql" if scheme == "postgres" else scheme
+
+
+@contextlib.contextmanager
+def _private_umask() -> Iterator[None]:
+    # grpc creates the socket file when binding: with umask 0177 it is born 0600,
+    # so there is no moment when another user could connect.
+    previous = os.umask(0o177)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
+def build_server(
+    config: ServeConfig, state: ServiceState
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """The server with the checkpointd service, health and reflection, bound to
+    ``config.listen`` but not started. Raises RuntimeError when it cannot bind."""
+    interceptors = [BearerTokenInterceptor(config.token)] if config.is_tcp and config.token else []
+    server = grpc.aio.server(
+        interceptors=interceptors,
+        options=[
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # One daemon per socket: do not share a port with a stale process.
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    checkpointd_pb2_grpc.add_CheckpointdServicer_to_server(CheckpointdServicer(state), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    socket_path = config.socket_path
+    if socket_path is not None:
+        socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with _private_umask():
+            server.add_insecure_port(grpc_address(config.listen))
+    else:
+        # Plain-text TCP with a bearer token: meant for loopback or a private
+        # network; put TLS in front for anything else.
+        server.add_insecure_port(grpc_address(config.listen))
+    return server, health_servicer
+
+
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, status)
+
+
+async def open_stores(config: ServeConfig, state: ServiceState) -> None:
+    """Open the stores named by the config into ``state``.
+
+    Raises what ``open_store``/``open_blobs`` raise (bad URL, database down...).
+    """
+    from ..blobs import open_blobs
+    from ..store import open_store
+
+    blobs = open_blobs(config.blobs)
+    state.store = await open_store(config.store)
+    state.blobs = blobs
+    state.store_backend = backend_name(config.store)
+    state.blob_backend = backend_name(config.blobs)
+
+
+async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; returns the process exit code."""
+    from ..statcache_paths import resolve_data_dir
+    from .loop import CaptureLoop
+
+    config.workspace.mkdir(parents=False, exist_ok=True)
+    # Refuses a data dir inside the workspace (sandbox code could forge the stat cache).
+    data_dir = resolve_data_dir(config.workspace, config.data_dir)
+    state = ServiceState(workspace_root=config.workspace, data_dir=data_dir)
+    server, health_servicer = build_server(config, state)
+    await _set_health(health_servicer, False)
+    await server.start()
+    if config.socket_path is not None:
+        os.chmod(config.socket_path, 0o600)
+    _log.info("listening on %s (workspace %s)", config.listen, config.workspace)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    capture_loop = CaptureLoop(config, state) if config.thread else None
+    try:
+        await open_stores(config, state)
+        if capture_loop is not None and config.restore_on_start:
+            await capture_loop.restore_on_start()
+        await _set_health(health_servicer, True)
+        _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
+        if ready is not None:
+            ready.set()
+        if capture_loop is not None and config.capture_every:
+            capture_loop.start()
+        await stop.wait()
+        _log.info("draining (grace %.1fs)", config.grace_period)
+    finally:
+        await health_servicer.enter_graceful_shutdown()
+        if capture_loop is not None:
+            await capture_loop.stop()
+        state.draining = True
+        # Refuses new calls at once; cancels the calls still running after the grace.
+        await server.stop(config.grace_period)
+        if capture_loop is not None and config.capture_every and state.store is not None:
+            await capture_loop.final_capture()
+        if state.store is not None:
+            await state.store.aclose()
+        if config.socket_path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                config.socket_path.unlink()
+        _log.info("stopped")
+    return 0

@@ -1,0 +1,598 @@
+"""The checkpointd.v1.Checkpointd service: each RPC turns into one engine or store call.
+
+Errors: handlers raise; ``_unary`` / ``_streaming`` turn every exception into a
+status through ``status.abort`` (the one error map). Cancellation: when the
+client cancels or its deadline passes, grpc cancels the handler's task; the
+engine task is cancelled too (and its native scan told to stop), and the
+engines release their writer lease in ``finally`` — so a new capture of the
+thread succeeds at once.
+
+Capture ``request_id``: the checkpoint id is ``uuid5(namespace, thread_id NUL
+request_id)``. Before capturing, the servicer looks that id up; when an earlier
+attempt already committed it (the reply was lost), the retry returns it with
+``done.replayed = true`` instead of making a second checkpoint. A retry that
+races the first attempt still running gets WRITER_CONFLICT (ABORTED) and should
+retry again; the id's uniqueness in the store makes a double append impossible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+
+from .. import __version__, validation
+from ..blobs.base import BlobNotFoundError, BlobStore
+from ..errors import (
+    INVALID_PATH,
+    MISSING_CHECKPOINT,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxSnapshotError,
+)
+from ..ids import new_uuid7
+from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
+from ..progress import Progress
+from ..store.base import CheckpointStore
+from ..v1 import checkpointd_pb2 as pb
+from ..v1 import checkpointd_pb2_grpc as pb_grpc
+from . import convert, diffing
+from .status import DRAINING, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError, abort
+
+PROTOCOL_VERSION = 1
+MIN_CHUNK = 64 * 1024
+MAX_CHUNK = 1024 * 1024
+DEFAULT_CHUNK = 256 * 1024
+# Chunks of manifest entries / diff changes: bounded by count and by an estimate
+# of encoded size, so a message stays far below 4 MiB even with 4 KiB paths.
+ENTRIES_PER_MESSAGE = 512
+BYTES_PER_MESSAGE = 512 * 1024
+DEFAULT_PAGE_SIZE = 100
+MAX_PAGE_SIZE = 1000
+REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
+
+_log = logging.getLogger(__name__)
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+T = TypeVar("T")
+
+
+@dataclass
+class ServiceState:
+    """What the handlers share: the one workspace root and the open stores.
+
+    ``store``/``blobs`` are None until the server opened them (calls before that,
+    or while draining, get UNAVAILABLE).
+    """
+
+    workspace_root: Path
+    data_dir: Path
+    store: CheckpointStore | None = None
+    blobs: BlobStore | None = None
+    store_backend: str = ""
+    blob_backend: str = ""
+    draining: bool = False
+    # Capture/restore tasks in flight (the serve loop skips a tick while any runs).
+    running: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def stores(self) -> tuple[CheckpointStore, BlobStore]:
+        if self.draining or self.store is None or self.blobs is None:
+            raise ServiceError(DRAINING, "the daemon is not serving (starting or draining)")
+        return self.store, self.blobs
+
+    def resolve_root(self, subdir: str) -> Path:
+        """The workspace root, or a relative sub-root that stays inside it.
+
+        Raises ServiceError(INVALID_PATH) for an absolute path, ``..`` segments, or
+        a path that leaves the root through a symlink.
+        """
+        if not subdir or subdir in (".", "./"):
+            return self.workspace_root
+        problem = validation.path_problem(subdir.rstrip("/"))
+        if problem is not None:
+            raise ServiceError(INVALID_PATH, f"bad workspace_subdir: {problem}", path=subdir)
+        candidate = self.workspace_root / subdir
+        resolved = Path(os.path.realpath(candidate))
+        root = Path(os.path.realpath(self.workspace_root))
+        if resolved != root and root not in resolved.parents:
+            raise ServiceError(
+                INVALID_PATH, "workspace_subdir leaves the workspace root", path=subdir
+            )
+        return candidate
+
+
+def derive_checkpoint_id(thread_id: str, request_id: str) -> str:
+    """The checkpoint id a capture with ``request_id`` gets (same inputs, same id)."""
+    return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{thread_id}\x00{request_id}"))
+
+
+def _unary(
+    method: Callable[[Any, Any, Context], Awaitable[T]],
+) -> Callable[[Any, Any, Context], Awaitable[T]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> T:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            await abort(context, exc)
+            raise  # unreachable: abort raises
+
+    return wrapper
+
+
+def _streaming(
+    method: Callable[[Any, Any, Context], AsyncIterator[T]],
+) -> Callable[[Any, Any, Context], AsyncIterator[T]]:
+    @functools.wraps(method)
+    async def wrapper(self: Any, request: Any, context: Context) -> AsyncIterator[T]:
+        try:
+            async for item in method(self, request, context):
+                yield item
+        except Exception as exc:  # noqa: BLE001 - every error becomes a status
+            await abort(context, exc)
+
+    return wrapper
+
+
+def _chunk_size(requested: int) -> int:
+    return DEFAULT_CHUNK if requested == 0 else min(max(requested, MIN_CHUNK), MAX_CHUNK)
+
+
+def _entry_weight(entry: Entry) -> int:
+    return (
+        64
+        + len(entry.path)
+        + len(getattr(entry, "target", ""))
+        + len(getattr(entry, "blob_key", ""))
+    )
+
+
+async def _with_progress(
+    state: ServiceState,
+    work: Callable[[Callable[[Progress], None]], Coroutine[Any, Any, T]],
+) -> AsyncIterator[Progress | tuple[str, T]]:
+    """Run ``work(progress_callback)`` as a task; yield its Progress events, then
+    ``("done", result)``. If the consumer stops (client cancel, deadline), the
+    task is cancelled and awaited: the engine stops its threaded work and its
+    ``finally`` releases the lease before the handler returns."""
+    queue: asyncio.Queue[Progress | None] = asyncio.Queue()
+    task = asyncio.create_task(work(queue.put_nowait))
+    state.running.add(task)
+    task.add_done_callback(state.running.discard)
+    task.add_done_callback(lambda _: queue.put_nowait(None))
+    try:
+        while (item := await queue.get()) is not None:
+            yield item
+        yield ("done", task.result())
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.wait([task])
+
+
+class CheckpointdServicer(pb_grpc.CheckpointdServicer):
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+
+    # ------------------------------------------------------------ capture/restore
+
+    @_streaming
+    async def Capture(
+        self, request: pb.CaptureRequest, context: Context
+    ) -> AsyncIterator[pb.CaptureEvent]:
+        from ..capture import capture_checkpoint
+
+        store, blobs = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        root = self.state.resolve_root(request.workspace_subdir)
+        policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
+        conversation = convert.conversation_from_proto(request.conversation)
+        artifacts = tuple(convert.artifact_from_proto(a) for a in request.artifacts)
+        if request.HasField("request_id"):
+            request_id = validation.check_id(request.request_id, "request_id")
+            checkpoint_id = derive_checkpoint_id(thread_id, request_id)
+            committed = await store.get(checkpoint_id)
+            if committed is not None and committed.thread_id == thread_id:
+                yield pb.CaptureEvent(
+                    started=pb.CaptureStarted(thread_id=thread_id, checkpoint_id=checkpoint_id)
+                )
+                yield pb.CaptureEvent(
+                    done=pb.CaptureDone(
+                        checkpoint=convert.summary_of(committed),
+                        stats=pb.CaptureStats(),
+                        replayed=True,
+                    )
+                )
+                return
+        else:
+            checkpoint_id = new_uuid7()
+        yield pb.CaptureEvent(
+            started=pb.CaptureStarted(thread_id=thread_id, checkpoint_id=checkpoint_id)
+        )
+
+        async def work(progress: Callable[[Progress], None]) -> Any:
+            return await capture_checkpoint(
+                root,
+                store,
+                blobs,
+                thread_id,
+                label=request.label if request.HasField("label") else None,
+                policy=policy,
+                secrets=tuple(request.secrets),
+                conversation=conversation,
+                artifacts=artifacts,
+                source_run_id=request.source_run_id if request.HasField("source_run_id") else None,
+                data_dir=self.state.data_dir,
+                progress=progress,
+                checkpoint_id=checkpoint_id,
+            )
+
+        async for item in _with_progress(self.state, work):
+            if isinstance(item, Progress):
+                yield pb.CaptureEvent(progress=convert.progress_to_proto(item))
+            else:
+                result = item[1]
+                yield pb.CaptureEvent(
+                    done=pb.CaptureDone(
+                        checkpoint=convert.summary_of(result.checkpoint),
+                        stats=convert.stats_to_proto(result.stats),
+                    )
+                )
+
+    @_streaming
+    async def Restore(
+        self, request: pb.RestoreRequest, context: Context
+    ) -> AsyncIterator[pb.RestoreEvent]:
+        from ..restore import restore_checkpoint
+
+        store, blobs = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        checkpoint_id = (
+            validation.check_id(request.checkpoint_id, "checkpoint_id")
+            if request.HasField("checkpoint_id")
+            else None
+        )
+        root = self.state.resolve_root(request.workspace_subdir)
+        policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
+        started = pb.RestoreStarted(thread_id=thread_id)
+        if checkpoint_id is not None:
+            started.checkpoint_id = checkpoint_id
+        yield pb.RestoreEvent(started=started)
+        began = time.monotonic()
+
+        async def work(progress: Callable[[Progress], None]) -> Checkpoint | None:
+            return await restore_checkpoint(
+                root,
+                store,
+                blobs,
+                thread_id,
+                checkpoint_id=checkpoint_id,
+                policy=policy,
+                data_dir=self.state.data_dir,
+                progress=progress,
+            )
+
+        async for item in _with_progress(self.state, work):
+            if isinstance(item, Progress):
+                yield pb.RestoreEvent(progress=convert.progress_to_proto(item))
+            else:
+                restored = item[1]
+                done = pb.RestoreDone(
+                    restored=restored is not None,
+                    duration_ms=int((time.monotonic() - began) * 1000),
+                )
+                if restored is not None:
+                    done.checkpoint.CopyFrom(convert.summary_of(restored))
+                yield pb.RestoreEvent(done=done)
+
+    # ------------------------------------------------------------ reading
+
+    async def _checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        store, _ = self.state.stores()
+        validation.check_id(checkpoint_id, "checkpoint_id")
+        checkpoint = await store.get(checkpoint_id)
+        if checkpoint is None:
+            raise SandboxSnapshotError(
+                MISSING_CHECKPOINT,
+                f"no checkpoint {checkpoint_id!r}",
+                details={"checkpoint_id": checkpoint_id},
+            )
+        return checkpoint
+
+    @_unary
+    async def GetCheckpoint(
+        self, request: pb.GetCheckpointRequest, context: Context
+    ) -> pb.GetCheckpointResponse:
+        checkpoint = await self._checkpoint(request.checkpoint_id)
+        return pb.GetCheckpointResponse(
+            checkpoint=convert.summary_of(checkpoint),
+            artifacts=[convert.artifact_to_proto(a) for a in checkpoint.artifacts],
+            conversation=convert.conversation_to_proto(checkpoint.conversation)
+            if request.include_conversation
+            else [],
+        )
+
+    @_unary
+    async def ListCheckpoints(
+        self, request: pb.ListCheckpointsRequest, context: Context
+    ) -> pb.ListCheckpointsResponse:
+        store, _ = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        page_size = request.page_size or DEFAULT_PAGE_SIZE
+        if page_size > MAX_PAGE_SIZE:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"page_size must be at most {MAX_PAGE_SIZE}", details={"page_size": page_size}
+            )
+        checkpoints = await store.list(thread_id)
+        start = 0
+        if request.page_token:
+            cursor = _decode_page_token(request.page_token)
+            start = next(
+                (i for i, cp in enumerate(checkpoints) if _order_key(cp) > cursor), len(checkpoints)
+            )
+        page = checkpoints[start : start + page_size]
+        more = start + page_size < len(checkpoints)
+        return pb.ListCheckpointsResponse(
+            checkpoints=[convert.summary_of(cp) for cp in page],
+            next_page_token=_encode_page_token(page[-1]) if more and page else "",
+        )
+
+    @_unary
+    async def GetHead(self, request: pb.GetHeadRequest, context: Context) -> pb.GetHeadResponse:
+        store, _ = self.state.stores()
+        head = await store.get_head(validation.check_id(request.thread_id, "thread_id"))
+        response = pb.GetHeadResponse()
+        if head is not None:
+            response.checkpoint_id = head
+        return response
+
+    @_streaming
+    async def ListEntries(
+        self, request: pb.ListEntriesRequest, context: Context
+    ) -> AsyncIterator[pb.ListEntriesResponse]:
+        checkpoint = await self._checkpoint(request.checkpoint_id)
+        prefix = request.path_prefix.rstrip("/")
+        entries = [
+            e
+            for e in checkpoint.files
+            if not prefix or e.path == prefix or e.path.startswith(prefix + "/")
+        ]
+        for chunk in _chunks(entries, _entry_weight):
+            yield pb.ListEntriesResponse(entries=[convert.entry_to_proto(e) for e in chunk])
+
+    @_streaming
+    async def Diff(
+        self, request: pb.DiffRequest, context: Context
+    ) -> AsyncIterator[pb.DiffResponse]:
+        old = await self._checkpoint(request.from_checkpoint_id)
+        if request.HasField("to_checkpoint_id"):
+            new_entries = (await self._checkpoint(request.to_checkpoint_id)).files
+        else:
+            root = self.state.resolve_root(request.workspace_subdir)
+            policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
+            try:
+                new_entries = await diffing.scan_live(
+                    root, policy, list(request.secrets), self.state.data_dir
+                )
+            except ValueError as exc:
+                raise SandboxCheckpointInvalidArgumentError(str(exc)) from exc
+        changes = list(diffing.diff_entries(old.files, new_entries))
+
+        def weight(change: diffing.Change) -> int:
+            return 2 * len(change.path) + 200
+
+        for chunk in _chunks(changes, weight):
+            yield pb.DiffResponse(changes=[_change_to_proto(c) for c in chunk])
+
+    @_streaming
+    async def ReadFile(
+        self, request: pb.ReadFileRequest, context: Context
+    ) -> AsyncIterator[pb.ReadFileResponse]:
+        _, blobs = self.state.stores()
+        checkpoint = await self._checkpoint(request.checkpoint_id)
+        entry = next((e for e in checkpoint.files if e.path == request.path), None)
+        if not isinstance(entry, FileEntry):
+            raise ServiceError(
+                MISSING_ENTRY,
+                f"checkpoint {checkpoint.id!r} has no file {request.path!r}",
+                checkpoint_id=checkpoint.id,
+                path=request.path,
+            )
+        first = True
+        try:
+            async for data in blobs.get_stream(entry.blob_key, _chunk_size(request.chunk_size)):
+                message = pb.ReadFileResponse(data=data)
+                if first:
+                    message.entry.CopyFrom(convert.entry_to_proto(entry))
+                    first = False
+                yield message
+        except BlobNotFoundError as exc:
+            raise SandboxSnapshotError(
+                "SANDBOX_SNAPSHOT_MISSING_BLOB",
+                f"blob {entry.blob_key} of {entry.path!r} is missing",
+                details={"checkpoint_id": checkpoint.id, "path": entry.path, "key": exc.key},
+            ) from exc
+        if first:  # an empty file: still send the entry
+            yield pb.ReadFileResponse(entry=convert.entry_to_proto(entry))
+
+    @_streaming
+    async def ReadArtifact(
+        self, request: pb.ReadArtifactRequest, context: Context
+    ) -> AsyncIterator[pb.ReadArtifactResponse]:
+        _, blobs = self.state.stores()
+        problem = validation.blob_key_problem(request.blob_key, ARTIFACT_KEY_PREFIX)
+        if problem is not None:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"bad artifact key: {problem}", details={"key": request.blob_key}
+            )
+        try:
+            async for data in blobs.get_stream(request.blob_key, _chunk_size(request.chunk_size)):
+                yield pb.ReadArtifactResponse(data=data)
+        except BlobNotFoundError as exc:
+            raise ServiceError(MISSING_ARTIFACT, f"no artifact {exc.key}", key=exc.key) from exc
+
+    @_unary
+    async def UploadArtifact(
+        self, request_iterator: AsyncIterator[pb.UploadArtifactRequest], context: Context
+    ) -> pb.UploadArtifactResponse:
+        from ..artifacts import upload_artifact
+
+        _, blobs = self.state.stores()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("part") != "metadata":
+            raise SandboxCheckpointInvalidArgumentError(
+                "the first UploadArtifact message must be metadata"
+            )
+
+        async def chunks() -> AsyncIterator[bytes]:
+            async for message in request_iterator:
+                if message.WhichOneof("part") != "chunk":
+                    raise SandboxCheckpointInvalidArgumentError("metadata may only come first")
+                yield message.chunk
+
+        artifact = await upload_artifact(
+            blobs, first.metadata.name, first.metadata.mime_type, chunks()
+        )
+        return pb.UploadArtifactResponse(artifact=convert.artifact_to_proto(artifact))
+
+    # ------------------------------------------------------------ writing
+
+    @_unary
+    async def Fork(self, request: pb.ForkRequest, context: Context) -> pb.ForkResponse:
+        store, _ = self.state.stores()
+        source_thread = validation.check_id(request.source_thread_id, "source_thread_id")
+        source_checkpoint = validation.check_id(
+            request.source_checkpoint_id, "source_checkpoint_id"
+        )
+        destination = validation.check_id(request.destination_thread_id, "destination_thread_id")
+        async with await store.acquire_writer(destination) as lease:
+            checkpoint = await store.fork_from_checkpoint(
+                source_thread,
+                source_checkpoint,
+                destination,
+                new_uuid7(),
+                int(time.time() * 1000),
+                lease,
+            )
+        return pb.ForkResponse(checkpoint=convert.summary_of(checkpoint))
+
+    @_unary
+    async def DeleteHead(
+        self, request: pb.DeleteHeadRequest, context: Context
+    ) -> pb.DeleteHeadResponse:
+        store, _ = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        checkpoint_id = validation.check_id(request.checkpoint_id, "checkpoint_id")
+        async with await store.acquire_writer(thread_id) as lease:
+            await store.delete_head(thread_id, checkpoint_id, lease)
+        head = await store.get_head(thread_id)
+        response = pb.DeleteHeadResponse()
+        if head is not None:
+            response.head_checkpoint_id = head
+        return response
+
+    @_unary
+    async def Prune(self, request: pb.PruneRequest, context: Context) -> pb.PruneResponse:
+        from ..sweep import prune
+
+        store, _ = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        deleted = await prune(store, thread_id, request.keep, dry_run=request.dry_run)
+        ids = [d if isinstance(d, str) else d.id for d in deleted]
+        return pb.PruneResponse(deleted_checkpoint_ids=ids, dry_run=request.dry_run)
+
+    @_unary
+    async def SweepBlobs(
+        self, request: pb.SweepBlobsRequest, context: Context
+    ) -> pb.SweepBlobsResponse:
+        from ..sweep import sweep_blobs
+
+        store, blobs = self.state.stores()
+        report = await sweep_blobs(store, blobs, request.older_than_ms, dry_run=request.dry_run)
+        return pb.SweepBlobsResponse(
+            deleted=list(report.deleted),
+            kept=[pb.KeptBlob(key=k, reason=r) for k, r in report.kept],
+            failures=[pb.SweepFailure(key=k, message=m) for k, m in report.failures],
+            dry_run=request.dry_run,
+        )
+
+    # ------------------------------------------------------------ server
+
+    @_unary
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: Context
+    ) -> pb.GetServerInfoResponse:
+        return pb.GetServerInfoResponse(
+            version=__version__,
+            protocol_version=PROTOCOL_VERSION,
+            capabilities=pb.Capabilities(
+                store_backend=self.state.store_backend,
+                blob_backend=self.state.blob_backend,
+                fork=True,
+                diff=True,
+                safe_sweep=True,
+                capture_request_id=True,
+                max_chunk_bytes=MAX_CHUNK,
+            ),
+        )
+
+
+def _chunks(items: list[T], weight: Callable[[T], int]) -> list[list[T]]:
+    out: list[list[T]] = []
+    current: list[T] = []
+    size = 0
+    for item in items:
+        w = weight(item)
+        if current and (len(current) >= ENTRIES_PER_MESSAGE or size + w > BYTES_PER_MESSAGE):
+            out.append(current)
+            current, size = [], 0
+        current.append(item)
+        size += w
+    if current:
+        out.append(current)
+    return out
+
+
+_CHANGE_KINDS = {
+    "added": pb.CHANGE_KIND_ADDED,
+    "deleted": pb.CHANGE_KIND_DELETED,
+    "modified": pb.CHANGE_KIND_MODIFIED,
+    "mode_changed": pb.CHANGE_KIND_MODE_CHANGED,
+}
+
+
+def _change_to_proto(change: diffing.Change) -> pb.Change:
+    message = pb.Change(path=change.path, kind=_CHANGE_KINDS[change.kind])
+    if change.old is not None:
+        message.old.CopyFrom(convert.entry_to_proto(change.old))
+    if change.new is not None:
+        message.new.CopyFrom(convert.entry_to_proto(change.new))
+    return message
+
+
+def _order_key(checkpoint: Checkpoint) -> tuple[int, bytes]:
+    return (checkpoint.created_at, checkpoint.id.encode("utf-8"))
+
+
+def _encode_page_token(last: Checkpoint) -> str:
+    raw = json.dumps([last.created_at, last.id]).encode()
+    return base64.urlsafe_b64encode(raw).decode()
+
+
+def _decode_page_token(token: str) -> tuple[int, bytes]:
+    try:
+        created_at, checkpoint_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return (int(created_at), str(checkpoint_id).encode("utf-8"))
+    except (ValueError, TypeError) as exc:
+        raise SandboxCheckpointInvalidArgumentError(
+            "bad page_token", details={"page_token": token[:64]}
+        ) from exc

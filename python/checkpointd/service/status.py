@@ -1,0 +1,159 @@
+"""The one map from Python errors to gRPC statuses (SPEC §7).
+
+Every error leaves the daemon as a gRPC status whose ``grpc-status-details-bin``
+trailer holds a ``google.rpc.Status`` with one ``google.rpc.ErrorInfo``:
+``domain`` = ``checkpointd``, ``reason`` = the error's stable code, ``metadata``
+= the thread, checkpoint, path or key involved (from the exception's
+``details``). Clients read it back with :func:`error_info_from_metadata`.
+
+Codes the SPEC does not place are placed here, with the reason:
+
+* ``INVALID_PATH`` → INVALID_ARGUMENT (a path the caller or a manifest gave is
+  malformed);
+* ``FORK_SOURCE_NOT_FOUND`` → NOT_FOUND; ``FORK_SOURCE_THREAD_MISMATCH`` and
+  ``FORK_DESTINATION_NOT_EMPTY`` → FAILED_PRECONDITION (the state of the threads
+  forbids it, like removing a non-empty directory);
+* ``STORE_UNAVAILABLE`` → UNAVAILABLE (retry later);
+* the service's own ``MISSING_ENTRY`` / ``MISSING_ARTIFACT`` (ReadFile of a path
+  the checkpoint lacks, ReadArtifact of an unknown key) → NOT_FOUND;
+* ``DRAINING`` → UNAVAILABLE, ``UNAUTHENTICATED`` → UNAUTHENTICATED;
+* anything unexpected → INTERNAL with reason ``SANDBOX_SNAPSHOT_INTERNAL`` (the
+  message only names the exception type: internals are logged, not sent).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+
+from .. import errors
+from ..blobs.base import BlobNotFoundError, BlobStoreError
+
+DOMAIN = "checkpointd"
+DETAILS_KEY = "grpc-status-details-bin"
+
+# Codes only the service raises (added to the SANDBOX_SNAPSHOT_* family).
+MISSING_ENTRY = "SANDBOX_SNAPSHOT_MISSING_ENTRY"
+MISSING_ARTIFACT = "SANDBOX_SNAPSHOT_MISSING_ARTIFACT"
+DRAINING = "SANDBOX_SNAPSHOT_DRAINING"
+UNAUTHENTICATED = "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
+INTERNAL = "SANDBOX_SNAPSHOT_INTERNAL"
+
+_C = grpc.StatusCode
+STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
+    errors.SandboxCheckpointInvalidIdError.code: _C.INVALID_ARGUMENT,
+    errors.SandboxCheckpointInvalidEntryError.code: _C.INVALID_ARGUMENT,
+    errors.SandboxCheckpointInvalidArgumentError.code: _C.INVALID_ARGUMENT,
+    errors.INVALID_PATH: _C.INVALID_ARGUMENT,
+    errors.SandboxCheckpointConflictError.code: _C.ABORTED,
+    errors.SandboxCheckpointParentMismatchError.code: _C.ABORTED,
+    errors.SandboxCheckpointWriterConflictError.code: _C.ABORTED,
+    errors.SandboxCheckpointWriterLostError.code: _C.ABORTED,
+    errors.SandboxCheckpointDuplicateIdError.code: _C.ALREADY_EXISTS,
+    errors.SandboxCheckpointNotHeadError.code: _C.FAILED_PRECONDITION,
+    errors.UNSUPPORTED_ENTRY: _C.FAILED_PRECONDITION,
+    errors.MISSING_CHECKPOINT: _C.NOT_FOUND,
+    errors.MISSING_BLOB: _C.DATA_LOSS,
+    errors.INVALID_BLOB: _C.DATA_LOSS,
+    errors.FORK_SOURCE_NOT_FOUND: _C.NOT_FOUND,
+    errors.FORK_SOURCE_THREAD_MISMATCH: _C.FAILED_PRECONDITION,
+    errors.FORK_DESTINATION_NOT_EMPTY: _C.FAILED_PRECONDITION,
+    errors.STORE_UNAVAILABLE: _C.UNAVAILABLE,
+    MISSING_ENTRY: _C.NOT_FOUND,
+    MISSING_ARTIFACT: _C.NOT_FOUND,
+    DRAINING: _C.UNAVAILABLE,
+    UNAUTHENTICATED: _C.UNAUTHENTICATED,
+    INTERNAL: _C.INTERNAL,
+}
+
+# Trailers share gRPC's default 8 KiB header budget: keep metadata small.
+_MAX_VALUE_CHARS = 512
+_MAX_LIST_ITEMS = 20
+
+_log = logging.getLogger(__name__)
+
+
+class ServiceError(errors.SandboxCheckpointError):
+    """An error the service itself raises, with one of the codes above."""
+
+    def __init__(self, code: str, message: str, **details: Any) -> None:
+        super().__init__(message, code=code, details=details)
+
+
+def _metadata_value(value: Any) -> str:
+    if isinstance(value, bytes):
+        # Never echo raw bytes (they could be secrets); say how many there were.
+        return f"<{len(value)} bytes>"
+    if isinstance(value, (list, tuple)):
+        items = [_metadata_value(item) for item in value[:_MAX_LIST_ITEMS]]
+        more = len(value) - len(items)
+        text = "\n".join(items) + (f"\n… {more} more" if more > 0 else "")
+    else:
+        text = str(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS] + "…"
+
+
+def error_metadata(details: Mapping[str, Any]) -> dict[str, str]:
+    """ErrorInfo metadata from an exception's ``details`` (values made short strings)."""
+    return {str(key): _metadata_value(value) for key, value in details.items() if value is not None}
+
+
+def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str, dict[str, str]]:
+    """(status code, reason, message, metadata) for an exception."""
+    if isinstance(exc, errors.SandboxCheckpointError):
+        # An unmapped code is a bug in this table, not the caller's fault.
+        return (
+            STATUS_BY_REASON.get(exc.code, _C.INTERNAL),
+            exc.code,
+            exc.message,
+            error_metadata(exc.details),
+        )
+    if isinstance(exc, BlobNotFoundError):
+        return _C.DATA_LOSS, errors.MISSING_BLOB, str(exc), {"key": exc.key}
+    if isinstance(exc, (BlobStoreError, ConnectionError, TimeoutError)):
+        return _C.UNAVAILABLE, errors.STORE_UNAVAILABLE, str(exc), {}
+    _log.exception("unexpected error in a call", exc_info=exc)
+    return _C.INTERNAL, INTERNAL, f"internal error ({type(exc).__name__})", {}
+
+
+def rpc_status_for(
+    code: grpc.StatusCode, reason: str, message: str, metadata: Mapping[str, str]
+) -> status_pb2.Status:
+    info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=dict(metadata))
+    detail = any_pb2.Any()
+    detail.Pack(info)
+    return status_pb2.Status(code=code.value[0], message=message, details=[detail])
+
+
+def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """(status code, message, trailing metadata carrying the google.rpc.Status)."""
+    code, reason, message, metadata = classify(exc)
+    status = rpc_status_for(code, reason, message, metadata)
+    return code, message, ((DETAILS_KEY, status.SerializeToString()),)
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], exc: BaseException) -> None:
+    """End the call with the status for ``exc`` (raises grpc.aio.AbortError)."""
+    code, message, trailers = to_status(exc)
+    await context.abort(code, message, trailing_metadata=trailers)
+
+
+def error_info_from_metadata(
+    trailing_metadata: Iterable[tuple[str, str | bytes]] | None,
+) -> error_details_pb2.ErrorInfo | None:
+    """The ErrorInfo in a failed call's trailers, or None."""
+    for key, value in trailing_metadata or ():
+        if key != DETAILS_KEY or not isinstance(value, bytes):
+            continue
+        status = status_pb2.Status.FromString(value)
+        for detail in status.details:
+            if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                info = error_details_pb2.ErrorInfo()
+                detail.Unpack(info)
+                return info
+    return None

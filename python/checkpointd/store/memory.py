@@ -1,0 +1,444 @@
+"""In-memory checkpoint and instance stores: the reference for every rule of SPEC §3.
+
+State lives in dicts owned by one store object. Every method does its checks and
+its writes without an ``await`` in between, so each call is atomic on the event
+loop and a failed check changes nothing.
+
+Immutability: checkpoints are frozen dataclasses whose entries and artifacts are
+frozen too; the one mutable part, the conversation (JSON values), is kept as a
+JSON string and decoded afresh for every read, so neither the caller's input nor a
+returned value can reach the stored state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from types import TracebackType
+
+from ..errors import (
+    STORE_UNAVAILABLE,
+    SandboxCheckpointConflictError,
+    SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointError,
+    SandboxCheckpointNotHeadError,
+    SandboxCheckpointParentMismatchError,
+    SandboxCheckpointWriterConflictError,
+)
+from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
+from ._options import (
+    LeaseRecord,
+    StoreOptions,
+    check_fork_arguments,
+    check_fork_source,
+    check_hold_ms,
+    check_instance_record,
+    check_keep,
+    check_pin_keys,
+    check_writer,
+    checkpoint_blob_keys,
+    condemnable_keys,
+    destination_not_empty,
+    fork_checkpoint,
+    lease_is_current,
+    list_order,
+    new_owner_token,
+    plan_prune,
+    read_clock,
+    renew_lost,
+    validate_store_options,
+    writer_fields,
+)
+from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+
+
+@dataclass(frozen=True, slots=True)
+class _Stored:
+    checkpoint: Checkpoint  # conversation=() — the real one is in ``conversation_json``
+    conversation_json: str
+    keys: tuple[str, ...]
+
+
+def _freeze(checkpoint: Checkpoint) -> _Stored:
+    conversation_json = json.dumps(
+        list(checkpoint.conversation), ensure_ascii=False, allow_nan=False
+    )
+    frozen = dataclasses.replace(
+        checkpoint,
+        files=tuple(checkpoint.files),
+        artifacts=tuple(checkpoint.artifacts),
+        conversation=(),
+    )
+    return _Stored(frozen, conversation_json, tuple(checkpoint_blob_keys(frozen)))
+
+
+def _thaw(stored: _Stored) -> Checkpoint:
+    return dataclasses.replace(
+        stored.checkpoint, conversation=tuple(json.loads(stored.conversation_json))
+    )
+
+
+_LeaseId = tuple[str, str, int]  # (thread_id, owner_token, fence)
+
+
+class InMemoryCheckpointStore:
+    """A checkpoint store in process memory (tests, the daemon's ``memory://``).
+
+    Options as SPEC §3: ``now`` (callable returning ms), ``lease_duration_ms``,
+    ``renew_after_ms``; bad options raise SandboxCheckpointInvalidArgumentError.
+    """
+
+    def __init__(
+        self,
+        *,
+        now: Clock | None = None,
+        lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
+        renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
+    ) -> None:
+        self._options: StoreOptions = validate_store_options(
+            now, lease_duration_ms, renew_after_ms
+        )
+        self._checkpoints: dict[str, _Stored] = {}
+        self._threads: dict[str, dict[str, None]] = {}  # thread -> its checkpoint ids
+        self._heads: dict[str, str] = {}
+        self._leases: dict[str, LeaseRecord] = {}
+        self._fences: dict[str, int] = {}  # last fence handed out per thread
+        self._references: dict[str, int] = {}
+        self._pins: dict[str, set[_LeaseId]] = {}  # key -> leases pinning it
+        self._pins_by_lease: dict[_LeaseId, set[str]] = {}
+        self._condemned: dict[str, int] = {}  # key -> condemned until (ms)
+        self._closed = False
+
+    @property
+    def lease_duration_ms(self) -> int:
+        return self._options.lease_duration_ms
+
+    @property
+    def renew_after_ms(self) -> int:
+        return self._options.renew_after_ms
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def aclose(self) -> None:
+        self._closed = True
+
+    async def __aenter__(self) -> InMemoryCheckpointStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxCheckpointError("the checkpoint store is closed", code=STORE_UNAVAILABLE)
+
+    def _now(self) -> int:
+        return read_clock(self._options)
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
+        self._check_open()
+        check_id(checkpoint_id, "checkpoint id")
+        stored = self._checkpoints.get(checkpoint_id)
+        return None if stored is None else _thaw(stored)
+
+    async def list(self, thread_id: str) -> list[Checkpoint]:
+        """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
+        self._check_open()
+        check_id(thread_id, "thread id")
+        stored = [self._checkpoints[i] for i in self._threads.get(thread_id, ())]
+        stored.sort(key=lambda s: list_order(s.checkpoint.created_at, s.checkpoint.id))
+        return [_thaw(s) for s in stored]
+
+    async def get_head(self, thread_id: str) -> str | None:
+        self._check_open()
+        check_id(thread_id, "thread id")
+        return self._heads.get(thread_id)
+
+    async def list_blob_references(self) -> list[BlobReference]:
+        self._check_open()
+        return [
+            BlobReference(key, count)
+            for key, count in sorted(self._references.items(), key=lambda kv: utf8_key(kv[0]))
+            if count > 0
+        ]
+
+    # ------------------------------------------------------------------ writes
+
+    def _lease(self, thread_id: str) -> LeaseRecord | None:
+        return self._leases.get(thread_id)
+
+    async def append(
+        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+    ) -> str:
+        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6)."""
+        self._check_open()
+        check_checkpoint_ids(checkpoint, expected_head_id)
+        check_checkpoint_body(checkpoint)
+        thread_id = checkpoint.thread_id
+        check_writer(writer, thread_id, self._lease(thread_id), self._now())
+        if checkpoint.id in self._checkpoints:
+            raise SandboxCheckpointDuplicateIdError(
+                f"checkpoint id {checkpoint.id!r} is already used",
+                details={"checkpoint_id": checkpoint.id},
+            )
+        head = self._heads.get(thread_id)
+        if head != expected_head_id:
+            raise SandboxCheckpointConflictError(
+                f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
+                details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+            )
+        if checkpoint.parent_checkpoint_id != expected_head_id:
+            raise SandboxCheckpointParentMismatchError(
+                f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
+                f"{expected_head_id!r}",
+                details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+            )
+        self._publish(_freeze(checkpoint))
+        return checkpoint.id
+
+    def _publish(self, stored: _Stored) -> None:
+        checkpoint = stored.checkpoint
+        self._checkpoints[checkpoint.id] = stored
+        self._threads.setdefault(checkpoint.thread_id, {})[checkpoint.id] = None
+        self._heads[checkpoint.thread_id] = checkpoint.id
+        for key in stored.keys:
+            self._references[key] = self._references.get(key, 0) + 1
+
+    def _forget(self, checkpoint_id: str) -> None:
+        stored = self._checkpoints.pop(checkpoint_id)
+        thread = self._threads[stored.checkpoint.thread_id]
+        del thread[checkpoint_id]
+        if not thread:
+            del self._threads[stored.checkpoint.thread_id]
+        for key in stored.keys:
+            count = self._references.get(key, 0) - 1
+            if count > 0:
+                self._references[key] = count
+            else:
+                self._references.pop(key, None)
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        """Remove the head; the head moves to its parent (None when the parent is gone)."""
+        self._check_open()
+        check_id(thread_id, "thread id")
+        check_id(checkpoint_id, "checkpoint id")
+        check_writer(writer, thread_id, self._lease(thread_id), self._now())
+        if self._heads.get(thread_id) != checkpoint_id:
+            raise SandboxCheckpointNotHeadError(
+                f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
+                details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
+            )
+        parent = self._checkpoints[checkpoint_id].checkpoint.parent_checkpoint_id
+        self._forget(checkpoint_id)
+        if parent is not None and parent in self._threads.get(thread_id, {}):
+            self._heads[thread_id] = parent
+        else:
+            del self._heads[thread_id]
+
+    async def delete_checkpoints(self, thread_id: str, keep: int, writer: WriterLike) -> list[str]:
+        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest.
+
+        Returns the deleted ids in list order.
+        """
+        self._check_open()
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+        check_writer(writer, thread_id, self._lease(thread_id), self._now())
+        ids = self._threads.get(thread_id, {})
+        pairs = [(i, self._checkpoints[i].checkpoint.parent_checkpoint_id) for i in ids]
+        doomed = plan_prune(pairs, self._heads.get(thread_id), keep)
+        ordered = sorted(
+            (self._checkpoints[i].checkpoint for i in doomed),
+            key=lambda c: list_order(c.created_at, c.id),
+        )
+        for checkpoint in ordered:
+            self._forget(checkpoint.id)
+        return [c.id for c in ordered]
+
+    async def fork_from_checkpoint(
+        self,
+        source_thread_id: str,
+        source_checkpoint_id: str,
+        destination_thread_id: str,
+        destination_checkpoint_id: str,
+        created_at: int,
+        writer: WriterLike,
+    ) -> Checkpoint:
+        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks)."""
+        self._check_open()
+        check_fork_arguments(
+            source_thread_id,
+            source_checkpoint_id,
+            destination_thread_id,
+            destination_checkpoint_id,
+            created_at,
+        )
+        stored = self._checkpoints.get(source_checkpoint_id)
+        check_fork_source(
+            None if stored is None else stored.checkpoint.thread_id,
+            source_thread_id,
+            source_checkpoint_id,
+        )
+        assert stored is not None
+        check_writer(
+            writer, destination_thread_id, self._lease(destination_thread_id), self._now()
+        )
+        if self._threads.get(destination_thread_id) or destination_thread_id in self._heads:
+            raise destination_not_empty(
+                destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
+            )
+        if destination_checkpoint_id in self._checkpoints:
+            raise destination_not_empty(
+                destination_thread_id, destination_checkpoint_id, "the id is already used"
+            )
+        root = fork_checkpoint(
+            _thaw(stored), destination_thread_id, destination_checkpoint_id, created_at
+        )
+        self._publish(_freeze(root))
+        return _thaw(self._checkpoints[root.id])
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_writer(self, thread_id: str) -> WriterLease:
+        """Take the thread's writer lease without waiting (WRITER_CONFLICT when live)."""
+        self._check_open()
+        check_id(thread_id, "thread id")
+        now = self._now()
+        record = self._leases.get(thread_id)
+        if record is not None and now < record.expires_at:
+            raise SandboxCheckpointWriterConflictError(
+                f"thread {thread_id!r} has a live writer lease (fence {record.fence})",
+                details={"thread_id": thread_id},
+            )
+        if record is not None:
+            self._drop_pins((thread_id, record.owner_token, record.fence))
+        fence = self._fences.get(thread_id, 0) + 1
+        self._fences[thread_id] = fence
+        record = LeaseRecord(new_owner_token(), fence, now + self._options.lease_duration_ms)
+        self._leases[thread_id] = record
+        return WriterLease(
+            thread_id=thread_id,
+            owner_token=record.owner_token,
+            fence=fence,
+            expires_at=record.expires_at,
+            renew_after_ms=self._options.renew_after_ms,
+            renew=self._renew,
+            release=self._release,
+        )
+
+    async def _renew(self, lease: WriterLease) -> int:
+        self._check_open()
+        thread_id, token, fence = writer_fields(lease)
+        now = self._now()
+        record = self._leases.get(thread_id)
+        if not lease_is_current(record, token, fence, now):
+            raise renew_lost(thread_id, fence)
+        expires_at = now + self._options.lease_duration_ms
+        self._leases[thread_id] = LeaseRecord(token, fence, expires_at)
+        return expires_at
+
+    async def _release(self, lease: WriterLease) -> None:
+        if self._closed:
+            return
+        thread_id, token, fence = writer_fields(lease)
+        record = self._leases.get(thread_id)
+        if record is not None and record.owner_token == token and record.fence == fence:
+            del self._leases[thread_id]
+        self._drop_pins((thread_id, token, fence))
+
+    # ------------------------------------------------------------------ blob guard
+
+    def _drop_pins(self, lease_id: _LeaseId) -> None:
+        for key in self._pins_by_lease.pop(lease_id, ()):
+            holders = self._pins.get(key)
+            if holders is not None:
+                holders.discard(lease_id)
+                if not holders:
+                    del self._pins[key]
+
+    def _live_pin(self, key: str, now: int) -> bool:
+        for thread_id, token, fence in self._pins.get(key, ()):
+            if lease_is_current(self._leases.get(thread_id), token, fence, now):
+                return True
+        return False
+
+    def _live_condemned(self, key: str, now: int) -> bool:
+        until = self._condemned.get(key)
+        return until is not None and now < until
+
+    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+        """Pin ``keys`` for the writer's lease; returns those condemned right now."""
+        self._check_open()
+        thread_id, token, fence = writer_fields(writer)
+        now = self._now()
+        check_writer(writer, thread_id, self._lease(thread_id), now)
+        wanted = check_pin_keys(keys)
+        lease_id = (thread_id, token, fence)
+        mine = self._pins_by_lease.setdefault(lease_id, set())
+        for key in wanted:
+            mine.add(key)
+            self._pins.setdefault(key, set()).add(lease_id)
+        return [key for key in wanted if self._live_condemned(key, now)]
+
+    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+        """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms."""
+        self._check_open()
+        hold = check_hold_ms(hold_ms)
+        candidates = condemnable_keys(keys)
+        now = self._now()
+        condemned: list[str] = []
+        for key in candidates:
+            if self._references.get(key, 0) > 0:
+                continue
+            if self._live_pin(key, now) or self._live_condemned(key, now):
+                continue
+            self._condemned[key] = now + hold
+            condemned.append(key)
+        return condemned
+
+    async def release_condemned(self, keys: list[str]) -> None:
+        self._check_open()
+        for key in keys:
+            self._condemned.pop(key, None)
+
+
+class InMemoryInstanceStore:
+    """Instance records in process memory (SPEC §3 instance store)."""
+
+    def __init__(self) -> None:
+        self._records: dict[str, InstanceRecord] = {}
+
+    async def get(self, key: str) -> InstanceRecord | None:
+        """The record or None; an invalid key is INVALID_ID."""
+        check_id(key, "instance key")
+        return self._records.get(key)
+
+    async def upsert(self, record: InstanceRecord) -> None:
+        """Replace the whole record (optional fields left out are cleared)."""
+        # InstanceRecord is frozen; the validated copy keeps a subclass out.
+        checked = check_instance_record(record)
+        self._records[checked.key] = checked
+
+    async def delete(self, key: str) -> None:
+        """Forget the key; a missing key is not an error."""
+        check_id(key, "instance key")
+        self._records.pop(key, None)
+
+    async def aclose(self) -> None:
+        pass
+
+    async def __aenter__(self) -> InMemoryInstanceStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

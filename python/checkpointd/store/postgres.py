@@ -1,0 +1,1152 @@
+"""PostgreSQL checkpoint and instance stores (SPEC §3): many sidecars, one database.
+
+Opened by ``open_store("postgresql://…")`` through ``open_postgres_store``. The
+schema is created or migrated on open (see ``_schema``), and a wrong URL, password
+or database fails there, not at first use.
+
+How each write stays atomic across processes and hosts: it is one transaction
+that first locks the thread's row in ``checkpointd_threads`` (``SELECT … FOR
+UPDATE``), reads the clock, then runs the SPEC §3 checks in their order and only
+then writes. Everything that touches the same thread therefore runs one at a time,
+and a failed check rolls the transaction back, so nothing is half-written. Blob
+count rows are locked in one global order (the sorted 33-byte key), so writers on
+different threads that share keys cannot deadlock each other; a deadlock the
+server still detects is retried.
+
+One clock: lease expiry compares against ``now`` — the injected clock when the
+store was opened with one, else the database server's clock, read inside the
+transaction after the lock, so sidecars whose own clocks are skewed still agree.
+
+Storage: a checkpoint is one row holding its whole manifest as one zlib-compressed
+JSON document (``checkpointd.codec``), never a row per file; ids are stored as
+their UTF-8 bytes (``bytea``), so ordering never depends on the database's
+collation and any well-formed id, NUL included, round-trips. Blob counts are one
+row per key in a compact 33-byte form (``_options.key_to_bytes``).
+
+Pin/condemn (``BlobGuard``): ``pin_blobs`` share-locks each key's count row and
+``condemn_blobs`` locks it exclusively, so a pin and a condemnation of one key
+never interleave: the later one sees the earlier one's committed result. An append
+locks the same rows and re-reads the clock after locking them: if its lease has
+expired by then it fails with WRITER_LOST, because a sweep may already have judged
+its pins dead.
+
+Failures of the database (it went away, refused the connection, the password is
+wrong) raise ``SandboxCheckpointError`` with code ``STORE_UNAVAILABLE`` and a
+message naming the store as ``user@host:port/database`` (never the password).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from decimal import Decimal
+from types import TracebackType
+from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import asyncpg
+
+from ..codec import decode_checkpoint, encode_checkpoint
+from ..errors import (
+    STORE_UNAVAILABLE,
+    SandboxCheckpointConflictError,
+    SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointError,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointNotHeadError,
+    SandboxCheckpointParentMismatchError,
+    SandboxCheckpointWriterConflictError,
+)
+from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
+from ._options import (
+    LeaseRecord,
+    StoreOptions,
+    check_fork_arguments,
+    check_fork_source,
+    check_hold_ms,
+    check_instance_record,
+    check_keep,
+    check_pin_keys,
+    check_writer,
+    checkpoint_blob_keys,
+    condemnable_keys,
+    destination_not_empty,
+    fork_checkpoint,
+    key_from_bytes,
+    key_to_bytes,
+    list_order,
+    new_owner_token,
+    plan_prune,
+    read_clock,
+    renew_lost,
+    validate_store_options,
+    writer_fields,
+)
+from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+
+T = TypeVar("T")
+
+DEFAULT_POOL_MAX_SIZE = 5
+CONNECT_TIMEOUT_S = 10.0
+# A deadlock or serialization failure rolls the whole transaction back, so
+# running it again is safe; a few attempts are plenty (they are rare by design).
+_RETRY_ATTEMPTS = 4
+# zlib level 1: manifests are hex-heavy JSON; higher levels cost several times the
+# CPU for a few percent of size (measured by benchmarks/postgres_bench.py).
+_ZLIB_LEVEL = 1
+
+_DB_NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
+
+# ---------------------------------------------------------------------------- schema
+
+# Each entry migrates the schema from version i to i + 1. Never edit a released
+# entry: add a new one.
+_MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE checkpointd_threads (
+        thread_id        bytea PRIMARY KEY,
+        head_id          bytea,
+        last_fence       bigint NOT NULL DEFAULT 0,
+        lease_owner      text,
+        lease_fence      bigint,
+        lease_expires_at bigint
+    );
+    CREATE TABLE checkpointd_checkpoints (
+        id         bytea PRIMARY KEY,
+        thread_id  bytea NOT NULL,
+        parent_id  bytea,
+        created_at numeric NOT NULL,
+        document   bytea NOT NULL
+    );
+    -- The document is already zlib-compressed: do not let TOAST try again.
+    ALTER TABLE checkpointd_checkpoints ALTER COLUMN document SET STORAGE EXTERNAL;
+    CREATE INDEX checkpointd_checkpoints_thread ON checkpointd_checkpoints (thread_id);
+    -- Reference counts per (thread, key): a thread's writes only ever touch its
+    -- own rows, under its own thread lock, so writers on different threads that
+    -- share content never wait for each other. The count of a key is the sum.
+    CREATE TABLE checkpointd_blob_counts (
+        thread_id bytea NOT NULL,
+        key       bytea NOT NULL,
+        refs      bigint NOT NULL,
+        PRIMARY KEY (thread_id, key)
+    ) WITH (fillfactor = 80);
+    CREATE INDEX checkpointd_blob_counts_key ON checkpointd_blob_counts (key);
+    -- One row per key a pin or a sweep has touched: the row pin and condemn lock,
+    -- and the key's condemnation.
+    CREATE TABLE checkpointd_blob_marks (
+        key             bytea PRIMARY KEY,
+        condemned_until bigint
+    );
+    CREATE TABLE checkpointd_blob_pins (
+        thread_id   bytea NOT NULL,
+        owner_token text NOT NULL,
+        fence       bigint NOT NULL,
+        key         bytea NOT NULL,
+        PRIMARY KEY (thread_id, owner_token, fence, key)
+    );
+    CREATE INDEX checkpointd_blob_pins_key ON checkpointd_blob_pins (key);
+    CREATE TABLE checkpointd_instances (
+        key      bytea PRIMARY KEY,
+        document bytea NOT NULL
+    );
+    """,
+)
+SCHEMA_VERSION = len(_MIGRATIONS)
+# pg_advisory_xact_lock(classid, objid): 'cpkd' and 1 — serialises concurrent opens.
+_MIGRATION_LOCK = (0x63706B64, 1)
+
+
+async def _migrate(conn: asyncpg.Connection, store_name: str) -> None:
+    """Bring the schema to SCHEMA_VERSION; idempotent and safe for concurrent opens.
+
+    Raises SandboxCheckpointError (STORE_UNAVAILABLE) when the database holds a
+    newer schema than this code knows.
+    """
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", *_MIGRATION_LOCK)
+        await conn.execute(
+            "CREATE TABLE IF NOT EXISTS checkpointd_schema ("
+            " singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),"
+            " version integer NOT NULL)"
+        )
+        version = await conn.fetchval("SELECT version FROM checkpointd_schema") or 0
+        if version > SCHEMA_VERSION:
+            raise SandboxCheckpointError(
+                f"{store_name}: the database has checkpointd schema version {version}, "
+                f"newer than this checkpointd supports ({SCHEMA_VERSION}); upgrade checkpointd",
+                code=STORE_UNAVAILABLE,
+                details={"store": store_name},
+            )
+        for migration in _MIGRATIONS[version:]:
+            await conn.execute(migration)
+        await conn.execute(
+            "INSERT INTO checkpointd_schema (version) VALUES ($1)"
+            " ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
+            SCHEMA_VERSION,
+        )
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def describe_url(url: str) -> str:
+    """``PostgreSQL store user@host:port/database`` — the URL without its password."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "localhost"
+        port = parts.port or 5432
+    except ValueError:
+        return "PostgreSQL store (malformed URL)"
+    database = unquote(parts.path.lstrip("/")) or (parts.username or "")
+    user = f"{unquote(parts.username)}@" if parts.username else ""
+    return f"PostgreSQL store {user}{host}:{port}/{database}"
+
+
+_CONNECTION_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
+_RETRYABLE = (asyncpg.exceptions.DeadlockDetectedError, asyncpg.SerializationError)
+
+
+def _unavailable(store_name: str, operation: str, error: BaseException) -> SandboxCheckpointError:
+    if isinstance(error, _CONNECTION_ERRORS):
+        why = "the database is unreachable or went away"
+    else:
+        why = "the database failed"
+    return SandboxCheckpointError(
+        f"{store_name}: {operation} failed, {why}: {type(error).__name__}: {error}",
+        code=STORE_UNAVAILABLE,
+        details={"store": store_name, "operation": operation},
+    )
+
+
+async def _create_pool(url: str, store_name: str, max_size: int) -> asyncpg.Pool:
+    """A connected pool; every connection problem becomes STORE_UNAVAILABLE here."""
+    try:
+        return await asyncpg.create_pool(
+            dsn=url, min_size=1, max_size=max_size, timeout=CONNECT_TIMEOUT_S
+        )
+    except (ValueError, asyncpg.exceptions.ClientConfigurationError) as error:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{store_name}: malformed PostgreSQL URL: {error}"
+        ) from None
+    except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as error:
+        raise SandboxCheckpointError(
+            f"{store_name}: cannot connect: {type(error).__name__}: {error}",
+            code=STORE_UNAVAILABLE,
+            details={"store": store_name},
+        ) from error
+
+
+def _b(text: str) -> bytes:
+    return text.encode("utf-8")
+
+
+def _s(data: bytes | None) -> str | None:
+    return None if data is None else bytes(data).decode("utf-8")
+
+
+def _compress(checkpoint: Checkpoint) -> bytes:
+    return zlib.compress(encode_checkpoint(checkpoint), _ZLIB_LEVEL)
+
+
+def _decompress(document: bytes) -> Checkpoint:
+    return decode_checkpoint(zlib.decompress(document))
+
+
+def _document_keys(document: bytes) -> set[bytes]:
+    """The distinct blob keys (33-byte form) of a stored document, without building
+    a Checkpoint: deleting a 10,000-entry checkpoint should not cost 10,000 objects."""
+    data = json.loads(zlib.decompress(document))
+    keys = {b"f" + bytes.fromhex(row[2]) for row in data["files"] if row[0] == "f"}
+    keys.update(b"a" + bytes.fromhex(row[4]) for row in data["artifacts"])
+    return keys
+
+
+def _checkpoint_keys(checkpoint: Checkpoint) -> list[bytes]:
+    """Distinct keys of a checkpoint in lock order (sorted bytes)."""
+    return sorted({key_to_bytes(key) for key in checkpoint_blob_keys(checkpoint)})
+
+
+def _created_at(value: int | float) -> Decimal:
+    # numeric keeps ints of any size and floats exactly, so the column orders like
+    # the Python values it came from.
+    return Decimal(value)
+
+
+def _lease(row: asyncpg.Record | None) -> LeaseRecord | None:
+    if row is None or row["lease_owner"] is None:
+        return None
+    return LeaseRecord(row["lease_owner"], row["lease_fence"], row["lease_expires_at"])
+
+
+# ---------------------------------------------------------------------------- base
+
+
+class _PostgresBase:
+    """A pool plus the transaction runner that maps database failures."""
+
+    def __init__(self, pool: asyncpg.Pool, store_name: str) -> None:
+        self._pool = pool
+        self.store_name = store_name
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxCheckpointError(
+                f"{self.store_name} is closed",
+                code=STORE_UNAVAILABLE,
+                details={"store": self.store_name},
+            )
+
+    async def _transaction(
+        self,
+        operation: str,
+        body: Callable[[asyncpg.Connection], Awaitable[T]],
+        *,
+        read_only: bool = False,
+    ) -> T:
+        """Run ``body`` in one transaction, retrying deadlocks.
+
+        Raises what ``body`` raises (SandboxCheckpointError subclasses, after the
+        rollback), or SandboxCheckpointError(STORE_UNAVAILABLE) for a database
+        failure. A read is retried once on a dropped connection (the pool may have
+        handed out one that died with a server restart); a write never is, since it
+        may have committed just before the connection went.
+        """
+        self._check_open()
+        connection_retries = 1 if read_only else 0
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with self._pool.acquire() as conn, conn.transaction():
+                    return await body(conn)
+            except SandboxCheckpointError:
+                raise
+            except _RETRYABLE as error:
+                if attempt >= _RETRY_ATTEMPTS:
+                    raise _unavailable(self.store_name, operation, error) from error
+                await asyncio.sleep(0.005 * attempt)
+            except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as error:
+                if connection_retries > 0 and isinstance(error, _CONNECTION_ERRORS):
+                    connection_retries -= 1
+                    continue
+                raise _unavailable(self.store_name, operation, error) from error
+
+    async def aclose(self) -> None:
+        """Close the pool (waits briefly for operations in flight); never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout=10)
+        except Exception:  # noqa: BLE001 - closing must not fail; drop the sockets instead
+            self._pool.terminate()
+
+    async def __aenter__(self) -> Any:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+class PostgresCheckpointStore(_PostgresBase):
+    """The SPEC §3 checkpoint store on PostgreSQL (asyncpg), also a BlobGuard.
+
+    Open it with ``await open_postgres_store(url, …)`` (or ``open_store``); options
+    as SPEC §3. ``now=None`` means the database server's clock.
+    """
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        store_name: str,
+        options: StoreOptions,
+        *,
+        injected_clock: bool,
+    ) -> None:
+        super().__init__(pool, store_name)
+        self._options = options
+        self._injected_clock = injected_clock
+
+    @property
+    def lease_duration_ms(self) -> int:
+        return self._options.lease_duration_ms
+
+    @property
+    def renew_after_ms(self) -> int:
+        return self._options.renew_after_ms
+
+    async def _now(self, conn: asyncpg.Connection) -> int:
+        """The one clock of this store (call it after taking the row lock)."""
+        if self._injected_clock:
+            return read_clock(self._options)
+        value: int = await conn.fetchval(f"SELECT {_DB_NOW}")
+        return value
+
+    def _injected_now(self) -> int | None:
+        return read_clock(self._options) if self._injected_clock else None
+
+    async def _lock_thread(self, conn: asyncpg.Connection, thread_id: str) -> asyncpg.Record | None:
+        return await conn.fetchrow(
+            "SELECT head_id, last_fence, lease_owner, lease_fence, lease_expires_at"
+            " FROM checkpointd_threads WHERE thread_id = $1 FOR UPDATE",
+            _b(thread_id),
+        )
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
+        check_id(checkpoint_id, "checkpoint id")
+
+        async def body(conn: asyncpg.Connection) -> bytes | None:
+            document: bytes | None = await conn.fetchval(
+                "SELECT document FROM checkpointd_checkpoints WHERE id = $1", _b(checkpoint_id)
+            )
+            return document
+
+        document = await self._transaction("get", body, read_only=True)
+        return None if document is None else _decompress(document)
+
+    async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
+        """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
+        check_id(thread_id, "thread id")
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            rows: builtins.list[asyncpg.Record] = await conn.fetch(
+                "SELECT document FROM checkpointd_checkpoints WHERE thread_id = $1",
+                _b(thread_id),
+            )
+            return rows
+
+        rows = await self._transaction("list", body, read_only=True)
+        checkpoints = [_decompress(row["document"]) for row in rows]
+        checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
+        return checkpoints
+
+    async def get_head(self, thread_id: str) -> str | None:
+        check_id(thread_id, "thread id")
+
+        async def body(conn: asyncpg.Connection) -> bytes | None:
+            head: bytes | None = await conn.fetchval(
+                "SELECT head_id FROM checkpointd_threads WHERE thread_id = $1", _b(thread_id)
+            )
+            return head
+
+        return _s(await self._transaction("get_head", body, read_only=True))
+
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
+        """``(key, count)`` for every count > 0, sorted by the UTF-8 bytes of the key."""
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            rows: builtins.list[asyncpg.Record] = await conn.fetch(
+                "SELECT key, sum(refs)::bigint AS refs FROM checkpointd_blob_counts"
+                " GROUP BY key HAVING sum(refs) > 0"
+            )
+            return rows
+
+        rows = await self._transaction("list_blob_references", body, read_only=True)
+        references = [BlobReference(key_from_bytes(row["key"]), row["refs"]) for row in rows]
+        references.sort(key=lambda ref: utf8_key(ref.key))
+        return references
+
+    # ------------------------------------------------------------------ counts
+
+    @staticmethod
+    async def _add_references(
+        conn: asyncpg.Connection, thread_id: str, keys: Sequence[bytes]
+    ) -> None:
+        """+1 per key on the thread's own count rows (we hold the thread's lock)."""
+        if keys:
+            await conn.execute(
+                "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
+                " SELECT $1, k, 1 FROM unnest($2::bytea[]) AS k"
+                " ON CONFLICT (thread_id, key) DO UPDATE SET refs = c.refs + 1",
+                _b(thread_id),
+                list(keys),
+            )
+
+    @staticmethod
+    async def _remove_references(
+        conn: asyncpg.Connection, thread_id: str, counts: Counter[bytes]
+    ) -> None:
+        """−n per key on the thread's rows; a row that reaches 0 is forgotten."""
+        if not counts:
+            return
+        keys = list(counts)
+        await conn.execute(
+            "UPDATE checkpointd_blob_counts AS c SET refs = c.refs - d.n"
+            " FROM unnest($2::bytea[], $3::bigint[]) AS d(key, n)"
+            " WHERE c.thread_id = $1 AND c.key = d.key",
+            _b(thread_id),
+            keys,
+            [counts[key] for key in keys],
+        )
+        await conn.execute(
+            "DELETE FROM checkpointd_blob_counts"
+            " WHERE thread_id = $1 AND key = ANY($2::bytea[]) AND refs <= 0",
+            _b(thread_id),
+            keys,
+        )
+
+    # ------------------------------------------------------------------ writes
+
+    async def append(
+        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+    ) -> str:
+        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6).
+
+        Raises InvalidId, InvalidEntry, WriterLost, DuplicateId, Conflict
+        (STALE_HEAD), ParentMismatch, in that order; STORE_UNAVAILABLE when the
+        database fails. Nothing changes when it raises.
+        """
+        self._check_open()
+        check_checkpoint_ids(checkpoint, expected_head_id)
+        check_checkpoint_body(checkpoint)
+        thread_id = checkpoint.thread_id
+        writer_fields(writer)
+        document = _compress(checkpoint)
+        keys = _checkpoint_keys(checkpoint)
+        created_at = _created_at(checkpoint.created_at)
+
+        async def body(conn: asyncpg.Connection) -> str:
+            row = await self._lock_thread(conn, thread_id)
+            record = _lease(row)
+            check_writer(writer, thread_id, record, await self._now(conn))
+            assert row is not None and record is not None
+            if await conn.fetchval(
+                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(checkpoint.id)
+            ):
+                raise _duplicate(checkpoint.id)
+            head = _s(row["head_id"])
+            if head != expected_head_id:
+                raise SandboxCheckpointConflictError(
+                    f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+                )
+            if checkpoint.parent_checkpoint_id != expected_head_id:
+                raise SandboxCheckpointParentMismatchError(
+                    f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
+                    f"{expected_head_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+                )
+            try:
+                await self._insert(conn, checkpoint, created_at, document)
+            except asyncpg.UniqueViolationError:
+                # Another thread's append took the id after our check (no lock covers
+                # ids of other threads); the primary key decides.
+                raise _duplicate(checkpoint.id) from None
+            await self._add_references(conn, thread_id, keys)
+            return checkpoint.id
+
+        return await self._transaction("append", body)
+
+    @staticmethod
+    async def _insert(
+        conn: asyncpg.Connection, checkpoint: Checkpoint, created_at: Decimal, document: bytes
+    ) -> None:
+        parent = checkpoint.parent_checkpoint_id
+        await conn.execute(
+            "INSERT INTO checkpointd_checkpoints (id, thread_id, parent_id, created_at, document)"
+            " VALUES ($1, $2, $3, $4, $5)",
+            _b(checkpoint.id),
+            _b(checkpoint.thread_id),
+            None if parent is None else _b(parent),
+            created_at,
+            document,
+        )
+        await conn.execute(
+            "UPDATE checkpointd_threads SET head_id = $2 WHERE thread_id = $1",
+            _b(checkpoint.thread_id),
+            _b(checkpoint.id),
+        )
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        """Remove the head; the head moves to its parent (None when the parent is gone).
+
+        Raises InvalidId, WriterLost, NotHead (in that order), STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        check_id(thread_id, "thread id")
+        check_id(checkpoint_id, "checkpoint id")
+        writer_fields(writer)
+
+        async def body(conn: asyncpg.Connection) -> None:
+            row = await self._lock_thread(conn, thread_id)
+            check_writer(writer, thread_id, _lease(row), await self._now(conn))
+            assert row is not None
+            if _s(row["head_id"]) != checkpoint_id:
+                raise SandboxCheckpointNotHeadError(
+                    f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
+                )
+            deleted = await conn.fetchrow(
+                "DELETE FROM checkpointd_checkpoints WHERE id = $1 RETURNING parent_id, document",
+                _b(checkpoint_id),
+            )
+            assert deleted is not None, "a head always names a stored checkpoint"
+            parent = deleted["parent_id"]
+            new_head = None
+            if parent is not None and await conn.fetchval(
+                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1 AND thread_id = $2",
+                parent,
+                _b(thread_id),
+            ):
+                new_head = parent
+            await conn.execute(
+                "UPDATE checkpointd_threads SET head_id = $2 WHERE thread_id = $1",
+                _b(thread_id),
+                new_head,
+            )
+            await self._remove_references(
+                conn, thread_id, Counter(_document_keys(deleted["document"]))
+            )
+
+        await self._transaction("delete_head", body)
+
+    async def delete_checkpoints(
+        self, thread_id: str, keep: int, writer: WriterLike
+    ) -> builtins.list[str]:
+        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest.
+
+        Returns the deleted ids in list order. Raises InvalidId, InvalidArgument
+        (keep), WriterLost (in that order), STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+        writer_fields(writer)
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            row = await self._lock_thread(conn, thread_id)
+            check_writer(writer, thread_id, _lease(row), await self._now(conn))
+            assert row is not None
+            pairs = [
+                (str(_s(r["id"])), _s(r["parent_id"]))
+                for r in await conn.fetch(
+                    "SELECT id, parent_id FROM checkpointd_checkpoints WHERE thread_id = $1",
+                    _b(thread_id),
+                )
+            ]
+            doomed = plan_prune(pairs, _s(row["head_id"]), keep)
+            if not doomed:
+                return []
+            deleted = await conn.fetch(
+                "DELETE FROM checkpointd_checkpoints WHERE id = ANY($1::bytea[])"
+                " RETURNING id, created_at, document",
+                [_b(i) for i in doomed],
+            )
+            counts: Counter[bytes] = Counter()
+            for r in deleted:
+                counts.update(_document_keys(r["document"]))
+            await self._remove_references(conn, thread_id, counts)
+            order = sorted((r["created_at"], bytes(r["id"])) for r in deleted)
+            return [checkpoint_id.decode("utf-8") for _, checkpoint_id in order]
+
+        return await self._transaction("delete_checkpoints", body)
+
+    async def fork_from_checkpoint(
+        self,
+        source_thread_id: str,
+        source_checkpoint_id: str,
+        destination_thread_id: str,
+        destination_checkpoint_id: str,
+        created_at: int,
+        writer: WriterLike,
+    ) -> Checkpoint:
+        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks).
+
+        Raises InvalidId, InvalidEntry, the fork codes and WriterLost in the SPEC's
+        order, STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        check_fork_arguments(
+            source_thread_id,
+            source_checkpoint_id,
+            destination_thread_id,
+            destination_checkpoint_id,
+            created_at,
+        )
+
+        async def body(conn: asyncpg.Connection) -> Checkpoint:
+            # Lock order as everywhere: the (destination) thread row first, then
+            # checkpoint rows. FOR SHARE keeps the source from being deleted (and
+            # its keys forgotten) until our references are counted.
+            row = await self._lock_thread(conn, destination_thread_id)
+            document = await conn.fetchval(
+                "SELECT document FROM checkpointd_checkpoints WHERE id = $1 FOR SHARE",
+                _b(source_checkpoint_id),
+            )
+            source = None if document is None else _decompress(document)
+            check_fork_source(source, source_thread_id, source_checkpoint_id)
+            assert source is not None
+            record = _lease(row)
+            check_writer(writer, destination_thread_id, record, await self._now(conn))
+            assert row is not None and record is not None
+            if row["head_id"] is not None or await conn.fetchval(
+                "SELECT 1 FROM checkpointd_checkpoints WHERE thread_id = $1 LIMIT 1",
+                _b(destination_thread_id),
+            ):
+                raise destination_not_empty(
+                    destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
+                )
+            root = fork_checkpoint(
+                source, destination_thread_id, destination_checkpoint_id, created_at
+            )
+            id_used = destination_not_empty(
+                destination_thread_id, destination_checkpoint_id, "the id is already used"
+            )
+            if await conn.fetchval(
+                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(root.id)
+            ):
+                raise id_used
+            stored = _compress(root)
+            try:
+                await self._insert(conn, root, _created_at(created_at), stored)
+            except asyncpg.UniqueViolationError:
+                raise id_used from None
+            await self._add_references(conn, destination_thread_id, _checkpoint_keys(root))
+            return _decompress(stored)
+
+        return await self._transaction("fork_from_checkpoint", body)
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_writer(self, thread_id: str) -> WriterLease:
+        """Take the thread's writer lease without waiting.
+
+        Raises InvalidId, WriterConflict (a live lease), STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        check_id(thread_id, "thread id")
+        tid = _b(thread_id)
+
+        async def body(conn: asyncpg.Connection) -> WriterLease:
+            await conn.execute(
+                "INSERT INTO checkpointd_threads (thread_id) VALUES ($1) ON CONFLICT DO NOTHING",
+                tid,
+            )
+            row = await self._lock_thread(conn, thread_id)
+            assert row is not None
+            now = await self._now(conn)
+            current = _lease(row)
+            if current is not None and now < current.expires_at:
+                raise SandboxCheckpointWriterConflictError(
+                    f"thread {thread_id!r} has a live writer lease (fence {current.fence})",
+                    details={"thread_id": thread_id},
+                )
+            if current is not None:
+                await self._drop_pins(conn, tid, current.owner_token, current.fence)
+            fence = row["last_fence"] + 1
+            token = new_owner_token()
+            expires_at = now + self._options.lease_duration_ms
+            await conn.execute(
+                "UPDATE checkpointd_threads SET last_fence = $2, lease_owner = $3,"
+                " lease_fence = $2, lease_expires_at = $4 WHERE thread_id = $1",
+                tid,
+                fence,
+                token,
+                expires_at,
+            )
+            return WriterLease(
+                thread_id=thread_id,
+                owner_token=token,
+                fence=fence,
+                expires_at=expires_at,
+                renew_after_ms=self._options.renew_after_ms,
+                renew=self._renew,
+                release=self._release,
+            )
+
+        return await self._transaction("acquire_writer", body)
+
+    async def _renew(self, lease: WriterLease) -> int:
+        thread_id, token, fence = writer_fields(lease)
+
+        async def body(conn: asyncpg.Connection) -> int | None:
+            # One statement: the check and the update see the same row and clock.
+            expires_at: int | None = await conn.fetchval(
+                "UPDATE checkpointd_threads AS t SET lease_expires_at = c.now + $4"
+                f" FROM (SELECT coalesce($5::bigint, {_DB_NOW}) AS now) AS c"
+                " WHERE t.thread_id = $1 AND t.lease_owner = $2 AND t.lease_fence = $3"
+                " AND c.now < t.lease_expires_at RETURNING t.lease_expires_at",
+                _b(thread_id),
+                token,
+                fence,
+                self._options.lease_duration_ms,
+                self._injected_now(),
+            )
+            return expires_at
+
+        expires_at = await self._transaction("renew", body)
+        if expires_at is None:
+            raise renew_lost(thread_id, fence)
+        return expires_at
+
+    async def _release(self, lease: WriterLease) -> None:
+        if self._closed:
+            return
+        thread_id, token, fence = writer_fields(lease)
+        tid = _b(thread_id)
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "UPDATE checkpointd_threads SET lease_owner = NULL, lease_fence = NULL,"
+                " lease_expires_at = NULL"
+                " WHERE thread_id = $1 AND lease_owner = $2 AND lease_fence = $3",
+                tid,
+                token,
+                fence,
+            )
+            await self._drop_pins(conn, tid, token, fence)
+
+        await self._transaction("release", body)
+
+    @staticmethod
+    async def _drop_pins(
+        conn: asyncpg.Connection, thread_id: bytes, token: str, fence: int
+    ) -> None:
+        await conn.execute(
+            "DELETE FROM checkpointd_blob_pins"
+            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3",
+            thread_id,
+            token,
+            fence,
+        )
+
+    # ------------------------------------------------------------------ blob guard
+
+    @staticmethod
+    async def _lock_marks(
+        conn: asyncpg.Connection, keys: Sequence[bytes], mode: str
+    ) -> dict[bytes, int | None]:
+        """Lock the mark row of every key (``SHARE`` or ``UPDATE``), creating
+        missing rows; returns each key's ``condemned_until``.
+
+        A row can vanish between our insert and our lock (a sweep forgets unused
+        rows); we then make it again, because a pin that locked no row would not
+        be seen by a condemnation running at the same time.
+        """
+        marks: dict[bytes, int | None] = {}
+        missing = list(keys)
+        while missing:
+            await conn.execute(
+                "INSERT INTO checkpointd_blob_marks (key)"
+                " SELECT k FROM unnest($1::bytea[]) WITH ORDINALITY AS u(k, n) ORDER BY n"
+                " ON CONFLICT DO NOTHING",
+                missing,
+            )
+            for row in await conn.fetch(
+                "SELECT key, condemned_until FROM checkpointd_blob_marks"
+                f" WHERE key = ANY($1::bytea[]) ORDER BY key FOR {mode}",
+                missing,
+            ):
+                marks[bytes(row["key"])] = row["condemned_until"]
+            missing = [key for key in missing if key not in marks]
+        return marks
+
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
+        """Pin ``keys`` for the writer's lease; returns those condemned right now.
+
+        Raises WriterLost (checked first), InvalidEntry (a bad key), STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        thread_id, token, fence = writer_fields(writer)
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            row = await self._lock_thread(conn, thread_id)
+            check_writer(writer, thread_id, _lease(row), await self._now(conn))
+            wanted = check_pin_keys(keys)
+            if not wanted:
+                return []
+            binary = sorted({key_to_bytes(key) for key in wanted})
+            await conn.execute(
+                "INSERT INTO checkpointd_blob_pins (thread_id, owner_token, fence, key)"
+                " SELECT $1, $2, $3, k FROM unnest($4::bytea[]) AS k ON CONFLICT DO NOTHING",
+                _b(thread_id),
+                token,
+                fence,
+                binary,
+            )
+            # Share locks: pins never wait for each other, only for a condemnation.
+            marks = await self._lock_marks(conn, binary, "SHARE")
+            now = await self._now(conn)
+            condemned = {
+                key_from_bytes(key)
+                for key, until in marks.items()
+                if until is not None and now < until
+            }
+            return [key for key in wanted if key in condemned]
+
+        return await self._transaction("pin_blobs", body)
+
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
+        """Condemn each key with no reference, no live pin and no live condemnation,
+        until now + hold_ms; returns the condemned keys in the given order.
+
+        Raises InvalidArgument (hold_ms, keys not a list), STORE_UNAVAILABLE.
+        """
+        self._check_open()
+        hold = check_hold_ms(hold_ms)
+        candidates = condemnable_keys(keys)
+        if not candidates:
+            return []
+        binary = sorted({key_to_bytes(key) for key in candidates})
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            # 1. Share-lock the thread rows of every thread that pinned one of the
+            #    keys, so an append of such a thread that is in flight finishes
+            #    before we count (its count rows become visible), and one that
+            #    comes later checks its lease against a clock read after ours: a
+            #    pin we judge dead belongs to a lease no append can use any more.
+            pin_threads = [
+                bytes(r["thread_id"])
+                for r in await conn.fetch(
+                    "SELECT DISTINCT thread_id FROM checkpointd_blob_pins"
+                    " WHERE key = ANY($1::bytea[])",
+                    binary,
+                )
+            ]
+            locked_threads = {
+                bytes(r["thread_id"])
+                for r in await conn.fetch(
+                    "SELECT thread_id FROM checkpointd_threads WHERE thread_id = ANY($1::bytea[])"
+                    " ORDER BY thread_id FOR SHARE",
+                    pin_threads,
+                )
+            }
+            # 2. Lock the keys' mark rows: a pin in flight finishes first.
+            marks = await self._lock_marks(conn, binary, "UPDATE")
+            now = await self._now(conn)
+            # 3. Judge. A pin of a thread we did not lock (it pinned after step 1)
+            #    counts as live: skipping a key is always safe.
+            blocked = {
+                bytes(r["key"])
+                for r in await conn.fetch(
+                    "SELECT p.key, p.thread_id FROM checkpointd_blob_pins AS p"
+                    " LEFT JOIN checkpointd_threads AS t ON t.thread_id = p.thread_id"
+                    " AND t.lease_owner = p.owner_token AND t.lease_fence = p.fence"
+                    " WHERE p.key = ANY($1::bytea[])"
+                    " AND (NOT (p.thread_id = ANY($3::bytea[])) OR $2 < t.lease_expires_at)",
+                    binary,
+                    now,
+                    list(locked_threads),
+                )
+            }
+            blocked.update(
+                bytes(r["key"])
+                for r in await conn.fetch(
+                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
+                    " WHERE key = ANY($1::bytea[]) AND refs > 0",
+                    binary,
+                )
+            )
+            chosen = [
+                key
+                for key, until in marks.items()
+                if key not in blocked and (until is None or now >= until)
+            ]
+            if chosen:
+                await conn.execute(
+                    "UPDATE checkpointd_blob_marks SET condemned_until = $2"
+                    " WHERE key = ANY($1::bytea[])",
+                    chosen,
+                    now + hold,
+                )
+            await self._forget_unmarked(conn, binary)
+            condemned = {key_from_bytes(key) for key in chosen}
+            return [key for key in candidates if key in condemned]
+
+        return await self._transaction("condemn_blobs", body)
+
+    @staticmethod
+    async def _forget_unmarked(conn: asyncpg.Connection, keys: Sequence[bytes]) -> None:
+        """Drop mark rows that hold no condemnation (the caller has them locked)."""
+        await conn.execute(
+            "DELETE FROM checkpointd_blob_marks"
+            " WHERE key = ANY($1::bytea[]) AND condemned_until IS NULL",
+            list(keys),
+        )
+
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
+        """Drop condemnations (the sweep deleted or gave up on the keys)."""
+        self._check_open()
+        binary = sorted({key_to_bytes(key) for key in condemnable_keys(keys)})
+        if not binary:
+            return
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "SELECT 1 FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])"
+                " ORDER BY key FOR UPDATE",
+                binary,
+            )
+            await conn.execute(
+                "DELETE FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])", binary
+            )
+
+        await self._transaction("release_condemned", body)
+
+
+def _duplicate(checkpoint_id: str) -> SandboxCheckpointDuplicateIdError:
+    return SandboxCheckpointDuplicateIdError(
+        f"checkpoint id {checkpoint_id!r} is already used",
+        details={"checkpoint_id": checkpoint_id},
+    )
+
+
+# ---------------------------------------------------------------------------- instances
+
+
+def _encode_instance(record: InstanceRecord) -> bytes:
+    return json.dumps(
+        [
+            record.provider,
+            record.provider_sandbox_id,
+            record.thread_id,
+            record.updated_at,
+            record.latest_snapshot_id,
+            record.latest_run_id,
+        ],
+        allow_nan=False,
+    ).encode("utf-8")
+
+
+def _decode_instance(key: str, document: bytes) -> InstanceRecord:
+    provider, sandbox_id, thread_id, updated_at, snapshot_id, run_id = json.loads(document)
+    return InstanceRecord(
+        key=key,
+        provider=provider,
+        provider_sandbox_id=sandbox_id,
+        thread_id=thread_id,
+        updated_at=updated_at,
+        latest_snapshot_id=snapshot_id,
+        latest_run_id=run_id,
+    )
+
+
+class PostgresInstanceStore(_PostgresBase):
+    """The SPEC §3 instance store on PostgreSQL; open with ``open_postgres_instance_store``."""
+
+    async def get(self, key: str) -> InstanceRecord | None:
+        """The record or None; an invalid key is INVALID_ID; STORE_UNAVAILABLE on failure."""
+        check_id(key, "instance key")
+
+        async def body(conn: asyncpg.Connection) -> bytes | None:
+            document: bytes | None = await conn.fetchval(
+                "SELECT document FROM checkpointd_instances WHERE key = $1", _b(key)
+            )
+            return document
+
+        document = await self._transaction("get", body, read_only=True)
+        return None if document is None else _decode_instance(key, document)
+
+    async def upsert(self, record: InstanceRecord) -> None:
+        """Replace the whole record (optional fields left out are cleared).
+
+        Raises InvalidId / InvalidEntry for a bad record, STORE_UNAVAILABLE.
+        """
+        checked = check_instance_record(record)
+        document = _encode_instance(checked)
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO checkpointd_instances (key, document) VALUES ($1, $2)"
+                " ON CONFLICT (key) DO UPDATE SET document = excluded.document",
+                _b(checked.key),
+                document,
+            )
+
+        await self._transaction("upsert", body)
+
+    async def delete(self, key: str) -> None:
+        """Forget the key; a missing key is not an error."""
+        check_id(key, "instance key")
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute("DELETE FROM checkpointd_instances WHERE key = $1", _b(key))
+
+        await self._transaction("delete", body)
+
+
+# ---------------------------------------------------------------------------- opening
+
+
+async def _open_pool(url: str, pool_max_size: int) -> tuple[asyncpg.Pool, str]:
+    store_name = describe_url(url)
+    if not isinstance(pool_max_size, int) or pool_max_size < 1:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"pool_max_size must be an integer >= 1, got {pool_max_size!r}"
+        )
+    pool = await _create_pool(url, store_name, pool_max_size)
+    try:
+        async with pool.acquire() as conn:
+            await _migrate(conn, store_name)
+    except SandboxCheckpointError:
+        pool.terminate()
+        raise
+    except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as error:
+        pool.terminate()
+        raise _unavailable(store_name, "schema migration", error) from error
+    return pool, store_name
+
+
+async def open_postgres_store(
+    url: str,
+    *,
+    now: Clock | None = None,
+    lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
+    renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
+    pool_max_size: int = DEFAULT_POOL_MAX_SIZE,
+) -> PostgresCheckpointStore:
+    """Connect, create or migrate the schema, and return the checkpoint store.
+
+    ``now=None`` uses the database server's clock for leases. Raises
+    SandboxCheckpointInvalidArgumentError for bad options or a malformed URL, and
+    SandboxCheckpointError (STORE_UNAVAILABLE) when the server cannot be reached or
+    refuses the credentials or database.
+    """
+    options = validate_store_options(now, lease_duration_ms, renew_after_ms)
+    pool, store_name = await _open_pool(url, pool_max_size)
+    return PostgresCheckpointStore(pool, store_name, options, injected_clock=now is not None)
+
+
+async def open_postgres_instance_store(
+    url: str, *, pool_max_size: int = DEFAULT_POOL_MAX_SIZE
+) -> PostgresInstanceStore:
+    """Connect, create or migrate the schema, and return the instance store.
+
+    Raises as ``open_postgres_store``.
+    """
+    pool, store_name = await _open_pool(url, pool_max_size)
+    return PostgresInstanceStore(pool, store_name)
+
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "PostgresCheckpointStore",
+    "PostgresInstanceStore",
+    "describe_url",
+    "open_postgres_instance_store",
+    "open_postgres_store",
+]

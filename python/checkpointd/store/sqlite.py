@@ -1,0 +1,967 @@
+"""SQLite checkpoint and instance stores (aiosqlite, WAL), the embedded default.
+
+Layout (schema version 1, created on open, idempotent):
+
+* ``checkpoints`` — one row per checkpoint: the columns that queries need (id,
+  thread, parent, created_at) plus the whole checkpoint as ONE compact document
+  (``checkpointd.codec`` JSON, zlib-compressed, behind a one-byte format tag). A
+  manifest of 100,000 files is one row, never 100,000.
+* ``heads``, ``writer_leases``, ``writer_fences`` (the per-thread fence counter,
+  kept apart from the lease so it survives release).
+* ``blob_references`` — one row per distinct key with its count. Keys are stored as
+  33 bytes (kind + raw hash, see ``_options.key_to_bytes``), which sort like the
+  UTF-8 text keys.
+* ``blob_pins``, ``blob_condemned`` — the BlobGuard records of a safe sweep.
+* ``instances`` — the instance store's records.
+
+Concurrency: every check-then-write runs inside ``BEGIN IMMEDIATE`` … ``COMMIT``,
+so the checks and the write see one state and other connections (in this process
+or another) wait for the write lock. A store object owns one connection and an
+``asyncio.Lock``: statements of two coroutines must not interleave inside one
+transaction. ``busy_timeout`` makes SQLite wait for a lock held elsewhere; when it
+still reports "database is locked" or "busy", the whole transaction is retried
+with backoff until ``RETRY_DEADLINE_S``, after which the caller gets
+SandboxCheckpointError with code ``SANDBOX_SNAPSHOT_STORE_UNAVAILABLE`` — a raw
+``sqlite3.OperationalError`` never escapes.
+
+Durability: WAL with ``synchronous=FULL`` (SQLite's default): a committed append
+survives a power cut, which is what a checkpoint is for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sqlite3
+import time
+import zlib
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+import aiosqlite
+
+from ..codec import decode_checkpoint, encode_checkpoint
+from ..errors import (
+    STORE_UNAVAILABLE,
+    SandboxCheckpointConflictError,
+    SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointError,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointNotHeadError,
+    SandboxCheckpointParentMismatchError,
+    SandboxCheckpointWriterConflictError,
+)
+from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
+from ._options import (
+    LeaseRecord,
+    StoreOptions,
+    check_fork_arguments,
+    check_fork_source,
+    check_hold_ms,
+    check_instance_record,
+    check_keep,
+    check_pin_keys,
+    check_writer,
+    checkpoint_blob_keys,
+    condemnable_keys,
+    destination_not_empty,
+    fork_checkpoint,
+    key_from_bytes,
+    key_to_bytes,
+    lease_is_current,
+    list_order,
+    new_owner_token,
+    plan_prune,
+    read_clock,
+    renew_lost,
+    validate_store_options,
+    writer_fields,
+)
+from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 5_000
+# How long a transaction keeps retrying "database is locked" before giving up. Long
+# enough for another process's largest append (a 100k-entry manifest commits in
+# well under a second), short enough that a wedged peer becomes a clear error.
+RETRY_DEADLINE_S = 60.0
+# Documents above this size are encoded/decoded in a worker thread so the event
+# loop keeps serving other calls (gRPC health, progress) meanwhile.
+OFFLOAD_BYTES = 256 * 1024
+OFFLOAD_ENTRIES = 2_000
+# SQLite binds at most 32766 variables per statement; stay far below.
+IN_BATCH = 500
+# Document format tags (first byte of ``checkpoints.document``).
+DOC_ZLIB_JSON = b"z"
+ZLIB_LEVEL = 6
+
+_SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS checkpointd_meta (
+        name TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID""",
+    # created_at has no declared type (BLOB affinity) so ints and floats are kept
+    # as given; SQLite orders them numerically. ids sort with BINARY collation,
+    # i.e. by their UTF-8 bytes.
+    """CREATE TABLE IF NOT EXISTS checkpoints (
+        id TEXT PRIMARY KEY,
+        thread_id TEXT NOT NULL,
+        parent_id TEXT,
+        created_at NOT NULL,
+        document BLOB NOT NULL)""",
+    """CREATE INDEX IF NOT EXISTS checkpoints_by_thread
+        ON checkpoints (thread_id, created_at, id)""",
+    """CREATE TABLE IF NOT EXISTS heads (
+        thread_id TEXT PRIMARY KEY, head_id TEXT NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS writer_leases (
+        thread_id TEXT PRIMARY KEY,
+        owner_token TEXT NOT NULL,
+        fence INTEGER NOT NULL,
+        expires_at INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS writer_fences (
+        thread_id TEXT PRIMARY KEY, fence INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS blob_references (
+        key BLOB PRIMARY KEY, refs INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS blob_pins (
+        key BLOB NOT NULL,
+        thread_id TEXT NOT NULL,
+        owner_token TEXT NOT NULL,
+        fence INTEGER NOT NULL,
+        PRIMARY KEY (key, thread_id, owner_token, fence)) WITHOUT ROWID""",
+    """CREATE INDEX IF NOT EXISTS blob_pins_by_lease
+        ON blob_pins (thread_id, owner_token, fence)""",
+    """CREATE TABLE IF NOT EXISTS blob_condemned (
+        key BLOB PRIMARY KEY, until INTEGER NOT NULL) WITHOUT ROWID""",
+    """CREATE TABLE IF NOT EXISTS instances (
+        key TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        provider_sandbox_id TEXT NOT NULL,
+        thread_id TEXT NOT NULL,
+        updated_at NOT NULL,
+        latest_snapshot_id TEXT,
+        latest_run_id TEXT) WITHOUT ROWID""",
+]
+
+
+def _is_busy(error: BaseException) -> bool:
+    if not isinstance(error, sqlite3.OperationalError):
+        return False
+    text = str(error).lower()
+    return "locked" in text or "busy" in text
+
+
+def _sql_number(value: int | float) -> int | float:
+    """SQLite integers are 64-bit; a larger int is kept (for ordering) as a float."""
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        return float(value)
+    return value
+
+
+def _unavailable(path: str, error: BaseException) -> SandboxCheckpointError:
+    return SandboxCheckpointError(
+        f"SQLite store {path} is unavailable: {error}",
+        code=STORE_UNAVAILABLE,
+        details={"store": f"sqlite://{path}"},
+    )
+
+
+Transaction = Callable[[aiosqlite.Connection], Awaitable[T]]
+
+
+class SqliteDatabase:
+    """One aiosqlite connection to one database file, with the transaction helpers
+    both SQLite stores use. Open with ``await SqliteDatabase.open(path)``."""
+
+    def __init__(self, path: str, connection: aiosqlite.Connection) -> None:
+        self.path = path
+        self._connection: aiosqlite.Connection | None = connection
+        self._lock = asyncio.Lock()
+
+    @classmethod
+    async def open(cls, path: str) -> SqliteDatabase:
+        """Open (create when missing) the file and its schema.
+
+        Raises SandboxCheckpointInvalidArgumentError for a path that is not absolute
+        or a file written by a newer schema, and SandboxCheckpointError
+        (STORE_UNAVAILABLE) when the file cannot be opened.
+        """
+        if not isinstance(path, str | os.PathLike) or not os.path.isabs(os.fspath(path)):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"the SQLite store needs an absolute file path, got {path!r}"
+            )
+        path = os.fspath(path)
+        try:
+            connection = await aiosqlite.connect(path, isolation_level=None)
+        except sqlite3.Error as error:
+            raise _unavailable(path, error) from error
+        database = cls(path, connection)
+        try:
+            await database._configure()
+        except BaseException:
+            await database.close()
+            raise
+        return database
+
+    async def _configure(self) -> None:
+        connection = self._require()
+        await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+
+        async def set_wal() -> None:
+            cursor = await connection.execute("PRAGMA journal_mode = WAL")
+            row = await cursor.fetchone()
+            if row is None or str(row[0]).lower() != "wal":
+                raise SandboxCheckpointError(
+                    f"SQLite store {self.path}: WAL journal mode is not available ({row})",
+                    code=STORE_UNAVAILABLE,
+                )
+
+        await self._retrying(set_wal)
+        await connection.execute("PRAGMA synchronous = FULL")
+
+        async def create(conn: aiosqlite.Connection) -> None:
+            for statement in _SCHEMA:
+                await conn.execute(statement)
+            cursor = await conn.execute(
+                "SELECT value FROM checkpointd_meta WHERE name = 'schema_version'"
+            )
+            row = await cursor.fetchone()
+            if row is None:
+                await conn.execute(
+                    "INSERT INTO checkpointd_meta (name, value) VALUES ('schema_version', ?)",
+                    (str(SCHEMA_VERSION),),
+                )
+            elif int(row[0]) > SCHEMA_VERSION:
+                raise SandboxCheckpointInvalidArgumentError(
+                    f"{self.path} has schema version {row[0]}, newer than this "
+                    f"checkpointd's {SCHEMA_VERSION}; upgrade checkpointd"
+                )
+
+        await self.write(create)
+
+    def _require(self) -> aiosqlite.Connection:
+        if self._connection is None:
+            raise SandboxCheckpointError(
+                f"the SQLite store {self.path} is closed", code=STORE_UNAVAILABLE
+            )
+        return self._connection
+
+    async def close(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            async with self._lock:
+                try:
+                    await connection.close()
+                except sqlite3.Error:
+                    pass
+
+    @property
+    def closed(self) -> bool:
+        return self._connection is None
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run ``attempt`` again while SQLite says locked/busy, up to the deadline."""
+        deadline = time.monotonic() + RETRY_DEADLINE_S
+        delay = 0.005
+        while True:
+            try:
+                return await attempt()
+            except sqlite3.OperationalError as error:
+                if not _is_busy(error):
+                    raise _unavailable(self.path, error) from error
+                if time.monotonic() >= deadline:
+                    raise _unavailable(self.path, error) from error
+            except sqlite3.Error as error:
+                raise _unavailable(self.path, error) from error
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.25)
+
+    async def _rollback(self, connection: aiosqlite.Connection) -> None:
+        if connection.in_transaction:
+            try:
+                await connection.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+
+    async def write(self, transaction: Transaction[T]) -> T:
+        """Run ``transaction`` inside BEGIN IMMEDIATE … COMMIT (retried when busy).
+
+        An exception from ``transaction`` rolls back and propagates, so a failed
+        check changes nothing.
+        """
+        async with self._lock:
+            connection = self._require()
+
+            async def attempt() -> T:
+                # A previous call cancelled mid-transaction may have left one open.
+                await self._rollback(connection)
+                await connection.execute("BEGIN IMMEDIATE")
+                try:
+                    result = await transaction(connection)
+                    await connection.execute("COMMIT")
+                except BaseException:
+                    await self._rollback(connection)
+                    raise
+                return result
+
+            return await self._retrying(attempt)
+
+    async def read(self, transaction: Transaction[T]) -> T:
+        """Run a read (one statement or a deferred transaction) under the lock."""
+        async with self._lock:
+            connection = self._require()
+
+            async def attempt() -> T:
+                await self._rollback(connection)
+                return await transaction(connection)
+
+            return await self._retrying(attempt)
+
+
+async def _fetchone(
+    connection: aiosqlite.Connection, sql: str, parameters: Sequence[Any] = ()
+) -> Any:
+    cursor = await connection.execute(sql, parameters)
+    try:
+        return await cursor.fetchone()
+    finally:
+        await cursor.close()
+
+
+async def _fetchall(
+    connection: aiosqlite.Connection, sql: str, parameters: Sequence[Any] = ()
+) -> list[Any]:
+    return list(await connection.execute_fetchall(sql, parameters))
+
+
+def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]:
+    for start in range(0, len(values), size):
+        yield values[start : start + size]
+
+
+# ------------------------------------------------------------------------ documents
+
+
+def _encode_document(checkpoint: Checkpoint) -> bytes:
+    return DOC_ZLIB_JSON + zlib.compress(encode_checkpoint(checkpoint), ZLIB_LEVEL)
+
+
+def _decode_document(document: bytes) -> Checkpoint:
+    tag, body = document[:1], document[1:]
+    if tag != DOC_ZLIB_JSON:
+        raise SandboxCheckpointError(
+            f"unknown checkpoint document format {tag!r}", code=STORE_UNAVAILABLE
+        )
+    return decode_checkpoint(zlib.decompress(body))
+
+
+# The kind bytes of ``_options.key_to_bytes``.
+_FILE_KIND = b"f"
+_ARTIFACT_KIND = b"a"
+
+
+def _document_keys(document: bytes) -> list[bytes]:
+    """The distinct blob keys of a stored document, as 33-byte SQL keys."""
+    tag, body = document[:1], document[1:]
+    if tag != DOC_ZLIB_JSON:
+        raise SandboxCheckpointError(
+            f"unknown checkpoint document format {tag!r}", code=STORE_UNAVAILABLE
+        )
+    parsed = json.loads(zlib.decompress(body))
+    seen: dict[bytes, None] = {}
+    for row in parsed["files"]:
+        if row[0] == "f":
+            seen[_FILE_KIND + bytes.fromhex(row[2])] = None
+    for row in parsed["artifacts"]:
+        seen[_ARTIFACT_KIND + bytes.fromhex(row[4])] = None
+    return list(seen)
+
+
+def _heavy(size: int) -> bool:
+    return size > OFFLOAD_BYTES
+
+
+async def _encode(checkpoint: Checkpoint) -> bytes:
+    if len(checkpoint.files) > OFFLOAD_ENTRIES:
+        return await asyncio.to_thread(_encode_document, checkpoint)
+    return _encode_document(checkpoint)
+
+
+async def _decode(document: bytes) -> Checkpoint:
+    if _heavy(len(document)):
+        return await asyncio.to_thread(_decode_document, document)
+    return _decode_document(document)
+
+
+async def _keys(document: bytes) -> list[bytes]:
+    if _heavy(len(document)):
+        return await asyncio.to_thread(_document_keys, document)
+    return _document_keys(document)
+
+
+# ------------------------------------------------------------------------ the store
+
+
+class SqliteCheckpointStore:
+    """A checkpoint store in one SQLite file (SPEC §3).
+
+    Open with ``await SqliteCheckpointStore.open("/abs/path.db", now=…,
+    lease_duration_ms=…, renew_after_ms=…)`` or ``open_store("sqlite:///abs/path.db")``.
+    Several store objects and processes may share the file.
+    """
+
+    def __init__(self, database: SqliteDatabase, options: StoreOptions) -> None:
+        self._db = database
+        self._options = options
+
+    @classmethod
+    async def open(
+        cls,
+        path: str,
+        *,
+        now: Clock | None = None,
+        lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
+        renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
+    ) -> SqliteCheckpointStore:
+        """Open (create when missing) the store. Bad options raise
+        SandboxCheckpointInvalidArgumentError before the file is touched."""
+        options = validate_store_options(now, lease_duration_ms, renew_after_ms)
+        return cls(await SqliteDatabase.open(path), options)
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    @property
+    def lease_duration_ms(self) -> int:
+        return self._options.lease_duration_ms
+
+    @property
+    def renew_after_ms(self) -> int:
+        return self._options.renew_after_ms
+
+    async def aclose(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> SqliteCheckpointStore:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def _now(self) -> int:
+        return read_clock(self._options)
+
+    # ------------------------------------------------------------------ reads
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
+        check_id(checkpoint_id, "checkpoint id")
+
+        async def run(conn: aiosqlite.Connection) -> Any:
+            return await _fetchone(
+                conn, "SELECT document FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            )
+
+        row = await self._db.read(run)
+        return None if row is None else await _decode(row[0])
+
+    async def list(self, thread_id: str) -> list[Checkpoint]:
+        """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
+        check_id(thread_id, "thread id")
+
+        async def run(conn: aiosqlite.Connection) -> list[Any]:
+            return await _fetchall(
+                conn,
+                "SELECT document FROM checkpoints WHERE thread_id = ? ORDER BY created_at, id",
+                (thread_id,),
+            )
+
+        rows = await self._db.read(run)
+        checkpoints = [await _decode(row[0]) for row in rows]
+        # SQL already orders them; sorting again guards ids whose text SQLite might
+        # compare differently (it compares UTF-8 bytes, as we do).
+        checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
+        return checkpoints
+
+    async def get_head(self, thread_id: str) -> str | None:
+        check_id(thread_id, "thread id")
+
+        async def run(conn: aiosqlite.Connection) -> Any:
+            return await _fetchone(
+                conn, "SELECT head_id FROM heads WHERE thread_id = ?", (thread_id,)
+            )
+
+        row = await self._db.read(run)
+        return None if row is None else row[0]
+
+    async def list_blob_references(self) -> list[BlobReference]:
+        async def run(conn: aiosqlite.Connection) -> list[Any]:
+            return await _fetchall(
+                conn, "SELECT key, refs FROM blob_references WHERE refs > 0 ORDER BY key"
+            )
+
+        rows = await self._db.read(run)
+        return [BlobReference(key_from_bytes(key), refs) for key, refs in rows]
+
+    # ------------------------------------------------------------------ helpers
+
+    @staticmethod
+    async def _lease(conn: aiosqlite.Connection, thread_id: str) -> LeaseRecord | None:
+        row = await _fetchone(
+            conn,
+            "SELECT owner_token, fence, expires_at FROM writer_leases WHERE thread_id = ?",
+            (thread_id,),
+        )
+        return None if row is None else LeaseRecord(row[0], row[1], row[2])
+
+    async def _check_writer(
+        self, conn: aiosqlite.Connection, writer: WriterLike, thread_id: str
+    ) -> int:
+        """WRITER_LOST unless ``writer`` holds the current lease; returns now."""
+        now = self._now()
+        check_writer(writer, thread_id, await self._lease(conn, thread_id), now)
+        return now
+
+    @staticmethod
+    async def _head(conn: aiosqlite.Connection, thread_id: str) -> str | None:
+        row = await _fetchone(conn, "SELECT head_id FROM heads WHERE thread_id = ?", (thread_id,))
+        return None if row is None else row[0]
+
+    @staticmethod
+    async def _id_used(conn: aiosqlite.Connection, checkpoint_id: str) -> bool:
+        row = await _fetchone(conn, "SELECT 1 FROM checkpoints WHERE id = ?", (checkpoint_id,))
+        return row is not None
+
+    @staticmethod
+    async def _add_references(conn: aiosqlite.Connection, keys: Sequence[bytes]) -> None:
+        await conn.executemany(
+            "INSERT INTO blob_references (key, refs) VALUES (?, 1) "
+            "ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
+            [(key,) for key in keys],
+        )
+
+    @staticmethod
+    async def _subtract_references(conn: aiosqlite.Connection, counts: Counter[bytes]) -> None:
+        """Subtract per key and forget keys that reach 0."""
+        pairs = [(count, key) for key, count in counts.items()]
+        await conn.executemany(
+            "UPDATE blob_references SET refs = refs - ? WHERE key = ?", pairs
+        )
+        await conn.executemany(
+            "DELETE FROM blob_references WHERE key = ? AND refs <= 0",
+            [(key,) for key in counts],
+        )
+
+    @staticmethod
+    async def _publish(
+        conn: aiosqlite.Connection, checkpoint: Checkpoint, document: bytes
+    ) -> None:
+        await conn.execute(
+            "INSERT INTO checkpoints (id, thread_id, parent_id, created_at, document) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (
+                checkpoint.id,
+                checkpoint.thread_id,
+                checkpoint.parent_checkpoint_id,
+                _sql_number(checkpoint.created_at),
+                document,
+            ),
+        )
+        await conn.execute(
+            "INSERT INTO heads (thread_id, head_id) VALUES (?, ?) "
+            "ON CONFLICT (thread_id) DO UPDATE SET head_id = excluded.head_id",
+            (checkpoint.thread_id, checkpoint.id),
+        )
+        keys = [key_to_bytes(key) for key in checkpoint_blob_keys(checkpoint)]
+        await SqliteCheckpointStore._add_references(conn, keys)
+
+    # ------------------------------------------------------------------ writes
+
+    async def append(
+        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+    ) -> str:
+        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6), in one
+        transaction with the blob counts."""
+        check_checkpoint_ids(checkpoint, expected_head_id)
+        check_checkpoint_body(checkpoint)
+        thread_id = checkpoint.thread_id
+        document = await _encode(checkpoint)
+
+        async def run(conn: aiosqlite.Connection) -> str:
+            await self._check_writer(conn, writer, thread_id)
+            if await self._id_used(conn, checkpoint.id):
+                raise SandboxCheckpointDuplicateIdError(
+                    f"checkpoint id {checkpoint.id!r} is already used",
+                    details={"checkpoint_id": checkpoint.id},
+                )
+            head = await self._head(conn, thread_id)
+            if head != expected_head_id:
+                raise SandboxCheckpointConflictError(
+                    f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+                )
+            if checkpoint.parent_checkpoint_id != expected_head_id:
+                raise SandboxCheckpointParentMismatchError(
+                    f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
+                    f"{expected_head_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+                )
+            await self._publish(conn, checkpoint, document)
+            return checkpoint.id
+
+        return await self._db.write(run)
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        """Remove the head; the head moves to its parent (None when the parent is gone)."""
+        check_id(thread_id, "thread id")
+        check_id(checkpoint_id, "checkpoint id")
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await self._check_writer(conn, writer, thread_id)
+            if await self._head(conn, thread_id) != checkpoint_id:
+                raise SandboxCheckpointNotHeadError(
+                    f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
+                )
+            row = await _fetchone(
+                conn, "SELECT parent_id, document FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            )
+            parent, document = (None, None) if row is None else row
+            await conn.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
+            if document is not None:
+                await self._subtract_references(conn, Counter(await _keys(document)))
+            parent_row = None
+            if parent is not None:
+                parent_row = await _fetchone(
+                    conn,
+                    "SELECT 1 FROM checkpoints WHERE id = ? AND thread_id = ?",
+                    (parent, thread_id),
+                )
+            if parent_row is not None:
+                await conn.execute(
+                    "UPDATE heads SET head_id = ? WHERE thread_id = ?", (parent, thread_id)
+                )
+            else:
+                await conn.execute("DELETE FROM heads WHERE thread_id = ?", (thread_id,))
+
+        await self._db.write(run)
+
+    async def delete_checkpoints(self, thread_id: str, keep: int, writer: WriterLike) -> list[str]:
+        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest of the
+        thread in one transaction. Returns the deleted ids in list order."""
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+
+        async def run(conn: aiosqlite.Connection) -> list[str]:
+            await self._check_writer(conn, writer, thread_id)
+            rows = await _fetchall(
+                conn,
+                "SELECT id, parent_id, created_at FROM checkpoints WHERE thread_id = ?",
+                (thread_id,),
+            )
+            doomed = plan_prune([(r[0], r[1]) for r in rows], await self._head(conn, thread_id), keep)
+            ordered = sorted(
+                ((r[2], r[0]) for r in rows if r[0] in doomed),
+                key=lambda pair: list_order(pair[0], pair[1]),
+            )
+            counts: Counter[bytes] = Counter()
+            for _, checkpoint_id in ordered:
+                row = await _fetchone(
+                    conn, "SELECT document FROM checkpoints WHERE id = ?", (checkpoint_id,)
+                )
+                counts.update(await _keys(row[0]))
+            await conn.executemany(
+                "DELETE FROM checkpoints WHERE id = ?", [(i,) for _, i in ordered]
+            )
+            await self._subtract_references(conn, counts)
+            return [checkpoint_id for _, checkpoint_id in ordered]
+
+        return await self._db.write(run)
+
+    async def fork_from_checkpoint(
+        self,
+        source_thread_id: str,
+        source_checkpoint_id: str,
+        destination_thread_id: str,
+        destination_checkpoint_id: str,
+        created_at: int,
+        writer: WriterLike,
+    ) -> Checkpoint:
+        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks)."""
+        check_fork_arguments(
+            source_thread_id,
+            source_checkpoint_id,
+            destination_thread_id,
+            destination_checkpoint_id,
+            created_at,
+        )
+
+        async def run(conn: aiosqlite.Connection) -> Checkpoint:
+            row = await _fetchone(
+                conn,
+                "SELECT thread_id, document FROM checkpoints WHERE id = ?",
+                (source_checkpoint_id,),
+            )
+            check_fork_source(
+                None if row is None else row[0], source_thread_id, source_checkpoint_id
+            )
+            await self._check_writer(conn, writer, destination_thread_id)
+            busy = await _fetchone(
+                conn,
+                "SELECT 1 FROM checkpoints WHERE thread_id = ? "
+                "UNION ALL SELECT 1 FROM heads WHERE thread_id = ? LIMIT 1",
+                (destination_thread_id, destination_thread_id),
+            )
+            if busy is not None:
+                raise destination_not_empty(
+                    destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
+                )
+            if await self._id_used(conn, destination_checkpoint_id):
+                raise destination_not_empty(
+                    destination_thread_id, destination_checkpoint_id, "the id is already used"
+                )
+            root = fork_checkpoint(
+                await _decode(row[1]), destination_thread_id, destination_checkpoint_id, created_at
+            )
+            document = await _encode(root)
+            await self._publish(conn, root, document)
+            return root
+
+        root = await self._db.write(run)
+        # Hand back a copy that shares no mutable value with anything stored.
+        return await _decode(await _encode(root))
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_writer(self, thread_id: str) -> WriterLease:
+        """Take the thread's writer lease without waiting (WRITER_CONFLICT when live)."""
+        check_id(thread_id, "thread id")
+        duration = self._options.lease_duration_ms
+
+        async def run(conn: aiosqlite.Connection) -> LeaseRecord:
+            now = self._now()
+            record = await self._lease(conn, thread_id)
+            if record is not None and now < record.expires_at:
+                raise SandboxCheckpointWriterConflictError(
+                    f"thread {thread_id!r} has a live writer lease (fence {record.fence})",
+                    details={"thread_id": thread_id},
+                )
+            if record is not None:
+                await self._drop_pins(conn, thread_id, record.owner_token, record.fence)
+            row = await _fetchone(
+                conn, "SELECT fence FROM writer_fences WHERE thread_id = ?", (thread_id,)
+            )
+            fence = (0 if row is None else row[0]) + 1
+            await conn.execute(
+                "INSERT INTO writer_fences (thread_id, fence) VALUES (?, ?) "
+                "ON CONFLICT (thread_id) DO UPDATE SET fence = excluded.fence",
+                (thread_id, fence),
+            )
+            new = LeaseRecord(new_owner_token(), fence, now + duration)
+            await conn.execute(
+                "INSERT OR REPLACE INTO writer_leases (thread_id, owner_token, fence, expires_at) "
+                "VALUES (?, ?, ?, ?)",
+                (thread_id, new.owner_token, new.fence, new.expires_at),
+            )
+            return new
+
+        record = await self._db.write(run)
+        return WriterLease(
+            thread_id=thread_id,
+            owner_token=record.owner_token,
+            fence=record.fence,
+            expires_at=record.expires_at,
+            renew_after_ms=self._options.renew_after_ms,
+            renew=self._renew,
+            release=self._release,
+        )
+
+    async def _renew(self, lease: WriterLease) -> int:
+        thread_id, token, fence = writer_fields(lease)
+
+        async def run(conn: aiosqlite.Connection) -> int:
+            now = self._now()
+            if not lease_is_current(await self._lease(conn, thread_id), token, fence, now):
+                raise renew_lost(thread_id, fence)
+            expires_at = now + self._options.lease_duration_ms
+            await conn.execute(
+                "UPDATE writer_leases SET expires_at = ? WHERE thread_id = ?",
+                (expires_at, thread_id),
+            )
+            return expires_at
+
+        return await self._db.write(run)
+
+    async def _release(self, lease: WriterLease) -> None:
+        if self._db.closed:
+            return
+        thread_id, token, fence = writer_fields(lease)
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await conn.execute(
+                "DELETE FROM writer_leases WHERE thread_id = ? AND owner_token = ? AND fence = ?",
+                (thread_id, token, fence),
+            )
+            await self._drop_pins(conn, thread_id, token, fence)
+
+        await self._db.write(run)
+
+    # ------------------------------------------------------------------ blob guard
+
+    @staticmethod
+    async def _drop_pins(
+        conn: aiosqlite.Connection, thread_id: str, token: str, fence: int
+    ) -> None:
+        await conn.execute(
+            "DELETE FROM blob_pins WHERE thread_id = ? AND owner_token = ? AND fence = ?",
+            (thread_id, token, fence),
+        )
+
+    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+        """Pin ``keys`` for the writer's lease (WRITER_LOST first when not current;
+        INVALID_ENTRY for a bad key). Returns the keys condemned right now."""
+        thread_id, token, fence = writer_fields(writer)
+
+        async def run(conn: aiosqlite.Connection) -> list[str]:
+            now = await self._check_writer(conn, writer, thread_id)
+            wanted = check_pin_keys(keys)
+            binary = [key_to_bytes(key) for key in wanted]
+            await conn.executemany(
+                "INSERT OR IGNORE INTO blob_pins (key, thread_id, owner_token, fence) "
+                "VALUES (?, ?, ?, ?)",
+                [(key, thread_id, token, fence) for key in binary],
+            )
+            condemned = {
+                bytes(row[0])
+                for row in await _fetchall(
+                    conn, "SELECT key FROM blob_condemned WHERE until > ?", (now,)
+                )
+            }
+            return [key for key, raw in zip(wanted, binary, strict=True) if raw in condemned]
+
+        return await self._db.write(run)
+
+    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+        """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms;
+        returns them in the given order. Keys of another shape are never condemned."""
+        hold = check_hold_ms(hold_ms)
+        candidates = condemnable_keys(keys)
+
+        async def run(conn: aiosqlite.Connection) -> list[str]:
+            now = self._now()
+            blocked: set[bytes] = set()
+            binary = [key_to_bytes(key) for key in candidates]
+            for batch in _batches(binary):
+                marks = ",".join("?" * len(batch))
+                for sql, extra in (
+                    (f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})", ()),
+                    (
+                        f"SELECT key FROM blob_condemned WHERE until > ? AND key IN ({marks})",
+                        (now,),
+                    ),
+                    (
+                        "SELECT p.key FROM blob_pins p JOIN writer_leases l "
+                        "ON l.thread_id = p.thread_id AND l.owner_token = p.owner_token "
+                        "AND l.fence = p.fence "
+                        f"WHERE l.expires_at > ? AND p.key IN ({marks})",
+                        (now,),
+                    ),
+                ):
+                    rows = await _fetchall(conn, sql, (*extra, *batch))
+                    blocked.update(bytes(row[0]) for row in rows)
+            chosen = [(key, raw) for key, raw in zip(candidates, binary, strict=True) if raw not in blocked]
+            await conn.executemany(
+                "INSERT OR REPLACE INTO blob_condemned (key, until) VALUES (?, ?)",
+                [(raw, now + hold) for _, raw in chosen],
+            )
+            return [key for key, _ in chosen]
+
+        return await self._db.write(run)
+
+    async def release_condemned(self, keys: list[str]) -> None:
+        """Drop condemnations (after the sweep deleted or gave up on the keys)."""
+        wanted = condemnable_keys(keys)
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await conn.executemany(
+                "DELETE FROM blob_condemned WHERE key = ?",
+                [(key_to_bytes(key),) for key in wanted],
+            )
+
+        await self._db.write(run)
+
+
+class SqliteInstanceStore:
+    """Instance records in a SQLite file (may be the checkpoint store's file)."""
+
+    def __init__(self, database: SqliteDatabase) -> None:
+        self._db = database
+
+    @classmethod
+    async def open(cls, path: str) -> SqliteInstanceStore:
+        return cls(await SqliteDatabase.open(path))
+
+    async def aclose(self) -> None:
+        await self._db.close()
+
+    async def __aenter__(self) -> SqliteInstanceStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def get(self, key: str) -> InstanceRecord | None:
+        """The record or None; an invalid key is INVALID_ID."""
+        check_id(key, "instance key")
+
+        async def run(conn: aiosqlite.Connection) -> Any:
+            return await _fetchone(
+                conn,
+                "SELECT key, provider, provider_sandbox_id, thread_id, updated_at, "
+                "latest_snapshot_id, latest_run_id FROM instances WHERE key = ?",
+                (key,),
+            )
+
+        row = await self._db.read(run)
+        return None if row is None else InstanceRecord(*row)
+
+    async def upsert(self, record: InstanceRecord) -> None:
+        """Replace the whole record (optional fields left out are cleared)."""
+        checked = check_instance_record(record)
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await conn.execute(
+                "INSERT OR REPLACE INTO instances (key, provider, provider_sandbox_id, "
+                "thread_id, updated_at, latest_snapshot_id, latest_run_id) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    checked.key,
+                    checked.provider,
+                    checked.provider_sandbox_id,
+                    checked.thread_id,
+                    _sql_number(checked.updated_at),
+                    checked.latest_snapshot_id,
+                    checked.latest_run_id,
+                ),
+            )
+
+        await self._db.write(run)
+
+    async def delete(self, key: str) -> None:
+        """Forget the key; a missing key is not an error."""
+        check_id(key, "instance key")
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await conn.execute("DELETE FROM instances WHERE key = ?", (key,))
+
+        await self._db.write(run)

@@ -1,0 +1,1 @@
+"""Generated gRPC code for checkpointd.v1 (see checkpointd.service.genproto)."""

@@ -1,0 +1,499 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ENTRY_KIND_UNSPECIFIED: _ClassVar[EntryKind]
+    ENTRY_KIND_FILE: _ClassVar[EntryKind]
+    ENTRY_KIND_DIR: _ClassVar[EntryKind]
+    ENTRY_KIND_SYMLINK: _ClassVar[EntryKind]
+
+class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CHANGE_KIND_UNSPECIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_ADDED: _ClassVar[ChangeKind]
+    CHANGE_KIND_DELETED: _ClassVar[ChangeKind]
+    CHANGE_KIND_MODIFIED: _ClassVar[ChangeKind]
+    CHANGE_KIND_MODE_CHANGED: _ClassVar[ChangeKind]
+ENTRY_KIND_UNSPECIFIED: EntryKind
+ENTRY_KIND_FILE: EntryKind
+ENTRY_KIND_DIR: EntryKind
+ENTRY_KIND_SYMLINK: EntryKind
+CHANGE_KIND_UNSPECIFIED: ChangeKind
+CHANGE_KIND_ADDED: ChangeKind
+CHANGE_KIND_DELETED: ChangeKind
+CHANGE_KIND_MODIFIED: ChangeKind
+CHANGE_KIND_MODE_CHANGED: ChangeKind
+
+class Policy(_message.Message):
+    __slots__ = ("exclude", "include", "default_excludes")
+    EXCLUDE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_EXCLUDES_FIELD_NUMBER: _ClassVar[int]
+    exclude: _containers.RepeatedScalarFieldContainer[str]
+    include: _containers.RepeatedScalarFieldContainer[str]
+    default_excludes: bool
+    def __init__(self, exclude: _Optional[_Iterable[str]] = ..., include: _Optional[_Iterable[str]] = ..., default_excludes: _Optional[bool] = ...) -> None: ...
+
+class Entry(_message.Message):
+    __slots__ = ("path", "kind", "blob_key", "size", "mtime_ns", "mode", "target")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    BLOB_KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    MTIME_NS_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    kind: EntryKind
+    blob_key: str
+    size: int
+    mtime_ns: int
+    mode: int
+    target: str
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., blob_key: _Optional[str] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., mode: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
+
+class Artifact(_message.Message):
+    __slots__ = ("artifact_id", "name", "mime_type", "size", "blob_key", "created_at")
+    ARTIFACT_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    BLOB_KEY_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    artifact_id: str
+    name: str
+    mime_type: str
+    size: int
+    blob_key: str
+    created_at: int
+    def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size: _Optional[int] = ..., blob_key: _Optional[str] = ..., created_at: _Optional[int] = ...) -> None: ...
+
+class CheckpointSummary(_message.Message):
+    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FILE_COUNT_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    thread_id: str
+    parent_checkpoint_id: str
+    created_at: int
+    reason: str
+    label: str
+    source_run_id: str
+    entry_count: int
+    file_count: int
+    total_bytes: int
+    artifact_count: int
+    conversation_count: int
+    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ...) -> None: ...
+
+class Progress(_message.Message):
+    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    FILES_DONE_FIELD_NUMBER: _ClassVar[int]
+    FILES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    files_done: int
+    files_total: int
+    bytes_done: int
+    bytes_total: int
+    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
+
+class CaptureRequest(_message.Message):
+    __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    LABEL_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    label: str
+    policy: Policy
+    secrets: _containers.RepeatedScalarFieldContainer[bytes]
+    conversation: _containers.RepeatedScalarFieldContainer[str]
+    artifacts: _containers.RepeatedCompositeFieldContainer[Artifact]
+    workspace_subdir: str
+    request_id: str
+    source_run_id: str
+    def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ...) -> None: ...
+
+class CaptureStats(_message.Message):
+    __slots__ = ("entries", "files_hashed", "files_reused", "bytes_hashed", "blobs_uploaded", "bytes_uploaded", "duration_ms", "phases_ms")
+    class PhasesMsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    FILES_HASHED_FIELD_NUMBER: _ClassVar[int]
+    FILES_REUSED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_HASHED_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_MS_FIELD_NUMBER: _ClassVar[int]
+    entries: int
+    files_hashed: int
+    files_reused: int
+    bytes_hashed: int
+    blobs_uploaded: int
+    bytes_uploaded: int
+    duration_ms: int
+    phases_ms: _containers.ScalarMap[str, int]
+    def __init__(self, entries: _Optional[int] = ..., files_hashed: _Optional[int] = ..., files_reused: _Optional[int] = ..., bytes_hashed: _Optional[int] = ..., blobs_uploaded: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., duration_ms: _Optional[int] = ..., phases_ms: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class CaptureStarted(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_id")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_id: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class CaptureDone(_message.Message):
+    __slots__ = ("checkpoint", "stats", "replayed")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointSummary
+    stats: CaptureStats
+    replayed: bool
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., stats: _Optional[_Union[CaptureStats, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+
+class CaptureEvent(_message.Message):
+    __slots__ = ("started", "progress", "done")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    started: CaptureStarted
+    progress: Progress
+    done: CaptureDone
+    def __init__(self, started: _Optional[_Union[CaptureStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[CaptureDone, _Mapping]] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_id: str
+    policy: Policy
+    workspace_subdir: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
+
+class RestoreStarted(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_id")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_id: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class RestoreDone(_message.Message):
+    __slots__ = ("restored", "checkpoint", "duration_ms")
+    RESTORED_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    restored: bool
+    checkpoint: CheckpointSummary
+    duration_ms: int
+    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+
+class RestoreEvent(_message.Message):
+    __slots__ = ("started", "progress", "done")
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    started: RestoreStarted
+    progress: Progress
+    done: RestoreDone
+    def __init__(self, started: _Optional[_Union[RestoreStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[RestoreDone, _Mapping]] = ...) -> None: ...
+
+class GetCheckpointRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "include_conversation")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    include_conversation: bool
+    def __init__(self, checkpoint_id: _Optional[str] = ..., include_conversation: _Optional[bool] = ...) -> None: ...
+
+class GetCheckpointResponse(_message.Message):
+    __slots__ = ("checkpoint", "artifacts", "conversation")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    ARTIFACTS_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointSummary
+    artifacts: _containers.RepeatedCompositeFieldContainer[Artifact]
+    conversation: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., conversation: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ListCheckpointsRequest(_message.Message):
+    __slots__ = ("thread_id", "page_size", "page_token")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, thread_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListCheckpointsResponse(_message.Message):
+    __slots__ = ("checkpoints", "next_page_token")
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointSummary]
+    next_page_token: str
+    def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetHeadRequest(_message.Message):
+    __slots__ = ("thread_id",)
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    def __init__(self, thread_id: _Optional[str] = ...) -> None: ...
+
+class GetHeadResponse(_message.Message):
+    __slots__ = ("checkpoint_id",)
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    def __init__(self, checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class ListEntriesRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "path_prefix")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_PREFIX_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    path_prefix: str
+    def __init__(self, checkpoint_id: _Optional[str] = ..., path_prefix: _Optional[str] = ...) -> None: ...
+
+class ListEntriesResponse(_message.Message):
+    __slots__ = ("entries",)
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[Entry]
+    def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
+
+class DiffRequest(_message.Message):
+    __slots__ = ("from_checkpoint_id", "to_checkpoint_id", "policy", "secrets", "workspace_subdir")
+    FROM_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    from_checkpoint_id: str
+    to_checkpoint_id: str
+    policy: Policy
+    secrets: _containers.RepeatedScalarFieldContainer[bytes]
+    workspace_subdir: str
+    def __init__(self, from_checkpoint_id: _Optional[str] = ..., to_checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("path", "kind", "old", "new")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    OLD_FIELD_NUMBER: _ClassVar[int]
+    NEW_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    kind: ChangeKind
+    old: Entry
+    new: Entry
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[ChangeKind, str]] = ..., old: _Optional[_Union[Entry, _Mapping]] = ..., new: _Optional[_Union[Entry, _Mapping]] = ...) -> None: ...
+
+class DiffResponse(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
+
+class ReadFileRequest(_message.Message):
+    __slots__ = ("checkpoint_id", "path", "chunk_size")
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    checkpoint_id: str
+    path: str
+    chunk_size: int
+    def __init__(self, checkpoint_id: _Optional[str] = ..., path: _Optional[str] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+
+class ReadFileResponse(_message.Message):
+    __slots__ = ("data", "entry")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    entry: Entry
+    def __init__(self, data: _Optional[bytes] = ..., entry: _Optional[_Union[Entry, _Mapping]] = ...) -> None: ...
+
+class UploadArtifactMetadata(_message.Message):
+    __slots__ = ("name", "mime_type")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MIME_TYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    mime_type: str
+    def __init__(self, name: _Optional[str] = ..., mime_type: _Optional[str] = ...) -> None: ...
+
+class UploadArtifactRequest(_message.Message):
+    __slots__ = ("metadata", "chunk")
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    metadata: UploadArtifactMetadata
+    chunk: bytes
+    def __init__(self, metadata: _Optional[_Union[UploadArtifactMetadata, _Mapping]] = ..., chunk: _Optional[bytes] = ...) -> None: ...
+
+class UploadArtifactResponse(_message.Message):
+    __slots__ = ("artifact",)
+    ARTIFACT_FIELD_NUMBER: _ClassVar[int]
+    artifact: Artifact
+    def __init__(self, artifact: _Optional[_Union[Artifact, _Mapping]] = ...) -> None: ...
+
+class ReadArtifactRequest(_message.Message):
+    __slots__ = ("blob_key", "chunk_size")
+    BLOB_KEY_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    blob_key: str
+    chunk_size: int
+    def __init__(self, blob_key: _Optional[str] = ..., chunk_size: _Optional[int] = ...) -> None: ...
+
+class ReadArtifactResponse(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...
+
+class ForkRequest(_message.Message):
+    __slots__ = ("source_thread_id", "source_checkpoint_id", "destination_thread_id")
+    SOURCE_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    DESTINATION_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    source_thread_id: str
+    source_checkpoint_id: str
+    destination_thread_id: str
+    def __init__(self, source_thread_id: _Optional[str] = ..., source_checkpoint_id: _Optional[str] = ..., destination_thread_id: _Optional[str] = ...) -> None: ...
+
+class ForkResponse(_message.Message):
+    __slots__ = ("checkpoint",)
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointSummary
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ...) -> None: ...
+
+class DeleteHeadRequest(_message.Message):
+    __slots__ = ("thread_id", "checkpoint_id")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    checkpoint_id: str
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class DeleteHeadResponse(_message.Message):
+    __slots__ = ("head_checkpoint_id",)
+    HEAD_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    head_checkpoint_id: str
+    def __init__(self, head_checkpoint_id: _Optional[str] = ...) -> None: ...
+
+class PruneRequest(_message.Message):
+    __slots__ = ("thread_id", "keep", "dry_run")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    keep: int
+    dry_run: bool
+    def __init__(self, thread_id: _Optional[str] = ..., keep: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class PruneResponse(_message.Message):
+    __slots__ = ("deleted_checkpoint_ids", "dry_run")
+    DELETED_CHECKPOINT_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    deleted_checkpoint_ids: _containers.RepeatedScalarFieldContainer[str]
+    dry_run: bool
+    def __init__(self, deleted_checkpoint_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class SweepBlobsRequest(_message.Message):
+    __slots__ = ("older_than_ms", "dry_run")
+    OLDER_THAN_MS_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    older_than_ms: int
+    dry_run: bool
+    def __init__(self, older_than_ms: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class KeptBlob(_message.Message):
+    __slots__ = ("key", "reason")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    reason: str
+    def __init__(self, key: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SweepFailure(_message.Message):
+    __slots__ = ("key", "message")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    message: str
+    def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SweepBlobsResponse(_message.Message):
+    __slots__ = ("deleted", "kept", "failures", "dry_run")
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    kept: _containers.RepeatedCompositeFieldContainer[KeptBlob]
+    failures: _containers.RepeatedCompositeFieldContainer[SweepFailure]
+    dry_run: bool
+    def __init__(self, deleted: _Optional[_Iterable[str]] = ..., kept: _Optional[_Iterable[_Union[KeptBlob, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[SweepFailure, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Capabilities(_message.Message):
+    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes")
+    STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    BLOB_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    FORK_FIELD_NUMBER: _ClassVar[int]
+    DIFF_FIELD_NUMBER: _ClassVar[int]
+    SAFE_SWEEP_FIELD_NUMBER: _ClassVar[int]
+    CAPTURE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    store_backend: str
+    blob_backend: str
+    fork: bool
+    diff: bool
+    safe_sweep: bool
+    capture_request_id: bool
+    max_chunk_bytes: int
+    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("version", "protocol_version", "capabilities")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITIES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    protocol_version: int
+    capabilities: Capabilities
+    def __init__(self, version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ...) -> None: ...

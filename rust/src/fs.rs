@@ -1,0 +1,321 @@
+//! Thin, safe wrappers over the Linux calls the scanner needs: opening beneath a
+//! root without following symlinks, `fstatat`, `readlinkat` and a raw directory
+//! reader that yields names with their `d_type`.
+//!
+//! Why raw calls: the walk must never follow a symlink, not even in a parent
+//! component (code in the sandbox can swap a directory for a link to `/etc` while
+//! we scan). `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)` guarantees that in
+//! one call; where the kernel lacks it we open one component at a time with
+//! `O_NOFOLLOW`.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The stat fields the scanner uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl Stat {
+    fn from_raw(st: &libc::stat) -> Stat {
+        Stat {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mode: st.st_mode,
+            size: st.st_size as u64,
+            mtime_ns: st.st_mtime * 1_000_000_000 + st.st_mtime_nsec,
+            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+        }
+    }
+
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.file_type() == libc::S_IFREG
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.file_type() == libc::S_IFLNK
+    }
+}
+
+fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `lstat` of an absolute or cwd-relative path (used once, for the root).
+pub fn lstat_path(path: &Path) -> io::Result<Stat> {
+    let c = cstring(path.as_os_str().as_bytes())?;
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: `c` is a valid C string and `st` is writable stat storage.
+    check(unsafe { libc::lstat(c.as_ptr(), st.as_mut_ptr()) })?;
+    // SAFETY: lstat succeeded, so it filled `st`.
+    Ok(Stat::from_raw(unsafe { &st.assume_init() }))
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`: the entry itself, never a link's target.
+pub fn lstat_at(dir: RawFd, name: &CStr) -> io::Result<Stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd, C string and writable stat storage.
+    check(unsafe { libc::fstatat(dir, name.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+    // SAFETY: fstatat succeeded.
+    Ok(Stat::from_raw(unsafe { &st.assume_init() }))
+}
+
+pub fn fstat(fd: RawFd) -> io::Result<Stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd and writable stat storage.
+    check(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded.
+    Ok(Stat::from_raw(unsafe { &st.assume_init() }))
+}
+
+/// `readlinkat(dir, name)`: the target bytes exactly as stored.
+pub fn readlink_at(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        // SAFETY: `buf` is writable for `buf.len()` bytes.
+        let n = unsafe {
+            libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if n < buf.len() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        // Possibly truncated: grow and ask again.
+        let larger = buf.len() * 4;
+        buf.resize(larger, 0);
+    }
+}
+
+/// Open a directory (not a symlink) by path, for the root of a scan.
+pub fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
+    let c = cstring(path.as_os_str().as_bytes())?;
+    // SAFETY: valid C string; the returned fd is owned below.
+    let fd = check(unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: `fd` was just returned by open and is owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[repr(C)]
+struct OpenHow {
+    flags: u64,
+    mode: u64,
+    resolve: u64,
+}
+
+/// Set once the kernel tells us openat2 is unavailable (ENOSYS, or EPERM from a
+/// seccomp filter), so we stop trying it.
+static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
+
+/// Open `rel` (a relative, '/'-separated path) beneath the directory `root`
+/// without following any symlink in any component. `flags` are open(2) flags
+/// for the last component (O_NOFOLLOW and O_CLOEXEC are always added).
+///
+/// Errors: ELOOP when a component is a symlink, ENOTDIR when a parent is not a
+/// directory, ENOENT when it vanished, and the usual permission errors.
+pub fn open_beneath(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    if !NO_OPENAT2.load(Ordering::Relaxed) {
+        let c = cstring(rel)?;
+        let how = OpenHow {
+            flags: flags as u64,
+            mode: 0,
+            resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+        };
+        // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_openat2,
+                root,
+                c.as_ptr(),
+                &how as *const OpenHow,
+                std::mem::size_of::<OpenHow>(),
+            )
+        };
+        if ret >= 0 {
+            // SAFETY: a fresh fd owned by nobody else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EPERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
+            // EAGAIN: RESOLVE_* raced with a rename; fall through to the slow path.
+            Some(libc::EAGAIN) => {}
+            _ => return Err(err),
+        }
+    }
+    open_beneath_stepwise(root, rel, flags)
+}
+
+fn open_beneath_stepwise(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+    let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').filter(|p| !p.is_empty()).collect();
+    let Some((last, parents)) = parts.split_last() else {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let mut current: Option<OwnedFd> = None;
+    for part in parents {
+        if *part == b".." || *part == b"." {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        let dir = current.as_ref().map_or(root, |fd| fd.as_raw_fd());
+        let c = cstring(part)?;
+        // SAFETY: valid fd and C string.
+        let fd = check(unsafe {
+            libc::openat(
+                dir,
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fresh fd.
+        current = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+    if *last == b".." || *last == b"." {
+        return Err(io::Error::from_raw_os_error(libc::EXDEV));
+    }
+    let dir = current.as_ref().map_or(root, |fd| fd.as_raw_fd());
+    let c = cstring(last)?;
+    // SAFETY: valid fd and C string.
+    let fd = check(unsafe { libc::openat(dir, c.as_ptr(), flags) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Flags for reading a file's bytes: O_NONBLOCK so that a file swapped for a
+/// fifo after the walk cannot block the scan forever (no effect on regular files).
+pub const READ_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY;
+
+/// Flags for opening a directory to list it.
+pub const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY;
+
+/// The kind of a directory entry as `readdir` reports it (saves an lstat when
+/// the policy excludes the entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirentType {
+    Dir,
+    File,
+    Symlink,
+    Other,
+    Unknown,
+}
+
+/// A directory being listed. Owns its `DIR*` (and so the fd given to it).
+pub struct DirReader {
+    dir: *mut libc::DIR,
+}
+
+// SAFETY: the DIR* is used by one thread at a time (we never share a reader).
+unsafe impl Send for DirReader {}
+
+impl DirReader {
+    /// Takes ownership of `fd` (closed by `closedir`).
+    pub fn new(fd: OwnedFd) -> io::Result<DirReader> {
+        let raw = fd.as_raw_fd();
+        // SAFETY: valid directory fd; on success DIR* owns it.
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        std::mem::forget(fd);
+        Ok(DirReader { dir })
+    }
+
+    pub fn fd(&self) -> RawFd {
+        // SAFETY: self.dir is a valid DIR*.
+        unsafe { libc::dirfd(self.dir) }
+    }
+
+    /// The next entry other than `.` and `..`, or None at the end.
+    pub fn next_entry(&mut self) -> io::Result<Option<(CString, DirentType)>> {
+        loop {
+            // readdir signals errors only through errno.
+            // SAFETY: errno location is thread-local.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: valid DIR*; the returned pointer is valid until the next readdir.
+            let ent = unsafe { libc::readdir64(self.dir) };
+            if ent.is_null() {
+                let err = io::Error::last_os_error();
+                return match err.raw_os_error() {
+                    Some(0) | None => Ok(None),
+                    _ => Err(err),
+                };
+            }
+            // SAFETY: d_name is a NUL-terminated array inside the entry.
+            let (name, d_type) = unsafe {
+                (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type)
+            };
+            let bytes = name.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let kind = match d_type {
+                libc::DT_DIR => DirentType::Dir,
+                libc::DT_REG => DirentType::File,
+                libc::DT_LNK => DirentType::Symlink,
+                libc::DT_UNKNOWN => DirentType::Unknown,
+                _ => DirentType::Other,
+            };
+            return Ok(Some((name.to_owned(), kind)));
+        }
+    }
+}
+
+impl Drop for DirReader {
+    fn drop(&mut self) {
+        // SAFETY: valid DIR*, closed exactly once.
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+/// The current time as the filesystem holding `dir` records it: create a temp
+/// file there, read its mtime, remove it. Used as the stat cache's reference
+/// time (git's racy-clean rule compares file mtimes with a filesystem clock,
+/// which can run at a coarser granularity than the system clock).
+pub fn filesystem_now(dir: &Path) -> io::Result<i64> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let name = format!(".checkpointd-tick-{}-{}", std::process::id(), n);
+    let path = dir.join(OsStr::new(&name));
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&path)?;
+    let result = fstat(file.as_raw_fd()).map(|st| st.mtime_ns);
+    drop(file);
+    let _ = std::fs::remove_file(&path);
+    result
+}

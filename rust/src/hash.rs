@@ -1,0 +1,156 @@
+//! BLAKE3 of a file's bytes after secret zeroing, in fixed memory.
+//!
+//! Small files (the common case) are read whole into a per-thread scratch
+//! buffer: one `read` plus the one that sees EOF. Larger ones stream in
+//! [`STREAM_CHUNK`] pieces through [`ZeroingStream`]; each piece is hashed with
+//! BLAKE3's multi-threaded `update_rayon` when `parallel` is set, so one huge
+//! file still uses every core of the scan's pool. We never mmap: a file
+//! truncated by the sandbox while mapped would kill the daemon with SIGBUS.
+
+use std::fs::File;
+use std::io::{self, Read};
+
+use crate::cancel::Cancel;
+use crate::redact::{SecretSet, ZeroingStream};
+
+/// Files up to this size are read whole into the scratch buffer.
+pub const WHOLE_READ_LIMIT: usize = 1 << 20;
+/// Piece size for streaming larger files: big enough for `update_rayon` to
+/// split across threads (it pays off above ~128 KiB), small enough for fixed memory.
+pub const STREAM_CHUNK: usize = 1 << 20;
+
+#[derive(Debug)]
+pub enum HashError {
+    Io(io::Error),
+    Cancelled,
+}
+
+impl From<io::Error> for HashError {
+    fn from(e: io::Error) -> Self {
+        HashError::Io(e)
+    }
+}
+
+/// Hash result: the digest and the number of bytes read.
+pub type Digest = ([u8; 32], u64);
+
+/// Hash everything `file` yields from its current position.
+pub fn hash_reader<R: Read>(
+    mut reader: R,
+    secrets: &SecretSet,
+    cancel: &Cancel,
+    parallel: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<Digest, HashError> {
+    // Whole-read fast path: fill the scratch buffer up to the limit.
+    if scratch.len() < WHOLE_READ_LIMIT {
+        scratch.resize(WHOLE_READ_LIMIT, 0);
+    }
+    let mut filled = 0;
+    let mut eof = false;
+    while filled < WHOLE_READ_LIMIT {
+        match reader.read(&mut scratch[filled..WHOLE_READ_LIMIT]) {
+            Ok(0) => {
+                eof = true;
+                break;
+            }
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if cancel.is_cancelled() {
+        return Err(HashError::Cancelled);
+    }
+    if eof {
+        let data = &mut scratch[..filled];
+        secrets.zero_in_place(data);
+        return Ok((*blake3::hash(data).as_bytes(), filled as u64));
+    }
+    // Larger than the limit: stream the bytes already read, then the rest.
+    let head = io::Cursor::new(&scratch[..filled]);
+    let mut stream = ZeroingStream::new(head.chain(reader), secrets.clone(), STREAM_CHUNK);
+    let mut hasher = blake3::Hasher::new();
+    while let Some(chunk) = stream.next_chunk()? {
+        if cancel.is_cancelled() {
+            return Err(HashError::Cancelled);
+        }
+        if parallel {
+            hasher.update_rayon(chunk);
+        } else {
+            hasher.update(chunk);
+        }
+    }
+    Ok((*hasher.finalize().as_bytes(), stream.bytes_read))
+}
+
+/// Hash an open file from its start.
+pub fn hash_file(
+    file: &File,
+    secrets: &SecretSet,
+    cancel: &Cancel,
+    parallel: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<Digest, HashError> {
+    hash_reader(file, secrets, cancel, parallel, scratch)
+}
+
+/// Lowercase hex of a digest.
+pub fn to_hex(digest: &[u8; 32]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(64);
+    for b in digest {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 15) as usize] as char);
+    }
+    out
+}
+
+/// Parse 64 lowercase or uppercase hex digits.
+pub fn from_hex(text: &str) -> Option<[u8; 32]> {
+    let bytes = text.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let nibble = |c: u8| match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    };
+    let mut out = [0u8; 32];
+    for (i, pair) in bytes.chunks_exact(2).enumerate() {
+        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streaming_equals_one_shot() {
+        let data: Vec<u8> = (0..(3 * WHOLE_READ_LIMIT + 12_345)).map(|i| (i * 7 % 253) as u8).collect();
+        let mut scratch = Vec::new();
+        let cancel = Cancel::new();
+        for parallel in [false, true] {
+            let (digest, size) =
+                hash_reader(&data[..], &SecretSet::empty(), &cancel, parallel, &mut scratch).unwrap();
+            assert_eq!(size, data.len() as u64);
+            assert_eq!(digest, *blake3::hash(&data).as_bytes());
+        }
+        let secrets = SecretSet::new(&[[3u8, 10, 17, 24]]).unwrap();
+        let (digest, _) = hash_reader(&data[..], &secrets, &cancel, true, &mut scratch).unwrap();
+        let zeroed = crate::redact::zero_all(&data, &secrets);
+        assert_ne!(zeroed, data);
+        assert_eq!(digest, *blake3::hash(&zeroed).as_bytes());
+    }
+
+    #[test]
+    fn hex_roundtrip() {
+        let d = *blake3::hash(b"x").as_bytes();
+        assert_eq!(from_hex(&to_hex(&d)), Some(d));
+        assert_eq!(from_hex("zz"), None);
+    }
+}

@@ -1,0 +1,216 @@
+//! The declarative capture policy of SPEC §4, compiled once.
+//!
+//! - `exclude` and `include` are gitignore-dialect pattern lists; within a list
+//!   the last matching pattern decides and `!` re-includes.
+//! - Exclude wins. A path is excluded when it or any ancestor directory is; so an
+//!   excluded directory is never entered and nothing under it can come back.
+//! - An empty `include` includes every file. A non-empty one filters files (and
+//!   other non-directories) only: a file is included when the deepest of itself
+//!   and its ancestors that the list decides on is decided positively (so
+//!   `src/` includes everything under `src`, and `!src/gen/` takes it back).
+//! - Default excludes: any `.git`, `node_modules` or `.env*` path segment.
+//! - Top-level names starting with `.checkpointd` are reserved for restore
+//!   staging and the stat cache's clock: always excluded.
+
+mod pattern;
+
+pub use pattern::PatternError;
+use pattern::Pattern;
+
+/// What one pattern list says about one path (without looking at ancestors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Decision {
+    None,
+    Matched,
+    Negated,
+}
+
+#[derive(Debug, Clone, Default)]
+struct PatternList {
+    patterns: Vec<Pattern>,
+}
+
+impl PatternList {
+    fn compile<S: AsRef<str>>(lines: &[S]) -> Result<PatternList, PatternError> {
+        let mut patterns = Vec::with_capacity(lines.len());
+        for line in lines {
+            if let Some(p) = Pattern::parse(line.as_ref())? {
+                patterns.push(p);
+            }
+        }
+        Ok(PatternList { patterns })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.patterns.is_empty()
+    }
+
+    fn decide(&self, segments: &[&str], is_dir: bool) -> Decision {
+        for p in self.patterns.iter().rev() {
+            if p.matches(segments, is_dir) {
+                return if p.negated { Decision::Negated } else { Decision::Matched };
+            }
+        }
+        Decision::None
+    }
+}
+
+/// Reserved prefix for top-level names the capture never sees.
+pub const RESERVED_PREFIX: &str = ".checkpointd";
+
+#[derive(Debug, Clone)]
+pub struct PolicyMatcher {
+    exclude: PatternList,
+    include: PatternList,
+    default_excludes: bool,
+}
+
+impl PolicyMatcher {
+    /// Compile the lists. Errors name the first bad pattern.
+    pub fn new<S: AsRef<str>>(
+        exclude: &[S],
+        include: &[S],
+        default_excludes: bool,
+    ) -> Result<PolicyMatcher, PatternError> {
+        Ok(PolicyMatcher {
+            exclude: PatternList::compile(exclude)?,
+            include: PatternList::compile(include)?,
+            default_excludes,
+        })
+    }
+
+    pub fn has_include(&self) -> bool {
+        !self.include.is_empty()
+    }
+
+    /// Whether the entry itself (ancestors aside) is excluded: `segments` is the
+    /// full path, the last segment being the entry's name.
+    pub fn excludes_entry(&self, segments: &[&str], is_dir: bool) -> bool {
+        let Some(name) = segments.last() else {
+            return false;
+        };
+        if segments.len() == 1 && name.starts_with(RESERVED_PREFIX) {
+            return true;
+        }
+        if self.default_excludes && is_default_excluded(name) {
+            return true;
+        }
+        self.exclude.decide(segments, is_dir) == Decision::Matched
+    }
+
+    /// The include list's own decision for the entry (ancestors aside).
+    pub fn include_decision(&self, segments: &[&str], is_dir: bool) -> Decision {
+        self.include.decide(segments, is_dir)
+    }
+
+    /// Inherit an inclusion state: the entry's own decision, else its parent's.
+    pub fn included_below(&self, parent_included: bool, segments: &[&str], is_dir: bool) -> bool {
+        if self.include.is_empty() {
+            return true;
+        }
+        match self.include_decision(segments, is_dir) {
+            Decision::Matched => true,
+            Decision::Negated => false,
+            Decision::None => parent_included,
+        }
+    }
+
+    /// True when `path` or one of its ancestor directories is excluded.
+    pub fn excluded(&self, path: &str, is_dir: bool) -> bool {
+        let segments: Vec<&str> = split_path(path);
+        (1..=segments.len()).any(|n| {
+            let entry_is_dir = n < segments.len() || is_dir;
+            self.excludes_entry(&segments[..n], entry_is_dir)
+        })
+    }
+
+    /// True when `path` is not excluded and, unless it is a directory, included.
+    pub fn selects(&self, path: &str, is_dir: bool) -> bool {
+        if self.excluded(path, is_dir) {
+            return false;
+        }
+        if is_dir {
+            return true;
+        }
+        self.included(path, is_dir)
+    }
+
+    /// Whether the include list takes `path` (deepest decision among it and its ancestors).
+    pub fn included(&self, path: &str, is_dir: bool) -> bool {
+        if self.include.is_empty() {
+            return true;
+        }
+        let segments: Vec<&str> = split_path(path);
+        let mut state = false;
+        for n in 1..=segments.len() {
+            let entry_is_dir = n < segments.len() || is_dir;
+            state = self.included_below(state, &segments[..n], entry_is_dir);
+        }
+        state
+    }
+}
+
+fn split_path(path: &str) -> Vec<&str> {
+    path.split('/').filter(|s| !s.is_empty()).collect()
+}
+
+/// `.git`, `node_modules` and `.env*` segments (SPEC §4 default excludes).
+pub fn is_default_excluded(name: &str) -> bool {
+    name == ".git" || name == "node_modules" || name.starts_with(".env")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matcher(exclude: &[&str], include: &[&str], defaults: bool) -> PolicyMatcher {
+        PolicyMatcher::new(exclude, include, defaults).unwrap()
+    }
+
+    #[test]
+    fn table() {
+        // (exclude, include, defaults, path, is_dir, selected)
+        let cases: &[(&[&str], &[&str], bool, &str, bool, bool)] = &[
+            (&[], &[], true, "a/b.txt", false, true),
+            (&[], &[], true, ".git", true, false),
+            (&[], &[], true, "x/.git/config", false, false),
+            (&[], &[], true, "web/node_modules/m/i.js", false, false),
+            (&[], &[], true, ".env", false, false),
+            (&[], &[], true, "app/.env.local", false, false),
+            (&[], &[], false, "app/.env.local", false, true),
+            (&[], &[], false, ".checkpointd-staging/x", false, false),
+            (&[], &[], false, "a/.checkpointd-x", false, true),
+            (&["*.log"], &[], true, "a/b/c.log", false, false),
+            (&["*.log", "!keep.log"], &[], true, "a/keep.log", false, true),
+            (&["/top.txt"], &[], true, "top.txt", false, false),
+            (&["/top.txt"], &[], true, "sub/top.txt", false, true),
+            (&["build/"], &[], true, "build", true, false),
+            (&["build/"], &[], true, "build/out.o", false, false),
+            (&["build/"], &[], true, "build", false, true),
+            (&["build/", "!build/keep"], &[], true, "build/keep", false, false),
+            (&["a/**/z"], &[], true, "a/z", false, false),
+            (&["a/**/z"], &[], true, "a/b/c/z", false, false),
+            (&["a/**"], &[], true, "a", true, true),
+            (&["a/**"], &[], true, "a/q", false, false),
+            (&[], &["*.py"], true, "src/m.py", false, true),
+            (&[], &["*.py"], true, "src/m.txt", false, false),
+            (&[], &["*.py"], true, "src", true, true),
+            (&[], &["src/"], true, "src/deep/m.txt", false, true),
+            (&[], &["src/", "!src/gen/"], true, "src/gen/m.txt", false, false),
+            (&["*.py"], &["*.py"], true, "m.py", false, false),
+        ];
+        for (exclude, include, defaults, path, is_dir, want) in cases {
+            let m = matcher(exclude, include, *defaults);
+            assert_eq!(
+                m.selects(path, *is_dir),
+                *want,
+                "exclude={exclude:?} include={include:?} path={path} dir={is_dir}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_pattern_is_an_error() {
+        assert!(PolicyMatcher::new(&["[x"], &[], true).is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! `scan` and `record_in_cache`: own the inputs, release the GIL, run the core,
+//! hand the manifest back as one `bytes`.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+
+use super::args;
+use super::cancel::{run_released, CancelToken};
+use super::errors::to_py;
+use crate::cancel::Cancel;
+use crate::error::ScanError;
+use crate::hash::from_hex;
+use crate::policy::PolicyMatcher;
+use crate::scan::{self as core, ScanOutput, ScanRequest};
+
+#[pyclass(module = "checkpointd._native", frozen)]
+pub struct ScanResult {
+    #[pyo3(get)]
+    manifest: Py<PyBytes>,
+    #[pyo3(get)]
+    unsupported: Py<PyList>,
+    #[pyo3(get)]
+    entries: u64,
+    #[pyo3(get)]
+    files_hashed: u64,
+    #[pyo3(get)]
+    files_reused: u64,
+    #[pyo3(get)]
+    bytes_hashed: u64,
+}
+
+#[pymethods]
+impl ScanResult {
+    fn __repr__(&self, py: Python<'_>) -> String {
+        format!(
+            "ScanResult(entries={}, files_hashed={}, files_reused={}, bytes_hashed={}, unsupported={})",
+            self.entries,
+            self.files_hashed,
+            self.files_reused,
+            self.bytes_hashed,
+            self.unsupported.bind(py).len()
+        )
+    }
+}
+
+fn to_result(py: Python<'_>, out: ScanOutput) -> PyResult<ScanResult> {
+    let unsupported = PyList::empty(py);
+    for (path, kind) in &out.unsupported {
+        // Non-UTF-8 names come back as os.fsdecode would give them.
+        let raw = PyBytes::new(py, path);
+        let text = raw.call_method1("decode", ("utf-8", "surrogateescape"))?;
+        let pair = PyTuple::new(py, [text, PyString::new(py, kind.as_str()).into_any()])?;
+        unsupported.append(pair)?;
+    }
+    Ok(ScanResult {
+        manifest: PyBytes::new(py, &out.manifest).unbind(),
+        unsupported: unsupported.unbind(),
+        entries: out.entries,
+        files_hashed: out.files_hashed,
+        files_reused: out.files_reused,
+        bytes_hashed: out.bytes_hashed,
+    })
+}
+
+/// See `_native.pyi`. Raises OSError, ValueError, ScanCancelled.
+#[pyfunction]
+#[pyo3(signature = (
+    root, *, exclude=None, include=None, default_excludes=true, secrets=None,
+    cache_path=None, threads=0, cancel=None
+))]
+#[allow(clippy::too_many_arguments)]
+pub fn scan(
+    py: Python<'_>,
+    root: PathBuf,
+    exclude: Option<&Bound<'_, PyAny>>,
+    include: Option<&Bound<'_, PyAny>>,
+    default_excludes: bool,
+    secrets: Option<&Bound<'_, PyAny>>,
+    cache_path: Option<PathBuf>,
+    threads: usize,
+    cancel: Option<&Bound<'_, CancelToken>>,
+) -> PyResult<ScanResult> {
+    let exclude = args::patterns(exclude)?;
+    let include = args::patterns(include)?;
+    let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
+        .map_err(|e| to_py(ScanError::Pattern(e)))?;
+    let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_else(Cancel::new);
+    let request = ScanRequest {
+        root,
+        policy,
+        secrets: args::secrets(secrets)?,
+        cache_path,
+        threads,
+        cancel: cancel.clone(),
+    };
+    let out = run_released(py, &cancel, move || core::scan(&request))?.map_err(to_py)?;
+    to_result(py, out)
+}
+
+/// See `_native.pyi`. Raises OSError, ValueError (bad hex or short secret).
+#[pyfunction]
+#[pyo3(signature = (root, cache_path, files, secrets=None))]
+pub fn record_in_cache(
+    py: Python<'_>,
+    root: PathBuf,
+    cache_path: PathBuf,
+    files: Vec<(String, String)>,
+    secrets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<()> {
+    let secrets = args::secrets(secrets)?;
+    let mut parsed = Vec::with_capacity(files.len());
+    for (path, hex) in files {
+        let digest = from_hex(&hex)
+            .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?} (for {path:?})")))?;
+        parsed.push((path, digest));
+    }
+    py.allow_threads(|| core::record_in_cache(&root, &cache_path, &parsed, &secrets))
+        .map_err(to_py)
+}

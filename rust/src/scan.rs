@@ -1,0 +1,374 @@
+//! One scan of a workspace: walk → sort → reuse cached hashes → hash the rest in
+//! parallel → encode the manifest → save the stat cache.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::cancel::Cancel;
+use crate::classify::Unsupported;
+use crate::error::ScanError;
+use crate::fs::{self, Stat};
+use crate::hash::{self, HashError};
+use crate::manifest::ManifestWriter;
+use crate::policy::PolicyMatcher;
+use crate::redact::SecretSet;
+use crate::statcache::{secrets_fingerprint, CacheEntry, StatCache};
+use crate::walk::{Found, Walker};
+
+/// Everything a scan needs, owned (so the binding can release the GIL).
+pub struct ScanRequest {
+    pub root: PathBuf,
+    pub policy: PolicyMatcher,
+    pub secrets: Vec<Vec<u8>>,
+    pub cache_path: Option<PathBuf>,
+    /// 0 = one per core.
+    pub threads: usize,
+    pub cancel: Cancel,
+}
+
+#[derive(Debug, Default)]
+pub struct ScanOutput {
+    /// The codec's JSON rows, sorted by path bytes.
+    pub manifest: Vec<u8>,
+    /// Sorted by path bytes.
+    pub unsupported: Vec<(Vec<u8>, Unsupported)>,
+    pub entries: u64,
+    pub files_hashed: u64,
+    pub files_reused: u64,
+    pub bytes_hashed: u64,
+}
+
+/// How often a file that changes while we hash it is retried before giving up.
+const HASH_ATTEMPTS: usize = 3;
+
+/// An opened, validated workspace root.
+pub struct Root {
+    pub path: PathBuf,
+    pub fd: std::os::fd::OwnedFd,
+    /// The path as given (absolute, lexical) and as the kernel resolves it.
+    pub forms: Vec<Vec<u8>>,
+}
+
+impl Root {
+    /// Errors: RootIsSymlink, RootNotDirectory, or Io when it cannot be read.
+    pub fn open(root: &Path) -> Result<Root, ScanError> {
+        let path = std::path::absolute(root).map_err(|e| ScanError::io(root, "resolve", e))?;
+        let stat = fs::lstat_path(&path).map_err(|e| ScanError::io(&path, "lstat", e))?;
+        if stat.is_symlink() {
+            return Err(ScanError::RootIsSymlink(path));
+        }
+        if !stat.is_dir() {
+            return Err(ScanError::RootNotDirectory(path));
+        }
+        let fd = fs::open_dir_path(&path).map_err(|e| ScanError::io(&path, "open", e))?;
+        let mut forms = vec![path.as_os_str().as_bytes().to_vec()];
+        if let Ok(real) = std::fs::canonicalize(&path) {
+            let real = real.as_os_str().as_bytes().to_vec();
+            if real != forms[0] {
+                forms.push(real);
+            }
+        }
+        Ok(Root { path, fd, forms })
+    }
+}
+
+pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+    } else {
+        threads
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("checkpointd-scan-{i}"))
+        .build()
+        .map_err(|e| ScanError::io("<thread pool>", "start threads", std::io::Error::other(e)))
+}
+
+/// A file to put in the manifest: its stat and, once known, its hash.
+struct FileSlot {
+    stat: Stat,
+    hash: Option<[u8; 32]>,
+    vanished: bool,
+}
+
+enum Row {
+    File(FileSlot),
+    Dir { mode: u32 },
+    Symlink { target: String },
+}
+
+/// Run a scan. Errors: see [`ScanError`].
+pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
+    let secrets = SecretSet::new(&request.secrets)?;
+    let fingerprint = secrets_fingerprint(&request.secrets);
+    let root = Root::open(&request.root)?;
+    let cancel = &request.cancel;
+
+    // The reference time comes first: anything stat'ed after it in the same
+    // tick carries an mtime >= it and is not trusted next time.
+    let (old_cache, reference_ns) = match &request.cache_path {
+        Some(path) => {
+            let dir = cache_dir(path)?;
+            let now = fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
+            (StatCache::load(path), now)
+        }
+        None => (None, 0),
+    };
+
+    let pool = build_pool(request.threads)?;
+    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+    let walker = Walker {
+        root_fd: root.fd.as_raw_fd(),
+        root_path: &root.path,
+        roots: &root_forms,
+        policy: &request.policy,
+        cancel,
+    };
+    let found = walker.walk(&pool)?;
+
+    // Split, sort.
+    let mut unsupported = Vec::new();
+    let mut rows: Vec<(String, Row, bool)> = Vec::with_capacity(found.len());
+    for f in found {
+        match f {
+            Found::File { path, stat } => {
+                rows.push((path, Row::File(FileSlot { stat, hash: None, vanished: false }), true))
+            }
+            Found::Dir { path, mode, included } => rows.push((path, Row::Dir { mode }, included)),
+            Found::Symlink { path, target } => rows.push((path, Row::Symlink { target }, true)),
+            Found::Unsupported { path, kind } => unsupported.push((path, kind)),
+        }
+    }
+    pool.install(|| rows.par_sort_unstable_by(|a, b| a.0.cmp(&b.0)));
+    unsupported.sort();
+    if request.policy.has_include() {
+        keep_dirs_holding_entries(&mut rows);
+    }
+    if cancel.is_cancelled() {
+        return Err(ScanError::Cancelled);
+    }
+
+    // Reuse what the cache vouches for; collect the rest.
+    let mut files_reused = 0u64;
+    let mut to_hash: Vec<(usize, &str, &mut FileSlot)> = Vec::new();
+    for (index, (path, row, _)) in rows.iter_mut().enumerate() {
+        if let Row::File(slot) = row {
+            let cached = old_cache.as_ref().and_then(|c| c.reusable(path, &slot.stat, &fingerprint));
+            match cached {
+                Some(h) => {
+                    slot.hash = Some(h);
+                    files_reused += 1;
+                }
+                None => to_hash.push((index, path.as_str(), slot)),
+            }
+        }
+    }
+    let files_hashed = to_hash.len() as u64;
+    let root_fd = root.fd.as_raw_fd();
+    let results: Vec<Result<u64, ScanError>> = pool.install(|| {
+        to_hash
+            .par_iter_mut()
+            .map(|(_, path, slot)| hash_slot(root_fd, &root.path, path, slot, &secrets, cancel))
+            .collect()
+    });
+    let mut bytes_hashed = 0u64;
+    for r in results {
+        bytes_hashed += r?;
+    }
+    drop(to_hash);
+
+    // Encode.
+    let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
+    let mut cache_entries = Vec::with_capacity(rows.len());
+    for (path, row, _) in &rows {
+        match row {
+            Row::File(slot) if slot.vanished => {}
+            Row::File(slot) => {
+                let hash = slot.hash.expect("every kept file was hashed or reused");
+                writer.file(path, &hash, slot.stat.size, slot.stat.mode & 0o777, slot.stat.mtime_ns);
+                cache_entries.push((path.clone(), CacheEntry::new(&slot.stat, hash)));
+            }
+            Row::Dir { mode } => writer.dir(path, *mode),
+            Row::Symlink { target } => writer.symlink(path, target),
+        }
+    }
+    let entries = writer.rows() as u64;
+    let manifest = writer.finish();
+
+    if let Some(path) = &request.cache_path {
+        // Rewrite only when something changed; an untouched cache stays valid
+        // under its own (older) reference time.
+        let unchanged = old_cache.as_ref().is_some_and(|old| {
+            files_hashed == 0 && old.fingerprint == fingerprint && old.entries.len() as u64 == files_reused
+        });
+        if !unchanged {
+            let cache = StatCache { fingerprint, reference_ns, entries: cache_entries };
+            cache.save(path).map_err(|e| ScanError::io(path, "save stat cache", e))?;
+        }
+    }
+
+    Ok(ScanOutput {
+        manifest,
+        unsupported,
+        entries,
+        files_hashed,
+        files_reused,
+        bytes_hashed,
+    })
+}
+
+fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&dir).map_err(|e| ScanError::io(&dir, "create", e))?;
+    Ok(dir)
+}
+
+/// With a non-empty include list: keep a directory only if the list takes it
+/// or it holds a kept entry. `rows` is sorted, so a parent precedes its children.
+fn keep_dirs_holding_entries(rows: &mut Vec<(String, Row, bool)>) {
+    let mut needed: HashSet<String> = HashSet::new();
+    for (path, row, included) in rows.iter() {
+        let keeps = match row {
+            Row::Dir { .. } => *included,
+            _ => true,
+        };
+        if !keeps {
+            continue;
+        }
+        let mut current = path.as_str();
+        while let Some(slash) = current.rfind('/') {
+            current = &current[..slash];
+            if !needed.insert(current.to_string()) {
+                break;
+            }
+        }
+    }
+    rows.retain(|(path, row, included)| match row {
+        Row::Dir { .. } => *included || needed.contains(path),
+        _ => true,
+    });
+}
+
+thread_local! {
+    /// One read buffer per pool thread (the pool lives for one scan).
+    static SCRATCH: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Hash one file, opened beneath the root without following links. Returns
+/// the bytes read. The slot's stat becomes the fstat of what was hashed.
+fn hash_slot(
+    root_fd: RawFd,
+    root_path: &Path,
+    path: &str,
+    slot: &mut FileSlot,
+    secrets: &SecretSet,
+    cancel: &Cancel,
+) -> Result<u64, ScanError> {
+    let abs = || root_path.join(path);
+    if cancel.is_cancelled() {
+        return Err(ScanError::Cancelled);
+    }
+    let fd = match fs::open_beneath(root_fd, path.as_bytes(), fs::READ_FLAGS) {
+        Ok(fd) => fd,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+            // Deleted since the walk: it is simply not part of this checkpoint.
+            slot.vanished = true;
+            return Ok(0);
+        }
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+            return Err(ScanError::Changed(abs()));
+        }
+        Err(e) => return Err(ScanError::io(abs(), "open", e)),
+    };
+    let file = File::from(fd);
+    let mut total = 0u64;
+    for _ in 0..HASH_ATTEMPTS {
+        let before = fs::fstat(file.as_raw_fd()).map_err(|e| ScanError::io(abs(), "fstat", e))?;
+        if !before.is_file() {
+            return Err(ScanError::Changed(abs()));
+        }
+        let digest = SCRATCH.with(|scratch| {
+            let mut scratch = scratch.borrow_mut();
+            let mut reader = &file;
+            std::io::Seek::rewind(&mut reader)?;
+            hash::hash_file(&file, secrets, cancel, true, &mut scratch).map_err(|e| match e {
+                HashError::Io(e) => e,
+                HashError::Cancelled => std::io::Error::from(std::io::ErrorKind::Interrupted),
+            })
+        });
+        let (digest, size) = match digest {
+            Ok(d) => d,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted && cancel.is_cancelled() => {
+                return Err(ScanError::Cancelled)
+            }
+            Err(e) => return Err(ScanError::io(abs(), "read", e)),
+        };
+        total += size;
+        let after = fs::fstat(file.as_raw_fd()).map_err(|e| ScanError::io(abs(), "fstat", e))?;
+        if after == before && size == before.size {
+            slot.stat = before;
+            slot.hash = Some(digest);
+            return Ok(total);
+        }
+    }
+    Err(ScanError::Changed(abs()))
+}
+
+/// After a restore: stat each written (path, hash) beneath `root` and record it,
+/// so the next scan reuses those hashes. Paths that are not regular files, or
+/// whose mtime equals their ctime (written by something other than the
+/// restore, which sets mtimes explicitly), are skipped rather than trusted.
+pub fn record_in_cache(
+    root: &Path,
+    cache_path: &Path,
+    files: &[(String, [u8; 32])],
+    secrets: &[Vec<u8>],
+) -> Result<(), ScanError> {
+    SecretSet::new(secrets)?;
+    let root = Root::open(root)?;
+    let fingerprint = secrets_fingerprint(secrets);
+    let dir = cache_dir(cache_path)?;
+    let mut cache = match StatCache::load(cache_path) {
+        Some(c) if c.fingerprint == fingerprint => c,
+        _ => StatCache { fingerprint, ..StatCache::default() },
+    };
+    // Entries racy under the old reference would look clean under the new one.
+    cache.forget_racy();
+    cache.reference_ns = fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
+    let mut updates: Vec<(String, CacheEntry)> = Vec::with_capacity(files.len());
+    for (path, hash) in files {
+        let fd = match fs::open_beneath(root.fd.as_raw_fd(), path.as_bytes(), fs::READ_FLAGS) {
+            Ok(fd) => fd,
+            Err(_) => continue,
+        };
+        let stat = fs::fstat(fd.as_raw_fd()).map_err(|e| ScanError::io(root.path.join(path), "fstat", e))?;
+        if !stat.is_file() || stat.mtime_ns == stat.ctime_ns {
+            continue;
+        }
+        updates.push((path.clone(), CacheEntry::new(&stat, *hash)));
+    }
+    updates.sort_by(|a, b| a.0.cmp(&b.0));
+    updates.dedup_by(|a, b| a.0 == b.0);
+    let mut merged = Vec::with_capacity(cache.entries.len() + updates.len());
+    let mut old = std::mem::take(&mut cache.entries).into_iter().peekable();
+    for update in updates {
+        while let Some(o) = old.next_if(|o| o.0 < update.0) {
+            merged.push(o);
+        }
+        old.next_if(|o| o.0 == update.0);
+        merged.push(update);
+    }
+    merged.extend(old);
+    cache.entries = merged;
+    cache.save(cache_path).map_err(|e| ScanError::io(cache_path, "save stat cache", e))
+}

@@ -1,0 +1,264 @@
+//! The parallel walk: list every directory beneath the root on a rayon pool,
+//! apply the policy per entry (excluded directories are never opened), lstat
+//! what is kept and classify it. Nothing is followed: directories are opened
+//! beneath the root with `openat2(RESOLVE_NO_SYMLINKS)` (see `fs`).
+//!
+//! Output order is arbitrary; the scan sorts.
+
+use std::ffi::CStr;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+use std::sync::Mutex;
+
+use crate::cancel::Cancel;
+use crate::classify::{symlink_stays_inside, Unsupported};
+use crate::error::ScanError;
+use crate::fs::{self, DirReader, DirentType, Stat};
+use crate::policy::PolicyMatcher;
+
+/// One kept entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Found {
+    File { path: String, stat: Stat },
+    /// `included`: the include list takes it (or the list is empty); a
+    /// directory that is not included is recorded only if it holds a recorded entry.
+    Dir { path: String, mode: u32, included: bool },
+    Symlink { path: String, target: String },
+    Unsupported { path: Vec<u8>, kind: Unsupported },
+}
+
+impl Found {
+    pub fn path_bytes(&self) -> &[u8] {
+        match self {
+            Found::File { path, .. } | Found::Dir { path, .. } | Found::Symlink { path, .. } => {
+                path.as_bytes()
+            }
+            Found::Unsupported { path, .. } => path,
+        }
+    }
+}
+
+/// What every directory task needs.
+pub struct Walker<'a> {
+    pub root_fd: RawFd,
+    pub root_path: &'a Path,
+    /// The root as given and as resolved, for judging absolute symlink targets.
+    pub roots: &'a [&'a [u8]],
+    pub policy: &'a PolicyMatcher,
+    pub cancel: &'a Cancel,
+}
+
+struct Shared {
+    found: Mutex<Vec<Vec<Found>>>,
+    error: Mutex<Option<ScanError>>,
+}
+
+impl Shared {
+    fn fail(&self, error: ScanError) {
+        let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() || matches!(*slot, Some(ScanError::Cancelled)) && !matches!(error, ScanError::Cancelled) {
+            *slot = Some(error);
+        }
+    }
+
+    fn failed(&self) -> bool {
+        self.error.lock().map(|e| e.is_some()).unwrap_or(true)
+    }
+}
+
+impl Walker<'_> {
+    /// Walk everything beneath the root on `pool`.
+    pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<Vec<Found>, ScanError> {
+        let shared = Shared { found: Mutex::new(Vec::new()), error: Mutex::new(None) };
+        pool.scope(|scope| self.visit(scope, &shared, String::new(), true));
+        if let Some(error) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            return Err(error);
+        }
+        let batches = shared.found.into_inner().unwrap_or_else(|e| e.into_inner());
+        Ok(batches.into_iter().flatten().collect())
+    }
+
+    fn open_dir(&self, rel: &str) -> std::io::Result<OwnedFd> {
+        if rel.is_empty() {
+            // A fresh open file description of the root (not a dup: readdir
+            // offsets must not be shared with the root fd).
+            // SAFETY: valid fd and a static C string.
+            let fd = unsafe {
+                libc::openat(self.root_fd, c".".as_ptr(), fs::DIR_FLAGS | libc::O_CLOEXEC)
+            };
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: fresh fd owned by nobody else.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        fs::open_beneath(self.root_fd, rel.as_bytes(), fs::DIR_FLAGS)
+    }
+
+    fn visit<'s>(&'s self, scope: &rayon::Scope<'s>, shared: &'s Shared, rel: String, included: bool) {
+        if shared.failed() {
+            return;
+        }
+        match self.list(scope, shared, &rel, included) {
+            Ok(found) => {
+                if !found.is_empty() {
+                    shared.found.lock().unwrap_or_else(|e| e.into_inner()).push(found);
+                }
+            }
+            Err(error) => shared.fail(error),
+        }
+    }
+
+    fn list<'s>(
+        &'s self,
+        scope: &rayon::Scope<'s>,
+        shared: &'s Shared,
+        rel: &str,
+        parent_included: bool,
+    ) -> Result<Vec<Found>, ScanError> {
+        let abs = |name: &[u8]| -> std::path::PathBuf {
+            use std::os::unix::ffi::OsStrExt;
+            let mut p = self.root_path.to_path_buf();
+            if !rel.is_empty() {
+                p.push(rel);
+            }
+            if !name.is_empty() {
+                p.push(std::ffi::OsStr::from_bytes(name));
+            }
+            p
+        };
+        let fd = match self.open_dir(rel) {
+            Ok(fd) => fd,
+            // Removed since its parent was listed: nothing to capture.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
+        };
+        let mut reader = DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
+        let dir_fd = reader.fd();
+        let parent_segments: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
+        let mut found = Vec::new();
+        loop {
+            if self.cancel.is_cancelled() {
+                return Err(ScanError::Cancelled);
+            }
+            let Some((name, dtype)) = reader
+                .next_entry()
+                .map_err(|e| ScanError::io(abs(b""), "list directory", e))?
+            else {
+                break;
+            };
+            let name_bytes = name.to_bytes();
+            let lossy;
+            let (name_str, utf8) = match std::str::from_utf8(name_bytes) {
+                Ok(s) => (s, true),
+                Err(_) => {
+                    lossy = String::from_utf8_lossy(name_bytes).into_owned();
+                    (lossy.as_str(), false)
+                }
+            };
+            // The kind from readdir when it knows, so excluded entries cost no lstat.
+            let mut stat: Option<Stat> = None;
+            let mut is_dir = match dtype {
+                DirentType::Dir => true,
+                DirentType::Unknown => match self.lstat(dir_fd, &name) {
+                    Ok(Some(st)) => {
+                        let d = st.is_dir();
+                        stat = Some(st);
+                        d
+                    }
+                    Ok(None) => continue,
+                    Err(e) => return Err(ScanError::io(abs(name_bytes), "lstat", e)),
+                },
+                _ => false,
+            };
+            let mut segments = Vec::with_capacity(parent_segments.len() + 1);
+            segments.extend_from_slice(&parent_segments);
+            segments.push(name_str);
+            let decision = self.decide(&segments, is_dir, parent_included);
+            if decision.is_none() {
+                continue;
+            }
+            if stat.is_none() {
+                stat = match self.lstat(dir_fd, &name) {
+                    Ok(st) => st,
+                    Err(e) => return Err(ScanError::io(abs(name_bytes), "lstat", e)),
+                };
+            }
+            let Some(stat) = stat else {
+                // Vanished between readdir and lstat.
+                continue;
+            };
+            let mut included = decision.unwrap_or(false);
+            if stat.is_dir() != is_dir {
+                // Replaced between readdir and lstat: judge it as what it is now.
+                is_dir = stat.is_dir();
+                match self.decide(&segments, is_dir, parent_included) {
+                    Some(inc) => included = inc,
+                    None => continue,
+                }
+            }
+            // Non-directories outside a non-empty include list are not captured.
+            if !is_dir && !included {
+                continue;
+            }
+            let mut path_bytes = Vec::with_capacity(rel.len() + 1 + name_bytes.len());
+            if !rel.is_empty() {
+                path_bytes.extend_from_slice(rel.as_bytes());
+                path_bytes.push(b'/');
+            }
+            path_bytes.extend_from_slice(name_bytes);
+            if !utf8 {
+                // Its children would have non-UTF-8 paths too: report it, do not enter.
+                found.push(Found::Unsupported { path: path_bytes, kind: Unsupported::NonUtf8Name });
+                continue;
+            }
+            let path = String::from_utf8(path_bytes).expect("joined UTF-8 parts");
+            if stat.is_dir() {
+                found.push(Found::Dir { path: path.clone(), mode: stat.mode & 0o777, included });
+                scope.spawn(move |s| self.visit(s, shared, path, included));
+            } else if stat.is_file() {
+                found.push(Found::File { path, stat });
+            } else if stat.is_symlink() {
+                let target = match fs::readlink_at(dir_fd, &name) {
+                    Ok(t) => t,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
+                };
+                if !symlink_stays_inside(&path, &target, self.roots) {
+                    found.push(Found::Unsupported { path: path.into_bytes(), kind: Unsupported::SymlinkEscapes });
+                    continue;
+                }
+                match String::from_utf8(target) {
+                    Ok(target) => found.push(Found::Symlink { path, target }),
+                    // The manifest stores targets as text; a non-UTF-8 one cannot be kept.
+                    Err(_) => found.push(Found::Unsupported {
+                        path: path.into_bytes(),
+                        kind: Unsupported::NonUtf8Name,
+                    }),
+                }
+            } else {
+                let kind = Unsupported::from_mode(stat.mode).unwrap_or(Unsupported::Unknown);
+                found.push(Found::Unsupported { path: path.into_bytes(), kind });
+            }
+        }
+        Ok(found)
+    }
+
+    /// None when the policy excludes the entry, else whether it is included.
+    fn decide(&self, segments: &[&str], is_dir: bool, parent_included: bool) -> Option<bool> {
+        if self.policy.excludes_entry(segments, is_dir) {
+            return None;
+        }
+        Some(self.policy.included_below(parent_included, segments, is_dir))
+    }
+
+    /// lstat relative to the directory; Ok(None) when the entry vanished.
+    fn lstat(&self, dir_fd: RawFd, name: &CStr) -> std::io::Result<Option<Stat>> {
+        match fs::lstat_at(dir_fd, name) {
+            Ok(st) => Ok(Some(st)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+

@@ -1,0 +1,50 @@
+"""A process the fault tests kill with SIGKILL at random points.
+
+``python -m tests.engine.fault_worker capture STORE_URL BLOBS_URL WORKSPACE DATA_DIR``
+changes the workspace and captures it, forever; ``… restore …`` restores the
+thread's head once. Both print ``ready`` when their stores are open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+from checkpointd.blobs import open_blobs
+from checkpointd.capture import capture_checkpoint
+from checkpointd.errors import SandboxCheckpointWriterConflictError
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
+
+LEASE_MS = 1000
+RENEW_MS = 200
+
+
+async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_dir: str) -> None:
+    store = await open_store(store_url, lease_duration_ms=LEASE_MS, renew_after_ms=RENEW_MS)
+    blobs = open_blobs(blobs_url)
+    print("ready", flush=True)
+    if mode == "restore":
+        while True:
+            try:
+                await restore_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+                break
+            except SandboxCheckpointWriterConflictError:
+                await asyncio.sleep(0.05)  # the previous victim's lease has not expired yet
+        print("done", flush=True)
+        return
+    counter = 0
+    while True:
+        counter += 1
+        # New bytes every round, some large enough to go up as multipart.
+        with open(os.path.join(workspace, f"file-{counter % 7}.bin"), "wb") as handle:
+            handle.write(os.urandom(64 << 10 if counter % 3 else 6 << 20))
+        try:
+            await capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+        except SandboxCheckpointWriterConflictError:
+            await asyncio.sleep(0.05)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(*sys.argv[1:6]))

@@ -1,0 +1,70 @@
+"""Missing, truncated and corrupted blobs fail the restore before any change."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from checkpointd.capture import capture_checkpoint
+from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
+from checkpointd.model import FileEntry
+from checkpointd.restore import restore_checkpoint
+
+from .conftest import snapshot_tree, write_tree
+
+
+def _damage(kind: str, data: bytes) -> bytes | None:
+    if kind == "truncated":
+        return data[:-1]
+    if kind == "corrupted":
+        return bytes([data[0] ^ 0xFF]) + data[1:]
+    if kind == "longer":
+        return data + b"extra"
+    return None  # missing
+
+
+@pytest.mark.parametrize(
+    ("damage", "code"),
+    [
+        ("missing", MISSING_BLOB),
+        ("truncated", INVALID_BLOB),
+        ("corrupted", INVALID_BLOB),
+        ("longer", INVALID_BLOB),
+    ],
+)
+async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
+    store: Any, blobs: Any, workspace: Path, data_dir: Path, damage: str, code: str
+) -> None:
+    write_tree(
+        workspace,
+        {"a.txt": b"version one of a", "dir/b.bin": os.urandom(5000), "same.txt": b"same"},
+    )
+    captured = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    # The live workspace moves on: a changed file, a new file, a deleted one.
+    (workspace / "a.txt").write_bytes(b"version two of a, longer")
+    (workspace / "new.txt").write_bytes(b"new")
+    (workspace / "dir/b.bin").unlink()
+    before = snapshot_tree(workspace)
+
+    victim = next(
+        e for e in captured.checkpoint.files if isinstance(e, FileEntry) and e.path == "a.txt"
+    )
+    replacement = _damage(damage, await blobs.get(victim.blob_key))
+    if replacement is None:
+        await blobs.delete(victim.blob_key)
+    else:
+        await blobs.put(victim.blob_key, replacement, if_absent=False)
+
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    assert caught.value.code == code
+    assert caught.value.details["key"] == victim.blob_key
+    assert snapshot_tree(workspace) == before  # byte for byte, staging gone too
+
+    # The lease was released: once the blob is back, the restore succeeds.
+    await blobs.put(victim.blob_key, b"version one of a", if_absent=False)
+    await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    assert (workspace / "a.txt").read_bytes() == b"version one of a"
+    assert not (workspace / "new.txt").exists()

@@ -1,0 +1,240 @@
+"""Capture's rules: leases, unsupported entries, data dir, ids, clocks, files that
+change under the capture, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+from checkpointd.blobs import open_blobs
+from checkpointd.capture import FILE_CHANGED, capture_checkpoint
+from checkpointd.errors import (
+    MISSING_CHECKPOINT,
+    UNSUPPORTED_ENTRY,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointInvalidIdError,
+    SandboxCheckpointWriterConflictError,
+    SandboxSnapshotError,
+)
+from checkpointd.model import FileEntry, Policy
+from checkpointd.progress import Progress
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
+
+from .conftest import snapshot_tree, write_tree
+
+
+def _key(data: bytes) -> str:
+    return "sandbox-files/blake3/" + blake3.blake3(data).hexdigest()
+
+
+class SlowPuts:
+    """The real blob store, with every put taking ``delay`` seconds longer."""
+
+    def __init__(self, inner: Any, delay: float) -> None:
+        self._inner = inner
+        self._delay = delay
+        self.url = inner.url
+        self.put_started = asyncio.Event()
+
+    async def put(self, key: str, data: Any, *, if_absent: bool = True) -> bool:
+        self.put_started.set()
+        await asyncio.sleep(self._delay)
+        return bool(await self._inner.put(key, data, if_absent=if_absent))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_writer_conflict_fails_fast_for_capture_and_restore(
+    store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    lease = await store.acquire_writer("t")
+    try:
+        with pytest.raises(SandboxCheckpointWriterConflictError):
+            await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+        with pytest.raises(SandboxCheckpointWriterConflictError):
+            await restore_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+    finally:
+        await lease.release()
+    await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+
+
+async def test_unsupported_entries_are_all_listed_unless_excluded(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"ok.txt": b"ok", "links/out": "../../elsewhere", "links/abs": "/etc"})
+    os.mkfifo(workspace / "pipe")
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert caught.value.code == UNSUPPORTED_ENTRY
+    assert sorted(caught.value.details["paths"]) == ["links/abs", "links/out", "pipe"]
+    for path in ("links/abs", "links/out", "pipe"):
+        assert path in str(caught.value)
+    assert await memory_store.get_head("t") is None
+
+    policy = Policy(exclude=("links/", "pipe"))
+    result = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", policy=policy, data_dir=data_dir
+    )
+    assert [entry.path for entry in result.checkpoint.files] == ["ok.txt"]
+
+
+async def test_data_dir_inside_the_workspace_is_refused(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path
+) -> None:
+    (tmp_path / "via-link").symlink_to(workspace)
+    for data_dir in (workspace, workspace / "state", tmp_path / "via-link" / "state"):
+        with pytest.raises(SandboxCheckpointInvalidArgumentError):
+            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        with pytest.raises(SandboxCheckpointInvalidArgumentError):
+            await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert not (workspace / "state").exists()
+
+
+@pytest.mark.parametrize("bad", ["", "\ud800"])
+async def test_invalid_ids(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, bad: str
+) -> None:
+    with pytest.raises(SandboxCheckpointInvalidIdError):
+        await capture_checkpoint(workspace, memory_store, memory_blobs, bad, data_dir=data_dir)
+    with pytest.raises(SandboxCheckpointInvalidIdError):
+        await restore_checkpoint(workspace, memory_store, memory_blobs, bad, data_dir=data_dir)
+    with pytest.raises(SandboxCheckpointInvalidIdError):
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", checkpoint_id=bad, data_dir=data_dir
+        )
+
+
+async def test_missing_checkpoint_unknown_or_of_another_thread(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    other = await capture_checkpoint(workspace, memory_store, memory_blobs, "other", data_dir=data_dir)
+    for thread, checkpoint_id in (("t", "nope"), ("t", other.checkpoint.id), ("other", "nope")):
+        with pytest.raises(SandboxSnapshotError) as caught:
+            await restore_checkpoint(
+                workspace,
+                memory_store,
+                memory_blobs,
+                thread,
+                checkpoint_id=checkpoint_id,
+                data_dir=data_dir,
+            )
+        assert caught.value.code == MISSING_CHECKPOINT
+
+
+async def test_ids_are_uuid7_and_created_at_never_below_the_parent(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    first = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, now=lambda: 5_000
+    )
+    assert first.checkpoint.created_at == 5_000
+    assert first.checkpoint.id[14] == "7" and len(first.checkpoint.id) == 36
+    # A clock that went backwards still yields a later checkpoint.
+    second = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, now=lambda: 1_000
+    )
+    assert second.checkpoint.created_at == 5_001
+    assert [c.id for c in await memory_store.list("t")] == [first.checkpoint.id, second.checkpoint.id]
+
+
+async def test_a_retry_with_the_same_checkpoint_id_returns_the_first(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"a": b"a"})
+    first = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, checkpoint_id="req-1"
+    )
+    (workspace / "a").write_bytes(b"changed")
+    again = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, checkpoint_id="req-1"
+    )
+    assert again.checkpoint == first.checkpoint
+    assert again.stats.blobs_uploaded == 0
+    assert await memory_store.get_head("t") == "req-1"
+    assert len(await memory_store.list("t")) == 1
+
+
+async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    small_old, big_old = b"small before", os.urandom(7 << 20)
+    write_tree(workspace, {"small.txt": small_old, "big.bin": big_old, "gone.txt": b"gone"})
+    small_new, big_new = b"small after the scan", os.urandom(7 << 20)
+
+    def change_files(report: Progress) -> None:
+        if report.phase == "upload" and (workspace / "gone.txt").exists():
+            (workspace / "small.txt").write_bytes(small_new)
+            (workspace / "big.bin").write_bytes(big_new)
+            (workspace / "gone.txt").unlink()
+
+    result = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=change_files
+    )
+    files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
+    assert set(files) == {"small.txt", "big.bin"}
+    assert files["small.txt"].blob_key == _key(small_new)
+    assert files["big.bin"].blob_key == _key(big_new)
+    # The scanned bytes no longer exist anywhere; nothing was stored under their keys.
+    assert await memory_blobs.head(_key(small_old)) is None
+    assert await memory_blobs.head(_key(big_old)) is None
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(restored, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
+
+
+async def test_file_that_keeps_changing_is_reported(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"busy.log": b"line 0\n"})
+    lines = [0]
+
+    def keep_writing(report: Progress) -> None:
+        if report.phase == "upload":
+            lines[0] += 1
+            with open(workspace / "busy.log", "ab") as handle:
+                handle.write(f"line {lines[0]}\n".encode())
+
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await capture_checkpoint(
+            workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=keep_writing
+        )
+    assert caught.value.code == FILE_CHANGED
+    assert caught.value.details["paths"] == ["busy.log"]
+    assert await memory_store.get_head("t") is None
+
+
+async def test_lease_is_renewed_while_uploads_take_longer_than_it_lasts(
+    tmp_path: Path, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {f"f{n}": f"content {n}".encode() for n in range(3)})
+    async with await open_store(
+        f"sqlite:///{tmp_path / 's.db'}", lease_duration_ms=300, renew_after_ms=80
+    ) as store:
+        blobs = SlowPuts(open_blobs("memory://"), delay=0.5)
+        result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert result.stats.blobs_uploaded == 3
+        assert result.stats.duration_ms >= 500
+        assert await store.get_head("t") == result.checkpoint.id
+
+
+async def test_cancelled_capture_releases_its_lease_and_appends_nothing(
+    memory_store: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"a": b"a"})
+    blobs = SlowPuts(open_blobs("memory://"), delay=30)
+    task = asyncio.create_task(
+        capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+    )
+    await asyncio.wait_for(blobs.put_started.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await memory_store.get_head("t") is None
+    lease = await memory_store.acquire_writer("t")  # not held any more
+    await lease.release()

@@ -1,0 +1,81 @@
+"""Secrets are zeroed before hashing and storing, and never reach any store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from checkpointd.artifacts import upload_artifact
+from checkpointd.capture import capture_checkpoint
+from checkpointd.codec import encode_checkpoint
+from checkpointd.errors import SandboxCheckpointInvalidArgumentError
+from checkpointd.restore import restore_checkpoint
+
+from .conftest import write_tree
+
+SECRET_A = b"sk-live-0123456789abcdef"
+SECRET_B = b"hunter2!"
+
+
+async def test_secrets_never_appear_in_any_stored_object(
+    store: Any, blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    big = (b"x" * ((1 << 20) - 5)) + SECRET_A + (b"y" * (3 << 20)) + SECRET_B
+    write_tree(
+        workspace,
+        {
+            "config.json": b'{"token": "' + SECRET_A + b'"}',
+            "twice.txt": SECRET_B + SECRET_B + b"-" + SECRET_A[:10],
+            "big.bin": big,  # a secret spans the first 1 MiB read boundary
+            "clean.txt": b"nothing to hide",
+        },
+    )
+    artifact = await upload_artifact(blobs, "report.txt", "text/plain", b"report body")
+    result = await capture_checkpoint(
+        workspace,
+        store,
+        blobs,
+        "t",
+        secrets=[SECRET_A, SECRET_B],
+        conversation=[{"role": "user", "content": "hi"}],
+        artifacts=[artifact],
+        data_dir=data_dir,
+    )
+
+    stored = []
+    for prefix in ("sandbox-files/", "sandbox-artifacts/"):
+        for info in await blobs.list(prefix):
+            stored.append(await blobs.get(info.key))
+    assert len(stored) == 5
+    for checkpoint in await store.list("t"):
+        stored.append(encode_checkpoint(checkpoint))
+    stored += [p.read_bytes() for p in data_dir.rglob("*") if p.is_file()]
+    if (tmp_path / "store.db").exists():
+        stored += [p.read_bytes() for p in tmp_path.glob("store.db*")]
+    for data in stored:
+        for secret in (SECRET_A, SECRET_B, SECRET_A[4:], SECRET_B[:6]):
+            assert secret not in data
+    assert result.stats.blobs_uploaded == 4
+
+    # Restored files hold zeros where the secrets were, same length.
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    assert (restored / "config.json").read_bytes() == b'{"token": "' + b"\0" * len(SECRET_A) + b'"}'
+    assert (restored / "big.bin").read_bytes() == big.replace(SECRET_A, b"\0" * len(SECRET_A)).replace(
+        SECRET_B, b"\0" * len(SECRET_B)
+    )
+
+
+@pytest.mark.parametrize("secret", [b"", b"abc"])
+async def test_short_secret_is_an_invalid_argument_and_not_echoed(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, secret: bytes
+) -> None:
+    with pytest.raises(SandboxCheckpointInvalidArgumentError) as caught:
+        await capture_checkpoint(
+            workspace, memory_store, memory_blobs, "t", secrets=[b"long-enough", secret], data_dir=data_dir
+        )
+    assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_ARGUMENT"
+    if secret:
+        assert secret.decode() not in str(caught.value)
+    assert await memory_store.get_head("t") is None

@@ -1,0 +1,68 @@
+"""Listening: a 0600 Unix socket by default; TCP only with a bearer token on every call."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+
+import grpc
+import pytest
+from checkpointd.service import status
+from checkpointd.service.client import RpcError
+
+from .conftest import DaemonFactory, clean_env, free_port
+
+
+def test_unix_socket_is_private(daemons: DaemonFactory) -> None:
+    daemon = daemons.start()
+    socket_path = daemon.data_dir / "checkpointd.sock"
+    mode = socket_path.stat().st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
+    assert daemon.stop() == 0
+    assert not socket_path.exists(), "the socket file is removed on shutdown"
+
+
+async def test_tcp_without_token_is_unauthenticated(daemons: DaemonFactory) -> None:
+    daemon = daemons.start(tcp=True, token="s3cret-token")
+    for token in ("", "wrong-token"):
+        async with daemon.client(token=token or None) as client:
+            if not token:
+                client._metadata = ()  # no authorization header at all
+            with pytest.raises(RpcError) as caught:
+                await client.get_head("t")
+            assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+            assert caught.value.reason == status.UNAUTHENTICATED
+            # Health and reflection are behind the token too.
+            with pytest.raises(RpcError) as caught:
+                await client.health()
+            assert caught.value.code == grpc.StatusCode.UNAUTHENTICATED
+    async with daemon.client() as client:
+        assert await client.health() == "SERVING"
+        assert await client.get_head("t") is None
+        info = await client.server_info()
+        assert info.protocol_version == 1
+
+
+def test_tcp_without_token_refuses_to_start(short_tmp) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkpointd",
+            "serve",
+            "--workspace",
+            str(short_tmp / "ws"),
+            "--data-dir",
+            str(short_tmp / "data"),
+            "--listen",
+            f"tcp://127.0.0.1:{free_port()}",
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "refusing to listen on TCP without a bearer token" in result.stderr

@@ -1,0 +1,348 @@
+"""SQLite on real files: reopen, two store objects, two OS processes, locks, schema."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import checkpointd.store.sqlite as sqlite_module
+from checkpointd.errors import (
+    STORE_UNAVAILABLE,
+    SandboxCheckpointConflictError,
+    SandboxCheckpointError,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointWriterConflictError,
+)
+from checkpointd.model import DirEntry, FileEntry
+from checkpointd.store import InstanceRecord, SqliteCheckpointStore, SqliteInstanceStore
+from checkpointd.testkit import ManualClock
+from checkpointd.testkit._support import artifact, checkpoint, fentry, file_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def _open(path: Path, clock: ManualClock | None = None) -> SqliteCheckpointStore:
+    return await SqliteCheckpointStore.open(
+        str(path), now=clock, lease_duration_ms=100, renew_after_ms=25
+    )
+
+
+async def test_reopen_sees_the_same_state(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    clock = ManualClock()
+    store = await _open(path, clock)
+    lease = await store.acquire_writer("t1")
+    await store.append(
+        checkpoint(
+            "c1",
+            "t1",
+            files=[DirEntry("d"), fentry("d/a", 1)],
+            artifacts=[artifact("art", 2)],
+            conversation=[{"role": "user", "content": "héllo 😀"}],
+            label="first",
+            reason="named",
+        ),
+        None,
+        lease,
+    )
+    await store.append(checkpoint("c2", "t1", "c1", 2, files=[fentry("b", 3)]), "c1", lease)
+    fork_lease = await store.acquire_writer("t2")
+    await store.fork_from_checkpoint("t1", "c1", "t2", "f1", 5, fork_lease)
+    assert await store.pin_blobs([file_key(9)], lease) == []
+    before = (
+        await store.list("t1"),
+        await store.list("t2"),
+        await store.get_head("t1"),
+        await store.get_head("t2"),
+        await store.list_blob_references(),
+    )
+    await store.aclose()
+
+    reopened = await _open(path, clock)
+    try:
+        after = (
+            await reopened.list("t1"),
+            await reopened.list("t2"),
+            await reopened.get_head("t1"),
+            await reopened.get_head("t2"),
+            await reopened.list_blob_references(),
+        )
+        assert after == before
+        # The live lease and its pin survive the reopen; the fence goes on.
+        with pytest.raises(SandboxCheckpointWriterConflictError):
+            await reopened.acquire_writer("t1")
+        assert await reopened.condemn_blobs([file_key(9)], 10) == []
+        await reopened.append(checkpoint("c3", "t1", "c2", 3), "c2", lease)
+        await lease.release()  # the lease's callbacks target the closed store: no error
+        clock.advance(100)
+        assert (await reopened.acquire_writer("t1")).fence == 2
+    finally:
+        await reopened.aclose()
+
+
+async def test_instance_store_shares_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "shared.db"
+    checkpoints = await _open(path)
+    instances = await SqliteInstanceStore.open(str(path))
+    record = InstanceRecord("k", "docker", "sbx", "t1", 10, latest_snapshot_id="c1")
+    await instances.upsert(record)
+    await instances.aclose()
+    again = await SqliteInstanceStore.open(str(path))
+    assert await again.get("k") == record
+    assert await checkpoints.list("t1") == []
+    await again.aclose()
+    await checkpoints.aclose()
+
+
+async def test_two_store_objects_contend_for_one_lease(tmp_path: Path) -> None:
+    path = tmp_path / "two.db"
+    clock = ManualClock()
+    a, b = await _open(path, clock), await _open(path, clock)
+    try:
+        results = await asyncio.gather(
+            *(store.acquire_writer("t1") for store in (a, b) * 10), return_exceptions=True
+        )
+        leases = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        assert len(leases) == 1
+        assert all(isinstance(e, SandboxCheckpointWriterConflictError) for e in errors), errors
+        lease = leases[0]
+        # The lease is the file's, not the object's: either store accepts it.
+        await b.append(checkpoint("c1", "t1"), None, lease)
+        await a.append(checkpoint("c2", "t1", "c1", 2), "c1", lease)
+        # Both stores race one compare-and-swap: exactly one wins.
+        outcome = await asyncio.gather(
+            a.append(checkpoint("x", "t1", "c2", 3), "c2", lease),
+            b.append(checkpoint("y", "t1", "c2", 3), "c2", lease),
+            return_exceptions=True,
+        )
+        wins = [o for o in outcome if isinstance(o, str)]
+        assert len(wins) == 1
+        assert any(isinstance(o, SandboxCheckpointConflictError) for o in outcome)
+        assert await a.get_head("t1") == wins[0]
+        await lease.release()
+        assert (await b.acquire_writer("t1")).fence == 2
+    finally:
+        await a.aclose()
+        await b.aclose()
+
+
+_WORKER = textwrap.dedent(
+    """
+    import asyncio, json, os, sys, time
+    from checkpointd.errors import SandboxCheckpointWriterConflictError
+    from checkpointd.model import Checkpoint, FileEntry
+    from checkpointd.store import SqliteCheckpointStore
+
+    path, name, rounds, go = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+
+    async def main():
+        store = await SqliteCheckpointStore.open(path)
+        while not os.path.exists(go):
+            time.sleep(0.005)
+        won, conflicts = [], 0
+        for n in range(rounds):
+            try:
+                lease = await store.acquire_writer("shared")
+            except SandboxCheckpointWriterConflictError:
+                conflicts += 1
+                await asyncio.sleep(0.002)
+                continue
+            async with lease:
+                head = await store.get_head("shared")
+                files = tuple(
+                    FileEntry(f"{name}/{n}/{i}", "sandbox-files/blake3/" + f"{i:064x}", 1)
+                    for i in range(200)
+                )
+                cp = Checkpoint(
+                    id=f"{name}-{n}", thread_id="shared", parent_checkpoint_id=head,
+                    created_at=time.time_ns(), files=files,
+                )
+                await store.append(cp, head, lease)
+                won.append([cp.id, lease.fence])
+        await store.aclose()
+        print(json.dumps({"won": won, "conflicts": conflicts}))
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_contend_for_one_lease(tmp_path: Path) -> None:
+    path = tmp_path / "procs.db"
+    go = tmp_path / "go"
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(path), name, "60", str(go)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for name in ("p1", "p2")
+    ]
+    time.sleep(1.0)  # both have opened the file (schema creation raced too)
+    go.write_text("go")
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=100)
+        assert proc.returncode == 0, err
+        assert "locked" not in err.lower(), err
+        outputs.append(json.loads(out))
+    won = [tuple(w) for o in outputs for w in o["won"]]
+    fences = [fence for _, fence in won]
+    assert len(set(fences)) == len(fences), "two processes held one fence"
+    assert sum(len(o["won"]) for o in outputs) + sum(o["conflicts"] for o in outputs) == 120
+
+    async def check() -> None:
+        store = await SqliteCheckpointStore.open(str(path))
+        try:
+            listed = await store.list("shared")
+            assert sorted(c.id for c in listed) == sorted(i for i, _ in won)
+            # One linear chain: every checkpoint's parent is the one before it.
+            parents = [c.parent_checkpoint_id for c in listed]
+            assert parents == [None, *[c.id for c in listed[:-1]]]
+            assert await store.get_head("shared") == listed[-1].id
+            refs = await store.list_blob_references()
+            assert len(refs) == 200 and all(r.references == len(listed) for r in refs)
+        finally:
+            await store.aclose()
+
+    asyncio.run(check())
+
+
+async def test_a_held_write_lock_is_waited_for(tmp_path: Path) -> None:
+    path = tmp_path / "held.db"
+    store = await _open(path)
+    lease = await store.acquire_writer("t1")
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.5, other.execute, "COMMIT")
+    started = time.monotonic()
+    try:
+        await store.append(checkpoint("c1", "t1"), None, lease)
+        assert time.monotonic() - started >= 0.4
+        assert await store.get_head("t1") == "c1"
+    finally:
+        other.close()
+        await store.aclose()
+
+
+async def test_a_lock_held_too_long_is_a_store_error_not_sqlite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "BUSY_TIMEOUT_MS", 20)
+    monkeypatch.setattr(sqlite_module, "RETRY_DEADLINE_S", 0.3)
+    path = tmp_path / "wedged.db"
+    store = await _open(path)
+    lease = await store.acquire_writer("t1")
+    other = sqlite3.connect(str(path), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SandboxCheckpointError) as info:
+            await store.append(checkpoint("c1", "t1"), None, lease)
+        assert info.value.code == STORE_UNAVAILABLE
+        assert not isinstance(info.value, sqlite3.Error)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    # Nothing was written, and the store works again.
+    assert await store.get_head("t1") is None
+    await store.append(checkpoint("c1", "t1"), None, lease)
+    await store.aclose()
+
+
+async def test_cancelled_write_leaves_no_open_transaction(tmp_path: Path) -> None:
+    path = tmp_path / "cancel.db"
+    store = await _open(path)
+    lease = await store.acquire_writer("t1")
+    files = [fentry(f"f{i}", i) for i in range(1, 20_000)]
+    task = asyncio.create_task(store.append(checkpoint("c1", "t1", files=files), None, lease))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    # Either it committed before the cancel landed, or nothing of it is visible.
+    head = await store.get_head("t1")
+    refs = await store.list_blob_references()
+    assert (head, len(refs)) in ((None, 0), ("c1", len(files)))
+    # Another connection can write: no lock was left behind.
+    other = await _open(path)
+    await other.append(checkpoint("c9", "t1", head), head, lease)
+    await other.aclose()
+    await store.aclose()
+
+
+async def test_schema_is_versioned_and_idempotent(tmp_path: Path) -> None:
+    path = tmp_path / "schema.db"
+    for _ in range(2):
+        store = await _open(path)
+        await store.aclose()
+    raw = sqlite3.connect(str(path))
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert raw.execute(
+        "SELECT value FROM checkpointd_meta WHERE name = 'schema_version'"
+    ).fetchone() == (str(sqlite_module.SCHEMA_VERSION),)
+    raw.execute(
+        "UPDATE checkpointd_meta SET value = ? WHERE name = 'schema_version'",
+        (str(sqlite_module.SCHEMA_VERSION + 1),),
+    )
+    raw.commit()
+    raw.close()
+    with pytest.raises(SandboxCheckpointInvalidArgumentError, match="newer"):
+        await _open(path)
+
+
+async def test_manifest_is_one_row_and_keys_are_counted_per_key(tmp_path: Path) -> None:
+    path = tmp_path / "rows.db"
+    store = await _open(path)
+    lease = await store.acquire_writer("t1")
+    files = [FileEntry(f"dir/{i:05}", file_key(i % 5_000 + 1), i) for i in range(10_000)]
+    await store.append(checkpoint("big", "t1", files=files), None, lease)
+    got = await store.get("big")
+    assert got is not None and list(got.files) == files
+    await store.aclose()
+    raw = sqlite3.connect(str(path))
+    assert raw.execute("SELECT COUNT(*) FROM checkpoints").fetchone() == (1,)
+    assert raw.execute("SELECT COUNT(*), SUM(refs) FROM blob_references").fetchone() == (
+        5_000,
+        5_000,
+    )
+    raw.close()
+
+
+async def test_closed_store_raises_a_store_error(tmp_path: Path) -> None:
+    async with await _open(tmp_path / "closed.db") as store:
+        lease = await store.acquire_writer("t1")
+    with pytest.raises(SandboxCheckpointError) as info:
+        await store.get_head("t1")
+    assert info.value.code == STORE_UNAVAILABLE
+    await lease.release()  # never raises
+    await store.aclose()  # twice is fine
+
+
+async def test_relative_path_is_rejected() -> None:
+    with pytest.raises(SandboxCheckpointInvalidArgumentError):
+        await SqliteCheckpointStore.open("relative.db")
+
+
+async def test_unopenable_file_is_a_store_error(tmp_path: Path) -> None:
+    with pytest.raises(SandboxCheckpointError) as info:
+        await SqliteCheckpointStore.open(str(tmp_path / "missing-dir" / "x.db"))
+    assert info.value.code == STORE_UNAVAILABLE
