@@ -140,8 +140,9 @@ class CorpusRun:
             argv = command(run) if callable(command) else command
             result = run_timed(argv, env=env or dict(os.environ), cwd=cwd, timeout=self.timeout_s)
             if result.returncode != 0:
-                tail = (result.stderr or result.stdout).strip().splitlines()[-5:]
-                measurement.error = f"exit {result.returncode}: " + " | ".join(tail)
+                tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+                lines = [line.strip()[:300] for line in tail]
+                measurement.error = f"exit {result.returncode}: " + " | ".join(lines)
                 break
             if run >= 0:
                 measurement.times.append(result.seconds)

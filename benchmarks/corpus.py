@@ -263,10 +263,9 @@ def _git_init_and_commit(dest: Path) -> None:
     }
     for env_var in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
         env.pop(env_var, None)
-    run = dict(cwd=dest, env=env, check=True, stdout=subprocess.DEVNULL)
-    subprocess.run(["git", "-c", "init.defaultBranch=main", "init", "-q"], **run)  # type: ignore[call-overload]
-    subprocess.run(["git", "add", "-A"], **run)  # type: ignore[call-overload]
-    subprocess.run(["git", "commit", "-q", "-m", "initial import"], **run)  # type: ignore[call-overload]
+    for args in (["-c", "init.defaultBranch=main", "init", "-q"], ["add", "-A"],
+                 ["commit", "-q", "-m", "initial import"]):  # fmt: skip
+        subprocess.run(["git", *args], cwd=dest, env=env, check=True, stdout=subprocess.DEVNULL)
 
 
 _GENERATORS = {

@@ -9,7 +9,9 @@ orchestrator's shell-out costs end to end; daemon start-up is never timed.
 
 from __future__ import annotations
 
+import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +28,7 @@ from .context import (
     CorpusRun,
 )
 from .corpus import disk_usage
-from .timing import OURS
+from .timing import OURS, Measurement
 
 DAEMON_TOOL = "checkpointd (daemon)"
 THREAD = "bench"
@@ -91,8 +93,43 @@ class Daemon:
             leftover.unlink()
         self._socket_dir.rmdir()
 
+    def peak_rss_mib(self) -> float | None:
+        """The daemon's high-water RSS since it started (VmHWM), if it runs."""
+        if self._proc is None:
+            return None
+        try:
+            status = Path(f"/proc/{self._proc.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return None
+
     def client(self, operation: str) -> list[str]:
         return [*CHECKPOINTD, operation, THREAD, "--address", self.address, "--json"]
+
+
+def note_run(measurement: Measurement, daemon: Daemon) -> None:
+    """Keep the daemon's own view of each run (``duration_ms`` of the engine, from
+    the client's JSON) and the daemon's peak RSS; the timed RSS is the client's."""
+    engine, stats = [], None
+    for output in measurement.outputs:
+        try:
+            done = json.loads(output)
+        except ValueError:
+            continue
+        stats = done.get("stats") or stats
+        duration = (done.get("stats") or done).get("duration_ms")
+        if duration is not None:
+            engine.append(int(duration) / 1000)  # protobuf int64 arrives as a string
+    if engine:
+        measurement.notes["engine_median_s"] = round(statistics.median(engine), 6)
+    if stats:
+        measurement.notes["stats"] = {k: int(v) for k, v in stats.items() if str(v).isdigit()}
+    peak = daemon.peak_rss_mib()
+    if peak is not None:
+        measurement.notes["daemon_peak_rss_mib"] = round(peak, 1)
 
 
 def cli_available() -> str | None:
@@ -125,19 +162,22 @@ def daemon_suite(ctx: CorpusRun) -> None:
 
         capture = capturer.client("capture")
         cold = ctx.bench(COLD, DAEMON_TOOL, OURS, capture, prepare=fresh_store, env=env)
+        note_run(cold, capturer)
         if cold.error:
             return
         cold.notes["stored_bytes"] = disk_usage(store_dir)
-        ctx.bench(NO_CHANGE, DAEMON_TOOL, OURS, capture, warmup=True, env=env)
-        ctx.bench(
+        note_run(ctx.bench(NO_CHANGE, DAEMON_TOOL, OURS, capture, warmup=True, env=env), capturer)
+        changed = ctx.bench(
             CHANGED_1PCT, DAEMON_TOOL, OURS, capture,
             prepare=lambda run: ctx.mutate_work(CHANGED_1PCT, run), env=env,
         )  # fmt: skip
+        note_run(changed, capturer)
         if ctx.big_file:
-            ctx.bench(
+            appended = ctx.bench(
                 APPEND_1MIB, DAEMON_TOOL, OURS, capture,
                 prepare=lambda run: ctx.append_work(APPEND_1MIB, run), env=env,
             )  # fmt: skip
+            note_run(appended, capturer)
         capturer.stop()
 
         def empty_target(_run: int) -> None:
@@ -148,12 +188,14 @@ def daemon_suite(ctx: CorpusRun) -> None:
 
         restore = restorer.client("restore")
         empty = ctx.bench(RESTORE_EMPTY, DAEMON_TOOL, OURS, restore, prepare=empty_target, env=env)
+        note_run(empty, restorer)
         ctx.verify_restore(empty)
         if not empty.error:
             over = ctx.bench(
                 RESTORE_OVER, DAEMON_TOOL, OURS, restore,
                 prepare=lambda run: ctx.mutate_target(RESTORE_OVER, run), env=env,
             )  # fmt: skip
+            note_run(over, restorer)
             ctx.verify_restore(over)
     except DaemonError as exc:
         print(f"   checkpointd daemon: stopped ({exc})")

@@ -26,6 +26,13 @@ ALL_TOOLS = ("ours", "daemon", "floors", "git", "tar-zstd", "restic", "borg")
 ALL_FLOORS = ("find", "cat", "b3sum", "cp -a", "tar|tar")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RUNS = {"tiny": 1, "quick": 3, "full": 3}
+# A quick run never empties its trash mid-run (it stays well under this); a full one
+# does, between suites, and then waits out the inode-reuse pause if it must.
+TRASH_MAX_BYTES = {
+    "tiny": DEFAULT_TRASH_MAX_BYTES,
+    "quick": 24 << 30,
+    "full": DEFAULT_TRASH_MAX_BYTES,
+}
 
 
 @dataclass
@@ -42,7 +49,7 @@ class Config:
     use_shared_corpus_script: bool = True
     allow_debug: bool = False
     timeout_s: float = 1800.0
-    trash_max_bytes: int = DEFAULT_TRASH_MAX_BYTES
+    trash_max_bytes: int | None = None  # None: TRASH_MAX_BYTES[size]
     pause_s: float = INODE_REUSE_PAUSE_S
 
 
@@ -57,9 +64,8 @@ def run(config: Config) -> list[Path]:
     if config.corpora and not specs:
         raise KeyError(f"no corpus named {config.corpora} in size {config.size!r}")
     runs = config.runs or RUNS[config.size]
-    scratch = Scratch(
-        config.scratch / "run", trash_max_bytes=config.trash_max_bytes, pause_s=config.pause_s
-    )
+    trash_max = config.trash_max_bytes or TRASH_MAX_BYTES[config.size]
+    scratch = Scratch(config.scratch / "run", trash_max_bytes=trash_max, pause_s=config.pause_s)
     native = check_native_build(scratch.root, allow_debug=config.allow_debug)
     print(f"native build: {native.get('profile')} ({native.get('how')})", flush=True)
     notes, suites = _suites(config)

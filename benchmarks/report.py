@@ -122,6 +122,14 @@ def _mb(n: int | float) -> str:
     return f"{n / 1e6:,.1f} MB"
 
 
+def _short_error(error: str | None) -> str:
+    """``exit N: <the last line of its output>``, short enough for a table."""
+    if not error:
+        return "no timed run"
+    code, _, lines = error.partition(": ")
+    return f"{code}: {lines.split(' | ')[-1][:140]}"
+
+
 def _cell(text: str) -> str:
     """Markdown table cell text: a pipe in a tool name must not split the cell."""
     return text.replace("|", "\\|")
@@ -134,7 +142,9 @@ def _notes(m: Measurement) -> str:
     if "verified" in m.notes:
         parts.append("restore verified" if m.notes["verified"] else "**restore MISMATCH**")
     if m.notes.get("engine_median_s") is not None:
-        parts.append(f"in-process {_seconds(m.notes['engine_median_s'])} s")
+        parts.append(f"engine {_seconds(m.notes['engine_median_s'])} s")
+    if m.notes.get("daemon_peak_rss_mib") is not None:
+        parts.append(f"daemon peak RSS {m.notes['daemon_peak_rss_mib']:.0f} MiB")
     stats = m.notes.get("stats") or {}
     if "files_hashed" in stats:
         parts.append(f"hashed {stats['files_hashed']:,}, reused {stats.get('files_reused', 0):,}")
@@ -148,8 +158,10 @@ def render_markdown(report: RunReport) -> str:
     lines += [
         f"Run started {report.started_utc}; {report.runs} timed run(s) per operation, each in its own "
         "process, warm page cache. Seconds are the median (and minimum) wall time; `peer/ours` is "
-        "the other tool's median ÷ ours on the same files in the same run: **above 1 means "
-        "checkpointd is faster**. Floors are the least work any tool must do (stat; read+hash; write).",
+        "the other tool's median ÷ ours (the Python API's, run as a fresh process like every "
+        "peer) on the same files in the same run: **above 1 means checkpointd is faster**. "
+        "Floors are the least work any tool must do (stat; read+hash; write). `engine` is "
+        "the time inside capture/restore alone, without interpreter start-up or the CLI client.",
         "",
         f"Machine: {m.get('nproc')} cores ({m.get('cpu', '?')}), {m.get('memory_gib', '?')} GiB, "
         f"Linux {m.get('kernel')}, scratch on {m.get('scratch_filesystem', '?')}; "
@@ -213,7 +225,7 @@ def _corpus_table(report: RunReport, corpus: str, info: dict[str, Any]) -> list[
         for m in _rows(report.measurements, corpus, op):
             tool = f"**{m.tool}**" if m.kind == OURS else _cell(m.tool)
             if m.error or not m.times:
-                lines.append(f"| {op} | {tool} | failed | | | | {_cell((m.error or '')[:160])} |")
+                lines.append(f"| {op} | {tool} | failed | | | | {_cell(_short_error(m.error))} |")
                 continue
             ratio = "—" if m.kind == OURS or ours is None else _ratio(m.median / ours.median)
             lines.append(

@@ -15,7 +15,6 @@ import shutil
 import time
 from pathlib import Path
 
-# Free-space and inode deltas say how big the trash is without walking it.
 DEFAULT_TRASH_MAX_BYTES = 5_000_000_000
 MANY_INODES = 5000
 INODE_REUSE_PAUSE_S = 62.0
@@ -37,11 +36,11 @@ class Scratch:
         self.pause_s = pause_s
         self._names = itertools.count()
         root.mkdir(parents=True, exist_ok=True)
-        if self.trash.exists():  # left by an earlier run: empty it, then wait it out
-            self._empty_trash()
-            self._pause("trash left by an earlier run")
+        self._last_flush = root / "last-mass-delete"
+        if self.trash.exists():  # left by an earlier run that was interrupted
+            self._empty_trash(_size_of(self.trash)[1])
+        self._wait_out_last_flush()
         self.trash.mkdir()
-        self._mark()
 
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
@@ -55,36 +54,47 @@ class Scratch:
     def flush(self, *, force: bool = False) -> None:
         """Empty the trash if it grew past the limit (or ``force``); pause afterwards
         when it held many inodes, so the next timed create is not penalised."""
-        used_bytes, used_inodes = self._growth()
+        used_bytes, used_inodes = _size_of(self.trash)
         if not force and used_bytes < self.trash_max_bytes:
             return
-        self._empty_trash()
-        if used_inodes > MANY_INODES:
-            self._pause(f"flushed {used_bytes / 1e6:,.0f} MB, {used_inodes:,} inodes")
+        print(f"   (emptying the trash: {used_bytes / 1e6:,.0f} MB, {used_inodes:,} inodes)")
+        self._empty_trash(used_inodes)
+        self._wait_out_last_flush()
         self.trash.mkdir(exist_ok=True)
-        self._mark()
 
     def close(self) -> None:
-        """Empty the trash at the end (nothing timed follows)."""
-        self._empty_trash()
+        """Empty the trash at the end; nothing timed follows in this run, and the
+        next run waits out the rest of the pause (see ``_wait_out_last_flush``)."""
+        self._empty_trash(_size_of(self.trash)[1] if self.trash.exists() else 0)
 
-    def _empty_trash(self) -> None:
+    def _empty_trash(self, inodes: int) -> None:
         shutil.rmtree(self.trash, ignore_errors=True)
         os.sync()
+        if inodes > MANY_INODES:
+            self._last_flush.write_text(f"{time.time()}\n")
 
-    def _pause(self, why: str) -> None:
-        if self.pause_s > 0:
-            print(f"   ({why}: pausing {self.pause_s:.0f} s so deleted inodes can be reused)")
-            time.sleep(self.pause_s)
+    def _wait_out_last_flush(self) -> None:
+        """Sleep until ``pause_s`` has passed since the last mass delete, if any."""
+        try:
+            deleted_at = float(self._last_flush.read_text())
+        except (OSError, ValueError):
+            return
+        remaining = deleted_at + self.pause_s - time.time()
+        if remaining > 0:
+            print(f"   (many inodes were deleted: waiting {remaining:.0f} s before timing creates)")
+            time.sleep(remaining)
 
-    def _mark(self) -> None:
-        st = os.statvfs(self.root)
-        self._free_bytes = st.f_bavail * st.f_frsize
-        self._free_inodes = st.f_favail
 
-    def _growth(self) -> tuple[int, int]:
-        st = os.statvfs(self.root)
-        return (
-            max(0, self._free_bytes - st.f_bavail * st.f_frsize),
-            max(0, self._free_inodes - st.f_favail),
-        )
+def _size_of(root: Path) -> tuple[int, int]:
+    """(bytes, inodes) under ``root``, never following symlinks."""
+    total_bytes = inodes = 0
+    stack = [root]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                inodes += 1
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(Path(entry.path))
+                elif entry.is_file(follow_symlinks=False):
+                    total_bytes += entry.stat(follow_symlinks=False).st_size
+    return total_bytes, inodes

@@ -92,9 +92,7 @@ class WorkCancelled(Exception):
     """Raised inside threaded work that noticed its StopFlag."""
 
 
-async def run_in_thread(
-    work: Callable[[], T], on_cancel: Callable[[], None] | None = None
-) -> T:
+async def run_in_thread(work: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
     """Run ``work`` in a worker thread; on cancellation call ``on_cancel`` (which
     should make the work stop soon), wait for the thread, then re-raise."""
     future = asyncio.ensure_future(asyncio.to_thread(work))

@@ -8,6 +8,7 @@ persistent stat cache. Results cross into Python as compact bytes.
 from collections.abc import Iterator, Sequence
 
 __version__: str
+BUILD_PROFILE: str  # "release" or "debug" (benchmarks refuse debug builds)
 
 class ScanCancelled(Exception):
     """Raised by ``scan`` when its ``CancelToken`` was cancelled."""
@@ -31,6 +32,8 @@ class ScanResult:
     files_hashed: int     # files read and hashed in this scan
     files_reused: int     # files whose hash came from the stat cache
     bytes_hashed: int     # bytes read for hashing
+    # Wall milliseconds per phase, in order: setup, walk, sort, hash, encode, save_cache.
+    phases_ms: dict[str, float]
 
 class PolicyMatcher:
     """The declarative policy of SPEC §4, compiled once (gitignore dialect)."""

@@ -26,6 +26,7 @@ Read top to bottom, ``capture_checkpoint`` does:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import stat
 import time
@@ -50,6 +51,7 @@ from .errors import (
 from .ids import new_uuid7
 from .model import FILE_KEY_PREFIX, Artifact, Checkpoint, Entry, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
+from .scanner import ScanOutcome, check_secrets, scan_workspace
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id
@@ -57,16 +59,19 @@ from .validation import artifact_problem, check_id, check_optional_id
 # A file kept changing while we uploaded it, more often than we retry.
 FILE_CHANGED = "SANDBOX_SNAPSHOT_FILE_CHANGED"
 
-# Uploads in flight; each streams in fixed memory (chunk + the store's parts).
-UPLOAD_CONCURRENCY = 8
+# Uploads in flight (latency-bound for small files), of which at most
+# LARGE_UPLOAD_CONCURRENCY stream large files: memory stays below
+# UPLOAD_CONCURRENCY x SMALL_FILE_BYTES + LARGE_UPLOAD_CONCURRENCY x (the blob
+# store's multipart buffers + one chunk), whatever the file sizes.
+UPLOAD_CONCURRENCY = 32
+LARGE_UPLOAD_CONCURRENCY = 4
 # `head` requests in flight while looking for missing blobs.
-HEAD_CONCURRENCY = 16
+HEAD_CONCURRENCY = 32
 # Files this small are read whole, checked, then sent as one conditional PUT.
 SMALL_FILE_BYTES = 1 << 20
 READ_CHUNK_BYTES = 1 << 20
 # Rounds of "hash again and upload" for files that change under the capture.
 CHANGED_FILE_ROUNDS = 3
-MIN_SECRET_BYTES = 4
 # Waiting for a sweep to release a condemned key: first and longest pause.
 _PIN_RETRY_FIRST_S = 0.05
 _PIN_RETRY_MAX_S = 1.0
@@ -106,21 +111,6 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _check_secrets(secrets: Iterable[bytes]) -> tuple[bytes, ...]:
-    checked: list[bytes] = []
-    for secret in secrets:
-        if not isinstance(secret, bytes | bytearray | memoryview):
-            raise SandboxCheckpointInvalidArgumentError("secrets must be byte strings")
-        value = bytes(secret)
-        if len(value) < MIN_SECRET_BYTES:
-            # The message says how long, never what: secrets are never echoed.
-            raise SandboxCheckpointInvalidArgumentError(
-                f"every secret must be at least {MIN_SECRET_BYTES} bytes (one has {len(value)})"
-            )
-        checked.append(value)
-    return tuple(checked)
-
-
 def _check_artifacts(artifacts: Iterable[Artifact]) -> tuple[Artifact, ...]:
     checked = tuple(artifacts)
     for artifact in checked:
@@ -130,11 +120,14 @@ def _check_artifacts(artifacts: Iterable[Artifact]) -> tuple[Artifact, ...]:
     return checked
 
 
-def _check_root(root: str) -> None:
+def _workspace_path(workspace_root: str | os.PathLike[str]) -> str:
+    """The absolute root path; SandboxCheckpointInvalidArgumentError unless a directory."""
+    root = os.path.abspath(os.fspath(workspace_root))
     if not os.path.isdir(root):
         raise SandboxCheckpointInvalidArgumentError(
             f"workspace root {root!r} is not a directory", details={"path": root}
         )
+    return root
 
 
 async def capture_checkpoint(
@@ -175,10 +168,9 @@ async def capture_checkpoint(
     """
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
-    checked_secrets = _check_secrets(secrets)
+    checked_secrets = check_secrets(secrets)
     checked_artifacts = _check_artifacts(artifacts)
-    root = os.path.abspath(os.fspath(workspace_root))
-    _check_root(root)
+    root = _workspace_path(workspace_root)
     cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
     policy = policy if policy is not None else Policy()
     clock = now if now is not None else _now_ms
@@ -202,9 +194,7 @@ async def capture_checkpoint(
             entries = list(decode_entries(outcome.manifest))
             keeper.check()
 
-            engine = _Uploader(
-                root, store, blobs, lease, keeper, checked_secrets, reporter, token
-            )
+            engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
             entries = await engine.store_blobs(entries, checked_artifacts, parent)
 
             reporter.phase("append")
@@ -242,7 +232,9 @@ async def capture_checkpoint(
         await lease.release()
 
 
-async def _existing(store: CheckpointStore, checkpoint_id: str, thread_id: str) -> Checkpoint | None:
+async def _existing(
+    store: CheckpointStore, checkpoint_id: str, thread_id: str
+) -> Checkpoint | None:
     """A checkpoint a previous attempt with this id already appended, if any."""
     existing = await store.get(checkpoint_id)
     if existing is None:
@@ -266,9 +258,7 @@ async def _scan(
     secrets: tuple[bytes, ...],
     cache_path: str,
     token: _native.CancelToken,
-) -> Any:
-    from .scanner import scan_workspace
-
+) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token), token.cancel
     )
@@ -306,6 +296,7 @@ class _Uploader:
         self.reporter = reporter
         self.token = token
         self.uploads = _Uploads()
+        self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
 
     def _check_running(self) -> None:
         self.keeper.check()
@@ -340,11 +331,8 @@ class _Uploader:
                 bytes_total=sum(group[0].size for group in by_key.values()),
             )
             changed: list[FileEntry] = []
-            await run_bounded(
-                by_key.values(),
-                lambda group: self._upload_one_of(group, changed, replaced),
-                UPLOAD_CONCURRENCY,
-            )
+            upload = functools.partial(self._upload_one_of, changed=changed, replaced=replaced)
+            await run_bounded(by_key.values(), upload, UPLOAD_CONCURRENCY)
             if not changed:
                 return _apply_replacements(entries, replaced)
             pending = changed
@@ -387,7 +375,9 @@ class _Uploader:
             if await self.blobs.head(key) is None:
                 missing.add(key)
 
-        await run_bounded([key for key in keys if key not in known_present], check, HEAD_CONCURRENCY)
+        await run_bounded(
+            [key for key in keys if key not in known_present], check, HEAD_CONCURRENCY
+        )
         return missing
 
     async def _upload_one_of(
@@ -416,6 +406,12 @@ class _Uploader:
         # Every file with these bytes changed: nothing references the key any more.
 
     async def _upload(self, entry: FileEntry) -> bool:
+        if entry.size <= SMALL_FILE_BYTES:
+            return await self._upload_from_disk(entry)
+        async with self.large_slots:
+            return await self._upload_from_disk(entry)
+
+    async def _upload_from_disk(self, entry: FileEntry) -> bool:
         reader = _VerifyingReader(
             os.path.join(self.root, entry.path), self.secrets, entry, self.reporter
         )

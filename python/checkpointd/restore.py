@@ -34,7 +34,7 @@ import asyncio
 import os
 import stat
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import blake3
@@ -62,12 +62,17 @@ from .model import (
 )
 from .progress import ProgressCallback
 from .safefs import SafeRoot, create_file
+from .scanner import scan_workspace
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore
 from .validation import check_id, check_optional_id, entries_problem
 
-# Blobs fetched at the same time; each streams in fixed memory.
-FETCH_CONCURRENCY = 8
+# Blobs fetched at the same time (latency-bound for small files), of which at
+# most LARGE_FETCH_CONCURRENCY stream large blobs; a small blob is gathered in
+# memory, so the bound is FETCH_CONCURRENCY x SMALL_BLOB_BYTES plus chunks.
+FETCH_CONCURRENCY = 32
+LARGE_FETCH_CONCURRENCY = 4
+SMALL_BLOB_BYTES = 1 << 20
 _RESERVED_TOP_LEVEL = ".checkpointd"
 _COPY_CHUNK = 1 << 20
 
@@ -76,7 +81,8 @@ _COPY_CHUNK = 1 << 20
 class RestorePlan:
     """What restore changes, computed from the checkpoint and the live tree."""
 
-    deletions: list[tuple[str, bool]] = field(default_factory=list)  # (path, is_dir), deepest first
+    # (path, what stands there: "dir", "leaf" or "unsupported"), deepest first.
+    deletions: list[tuple[str, str]] = field(default_factory=list)
     dirs_to_make: list[DirEntry] = field(default_factory=list)  # shallowest first
     writes: list[FileEntry] = field(default_factory=list)  # content differs or missing
     links: list[SymlinkEntry] = field(default_factory=list)
@@ -129,12 +135,12 @@ def plan_restore(
     """Compare the checkpoint's entries with the live (policy-selected) ones."""
     plan = RestorePlan()
     live_by_path: dict[str, Entry] = {entry.path: entry for entry in live}
-    doomed: list[tuple[str, bool]] = [
-        (entry.path, isinstance(entry, DirEntry))
+    doomed: list[tuple[str, str]] = [
+        (entry.path, "dir" if isinstance(entry, DirEntry) else "leaf")
         for entry in live
         if entry.path not in targets
     ]
-    doomed += [(path, False) for path in unsupported if path not in targets]
+    doomed += [(path, "unsupported") for path in unsupported if path not in targets]
     # Reverse byte order puts every path after its descendants ("a/b" > "a").
     plan.deletions = sorted(doomed, key=lambda item: _path_key(item[0]), reverse=True)
 
@@ -187,7 +193,7 @@ async def restore_checkpoint(
     """
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
-    root = os.path.abspath(os.fspath(workspace_root))
+    root = _absolute(workspace_root)
     cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
     policy = policy if policy is not None else Policy()
     reporter = PhaseReporter(progress)
@@ -220,6 +226,10 @@ async def restore_checkpoint(
             return checkpoint
     finally:
         await lease.release()
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    return os.path.abspath(os.fspath(path))
 
 
 async def _resolve(
@@ -258,8 +268,6 @@ async def _scan_live(
     root: str, policy: Policy, cache_path: str
 ) -> tuple[tuple[Entry, ...], list[str]]:
     """The workspace as the policy sees it; secrets are not zeroed (none are known)."""
-    from .scanner import scan_workspace
-
     token = _native.CancelToken()
     outcome = await run_in_thread(
         lambda: scan_workspace(root, policy, (), cache_path, cancel=token), token.cancel
@@ -286,10 +294,9 @@ async def _fetch_and_apply(
                 files_total=len(plan.blob_sizes),
                 bytes_total=sum(plan.blob_sizes.values()),
             )
+            fetcher = _Fetcher(blobs, staging_fd, reporter)
             await run_bounded(
-                plan.blob_sizes.items(),
-                lambda item: _fetch_blob(blobs, item[0], item[1], staging_fd, reporter),
-                FETCH_CONCURRENCY,
+                plan.blob_sizes.items(), lambda item: fetcher.fetch(*item), FETCH_CONCURRENCY
             )
             keeper.check()
             # Phase report before the first change: a caller's hook runs here.
@@ -320,49 +327,88 @@ class _StagedBlob:
         while view:
             view = view[os.write(self.fd, view) :]
 
-
-async def _fetch_blob(
-    blobs: BlobStore, key: str, size: int, staging_fd: int, reporter: PhaseReporter
-) -> None:
-    """Stream one blob into staging; MISSING_BLOB / INVALID_BLOB on failure."""
-
-    def invalid(reason: str) -> SandboxSnapshotError:
-        return SandboxSnapshotError(
-            INVALID_BLOB, f"blob {key} is invalid: {reason}", details={"key": key}
-        )
-
-    sink = _StagedBlob(staging_fd, key)
-    try:
+    def write_all(self, chunks: list[bytes]) -> None:
+        """Write a small blob's chunks and close, in one trip to a worker thread."""
         try:
-            async for chunk in blobs.get_stream(key):
-                if sink.size + len(chunk) > size:
+            for chunk in chunks:
+                self.write(chunk)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Fetcher:
+    """Fetches blobs into staging, verifying each; MISSING_BLOB / INVALID_BLOB.
+
+    Small blobs are gathered in memory (at most SMALL_BLOB_BYTES each) and
+    written in one worker-thread trip, as most of a workspace is small files;
+    large ones stream chunk by chunk, a few at a time to bound memory.
+    """
+
+    def __init__(self, blobs: BlobStore, staging_fd: int, reporter: PhaseReporter) -> None:
+        self.blobs = blobs
+        self.staging_fd = staging_fd
+        self.reporter = reporter
+        self.large_slots = asyncio.Semaphore(LARGE_FETCH_CONCURRENCY)
+
+    async def fetch(self, key: str, size: int) -> None:
+        sink = _StagedBlob(self.staging_fd, key)
+        try:
+            if size <= SMALL_BLOB_BYTES:
+                chunks = [chunk async for chunk in self._chunks(key, size, sink)]
+                await asyncio.to_thread(sink.write_all, chunks)
+            else:
+                async with self.large_slots:
+                    async for chunk in self._chunks(key, size, sink):
+                        await asyncio.to_thread(sink.write, chunk)
+        finally:
+            sink.close()
+        if sink.size != size:
+            raise _invalid_blob(key, f"{sink.size} bytes where the checkpoint records {size}")
+        if sink.hasher.hexdigest() != key[len(FILE_KEY_PREFIX) :]:
+            raise _invalid_blob(key, "its BLAKE3 hash does not match its key")
+        self.reporter.advance(files=1)
+
+    async def _chunks(self, key: str, size: int, sink: _StagedBlob) -> AsyncIterator[bytes]:
+        received = 0
+        try:
+            async for chunk in self.blobs.get_stream(key):
+                received += len(chunk)
+                if received > size:
                     # Stop early: a hostile or corrupt blob must not fill the disk.
-                    raise invalid(f"longer than the {size} bytes the checkpoint records")
-                await asyncio.to_thread(sink.write, chunk)
-                reporter.advance(nbytes=len(chunk))
+                    raise _invalid_blob(key, f"longer than the {size} bytes the checkpoint records")
+                self.reporter.advance(nbytes=len(chunk))
+                yield chunk
         except BlobNotFoundError:
             raise SandboxSnapshotError(
-                MISSING_BLOB, f"blob {key} is missing from {blobs.url}", details={"key": key}
+                MISSING_BLOB, f"blob {key} is missing from {self.blobs.url}", details={"key": key}
             ) from None
-    finally:
-        os.close(sink.fd)
-    if sink.size != size:
-        raise invalid(f"{sink.size} bytes where the checkpoint records {size}")
-    if sink.hasher.hexdigest() != key[len(FILE_KEY_PREFIX) :]:
-        raise invalid("its BLAKE3 hash does not match its key")
-    reporter.advance(files=1)
+
+
+def _invalid_blob(key: str, reason: str) -> SandboxSnapshotError:
+    return SandboxSnapshotError(
+        INVALID_BLOB, f"blob {key} is invalid: {reason}", details={"key": key}
+    )
 
 
 def _apply(
     safe: SafeRoot, plan: RestorePlan, staging_fd: int, reporter: PhaseReporter, stop: StopFlag
 ) -> None:
     """Change the workspace (runs in a worker thread; ``stop`` ends it early)."""
-    for path, is_dir in plan.deletions:
+    for path, kind in plan.deletions:
         stop.raise_if_set()
-        if is_dir:
+        if kind == "dir":
             safe.remove_dir_if_empty(path)  # one holding excluded paths stays
-        else:
+        elif kind == "leaf":
             safe.remove_leaf(path)
+        else:
+            # A fifo, an escaping link, a non-UTF-8 name (perhaps a whole directory
+            # the scan could not enter): the policy selects it, so it goes.
+            safe.remove(path)
         reporter.advance(files=1)
     for directory in plan.dirs_to_make:
         stop.raise_if_set()

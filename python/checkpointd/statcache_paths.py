@@ -22,13 +22,17 @@ def _is_within(path: str, ancestor: str) -> bool:
     return path == ancestor or path.startswith(ancestor.rstrip("/") + "/")
 
 
-def resolve_data_dir(workspace_root: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None) -> Path:
+def resolve_data_dir(
+    workspace_root: str | os.PathLike[str], data_dir: str | os.PathLike[str] | None
+) -> Path:
     """The absolute data directory, created if missing (mode 0700).
 
     Raises SandboxCheckpointInvalidArgumentError when it is the workspace or lies
     inside it (symlinks resolved on both sides, so a link cannot sneak it in).
     """
-    chosen = Path(os.path.expanduser(os.fspath(data_dir) if data_dir is not None else DEFAULT_DATA_DIR))
+    chosen = Path(
+        os.path.expanduser(os.fspath(data_dir) if data_dir is not None else DEFAULT_DATA_DIR)
+    )
     resolved_data = os.path.realpath(chosen)
     resolved_root = os.path.realpath(workspace_root)
     if _is_within(resolved_data, resolved_root):

@@ -55,7 +55,10 @@ pub fn symlink_stays_inside(link_path: &str, target: &[u8], roots: &[&[u8]]) -> 
             None => return false,
         };
         return roots.iter().any(|root| {
-            let root_parts: Vec<&[u8]> = root.split(|&b| b == b'/').filter(|p| !p.is_empty()).collect();
+            let root_parts: Vec<&[u8]> = root
+                .split(|&b| b == b'/')
+                .filter(|p| !p.is_empty())
+                .collect();
             normalised.len() >= root_parts.len() && normalised[..root_parts.len()] == root_parts[..]
         });
     }

@@ -9,7 +9,11 @@ use crate::redact::ShortSecretError;
 #[derive(Debug)]
 pub enum ScanError {
     /// A system call failed on `path` (absolute, for the message).
-    Io { path: PathBuf, op: &'static str, source: io::Error },
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        source: io::Error,
+    },
     Pattern(PatternError),
     ShortSecret(ShortSecretError),
     RootNotDirectory(PathBuf),
@@ -21,7 +25,11 @@ pub enum ScanError {
 
 impl ScanError {
     pub fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> ScanError {
-        ScanError::Io { path: path.into(), op, source }
+        ScanError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
     }
 }
 
@@ -31,11 +39,19 @@ impl std::fmt::Display for ScanError {
             ScanError::Io { path, op, source } => write!(f, "{op} {}: {source}", path.display()),
             ScanError::Pattern(e) => write!(f, "{e}"),
             ScanError::ShortSecret(e) => write!(f, "{e}"),
-            ScanError::RootNotDirectory(p) => write!(f, "workspace root {} is not a directory", p.display()),
-            ScanError::RootIsSymlink(p) => {
-                write!(f, "workspace root {} is a symlink; pass the real directory", p.display())
+            ScanError::RootNotDirectory(p) => {
+                write!(f, "workspace root {} is not a directory", p.display())
             }
-            ScanError::Changed(p) => write!(f, "{} kept changing while it was scanned", p.display()),
+            ScanError::RootIsSymlink(p) => {
+                write!(
+                    f,
+                    "workspace root {} is a symlink; pass the real directory",
+                    p.display()
+                )
+            }
+            ScanError::Changed(p) => {
+                write!(f, "{} kept changing while it was scanned", p.display())
+            }
             ScanError::Cancelled => write!(f, "scan cancelled"),
         }
     }

@@ -81,7 +81,14 @@ pub fn lstat_path(path: &Path) -> io::Result<Stat> {
 pub fn lstat_at(dir: RawFd, name: &CStr) -> io::Result<Stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
     // SAFETY: valid fd, C string and writable stat storage.
-    check(unsafe { libc::fstatat(dir, name.as_ptr(), st.as_mut_ptr(), libc::AT_SYMLINK_NOFOLLOW) })?;
+    check(unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
     // SAFETY: fstatat succeeded.
     Ok(Stat::from_raw(unsafe { &st.assume_init() }))
 }
@@ -99,9 +106,7 @@ pub fn readlink_at(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     loop {
         // SAFETY: `buf` is writable for `buf.len()` bytes.
-        let n = unsafe {
-            libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len())
-        };
+        let n = unsafe { libc::readlinkat(dir, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -154,7 +159,9 @@ pub fn open_beneath(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<O
         let how = OpenHow {
             flags: flags as u64,
             mode: 0,
-            resolve: libc::RESOLVE_BENEATH | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+            resolve: libc::RESOLVE_BENEATH
+                | libc::RESOLVE_NO_SYMLINKS
+                | libc::RESOLVE_NO_MAGICLINKS,
         };
         // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
         let ret = unsafe {
@@ -182,7 +189,10 @@ pub fn open_beneath(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<O
 }
 
 fn open_beneath_stepwise(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
-    let parts: Vec<&[u8]> = rel.split(|&b| b == b'/').filter(|p| !p.is_empty()).collect();
+    let parts: Vec<&[u8]> = rel
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty())
+        .collect();
     let Some((last, parents)) = parts.split_last() else {
         return Err(io::Error::from_raw_os_error(libc::EINVAL));
     };
@@ -275,9 +285,7 @@ impl DirReader {
                 };
             }
             // SAFETY: d_name is a NUL-terminated array inside the entry.
-            let (name, d_type) = unsafe {
-                (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type)
-            };
+            let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type) };
             let bytes = name.to_bytes();
             if bytes == b"." || bytes == b".." {
                 continue;

@@ -131,12 +131,20 @@ mod tests {
 
     #[test]
     fn streaming_equals_one_shot() {
-        let data: Vec<u8> = (0..(3 * WHOLE_READ_LIMIT + 12_345)).map(|i| (i * 7 % 253) as u8).collect();
+        let data: Vec<u8> = (0..(3 * WHOLE_READ_LIMIT + 12_345))
+            .map(|i| (i * 7 % 253) as u8)
+            .collect();
         let mut scratch = Vec::new();
         let cancel = Cancel::new();
         for parallel in [false, true] {
-            let (digest, size) =
-                hash_reader(&data[..], &SecretSet::empty(), &cancel, parallel, &mut scratch).unwrap();
+            let (digest, size) = hash_reader(
+                &data[..],
+                &SecretSet::empty(),
+                &cancel,
+                parallel,
+                &mut scratch,
+            )
+            .unwrap();
             assert_eq!(size, data.len() as u64);
             assert_eq!(digest, *blake3::hash(&data).as_bytes());
         }

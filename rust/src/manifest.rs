@@ -3,8 +3,6 @@
 //! `["l", path, target]`, written byte-for-byte as Python's
 //! `json.dumps(rows, separators=(",", ":"), ensure_ascii=False)` would.
 
-use crate::hash::to_hex;
-
 /// Appends rows to one growing buffer; `finish` closes the array.
 pub struct ManifestWriter {
     out: Vec<u8>,
@@ -30,14 +28,22 @@ impl ManifestWriter {
         self.begin_row(b'f');
         write_json_string(&mut self.out, path);
         self.out.extend_from_slice(b",\"");
-        self.out.extend_from_slice(to_hex(hash).as_bytes());
-        self.out.extend_from_slice(format!("\",{size},{mode},{mtime_ns}]").as_bytes());
+        write_hex(&mut self.out, hash);
+        self.out.extend_from_slice(b"\",");
+        write_int(&mut self.out, size as i128);
+        self.out.push(b',');
+        write_int(&mut self.out, mode as i128);
+        self.out.push(b',');
+        write_int(&mut self.out, mtime_ns as i128);
+        self.out.push(b']');
     }
 
     pub fn dir(&mut self, path: &str, mode: u32) {
         self.begin_row(b'd');
         write_json_string(&mut self.out, path);
-        self.out.extend_from_slice(format!(",{mode}]").as_bytes());
+        self.out.push(b',');
+        write_int(&mut self.out, mode as i128);
+        self.out.push(b']');
     }
 
     pub fn symlink(&mut self, path: &str, target: &str) {
@@ -56,6 +62,34 @@ impl ManifestWriter {
         self.out.push(b']');
         self.out
     }
+}
+
+/// Lowercase hex, straight into the buffer (no temporary String per row).
+fn write_hex(out: &mut Vec<u8>, digest: &[u8; 32]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in digest {
+        out.push(HEX[(b >> 4) as usize]);
+        out.push(HEX[(b & 15) as usize]);
+    }
+}
+
+/// A decimal integer, straight into the buffer.
+fn write_int(out: &mut Vec<u8>, value: i128) {
+    let mut digits = [0u8; 40];
+    let mut n = value.unsigned_abs();
+    let mut at = digits.len();
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        out.push(b'-');
+    }
+    out.extend_from_slice(&digits[at..]);
 }
 
 /// A JSON string as Python's `json` module writes it with `ensure_ascii=False`:
@@ -120,8 +154,13 @@ mod tests {
         let zeros = "0".repeat(64);
         assert_eq!(
             text,
-            format!("[[\"d\",\"d\",493],[\"f\",\"d/f\",\"{zeros}\",3,420,-5],[\"l\",\"d/l\",\"f\"]]")
+            format!(
+                "[[\"d\",\"d\",493],[\"f\",\"d/f\",\"{zeros}\",3,420,-5],[\"l\",\"d/l\",\"f\"]]"
+            )
         );
-        assert_eq!(String::from_utf8(ManifestWriter::with_capacity(0).finish()).unwrap(), "[]");
+        assert_eq!(
+            String::from_utf8(ManifestWriter::with_capacity(0).finish()).unwrap(),
+            "[]"
+        );
     }
 }

@@ -38,7 +38,10 @@ pub struct SecretSet {
 
 impl SecretSet {
     pub fn empty() -> SecretSet {
-        SecretSet { matcher: None, max_len: 0 }
+        SecretSet {
+            matcher: None,
+            max_len: 0,
+        }
     }
 
     /// Errors when a secret is shorter than [`MIN_SECRET_LEN`].
@@ -57,7 +60,10 @@ impl SecretSet {
             .match_kind(MatchKind::Standard)
             .build(secrets)
             .expect("an Aho-Corasick automaton over a few secrets always builds");
-        Ok(SecretSet { matcher: Some(matcher), max_len })
+        Ok(SecretSet {
+            matcher: Some(matcher),
+            max_len,
+        })
     }
 
     pub fn is_empty(&self) -> bool {
@@ -158,7 +164,11 @@ impl<R: Read> ZeroingStream<R> {
         }
         // Before EOF the last `overlap` bytes wait for the next read; at EOF
         // whatever exceeds one chunk is emitted by the next call.
-        let emit = if self.eof { filled.min(self.chunk) } else { filled - overlap };
+        let emit = if self.eof {
+            filled.min(self.chunk)
+        } else {
+            filled - overlap
+        };
         self.carry.clear();
         self.carry.extend_from_slice(&self.window[emit..filled]);
         // Matches reaching into `carry` from earlier windows (their start is gone).
@@ -220,7 +230,10 @@ mod tests {
 
     #[test]
     fn short_secret_rejected() {
-        assert_eq!(SecretSet::new(&[b"abc"]).unwrap_err(), ShortSecretError { index: 0, len: 3 });
+        assert_eq!(
+            SecretSet::new(&[b"abc"]).unwrap_err(),
+            ShortSecretError { index: 0, len: 3 }
+        );
     }
 
     #[test]

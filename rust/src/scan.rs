@@ -42,6 +42,31 @@ pub struct ScanOutput {
     pub files_hashed: u64,
     pub files_reused: u64,
     pub bytes_hashed: u64,
+    /// Wall milliseconds per phase, in order.
+    pub phases_ms: Vec<(&'static str, f64)>,
+}
+
+/// Wall time per phase of a scan.
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Close the phase that just ended.
+    fn end(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.done
+            .push((name, (now - self.last).as_secs_f64() * 1e3));
+        self.last = now;
+    }
 }
 
 /// How often a file that changes while we hash it is retried before giving up.
@@ -58,7 +83,13 @@ pub struct Root {
 impl Root {
     /// Errors: RootIsSymlink, RootNotDirectory, or Io when it cannot be read.
     pub fn open(root: &Path) -> Result<Root, ScanError> {
-        let path = std::path::absolute(root).map_err(|e| ScanError::io(root, "resolve", e))?;
+        let path = if root.is_absolute() {
+            root.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| ScanError::io(root, "resolve", e))?
+                .join(root)
+        };
         let stat = fs::lstat_path(&path).map_err(|e| ScanError::io(&path, "lstat", e))?;
         if stat.is_symlink() {
             return Err(ScanError::RootIsSymlink(path));
@@ -80,7 +111,9 @@ impl Root {
 
 pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
     let threads = if threads == 0 {
-        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
     } else {
         threads
     };
@@ -106,6 +139,7 @@ enum Row {
 
 /// Run a scan. Errors: see [`ScanError`].
 pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
+    let mut phases = Phases::start();
     let secrets = SecretSet::new(&request.secrets)?;
     let fingerprint = secrets_fingerprint(&request.secrets);
     let root = Root::open(&request.root)?;
@@ -116,13 +150,15 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     let (old_cache, reference_ns) = match &request.cache_path {
         Some(path) => {
             let dir = cache_dir(path)?;
-            let now = fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
+            let now = fs::filesystem_now(&dir)
+                .map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
             (StatCache::load(path), now)
         }
         None => (None, 0),
     };
 
     let pool = build_pool(request.threads)?;
+    phases.end("setup");
     let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
     let walker = Walker {
         root_fd: root.fd.as_raw_fd(),
@@ -132,16 +168,27 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
         cancel,
     };
     let found = walker.walk(&pool)?;
+    phases.end("walk");
 
     // Split, sort.
     let mut unsupported = Vec::new();
     let mut rows: Vec<(String, Row, bool)> = Vec::with_capacity(found.len());
     for f in found {
         match f {
-            Found::File { path, stat } => {
-                rows.push((path, Row::File(FileSlot { stat, hash: None, vanished: false }), true))
-            }
-            Found::Dir { path, mode, included } => rows.push((path, Row::Dir { mode }, included)),
+            Found::File { path, stat } => rows.push((
+                path,
+                Row::File(FileSlot {
+                    stat,
+                    hash: None,
+                    vanished: false,
+                }),
+                true,
+            )),
+            Found::Dir {
+                path,
+                mode,
+                included,
+            } => rows.push((path, Row::Dir { mode }, included)),
             Found::Symlink { path, target } => rows.push((path, Row::Symlink { target }, true)),
             Found::Unsupported { path, kind } => unsupported.push((path, kind)),
         }
@@ -154,13 +201,16 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     if cancel.is_cancelled() {
         return Err(ScanError::Cancelled);
     }
+    phases.end("sort");
 
     // Reuse what the cache vouches for; collect the rest.
     let mut files_reused = 0u64;
     let mut to_hash: Vec<(usize, &str, &mut FileSlot)> = Vec::new();
     for (index, (path, row, _)) in rows.iter_mut().enumerate() {
         if let Row::File(slot) = row {
-            let cached = old_cache.as_ref().and_then(|c| c.reusable(path, &slot.stat, &fingerprint));
+            let cached = old_cache
+                .as_ref()
+                .and_then(|c| c.reusable(path, &slot.stat, &fingerprint));
             match cached {
                 Some(h) => {
                     slot.hash = Some(h);
@@ -183,17 +233,22 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
         bytes_hashed += r?;
     }
     drop(to_hash);
+    phases.end("hash");
 
     // Encode.
     let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
-    let mut cache_entries = Vec::with_capacity(rows.len());
     for (path, row, _) in &rows {
         match row {
             Row::File(slot) if slot.vanished => {}
             Row::File(slot) => {
                 let hash = slot.hash.expect("every kept file was hashed or reused");
-                writer.file(path, &hash, slot.stat.size, slot.stat.mode & 0o777, slot.stat.mtime_ns);
-                cache_entries.push((path.clone(), CacheEntry::new(&slot.stat, hash)));
+                writer.file(
+                    path,
+                    &hash,
+                    slot.stat.size,
+                    slot.stat.mode & 0o777,
+                    slot.stat.mtime_ns,
+                );
             }
             Row::Dir { mode } => writer.dir(path, *mode),
             Row::Symlink { target } => writer.symlink(path, target),
@@ -201,20 +256,42 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     }
     let entries = writer.rows() as u64;
     let manifest = writer.finish();
+    phases.end("encode");
 
     if let Some(path) = &request.cache_path {
         // Rewrite only when something changed; an untouched cache stays valid
         // under its own (older) reference time.
         let unchanged = old_cache.as_ref().is_some_and(|old| {
-            files_hashed == 0 && old.fingerprint == fingerprint && old.entries.len() as u64 == files_reused
+            files_hashed == 0
+                && old.fingerprint == fingerprint
+                && old.entries.len() as u64 == files_reused
         });
         if !unchanged {
-            let cache = StatCache { fingerprint, reference_ns, entries: cache_entries };
-            cache.save(path).map_err(|e| ScanError::io(path, "save stat cache", e))?;
+            // The rows are done with: move their paths into the cache.
+            let entries = rows
+                .into_iter()
+                .filter_map(|(path, row, _)| match row {
+                    Row::File(slot) if !slot.vanished => {
+                        let hash = slot.hash.expect("every kept file was hashed or reused");
+                        Some((path, CacheEntry::new(&slot.stat, hash)))
+                    }
+                    _ => None,
+                })
+                .collect();
+            let cache = StatCache {
+                fingerprint,
+                reference_ns,
+                entries,
+            };
+            cache
+                .save(path)
+                .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
 
+    phases.end("save_cache");
     Ok(ScanOutput {
+        phases_ms: phases.done,
         manifest,
         unsupported,
         entries,
@@ -340,18 +417,23 @@ pub fn record_in_cache(
     let dir = cache_dir(cache_path)?;
     let mut cache = match StatCache::load(cache_path) {
         Some(c) if c.fingerprint == fingerprint => c,
-        _ => StatCache { fingerprint, ..StatCache::default() },
+        _ => StatCache {
+            fingerprint,
+            ..StatCache::default()
+        },
     };
     // Entries racy under the old reference would look clean under the new one.
     cache.forget_racy();
-    cache.reference_ns = fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
+    cache.reference_ns =
+        fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
     let mut updates: Vec<(String, CacheEntry)> = Vec::with_capacity(files.len());
     for (path, hash) in files {
         let fd = match fs::open_beneath(root.fd.as_raw_fd(), path.as_bytes(), fs::READ_FLAGS) {
             Ok(fd) => fd,
             Err(_) => continue,
         };
-        let stat = fs::fstat(fd.as_raw_fd()).map_err(|e| ScanError::io(root.path.join(path), "fstat", e))?;
+        let stat = fs::fstat(fd.as_raw_fd())
+            .map_err(|e| ScanError::io(root.path.join(path), "fstat", e))?;
         if !stat.is_file() || stat.mtime_ns == stat.ctime_ns {
             continue;
         }
@@ -370,5 +452,7 @@ pub fn record_in_cache(
     }
     merged.extend(old);
     cache.entries = merged;
-    cache.save(cache_path).map_err(|e| ScanError::io(cache_path, "save stat cache", e))
+    cache
+        .save(cache_path)
+        .map_err(|e| ScanError::io(cache_path, "save stat cache", e))
 }

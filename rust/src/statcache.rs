@@ -73,9 +73,32 @@ impl StatCache {
         if &self.fingerprint != fingerprint {
             return None;
         }
-        let index = self.entries.binary_search_by(|(p, _)| p.as_str().cmp(path)).ok()?;
+        let index = self
+            .entries
+            .binary_search_by(|(p, _)| p.as_str().cmp(path))
+            .ok()?;
         let entry = &self.entries[index].1;
         (entry.same_stat(stat) && entry.mtime_ns < self.reference_ns).then_some(entry.hash)
+    }
+
+    /// Like [`StatCache::reusable`] for callers visiting paths in ascending
+    /// order: `cursor` remembers where the last lookup ended (a merge, not a search).
+    pub fn reusable_in_order(
+        &self,
+        cursor: &mut usize,
+        path: &str,
+        stat: &Stat,
+        fingerprint: &[u8; 32],
+    ) -> Option<[u8; 32]> {
+        if &self.fingerprint != fingerprint {
+            return None;
+        }
+        while *cursor < self.entries.len() && self.entries[*cursor].0.as_str() < path {
+            *cursor += 1;
+        }
+        let (cached_path, entry) = self.entries.get(*cursor)?;
+        (cached_path == path && entry.same_stat(stat) && entry.mtime_ns < self.reference_ns)
+            .then_some(entry.hash)
     }
 
     /// Read the cache at `path`; None when missing or not a valid cache.
@@ -115,13 +138,20 @@ impl StatCache {
 fn temp_path(path: &Path) -> PathBuf {
     static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
     name.push(format!(".tmp-{}-{}", std::process::id(), n));
     path.with_file_name(name)
 }
 
 pub fn encode(cache: &StatCache) -> Vec<u8> {
-    let per_entry: usize = cache.entries.iter().map(|(p, _)| p.len() + 4 + 8 * 5 + 4 + 32).sum();
+    let per_entry: usize = cache
+        .entries
+        .iter()
+        .map(|(p, _)| p.len() + 4 + 8 * 5 + 4 + 32)
+        .sum();
     let mut out = Vec::with_capacity(8 + 32 + 16 + per_entry + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&cache.fingerprint);
@@ -215,13 +245,20 @@ pub fn decode(data: &[u8]) -> Option<StatCache> {
     if r.pos != body.len() {
         return None;
     }
-    Some(StatCache { fingerprint, reference_ns, entries })
+    Some(StatCache {
+        fingerprint,
+        reference_ns,
+        entries,
+    })
 }
 
 /// A keyed BLAKE3 of the sorted, de-duplicated secret set: the cache can tell
 /// whether its hashes were made with the same secrets without storing them.
 pub fn secrets_fingerprint<S: AsRef<[u8]>>(secrets: &[S]) -> [u8; 32] {
-    let key = blake3::derive_key("checkpointd 2026-11 stat cache secret-set fingerprint v1", b"");
+    let key = blake3::derive_key(
+        "checkpointd 2026-11 stat cache secret-set fingerprint v1",
+        b"",
+    );
     let mut sorted: Vec<&[u8]> = secrets.iter().map(|s| s.as_ref()).collect();
     sorted.sort();
     sorted.dedup();
@@ -277,7 +314,10 @@ mod tests {
         let cache = sample();
         cache.save(&path).unwrap();
         assert_eq!(StatCache::load(&path), Some(cache));
-        assert_eq!(std::fs::read_dir(path.parent().unwrap()).unwrap().count(), 1);
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1
+        );
         assert_eq!(StatCache::load(&dir.path().join("missing")), None);
     }
 
@@ -295,16 +335,43 @@ mod tests {
             ctime_ns: e.ctime_ns,
         };
         assert_eq!(cache.reusable(path, &stat, &fp), Some(e.hash));
-        assert_eq!(cache.reusable(path, &Stat { ctime_ns: 5, ..stat }, &fp), None);
+        let mut cursor = 0;
+        assert_eq!(cache.reusable_in_order(&mut cursor, "a", &stat, &fp), None);
+        assert_eq!(
+            cache.reusable_in_order(&mut cursor, path, &stat, &fp),
+            Some(e.hash)
+        );
+        assert_eq!(cache.reusable_in_order(&mut cursor, "az", &stat, &fp), None);
+        assert_eq!(cursor, 2);
+        assert_eq!(
+            cache.reusable(
+                path,
+                &Stat {
+                    ctime_ns: 5,
+                    ..stat
+                },
+                &fp
+            ),
+            None
+        );
         assert_eq!(cache.reusable("zz", &stat, &fp), None);
-        assert_eq!(cache.reusable(path, &stat, &secrets_fingerprint(&[b"abcd"])), None);
-        let racy = StatCache { reference_ns: e.mtime_ns, ..cache.clone() };
+        assert_eq!(
+            cache.reusable(path, &stat, &secrets_fingerprint(&[b"abcd"])),
+            None
+        );
+        let racy = StatCache {
+            reference_ns: e.mtime_ns,
+            ..cache.clone()
+        };
         assert_eq!(racy.reusable(path, &stat, &fp), None);
     }
 
     #[test]
     fn fingerprint_is_order_free_and_length_prefixed() {
-        assert_eq!(secrets_fingerprint(&[b"abcd", b"efgh"]), secrets_fingerprint(&[b"efgh", b"abcd"]));
+        assert_eq!(
+            secrets_fingerprint(&[b"abcd", b"efgh"]),
+            secrets_fingerprint(&[b"efgh", b"abcd"])
+        );
         assert_ne!(
             secrets_fingerprint(&[b"abcd".as_slice(), b"efgh"]),
             secrets_fingerprint(&[b"abcdefgh".as_slice()])

@@ -19,12 +19,25 @@ use crate::policy::PolicyMatcher;
 /// One kept entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Found {
-    File { path: String, stat: Stat },
+    File {
+        path: String,
+        stat: Stat,
+    },
     /// `included`: the include list takes it (or the list is empty); a
     /// directory that is not included is recorded only if it holds a recorded entry.
-    Dir { path: String, mode: u32, included: bool },
-    Symlink { path: String, target: String },
-    Unsupported { path: Vec<u8>, kind: Unsupported },
+    Dir {
+        path: String,
+        mode: u32,
+        included: bool,
+    },
+    Symlink {
+        path: String,
+        target: String,
+    },
+    Unsupported {
+        path: Vec<u8>,
+        kind: Unsupported,
+    },
 }
 
 impl Found {
@@ -56,7 +69,9 @@ struct Shared {
 impl Shared {
     fn fail(&self, error: ScanError) {
         let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() || matches!(*slot, Some(ScanError::Cancelled)) && !matches!(error, ScanError::Cancelled) {
+        if slot.is_none()
+            || matches!(*slot, Some(ScanError::Cancelled)) && !matches!(error, ScanError::Cancelled)
+        {
             *slot = Some(error);
         }
     }
@@ -69,8 +84,13 @@ impl Shared {
 impl Walker<'_> {
     /// Walk everything beneath the root on `pool`.
     pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<Vec<Found>, ScanError> {
-        let shared = Shared { found: Mutex::new(Vec::new()), error: Mutex::new(None) };
-        pool.scope(|scope| self.visit(scope, &shared, String::new(), true));
+        let shared = Shared {
+            found: Mutex::new(Vec::new()),
+            error: Mutex::new(None),
+        };
+        // The root itself is "included" only when there is no include list.
+        let root_included = !self.policy.has_include();
+        pool.scope(|scope| self.visit(scope, &shared, String::new(), root_included));
         if let Some(error) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(error);
         }
@@ -95,14 +115,24 @@ impl Walker<'_> {
         fs::open_beneath(self.root_fd, rel.as_bytes(), fs::DIR_FLAGS)
     }
 
-    fn visit<'s>(&'s self, scope: &rayon::Scope<'s>, shared: &'s Shared, rel: String, included: bool) {
+    fn visit<'s>(
+        &'s self,
+        scope: &rayon::Scope<'s>,
+        shared: &'s Shared,
+        rel: String,
+        included: bool,
+    ) {
         if shared.failed() {
             return;
         }
         match self.list(scope, shared, &rel, included) {
             Ok(found) => {
                 if !found.is_empty() {
-                    shared.found.lock().unwrap_or_else(|e| e.into_inner()).push(found);
+                    shared
+                        .found
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push(found);
                 }
             }
             Err(error) => shared.fail(error),
@@ -133,7 +163,8 @@ impl Walker<'_> {
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
             Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
         };
-        let mut reader = DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
+        let mut reader =
+            DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
         let dir_fd = reader.fd();
         let parent_segments: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
         let mut found = Vec::new();
@@ -209,12 +240,19 @@ impl Walker<'_> {
             path_bytes.extend_from_slice(name_bytes);
             if !utf8 {
                 // Its children would have non-UTF-8 paths too: report it, do not enter.
-                found.push(Found::Unsupported { path: path_bytes, kind: Unsupported::NonUtf8Name });
+                found.push(Found::Unsupported {
+                    path: path_bytes,
+                    kind: Unsupported::NonUtf8Name,
+                });
                 continue;
             }
             let path = String::from_utf8(path_bytes).expect("joined UTF-8 parts");
             if stat.is_dir() {
-                found.push(Found::Dir { path: path.clone(), mode: stat.mode & 0o777, included });
+                found.push(Found::Dir {
+                    path: path.clone(),
+                    mode: stat.mode & 0o777,
+                    included,
+                });
                 scope.spawn(move |s| self.visit(s, shared, path, included));
             } else if stat.is_file() {
                 found.push(Found::File { path, stat });
@@ -225,7 +263,10 @@ impl Walker<'_> {
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
                 };
                 if !symlink_stays_inside(&path, &target, self.roots) {
-                    found.push(Found::Unsupported { path: path.into_bytes(), kind: Unsupported::SymlinkEscapes });
+                    found.push(Found::Unsupported {
+                        path: path.into_bytes(),
+                        kind: Unsupported::SymlinkEscapes,
+                    });
                     continue;
                 }
                 match String::from_utf8(target) {
@@ -238,7 +279,10 @@ impl Walker<'_> {
                 }
             } else {
                 let kind = Unsupported::from_mode(stat.mode).unwrap_or(Unsupported::Unknown);
-                found.push(Found::Unsupported { path: path.into_bytes(), kind });
+                found.push(Found::Unsupported {
+                    path: path.into_bytes(),
+                    kind,
+                });
             }
         }
         Ok(found)
@@ -249,7 +293,10 @@ impl Walker<'_> {
         if self.policy.excludes_entry(segments, is_dir) {
             return None;
         }
-        Some(self.policy.included_below(parent_included, segments, is_dir))
+        Some(
+            self.policy
+                .included_below(parent_included, segments, is_dir),
+        )
     }
 
     /// lstat relative to the directory; Ok(None) when the entry vanished.
@@ -261,4 +308,3 @@ impl Walker<'_> {
         }
     }
 }
-

@@ -95,3 +95,8 @@ def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAS
         else:
             path.write_bytes(content)
             os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def lexists(path: Path) -> bool:
+    """True when anything (a dangling link too) stands at ``path``."""
+    return os.path.lexists(path)

@@ -13,12 +13,21 @@ import sys
 
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
-from checkpointd.errors import SandboxCheckpointWriterConflictError
+from checkpointd.errors import (
+    SandboxCheckpointWriterConflictError,
+    SandboxCheckpointWriterLostError,
+)
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
 LEASE_MS = 1000
 RENEW_MS = 200
+
+
+def _change(workspace: str, counter: int) -> None:
+    """New bytes every round, some large enough to go up as multipart."""
+    with open(os.path.join(workspace, f"file-{counter % 7}.bin"), "wb") as handle:
+        handle.write(os.urandom(64 << 10 if counter % 3 else 6 << 20))
 
 
 async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_dir: str) -> None:
@@ -37,13 +46,13 @@ async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_d
     counter = 0
     while True:
         counter += 1
-        # New bytes every round, some large enough to go up as multipart.
-        with open(os.path.join(workspace, f"file-{counter % 7}.bin"), "wb") as handle:
-            handle.write(os.urandom(64 << 10 if counter % 3 else 6 << 20))
+        _change(workspace, counter)
         try:
             await capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
         except SandboxCheckpointWriterConflictError:
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the previous victim's lease has not expired yet
+        except SandboxCheckpointWriterLostError:
+            pass  # a heavily loaded machine renewed too late: try again
 
 
 if __name__ == "__main__":

@@ -113,7 +113,9 @@ async def test_invalid_ids(
 async def test_missing_checkpoint_unknown_or_of_another_thread(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
-    other = await capture_checkpoint(workspace, memory_store, memory_blobs, "other", data_dir=data_dir)
+    other = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "other", data_dir=data_dir
+    )
     for thread, checkpoint_id in (("t", "nope"), ("t", other.checkpoint.id), ("other", "nope")):
         with pytest.raises(SandboxSnapshotError) as caught:
             await restore_checkpoint(
@@ -140,7 +142,10 @@ async def test_ids_are_uuid7_and_created_at_never_below_the_parent(
         workspace, memory_store, memory_blobs, "t", data_dir=data_dir, now=lambda: 1_000
     )
     assert second.checkpoint.created_at == 5_001
-    assert [c.id for c in await memory_store.list("t")] == [first.checkpoint.id, second.checkpoint.id]
+    assert [c.id for c in await memory_store.list("t")] == [
+        first.checkpoint.id,
+        second.checkpoint.id,
+    ]
 
 
 async def test_a_retry_with_the_same_checkpoint_id_returns_the_first(
@@ -214,12 +219,12 @@ async def test_lease_is_renewed_while_uploads_take_longer_than_it_lasts(
 ) -> None:
     write_tree(workspace, {f"f{n}": f"content {n}".encode() for n in range(3)})
     async with await open_store(
-        f"sqlite:///{tmp_path / 's.db'}", lease_duration_ms=300, renew_after_ms=80
+        f"sqlite:///{tmp_path / 's.db'}", lease_duration_ms=1000, renew_after_ms=100
     ) as store:
-        blobs = SlowPuts(open_blobs("memory://"), delay=0.5)
+        blobs = SlowPuts(open_blobs("memory://"), delay=1.5)
         result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
         assert result.stats.blobs_uploaded == 3
-        assert result.stats.duration_ms >= 500
+        assert result.stats.duration_ms >= 1500
         assert await store.get_head("t") == result.checkpoint.id
 
 

@@ -28,9 +28,20 @@ CAPTURE_KILLS = 20
 RESTORE_KILLS = 5
 
 
-def _start(mode: str, store_url: str, blobs_url: str, workspace: Path, data_dir: Path) -> subprocess.Popen[str]:
+def _start(
+    mode: str, store_url: str, blobs_url: str, workspace: Path, data_dir: Path
+) -> subprocess.Popen[str]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "tests.engine.fault_worker", mode, store_url, blobs_url, str(workspace), str(data_dir)],
+        [
+            sys.executable,
+            "-m",
+            "tests.engine.fault_worker",
+            mode,
+            store_url,
+            blobs_url,
+            str(workspace),
+            str(data_dir),
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
@@ -79,7 +90,7 @@ async def test_capture_killed_at_random_points(tmp_path: Path) -> None:
     try:
         for _ in range(CAPTURE_KILLS):
             process = _start("capture", store_url, blobs_url, workspace, data_dir)
-            time.sleep(rng.uniform(0.0, 0.6))
+            await asyncio.sleep(rng.uniform(0.0, 0.6))
             _kill(process)
             await _assert_every_reference_present(store, blobs)
         checkpoints = await store.list("faults")
@@ -119,7 +130,7 @@ async def test_restore_killed_then_run_again_completes(tmp_path: Path) -> None:
             # Start from a different tree each time so there is much to change.
             write_tree(target, {f"d{n % 10}/f{n}.txt": b"old" for n in range(0, 300, 3)})
             process = _start("restore", store_url, blobs_url, target, data_dir)
-            time.sleep(rng.uniform(0.05, 0.5))
+            await asyncio.sleep(rng.uniform(0.05, 0.5))
             _kill(process)
             await _retry_while_leased(
                 lambda: restore_checkpoint(target, store, blobs, "faults", data_dir=data_dir)

@@ -15,7 +15,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.model import Policy
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from .conftest import PAST_NS, snapshot_tree, write_tree
@@ -100,7 +100,9 @@ async def test_restore_of_a_thread_without_checkpoints_returns_none(
     memory_store: Any, memory_blobs: Any, tmp_path: Path, data_dir: Path
 ) -> None:
     root = tmp_path / "new-root"
-    assert await restore_checkpoint(root, memory_store, memory_blobs, "t", data_dir=data_dir) is None
+    assert (
+        await restore_checkpoint(root, memory_store, memory_blobs, "t", data_dir=data_dir) is None
+    )
     assert root.is_dir()
 
 
@@ -126,9 +128,12 @@ async def test_restore_leaves_excluded_paths_and_reserved_names(
     )
     tree = snapshot_tree(workspace)
     assert "stray.txt" not in tree  # selected by the policy, not in the checkpoint
-    assert {"build/out.o", "build/other.o", "node_modules/pkg/index.js", ".checkpointd-mine"} <= set(
-        tree
-    )
+    assert {
+        "build/out.o",
+        "build/other.o",
+        "node_modules/pkg/index.js",
+        ".checkpointd-mine",
+    } <= set(tree)
     assert not [name for name in os.listdir(workspace) if name.startswith(".checkpointd-staging")]
 
 
@@ -139,17 +144,29 @@ _NAME = st.text(
     min_size=1,
     max_size=12,
 ).filter(
-    lambda name: name not in (".", "..")
-    and not name.startswith((".checkpointd", ".env"))
-    and name not in (".git", "node_modules")
-    and len(name.encode()) < 200
+    lambda name: (
+        name not in (".", "..")
+        and not name.startswith((".checkpointd", ".env"))
+        and name not in (".git", "node_modules")
+        and len(name.encode()) < 200
+    )
 )
 _FILE_MODES = st.sampled_from([0o644, 0o755, 0o600, 0o700, 0o444, 0o640])
 _DIR_MODES = st.sampled_from([0o755, 0o700, 0o750, 0o711])
-# Mostly small files; now and then an empty or a multi-MiB one.
-_SIZES = st.one_of(
-    st.integers(0, 300), st.just(0), st.integers((1 << 20) + 1, 3 << 20).filter(lambda _: True)
-)
+# Every feature at once, always tried first: an empty dir, 0-byte and multi-MiB
+# files, unicode names, exec bits, links inside (also one level up, and dangling).
+EVERY_FEATURE: dict[str, Any] = {
+    "empty": ("dir", {}, 0o755),
+    "zero": ("file", 0, 1, 0o644),
+    "big.bin": ("file", (3 << 20) + 5, 2, 0o600),
+    "run.sh": ("file", 40, 3, 0o755),
+    "ünïcødé 名前 🎉": (
+        "dir",
+        {"ß.txt": ("file", 10, 4, 0o640), "up": ("link", 1, "zero"), "dangling": ("link", 0, "x")},
+        0o750,
+    ),
+    "link": ("link", 0, "run.sh"),
+}
 
 
 @st.composite
@@ -158,10 +175,15 @@ def trees(draw: st.DrawFn, depth: int = 0) -> dict[str, Any]:
     names = draw(st.lists(_NAME, max_size=4 if depth < 2 else 2, unique_by=str.casefold))
     node: dict[str, Any] = {}
     for name in names:
-        kind = draw(st.sampled_from(["file", "file", "dir", "link"] if depth < 2 else ["file", "link"]))
+        kind = draw(
+            st.sampled_from(["file", "file", "dir", "link"] if depth < 2 else ["file", "link"])
+        )
         if kind == "file":
-            size = draw(st.integers(0, 300)) if draw(st.integers(0, 9)) else draw(
-                st.sampled_from([0, (2 << 20) + 17])
+            # Mostly small files; now and then an empty or a multi-MiB one.
+            size = (
+                draw(st.integers(0, 300))
+                if draw(st.integers(0, 9))
+                else draw(st.sampled_from([0, (2 << 20) + 17]))
             )
             node[name] = ("file", size, draw(st.integers(0, 1 << 30)), draw(_FILE_MODES))
         elif kind == "dir":
@@ -211,11 +233,36 @@ async def _round_trip(source: dict[str, Any], other: dict[str, Any], base: Path)
 
 
 @settings(
-    max_examples=12,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(source=trees(), other=trees())
+@example(source=EVERY_FEATURE, other={})
+@example(source={}, other=EVERY_FEATURE)
+@example(source=EVERY_FEATURE, other={"big.bin": ("dir", {"x": ("file", 1, 1, 0o644)}, 0o755)})
 def test_generated_trees_round_trip(source: dict[str, Any], other: dict[str, Any]) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         asyncio.run(_round_trip(source, other, Path(scratch)))
+
+
+def _make_non_utf8_dir(workspace: Path) -> None:
+    raw = os.fsencode(workspace) + b"/bad-\xff-name"
+    os.mkdir(raw)
+    with open(raw + b"/inner", "wb") as handle:
+        handle.write(b"x")
+
+
+async def test_restore_removes_unsupported_entries_the_checkpoint_lacks(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"keep.txt": b"k"})
+    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    outside = tmp_path / "outside-target"
+    outside.write_bytes(b"must survive")
+    os.mkfifo(workspace / "pipe")
+    (workspace / "escaping").symlink_to(outside)
+    _make_non_utf8_dir(workspace)
+    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert sorted(os.listdir(workspace)) == ["keep.txt"]
+    assert outside.read_bytes() == b"must survive"

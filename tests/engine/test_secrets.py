@@ -14,6 +14,12 @@ from checkpointd.restore import restore_checkpoint
 
 from .conftest import write_tree
 
+
+def _every_file(directory: Path, pattern: str = "**/*") -> list[bytes]:
+    """Bytes of the stat cache files or the SQLite database (and its WAL)."""
+    return [path.read_bytes() for path in directory.glob(pattern) if path.is_file()]
+
+
 SECRET_A = b"sk-live-0123456789abcdef"
 SECRET_B = b"hunter2!"
 
@@ -50,9 +56,7 @@ async def test_secrets_never_appear_in_any_stored_object(
     assert len(stored) == 5
     for checkpoint in await store.list("t"):
         stored.append(encode_checkpoint(checkpoint))
-    stored += [p.read_bytes() for p in data_dir.rglob("*") if p.is_file()]
-    if (tmp_path / "store.db").exists():
-        stored += [p.read_bytes() for p in tmp_path.glob("store.db*")]
+    stored += _every_file(data_dir) + _every_file(tmp_path, "store.db*")
     for data in stored:
         for secret in (SECRET_A, SECRET_B, SECRET_A[4:], SECRET_B[:6]):
             assert secret not in data
@@ -62,9 +66,9 @@ async def test_secrets_never_appear_in_any_stored_object(
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
     assert (restored / "config.json").read_bytes() == b'{"token": "' + b"\0" * len(SECRET_A) + b'"}'
-    assert (restored / "big.bin").read_bytes() == big.replace(SECRET_A, b"\0" * len(SECRET_A)).replace(
-        SECRET_B, b"\0" * len(SECRET_B)
-    )
+    assert (restored / "big.bin").read_bytes() == big.replace(
+        SECRET_A, b"\0" * len(SECRET_A)
+    ).replace(SECRET_B, b"\0" * len(SECRET_B))
 
 
 @pytest.mark.parametrize("secret", [b"", b"abc"])
@@ -73,7 +77,12 @@ async def test_short_secret_is_an_invalid_argument_and_not_echoed(
 ) -> None:
     with pytest.raises(SandboxCheckpointInvalidArgumentError) as caught:
         await capture_checkpoint(
-            workspace, memory_store, memory_blobs, "t", secrets=[b"long-enough", secret], data_dir=data_dir
+            workspace,
+            memory_store,
+            memory_blobs,
+            "t",
+            secrets=[b"long-enough", secret],
+            data_dir=data_dir,
         )
     assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_ARGUMENT"
     if secret:

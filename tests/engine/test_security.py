@@ -16,7 +16,7 @@ from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
 from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
 
-from .conftest import snapshot_tree, write_tree
+from .conftest import lexists, snapshot_tree, write_tree
 
 PAYLOAD = b"written by a hostile manifest"
 PAYLOAD_KEY = "sandbox-files/blake3/" + blake3.blake3(PAYLOAD).hexdigest()
@@ -56,10 +56,24 @@ def outside(tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize(
     "bad_path",
-    ["../x", "/etc/x", "a/../../x", "../outside/victim.txt", "a/./b", "a//b", "a\\..\\x", ".checkpointd-staging-x/f"],
+    [
+        "../x",
+        "/etc/x",
+        "a/../../x",
+        "../outside/victim.txt",
+        "a/./b",
+        "a//b",
+        "a\\..\\x",
+        ".checkpointd-staging-x/f",
+    ],
 )
 async def test_hostile_paths_are_refused_before_anything_changes(
-    memory_store: Any, memory_blobs: Any, tmp_path: Path, outside: Path, data_dir: Path, bad_path: str
+    memory_store: Any,
+    memory_blobs: Any,
+    tmp_path: Path,
+    outside: Path,
+    data_dir: Path,
+    bad_path: str,
 ) -> None:
     workspace = tmp_path / "deep" / "workspace"
     workspace.mkdir(parents=True)
@@ -109,7 +123,7 @@ async def test_directory_swapped_for_symlink_before_restore(
     assert not (workspace / "sub").is_symlink() and (workspace / "sub").is_dir()
     assert (workspace / "sub/x").read_bytes() == b"inside x"
     assert (workspace / "sub/deeper/y").read_bytes() == b"y"
-    assert not os.path.lexists(workspace / "extra")
+    assert not lexists(workspace / "extra")
 
 
 async def test_directory_swapped_for_symlink_during_restore(
@@ -203,4 +217,4 @@ async def test_checkpoint_with_links_pointing_outside(
     assert _outside_state(outside) == before
     assert (workspace / "d/link/file.txt").read_bytes() == b"real dir content"
     assert (workspace / "d/victim.txt").read_bytes() == b"v"
-    assert not os.path.lexists(workspace / "abs")
+    assert not lexists(workspace / "abs")

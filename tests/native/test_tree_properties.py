@@ -9,22 +9,38 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from checkpointd import _native
 from checkpointd.codec import decode_entries, encode_entries
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from .reference import age_tree, encode_rows, reference_scan
 
 # Names that exercise JSON escaping and UTF-8 ordering (control characters,
 # quotes, backslashes, multi-byte characters, astral code points).
 NAMES = st.sampled_from(
-    ["a", "b", "Z", "é", "日本", "x y", 'q"t', "back\\slash", "n\nl", "t\tab", "c\x01", "😀", "-", "_"]
+    [
+        "a",
+        "b",
+        "Z",
+        "é",
+        "日本",
+        "x y",
+        'q"t',
+        "back\\slash",
+        "n\nl",
+        "t\tab",
+        "c\x01",
+        "😀",
+        "-",
+        "_",
+    ]
 )
 
 # A symlink target chosen relative to the link: some stay inside, some escape.
-LINK_TARGETS = st.sampled_from(["a", "../a", "./b/../a", "..", "../../../etc", "/etc/passwd", "ROOT/a", "ROOT/../x"])
+LINK_TARGETS = st.sampled_from(
+    ["a", "../a", "./b/../a", "..", "../../../etc", "/etc/passwd", "ROOT/a", "ROOT/../x"]
+)
 
 
 def file_spec() -> st.SearchStrategy[tuple[str, Any]]:
@@ -62,11 +78,9 @@ def build(root: Path, tree: dict[str, tuple[str, Any]], depth: int = 0) -> None:
                 path.chmod(0o750)
 
 
-def top_root(path: Path) -> Path:
-    return path
-
-
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(tree=TREES)
 def test_scan_matches_model_serial_equals_parallel_and_rescan_is_free(tree: dict[str, Any]) -> None:
     base = Path(tempfile.mkdtemp(prefix="ckpd-prop-"))

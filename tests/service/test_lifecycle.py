@@ -13,7 +13,7 @@ from checkpointd.v1 import checkpointd_pb2 as pb
 from .conftest import Daemon, DaemonFactory, make_tree, tree_state
 
 
-def _many_files(daemon: Daemon, count: int = 3000, size: int = 8192) -> None:
+def _many_files(daemon: Daemon, count: int = 2000, size: int = 4096) -> None:
     for index in range(count):
         directory = daemon.workspace / f"d{index % 30:02d}"
         directory.mkdir(exist_ok=True)
@@ -31,12 +31,10 @@ async def test_cancelled_capture_releases_the_lease(daemon: Daemon) -> None:
             elif event.HasField("progress") and event.progress.phase in ("scan", "pin", "upload"):
                 call.cancel()
                 break
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await call
-        assert caught.value.code() == grpc.StatusCode.CANCELLED
+        assert await call.code() == grpc.StatusCode.CANCELLED
         # The lease is free at once: a new capture of the thread succeeds.
         done = await client.capture("t-cancel")
-        assert done.checkpoint.file_count == 3000
+        assert done.checkpoint.file_count == 2000
         assert started_id and started_id != done.checkpoint.id
         with pytest.raises(RpcError) as missing:
             await client.get_checkpoint(started_id)
@@ -53,7 +51,7 @@ async def test_deadline_stops_the_capture_and_releases_the_lease(daemon: Daemon)
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert await client.list_checkpoints("t-deadline") == []
         done = await client.capture("t-deadline")
-        assert done.checkpoint.file_count == 3000
+        assert done.checkpoint.file_count == 2000
 
 
 async def test_crash_story(daemons: DaemonFactory) -> None:

@@ -217,19 +217,41 @@ async def test_pins_and_condemnations_are_shared_between_store_objects(
     assert rows[0]["n"] == 0  # released leases leave no pins behind
 
 
-async def test_append_whose_lease_expires_under_it_is_refused(postgres_url: str) -> None:
-    # The lease is current at the writer check but has expired by the time the
-    # count rows are locked: a sweep may already have condemned those keys.
-    ticks = iter(range(1_000, 10_000_000, 80))
-
-    async with await open_postgres_store(
-        postgres_url, now=lambda: next(ticks), lease_duration_ms=100, renew_after_ms=25
-    ) as store:
-        lease = await store.acquire_writer("t1")  # expires at 1_100; checks read 1_080
-        with pytest.raises(SandboxCheckpointWriterLostError, match="expired while"):
-            await store.append(make_checkpoint("c1"), None, lease)
-        assert await store.get("c1") is None
-        assert await store.list_blob_references() == []
+async def test_condemn_waits_for_an_append_in_flight_of_a_pinning_thread(
+    postgres_database_factory,
+) -> None:
+    # A capture pinned a key, then its lease ran out while its append was in
+    # flight. The sweep must not judge the key before that append settles: it
+    # waits on the thread's row, then sees the committed reference.
+    url = postgres_database_factory()
+    clock = ManualClock()
+    options = {"now": clock, "lease_duration_ms": 100, "renew_after_ms": 25}
+    async with (
+        await open_postgres_store(url, **options) as capture,
+        await open_postgres_store(url, **options) as sweep,
+    ):
+        lease = await capture.acquire_writer("t1")
+        await capture.pin_blobs([file_key(1)], lease)
+        clock.advance(500)  # the pin is dead from here on
+        in_flight = await asyncpg.connect(url)
+        try:
+            append = in_flight.transaction()
+            await append.start()
+            await in_flight.execute(
+                "SELECT 1 FROM checkpointd_threads WHERE thread_id = $1 FOR UPDATE", b"t1"
+            )
+            condemn = asyncio.create_task(sweep.condemn_blobs([file_key(1), file_key(2)], 50))
+            await asyncio.sleep(0.3)
+            assert not condemn.done(), "condemn judged the key while the append was in flight"
+            await in_flight.execute(
+                "INSERT INTO checkpointd_blob_counts (thread_id, key, refs) VALUES ($1, $2, 1)",
+                b"t1",
+                b"f" + bytes.fromhex(f"{1:064x}"),
+            )
+            await append.commit()
+            assert await condemn == [file_key(2)]
+        finally:
+            await in_flight.close()
 
 
 async def test_same_id_appended_concurrently_in_two_threads(postgres_database_factory) -> None:
@@ -280,3 +302,121 @@ async def test_closed_store_raises_store_unavailable(postgres_url: str) -> None:
         await store.get_head("t1")
     assert info.value.code == "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE"
     assert "127.0.0.1" in str(info.value)
+
+
+def chain_checkpoint(n: int, parent: str | None, thread: str = "t1") -> Checkpoint:
+    """The n-th of a chain where each checkpoint changes 3 of 300 files (1%) and
+    adds one conversation message."""
+    files = [
+        FileEntry(f"src/{i:04d}.py", file_key(i if i >= 3 else 1_000 * n + i), i)
+        for i in range(300)
+    ]
+    conversation = [{"role": "user", "content": f"message {m}"} for m in range(n + 1)]
+    return Checkpoint(
+        id=f"c{n:03d}",
+        thread_id=thread,
+        parent_checkpoint_id=parent,
+        created_at=n + 1,
+        files=(DirEntry("src"), *files),
+        conversation=tuple(conversation),
+    )
+
+
+async def stored_rows(url: str) -> dict[str, asyncpg.Record]:
+    rows = await fetch(
+        url,
+        "SELECT convert_from(id, 'UTF8') AS id, convert_from(base_id, 'UTF8') AS base_id,"
+        " thread_id, octet_length(document) AS size FROM checkpointd_checkpoints",
+    )
+    return {r["id"]: r for r in rows}
+
+
+async def assert_counts_match(store: PostgresCheckpointStore, threads: list[str]) -> None:
+    expected: dict[str, int] = {}
+    for thread in threads:
+        for checkpoint in await store.list(thread):
+            for key in set(checkpoint.blob_keys()):
+                expected[key] = expected.get(key, 0) + 1
+    assert {r.key: r.references for r in await store.list_blob_references()} == expected
+
+
+async def test_near_identical_checkpoints_are_stored_as_deltas(postgres_url: str) -> None:
+    made: dict[str, Checkpoint] = {}
+    async with await open_postgres_store(postgres_url) as store:
+        lease = await store.acquire_writer("t1")
+        parent = None
+        for n in range(40):
+            checkpoint = chain_checkpoint(n, parent)
+            await store.append(checkpoint, parent, lease)
+            made[checkpoint.id] = checkpoint
+            parent = checkpoint.id
+        rows = await stored_rows(postgres_url)
+        keyframes = [r for r in rows.values() if r["base_id"] is None]
+        deltas = [r for r in rows.values() if r["base_id"] is not None]
+        assert 2 <= len(keyframes) <= 3  # a keyframe at least every MAX_DEPTH appends
+        assert max(r["size"] for r in deltas) * 5 < min(r["size"] for r in keyframes)
+        # Another store object (no cached contents) reads every one back exactly.
+        async with await open_postgres_store(postgres_url) as reader:
+            for checkpoint_id, checkpoint in made.items():
+                assert await reader.get(checkpoint_id) == checkpoint
+            assert await reader.list("t1") == list(made.values())
+
+        # Pruning deletes the bases of the kept checkpoints: they become keyframes.
+        deleted = await store.delete_checkpoints("t1", 5, lease)
+        assert deleted == list(made)[:35]
+        rows = await stored_rows(postgres_url)
+        assert set(rows) == set(list(made)[35:])
+        assert all(r["base_id"] is None or r["base_id"] in rows for r in rows.values())
+        assert rows["c035"]["base_id"] is None
+        for checkpoint_id in rows:
+            assert await store.get(checkpoint_id) == made[checkpoint_id]
+        await assert_counts_match(store, ["t1"])
+
+        await store.delete_head("t1", "c039", lease)
+        assert await store.get_head("t1") == "c038"
+        assert await store.list("t1") == [made[f"c{n:03d}"] for n in range(35, 39)]
+        await assert_counts_match(store, ["t1"])
+
+
+async def test_a_reused_id_never_serves_a_stale_delta_base(postgres_url: str) -> None:
+    async with await open_postgres_store(postgres_url) as store:
+        lease = await store.acquire_writer("t1")
+        first = chain_checkpoint(0, None)
+        await store.append(first, None, lease)
+        await store.delete_head("t1", first.id, lease)
+        # Same id, different content: the store's cached content of the old row
+        # must not be used as the base of the next delta.
+        reused = chain_checkpoint(7, None)
+        reused = Checkpoint(
+            id=first.id,
+            thread_id="t1",
+            parent_checkpoint_id=None,
+            created_at=1,
+            files=reused.files,
+            conversation=reused.conversation,
+        )
+        await store.append(reused, None, lease)
+        child = chain_checkpoint(8, first.id)
+        await store.append(child, first.id, lease)
+        assert (await stored_rows(postgres_url))[child.id]["base_id"] == first.id
+        async with await open_postgres_store(postgres_url) as reader:
+            assert await reader.get(child.id) == child
+            assert await reader.get(first.id) == reused
+
+
+async def test_fork_of_a_delta_is_a_keyframe_of_its_own_thread(postgres_url: str) -> None:
+    async with await open_postgres_store(postgres_url) as store:
+        lease = await store.acquire_writer("t1")
+        await store.append(chain_checkpoint(0, None), None, lease)
+        await store.append(chain_checkpoint(1, "c000"), "c000", lease)
+        other = await store.acquire_writer("t2")
+        root = await store.fork_from_checkpoint("t1", "c001", "t2", "root", 50, other)
+        rows = await stored_rows(postgres_url)
+        assert rows["c001"]["base_id"] == "c000"
+        assert rows["root"]["base_id"] is None
+        # Deleting the source thread's checkpoints leaves the fork intact.
+        await store.delete_head("t1", "c001", lease)
+        await store.delete_head("t1", "c000", lease)
+        assert await store.get("root") == root
+        assert root.files == chain_checkpoint(1, None).files
+        await assert_counts_match(store, ["t1", "t2"])

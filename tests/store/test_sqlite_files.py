@@ -31,6 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 async def _open(path: Path, clock: ManualClock | None = None) -> SqliteCheckpointStore:
+    """With a manual clock leases last 100 ms of it; on the wall clock, the defaults."""
+    if clock is None:
+        return await SqliteCheckpointStore.open(str(path))
     return await SqliteCheckpointStore.open(
         str(path), now=clock, lease_duration_ms=100, renew_after_ms=25
     )

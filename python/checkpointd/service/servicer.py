@@ -59,6 +59,9 @@ ENTRIES_PER_MESSAGE = 512
 BYTES_PER_MESSAGE = 512 * 1024
 DEFAULT_PAGE_SIZE = 100
 MAX_PAGE_SIZE = 1000
+# How long a new capture waits for a cancellation to be noticed, then to unwind.
+SETTLE_NOTICE_S = 0.25
+SETTLE_UNWIND_S = 30.0
 REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
 
 _log = logging.getLogger(__name__)
@@ -83,6 +86,30 @@ class ServiceState:
     draining: bool = False
     # Capture/restore tasks in flight (the serve loop skips a tick while any runs).
     running: set[asyncio.Task[Any]] = field(default_factory=set)
+    # The newest capture/restore of each thread run here, with its call's context.
+    by_thread: dict[str, tuple[asyncio.Task[Any], Context]] = field(default_factory=dict)
+
+    async def settle(self, thread_id: str) -> None:
+        """Wait for this daemon's own cancelled capture/restore of the thread to
+        finish unwinding (and release its lease) before a new one starts.
+
+        Without this a client that cancels and retries at once would race the
+        cancelled task's ``finally`` and get WRITER_CONFLICT. A task whose call is
+        not cancelled is left alone: then WRITER_CONFLICT is the right answer.
+        The cancellation may still be on its way from grpc's core, so it is given
+        a short moment to arrive.
+        """
+        entry = self.by_thread.get(thread_id)
+        if entry is None or entry[0].done():
+            return
+        task, context = entry
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTLE_NOTICE_S
+        while not (context.cancelled() or task.cancelling() or task.done()):
+            if loop.time() >= deadline:
+                return
+            await asyncio.sleep(0.01)
+        await asyncio.wait({task}, timeout=SETTLE_UNWIND_S)
 
     def stores(self) -> tuple[CheckpointStore, BlobStore]:
         if self.draining or self.store is None or self.blobs is None:
@@ -158,6 +185,8 @@ def _entry_weight(entry: Entry) -> int:
 
 async def _with_progress(
     state: ServiceState,
+    thread_id: str,
+    context: Context,
     work: Callable[[Callable[[Progress], None]], Coroutine[Any, Any, T]],
 ) -> AsyncIterator[Progress | tuple[str, T]]:
     """Run ``work(progress_callback)`` as a task; yield its Progress events, then
@@ -165,9 +194,17 @@ async def _with_progress(
     task is cancelled and awaited: the engine stops its threaded work and its
     ``finally`` releases the lease before the handler returns."""
     queue: asyncio.Queue[Progress | None] = asyncio.Queue()
+    await state.settle(thread_id)
     task = asyncio.create_task(work(queue.put_nowait))
     state.running.add(task)
     task.add_done_callback(state.running.discard)
+    state.by_thread[thread_id] = (task, context)
+
+    def forget(_: object) -> None:
+        if state.by_thread.get(thread_id, (None,))[0] is task:
+            del state.by_thread[thread_id]
+
+    task.add_done_callback(forget)
     task.add_done_callback(lambda _: queue.put_nowait(None))
     try:
         while (item := await queue.get()) is not None:
@@ -236,7 +273,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 checkpoint_id=checkpoint_id,
             )
 
-        async for item in _with_progress(self.state, work):
+        async for item in _with_progress(self.state, thread_id, context, work):
             if isinstance(item, Progress):
                 yield pb.CaptureEvent(progress=convert.progress_to_proto(item))
             else:
@@ -281,7 +318,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 progress=progress,
             )
 
-        async for item in _with_progress(self.state, work):
+        async for item in _with_progress(self.state, thread_id, context, work):
             if isinstance(item, Progress):
                 yield pb.RestoreEvent(progress=convert.progress_to_proto(item))
             else:

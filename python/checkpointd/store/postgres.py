@@ -1,34 +1,42 @@
 """PostgreSQL checkpoint and instance stores (SPEC §3): many sidecars, one database.
 
 Opened by ``open_store("postgresql://…")`` through ``open_postgres_store``. The
-schema is created or migrated on open (see ``_schema``), and a wrong URL, password
-or database fails there, not at first use.
+schema is created or migrated on open (``_migrate``: versioned, idempotent, under
+an advisory lock so concurrent opens take turns), and a wrong URL, password or
+database fails there, not at first use.
 
 How each write stays atomic across processes and hosts: it is one transaction
 that first locks the thread's row in ``checkpointd_threads`` (``SELECT … FOR
 UPDATE``), reads the clock, then runs the SPEC §3 checks in their order and only
-then writes. Everything that touches the same thread therefore runs one at a time,
-and a failed check rolls the transaction back, so nothing is half-written. Blob
-count rows are locked in one global order (the sorted 33-byte key), so writers on
-different threads that share keys cannot deadlock each other; a deadlock the
-server still detects is retried.
+then writes. Everything that touches one thread therefore runs one at a time, and
+a failed check rolls the transaction back, so nothing is half-written. A deadlock
+or serialization failure the server reports is retried (the transaction was
+rolled back whole).
 
 One clock: lease expiry compares against ``now`` — the injected clock when the
 store was opened with one, else the database server's clock, read inside the
 transaction after the lock, so sidecars whose own clocks are skewed still agree.
 
-Storage: a checkpoint is one row holding its whole manifest as one zlib-compressed
-JSON document (``checkpointd.codec``), never a row per file; ids are stored as
-their UTF-8 bytes (``bytea``), so ordering never depends on the database's
-collation and any well-formed id, NUL included, round-trips. Blob counts are one
-row per key in a compact 33-byte form (``_options.key_to_bytes``).
+Storage:
 
-Pin/condemn (``BlobGuard``): ``pin_blobs`` share-locks each key's count row and
-``condemn_blobs`` locks it exclusively, so a pin and a condemnation of one key
-never interleave: the later one sees the earlier one's committed result. An append
-locks the same rows and re-reads the clock after locking them: if its lease has
-expired by then it fails with WRITER_LOST, because a sweep may already have judged
-its pins dead.
+* a checkpoint is one row holding one zlib-compressed document, never a row per
+  file; consecutive checkpoints are stored as deltas against their parent when
+  that is small (``_pg_documents``);
+* ids are stored as their UTF-8 bytes (``bytea``), so ordering never depends on
+  the database's collation and any well-formed id, NUL included, round-trips;
+* blob reference counts are rows per (thread, key), the key in a compact 33-byte
+  form (``_options.key_to_bytes``); the count of a key is their sum. A thread's
+  writes touch only its own count rows, under its own lock, so writers on
+  different threads that share content never wait for each other.
+
+Pin/condemn (``BlobGuard``): each key touched by a pin or a sweep has a row in
+``checkpointd_blob_marks``. ``pin_blobs`` share-locks it and ``condemn_blobs``
+locks it exclusively, so a pin and a condemnation of one key never interleave:
+the later one sees the earlier one's committed result. ``condemn_blobs`` also
+share-locks the thread row of every thread that pinned one of its keys, so an
+append in flight on such a thread finishes before the sweep counts references,
+and a later append checks its lease against a clock read after the sweep's — a
+pin the sweep judged dead belongs to a lease no append can use any more.
 
 Failures of the database (it went away, refused the connection, the password is
 wrong) raise ``SandboxCheckpointError`` with code ``STORE_UNAVAILABLE`` and a
@@ -40,8 +48,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-import zlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
 from types import TracebackType
@@ -50,7 +57,6 @@ from urllib.parse import unquote, urlsplit
 
 import asyncpg
 
-from ..codec import decode_checkpoint, encode_checkpoint
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -63,6 +69,7 @@ from ..errors import (
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
+from . import _pg_documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
@@ -96,9 +103,10 @@ CONNECT_TIMEOUT_S = 10.0
 # A deadlock or serialization failure rolls the whole transaction back, so
 # running it again is safe; a few attempts are plenty (they are rare by design).
 _RETRY_ATTEMPTS = 4
-# zlib level 1: manifests are hex-heavy JSON; higher levels cost several times the
-# CPU for a few percent of size (measured by benchmarks/postgres_bench.py).
-_ZLIB_LEVEL = 1
+
+# How many recently appended contents a store object keeps for the next delta.
+_RECENT_CONTENTS = 8
+_Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 
 _DB_NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
@@ -121,11 +129,16 @@ _MIGRATIONS: tuple[str, ...] = (
         thread_id  bytea NOT NULL,
         parent_id  bytea,
         created_at numeric NOT NULL,
+        -- A delta's base (its parent, same thread); NULL for a keyframe.
+        base_id    bytea,
+        depth      integer NOT NULL DEFAULT 0,
         document   bytea NOT NULL
     );
     -- The document is already zlib-compressed: do not let TOAST try again.
     ALTER TABLE checkpointd_checkpoints ALTER COLUMN document SET STORAGE EXTERNAL;
     CREATE INDEX checkpointd_checkpoints_thread ON checkpointd_checkpoints (thread_id);
+    CREATE INDEX checkpointd_checkpoints_base ON checkpointd_checkpoints (base_id)
+        WHERE base_id IS NOT NULL;
     -- Reference counts per (thread, key): a thread's writes only ever touch its
     -- own rows, under its own thread lock, so writers on different threads that
     -- share content never wait for each other. The count of a key is the sum.
@@ -256,23 +269,6 @@ def _s(data: bytes | None) -> str | None:
     return None if data is None else bytes(data).decode("utf-8")
 
 
-def _compress(checkpoint: Checkpoint) -> bytes:
-    return zlib.compress(encode_checkpoint(checkpoint), _ZLIB_LEVEL)
-
-
-def _decompress(document: bytes) -> Checkpoint:
-    return decode_checkpoint(zlib.decompress(document))
-
-
-def _document_keys(document: bytes) -> set[bytes]:
-    """The distinct blob keys (33-byte form) of a stored document, without building
-    a Checkpoint: deleting a 10,000-entry checkpoint should not cost 10,000 objects."""
-    data = json.loads(zlib.decompress(document))
-    keys = {b"f" + bytes.fromhex(row[2]) for row in data["files"] if row[0] == "f"}
-    keys.update(b"a" + bytes.fromhex(row[4]) for row in data["artifacts"])
-    return keys
-
-
 def _checkpoint_keys(checkpoint: Checkpoint) -> list[bytes]:
     """Distinct keys of a checkpoint in lock order (sorted bytes)."""
     return sorted({key_to_bytes(key) for key in checkpoint_blob_keys(checkpoint)})
@@ -387,6 +383,11 @@ class PostgresCheckpointStore(_PostgresBase):
         super().__init__(pool, store_name)
         self._options = options
         self._injected_clock = injected_clock
+        # Contents of recently appended checkpoints by (id, row xmin): the next
+        # append of the thread makes its delta against one of them without reading
+        # it back. The xmin (the inserting transaction) tells a row from a later
+        # one that reuses a deleted id, so a cached content is never the wrong one.
+        self._recent: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
 
     @property
     def lease_duration_ms(self) -> int:
@@ -413,34 +414,101 @@ class PostgresCheckpointStore(_PostgresBase):
             _b(thread_id),
         )
 
+    # ------------------------------------------------------------------ documents
+
+    def _remember(self, row: tuple[str, int], content: documents.Content) -> None:
+        self._recent[row] = content
+        self._recent.move_to_end(row)
+        while len(self._recent) > _RECENT_CONTENTS:
+            self._recent.popitem(last=False)
+
+    @staticmethod
+    async def _fetch_chains(
+        conn: asyncpg.Connection, checkpoint_ids: Sequence[str], rows: _Rows
+    ) -> None:
+        """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
+        if not checkpoint_ids:
+            return
+        for r in await conn.fetch(
+            "WITH RECURSIVE chain (id, base_id, document) AS ("
+            " SELECT id, base_id, document FROM checkpointd_checkpoints"
+            " WHERE id = ANY($1::bytea[])"
+            " UNION ALL"
+            " SELECT c.id, c.base_id, c.document FROM checkpointd_checkpoints AS c"
+            " JOIN chain ON c.id = chain.base_id"
+            ") SELECT id, base_id, document FROM chain",
+            [_b(i) for i in checkpoint_ids],
+        ):
+            rows[str(_s(r["id"]))] = (_s(r["base_id"]), r["document"])
+
+    async def _content(
+        self, conn: asyncpg.Connection, checkpoint_id: str
+    ) -> documents.Content | None:
+        """The content of one stored checkpoint (None when it does not exist)."""
+        rows: _Rows = {}
+        await self._fetch_chains(conn, [checkpoint_id], rows)
+        if checkpoint_id not in rows:
+            return None
+        return documents.materialize(checkpoint_id, rows, {})
+
+    async def _rewrite_dependents(
+        self,
+        conn: asyncpg.Connection,
+        removed: set[str],
+        rows: _Rows,
+        memo: dict[str, documents.Content],
+    ) -> None:
+        """Store every checkpoint whose base is in ``removed`` as a keyframe.
+
+        Runs after the delete, with ``rows`` still holding the removed rows, so
+        the dependents can be materialized; no delta is left naming a lost base.
+        """
+        dependents = await conn.fetch(
+            "SELECT id, base_id, document FROM checkpointd_checkpoints"
+            " WHERE base_id = ANY($1::bytea[])",
+            [_b(i) for i in removed],
+        )
+        for r in dependents:
+            dependent_id = str(_s(r["id"]))
+            rows[dependent_id] = (_s(r["base_id"]), r["document"])
+            stored = documents.keyframe(documents.materialize(dependent_id, rows, memo))
+            await conn.execute(
+                "UPDATE checkpointd_checkpoints SET document = $2, base_id = NULL, depth = 0"
+                " WHERE id = $1",
+                r["id"],
+                stored.data,
+            )
+
     # ------------------------------------------------------------------ reads
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         check_id(checkpoint_id, "checkpoint id")
 
-        async def body(conn: asyncpg.Connection) -> bytes | None:
-            document: bytes | None = await conn.fetchval(
-                "SELECT document FROM checkpointd_checkpoints WHERE id = $1", _b(checkpoint_id)
-            )
-            return document
+        async def body(conn: asyncpg.Connection) -> documents.Content | None:
+            return await self._content(conn, checkpoint_id)
 
-        document = await self._transaction("get", body, read_only=True)
-        return None if document is None else _decompress(document)
+        content = await self._transaction("get", body, read_only=True)
+        return None if content is None else content.checkpoint()
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
         check_id(thread_id, "thread id")
 
-        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
-            rows: builtins.list[asyncpg.Record] = await conn.fetch(
-                "SELECT document FROM checkpointd_checkpoints WHERE thread_id = $1",
-                _b(thread_id),
-            )
-            return rows
+        async def body(conn: asyncpg.Connection) -> _Rows:
+            # A delta's base is always in the same thread: one query has them all.
+            return {
+                str(_s(r["id"])): (_s(r["base_id"]), r["document"])
+                for r in await conn.fetch(
+                    "SELECT id, base_id, document FROM checkpointd_checkpoints"
+                    " WHERE thread_id = $1",
+                    _b(thread_id),
+                )
+            }
 
         rows = await self._transaction("list", body, read_only=True)
-        checkpoints = [_decompress(row["document"]) for row in rows]
+        memo: dict[str, documents.Content] = {}
+        checkpoints = [documents.materialize(i, rows, memo).checkpoint() for i in rows]
         checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
         return checkpoints
 
@@ -525,11 +593,11 @@ class PostgresCheckpointStore(_PostgresBase):
         check_checkpoint_body(checkpoint)
         thread_id = checkpoint.thread_id
         writer_fields(writer)
-        document = _compress(checkpoint)
+        content, raw = documents.Content.of(checkpoint)
         keys = _checkpoint_keys(checkpoint)
         created_at = _created_at(checkpoint.created_at)
 
-        async def body(conn: asyncpg.Connection) -> str:
+        async def body(conn: asyncpg.Connection) -> int:
             row = await self._lock_thread(conn, thread_id)
             record = _lease(row)
             check_writer(writer, thread_id, record, await self._now(conn))
@@ -550,36 +618,66 @@ class PostgresCheckpointStore(_PostgresBase):
                     f"{expected_head_id!r}",
                     details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
                 )
+            stored = await self._encode_against_parent(conn, content, raw, expected_head_id)
             try:
-                await self._insert(conn, checkpoint, created_at, document)
+                xmin = await self._insert(conn, checkpoint, created_at, stored)
             except asyncpg.UniqueViolationError:
                 # Another thread's append took the id after our check (no lock covers
                 # ids of other threads); the primary key decides.
                 raise _duplicate(checkpoint.id) from None
             await self._add_references(conn, thread_id, keys)
-            return checkpoint.id
+            return xmin
 
-        return await self._transaction("append", body)
+        xmin = await self._transaction("append", body)
+        self._remember((checkpoint.id, xmin), content)
+        return checkpoint.id
+
+    async def _encode_against_parent(
+        self,
+        conn: asyncpg.Connection,
+        content: documents.Content,
+        raw: bytes,
+        parent_id: str | None,
+    ) -> documents.Stored:
+        """A delta against the parent (the head we hold locked) when worth it."""
+        if parent_id is None:
+            return documents.keyframe(content, raw)
+        parent = await conn.fetchrow(
+            "SELECT depth, xmin::text::bigint AS xmin FROM checkpointd_checkpoints WHERE id = $1",
+            _b(parent_id),
+        )
+        if parent is None or parent["depth"] + 1 > documents.MAX_DEPTH:
+            return documents.keyframe(content, raw)
+        base = self._recent.get((parent_id, parent["xmin"])) or await self._content(conn, parent_id)
+        return documents.encode(content, raw, parent_id, base, parent["depth"])
 
     @staticmethod
     async def _insert(
-        conn: asyncpg.Connection, checkpoint: Checkpoint, created_at: Decimal, document: bytes
-    ) -> None:
+        conn: asyncpg.Connection,
+        checkpoint: Checkpoint,
+        created_at: Decimal,
+        stored: documents.Stored,
+    ) -> int:
+        """Insert the row and make it the head; returns the row's xmin."""
         parent = checkpoint.parent_checkpoint_id
-        await conn.execute(
-            "INSERT INTO checkpointd_checkpoints (id, thread_id, parent_id, created_at, document)"
-            " VALUES ($1, $2, $3, $4, $5)",
+        xmin: int = await conn.fetchval(
+            "INSERT INTO checkpointd_checkpoints"
+            " (id, thread_id, parent_id, created_at, base_id, depth, document)"
+            " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING xmin::text::bigint",
             _b(checkpoint.id),
             _b(checkpoint.thread_id),
             None if parent is None else _b(parent),
             created_at,
-            document,
+            None if stored.base_id is None else _b(stored.base_id),
+            stored.depth,
+            stored.data,
         )
         await conn.execute(
             "UPDATE checkpointd_threads SET head_id = $2 WHERE thread_id = $1",
             _b(checkpoint.thread_id),
             _b(checkpoint.id),
         )
+        return xmin
 
     async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
         """Remove the head; the head moves to its parent (None when the parent is gone).
@@ -601,10 +699,17 @@ class PostgresCheckpointStore(_PostgresBase):
                     details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
                 )
             deleted = await conn.fetchrow(
-                "DELETE FROM checkpointd_checkpoints WHERE id = $1 RETURNING parent_id, document",
+                "DELETE FROM checkpointd_checkpoints WHERE id = $1"
+                " RETURNING parent_id, base_id, document",
                 _b(checkpoint_id),
             )
             assert deleted is not None, "a head always names a stored checkpoint"
+            rows: _Rows = {checkpoint_id: (_s(deleted["base_id"]), deleted["document"])}
+            base_id = _s(deleted["base_id"])
+            await self._fetch_chains(conn, [] if base_id is None else [base_id], rows)
+            memo: dict[str, documents.Content] = {}
+            content = documents.materialize(checkpoint_id, rows, memo)
+            await self._rewrite_dependents(conn, {checkpoint_id}, rows, memo)
             parent = deleted["parent_id"]
             new_head = None
             if parent is not None and await conn.fetchval(
@@ -618,9 +723,7 @@ class PostgresCheckpointStore(_PostgresBase):
                 _b(thread_id),
                 new_head,
             )
-            await self._remove_references(
-                conn, thread_id, Counter(_document_keys(deleted["document"]))
-            )
+            await self._remove_references(conn, thread_id, Counter(content.blob_keys()))
 
         await self._transaction("delete_head", body)
 
@@ -653,12 +756,17 @@ class PostgresCheckpointStore(_PostgresBase):
                 return []
             deleted = await conn.fetch(
                 "DELETE FROM checkpointd_checkpoints WHERE id = ANY($1::bytea[])"
-                " RETURNING id, created_at, document",
+                " RETURNING id, created_at, base_id, document",
                 [_b(i) for i in doomed],
             )
+            rows: _Rows = {str(_s(r["id"])): (_s(r["base_id"]), r["document"]) for r in deleted}
+            kept_bases = {base for base, _ in rows.values() if base is not None} - set(rows)
+            await self._fetch_chains(conn, sorted(kept_bases), rows)
+            memo: dict[str, documents.Content] = {}
             counts: Counter[bytes] = Counter()
-            for r in deleted:
-                counts.update(_document_keys(r["document"]))
+            for checkpoint_id in doomed:
+                counts.update(documents.materialize(checkpoint_id, rows, memo).blob_keys())
+            await self._rewrite_dependents(conn, doomed, rows, memo)
             await self._remove_references(conn, thread_id, counts)
             order = sorted((r["created_at"], bytes(r["id"])) for r in deleted)
             return [checkpoint_id.decode("utf-8") for _, checkpoint_id in order]
@@ -693,11 +801,12 @@ class PostgresCheckpointStore(_PostgresBase):
             # checkpoint rows. FOR SHARE keeps the source from being deleted (and
             # its keys forgotten) until our references are counted.
             row = await self._lock_thread(conn, destination_thread_id)
-            document = await conn.fetchval(
-                "SELECT document FROM checkpointd_checkpoints WHERE id = $1 FOR SHARE",
+            found = await conn.fetchval(
+                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1 FOR SHARE",
                 _b(source_checkpoint_id),
             )
-            source = None if document is None else _decompress(document)
+            content = await self._content(conn, source_checkpoint_id) if found else None
+            source = None if content is None else content.checkpoint()
             check_fork_source(source, source_thread_id, source_checkpoint_id)
             assert source is not None
             record = _lease(row)
@@ -720,13 +829,14 @@ class PostgresCheckpointStore(_PostgresBase):
                 "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(root.id)
             ):
                 raise id_used
-            stored = _compress(root)
+            root_content, raw = documents.Content.of(root)
+            stored = documents.keyframe(root_content, raw)
             try:
                 await self._insert(conn, root, _created_at(created_at), stored)
             except asyncpg.UniqueViolationError:
                 raise id_used from None
             await self._add_references(conn, destination_thread_id, _checkpoint_keys(root))
-            return _decompress(stored)
+            return root_content.checkpoint()
 
         return await self._transaction("fork_from_checkpoint", body)
 

@@ -14,8 +14,8 @@
 
 mod pattern;
 
-pub use pattern::PatternError;
 use pattern::Pattern;
+pub use pattern::PatternError;
 
 /// What one pattern list says about one path (without looking at ancestors).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,7 +48,11 @@ impl PatternList {
     fn decide(&self, segments: &[&str], is_dir: bool) -> Decision {
         for p in self.patterns.iter().rev() {
             if p.matches(segments, is_dir) {
-                return if p.negated { Decision::Negated } else { Decision::Matched };
+                return if p.negated {
+                    Decision::Negated
+                } else {
+                    Decision::Matched
+                };
             }
         }
         Decision::None
@@ -167,10 +171,20 @@ mod tests {
         PolicyMatcher::new(exclude, include, defaults).unwrap()
     }
 
+    /// (exclude, include, default_excludes, path, is_dir, selected)
+    type Case = (
+        &'static [&'static str],
+        &'static [&'static str],
+        bool,
+        &'static str,
+        bool,
+        bool,
+    );
+
     #[test]
     fn table() {
         // (exclude, include, defaults, path, is_dir, selected)
-        let cases: &[(&[&str], &[&str], bool, &str, bool, bool)] = &[
+        let cases: &[Case] = &[
             (&[], &[], true, "a/b.txt", false, true),
             (&[], &[], true, ".git", true, false),
             (&[], &[], true, "x/.git/config", false, false),
@@ -181,13 +195,27 @@ mod tests {
             (&[], &[], false, ".checkpointd-staging/x", false, false),
             (&[], &[], false, "a/.checkpointd-x", false, true),
             (&["*.log"], &[], true, "a/b/c.log", false, false),
-            (&["*.log", "!keep.log"], &[], true, "a/keep.log", false, true),
+            (
+                &["*.log", "!keep.log"],
+                &[],
+                true,
+                "a/keep.log",
+                false,
+                true,
+            ),
             (&["/top.txt"], &[], true, "top.txt", false, false),
             (&["/top.txt"], &[], true, "sub/top.txt", false, true),
             (&["build/"], &[], true, "build", true, false),
             (&["build/"], &[], true, "build/out.o", false, false),
             (&["build/"], &[], true, "build", false, true),
-            (&["build/", "!build/keep"], &[], true, "build/keep", false, false),
+            (
+                &["build/", "!build/keep"],
+                &[],
+                true,
+                "build/keep",
+                false,
+                false,
+            ),
             (&["a/**/z"], &[], true, "a/z", false, false),
             (&["a/**/z"], &[], true, "a/b/c/z", false, false),
             (&["a/**"], &[], true, "a", true, true),
@@ -196,7 +224,14 @@ mod tests {
             (&[], &["*.py"], true, "src/m.txt", false, false),
             (&[], &["*.py"], true, "src", true, true),
             (&[], &["src/"], true, "src/deep/m.txt", false, true),
-            (&[], &["src/", "!src/gen/"], true, "src/gen/m.txt", false, false),
+            (
+                &[],
+                &["src/", "!src/gen/"],
+                true,
+                "src/gen/m.txt",
+                false,
+                false,
+            ),
             (&["*.py"], &["*.py"], true, "m.py", false, false),
         ];
         for (exclude, include, defaults, path, is_dir, want) in cases {

@@ -12,7 +12,10 @@ enum Token {
     Literal(char),
     AnyChar,
     Star,
-    Class { negated: bool, ranges: Vec<(char, char)> },
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,7 +50,10 @@ impl std::fmt::Display for PatternError {
 impl Pattern {
     /// Compile one line; `Ok(None)` for blank lines and `#` comments (as git).
     pub fn parse(text: &str) -> Result<Option<Pattern>, PatternError> {
-        let error = |reason| PatternError { pattern: text.to_string(), reason };
+        let error = |reason| PatternError {
+            pattern: text.to_string(),
+            reason,
+        };
         let mut body = trim_trailing_spaces(text);
         if body.is_empty() || body.starts_with('#') {
             return Ok(None);
@@ -91,7 +97,12 @@ impl Pattern {
         if !anchored && segments == [Segment::AnyDepth] {
             segments = vec![Segment::Glob(vec![Token::Star])];
         }
-        Ok(Some(Pattern { negated, dir_only, anchored, segments }))
+        Ok(Some(Pattern {
+            negated,
+            dir_only,
+            anchored,
+            segments,
+        }))
     }
 
     /// Whether the pattern matches `path` (split into segments, non-empty).

@@ -13,7 +13,9 @@ pub fn secrets(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Vec<u8>>> {
         return Ok(Vec::new());
     };
     if value.is_instance_of::<PyString>() || value.extract::<Cow<[u8]>>().is_ok() {
-        return Err(PyTypeError::new_err("secrets must be a sequence of bytes, not a single value"));
+        return Err(PyTypeError::new_err(
+            "secrets must be a sequence of bytes, not a single value",
+        ));
     }
     let mut out = Vec::new();
     for item in value.try_iter()? {
@@ -32,7 +34,9 @@ pub fn patterns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
         return Ok(Vec::new());
     };
     if value.is_instance_of::<PyString>() {
-        return Err(PyTypeError::new_err("patterns must be a sequence of str, not a single str"));
+        return Err(PyTypeError::new_err(
+            "patterns must be a sequence of str, not a single str",
+        ));
     }
     let mut out = Vec::new();
     for item in value.try_iter()? {

@@ -18,7 +18,9 @@ pub struct CancelToken {
 impl CancelToken {
     #[new]
     fn new() -> Self {
-        CancelToken { inner: Cancel::new() }
+        CancelToken {
+            inner: Cancel::new(),
+        }
     }
 
     fn cancel(&self) {

@@ -17,7 +17,11 @@ impl PyPolicyMatcher {
     /// Raises ValueError for a bad pattern.
     #[new]
     #[pyo3(signature = (exclude, include, default_excludes))]
-    fn new(exclude: &Bound<'_, PyAny>, include: &Bound<'_, PyAny>, default_excludes: bool) -> PyResult<Self> {
+    fn new(
+        exclude: &Bound<'_, PyAny>,
+        include: &Bound<'_, PyAny>,
+        default_excludes: bool,
+    ) -> PyResult<Self> {
         let exclude = args::patterns(Some(exclude))?;
         let include = args::patterns(Some(include))?;
         let inner = policy::PolicyMatcher::new(&exclude, &include, default_excludes)

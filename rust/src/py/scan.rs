@@ -5,12 +5,11 @@ use std::path::PathBuf;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::args;
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
-use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::from_hex;
 use crate::policy::PolicyMatcher;
@@ -30,6 +29,8 @@ pub struct ScanResult {
     files_reused: u64,
     #[pyo3(get)]
     bytes_hashed: u64,
+    #[pyo3(get)]
+    phases_ms: Py<PyDict>,
 }
 
 #[pymethods]
@@ -55,7 +56,12 @@ fn to_result(py: Python<'_>, out: ScanOutput) -> PyResult<ScanResult> {
         let pair = PyTuple::new(py, [text, PyString::new(py, kind.as_str()).into_any()])?;
         unsupported.append(pair)?;
     }
+    let phases_ms = PyDict::new(py);
+    for (name, ms) in &out.phases_ms {
+        phases_ms.set_item(*name, *ms)?;
+    }
     Ok(ScanResult {
+        phases_ms: phases_ms.unbind(),
         manifest: PyBytes::new(py, &out.manifest).unbind(),
         unsupported: unsupported.unbind(),
         entries: out.entries,
@@ -87,7 +93,7 @@ pub fn scan(
     let include = args::patterns(include)?;
     let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
         .map_err(|e| to_py(ScanError::Pattern(e)))?;
-    let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_else(Cancel::new);
+    let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
     let request = ScanRequest {
         root,
         policy,
@@ -113,8 +119,11 @@ pub fn record_in_cache(
     let secrets = args::secrets(secrets)?;
     let mut parsed = Vec::with_capacity(files.len());
     for (path, hex) in files {
-        let digest = from_hex(&hex)
-            .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?} (for {path:?})")))?;
+        let digest = from_hex(&hex).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "not a 64-hex BLAKE3 digest: {hex:?} (for {path:?})"
+            ))
+        })?;
         parsed.push((path, digest));
     }
     py.allow_threads(|| core::record_in_cache(&root, &cache_path, &parsed, &secrets))

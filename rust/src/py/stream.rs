@@ -42,7 +42,11 @@ fn open_regular(path: &PathBuf) -> PyResult<File> {
 /// See `_native.pyi`. Raises OSError, ValueError.
 #[pyfunction]
 #[pyo3(signature = (path, secrets=None))]
-pub fn hash_file(py: Python<'_>, path: PathBuf, secrets: Option<&Bound<'_, PyAny>>) -> PyResult<(String, u64)> {
+pub fn hash_file(
+    py: Python<'_>,
+    path: PathBuf,
+    secrets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(String, u64)> {
     let secrets = secret_set(secrets)?;
     let file = open_regular(&path)?;
     let shown = path.to_string_lossy().into_owned();

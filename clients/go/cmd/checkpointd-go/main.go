@@ -1,0 +1,170 @@
+// Command checkpointd-go captures a thread and restores it through the checkpointd
+// daemon, then prints one JSON summary. It shows the daemon from Go (grpc-go).
+//
+//	checkpointd-go [-token T] <address> <thread> [capture|restore|both]
+//
+// <address> is "unix:///abs/path.sock" (the daemon's default) or "host:port".
+// On a gRPC error it prints {"error": {"code", "reason", "metadata"}} — the reason
+// comes from the google.rpc.ErrorInfo in the status details — and exits 1.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	pb "checkpointd.dev/clients/go/checkpointdv1"
+)
+
+type captureResult struct {
+	CheckpointID   string `json:"checkpoint_id"`
+	StartedID      string `json:"started_id"`
+	Files          uint64 `json:"files"`
+	ProgressEvents int    `json:"progress_events"`
+}
+
+type restoreResult struct {
+	Restored     bool   `json:"restored"`
+	CheckpointID string `json:"checkpoint_id"`
+}
+
+type result struct {
+	Thread          string         `json:"thread"`
+	Version         string         `json:"version"`
+	ProtocolVersion uint32         `json:"protocol_version"`
+	Capture         *captureResult `json:"capture,omitempty"`
+	Restore         *restoreResult `json:"restore,omitempty"`
+}
+
+type errorReport struct {
+	Code     string            `json:"code"`
+	Reason   string            `json:"reason"`
+	Message  string            `json:"message"`
+	Metadata map[string]string `json:"metadata"`
+}
+
+// describe turns a gRPC error into its status code and ErrorInfo.
+func describe(err error) errorReport {
+	st, _ := status.FromError(err)
+	report := errorReport{Code: st.Code().String(), Message: st.Message(), Metadata: map[string]string{}}
+	for _, detail := range st.Details() {
+		if info, ok := detail.(*errdetails.ErrorInfo); ok {
+			report.Reason = info.GetReason()
+			report.Metadata = info.GetMetadata()
+		}
+	}
+	return report
+}
+
+func capture(ctx context.Context, client pb.CheckpointdClient, thread string) (*captureResult, error) {
+	label := "from go"
+	stream, err := client.Capture(ctx, &pb.CaptureRequest{
+		ThreadId:     thread,
+		Label:        &label,
+		Conversation: []string{`{"role":"user","content":"captured by go"}`},
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := &captureResult{}
+	for {
+		event, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		switch e := event.Event.(type) {
+		case *pb.CaptureEvent_Started:
+			out.StartedID = e.Started.GetCheckpointId()
+		case *pb.CaptureEvent_Progress:
+			out.ProgressEvents++
+		case *pb.CaptureEvent_Done:
+			out.CheckpointID = e.Done.GetCheckpoint().GetId()
+			out.Files = e.Done.GetCheckpoint().GetFileCount()
+		}
+	}
+}
+
+func restore(ctx context.Context, client pb.CheckpointdClient, thread string) (*restoreResult, error) {
+	stream, err := client.Restore(ctx, &pb.RestoreRequest{ThreadId: thread})
+	if err != nil {
+		return nil, err
+	}
+	out := &restoreResult{}
+	for {
+		event, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if done := event.GetDone(); done != nil {
+			out.Restored = done.GetRestored()
+			out.CheckpointID = done.GetCheckpoint().GetId()
+		}
+	}
+}
+
+func run(address, thread, mode, token string) (*result, error) {
+	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	client := pb.NewCheckpointdClient(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if token != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+	}
+	info, err := client.GetServerInfo(ctx, &pb.GetServerInfoRequest{})
+	if err != nil {
+		return nil, err
+	}
+	out := &result{Thread: thread, Version: info.GetVersion(), ProtocolVersion: info.GetProtocolVersion()}
+	if mode == "capture" || mode == "both" {
+		if out.Capture, err = capture(ctx, client, thread); err != nil {
+			return nil, err
+		}
+	}
+	if mode == "restore" || mode == "both" {
+		if out.Restore, err = restore(ctx, client, thread); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func main() {
+	token := flag.String("token", os.Getenv("CHECKPOINTD_TOKEN"), "bearer token (TCP)")
+	flag.Parse()
+	if flag.NArg() < 2 {
+		fmt.Fprintln(os.Stderr, "usage: checkpointd-go [-token T] <address> <thread> [capture|restore|both]")
+		os.Exit(2)
+	}
+	mode := "both"
+	if flag.NArg() > 2 {
+		mode = flag.Arg(2)
+	}
+	out, err := run(flag.Arg(0), flag.Arg(1), mode, *token)
+	encoder := json.NewEncoder(os.Stdout)
+	if err != nil {
+		_ = encoder.Encode(map[string]errorReport{"error": describe(err)})
+		os.Exit(1)
+	}
+	_ = encoder.Encode(out)
+}

@@ -1,0 +1,85 @@
+"""checkpointd.scanner: the one place native errors become checkpointd errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import blake3
+import pytest
+from checkpointd import _native
+from checkpointd.errors import SandboxCheckpointInvalidArgumentError
+from checkpointd.model import FileEntry, Policy
+from checkpointd.scanner import check_secrets, policy_matcher, scan_workspace
+
+from .reference import age_tree
+
+
+def test_scan_workspace_outcome(workspace: Path, cache_path: str) -> None:
+    (workspace / "a.txt").write_bytes(b"token=SECRET1")
+    (workspace / "b.log").write_bytes(b"log")
+    age_tree(str(workspace))
+    outcome = scan_workspace(workspace, Policy(exclude=("*.log",)), [b"SECRET1"], cache_path)
+    assert outcome.entries_count == 1
+    (entry,) = outcome.entries
+    assert isinstance(entry, FileEntry)
+    assert entry.blob_key.endswith(blake3.blake3(b"token=\0\0\0\0\0\0\0").hexdigest())
+    assert (outcome.files_hashed, outcome.files_reused, outcome.bytes_hashed) == (1, 0, 13)
+    assert outcome.unsupported == []
+    again = scan_workspace(
+        str(workspace),
+        Policy(exclude=("*.log",)),
+        (b"SECRET1",),
+        cache_path,
+        cancel=_native.CancelToken(),
+    )
+    assert (again.files_hashed, again.files_reused) == (0, 1)
+
+
+@pytest.mark.parametrize("secrets", [[b"abc"], [b""], ["text"], b"bytes-itself"])
+def test_bad_secrets(workspace: Path, secrets: object) -> None:
+    with pytest.raises(SandboxCheckpointInvalidArgumentError) as caught:
+        scan_workspace(workspace, None, secrets, None)  # type: ignore[arg-type]
+    assert "abc" not in str(caught.value)
+    with pytest.raises(SandboxCheckpointInvalidArgumentError):
+        check_secrets(secrets)  # type: ignore[arg-type]
+
+
+def test_check_secrets_copies_to_bytes() -> None:
+    assert check_secrets([bytearray(b"abcd"), memoryview(b"efgh")]) == (b"abcd", b"efgh")
+
+
+@pytest.mark.parametrize("make", ["missing", "file", "symlink"])
+def test_bad_root_names_the_path(tmp_path: Path, make: str) -> None:
+    root = tmp_path / "root"
+    if make == "file":
+        root.write_bytes(b"")
+    elif make == "symlink":
+        (tmp_path / "real").mkdir()
+        os.symlink("real", root)
+    with pytest.raises(SandboxCheckpointInvalidArgumentError) as caught:
+        scan_workspace(root, None, (), None)
+    assert str(root) in str(caught.value)
+    assert caught.value.details["path"] == str(root)
+    assert isinstance(caught.value.__cause__, OSError)
+
+
+def test_bad_pattern(workspace: Path) -> None:
+    with pytest.raises(SandboxCheckpointInvalidArgumentError, match="bad policy pattern"):
+        scan_workspace(workspace, Policy(exclude=("[x",)), (), None)
+    with pytest.raises(SandboxCheckpointInvalidArgumentError):
+        policy_matcher(Policy(include=("[x",)))
+
+
+def test_policy_matcher_defaults() -> None:
+    matcher = policy_matcher(None)
+    assert not matcher.selects("node_modules/x", False)
+    assert matcher.selects("src/x", False)
+    assert policy_matcher(Policy(default_excludes=False)).selects("node_modules/x", False)
+
+
+def test_cancel_passes_through(workspace: Path) -> None:
+    token = _native.CancelToken()
+    token.cancel()
+    with pytest.raises(_native.ScanCancelled):
+        scan_workspace(workspace, None, (), None, cancel=token)

@@ -1,0 +1,131 @@
+"""Secret zeroing: every (overlapping) occurrence, across every read boundary,
+equal to a pure-Python reference; hashes equal the `blake3` package's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import blake3
+import pytest
+from checkpointd import _native
+from checkpointd.codec import decode_entries
+from checkpointd.model import FileEntry
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from .reference import zero_reference
+
+
+def small_alphabet(letters: bytes, min_size: int, max_size: int) -> st.SearchStrategy[bytes]:
+    """Bytes over a tiny alphabet, so secrets overlap and repeat often."""
+    return st.lists(st.sampled_from(list(letters)), min_size=min_size, max_size=max_size).map(bytes)
+
+
+SECRETS = st.lists(small_alphabet(b"ab\0", 4, 9), min_size=1, max_size=3)
+
+
+def data_with(secrets: list[bytes]) -> st.SearchStrategy[bytes]:
+    pieces = st.one_of(st.sampled_from(secrets), small_alphabet(b"abc\0", 0, 5))
+    return st.lists(pieces, max_size=40).map(b"".join)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_zero_secrets_matches_reference(data: st.DataObject) -> None:
+    secrets = data.draw(SECRETS)
+    payload = data.draw(data_with(secrets))
+    assert _native.zero_secrets(payload, secrets) == zero_reference(payload, secrets)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), chunk=st.integers(min_value=1, max_value=12))
+def test_reader_zeroes_across_chunk_boundaries(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, chunk: int
+) -> None:
+    secrets = data.draw(SECRETS)
+    payload = data.draw(data_with(secrets))
+    path = tmp_path_factory.mktemp("z") / "f"
+    path.write_bytes(payload)
+    chunks = list(_native.ZeroingReader(str(path), secrets, chunk_size=chunk))
+    assert all(len(c) == chunk for c in chunks[:-1])
+    assert b"".join(chunks) == zero_reference(payload, secrets)
+    digest, size = _native.hash_file(str(path), secrets)
+    assert digest == blake3.blake3(zero_reference(payload, secrets)).hexdigest()
+    assert size == len(payload)
+
+
+def test_boundaries_of_large_files_in_scan_and_hash(workspace: Path) -> None:
+    # The scan reads whole files up to 1 MiB, then streams 1 MiB pieces: put a
+    # secret across each of those boundaries.
+    secret = b"TOPSECRET-TOKEN"
+    size = 3 * (1 << 20) + 100
+    data = bytearray(os.urandom(size))
+    for boundary in (1 << 20, 2 << 20, 3 << 20):
+        for shift in (1, 7, len(secret) - 1):
+            start = boundary - shift
+            data[start : start + len(secret)] = secret
+    data[: len(secret)] = secret
+    data[-len(secret) :] = secret
+    payload = bytes(data)
+    (workspace / "big.bin").write_bytes(payload)
+    expected = zero_reference(payload, [secret])
+    assert expected.count(secret) == 0
+    want = blake3.blake3(expected).hexdigest()
+
+    result = _native.scan(str(workspace), secrets=[secret])
+    (entry,) = decode_entries(result.manifest)
+    assert isinstance(entry, FileEntry) and entry.blob_key.endswith(want)
+    assert result.bytes_hashed == size
+    assert _native.hash_file(str(workspace / "big.bin"), [secret]) == (want, size)
+    with _native.ZeroingReader(str(workspace / "big.bin"), [secret], chunk_size=1 << 16) as reader:
+        assert b"".join(reader) == expected
+
+
+@pytest.mark.parametrize("size", [0, 1, 1023, 1 << 20, (1 << 20) + 1, 5 * (1 << 20) + 3])
+def test_hash_matches_blake3_package(workspace: Path, size: int) -> None:
+    payload = os.urandom(size)
+    (workspace / "f").write_bytes(payload)
+    want = blake3.blake3(payload).hexdigest()
+    assert _native.hash_file(str(workspace / "f")) == (want, size)
+    (entry,) = decode_entries(_native.scan(str(workspace), threads=2).manifest)
+    assert isinstance(entry, FileEntry)
+    assert entry.blob_key.endswith(want) and entry.size == size
+
+
+def test_short_secrets_are_refused(workspace: Path) -> None:
+    (workspace / "f").write_bytes(b"abc")
+    for call in (
+        lambda: _native.scan(str(workspace), secrets=[b"abc"]),
+        lambda: _native.hash_file(str(workspace / "f"), [b"abc"]),
+        lambda: _native.zero_secrets(b"abc", [b"abcd", b"ab"]),
+        lambda: _native.ZeroingReader(str(workspace / "f"), [b""]),
+    ):
+        with pytest.raises(ValueError, match="at least 4 bytes"):
+            call()
+
+
+def test_secrets_must_be_a_sequence_of_bytes() -> None:
+    with pytest.raises(TypeError):
+        _native.zero_secrets(b"data", b"data")
+    with pytest.raises(TypeError):
+        _native.zero_secrets(b"data", ["text"])
+
+
+def test_fingerprint_depends_on_the_set_only() -> None:
+    a = _native.secrets_fingerprint([b"abcd", b"efgh"])
+    assert a == _native.secrets_fingerprint([b"efgh", b"abcd", b"abcd"])
+    assert a != _native.secrets_fingerprint([b"abcd"])
+    assert len(a) == 64 and b"abcd".hex() not in a
+
+
+def test_reader_refuses_symlinks_and_fifos(workspace: Path) -> None:
+    (workspace / "f").write_bytes(b"x")
+    os.symlink("f", workspace / "l")
+    os.mkfifo(workspace / "p")
+    with pytest.raises(OSError):
+        _native.ZeroingReader(str(workspace / "l"))
+    with pytest.raises(OSError):
+        _native.ZeroingReader(str(workspace / "p"))
+    with pytest.raises(OSError):
+        _native.hash_file(str(workspace / "l"))

@@ -1,0 +1,61 @@
+"""SIGTERM: health turns NOT_SERVING, running calls finish within the grace
+period, calls still running after it are cancelled and their leases released."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+from checkpointd.store import open_store
+from checkpointd.v1 import checkpointd_pb2 as pb
+from grpc_health.v1 import health_pb2
+
+from .conftest import Daemon, DaemonFactory
+
+
+def _many_files(daemon: Daemon, count: int) -> None:
+    for index in range(count):
+        (daemon.workspace / f"f{index:05d}").write_bytes(index.to_bytes(4, "big") * 1024)
+
+
+async def test_sigterm_lets_a_running_capture_finish(daemons: DaemonFactory) -> None:
+    daemon = daemons.start(extra=("--grace-period", "60s"))
+    _many_files(daemon, 800)
+    async with daemon.client() as client:
+        watch = client.health_stub.Watch(health_pb2.HealthCheckRequest())
+        statuses = watch.__aiter__()
+        assert (await statuses.__anext__()).status == health_pb2.HealthCheckResponse.SERVING
+        events = client.stub.Capture(pb.CaptureRequest(thread_id="t-drain")).__aiter__()
+        assert (await events.__anext__()).HasField("started")
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert (await statuses.__anext__()).status == health_pb2.HealthCheckResponse.NOT_SERVING
+        with_done = [event async for event in events if event.HasField("done")]
+        assert with_done and with_done[0].done.checkpoint.file_count == 800
+    assert await asyncio.to_thread(daemon.proc.wait, 30) == 0
+    assert "draining" in daemon.log_text()
+
+
+async def test_calls_past_the_grace_period_are_cancelled_and_release_their_lease(
+    daemons: DaemonFactory,
+) -> None:
+    daemon = daemons.start(extra=("--grace-period", "0.2s"))
+    _many_files(daemon, 3000)
+    async with daemon.client() as client:
+        call = client.stub.Capture(pb.CaptureRequest(thread_id="t-cut"))
+        events = call.__aiter__()
+        while (
+            not (event := await events.__anext__()).HasField("progress")
+            or event.progress.phase == "lease"
+        ):
+            pass
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert await call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+    assert await asyncio.to_thread(daemon.proc.wait, 30) == 0
+    store = await open_store(daemon.store)
+    try:
+        assert await store.list("t-cut") == []
+        lease = await store.acquire_writer("t-cut")  # would raise WRITER_CONFLICT if leaked
+        await lease.release()
+    finally:
+        await store.aclose()
