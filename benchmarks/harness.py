@@ -26,13 +26,9 @@ ALL_TOOLS = ("ours", "daemon", "floors", "git", "tar-zstd", "restic", "borg")
 ALL_FLOORS = ("find", "cat", "b3sum", "cp -a", "tar|tar")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 RUNS = {"tiny": 1, "quick": 3, "full": 3}
-# A quick run never empties its trash mid-run (it stays well under this); a full one
-# does, between suites, and then waits out the inode-reuse pause if it must.
-TRASH_MAX_BYTES = {
-    "tiny": DEFAULT_TRASH_MAX_BYTES,
-    "quick": 24 << 30,
-    "full": DEFAULT_TRASH_MAX_BYTES,
-}
+# A quick run never shrinks its trash mid-run (it stays well under this); a full one
+# does, between suites: mostly the large-file trees, which are cheap to delete.
+TRASH_MAX_BYTES = {"tiny": DEFAULT_TRASH_MAX_BYTES, "quick": 16 << 30, "full": 16 << 30}
 
 
 @dataclass
@@ -51,6 +47,7 @@ class Config:
     timeout_s: float = 1800.0
     trash_max_bytes: int | None = None  # None: TRASH_MAX_BYTES[size]
     pause_s: float = INODE_REUSE_PAUSE_S
+    delete_in_background: bool = True  # the trash, once the report is written
 
 
 def run(config: Config) -> list[Path]:
@@ -94,15 +91,15 @@ def run(config: Config) -> list[Path]:
                 scratch.flush()
             scratch.aside(ctx.work, ctx.target, scratch.path("tools", spec.name))
             measurements += ctx.results
+        report = RunReport(
+            size=config.size, started_utc=started, runs=runs,
+            machine=machine_facts(config.scratch), native=native,
+            versions=peers.tool_versions(), corpora=corpora, measurements=measurements,
+            notes=notes,
+        )  # fmt: skip
+        written = write_report(report, config.out_dir)
     finally:
-        scratch.close()
-
-    report = RunReport(
-        size=config.size, started_utc=started, runs=runs,
-        machine=machine_facts(config.scratch), native=native, versions=peers.tool_versions(),
-        corpora=corpora, measurements=measurements, notes=notes,
-    )  # fmt: skip
-    written = write_report(report, config.out_dir)
+        scratch.close(background=config.delete_in_background)
     for path in written:
         print(f"wrote {path}")
     return written

@@ -178,6 +178,11 @@ def bench_scans(args: argparse.Namespace, root: Path, scratch: Path) -> dict[str
             os.unlink(cache)
         _native.scan(str(root), cache_path=cache, threads=threads)
 
+    def timed_scan() -> tuple[float, _native.ScanResult]:
+        started = time.perf_counter()
+        result = _native.scan(str(root), cache_path=cache, threads=threads)
+        return time.perf_counter() - started, result
+
     b3 = shell(f"find {root} -type f -print0 | xargs -0 b3sum --num-threads 2 >/dev/null")
     stat_floor = shell(f"find {root} -printf '%s %T@\\n' >/dev/null")
     status = git_command(env, "git -c core.untrackedCache=true status --porcelain >/dev/null")
@@ -188,12 +193,10 @@ def bench_scans(args: argparse.Namespace, root: Path, scratch: Path) -> dict[str
         b3sum.seconds.append(timed(b3))
 
         _native.scan(str(root), cache_path=cache, threads=threads)  # settle the cache
-        result: list[Any] = []
-        nochange.seconds.append(
-            timed(lambda: result.append(_native.scan(str(root), cache_path=cache, threads=threads)))
-        )
-        if result[0].files_hashed != 0:
-            sys.exit(f"no-change rescan hashed {result[0].files_hashed} files: cache broken?")
+        seconds, result = timed_scan()
+        nochange.seconds.append(seconds)
+        if result.files_hashed != 0:
+            sys.exit(f"no-change rescan hashed {result.files_hashed} files: cache broken?")
         find.seconds.append(timed(stat_floor))
         git_status.seconds.append(timed(status))
 
@@ -203,11 +206,9 @@ def bench_scans(args: argparse.Namespace, root: Path, scratch: Path) -> dict[str
             check=True,
             stdout=subprocess.DEVNULL,
         )
-        result.clear()
-        one_pct.seconds.append(
-            timed(lambda: result.append(_native.scan(str(root), cache_path=cache, threads=threads)))
-        )
-        hashed_after_change.append(result[0].files_hashed)
+        seconds, result = timed_scan()
+        one_pct.seconds.append(seconds)
+        hashed_after_change.append(result.files_hashed)
         git_commit.seconds.append(timed(commit))
         print(f"  round {round_ + 1}/{args.runs} done", flush=True)
 

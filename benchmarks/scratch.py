@@ -1,10 +1,12 @@
 """The benchmark's scratch space, and the trash that keeps mass deletes out of timings.
 
 Creating files right after deleting many is 7-10x slower on this machine's ext4
-without a journal (deleted inodes are not reused for ~60 s; see BENCHMARKS.md).
-So trees a run is done with are *renamed* into a trash dir, and the trash is only
-emptied between tools once it is big, followed by a pause when it held many
-inodes, so that no timed create follows a mass delete.
+without a journal (deleted inodes are not reused for ~60 s; see BENCHMARKS.md),
+and deleting itself costs ~0.4 ms a file (the filesystem is mounted with
+``discard``). So trees a run is done with are *renamed* into a trash dir; the
+trash is shrunk between tools only once it is big (trees of few big files first),
+followed by a pause when many inodes went, so no timed create follows a mass
+delete; the rest is deleted in the background after the report is written.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
+import subprocess
 import time
 from pathlib import Path
 
@@ -37,8 +40,13 @@ class Scratch:
         self._names = itertools.count()
         root.mkdir(parents=True, exist_ok=True)
         self._last_flush = root / "last-mass-delete"
-        if self.trash.exists():  # left by an earlier run that was interrupted
-            self._empty_trash(_size_of(self.trash)[1])
+        # Trees an earlier run left (interrupted, or still being deleted in the
+        # background after it ended): delete them now, then wait out the pause.
+        for leftover in [self.trash, *root.glob("deleting-*")]:
+            if leftover.exists():
+                inodes = _size_of(leftover)[1]
+                shutil.rmtree(leftover, ignore_errors=True)
+                self._deleted(inodes)
         self._wait_out_last_flush()
         self.trash.mkdir()
 
@@ -52,24 +60,49 @@ class Scratch:
                 path.rename(self.trash / f"{next(self._names):06d}-{path.name}")
 
     def flush(self, *, force: bool = False) -> None:
-        """Empty the trash if it grew past the limit (or ``force``); pause afterwards
-        when it held many inodes, so the next timed create is not penalised."""
-        used_bytes, used_inodes = _size_of(self.trash)
-        if not force and used_bytes < self.trash_max_bytes:
+        """Shrink the trash below the limit (or empty it, with ``force``).
+
+        Deleting costs per inode here (ext4 mounted with ``discard``: ~0.4 ms a
+        file), and only many deleted inodes slow later creates. So trees of few,
+        big files go first; trees of many small files are deleted only if that is
+        not enough, followed by the pause, and otherwise left for ``close``.
+        """
+        entries = [(path, *_size_of(path)) for path in self.trash.iterdir()]
+        used = sum(size for _, size, _ in entries)
+        if not force and used < self.trash_max_bytes:
             return
-        print(f"   (emptying the trash: {used_bytes / 1e6:,.0f} MB, {used_inodes:,} inodes)")
-        self._empty_trash(used_inodes)
+        # Fewest inodes per byte first.
+        entries.sort(key=lambda e: e[2] / max(e[1], 1))
+        many_inodes_deleted = 0
+        for path, size, inodes in entries:
+            if not force and used < self.trash_max_bytes / 2:
+                break
+            _remove(path)
+            used -= size
+            many_inodes_deleted += inodes
+        os.sync()  # the frees must reach the disk before the next timed create
+        self._deleted(many_inodes_deleted)
         self._wait_out_last_flush()
-        self.trash.mkdir(exist_ok=True)
 
-    def close(self) -> None:
-        """Empty the trash at the end; nothing timed follows in this run, and the
-        next run waits out the rest of the pause (see ``_wait_out_last_flush``)."""
-        self._empty_trash(_size_of(self.trash)[1] if self.trash.exists() else 0)
+    def close(self, *, background: bool = True) -> None:
+        """Empty the trash at the end: nothing timed follows in this run. With
+        ``background`` a detached ``rm -rf`` does it (deleting gigabytes can take
+        minutes here); the next run finishes it and waits out the pause."""
+        if not self.trash.exists():
+            return
+        inodes = _size_of(self.trash)[1]
+        doomed = self.root / f"deleting-{time.time_ns()}"
+        self.trash.rename(doomed)
+        if background:
+            subprocess.Popen(
+                ["rm", "-rf", str(doomed)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        else:
+            shutil.rmtree(doomed, ignore_errors=True)
+        self._deleted(inodes)
 
-    def _empty_trash(self, inodes: int) -> None:
-        shutil.rmtree(self.trash, ignore_errors=True)
-        os.sync()
+    def _deleted(self, inodes: int) -> None:
         if inodes > MANY_INODES:
             self._last_flush.write_text(f"{time.time()}\n")
 
@@ -85,8 +118,17 @@ class Scratch:
             time.sleep(remaining)
 
 
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def _size_of(root: Path) -> tuple[int, int]:
-    """(bytes, inodes) under ``root``, never following symlinks."""
+    """(bytes, inodes) of ``root`` and everything under it, never following symlinks."""
+    if not root.is_dir() or root.is_symlink():
+        return (root.lstat().st_size if root.is_file() else 0), 1
     total_bytes = inodes = 0
     stack = [root]
     while stack:

@@ -30,6 +30,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         install=False,
         use_shared_corpus_script=False,  # our own generators, whatever is beside the repo
         pause_s=0,
+        delete_in_background=False,
     )
     written = run(config)
     return {path.suffix: path for path in written}

@@ -26,12 +26,14 @@ class ScanResult:
     # Every unsupported entry the policy did not exclude, sorted by path bytes:
     # (path, kind) with kind one of "symlink-escapes", "fifo", "socket",
     # "block-device", "char-device", "non-utf8-name", "unknown".
-    # Non-UTF-8 paths are given with surrogateescape-decoded text.
+    # Non-UTF-8 paths are given with surrogateescape-decoded text. A symlink whose
+    # target is not UTF-8 is "non-utf8-name" too (the manifest stores text), and a
+    # non-UTF-8 directory is listed once, without its content.
     unsupported: list[tuple[str, str]]
-    entries: int          # manifest entries (files + dirs + symlinks)
-    files_hashed: int     # files read and hashed in this scan
-    files_reused: int     # files whose hash came from the stat cache
-    bytes_hashed: int     # bytes read for hashing
+    entries: int  # manifest entries (files + dirs + symlinks)
+    files_hashed: int  # files read and hashed in this scan
+    files_reused: int  # files whose hash came from the stat cache
+    bytes_hashed: int  # bytes read for hashing
     # Wall milliseconds per phase, in order: setup, walk, sort, hash, encode, save_cache.
     phases_ms: dict[str, float]
 
@@ -45,7 +47,8 @@ class PolicyMatcher:
     # policy: not excluded (by itself or any ancestor directory) and, for files,
     # included. ``is_dir`` selects the directory-only pattern rules.
     def selects(self, path: str, is_dir: bool) -> bool: ...
-    # True when the path or one of its ancestors is excluded.
+    # True when the path or one of its ancestors is excluded. Top-level names
+    # starting with ".checkpointd" are always excluded (restore staging, cache clock).
     def excluded(self, path: str, is_dir: bool) -> bool: ...
 
 def scan(
@@ -78,7 +81,9 @@ class ZeroingReader:
     matches spanning chunk boundaries are zeroed too.
     """
 
-    def __init__(self, path: str, secrets: Sequence[bytes] = (), chunk_size: int = 1 << 20) -> None: ...
+    def __init__(
+        self, path: str, secrets: Sequence[bytes] = (), chunk_size: int = 1 << 20
+    ) -> None: ...
     def __iter__(self) -> Iterator[bytes]: ...
     def __next__(self) -> bytes: ...
     def close(self) -> None: ...
@@ -95,4 +100,11 @@ def record_in_cache(
     root: str, cache_path: str, files: Sequence[tuple[str, str]], secrets: Sequence[bytes] = ()
 ) -> None:
     """After a restore: stat each (relative path, 64-hex) written and record it in
-    the stat cache so the next capture reuses those hashes."""
+    the stat cache so the next capture reuses those hashes.
+
+    Opens each path beneath ``root`` without following symlinks. Skips paths that
+    are missing or not regular files, and files whose mtime equals their ctime
+    (written by something other than the restore, which sets mtimes). Raises
+    ValueError for a digest that is not 64 hex digits or a short secret, OSError
+    when the root or the cache cannot be used.
+    """

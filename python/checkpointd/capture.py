@@ -51,6 +51,7 @@ from .errors import (
 from .ids import new_uuid7
 from .model import FILE_KEY_PREFIX, Artifact, Checkpoint, Entry, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
+from .safefs import SafeRoot
 from .scanner import ScanOutcome, check_secrets, scan_workspace
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import BlobGuard, CheckpointStore
@@ -72,6 +73,8 @@ SMALL_FILE_BYTES = 1 << 20
 READ_CHUNK_BYTES = 1 << 20
 # Rounds of "hash again and upload" for files that change under the capture.
 CHANGED_FILE_ROUNDS = 3
+# Offending paths named in an error message (all are in its details).
+_LISTED_IN_MESSAGE = 20
 # Waiting for a sweep to release a condemned key: first and longest pause.
 _PIN_RETRY_FIRST_S = 0.05
 _PIN_RETRY_MAX_S = 1.0
@@ -195,7 +198,10 @@ async def capture_checkpoint(
             keeper.check()
 
             engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
-            entries = await engine.store_blobs(entries, checked_artifacts, parent)
+            try:
+                entries = await engine.store_blobs(entries, checked_artifacts, parent)
+            finally:
+                engine.close()
 
             reporter.phase("append")
             parent_created = parent.created_at if parent is not None else None
@@ -263,7 +269,12 @@ async def _scan(
         lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token), token.cancel
     )
     if outcome.unsupported:
-        listing = ", ".join(f"{path} ({kind})" for path, kind in outcome.unsupported)
+        # details["paths"] lists every one; the message stays short enough for a
+        # gRPC status (whose text travels in an 8 KiB header budget).
+        shown = outcome.unsupported[:_LISTED_IN_MESSAGE]
+        listing = ", ".join(f"{path} ({kind})" for path, kind in shown)
+        if len(outcome.unsupported) > len(shown):
+            listing += f" and {len(outcome.unsupported) - len(shown)} more"
         raise SandboxSnapshotError(
             UNSUPPORTED_ENTRY,
             f"the workspace has entries a checkpoint cannot hold: {listing}; "
@@ -297,6 +308,10 @@ class _Uploader:
         self.token = token
         self.uploads = _Uploads()
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
+        self.tree = SafeRoot(root)
+
+    def close(self) -> None:
+        self.tree.close()
 
     def _check_running(self) -> None:
         self.keeper.check()
@@ -336,7 +351,9 @@ class _Uploader:
             if not changed:
                 return _apply_replacements(entries, replaced)
             pending = changed
-        paths = ", ".join(entry.path for entry in pending)
+        paths = ", ".join(entry.path for entry in pending[:_LISTED_IN_MESSAGE])
+        if len(pending) > _LISTED_IN_MESSAGE:
+            paths += f" and {len(pending) - _LISTED_IN_MESSAGE} more"
         raise SandboxSnapshotError(
             FILE_CHANGED,
             f"files kept changing while they were captured: {paths}; capture again when "
@@ -412,9 +429,7 @@ class _Uploader:
             return await self._upload_from_disk(entry)
 
     async def _upload_from_disk(self, entry: FileEntry) -> bool:
-        reader = _VerifyingReader(
-            os.path.join(self.root, entry.path), self.secrets, entry, self.reporter
-        )
+        reader = _VerifyingReader(self._open(entry), entry, self.reporter)
         try:
             if entry.size <= SMALL_FILE_BYTES:
                 data = await asyncio.to_thread(reader.read_all)
@@ -429,12 +444,34 @@ class _Uploader:
         finally:
             reader.close()
 
+    def _open(self, entry: FileEntry) -> _native.ZeroingReader:
+        """The native re-zeroing reader on the file, opened beneath the root.
+
+        The path is pinned to a directory reached without following symlinks:
+        code in the sandbox that swaps a directory for a link to /etc must not
+        get /etc's files read (and uploaded) in the workspace's name.
+        """
+        pinned = self.tree.pinned(entry.path)
+        if pinned is None:
+            raise _FileChanged(entry.path)  # a parent vanished or became a link
+        with pinned:
+            try:
+                return _native.ZeroingReader(pinned.path, self.secrets, READ_CHUNK_BYTES)
+            except OSError:
+                # Gone, or no longer a regular file (O_NOFOLLOW refused a link).
+                raise _FileChanged(entry.path) from None
+
     async def _rehash(self, entry: FileEntry) -> FileEntry | None:
         """The file's entry as it is now, or None when it is gone."""
-        path = os.path.join(self.root, entry.path)
+        pinned = self.tree.pinned(entry.path)
+        if pinned is None:
+            return None
         try:
-            hex_hash, size = await asyncio.to_thread(_native.hash_file, path, self.secrets)
-            info = os.lstat(path)
+            with pinned:
+                hex_hash, size = await asyncio.to_thread(
+                    _native.hash_file, pinned.path, self.secrets
+                )
+                info = pinned.lstat()
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as error:
@@ -481,24 +518,16 @@ class _VerifyingReader:
     """
 
     def __init__(
-        self, path: str, secrets: tuple[bytes, ...], entry: FileEntry, reporter: PhaseReporter
+        self, reader: _native.ZeroingReader, entry: FileEntry, reporter: PhaseReporter
     ) -> None:
-        self.path = path
+        self.reader: _native.ZeroingReader | None = reader
+        self.path = entry.path
         self.entry = entry
         self.expected_hex = entry.blob_key[len(FILE_KEY_PREFIX) :]
         self.reporter = reporter
         self.hasher = blake3.blake3()
         self.size = 0
         self.changed = False
-        try:
-            self.reader: _native.ZeroingReader | None = _native.ZeroingReader(
-                path, secrets, READ_CHUNK_BYTES
-            )
-        except OSError:
-            # Gone, or no longer a regular file (O_NOFOLLOW refused a link).
-            self.reader = None
-            self.changed = True
-            raise _FileChanged(path) from None
 
     def close(self) -> None:
         if self.reader is not None:

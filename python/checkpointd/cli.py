@@ -235,10 +235,16 @@ class Output:
     def progress_callback(self) -> Callable[[Any], None] | None:
         if self.as_json or not sys.stderr.isatty():
             return None
+        from rich.console import Console
         from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
+        # On stderr, so stdout stays clean for the result (and for pipes).
         self._progress = Progress(
-            TextColumn("{task.description:<8}"), BarColumn(), DownloadColumn(), transient=True
+            TextColumn("{task.description:<8}"),
+            BarColumn(),
+            DownloadColumn(),
+            console=Console(stderr=True),
+            transient=True,
         )
         self._progress.start()
         self._task = self._progress.add_task("start", total=None)

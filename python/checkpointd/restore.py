@@ -132,7 +132,11 @@ def validate_manifest(checkpoint: Checkpoint) -> dict[str, Entry]:
 def plan_restore(
     targets: dict[str, Entry], live: Sequence[Entry], unsupported: Sequence[str]
 ) -> RestorePlan:
-    """Compare the checkpoint's entries with the live (policy-selected) ones."""
+    """Compare the checkpoint's entries with the live (policy-selected) ones.
+
+    Raises SandboxSnapshotError(INVALID_BLOB) when two entries give one blob
+    different sizes.
+    """
     plan = RestorePlan()
     live_by_path: dict[str, Entry] = {entry.path: entry for entry in live}
     doomed: list[tuple[str, str]] = [
@@ -157,7 +161,12 @@ def plan_restore(
                     plan.file_metadata.append(target)
             else:
                 plan.writes.append(target)
-                plan.blob_sizes[target.blob_key] = target.size
+                known = plan.blob_sizes.setdefault(target.blob_key, target.size)
+                if known != target.size:
+                    # One blob cannot have two sizes: the manifest is corrupt.
+                    raise _invalid_blob(
+                        target.blob_key, f"entries give it sizes {known} and {target.size}"
+                    )
         elif isinstance(target, DirEntry):
             if not isinstance(current, DirEntry):
                 plan.dirs_to_make.append(target)
@@ -283,8 +292,8 @@ async def _fetch_and_apply(
     keeper: LeaseKeeper,
 ) -> None:
     with SafeRoot(root) as safe:
-        # Leftovers of a restore that was killed: nobody else restores this
-        # workspace while we hold the lease, so they are garbage.
+        # Leftovers of a restore that was killed. A workspace has one restore at
+        # a time (SPEC §5: nothing else writes to it meanwhile), so they are garbage.
         for name in safe.stale_staging_names():
             safe.remove_top_level(name)
         staging_name, staging_fd = safe.make_staging()

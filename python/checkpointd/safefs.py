@@ -35,6 +35,7 @@ _NOT_A_REAL_DIR = (errno.ELOOP, errno.ENOTDIR)
 _FD_CACHE_SIZE = 128
 
 STAGING_PREFIX = ".checkpointd-staging-"
+_PROC_FD = "/proc/self/fd"
 
 
 def split_parent(rel: str) -> tuple[str, str]:
@@ -60,7 +61,9 @@ class SafeRoot:
         # The root path itself comes from the operator, not the sandbox: it may be a
         # symlink (/workspace -> /data/ws); everything beneath it is untrusted.
         self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        self._root_path = os.fspath(root)
         self._fds: OrderedDict[str, int] = OrderedDict()
+        self._proc_works: bool | None = None
 
     @property
     def root_fd(self) -> int:
@@ -279,6 +282,31 @@ class SafeRoot:
         except FileNotFoundError:
             pass
 
+    # -- handing a path to code that opens by name -----------------------------
+
+    def pinned(self, rel: str) -> PinnedPath | None:
+        """A path naming ``rel`` that stays beneath the root when opened by name.
+
+        The native reader opens files by path (with O_NOFOLLOW on the last name
+        only). Given ``/proc/self/fd/<parent fd>/<name>``, where the parent was
+        reached without following symlinks, the kernel resolves exactly that
+        directory, so a directory swapped for a link to ``/etc`` cannot redirect
+        the read. None when a parent is missing or not a real directory. Without
+        /proc the plain path is returned (then only the caller's content checks
+        protect it). Close the result once the path was opened.
+        """
+        parent, name = split_parent(rel)
+        fd = self.dir_fd(parent)
+        if fd is None:
+            return None
+        own = os.dup(fd)  # the cached fd may be closed meanwhile; this one is ours
+        if self._proc_works is None:
+            self._proc_works = os.path.isdir(f"{_PROC_FD}/{own}")
+        if not self._proc_works:
+            os.close(own)
+            return PinnedPath(-1, os.path.join(self._root_path, rel), name)
+        return PinnedPath(own, f"{_PROC_FD}/{own}/{name}", name)
+
     # -- staging --------------------------------------------------------------
 
     def make_staging(self) -> tuple[str, int]:
@@ -300,6 +328,33 @@ class SafeRoot:
                 for entry in entries
                 if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False)
             ]
+
+
+class PinnedPath:
+    """A path for ``open`` by name, pinned to a directory descriptor (see
+    ``SafeRoot.pinned``); ``dir_fd`` is -1 when /proc is unavailable."""
+
+    def __init__(self, dir_fd: int, path: str, name: str) -> None:
+        self.dir_fd = dir_fd
+        self.path = path
+        self.name = name
+
+    def lstat(self) -> os.stat_result:
+        """The entry itself, through the pinned directory (never a link's target)."""
+        if self.dir_fd < 0:
+            return os.lstat(self.path)
+        return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
+
+    def close(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1
+
+    def __enter__(self) -> PinnedPath:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def create_file(dir_fd: int, name: str) -> int:

@@ -269,8 +269,9 @@ impl DirReader {
         unsafe { libc::dirfd(self.dir) }
     }
 
-    /// The next entry other than `.` and `..`, or None at the end.
-    pub fn next_entry(&mut self) -> io::Result<Option<(CString, DirentType)>> {
+    /// The next entry other than `.` and `..`, or None at the end. The name
+    /// borrows the reader's buffer (valid until the next call).
+    pub fn next_entry(&mut self) -> io::Result<Option<(&CStr, DirentType)>> {
         loop {
             // readdir signals errors only through errno.
             // SAFETY: errno location is thread-local.
@@ -297,7 +298,7 @@ impl DirReader {
                 libc::DT_UNKNOWN => DirentType::Unknown,
                 _ => DirentType::Other,
             };
-            return Ok(Some((name.to_owned(), kind)));
+            return Ok(Some((name, kind)));
         }
     }
 }

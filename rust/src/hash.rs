@@ -34,9 +34,15 @@ impl From<io::Error> for HashError {
 /// Hash result: the digest and the number of bytes read.
 pub type Digest = ([u8; 32], u64);
 
-/// Hash everything `file` yields from its current position.
+/// Hash everything `reader` yields from its current position.
+///
+/// `expected_size` (from an fstat just before) lets a small file be read with
+/// one `read` instead of two: once that many bytes arrived we stop without
+/// waiting for the EOF read. A file that grew meanwhile is the caller's to
+/// catch (the scan compares fstat before and after).
 pub fn hash_reader<R: Read>(
     mut reader: R,
+    expected_size: Option<u64>,
     secrets: &SecretSet,
     cancel: &Cancel,
     parallel: bool,
@@ -54,7 +60,13 @@ pub fn hash_reader<R: Read>(
                 eof = true;
                 break;
             }
-            Ok(n) => filled += n,
+            Ok(n) => {
+                filled += n;
+                if expected_size == Some(filled as u64) && filled < WHOLE_READ_LIMIT {
+                    eof = true;
+                    break;
+                }
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e.into()),
         }
@@ -84,15 +96,16 @@ pub fn hash_reader<R: Read>(
     Ok((*hasher.finalize().as_bytes(), stream.bytes_read))
 }
 
-/// Hash an open file from its start.
+/// Hash an open file from its current position (see [`hash_reader`]).
 pub fn hash_file(
     file: &File,
+    expected_size: Option<u64>,
     secrets: &SecretSet,
     cancel: &Cancel,
     parallel: bool,
     scratch: &mut Vec<u8>,
 ) -> Result<Digest, HashError> {
-    hash_reader(file, secrets, cancel, parallel, scratch)
+    hash_reader(file, expected_size, secrets, cancel, parallel, scratch)
 }
 
 /// Lowercase hex of a digest.
@@ -139,6 +152,7 @@ mod tests {
         for parallel in [false, true] {
             let (digest, size) = hash_reader(
                 &data[..],
+                None,
                 &SecretSet::empty(),
                 &cancel,
                 parallel,
@@ -149,10 +163,30 @@ mod tests {
             assert_eq!(digest, *blake3::hash(&data).as_bytes());
         }
         let secrets = SecretSet::new(&[[3u8, 10, 17, 24]]).unwrap();
-        let (digest, _) = hash_reader(&data[..], &secrets, &cancel, true, &mut scratch).unwrap();
+        let (digest, _) =
+            hash_reader(&data[..], None, &secrets, &cancel, true, &mut scratch).unwrap();
         let zeroed = crate::redact::zero_all(&data, &secrets);
         assert_ne!(zeroed, data);
         assert_eq!(digest, *blake3::hash(&zeroed).as_bytes());
+    }
+
+    #[test]
+    fn expected_size_stops_early_but_never_truncates() {
+        let data = b"0123456789";
+        let cancel = Cancel::new();
+        let mut scratch = Vec::new();
+        let want = *blake3::hash(data).as_bytes();
+        for expected in [None, Some(10), Some(4), Some(99)] {
+            let got = hash_reader(
+                &data[..],
+                expected,
+                &SecretSet::empty(),
+                &cancel,
+                false,
+                &mut scratch,
+            );
+            assert_eq!(got.unwrap(), (want, 10), "expected {expected:?}");
+        }
     }
 
     #[test]

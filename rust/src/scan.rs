@@ -167,13 +167,14 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
         policy: &request.policy,
         cancel,
     };
-    let found = walker.walk(&pool)?;
+    let batches = walker.walk(&pool)?;
     phases.end("walk");
 
     // Split, sort.
     let mut unsupported = Vec::new();
-    let mut rows: Vec<(String, Row, bool)> = Vec::with_capacity(found.len());
-    for f in found {
+    let mut rows: Vec<(String, Row, bool)> = Vec::with_capacity(batches.iter().map(Vec::len).sum());
+    // Each batch is freed as soon as it is converted (keeps peak memory down).
+    for f in batches.into_iter().flatten() {
         match f {
             Found::File { path, stat } => rows.push((
                 path,
@@ -205,33 +206,41 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
 
     // Reuse what the cache vouches for; collect the rest.
     let mut files_reused = 0u64;
-    let mut to_hash: Vec<(usize, &str, &mut FileSlot)> = Vec::new();
-    for (index, (path, row, _)) in rows.iter_mut().enumerate() {
+    let mut to_hash: Vec<(&str, &mut FileSlot)> = Vec::new();
+    // Rows and cache are both sorted by path: one merge pass, no searching.
+    let mut cursor = 0;
+    for (path, row, _) in rows.iter_mut() {
         if let Row::File(slot) = row {
             let cached = old_cache
                 .as_ref()
-                .and_then(|c| c.reusable(path, &slot.stat, &fingerprint));
+                .and_then(|c| c.reusable_in_order(&mut cursor, path, &slot.stat, &fingerprint));
             match cached {
                 Some(h) => {
                     slot.hash = Some(h);
                     files_reused += 1;
                 }
-                None => to_hash.push((index, path.as_str(), slot)),
+                None => to_hash.push((path.as_str(), slot)),
             }
         }
     }
     let files_hashed = to_hash.len() as u64;
     let root_fd = root.fd.as_raw_fd();
-    let results: Vec<Result<u64, ScanError>> = pool.install(|| {
-        to_hash
-            .par_iter_mut()
-            .map(|(_, path, slot)| hash_slot(root_fd, &root.path, path, slot, &secrets, cancel))
-            .collect()
-    });
-    let mut bytes_hashed = 0u64;
-    for r in results {
-        bytes_hashed += r?;
-    }
+    // Collecting into a Result stops the other workers at the first error.
+    let sizes: Vec<u64> = pool
+        .install(|| {
+            to_hash
+                .par_iter_mut()
+                .map(|(path, slot)| hash_slot(root_fd, &root.path, path, slot, &secrets, cancel))
+                .collect::<Result<Vec<u64>, ScanError>>()
+        })
+        .map_err(|e| {
+            if cancel.is_cancelled() {
+                ScanError::Cancelled
+            } else {
+                e
+            }
+        })?;
+    let bytes_hashed: u64 = sizes.iter().sum();
     drop(to_hash);
     phases.end("hash");
 
@@ -369,16 +378,26 @@ fn hash_slot(
     };
     let file = File::from(fd);
     let mut total = 0u64;
-    for _ in 0..HASH_ATTEMPTS {
+    for attempt in 0..HASH_ATTEMPTS {
         let before = fs::fstat(file.as_raw_fd()).map_err(|e| ScanError::io(abs(), "fstat", e))?;
         if !before.is_file() {
             return Err(ScanError::Changed(abs()));
         }
         let digest = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
-            let mut reader = &file;
-            std::io::Seek::rewind(&mut reader)?;
-            hash::hash_file(&file, secrets, cancel, true, &mut scratch).map_err(|e| match e {
+            if attempt > 0 {
+                let mut reader = &file;
+                std::io::Seek::rewind(&mut reader)?;
+            }
+            hash::hash_file(
+                &file,
+                Some(before.size),
+                secrets,
+                cancel,
+                true,
+                &mut scratch,
+            )
+            .map_err(|e| match e {
                 HashError::Io(e) => e,
                 HashError::Cancelled => std::io::Error::from(std::io::ErrorKind::Interrupted),
             })

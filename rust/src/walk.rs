@@ -40,17 +40,6 @@ pub enum Found {
     },
 }
 
-impl Found {
-    pub fn path_bytes(&self) -> &[u8] {
-        match self {
-            Found::File { path, .. } | Found::Dir { path, .. } | Found::Symlink { path, .. } => {
-                path.as_bytes()
-            }
-            Found::Unsupported { path, .. } => path,
-        }
-    }
-}
-
 /// What every directory task needs.
 pub struct Walker<'a> {
     pub root_fd: RawFd,
@@ -67,11 +56,10 @@ struct Shared {
 }
 
 impl Shared {
+    /// Keep the first error (later ones are usually consequences of it).
     fn fail(&self, error: ScanError) {
         let mut slot = self.error.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.is_none()
-            || matches!(*slot, Some(ScanError::Cancelled)) && !matches!(error, ScanError::Cancelled)
-        {
+        if slot.is_none() {
             *slot = Some(error);
         }
     }
@@ -82,8 +70,10 @@ impl Shared {
 }
 
 impl Walker<'_> {
-    /// Walk everything beneath the root on `pool`.
-    pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<Vec<Found>, ScanError> {
+    /// Walk everything beneath the root on `pool`. Returns one batch per
+    /// directory listed (unordered), so callers can convert them without
+    /// first copying everything into one flat vector.
+    pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<Vec<Vec<Found>>, ScanError> {
         let shared = Shared {
             found: Mutex::new(Vec::new()),
             error: Mutex::new(None),
@@ -91,11 +81,14 @@ impl Walker<'_> {
         // The root itself is "included" only when there is no include list.
         let root_included = !self.policy.has_include();
         pool.scope(|scope| self.visit(scope, &shared, String::new(), root_included));
+        // A cancelled walk reports the cancel, whatever else failed meanwhile.
+        if self.cancel.is_cancelled() {
+            return Err(ScanError::Cancelled);
+        }
         if let Some(error) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(error);
         }
-        let batches = shared.found.into_inner().unwrap_or_else(|e| e.into_inner());
-        Ok(batches.into_iter().flatten().collect())
+        Ok(shared.found.into_inner().unwrap_or_else(|e| e.into_inner()))
     }
 
     fn open_dir(&self, rel: &str) -> std::io::Result<OwnedFd> {
@@ -161,6 +154,13 @@ impl Walker<'_> {
             Ok(fd) => fd,
             // Removed since its parent was listed: nothing to capture.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            // Replaced by a symlink or a file since it was listed.
+            Err(e)
+                if !rel.is_empty()
+                    && matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) =>
+            {
+                return Err(ScanError::Changed(abs(b"")))
+            }
             Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
         };
         let mut reader =
@@ -191,7 +191,7 @@ impl Walker<'_> {
             let mut stat: Option<Stat> = None;
             let mut is_dir = match dtype {
                 DirentType::Dir => true,
-                DirentType::Unknown => match self.lstat(dir_fd, &name) {
+                DirentType::Unknown => match self.lstat(dir_fd, name) {
                     Ok(Some(st)) => {
                         let d = st.is_dir();
                         stat = Some(st);
@@ -202,15 +202,12 @@ impl Walker<'_> {
                 },
                 _ => false,
             };
-            let mut segments = Vec::with_capacity(parent_segments.len() + 1);
-            segments.extend_from_slice(&parent_segments);
-            segments.push(name_str);
-            let decision = self.decide(&segments, is_dir, parent_included);
+            let decision = self.decide(&parent_segments, name_str, is_dir, parent_included);
             if decision.is_none() {
                 continue;
             }
             if stat.is_none() {
-                stat = match self.lstat(dir_fd, &name) {
+                stat = match self.lstat(dir_fd, name) {
                     Ok(st) => st,
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "lstat", e)),
                 };
@@ -223,7 +220,7 @@ impl Walker<'_> {
             if stat.is_dir() != is_dir {
                 // Replaced between readdir and lstat: judge it as what it is now.
                 is_dir = stat.is_dir();
-                match self.decide(&segments, is_dir, parent_included) {
+                match self.decide(&parent_segments, name_str, is_dir, parent_included) {
                     Some(inc) => included = inc,
                     None => continue,
                 }
@@ -257,7 +254,7 @@ impl Walker<'_> {
             } else if stat.is_file() {
                 found.push(Found::File { path, stat });
             } else if stat.is_symlink() {
-                let target = match fs::readlink_at(dir_fd, &name) {
+                let target = match fs::readlink_at(dir_fd, name) {
                     Ok(t) => t,
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
@@ -289,13 +286,29 @@ impl Walker<'_> {
     }
 
     /// None when the policy excludes the entry, else whether it is included.
-    fn decide(&self, segments: &[&str], is_dir: bool, parent_included: bool) -> Option<bool> {
-        if self.policy.excludes_entry(segments, is_dir) {
+    fn decide(
+        &self,
+        parent: &[&str],
+        name: &str,
+        is_dir: bool,
+        parent_included: bool,
+    ) -> Option<bool> {
+        if self.policy.excludes_name(parent.len(), name) {
+            return None;
+        }
+        if !self.policy.has_patterns() {
+            // The common case: no per-entry path to build.
+            return Some(true);
+        }
+        let mut segments = Vec::with_capacity(parent.len() + 1);
+        segments.extend_from_slice(parent);
+        segments.push(name);
+        if self.policy.excludes_entry(&segments, is_dir) {
             return None;
         }
         Some(
             self.policy
-                .included_below(parent_included, segments, is_dir),
+                .included_below(parent_included, &segments, is_dir),
         )
     }
 

@@ -6,10 +6,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
-from checkpointd.model import FileEntry
+from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.restore import restore_checkpoint
 
 from .conftest import snapshot_tree, write_tree
@@ -68,3 +69,27 @@ async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
     await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
     assert (workspace / "a.txt").read_bytes() == b"version one of a"
     assert not (workspace / "new.txt").exists()
+
+
+async def test_entries_disagreeing_on_a_blob_size_are_refused(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    data = b"twelve bytes"
+    key = "sandbox-files/blake3/" + blake3.blake3(data).hexdigest()
+    await memory_blobs.put(key, data)
+    lease = await memory_store.acquire_writer("t")
+    corrupt = Checkpoint(
+        id="corrupt",
+        thread_id="t",
+        parent_checkpoint_id=None,
+        created_at=1,
+        files=(FileEntry("a", key, len(data)), FileEntry("b", key, len(data) + 1)),
+    )
+    await memory_store.append(corrupt, None, lease)
+    await lease.release()
+    write_tree(workspace, {"existing": b"stays"})
+    before = snapshot_tree(workspace)
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert caught.value.code == INVALID_BLOB
+    assert snapshot_tree(workspace) == before

@@ -10,6 +10,7 @@ from typing import Any
 
 import blake3
 import pytest
+from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import FILE_CHANGED, capture_checkpoint
 from checkpointd.errors import (
@@ -242,4 +243,92 @@ async def test_cancelled_capture_releases_its_lease_and_appends_nothing(
         await task
     assert await memory_store.get_head("t") is None
     lease = await memory_store.acquire_writer("t")  # not held any more
+    await lease.release()
+
+
+async def test_a_cancelled_token_stops_the_capture(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {f"f{n}": b"x" * n for n in range(50)})
+    token = _native.CancelToken()
+    token.cancel()
+    with pytest.raises(_native.ScanCancelled):
+        await capture_checkpoint(
+            workspace, memory_store, memory_blobs, "t", data_dir=data_dir, cancel=token
+        )
+    assert await memory_store.get_head("t") is None
+    lease = await memory_store.acquire_writer("t")
+    await lease.release()
+
+
+async def test_progress_reports_every_phase_in_order(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {"a.txt": b"a" * 10, "b/c.txt": b"c" * 20})
+    reports: list[Progress] = []
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=reports.append
+    )
+    phases = list(dict.fromkeys(report.phase for report in reports))
+    assert phases == ["lease", "scan", "pin", "upload", "append"]
+    upload = next(report for report in reports if report.phase == "upload")
+    assert (upload.files_total, upload.bytes_total) == (2, 30)
+
+    reports.clear()
+    await restore_checkpoint(
+        tmp_path / "restored",
+        memory_store,
+        memory_blobs,
+        "t",
+        data_dir=data_dir,
+        progress=reports.append,
+    )
+    await asyncio.sleep(0)  # reports made in worker threads reach the loop
+    phases = list(dict.fromkeys(report.phase for report in reports))
+    assert phases == ["lease", "resolve", "plan", "fetch", "apply"]
+    fetch = next(report for report in reports if report.phase == "fetch")
+    assert (fetch.files_total, fetch.bytes_total) == (2, 30)
+
+
+async def test_default_data_dir_is_under_the_home_state_directory(
+    memory_store: Any,
+    memory_blobs: Any,
+    workspace: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    write_tree(workspace, {"a": b"a"})
+    await capture_checkpoint(workspace, memory_store, memory_blobs, "t")
+    caches = list((tmp_path / "home/.local/state/checkpointd/statcache").iterdir())
+    assert len(caches) == 1 and caches[0].stat().st_size > 0
+
+
+async def test_cancelling_during_the_scan_stops_it_and_releases_the_lease(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(workspace, {f"f{n}.bin": bytes([n]) * (1 << 20) for n in range(64)})
+    tasks: list[asyncio.Task[Any]] = []
+
+    def cancel_when_scanning(report: Progress) -> None:
+        if report.phase == "scan":
+            tasks[0].cancel()
+
+    tasks.append(
+        asyncio.create_task(
+            capture_checkpoint(
+                workspace,
+                memory_store,
+                memory_blobs,
+                "t",
+                data_dir=data_dir,
+                progress=cancel_when_scanning,
+            )
+        )
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[0]
+    assert await memory_store.get_head("t") is None
+    assert await memory_blobs.list("sandbox-files/") == []
+    lease = await memory_store.acquire_writer("t")
     await lease.release()

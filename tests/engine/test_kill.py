@@ -126,16 +126,20 @@ async def test_restore_killed_then_run_again_completes(tmp_path: Path) -> None:
     rng = random.Random(99)
     try:
         await capture_checkpoint(source, store, blobs, "faults", data_dir=data_dir)
+        interrupted = 0
         for _ in range(RESTORE_KILLS):
             # Start from a different tree each time so there is much to change.
             write_tree(target, {f"d{n % 10}/f{n}.txt": b"old" for n in range(0, 300, 3)})
             process = _start("restore", store_url, blobs_url, target, data_dir)
             await asyncio.sleep(rng.uniform(0.05, 0.5))
             _kill(process)
+            if snapshot_tree(target) != expected:
+                interrupted += 1  # killed before or while it changed the tree
             await _retry_while_leased(
                 lambda: restore_checkpoint(target, store, blobs, "faults", data_dir=data_dir)
             )
             assert snapshot_tree(target) == expected
             assert not [n for n in os.listdir(target) if n.startswith(".checkpointd")]
+        assert interrupted, "every kill came after the restore had finished"
     finally:
         await store.aclose()

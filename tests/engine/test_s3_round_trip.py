@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
 
 from .conftest import snapshot_tree, write_tree
 
@@ -38,3 +39,24 @@ async def test_round_trip_through_s3(
     assert snapshot_tree(workspace) == before
     again = await capture_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
     assert (again.stats.blobs_uploaded, again.stats.files_hashed) == (0, 0)
+
+
+@pytest.mark.s3
+@pytest.mark.postgres
+async def test_scale_out_round_trip_postgres_and_s3(
+    postgres_url: str, s3_blobs: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    """The scale-out setup: one sidecar captures, another restores elsewhere."""
+    workspace = tmp_path / "sidecar-a"
+    workspace.mkdir()
+    write_tree(workspace, {"a.txt": b"a", "d/b.bin": os.urandom(100_000), "d/link": "b.bin"})
+    before = snapshot_tree(workspace)
+    async with await open_store(postgres_url) as store_a:
+        await capture_checkpoint(workspace, store_a, s3_blobs, "shared", data_dir=data_dir)
+    async with await open_store(postgres_url) as store_b:
+        elsewhere = tmp_path / "sidecar-b"
+        restored = await restore_checkpoint(
+            elsewhere, store_b, s3_blobs, "shared", data_dir=tmp_path / "data-b"
+        )
+        assert restored is not None
+    assert snapshot_tree(elsewhere) == before

@@ -218,3 +218,35 @@ async def test_checkpoint_with_links_pointing_outside(
     assert (workspace / "d/link/file.txt").read_bytes() == b"real dir content"
     assert (workspace / "d/victim.txt").read_bytes() == b"v"
     assert not lexists(workspace / "abs")
+
+
+async def test_capture_never_reads_outside_through_a_directory_swapped_mid_capture(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    secret_place = tmp_path / "private"
+    private = b"TOP-SECRET outside the workspace " * 50_000  # large: a streamed upload
+    write_tree(secret_place, {"notes.txt": b"TOP-SECRET small", "big.bin": private})
+    write_tree(
+        workspace,
+        {"sub/notes.txt": b"inside small", "sub/big.bin": b"i" * len(private), "top.txt": b"t"},
+    )
+    swapped: list[bool] = []
+
+    def swap_before_uploads(report: Progress) -> None:
+        # The scan read the real files; now sub/ points at a private directory
+        # holding files of the same names.
+        if report.phase == "upload" and not swapped:
+            os.rename(workspace / "sub", tmp_path / "sub-moved")
+            (workspace / "sub").symlink_to(secret_place)
+            swapped.append(True)
+
+    result = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=swap_before_uploads
+    )
+    assert swapped
+    for info in await memory_blobs.list("sandbox-files/"):
+        assert b"TOP-SECRET" not in await memory_blobs.get(info.key)
+    # The files that could not be read safely are not in the checkpoint.
+    paths = {entry.path for entry in result.checkpoint.files}
+    assert "top.txt" in paths
+    assert not {"sub/notes.txt", "sub/big.bin"} & paths

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -10,7 +12,8 @@ import pytest
 from checkpointd import _native
 
 
-def test_cancelled_token_stops_before_work(workspace: Path) -> None:
+def test_cancelled_token_stops_the_walk(workspace: Path) -> None:
+    # The walk checks the token per entry: a cancelled one stops at the first.
     (workspace / "f").write_bytes(b"x")
     token = _native.CancelToken()
     assert not token.cancelled
@@ -36,15 +39,28 @@ def test_cancel_during_a_huge_file_is_prompt(workspace: Path) -> None:
     assert time.monotonic() - started < 2.0
 
 
-def test_cancel_during_the_walk_is_prompt(workspace: Path) -> None:
-    for i in range(60):
-        sub = workspace / f"d{i}"
-        sub.mkdir()
-        for j in range(40):
-            (sub / f"f{j}").write_bytes(b"")
-    token = _native.CancelToken()
-    token.cancel()
+class Interrupted(Exception):
+    pass
+
+
+def test_a_signal_handler_error_stops_the_scan(workspace: Path) -> None:
+    # Ctrl-C works the same way: the scan runs with the GIL released while the
+    # calling thread keeps checking Python's signal handlers; an exception from
+    # one cancels the scan and propagates.
+    with open(workspace / "huge.bin", "wb") as handle:
+        handle.truncate(16 << 30)
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, on_signal)
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
     started = time.monotonic()
-    with pytest.raises(_native.ScanCancelled):
-        _native.scan(str(workspace), cancel=token, threads=1)
-    assert time.monotonic() - started < 1.0
+    try:
+        with pytest.raises(Interrupted):
+            _native.scan(str(workspace), threads=2)
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    assert time.monotonic() - started < 2.0

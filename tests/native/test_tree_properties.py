@@ -79,7 +79,7 @@ def build(root: Path, tree: dict[str, tuple[str, Any]], depth: int = 0) -> None:
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(tree=TREES)
 def test_scan_matches_model_serial_equals_parallel_and_rescan_is_free(tree: dict[str, Any]) -> None:

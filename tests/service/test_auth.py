@@ -66,3 +66,19 @@ def test_tcp_without_token_refuses_to_start(short_tmp) -> None:
     )
     assert result.returncode == 2
     assert "refusing to listen on TCP without a bearer token" in result.stderr
+
+
+def test_a_second_daemon_cannot_steal_a_live_socket(daemons: DaemonFactory) -> None:
+    first = daemons.start()
+    second = daemons.start(data_dir=first.data_dir, wait=False)
+    assert second.proc.wait(60) == 7
+    assert "another process is serving" in second.log_text()
+    assert first.health() == "SERVING"
+
+
+def test_a_stale_socket_from_a_killed_daemon_is_replaced(daemons: DaemonFactory) -> None:
+    first = daemons.start()
+    first.kill()
+    assert (first.data_dir / "checkpointd.sock").exists()
+    second = daemons.start(data_dir=first.data_dir)
+    assert second.health() == "SERVING"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -134,3 +135,26 @@ def test_serve_loop_restores_captures_on_change_and_on_sigterm(daemons: DaemonFa
     assert len(listing["checkpoints"]) >= count_before
     head_entries = ok_json(reader, "show", listing["head"], "--entries")["entries"]
     assert "final.txt" in {e["path"] for e in head_entries}, looped.log_text()
+
+
+async def test_serve_loop_skips_a_tick_while_another_writer_holds_the_thread(
+    daemons: DaemonFactory,
+) -> None:
+    looped = daemons.start(
+        extra=("--thread", "t-held-loop", "--capture-every", "0.3s", "--log-level", "DEBUG")
+    )
+    store = await open_store(looped.store)
+    try:
+        async with await store.acquire_writer("t-held-loop"):
+            (looped.workspace / "a.txt").write_text("a")
+            deadline = time.monotonic() + 15
+            while "another writer holds thread t-held-loop" not in looped.log_text():
+                assert time.monotonic() < deadline, looped.log_text()
+                await asyncio.sleep(0.1)
+            assert await store.list("t-held-loop") == []
+        deadline = time.monotonic() + 15
+        while not await store.list("t-held-loop"):
+            assert time.monotonic() < deadline, looped.log_text()
+            await asyncio.sleep(0.1)
+    finally:
+        await store.aclose()

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.service.config import grpc_address, parse_duration, resolve
+
+from .conftest import clean_env
 
 
 def test_defaults_are_the_embedded_setup(tmp_path: Path) -> None:
@@ -66,3 +70,26 @@ def test_durations(text: str | float, seconds: float) -> None:
 def test_bad_duration() -> None:
     with pytest.raises(SandboxCheckpointInvalidArgumentError):
         parse_duration("soon")
+
+
+def test_serve_refuses_a_data_dir_inside_the_workspace(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "checkpointd",
+            "serve",
+            "--workspace",
+            str(workspace),
+            "--data-dir",
+            str(workspace / "data"),
+        ],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "lies inside the workspace" in result.stderr

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
+import time
 
 import grpc
+import pytest
 from checkpointd.store import open_store
 from checkpointd.v1 import checkpointd_pb2 as pb
 from grpc_health.v1 import health_pb2
@@ -50,7 +53,10 @@ async def test_calls_past_the_grace_period_are_cancelled_and_release_their_lease
         ):
             pass
         daemon.proc.send_signal(signal.SIGTERM)
-        assert await call.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            async for _ in events:
+                pass
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
     assert await asyncio.to_thread(daemon.proc.wait, 30) == 0
     store = await open_store(daemon.store)
     try:
@@ -59,3 +65,25 @@ async def test_calls_past_the_grace_period_are_cancelled_and_release_their_lease
         await lease.release()
     finally:
         await store.aclose()
+
+
+def test_not_serving_until_the_stores_open(daemons: DaemonFactory) -> None:
+    # A "database" that accepts connections and never answers: opening the store hangs.
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    try:
+        daemon = daemons.start(store=f"postgresql://u:p@127.0.0.1:{port}/db", wait=False)
+        deadline = time.monotonic() + 20
+        while daemon.health() is None:
+            assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log_text()
+            time.sleep(0.05)
+        assert daemon.health() == "NOT_SERVING"
+        time.sleep(0.5)
+        assert daemon.health() == "NOT_SERVING"
+    finally:
+        silent.close()
+    # The store cannot open: the daemon gives up with "unavailable" and never served.
+    assert daemon.proc.wait(60) == 7, daemon.log_text()
+    assert "serving (store" not in daemon.log_text()

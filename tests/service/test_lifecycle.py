@@ -72,3 +72,21 @@ async def test_crash_story(daemons: DaemonFactory) -> None:
         restored = await client.restore("t-crash")
     assert restored.restored and restored.checkpoint.id == done.checkpoint.id
     assert tree_state(b.workspace) == expected
+
+
+async def test_cancelled_restore_releases_the_lease_and_a_rerun_completes(daemon: Daemon) -> None:
+    _many_files(daemon)
+    expected = tree_state(daemon.workspace)
+    async with daemon.client() as client:
+        await client.capture("t-restore-cancel")
+        shutil.rmtree(daemon.workspace)
+        daemon.workspace.mkdir()
+        call = client.stub.Restore(pb.RestoreRequest(thread_id="t-restore-cancel"))
+        async for event in call:
+            if event.HasField("progress") and event.progress.phase != "lease":
+                call.cancel()
+                break
+        assert await call.code() == grpc.StatusCode.CANCELLED
+        done = await client.restore("t-restore-cancel")
+        assert done.restored
+    assert tree_state(daemon.workspace) == expected

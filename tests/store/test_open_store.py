@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.store import (
     InMemoryCheckpointStore,
@@ -56,7 +55,9 @@ async def test_sqlite_url(tmp_path: Path) -> None:
 
 
 async def test_injected_clock_reaches_the_store() -> None:
-    store = await open_store("memory://", now=lambda: 5_000, lease_duration_ms=300, renew_after_ms=1)
+    store = await open_store(
+        "memory://", now=lambda: 5_000, lease_duration_ms=300, renew_after_ms=1
+    )
     lease = await store.acquire_writer("t1")
     assert lease.expires_at == 5_300
 
@@ -137,10 +138,7 @@ async def test_default_clock_is_wall_clock_ms() -> None:
 
 
 def test_importing_the_stores_does_not_import_asyncpg() -> None:
-    code = (
-        "import sys, checkpointd.store, checkpointd.testkit; "
-        "print('asyncpg' in sys.modules)"
-    )
+    code = "import sys, checkpointd.store, checkpointd.testkit; print('asyncpg' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

@@ -67,6 +67,9 @@ async def test_open_store_by_url_gives_postgres_stores(postgres_url: str) -> Non
     finally:
         await store.aclose()
         await instances.aclose()
+    # The short scheme names the same database.
+    async with await open_store(postgres_url.replace("postgresql://", "postgres://", 1)) as same:
+        assert isinstance(same, PostgresCheckpointStore)
 
 
 async def test_concurrent_opens_migrate_once_and_reopen_keeps_data(postgres_url: str) -> None:

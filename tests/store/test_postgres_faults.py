@@ -117,12 +117,35 @@ async def test_server_stopping_mid_append_leaves_nothing_half_written(
         blocker.terminate()
 
         await asyncio.to_thread(server.start)
-        assert await store.get_head("t1") == "c1"
+        # A write first: the pool still holds connections that died with the
+        # server; one that fails before its transaction began is replaced.
+        c3 = make_checkpoint("c3", "c1", range(40, 90))
+        await store.append(c3, "c1", lease)  # the lease lives in the database
+        assert await store.get_head("t1") == "c3"
         assert await store.get("c2") is None
-        assert [c.id for c in await store.list("t1")] == ["c1"]
-        assert [tuple(r) for r in await store.list_blob_references()] == before
-        # The lease lives in the database and survived the restart.
-        await store.append(make_checkpoint("c2", "c1", range(25, 75)), "c1", lease)
-        assert await store.get_head("t1") == "c2"
+        assert [c.id for c in await store.list("t1")] == ["c1", "c3"]
+        expected = dict(before)
+        for key in set(c3.blob_keys()):
+            expected[key] = expected.get(key, 0) + 1
+        assert dict(tuple(r) for r in await store.list_blob_references()) == expected
+    finally:
+        await store.aclose()
+
+
+async def test_first_write_after_a_restart_replaces_a_dead_pooled_connection(
+    private_postgres_server: PostgresServer,
+) -> None:
+    server = private_postgres_server
+    store = await open_postgres_store(server.create_database())
+    try:
+        lease = await store.acquire_writer("t1")
+        await store.append(make_checkpoint("c1", None, range(3)), None, lease)
+        # Stop and start without yielding to the event loop: the pooled connection
+        # is dead but the pool has not noticed. The write fails before its
+        # transaction begins, so it is safe to run on a fresh connection.
+        server.stop("immediate")
+        server.start()
+        await store.append(make_checkpoint("c2", "c1", range(3, 6)), "c1", lease)
+        assert [c.id for c in await store.list("t1")] == ["c1", "c2"]
     finally:
         await store.aclose()

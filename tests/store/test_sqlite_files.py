@@ -12,9 +12,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 import checkpointd.store.sqlite as sqlite_module
+import pytest
 from checkpointd.errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -22,7 +21,7 @@ from checkpointd.errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointWriterConflictError,
 )
-from checkpointd.model import DirEntry, FileEntry
+from checkpointd.model import Checkpoint, DirEntry, FileEntry
 from checkpointd.store import InstanceRecord, SqliteCheckpointStore, SqliteInstanceStore
 from checkpointd.testkit import ManualClock
 from checkpointd.testkit._support import artifact, checkpoint, fentry, file_key
@@ -346,6 +345,87 @@ async def test_relative_path_is_rejected() -> None:
 
 
 async def test_unopenable_file_is_a_store_error(tmp_path: Path) -> None:
-    with pytest.raises(SandboxCheckpointError) as info:
-        await SqliteCheckpointStore.open(str(tmp_path / "missing-dir" / "x.db"))
-    assert info.value.code == STORE_UNAVAILABLE
+    (tmp_path / "a-directory").mkdir()
+    for path in (tmp_path / "missing-dir" / "x.db", tmp_path / "a-directory"):
+        with pytest.raises(SandboxCheckpointError) as info:
+            await SqliteCheckpointStore.open(str(path))
+        assert info.value.code == STORE_UNAVAILABLE
+
+
+def _files(versions: dict[int, int], count: int = 20) -> list[FileEntry]:
+    return [
+        FileEntry(f"f{n:03d}", file_key(1_000 * versions.get(n, 0) + n + 1), n)
+        for n in range(count)
+    ]
+
+
+async def test_delta_documents_read_back_everywhere(tmp_path: Path) -> None:
+    """Consecutive checkpoints are stored as deltas; every read path (this object's
+    cache, another object, a reopened file, after a prune that removes their
+    bases) returns exactly what was appended."""
+    path = tmp_path / "deltas.db"
+    writer_store = await _open(path)
+    lease = await writer_store.acquire_writer("t")
+    appended: list[Checkpoint] = []
+    versions: dict[int, int] = {}
+    parent = None
+    for step in range(45):  # more than one chain of deltas (MAX_DEPTH) long
+        versions[step % 20] = versions.get(step % 20, 0) + 1
+        cp = checkpoint(
+            f"c{step:02d}",
+            "t",
+            parent,
+            step,
+            files=_files(versions),
+            conversation=[{"step": n} for n in range(step + 1)],
+        )
+        await writer_store.append(cp, parent, lease)
+        appended.append(cp)
+        parent = cp.id
+    raw = sqlite3.connect(str(path))
+    kinds = raw.execute(
+        "SELECT SUM(base_id IS NULL), SUM(base_id IS NOT NULL), MAX(depth) FROM checkpoints"
+    ).fetchone()
+    raw.close()
+    assert kinds[0] >= 2 and kinds[1] >= 40, kinds  # mostly deltas, a few keyframes
+    reader = await _open(path)
+    for store in (writer_store, reader):
+        assert await store.list("t") == appended
+        for cp in appended:
+            assert await store.get(cp.id) == cp
+    assert await reader.delete_checkpoints("t", 3, lease) == [c.id for c in appended[:-3]]
+    await reader.aclose()
+    reopened = await _open(path)
+    assert await reopened.list("t") == appended[-3:]
+    assert await writer_store.list("t") == appended[-3:]
+    refs = {r.key: r.references for r in await reopened.list_blob_references()}
+    expected: dict[str, int] = {}
+    for cp in appended[-3:]:
+        for key in {e.blob_key for e in cp.files if isinstance(e, FileEntry)}:
+            expected[key] = expected.get(key, 0) + 1
+    assert refs == expected
+    # The thread goes on from there, from either object.
+    nxt = checkpoint("c99", "t", appended[-1].id, 99, files=_files({0: 50}))
+    await reopened.append(nxt, appended[-1].id, lease)
+    assert await writer_store.get("c99") == nxt
+    await reopened.aclose()
+    await writer_store.aclose()
+
+
+async def test_a_reused_id_is_not_mistaken_for_the_deleted_one(tmp_path: Path) -> None:
+    path = tmp_path / "reuse.db"
+    a, b = await _open(path), await _open(path)
+    lease = await a.acquire_writer("t")
+    await a.append(checkpoint("c1", "t", files=_files({})), None, lease)
+    first = checkpoint("c2", "t", "c1", 2, files=_files({1: 1}))
+    await a.append(first, "c1", lease)
+    await b.delete_head("t", "c2", lease)
+    second = checkpoint("c2", "t", "c1", 3, files=_files({2: 7, 3: 7}))
+    await b.append(second, "c1", lease)  # same id, other content, other object
+    third = checkpoint("c3", "t", "c2", 4, files=_files({2: 7, 3: 7, 4: 7}))
+    await a.append(third, "c2", lease)  # a's cache holds the deleted c2
+    for store in (a, b):
+        assert await store.get("c2") == second
+        assert await store.get("c3") == third
+    await a.aclose()
+    await b.aclose()

@@ -7,7 +7,10 @@
 // Regenerate with `python -m checkpointd.service.genproto` (or `make proto`).
 //
 // Message size: every message stays far below gRPC's 4 MiB default. Manifests,
-// diffs, file and artifact bytes are streamed in chunks (64 KiB to 1 MiB).
+// diffs, file and artifact bytes are streamed in chunks (64 KiB to 1 MiB). The
+// conversation is the one unchunked field (CaptureRequest.conversation,
+// GetCheckpointResponse.conversation when asked for): it must fit in one 4 MiB
+// message; put large payloads in artifacts.
 //
 // Errors: gRPC statuses whose details (grpc-status-details-bin) hold a
 // google.rpc.ErrorInfo with domain "checkpointd", reason = the error code

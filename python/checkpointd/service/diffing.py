@@ -8,13 +8,11 @@ Changes come out sorted by the UTF-8 bytes of the path, like manifests.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from .. import codec
 from ..model import DirEntry, Entry, FileEntry, Policy, SymlinkEntry
 from ..statcache_paths import stat_cache_path
 
@@ -67,20 +65,17 @@ async def scan_live(
     """The live workspace's manifest, scanned natively off the event loop.
 
     Shares capture's stat cache (so unchanged files are not read again). Entries
-    capture would refuse (fifos, escaping links...) are left out. Raises OSError
-    when the root cannot be read, ValueError for a bad pattern or short secret.
+    capture would refuse (fifos, escaping links...) are left out. Cancelling the
+    caller stops the scan. Raises what ``scanner.scan_workspace`` raises
+    (SandboxCheckpointInvalidArgumentError for a bad secret, pattern or root).
     """
     from .. import _native
+    from .._engine import run_in_thread
+    from ..scanner import scan_workspace
 
-    policy = policy or Policy()
     cache = stat_cache_path(data_dir, root)
-    result = await asyncio.to_thread(
-        _native.scan,
-        str(root),
-        exclude=list(policy.exclude),
-        include=list(policy.include),
-        default_excludes=policy.default_excludes,
-        secrets=list(secrets),
-        cache_path=cache,
+    token = _native.CancelToken()
+    outcome = await run_in_thread(
+        lambda: scan_workspace(root, policy, secrets, cache, token), token.cancel
     )
-    return codec.decode_entries(result.manifest)
+    return outcome.entries

@@ -22,7 +22,9 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import grpc
@@ -36,6 +38,8 @@ from .servicer import CheckpointdServicer, ServiceState
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# Upper bound on waiting for cancelled engine calls to release their leases.
+UNWIND_TIMEOUT_S = 30.0
 
 _log = logging.getLogger("checkpointd.server")
 
@@ -55,6 +59,26 @@ def _private_umask() -> Iterator[None]:
         yield
     finally:
         os.umask(previous)
+
+
+def _claim_socket(path: Path) -> None:
+    """Remove a stale socket file left by a daemon that died; refuse a live one.
+
+    grpc would silently unlink and rebind the path, stealing it from a daemon
+    that still runs, so a second daemon on the same socket must fail instead.
+    Raises RuntimeError when something answers on the socket.
+    """
+    if not path.exists():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(os.fspath(path))
+    except OSError:
+        path.unlink(missing_ok=True)  # nobody listens: left over from a crash
+        return
+    finally:
+        probe.close()
+    raise RuntimeError(f"another process is serving on {path}")
 
 
 def build_server(
@@ -81,6 +105,7 @@ def build_server(
     socket_path = config.socket_path
     if socket_path is not None:
         socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _claim_socket(socket_path)
         with _private_umask():
             server.add_insecure_port(grpc_address(config.listen))
     else:
@@ -98,6 +123,19 @@ async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> Non
     )
     for name in ("", SERVICE_NAME):
         await servicer.set(name, status)
+
+
+async def _unwind(state: ServiceState) -> None:
+    """Cancel the calls (and engine tasks) still running and wait until they finished
+    unwinding: their ``finally`` blocks release the writer leases, which must
+    happen before the stores close (grpc abandons cancelled handlers without
+    waiting for them)."""
+    tasks = set(state.running) | set(state.calls)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        _log.info("cancelling %d calls still running after the grace period", len(tasks))
+        await asyncio.wait(tasks, timeout=UNWIND_TIMEOUT_S)
 
 
 async def open_stores(config: ServeConfig, state: ServiceState) -> None:
@@ -156,6 +194,7 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         state.draining = True
         # Refuses new calls at once; cancels the calls still running after the grace.
         await server.stop(config.grace_period)
+        await _unwind(state)
         if capture_loop is not None and config.capture_every and state.store is not None:
             await capture_loop.final_capture()
         if state.store is not None:

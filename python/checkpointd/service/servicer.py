@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar
@@ -86,8 +87,24 @@ class ServiceState:
     draining: bool = False
     # Capture/restore tasks in flight (the serve loop skips a tick while any runs).
     running: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Every call's handler task (SIGTERM cancels those left after the grace period
+    # and waits for them, so their ``finally`` blocks release leases).
+    calls: set[asyncio.Task[Any]] = field(default_factory=set)
     # The newest capture/restore of each thread run here, with its call's context.
     by_thread: dict[str, tuple[asyncio.Task[Any], Context]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def tracking(self) -> Iterator[None]:
+        """Register the current handler task in ``calls`` while the block runs."""
+        task = asyncio.current_task()
+        if task is None:
+            yield
+            return
+        self.calls.add(task)
+        try:
+            yield
+        finally:
+            self.calls.discard(task)
 
     async def settle(self, thread_id: str) -> None:
         """Wait for this daemon's own cancelled capture/restore of the thread to
@@ -147,11 +164,12 @@ def _unary(
 ) -> Callable[[Any, Any, Context], Awaitable[T]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: Context) -> T:
-        try:
-            return await method(self, request, context)
-        except Exception as exc:  # noqa: BLE001 - every error becomes a status
-            await abort(context, exc)
-            raise  # unreachable: abort raises
+        with self.state.tracking():
+            try:
+                return await method(self, request, context)
+            except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                await abort(context, exc)
+                raise  # unreachable: abort raises
 
     return wrapper
 
@@ -161,11 +179,12 @@ def _streaming(
 ) -> Callable[[Any, Any, Context], AsyncIterator[T]]:
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: Context) -> AsyncIterator[T]:
-        try:
-            async for item in method(self, request, context):
-                yield item
-        except Exception as exc:  # noqa: BLE001 - every error becomes a status
-            await abort(context, exc)
+        with self.state.tracking():
+            try:
+                async for item in method(self, request, context):
+                    yield item
+            except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                await abort(context, exc)
 
     return wrapper
 
@@ -416,12 +435,9 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         else:
             root = self.state.resolve_root(request.workspace_subdir)
             policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
-            try:
-                new_entries = await diffing.scan_live(
-                    root, policy, list(request.secrets), self.state.data_dir
-                )
-            except ValueError as exc:
-                raise SandboxCheckpointInvalidArgumentError(str(exc)) from exc
+            new_entries = await diffing.scan_live(
+                root, policy, list(request.secrets), self.state.data_dir
+            )
         changes = list(diffing.diff_entries(old.files, new_entries))
 
         def weight(change: diffing.Change) -> int:

@@ -380,7 +380,6 @@ def checkpoint_blob_keys(checkpoint: Checkpoint) -> list[str]:
     return list(seen)
 
 
-
 # --------------------------------------------------------------------------- instances
 
 
@@ -388,9 +387,7 @@ def check_instance_record(record: object) -> InstanceRecord:
     """Validate an InstanceRecord: text fields are ids (INVALID_ID), ``updated_at``
     is finite (INVALID_ENTRY). Returns a plain InstanceRecord copy."""
     if not isinstance(record, InstanceRecord):
-        raise SandboxCheckpointInvalidEntryError(
-            f"not an InstanceRecord: {type(record).__name__}"
-        )
+        raise SandboxCheckpointInvalidEntryError(f"not an InstanceRecord: {type(record).__name__}")
     check_id(record.key, "instance key")
     check_id(record.provider, "provider")
     check_id(record.provider_sandbox_id, "provider sandbox id")

@@ -12,7 +12,7 @@ checkpoint is stored as one of:
   inserts items), zlib-compressed.
 
 Still one document (one row) per checkpoint, never a row per file. A delta is
-used only while it is small (``MAX_DELTA_RATIO`` of the whole document) and the
+used only while it is small (at most ``MAX_DELTA_RATIO`` of its items new) and the
 chain of deltas down to a keyframe is short (``MAX_DEPTH``), which bounds the
 cost of reading any checkpoint. Deleting a checkpoint rewrites the checkpoints
 based on it as keyframes first (see ``PostgresCheckpointStore``), so every base a
@@ -29,13 +29,14 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..codec import decode_checkpoint, encode_checkpoint
+# The codec's own row encoders, so a stored document is exactly the codec's format.
+from ..codec import _artifact_row, _entry_row, decode_checkpoint
 from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
 # about a list copy, so 32 keeps a read within a few keyframe decodes.
 MAX_DEPTH = 32
-# A delta larger than this share of the whole document is not worth its read
+# A delta whose lists are more than this share new items is not worth its read
 # cost: store a keyframe instead.
 MAX_DELTA_RATIO = 0.5
 # zlib level 1: hashes are incompressible hex, so higher levels cost three times
@@ -57,10 +58,25 @@ class Content:
         self._conversation_index: dict[Hashable, int] | None = None
 
     @classmethod
-    def of(cls, checkpoint: Checkpoint) -> tuple[Content, bytes]:
-        """The content of a (validated) checkpoint and its encoded JSON."""
-        raw = encode_checkpoint(checkpoint)
-        return cls(json.loads(raw)), raw
+    def of(cls, checkpoint: Checkpoint) -> Content:
+        """The content of a (validated) checkpoint, sharing nothing mutable with it:
+        entries and artifacts are frozen, and the conversation (JSON values the
+        caller may change later) is copied through JSON."""
+        conversation = json.loads(json.dumps(list(checkpoint.conversation), **_JSON))  # type: ignore[arg-type]
+        return cls(
+            {
+                "id": checkpoint.id,
+                "thread_id": checkpoint.thread_id,
+                "parent_checkpoint_id": checkpoint.parent_checkpoint_id,
+                "created_at": checkpoint.created_at,
+                "reason": checkpoint.reason,
+                "label": checkpoint.label,
+                "source_run_id": checkpoint.source_run_id,
+                "files": [_entry_row(entry) for entry in checkpoint.files],
+                "conversation": conversation,
+                "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
+            }
+        )
 
     def checkpoint(self) -> Checkpoint:
         """A fresh Checkpoint (new objects on every call)."""
@@ -93,27 +109,32 @@ class Stored:
     depth: int
 
 
-def keyframe(content: Content, raw: bytes | None = None) -> Stored:
-    if raw is None:
-        raw = json.dumps(content.document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
-    return Stored(zlib.compress(raw, ZLIB_LEVEL), None, 0)
+def keyframe(content: Content) -> Stored:
+    return Stored(_compress(content.document), None, 0)
 
 
-def encode(
-    content: Content, raw: bytes, base_id: str | None, base: Content | None, base_depth: int
-) -> Stored:
+def encode(content: Content, base_id: str | None, base: Content | None, base_depth: int) -> Stored:
     """A delta against ``base`` when that is small and the chain short, else a keyframe."""
     if base_id is None or base is None or base_depth + 1 > MAX_DEPTH:
-        return keyframe(content, raw)
+        return keyframe(content)
     document = dict(content.document)
-    document["files"] = _operations(document["files"], base.files_index(), _row_key)
-    document["conversation"] = _operations(
-        document["conversation"], base.conversation_index(), _value_key
-    )
-    delta = json.dumps(document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
-    if len(delta) > len(raw) * MAX_DELTA_RATIO:
-        return keyframe(content, raw)
-    return Stored(zlib.compress(delta, ZLIB_LEVEL), base_id, base_depth + 1)
+    files = _operations(document["files"], base.files_index(), _row_key)
+    conversation = _operations(document["conversation"], base.conversation_index(), _value_key)
+    new_items = _added(files) + _added(conversation)
+    if new_items > MAX_DELTA_RATIO * (len(document["files"]) + len(document["conversation"])):
+        return keyframe(content)
+    document["files"] = files
+    document["conversation"] = conversation
+    return Stored(_compress(document), base_id, base_depth + 1)
+
+
+def _compress(document: dict[str, Any]) -> bytes:
+    raw = json.dumps(document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
+    return zlib.compress(raw, ZLIB_LEVEL)
+
+
+def _added(operations: list[Any]) -> int:
+    return sum(len(op["add"]) for op in operations if isinstance(op, dict))
 
 
 def materialize(

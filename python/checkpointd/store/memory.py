@@ -12,6 +12,7 @@ returned value can reach the stored state.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 from dataclasses import dataclass
@@ -97,9 +98,7 @@ class InMemoryCheckpointStore:
         lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
         renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
     ) -> None:
-        self._options: StoreOptions = validate_store_options(
-            now, lease_duration_ms, renew_after_ms
-        )
+        self._options: StoreOptions = validate_store_options(now, lease_duration_ms, renew_after_ms)
         self._checkpoints: dict[str, _Stored] = {}
         self._threads: dict[str, dict[str, None]] = {}  # thread -> its checkpoint ids
         self._heads: dict[str, str] = {}
@@ -151,7 +150,7 @@ class InMemoryCheckpointStore:
         stored = self._checkpoints.get(checkpoint_id)
         return None if stored is None else _thaw(stored)
 
-    async def list(self, thread_id: str) -> list[Checkpoint]:
+    async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
         self._check_open()
         check_id(thread_id, "thread id")
@@ -164,7 +163,7 @@ class InMemoryCheckpointStore:
         check_id(thread_id, "thread id")
         return self._heads.get(thread_id)
 
-    async def list_blob_references(self) -> list[BlobReference]:
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
         self._check_open()
         return [
             BlobReference(key, count)
@@ -245,7 +244,9 @@ class InMemoryCheckpointStore:
         else:
             del self._heads[thread_id]
 
-    async def delete_checkpoints(self, thread_id: str, keep: int, writer: WriterLike) -> list[str]:
+    async def delete_checkpoints(
+        self, thread_id: str, keep: int, writer: WriterLike
+    ) -> builtins.list[str]:
         """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest.
 
         Returns the deleted ids in list order.
@@ -290,9 +291,7 @@ class InMemoryCheckpointStore:
             source_checkpoint_id,
         )
         assert stored is not None
-        check_writer(
-            writer, destination_thread_id, self._lease(destination_thread_id), self._now()
-        )
+        check_writer(writer, destination_thread_id, self._lease(destination_thread_id), self._now())
         if self._threads.get(destination_thread_id) or destination_thread_id in self._heads:
             raise destination_not_empty(
                 destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
@@ -376,7 +375,7 @@ class InMemoryCheckpointStore:
         until = self._condemned.get(key)
         return until is not None and now < until
 
-    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
         """Pin ``keys`` for the writer's lease; returns those condemned right now."""
         self._check_open()
         thread_id, token, fence = writer_fields(writer)
@@ -390,13 +389,13 @@ class InMemoryCheckpointStore:
             self._pins.setdefault(key, set()).add(lease_id)
         return [key for key in wanted if self._live_condemned(key, now)]
 
-    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms."""
         self._check_open()
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
         now = self._now()
-        condemned: list[str] = []
+        condemned: builtins.list[str] = []
         for key in candidates:
             if self._references.get(key, 0) > 0:
                 continue
@@ -406,7 +405,7 @@ class InMemoryCheckpointStore:
             condemned.append(key)
         return condemned
 
-    async def release_condemned(self, keys: list[str]) -> None:
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
         self._check_open()
         for key in keys:
             self._condemned.pop(key, None)

@@ -80,7 +80,6 @@ from ._options import (
     check_keep,
     check_pin_keys,
     check_writer,
-    checkpoint_blob_keys,
     condemnable_keys,
     destination_not_empty,
     fork_checkpoint,
@@ -243,11 +242,25 @@ def _unavailable(store_name: str, operation: str, error: BaseException) -> Sandb
     )
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset on release: nothing to reset.
+
+    asyncpg's default runs ``RESET ALL; UNLISTEN *; …`` after every operation, one
+    more round trip each time. This store never changes session state (no SET,
+    LISTEN, cursors or session advisory locks; its one advisory lock is
+    transaction-scoped), and asyncpg still rolls back a transaction left open.
+    """
+
+
 async def _create_pool(url: str, store_name: str, max_size: int) -> asyncpg.Pool:
     """A connected pool; every connection problem becomes STORE_UNAVAILABLE here."""
     try:
         return await asyncpg.create_pool(
-            dsn=url, min_size=1, max_size=max_size, timeout=CONNECT_TIMEOUT_S
+            dsn=url,
+            min_size=1,
+            max_size=max_size,
+            timeout=CONNECT_TIMEOUT_S,
+            reset=_keep_session,
         )
     except (ValueError, asyncpg.exceptions.ClientConfigurationError) as error:
         raise SandboxCheckpointInvalidArgumentError(
@@ -267,11 +280,6 @@ def _b(text: str) -> bytes:
 
 def _s(data: bytes | None) -> str | None:
     return None if data is None else bytes(data).decode("utf-8")
-
-
-def _checkpoint_keys(checkpoint: Checkpoint) -> list[bytes]:
-    """Distinct keys of a checkpoint in lock order (sorted bytes)."""
-    return sorted({key_to_bytes(key) for key in checkpoint_blob_keys(checkpoint)})
 
 
 def _created_at(value: int | float) -> Decimal:
@@ -312,21 +320,30 @@ class _PostgresBase:
         *,
         read_only: bool = False,
     ) -> T:
-        """Run ``body`` in one transaction, retrying deadlocks.
+        """Run ``body`` in one transaction (a ``read_only`` body, one statement,
+        runs without BEGIN/COMMIT), retrying deadlocks.
 
         Raises what ``body`` raises (SandboxCheckpointError subclasses, after the
         rollback), or SandboxCheckpointError(STORE_UNAVAILABLE) for a database
-        failure. A read is retried once on a dropped connection (the pool may have
-        handed out one that died with a server restart); a write never is, since it
-        may have committed just before the connection went.
+        failure. A dropped connection is retried once when nothing can have been
+        written: the failure came before the transaction began (the pool handed
+        out a connection that died with a server restart), or the body only reads.
+        A write that was under way is never retried: it may have committed just
+        before the connection went.
         """
         self._check_open()
-        connection_retries = 1 if read_only else 0
+        connection_retries = 1
         attempt = 0
         while True:
             attempt += 1
+            began = False
             try:
+                if read_only:
+                    # A read is one statement: atomic without BEGIN/COMMIT trips.
+                    async with self._pool.acquire() as conn:
+                        return await body(conn)
                 async with self._pool.acquire() as conn, conn.transaction():
+                    began = True
                     return await body(conn)
             except SandboxCheckpointError:
                 raise
@@ -335,7 +352,8 @@ class _PostgresBase:
                     raise _unavailable(self.store_name, operation, error) from error
                 await asyncio.sleep(0.005 * attempt)
             except (asyncpg.PostgresError, *_CONNECTION_ERRORS) as error:
-                if connection_retries > 0 and isinstance(error, _CONNECTION_ERRORS):
+                safe = read_only or not began
+                if connection_retries > 0 and safe and isinstance(error, _CONNECTION_ERRORS):
                     connection_retries -= 1
                     continue
                 raise _unavailable(self.store_name, operation, error) from error
@@ -541,20 +559,6 @@ class PostgresCheckpointStore(_PostgresBase):
     # ------------------------------------------------------------------ counts
 
     @staticmethod
-    async def _add_references(
-        conn: asyncpg.Connection, thread_id: str, keys: Sequence[bytes]
-    ) -> None:
-        """+1 per key on the thread's own count rows (we hold the thread's lock)."""
-        if keys:
-            await conn.execute(
-                "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
-                " SELECT $1, k, 1 FROM unnest($2::bytea[]) AS k"
-                " ON CONFLICT (thread_id, key) DO UPDATE SET refs = c.refs + 1",
-                _b(thread_id),
-                list(keys),
-            )
-
-    @staticmethod
     async def _remove_references(
         conn: asyncpg.Connection, thread_id: str, counts: Counter[bytes]
     ) -> None:
@@ -593,18 +597,32 @@ class PostgresCheckpointStore(_PostgresBase):
         check_checkpoint_body(checkpoint)
         thread_id = checkpoint.thread_id
         writer_fields(writer)
-        content, raw = documents.Content.of(checkpoint)
-        keys = _checkpoint_keys(checkpoint)
+        content = documents.Content.of(checkpoint)
+        keys = sorted(content.blob_keys())
         created_at = _created_at(checkpoint.created_at)
+
+        parent_id = checkpoint.parent_checkpoint_id
 
         async def body(conn: asyncpg.Connection) -> int:
             row = await self._lock_thread(conn, thread_id)
+            # One round trip, after the lock: the clock, whether the id is used,
+            # and what the delta against the parent needs.
+            facts = await conn.fetchrow(
+                "SELECT EXISTS (SELECT 1 FROM checkpointd_checkpoints WHERE id = $1) AS used,"
+                " p.depth AS parent_depth, p.xmin::text::bigint AS parent_xmin,"
+                f" {_DB_NOW} AS db_now"
+                " FROM (SELECT 1) AS one"
+                " LEFT JOIN checkpointd_checkpoints AS p ON p.id = $2 AND p.thread_id = $3",
+                _b(checkpoint.id),
+                None if parent_id is None else _b(parent_id),
+                _b(thread_id),
+            )
+            assert facts is not None
+            now = read_clock(self._options) if self._injected_clock else facts["db_now"]
             record = _lease(row)
-            check_writer(writer, thread_id, record, await self._now(conn))
+            check_writer(writer, thread_id, record, now)
             assert row is not None and record is not None
-            if await conn.fetchval(
-                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(checkpoint.id)
-            ):
+            if facts["used"]:
                 raise _duplicate(checkpoint.id)
             head = _s(row["head_id"])
             if head != expected_head_id:
@@ -618,15 +636,15 @@ class PostgresCheckpointStore(_PostgresBase):
                     f"{expected_head_id!r}",
                     details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
                 )
-            stored = await self._encode_against_parent(conn, content, raw, expected_head_id)
+            stored = await self._encode_against_parent(
+                conn, content, parent_id, facts["parent_depth"], facts["parent_xmin"]
+            )
             try:
-                xmin = await self._insert(conn, checkpoint, created_at, stored)
+                return await self._publish(conn, checkpoint, created_at, stored, keys)
             except asyncpg.UniqueViolationError:
                 # Another thread's append took the id after our check (no lock covers
                 # ids of other threads); the primary key decides.
                 raise _duplicate(checkpoint.id) from None
-            await self._add_references(conn, thread_id, keys)
-            return xmin
 
         xmin = await self._transaction("append", body)
         self._remember((checkpoint.id, xmin), content)
@@ -636,34 +654,43 @@ class PostgresCheckpointStore(_PostgresBase):
         self,
         conn: asyncpg.Connection,
         content: documents.Content,
-        raw: bytes,
         parent_id: str | None,
+        parent_depth: int | None,
+        parent_xmin: int | None,
     ) -> documents.Stored:
         """A delta against the parent (the head we hold locked) when worth it."""
-        if parent_id is None:
-            return documents.keyframe(content, raw)
-        parent = await conn.fetchrow(
-            "SELECT depth, xmin::text::bigint AS xmin FROM checkpointd_checkpoints WHERE id = $1",
-            _b(parent_id),
-        )
-        if parent is None or parent["depth"] + 1 > documents.MAX_DEPTH:
-            return documents.keyframe(content, raw)
-        base = self._recent.get((parent_id, parent["xmin"])) or await self._content(conn, parent_id)
-        return documents.encode(content, raw, parent_id, base, parent["depth"])
+        if parent_id is None or parent_depth is None or parent_xmin is None:
+            return documents.keyframe(content)
+        if parent_depth + 1 > documents.MAX_DEPTH:
+            return documents.keyframe(content)
+        base = self._recent.get((parent_id, parent_xmin)) or await self._content(conn, parent_id)
+        return documents.encode(content, parent_id, base, parent_depth)
 
     @staticmethod
-    async def _insert(
+    async def _publish(
         conn: asyncpg.Connection,
         checkpoint: Checkpoint,
         created_at: Decimal,
         stored: documents.Stored,
+        keys: Sequence[bytes],
     ) -> int:
-        """Insert the row and make it the head; returns the row's xmin."""
+        """Insert the row, count its keys (+1 on the thread's own count rows) and
+        make it the head, in one statement; returns the row's xmin.
+
+        Raises asyncpg.UniqueViolationError when the id is taken.
+        """
         parent = checkpoint.parent_checkpoint_id
         xmin: int = await conn.fetchval(
-            "INSERT INTO checkpointd_checkpoints"
+            "WITH inserted AS ("
+            " INSERT INTO checkpointd_checkpoints"
             " (id, thread_id, parent_id, created_at, base_id, depth, document)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING xmin::text::bigint",
+            " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING xmin::text::bigint AS xmin),"
+            " counted AS ("
+            " INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
+            " SELECT $2, k, 1 FROM unnest($8::bytea[]) AS k"
+            " ON CONFLICT (thread_id, key) DO UPDATE SET refs = c.refs + 1),"
+            " moved AS (UPDATE checkpointd_threads SET head_id = $1 WHERE thread_id = $2)"
+            " SELECT xmin FROM inserted",
             _b(checkpoint.id),
             _b(checkpoint.thread_id),
             None if parent is None else _b(parent),
@@ -671,11 +698,7 @@ class PostgresCheckpointStore(_PostgresBase):
             None if stored.base_id is None else _b(stored.base_id),
             stored.depth,
             stored.data,
-        )
-        await conn.execute(
-            "UPDATE checkpointd_threads SET head_id = $2 WHERE thread_id = $1",
-            _b(checkpoint.thread_id),
-            _b(checkpoint.id),
+            list(keys),
         )
         return xmin
 
@@ -829,13 +852,13 @@ class PostgresCheckpointStore(_PostgresBase):
                 "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(root.id)
             ):
                 raise id_used
-            root_content, raw = documents.Content.of(root)
-            stored = documents.keyframe(root_content, raw)
+            root_content = documents.Content.of(root)
+            stored = documents.keyframe(root_content)
+            keys = sorted(root_content.blob_keys())
             try:
-                await self._insert(conn, root, _created_at(created_at), stored)
+                await self._publish(conn, root, _created_at(created_at), stored, keys)
             except asyncpg.UniqueViolationError:
                 raise id_used from None
-            await self._add_references(conn, destination_thread_id, _checkpoint_keys(root))
             return root_content.checkpoint()
 
         return await self._transaction("fork_from_checkpoint", body)
@@ -852,13 +875,17 @@ class PostgresCheckpointStore(_PostgresBase):
         tid = _b(thread_id)
 
         async def body(conn: asyncpg.Connection) -> WriterLease:
-            await conn.execute(
-                "INSERT INTO checkpointd_threads (thread_id) VALUES ($1) ON CONFLICT DO NOTHING",
+            # Creates the thread's row or locks it, and reads the clock after the
+            # lock (RETURNING runs on the locked row), in one round trip.
+            row = await conn.fetchrow(
+                "INSERT INTO checkpointd_threads (thread_id) VALUES ($1)"
+                " ON CONFLICT (thread_id) DO UPDATE SET thread_id = excluded.thread_id"
+                " RETURNING last_fence, lease_owner, lease_fence, lease_expires_at,"
+                f" {_DB_NOW} AS db_now",
                 tid,
             )
-            row = await self._lock_thread(conn, thread_id)
             assert row is not None
-            now = await self._now(conn)
+            now = read_clock(self._options) if self._injected_clock else row["db_now"]
             current = _lease(row)
             if current is not None and now < current.expires_at:
                 raise SandboxCheckpointWriterConflictError(

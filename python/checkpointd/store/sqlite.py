@@ -31,20 +31,21 @@ survives a power cut, which is what a checkpoint is for.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import os
 import random
 import sqlite3
 import time
 import zlib
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import aiosqlite
 
-from ..codec import decode_checkpoint, encode_checkpoint
+from ..codec import _artifact_from_row, decode_checkpoint, entries_from_rows
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -57,6 +58,7 @@ from ..errors import (
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
+from . import _pg_documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
@@ -67,10 +69,8 @@ from ._options import (
     check_keep,
     check_pin_keys,
     check_writer,
-    checkpoint_blob_keys,
     condemnable_keys,
     destination_not_empty,
-    fork_checkpoint,
     key_from_bytes,
     key_to_bytes,
     lease_is_current,
@@ -92,15 +92,14 @@ BUSY_TIMEOUT_MS = 5_000
 # enough for another process's largest append (a 100k-entry manifest commits in
 # well under a second), short enough that a wedged peer becomes a clear error.
 RETRY_DEADLINE_S = 60.0
-# Documents above this size are encoded/decoded in a worker thread so the event
-# loop keeps serving other calls (gRPC health, progress) meanwhile.
-OFFLOAD_BYTES = 256 * 1024
+# Documents of more entries than this are encoded/decoded in a worker thread.
 OFFLOAD_ENTRIES = 2_000
 # SQLite binds at most 32766 variables per statement; stay far below.
 IN_BATCH = 500
-# Document format tags (first byte of ``checkpoints.document``).
-DOC_ZLIB_JSON = b"z"
-ZLIB_LEVEL = 6
+# Contents of recently appended or read checkpoints kept per store object, so the
+# next append of a thread makes its delta without reading its parent back. A
+# 100k-entry content is ~30 MB of Python lists: keep few.
+RECENT_CONTENTS = 2
 
 _SCHEMA = [
     """CREATE TABLE IF NOT EXISTS checkpointd_meta (
@@ -108,14 +107,24 @@ _SCHEMA = [
     # created_at has no declared type (BLOB affinity) so ints and floats are kept
     # as given; SQLite orders them numerically. ids sort with BINARY collation,
     # i.e. by their UTF-8 bytes.
+    #
+    # serial is AUTOINCREMENT so it is never reused: (id, serial) names one row
+    # even when a deleted id is appended again (the content cache relies on it).
+    # base_id/depth: see ``_documents`` — NULL/0 for a keyframe, else the delta's
+    # base (its parent, in the same thread) and the number of deltas to a keyframe.
     """CREATE TABLE IF NOT EXISTS checkpoints (
-        id TEXT PRIMARY KEY,
+        serial INTEGER PRIMARY KEY AUTOINCREMENT,
+        id TEXT NOT NULL UNIQUE,
         thread_id TEXT NOT NULL,
         parent_id TEXT,
         created_at NOT NULL,
+        base_id TEXT,
+        depth INTEGER NOT NULL,
         document BLOB NOT NULL)""",
     """CREATE INDEX IF NOT EXISTS checkpoints_by_thread
         ON checkpoints (thread_id, created_at, id)""",
+    """CREATE INDEX IF NOT EXISTS checkpoints_by_base
+        ON checkpoints (base_id) WHERE base_id IS NOT NULL""",
     """CREATE TABLE IF NOT EXISTS heads (
         thread_id TEXT PRIMARY KEY, head_id TEXT NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS writer_leases (
@@ -195,9 +204,20 @@ class SqliteDatabase:
                 f"the SQLite store needs an absolute file path, got {path!r}"
             )
         path = os.fspath(path)
+        # A missing directory is reported before aiosqlite starts its thread.
+        if not await asyncio.to_thread(os.path.isdir, os.path.dirname(path)):
+            raise _unavailable(path, FileNotFoundError(f"no directory {os.path.dirname(path)}"))
+        pending = aiosqlite.connect(path, isolation_level=None)
         try:
-            connection = await aiosqlite.connect(path, isolation_level=None)
+            connection = await pending
         except sqlite3.Error as error:
+            # aiosqlite stops its worker thread after a failed connect and reports
+            # that to this loop; wait for it so the report never hits a closed loop.
+            thread = getattr(pending, "_thread", None)
+            for _ in range(200):
+                if thread is None or not thread.is_alive():
+                    break
+                await asyncio.sleep(0.005)
             raise _unavailable(path, error) from error
         database = cls(path, connection)
         try:
@@ -334,7 +354,7 @@ async def _fetchone(
 
 async def _fetchall(
     connection: aiosqlite.Connection, sql: str, parameters: Sequence[Any] = ()
-) -> list[Any]:
+) -> builtins.list[Any]:
     return list(await connection.execute_fetchall(sql, parameters))
 
 
@@ -345,62 +365,41 @@ def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]
 
 # ------------------------------------------------------------------------ documents
 
-
-def _encode_document(checkpoint: Checkpoint) -> bytes:
-    return DOC_ZLIB_JSON + zlib.compress(encode_checkpoint(checkpoint), ZLIB_LEVEL)
+_Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 
 
-def _decode_document(document: bytes) -> Checkpoint:
-    tag, body = document[:1], document[1:]
-    if tag != DOC_ZLIB_JSON:
-        raise SandboxCheckpointError(
-            f"unknown checkpoint document format {tag!r}", code=STORE_UNAVAILABLE
-        )
-    return decode_checkpoint(zlib.decompress(body))
+def _checkpoint_of(content: documents.Content) -> Checkpoint:
+    """A fresh Checkpoint from a content: new entry objects, and a conversation
+    copied through JSON so nothing returned shares a mutable value with a cache."""
+    document = content.document
+    return Checkpoint(
+        id=document["id"],
+        thread_id=document["thread_id"],
+        parent_checkpoint_id=document["parent_checkpoint_id"],
+        created_at=document["created_at"],
+        reason=document["reason"],
+        label=document["label"],
+        source_run_id=document["source_run_id"],
+        files=entries_from_rows(document["files"]),
+        conversation=tuple(json.loads(json.dumps(document["conversation"]))),
+        artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
+    )
 
 
-# The kind bytes of ``_options.key_to_bytes``.
-_FILE_KIND = b"f"
-_ARTIFACT_KIND = b"a"
+def _keyframe_checkpoint(data: bytes) -> Checkpoint:
+    return decode_checkpoint(zlib.decompress(data))
 
 
-def _document_keys(document: bytes) -> list[bytes]:
-    """The distinct blob keys of a stored document, as 33-byte SQL keys."""
-    tag, body = document[:1], document[1:]
-    if tag != DOC_ZLIB_JSON:
-        raise SandboxCheckpointError(
-            f"unknown checkpoint document format {tag!r}", code=STORE_UNAVAILABLE
-        )
-    parsed = json.loads(zlib.decompress(body))
-    seen: dict[bytes, None] = {}
-    for row in parsed["files"]:
-        if row[0] == "f":
-            seen[_FILE_KIND + bytes.fromhex(row[2])] = None
-    for row in parsed["artifacts"]:
-        seen[_ARTIFACT_KIND + bytes.fromhex(row[4])] = None
-    return list(seen)
+async def _offload(size: int, function: Callable[..., T], *args: Any) -> T:
+    """Run CPU-heavy document work in a worker thread when it is large, so the
+    event loop keeps serving other calls (gRPC health, progress) meanwhile."""
+    if size > OFFLOAD_ENTRIES:
+        return await asyncio.to_thread(function, *args)
+    return function(*args)
 
 
-def _heavy(size: int) -> bool:
-    return size > OFFLOAD_BYTES
-
-
-async def _encode(checkpoint: Checkpoint) -> bytes:
-    if len(checkpoint.files) > OFFLOAD_ENTRIES:
-        return await asyncio.to_thread(_encode_document, checkpoint)
-    return _encode_document(checkpoint)
-
-
-async def _decode(document: bytes) -> Checkpoint:
-    if _heavy(len(document)):
-        return await asyncio.to_thread(_decode_document, document)
-    return _decode_document(document)
-
-
-async def _keys(document: bytes) -> list[bytes]:
-    if _heavy(len(document)):
-        return await asyncio.to_thread(_document_keys, document)
-    return _document_keys(document)
+def _size(content: documents.Content) -> int:
+    return len(content.document["files"])
 
 
 # ------------------------------------------------------------------------ the store
@@ -417,6 +416,8 @@ class SqliteCheckpointStore:
     def __init__(self, database: SqliteDatabase, options: StoreOptions) -> None:
         self._db = database
         self._options = options
+        # Contents by (id, serial) of checkpoints this object appended or read.
+        self._recent: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
 
     @classmethod
     async def open(
@@ -461,35 +462,130 @@ class SqliteCheckpointStore:
     def _now(self) -> int:
         return read_clock(self._options)
 
+    # ------------------------------------------------------------------ documents
+
+    def _remember(self, row: tuple[str, int], content: documents.Content) -> None:
+        self._recent[row] = content
+        self._recent.move_to_end(row)
+        while len(self._recent) > RECENT_CONTENTS:
+            self._recent.popitem(last=False)
+
+    @staticmethod
+    async def _fetch_chains(
+        conn: aiosqlite.Connection, checkpoint_ids: Sequence[str], rows: _Rows
+    ) -> None:
+        """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
+        for batch in _batches(builtins.list(checkpoint_ids)):
+            marks = ",".join("?" * len(batch))
+            for checkpoint_id, base_id, data in await _fetchall(
+                conn,
+                "WITH RECURSIVE chain (id, base_id, document) AS ("
+                f" SELECT id, base_id, document FROM checkpoints WHERE id IN ({marks})"
+                " UNION"
+                " SELECT c.id, c.base_id, c.document FROM checkpoints AS c"
+                " JOIN chain ON c.id = chain.base_id"
+                ") SELECT id, base_id, document FROM chain",
+                batch,
+            ):
+                rows[checkpoint_id] = (base_id, data)
+
+    async def _content(
+        self, conn: aiosqlite.Connection, checkpoint_id: str
+    ) -> tuple[int, int, documents.Content] | None:
+        """``(serial, depth, content)`` of one stored checkpoint, or None."""
+        row = await _fetchone(
+            conn, "SELECT serial, depth FROM checkpoints WHERE id = ?", (checkpoint_id,)
+        )
+        if row is None:
+            return None
+        serial, depth = row
+        content = self._recent.get((checkpoint_id, serial))
+        if content is None:
+            rows: _Rows = {}
+            await self._fetch_chains(conn, [checkpoint_id], rows)
+            content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, {})
+            self._remember((checkpoint_id, serial), content)
+        return serial, depth, content
+
+    @staticmethod
+    async def _rewrite_dependents(
+        conn: aiosqlite.Connection,
+        removed: set[str],
+        rows: _Rows,
+        memo: dict[str, documents.Content],
+    ) -> None:
+        """Store every remaining checkpoint whose base is in ``removed`` as a
+        keyframe, so no delta names a lost base. ``rows``/``memo`` must still
+        hold the removed checkpoints."""
+        for batch in _batches(builtins.list(removed)):
+            marks = ",".join("?" * len(batch))
+            dependents = await _fetchall(
+                conn,
+                f"SELECT id, base_id, document FROM checkpoints WHERE base_id IN ({marks})",
+                batch,
+            )
+            for dependent_id, base_id, data in dependents:
+                rows[dependent_id] = (base_id, data)
+                content = documents.materialize(dependent_id, rows, memo)
+                stored = await _offload(_size(content), documents.keyframe, content)
+                await conn.execute(
+                    "UPDATE checkpoints SET document = ?, base_id = NULL, depth = 0 WHERE id = ?",
+                    (stored.data, dependent_id),
+                )
+
     # ------------------------------------------------------------------ reads
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         check_id(checkpoint_id, "checkpoint id")
 
-        async def run(conn: aiosqlite.Connection) -> Any:
-            return await _fetchone(
-                conn, "SELECT document FROM checkpoints WHERE id = ?", (checkpoint_id,)
+        async def run(conn: aiosqlite.Connection) -> tuple[Any, _Rows]:
+            row = await _fetchone(
+                conn,
+                "SELECT serial, base_id, document FROM checkpoints WHERE id = ?",
+                (checkpoint_id,),
             )
+            rows: _Rows = {}
+            if row is not None and row[1] is not None:
+                if (checkpoint_id, row[0]) not in self._recent:
+                    await self._fetch_chains(conn, [checkpoint_id], rows)
+            return row, rows
 
-        row = await self._db.read(run)
-        return None if row is None else await _decode(row[0])
+        row, rows = await self._db.read(run)
+        if row is None:
+            return None
+        serial, base_id, data = row
+        cached = self._recent.get((checkpoint_id, serial))
+        if cached is not None:
+            return await _offload(_size(cached), _checkpoint_of, cached)
+        if base_id is None:
+            # A keyframe decodes straight from the codec document.
+            return await _offload(len(data) // 16, _keyframe_checkpoint, data)
+        content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, {})
+        return await _offload(_size(content), _checkpoint_of, content)
 
-    async def list(self, thread_id: str) -> list[Checkpoint]:
+    async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
         check_id(thread_id, "thread id")
 
-        async def run(conn: aiosqlite.Connection) -> list[Any]:
-            return await _fetchall(
-                conn,
-                "SELECT document FROM checkpoints WHERE thread_id = ? ORDER BY created_at, id",
-                (thread_id,),
-            )
+        async def run(conn: aiosqlite.Connection) -> _Rows:
+            # A delta's base is its parent, in the same thread: one query has them all.
+            return {
+                checkpoint_id: (base_id, data)
+                for checkpoint_id, base_id, data in await _fetchall(
+                    conn,
+                    "SELECT id, base_id, document FROM checkpoints WHERE thread_id = ?",
+                    (thread_id,),
+                )
+            }
 
         rows = await self._db.read(run)
-        checkpoints = [await _decode(row[0]) for row in rows]
-        # SQL already orders them; sorting again guards ids whose text SQLite might
-        # compare differently (it compares UTF-8 bytes, as we do).
+
+        def build() -> builtins.list[Checkpoint]:
+            memo: dict[str, documents.Content] = {}
+            return [_checkpoint_of(documents.materialize(i, rows, memo)) for i in rows]
+
+        checkpoints = await _offload(sum(len(data) for _, data in rows.values()) // 16, build)
         checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
         return checkpoints
 
@@ -504,8 +600,8 @@ class SqliteCheckpointStore:
         row = await self._db.read(run)
         return None if row is None else row[0]
 
-    async def list_blob_references(self) -> list[BlobReference]:
-        async def run(conn: aiosqlite.Connection) -> list[Any]:
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
+        async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
             return await _fetchall(
                 conn, "SELECT key, refs FROM blob_references WHERE refs > 0 ORDER BY key"
             )
@@ -543,7 +639,7 @@ class SqliteCheckpointStore:
         return row is not None
 
     @staticmethod
-    async def _add_references(conn: aiosqlite.Connection, keys: Sequence[bytes]) -> None:
+    async def _add_references(conn: aiosqlite.Connection, keys: Iterable[bytes]) -> None:
         await conn.executemany(
             "INSERT INTO blob_references (key, refs) VALUES (?, 1) "
             "ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
@@ -554,9 +650,7 @@ class SqliteCheckpointStore:
     async def _subtract_references(conn: aiosqlite.Connection, counts: Counter[bytes]) -> None:
         """Subtract per key and forget keys that reach 0."""
         pairs = [(count, key) for key, count in counts.items()]
-        await conn.executemany(
-            "UPDATE blob_references SET refs = refs - ? WHERE key = ?", pairs
-        )
+        await conn.executemany("UPDATE blob_references SET refs = refs - ? WHERE key = ?", pairs)
         await conn.executemany(
             "DELETE FROM blob_references WHERE key = ? AND refs <= 0",
             [(key,) for key in counts],
@@ -564,26 +658,34 @@ class SqliteCheckpointStore:
 
     @staticmethod
     async def _publish(
-        conn: aiosqlite.Connection, checkpoint: Checkpoint, document: bytes
-    ) -> None:
-        await conn.execute(
-            "INSERT INTO checkpoints (id, thread_id, parent_id, created_at, document) "
-            "VALUES (?, ?, ?, ?, ?)",
+        conn: aiosqlite.Connection, content: documents.Content, stored: documents.Stored
+    ) -> int:
+        """Insert the row, make it the head, count its keys; returns its serial."""
+        document = content.document
+        cursor = await conn.execute(
+            "INSERT INTO checkpoints "
+            "(id, thread_id, parent_id, created_at, base_id, depth, document) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
-                checkpoint.id,
-                checkpoint.thread_id,
-                checkpoint.parent_checkpoint_id,
-                _sql_number(checkpoint.created_at),
-                document,
+                document["id"],
+                document["thread_id"],
+                document["parent_checkpoint_id"],
+                _sql_number(document["created_at"]),
+                stored.base_id,
+                stored.depth,
+                stored.data,
             ),
         )
+        serial = cursor.lastrowid
+        await cursor.close()
         await conn.execute(
             "INSERT INTO heads (thread_id, head_id) VALUES (?, ?) "
             "ON CONFLICT (thread_id) DO UPDATE SET head_id = excluded.head_id",
-            (checkpoint.thread_id, checkpoint.id),
+            (document["thread_id"], document["id"]),
         )
-        keys = [key_to_bytes(key) for key in checkpoint_blob_keys(checkpoint)]
-        await SqliteCheckpointStore._add_references(conn, keys)
+        await SqliteCheckpointStore._add_references(conn, content.blob_keys())
+        assert serial is not None
+        return serial
 
     # ------------------------------------------------------------------ writes
 
@@ -595,9 +697,9 @@ class SqliteCheckpointStore:
         check_checkpoint_ids(checkpoint, expected_head_id)
         check_checkpoint_body(checkpoint)
         thread_id = checkpoint.thread_id
-        document = await _encode(checkpoint)
+        content = await _offload(len(checkpoint.files), documents.Content.of, checkpoint)
 
-        async def run(conn: aiosqlite.Connection) -> str:
+        async def run(conn: aiosqlite.Connection) -> int:
             await self._check_writer(conn, writer, thread_id)
             if await self._id_used(conn, checkpoint.id):
                 raise SandboxCheckpointDuplicateIdError(
@@ -616,10 +718,22 @@ class SqliteCheckpointStore:
                     f"{expected_head_id!r}",
                     details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
                 )
-            await self._publish(conn, checkpoint, document)
-            return checkpoint.id
+            # Stored as a delta against the parent when that is small.
+            base = None
+            if expected_head_id is not None:
+                base = await self._content(conn, expected_head_id)
+            if base is None:
+                stored = await _offload(_size(content), documents.keyframe, content)
+            else:
+                _, depth, base_content = base
+                stored = await _offload(
+                    _size(content), documents.encode, content, expected_head_id, base_content, depth
+                )
+            return await self._publish(conn, content, stored)
 
-        return await self._db.write(run)
+        serial = await self._db.write(run)
+        self._remember((checkpoint.id, serial), content)
+        return checkpoint.id
 
     async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
         """Remove the head; the head moves to its parent (None when the parent is gone)."""
@@ -633,56 +747,74 @@ class SqliteCheckpointStore:
                     f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
                     details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
                 )
-            row = await _fetchone(
-                conn, "SELECT parent_id, document FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            rows: _Rows = {}
+            await self._fetch_chains(conn, [checkpoint_id], rows)
+            memo: dict[str, documents.Content] = {}
+            parent = await _fetchone(
+                conn, "SELECT parent_id FROM checkpoints WHERE id = ?", (checkpoint_id,)
             )
-            parent, document = (None, None) if row is None else row
+            parent_id = None if parent is None else parent[0]
+            keys: set[bytes] = set()
+            if checkpoint_id in rows:
+                content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, memo)
+                keys = content.blob_keys()
             await conn.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
-            if document is not None:
-                await self._subtract_references(conn, Counter(await _keys(document)))
+            await self._rewrite_dependents(conn, {checkpoint_id}, rows, memo)
+            await self._subtract_references(conn, Counter(keys))
             parent_row = None
-            if parent is not None:
+            if parent_id is not None:
                 parent_row = await _fetchone(
                     conn,
                     "SELECT 1 FROM checkpoints WHERE id = ? AND thread_id = ?",
-                    (parent, thread_id),
+                    (parent_id, thread_id),
                 )
             if parent_row is not None:
                 await conn.execute(
-                    "UPDATE heads SET head_id = ? WHERE thread_id = ?", (parent, thread_id)
+                    "UPDATE heads SET head_id = ? WHERE thread_id = ?", (parent_id, thread_id)
                 )
             else:
                 await conn.execute("DELETE FROM heads WHERE thread_id = ?", (thread_id,))
 
         await self._db.write(run)
 
-    async def delete_checkpoints(self, thread_id: str, keep: int, writer: WriterLike) -> list[str]:
+    async def delete_checkpoints(
+        self, thread_id: str, keep: int, writer: WriterLike
+    ) -> builtins.list[str]:
         """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest of the
         thread in one transaction. Returns the deleted ids in list order."""
         check_id(thread_id, "thread id")
         check_keep(keep)
 
-        async def run(conn: aiosqlite.Connection) -> list[str]:
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
             await self._check_writer(conn, writer, thread_id)
-            rows = await _fetchall(
+            listed = await _fetchall(
                 conn,
-                "SELECT id, parent_id, created_at FROM checkpoints WHERE thread_id = ?",
+                "SELECT id, parent_id, created_at, base_id, document FROM checkpoints "
+                "WHERE thread_id = ?",
                 (thread_id,),
             )
-            doomed = plan_prune([(r[0], r[1]) for r in rows], await self._head(conn, thread_id), keep)
+            head = await self._head(conn, thread_id)
+            doomed = plan_prune([(r[0], r[1]) for r in listed], head, keep)
+            if not doomed:
+                return []
             ordered = sorted(
-                ((r[2], r[0]) for r in rows if r[0] in doomed),
+                ((r[2], r[0]) for r in listed if r[0] in doomed),
                 key=lambda pair: list_order(pair[0], pair[1]),
             )
-            counts: Counter[bytes] = Counter()
-            for _, checkpoint_id in ordered:
-                row = await _fetchone(
-                    conn, "SELECT document FROM checkpoints WHERE id = ?", (checkpoint_id,)
-                )
-                counts.update(await _keys(row[0]))
+            rows: _Rows = {r[0]: (r[3], r[4]) for r in listed}
+            memo: dict[str, documents.Content] = {}
+
+            def count_keys() -> Counter[bytes]:
+                counts: Counter[bytes] = Counter()
+                for _, checkpoint_id in ordered:
+                    counts.update(documents.materialize(checkpoint_id, rows, memo).blob_keys())
+                return counts
+
+            counts = await asyncio.to_thread(count_keys)
             await conn.executemany(
                 "DELETE FROM checkpoints WHERE id = ?", [(i,) for _, i in ordered]
             )
+            await self._rewrite_dependents(conn, doomed, rows, memo)
             await self._subtract_references(conn, counts)
             return [checkpoint_id for _, checkpoint_id in ordered]
 
@@ -706,11 +838,9 @@ class SqliteCheckpointStore:
             created_at,
         )
 
-        async def run(conn: aiosqlite.Connection) -> Checkpoint:
+        async def run(conn: aiosqlite.Connection) -> tuple[int, documents.Content]:
             row = await _fetchone(
-                conn,
-                "SELECT thread_id, document FROM checkpoints WHERE id = ?",
-                (source_checkpoint_id,),
+                conn, "SELECT thread_id FROM checkpoints WHERE id = ?", (source_checkpoint_id,)
             )
             check_fork_source(
                 None if row is None else row[0], source_thread_id, source_checkpoint_id
@@ -730,16 +860,28 @@ class SqliteCheckpointStore:
                 raise destination_not_empty(
                     destination_thread_id, destination_checkpoint_id, "the id is already used"
                 )
-            root = fork_checkpoint(
-                await _decode(row[1]), destination_thread_id, destination_checkpoint_id, created_at
+            source = await self._content(conn, source_checkpoint_id)
+            assert source is not None
+            # The new root: the source's files, conversation and artifacts only
+            # (the same fields as ``_options.fork_checkpoint``), always a keyframe.
+            root = documents.Content(
+                {
+                    **source[2].document,
+                    "id": destination_checkpoint_id,
+                    "thread_id": destination_thread_id,
+                    "parent_checkpoint_id": None,
+                    "created_at": created_at,
+                    "reason": "fork-root",
+                    "label": None,
+                    "source_run_id": None,
+                }
             )
-            document = await _encode(root)
-            await self._publish(conn, root, document)
-            return root
+            stored = await _offload(_size(root), documents.keyframe, root)
+            return await self._publish(conn, root, stored), root
 
-        root = await self._db.write(run)
-        # Hand back a copy that shares no mutable value with anything stored.
-        return await _decode(await _encode(root))
+        serial, root = await self._db.write(run)
+        self._remember((destination_checkpoint_id, serial), root)
+        return await _offload(_size(root), _checkpoint_of, root)
 
     # ------------------------------------------------------------------ leases
 
@@ -827,12 +969,12 @@ class SqliteCheckpointStore:
             (thread_id, token, fence),
         )
 
-    async def pin_blobs(self, keys: list[str], writer: WriterLike) -> list[str]:
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
         """Pin ``keys`` for the writer's lease (WRITER_LOST first when not current;
         INVALID_ENTRY for a bad key). Returns the keys condemned right now."""
         thread_id, token, fence = writer_fields(writer)
 
-        async def run(conn: aiosqlite.Connection) -> list[str]:
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
             now = await self._check_writer(conn, writer, thread_id)
             wanted = check_pin_keys(keys)
             binary = [key_to_bytes(key) for key in wanted]
@@ -851,13 +993,13 @@ class SqliteCheckpointStore:
 
         return await self._db.write(run)
 
-    async def condemn_blobs(self, keys: list[str], hold_ms: int) -> list[str]:
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms;
         returns them in the given order. Keys of another shape are never condemned."""
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
 
-        async def run(conn: aiosqlite.Connection) -> list[str]:
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
             now = self._now()
             blocked: set[bytes] = set()
             binary = [key_to_bytes(key) for key in candidates]
@@ -879,7 +1021,11 @@ class SqliteCheckpointStore:
                 ):
                     rows = await _fetchall(conn, sql, (*extra, *batch))
                     blocked.update(bytes(row[0]) for row in rows)
-            chosen = [(key, raw) for key, raw in zip(candidates, binary, strict=True) if raw not in blocked]
+            chosen = [
+                (key, raw)
+                for key, raw in zip(candidates, binary, strict=True)
+                if raw not in blocked
+            ]
             await conn.executemany(
                 "INSERT OR REPLACE INTO blob_condemned (key, until) VALUES (?, ?)",
                 [(raw, now + hold) for _, raw in chosen],
@@ -888,7 +1034,7 @@ class SqliteCheckpointStore:
 
         return await self._db.write(run)
 
-    async def release_condemned(self, keys: list[str]) -> None:
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
         """Drop condemnations (after the sweep deleted or gave up on the keys)."""
         wanted = condemnable_keys(keys)
 

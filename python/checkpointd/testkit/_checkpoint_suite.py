@@ -18,6 +18,7 @@ import asyncio
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
+from functools import partial
 from types import SimpleNamespace
 from typing import Any
 
@@ -241,7 +242,7 @@ class CheckpointStoreConformance:
         async with self.world() as w:
             l1, _ = await self._order_world(w)
             stale = Writer("t1", "not-the-token", 99)
-            everything_else_wrong = {
+            everything_else_wrong: dict[str, Any] = {
                 "created_at": math.nan,
                 "files": [fentry("../escape", "bad-key")],
             }
@@ -255,13 +256,13 @@ class CheckpointStoreConformance:
                     await w.rejects(
                         SandboxCheckpointInvalidIdError,
                         INVALID_ID,
-                        lambda cp=cp: w.store.append(cp, "d1", stale),
+                        partial(w.store.append, cp, "d1", stale),
                     )
                 cp = checkpoint("d1", "t1", "zzz", **everything_else_wrong)
                 await w.rejects(
                     SandboxCheckpointInvalidIdError,
                     INVALID_ID,
-                    lambda cp=cp, bad=bad: w.store.append(cp, bad, stale),
+                    partial(w.store.append, cp, bad, stale),
                 )
             # An invalid parent with a valid writer and head is still INVALID_ID.
             await w.rejects(
@@ -280,7 +281,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda cp=cp: w.store.append(cp, "wrong", stale),
+                    partial(w.store.append, cp, "wrong", stale),
                 )
             cp = checkpoint("d1", "t1", "zzz", files=[fentry("a//b")])
             await w.rejects(
@@ -303,7 +304,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointWriterLostError,
                     WRITER_LOST,
-                    lambda writer=writer: w.store.append(cp, "wrong", writer),
+                    partial(w.store.append, cp, "wrong", writer),
                 )
             # No lease at all on a thread.
             cp3 = checkpoint("d1", "t3", "zzz")
@@ -329,13 +330,13 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointDuplicateIdError,
                     SandboxCheckpointDuplicateIdError.code,
-                    lambda cp=cp: w.store.append(cp, "wrong", l1),
+                    partial(w.store.append, cp, "wrong", l1),
                 )
                 cp = checkpoint(dup, "t1", "c1")
                 await w.rejects(
                     SandboxCheckpointDuplicateIdError,
                     SandboxCheckpointDuplicateIdError.code,
-                    lambda cp=cp: w.store.append(cp, "c1", l1),
+                    partial(w.store.append, cp, "c1", l1),
                 )
 
     @asyncio_test
@@ -347,7 +348,7 @@ class CheckpointStoreConformance:
                 error = await w.rejects(
                     SandboxCheckpointConflictError,
                     STALE_HEAD,
-                    lambda cp=cp, expected=expected: w.store.append(cp, expected, l1),
+                    partial(w.store.append, cp, expected, l1),
                     ids=["new"],
                 )
                 assert error.code == "SANDBOX_SNAPSHOT_STALE_HEAD"
@@ -369,7 +370,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointParentMismatchError,
                     SandboxCheckpointParentMismatchError.code,
-                    lambda cp=cp: w.store.append(cp, "c1", l1),
+                    partial(w.store.append, cp, "c1", l1),
                     ids=["new"],
                 )
             l3 = await w.lease("t3")
@@ -505,10 +506,10 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidIdError,
                     INVALID_ID,
-                    lambda cp=cp, expected=expected: w.store.append(cp, expected, lease),
+                    partial(w.store.append, cp, expected, lease),
                     ids=["c2"],
                 )
-            bad_bodies = [
+            bad_bodies: list[dict[str, Any]] = [
                 {"files": [fentry("a", FILE_KEY_PREFIX + lone * 64)]},
                 {"files": [fentry("a" + lone, 1)]},
                 {"files": [SymlinkEntry("l", "x" + lone)]},
@@ -525,7 +526,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda cp=cp: w.store.append(cp, "c1", lease),
+                    partial(w.store.append, cp, "c1", lease),
                     ids=["c2"],
                 )
             for call in (
@@ -545,14 +546,14 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda cp=cp: w.store.append(cp, "c1", lease),
+                    partial(w.store.append, cp, "c1", lease),
                     ids=["c2"],
                 )
                 cp = checkpoint("c2", "t1", "c1", artifacts=[artifact(created_at=value)])
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda cp=cp: w.store.append(cp, "c1", lease),
+                    partial(w.store.append, cp, "c1", lease),
                     ids=["c2"],
                 )
 
@@ -641,7 +642,8 @@ class CheckpointStoreConformance:
                 [artifact(created_at=math.nan)],
                 [{"artifact_id": "x"}],
             ]
-            cases = [{"files": f} for f in bad_files] + [{"artifacts": a} for a in bad_artifacts]
+            cases: list[dict[str, Any]] = [{"files": f} for f in bad_files]
+            cases += [{"artifacts": a} for a in bad_artifacts]
             cases += [
                 {"reason": "bogus"},
                 {"reason": None},
@@ -655,7 +657,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda cp=cp: w.store.append(cp, "c1", lease),
+                    partial(w.store.append, cp, "c1", lease),
                     ids=["c2"],
                 )
             # Valid edge cases are accepted.
@@ -777,7 +779,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointNotHeadError,
                     SandboxCheckpointNotHeadError.code,
-                    lambda t=thread_id, c=checkpoint_id, wr=writer: w.store.delete_head(t, c, wr),
+                    partial(w.store.delete_head, thread_id, checkpoint_id, writer),
                 )
             assert await w.store.delete_head("t1", "c3", l1) is None
             assert await w.store.get_head("t1") == "c2"
@@ -801,12 +803,12 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidIdError,
                     INVALID_ID,
-                    lambda bad=bad: w.store.delete_head(bad, "c1", stale),
+                    partial(w.store.delete_head, bad, "c1", stale),
                 )
                 await w.rejects(
                     SandboxCheckpointInvalidIdError,
                     INVALID_ID,
-                    lambda bad=bad: w.store.delete_head("t1", bad, stale),
+                    partial(w.store.delete_head, "t1", bad, stale),
                 )
             # The writer is checked before the head.
             await w.rejects(
@@ -968,9 +970,7 @@ class CheckpointStoreConformance:
             if callable(getattr(w.store, "delete_checkpoints", None)):
                 actions.append(lambda: w.store.delete_checkpoints("t1", 1, old))
             for action in actions:
-                await w.rejects(
-                    SandboxCheckpointWriterLostError, WRITER_LOST, action, ids=["c3"]
-                )
+                await w.rejects(SandboxCheckpointWriterLostError, WRITER_LOST, action, ids=["c3"])
             # Even a lease that still looks unexpired to its holder is replaced.
             old.expires_at = w.clock() + 10_000
             await w.rejects(
@@ -1011,9 +1011,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointWriterLostError,
                     WRITER_LOST,
-                    lambda writer=writer: w.store.append(
-                        checkpoint("c3", "t1", "c2", 3), "c2", writer
-                    ),
+                    partial(w.store.append, checkpoint("c3", "t1", "c2", 3), "c2", writer),
                     ids=["c3"],
                 )
 
@@ -1065,16 +1063,14 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidIdError,
                     INVALID_ID,
-                    lambda bad=bad: w.store.delete_checkpoints(bad, 0, stale),
+                    partial(w.store.delete_checkpoints, bad, 0, stale),
                 )
             for keep in (0, -1, 1.5, "2", None, True, math.nan):
                 for writer in (lease, stale):
                     error = await w.rejects(
                         SandboxCheckpointInvalidArgumentError,
                         SandboxCheckpointInvalidArgumentError.code,
-                        lambda keep=keep, writer=writer: w.store.delete_checkpoints(
-                            "t1", keep, writer
-                        ),
+                        partial(w.store.delete_checkpoints, "t1", keep, writer),
                     )
                     assert isinstance(error, ValueError)
             await w.rejects(
@@ -1162,7 +1158,7 @@ class CheckpointStoreConformance:
                     await w.rejects(
                         SandboxCheckpointInvalidIdError,
                         INVALID_ID,
-                        lambda args=args: fork(*args, math.nan, stale),
+                        partial(fork, *args, math.nan, stale),
                         ids=["f1"],
                     )
             # 2. created_at finite, before the thread checks
@@ -1170,7 +1166,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointInvalidEntryError,
                     INVALID_ENTRY,
-                    lambda value=value: fork("t1", "missing", "t1", "f1", value, stale),
+                    partial(fork, "t1", "missing", "t1", "f1", value, stale),
                     ids=["f1"],
                 )
             # 3. source thread must differ from the destination (before "not found")
@@ -1200,7 +1196,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointWriterLostError,
                     WRITER_LOST,
-                    lambda writer=writer: fork("t1", "c2", "t3", "f1", 50, writer),
+                    partial(fork, "t1", "c2", "t3", "f1", 50, writer),
                     ids=["f1"],
                 )
             await w.rejects(
@@ -1219,7 +1215,7 @@ class CheckpointStoreConformance:
                 await w.rejects(
                     SandboxCheckpointError,
                     FORK_DESTINATION_NOT_EMPTY,
-                    lambda used=used: fork("t1", "c2", "t3", used, 50, l3),
+                    partial(fork, "t1", "c2", "t3", used, 50, l3),
                 )
             # 8. an expired destination lease is lost too
             w.clock.advance(LEASE_DURATION_MS)

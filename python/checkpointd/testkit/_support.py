@@ -57,7 +57,7 @@ def fentry(path: str, key: int | str = 1, size: int = 3, mode: int = 0o644) -> F
     return FileEntry(path=path, blob_key=blob_key, size=size, mode=mode, mtime_ns=7)
 
 
-def artifact(artifact_id: str = "art-1", key: int = 1, **overrides: Any) -> Artifact:
+def artifact(artifact_id: Any = "art-1", key: int = 1, **overrides: Any) -> Artifact:
     fields: dict[str, Any] = {
         "artifact_id": artifact_id,
         "name": "report.txt",
@@ -132,9 +132,7 @@ async def close_store(store: Any) -> None:
 
 
 @asynccontextmanager
-async def opened(
-    factory: Callable[..., Awaitable[Any]], **kwargs: Any
-) -> AsyncIterator[list[Any]]:
+async def opened(factory: Callable[..., Awaitable[Any]], **kwargs: Any) -> AsyncIterator[list[Any]]:
     """Stores made through the yielded list's ``append`` are closed on exit."""
     made: list[Any] = []
     try:

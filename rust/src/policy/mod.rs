@@ -87,19 +87,26 @@ impl PolicyMatcher {
         !self.include.is_empty()
     }
 
+    /// Whether any exclude or include pattern exists (if not, only names matter).
+    pub fn has_patterns(&self) -> bool {
+        !self.exclude.is_empty() || !self.include.is_empty()
+    }
+
+    /// The rules that need only the entry's name and depth (0 = top level):
+    /// the reserved `.checkpointd*` prefix and the default excludes.
+    pub fn excludes_name(&self, depth: usize, name: &str) -> bool {
+        (depth == 0 && name.starts_with(RESERVED_PREFIX))
+            || (self.default_excludes && is_default_excluded(name))
+    }
+
     /// Whether the entry itself (ancestors aside) is excluded: `segments` is the
     /// full path, the last segment being the entry's name.
     pub fn excludes_entry(&self, segments: &[&str], is_dir: bool) -> bool {
         let Some(name) = segments.last() else {
             return false;
         };
-        if segments.len() == 1 && name.starts_with(RESERVED_PREFIX) {
-            return true;
-        }
-        if self.default_excludes && is_default_excluded(name) {
-            return true;
-        }
-        self.exclude.decide(segments, is_dir) == Decision::Matched
+        self.excludes_name(segments.len() - 1, name)
+            || self.exclude.decide(segments, is_dir) == Decision::Matched
     }
 
     /// The include list's own decision for the entry (ancestors aside).

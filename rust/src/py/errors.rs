@@ -7,7 +7,7 @@ use pyo3::PyErr;
 use crate::error::ScanError;
 
 create_exception!(
-    _native,
+    checkpointd._native,
     ScanCancelled,
     PyException,
     "Raised by `scan` when its `CancelToken` was cancelled."

@@ -52,7 +52,7 @@ pub fn hash_file(
     let shown = path.to_string_lossy().into_owned();
     py.allow_threads(|| {
         let mut scratch = Vec::new();
-        hash::hash_file(&file, &secrets, &Cancel::new(), false, &mut scratch)
+        hash::hash_file(&file, None, &secrets, &Cancel::new(), false, &mut scratch)
     })
     .map(|(digest, size)| (hash::to_hex(&digest), size))
     .map_err(|e| match e {
