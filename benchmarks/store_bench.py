@@ -4,6 +4,7 @@ Measures, on a fresh database file under a temporary directory:
 
 1. one checkpoint of 100,000 file entries: ``append``, ``get`` and ``list``
    (milliseconds, median and minimum of ``--runs``) and database bytes per checkpoint;
+   (reads through a second store object on the file, so nothing is cached);
 2. ten consecutive checkpoints of one thread sharing 99% of their entries (each
    changes 1% of the files: new content, new blob key, new size): ``append`` of
    each, ``get`` of the last, ``list`` of all ten, and database bytes per
@@ -37,7 +38,7 @@ from typing import Any
 from checkpointd.codec import decode_checkpoint, encode_checkpoint
 from checkpointd.model import Checkpoint, DirEntry, FileEntry
 from checkpointd.store import SqliteCheckpointStore
-from checkpointd.store import sqlite as sqlite_store
+from checkpointd.store import _pg_documents as documents
 
 FILES_PER_DIR = 50
 
@@ -98,7 +99,7 @@ def floors(checkpoint: Checkpoint, directory: str) -> dict[str, float]:
     """Encode, decode and a bare sqlite INSERT of the same document."""
     started = time.perf_counter()
     raw = encode_checkpoint(checkpoint)
-    document = zlib.compress(raw, sqlite_store.ZLIB_LEVEL)
+    document = zlib.compress(raw, documents.ZLIB_LEVEL)
     encode_ms = (time.perf_counter() - started) * 1000
     started = time.perf_counter()
     decode_checkpoint(zlib.decompress(document))
@@ -126,6 +127,7 @@ def floors(checkpoint: Checkpoint, directory: str) -> dict[str, float]:
 async def single(entries: int, runs: int, directory: str) -> dict[str, Any]:
     files = manifest(entries)
     append_ms, get_ms, list_ms, sizes, floor_runs = [], [], [], [], []
+    cached_get_ms: list[float] = []
     for run in range(runs):
         path = os.path.join(directory, f"single-{run}.db")
         store = await SqliteCheckpointStore.open(path)
@@ -136,12 +138,17 @@ async def single(entries: int, runs: int, directory: str) -> dict[str, Any]:
         )
         ms, _ = await timed(partial(store.append, checkpoint, None, lease))
         append_ms.append(ms)
-        ms, got = await timed(partial(store.get, checkpoint.id))
+        # Reads through another store object: nothing cached, as in a new sandbox.
+        reader = await SqliteCheckpointStore.open(path)
+        ms, got = await timed(partial(reader.get, checkpoint.id))
         get_ms.append(ms)
         assert got is not None and got.files == files, "get returned other entries"
-        ms, listed = await timed(partial(store.list, "t"))
+        ms, listed = await timed(partial(reader.list, "t"))
         list_ms.append(ms)
         assert [c.id for c in listed] == [checkpoint.id]
+        ms, _ = await timed(partial(store.get, checkpoint.id))
+        cached_get_ms.append(ms)
+        await reader.aclose()
         refs = await store.list_blob_references()
         assert len(refs) == entries and all(r.references == 1 for r in refs)
         await lease.release()
@@ -152,6 +159,7 @@ async def single(entries: int, runs: int, directory: str) -> dict[str, Any]:
         "append_ms": append_ms,
         "get_ms": get_ms,
         "list_ms": list_ms,
+        "cached_get_ms": cached_get_ms,
         "bytes_per_checkpoint": statistics.median(sizes),
         "floors": floor_runs,
     }
@@ -190,18 +198,25 @@ async def shared_chain(entries: int, count: int, directory: str) -> dict[str, An
         sizes.append(db_bytes(path) - empty)
     assert last is not None
     get_ms, list_ms = [], []
-    for _ in range(3):
-        ms, got = await timed(lambda: store.get(last.id))
-        get_ms.append(ms)
-        assert got is not None and got.files == last.files
-        ms, listed = await timed(lambda: store.list("t"))
-        list_ms.append(ms)
-        assert [c.id for c in listed] == [f"c{i:02d}" for i in range(count)]
-    refs = await store.list_blob_references()
-    assert {r.key for r in refs} == keys, "blob counts do not match the keys used"
     await lease.release()
     await store.aclose()
+    reader = await SqliteCheckpointStore.open(path)  # cold reads: nothing cached
+    for _ in range(3):
+        ms, got = await timed(partial(reader.get, last.id))
+        get_ms.append(ms)
+        assert got is not None and got.files == last.files
+        ms, listed = await timed(partial(reader.list, "t"))
+        list_ms.append(ms)
+        assert [c.id for c in listed] == [f"c{i:02d}" for i in range(count)]
+    refs = await reader.list_blob_references()
+    assert {r.key for r in refs} == keys, "blob counts do not match the keys used"
+    await reader.aclose()
     total = db_bytes(path) - empty
+    connection = sqlite3.connect(path)
+    stored = connection.execute(
+        "SELECT base_id IS NULL, length(document) FROM checkpoints ORDER BY serial"
+    ).fetchall()
+    connection.close()
     growth = [b - a for a, b in zip(sizes, sizes[1:], strict=False)]
     return {
         "append_ms": append_ms,
@@ -212,6 +227,7 @@ async def shared_chain(entries: int, count: int, directory: str) -> dict[str, An
         "first_checkpoint_bytes": sizes[0],
         "growth_after_first": statistics.median(growth) if growth else 0,
         "changed_per_step": changed_per_step,
+        "documents": [{"keyframe": bool(k), "bytes": n} for k, n in stored],
     }
 
 
@@ -234,6 +250,7 @@ def report(entries: int, count: int, one: dict[str, Any], chain: dict[str, Any])
         f"  get     {stats(one['get_ms'])}   floor decode {decode:7.1f} ms  "
         f"ratio {get / decode:.2f}x",
         f"  list    {stats(one['list_ms'])}",
+        f"  get from the appending store object (its content cache) {stats(one['cached_get_ms'])}",
         f"  database bytes per checkpoint {one['bytes_per_checkpoint']:,.0f}  "
         f"(manifest JSON {json_bytes:,}, zlib document {document_bytes:,}, "
         f"{entries:,} keys x 33 B = {entries * 33:,})",
@@ -246,6 +263,10 @@ def report(entries: int, count: int, one: dict[str, Any], chain: dict[str, Any])
         f"  database bytes per checkpoint {chain['bytes_per_checkpoint']:,.0f} "
         f"(total {chain['total_bytes']:,}; first {chain['first_checkpoint_bytes']:,}; "
         f"each later one adds {chain['growth_after_first']:,.0f})",
+        "  stored documents: "
+        + ", ".join(
+            f"{'keyframe' if d['keyframe'] else 'delta'} {d['bytes']:,}" for d in chain["documents"]
+        ),
     ]
     return "\n".join(lines)
 

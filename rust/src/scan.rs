@@ -18,7 +18,7 @@ use crate::hash::{self, HashError};
 use crate::manifest::ManifestWriter;
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
-use crate::statcache::{secrets_fingerprint, CacheEntry, StatCache};
+use crate::statcache::{secrets_fingerprint, CacheEntry, LoadedCache, StatCache};
 use crate::walk::{Found, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
@@ -152,7 +152,7 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
             let dir = cache_dir(path)?;
             let now = fs::filesystem_now(&dir)
                 .map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
-            (StatCache::load(path), now)
+            (LoadedCache::load(path), now)
         }
         None => (None, 0),
     };
@@ -242,6 +242,13 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
         })?;
     let bytes_hashed: u64 = sizes.iter().sum();
     drop(to_hash);
+    // Rewrite the cache only when something changed; an untouched cache stays
+    // valid under its own (older) reference time.
+    let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
+        files_hashed == 0 && old.fingerprint == fingerprint && old.len() as u64 == files_reused
+    });
+    // Not needed any more: free it before the manifest is built (peak memory).
+    drop(old_cache);
     phases.end("hash");
 
     // Encode.
@@ -268,14 +275,7 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     phases.end("encode");
 
     if let Some(path) = &request.cache_path {
-        // Rewrite only when something changed; an untouched cache stays valid
-        // under its own (older) reference time.
-        let unchanged = old_cache.as_ref().is_some_and(|old| {
-            files_hashed == 0
-                && old.fingerprint == fingerprint
-                && old.entries.len() as u64 == files_reused
-        });
-        if !unchanged {
+        if !cache_unchanged {
             // The rows are done with: move their paths into the cache.
             let entries = rows
                 .into_iter()
@@ -434,8 +434,8 @@ pub fn record_in_cache(
     let root = Root::open(root)?;
     let fingerprint = secrets_fingerprint(secrets);
     let dir = cache_dir(cache_path)?;
-    let mut cache = match StatCache::load(cache_path) {
-        Some(c) if c.fingerprint == fingerprint => c,
+    let mut cache = match LoadedCache::load(cache_path) {
+        Some(c) if c.fingerprint == fingerprint => c.into_owned(),
         _ => StatCache {
             fingerprint,
             ..StatCache::default()

@@ -14,6 +14,10 @@
 //! mode u32, hash[32]`, sorted by path bytes, then BLAKE3 of everything before.
 //! A missing, truncated or corrupt file is an empty cache (so no fsync: a torn
 //! write after a crash only costs one re-hash). Secrets are never stored.
+//!
+//! [`StatCache`] is the owned form a scan builds and saves; [`LoadedCache`]
+//! keeps the file's bytes as read and parses an entry only when it is looked
+//! at, so a 100,000-entry cache costs its file size in memory, once.
 
 use std::fs;
 use std::io::{self, Write};
@@ -67,46 +71,6 @@ pub struct StatCache {
 }
 
 impl StatCache {
-    /// The cached hash of `path` if the cache may be trusted for `stat` under
-    /// the secret set `fingerprint` (same stat, not racily clean).
-    pub fn reusable(&self, path: &str, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
-        if &self.fingerprint != fingerprint {
-            return None;
-        }
-        let index = self
-            .entries
-            .binary_search_by(|(p, _)| p.as_str().cmp(path))
-            .ok()?;
-        let entry = &self.entries[index].1;
-        (entry.same_stat(stat) && entry.mtime_ns < self.reference_ns).then_some(entry.hash)
-    }
-
-    /// Like [`StatCache::reusable`] for callers visiting paths in ascending
-    /// order: `cursor` remembers where the last lookup ended (a merge, not a search).
-    pub fn reusable_in_order(
-        &self,
-        cursor: &mut usize,
-        path: &str,
-        stat: &Stat,
-        fingerprint: &[u8; 32],
-    ) -> Option<[u8; 32]> {
-        if &self.fingerprint != fingerprint {
-            return None;
-        }
-        while *cursor < self.entries.len() && self.entries[*cursor].0.as_str() < path {
-            *cursor += 1;
-        }
-        let (cached_path, entry) = self.entries.get(*cursor)?;
-        (cached_path == path && entry.same_stat(stat) && entry.mtime_ns < self.reference_ns)
-            .then_some(entry.hash)
-    }
-
-    /// Read the cache at `path`; None when missing or not a valid cache.
-    pub fn load(path: &Path) -> Option<StatCache> {
-        let data = fs::read(path).ok()?;
-        decode(&data)
-    }
-
     /// Write atomically (temp file next to it, then rename). Creates the parent.
     pub fn save(&self, path: &Path) -> io::Result<()> {
         if let Some(parent) = path.parent() {
@@ -203,53 +167,165 @@ impl<'a> Reader<'a> {
     }
 }
 
-pub fn decode(data: &[u8]) -> Option<StatCache> {
-    if data.len() < MAGIC.len() + 32 + 16 + 32 {
-        return None;
+/// Bytes of the fixed part of an entry after its path.
+const FIXED: usize = 8 * 5 + 4 + 32;
+const HEADER: usize = 8 + 32 + 8 + 8;
+
+/// A cache as read from disk: the validated bytes plus where each entry starts.
+#[derive(Debug)]
+pub struct LoadedCache {
+    data: Vec<u8>,
+    pub fingerprint: [u8; 32],
+    pub reference_ns: i64,
+    /// Offset of each entry's path bytes, and the path length.
+    paths: Vec<(u32, u32)>,
+}
+
+impl LoadedCache {
+    /// Read the cache at `path`; None when missing or not a valid cache.
+    pub fn load(path: &Path) -> Option<LoadedCache> {
+        LoadedCache::decode(fs::read(path).ok()?)
     }
-    let (body, checksum) = data.split_at(data.len() - 32);
-    if blake3::hash(body).as_bytes() != checksum {
-        return None;
-    }
-    let mut r = Reader { data: body, pos: 0 };
-    if r.take(MAGIC.len())? != MAGIC {
-        return None;
-    }
-    let fingerprint = r.array::<32>()?;
-    let reference_ns = r.i64()?;
-    let count = r.u64()?;
-    // Each entry is at least 88 bytes: refuse counts the body cannot hold.
-    if count > (body.len() / 88) as u64 {
-        return None;
-    }
-    let mut entries: Vec<(String, CacheEntry)> = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let len = r.u32()? as usize;
-        let path = std::str::from_utf8(r.take(len)?).ok()?.to_string();
-        let entry = CacheEntry {
-            dev: r.u64()?,
-            ino: r.u64()?,
-            size: r.u64()?,
-            mtime_ns: r.i64()?,
-            ctime_ns: r.i64()?,
-            mode: r.u32()?,
-            hash: r.array::<32>()?,
+
+    /// Validate `data` (checksum, layout, UTF-8, strictly sorted paths).
+    pub fn decode(mut data: Vec<u8>) -> Option<LoadedCache> {
+        if data.len() < HEADER + 32 || data.len() > u32::MAX as usize {
+            return None;
+        }
+        let body_len = data.len() - 32;
+        if blake3::hash(&data[..body_len]).as_bytes() != &data[body_len..] {
+            return None;
+        }
+        data.truncate(body_len);
+        let mut r = Reader {
+            data: &data,
+            pos: 0,
         };
-        if let Some((last, _)) = entries.last() {
-            if last.as_str() >= path.as_str() {
+        if r.take(MAGIC.len())? != MAGIC {
+            return None;
+        }
+        let fingerprint = r.array::<32>()?;
+        let reference_ns = r.i64()?;
+        let count = r.u64()?;
+        // Refuse counts the body cannot hold before allocating for them.
+        if count > (body_len / (4 + FIXED)) as u64 {
+            return None;
+        }
+        let mut paths: Vec<(u32, u32)> = Vec::with_capacity(count as usize);
+        let mut previous: &[u8] = &[];
+        for index in 0..count {
+            let len = r.u32()? as usize;
+            let start = r.pos;
+            let path = r.take(len)?;
+            std::str::from_utf8(path).ok()?;
+            if index > 0 && previous >= path {
                 return None;
             }
+            previous = path;
+            r.take(FIXED)?;
+            paths.push((start as u32, len as u32));
         }
-        entries.push((path, entry));
+        if r.pos != body_len {
+            return None;
+        }
+        Some(LoadedCache {
+            data,
+            fingerprint,
+            reference_ns,
+            paths,
+        })
     }
-    if r.pos != body.len() {
-        return None;
+
+    pub fn len(&self) -> usize {
+        self.paths.len()
     }
-    Some(StatCache {
-        fingerprint,
-        reference_ns,
-        entries,
-    })
+
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    fn path_bytes(&self, index: usize) -> &[u8] {
+        let (start, len) = self.paths[index];
+        &self.data[start as usize..(start + len) as usize]
+    }
+
+    /// The path of entry `index` (validated as UTF-8 by `decode`).
+    pub fn path(&self, index: usize) -> &str {
+        std::str::from_utf8(self.path_bytes(index)).unwrap_or_default()
+    }
+
+    /// Entry `index`, parsed from the bytes.
+    pub fn entry(&self, index: usize) -> CacheEntry {
+        let (start, len) = self.paths[index];
+        let at = (start + len) as usize;
+        let mut r = Reader {
+            data: &self.data[at..at + FIXED],
+            pos: 0,
+        };
+        let parsed = (|| {
+            Some(CacheEntry {
+                dev: r.u64()?,
+                ino: r.u64()?,
+                size: r.u64()?,
+                mtime_ns: r.i64()?,
+                ctime_ns: r.i64()?,
+                mode: r.u32()?,
+                hash: r.array::<32>()?,
+            })
+        })();
+        parsed.expect("decode checked every entry's length")
+    }
+
+    /// The cached hash of `path` if the cache may be trusted for `stat` under
+    /// the secret set `fingerprint`: same stat, and not racily clean (mtime
+    /// strictly before the reference time).
+    pub fn reusable(&self, path: &str, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
+        let index = self
+            .paths
+            .binary_search_by(|&(start, len)| {
+                self.data[start as usize..(start + len) as usize].cmp(path.as_bytes())
+            })
+            .ok()?;
+        self.trusted(index, stat, fingerprint)
+    }
+
+    /// Like [`LoadedCache::reusable`] for callers visiting paths in ascending
+    /// order: `cursor` remembers where the last lookup ended (a merge, not a search).
+    pub fn reusable_in_order(
+        &self,
+        cursor: &mut usize,
+        path: &str,
+        stat: &Stat,
+        fingerprint: &[u8; 32],
+    ) -> Option<[u8; 32]> {
+        while *cursor < self.paths.len() && self.path_bytes(*cursor) < path.as_bytes() {
+            *cursor += 1;
+        }
+        if *cursor < self.paths.len() && self.path_bytes(*cursor) == path.as_bytes() {
+            return self.trusted(*cursor, stat, fingerprint);
+        }
+        None
+    }
+
+    fn trusted(&self, index: usize, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
+        if &self.fingerprint != fingerprint {
+            return None;
+        }
+        let entry = self.entry(index);
+        (entry.same_stat(stat) && entry.mtime_ns < self.reference_ns).then_some(entry.hash)
+    }
+
+    /// The owned form (for merging updates into it).
+    pub fn into_owned(self) -> StatCache {
+        let entries = (0..self.len())
+            .map(|i| (self.path(i).to_string(), self.entry(i)))
+            .collect();
+        StatCache {
+            fingerprint: self.fingerprint,
+            reference_ns: self.reference_ns,
+            entries,
+        }
+    }
 }
 
 /// A keyed BLAKE3 of the sorted, de-duplicated secret set: the cache can tell
@@ -297,6 +373,7 @@ mod tests {
     fn roundtrip_and_corruption() {
         let cache = sample();
         let bytes = encode(&cache);
+        let decode = |b: &[u8]| LoadedCache::decode(b.to_vec()).map(LoadedCache::into_owned);
         assert_eq!(decode(&bytes), Some(cache.clone()));
         for i in [0, 9, 50, bytes.len() - 1] {
             let mut bad = bytes.clone();
@@ -305,6 +382,10 @@ mod tests {
         }
         assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
         assert_eq!(decode(b""), None);
+        // Unsorted paths are refused even with a valid checksum.
+        let mut unsorted = cache.clone();
+        unsorted.entries.swap(0, 2);
+        assert_eq!(decode(&encode(&unsorted)), None);
     }
 
     #[test]
@@ -313,19 +394,23 @@ mod tests {
         let path = dir.path().join("sub/cache.bin");
         let cache = sample();
         cache.save(&path).unwrap();
-        assert_eq!(StatCache::load(&path), Some(cache));
+        assert_eq!(
+            LoadedCache::load(&path).map(LoadedCache::into_owned),
+            Some(cache)
+        );
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
             1
         );
-        assert_eq!(StatCache::load(&dir.path().join("missing")), None);
+        assert!(LoadedCache::load(&dir.path().join("missing")).is_none());
     }
 
     #[test]
     fn reuse_rules() {
-        let cache = sample();
+        let owned = sample();
+        let cache = LoadedCache::decode(encode(&owned)).unwrap();
         let fp = cache.fingerprint;
-        let (path, e) = &cache.entries[1];
+        let (path, e) = &owned.entries[1];
         let stat = Stat {
             dev: e.dev,
             ino: e.ino,
@@ -361,8 +446,9 @@ mod tests {
         );
         let racy = StatCache {
             reference_ns: e.mtime_ns,
-            ..cache.clone()
+            ..owned.clone()
         };
+        let racy = LoadedCache::decode(encode(&racy)).unwrap();
         assert_eq!(racy.reusable(path, &stat, &fp), None);
     }
 

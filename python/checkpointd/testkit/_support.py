@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,17 +128,6 @@ async def close_store(store: Any) -> None:
         result = close()
         if inspect.isawaitable(result):
             await result
-
-
-@asynccontextmanager
-async def opened(factory: Callable[..., Awaitable[Any]], **kwargs: Any) -> AsyncIterator[list[Any]]:
-    """Stores made through the yielded list's ``append`` are closed on exit."""
-    made: list[Any] = []
-    try:
-        yield made
-    finally:
-        for store in reversed(made):
-            await close_store(store)
 
 
 def expect_error(
