@@ -46,6 +46,7 @@ class CorpusRun:
     timeout_s: float
     big_file: str | None  # relative path of the file that gets the 1 MiB append
     results: list[Measurement] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # for the report's notes
 
     @property
     def name(self) -> str:

@@ -146,7 +146,7 @@ def daemon_suite(ctx: CorpusRun) -> None:
         return
     base = ctx.tool_dir("checkpointd-daemon")
     store_dir = base / "store"
-    store, blobs = f"sqlite:///{store_dir}/checkpoints.db", f"file://{store_dir}/blobs"
+    store, blobs = f"sqlite://{store_dir}/checkpoints.db", f"file://{store_dir}/blobs"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     capturer = Daemon(ctx.work, store, blobs, base / "data", base / "capture-daemon.log")
     restorer = Daemon(ctx.target, store, blobs, base / "restore-data", base / "restore-daemon.log")
@@ -199,6 +199,7 @@ def daemon_suite(ctx: CorpusRun) -> None:
             ctx.verify_restore(over)
     except DaemonError as exc:
         print(f"   checkpointd daemon: stopped ({exc})")
+        ctx.problems.append(f"{ctx.name}: the daemon suite stopped early: {exc}")
     finally:
         capturer.close()
         restorer.close()

@@ -91,6 +91,7 @@ def run(config: Config) -> list[Path]:
                 scratch.flush()
             scratch.aside(ctx.work, ctx.target, scratch.path("tools", spec.name))
             measurements += ctx.results
+            notes += ctx.problems
         report = RunReport(
             size=config.size, started_utc=started, runs=runs,
             machine=machine_facts(config.scratch), native=native,

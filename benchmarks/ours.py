@@ -54,7 +54,7 @@ def api_suite(ctx: CorpusRun) -> None:
     store_dir, capture_data, restore_data = base / "store", base / "data", base / "restore-data"
     urls = [
         "--store",
-        f"sqlite:///{store_dir}/checkpoints.db",
+        f"sqlite://{store_dir}/checkpoints.db",
         "--blobs",
         f"file://{store_dir}/blobs",
     ]

@@ -71,17 +71,18 @@ class Scratch:
         used = sum(size for _, size, _ in entries)
         if not force and used < self.trash_max_bytes:
             return
+        print(f"   (shrinking the trash: {used / 1e6:,.0f} MB)", flush=True)
         # Fewest inodes per byte first.
         entries.sort(key=lambda e: e[2] / max(e[1], 1))
-        many_inodes_deleted = 0
+        inodes_deleted = 0
         for path, size, inodes in entries:
             if not force and used < self.trash_max_bytes / 2:
                 break
             _remove(path)
             used -= size
-            many_inodes_deleted += inodes
+            inodes_deleted += inodes
         os.sync()  # the frees must reach the disk before the next timed create
-        self._deleted(many_inodes_deleted)
+        self._deleted(inodes_deleted)
         self._wait_out_last_flush()
 
     def close(self, *, background: bool = True) -> None:
@@ -114,7 +115,10 @@ class Scratch:
             return
         remaining = deleted_at + self.pause_s - time.time()
         if remaining > 0:
-            print(f"   (many inodes were deleted: waiting {remaining:.0f} s before timing creates)")
+            print(
+                f"   (many inodes were deleted: waiting {remaining:.0f} s before timing creates)",
+                flush=True,
+            )
             time.sleep(remaining)
 
 

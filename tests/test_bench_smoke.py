@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.context import APPEND_1MIB, OPERATIONS, RESTORE_EMPTY, RESTORE_OVER
+from benchmarks.corpus import SIZES, ensure_corpus, largest_file, mutate, walk_regular_files
 from benchmarks.harness import Config, run
 from benchmarks.ours import API_TOOL
+from benchmarks.scratch import Scratch
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -71,3 +73,42 @@ def test_floors_and_ratios_are_reported(tiny_run: dict[str, Path]) -> None:
     markdown = tiny_run[".md"].read_text()
     for op in OPERATIONS:
         assert f"| {op} | **{API_TOOL}** |" in markdown
+
+
+def test_trash_shrinks_by_deleting_trees_of_few_big_files_first(tmp_path: Path) -> None:
+    scratch = Scratch(tmp_path / "scratch", trash_max_bytes=3000, pause_s=0)
+    big = scratch.path("big")
+    big.mkdir()
+    (big / "one.bin").write_bytes(b"x" * 4000)
+    small = scratch.path("small")
+    small.mkdir()
+    for i in range(20):
+        (small / f"f{i}").write_bytes(b"y" * 50)
+    scratch.aside(big, small)
+    assert not big.exists() and not small.exists()  # renamed, not deleted
+
+    scratch.flush()
+
+    left = [p.name for p in scratch.trash.iterdir()]
+    assert len(left) == 1 and left[0].endswith("-small")
+    scratch.close(background=False)
+    assert not scratch.trash.exists()
+    assert not list(scratch.root.glob("deleting-*"))
+
+
+def _contents(root: Path) -> list[tuple[str, bytes]]:
+    return [
+        (rel, (root / rel).read_bytes()) for rel, _ in walk_regular_files(root, apply_excludes=True)
+    ]
+
+
+def test_corpora_and_edits_are_deterministic_from_the_seed(tmp_path: Path) -> None:
+    for spec in SIZES["tiny"]:
+        first = ensure_corpus(spec, tmp_path / "a" / spec.name, use_shared=False)
+        second = ensure_corpus(spec, tmp_path / "b" / spec.name, use_shared=False)
+        assert _contents(first) == _contents(second)
+        assert mutate(first, seed=7) == mutate(second, seed=7)
+        assert _contents(first) == _contents(second)
+    agent = tmp_path / "a" / "agent"
+    assert (agent / ".git" / "HEAD").is_file() and (agent / "node_modules").is_dir()
+    assert largest_file(agent) == "build/app.bin"

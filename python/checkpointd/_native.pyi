@@ -34,7 +34,7 @@ class ScanResult:
     files_hashed: int  # files read and hashed in this scan
     files_reused: int  # files whose hash came from the stat cache
     bytes_hashed: int  # bytes read for hashing
-    # Wall milliseconds per phase, in order: setup, walk, sort, hash, encode, save_cache.
+    # Wall milliseconds per phase, in order: setup, walk, sort, hash, save_cache, encode.
     phases_ms: dict[str, float]
 
 class PolicyMatcher:
@@ -50,6 +50,12 @@ class PolicyMatcher:
     # True when the path or one of its ancestors is excluded. Top-level names
     # starting with ".checkpointd" are always excluded (restore staging, cache clock).
     def excluded(self, path: str, is_dir: bool) -> bool: ...
+    # True when the include list takes the path: the deepest of the path and its
+    # ancestors that the list decides on is decided positively (so "src/" takes
+    # everything under src). Always True for an empty include list. With a
+    # non-empty list, a scan records a directory only when this is True for it
+    # or it holds a recorded entry.
+    def included(self, path: str, is_dir: bool) -> bool: ...
 
 def scan(
     root: str,

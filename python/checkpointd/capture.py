@@ -41,6 +41,7 @@ from ._engine import LeaseKeeper, PhaseReporter, run_bounded, run_in_thread
 from .blobs.base import BlobStore
 from .codec import decode_entries
 from .errors import (
+    FILE_CHANGED,
     MISSING_BLOB,
     UNSUPPORTED_ENTRY,
     SandboxCheckpointDuplicateIdError,
@@ -56,9 +57,6 @@ from .scanner import ScanOutcome, check_secrets, scan_workspace
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id
-
-# A file kept changing while we uploaded it, more often than we retry.
-FILE_CHANGED = "SANDBOX_SNAPSHOT_FILE_CHANGED"
 
 # Uploads in flight (latency-bound for small files), of which at most
 # LARGE_UPLOAD_CONCURRENCY stream large files: memory stays below

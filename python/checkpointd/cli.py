@@ -190,8 +190,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--conversation", action="store_true", help="include the conversation")
 
     diff = client("diff", "changes between two checkpoints, or a checkpoint and the live workspace")
-    diff.add_argument("from_checkpoint")
-    diff.add_argument("to_checkpoint", nargs="?")
+    diff.add_argument("from_checkpoint", nargs="?", help="default: the head of --thread")
+    diff.add_argument("to_checkpoint", nargs="?", help="default: the live workspace")
+    diff.add_argument("--thread", help="start from this thread's head")
     _add_policy_flags(diff)
 
     fork = client("fork", "start a new thread from a checkpoint")
@@ -445,8 +446,15 @@ async def _show(client: Any, args: argparse.Namespace, out: Output) -> int:
 async def _diff(client: Any, args: argparse.Namespace, out: Output) -> int:
     from .v1 import checkpointd_pb2 as pb
 
+    start = args.from_checkpoint
+    if start is None:
+        if not args.thread:
+            raise UsageError("give a checkpoint id or --thread")
+        start = await client.get_head(args.thread)
+        if start is None:
+            raise UsageError(f"thread {args.thread} has no checkpoint")
     changes = await client.diff(
-        args.from_checkpoint, args.to_checkpoint, policy=_policy(args), workspace_subdir=args.subdir
+        start, args.to_checkpoint, policy=_policy(args), workspace_subdir=args.subdir
     )
     marks = {
         pb.CHANGE_KIND_ADDED: "A",

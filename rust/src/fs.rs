@@ -328,3 +328,73 @@ pub fn filesystem_now(dir: &Path) -> io::Result<i64> {
     let _ = std::fs::remove_file(&path);
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn setup() -> (tempfile::TempDir, OwnedFd) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::fs::write(dir.path().join("a/b/f"), b"data").unwrap();
+        std::os::unix::fs::symlink("b", dir.path().join("a/link")).unwrap();
+        std::os::unix::fs::symlink("/etc", dir.path().join("out")).unwrap();
+        let root = open_dir_path(dir.path()).unwrap();
+        (dir, root)
+    }
+
+    fn read(fd: OwnedFd) -> Vec<u8> {
+        let mut out = Vec::new();
+        std::fs::File::from(fd).read_to_end(&mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn both_paths_open_beneath_without_following_links() {
+        let (_dir, root) = setup();
+        let root = root.as_raw_fd();
+        type Opener = fn(RawFd, &[u8], libc::c_int) -> io::Result<OwnedFd>;
+        for open in [open_beneath as Opener, open_beneath_stepwise as Opener] {
+            assert_eq!(read(open(root, b"a/b/f", READ_FLAGS).unwrap()), b"data");
+            let errno = |p: &[u8]| match open(root, p, READ_FLAGS) {
+                Ok(_) => panic!("{} opened", String::from_utf8_lossy(p)),
+                Err(e) => e.raw_os_error(),
+            };
+            // A link as a parent: ELOOP from openat2, ENOTDIR from O_DIRECTORY|O_NOFOLLOW.
+            let refused = |e: Option<i32>| matches!(e, Some(libc::ELOOP) | Some(libc::ENOTDIR));
+            assert!(refused(errno(b"a/link/f")));
+            assert!(refused(errno(b"out/passwd")));
+            assert_eq!(errno(b"a/link"), Some(libc::ELOOP));
+            assert_eq!(errno(b"a/missing"), Some(libc::ENOENT));
+            assert_eq!(errno(b"a/b/f/x"), Some(libc::ENOTDIR));
+            assert!(open(root, b"../x", READ_FLAGS).is_err());
+            assert!(open(root, b"a/../../x", READ_FLAGS).is_err());
+        }
+    }
+
+    #[test]
+    fn dir_reader_lists_names_with_types() {
+        let (dir, _root) = setup();
+        let fd = open_dir_path(&dir.path().join("a")).unwrap();
+        let mut reader = DirReader::new(fd).unwrap();
+        let mut seen = Vec::new();
+        while let Some((name, kind)) = reader.next_entry().unwrap() {
+            seen.push((name.to_bytes().to_vec(), kind));
+        }
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0].0, b"b");
+        assert!(matches!(seen[0].1, DirentType::Dir | DirentType::Unknown));
+        assert_eq!(seen[1].0, b"link");
+    }
+
+    #[test]
+    fn filesystem_clock_moves_forward_and_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = filesystem_now(dir.path()).unwrap();
+        let second = filesystem_now(dir.path()).unwrap();
+        assert!(second >= first);
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}

@@ -18,7 +18,7 @@ use crate::hash::{self, HashError};
 use crate::manifest::ManifestWriter;
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
-use crate::statcache::{secrets_fingerprint, CacheEntry, LoadedCache, StatCache};
+use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache, StatCache};
 use crate::walk::{Found, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
@@ -251,6 +251,23 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     drop(old_cache);
     phases.end("hash");
 
+    if let Some(path) = &request.cache_path {
+        if !cache_unchanged {
+            let files = rows.iter().filter_map(|(path, row, _)| match row {
+                Row::File(slot) if !slot.vanished => {
+                    let hash = slot.hash.expect("every kept file was hashed or reused");
+                    Some((path.as_str(), CacheEntry::new(&slot.stat, hash)))
+                }
+                _ => None,
+            });
+            // Saved (and freed) before the manifest is built: peak memory holds one, not both.
+            let bytes = statcache::encode_entries(&fingerprint, reference_ns, files);
+            statcache::write_atomically(path, &bytes)
+                .map_err(|e| ScanError::io(path, "save stat cache", e))?;
+        }
+    }
+    phases.end("save_cache");
+
     // Encode.
     let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
     for (path, row, _) in &rows {
@@ -274,31 +291,6 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     let manifest = writer.finish();
     phases.end("encode");
 
-    if let Some(path) = &request.cache_path {
-        if !cache_unchanged {
-            // The rows are done with: move their paths into the cache.
-            let entries = rows
-                .into_iter()
-                .filter_map(|(path, row, _)| match row {
-                    Row::File(slot) if !slot.vanished => {
-                        let hash = slot.hash.expect("every kept file was hashed or reused");
-                        Some((path, CacheEntry::new(&slot.stat, hash)))
-                    }
-                    _ => None,
-                })
-                .collect();
-            let cache = StatCache {
-                fingerprint,
-                reference_ns,
-                entries,
-            };
-            cache
-                .save(path)
-                .map_err(|e| ScanError::io(path, "save stat cache", e))?;
-        }
-    }
-
-    phases.end("save_cache");
     Ok(ScanOutput {
         phases_ms: phases.done,
         manifest,

@@ -73,22 +73,7 @@ pub struct StatCache {
 impl StatCache {
     /// Write atomically (temp file next to it, then rename). Creates the parent.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        if let Some(parent) = path.parent() {
-            if !parent.as_os_str().is_empty() {
-                fs::create_dir_all(parent)?;
-            }
-        }
-        let tmp = temp_path(path);
-        let result = (|| {
-            let mut file = fs::File::create(&tmp)?;
-            file.write_all(&encode(self))?;
-            drop(file);
-            fs::rename(&tmp, path)
-        })();
-        if result.is_err() {
-            let _ = fs::remove_file(&tmp);
-        }
-        result
+        write_atomically(path, &encode(self))
     }
 
     /// Drop entries the racy rule already distrusts (used before moving the
@@ -97,6 +82,27 @@ impl StatCache {
         let reference = self.reference_ns;
         self.entries.retain(|(_, e)| e.mtime_ns < reference);
     }
+}
+
+/// Write `bytes` to `path` through a temp file next to it and a rename, so a
+/// reader sees the old file or the new one. Creates the parent directory.
+pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    if let Some(parent) = path.parent() {
+        if !parent.as_os_str().is_empty() {
+            fs::create_dir_all(parent)?;
+        }
+    }
+    let tmp = temp_path(path);
+    let result = (|| {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        drop(file);
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
 }
 
 fn temp_path(path: &Path) -> PathBuf {
@@ -111,17 +117,25 @@ fn temp_path(path: &Path) -> PathBuf {
 }
 
 pub fn encode(cache: &StatCache) -> Vec<u8> {
-    let per_entry: usize = cache
-        .entries
-        .iter()
-        .map(|(p, _)| p.len() + 4 + 8 * 5 + 4 + 32)
-        .sum();
-    let mut out = Vec::with_capacity(8 + 32 + 16 + per_entry + 32);
+    let entries = cache.entries.iter().map(|(p, e)| (p.as_str(), *e));
+    encode_entries(&cache.fingerprint, cache.reference_ns, entries)
+}
+
+/// The file bytes for `entries` (sorted by path, unique), written straight
+/// from the caller's data: no owned copy of the cache is needed to save it.
+pub fn encode_entries<'a, I>(fingerprint: &[u8; 32], reference_ns: i64, entries: I) -> Vec<u8>
+where
+    I: Iterator<Item = (&'a str, CacheEntry)> + Clone,
+{
+    let (count, bytes) = entries.clone().fold((0usize, 0usize), |(n, b), (p, _)| {
+        (n + 1, b + 4 + p.len() + FIXED)
+    });
+    let mut out = Vec::with_capacity(HEADER + bytes + 32);
     out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&cache.fingerprint);
-    out.extend_from_slice(&cache.reference_ns.to_le_bytes());
-    out.extend_from_slice(&(cache.entries.len() as u64).to_le_bytes());
-    for (path, e) in &cache.entries {
+    out.extend_from_slice(fingerprint);
+    out.extend_from_slice(&reference_ns.to_le_bytes());
+    out.extend_from_slice(&(count as u64).to_le_bytes());
+    for (path, e) in entries {
         out.extend_from_slice(&(path.len() as u32).to_le_bytes());
         out.extend_from_slice(path.as_bytes());
         out.extend_from_slice(&e.dev.to_le_bytes());

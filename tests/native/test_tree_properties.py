@@ -110,3 +110,64 @@ def test_scan_matches_model_serial_equals_parallel_and_rescan_is_free(tree: dict
         assert again.files_reused == sum(1 for row in rows if row[0] == "f")
     finally:
         shutil.rmtree(base)
+
+
+PATTERNS = st.sampled_from(
+    ["a", "b/", "/a", "*.x", "Z*", "a/**", "**/b", "!a", "!b/", "é", "[ab]", "?", "a/*", "b/**/a"]
+)
+
+
+def walk_paths(root: Path) -> dict[str, str]:
+    """Every path under ``root`` → "d", "f" or "l" (nothing followed)."""
+    out: dict[str, str] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            full = Path(directory) / name
+            rel = full.relative_to(root).as_posix()
+            out[rel] = "l" if full.is_symlink() else "d" if full.is_dir() else "f"
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tree=TREES,
+    exclude=st.lists(PATTERNS, max_size=3),
+    include=st.lists(PATTERNS, max_size=2),
+)
+def test_scan_keeps_exactly_what_the_matcher_selects(
+    tree: dict[str, Any], exclude: list[str], include: list[str]
+) -> None:
+    base = Path(tempfile.mkdtemp(prefix="ckpd-policy-"))
+    try:
+        root = base / "ws"
+        root.mkdir()
+        build(root, tree)
+        matcher = _native.PolicyMatcher(exclude, include, True)
+        serial = _native.scan(str(root), exclude=exclude, include=include, threads=1)
+        parallel = _native.scan(str(root), exclude=exclude, include=include, threads=4)
+        assert serial.manifest == parallel.manifest
+        assert serial.unsupported == parallel.unsupported
+
+        kept = {entry.path for entry in decode_entries(serial.manifest)}
+        listed = {path for path, _kind in serial.unsupported}
+        for path, kind in walk_paths(root).items():
+            if kind == "d":
+                if matcher.excluded(path, True):
+                    assert path not in kept
+                elif not include:
+                    assert path in kept
+                continue
+            selected = matcher.selects(path, False)
+            assert (path in kept or path in listed) is selected, (path, exclude, include)
+        # Every kept entry's parent directory is kept too (restore can rebuild the tree).
+        for path in kept:
+            parent = path.rpartition("/")[0]
+            assert parent == "" or parent in kept, (path, exclude, include)
+        # With an include list, every recorded directory is included or holds a kept entry.
+        if include:
+            for path in kept:
+                if (root / path).is_dir() and not (root / path).is_symlink():
+                    holds = any(other.startswith(path + "/") for other in kept)
+                    assert holds or matcher.included(path, True), (path, include)
+    finally:
+        shutil.rmtree(base)

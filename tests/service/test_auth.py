@@ -82,3 +82,19 @@ def test_a_stale_socket_from_a_killed_daemon_is_replaced(daemons: DaemonFactory)
     assert (first.data_dir / "checkpointd.sock").exists()
     second = daemons.start(data_dir=first.data_dir)
     assert second.health() == "SERVING"
+
+
+def test_cli_over_tcp_needs_the_token(daemons: DaemonFactory) -> None:
+    daemon = daemons.start(tcp=True, token="cli-token")
+    command = [sys.executable, "-m", "checkpointd", "health", "--address", daemon.address]
+    denied = subprocess.run(command, env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert denied.returncode == 8, denied.stderr
+    assert "SANDBOX_SNAPSHOT_UNAUTHENTICATED" in denied.stderr
+    allowed = subprocess.run(
+        command,
+        env=clean_env(CHECKPOINTD_TOKEN="cli-token"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert allowed.returncode == 0 and allowed.stdout.strip() == "SERVING"

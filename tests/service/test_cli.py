@@ -66,6 +66,10 @@ async def test_client_commands(daemon: Daemon, short_tmp: Path) -> None:
     (daemon.workspace / "new.txt").write_text("new")
     diff = ok_json(daemon, "diff", first_id)
     assert [(c["path"], c["kind"]) for c in diff["changes"]] == [("new.txt", "CHANGE_KIND_ADDED")]
+    assert ok_json(daemon, "diff", "--thread", "t-cli") == diff
+    human = cli(daemon, "diff", "--thread", "t-cli")
+    assert human.returncode == 0 and human.stdout.strip() == "A new.txt"
+    assert cli(daemon, "diff").returncode == 2
     second_id = ok_json(daemon, "capture", "t-cli")["checkpoint"]["id"]
     listing = ok_json(daemon, "list", "t-cli")
     assert listing["head"] == second_id
@@ -158,3 +162,22 @@ async def test_serve_loop_skips_a_tick_while_another_writer_holds_the_thread(
             await asyncio.sleep(0.1)
     finally:
         await store.aclose()
+
+
+def test_a_failed_restore_on_start_stops_the_daemon_without_capturing(
+    daemons: DaemonFactory,
+) -> None:
+    seed = daemons.start()
+    (seed.workspace / "a.txt").write_text("precious")
+    ok_json(seed, "capture", "t-lost")
+    seed.stop()
+    blob_root = Path(seed.blobs.removeprefix("file://"))
+    for blob in (blob_root / "sandbox-files").rglob("*"):
+        if blob.is_file():
+            blob.unlink()
+    looped = daemons.start(
+        extra=("--thread", "t-lost", "--restore-on-start", "--capture-every", "0.2s"), wait=False
+    )
+    assert looped.proc.wait(60) == 6, looped.log_text()  # DATA_LOSS
+    reader = daemons.start()
+    assert len(ok_json(reader, "list", "t-lost")["checkpoints"]) == 1

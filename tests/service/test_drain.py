@@ -87,3 +87,21 @@ def test_not_serving_until_the_stores_open(daemons: DaemonFactory) -> None:
     # The store cannot open: the daemon gives up with "unavailable" and never served.
     assert daemon.proc.wait(60) == 7, daemon.log_text()
     assert "serving (store" not in daemon.log_text()
+
+
+def test_sigterm_while_the_stores_open_stops_at_once(daemons: DaemonFactory) -> None:
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    try:
+        daemon = daemons.start(
+            store=f"postgresql://u:p@127.0.0.1:{silent.getsockname()[1]}/db", wait=False
+        )
+        deadline = time.monotonic() + 20
+        while daemon.health() != "NOT_SERVING":
+            assert time.monotonic() < deadline and daemon.proc.poll() is None, daemon.log_text()
+            time.sleep(0.05)
+        daemon.proc.send_signal(signal.SIGTERM)
+        assert daemon.proc.wait(15) == 0, daemon.log_text()
+    finally:
+        silent.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from checkpointd.service import genproto
 
 
@@ -65,3 +66,17 @@ def test_every_message_is_named_in_the_service() -> None:
     assert streaming["ReadFile"] == (False, True)
     assert streaming["ReadArtifact"] == (False, True)
     assert streaming["UploadArtifact"] == (True, False)
+
+
+@pytest.mark.timeout(900)  # builds two protoc plugins (slow on a cold build cache)
+def test_go_stubs_are_current(tmp_path: Path) -> None:
+    """The Go client's committed stubs match a fresh ``genproto --go`` (plugins
+    built from the versions pinned in clients/go/go.mod)."""
+    (tmp_path / "out").mkdir()
+    fresh = genproto.generate_go(tmp_path / "out", bin_dir=tmp_path)
+    committed_dir = genproto.GO_ROOT / "checkpointdv1"
+    assert {p.name for p in fresh} == {"checkpointd.pb.go", "checkpointd_grpc.pb.go"}
+    for path in fresh:
+        assert path.read_bytes() == (committed_dir / path.name).read_bytes(), (
+            "run `python -m checkpointd.service.genproto --go` and commit"
+        )

@@ -86,15 +86,19 @@ async def _capture_then_restore(
     assert tree_state(daemon.workspace) == expected
 
 
+@pytest.mark.timeout(900)
 async def test_node_client_captures_and_restores(daemon: Daemon, node_client: list[str]) -> None:
     address = daemon.address.replace("unix://", "unix:")
     await _capture_then_restore(daemon, node_client, address, "t-node")
 
 
+# The first use builds the Go client (minutes on a cold build cache).
+@pytest.mark.timeout(900)
 async def test_go_client_captures_and_restores(daemon: Daemon, go_client: list[str]) -> None:
     await _capture_then_restore(daemon, go_client, daemon.address, "t-go")
 
 
+@pytest.mark.timeout(900)
 def test_clients_read_error_info(
     daemons: DaemonFactory, node_client: list[str], go_client: list[str]
 ) -> None:

@@ -38,6 +38,7 @@ SPEC_MAPPING = {
     "SANDBOX_SNAPSHOT_FORK_SOURCE_THREAD_MISMATCH": C.FAILED_PRECONDITION,
     "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY": C.FAILED_PRECONDITION,
     "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE": C.UNAVAILABLE,
+    "SANDBOX_SNAPSHOT_FILE_CHANGED": C.ABORTED,
     "SANDBOX_SNAPSHOT_MISSING_ENTRY": C.NOT_FOUND,
     "SANDBOX_SNAPSHOT_MISSING_ARTIFACT": C.NOT_FOUND,
     "SANDBOX_SNAPSHOT_DRAINING": C.UNAVAILABLE,
@@ -101,6 +102,12 @@ async def _call(channel: grpc.aio.Channel, name: str):
 
 def test_the_table_is_the_spec_mapping() -> None:
     assert status.STATUS_BY_REASON == SPEC_MAPPING
+
+
+def test_every_code_in_errors_is_mapped() -> None:
+    codes = {getattr(errors, name) for name in errors.__all__ if name.isupper()}
+    codes |= {cls.code for cls in ERROR_CLASSES}
+    assert codes <= set(status.STATUS_BY_REASON), codes - set(status.STATUS_BY_REASON)
 
 
 @pytest.mark.parametrize("reason", sorted(SPEC_MAPPING))

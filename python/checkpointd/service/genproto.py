@@ -13,9 +13,8 @@ stubs give mypy the message types.
 current regenerates into a temporary directory and compares).
 
 ``--go`` also regenerates the Go client's stubs in ``clients/go/checkpointdv1/``
-(needs ``protoc-gen-go`` and ``protoc-gen-go-grpc`` on PATH:
-``go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.10`` and
-``go install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1``). The proto's
+with ``protoc-gen-go`` and ``protoc-gen-go-grpc`` built from the versions pinned
+as tool dependencies in ``clients/go/go.mod`` (needs ``go``). The proto's
 ``go_package`` names the package; ``module=`` strips the module path so the files
 land in the module's directory.
 """
@@ -23,8 +22,9 @@ land in the module's directory.
 from __future__ import annotations
 
 import argparse
-import shutil
+import subprocess
 import sys
+import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -65,30 +65,50 @@ def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:
 
 GO_MODULE = "checkpointd.dev/clients/go"
 GO_ROOT = REPO_ROOT / "clients" / "go"
+# The plugins are tool dependencies of clients/go (go.mod's ``tool`` block), so
+# their versions are pinned there and ``go build`` needs no network once
+# ``go mod download`` ran.
+GO_PLUGINS = {
+    "protoc-gen-go": "google.golang.org/protobuf/cmd/protoc-gen-go",
+    "protoc-gen-go-grpc": "google.golang.org/grpc/cmd/protoc-gen-go-grpc",
+}
 
 
-def generate_go(out_root: Path = GO_ROOT, proto_root: Path = PROTO_ROOT) -> list[Path]:
-    """Run protoc with the Go plugins into ``out_root``. Raises RuntimeError when
-    a plugin is missing or protoc fails."""
+def build_go_plugins(bin_dir: Path) -> dict[str, Path]:
+    """Build the two protoc plugins into ``bin_dir``. Raises CalledProcessError."""
+    built = {}
+    for name, package in GO_PLUGINS.items():
+        target = bin_dir / name
+        subprocess.run(["go", "build", "-o", str(target), package], cwd=GO_ROOT, check=True)
+        built[name] = target
+    return built
+
+
+def generate_go(
+    out_root: Path = GO_ROOT, proto_root: Path = PROTO_ROOT, bin_dir: Path | None = None
+) -> list[Path]:
+    """Run protoc with the Go plugins into ``out_root`` (``checkpointdv1/``).
+
+    Raises RuntimeError when protoc fails, CalledProcessError when a plugin does
+    not build.
+    """
     from grpc_tools import protoc
 
-    plugins = {name: shutil.which(name) for name in ("protoc-gen-go", "protoc-gen-go-grpc")}
-    missing = [name for name, path in plugins.items() if path is None]
-    if missing:
-        raise RuntimeError(f"not on PATH: {', '.join(missing)} (see genproto's docstring)")
-    args = [
-        "grpc_tools.protoc",
-        f"-I{proto_root}",
-        f"--plugin=protoc-gen-go={plugins['protoc-gen-go']}",
-        f"--plugin=protoc-gen-go-grpc={plugins['protoc-gen-go-grpc']}",
-        f"--go_out={out_root}",
-        f"--go_opt=module={GO_MODULE}",
-        f"--go-grpc_out={out_root}",
-        f"--go-grpc_opt=module={GO_MODULE}",
-        *PROTO_FILES,
-    ]
-    if protoc.main(args) != 0:
-        raise RuntimeError(f"protoc failed: {' '.join(args)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        plugins = build_go_plugins(bin_dir or Path(scratch))
+        args = [
+            "grpc_tools.protoc",
+            f"-I{proto_root}",
+            f"--plugin=protoc-gen-go={plugins['protoc-gen-go']}",
+            f"--plugin=protoc-gen-go-grpc={plugins['protoc-gen-go-grpc']}",
+            f"--go_out={out_root}",
+            f"--go_opt=module={GO_MODULE}",
+            f"--go-grpc_out={out_root}",
+            f"--go-grpc_opt=module={GO_MODULE}",
+            *PROTO_FILES,
+        ]
+        if protoc.main(args) != 0:
+            raise RuntimeError(f"protoc failed: {' '.join(args)}")
     return sorted((out_root / "checkpointdv1").glob("*.go"))
 
 

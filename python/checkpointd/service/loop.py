@@ -4,8 +4,9 @@ For platforms that want no orchestrator code. Before the daemon serves, the
 thread's newest checkpoint is restored (nothing else can write yet). Then every
 period a capture runs, except that a tick is skipped
 
-* when a capture or restore requested over gRPC is running (and when the store
-  says another writer holds the thread: WRITER_CONFLICT), and
+* when a capture or restore of the thread requested over gRPC is running here
+  (and when the store says another writer holds the thread: WRITER_CONFLICT),
+  and
 * when nothing changed: the live workspace (scanned with the stat cache, so
   unchanged files are not read) has the same manifest as the head.
 
@@ -74,9 +75,10 @@ class CaptureLoop:
         period = self._config.capture_every or 60.0
         while True:
             await asyncio.sleep(period)
-            if self._state.running:
+            busy = self._state.by_thread.get(self._thread)
+            if busy is not None and not busy[0].done():
                 self.skipped += 1
-                _log.info("skipping a tick: a capture or restore is running")
+                _log.info("skipping a tick: a capture or restore of %s is running", self._thread)
                 continue
             await self.capture_if_changed()
 

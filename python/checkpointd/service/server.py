@@ -10,9 +10,13 @@ Lifecycle, in this fixed order:
 4. Health says SERVING; calls are accepted. With ``--capture-every`` the capture
    loop starts (see ``loop.py``).
 5. SIGTERM/SIGINT: health says NOT_SERVING, new calls are refused, running calls
-   get ``grace_period`` seconds to finish and are then cancelled (the engines
-   release their leases as they unwind); the loop makes its final capture; the
-   stores are closed; the socket file is removed.
+   get ``grace_period`` seconds to finish and are then cancelled and awaited (the
+   engines release their leases as they unwind); the loop, if it served, makes
+   its final capture; the stores are closed; the socket file is removed. A
+   SIGTERM while the stores open or the first restore runs stops at once.
+
+A store that cannot open, or a failed restore-on-start, ends the daemon with the
+error's exit code (see ``checkpointd --help``) and no capture.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -138,6 +143,21 @@ async def _unwind(state: ServiceState) -> None:
         await asyncio.wait(tasks, timeout=UNWIND_TIMEOUT_S)
 
 
+async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) -> bool:
+    """Run ``work`` unless ``stop`` is set first (then cancel it); True when it
+    finished. Raises what ``work`` raises."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    await asyncio.wait({task})
+    return False
+
+
 async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     """Open the stores named by the config into ``state``.
 
@@ -175,17 +195,23 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         loop.add_signal_handler(signum, stop.set)
 
     capture_loop = CaptureLoop(config, state) if config.thread else None
+    looping = False
     try:
-        await open_stores(config, state)
-        if capture_loop is not None and config.restore_on_start:
-            await capture_loop.restore_on_start()
-        await _set_health(health_servicer, True)
-        _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
-        if ready is not None:
-            ready.set()
-        if capture_loop is not None and config.capture_every:
-            capture_loop.start()
-        await stop.wait()
+        # A SIGTERM while the stores open or the first restore runs ends the wait.
+        ready_to_serve = await _unless_stopped(open_stores(config, state), stop)
+        if ready_to_serve and capture_loop is not None and config.restore_on_start:
+            ready_to_serve = await _unless_stopped(capture_loop.restore_on_start(), stop)
+        if ready_to_serve:
+            await _set_health(health_servicer, True)
+            _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
+            if ready is not None:
+                ready.set()
+            if capture_loop is not None and config.capture_every:
+                capture_loop.start()
+                # Only a loop that served makes the final capture: after a failed or
+                # interrupted restore-on-start the workspace is not the thread's.
+                looping = True
+            await stop.wait()
         _log.info("draining (grace %.1fs)", config.grace_period)
     finally:
         await health_servicer.enter_graceful_shutdown()
@@ -195,7 +221,7 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         # Refuses new calls at once; cancels the calls still running after the grace.
         await server.stop(config.grace_period)
         await _unwind(state)
-        if capture_loop is not None and config.capture_every and state.store is not None:
+        if capture_loop is not None and looping:
             await capture_loop.final_capture()
         if state.store is not None:
             await state.store.aclose()

@@ -85,12 +85,13 @@ class ServiceState:
     store_backend: str = ""
     blob_backend: str = ""
     draining: bool = False
-    # Capture/restore tasks in flight (the serve loop skips a tick while any runs).
+    # Capture/restore engine tasks in flight (cancelled and awaited on shutdown).
     running: set[asyncio.Task[Any]] = field(default_factory=set)
     # Every call's handler task (SIGTERM cancels those left after the grace period
     # and waits for them, so their ``finally`` blocks release leases).
     calls: set[asyncio.Task[Any]] = field(default_factory=set)
-    # The newest capture/restore of each thread run here, with its call's context.
+    # The newest capture/restore of each thread run here, with its call's context
+    # (the serve loop skips a tick while its thread's entry is running).
     by_thread: dict[str, tuple[asyncio.Task[Any], Context]] = field(default_factory=dict)
 
     @contextlib.contextmanager

@@ -14,6 +14,8 @@ Codes the SPEC does not place are placed here, with the reason:
   ``FORK_DESTINATION_NOT_EMPTY`` → FAILED_PRECONDITION (the state of the threads
   forbids it, like removing a non-empty directory);
 * ``STORE_UNAVAILABLE`` → UNAVAILABLE (retry later);
+* ``FILE_CHANGED`` → ABORTED (a file kept changing while it was read: a
+  concurrency failure that a retry of the capture may get past);
 * the service's own ``MISSING_ENTRY`` / ``MISSING_ARTIFACT`` (ReadFile of a path
   the checkpoint lacks, ReadArtifact of an unknown key) → NOT_FOUND;
 * ``DRAINING`` → UNAVAILABLE, ``UNAUTHENTICATED`` → UNAUTHENTICATED;
@@ -64,6 +66,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     errors.FORK_SOURCE_THREAD_MISMATCH: _C.FAILED_PRECONDITION,
     errors.FORK_DESTINATION_NOT_EMPTY: _C.FAILED_PRECONDITION,
     errors.STORE_UNAVAILABLE: _C.UNAVAILABLE,
+    errors.FILE_CHANGED: _C.ABORTED,
     MISSING_ENTRY: _C.NOT_FOUND,
     MISSING_ARTIFACT: _C.NOT_FOUND,
     DRAINING: _C.UNAVAILABLE,

@@ -3,9 +3,15 @@
 Layout (schema version 1, created on open, idempotent):
 
 * ``checkpoints`` — one row per checkpoint: the columns that queries need (id,
-  thread, parent, created_at) plus the whole checkpoint as ONE compact document
-  (``checkpointd.codec`` JSON, zlib-compressed, behind a one-byte format tag). A
-  manifest of 100,000 files is one row, never 100,000.
+  thread, parent, created_at) plus the whole checkpoint as ONE compact document,
+  never a row per file. The document is the ``checkpointd.codec`` JSON,
+  zlib-compressed: either whole (a *keyframe*) or as a *delta* against the parent
+  (copy runs of the parent's entries and messages, plus the new ones), chosen and
+  encoded by ``_pg_documents`` exactly as the PostgreSQL store does. Ten
+  consecutive 100k-entry checkpoints that share 99% of their entries take one
+  ~5 MB keyframe and nine ~65 kB deltas instead of ten keyframes. A delta chain is
+  at most ``MAX_DEPTH`` long; deleting a checkpoint first rewrites the checkpoints
+  based on it as keyframes, so every base a delta names exists.
 * ``heads``, ``writer_leases``, ``writer_fences`` (the per-thread fence counter,
   kept apart from the lease so it survives release).
 * ``blob_references`` — one row per distinct key with its count. Keys are stored as
@@ -32,10 +38,12 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import gc
 import json
 import os
 import random
 import sqlite3
+import threading
 import time
 import zlib
 from collections import Counter, OrderedDict
@@ -390,11 +398,49 @@ def _keyframe_checkpoint(data: bytes) -> Checkpoint:
     return decode_checkpoint(zlib.decompress(data))
 
 
+class _GcPause:
+    """Pauses the cyclic garbage collector while manifests are built.
+
+    Decoding a 100k-entry manifest allocates about a million lists, tuples and
+    entry objects; the collector would rescan the growing heap again and again
+    (measured: ``list`` of ten such checkpoints 5.0 s with it, 1.9 s without).
+    None of these objects form cycles, so reference counting frees them all the
+    same. Re-entrant across threads: the collector comes back (if it was on)
+    when the last pause ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._reenable = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._reenable = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and self._reenable:
+                gc.enable()
+
+
+_GC_PAUSE = _GcPause()
+
+
+def _paused(function: Callable[..., T], *args: Any) -> T:
+    with _GC_PAUSE:
+        return function(*args)
+
+
 async def _offload(size: int, function: Callable[..., T], *args: Any) -> T:
-    """Run CPU-heavy document work in a worker thread when it is large, so the
-    event loop keeps serving other calls (gRPC health, progress) meanwhile."""
+    """Run CPU-heavy document work in a worker thread (collector paused) when it is
+    large, so the event loop keeps serving other calls (gRPC health, progress)."""
     if size > OFFLOAD_ENTRIES:
-        return await asyncio.to_thread(function, *args)
+        return await asyncio.to_thread(_paused, function, *args)
     return function(*args)
 
 
@@ -479,12 +525,15 @@ class SqliteCheckpointStore:
             marks = ",".join("?" * len(batch))
             for checkpoint_id, base_id, data in await _fetchall(
                 conn,
-                "WITH RECURSIVE chain (id, base_id, document) AS ("
-                f" SELECT id, base_id, document FROM checkpoints WHERE id IN ({marks})"
+                # Walk the small (id, base_id) pairs (UNION drops shared bases),
+                # then read each document once.
+                "WITH RECURSIVE chain (id, base_id) AS ("
+                f" SELECT id, base_id FROM checkpoints WHERE id IN ({marks})"
                 " UNION"
-                " SELECT c.id, c.base_id, c.document FROM checkpoints AS c"
+                " SELECT c.id, c.base_id FROM checkpoints AS c"
                 " JOIN chain ON c.id = chain.base_id"
-                ") SELECT id, base_id, document FROM chain",
+                ") SELECT k.id, k.base_id, k.document FROM chain"
+                " JOIN checkpoints AS k ON k.id = chain.id",
                 batch,
             ):
                 rows[checkpoint_id] = (base_id, data)
@@ -503,7 +552,9 @@ class SqliteCheckpointStore:
         if content is None:
             rows: _Rows = {}
             await self._fetch_chains(conn, [checkpoint_id], rows)
-            content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, {})
+            content = await asyncio.to_thread(
+                _paused, documents.materialize, checkpoint_id, rows, {}
+            )
             self._remember((checkpoint_id, serial), content)
         return serial, depth, content
 
@@ -526,7 +577,9 @@ class SqliteCheckpointStore:
             )
             for dependent_id, base_id, data in dependents:
                 rows[dependent_id] = (base_id, data)
-                content = documents.materialize(dependent_id, rows, memo)
+                content = await asyncio.to_thread(
+                    _paused, documents.materialize, dependent_id, rows, memo
+                )
                 stored = await _offload(_size(content), documents.keyframe, content)
                 await conn.execute(
                     "UPDATE checkpoints SET document = ?, base_id = NULL, depth = 0 WHERE id = ?",
@@ -539,29 +592,30 @@ class SqliteCheckpointStore:
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         check_id(checkpoint_id, "checkpoint id")
 
-        async def run(conn: aiosqlite.Connection) -> tuple[Any, _Rows]:
+        async def run(
+            conn: aiosqlite.Connection,
+        ) -> tuple[Any, documents.Content | None, _Rows]:
             row = await _fetchone(
                 conn,
                 "SELECT serial, base_id, document FROM checkpoints WHERE id = ?",
                 (checkpoint_id,),
             )
             rows: _Rows = {}
-            if row is not None and row[1] is not None:
-                if (checkpoint_id, row[0]) not in self._recent:
-                    await self._fetch_chains(conn, [checkpoint_id], rows)
-            return row, rows
+            cached = None if row is None else self._recent.get((checkpoint_id, row[0]))
+            if row is not None and cached is None and row[1] is not None:
+                await self._fetch_chains(conn, [checkpoint_id], rows)
+            return row, cached, rows
 
-        row, rows = await self._db.read(run)
+        row, cached, rows = await self._db.read(run)
         if row is None:
             return None
-        serial, base_id, data = row
-        cached = self._recent.get((checkpoint_id, serial))
         if cached is not None:
             return await _offload(_size(cached), _checkpoint_of, cached)
+        _, base_id, data = row
         if base_id is None:
             # A keyframe decodes straight from the codec document.
             return await _offload(len(data) // 16, _keyframe_checkpoint, data)
-        content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, {})
+        content = await asyncio.to_thread(_paused, documents.materialize, checkpoint_id, rows, {})
         return await _offload(_size(content), _checkpoint_of, content)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
@@ -640,20 +694,25 @@ class SqliteCheckpointStore:
 
     @staticmethod
     async def _add_references(conn: aiosqlite.Connection, keys: Iterable[bytes]) -> None:
+        # In key order: the upserts then walk the B-tree left to right, ~3x faster
+        # than random order for 100k keys that are mostly already counted.
         await conn.executemany(
             "INSERT INTO blob_references (key, refs) VALUES (?, 1) "
             "ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
-            [(key,) for key in keys],
+            [(key,) for key in sorted(keys)],
         )
 
     @staticmethod
     async def _subtract_references(conn: aiosqlite.Connection, counts: Counter[bytes]) -> None:
         """Subtract per key and forget keys that reach 0."""
-        pairs = [(count, key) for key, count in counts.items()]
-        await conn.executemany("UPDATE blob_references SET refs = refs - ? WHERE key = ?", pairs)
+        ordered = sorted(counts)  # key order, as in _add_references
+        await conn.executemany(
+            "UPDATE blob_references SET refs = refs - ? WHERE key = ?",
+            [(counts[key], key) for key in ordered],
+        )
         await conn.executemany(
             "DELETE FROM blob_references WHERE key = ? AND refs <= 0",
-            [(key,) for key in counts],
+            [(key,) for key in ordered],
         )
 
     @staticmethod
@@ -756,7 +815,9 @@ class SqliteCheckpointStore:
             parent_id = None if parent is None else parent[0]
             keys: set[bytes] = set()
             if checkpoint_id in rows:
-                content = await asyncio.to_thread(documents.materialize, checkpoint_id, rows, memo)
+                content = await asyncio.to_thread(
+                    _paused, documents.materialize, checkpoint_id, rows, memo
+                )
                 keys = content.blob_keys()
             await conn.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
             await self._rewrite_dependents(conn, {checkpoint_id}, rows, memo)
@@ -810,7 +871,7 @@ class SqliteCheckpointStore:
                     counts.update(documents.materialize(checkpoint_id, rows, memo).blob_keys())
                 return counts
 
-            counts = await asyncio.to_thread(count_keys)
+            counts = await asyncio.to_thread(_paused, count_keys)
             await conn.executemany(
                 "DELETE FROM checkpoints WHERE id = ?", [(i,) for _, i in ordered]
             )
@@ -981,7 +1042,7 @@ class SqliteCheckpointStore:
             await conn.executemany(
                 "INSERT OR IGNORE INTO blob_pins (key, thread_id, owner_token, fence) "
                 "VALUES (?, ?, ?, ?)",
-                [(key, thread_id, token, fence) for key in binary],
+                [(key, thread_id, token, fence) for key in sorted(binary)],
             )
             condemned = {
                 bytes(row[0])

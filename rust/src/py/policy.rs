@@ -36,4 +36,8 @@ impl PyPolicyMatcher {
     fn excluded(&self, path: &str, is_dir: bool) -> bool {
         self.inner.excluded(path, is_dir)
     }
+
+    fn included(&self, path: &str, is_dir: bool) -> bool {
+        self.inner.included(path, is_dir)
+    }
 }
