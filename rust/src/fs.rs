@@ -189,6 +189,7 @@ pub fn open_beneath(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<O
 }
 
 fn open_beneath_stepwise(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     let parts: Vec<&[u8]> = rel
         .split(|&b| b == b'/')
         .filter(|p| !p.is_empty())
