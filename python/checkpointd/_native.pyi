@@ -72,9 +72,18 @@ def scan(
 
     Top-level names starting with ``.checkpointd`` are never captured. With
     ``cache_path``, loads the stat cache from there (a missing or corrupt file is
-    an empty cache) and saves the updated cache atomically. ``threads=0`` means
-    one per core. Raises OSError when the root cannot be read, ValueError for a
-    bad pattern or a secret shorter than 4 bytes, ScanCancelled on cancel.
+    an empty cache) and saves the updated cache atomically (only when something
+    changed). A cached hash is reused only when (dev, ino, size, mtime_ns,
+    ctime_ns, mode) and the secret set are unchanged and the file's mtime is
+    before the cache's reference time (git's racy-clean rule; the time is read
+    from the cache directory's filesystem before the walk). ``threads=0`` means
+    one per core. The GIL is released; a Python signal handler that raises
+    (Ctrl-C) cancels the scan and its exception propagates.
+
+    Raises NotADirectoryError when the root is not a directory or is a symlink,
+    OSError when the root or an entry cannot be read or a file kept changing
+    while it was hashed, ValueError for a bad pattern or a secret shorter than
+    4 bytes, ScanCancelled on cancel.
     """
 
 def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:

@@ -57,7 +57,7 @@ class ScanOutcome:
         return decode_entries(self.manifest)
 
 
-def check_secrets(secrets: Iterable[bytes]) -> tuple[bytes, ...]:
+def check_secrets(secrets: Iterable[bytes | bytearray | memoryview]) -> tuple[bytes, ...]:
     """The secrets as a tuple of bytes.
 
     Raises SandboxCheckpointInvalidArgumentError when one is not bytes-like or is

@@ -67,10 +67,12 @@ impl ManifestWriter {
 /// Lowercase hex, straight into the buffer (no temporary String per row).
 fn write_hex(out: &mut Vec<u8>, digest: &[u8; 32]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in digest {
-        out.push(HEX[(b >> 4) as usize]);
-        out.push(HEX[(b & 15) as usize]);
+    let mut text = [0u8; 64];
+    for (i, b) in digest.iter().enumerate() {
+        text[2 * i] = HEX[(b >> 4) as usize];
+        text[2 * i + 1] = HEX[(b & 15) as usize];
     }
+    out.extend_from_slice(&text);
 }
 
 /// A decimal integer, straight into the buffer.
@@ -100,29 +102,43 @@ pub fn write_json_string(out: &mut Vec<u8>, text: &str) {
     let bytes = text.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
-        let escape: Option<&[u8]> = match b {
-            b'"' => Some(b"\\\""),
-            b'\\' => Some(b"\\\\"),
-            b'\n' => Some(b"\\n"),
-            b'\r' => Some(b"\\r"),
-            b'\t' => Some(b"\\t"),
-            0x08 => Some(b"\\b"),
-            0x0c => Some(b"\\f"),
-            _ => None,
-        };
-        if escape.is_none() && b >= 0x20 {
+        if !NEEDS_ESCAPE[b as usize] {
             continue;
         }
         out.extend_from_slice(&bytes[start..i]);
-        match escape {
-            Some(e) => out.extend_from_slice(e),
-            None => out.extend_from_slice(format!("\\u{b:04x}").as_bytes()),
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[(b >> 4) as usize]);
+                out.push(HEX[(b & 15) as usize]);
+            }
         }
         start = i + 1;
     }
     out.extend_from_slice(&bytes[start..]);
     out.push(b'"');
 }
+
+/// Bytes that JSON (as Python writes it) escapes: `"`, `\`, and below U+0020.
+static NEEDS_ESCAPE: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut i = 0;
+    while i < 0x20 {
+        table[i] = true;
+        i += 1;
+    }
+    table[b'"' as usize] = true;
+    table[b'\\' as usize] = true;
+    table
+};
 
 #[cfg(test)]
 mod tests {

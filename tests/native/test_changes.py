@@ -31,7 +31,7 @@ def entries_by_path(result: _native.ScanResult) -> dict[str, object]:
 
 
 def scan_pair(
-    root: Path, cache: str, change: Callable[[Path], None]
+    root: Path, cache: str, change: Callable[[Path], object]
 ) -> tuple[_native.ScanResult, _native.ScanResult]:
     make_tree(root)
     age_tree(str(root))

@@ -107,9 +107,9 @@ def test_short_secrets_are_refused(workspace: Path) -> None:
 
 def test_secrets_must_be_a_sequence_of_bytes() -> None:
     with pytest.raises(TypeError):
-        _native.zero_secrets(b"data", b"data")
+        _native.zero_secrets(b"data", b"data")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _native.zero_secrets(b"data", ["text"])
+        _native.zero_secrets(b"data", ["text"])  # type: ignore[list-item]
 
 
 def test_fingerprint_depends_on_the_set_only() -> None:
