@@ -39,7 +39,7 @@ from typing import Any
 from checkpointd.codec import decode_checkpoint, encode_checkpoint
 from checkpointd.model import Checkpoint, DirEntry, FileEntry
 from checkpointd.store import SqliteCheckpointStore
-from checkpointd.store import _pg_documents as documents
+from checkpointd.store import _documents as documents
 
 FILES_PER_DIR = 50
 

@@ -25,7 +25,20 @@ _EXPORTS = {
     "open_blobs": "checkpointd.blobs",
 }
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = [
+    "CaptureResult",
+    "CaptureStats",
+    "SweepReport",
+    "__version__",
+    "capture_checkpoint",
+    "open_blobs",
+    "open_instance_store",
+    "open_store",
+    "prune",
+    "restore_checkpoint",
+    "sweep_blobs",
+    "upload_artifact",
+]
 
 if TYPE_CHECKING:
     from .artifacts import upload_artifact

@@ -32,7 +32,14 @@ _PREFIX_LEN = len(FILE_KEY_PREFIX)
 
 def _entry_row(entry: Entry) -> list[Any]:
     if isinstance(entry, FileEntry):
-        return ["f", entry.path, entry.blob_key[_PREFIX_LEN:], entry.size, entry.mode, entry.mtime_ns]
+        return [
+            "f",
+            entry.path,
+            entry.blob_key[_PREFIX_LEN:],
+            entry.size,
+            entry.mode,
+            entry.mtime_ns,
+        ]
     if isinstance(entry, DirEntry):
         return ["d", entry.path, entry.mode]
     return ["l", entry.path, entry.target]

@@ -7,7 +7,7 @@ same checkpoint; chains of deltas too; and a delta is only used while it is smal
 from __future__ import annotations
 
 from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
-from checkpointd.store import _pg_documents as documents
+from checkpointd.store import _documents as documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

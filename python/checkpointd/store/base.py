@@ -7,7 +7,6 @@ suites in ``checkpointd.testkit``; users' own stores can too.
 from __future__ import annotations
 
 import builtins
-
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable

@@ -21,7 +21,7 @@ Storage:
 
 * a checkpoint is one row holding one zlib-compressed document, never a row per
   file; consecutive checkpoints are stored as deltas against their parent when
-  that is small (``_pg_documents``);
+  that is small (``_documents``);
 * ids are stored as their UTF-8 bytes (``bytea``), so ordering never depends on
   the database's collation and any well-formed id, NUL included, round-trips;
 * blob reference counts are rows per (thread, key), the key in a compact 33-byte
@@ -69,7 +69,7 @@ from ..errors import (
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
-from . import _pg_documents as documents
+from . import _documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,

@@ -7,7 +7,7 @@ Layout (schema version 1, created on open, idempotent):
   never a row per file. The document is the ``checkpointd.codec`` JSON,
   zlib-compressed: either whole (a *keyframe*) or as a *delta* against the parent
   (copy runs of the parent's entries and messages, plus the new ones), chosen and
-  encoded by ``_pg_documents`` exactly as the PostgreSQL store does. Ten
+  encoded by ``_documents`` exactly as the PostgreSQL store does. Ten
   consecutive 100k-entry checkpoints that share 99% of their entries take one
   ~5 MB keyframe and nine ~65 kB deltas instead of ten keyframes. A delta chain is
   at most ``MAX_DEPTH`` long; deleting a checkpoint first rewrites the checkpoints
@@ -66,7 +66,7 @@ from ..errors import (
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
-from . import _pg_documents as documents
+from . import _documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
