@@ -29,10 +29,10 @@ import time
 from typing import Any
 
 import asyncpg
+
 from checkpointd.codec import encode_checkpoint
 from checkpointd.model import Checkpoint, DirEntry, FileEntry
 from checkpointd.store.postgres import PostgresCheckpointStore, open_postgres_store
-
 from tests.fixtures.postgres import PostgresServer
 
 

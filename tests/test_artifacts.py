@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import blake3
 import pytest
+
 from checkpointd.artifacts import SPOOL_MEMORY_BYTES, upload_artifact
 from checkpointd.blobs import ObjectBlobStore, open_blobs
 from checkpointd.errors import (

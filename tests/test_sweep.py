@@ -12,6 +12,7 @@ from typing import Any
 
 import blake3
 import pytest
+
 from checkpointd.blobs import ObjectBlobStore, open_blobs
 from checkpointd.errors import (
     SandboxCheckpointConflictError,

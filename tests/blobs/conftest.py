@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from checkpointd.blobs import ObjectBlobStore, open_blobs
 
 BACKENDS = [

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+
 from checkpointd.blobs import (
     BlobInfo,
     BlobNotFoundError,

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
+
 from checkpointd.blobs import BlobStoreError, ObjectBlobStore, open_blobs
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
-from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, S3Store
 
 S3_VARIABLES = (
     "CHECKPOINTD_S3_ENDPOINT",

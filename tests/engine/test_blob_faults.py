@@ -8,6 +8,7 @@ from typing import Any
 
 import blake3
 import pytest
+
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
 from checkpointd.model import Checkpoint, FileEntry

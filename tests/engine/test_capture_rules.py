@@ -10,6 +10,7 @@ from typing import Any
 
 import blake3
 import pytest
+
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import FILE_CHANGED, capture_checkpoint

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError

@@ -10,13 +10,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.model import Policy
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
 
 from .conftest import PAST_NS, snapshot_tree, write_tree
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from checkpointd.capture import capture_checkpoint
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store

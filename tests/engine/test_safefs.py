@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from checkpointd.safefs import SafeRoot, create_file
 
 from .conftest import snapshot_tree, write_tree

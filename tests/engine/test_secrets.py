@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from checkpointd.artifacts import upload_artifact
 from checkpointd.capture import capture_checkpoint
 from checkpointd.codec import encode_checkpoint

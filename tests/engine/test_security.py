@@ -10,6 +10,7 @@ from typing import Any
 
 import blake3
 import pytest
+
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.restore import restore_checkpoint

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from checkpointd import _native
 
 

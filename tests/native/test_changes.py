@@ -8,6 +8,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+
 from checkpointd import _native
 from checkpointd.codec import decode_entries
 from checkpointd.model import DirEntry, FileEntry, SymlinkEntry

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from checkpointd import _native
 from checkpointd.codec import decode_entries
 

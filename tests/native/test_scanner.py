@@ -7,6 +7,7 @@ from pathlib import Path
 
 import blake3
 import pytest
+
 from checkpointd import _native
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.model import FileEntry, Policy

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import blake3
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from checkpointd import _native
 from checkpointd.codec import decode_entries
 from checkpointd.model import FileEntry
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from .reference import zero_reference
 

@@ -9,10 +9,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from checkpointd import _native
-from checkpointd.codec import decode_entries, encode_entries
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from checkpointd import _native
+from checkpointd.codec import decode_entries, encode_entries
 
 from .reference import age_tree, encode_rows, reference_scan
 

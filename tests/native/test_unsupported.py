@@ -7,6 +7,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from checkpointd import _native
 from checkpointd.codec import decode_entries
 

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from checkpointd.service.client import Client
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from checkpointd.service.client import Client
 
 START_TIMEOUT_S = 30.0
 

@@ -8,6 +8,7 @@ import sys
 
 import grpc
 import pytest
+
 from checkpointd.service import status
 from checkpointd.service.client import RpcError
 

@@ -10,9 +10,10 @@ import time
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2
+
 from checkpointd.store import open_store
 from checkpointd.v1 import checkpointd_pb2 as pb
-from grpc_health.v1 import health_pb2
 
 from .conftest import Daemon, DaemonFactory
 

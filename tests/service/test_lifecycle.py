@@ -6,6 +6,7 @@ import shutil
 
 import grpc
 import pytest
+
 from checkpointd import errors
 from checkpointd.service.client import RpcError
 from checkpointd.v1 import checkpointd_pb2 as pb

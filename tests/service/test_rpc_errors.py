@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+
 from checkpointd import errors
 from checkpointd.service import status
 from checkpointd.service.client import Client, RpcError

@@ -11,6 +11,7 @@ import uuid
 
 import grpc
 import pytest
+
 from checkpointd import errors
 from checkpointd.service.client import RpcError
 from checkpointd.v1 import checkpointd_pb2 as pb

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+
 from checkpointd import errors
 from checkpointd.blobs.base import BlobNotFoundError, BlobStoreError
 from checkpointd.service import status

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from checkpointd.errors import (
     SandboxCheckpointError,
     SandboxCheckpointWriterConflictError,

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.store import (
     InMemoryCheckpointStore,

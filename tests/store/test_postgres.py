@@ -7,6 +7,7 @@ import asyncio
 
 import asyncpg
 import pytest
+
 from checkpointd.errors import (
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointError,

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+
 from checkpointd.store.postgres import open_postgres_instance_store, open_postgres_store
 from checkpointd.testkit import checkpoint_store_conformance, instance_store_conformance
-
 from tests.fixtures.postgres import fresh_database_url
 
 

@@ -6,10 +6,11 @@ same checkpoint; chains of deltas too; and a delta is only used while it is smal
 
 from __future__ import annotations
 
-from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
-from checkpointd.store import _documents as documents
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
+from checkpointd.store import _documents as documents
 
 
 def file_key(n: int) -> str:

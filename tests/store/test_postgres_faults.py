@@ -8,6 +8,7 @@ import socket
 
 import asyncpg
 import pytest
+
 from checkpointd.errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointError,
@@ -16,7 +17,6 @@ from checkpointd.errors import (
 from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.store import open_instance_store, open_store
 from checkpointd.store.postgres import open_postgres_store
-
 from tests.fixtures.postgres import ROLE_PASSWORD, PostgresServer
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(90)]

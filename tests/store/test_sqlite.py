@@ -6,6 +6,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+
 from checkpointd.store import SqliteCheckpointStore, SqliteInstanceStore
 from checkpointd.testkit import checkpoint_store_conformance, instance_store_conformance
 

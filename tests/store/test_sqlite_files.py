@@ -12,8 +12,9 @@ import textwrap
 import time
 from pathlib import Path
 
-import checkpointd.store.sqlite as sqlite_module
 import pytest
+
+import checkpointd.store.sqlite as sqlite_module
 from checkpointd.errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
