@@ -12,7 +12,8 @@ Read top to bottom, ``restore_checkpoint`` does:
 4. fetch every needed blob into a staging directory at the top of the root (same
    filesystem, so the final renames are atomic), checking size and BLAKE3, before
    the first change to the workspace: MISSING_BLOB / INVALID_BLOB leave it as it
-   was;
+   was. From a local-directory bucket, blobs are copied in batches, each by one
+   worker thread with plain os calls, instead of one async request per blob;
 5. apply: deletions (deepest first), directories, files by atomic rename, symlinks
    (also renamed in from staging), then file modes and mtimes, then directory
    modes (deepest first, so a read-only directory is filled before it is locked).
@@ -31,17 +32,20 @@ it names, and restore never follows one.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import stat
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import blake3
 
 from . import _native
 from ._engine import LeaseKeeper, PhaseReporter, StopFlag, run_bounded, run_in_thread
-from .blobs.base import BlobNotFoundError, BlobStore
+from .blobs.base import BlobNotFoundError, BlobStore, BlobStoreError
+from .blobs.local import LocalBlobDir
+from .blobs.object_store import local_dir_of
 from .codec import decode_entries
 from .errors import (
     INVALID_BLOB,
@@ -73,6 +77,11 @@ from .validation import check_id, check_optional_id, entries_problem
 FETCH_CONCURRENCY = 32
 LARGE_FETCH_CONCURRENCY = 4
 SMALL_BLOB_BYTES = 1 << 20
+# From a local-directory bucket: blobs per worker-thread trip (a batch ends at
+# whichever limit comes first), and batches in flight.
+LOCAL_BATCH_FILES = 256
+LOCAL_BATCH_BYTES = 16 << 20
+LOCAL_BATCH_CONCURRENCY = 2
 _RESERVED_TOP_LEVEL = ".checkpointd"
 _COPY_CHUNK = 1 << 20
 
@@ -303,10 +312,8 @@ async def _fetch_and_apply(
                 files_total=len(plan.blob_sizes),
                 bytes_total=sum(plan.blob_sizes.values()),
             )
-            fetcher = _Fetcher(blobs, staging_fd, reporter)
-            await run_bounded(
-                plan.blob_sizes.items(), lambda item: fetcher.fetch(*item), FETCH_CONCURRENCY
-            )
+            fetcher = _Fetcher(blobs, staging_fd, reporter, _single_use(plan))
+            await run_bounded(fetcher.jobs(plan.blob_sizes), lambda job: job(), FETCH_CONCURRENCY)
             keeper.check()
             # Phase report before the first change: a caller's hook runs here.
             reporter.phase("apply", files_total=plan.operations)
@@ -321,13 +328,28 @@ def _staged_name(key: str) -> str:
     return "b-" + key[len(FILE_KEY_PREFIX) :]
 
 
-class _StagedBlob:
-    """Writes one blob into staging while hashing and counting it."""
+def _single_use(plan: RestorePlan) -> dict[str, FileEntry]:
+    """The one entry each blob written to a single path is for: its staged file
+    gets that entry's mode and mtime while still open, and is renamed as is."""
+    uses = Counter(entry.blob_key for entry in plan.writes)
+    return {entry.blob_key: entry for entry in plan.writes if uses[entry.blob_key] == 1}
 
-    def __init__(self, staging_fd: int, key: str) -> None:
+
+class _StagedBlob:
+    """Writes one blob into staging while hashing and counting it; ``finish``
+    gives it the mode and mtime of ``entry`` (when it is the blob's only use)."""
+
+    def __init__(self, staging_fd: int, key: str, entry: FileEntry | None = None) -> None:
         self.fd = create_file(staging_fd, _staged_name(key))
+        self.entry = entry
         self.hasher = blake3.blake3()
         self.size = 0
+
+    def finish(self) -> None:
+        """Set the entry's mode and mtime, after the last write."""
+        if self.entry is not None:
+            os.fchmod(self.fd, stat.S_IMODE(self.entry.mode))
+            os.utime(self.fd, ns=(self.entry.mtime_ns, self.entry.mtime_ns))
 
     def write(self, chunk: bytes) -> None:
         self.hasher.update(chunk)
@@ -341,6 +363,7 @@ class _StagedBlob:
         try:
             for chunk in chunks:
                 self.write(chunk)
+            self.finish()
         finally:
             self.close()
 
@@ -358,14 +381,101 @@ class _Fetcher:
     large ones stream chunk by chunk, a few at a time to bound memory.
     """
 
-    def __init__(self, blobs: BlobStore, staging_fd: int, reporter: PhaseReporter) -> None:
+    def __init__(
+        self,
+        blobs: BlobStore,
+        staging_fd: int,
+        reporter: PhaseReporter,
+        single_use: dict[str, FileEntry],
+    ) -> None:
         self.blobs = blobs
+        self.single_use = single_use
         self.staging_fd = staging_fd
         self.reporter = reporter
         self.large_slots = asyncio.Semaphore(LARGE_FETCH_CONCURRENCY)
+        self.batch_slots = asyncio.Semaphore(LOCAL_BATCH_CONCURRENCY)
+        self.local = local_dir_of(blobs)
+
+    def jobs(self, sizes: dict[str, int]) -> list[Callable[[], Awaitable[None]]]:
+        """One job per blob, or per batch of blobs from a local-directory bucket."""
+        jobs: list[Callable[[], Awaitable[None]]] = []
+        local = self.local
+        batch: list[tuple[str, int]] = []
+        batch_bytes = 0
+        for key, size in sizes.items():
+            if local is None or local.path(key) is None:
+                jobs.append(functools.partial(self.fetch, key, size))
+                continue
+            batch.append((key, size))
+            batch_bytes += size
+            if len(batch) >= LOCAL_BATCH_FILES or batch_bytes >= LOCAL_BATCH_BYTES:
+                jobs.append(functools.partial(self.fetch_batch, local, batch))
+                batch, batch_bytes = [], 0
+        if local is not None and batch:
+            jobs.append(functools.partial(self.fetch_batch, local, batch))
+        return jobs
+
+    async def fetch_batch(self, local: LocalBlobDir, batch: list[tuple[str, int]]) -> None:
+        """Copy a batch of blobs from the local bucket in one worker-thread trip."""
+        async with self.batch_slots:
+            stop = StopFlag()
+            await run_in_thread(lambda: self._copy_batch(local, batch, stop), stop.set)
+
+    def _copy_batch(
+        self, local: LocalBlobDir, batch: list[tuple[str, int]], stop: StopFlag
+    ) -> None:
+        for key, size in batch:
+            stop.raise_if_set()
+            self._copy_local(local, key, size)
+
+    def _copy_local(self, local: LocalBlobDir, key: str, size: int) -> None:
+        """Copy one blob into staging, checking it as ``fetch`` does (blocks)."""
+        try:
+            source = local.open_for_reading(key)
+        except BlobNotFoundError:
+            raise self._missing(key) from None
+        try:
+            sink = _StagedBlob(self.staging_fd, key, self.single_use.get(key))
+            try:
+                received = 0
+                while True:
+                    try:
+                        chunk = os.read(source, min(_COPY_CHUNK, size + 1 - received))
+                    except OSError as error:
+                        raise BlobStoreError(
+                            f"get {key!r} on {self.blobs.url} failed: {error}"
+                        ) from error
+                    if not chunk:
+                        break
+                    received += len(chunk)
+                    if received > size:
+                        raise _invalid_blob(
+                            key, f"longer than the {size} bytes the checkpoint records"
+                        )
+                    sink.write(chunk)
+                    self.reporter.advance(nbytes=len(chunk))
+                sink.finish()
+            finally:
+                sink.close()
+        finally:
+            os.close(source)
+        self._check(sink, key, size)
+
+    def _missing(self, key: str) -> SandboxSnapshotError:
+        return SandboxSnapshotError(
+            MISSING_BLOB, f"blob {key} is missing from {self.blobs.url}", details={"key": key}
+        )
+
+    def _check(self, sink: _StagedBlob, key: str, size: int) -> None:
+        """INVALID_BLOB unless the staged bytes have the recorded size and hash."""
+        if sink.size != size:
+            raise _invalid_blob(key, f"{sink.size} bytes where the checkpoint records {size}")
+        if sink.hasher.hexdigest() != key[len(FILE_KEY_PREFIX) :]:
+            raise _invalid_blob(key, "its BLAKE3 hash does not match its key")
+        self.reporter.advance(files=1)
 
     async def fetch(self, key: str, size: int) -> None:
-        sink = _StagedBlob(self.staging_fd, key)
+        sink = _StagedBlob(self.staging_fd, key, self.single_use.get(key))
         try:
             if size <= SMALL_BLOB_BYTES:
                 chunks = [chunk async for chunk in self._chunks(key, size, sink)]
@@ -374,13 +484,10 @@ class _Fetcher:
                 async with self.large_slots:
                     async for chunk in self._chunks(key, size, sink):
                         await asyncio.to_thread(sink.write, chunk)
+                    sink.finish()
         finally:
             sink.close()
-        if sink.size != size:
-            raise _invalid_blob(key, f"{sink.size} bytes where the checkpoint records {size}")
-        if sink.hasher.hexdigest() != key[len(FILE_KEY_PREFIX) :]:
-            raise _invalid_blob(key, "its BLAKE3 hash does not match its key")
-        self.reporter.advance(files=1)
+        self._check(sink, key, size)
 
     async def _chunks(self, key: str, size: int, sink: _StagedBlob) -> AsyncIterator[bytes]:
         received = 0
@@ -393,9 +500,7 @@ class _Fetcher:
                 self.reporter.advance(nbytes=len(chunk))
                 yield chunk
         except BlobNotFoundError:
-            raise SandboxSnapshotError(
-                MISSING_BLOB, f"blob {key} is missing from {self.blobs.url}", details={"key": key}
-            ) from None
+            raise self._missing(key) from None
 
 
 def _invalid_blob(key: str, reason: str) -> SandboxSnapshotError:
@@ -425,6 +530,7 @@ def _apply(
         reporter.advance(files=1)
 
     remaining_uses = Counter(entry.blob_key for entry in plan.writes)
+    single_use = _single_use(plan)
     for number, entry in enumerate(plan.writes):
         stop.raise_if_set()
         remaining_uses[entry.blob_key] -= 1
@@ -433,9 +539,11 @@ def _apply(
             # Another path needs these bytes too: give this one a copy.
             name = f"c-{number}"
             _copy_file(staging_fd, staged, name)
+            _set_file_metadata(staging_fd, name, entry)
         else:
             name = staged
-        _set_file_metadata(staging_fd, name, entry)
+            if entry.blob_key not in single_use:  # else the fetch already set them
+                _set_file_metadata(staging_fd, name, entry)
         safe.rename_into(staging_fd, name, entry.path)
         reporter.advance(files=1, nbytes=entry.size)
 

@@ -2,7 +2,8 @@
 
 ``python -m tests.engine.fault_worker capture STORE_URL BLOBS_URL WORKSPACE DATA_DIR``
 changes the workspace and captures it, forever; ``… restore …`` restores the
-thread's head once. Both print ``ready`` when their stores are open.
+thread's head once. Both print ``ready`` when their stores are open; restore
+then prints each phase's name as it starts, so a test can aim its kill.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from checkpointd.errors import (
     SandboxCheckpointWriterConflictError,
     SandboxCheckpointWriterLostError,
 )
+from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
@@ -35,9 +37,18 @@ async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_d
     blobs = open_blobs(blobs_url)
     print("ready", flush=True)
     if mode == "restore":
+        phases: list[str] = []
+
+        def print_phase(report: Progress) -> None:
+            if not phases or phases[-1] != report.phase:
+                phases.append(report.phase)
+                print(report.phase, flush=True)
+
         while True:
             try:
-                await restore_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+                await restore_checkpoint(
+                    workspace, store, blobs, "faults", data_dir=data_dir, progress=print_phase
+                )
                 break
             except SandboxCheckpointWriterConflictError:
                 await asyncio.sleep(0.05)  # the previous victim's lease has not expired yet

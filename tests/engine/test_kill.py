@@ -52,6 +52,14 @@ def _start(
     return process
 
 
+def _wait_for_line(process: subprocess.Popen[str], wanted: str) -> None:
+    """Read the worker's output up to the line ``wanted`` (or its end)."""
+    assert process.stdout is not None
+    for line in process.stdout:
+        if line.strip() == wanted:
+            return
+
+
 def _kill(process: subprocess.Popen[str]) -> None:
     process.send_signal(signal.SIGKILL)
     process.wait(timeout=10)
@@ -128,11 +136,17 @@ async def test_restore_killed_then_run_again_completes(tmp_path: Path) -> None:
     try:
         await capture_checkpoint(source, store, blobs, "faults", data_dir=data_dir)
         interrupted = 0
-        for _ in range(RESTORE_KILLS):
+        for attempt in range(RESTORE_KILLS):
             # Start from a different tree each time so there is much to change.
             write_tree(target, {f"d{n % 10}/f{n}.txt": b"old" for n in range(0, 300, 3)})
             process = _start("restore", store_url, blobs_url, target, data_dir)
-            await asyncio.sleep(rng.uniform(0.05, 0.5))
+            # A restore from a local bucket takes tens of milliseconds: every
+            # other kill is aimed at the apply phase, the others land anywhere.
+            if attempt % 2:
+                _wait_for_line(process, "apply")
+                await asyncio.sleep(rng.uniform(0.0, 0.01))
+            else:
+                await asyncio.sleep(rng.uniform(0.0, 0.08))
             _kill(process)
             if snapshot_tree(target) != expected:
                 interrupted += 1  # killed before or while it changed the tree

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotSupportedError
 
-from .base import BlobInfo, BlobNotFoundError, BlobStoreError
+from .base import BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError
+from .local import LocalBlobDir
 
 if TYPE_CHECKING:
     from obstore.store import ObjectStore
@@ -73,12 +74,17 @@ class ObjectBlobStore:
     """A BlobStore backed by an obstore ``ObjectStore``.
 
     ``url`` names the store in errors and in GetServerInfo; pass it without
-    credentials (``open_blobs`` does).
+    credentials (``open_blobs`` does). ``local_dir`` is the directory behind a
+    ``LocalStore`` (``open_blobs`` sets it for ``file://``): the engines then move
+    small blobs in batches with plain os calls (see ``blobs/local.py``).
     """
 
-    def __init__(self, store: ObjectStore, url: str) -> None:
+    def __init__(
+        self, store: ObjectStore, url: str, *, local_dir: LocalBlobDir | None = None
+    ) -> None:
         self._store = store
         self.url = url
+        self.local_dir = local_dir
         self._conditional_create = True  # cleared when the backend refuses it
 
     def __repr__(self) -> str:
@@ -199,6 +205,15 @@ class ObjectBlobStore:
             pass  # the local-directory backend reports a missing file; S3 does not
 
 
+def local_dir_of(blobs: BlobStore) -> LocalBlobDir | None:
+    """The local directory behind ``blobs``, if the engines may use it directly.
+
+    Only an ``ObjectBlobStore`` itself qualifies: a wrapper around one may watch
+    or change what its methods do, so it keeps the per-blob async path.
+    """
+    return blobs.local_dir if isinstance(blobs, ObjectBlobStore) else None
+
+
 async def _read_up_to(stream: AsyncIterator[bytes], limit: int) -> bytes:
     """Read chunks until at least ``limit`` bytes or the end of the stream."""
     parts: list[bytes] = []
@@ -227,4 +242,4 @@ async def _close(stream: AsyncIterator[bytes]) -> None:
         await aclose()
 
 
-__all__ = ["MULTIPART_PART_SIZE", "ObjectBlobStore"]
+__all__ = ["MULTIPART_PART_SIZE", "ObjectBlobStore", "local_dir_of"]

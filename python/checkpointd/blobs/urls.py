@@ -29,6 +29,7 @@ from obstore.exceptions import BaseError
 from obstore.store import AzureStore, GCSStore, LocalStore, MemoryStore, ObjectStore, S3Store
 
 from ..errors import SandboxCheckpointInvalidArgumentError
+from .local import LocalBlobDir
 from .object_store import ObjectBlobStore, error_summary
 
 if TYPE_CHECKING:
@@ -74,8 +75,11 @@ def open_blobs(
     if scheme in ("memory", "file"):
         if given or options or allow_http is not None:
             raise _invalid(url, f"options {given + sorted(options)} do not apply to {scheme}://")
-        store: ObjectStore = MemoryStore() if scheme == "memory" else _local_store(url)
-        return ObjectBlobStore(store, _public_url(url))
+        if scheme == "memory":
+            return ObjectBlobStore(MemoryStore(), _public_url(url))
+        local = _local_store(url)
+        public = _public_url(url)
+        return ObjectBlobStore(local, public, local_dir=LocalBlobDir(_local_path(url), public))
     if scheme not in ("s3", "gs", "az"):
         raise _invalid(url, f"unknown blob store scheme; use one of {_schemes_text()}")
     bucket, prefix = parts.netloc, unquote(parts.path).strip("/") or None
@@ -83,6 +87,7 @@ def open_blobs(
         raise _invalid(url, "expected <scheme>://<bucket>/<prefix> without credentials")
     if scheme != "s3" and given:
         raise _invalid(url, f"options {given} apply to s3:// only")
+    store: ObjectStore
     try:
         if scheme == "s3":
             store = _s3_store(bucket, prefix, s3_settings, allow_http, options)
@@ -123,11 +128,17 @@ def _s3_store(
     )
 
 
-def _local_store(url: str) -> LocalStore:
+def _local_path(url: str) -> str:
+    """The directory of a ``file://`` URL, without a trailing slash."""
     parts = urlsplit(url)
     path = unquote(parts.path)
     if parts.netloc not in ("", "localhost") or not path.startswith("/"):
         raise _invalid(url, "expected file:///absolute/directory")
+    return path.rstrip("/") or "/"
+
+
+def _local_store(url: str) -> LocalStore:
+    path = _local_path(url)
     if os.path.exists(path) and not os.path.isdir(path):
         raise _invalid(url, "the path exists and is not a directory")
     try:
