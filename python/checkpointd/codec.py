@@ -93,9 +93,9 @@ def _artifact_from_row(row: list[Any]) -> Artifact:
     )
 
 
-def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
-    """The whole checkpoint as one compact UTF-8 JSON document."""
-    document = {
+def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The checkpoint as a JSON-ready dict (entries and artifacts as compact rows)."""
+    return {
         "id": checkpoint.id,
         "thread_id": checkpoint.thread_id,
         "parent_checkpoint_id": checkpoint.parent_checkpoint_id,
@@ -107,12 +107,17 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
         "conversation": list(checkpoint.conversation),
         "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
     }
+
+
+def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
+    """The whole checkpoint as one compact UTF-8 JSON document."""
+    document = checkpoint_document(checkpoint)
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def decode_checkpoint(data: bytes | str) -> Checkpoint:
-    """A fresh Checkpoint (new conversation objects each call, so callers can't mutate the store)."""
-    document = json.loads(data)
+def checkpoint_from_document(document: dict[str, Any]) -> Checkpoint:
+    """A Checkpoint with new entry objects; the conversation values are the
+    document's own (copy the document first if it is shared)."""
     return Checkpoint(
         id=document["id"],
         thread_id=document["thread_id"],
@@ -125,3 +130,8 @@ def decode_checkpoint(data: bytes | str) -> Checkpoint:
         conversation=tuple(document["conversation"]),
         artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
     )
+
+
+def decode_checkpoint(data: bytes | str) -> Checkpoint:
+    """A fresh Checkpoint (new conversation objects each call, so callers can't mutate the store)."""
+    return checkpoint_from_document(json.loads(data))

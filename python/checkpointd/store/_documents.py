@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The codec's own row encoders, so a stored document is exactly the codec's format.
-from ..codec import _artifact_row, _entry_row, decode_checkpoint
+from ..codec import checkpoint_document, decode_checkpoint
 from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
@@ -63,20 +63,9 @@ class Content:
         entries and artifacts are frozen, and the conversation (JSON values the
         caller may change later) is copied through JSON."""
         conversation = json.loads(json.dumps(list(checkpoint.conversation), **_JSON))  # type: ignore[arg-type]
-        return cls(
-            {
-                "id": checkpoint.id,
-                "thread_id": checkpoint.thread_id,
-                "parent_checkpoint_id": checkpoint.parent_checkpoint_id,
-                "created_at": checkpoint.created_at,
-                "reason": checkpoint.reason,
-                "label": checkpoint.label,
-                "source_run_id": checkpoint.source_run_id,
-                "files": [_entry_row(entry) for entry in checkpoint.files],
-                "conversation": conversation,
-                "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
-            }
-        )
+        document = checkpoint_document(checkpoint)
+        document["conversation"] = conversation
+        return cls(document)
 
     def checkpoint(self) -> Checkpoint:
         """A fresh Checkpoint (new objects on every call)."""

@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from ..codec import _artifact_from_row, decode_checkpoint, entries_from_rows
+from ..codec import checkpoint_from_document, decode_checkpoint
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -379,19 +379,9 @@ _Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 def _checkpoint_of(content: documents.Content) -> Checkpoint:
     """A fresh Checkpoint from a content: new entry objects, and a conversation
     copied through JSON so nothing returned shares a mutable value with a cache."""
-    document = content.document
-    return Checkpoint(
-        id=document["id"],
-        thread_id=document["thread_id"],
-        parent_checkpoint_id=document["parent_checkpoint_id"],
-        created_at=document["created_at"],
-        reason=document["reason"],
-        label=document["label"],
-        source_run_id=document["source_run_id"],
-        files=entries_from_rows(document["files"]),
-        conversation=tuple(json.loads(json.dumps(document["conversation"]))),
-        artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
-    )
+    document = dict(content.document)
+    document["conversation"] = json.loads(json.dumps(document["conversation"]))
+    return checkpoint_from_document(document)
 
 
 def _keyframe_checkpoint(data: bytes) -> Checkpoint:
