@@ -365,8 +365,12 @@ class _Uploader:
         first_round = True
         for _round in range(CHANGED_FILE_ROUNDS + 1):
             keys = list(dict.fromkeys(entry.blob_key for entry in pending))
-            self.reporter.phase("pin", files_total=len(keys))
-            await self._pin(keys + (artifact_keys if first_round else []))
+            # Keys the parent references need no pin: only a holder of this
+            # thread's lease (us) can delete the parent, so their counts stay > 0
+            # and no sweep can condemn them until our append lands.
+            to_pin = [key for key in keys if key not in known_present]
+            self.reporter.phase("pin", files_total=len(to_pin))
+            await self._pin(to_pin + (artifact_keys if first_round else []))
             if first_round:
                 await self._require_artifacts(artifact_keys)
                 first_round = False
