@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The codec's own row encoders, so a stored document is exactly the codec's format.
-from ..codec import checkpoint_document, decode_checkpoint
+from ..codec import checkpoint_document, checkpoint_from_document
 from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
@@ -68,8 +68,12 @@ class Content:
         return cls(document)
 
     def checkpoint(self) -> Checkpoint:
-        """A fresh Checkpoint (new objects on every call)."""
-        return decode_checkpoint(json.dumps(self.document, **_JSON))  # type: ignore[arg-type]
+        """A fresh Checkpoint (new objects on every call): entries and artifacts are
+        rebuilt from the rows, and only the conversation, the one part holding
+        mutable JSON values, is copied through JSON."""
+        document = dict(self.document)
+        document["conversation"] = json.loads(json.dumps(document["conversation"], **_JSON))  # type: ignore[arg-type]
+        return checkpoint_from_document(document)
 
     def blob_keys(self) -> set[bytes]:
         """Distinct blob keys in the store's 33-byte form (kind byte + raw hash)."""

@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import gc
-import json
 import os
 import random
 import sqlite3
@@ -53,7 +52,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from ..codec import checkpoint_from_document, decode_checkpoint
+from ..codec import decode_checkpoint
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -376,14 +375,6 @@ def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]
 _Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 
 
-def _checkpoint_of(content: documents.Content) -> Checkpoint:
-    """A fresh Checkpoint from a content: new entry objects, and a conversation
-    copied through JSON so nothing returned shares a mutable value with a cache."""
-    document = dict(content.document)
-    document["conversation"] = json.loads(json.dumps(document["conversation"]))
-    return checkpoint_from_document(document)
-
-
 def _keyframe_checkpoint(data: bytes) -> Checkpoint:
     return decode_checkpoint(zlib.decompress(data))
 
@@ -600,13 +591,13 @@ class SqliteCheckpointStore:
         if row is None:
             return None
         if cached is not None:
-            return await _offload(_size(cached), _checkpoint_of, cached)
+            return await _offload(_size(cached), cached.checkpoint)
         _, base_id, data = row
         if base_id is None:
             # A keyframe decodes straight from the codec document.
             return await _offload(len(data) // 16, _keyframe_checkpoint, data)
         content = await asyncio.to_thread(_paused, documents.materialize, checkpoint_id, rows, {})
-        return await _offload(_size(content), _checkpoint_of, content)
+        return await _offload(_size(content), content.checkpoint)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
@@ -627,7 +618,7 @@ class SqliteCheckpointStore:
 
         def build() -> builtins.list[Checkpoint]:
             memo: dict[str, documents.Content] = {}
-            return [_checkpoint_of(documents.materialize(i, rows, memo)) for i in rows]
+            return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
 
         checkpoints = await _offload(sum(len(data) for _, data in rows.values()) // 16, build)
         checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
@@ -932,7 +923,7 @@ class SqliteCheckpointStore:
 
         serial, root = await self._db.write(run)
         self._remember((destination_checkpoint_id, serial), root)
-        return await _offload(_size(root), _checkpoint_of, root)
+        return await _offload(_size(root), root.checkpoint)
 
     # ------------------------------------------------------------------ leases
 
