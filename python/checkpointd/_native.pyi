@@ -123,3 +123,19 @@ def record_in_cache(
     ValueError for a digest that is not 64 hex digits or a short secret, OSError
     when the root or the cache cannot be used.
     """
+
+class BlobDir:
+    """The local blob directory of a ``file://`` store, batch by batch (fd-relative).
+
+    Keys must be plain (letters, digits, ``._-`` segments). Every method releases
+    the GIL and raises OSError (errno set, ``filename`` the blob's path).
+    """
+
+    def __init__(self, root: str) -> None: ...
+    def missing(self, keys: Sequence[str]) -> list[int]:
+        """Indexes into ``keys`` of the keys whose blob is not there."""
+    def put_many(self, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+        """Write each blob unless its key exists (complete or not at all); per
+        item whether it was written; one filesystem sync when any was."""
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Each key's bytes, None when it is missing."""

@@ -1,6 +1,7 @@
 //! checkpointd's native core: tree walk, policy, secret zeroing, hashing, stat cache.
 //! Core modules never import pyo3; `py/` is the only binding layer.
 
+pub mod blobdir;
 pub mod cancel;
 pub mod classify;
 pub mod error;

@@ -4,13 +4,30 @@ Implementations stream: ``put`` takes bytes or an async iterable of chunks (larg
 blobs go up as multipart), ``get_stream`` yields chunks. Keys are the SPEC §2
 shapes (``sandbox-files/blake3/<hex>``, ``sandbox-artifacts/blake3/<hex>``) but the
 store itself does not care what a key looks like.
+
+Batches: the engines move many small blobs at once through ``put_many``,
+``missing`` and ``get_many``. The protocol gives each a default over the
+single-key methods (a class that subclasses ``BlobStore`` inherits them; the
+module functions of the same names serve a duck-typed store that lacks them), so
+the engines have one upload path and one fetch path whatever the backend; a
+backend that can do better overrides them (the local directory does the whole
+batch natively, fd-relative, with one sync per batch). A batch is for small
+blobs: callers bound its total size (large blobs go through ``put``/``get_stream``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator
+import asyncio
+import builtins
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# Single-key requests in flight in the default batch implementations.
+BATCH_CONCURRENCY = 32
 
 
 class BlobNotFoundError(KeyError):
@@ -63,3 +80,77 @@ class BlobStore(Protocol):
     async def delete(self, key: str) -> None:
         """Remove the key; a missing key is not an error."""
         ...
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
+        """Store each ``(key, bytes)`` unless the key exists (``put`` with
+        ``if_absent``); returns, per item, whether bytes were written. When it
+        returns, every written blob is durable (an append may reference it).
+        Raises BlobStoreError naming the key and the store; blobs written before
+        the failure are complete, none is half-written."""
+        return await default_put_many(self, items)
+
+    async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
+        """The keys the store does not hold, in the order given."""
+        return await default_missing(self, keys)
+
+    async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
+        """All bytes of each (small) blob, in the order given. Raises
+        BlobNotFoundError for a missing key, BlobStoreError when the backend fails."""
+        return await default_get_many(self, keys)
+
+
+async def _gather_bounded(items: Sequence[T], work: Callable[[T], Awaitable[R]]) -> list[R]:
+    """``work`` on every item, at most BATCH_CONCURRENCY at once, results in order;
+    the first failure cancels the rest and is raised."""
+    slots = asyncio.Semaphore(BATCH_CONCURRENCY)
+
+    async def one(item: T) -> R:
+        async with slots:
+            return await work(item)
+
+    tasks = [asyncio.ensure_future(one(item)) for item in items]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def default_put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+    """``put_many`` over ``put(key, data, if_absent=True)``."""
+    return await _gather_bounded(items, lambda item: blobs.put(item[0], item[1], if_absent=True))
+
+
+async def default_missing(blobs: BlobStore, keys: Sequence[str]) -> list[str]:
+    """``missing`` over ``head``."""
+    infos = await _gather_bounded(keys, blobs.head)
+    return [key for key, info in zip(keys, infos, strict=True) if info is None]
+
+
+async def default_get_many(blobs: BlobStore, keys: Sequence[str]) -> list[bytes]:
+    """``get_many`` over ``get``."""
+    return await _gather_bounded(keys, blobs.get)
+
+
+# The engines call these: a store's own batch method when it has one (every
+# subclass of BlobStore does), else the default over its single-key methods.
+
+
+async def put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list[bool]:
+    """``blobs.put_many(items)``, or the default when ``blobs`` lacks it."""
+    method = getattr(blobs, "put_many", None)
+    return await (method(items) if method is not None else default_put_many(blobs, items))
+
+
+async def missing(blobs: BlobStore, keys: Sequence[str]) -> list[str]:
+    """``blobs.missing(keys)``, or the default when ``blobs`` lacks it."""
+    method = getattr(blobs, "missing", None)
+    return await (method(keys) if method is not None else default_missing(blobs, keys))
+
+
+async def get_many(blobs: BlobStore, keys: Sequence[str]) -> list[bytes]:
+    """``blobs.get_many(keys)``, or the default when ``blobs`` lacks it."""
+    method = getattr(blobs, "get_many", None)
+    return await (method(keys) if method is not None else default_get_many(blobs, keys))

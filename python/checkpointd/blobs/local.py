@@ -20,6 +20,12 @@ so both paths can share one directory:
   staging file, never a truncated blob;
 * the file's mtime is the upload time the sweep reads from ``list``.
 
+The batch methods (``put_many``, ``missing``, ``get_many``) run natively
+(``checkpointd._native.BlobDir``: fd-relative, GIL released, one filesystem
+sync per batch that wrote anything, so blobs are durable before the append that
+references them). An OSError there becomes BlobStoreError naming the blob's
+path; ENOSPC leaves no partial blob (unnamed files until complete).
+
 Every method blocks; call them from a worker thread.
 """
 
@@ -31,6 +37,7 @@ import random
 import re
 import stat
 
+from .. import _native
 from .base import BlobNotFoundError, BlobStoreError
 
 # Keys obstore maps to a path unchanged (no percent-encoding).
@@ -57,6 +64,57 @@ class LocalBlobDir:
         self.url = url
         # Cleared at the first sign that unnamed temporary files do not work here.
         self.use_tmpfile = bool(_O_TMPFILE)
+        self._native: _native.BlobDir | None = None
+
+    def _batches(self) -> _native.BlobDir:
+        """The native directory handle (opened, and the directory created, on first use)."""
+        if self._native is None:
+            try:
+                self._native = _native.BlobDir(self.root)
+            except OSError as error:
+                raise BlobStoreError(
+                    f"open blob directory {self.root!r} of {self.url} failed: "
+                    f"{error.strerror or error}"
+                ) from error
+        return self._native
+
+    def _batch_error(self, error: OSError) -> BlobStoreError:
+        """The native OSError as BlobStoreError naming the blob's path and the store."""
+        what = error.args[1] if len(error.args) > 1 else str(error)  # "put 'key': ..."
+        what = what.split(":", 1)[0]
+        if error.errno == errno.ENOSPC:
+            reason = "no space left on device (no blob was half-written; free space and retry)"
+        else:
+            reason = error.strerror or str(error)
+        return BlobStoreError(f"{what} at {error.filename} on {self.url} failed: {reason}")
+
+    def put_many(self, items: list[tuple[str, bytes]]) -> list[bool]:
+        """Store each plain-keyed ``(key, bytes)`` unless the key exists; per item
+        whether it was written. Durable on return. Raises BlobStoreError."""
+        try:
+            return self._batches().put_many(items)
+        except OSError as error:
+            raise self._batch_error(error) from error
+
+    def missing(self, keys: list[str]) -> list[str]:
+        """The plain keys that are not there, in order. Raises BlobStoreError."""
+        try:
+            return [keys[i] for i in self._batches().missing(keys)]
+        except OSError as error:
+            raise self._batch_error(error) from error
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """Each plain key's bytes. Raises BlobNotFoundError, BlobStoreError."""
+        try:
+            found = self._batches().get_many(keys)
+        except OSError as error:
+            raise self._batch_error(error) from error
+        out: list[bytes] = []
+        for key, data in zip(keys, found, strict=True):
+            if data is None:
+                raise BlobNotFoundError(key)
+            out.append(data)
+        return out
 
     def __repr__(self) -> str:
         return f"LocalBlobDir({self.root!r})"

@@ -2,6 +2,7 @@
 //! The only place in the crate that imports pyo3.
 
 mod args;
+mod blobdir;
 mod cancel;
 mod errors;
 mod policy;
@@ -23,6 +24,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         },
     )?;
     m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
+    m.add_class::<blobdir::PyBlobDir>()?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;

@@ -1,0 +1,398 @@
+//! The local blob directory behind a `file://` blob store, batch by batch.
+//!
+//! Layout (what obstore's `LocalStore` reads and lists, so both share one
+//! directory): key `a/b/c` is the file `<root>/a/b/c`. Callers only pass plain
+//! keys (letters, digits, `._-` segments; obstore would percent-encode others).
+//!
+//! Every path is resolved relative to the root's fd (never by re-joining strings
+//! onto a path that could move). A blob appears only complete: its bytes go to
+//! an unnamed `O_TMPFILE` in the key's directory that is then linked to the
+//! final name; linking fails when the key exists (content-addressed: what is
+//! there is these bytes). Where `O_TMPFILE` is refused the bytes go to a hidden
+//! staging name `<file>#<digits>` (obstore's own staging form, which listings
+//! hide) that is hard-linked, then removed. A batch that wrote anything ends
+//! with one `syncfs` of the directory's filesystem, so every blob is durable
+//! before the checkpoint append that references it: one sync per batch, not one
+//! per small file.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// A failure on one blob: which key, which operation, the OS error.
+#[derive(Debug)]
+pub struct BlobError {
+    pub key: String,
+    pub op: &'static str,
+    pub path: PathBuf,
+    pub source: io::Error,
+}
+
+impl std::fmt::Display for BlobError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:?} at {} failed: {}",
+            self.op,
+            self.key,
+            self.path.display(),
+            self.source
+        )
+    }
+}
+
+/// What `get_many` found for a key.
+pub enum Fetched {
+    Bytes(Vec<u8>),
+    Missing,
+}
+
+pub struct BlobDir {
+    root: PathBuf,
+    fd: OwnedFd,
+    /// Cleared at the first sign that unnamed temporary files do not work here.
+    use_tmpfile: AtomicBool,
+}
+
+const DIR_OPEN: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC;
+
+fn cstr(text: &str) -> io::Result<CString> {
+    CString::new(text).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+fn check(result: libc::c_int) -> io::Result<libc::c_int> {
+    if result < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(result)
+    }
+}
+
+fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live slice; write reads at most its length.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from_raw_os_error(libc::EIO));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
+fn split_key(key: &str) -> (&str, &str) {
+    match key.rfind('/') {
+        Some(i) => (&key[..i], &key[i + 1..]),
+        None => ("", key),
+    }
+}
+
+impl BlobDir {
+    /// Open (create when missing) the directory at `root`.
+    pub fn open(root: &Path) -> io::Result<BlobDir> {
+        std::fs::create_dir_all(root)?;
+        let path = cstr(&root.to_string_lossy())?;
+        // SAFETY: a valid C string; the returned fd is owned below.
+        let fd = check(unsafe { libc::open(path.as_ptr(), DIR_OPEN) })?;
+        Ok(BlobDir {
+            root: root.to_path_buf(),
+            // SAFETY: `fd` was just opened and is owned by nobody else.
+            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            use_tmpfile: AtomicBool::new(true),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn error(&self, key: &str, op: &'static str, source: io::Error) -> BlobError {
+        BlobError {
+            key: key.to_string(),
+            op,
+            path: self.root.join(key),
+            source,
+        }
+    }
+
+    /// The fd of `dir` (relative to the root), created when `create`.
+    fn open_dir(&self, dir: &str, create: bool) -> io::Result<OwnedFd> {
+        let rel = cstr(if dir.is_empty() { "." } else { dir })?;
+        // SAFETY: valid fd and C string; the result is owned below.
+        let fd = unsafe { libc::openat(self.fd.as_raw_fd(), rel.as_ptr(), DIR_OPEN) };
+        if fd >= 0 {
+            // SAFETY: just opened, owned here.
+            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        let e = io::Error::last_os_error();
+        if !create || e.raw_os_error() != Some(libc::ENOENT) {
+            return Err(e);
+        }
+        let mut at = String::new();
+        for part in dir.split('/') {
+            if !at.is_empty() {
+                at.push('/');
+            }
+            at.push_str(part);
+            let c = cstr(&at)?;
+            // SAFETY: valid fd and C string.
+            let r = unsafe { libc::mkdirat(self.fd.as_raw_fd(), c.as_ptr(), 0o777) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EEXIST) {
+                    return Err(e);
+                }
+            }
+        }
+        self.open_dir(dir, false)
+    }
+
+    /// The keys whose file is not there (a regular file is a present blob, as
+    /// obstore's `head` sees it), in the order given.
+    pub fn missing(&self, keys: &[String]) -> Result<Vec<usize>, BlobError> {
+        let mut out = Vec::new();
+        for (i, key) in keys.iter().enumerate() {
+            let rel = cstr(key).map_err(|e| self.error(key, "head", e))?;
+            // SAFETY: zeroed stat is a valid out-parameter.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid fd, C string and out-pointer.
+            let r = unsafe {
+                libc::fstatat(
+                    self.fd.as_raw_fd(),
+                    rel.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) => out.push(i),
+                    _ => return Err(self.error(key, "head", e)),
+                }
+            } else if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+                out.push(i);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Store each `(key, bytes)` unless the key exists; per item whether bytes
+    /// were written. Ends with one `syncfs` when anything was written.
+    pub fn put_many(&self, items: &[(String, &[u8])]) -> Result<Vec<bool>, BlobError> {
+        let mut dirs: HashMap<&str, OwnedFd> = HashMap::new();
+        let mut written = Vec::with_capacity(items.len());
+        for (key, data) in items {
+            let (dir, name) = split_key(key);
+            if !dirs.contains_key(dir) {
+                let fd = self
+                    .open_dir(dir, true)
+                    .map_err(|e| self.error(key, "put", e))?;
+                dirs.insert(dir, fd);
+            }
+            let dir_fd = dirs[dir].as_raw_fd();
+            let done = self
+                .put_one(dir_fd, name, data)
+                .map_err(|e| self.error(key, "put", e))?;
+            written.push(done);
+        }
+        if written.iter().any(|w| *w) {
+            // SAFETY: a valid fd.
+            check(unsafe { libc::syncfs(self.fd.as_raw_fd()) }).map_err(|e| BlobError {
+                key: String::new(),
+                op: "sync",
+                path: self.root.clone(),
+                source: e,
+            })?;
+        }
+        Ok(written)
+    }
+
+    fn put_one(&self, dir_fd: RawFd, name: &str, data: &[u8]) -> io::Result<bool> {
+        let final_name = cstr(name)?;
+        if self.use_tmpfile.load(Ordering::Relaxed) {
+            match self.put_unnamed(dir_fd, &final_name, data) {
+                Ok(written) => return Ok(written),
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EOPNOTSUPP)
+                            | Some(libc::EISDIR)
+                            | Some(libc::EINVAL)
+                            | Some(libc::ENOENT)
+                            | Some(libc::EXDEV)
+                    ) =>
+                {
+                    self.use_tmpfile.store(false, Ordering::Relaxed);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.put_staged(dir_fd, name, &final_name, data)
+    }
+
+    /// Write an unnamed file in `dir_fd` and link it as `name`; false when the
+    /// name exists. ENOSPC and friends leave nothing behind (the file has no name).
+    fn put_unnamed(&self, dir_fd: RawFd, name: &CString, data: &[u8]) -> io::Result<bool> {
+        let dot = cstr(".")?;
+        // SAFETY: valid fd and C string; the result is owned below.
+        let fd = check(unsafe {
+            libc::openat(
+                dir_fd,
+                dot.as_ptr(),
+                libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+                0o666 as libc::c_uint,
+            )
+        })?;
+        // SAFETY: just opened, owned here.
+        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        write_all(file.as_raw_fd(), data)?;
+        // linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the /proc link of our
+        // own fd does the same for anyone. This names the blob file we wrote,
+        // not anything in the workspace.
+        let proc_path = cstr(&format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+        // SAFETY: valid C strings and fds.
+        let r = unsafe {
+            libc::linkat(
+                libc::AT_FDCWD,
+                proc_path.as_ptr(),
+                dir_fd,
+                name.as_ptr(),
+                libc::AT_SYMLINK_FOLLOW,
+            )
+        };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::EEXIST) {
+                return Ok(false);
+            }
+            return Err(e);
+        }
+        Ok(true)
+    }
+
+    fn put_staged(
+        &self,
+        dir_fd: RawFd,
+        name: &str,
+        final_name: &CString,
+        data: &[u8],
+    ) -> io::Result<bool> {
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut attempt = 0;
+        let (staging, fd) = loop {
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            // Digits only, as obstore's staging names; unique per process and call.
+            let staging = cstr(&format!(
+                "{name}#{}{:07}",
+                std::process::id(),
+                n % 10_000_000
+            ))?;
+            // SAFETY: valid fd and C string.
+            let fd = unsafe {
+                libc::openat(
+                    dir_fd,
+                    staging.as_ptr(),
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_CLOEXEC,
+                    0o666 as libc::c_uint,
+                )
+            };
+            if fd >= 0 {
+                // SAFETY: just opened, owned here.
+                break (staging, unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+            let e = io::Error::last_os_error();
+            attempt += 1;
+            if e.raw_os_error() != Some(libc::EEXIST) || attempt >= 8 {
+                return Err(e);
+            }
+        };
+        let result = (|| {
+            write_all(fd.as_raw_fd(), data)?;
+            // SAFETY: valid fds and C strings.
+            let r =
+                unsafe { libc::linkat(dir_fd, staging.as_ptr(), dir_fd, final_name.as_ptr(), 0) };
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EEXIST) {
+                    return Ok(false);
+                }
+                return Err(e);
+            }
+            Ok(true)
+        })();
+        // SAFETY: valid fd and C string.
+        unsafe { libc::unlinkat(dir_fd, staging.as_ptr(), 0) };
+        result
+    }
+
+    /// All bytes of each key's file, in order; `Missing` when it is not there.
+    pub fn get_many(&self, keys: &[String]) -> Result<Vec<Fetched>, BlobError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for key in keys {
+            let rel = cstr(key).map_err(|e| self.error(key, "get", e))?;
+            // SAFETY: valid fd and C string; the result is owned below.
+            let fd = unsafe {
+                libc::openat(
+                    self.fd.as_raw_fd(),
+                    rel.as_ptr(),
+                    libc::O_RDONLY | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                )
+            };
+            if fd < 0 {
+                let e = io::Error::last_os_error();
+                match e.raw_os_error() {
+                    Some(libc::ENOENT) | Some(libc::ENOTDIR) | Some(libc::ELOOP) => {
+                        out.push(Fetched::Missing);
+                        continue;
+                    }
+                    _ => return Err(self.error(key, "get", e)),
+                }
+            }
+            // SAFETY: just opened, owned here.
+            let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+            let meta = file.metadata().map_err(|e| self.error(key, "get", e))?;
+            if !meta.is_file() {
+                out.push(Fetched::Missing);
+                continue;
+            }
+            let mut data = Vec::with_capacity(meta.len() as usize);
+            io::Read::read_to_end(&mut &file, &mut data).map_err(|e| self.error(key, "get", e))?;
+            out.push(Fetched::Bytes(data));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn put_missing_get() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = BlobDir::open(tmp.path()).unwrap();
+        let keys = vec!["a/b/one".to_string(), "a/b/two".to_string()];
+        assert_eq!(dir.missing(&keys).unwrap(), vec![0, 1]);
+        let items = vec![(keys[0].clone(), &b"1"[..])];
+        assert_eq!(dir.put_many(&items).unwrap(), vec![true]);
+        assert_eq!(dir.put_many(&items).unwrap(), vec![false]);
+        assert_eq!(dir.missing(&keys).unwrap(), vec![1]);
+        let got = dir.get_many(&keys).unwrap();
+        assert!(matches!(&got[0], Fetched::Bytes(b) if b == b"1"));
+        assert!(matches!(got[1], Fetched::Missing));
+        // Nothing but the blob is left in its directory.
+        let names: Vec<_> = std::fs::read_dir(tmp.path().join("a/b")).unwrap().collect();
+        assert_eq!(names.len(), 1);
+    }
+}

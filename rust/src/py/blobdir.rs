@@ -1,0 +1,77 @@
+//! `BlobDir`: the local blob directory's batches (`crate::blobdir`), GIL released.
+
+use std::path::PathBuf;
+
+use pyo3::exceptions::PyOSError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::blobdir::{self as core, BlobError, Fetched};
+
+fn blob_error(e: BlobError) -> PyErr {
+    let message = format!("{} {:?}: {}", e.op, e.key, e.source);
+    let filename = e.path.to_string_lossy().into_owned();
+    match e.source.raw_os_error() {
+        Some(errno) => PyOSError::new_err((errno, message, filename)),
+        None => PyOSError::new_err(format!("{message}: {filename}")),
+    }
+}
+
+/// See `_native.pyi`.
+#[pyclass(module = "checkpointd._native", name = "BlobDir", frozen)]
+pub struct PyBlobDir {
+    inner: core::BlobDir,
+}
+
+#[pymethods]
+impl PyBlobDir {
+    #[new]
+    fn new(py: Python<'_>, root: PathBuf) -> PyResult<Self> {
+        let inner = py
+            .allow_threads(|| core::BlobDir::open(&root))
+            .map_err(|e| {
+                let filename = root.to_string_lossy().into_owned();
+                match e.raw_os_error() {
+                    Some(errno) => PyOSError::new_err((errno, format!("open: {e}"), filename)),
+                    None => PyOSError::new_err(format!("open {filename}: {e}")),
+                }
+            })?;
+        Ok(PyBlobDir { inner })
+    }
+
+    /// Indexes (into `keys`) of the keys that are not there.
+    fn missing(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<usize>> {
+        py.allow_threads(|| self.inner.missing(&keys))
+            .map_err(blob_error)
+    }
+
+    /// Per item whether it was written; one filesystem sync when any was.
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, Bound<'_, PyBytes>)>,
+    ) -> PyResult<Vec<bool>> {
+        // bytes are immutable and the Bound values keep them alive while the
+        // GIL is released, so borrowing their buffers is sound.
+        let borrowed: Vec<(String, &[u8])> = items
+            .iter()
+            .map(|(key, data)| (key.clone(), data.as_bytes()))
+            .collect();
+        py.allow_threads(|| self.inner.put_many(&borrowed))
+            .map_err(blob_error)
+    }
+
+    /// Each key's bytes, None for a missing key.
+    fn get_many(&self, py: Python<'_>, keys: Vec<String>) -> PyResult<Vec<Option<Py<PyBytes>>>> {
+        let fetched = py
+            .allow_threads(|| self.inner.get_many(&keys))
+            .map_err(blob_error)?;
+        Ok(fetched
+            .into_iter()
+            .map(|f| match f {
+                Fetched::Bytes(data) => Some(PyBytes::new(py, &data).unbind()),
+                Fetched::Missing => None,
+            })
+            .collect())
+    }
+}
