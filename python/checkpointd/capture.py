@@ -168,12 +168,16 @@ async def capture_checkpoint(
     progress: ProgressCallback | None = None,
     checkpoint_id: str | None = None,
     cancel: _native.CancelToken | None = None,
+    workspace_subdir: str = "",
 ) -> CaptureResult:
     """Capture the workspace into a new checkpoint at the head of ``thread_id``.
 
     ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
     checkpoint with that id already exists in this thread it is returned with
     zeroed stats. ``cancel`` lets a caller stop the scan and the uploads.
+    The checkpoint records the policy it was taken with (the default one when
+    None) and ``workspace_subdir``, the daemon's sub-root the caller scanned
+    (recorded only: ``workspace_root`` is what is scanned).
 
     Raises SandboxCheckpointInvalidIdError (bad thread or checkpoint id),
     SandboxCheckpointInvalidArgumentError (a secret shorter than 4 bytes, a
@@ -237,6 +241,8 @@ async def capture_checkpoint(
                 artifacts=checked_artifacts,
                 label=label,
                 source_run_id=source_run_id,
+                policy=policy,
+                workspace_subdir=workspace_subdir,
             )
             keeper.check()
             await store.append(checkpoint, head_id, lease)

@@ -285,6 +285,22 @@ def _summary_line(s: Any) -> str:
     return f"{s.id}  {s.reason:<9}  {s.file_count:>6} files  {s.total_bytes:>12} bytes  created_at={s.created_at}{label}"
 
 
+def _taken_lines(s: Any) -> list[str]:
+    """How a checkpoint was taken: its recorded policy and sub-root."""
+    if s.HasField("policy"):
+        p = s.policy
+        policy = (
+            f"exclude={list(p.exclude)} include={list(p.include)} "
+            f"default_excludes={'true' if p.default_excludes else 'false'}"
+        )
+    else:
+        policy = "not recorded (the default policy applies)"
+    return [
+        f"  policy: {policy}",
+        f"  workspace_subdir: {s.workspace_subdir or '(whole workspace)'}",
+    ]
+
+
 # ---------------------------------------------------------------- commands
 
 
@@ -423,7 +439,7 @@ async def _list(client: Any, args: argparse.Namespace, out: Output) -> int:
 async def _show(client: Any, args: argparse.Namespace, out: Output) -> int:
     response = await client.get_checkpoint(args.checkpoint, include_conversation=args.conversation)
     data = _to_dict(response)
-    lines = [_summary_line(response.checkpoint)]
+    lines = [_summary_line(response.checkpoint), *_taken_lines(response.checkpoint)]
     if args.entries:
         entries = await client.list_entries(args.checkpoint)
         data["entries"] = [_to_dict(e) for e in entries]

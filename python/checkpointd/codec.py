@@ -24,6 +24,7 @@ from .model import (
     DirEntry,
     Entry,
     FileEntry,
+    Policy,
     SymlinkEntry,
 )
 
@@ -93,6 +94,27 @@ def _artifact_from_row(row: list[Any]) -> Artifact:
     )
 
 
+def policy_document(policy: Policy | None) -> dict[str, Any] | None:
+    """The recorded policy as JSON (None when the checkpoint records none)."""
+    if policy is None:
+        return None
+    return {
+        "exclude": list(policy.exclude),
+        "include": list(policy.include),
+        "default_excludes": policy.default_excludes,
+    }
+
+
+def policy_from_document(document: dict[str, Any] | None) -> Policy | None:
+    if document is None:
+        return None
+    return Policy(
+        exclude=tuple(document["exclude"]),
+        include=tuple(document["include"]),
+        default_excludes=bool(document["default_excludes"]),
+    )
+
+
 def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
     """The checkpoint as a JSON-ready dict (entries and artifacts as compact rows)."""
     return {
@@ -106,6 +128,8 @@ def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
         "files": [_entry_row(entry) for entry in checkpoint.files],
         "conversation": list(checkpoint.conversation),
         "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
+        "policy": policy_document(checkpoint.policy),
+        "workspace_subdir": checkpoint.workspace_subdir,
     }
 
 
@@ -129,6 +153,9 @@ def checkpoint_from_document(document: dict[str, Any]) -> Checkpoint:
         files=entries_from_rows(document["files"]),
         conversation=tuple(document["conversation"]),
         artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
+        # Documents written before these fields existed record neither.
+        policy=policy_from_document(document.get("policy")),
+        workspace_subdir=document.get("workspace_subdir", ""),
     )
 
 

@@ -76,6 +76,19 @@ class Checkpoint:
     artifacts: tuple[Artifact, ...] = ()
     label: str | None = None
     source_run_id: str | None = None
+    # How it was taken (SPEC §10): restore and diff use these when their caller
+    # gives none. ``policy`` None = not recorded (a checkpoint made by hand or by
+    # an older version): the default ``Policy()`` applies. ``workspace_subdir`` is
+    # the daemon's sub-root ("" = the whole workspace).
+    policy: Policy | None = None
+    workspace_subdir: str = ""
+
+    def effective_policy(self, explicit: Policy | None = None) -> Policy:
+        """The policy a restore or diff of this checkpoint applies: the caller's
+        when given, else the one it was captured with, else the default."""
+        if explicit is not None:
+            return explicit
+        return self.policy if self.policy is not None else Policy()
 
     def blob_keys(self) -> list[str]:
         """The distinct blob keys this checkpoint uses, in first-seen order."""

@@ -201,6 +201,9 @@ async def restore_checkpoint(
 ) -> Checkpoint | None:
     """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
 
+    ``policy`` None means the policy the checkpoint was captured with (the
+    default one for a checkpoint that records none); an explicit one wins.
+
     Returns the restored checkpoint, or None when the thread has none (the root is
     still created). Raises SandboxCheckpointInvalidIdError for a bad id,
     SandboxCheckpointInvalidArgumentError for a data_dir inside the workspace or a
@@ -213,7 +216,6 @@ async def restore_checkpoint(
     check_optional_id(checkpoint_id, "checkpoint id")
     root = _absolute(workspace_root)
     cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
-    policy = policy if policy is not None else Policy()
     reporter = PhaseReporter(progress)
 
     reporter.phase("lease")
@@ -228,6 +230,9 @@ async def restore_checkpoint(
                 return None
 
             reporter.phase("plan")
+            # No policy given: the one the checkpoint was captured with, so a
+            # restore never deletes what that capture left out (SPEC §10).
+            policy = checkpoint.effective_policy(policy)
             live, unsupported = await _scan_live(root, policy, cache_path)
             plan = plan_restore(targets, live, unsupported)
             keeper.check()

@@ -25,6 +25,7 @@ from .model import (
     Checkpoint,
     DirEntry,
     FileEntry,
+    Policy,
     SymlinkEntry,
 )
 
@@ -177,6 +178,21 @@ def artifact_problem(artifact: object) -> str | None:
     return None
 
 
+def policy_problem(policy: object) -> str | None:
+    """Why a recorded policy is malformed (None when it is None or well-formed)."""
+    if policy is None:
+        return None
+    if not isinstance(policy, Policy):
+        return f"not a Policy: {type(policy).__name__}"
+    for name in ("exclude", "include"):
+        for pattern in getattr(policy, name):
+            if not isinstance(pattern, str) or not is_well_formed_text(pattern):
+                return f"{name} patterns must be well-formed strings"
+    if not isinstance(policy.default_excludes, bool):
+        return "default_excludes must be a bool"
+    return None
+
+
 def _json_problem(conversation: Any) -> str | None:
     try:
         json.dumps(list(conversation), allow_nan=False, ensure_ascii=False).encode("utf-8")
@@ -209,6 +225,12 @@ def check_checkpoint_body(checkpoint: Checkpoint) -> None:
         value = getattr(checkpoint, name)
         if value is not None and not is_well_formed_text(value):
             raise fail(f"{name} must be a well-formed string or None")
+    problem_text = policy_problem(checkpoint.policy)
+    if problem_text:
+        raise fail(f"invalid recorded policy: {problem_text}")
+    subdir = checkpoint.workspace_subdir
+    if not isinstance(subdir, str) or (subdir != "" and path_problem(subdir) is not None):
+        raise fail(f"workspace_subdir must be '' or a workspace-relative path, got {subdir!r}")
     problem = entries_problem(checkpoint.files)
     if problem:
         path, reason = problem

@@ -407,8 +407,13 @@ type CheckpointSummary struct {
 	TotalBytes        uint64 `protobuf:"varint,10,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
 	ArtifactCount     uint64 `protobuf:"varint,11,opt,name=artifact_count,json=artifactCount,proto3" json:"artifact_count,omitempty"`
 	ConversationCount uint64 `protobuf:"varint,12,opt,name=conversation_count,json=conversationCount,proto3" json:"conversation_count,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// How the checkpoint was taken: its policy (unset when it records none: the
+	// default policy applies) and the workspace sub-root ("" = the whole
+	// workspace). Restore and Diff use them when the request gives none.
+	Policy          *Policy `protobuf:"bytes,13,opt,name=policy,proto3" json:"policy,omitempty"`
+	WorkspaceSubdir string  `protobuf:"bytes,14,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckpointSummary) Reset() {
@@ -523,6 +528,20 @@ func (x *CheckpointSummary) GetConversationCount() uint64 {
 		return x.ConversationCount
 	}
 	return 0
+}
+
+func (x *CheckpointSummary) GetPolicy() *Policy {
+	if x != nil {
+		return x.Policy
+	}
+	return nil
+}
+
+func (x *CheckpointSummary) GetWorkspaceSubdir() string {
+	if x != nil {
+		return x.WorkspaceSubdir
+	}
+	return ""
 }
 
 // Counts reported while long work runs. Capture phases: lease, scan, pin, upload,
@@ -1036,9 +1055,11 @@ type RestoreRequest struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
 	// Unset: the thread's head.
-	CheckpointId    *string `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3,oneof" json:"checkpoint_id,omitempty"`
-	Policy          *Policy `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
-	WorkspaceSubdir string  `protobuf:"bytes,4,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
+	CheckpointId *string `protobuf:"bytes,2,opt,name=checkpoint_id,json=checkpointId,proto3,oneof" json:"checkpoint_id,omitempty"`
+	// Unset: the policy the checkpoint was captured with.
+	Policy *Policy `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	// "": the sub-root the checkpoint was captured from; "." the whole workspace.
+	WorkspaceSubdir string `protobuf:"bytes,4,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -1731,10 +1752,12 @@ type DiffRequest struct {
 	state            protoimpl.MessageState `protogen:"open.v1"`
 	FromCheckpointId string                 `protobuf:"bytes,1,opt,name=from_checkpoint_id,json=fromCheckpointId,proto3" json:"from_checkpoint_id,omitempty"`
 	// Unset: compare with the live workspace (scanned with policy and secrets).
-	ToCheckpointId  *string  `protobuf:"bytes,2,opt,name=to_checkpoint_id,json=toCheckpointId,proto3,oneof" json:"to_checkpoint_id,omitempty"`
-	Policy          *Policy  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
-	Secrets         [][]byte `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty"`
-	WorkspaceSubdir string   `protobuf:"bytes,5,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
+	ToCheckpointId *string `protobuf:"bytes,2,opt,name=to_checkpoint_id,json=toCheckpointId,proto3,oneof" json:"to_checkpoint_id,omitempty"`
+	// Unset: the policy the from-checkpoint was captured with.
+	Policy  *Policy  `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
+	Secrets [][]byte `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	// "": the from-checkpoint's recorded sub-root; "." the whole workspace.
+	WorkspaceSubdir string `protobuf:"bytes,5,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache
 }
@@ -3064,7 +3087,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x19\n" +
 	"\bblob_key\x18\x05 \x01(\tR\ablobKey\x12\x1d\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\xde\x03\n" +
+	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\xb9\x04\n" +
 	"\x11CheckpointSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x125\n" +
@@ -3082,7 +3105,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	" \x01(\x04R\n" +
 	"totalBytes\x12%\n" +
 	"\x0eartifact_count\x18\v \x01(\x04R\rartifactCount\x12-\n" +
-	"\x12conversation_count\x18\f \x01(\x04R\x11conversationCountB\x17\n" +
+	"\x12conversation_count\x18\f \x01(\x04R\x11conversationCount\x12.\n" +
+	"\x06policy\x18\r \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12)\n" +
+	"\x10workspace_subdir\x18\x0e \x01(\tR\x0fworkspaceSubdirB\x17\n" +
 	"\x15_parent_checkpoint_idB\b\n" +
 	"\x06_labelB\x10\n" +
 	"\x0e_source_run_id\"\xa0\x01\n" +
@@ -3370,70 +3395,71 @@ var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	0,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
-	2,  // 1: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
-	4,  // 2: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	47, // 3: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
-	5,  // 4: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	8,  // 5: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
-	9,  // 6: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
-	6,  // 7: checkpointd.v1.CaptureEvent.progress:type_name -> checkpointd.v1.Progress
-	10, // 8: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
-	2,  // 9: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
-	5,  // 10: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	13, // 11: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
-	6,  // 12: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
-	14, // 13: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
-	5,  // 14: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	4,  // 15: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
-	5,  // 16: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
-	3,  // 17: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
-	2,  // 18: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
-	1,  // 19: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
-	3,  // 20: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
-	3,  // 21: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
-	25, // 22: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
-	3,  // 23: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
-	29, // 24: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
-	4,  // 25: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
-	5,  // 26: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	41, // 27: checkpointd.v1.SweepBlobsResponse.kept:type_name -> checkpointd.v1.KeptBlob
-	42, // 28: checkpointd.v1.SweepBlobsResponse.failures:type_name -> checkpointd.v1.SweepFailure
-	45, // 29: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	7,  // 30: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	12, // 31: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	16, // 32: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	18, // 33: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	20, // 34: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	22, // 35: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	24, // 36: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	34, // 37: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	36, // 38: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	38, // 39: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	40, // 40: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	27, // 41: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	30, // 42: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	32, // 43: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	44, // 44: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	11, // 45: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	15, // 46: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	17, // 47: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	19, // 48: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	21, // 49: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	23, // 50: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	26, // 51: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	35, // 52: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	37, // 53: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	39, // 54: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	43, // 55: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsResponse
-	28, // 56: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	31, // 57: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	33, // 58: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	46, // 59: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	45, // [45:60] is the sub-list for method output_type
-	30, // [30:45] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	2,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
+	2,  // 2: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
+	4,  // 3: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
+	47, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	5,  // 5: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	8,  // 6: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
+	9,  // 7: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
+	6,  // 8: checkpointd.v1.CaptureEvent.progress:type_name -> checkpointd.v1.Progress
+	10, // 9: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
+	2,  // 10: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
+	5,  // 11: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	13, // 12: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
+	6,  // 13: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
+	14, // 14: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
+	5,  // 15: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	4,  // 16: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
+	5,  // 17: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
+	3,  // 18: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
+	2,  // 19: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
+	1,  // 20: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
+	3,  // 21: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
+	3,  // 22: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
+	25, // 23: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
+	3,  // 24: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
+	29, // 25: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
+	4,  // 26: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
+	5,  // 27: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	41, // 28: checkpointd.v1.SweepBlobsResponse.kept:type_name -> checkpointd.v1.KeptBlob
+	42, // 29: checkpointd.v1.SweepBlobsResponse.failures:type_name -> checkpointd.v1.SweepFailure
+	45, // 30: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	7,  // 31: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	12, // 32: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	16, // 33: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	18, // 34: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	20, // 35: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	22, // 36: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	24, // 37: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	34, // 38: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	36, // 39: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	38, // 40: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	40, // 41: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	27, // 42: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	30, // 43: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	32, // 44: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	44, // 45: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	11, // 46: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	15, // 47: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	17, // 48: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	19, // 49: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	21, // 50: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	23, // 51: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	26, // 52: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	35, // 53: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	37, // 54: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	39, // 55: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	43, // 56: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsResponse
+	28, // 57: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	31, // 58: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	33, // 59: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	46, // 60: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	46, // [46:61] is the sub-list for method output_type
+	31, // [31:46] is the sub-list for method input_type
+	31, // [31:31] is the sub-list for extension type_name
+	31, // [31:31] is the sub-list for extension extendee
+	0,  // [0:31] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }

@@ -98,6 +98,9 @@ def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
         summary.label = checkpoint.label
     if checkpoint.source_run_id is not None:
         summary.source_run_id = checkpoint.source_run_id
+    if checkpoint.policy is not None:
+        summary.policy.CopyFrom(policy_to_proto(checkpoint.policy))
+    summary.workspace_subdir = checkpoint.workspace_subdir
     return summary
 
 

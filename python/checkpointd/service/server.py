@@ -15,8 +15,9 @@ Lifecycle, in this fixed order:
    its final capture; the stores are closed; the socket file is removed. A
    SIGTERM while the stores open or the first restore runs stops at once.
 
-A store that cannot open, or a failed restore-on-start, ends the daemon with the
-error's exit code (see ``checkpointd --help``) and no capture.
+A workspace root that does not exist is refused before listening (exit 2): it is
+never created. A store that cannot open, or a failed restore-on-start, ends the
+daemon with the error's exit code (see ``checkpointd --help``) and no capture.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from ..errors import SandboxCheckpointInvalidArgumentError
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, grpc_address
@@ -178,7 +180,14 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
     from ..statcache_paths import resolve_data_dir
     from .loop import CaptureLoop
 
-    config.workspace.mkdir(parents=False, exist_ok=True)
+    if not config.workspace.is_dir():
+        # Never created: a typo'd --workspace would otherwise be captured as an
+        # empty checkpoint, and a later --restore-on-start would wipe the real one.
+        raise SandboxCheckpointInvalidArgumentError(
+            f"workspace root {config.workspace} does not exist or is not a directory; "
+            "create it first or fix --workspace",
+            details={"path": str(config.workspace)},
+        )
     # Refuses a data dir inside the workspace (sandbox code could forge the stat cache).
     data_dir = resolve_data_dir(config.workspace, config.data_dir)
     state = ServiceState(workspace_root=config.workspace, data_dir=data_dir)

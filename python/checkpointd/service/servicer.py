@@ -140,9 +140,10 @@ class ServiceState:
         Raises ServiceError(INVALID_PATH) for an absolute path, ``..`` segments, or
         a path that leaves the root through a symlink.
         """
-        if not subdir or subdir in (".", "./"):
+        subdir = normal_subdir(subdir)
+        if not subdir:
             return self.workspace_root
-        problem = validation.path_problem(subdir.rstrip("/"))
+        problem = validation.path_problem(subdir)
         if problem is not None:
             raise ServiceError(INVALID_PATH, f"bad workspace_subdir: {problem}", path=subdir)
         candidate = self.workspace_root / subdir
@@ -153,6 +154,21 @@ class ServiceState:
                 INVALID_PATH, "workspace_subdir leaves the workspace root", path=subdir
             )
         return candidate
+
+
+def normal_subdir(subdir: str) -> str:
+    """A request's ``workspace_subdir`` as a checkpoint records it: "" for the
+    whole workspace (also spelled "." or "./"), else without a trailing "/"."""
+    return "" if subdir in ("", ".", "./") else subdir.rstrip("/")
+
+
+def recorded_subdir(requested: str, checkpoint: Checkpoint | None) -> str:
+    """The sub-root a Restore or Diff works on: the request's when it names one
+    ("." is the whole workspace), else the one the checkpoint was captured from
+    — so a plain Restore of a sub-root capture never empties the workspace."""
+    if requested or checkpoint is None:
+        return requested
+    return checkpoint.workspace_subdir
 
 
 def derive_checkpoint_id(thread_id: str, request_id: str) -> str:
@@ -291,6 +307,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 data_dir=self.state.data_dir,
                 progress=progress,
                 checkpoint_id=checkpoint_id,
+                workspace_subdir=normal_subdir(request.workspace_subdir),
             )
 
         async for item in _with_progress(self.state, thread_id, context, work):
@@ -318,7 +335,15 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             if request.HasField("checkpoint_id")
             else None
         )
-        root = self.state.resolve_root(request.workspace_subdir)
+        subdir = request.workspace_subdir
+        if not subdir:
+            # Restore where the checkpoint was captured: pin the checkpoint read
+            # here so the engine restores exactly the one whose sub-root we use.
+            if checkpoint_id is None:
+                checkpoint_id = await store.get_head(thread_id)
+            if checkpoint_id is not None:
+                subdir = recorded_subdir(subdir, await self._checkpoint(checkpoint_id))
+        root = self.state.resolve_root(subdir)
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
         started = pb.RestoreStarted(thread_id=thread_id)
         if checkpoint_id is not None:
@@ -434,8 +459,10 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         if request.HasField("to_checkpoint_id"):
             new_entries = (await self._checkpoint(request.to_checkpoint_id)).files
         else:
-            root = self.state.resolve_root(request.workspace_subdir)
-            policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
+            root = self.state.resolve_root(recorded_subdir(request.workspace_subdir, old))
+            policy = old.effective_policy(
+                convert.policy_from_proto(request.policy, request.HasField("policy"))
+            )
             new_entries = await diffing.scan_live(
                 root, policy, list(request.secrets), self.state.data_dir
             )

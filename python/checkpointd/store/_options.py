@@ -354,7 +354,9 @@ def destination_not_empty(thread_id: str, checkpoint_id: str, why: str) -> Sandb
 def fork_checkpoint(
     source: Checkpoint, destination_thread_id: str, destination_checkpoint_id: str, created_at: int
 ) -> Checkpoint:
-    """The new root: the source's files, conversation and artifacts, nothing else."""
+    """The new root: the source's files, conversation and artifacts, and how it
+    was taken (policy, sub-root: a restore of the fork must manage the same
+    paths); nothing else."""
     return Checkpoint(
         id=destination_checkpoint_id,
         thread_id=destination_thread_id,
@@ -366,6 +368,8 @@ def fork_checkpoint(
         artifacts=source.artifacts,
         label=None,
         source_run_id=None,
+        policy=source.policy,
+        workspace_subdir=source.workspace_subdir,
     )
 
 

@@ -15,6 +15,7 @@ checkpointd ships has them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -45,6 +46,7 @@ from ..model import (
     Checkpoint,
     DirEntry,
     FileEntry,
+    Policy,
     SymlinkEntry,
     Writer,
 )
@@ -215,6 +217,44 @@ class CheckpointStoreConformance:
             got = await w.store.get("c1")
             assert list(got.files) == files, "entries must come back in the order given"
             assert got.files[0].mtime_ns == 7
+
+    @asyncio_test
+    async def test_how_it_was_taken_round_trips(self) -> None:
+        """The recorded policy and sub-root come back as given (SPEC §10), an
+        unrecorded policy comes back None, and a fork keeps both."""
+        async with self.world() as w:
+            lease = await w.lease("t1")
+            policy = Policy(exclude=("build/", "*.log", "!keep.log"), default_excludes=False)
+            recorded = dataclasses.replace(
+                checkpoint("c1", "t1", files=[fentry("app/a.txt", 1)]),
+                policy=policy,
+                workspace_subdir="app",
+            )
+            await w.add(recorded, lease)
+            got = await w.store.get("c1")
+            assert got == recorded
+            assert got.policy == policy and got.workspace_subdir == "app"
+            plain = checkpoint("c2", "t1", "c1", 11)
+            await w.add(plain, lease)
+            got = await w.store.get("c2")
+            assert got.policy is None and got.workspace_subdir == ""
+            await w.rejects(
+                SandboxCheckpointInvalidEntryError,
+                INVALID_ENTRY,
+                lambda: w.store.append(
+                    dataclasses.replace(checkpoint("c3", "t1", "c2", 12), workspace_subdir="../x"),
+                    "c2",
+                    lease,
+                ),
+                ids=["c3"],
+            )
+            if callable(getattr(w.store, "fork_from_checkpoint", None)):
+                l3 = await w.lease("t3")
+                fork = await w.store.fork_from_checkpoint("t1", "c1", "t3", "f1", 50, l3)
+                w.track(ids=["f1"])
+                assert fork.policy == policy and fork.workspace_subdir == "app"
+                again = await w.store.get("f1")
+                assert again.policy == policy and again.workspace_subdir == "app"
 
     @asyncio_test
     async def test_reads_reject_invalid_ids(self) -> None:

@@ -76,7 +76,7 @@ class Artifact(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size: _Optional[int] = ..., blob_key: _Optional[str] = ..., created_at: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count")
+    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count", "policy", "workspace_subdir")
     ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -89,6 +89,8 @@ class CheckpointSummary(_message.Message):
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     ARTIFACT_COUNT_FIELD_NUMBER: _ClassVar[int]
     CONVERSATION_COUNT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
     id: str
     thread_id: str
     parent_checkpoint_id: str
@@ -101,7 +103,9 @@ class CheckpointSummary(_message.Message):
     total_bytes: int
     artifact_count: int
     conversation_count: int
-    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ...) -> None: ...
+    policy: Policy
+    workspace_subdir: str
+    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total")
