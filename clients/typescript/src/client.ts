@@ -1,0 +1,480 @@
+/**
+ * `connect()` and the typed client of the daemon.
+ *
+ * Transport: `@grpc/grpc-js`, which dials `unix:///abs/path.sock` natively, so the
+ * daemon's default Unix socket needs nothing extra. Every RPC of the generated
+ * service definitions (ts-proto `generic-definitions`) becomes a method: unary
+ * calls return promises, server streams are async iterables of typed messages,
+ * client streams take an (async) iterable of requests. Requests are partial
+ * objects (`{ threadId: "t" }`); 64-bit integers are `bigint` in replies and
+ * accept `number | string | bigint` in requests.
+ *
+ * Retries: read-only RPCs are retried by grpc-js itself on UNAVAILABLE (a service
+ * config retry policy). `capture` is retried here, because a lost reply may come
+ * after the append committed: it sends a `requestId` (generated when the caller
+ * gives none) and retries with the same id on UNAVAILABLE, on a stream that ended
+ * without its done event, and, after such a loss, on WRITER_CONFLICT (the lease
+ * may still be held by the abandoned attempt); the daemon then returns the
+ * committed checkpoint (`done.replayed`) instead of making a second one.
+ */
+import { randomUUID } from "node:crypto";
+
+import * as grpc from "@grpc/grpc-js";
+
+import {
+  SandboxCheckpointError,
+  SandboxCheckpointWriterConflictError,
+  toCheckpointdError,
+} from "./errors.js";
+import {
+  CheckpointdDefinition,
+  type Artifact,
+  type CaptureEvent,
+  type CaptureRequest,
+} from "./gen/checkpointd/v1/checkpointd.js";
+import {
+  HealthCheckResponse_ServingStatus,
+  HealthDefinition,
+} from "./gen/grpc/health/v1/health.js";
+
+// ---------------------------------------------------------------- typed surface
+
+interface MessageType<T = unknown, P = unknown> {
+  encode(message: T): { finish(): Uint8Array };
+  decode(input: Uint8Array): T;
+  fromPartial(object: P): T;
+}
+
+interface MethodDefinition {
+  readonly name: string;
+  readonly requestType: MessageType<any, any>;
+  readonly requestStream: boolean;
+  readonly responseType: MessageType<any, any>;
+  readonly responseStream: boolean;
+}
+
+interface ServiceDefinition {
+  readonly fullName: string;
+  readonly methods: { readonly [name: string]: MethodDefinition };
+}
+
+/** The partial form a request may be given in (what `fromPartial` accepts). */
+export type RequestOf<M> = M extends { requestType: { fromPartial(object: infer P): unknown } }
+  ? P
+  : never;
+/** The decoded reply message of a method. */
+export type ResponseOf<M> = M extends {
+  responseType: { decode(input: any, length?: number): infer R };
+}
+  ? R
+  : never;
+
+export interface CallOptions {
+  /** Deadline for the whole call, in ms from now. */
+  timeoutMs?: number;
+  /** Cancels the call (rejects with code `SANDBOX_SNAPSHOT_CANCELLED`). */
+  signal?: AbortSignal;
+  /** Queue the call while the daemon is unreachable instead of failing at once. */
+  waitForReady?: boolean;
+}
+
+type Requests<M> = Iterable<RequestOf<M>> | AsyncIterable<RequestOf<M>>;
+
+/** One RPC as a method, by its streaming shape. */
+export type Rpc<M> = M extends { requestStream: false; responseStream: false }
+  ? (request?: RequestOf<M>, options?: CallOptions) => Promise<ResponseOf<M>>
+  : M extends { requestStream: false; responseStream: true }
+    ? (request?: RequestOf<M>, options?: CallOptions) => AsyncIterable<ResponseOf<M>>
+    : M extends { requestStream: true; responseStream: false }
+      ? (requests: Requests<M>, options?: CallOptions) => Promise<ResponseOf<M>>
+      : (requests: Requests<M>, options?: CallOptions) => AsyncIterable<ResponseOf<M>>;
+
+/** Every RPC of a service definition as a method. */
+export type ServiceClient<D extends ServiceDefinition> = {
+  -readonly [K in keyof D["methods"]]: Rpc<D["methods"][K]>;
+};
+
+export type CheckpointdRpcs = ServiceClient<typeof CheckpointdDefinition>;
+export type HealthRpcs = ServiceClient<typeof HealthDefinition>;
+
+// ---------------------------------------------------------------- options
+
+export interface TlsOptions {
+  /** PEM root certificates to trust (default: the system's). */
+  rootCerts?: string | Uint8Array;
+  /** PEM client key and certificate, for mutual TLS. */
+  privateKey?: string | Uint8Array;
+  certChain?: string | Uint8Array;
+  /** Expected server name, when it differs from the address's host. */
+  serverName?: string;
+}
+
+export interface RetryOptions {
+  /** Attempts in all, the first included (default 5). */
+  maxAttempts?: number;
+  /** First back-off, doubled on each retry up to `maxBackoffMs` (defaults 100 and 2000). */
+  initialBackoffMs?: number;
+  maxBackoffMs?: number;
+}
+
+export interface ConnectOptions {
+  /** `unix:///abs/path.sock`, `unix:/abs/path.sock`, `tcp://host:port` or `host:port`. */
+  address: string;
+  /** Bearer token, sent as `authorization: Bearer <token>` on every call (TCP needs one). */
+  token?: string;
+  /** TLS for `tcp://` addresses: `true` for the system roots, or options. */
+  tls?: boolean | TlsOptions;
+  /** How long `connect()` and a retry wait for the daemon to be SERVING (default 10 000). */
+  connectTimeoutMs?: number;
+  retry?: RetryOptions;
+  /** Extra grpc-js channel options. */
+  channelOptions?: grpc.ChannelOptions;
+}
+
+const READ_ONLY_METHODS = [
+  "GetCheckpoint",
+  "ListCheckpoints",
+  "GetHead",
+  "ListEntries",
+  "Diff",
+  "ReadFile",
+  "ReadArtifact",
+  "GetServerInfo",
+];
+
+/** grpc-js's own target syntax for our address forms. */
+export function grpcTarget(address: string): string {
+  if (address.startsWith("unix:")) return address; // unix:/abs and unix:///abs both work
+  if (address.startsWith("tcp://")) return address.slice("tcp://".length);
+  if (address.startsWith("/")) return `unix://${address}`;
+  return address;
+}
+
+function toBuffer(value: string | Uint8Array | undefined): Buffer | undefined {
+  if (value === undefined) return undefined;
+  return typeof value === "string" ? Buffer.from(value) : Buffer.from(value);
+}
+
+function channelCredentials(options: ConnectOptions): grpc.ChannelCredentials {
+  if (!options.tls) return grpc.credentials.createInsecure();
+  const tls = options.tls === true ? {} : options.tls;
+  return grpc.credentials.createSsl(
+    toBuffer(tls.rootCerts) ?? null,
+    toBuffer(tls.privateKey) ?? null,
+    toBuffer(tls.certChain) ?? null,
+  );
+}
+
+function serviceConfig(retry: Required<RetryOptions>): string {
+  return JSON.stringify({
+    methodConfig: [
+      {
+        name: READ_ONLY_METHODS.map((method) => ({
+          service: CheckpointdDefinition.fullName,
+          method,
+        })),
+        retryPolicy: {
+          maxAttempts: Math.min(retry.maxAttempts, 5),
+          initialBackoff: `${retry.initialBackoffMs / 1000}s`,
+          maxBackoff: `${retry.maxBackoffMs / 1000}s`,
+          backoffMultiplier: 2,
+          retryableStatusCodes: ["UNAVAILABLE"],
+        },
+      },
+    ],
+  });
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// ---------------------------------------------------------------- the client
+
+/** A connected client: every RPC as a typed method, plus `health`. Make one with {@link connect}. */
+export class CheckpointdClient {
+  /** `grpc.health.v1.Health`: `check()` and `watch()`. */
+  readonly health: HealthRpcs;
+  readonly address: string;
+  readonly #channel: grpc.Client;
+  readonly #metadata: grpc.Metadata;
+  readonly #retry: Required<RetryOptions>;
+  readonly #connectTimeoutMs: number;
+  readonly #rpcs: CheckpointdRpcs;
+
+  constructor(options: ConnectOptions) {
+    this.address = options.address;
+    this.#retry = {
+      maxAttempts: options.retry?.maxAttempts ?? 5,
+      initialBackoffMs: options.retry?.initialBackoffMs ?? 100,
+      maxBackoffMs: options.retry?.maxBackoffMs ?? 2000,
+    };
+    this.#connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
+    const tls = typeof options.tls === "object" ? options.tls : undefined;
+    this.#channel = new grpc.Client(grpcTarget(options.address), channelCredentials(options), {
+      "grpc.service_config": serviceConfig(this.#retry),
+      ...(tls?.serverName ? { "grpc.ssl_target_name_override": tls.serverName } : {}),
+      ...options.channelOptions,
+    });
+    this.#metadata = new grpc.Metadata();
+    if (options.token) this.#metadata.set("authorization", `Bearer ${options.token}`);
+    this.#rpcs = this.#bind(CheckpointdDefinition);
+    this.health = this.#bind(HealthDefinition);
+    // Every RPC of the contract (also ones added to the proto later) is a method.
+    for (const [name, rpc] of Object.entries(this.#rpcs)) {
+      if (!(name in this)) Object.defineProperty(this, name, { value: rpc, enumerable: false });
+    }
+  }
+
+  /** Closes the channel; calls in flight are cancelled. */
+  close(): void {
+    this.#channel.close();
+  }
+
+  /**
+   * Waits until the channel is connected and the daemon's health check says
+   * SERVING (a draining or starting daemon says NOT_SERVING). Throws after
+   * `timeoutMs` (default: `connectTimeoutMs`).
+   */
+  async waitServing(timeoutMs: number = this.#connectTimeoutMs): Promise<void> {
+    const deadline = Date.now() + timeoutMs;
+    let last: unknown;
+    for (;;) {
+      try {
+        await new Promise<void>((resolve, reject) =>
+          this.#channel.waitForReady(deadline, (error) => (error ? reject(error) : resolve())),
+        );
+        const reply = await this.health.check({}, { timeoutMs: Math.max(deadline - Date.now(), 1) });
+        if (reply.status === HealthCheckResponse_ServingStatus.SERVING) return;
+        last = new SandboxCheckpointError(`daemon at ${this.address} is not serving`, {
+          code: "SANDBOX_SNAPSHOT_NOT_SERVING",
+          grpcCode: grpc.status.UNAVAILABLE,
+        });
+      } catch (error) {
+        const typed = toCheckpointdError(error);
+        if (typed.grpcCode === grpc.status.UNAUTHENTICATED) throw typed;
+        last = error;
+      }
+      if (Date.now() >= deadline) {
+        const cause = last instanceof Error ? `: ${last.message}` : "";
+        throw new SandboxCheckpointError(
+          `daemon at ${this.address} not SERVING after ${timeoutMs} ms${cause}`,
+          { code: "SANDBOX_SNAPSHOT_UNAVAILABLE", grpcCode: grpc.status.UNAVAILABLE, cause: last },
+        );
+      }
+      await sleep(50);
+    }
+  }
+
+  /**
+   * Capture, with progress: `for await (const ev of client.capture({ threadId }))`.
+   * Events: `started` (the checkpoint id), `progress`, `done` (summary and stats).
+   * After a lost reply it retries with the same `requestId`; the retried
+   * attempt's events start again from `started`, with the same checkpoint id.
+   */
+  async *capture(
+    request: RequestOf<typeof CheckpointdDefinition.methods.capture>,
+    options?: CallOptions,
+  ): AsyncGenerator<CaptureEvent> {
+    const withId = { ...request, requestId: request.requestId ?? randomUUID() };
+    let backoff = this.#retry.initialBackoffMs;
+    for (let attempt = 1; ; attempt++) {
+      let failure: SandboxCheckpointError;
+      try {
+        for await (const event of this.#rpcs.capture(withId, options)) {
+          yield event;
+          if (event.event?.$case === "done") return;
+        }
+        failure = new SandboxCheckpointError("the capture stream ended without its done event", {
+          code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
+          grpcCode: grpc.status.UNAVAILABLE,
+        });
+      } catch (error) {
+        failure = toCheckpointdError(error);
+      }
+      const lost = failure.grpcCode === grpc.status.UNAVAILABLE;
+      // Once an attempt was lost, its lease may outlive it for a moment.
+      const ownConflict = attempt > 1 && failure instanceof SandboxCheckpointWriterConflictError;
+      if (!(lost || ownConflict) || attempt >= this.#retry.maxAttempts || options?.signal?.aborted) {
+        throw failure;
+      }
+      await sleep(Math.min(failure.retryAfterMs ?? backoff, this.#retry.maxBackoffMs));
+      backoff = Math.min(backoff * 2, this.#retry.maxBackoffMs);
+      if (lost) await this.waitServing().catch(() => undefined);
+    }
+  }
+
+  /** Uploads an artifact's bytes (one buffer or an async iterable of chunks). */
+  async uploadArtifactBytes(
+    name: string,
+    mimeType: string,
+    data: Uint8Array | string | AsyncIterable<Uint8Array> | Iterable<Uint8Array>,
+    options?: CallOptions,
+  ): Promise<Artifact> {
+    const CHUNK = 256 * 1024;
+    async function* parts() {
+      yield { part: { $case: "metadata" as const, value: { name, mimeType } } };
+      if (typeof data === "string" || data instanceof Uint8Array) {
+        const bytes = typeof data === "string" ? Buffer.from(data) : data;
+        for (let start = 0; start < bytes.length; start += CHUNK) {
+          yield { part: { $case: "chunk" as const, value: bytes.subarray(start, start + CHUNK) } };
+        }
+      } else {
+        for await (const chunk of data) yield { part: { $case: "chunk" as const, value: chunk } };
+      }
+    }
+    const reply = await this.#rpcs.uploadArtifact(parts(), options);
+    if (reply.artifact === undefined) {
+      throw new SandboxCheckpointError("UploadArtifact returned no artifact", {
+        code: "SANDBOX_SNAPSHOT_INTERNAL",
+      });
+    }
+    return reply.artifact;
+  }
+
+  // ---------------------------------------------------------------- plumbing
+
+  #bind<D extends ServiceDefinition>(definition: D): ServiceClient<D> {
+    const out: Record<string, unknown> = {};
+    for (const [key, method] of Object.entries(definition.methods)) {
+      const path = `/${definition.fullName}/${method.name}`;
+      const serialize = (value: unknown) =>
+        Buffer.from(method.requestType.encode(method.requestType.fromPartial(value ?? {})).finish());
+      const deserialize = (bytes: Buffer) => method.responseType.decode(bytes);
+      if (!method.requestStream && !method.responseStream) {
+        out[key] = (request?: unknown, options?: CallOptions) =>
+          this.#unary(path, serialize, deserialize, request ?? {}, options);
+      } else if (!method.requestStream) {
+        out[key] = (request?: unknown, options?: CallOptions) =>
+          this.#serverStream(path, serialize, deserialize, request ?? {}, options);
+      } else if (!method.responseStream) {
+        out[key] = (requests: Iterable<unknown> | AsyncIterable<unknown>, options?: CallOptions) =>
+          this.#clientStream(path, serialize, deserialize, requests, options);
+      } else {
+        out[key] = () => {
+          throw new SandboxCheckpointError(`${method.name}: bidirectional streams are not supported`, {
+            code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+          });
+        };
+      }
+    }
+    return out as ServiceClient<D>;
+  }
+
+  #call(options: CallOptions | undefined): [grpc.Metadata, grpc.CallOptions] {
+    const metadata = this.#metadata.clone();
+    if (options?.waitForReady) metadata.setOptions({ waitForReady: true });
+    const callOptions: grpc.CallOptions = {};
+    if (options?.timeoutMs !== undefined) callOptions.deadline = Date.now() + options.timeoutMs;
+    return [metadata, callOptions];
+  }
+
+  #unary(
+    path: string,
+    serialize: (value: unknown) => Buffer,
+    deserialize: (bytes: Buffer) => unknown,
+    request: unknown,
+    options: CallOptions | undefined,
+  ): Promise<unknown> {
+    const [metadata, callOptions] = this.#call(options);
+    return new Promise((resolve, reject) => {
+      const call = this.#channel.makeUnaryRequest(
+        path,
+        serialize,
+        deserialize,
+        request,
+        metadata,
+        callOptions,
+        (error, reply) => (error ? reject(toCheckpointdError(error)) : resolve(reply)),
+      );
+      cancelOnAbort(call, options?.signal);
+    });
+  }
+
+  async *#serverStream(
+    path: string,
+    serialize: (value: unknown) => Buffer,
+    deserialize: (bytes: Buffer) => unknown,
+    request: unknown,
+    options: CallOptions | undefined,
+  ): AsyncGenerator<unknown> {
+    const [metadata, callOptions] = this.#call(options);
+    const call = this.#channel.makeServerStreamRequest(
+      path,
+      serialize,
+      deserialize,
+      request,
+      metadata,
+      callOptions,
+    );
+    const release = cancelOnAbort(call, options?.signal);
+    try {
+      for await (const message of call) yield message;
+    } catch (error) {
+      throw toCheckpointdError(error);
+    } finally {
+      release();
+      call.cancel(); // a no-op after the end; stops the daemon's work when the caller breaks out
+    }
+  }
+
+  #clientStream(
+    path: string,
+    serialize: (value: unknown) => Buffer,
+    deserialize: (bytes: Buffer) => unknown,
+    requests: Iterable<unknown> | AsyncIterable<unknown>,
+    options: CallOptions | undefined,
+  ): Promise<unknown> {
+    const [metadata, callOptions] = this.#call(options);
+    return new Promise((resolve, reject) => {
+      const call = this.#channel.makeClientStreamRequest(
+        path,
+        serialize,
+        deserialize,
+        metadata,
+        callOptions,
+        (error, reply) => (error ? reject(toCheckpointdError(error)) : resolve(reply)),
+      );
+      cancelOnAbort(call, options?.signal);
+      (async () => {
+        for await (const message of requests) {
+          if (!call.write(message)) await new Promise((drained) => call.once("drain", drained));
+        }
+        call.end();
+      })().catch((error: unknown) => {
+        call.cancel();
+        reject(toCheckpointdError(error));
+      });
+    });
+  }
+}
+
+// Every RPC of the contract as a typed method (bound in the constructor).
+export interface CheckpointdClient extends Omit<CheckpointdRpcs, "capture"> {}
+
+function cancelOnAbort(call: { cancel(): void }, signal: AbortSignal | undefined): () => void {
+  if (signal === undefined) return () => undefined;
+  if (signal.aborted) {
+    call.cancel();
+    return () => undefined;
+  }
+  const onAbort = () => call.cancel();
+  signal.addEventListener("abort", onAbort, { once: true });
+  return () => signal.removeEventListener("abort", onAbort);
+}
+
+/**
+ * Connects to the daemon and waits (up to `connectTimeoutMs`) until its health
+ * check says SERVING. Rejects with code `SANDBOX_SNAPSHOT_UNAUTHENTICATED` for a
+ * missing or wrong token, `SANDBOX_SNAPSHOT_UNAVAILABLE` when it never answers.
+ */
+export async function connect(options: ConnectOptions): Promise<CheckpointdClient> {
+  const client = new CheckpointdClient(options);
+  try {
+    await client.waitServing();
+  } catch (error) {
+    client.close();
+    throw error;
+  }
+  return client;
+}
+
+export type { CaptureRequest };

@@ -1,0 +1,204 @@
+/**
+ * The seeds' functions (`@tanstack/ai-sandbox`'s names), done by the daemon.
+ *
+ * Where the seeds take a sandbox handle and stores, these take a connected
+ * `client`: the daemon holds the workspace, the checkpoint store and the blobs.
+ */
+import type { CallOptions, CheckpointdClient } from "./client.js";
+import { SandboxCheckpointInvalidArgumentError } from "./errors.js";
+import type {
+  Artifact,
+  CaptureDone,
+  CheckpointSummary,
+  KeptBlob,
+  Progress,
+  SweepFailure,
+} from "./gen/checkpointd/v1/checkpointd.js";
+
+/** Which files a capture keeps and a restore manages (gitignore dialect). */
+export interface SandboxPolicy {
+  exclude?: string[];
+  include?: string[];
+  /** Unset means true: any `.git`, `node_modules` or `.env*` segment is excluded. */
+  defaultExcludes?: boolean;
+}
+
+export interface CaptureSandboxCheckpointOptions extends CallOptions {
+  client: CheckpointdClient;
+  threadId: string;
+  /** Names the checkpoint; its reason is then `named`. */
+  label?: string;
+  policy?: SandboxPolicy;
+  /** Secret values (at least 4 bytes each); stored files hold zero bytes instead. */
+  secrets?: Array<string | Uint8Array>;
+  /** Messages to keep with the files, any JSON values (default `[]`). */
+  conversation?: unknown[];
+  /** Records from `client.uploadArtifactBytes(...)`. */
+  artifacts?: Artifact[];
+  /** A folder below the daemon's workspace root to capture instead of the root. */
+  workspaceSubdir?: string;
+  sourceRunId?: string;
+  /** Idempotency key (generated when absent); retries reuse it. */
+  requestId?: string;
+  /** Sees every progress event. */
+  onProgress?: (progress: Progress) => void;
+}
+
+/** The saved checkpoint's summary, with the capture's stats. */
+export type CapturedCheckpoint = CheckpointSummary & {
+  stats: CaptureDone["stats"];
+  /** True when a retry found the checkpoint an earlier attempt committed. */
+  replayed: boolean;
+};
+
+function secretBytes(secret: string | Uint8Array): Uint8Array {
+  return typeof secret === "string" ? Buffer.from(secret, "utf8") : secret;
+}
+
+function conversationDocuments(conversation: unknown[]): string[] {
+  return conversation.map((message, index) => {
+    const text = JSON.stringify(message);
+    if (text === undefined) {
+      throw new SandboxCheckpointInvalidArgumentError(
+        `conversation[${index}] is not a JSON value`,
+        { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { index: String(index) } },
+      );
+    }
+    return text;
+  });
+}
+
+function callOptions(options: CallOptions): CallOptions {
+  return { timeoutMs: options.timeoutMs, signal: options.signal, waitForReady: options.waitForReady };
+}
+
+/**
+ * Saves the daemon's workspace as a new checkpoint at the head of `threadId` and
+ * returns its summary. Throws `SandboxCheckpointWriterConflictError` while another
+ * writer holds the thread (skip that capture: the next one saves the same files).
+ */
+export async function captureSandboxCheckpoint(
+  options: CaptureSandboxCheckpointOptions,
+): Promise<CapturedCheckpoint> {
+  const events = options.client.capture(
+    {
+      threadId: options.threadId,
+      label: options.label,
+      policy: options.policy,
+      secrets: (options.secrets ?? []).map(secretBytes),
+      conversation: conversationDocuments(options.conversation ?? []),
+      artifacts: options.artifacts ?? [],
+      workspaceSubdir: options.workspaceSubdir ?? "",
+      sourceRunId: options.sourceRunId,
+      requestId: options.requestId,
+    },
+    callOptions(options),
+  );
+  for await (const { event } of events) {
+    if (event?.$case === "progress") options.onProgress?.(event.value);
+    if (event?.$case === "done" && event.value.checkpoint !== undefined) {
+      return { ...event.value.checkpoint, stats: event.value.stats, replayed: event.value.replayed };
+    }
+  }
+  // client.capture throws when the stream ends without its done event.
+  throw new Error("unreachable: capture ended without a done event");
+}
+
+export interface RestoreSandboxCheckpointOptions extends CallOptions {
+  client: CheckpointdClient;
+  threadId: string;
+  /** Restore this checkpoint of the thread instead of the newest. */
+  checkpointId?: string;
+  policy?: SandboxPolicy;
+  workspaceSubdir?: string;
+  onProgress?: (progress: Progress) => void;
+}
+
+/**
+ * Restores the newest (or the given) checkpoint of `threadId` into the daemon's
+ * workspace. Returns the checkpoint, or `null` when the thread has none (the
+ * workspace stays as it is). An id not on the thread throws `SandboxSnapshotError`
+ * with code `SANDBOX_SNAPSHOT_MISSING_CHECKPOINT`.
+ */
+export async function restoreSandboxCheckpoint(
+  options: RestoreSandboxCheckpointOptions,
+): Promise<CheckpointSummary | null> {
+  const events = options.client.restore(
+    {
+      threadId: options.threadId,
+      checkpointId: options.checkpointId,
+      policy: options.policy,
+      workspaceSubdir: options.workspaceSubdir ?? "",
+    },
+    callOptions(options),
+  );
+  for await (const { event } of events) {
+    if (event?.$case === "progress") options.onProgress?.(event.value);
+    if (event?.$case === "done") {
+      return event.value.restored ? (event.value.checkpoint ?? null) : null;
+    }
+  }
+  throw new Error("the restore stream ended without its done event");
+}
+
+export interface DeleteCheckpointsOptions extends CallOptions {
+  client: CheckpointdClient;
+  threadId: string;
+  /** Keep the head and its `keep - 1` nearest ancestors (at least 1). */
+  keep: number;
+  /** Report what would be deleted, delete nothing. */
+  dryRun?: boolean;
+}
+
+/** Deletes all but the newest `keep` checkpoints of the head chain; returns the deleted ids, oldest first. */
+export async function deleteCheckpoints(
+  options: DeleteCheckpointsOptions,
+): Promise<{ deleted: string[]; dryRun: boolean }> {
+  if (!Number.isInteger(options.keep) || options.keep < 1) {
+    throw new SandboxCheckpointInvalidArgumentError(
+      `keep must be an integer of at least 1, not ${options.keep}`,
+      { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { keep: String(options.keep) } },
+    );
+  }
+  const reply = await options.client.prune(
+    { threadId: options.threadId, keep: options.keep, dryRun: options.dryRun ?? false },
+    callOptions(options),
+  );
+  return { deleted: reply.deletedCheckpointIds, dryRun: reply.dryRun };
+}
+
+export interface SweepSandboxBlobsOptions extends CallOptions {
+  client: CheckpointdClient;
+  /** Only blobs uploaded at least this long ago are deleted; longer than your longest capture. */
+  olderThanMs: number;
+  dryRun?: boolean;
+}
+
+/** The deleted keys (as in the seeds), with what was kept and why, and failures. */
+export type SweepResult = string[] & {
+  kept: KeptBlob[];
+  failures: SweepFailure[];
+  dryRun: boolean;
+};
+
+/** Deletes blobs no checkpoint uses that are at least `olderThanMs` old; returns the deleted keys. */
+export async function sweepSandboxBlobs(options: SweepSandboxBlobsOptions): Promise<SweepResult> {
+  if (!Number.isSafeInteger(options.olderThanMs) || options.olderThanMs < 0) {
+    throw new SandboxCheckpointInvalidArgumentError(
+      `olderThanMs must be a non-negative integer, not ${options.olderThanMs}`,
+      {
+        code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+        metadata: { older_than_ms: String(options.olderThanMs) },
+      },
+    );
+  }
+  const reply = await options.client.sweepBlobs(
+    { olderThanMs: options.olderThanMs, dryRun: options.dryRun ?? false },
+    callOptions(options),
+  );
+  return Object.assign([...reply.deleted], {
+    kept: reply.kept,
+    failures: reply.failures,
+    dryRun: reply.dryRun,
+  });
+}
