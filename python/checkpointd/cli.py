@@ -209,9 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = client("sweep", "delete blobs no checkpoint uses")
     sweep.add_argument(
-        "--older-than", default="1h", help="only blobs uploaded at least this long ago (default 1h)"
+        "--older-than",
+        default=None,
+        help="only blobs uploaded at least this long ago: 30m, 12h, 7d, 0 (default: the "
+        "daemon's, 1h)",
     )
     sweep.add_argument("--dry-run", action="store_true")
+    sweep.add_argument(
+        "--keys",
+        action="store_true",
+        help="print every key as it is deleted or kept (with --json: one JSON object a line)",
+    )
 
     health = client("health", "check that the daemon is SERVING")
     health.add_argument(
@@ -326,9 +334,13 @@ def _default_address() -> str:
 
 
 def _parse_ms(text: str) -> int:
+    from .errors import SandboxCheckpointInvalidArgumentError
     from .service.config import parse_duration
 
-    return int(parse_duration(text) * 1000)
+    try:
+        return int(parse_duration(text) * 1000)
+    except SandboxCheckpointInvalidArgumentError as error:
+        raise UsageError(str(error)) from None
 
 
 async def _run_client(args: argparse.Namespace) -> int:
@@ -504,13 +516,61 @@ async def _prune(client: Any, args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+# Failures printed (human) or put in the JSON document; the summary counts all.
+MAX_REPORTED_FAILURES = 100
+
+
 async def _sweep(client: Any, args: argparse.Namespace, out: Output) -> int:
-    report = await client.sweep(_parse_ms(args.older_than), dry_run=args.dry_run)
+    older_than_ms = None if args.older_than is None else _parse_ms(args.older_than)
+    from .service.client import RpcError
+
+    failures: list[tuple[str, str]] = []
+    deleted = 0
+
+    def on_batch(batch: Any) -> None:
+        nonlocal deleted
+        deleted += len(batch.deleted)
+        # Keys stream through: a sweep of millions never gathers them here.
+        for failure in batch.failures:
+            if len(failures) < MAX_REPORTED_FAILURES:
+                failures.append((failure.key, failure.message))
+        if not args.keys:
+            return
+        rows = [("deleted", key, "") for key in batch.deleted]
+        rows += [("kept", k.key, k.reason) for k in batch.kept]
+        rows += [("failed", f.key, f.message) for f in batch.failures]
+        for kind, key, why in rows:
+            if args.json:
+                print(json.dumps({kind: key, **({"why": why} if why else {})}))
+            else:
+                print(f"{kind:<7} {key}" + (f"  ({why})" if why else ""))
+
+    try:
+        summary = await client.sweep(older_than_ms, dry_run=args.dry_run, on_batch=on_batch)
+    except RpcError as error:
+        # What the stream already reported as deleted is gone: say so with the error.
+        error.metadata["deleted_before_failure"] = str(deleted)
+        raise
     verb = "would delete" if args.dry_run else "deleted"
-    text = f"{verb} {len(report.deleted)} blobs, kept {len(report.kept)}, {len(report.failures)} failures"
-    text += "".join(f"\n  failed {f.key}: {f.message}" for f in report.failures)
-    out.emit(_to_dict(report), text)
-    return EXIT_OK if not report.failures else EXIT_ERROR
+    reasons = ", ".join(f"{r}: {n}" for r, n in sorted(summary.kept_by_reason.items()))
+    text = (
+        f"{verb} {summary.deleted_count} blobs, kept {summary.kept_count}"
+        + (f" ({reasons})" if reasons else "")
+        + f", {summary.failed_count} failures; listed {summary.listed_count} in "
+        f"{summary.duration_ms} ms"
+    )
+    text += "".join(f"\n  failed {key}: {message}" for key, message in failures)
+    if summary.failed_count > len(failures):
+        text += f"\n  … {summary.failed_count - len(failures)} more failures"
+    data = {
+        "summary": _to_dict(summary),
+        "failures": [{"key": key, "message": message} for key, message in failures],
+    }
+    if args.keys and args.json:
+        print(json.dumps(data))  # the last of the JSON lines
+    else:
+        out.emit(data, text)
+    return EXIT_OK if not summary.failed_count else EXIT_ERROR
 
 
 async def _health(client: Any, args: argparse.Namespace, out: Output) -> int:

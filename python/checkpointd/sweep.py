@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .blobs.base import BlobInfo, BlobStore, BlobStoreError
+from .blobs.base import BlobStore, BlobStoreError
 from .errors import SandboxCheckpointInvalidArgumentError
 from .model import BlobReference
 from .store._options import check_hold_ms, check_keep, list_order, plan_prune, valid_blob_key
@@ -60,8 +60,53 @@ class SweepReport:
     dry_run: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class SweepBatch:
+    """One step of a sweep's results, handed out as soon as it is known.
+
+    ``iter_sweep_blobs`` yields these so a caller (the daemon's SweepBlobs
+    stream) never holds the results of a whole bucket: kept keys come a listing
+    page at a time, deleted keys a delete batch at a time. A key appears in at
+    most one batch of a sweep.
+    """
+
+    deleted: tuple[str, ...] = ()
+    kept: tuple[tuple[str, str], ...] = ()
+    failures: tuple[tuple[str, str], ...] = ()
+    # Keys listed in the bucket page this batch reports on (0 for delete batches).
+    listed: int = 0
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _check_arguments(
+    store: CheckpointStore,
+    older_than_ms: int,
+    dry_run: bool,
+    hold_ms: int,
+    safety_margin_ms: int,
+    batch_size: int,
+) -> None:
+    if not is_int(older_than_ms) or older_than_ms < 0:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"older_than_ms must be an integer >= 0, got {older_than_ms!r}"
+        )
+    check_hold_ms(hold_ms)
+    if not is_int(safety_margin_ms) or not 0 <= safety_margin_ms < hold_ms:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"safety_margin_ms must be an integer in [0, hold_ms), got {safety_margin_ms!r}"
+        )
+    if not is_int(batch_size) or batch_size < 1:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"batch_size must be an integer >= 1, got {batch_size!r}"
+        )
+    if not dry_run and not isinstance(store, BlobGuard):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} does not implement pin_blobs/condemn_blobs; "
+            "sweeping it would not be safe while captures run"
+        )
 
 
 async def sweep_blobs(
@@ -84,70 +129,90 @@ async def sweep_blobs(
     (every store we ship does). Raises SandboxCheckpointInvalidArgumentError for
     a bad argument; backend failures are reported per key in the result, and a
     failure to list the blobs or the references deletes nothing.
-    """
-    if not is_int(older_than_ms) or older_than_ms < 0:
-        raise SandboxCheckpointInvalidArgumentError(
-            f"older_than_ms must be an integer >= 0, got {older_than_ms!r}"
-        )
-    check_hold_ms(hold_ms)
-    if not is_int(safety_margin_ms) or not 0 <= safety_margin_ms < hold_ms:
-        raise SandboxCheckpointInvalidArgumentError(
-            f"safety_margin_ms must be an integer in [0, hold_ms), got {safety_margin_ms!r}"
-        )
-    if not is_int(batch_size) or batch_size < 1:
-        raise SandboxCheckpointInvalidArgumentError(
-            f"batch_size must be an integer >= 1, got {batch_size!r}"
-        )
-    if not dry_run and not isinstance(store, BlobGuard):
-        raise SandboxCheckpointInvalidArgumentError(
-            f"{type(store).__name__} does not implement pin_blobs/condemn_blobs; "
-            "sweeping it would not be safe while captures run"
-        )
 
-    listed, failures = await _list_blobs(blobs)
-    if failures:
-        return SweepReport(failures=failures, dry_run=dry_run)
+    The whole report in memory: for a bucket of millions of keys use
+    ``iter_sweep_blobs``, which hands out the same results batch by batch.
+    """
+    report = SweepReport(dry_run=dry_run)
+    async for batch in iter_sweep_blobs(
+        store,
+        blobs,
+        older_than_ms,
+        now=now,
+        dry_run=dry_run,
+        hold_ms=hold_ms,
+        safety_margin_ms=safety_margin_ms,
+        batch_size=batch_size,
+    ):
+        report.deleted.extend(batch.deleted)
+        report.kept.extend(batch.kept)
+        report.failures.extend(batch.failures)
+    return report
+
+
+async def iter_sweep_blobs(
+    store: CheckpointStore,
+    blobs: BlobStore,
+    older_than_ms: int,
+    *,
+    now: Callable[[], int] | None = None,
+    dry_run: bool = False,
+    hold_ms: int = DEFAULT_HOLD_MS,
+    safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> AsyncIterator[SweepBatch]:
+    """``sweep_blobs`` as a stream of SweepBatch, each yielded as soon as it is
+    known (same arguments, same rules, same errors).
+
+    Memory: the referenced keys and the delete candidates (key strings) are held,
+    because no key may be deleted before the whole bucket has been listed (a
+    listing failure deletes nothing); the listing itself is walked a page at a
+    time and kept keys are handed out per page, never gathered. A caller that
+    stops iterating stops the sweep after the batch in flight (its condemnations
+    are released).
+    """
+    _check_arguments(store, older_than_ms, dry_run, hold_ms, safety_margin_ms, batch_size)
     try:
         # Iterable, not list: store.base annotates with ``list`` inside a class
         # that has a ``list`` method, which mypy then cannot resolve.
         references: Iterable[BlobReference] = await store.list_blob_references()
         referenced = {reference.key for reference in references}
     except Exception as error:  # noqa: BLE001 - reported, and nothing is deleted
-        return SweepReport(failures=[("<references>", _describe(error))], dry_run=dry_run)
+        yield SweepBatch(failures=(("<references>", _describe(error)),))
+        return
+    del references
 
     cutoff = (now or _wall_clock_ms)()
-    kept: list[tuple[str, str]] = []
     candidates: list[str] = []
-    for info in listed:
-        if not valid_blob_key(info.key):
-            kept.append((info.key, NOT_A_BLOB_KEY))
-        elif info.key in referenced:
-            kept.append((info.key, REFERENCED))
-        elif cutoff - info.last_modified_ms < older_than_ms:
-            kept.append((info.key, TOO_YOUNG))
-        else:
-            candidates.append(info.key)
-
-    if dry_run:
-        return SweepReport(deleted=candidates, kept=kept, dry_run=True)
-
-    assert isinstance(store, BlobGuard)
-    deleted: list[str] = []
-    for start in range(0, len(candidates), batch_size):
-        batch = candidates[start : start + batch_size]
-        await _sweep_batch(store, blobs, batch, hold_ms, safety_margin_ms, deleted, kept, failures)
-    return SweepReport(deleted=deleted, kept=kept, failures=failures)
-
-
-async def _list_blobs(blobs: BlobStore) -> tuple[list[BlobInfo], list[tuple[str, str]]]:
-    listed: list[BlobInfo] = []
-    failures: list[tuple[str, str]] = []
+    listing_failed = False
     for prefix in SWEPT_PREFIXES:
         try:
-            listed.extend(await blobs.list(prefix))
+            async for page in blobs.list_pages(prefix):
+                kept: list[tuple[str, str]] = []
+                for info in page:
+                    if not valid_blob_key(info.key):
+                        kept.append((info.key, NOT_A_BLOB_KEY))
+                    elif info.key in referenced:
+                        kept.append((info.key, REFERENCED))
+                    elif cutoff - info.last_modified_ms < older_than_ms:
+                        kept.append((info.key, TOO_YOUNG))
+                    else:
+                        candidates.append(info.key)
+                yield SweepBatch(kept=tuple(kept), listed=len(page))
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
-            failures.append((prefix, _describe(error)))
-    return listed, failures
+            listing_failed = True
+            yield SweepBatch(failures=((prefix, _describe(error)),))
+    del referenced
+    if listing_failed:
+        return
+
+    for start in range(0, len(candidates), batch_size):
+        batch = candidates[start : start + batch_size]
+        if dry_run:
+            yield SweepBatch(deleted=tuple(batch))
+        else:
+            assert isinstance(store, BlobGuard)
+            yield await _sweep_batch(store, blobs, batch, hold_ms, safety_margin_ms)
 
 
 async def _sweep_batch(
@@ -156,10 +221,7 @@ async def _sweep_batch(
     batch: list[str],
     hold_ms: int,
     safety_margin_ms: int,
-    deleted: list[str],
-    kept: list[tuple[str, str]],
-    failures: list[tuple[str, str]],
-) -> None:
+) -> SweepBatch:
     # Started before the condemn call: the store's hold ends at or after
     # started + hold_ms, so stopping at started + hold_ms - margin is safe.
     started = time.monotonic()
@@ -167,18 +229,22 @@ async def _sweep_batch(
         condemned = await store.condemn_blobs(batch, hold_ms)
     except Exception as error:  # noqa: BLE001 - reported per key; nothing deleted
         message = _describe(error)
-        failures.extend((key, message) for key in batch)
-        return
+        return SweepBatch(failures=tuple((key, message) for key in batch))
     deadline = started + (hold_ms - safety_margin_ms) / 1000
     # A delete that started in time must still end before the hold does.
     hard_deadline = started + (hold_ms - safety_margin_ms / 2) / 1000
     chosen = set(condemned)
-    kept.extend((key, IN_USE) for key in batch if key not in chosen)
+    kept = [(key, IN_USE) for key in batch if key not in chosen]
+    deleted: list[str] = []
+    failures: list[tuple[str, str]] = []
     try:
         outcomes = await _delete_before(blobs, condemned, deadline, hard_deadline)
     finally:
         try:
-            await store.release_condemned(condemned)
+            # Shielded: a second cancellation (a client that gives up while
+            # the first one unwinds) must not leave the keys condemned, where
+            # captures would wait up to hold_ms for them.
+            await asyncio.shield(store.release_condemned(condemned))
         except Exception:  # noqa: BLE001 - the hold expires on its own
             pass
     for key, outcome in zip(condemned, outcomes, strict=True):
@@ -188,6 +254,7 @@ async def _sweep_batch(
             kept.append((key, HOLD_EXPIRING))
         else:
             failures.append((key, outcome))
+    return SweepBatch(deleted=tuple(deleted), kept=tuple(kept), failures=tuple(failures))
 
 
 async def _delete_before(
@@ -270,7 +337,9 @@ __all__ = [
     "REFERENCED",
     "SWEPT_PREFIXES",
     "TOO_YOUNG",
+    "SweepBatch",
     "SweepReport",
+    "iter_sweep_blobs",
     "prune",
     "sweep_blobs",
 ]

@@ -43,7 +43,7 @@ async def test_tcp_without_token_is_unauthenticated(daemons: DaemonFactory) -> N
         assert await client.health() == "SERVING"
         assert await client.get_head("t") is None
         info = await client.server_info()
-        assert info.protocol_version == 1
+        assert info.protocol_version == 2
 
 
 def test_tcp_without_token_refuses_to_start(short_tmp) -> None:

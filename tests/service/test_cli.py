@@ -16,7 +16,7 @@ from .conftest import Daemon, DaemonFactory, clean_env, make_tree, tree_state
 
 
 def cli(
-    daemon: Daemon | None, *args: str, address: str | None = None
+    daemon: Daemon | None, *args: str, address: str | None = None, timeout: float = 60
 ) -> subprocess.CompletedProcess[str]:
     env = clean_env(CHECKPOINTD_ADDRESS=address or (daemon.address if daemon else ""))
     return subprocess.run(
@@ -24,7 +24,7 @@ def cli(
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
 
 
@@ -84,7 +84,8 @@ async def test_client_commands(daemon: Daemon, short_tmp: Path) -> None:
     assert fork["reason"] == "fork-root"
     assert ok_json(daemon, "prune", "t-cli", "--keep", "1", "--dry-run")["deleted"] == [first_id]
     assert ok_json(daemon, "prune", "t-cli", "--keep", "1")["deleted"] == [first_id]
-    assert ok_json(daemon, "sweep", "--older-than", "0s", "--dry-run")["dry_run"] is True
+    sweep = ok_json(daemon, "sweep", "--older-than", "0s", "--dry-run")
+    assert sweep["summary"]["dry_run"] is True
     assert ok_json(daemon, "health")["status"] == "SERVING"
     human = cli(daemon, "list", "t-cli")
     assert human.returncode == 0 and second_id in human.stdout

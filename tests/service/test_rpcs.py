@@ -222,12 +222,18 @@ async def test_fork_delete_head_prune_and_sweep(daemon: Daemon) -> None:
         assert [s.id for s in await client.list_checkpoints("t-main")] == [ids[2]]
 
         # f3.txt's blob is referenced by no checkpoint any more.
-        dry = await client.sweep(0, dry_run=True)
-        assert dry.dry_run and len(dry.deleted) == 1
-        report = await client.sweep(0)
-        assert list(report.deleted) == list(dry.deleted) and not report.failures
-        assert any(k.reason == "referenced" for k in report.kept)
-        assert (await client.sweep(0)).deleted == []
+        dry_batches: list[pb.SweepBlobsBatch] = []
+        dry = await client.sweep(0, dry_run=True, on_batch=dry_batches.append)
+        dry_deleted = [key for batch in dry_batches for key in batch.deleted]
+        assert dry.dry_run and dry.deleted_count == len(dry_deleted) == 1
+        batches: list[pb.SweepBlobsBatch] = []
+        report = await client.sweep(0, on_batch=batches.append)
+        assert [key for batch in batches for key in batch.deleted] == dry_deleted
+        assert report.deleted_count == 1 and report.failed_count == 0
+        assert report.kept_by_reason["referenced"] == report.kept_count > 0
+        assert report.listed_count == report.kept_count + 1
+        assert any(k.reason == "referenced" for batch in batches for k in batch.kept)
+        assert (await client.sweep(0)).deleted_count == 0
 
 
 async def test_capture_request_id_replays_a_committed_capture(daemon: Daemon) -> None:
@@ -270,7 +276,7 @@ async def test_server_info_health_and_reflection(daemon: Daemon) -> None:
 
     async with daemon.client() as client:
         info = await client.server_info()
-        assert info.protocol_version == 1 and info.version
+        assert info.protocol_version == 2 and info.version
         caps = info.capabilities
         assert (caps.store_backend, caps.blob_backend) == ("sqlite", "file")
         assert caps.fork and caps.diff and caps.safe_sweep and caps.capture_request_id

@@ -2647,9 +2647,10 @@ func (x *PruneResponse) GetDryRun() bool {
 
 type SweepBlobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Only blobs uploaded at least this long ago are deleted.
-	OlderThanMs   uint64 `protobuf:"varint,1,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
-	DryRun        bool   `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Only blobs uploaded at least this long ago are deleted. Unset: the server's
+	// default (1 hour); 0 means any age.
+	OlderThanMs   *uint64 `protobuf:"varint,1,opt,name=older_than_ms,json=olderThanMs,proto3,oneof" json:"older_than_ms,omitempty"`
+	DryRun        bool    `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2685,8 +2686,8 @@ func (*SweepBlobsRequest) Descriptor() ([]byte, []int) {
 }
 
 func (x *SweepBlobsRequest) GetOlderThanMs() uint64 {
-	if x != nil {
-		return x.OlderThanMs
+	if x != nil && x.OlderThanMs != nil {
+		return *x.OlderThanMs
 	}
 	return 0
 }
@@ -2699,9 +2700,10 @@ func (x *SweepBlobsRequest) GetDryRun() bool {
 }
 
 type KeptBlob struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// "referenced", "too-young", "not-a-blob-key", "in-use" or "hold-expiring".
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2751,9 +2753,10 @@ func (x *KeptBlob) GetReason() string {
 }
 
 type SweepFailure struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The blob key, or the listing prefix / "<references>" when listing failed.
+	Key           string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2802,30 +2805,35 @@ func (x *SweepFailure) GetMessage() string {
 	return ""
 }
 
-type SweepBlobsResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Deleted       []string               `protobuf:"bytes,1,rep,name=deleted,proto3" json:"deleted,omitempty"`
-	Kept          []*KeptBlob            `protobuf:"bytes,2,rep,name=kept,proto3" json:"kept,omitempty"`
-	Failures      []*SweepFailure        `protobuf:"bytes,3,rep,name=failures,proto3" json:"failures,omitempty"`
-	DryRun        bool                   `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+// Results as the sweep produces them: kept keys a listing page at a time,
+// deleted keys a delete batch at a time (at most a few thousand keys per
+// message). A key appears in at most one batch. Deleted keys are reported only
+// once they are gone, so a sweep that fails part-way has already told the
+// client every key it deleted.
+type SweepBlobsBatch struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Deleted (with dry_run: would be deleted).
+	Deleted       []string        `protobuf:"bytes,1,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	Kept          []*KeptBlob     `protobuf:"bytes,2,rep,name=kept,proto3" json:"kept,omitempty"`
+	Failures      []*SweepFailure `protobuf:"bytes,3,rep,name=failures,proto3" json:"failures,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *SweepBlobsResponse) Reset() {
-	*x = SweepBlobsResponse{}
+func (x *SweepBlobsBatch) Reset() {
+	*x = SweepBlobsBatch{}
 	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *SweepBlobsResponse) String() string {
+func (x *SweepBlobsBatch) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*SweepBlobsResponse) ProtoMessage() {}
+func (*SweepBlobsBatch) ProtoMessage() {}
 
-func (x *SweepBlobsResponse) ProtoReflect() protoreflect.Message {
+func (x *SweepBlobsBatch) ProtoReflect() protoreflect.Message {
 	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2837,38 +2845,217 @@ func (x *SweepBlobsResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use SweepBlobsResponse.ProtoReflect.Descriptor instead.
-func (*SweepBlobsResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use SweepBlobsBatch.ProtoReflect.Descriptor instead.
+func (*SweepBlobsBatch) Descriptor() ([]byte, []int) {
 	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{41}
 }
 
-func (x *SweepBlobsResponse) GetDeleted() []string {
+func (x *SweepBlobsBatch) GetDeleted() []string {
 	if x != nil {
 		return x.Deleted
 	}
 	return nil
 }
 
-func (x *SweepBlobsResponse) GetKept() []*KeptBlob {
+func (x *SweepBlobsBatch) GetKept() []*KeptBlob {
 	if x != nil {
 		return x.Kept
 	}
 	return nil
 }
 
-func (x *SweepBlobsResponse) GetFailures() []*SweepFailure {
+func (x *SweepBlobsBatch) GetFailures() []*SweepFailure {
 	if x != nil {
 		return x.Failures
 	}
 	return nil
 }
 
-func (x *SweepBlobsResponse) GetDryRun() bool {
+// The last message of a sweep that ran to its end (also when some keys failed:
+// see failed_count). Counts are the totals of the batches before it.
+type SweepBlobsSummary struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	ListedCount  uint64                 `protobuf:"varint,1,opt,name=listed_count,json=listedCount,proto3" json:"listed_count,omitempty"`
+	DeletedCount uint64                 `protobuf:"varint,2,opt,name=deleted_count,json=deletedCount,proto3" json:"deleted_count,omitempty"`
+	KeptCount    uint64                 `protobuf:"varint,3,opt,name=kept_count,json=keptCount,proto3" json:"kept_count,omitempty"`
+	FailedCount  uint64                 `protobuf:"varint,4,opt,name=failed_count,json=failedCount,proto3" json:"failed_count,omitempty"`
+	DryRun       bool                   `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Kept keys per reason ("referenced": 12, "too-young": 3, ...).
+	KeptByReason map[string]uint64 `protobuf:"bytes,6,rep,name=kept_by_reason,json=keptByReason,proto3" json:"kept_by_reason,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	DurationMs   uint64            `protobuf:"varint,7,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// The older_than_ms the sweep used (the server default when unset).
+	OlderThanMs   uint64 `protobuf:"varint,8,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SweepBlobsSummary) Reset() {
+	*x = SweepBlobsSummary{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SweepBlobsSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SweepBlobsSummary) ProtoMessage() {}
+
+func (x *SweepBlobsSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SweepBlobsSummary.ProtoReflect.Descriptor instead.
+func (*SweepBlobsSummary) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *SweepBlobsSummary) GetListedCount() uint64 {
+	if x != nil {
+		return x.ListedCount
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetDeletedCount() uint64 {
+	if x != nil {
+		return x.DeletedCount
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetKeptCount() uint64 {
+	if x != nil {
+		return x.KeptCount
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetFailedCount() uint64 {
+	if x != nil {
+		return x.FailedCount
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetDryRun() bool {
 	if x != nil {
 		return x.DryRun
 	}
 	return false
 }
+
+func (x *SweepBlobsSummary) GetKeptByReason() map[string]uint64 {
+	if x != nil {
+		return x.KeptByReason
+	}
+	return nil
+}
+
+func (x *SweepBlobsSummary) GetDurationMs() uint64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetOlderThanMs() uint64 {
+	if x != nil {
+		return x.OlderThanMs
+	}
+	return 0
+}
+
+type SweepBlobsEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*SweepBlobsEvent_Batch
+	//	*SweepBlobsEvent_Summary
+	Event         isSweepBlobsEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SweepBlobsEvent) Reset() {
+	*x = SweepBlobsEvent{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SweepBlobsEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SweepBlobsEvent) ProtoMessage() {}
+
+func (x *SweepBlobsEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SweepBlobsEvent.ProtoReflect.Descriptor instead.
+func (*SweepBlobsEvent) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *SweepBlobsEvent) GetEvent() isSweepBlobsEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *SweepBlobsEvent) GetBatch() *SweepBlobsBatch {
+	if x != nil {
+		if x, ok := x.Event.(*SweepBlobsEvent_Batch); ok {
+			return x.Batch
+		}
+	}
+	return nil
+}
+
+func (x *SweepBlobsEvent) GetSummary() *SweepBlobsSummary {
+	if x != nil {
+		if x, ok := x.Event.(*SweepBlobsEvent_Summary); ok {
+			return x.Summary
+		}
+	}
+	return nil
+}
+
+type isSweepBlobsEvent_Event interface {
+	isSweepBlobsEvent_Event()
+}
+
+type SweepBlobsEvent_Batch struct {
+	Batch *SweepBlobsBatch `protobuf:"bytes,1,opt,name=batch,proto3,oneof"`
+}
+
+type SweepBlobsEvent_Summary struct {
+	Summary *SweepBlobsSummary `protobuf:"bytes,2,opt,name=summary,proto3,oneof"`
+}
+
+func (*SweepBlobsEvent_Batch) isSweepBlobsEvent_Event() {}
+
+func (*SweepBlobsEvent_Summary) isSweepBlobsEvent_Event() {}
 
 type GetServerInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2878,7 +3065,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2890,7 +3077,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2903,7 +3090,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
 }
 
 type Capabilities struct {
@@ -2923,7 +3110,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2935,7 +3122,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2948,7 +3135,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *Capabilities) GetStoreBackend() string {
@@ -3003,7 +3190,7 @@ func (x *Capabilities) GetMaxChunkBytes() uint32 {
 type GetServerInfoResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
-	// Bumped on incompatible wire changes (this file: 1).
+	// Bumped on incompatible wire changes (this file: 2; 2 made SweepBlobs a stream).
 	ProtocolVersion uint32        `protobuf:"varint,2,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	Capabilities    *Capabilities `protobuf:"bytes,3,opt,name=capabilities,proto3" json:"capabilities,omitempty"`
 	unknownFields   protoimpl.UnknownFields
@@ -3012,7 +3199,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3211,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3224,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *GetServerInfoResponse) GetVersion() string {
@@ -3269,21 +3456,39 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"^\n" +
 	"\rPruneResponse\x124\n" +
 	"\x16deleted_checkpoint_ids\x18\x01 \x03(\tR\x14deletedCheckpointIds\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"P\n" +
-	"\x11SweepBlobsRequest\x12\"\n" +
-	"\rolder_than_ms\x18\x01 \x01(\x04R\volderThanMs\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"4\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"g\n" +
+	"\x11SweepBlobsRequest\x12'\n" +
+	"\rolder_than_ms\x18\x01 \x01(\x04H\x00R\volderThanMs\x88\x01\x01\x12\x17\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRunB\x10\n" +
+	"\x0e_older_than_ms\"4\n" +
 	"\bKeptBlob\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\":\n" +
 	"\fSweepFailure\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xaf\x01\n" +
-	"\x12SweepBlobsResponse\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\x93\x01\n" +
+	"\x0fSweepBlobsBatch\x12\x18\n" +
 	"\adeleted\x18\x01 \x03(\tR\adeleted\x12,\n" +
 	"\x04kept\x18\x02 \x03(\v2\x18.checkpointd.v1.KeptBlobR\x04kept\x128\n" +
-	"\bfailures\x18\x03 \x03(\v2\x1c.checkpointd.v1.SweepFailureR\bfailures\x12\x17\n" +
-	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"\x16\n" +
+	"\bfailures\x18\x03 \x03(\v2\x1c.checkpointd.v1.SweepFailureR\bfailures\"\x97\x03\n" +
+	"\x11SweepBlobsSummary\x12!\n" +
+	"\flisted_count\x18\x01 \x01(\x04R\vlistedCount\x12#\n" +
+	"\rdeleted_count\x18\x02 \x01(\x04R\fdeletedCount\x12\x1d\n" +
+	"\n" +
+	"kept_count\x18\x03 \x01(\x04R\tkeptCount\x12!\n" +
+	"\ffailed_count\x18\x04 \x01(\x04R\vfailedCount\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12Y\n" +
+	"\x0ekept_by_reason\x18\x06 \x03(\v23.checkpointd.v1.SweepBlobsSummary.KeptByReasonEntryR\fkeptByReason\x12\x1f\n" +
+	"\vduration_ms\x18\a \x01(\x04R\n" +
+	"durationMs\x12\"\n" +
+	"\rolder_than_ms\x18\b \x01(\x04R\volderThanMs\x1a?\n" +
+	"\x11KeptByReasonEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x92\x01\n" +
+	"\x0fSweepBlobsEvent\x127\n" +
+	"\x05batch\x18\x01 \x01(\v2\x1f.checkpointd.v1.SweepBlobsBatchH\x00R\x05batch\x12=\n" +
+	"\asummary\x18\x02 \x01(\v2!.checkpointd.v1.SweepBlobsSummaryH\x00R\asummaryB\a\n" +
+	"\x05event\"\x16\n" +
 	"\x14GetServerInfoRequest\"\xf3\x01\n" +
 	"\fCapabilities\x12#\n" +
 	"\rstore_backend\x18\x01 \x01(\tR\fstoreBackend\x12!\n" +
@@ -3309,7 +3514,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x11CHANGE_KIND_ADDED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_KIND_DELETED\x10\x02\x12\x18\n" +
 	"\x14CHANGE_KIND_MODIFIED\x10\x03\x12\x1c\n" +
-	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xf2\t\n" +
+	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xf1\t\n" +
 	"\vCheckpointd\x12I\n" +
 	"\aCapture\x12\x1e.checkpointd.v1.CaptureRequest\x1a\x1c.checkpointd.v1.CaptureEvent0\x01\x12I\n" +
 	"\aRestore\x12\x1e.checkpointd.v1.RestoreRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12\\\n" +
@@ -3321,9 +3526,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x04Fork\x12\x1b.checkpointd.v1.ForkRequest\x1a\x1c.checkpointd.v1.ForkResponse\x12S\n" +
 	"\n" +
 	"DeleteHead\x12!.checkpointd.v1.DeleteHeadRequest\x1a\".checkpointd.v1.DeleteHeadResponse\x12D\n" +
-	"\x05Prune\x12\x1c.checkpointd.v1.PruneRequest\x1a\x1d.checkpointd.v1.PruneResponse\x12S\n" +
+	"\x05Prune\x12\x1c.checkpointd.v1.PruneRequest\x1a\x1d.checkpointd.v1.PruneResponse\x12R\n" +
 	"\n" +
-	"SweepBlobs\x12!.checkpointd.v1.SweepBlobsRequest\x1a\".checkpointd.v1.SweepBlobsResponse\x12O\n" +
+	"SweepBlobs\x12!.checkpointd.v1.SweepBlobsRequest\x1a\x1f.checkpointd.v1.SweepBlobsEvent0\x01\x12O\n" +
 	"\bReadFile\x12\x1f.checkpointd.v1.ReadFileRequest\x1a .checkpointd.v1.ReadFileResponse0\x01\x12a\n" +
 	"\x0eUploadArtifact\x12%.checkpointd.v1.UploadArtifactRequest\x1a&.checkpointd.v1.UploadArtifactResponse(\x01\x12[\n" +
 	"\fReadArtifact\x12#.checkpointd.v1.ReadArtifactRequest\x1a$.checkpointd.v1.ReadArtifactResponse0\x01\x12\\\n" +
@@ -3342,7 +3547,7 @@ func file_checkpointd_v1_checkpointd_proto_rawDescGZIP() []byte {
 }
 
 var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 46)
+var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(EntryKind)(0),                  // 0: checkpointd.v1.EntryKind
 	(ChangeKind)(0),                 // 1: checkpointd.v1.ChangeKind
@@ -3387,18 +3592,21 @@ var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(*SweepBlobsRequest)(nil),       // 40: checkpointd.v1.SweepBlobsRequest
 	(*KeptBlob)(nil),                // 41: checkpointd.v1.KeptBlob
 	(*SweepFailure)(nil),            // 42: checkpointd.v1.SweepFailure
-	(*SweepBlobsResponse)(nil),      // 43: checkpointd.v1.SweepBlobsResponse
-	(*GetServerInfoRequest)(nil),    // 44: checkpointd.v1.GetServerInfoRequest
-	(*Capabilities)(nil),            // 45: checkpointd.v1.Capabilities
-	(*GetServerInfoResponse)(nil),   // 46: checkpointd.v1.GetServerInfoResponse
-	nil,                             // 47: checkpointd.v1.CaptureStats.PhasesMsEntry
+	(*SweepBlobsBatch)(nil),         // 43: checkpointd.v1.SweepBlobsBatch
+	(*SweepBlobsSummary)(nil),       // 44: checkpointd.v1.SweepBlobsSummary
+	(*SweepBlobsEvent)(nil),         // 45: checkpointd.v1.SweepBlobsEvent
+	(*GetServerInfoRequest)(nil),    // 46: checkpointd.v1.GetServerInfoRequest
+	(*Capabilities)(nil),            // 47: checkpointd.v1.Capabilities
+	(*GetServerInfoResponse)(nil),   // 48: checkpointd.v1.GetServerInfoResponse
+	nil,                             // 49: checkpointd.v1.CaptureStats.PhasesMsEntry
+	nil,                             // 50: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	0,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
 	2,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
 	2,  // 2: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
 	4,  // 3: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	47, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	49, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
 	5,  // 5: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
 	8,  // 6: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
 	9,  // 7: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
@@ -3422,44 +3630,47 @@ var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	29, // 25: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
 	4,  // 26: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
 	5,  // 27: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	41, // 28: checkpointd.v1.SweepBlobsResponse.kept:type_name -> checkpointd.v1.KeptBlob
-	42, // 29: checkpointd.v1.SweepBlobsResponse.failures:type_name -> checkpointd.v1.SweepFailure
-	45, // 30: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	7,  // 31: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	12, // 32: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	16, // 33: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	18, // 34: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	20, // 35: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	22, // 36: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	24, // 37: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	34, // 38: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	36, // 39: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	38, // 40: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	40, // 41: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	27, // 42: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	30, // 43: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	32, // 44: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	44, // 45: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	11, // 46: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	15, // 47: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	17, // 48: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	19, // 49: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	21, // 50: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	23, // 51: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	26, // 52: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	35, // 53: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	37, // 54: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	39, // 55: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	43, // 56: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsResponse
-	28, // 57: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	31, // 58: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	33, // 59: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	46, // 60: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	46, // [46:61] is the sub-list for method output_type
-	31, // [31:46] is the sub-list for method input_type
-	31, // [31:31] is the sub-list for extension type_name
-	31, // [31:31] is the sub-list for extension extendee
-	0,  // [0:31] is the sub-list for field type_name
+	41, // 28: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
+	42, // 29: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
+	50, // 30: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	43, // 31: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
+	44, // 32: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
+	47, // 33: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	7,  // 34: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	12, // 35: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	16, // 36: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	18, // 37: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	20, // 38: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	22, // 39: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	24, // 40: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	34, // 41: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	36, // 42: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	38, // 43: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	40, // 44: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	27, // 45: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	30, // 46: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	32, // 47: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	46, // 48: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	11, // 49: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	15, // 50: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	17, // 51: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	19, // 52: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	21, // 53: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	23, // 54: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	26, // 55: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	35, // 56: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	37, // 57: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	39, // 58: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	45, // 59: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
+	28, // 60: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	31, // 61: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	33, // 62: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	48, // 63: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	49, // [49:64] is the sub-list for method output_type
+	34, // [34:49] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }
@@ -3489,13 +3700,18 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 		(*UploadArtifactRequest_Chunk)(nil),
 	}
 	file_checkpointd_v1_checkpointd_proto_msgTypes[35].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[38].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[43].OneofWrappers = []any{
+		(*SweepBlobsEvent_Batch)(nil),
+		(*SweepBlobsEvent_Summary)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_checkpointd_proto_rawDesc), len(file_checkpointd_v1_checkpointd_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   46,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -75,7 +75,10 @@ type CheckpointdClient interface {
 	Fork(ctx context.Context, in *ForkRequest, opts ...grpc.CallOption) (*ForkResponse, error)
 	DeleteHead(ctx context.Context, in *DeleteHeadRequest, opts ...grpc.CallOption) (*DeleteHeadResponse, error)
 	Prune(ctx context.Context, in *PruneRequest, opts ...grpc.CallOption) (*PruneResponse, error)
-	SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (*SweepBlobsResponse, error)
+	// Delete blobs no checkpoint uses. A stream, so the reply stays bounded for a
+	// bucket of any size: batches of results as they are produced, then one
+	// summary with the counts (the last message of a sweep that completed).
+	SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SweepBlobsEvent], error)
 	// The bytes of one file of a checkpoint, in chunks.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
 	// First message: metadata; then chunks of bytes. Returns the artifact record to
@@ -229,19 +232,28 @@ func (c *checkpointdClient) Prune(ctx context.Context, in *PruneRequest, opts ..
 	return out, nil
 }
 
-func (c *checkpointdClient) SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (*SweepBlobsResponse, error) {
+func (c *checkpointdClient) SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SweepBlobsEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(SweepBlobsResponse)
-	err := c.cc.Invoke(ctx, Checkpointd_SweepBlobs_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[4], Checkpointd_SweepBlobs_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[SweepBlobsRequest, SweepBlobsEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_SweepBlobsClient = grpc.ServerStreamingClient[SweepBlobsEvent]
 
 func (c *checkpointdClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[4], Checkpointd_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -260,7 +272,7 @@ type Checkpointd_ReadFileClient = grpc.ServerStreamingClient[ReadFileResponse]
 
 func (c *checkpointdClient) UploadArtifact(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadArtifactRequest, UploadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -273,7 +285,7 @@ type Checkpointd_UploadArtifactClient = grpc.ClientStreamingClient[UploadArtifac
 
 func (c *checkpointdClient) ReadArtifact(ctx context.Context, in *ReadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[7], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +332,10 @@ type CheckpointdServer interface {
 	Fork(context.Context, *ForkRequest) (*ForkResponse, error)
 	DeleteHead(context.Context, *DeleteHeadRequest) (*DeleteHeadResponse, error)
 	Prune(context.Context, *PruneRequest) (*PruneResponse, error)
-	SweepBlobs(context.Context, *SweepBlobsRequest) (*SweepBlobsResponse, error)
+	// Delete blobs no checkpoint uses. A stream, so the reply stays bounded for a
+	// bucket of any size: batches of results as they are produced, then one
+	// summary with the counts (the last message of a sweep that completed).
+	SweepBlobs(*SweepBlobsRequest, grpc.ServerStreamingServer[SweepBlobsEvent]) error
 	// The bytes of one file of a checkpoint, in chunks.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
 	// First message: metadata; then chunks of bytes. Returns the artifact record to
@@ -368,8 +383,8 @@ func (UnimplementedCheckpointdServer) DeleteHead(context.Context, *DeleteHeadReq
 func (UnimplementedCheckpointdServer) Prune(context.Context, *PruneRequest) (*PruneResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Prune not implemented")
 }
-func (UnimplementedCheckpointdServer) SweepBlobs(context.Context, *SweepBlobsRequest) (*SweepBlobsResponse, error) {
-	return nil, status.Errorf(codes.Unimplemented, "method SweepBlobs not implemented")
+func (UnimplementedCheckpointdServer) SweepBlobs(*SweepBlobsRequest, grpc.ServerStreamingServer[SweepBlobsEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method SweepBlobs not implemented")
 }
 func (UnimplementedCheckpointdServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method ReadFile not implemented")
@@ -556,23 +571,16 @@ func _Checkpointd_Prune_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
-func _Checkpointd_SweepBlobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(SweepBlobsRequest)
-	if err := dec(in); err != nil {
-		return nil, err
+func _Checkpointd_SweepBlobs_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SweepBlobsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
 	}
-	if interceptor == nil {
-		return srv.(CheckpointdServer).SweepBlobs(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: Checkpointd_SweepBlobs_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(CheckpointdServer).SweepBlobs(ctx, req.(*SweepBlobsRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+	return srv.(CheckpointdServer).SweepBlobs(m, &grpc.GenericServerStream[SweepBlobsRequest, SweepBlobsEvent]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_SweepBlobsServer = grpc.ServerStreamingServer[SweepBlobsEvent]
 
 func _Checkpointd_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadFileRequest)
@@ -653,10 +661,6 @@ var Checkpointd_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Checkpointd_Prune_Handler,
 		},
 		{
-			MethodName: "SweepBlobs",
-			Handler:    _Checkpointd_SweepBlobs_Handler,
-		},
-		{
 			MethodName: "GetServerInfo",
 			Handler:    _Checkpointd_GetServerInfo_Handler,
 		},
@@ -680,6 +684,11 @@ var Checkpointd_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Diff",
 			Handler:       _Checkpointd_Diff_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "SweepBlobs",
+			Handler:       _Checkpointd_SweepBlobs_Handler,
 			ServerStreams: true,
 		},
 		{

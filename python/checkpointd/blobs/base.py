@@ -77,6 +77,10 @@ class BlobStore(Protocol):
         """Every object under ``prefix`` (all pages)."""
         ...
 
+    def list_pages(self, prefix: str) -> AsyncIterator[builtins.list[BlobInfo]]:
+        """The objects under ``prefix``, one backend page at a time."""
+        ...
+
     async def delete(self, key: str) -> None:
         """Remove the key; a missing key is not an error."""
         ...

@@ -201,10 +201,17 @@ class ObjectBlobStore(BlobStore):
         fails.
         """
         found: list[BlobInfo] = []
+        async for page in self.list_pages(prefix):
+            found.extend(page)
+        return found
+
+    async def list_pages(self, prefix: str) -> AsyncIterator[builtins.list[BlobInfo]]:
+        """``list`` one page (at most LIST_PAGE_SIZE objects) at a time, so a
+        caller walking a bucket of millions holds one page, not all of it.
+        Raises BlobStoreError when listing fails (also mid-way)."""
         with self._errors("list", prefix):
             async for page in obstore.list(self._store, prefix, chunk_size=LIST_PAGE_SIZE):
-                found.extend(_info(meta) for meta in page)
-        return found
+                yield [_info(meta) for meta in page]
 
     async def delete(self, key: str) -> None:
         """Remove the key; a missing key is not an error. Raises BlobStoreError."""

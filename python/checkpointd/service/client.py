@@ -282,10 +282,27 @@ class Client:
         )
         return list(response.deleted_checkpoint_ids)
 
-    async def sweep(self, older_than_ms: int, *, dry_run: bool = False) -> pb.SweepBlobsResponse:
-        return await self._unary(
-            self.stub.SweepBlobs, pb.SweepBlobsRequest(older_than_ms=older_than_ms, dry_run=dry_run)
-        )
+    async def sweep(
+        self,
+        older_than_ms: int | None = None,
+        *,
+        dry_run: bool = False,
+        on_batch: Callable[[pb.SweepBlobsBatch], None] | None = None,
+    ) -> pb.SweepBlobsSummary:
+        """Sweep (``older_than_ms`` None: the server default); ``on_batch`` sees
+        every batch of keys as it arrives. Returns the summary. A sweep that
+        fails part-way raises RpcError after ``on_batch`` saw every key it deleted
+        (``metadata["deleted_count"]`` says how many)."""
+        request = pb.SweepBlobsRequest(dry_run=dry_run)
+        if older_than_ms is not None:
+            request.older_than_ms = older_than_ms
+        async for event in self._stream(self.stub.SweepBlobs, request):
+            if event.HasField("batch"):
+                if on_batch is not None:
+                    on_batch(event.batch)
+            elif event.HasField("summary"):
+                return event.summary
+        raise RpcError(grpc.StatusCode.UNKNOWN, "sweep stream ended without a summary")
 
     async def server_info(self) -> pb.GetServerInfoResponse:
         return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest())

@@ -44,12 +44,12 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "log_level": ("str", "INFO"),
 }
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(text: str | float | int) -> float:
-    """Seconds from ``"60s"``, ``"5m"``, ``"250ms"``, ``"1h"`` or a plain number.
+    """Seconds from ``"60s"``, ``"5m"``, ``"250ms"``, ``"1h"``, ``"7d"`` or a plain number.
 
     Raises SandboxCheckpointInvalidArgumentError for anything else.
     """
@@ -58,7 +58,8 @@ def parse_duration(text: str | float | int) -> float:
     match = _DURATION.match(str(text))
     if not match:
         raise SandboxCheckpointInvalidArgumentError(
-            f"not a duration: {text!r} (use e.g. 60s, 5m, 250ms)", details={"value": str(text)}
+            f"not a duration: {text!r} (a number with ms, s, m, h or d: 250ms, 60s, 5m, 1h, 7d)",
+            details={"value": str(text)},
         )
     return float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
 

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 
@@ -38,6 +38,7 @@ from ..blobs.base import BlobNotFoundError, BlobStore
 from ..errors import (
     INVALID_PATH,
     MISSING_CHECKPOINT,
+    SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
@@ -48,9 +49,10 @@ from ..store.base import CheckpointStore
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, diffing
-from .status import DRAINING, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError, abort
+from .status import DRAINING, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError, abort, classify
 
-PROTOCOL_VERSION = 1
+# 2: SweepBlobs became a server stream of batches and a summary.
+PROTOCOL_VERSION = 2
 MIN_CHUNK = 64 * 1024
 MAX_CHUNK = 1024 * 1024
 DEFAULT_CHUNK = 256 * 1024
@@ -59,11 +61,17 @@ DEFAULT_CHUNK = 256 * 1024
 ENTRIES_PER_MESSAGE = 512
 BYTES_PER_MESSAGE = 512 * 1024
 DEFAULT_PAGE_SIZE = 100
+# SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
+# that a capture still in flight will reference is never that old).
+DEFAULT_SWEEP_OLDER_THAN_MS = 3_600_000
 MAX_PAGE_SIZE = 1000
 # How long a new capture waits for a cancellation to be noticed, then to unwind.
 SETTLE_NOTICE_S = 0.25
 SETTLE_UNWIND_S = 30.0
 REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
+
+if TYPE_CHECKING:
+    from ..sweep import SweepBatch
 
 _log = logging.getLogger(__name__)
 Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
@@ -591,20 +599,53 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         ids = [d if isinstance(d, str) else d.id for d in deleted]
         return pb.PruneResponse(deleted_checkpoint_ids=ids, dry_run=request.dry_run)
 
-    @_unary
+    @_streaming
     async def SweepBlobs(
         self, request: pb.SweepBlobsRequest, context: Context
-    ) -> pb.SweepBlobsResponse:
-        from ..sweep import sweep_blobs
+    ) -> AsyncIterator[pb.SweepBlobsEvent]:
+        from ..sweep import iter_sweep_blobs
 
         store, blobs = self.state.stores()
-        report = await sweep_blobs(store, blobs, request.older_than_ms, dry_run=request.dry_run)
-        return pb.SweepBlobsResponse(
-            deleted=list(report.deleted),
-            kept=[pb.KeptBlob(key=k, reason=r) for k, r in report.kept],
-            failures=[pb.SweepFailure(key=k, message=m) for k, m in report.failures],
-            dry_run=request.dry_run,
+        older_than_ms = (
+            request.older_than_ms
+            if request.HasField("older_than_ms")
+            else DEFAULT_SWEEP_OLDER_THAN_MS
         )
+        began = time.monotonic()
+        summary = pb.SweepBlobsSummary(dry_run=request.dry_run, older_than_ms=older_than_ms)
+        try:
+            async for batch in iter_sweep_blobs(
+                store, blobs, older_than_ms, dry_run=request.dry_run
+            ):
+                summary.listed_count += batch.listed
+                summary.deleted_count += len(batch.deleted)
+                summary.kept_count += len(batch.kept)
+                summary.failed_count += len(batch.failures)
+                for _, reason in batch.kept:
+                    summary.kept_by_reason[reason] += 1
+                for part in _sweep_messages(batch):
+                    yield pb.SweepBlobsEvent(batch=part)
+        except Exception as exc:
+            # Every deleted key was already streamed; the status says how many,
+            # so a client that only reads the error still learns it.
+            _log.warning("sweep failed after deleting %d blobs: %s", summary.deleted_count, exc)
+            _, reason, message, metadata = classify(exc)
+            raise SandboxCheckpointError(
+                f"sweep failed after deleting {summary.deleted_count} blobs: {message}",
+                code=reason,
+                details={**metadata, "deleted_count": summary.deleted_count},
+            ) from exc
+        summary.duration_ms = int((time.monotonic() - began) * 1000)
+        _log.info(
+            "sweep%s: listed %d, deleted %d, kept %d, failed %d in %d ms",
+            " (dry run)" if request.dry_run else "",
+            summary.listed_count,
+            summary.deleted_count,
+            summary.kept_count,
+            summary.failed_count,
+            summary.duration_ms,
+        )
+        yield pb.SweepBlobsEvent(summary=summary)
 
     # ------------------------------------------------------------ server
 
@@ -649,6 +690,30 @@ _CHANGE_KINDS = {
     "modified": pb.CHANGE_KIND_MODIFIED,
     "mode_changed": pb.CHANGE_KIND_MODE_CHANGED,
 }
+
+
+def _sweep_messages(batch: SweepBatch) -> Iterator[pb.SweepBlobsBatch]:
+    """One SweepBatch as SweepBlobsBatch messages of bounded size (a listing page
+    of long foreign keys, or long failure messages, could pass the limit)."""
+    message = pb.SweepBlobsBatch()
+    size = 0
+    items: list[tuple[str, str, str]] = [("deleted", key, "") for key in batch.deleted]
+    items += [("kept", key, reason) for key, reason in batch.kept]
+    items += [("failures", key, text) for key, text in batch.failures]
+    for kind, key, text in items:
+        weight = 16 + len(key) + len(text)
+        if size and size + weight > BYTES_PER_MESSAGE:
+            yield message
+            message, size = pb.SweepBlobsBatch(), 0
+        if kind == "deleted":
+            message.deleted.append(key)
+        elif kind == "kept":
+            message.kept.add(key=key, reason=text)
+        else:
+            message.failures.add(key=key, message=text)
+        size += weight
+    if size:
+        yield message
 
 
 def _change_to_proto(change: diffing.Change) -> pb.Change:

@@ -458,17 +458,50 @@ class SweepFailure(_message.Message):
     message: str
     def __init__(self, key: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
-class SweepBlobsResponse(_message.Message):
-    __slots__ = ("deleted", "kept", "failures", "dry_run")
+class SweepBlobsBatch(_message.Message):
+    __slots__ = ("deleted", "kept", "failures")
     DELETED_FIELD_NUMBER: _ClassVar[int]
     KEPT_FIELD_NUMBER: _ClassVar[int]
     FAILURES_FIELD_NUMBER: _ClassVar[int]
-    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     deleted: _containers.RepeatedScalarFieldContainer[str]
     kept: _containers.RepeatedCompositeFieldContainer[KeptBlob]
     failures: _containers.RepeatedCompositeFieldContainer[SweepFailure]
+    def __init__(self, deleted: _Optional[_Iterable[str]] = ..., kept: _Optional[_Iterable[_Union[KeptBlob, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[SweepFailure, _Mapping]]] = ...) -> None: ...
+
+class SweepBlobsSummary(_message.Message):
+    __slots__ = ("listed_count", "deleted_count", "kept_count", "failed_count", "dry_run", "kept_by_reason", "duration_ms", "older_than_ms")
+    class KeptByReasonEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    LISTED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEPT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    KEPT_BY_REASON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    OLDER_THAN_MS_FIELD_NUMBER: _ClassVar[int]
+    listed_count: int
+    deleted_count: int
+    kept_count: int
+    failed_count: int
     dry_run: bool
-    def __init__(self, deleted: _Optional[_Iterable[str]] = ..., kept: _Optional[_Iterable[_Union[KeptBlob, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[SweepFailure, _Mapping]]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    kept_by_reason: _containers.ScalarMap[str, int]
+    duration_ms: int
+    older_than_ms: int
+    def __init__(self, listed_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., kept_count: _Optional[int] = ..., failed_count: _Optional[int] = ..., dry_run: _Optional[bool] = ..., kept_by_reason: _Optional[_Mapping[str, int]] = ..., duration_ms: _Optional[int] = ..., older_than_ms: _Optional[int] = ...) -> None: ...
+
+class SweepBlobsEvent(_message.Message):
+    __slots__ = ("batch", "summary")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    batch: SweepBlobsBatch
+    summary: SweepBlobsSummary
+    def __init__(self, batch: _Optional[_Union[SweepBlobsBatch, _Mapping]] = ..., summary: _Optional[_Union[SweepBlobsSummary, _Mapping]] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()

@@ -84,10 +84,10 @@ class CheckpointdStub:
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.PruneRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.PruneResponse.FromString,
                 _registered_method=True)
-        self.SweepBlobs = channel.unary_unary(
+        self.SweepBlobs = channel.unary_stream(
                 '/checkpointd.v1.Checkpointd/SweepBlobs',
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.SerializeToString,
-                response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsResponse.FromString,
+                response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.FromString,
                 _registered_method=True)
         self.ReadFile = channel.unary_stream(
                 '/checkpointd.v1.Checkpointd/ReadFile',
@@ -181,7 +181,10 @@ class CheckpointdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SweepBlobs(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete blobs no checkpoint uses. A stream, so the reply stays bounded for a
+        bucket of any size: batches of results as they are produced, then one
+        summary with the counts (the last message of a sweep that completed).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -266,10 +269,10 @@ def add_CheckpointdServicer_to_server(servicer, server):
                     request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.PruneRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.PruneResponse.SerializeToString,
             ),
-            'SweepBlobs': grpc.unary_unary_rpc_method_handler(
+            'SweepBlobs': grpc.unary_stream_rpc_method_handler(
                     servicer.SweepBlobs,
                     request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.FromString,
-                    response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsResponse.SerializeToString,
+                    response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.SerializeToString,
             ),
             'ReadFile': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadFile,
@@ -583,12 +586,12 @@ class Checkpointd:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.unary_unary(
+        return grpc.experimental.unary_stream(
             request,
             target,
             '/checkpointd.v1.Checkpointd/SweepBlobs',
             checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.SerializeToString,
-            checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsResponse.FromString,
+            checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.FromString,
             options,
             channel_credentials,
             insecure,
