@@ -5,13 +5,14 @@
  * `client`: the daemon holds the workspace, the checkpoint store and the blobs.
  */
 import type { CallOptions, CheckpointdClient } from "./client.js";
-import { SandboxCheckpointInvalidArgumentError } from "./errors.js";
+import { SandboxCheckpointError, SandboxCheckpointInvalidArgumentError } from "./errors.js";
 import type {
   Artifact,
   CaptureDone,
   CheckpointSummary,
   KeptBlob,
   Progress,
+  SweepBlobsSummary,
   SweepFailure,
 } from "./gen/checkpointd/v1/checkpointd.js";
 
@@ -169,36 +170,53 @@ export async function deleteCheckpoints(
 
 export interface SweepSandboxBlobsOptions extends CallOptions {
   client: CheckpointdClient;
-  /** Only blobs uploaded at least this long ago are deleted; longer than your longest capture. */
-  olderThanMs: number;
+  /**
+   * Only blobs uploaded at least this long ago are deleted; longer than your
+   * longest capture. Unset: the daemon's default (1 hour).
+   */
+  olderThanMs?: number;
   dryRun?: boolean;
 }
 
-/** The deleted keys (as in the seeds), with what was kept and why, and failures. */
+/** The deleted keys (as in the seeds), with what was kept and why, failures and the daemon's summary. */
 export type SweepResult = string[] & {
   kept: KeptBlob[];
   failures: SweepFailure[];
   dryRun: boolean;
+  summary: SweepBlobsSummary;
 };
 
-/** Deletes blobs no checkpoint uses that are at least `olderThanMs` old; returns the deleted keys. */
+/**
+ * Deletes blobs no checkpoint uses that are at least `olderThanMs` old; returns
+ * the deleted keys. The daemon streams its results in batches; this gathers
+ * them (use `client.sweepBlobs()` to handle a huge bucket batch by batch).
+ */
 export async function sweepSandboxBlobs(options: SweepSandboxBlobsOptions): Promise<SweepResult> {
-  if (!Number.isSafeInteger(options.olderThanMs) || options.olderThanMs < 0) {
+  const olderThanMs = options.olderThanMs;
+  if (olderThanMs !== undefined && (!Number.isSafeInteger(olderThanMs) || olderThanMs < 0)) {
     throw new SandboxCheckpointInvalidArgumentError(
-      `olderThanMs must be a non-negative integer, not ${options.olderThanMs}`,
-      {
-        code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
-        metadata: { older_than_ms: String(options.olderThanMs) },
-      },
+      `olderThanMs must be a non-negative integer, not ${olderThanMs}`,
+      { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { older_than_ms: String(olderThanMs) } },
     );
   }
-  const reply = await options.client.sweepBlobs(
-    { olderThanMs: options.olderThanMs, dryRun: options.dryRun ?? false },
+  const deleted: string[] = [];
+  const kept: KeptBlob[] = [];
+  const failures: SweepFailure[] = [];
+  const events = options.client.sweepBlobs(
+    { olderThanMs, dryRun: options.dryRun ?? false },
     callOptions(options),
   );
-  return Object.assign([...reply.deleted], {
-    kept: reply.kept,
-    failures: reply.failures,
-    dryRun: reply.dryRun,
+  for await (const { event } of events) {
+    if (event?.$case === "batch") {
+      deleted.push(...event.value.deleted);
+      kept.push(...event.value.kept);
+      failures.push(...event.value.failures);
+    } else if (event?.$case === "summary") {
+      return Object.assign(deleted, { kept, failures, dryRun: event.value.dryRun, summary: event.value });
+    }
+  }
+  throw new SandboxCheckpointError("the sweep stream ended without its summary", {
+    code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
+    metadata: { deleted_count: String(deleted.length) },
   });
 }

@@ -39,7 +39,7 @@ test("health and server info", async () => {
   const health = await client.health.check({});
   assert.equal(health.status, ServingStatus.SERVING);
   const info = await client.getServerInfo();
-  assert.equal(info.protocolVersion, 1);
+  assert.ok(info.protocolVersion >= 2, "SweepBlobs is a stream since protocol 2");
   assert.equal(info.capabilities.captureRequestId, true);
 });
 
@@ -190,6 +190,11 @@ test("deleteCheckpoints keeps the newest, sweepSandboxBlobs reports", async () =
   assert.ok(swept.every((key) => key.startsWith("sandbox-files/")));
   assert.equal(swept.dryRun, true);
   assert.ok(swept.kept.some((kept) => kept.reason === "referenced"));
+  assert.equal(swept.summary.deletedCount, BigInt(swept.length));
+  assert.equal(swept.summary.olderThanMs, 0n);
+  const defaults = await sweepSandboxBlobs({ client, dryRun: true });
+  assert.equal(defaults.summary.olderThanMs, 3_600_000n, "unset is the daemon's default");
+  assert.equal(defaults.length, 0, "nothing is an hour old yet");
 });
 
 test("bad input is a typed INVALID_ARGUMENT error from the daemon", async () => {
