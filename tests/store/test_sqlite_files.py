@@ -430,3 +430,26 @@ async def test_a_reused_id_is_not_mistaken_for_the_deleted_one(tmp_path: Path) -
         assert await store.get("c3") == third
     await a.aclose()
     await b.aclose()
+
+
+async def test_a_file_from_before_lease_owners_gains_the_column(tmp_path: Path) -> None:
+    """A database made before leases recorded their owner is upgraded on open, and
+    a lease left live in it (no owner) is no one's to take back."""
+    path = tmp_path / "old.db"
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "CREATE TABLE writer_leases (thread_id TEXT PRIMARY KEY, owner_token TEXT NOT NULL,"
+            " fence INTEGER NOT NULL, expires_at INTEGER NOT NULL) WITHOUT ROWID"
+        )
+        db.execute("INSERT INTO writer_leases VALUES ('t', 'old-token', 1, 9999999999999)")
+    store = await _open(path)
+    try:
+        with pytest.raises(SandboxCheckpointWriterConflictError):
+            await store.acquire_writer("t", owner="daemon")
+        lease = await store.acquire_writer("u", owner="daemon")
+        assert (await store.acquire_writer("u", owner="daemon")).fence == lease.fence + 1
+    finally:
+        await store.aclose()
+    with sqlite3.connect(path) as db:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(writer_leases)")}
+    assert "holder" in columns

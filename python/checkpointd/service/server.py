@@ -167,9 +167,11 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     """
     from ..blobs import open_blobs
     from ..store import open_store
+    from .owner import OwnedStore, load_owner_id
 
+    owner = load_owner_id(state.data_dir)  # a restarted daemon takes back its leases
     blobs = open_blobs(config.blobs)
-    state.store = await open_store(config.store)
+    state.store = OwnedStore(await open_store(config.store), owner)
     state.blobs = blobs
     state.store_backend = backend_name(config.store)
     state.blob_backend = backend_name(config.blobs)

@@ -4,7 +4,9 @@ Every error leaves the daemon as a gRPC status whose ``grpc-status-details-bin``
 trailer holds a ``google.rpc.Status`` with one ``google.rpc.ErrorInfo``:
 ``domain`` = ``checkpointd``, ``reason`` = the error's stable code, ``metadata``
 = the thread, checkpoint, path or key involved (from the exception's
-``details``). Clients read it back with :func:`error_info_from_metadata`.
+``details``), plus a ``google.rpc.RetryInfo`` when the error says how long to
+wait (WRITER_CONFLICT: the lease's ``retry_after_ms``). Clients read it back
+with :func:`error_info_from_metadata`.
 
 Codes the SPEC does not place are placed here, with the reason:
 
@@ -127,10 +129,20 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str, dict[str, s
 def rpc_status_for(
     code: grpc.StatusCode, reason: str, message: str, metadata: Mapping[str, str]
 ) -> status_pb2.Status:
+    """The google.rpc.Status: ErrorInfo always, and RetryInfo when the metadata
+    says how long to wait (``retry_after_ms``: a lease held by another owner)."""
     info = error_details_pb2.ErrorInfo(reason=reason, domain=DOMAIN, metadata=dict(metadata))
     detail = any_pb2.Any()
     detail.Pack(info)
-    return status_pb2.Status(code=code.value[0], message=message, details=[detail])
+    details = [detail]
+    retry_after_ms = metadata.get("retry_after_ms", "")
+    if retry_after_ms.isdigit():
+        retry = error_details_pb2.RetryInfo()
+        retry.retry_delay.FromMilliseconds(int(retry_after_ms))
+        retry_detail = any_pb2.Any()
+        retry_detail.Pack(retry)
+        details.append(retry_detail)
+    return status_pb2.Status(code=code.value[0], message=message, details=details)
 
 
 def to_status(exc: BaseException) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:

@@ -8,6 +8,10 @@ the same way, so the decisions live here as plain functions over plain values:
 * ``LeaseRecord`` / ``lease_is_current`` / ``check_writer`` — a lease is current
   while ``now < expires_at`` and the record still carries the writer's
   ``owner_token`` and ``fence``; anything else is ``WRITER_LOST``.
+* ``lease_holder`` / ``may_take_over`` / ``writer_conflict`` — who may acquire a
+  thread whose lease is live: only the owner that holds it (a restarted daemon
+  taking back its own lease, with a new fence); everyone else gets
+  ``WRITER_CONFLICT`` saying when the lease expires.
 * ``plan_prune`` — which checkpoints ``delete_checkpoints`` removes.
 * ``check_fork_arguments`` / ``fork_checkpoint`` — the static fork checks and the
   new root it makes.
@@ -18,6 +22,7 @@ the same way, so the decisions live here as plain functions over plain values:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
 import time
@@ -32,6 +37,7 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointInvalidEntryError,
+    SandboxCheckpointWriterConflictError,
     SandboxCheckpointWriterLostError,
 )
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, FileEntry
@@ -102,11 +108,59 @@ def new_owner_token() -> str:
 
 @dataclass(frozen=True, slots=True)
 class LeaseRecord:
-    """The stored lease of one thread (at most one per thread)."""
+    """The stored lease of one thread (at most one per thread).
+
+    ``holder`` is ``lease_holder(owner)`` of the owner that acquired it, or None
+    when it was acquired without an owner (a random owner per call).
+    """
 
     owner_token: str
     fence: int
     expires_at: int
+    holder: str | None = None
+
+
+def lease_holder(owner: object) -> str | None:
+    """What a store records for ``acquire_writer(..., owner=owner)``: a digest, so
+    the database never holds the identity itself (whoever learns an owner id
+    could take over that owner's leases). None when ``owner`` is None.
+
+    Raises SandboxCheckpointInvalidArgumentError unless ``owner`` is None or a
+    non-empty string.
+    """
+    if owner is None:
+        return None
+    if not isinstance(owner, str) or not owner:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"owner must be a non-empty string, got {owner!r}"
+        )
+    return hashlib.sha256(owner.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def may_take_over(record: LeaseRecord | None, holder: str | None, now: int) -> bool:
+    """True when an acquire by ``holder`` may replace ``record``: there is no live
+    lease, or the live lease was acquired by the same owner (a restarted process
+    taking back its own lease: the new fence makes the old writer WRITER_LOST)."""
+    if record is None or now >= record.expires_at:
+        return True
+    return holder is not None and record.holder == holder
+
+
+def writer_conflict(
+    thread_id: str, record: LeaseRecord, now: int
+) -> SandboxCheckpointWriterConflictError:
+    """WRITER_CONFLICT for a live lease someone else holds; its details say when
+    the lease expires (``expires_at_ms``) and how long to wait (``retry_after_ms``)."""
+    retry_after_ms = max(record.expires_at - now, 0)
+    return SandboxCheckpointWriterConflictError(
+        f"thread {thread_id!r} has a live writer lease (fence {record.fence}) held by "
+        f"another owner; it expires in {retry_after_ms} ms unless renewed",
+        details={
+            "thread_id": thread_id,
+            "expires_at_ms": record.expires_at,
+            "retry_after_ms": retry_after_ms,
+        },
+    )
 
 
 def writer_fields(writer: object) -> tuple[str, str, int]:

@@ -25,7 +25,6 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
-    SandboxCheckpointWriterConflictError,
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
@@ -43,13 +42,16 @@ from ._options import (
     condemnable_keys,
     destination_not_empty,
     fork_checkpoint,
+    lease_holder,
     lease_is_current,
     list_order,
+    may_take_over,
     new_owner_token,
     plan_prune,
     read_clock,
     renew_lost,
     validate_store_options,
+    writer_conflict,
     writer_fields,
 )
 from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
@@ -308,22 +310,28 @@ class InMemoryCheckpointStore:
 
     # ------------------------------------------------------------------ leases
 
-    async def acquire_writer(self, thread_id: str) -> WriterLease:
-        """Take the thread's writer lease without waiting (WRITER_CONFLICT when live)."""
+    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
+        """Take the thread's writer lease without waiting.
+
+        A live lease raises WRITER_CONFLICT (with ``expires_at_ms`` and
+        ``retry_after_ms`` in its details) unless ``owner`` acquired it: the same
+        owner takes it back with a new fence, and the old writer is lost.
+        """
         self._check_open()
         check_id(thread_id, "thread id")
+        holder = lease_holder(owner)
         now = self._now()
         record = self._leases.get(thread_id)
-        if record is not None and now < record.expires_at:
-            raise SandboxCheckpointWriterConflictError(
-                f"thread {thread_id!r} has a live writer lease (fence {record.fence})",
-                details={"thread_id": thread_id},
-            )
+        if not may_take_over(record, holder, now):
+            assert record is not None
+            raise writer_conflict(thread_id, record, now)
         if record is not None:
             self._drop_pins((thread_id, record.owner_token, record.fence))
         fence = self._fences.get(thread_id, 0) + 1
         self._fences[thread_id] = fence
-        record = LeaseRecord(new_owner_token(), fence, now + self._options.lease_duration_ms)
+        record = LeaseRecord(
+            new_owner_token(), fence, now + self._options.lease_duration_ms, holder
+        )
         self._leases[thread_id] = record
         return WriterLease(
             thread_id=thread_id,
@@ -342,8 +350,9 @@ class InMemoryCheckpointStore:
         record = self._leases.get(thread_id)
         if not lease_is_current(record, token, fence, now):
             raise renew_lost(thread_id, fence)
+        assert record is not None
         expires_at = now + self._options.lease_duration_ms
-        self._leases[thread_id] = LeaseRecord(token, fence, expires_at)
+        self._leases[thread_id] = dataclasses.replace(record, expires_at=expires_at)
         return expires_at
 
     async def _release(self, lease: WriterLease) -> None:

@@ -65,7 +65,6 @@ from ..errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
-    SandboxCheckpointWriterConflictError,
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
@@ -85,12 +84,15 @@ from ._options import (
     fork_checkpoint,
     key_from_bytes,
     key_to_bytes,
+    lease_holder,
     list_order,
+    may_take_over,
     new_owner_token,
     plan_prune,
     read_clock,
     renew_lost,
     validate_store_options,
+    writer_conflict,
     writer_fields,
 )
 from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
@@ -166,6 +168,11 @@ _MIGRATIONS: tuple[str, ...] = (
         key      bytea PRIMARY KEY,
         document bytea NOT NULL
     );
+    """,
+    # 2: who acquired the lease (``_options.lease_holder`` of its owner; NULL when
+    # acquired without one), so that owner may take it back after a restart.
+    """
+    ALTER TABLE checkpointd_threads ADD COLUMN lease_holder text;
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -291,7 +298,9 @@ def _created_at(value: int | float) -> Decimal:
 def _lease(row: asyncpg.Record | None) -> LeaseRecord | None:
     if row is None or row["lease_owner"] is None:
         return None
-    return LeaseRecord(row["lease_owner"], row["lease_fence"], row["lease_expires_at"])
+    return LeaseRecord(
+        row["lease_owner"], row["lease_fence"], row["lease_expires_at"], row["lease_holder"]
+    )
 
 
 # ---------------------------------------------------------------------------- base
@@ -427,8 +436,8 @@ class PostgresCheckpointStore(_PostgresBase):
 
     async def _lock_thread(self, conn: asyncpg.Connection, thread_id: str) -> asyncpg.Record | None:
         return await conn.fetchrow(
-            "SELECT head_id, last_fence, lease_owner, lease_fence, lease_expires_at"
-            " FROM checkpointd_threads WHERE thread_id = $1 FOR UPDATE",
+            "SELECT head_id, last_fence, lease_owner, lease_fence, lease_expires_at,"
+            " lease_holder FROM checkpointd_threads WHERE thread_id = $1 FOR UPDATE",
             _b(thread_id),
         )
 
@@ -865,13 +874,16 @@ class PostgresCheckpointStore(_PostgresBase):
 
     # ------------------------------------------------------------------ leases
 
-    async def acquire_writer(self, thread_id: str) -> WriterLease:
-        """Take the thread's writer lease without waiting.
+    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
+        """Take the thread's writer lease without waiting; the owner that holds a
+        live lease takes it back with a new fence (the old writer is lost).
 
-        Raises InvalidId, WriterConflict (a live lease), STORE_UNAVAILABLE.
+        Raises InvalidId, WriterConflict (a live lease of another owner, with
+        ``expires_at_ms`` and ``retry_after_ms`` in its details), STORE_UNAVAILABLE.
         """
         self._check_open()
         check_id(thread_id, "thread id")
+        holder = lease_holder(owner)
         tid = _b(thread_id)
 
         async def body(conn: asyncpg.Connection) -> WriterLease:
@@ -881,17 +893,15 @@ class PostgresCheckpointStore(_PostgresBase):
                 "INSERT INTO checkpointd_threads (thread_id) VALUES ($1)"
                 " ON CONFLICT (thread_id) DO UPDATE SET thread_id = excluded.thread_id"
                 " RETURNING last_fence, lease_owner, lease_fence, lease_expires_at,"
-                f" {_DB_NOW} AS db_now",
+                f" lease_holder, {_DB_NOW} AS db_now",
                 tid,
             )
             assert row is not None
             now = read_clock(self._options) if self._injected_clock else row["db_now"]
             current = _lease(row)
-            if current is not None and now < current.expires_at:
-                raise SandboxCheckpointWriterConflictError(
-                    f"thread {thread_id!r} has a live writer lease (fence {current.fence})",
-                    details={"thread_id": thread_id},
-                )
+            if not may_take_over(current, holder, now):
+                assert current is not None
+                raise writer_conflict(thread_id, current, now)
             if current is not None:
                 await self._drop_pins(conn, tid, current.owner_token, current.fence)
             fence = row["last_fence"] + 1
@@ -899,11 +909,13 @@ class PostgresCheckpointStore(_PostgresBase):
             expires_at = now + self._options.lease_duration_ms
             await conn.execute(
                 "UPDATE checkpointd_threads SET last_fence = $2, lease_owner = $3,"
-                " lease_fence = $2, lease_expires_at = $4 WHERE thread_id = $1",
+                " lease_fence = $2, lease_expires_at = $4, lease_holder = $5"
+                " WHERE thread_id = $1",
                 tid,
                 fence,
                 token,
                 expires_at,
+                holder,
             )
             return WriterLease(
                 thread_id=thread_id,
@@ -949,7 +961,7 @@ class PostgresCheckpointStore(_PostgresBase):
         async def body(conn: asyncpg.Connection) -> None:
             await conn.execute(
                 "UPDATE checkpointd_threads SET lease_owner = NULL, lease_fence = NULL,"
-                " lease_expires_at = NULL"
+                " lease_expires_at = NULL, lease_holder = NULL"
                 " WHERE thread_id = $1 AND lease_owner = $2 AND lease_fence = $3",
                 tid,
                 token,

@@ -61,7 +61,6 @@ from ..errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
-    SandboxCheckpointWriterConflictError,
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
@@ -80,13 +79,16 @@ from ._options import (
     destination_not_empty,
     key_from_bytes,
     key_to_bytes,
+    lease_holder,
     lease_is_current,
     list_order,
+    may_take_over,
     new_owner_token,
     plan_prune,
     read_clock,
     renew_lost,
     validate_store_options,
+    writer_conflict,
     writer_fields,
 )
 from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
@@ -134,11 +136,13 @@ _SCHEMA = [
         ON checkpoints (base_id) WHERE base_id IS NOT NULL""",
     """CREATE TABLE IF NOT EXISTS heads (
         thread_id TEXT PRIMARY KEY, head_id TEXT NOT NULL) WITHOUT ROWID""",
+    # holder: ``_options.lease_holder`` of the acquiring owner (NULL: no owner).
     """CREATE TABLE IF NOT EXISTS writer_leases (
         thread_id TEXT PRIMARY KEY,
         owner_token TEXT NOT NULL,
         fence INTEGER NOT NULL,
-        expires_at INTEGER NOT NULL) WITHOUT ROWID""",
+        expires_at INTEGER NOT NULL,
+        holder TEXT) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS writer_fences (
         thread_id TEXT PRIMARY KEY, fence INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS blob_references (
@@ -162,6 +166,9 @@ _SCHEMA = [
         latest_snapshot_id TEXT,
         latest_run_id TEXT) WITHOUT ROWID""",
 ]
+
+
+_ADDED_COLUMNS = (("writer_leases", "holder", "TEXT"),)
 
 
 def _is_busy(error: BaseException) -> bool:
@@ -253,6 +260,12 @@ class SqliteDatabase:
         async def create(conn: aiosqlite.Connection) -> None:
             for statement in _SCHEMA:
                 await conn.execute(statement)
+            # Columns added to version 1 after its release (nullable, so older
+            # checkpointd keeps working on the same file).
+            for table, column, declaration in _ADDED_COLUMNS:
+                columns = await _fetchall(conn, f"PRAGMA table_info({table})")
+                if column not in {row[1] for row in columns}:
+                    await conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
             cursor = await conn.execute(
                 "SELECT value FROM checkpointd_meta WHERE name = 'schema_version'"
             )
@@ -650,10 +663,10 @@ class SqliteCheckpointStore:
     async def _lease(conn: aiosqlite.Connection, thread_id: str) -> LeaseRecord | None:
         row = await _fetchone(
             conn,
-            "SELECT owner_token, fence, expires_at FROM writer_leases WHERE thread_id = ?",
+            "SELECT owner_token, fence, expires_at, holder FROM writer_leases WHERE thread_id = ?",
             (thread_id,),
         )
-        return None if row is None else LeaseRecord(row[0], row[1], row[2])
+        return None if row is None else LeaseRecord(row[0], row[1], row[2], row[3])
 
     async def _check_writer(
         self, conn: aiosqlite.Connection, writer: WriterLike, thread_id: str
@@ -927,19 +940,23 @@ class SqliteCheckpointStore:
 
     # ------------------------------------------------------------------ leases
 
-    async def acquire_writer(self, thread_id: str) -> WriterLease:
-        """Take the thread's writer lease without waiting (WRITER_CONFLICT when live)."""
+    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
+        """Take the thread's writer lease without waiting.
+
+        A live lease raises WRITER_CONFLICT (with ``expires_at_ms`` and
+        ``retry_after_ms`` in its details) unless ``owner`` acquired it: the same
+        owner takes it back with a new fence, and the old writer is lost.
+        """
         check_id(thread_id, "thread id")
+        holder = lease_holder(owner)
         duration = self._options.lease_duration_ms
 
         async def run(conn: aiosqlite.Connection) -> LeaseRecord:
             now = self._now()
             record = await self._lease(conn, thread_id)
-            if record is not None and now < record.expires_at:
-                raise SandboxCheckpointWriterConflictError(
-                    f"thread {thread_id!r} has a live writer lease (fence {record.fence})",
-                    details={"thread_id": thread_id},
-                )
+            if not may_take_over(record, holder, now):
+                assert record is not None
+                raise writer_conflict(thread_id, record, now)
             if record is not None:
                 await self._drop_pins(conn, thread_id, record.owner_token, record.fence)
             row = await _fetchone(
@@ -951,11 +968,11 @@ class SqliteCheckpointStore:
                 "ON CONFLICT (thread_id) DO UPDATE SET fence = excluded.fence",
                 (thread_id, fence),
             )
-            new = LeaseRecord(new_owner_token(), fence, now + duration)
+            new = LeaseRecord(new_owner_token(), fence, now + duration, holder)
             await conn.execute(
-                "INSERT OR REPLACE INTO writer_leases (thread_id, owner_token, fence, expires_at) "
-                "VALUES (?, ?, ?, ?)",
-                (thread_id, new.owner_token, new.fence, new.expires_at),
+                "INSERT OR REPLACE INTO writer_leases "
+                "(thread_id, owner_token, fence, expires_at, holder) VALUES (?, ?, ?, ?, ?)",
+                (thread_id, new.owner_token, new.fence, new.expires_at, new.holder),
             )
             return new
 

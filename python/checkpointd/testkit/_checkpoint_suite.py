@@ -8,14 +8,18 @@ closes every store it made (``aclose()`` when the store has it).
 
 ``delete_checkpoints``, ``fork_from_checkpoint`` and the blob guard
 (``pin_blobs``/``condemn_blobs``/``release_condemned``) are optional for a user's
-store: their tests are skipped when the store lacks the method. Every store
-checkpointd ships has them.
+store: their tests are skipped when the store lacks the method, and so are the
+owner rules when ``acquire_writer`` takes no ``owner`` keyword (the owner of a
+live lease acquires it again with a new fence; anyone else gets WRITER_CONFLICT
+with ``expires_at_ms`` and ``retry_after_ms`` in its details). Every store
+checkpointd ships has them all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -1033,6 +1037,99 @@ class CheckpointStoreConformance:
             assert again.fence == 2
             with pytest.raises(SandboxCheckpointWriterLostError):
                 await w.store.delete_head("t1", "c1", lease)
+
+    @staticmethod
+    def need_owner(store: Any) -> None:
+        """Skip unless ``acquire_writer`` takes the optional ``owner`` keyword."""
+        try:
+            parameters = inspect.signature(store.acquire_writer).parameters
+        except (TypeError, ValueError):
+            return
+        if "owner" not in parameters and not any(
+            p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+        ):
+            pytest.skip("the store's acquire_writer takes no owner")
+
+    @asyncio_test
+    async def test_conflict_says_when_the_lease_expires(self) -> None:
+        async with self.world() as w:
+            lease = await w.lease("t1")
+            w.clock.advance(30)
+            with pytest.raises(SandboxCheckpointWriterConflictError) as info:
+                await w.store.acquire_writer("t1")
+            details = info.value.details
+            assert details.get("thread_id") == "t1"
+            assert details.get("expires_at_ms") == lease.expires_at
+            assert details.get("retry_after_ms") == LEASE_DURATION_MS - 30
+            # A renewed lease moves the expiry the error reports.
+            await lease.renew()
+            with pytest.raises(SandboxCheckpointWriterConflictError) as info:
+                await w.store.acquire_writer("t1")
+            assert info.value.details.get("expires_at_ms") == lease.expires_at
+            assert info.value.details.get("retry_after_ms") == LEASE_DURATION_MS
+
+    @asyncio_test
+    async def test_same_owner_takes_its_live_lease_back(self) -> None:
+        async with self.world() as w:
+            self.need_owner(w.store)
+            w.track(threads=["t1"])
+            old = await w.store.acquire_writer("t1", owner="daemon-a")
+            await w.chain("t1", ["c1", "c2"], old)
+            w.clock.advance(10)  # the old lease is still live: a process restarted
+            new = await w.store.acquire_writer("t1", owner="daemon-a")
+            assert new.fence == old.fence + 1
+            assert new.owner_token != old.owner_token
+            assert new.expires_at == w.clock() + LEASE_DURATION_MS
+            # The dead process's writer is fenced off.
+            with pytest.raises(SandboxCheckpointWriterLostError):
+                await old.renew()
+            actions: list[Callable[[], Awaitable[Any]]] = [
+                lambda: w.store.append(checkpoint("c3", "t1", "c2", 3), "c2", old),
+                lambda: w.store.delete_head("t1", "c2", old),
+            ]
+            if callable(getattr(w.store, "delete_checkpoints", None)):
+                actions.append(lambda: w.store.delete_checkpoints("t1", 1, old))
+            for action in actions:
+                await w.rejects(SandboxCheckpointWriterLostError, WRITER_LOST, action, ids=["c3"])
+            await old.release()  # the stale release leaves the new lease alone
+            await w.add(checkpoint("c3", "t1", "c2", 3), new)
+            assert await new.renew() == w.clock() + LEASE_DURATION_MS
+
+    @asyncio_test
+    async def test_another_owner_still_conflicts(self) -> None:
+        async with self.world() as w:
+            self.need_owner(w.store)
+            w.track(threads=["t1"])
+            held = await w.store.acquire_writer("t1", owner="daemon-a")
+            w.clock.advance(40)
+            for attempt in (
+                lambda: w.store.acquire_writer("t1", owner="daemon-b"),
+                lambda: w.store.acquire_writer("t1"),
+            ):
+                with pytest.raises(SandboxCheckpointError) as info:
+                    await attempt()
+                expect_error(
+                    info.value,
+                    SandboxCheckpointWriterConflictError,
+                    SandboxCheckpointWriterConflictError.code,
+                )
+                assert info.value.details.get("expires_at_ms") == held.expires_at
+                assert info.value.details.get("retry_after_ms") == LEASE_DURATION_MS - 40
+            # A lease taken without an owner is no one's to take back.
+            anonymous = await w.store.acquire_writer("t2")
+            with pytest.raises(SandboxCheckpointWriterConflictError):
+                await w.store.acquire_writer("t2", owner="daemon-a")
+            # The holder is unaffected, and once it expires anyone may acquire.
+            await w.add(checkpoint("c1", "t1"), held)
+            w.clock.advance(LEASE_DURATION_MS)
+            taken = await w.store.acquire_writer("t1", owner="daemon-b")
+            assert taken.fence == held.fence + 1
+            with pytest.raises(SandboxCheckpointWriterConflictError):
+                await w.store.acquire_writer("t1", owner="daemon-a")
+            assert anonymous.fence == 1
+            for bad in ("", 42, b"daemon-a"):
+                with pytest.raises(SandboxCheckpointInvalidArgumentError):
+                    await w.store.acquire_writer("t3", owner=bad)
 
     @asyncio_test
     async def test_any_writer_like_object_is_accepted(self) -> None:
