@@ -9,24 +9,52 @@
   the others at the first failure.
 * ``PhaseReporter`` turns work into ``Progress`` reports (every phase change, at
   most ~10 per second within a phase) and measures each phase.
+* ``os_errors_mapped`` makes an engine raise checkpointd errors, never a bare
+  ``OSError`` with a class of its own (no space, name too long...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
 
-from .errors import SandboxCheckpointWriterLostError
+from .errors import SandboxCheckpointWriterLostError, from_os_error
 from .model import WriterLease
 from .progress import Progress, ProgressCallback
 
 T = TypeVar("T")
 
 _REPORT_INTERVAL_S = 0.1
+E = TypeVar("E", bound=Callable[..., Coroutine[Any, Any, Any]])
+
+
+def os_errors_mapped(engine: E) -> E:
+    """Decorate an engine whose first argument is the workspace root: an OSError
+    that escapes it and has a class of its own (``errors.from_os_error``: a file
+    that kept changing, no space, a name too long, a cross-device rename,
+    permission denied, an unusable root) is raised as that checkpointd error,
+    naming the path (the workspace root when the OS gave none)."""
+
+    @functools.wraps(engine)
+    async def wrapper(workspace_root: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await engine(workspace_root, *args, **kwargs)
+        except OSError as error:
+            root = os.path.abspath(os.fspath(workspace_root))  # noqa: ASYNC240 - no I/O
+            mapped = from_os_error(error, root=root)
+            if mapped is None:
+                raise
+            raise mapped from error
+
+    return wrapper  # type: ignore[return-value]
+
+
 # After a transient failure to renew (database busy), try again sooner than usual.
 _RENEW_RETRY_S = 0.5
 

@@ -13,6 +13,26 @@ BUILD_PROFILE: str  # "release" or "debug" (benchmarks refuse debug builds)
 class ScanCancelled(Exception):
     """Raised by ``scan`` when its ``CancelToken`` was cancelled."""
 
+# One class per kind of failure (rust/src/py/errors.rs); each is an OSError with
+# errno, strerror and filename, mapped once by checkpointd.errors.from_os_error.
+class FileChangedError(OSError):
+    """A file changed, vanished or changed kind while it was read."""
+
+class RootInvalidError(NotADirectoryError):
+    """The workspace root is missing, not a directory, or a symlink."""
+
+class NameTooLongError(OSError):
+    """A name or path is longer than the filesystem allows (ENAMETOOLONG)."""
+
+class NoSpaceError(OSError):
+    """The filesystem or quota is full (ENOSPC, EDQUOT)."""
+
+class CrossDeviceError(OSError):
+    """A rename or link across filesystems (EXDEV)."""
+
+class PermissionDeniedError(OSError):
+    """Permission denied or a read-only filesystem (EACCES, EPERM, EROFS)."""
+
 class CancelToken:
     def __init__(self) -> None: ...
     def cancel(self) -> None: ...
@@ -80,10 +100,11 @@ def scan(
     one per core. The GIL is released; a Python signal handler that raises
     (Ctrl-C) cancels the scan and its exception propagates.
 
-    Raises NotADirectoryError when the root is not a directory or is a symlink,
-    OSError when the root or an entry cannot be read or a file kept changing
-    while it was hashed, ValueError for a bad pattern or a secret shorter than
-    4 bytes, ScanCancelled on cancel.
+    Raises RootInvalidError when the root is not a directory or is a symlink,
+    FileChangedError when a file kept changing while it was hashed, another
+    OSError (NoSpaceError, NameTooLongError, PermissionDeniedError... or a plain
+    one) when the root or an entry cannot be read, ValueError for a bad pattern
+    or a secret shorter than 4 bytes, ScanCancelled on cancel.
     """
 
 def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:

@@ -40,7 +40,14 @@ from typing import Any, TypeVar
 import blake3
 
 from . import _native
-from ._engine import LeaseKeeper, PhaseReporter, StopFlag, run_bounded, run_in_thread
+from ._engine import (
+    LeaseKeeper,
+    PhaseReporter,
+    StopFlag,
+    os_errors_mapped,
+    run_bounded,
+    run_in_thread,
+)
 from .blobs.base import BlobStore
 from .blobs.local import LocalBlobDir
 from .blobs.object_store import local_dir_of
@@ -151,6 +158,7 @@ def _workspace_path(workspace_root: str | os.PathLike[str]) -> str:
     return root
 
 
+@os_errors_mapped
 async def capture_checkpoint(
     workspace_root: str | os.PathLike[str],
     store: CheckpointStore,

@@ -24,6 +24,7 @@ EXIT_PRECONDITION = 5
 EXIT_DATA_LOSS = 6
 EXIT_UNAVAILABLE = 7
 EXIT_UNAUTHENTICATED = 8
+EXIT_NO_SPACE = 9
 
 EPILOG = """\
 exit codes:
@@ -38,6 +39,7 @@ exit codes:
   6  data loss: DATA_LOSS (a blob is missing or corrupt)
   7  unavailable: the daemon cannot be reached, is not serving, or a store is down
   8  unauthenticated: missing or wrong bearer token
+  9  no space: RESOURCE_EXHAUSTED (the filesystem holding the named path is full)
 
 environment: CHECKPOINTD_ADDRESS and CHECKPOINTD_TOKEN for the client commands;
 CHECKPOINTD_<SETTING> (e.g. CHECKPOINTD_DATA_DIR, CHECKPOINTD_STORE) and
@@ -57,6 +59,7 @@ STATUS_EXIT_CODES = {
     "DEADLINE_EXCEEDED": EXIT_UNAVAILABLE,
     "UNAUTHENTICATED": EXIT_UNAUTHENTICATED,
     "PERMISSION_DENIED": EXIT_UNAUTHENTICATED,
+    "RESOURCE_EXHAUSTED": EXIT_NO_SPACE,
 }
 
 

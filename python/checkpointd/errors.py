@@ -7,6 +7,8 @@ people who know it recognise them; codes are the strings the gRPC layer puts in
 
 from __future__ import annotations
 
+import errno
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -113,8 +115,93 @@ FORK_DESTINATION_NOT_EMPTY = "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY"
 FILE_CHANGED = "SANDBOX_SNAPSHOT_FILE_CHANGED"
 # A store backend is unreachable or failed (database down, bucket unreachable).
 STORE_UNAVAILABLE = "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE"
+# The filesystem (or quota) holding the named path is full (ENOSPC, EDQUOT).
+NO_SPACE = "SANDBOX_SNAPSHOT_NO_SPACE"
+# A name or path is longer than the filesystem allows (ENAMETOOLONG).
+NAME_TOO_LONG = "SANDBOX_SNAPSHOT_NAME_TOO_LONG"
+# A rename or link would cross filesystems (EXDEV), e.g. a mount inside the workspace.
+CROSS_DEVICE = "SANDBOX_SNAPSHOT_CROSS_DEVICE"
+# Permission denied, or a read-only filesystem (EACCES, EPERM, EROFS).
+PERMISSION_DENIED = "SANDBOX_SNAPSHOT_PERMISSION_DENIED"
+
+# errno → code for OSErrors raised by Python code (the native scanner classifies
+# its own errors with the same rule, rust/src/error.rs ``errno_kind``).
+_ERRNO_CODES: dict[int, str] = {
+    errno.ENOSPC: NO_SPACE,
+    errno.EDQUOT: NO_SPACE,
+    errno.ENAMETOOLONG: NAME_TOO_LONG,
+    errno.EXDEV: CROSS_DEVICE,
+    errno.EACCES: PERMISSION_DENIED,
+    errno.EPERM: PERMISSION_DENIED,
+    errno.EROFS: PERMISSION_DENIED,
+}
+# Errors about the workspace root itself, as opposed to an entry inside it.
+_ROOT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM})
+_REMEDIES: dict[str, str] = {
+    NO_SPACE: "free space on that filesystem and try again",
+    NAME_TOO_LONG: "shorten the name or path",
+    CROSS_DEVICE: "keep the workspace on one filesystem (or exclude the mount)",
+    PERMISSION_DENIED: "fix the permissions or exclude the path",
+    FILE_CHANGED: "capture again when nothing writes to it",
+}
+
+
+def from_os_error(error: OSError, *, root: str | None = None) -> SandboxCheckpointError | None:
+    """The checkpointd error for an OS-level failure, or None when it has no
+    class of its own (then it is a genuine I/O fault).
+
+    This is the one map from OSError to checkpointd codes: the native scanner's
+    classes (``checkpointd._native.FileChangedError``, ``RootInvalidError``,
+    ``NoSpaceError``...) first, then the errno of any other OSError. The path
+    goes in ``details["path"]``: the error's filename, else ``root`` (the
+    workspace root the operation worked in), so the message always names one.
+    A missing or unusable workspace root (``root`` itself) is the caller's bad
+    input: SandboxCheckpointInvalidArgumentError.
+    """
+    from . import _native  # the extension is loaded by every engine already
+
+    path = error.filename if isinstance(error.filename, str) else None
+    where = path if path is not None else root
+    reason = error.strerror or str(error)
+    code: str | None
+    if isinstance(error, _native.FileChangedError):
+        code = FILE_CHANGED
+    elif isinstance(error, _native.RootInvalidError) or (
+        root is not None
+        and path is not None
+        and error.errno in _ROOT_ERRNOS
+        and _same_path(path, root)
+    ):
+        return SandboxCheckpointInvalidArgumentError(
+            f"workspace root {where!r} cannot be used: {reason}", details={"path": where}
+        )
+    elif isinstance(error, _native.NoSpaceError):
+        code = NO_SPACE
+    elif isinstance(error, _native.NameTooLongError):
+        code = NAME_TOO_LONG
+    elif isinstance(error, _native.CrossDeviceError):
+        code = CROSS_DEVICE
+    elif isinstance(error, _native.PermissionDeniedError):
+        code = PERMISSION_DENIED
+    else:
+        code = _ERRNO_CODES.get(error.errno) if error.errno is not None else None
+    if code is None:
+        return None
+    remedy = _REMEDIES.get(code)
+    message = f"{where}: {reason}" if where is not None else reason
+    return SandboxSnapshotError(
+        code,
+        message + (f"; {remedy}" if remedy else ""),
+        details={"path": where} if where is not None else None,
+    )
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
 
 __all__ = [
+    "CROSS_DEVICE",
     "FILE_CHANGED",
     "FORK_DESTINATION_NOT_EMPTY",
     "FORK_SOURCE_NOT_FOUND",
@@ -123,6 +210,9 @@ __all__ = [
     "INVALID_PATH",
     "MISSING_BLOB",
     "MISSING_CHECKPOINT",
+    "NAME_TOO_LONG",
+    "NO_SPACE",
+    "PERMISSION_DENIED",
     "STORE_UNAVAILABLE",
     "UNSUPPORTED_ENTRY",
     "SandboxCheckpointConflictError",
@@ -136,4 +226,5 @@ __all__ = [
     "SandboxCheckpointWriterConflictError",
     "SandboxCheckpointWriterLostError",
     "SandboxSnapshotError",
+    "from_os_error",
 ]

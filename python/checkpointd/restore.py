@@ -42,7 +42,14 @@ from dataclasses import dataclass, field
 import blake3
 
 from . import _native
-from ._engine import LeaseKeeper, PhaseReporter, StopFlag, run_bounded, run_in_thread
+from ._engine import (
+    LeaseKeeper,
+    PhaseReporter,
+    StopFlag,
+    os_errors_mapped,
+    run_bounded,
+    run_in_thread,
+)
 from .blobs.base import BlobNotFoundError, BlobStore, BlobStoreError
 from .blobs.local import LocalBlobDir
 from .blobs.object_store import local_dir_of
@@ -52,6 +59,7 @@ from .errors import (
     INVALID_PATH,
     MISSING_BLOB,
     MISSING_CHECKPOINT,
+    NAME_TOO_LONG,
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
@@ -188,6 +196,7 @@ def plan_restore(
     return plan
 
 
+@os_errors_mapped
 async def restore_checkpoint(
     workspace_root: str | os.PathLike[str],
     store: CheckpointStore,
@@ -228,6 +237,7 @@ async def restore_checkpoint(
             _ensure_root(root)
             if checkpoint is None:
                 return None
+            _check_name_lengths(root, checkpoint)
 
             reporter.phase("plan")
             # No policy given: the one the checkpoint was captured with, so a
@@ -249,6 +259,26 @@ async def restore_checkpoint(
             return checkpoint
     finally:
         await lease.release()
+
+
+def _check_name_lengths(root: str, checkpoint: Checkpoint) -> None:
+    """NAME_TOO_LONG, before any change, for an entry with a name longer than the
+    workspace's filesystem allows (a checkpoint taken on another filesystem, or
+    a hand-made manifest): better refused whole than half restored."""
+    try:
+        limit = os.pathconf(root, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for entry in checkpoint.files:
+        if any(
+            len(part.encode("utf-8", "surrogateescape")) > limit for part in entry.path.split("/")
+        ):
+            raise SandboxSnapshotError(
+                NAME_TOO_LONG,
+                f"{entry.path}: a name in it is longer than the {limit} bytes the filesystem "
+                f"of {root} allows",
+                details={"checkpoint_id": checkpoint.id, "path": entry.path},
+            )
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:

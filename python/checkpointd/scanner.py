@@ -5,12 +5,14 @@ and is the ONE place where native errors become checkpointd errors:
 
 - a secret shorter than 4 bytes, or a bad policy pattern →
   :class:`~checkpointd.errors.SandboxCheckpointInvalidArgumentError`;
-- a workspace root that is missing, not a directory, a symlink or unreadable →
-  :class:`~checkpointd.errors.SandboxCheckpointInvalidArgumentError` naming the
-  path (``details["path"]``), chained to the ``OSError``;
+- an ``OSError`` with a class of its own (the root missing, not a directory, a
+  symlink or unreadable; a file that kept changing; no space; a name too long;
+  a cross-device link; permission denied) → its checkpointd error through
+  :func:`checkpointd.errors.from_os_error`, naming the path
+  (``details["path"]``), chained to the ``OSError``;
 - cancellation → :class:`checkpointd._native.ScanCancelled`, unchanged (the
   engines catch it to stop cleanly);
-- any other ``OSError`` (a file unreadable mid-scan) propagates unchanged.
+- any other ``OSError`` (a genuine I/O fault) propagates unchanged.
 
 The manifest stays compact bytes (``ScanOutcome.manifest``); entries are decoded
 only when asked for, through :mod:`checkpointd.codec`.
@@ -18,7 +20,6 @@ only when asked for, through :mod:`checkpointd.codec`.
 
 from __future__ import annotations
 
-import errno
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -26,13 +27,10 @@ from functools import cached_property
 
 from . import _native
 from .codec import decode_entries
-from .errors import SandboxCheckpointInvalidArgumentError
+from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .model import Entry, Policy
 
 MIN_SECRET_LEN = 4
-
-# Errors about the root itself, as opposed to an entry inside it.
-_ROOT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM})
 
 
 @dataclass(frozen=True)
@@ -130,11 +128,9 @@ def scan_workspace(
     except ValueError as error:
         raise SandboxCheckpointInvalidArgumentError(str(error)) from error
     except OSError as error:
-        if _is_root_error(error, root_text):
-            raise SandboxCheckpointInvalidArgumentError(
-                f"workspace root {root_text!r} cannot be scanned: {error.strerror or error}",
-                details={"path": root_text},
-            ) from error
+        mapped = from_os_error(error, root=root_text)
+        if mapped is not None:
+            raise mapped from error
         raise
     return ScanOutcome(
         manifest=result.manifest,
@@ -144,15 +140,6 @@ def scan_workspace(
         files_reused=result.files_reused,
         bytes_hashed=result.bytes_hashed,
     )
-
-
-def _is_root_error(error: OSError, root: str) -> bool:
-    """Whether the native OSError is about the root itself (not an entry inside)."""
-    if isinstance(error, NotADirectoryError) and error.filename is not None:
-        return os.path.abspath(error.filename) == os.path.abspath(root)
-    if error.errno not in _ROOT_ERRNOS or error.filename is None:
-        return False
-    return os.path.abspath(error.filename) == os.path.abspath(root)
 
 
 __all__ = ["MIN_SECRET_LEN", "ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]

@@ -23,7 +23,52 @@ pub enum ScanError {
     Cancelled,
 }
 
+/// What kind of failure a [`ScanError`] is: the classes a caller acts on
+/// differently (retry, fix the input, free space...). `py/errors.rs` gives each
+/// its own Python exception class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A file changed (or vanished, or changed kind) while it was read.
+    FileChanged,
+    /// The workspace root is missing, not a directory, or a symlink.
+    RootInvalid,
+    /// A name or path longer than the filesystem allows (ENAMETOOLONG).
+    NameTooLong,
+    /// The filesystem (or the user's quota) is full (ENOSPC, EDQUOT).
+    NoSpace,
+    /// A rename or link across filesystems (EXDEV).
+    CrossDevice,
+    /// Permission denied or a read-only filesystem (EACCES, EPERM, EROFS).
+    PermissionDenied,
+    /// A bad pattern or a short secret.
+    InvalidInput,
+    Cancelled,
+    /// Any other system call failure.
+    Io,
+}
+
+/// The kind of an OS error number (one home for the errno rules).
+pub fn errno_kind(errno: i32) -> ErrorKind {
+    match errno {
+        libc::ENAMETOOLONG => ErrorKind::NameTooLong,
+        libc::ENOSPC | libc::EDQUOT => ErrorKind::NoSpace,
+        libc::EXDEV => ErrorKind::CrossDevice,
+        libc::EACCES | libc::EPERM | libc::EROFS => ErrorKind::PermissionDenied,
+        _ => ErrorKind::Io,
+    }
+}
+
 impl ScanError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ScanError::Io { source, .. } => source.raw_os_error().map_or(ErrorKind::Io, errno_kind),
+            ScanError::Pattern(_) | ScanError::ShortSecret(_) => ErrorKind::InvalidInput,
+            ScanError::RootNotDirectory(_) | ScanError::RootIsSymlink(_) => ErrorKind::RootInvalid,
+            ScanError::Changed(_) => ErrorKind::FileChanged,
+            ScanError::Cancelled => ErrorKind::Cancelled,
+        }
+    }
+
     pub fn io(path: impl Into<PathBuf>, op: &'static str, source: io::Error) -> ScanError {
         ScanError::Io {
             path: path.into(),

@@ -7,12 +7,13 @@ ErrorInfo domain, reason and metadata.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 
 import grpc
 import pytest
 
-from checkpointd import errors
+from checkpointd import _native, errors
 from checkpointd.blobs.base import BlobNotFoundError, BlobStoreError
 from checkpointd.service import status
 from checkpointd.service.client import rpc_error
@@ -40,6 +41,10 @@ SPEC_MAPPING = {
     "SANDBOX_SNAPSHOT_FORK_DESTINATION_NOT_EMPTY": C.FAILED_PRECONDITION,
     "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE": C.UNAVAILABLE,
     "SANDBOX_SNAPSHOT_FILE_CHANGED": C.ABORTED,
+    "SANDBOX_SNAPSHOT_NO_SPACE": C.RESOURCE_EXHAUSTED,
+    "SANDBOX_SNAPSHOT_NAME_TOO_LONG": C.FAILED_PRECONDITION,
+    "SANDBOX_SNAPSHOT_CROSS_DEVICE": C.FAILED_PRECONDITION,
+    "SANDBOX_SNAPSHOT_PERMISSION_DENIED": C.FAILED_PRECONDITION,
     "SANDBOX_SNAPSHOT_MISSING_ENTRY": C.NOT_FOUND,
     "SANDBOX_SNAPSHOT_MISSING_ARTIFACT": C.NOT_FOUND,
     "SANDBOX_SNAPSHOT_DRAINING": C.UNAVAILABLE,
@@ -134,6 +139,90 @@ async def test_error_classes_carry_their_code(
     error = await _call(raiser, name)
     assert error.reason == cls.code
     assert error.code == SPEC_MAPPING[cls.code]
+
+
+OS_ERRORS = [
+    pytest.param(
+        OSError(errno.ENOSPC, "No space left on device", "/ws/big.bin"),
+        "SANDBOX_SNAPSHOT_NO_SPACE",
+        C.RESOURCE_EXHAUSTED,
+        id="ENOSPC",
+    ),
+    pytest.param(
+        OSError(errno.EDQUOT, "Disk quota exceeded", "/ws/big.bin"),
+        "SANDBOX_SNAPSHOT_NO_SPACE",
+        C.RESOURCE_EXHAUSTED,
+        id="EDQUOT",
+    ),
+    pytest.param(
+        OSError(errno.ENAMETOOLONG, "File name too long", "/ws/" + "n" * 300),
+        "SANDBOX_SNAPSHOT_NAME_TOO_LONG",
+        C.FAILED_PRECONDITION,
+        id="ENAMETOOLONG",
+    ),
+    pytest.param(
+        OSError(errno.EXDEV, "Invalid cross-device link", "/ws/mnt/x"),
+        "SANDBOX_SNAPSHOT_CROSS_DEVICE",
+        C.FAILED_PRECONDITION,
+        id="EXDEV",
+    ),
+    pytest.param(
+        PermissionError(errno.EACCES, "Permission denied", "/ws/secret"),
+        "SANDBOX_SNAPSHOT_PERMISSION_DENIED",
+        C.FAILED_PRECONDITION,
+        id="EACCES",
+    ),
+    pytest.param(
+        _native.FileChangedError(errno.EAGAIN, "kept changing", "/ws/log.txt"),
+        "SANDBOX_SNAPSHOT_FILE_CHANGED",
+        C.ABORTED,
+        id="native-file-changed",
+    ),
+    pytest.param(
+        _native.NoSpaceError(errno.ENOSPC, "No space", "/ws/big.bin"),
+        "SANDBOX_SNAPSHOT_NO_SPACE",
+        C.RESOURCE_EXHAUSTED,
+        id="native-no-space",
+    ),
+    pytest.param(
+        _native.RootInvalidError(errno.ENOTDIR, "not a directory", "/ws"),
+        "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+        C.INVALID_ARGUMENT,
+        id="native-root-invalid",
+    ),
+    pytest.param(
+        BlobStoreError("put failed"),
+        "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE",
+        C.UNAVAILABLE,
+        id="blob-store-outage",
+    ),
+]
+
+
+@pytest.mark.parametrize(("exc", "reason", "code"), OS_ERRORS)
+async def test_os_errors_keep_their_meaning(
+    raiser: grpc.aio.Channel, exc: BaseException, reason: str, code: grpc.StatusCode
+) -> None:
+    """No space, a long name, a cross-device rename, a changed file: each its own
+    code naming the path, never INTERNAL."""
+    name = _register(f"os-{reason}-{id(exc)}", exc)
+    error = await _call(raiser, name)
+    assert (error.reason, error.code) == (reason, code)
+    if isinstance(exc, OSError):
+        assert error.metadata["path"] == exc.filename
+        assert exc.filename in error.message
+
+
+async def test_a_full_local_bucket_is_no_space(raiser: grpc.aio.Channel) -> None:
+    try:
+        raise BlobStoreError("put 'k' on file:///b failed") from OSError(
+            errno.ENOSPC, "No space left on device", "/b/sandbox-files/x"
+        )
+    except BlobStoreError as exc:
+        name = _register("full-bucket", exc)
+    error = await _call(raiser, name)
+    assert (error.reason, error.code) == ("SANDBOX_SNAPSHOT_NO_SPACE", C.RESOURCE_EXHAUSTED)
+    assert error.metadata["path"] == "/b/sandbox-files/x"
 
 
 async def test_other_exceptions(raiser: grpc.aio.Channel) -> None:

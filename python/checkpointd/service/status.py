@@ -18,6 +18,11 @@ Codes the SPEC does not place are placed here, with the reason:
 * ``STORE_UNAVAILABLE`` → UNAVAILABLE (retry later);
 * ``FILE_CHANGED`` → ABORTED (a file kept changing while it was read: a
   concurrency failure that a retry of the capture may get past);
+* ``NO_SPACE`` → RESOURCE_EXHAUSTED (a full filesystem or quota: free space and
+  retry); ``NAME_TOO_LONG``, ``CROSS_DEVICE`` and ``PERMISSION_DENIED`` →
+  FAILED_PRECONDITION (the filesystem's state forbids it; the path is in the
+  metadata). Any OSError the engines let through is mapped by
+  ``errors.from_os_error`` first, so these never come out as INTERNAL;
 * the service's own ``MISSING_ENTRY`` / ``MISSING_ARTIFACT`` (ReadFile of a path
   the checkpoint lacks, ReadArtifact of an unknown key) → NOT_FOUND;
 * ``DRAINING`` → UNAVAILABLE, ``UNAUTHENTICATED`` → UNAUTHENTICATED;
@@ -28,6 +33,8 @@ Codes the SPEC does not place are placed here, with the reason:
 from __future__ import annotations
 
 import logging
+import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -69,6 +76,10 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     errors.FORK_DESTINATION_NOT_EMPTY: _C.FAILED_PRECONDITION,
     errors.STORE_UNAVAILABLE: _C.UNAVAILABLE,
     errors.FILE_CHANGED: _C.ABORTED,
+    errors.NO_SPACE: _C.RESOURCE_EXHAUSTED,
+    errors.NAME_TOO_LONG: _C.FAILED_PRECONDITION,
+    errors.CROSS_DEVICE: _C.FAILED_PRECONDITION,
+    errors.PERMISSION_DENIED: _C.FAILED_PRECONDITION,
     MISSING_ENTRY: _C.NOT_FOUND,
     MISSING_ARTIFACT: _C.NOT_FOUND,
     DRAINING: _C.UNAVAILABLE,
@@ -120,10 +131,41 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str, dict[str, s
         )
     if isinstance(exc, BlobNotFoundError):
         return _C.DATA_LOSS, errors.MISSING_BLOB, str(exc), {"key": exc.key}
+    if isinstance(exc, OSError):
+        mapped = errors.from_os_error(exc)
+        if mapped is not None:
+            return classify(mapped)
+    if isinstance(exc, BlobStoreError):
+        # A local bucket on a full disk is no outage: say so (NO_SPACE...).
+        mapped = _blob_os_error(exc)
+        if mapped is not None:
+            return classify(mapped)
     if isinstance(exc, (BlobStoreError, ConnectionError, TimeoutError)):
         return _C.UNAVAILABLE, errors.STORE_UNAVAILABLE, str(exc), {}
     _log.exception("unexpected error in a call", exc_info=exc)
     return _C.INTERNAL, INTERNAL, f"internal error ({type(exc).__name__})", {}
+
+
+# obstore reports the OS error of a local bucket only in its text: "(os error 28)".
+_OS_ERROR_TEXT = re.compile(r"\(os error (\d+)\)")
+# The blob stores' messages read "<operation> '<key>' on <url> failed: ...".
+_BUCKET_URL_TEXT = re.compile(r" on (\S+) failed:")
+
+
+def _blob_os_error(exc: BlobStoreError) -> errors.SandboxCheckpointError | None:
+    """The checkpointd error for a bucket failure caused by the local filesystem
+    (a full disk, a read-only mount), naming the bucket; None for other failures."""
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.filename is not None:
+        return errors.from_os_error(cause)
+    match = _OS_ERROR_TEXT.search(str(exc))
+    number = cause.errno if isinstance(cause, OSError) else None
+    if number is None and match is not None:
+        number = int(match.group(1))
+    if number is None:
+        return None
+    url = _BUCKET_URL_TEXT.search(str(exc))
+    return errors.from_os_error(OSError(number, os.strerror(number), url.group(1) if url else None))
 
 
 def rpc_status_for(

@@ -1,10 +1,18 @@
 //! The one Rust → Python error map of the extension.
+//!
+//! Each [`ErrorKind`] has its own exception class, so Python never has to
+//! re-interpret a bare `OSError`: `FileChangedError`, `RootInvalidError`,
+//! `NameTooLongError`, `NoSpaceError`, `CrossDeviceError` and
+//! `PermissionDeniedError` subclass `OSError` (`RootInvalidError` subclasses
+//! `NotADirectoryError`), with `errno`, `strerror` and `filename` set, so code
+//! that catches `OSError` keeps working;
+//! `checkpointd.errors.from_os_error` maps each to one checkpointd code.
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyNotADirectoryError, PyOSError, PyValueError};
 use pyo3::PyErr;
 
-use crate::error::ScanError;
+use crate::error::{ErrorKind, ScanError};
 
 create_exception!(
     checkpointd._native,
@@ -12,29 +20,78 @@ create_exception!(
     PyException,
     "Raised by `scan` when its `CancelToken` was cancelled."
 );
+create_exception!(
+    checkpointd._native,
+    FileChangedError,
+    PyOSError,
+    "A file changed, vanished or changed kind while it was read."
+);
+create_exception!(
+    checkpointd._native,
+    RootInvalidError,
+    PyNotADirectoryError,
+    "The workspace root is missing, not a directory, or a symlink."
+);
+create_exception!(
+    checkpointd._native,
+    NameTooLongError,
+    PyOSError,
+    "A name or path is longer than the filesystem allows (ENAMETOOLONG)."
+);
+create_exception!(
+    checkpointd._native,
+    NoSpaceError,
+    PyOSError,
+    "The filesystem or quota is full (ENOSPC, EDQUOT)."
+);
+create_exception!(
+    checkpointd._native,
+    CrossDeviceError,
+    PyOSError,
+    "A rename or link across filesystems (EXDEV)."
+);
+create_exception!(
+    checkpointd._native,
+    PermissionDeniedError,
+    PyOSError,
+    "Permission denied or a read-only filesystem (EACCES, EPERM, EROFS)."
+);
+
+/// An OSError of the class for `kind`, built as `Class(errno, message, filename)`.
+fn os_error(kind: ErrorKind, errno: i32, message: String, filename: String) -> PyErr {
+    let args = (errno, message, filename);
+    match kind {
+        ErrorKind::FileChanged => FileChangedError::new_err(args),
+        ErrorKind::RootInvalid => RootInvalidError::new_err(args),
+        ErrorKind::NameTooLong => NameTooLongError::new_err(args),
+        ErrorKind::NoSpace => NoSpaceError::new_err(args),
+        ErrorKind::CrossDevice => CrossDeviceError::new_err(args),
+        ErrorKind::PermissionDenied => PermissionDeniedError::new_err(args),
+        // OSError(errno, ...) picks the matching builtin subclass (FileNotFoundError, ...).
+        _ => PyOSError::new_err(args),
+    }
+}
 
 /// ScanError → the exception the `.pyi` promises.
 pub fn to_py(error: ScanError) -> PyErr {
+    let kind = error.kind();
     match error {
         ScanError::Io { path, op, source } => {
             let message = format!("{op}: {source}");
             let filename = path.to_string_lossy().into_owned();
-            match source.raw_os_error() {
-                // OSError(errno, ...) picks the matching subclass (FileNotFoundError, ...).
-                Some(errno) => PyOSError::new_err((errno, message, filename)),
-                None => PyOSError::new_err(format!("{message}: {filename}")),
-            }
+            let errno = source.raw_os_error().unwrap_or(libc::EIO);
+            os_error(kind, errno, message, filename)
         }
         ScanError::Pattern(e) => PyValueError::new_err(e.to_string()),
         ScanError::ShortSecret(e) => PyValueError::new_err(e.to_string()),
-        e @ ScanError::RootNotDirectory(_) | e @ ScanError::RootIsSymlink(_) => {
-            let (ScanError::RootNotDirectory(path) | ScanError::RootIsSymlink(path)) = &e else {
-                unreachable!()
-            };
+        ScanError::RootNotDirectory(ref path) | ScanError::RootIsSymlink(ref path) => {
             let filename = path.to_string_lossy().into_owned();
-            PyNotADirectoryError::new_err((libc::ENOTDIR, e.to_string(), filename))
+            os_error(kind, libc::ENOTDIR, error.to_string(), filename)
         }
-        e @ ScanError::Changed(_) => PyOSError::new_err(e.to_string()),
+        ScanError::Changed(ref path) => {
+            let filename = path.to_string_lossy().into_owned();
+            os_error(kind, libc::EAGAIN, error.to_string(), filename)
+        }
         ScanError::Cancelled => ScanCancelled::new_err("scan cancelled"),
     }
 }

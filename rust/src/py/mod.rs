@@ -25,6 +25,27 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
     m.add_class::<blobdir::PyBlobDir>()?;
+    m.add(
+        "FileChangedError",
+        m.py().get_type::<errors::FileChangedError>(),
+    )?;
+    m.add(
+        "RootInvalidError",
+        m.py().get_type::<errors::RootInvalidError>(),
+    )?;
+    m.add(
+        "NameTooLongError",
+        m.py().get_type::<errors::NameTooLongError>(),
+    )?;
+    m.add("NoSpaceError", m.py().get_type::<errors::NoSpaceError>())?;
+    m.add(
+        "CrossDeviceError",
+        m.py().get_type::<errors::CrossDeviceError>(),
+    )?;
+    m.add(
+        "PermissionDeniedError",
+        m.py().get_type::<errors::PermissionDeniedError>(),
+    )?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
