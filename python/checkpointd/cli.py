@@ -141,6 +141,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="capture the thread every PERIOD (60s, 5m); final capture on SIGTERM",
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
+    # The loop's own captures; None = not given, so the environment and TOML apply.
+    serve.add_argument(
+        "--exclude",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="gitignore pattern the loop's captures leave out (repeatable)",
+    )
+    serve.add_argument(
+        "--include",
+        action="append",
+        default=None,
+        metavar="PATTERN",
+        help="the loop captures only files matching (repeatable)",
+    )
+    serve.add_argument(
+        "--no-default-excludes",
+        dest="default_excludes",
+        action="store_const",
+        const=False,
+        default=None,
+        help="the loop also captures .git, node_modules, .env*",
+    )
+    serve.add_argument(
+        "--secret-env",
+        action="append",
+        default=None,
+        metavar="VAR",
+        help="zero the value of env VAR in the loop's captures (repeatable)",
+    )
 
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
@@ -583,7 +613,11 @@ async def _health(client: Any, args: argparse.Namespace, out: Output) -> int:
         except TimeoutError as error:
             out.emit({"status": "NOT_SERVING"}, str(error))
             return EXIT_UNAVAILABLE
-    status = await client.health()
+    from .v1 import checkpointd_pb2 as pb
+
+    # The checkpointd service's status: NOT_SERVING also when the serve loop's
+    # captures keep failing (the server as a whole still answers).
+    status = await client.health(pb.DESCRIPTOR.services_by_name["Checkpointd"].full_name)
     out.emit({"status": status}, status)
     return EXIT_OK if status == "SERVING" else EXIT_UNAVAILABLE
 

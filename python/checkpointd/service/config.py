@@ -19,11 +19,12 @@ import os
 import re
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxCheckpointInvalidArgumentError
+from ..model import Policy
 from ..statcache_paths import DEFAULT_DATA_DIR
 
 ENV_PREFIX = "CHECKPOINTD_"
@@ -42,6 +43,13 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "restore_on_start": ("bool", False),
     "capture_every": ("duration", None),
     "log_level": ("str", "INFO"),
+    # The loop's own captures (and --restore-on-start): the policy and the names
+    # of environment variables holding secrets. Lists: repeat the flag, a TOML
+    # array, or a comma-separated variable (CHECKPOINTD_EXCLUDE=build/,*.log).
+    "exclude": ("list", None),
+    "include": ("list", None),
+    "default_excludes": ("bool", None),
+    "secret_env": ("list", None),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -85,6 +93,9 @@ def _convert(name: str, value: Any) -> Any:
         return _parse_bool(value)
     if kind == "path":
         return Path(os.path.expanduser(str(value)))
+    if kind == "list":
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return tuple(str(item).strip() for item in items if str(item).strip())
     return str(value)
 
 
@@ -101,6 +112,11 @@ class ServeConfig:
     restore_on_start: bool
     capture_every: float | None
     log_level: str
+    # None: no policy setting was given (the loop then uses the head's recorded one).
+    policy: Policy | None = None
+    secret_env: tuple[str, ...] = ()
+    # The values of the secret_env variables, read once at start; never shown.
+    secrets: tuple[bytes, ...] = field(default=(), repr=False)
 
     @property
     def socket_path(self) -> Path | None:
@@ -144,6 +160,49 @@ def _read_toml(path: Path) -> dict[str, Any]:
             f"unknown keys in {path}: {', '.join(unknown)}", details={"path": str(path)}
         )
     return {key: value for key, value in table.items() if key in SETTINGS}
+
+
+def _policy(values: Mapping[str, Any]) -> Policy | None:
+    """The loop's policy from the exclude/include/default_excludes settings (None
+    when none is set). Raises SandboxCheckpointInvalidArgumentError for a bad
+    pattern, so a typo stops the daemon at start rather than every capture."""
+    if (
+        values["exclude"] is None
+        and values["include"] is None
+        and values["default_excludes"] is None
+    ):
+        return None
+    policy = Policy(
+        exclude=values["exclude"] or (),
+        include=values["include"] or (),
+        default_excludes=True if values["default_excludes"] is None else values["default_excludes"],
+    )
+    from ..scanner import policy_matcher
+
+    policy_matcher(policy)
+    return policy
+
+
+def _secrets(names: tuple[str, ...], environ: Mapping[str, str]) -> tuple[bytes, ...]:
+    """The secrets named by ``secret_env``; a variable that is unset or empty, or
+    a value shorter than 4 bytes, is refused (naming the variable, never the value)."""
+    from ..scanner import check_secrets
+
+    values = []
+    for name in names:
+        value = environ.get(name)
+        if not value:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"--secret-env {name}: the variable is not set", details={"variable": name}
+            )
+        values.append(value.encode())
+    try:
+        return check_secrets(values)
+    except SandboxCheckpointInvalidArgumentError as error:
+        index = error.details.get("secret_index", 0)
+        raise SandboxCheckpointInvalidArgumentError(
+            f"--secret-env {names[index]}: {error.message}", details={"variable": names[index]}
+        ) from None
 
 
 def resolve(
@@ -190,6 +249,9 @@ def resolve(
         restore_on_start=values["restore_on_start"],
         capture_every=values["capture_every"],
         log_level=str(values["log_level"]).upper(),
+        policy=_policy(values),
+        secret_env=values["secret_env"] or (),
+        secrets=_secrets(values["secret_env"] or (), environ),
     )
     if config.is_tcp and not config.token:
         raise SandboxCheckpointInvalidArgumentError(

@@ -5,14 +5,16 @@ Lifecycle, in this fixed order:
 1. Listen (Unix socket created with mode 0600; TCP only with a bearer token).
    Health says NOT_SERVING.
 2. Open the checkpoint store and the blob store.
-3. With ``--restore-on-start``: restore the thread's newest checkpoint (nothing
-   else can write yet: the service still refuses calls).
+3. With ``--restore-on-start``: restore the thread's newest checkpoint into an
+   empty workspace, or capture a non-empty one that differs (``before-restore``)
+   and leave it (nothing else can write yet: the service still refuses calls).
 4. Health says SERVING; calls are accepted. With ``--capture-every`` the capture
    loop starts (see ``loop.py``).
 5. SIGTERM/SIGINT: health says NOT_SERVING, new calls are refused, running calls
    get ``grace_period`` seconds to finish and are then cancelled and awaited (the
    engines release their leases as they unwind); the loop, if it served, makes
-   its final capture; the stores are closed; the socket file is removed. A
+   its final capture (exit code 1 when it fails); the stores are closed; the
+   socket file is removed. A
    SIGTERM while the stores open or the first restore runs stops at once.
 
 A workspace root that does not exist is refused before listening (exit 2): it is
@@ -205,7 +207,16 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    capture_loop = CaptureLoop(config, state) if config.thread else None
+    async def set_service_health(serving: bool) -> None:
+        await health_servicer.set(
+            SERVICE_NAME,
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+
+    capture_loop = CaptureLoop(config, state, set_service_health) if config.thread else None
+    exit_code = 0
     looping = False
     try:
         # A SIGTERM while the stores open or the first restore runs ends the wait.
@@ -232,12 +243,13 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         # Refuses new calls at once; cancels the calls still running after the grace.
         await server.stop(config.grace_period)
         await _unwind(state)
-        if capture_loop is not None and looping:
-            await capture_loop.final_capture()
+        if capture_loop is not None and looping and not await capture_loop.final_capture():
+            _log.error("the final capture failed: the last changes may not be saved")
+            exit_code = 1
         if state.store is not None:
             await state.store.aclose()
         if config.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 config.socket_path.unlink()
         _log.info("stopped")
-    return 0
+    return exit_code
