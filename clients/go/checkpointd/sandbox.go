@@ -1,0 +1,280 @@
+package checkpointd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	pb "checkpointd.dev/clients/go/checkpointdv1"
+)
+
+// CaptureOptions are the seeds' capture options.
+type CaptureOptions struct {
+	ThreadID string
+	// Label names the checkpoint (its reason is then "named"); "" for none.
+	Label string
+	// Policy picks which files to keep; pass the same one to the restore.
+	Policy *pb.Policy
+	// Secrets (at least 4 bytes each) are stored as zero bytes.
+	Secrets [][]byte
+	// Conversation messages, any JSON values (json.RawMessage is sent as it is).
+	Conversation []any
+	// Artifacts from the UploadArtifact RPC.
+	Artifacts       []*pb.Artifact
+	WorkspaceSubdir string
+	SourceRunID     string
+	// RequestID is the idempotency key; "" makes a random one. Retries reuse it.
+	RequestID string
+	// OnProgress sees every progress event; OnEvent every event (a retried
+	// attempt's events start again from started, with the same checkpoint id).
+	OnProgress func(*pb.Progress)
+	OnEvent    func(*pb.CaptureEvent)
+}
+
+// Captured is the saved checkpoint's summary, with the capture's stats.
+type Captured struct {
+	*pb.CheckpointSummary
+	Stats *pb.CaptureStats
+	// Replayed: a retry found the checkpoint an earlier attempt committed.
+	Replayed bool
+}
+
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40 // UUID version 4
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+func invalidArgument(message string, metadata map[string]string) error {
+	return InvalidArgumentError{&Details{
+		Code: CodeInvalidArgument, Message: message, Metadata: metadata,
+		GRPCCode: codes.InvalidArgument, Status: status.New(codes.InvalidArgument, message),
+	}}
+}
+
+func lostReply(what string) error {
+	message := what + " stream ended without its done event"
+	return Error{&Details{
+		Code: "SANDBOX_SNAPSHOT_UNAVAILABLE", Message: message, Metadata: map[string]string{},
+		GRPCCode: codes.Unavailable, Status: status.New(codes.Unavailable, message),
+	}}
+}
+
+func (c *Client) captureOnce(ctx context.Context, req *pb.CaptureRequest, o *CaptureOptions) (*pb.CaptureDone, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Capture(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		event, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, lostReply("the capture")
+		}
+		if err != nil {
+			return nil, err
+		}
+		if o.OnEvent != nil {
+			o.OnEvent(event)
+		}
+		if p := event.GetProgress(); p != nil && o.OnProgress != nil {
+			o.OnProgress(p)
+		}
+		if done := event.GetDone(); done != nil {
+			_, _ = stream.Recv() // io.EOF: the call ends cleanly
+			return done, nil
+		}
+	}
+}
+
+// CaptureSandboxCheckpoint saves the daemon's workspace as a new checkpoint at
+// the head of the thread. While another writer holds the thread it fails with
+// WriterConflictError: skip that capture, the next one saves the same files.
+func CaptureSandboxCheckpoint(ctx context.Context, c *Client, o CaptureOptions) (*Captured, error) {
+	req := &pb.CaptureRequest{
+		ThreadId:        o.ThreadID,
+		Policy:          o.Policy,
+		Secrets:         o.Secrets,
+		Artifacts:       o.Artifacts,
+		WorkspaceSubdir: o.WorkspaceSubdir,
+		RequestId:       proto.String(o.RequestID),
+	}
+	if o.RequestID == "" {
+		req.RequestId = proto.String(newRequestID())
+	}
+	if o.Label != "" {
+		req.Label = proto.String(o.Label)
+	}
+	if o.SourceRunID != "" {
+		req.SourceRunId = proto.String(o.SourceRunID)
+	}
+	for i, message := range o.Conversation {
+		doc, err := json.Marshal(message)
+		if err != nil {
+			return nil, invalidArgument(fmt.Sprintf("conversation[%d] is not a JSON value: %v", i, err),
+				map[string]string{"index": fmt.Sprint(i)})
+		}
+		req.Conversation = append(req.Conversation, string(doc))
+	}
+	backoff := c.retry.InitialBackoff
+	for attempt := 1; ; attempt++ {
+		done, err := c.captureOnce(ctx, req, &o)
+		if err == nil {
+			return &Captured{CheckpointSummary: done.GetCheckpoint(), Stats: done.GetStats(), Replayed: done.GetReplayed()}, nil
+		}
+		var failure Error
+		errors.As(err, &failure)
+		lost := failure.Details != nil && failure.GRPCCode == codes.Unavailable
+		// Once an attempt was lost, its lease may outlive it for a moment.
+		ownConflict := attempt > 1 && errors.As(err, &WriterConflictError{})
+		if !(lost || ownConflict) || attempt >= c.retry.MaxAttempts || ctx.Err() != nil {
+			return nil, err
+		}
+		wait := backoff
+		if failure.RetryAfter > 0 {
+			wait = failure.RetryAfter
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(min(wait, c.retry.MaxBackoff)):
+		}
+		backoff = min(backoff*2, c.retry.MaxBackoff)
+		if lost {
+			_ = c.WaitServing(ctx, c.connectTimeout)
+		}
+	}
+}
+
+// RestoreOptions are the seeds' restore options.
+type RestoreOptions struct {
+	ThreadID string
+	// CheckpointID restores that checkpoint of the thread instead of the newest.
+	CheckpointID    string
+	Policy          *pb.Policy
+	WorkspaceSubdir string
+	OnProgress      func(*pb.Progress)
+}
+
+// RestoreSandboxCheckpoint restores the newest (or the given) checkpoint of the
+// thread into the daemon's workspace. It returns nil, nil when the thread has no
+// checkpoint (the workspace stays as it is); an id not on the thread is a
+// SnapshotError with Code CodeMissingCheckpoint.
+func RestoreSandboxCheckpoint(ctx context.Context, c *Client, o RestoreOptions) (*pb.CheckpointSummary, error) {
+	req := &pb.RestoreRequest{ThreadId: o.ThreadID, Policy: o.Policy, WorkspaceSubdir: o.WorkspaceSubdir}
+	if o.CheckpointID != "" {
+		req.CheckpointId = proto.String(o.CheckpointID)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.Restore(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	for {
+		event, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, lostReply("the restore")
+		}
+		if err != nil {
+			return nil, err
+		}
+		if p := event.GetProgress(); p != nil && o.OnProgress != nil {
+			o.OnProgress(p)
+		}
+		if done := event.GetDone(); done != nil {
+			_, _ = stream.Recv()
+			if !done.GetRestored() {
+				return nil, nil
+			}
+			return done.GetCheckpoint(), nil
+		}
+	}
+}
+
+// DeleteCheckpoints keeps the head and its keep-1 nearest ancestors and deletes
+// the thread's other checkpoints; it returns the deleted ids, oldest first (with
+// dryRun, those it would delete).
+func DeleteCheckpoints(ctx context.Context, c *Client, threadID string, keep int, dryRun bool) ([]string, error) {
+	if keep < 1 {
+		return nil, invalidArgument(fmt.Sprintf("keep must be at least 1, not %d", keep),
+			map[string]string{"keep": fmt.Sprint(keep)})
+	}
+	reply, err := c.Prune(ctx, &pb.PruneRequest{ThreadId: threadID, Keep: uint32(keep), DryRun: dryRun})
+	if err != nil {
+		return nil, err
+	}
+	return reply.GetDeletedCheckpointIds(), nil
+}
+
+// SweepOptions: which blobs a sweep may delete.
+type SweepOptions struct {
+	// OlderThan: only blobs uploaded at least this long ago are deleted; longer
+	// than your longest capture. Zero: the daemon's default (1 h).
+	OlderThan time.Duration
+	// AnyAge deletes unused blobs of any age (OlderThan is then ignored).
+	AnyAge bool
+	DryRun bool
+}
+
+// SweepResult gathers a sweep's batches.
+type SweepResult struct {
+	Deleted  []string
+	Kept     []*pb.KeptBlob
+	Failures []*pb.SweepFailure
+	Summary  *pb.SweepBlobsSummary
+}
+
+// SweepSandboxBlobs deletes the blobs no checkpoint uses (see SweepOptions).
+// The daemon streams results in batches; use the SweepBlobs RPC directly to
+// handle a huge bucket batch by batch.
+func SweepSandboxBlobs(ctx context.Context, c *Client, o SweepOptions) (*SweepResult, error) {
+	req := &pb.SweepBlobsRequest{DryRun: o.DryRun}
+	switch {
+	case o.AnyAge:
+		req.OlderThanMs = proto.Uint64(0)
+	case o.OlderThan < 0:
+		return nil, invalidArgument(fmt.Sprintf("OlderThan must not be negative, not %s", o.OlderThan),
+			map[string]string{"older_than_ms": fmt.Sprint(o.OlderThan.Milliseconds())})
+	case o.OlderThan > 0:
+		req.OlderThanMs = proto.Uint64(uint64(o.OlderThan.Milliseconds()))
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.SweepBlobs(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := &SweepResult{}
+	for {
+		event, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			if out.Summary == nil {
+				return out, lostReply("the sweep")
+			}
+			return out, nil
+		}
+		if err != nil {
+			return out, err
+		}
+		if batch := event.GetBatch(); batch != nil {
+			out.Deleted = append(out.Deleted, batch.GetDeleted()...)
+			out.Kept = append(out.Kept, batch.GetKept()...)
+			out.Failures = append(out.Failures, batch.GetFailures()...)
+		}
+		if summary := event.GetSummary(); summary != nil {
+			out.Summary = summary
+		}
+	}
+}
