@@ -155,8 +155,9 @@ func TestWriterConflictMatchesItsType(t *testing.T) {
 		base.GRPCCode != codes.Aborted || status.Code(err) != codes.Aborted {
 		t.Fatalf("details %+v", byPointer.Details)
 	}
-	if _, sent := byPointer.Metadata["retry_after_ms"]; sent && byPointer.RetryAfter <= 0 {
-		t.Fatalf("retry_after_ms %q not decoded", byPointer.Metadata["retry_after_ms"])
+	// The daemon says when the holder's lease (120 s) expires.
+	if byPointer.RetryAfter <= 0 || byPointer.RetryAfter > 120*time.Second || byPointer.Metadata["expires_at_ms"] == "" {
+		t.Fatalf("retry after %s, metadata %v", byPointer.RetryAfter, byPointer.Metadata)
 	}
 	if time.Since(started) > 5*time.Second {
 		t.Fatal("a conflict fails fast, it is not retried")

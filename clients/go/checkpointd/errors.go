@@ -32,6 +32,10 @@ const (
 	CodeStoreUnavailable   = "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE"
 	CodeUnauthenticated    = "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
 	CodeForkSourceNotFound = "SANDBOX_SNAPSHOT_FORK_SOURCE_NOT_FOUND"
+	CodeNoSpace            = "SANDBOX_SNAPSHOT_NO_SPACE"
+	CodeNameTooLong        = "SANDBOX_SNAPSHOT_NAME_TOO_LONG"
+	CodeCrossDevice        = "SANDBOX_SNAPSHOT_CROSS_DEVICE"
+	CodePermissionDenied   = "SANDBOX_SNAPSHOT_PERMISSION_DENIED"
 )
 
 // Details is what every error of this package carries. The typed errors below
@@ -141,7 +145,8 @@ func typed(d *Details) error {
 	case CodeInvalidArgument:
 		return InvalidArgumentError{d}
 	case CodeUnsupportedEntry, CodeMissingCheckpoint, CodeMissingBlob, CodeInvalidBlob,
-		CodeInvalidPath, CodeFileChanged:
+		CodeInvalidPath, CodeFileChanged, CodeNoSpace, CodeNameTooLong, CodeCrossDevice,
+		CodePermissionDenied:
 		return SnapshotError{d}
 	}
 	return Error{d}

@@ -93,6 +93,10 @@ const CLASS_BY_CODE: Readonly<Record<string, ErrorClass>> = {
   SANDBOX_SNAPSHOT_INVALID_BLOB: SandboxSnapshotError,
   SANDBOX_SNAPSHOT_INVALID_PATH: SandboxSnapshotError,
   SANDBOX_SNAPSHOT_FILE_CHANGED: SandboxSnapshotError,
+  SANDBOX_SNAPSHOT_NO_SPACE: SandboxSnapshotError,
+  SANDBOX_SNAPSHOT_NAME_TOO_LONG: SandboxSnapshotError,
+  SANDBOX_SNAPSHOT_CROSS_DEVICE: SandboxSnapshotError,
+  SANDBOX_SNAPSHOT_PERMISSION_DENIED: SandboxSnapshotError,
 };
 
 /** The error class for a code (the base class for codes without their own). */

@@ -141,9 +141,9 @@ test("WRITER_CONFLICT is caught as SandboxCheckpointWriterConflictError", async 
         assert.equal(error.code, "SANDBOX_SNAPSHOT_WRITER_CONFLICT");
         assert.equal(error.metadata.thread_id, "t-busy");
         assert.equal(error.cause.code, status.ABORTED);
-        if (error.metadata.retry_after_ms !== undefined || error.retryAfterMs !== undefined) {
-          assert.ok(error.retryAfterMs >= 0);
-        }
+        // The daemon says when the holder's lease (120 s) expires.
+        assert.ok(error.retryAfterMs > 0 && error.retryAfterMs <= 120_000, `${error.retryAfterMs}`);
+        assert.ok(Number(error.metadata.expires_at_ms) > Date.now());
         return true;
       },
     );
