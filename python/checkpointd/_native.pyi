@@ -56,6 +56,8 @@ class ScanResult:
     bytes_hashed: int  # bytes read for hashing
     # Wall milliseconds per phase, in order: setup, walk, sort, hash, save_cache, encode.
     phases_ms: dict[str, float]
+    # The policy's warnings, as PolicyMatcher.warnings.
+    policy_warnings: list[tuple[str, str, str]]
 
 class PolicyMatcher:
     """The declarative policy of SPEC §4, compiled once (gitignore dialect)."""
@@ -63,6 +65,11 @@ class PolicyMatcher:
     def __init__(
         self, exclude: Sequence[str], include: Sequence[str], default_excludes: bool
     ) -> None: ...
+    # (list, pattern, reason) for each line git accepts but that never matches
+    # ("/", "a//b", "[abc", ...) or holds a reversed range; list is "exclude" or
+    # "include". Such lines match as in git (usually nothing) instead of raising.
+    @property
+    def warnings(self) -> list[tuple[str, str, str]]: ...
     # True when a path (workspace-relative, '/'-separated) is selected by the
     # policy: not excluded (by itself or any ancestor directory) and, for files,
     # included. ``is_dir`` selects the directory-only pattern rules.
@@ -103,8 +110,9 @@ def scan(
     Raises RootInvalidError when the root is not a directory or is a symlink,
     FileChangedError when a file kept changing while it was hashed, another
     OSError (NoSpaceError, NameTooLongError, PermissionDeniedError... or a plain
-    one) when the root or an entry cannot be read, ValueError for a bad pattern
-    or a secret shorter than 4 bytes, ScanCancelled on cancel.
+    one) when the root or an entry cannot be read, ValueError for a pattern that
+    cannot be one gitignore line (a line break or NUL inside) or a secret
+    shorter than 4 bytes, ScanCancelled on cancel.
     """
 
 def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:

@@ -3,13 +3,17 @@
 ``scan_workspace`` runs :func:`checkpointd._native.scan` (GIL released, parallel)
 and is the ONE place where native errors become checkpointd errors:
 
-- a secret shorter than 4 bytes, or a bad policy pattern →
+- a secret shorter than 4 bytes, or a policy entry that cannot be one gitignore
+  line (a line break or NUL inside) →
   :class:`~checkpointd.errors.SandboxCheckpointInvalidArgumentError`;
 - an ``OSError`` with a class of its own (the root missing, not a directory, a
   symlink or unreadable; a file that kept changing; no space; a name too long;
   a cross-device link; permission denied) → its checkpointd error through
   :func:`checkpointd.errors.from_os_error`, naming the path
   (``details["path"]``), chained to the ``OSError``;
+- a pattern line git accepts but that never matches (``/``, ``a//b``, ``[abc``)
+  is no error: it matches as in git and is logged once per process as a warning
+  on the ``checkpointd.policy`` logger, naming the pattern and the rule;
 - cancellation → :class:`checkpointd._native.ScanCancelled`, unchanged (the
   engines catch it to stop cleanly);
 - any other ``OSError`` (a genuine I/O fault) propagates unchanged.
@@ -20,6 +24,7 @@ only when asked for, through :mod:`checkpointd.codec`.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +36,12 @@ from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .model import Entry, Policy
 
 MIN_SECRET_LEN = 4
+
+_policy_log = logging.getLogger("checkpointd.policy")
+# Warnings already logged: a daemon capturing every minute says it once. Bounded,
+# since policies arrive over the wire.
+_logged_policy_warnings: set[tuple[str, str, str]] = set()
+_MAX_LOGGED_POLICY_WARNINGS = 1024
 
 
 @dataclass(frozen=True)
@@ -89,9 +100,28 @@ def policy_matcher(policy: Policy | None) -> _native.PolicyMatcher:
     """
     policy = policy if policy is not None else Policy()
     try:
-        return _native.PolicyMatcher(policy.exclude, policy.include, policy.default_excludes)
+        matcher = _native.PolicyMatcher(policy.exclude, policy.include, policy.default_excludes)
     except ValueError as error:
         raise SandboxCheckpointInvalidArgumentError(str(error)) from error
+    _log_policy_warnings(matcher.warnings)
+    return matcher
+
+
+def _log_policy_warnings(warnings: Iterable[tuple[str, str, str]]) -> None:
+    """Log each ``(list, pattern, reason)`` the native matcher reported, once."""
+    for warning in warnings:
+        if warning in _logged_policy_warnings:
+            continue
+        if len(_logged_policy_warnings) >= _MAX_LOGGED_POLICY_WARNINGS:
+            _logged_policy_warnings.clear()
+        _logged_policy_warnings.add(warning)
+        list_name, pattern, reason = warning
+        _policy_log.warning(
+            "policy %s pattern %r: %s (git reads the line the same way)",
+            list_name,
+            pattern,
+            reason,
+        )
 
 
 def scan_workspace(
@@ -132,6 +162,7 @@ def scan_workspace(
         if mapped is not None:
             raise mapped from error
         raise
+    _log_policy_warnings(result.policy_warnings)
     return ScanOutcome(
         manifest=result.manifest,
         unsupported=list(result.unsupported),

@@ -46,6 +46,12 @@ CASES = [
     ("a/** is what is inside", ["a/**"], [], True, "a/q/r", False, False),
     ("* does not cross /", ["a/*.c"], [], True, "a/b/x.c", False, True),
     ("character class", ["[ab]?.txt"], [], True, "bz.txt", False, False),
+    ("POSIX class", ["[[:digit:]]*"], [], True, "7up", False, False),
+    ("? is one byte, as in git", ["?"], [], True, "é", False, True),
+    ("?? covers a two-byte character", ["??"], [], True, "é", False, False),
+    ("escaped trailing space is kept", ["x\\ "], [], True, "x ", False, False),
+    ("unescaped trailing space is dropped", ["x "], [], True, "x", False, False),
+    ("build// never matches, as in git", ["build//"], [], True, "build", True, True),
     ("include filters files", [], ["*.py"], True, "src/m.txt", False, False),
     ("include keeps matching files", [], ["*.py"], True, "src/m.py", False, True),
     ("include never filters dirs", [], ["*.py"], True, "src", True, True),
@@ -153,12 +159,55 @@ def test_excluded_dirs_are_not_entered(workspace: Path) -> None:
     assert decode_entries(result.manifest) == ()
 
 
-@pytest.mark.parametrize("bad", ["[abc", "/", "!", "a\\"])
-def test_bad_patterns_are_value_errors(workspace: Path, bad: str) -> None:
+# Lines git accepts without a word but that can never match: kept (matching
+# nothing, as in git) and reported, instead of failing the capture.
+DEAD_LINES = ["[abc", "/", "!", "a\\", "a//b", "build//", "//x", "[[:nope:]]x", "[[:digit:]"]
+
+
+@pytest.mark.parametrize("line", DEAD_LINES)
+def test_lines_git_never_matches_are_warnings(workspace: Path, line: str) -> None:
+    matcher = _native.PolicyMatcher([line], [], False)
+    assert [(w[0], w[1]) for w in matcher.warnings] == [("exclude", line)]
+    assert matcher.warnings[0][2].startswith("it never matches")
+    for name in ["abc", "a", "b", "x", "build", "a\\", "[abc", "1x"]:
+        assert matcher.selects(name, False)
+        assert matcher.selects(name, True)
+    (workspace / "build").mkdir()
+    (workspace / "build" / "x").write_bytes(b"")
+    (workspace / "a").write_bytes(b"")
+    result = _native.scan(str(workspace), exclude=[line], default_excludes=False)
+    assert [w[1] for w in result.policy_warnings] == [line]
+    assert {e.path for e in decode_entries(result.manifest)} == {"a", "build", "build/x"}
+
+
+def test_a_reversed_range_is_a_warning_but_matches_as_git() -> None:
+    # git reads `[z-a]` as the byte `z` plus an empty range.
+    matcher = _native.PolicyMatcher([], ["[z-a]"], False)
+    assert [w[:2] for w in matcher.warnings] == [("include", "[z-a]")]
+    assert "reversed" in matcher.warnings[0][2]
+    assert matcher.included("z", False)
+    assert not matcher.included("m", False)
+
+
+@pytest.mark.parametrize("bad", ["a\nb", "x\0"])
+def test_entries_that_cannot_be_one_line_are_value_errors(workspace: Path, bad: str) -> None:
     with pytest.raises(ValueError, match="bad policy pattern"):
         _native.PolicyMatcher([bad], [], True)
     with pytest.raises(ValueError, match="bad policy pattern"):
         _native.scan(str(workspace), include=[bad])
+
+
+def test_deep_chain_finishes(workspace: Path) -> None:
+    """git's backtracking needs about d**3 steps here; the matcher must not stall."""
+    chain = workspace
+    for _ in range(600):
+        chain = chain / "a"
+        chain.mkdir()
+    (chain / "b").write_bytes(b"")
+    result = _native.scan(str(workspace), exclude=["**/a*/**/a*/**/b"], default_excludes=False)
+    paths = [e.path for e in decode_entries(result.manifest)]
+    assert len(paths) == 600
+    assert not paths[-1].endswith("/b")
 
 
 def test_a_single_string_is_not_a_pattern_list(workspace: Path) -> None:

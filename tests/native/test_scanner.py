@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -67,9 +68,22 @@ def test_bad_root_names_the_path(tmp_path: Path, make: str) -> None:
 
 def test_bad_pattern(workspace: Path) -> None:
     with pytest.raises(SandboxCheckpointInvalidArgumentError, match="bad policy pattern"):
-        scan_workspace(workspace, Policy(exclude=("[x",)), (), None)
+        scan_workspace(workspace, Policy(exclude=("a\nb",)), (), None)
     with pytest.raises(SandboxCheckpointInvalidArgumentError):
-        policy_matcher(Policy(include=("[x",)))
+        policy_matcher(Policy(include=("a\0b",)))
+
+
+def test_lines_git_ignores_are_logged_not_errors(
+    workspace: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    (workspace / "kept").write_bytes(b"x")
+    with caplog.at_level(logging.WARNING, logger="checkpointd.policy"):
+        outcome = scan_workspace(workspace, Policy(exclude=("[unclosed-scan",)), (), None)
+        policy_matcher(Policy(include=("never//here",)))
+    assert [entry.path for entry in outcome.entries] == ["kept"]
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("exclude pattern '[unclosed-scan'" in m and "never matches" in m for m in messages)
+    assert any("include pattern 'never//here'" in m for m in messages)
 
 
 def test_policy_matcher_defaults() -> None:

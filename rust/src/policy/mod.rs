@@ -1,7 +1,7 @@
 //! The declarative capture policy of SPEC §4, compiled once.
 //!
-//! - `exclude` and `include` are gitignore-dialect pattern lists; within a list
-//!   the last matching pattern decides and `!` re-includes.
+//! - `exclude` and `include` are gitignore pattern lists; within a list the
+//!   last matching pattern decides and `!` re-includes.
 //! - Exclude wins. A path is excluded when it or any ancestor directory is; so an
 //!   excluded directory is never entered and nothing under it can come back.
 //! - An empty `include` includes every file. A non-empty one filters files (and
@@ -11,8 +11,40 @@
 //! - Default excludes: any `.git`, `node_modules` or `.env*` path segment.
 //! - Top-level names starting with `.checkpointd` are reserved for restore
 //!   staging and the stat cache's clock: always excluded.
+//!
+//! # The dialect is git's, to the byte
+//!
+//! Every line means what it means in a top-level `.gitignore` under git 2.x
+//! (checked by `tests/native/test_policy_git.py` against the installed git):
+//! `pattern.rs` reads the line as git's dir.c does, `wildmatch.rs` matches as
+//! git's wildmatch does. The decisions that follow from "as git":
+//!
+//! - Matching is on bytes: `?`, `*` and `[...]` see the UTF-8 bytes of a name,
+//!   so `?` does not match `é` (two bytes) but `??` does. POSIX classes
+//!   (`[[:digit:]]`, `[[:alpha:]]`, ...) are ASCII only, from git's own table.
+//!   Matching is case-sensitive (git's default `core.ignoreCase=false`).
+//! - A line git accepts but that can never match (`/`, `!`, `a//b`, `build//`,
+//!   `[abc` unterminated, `[[:nope:]]`, a trailing `\`, a class such as `[z-a]`
+//!   that matches no byte) is kept as git keeps it, matching nothing, and is
+//!   reported as a warning (`PolicyMatcher::warnings`, logged by Python) instead
+//!   of failing the capture. A reversed range inside a class that still matches
+//!   something (`[z-ab]`) is a warning too.
+//! - Only an entry that cannot be one gitignore line is refused: one holding a
+//!   line break or NUL (and, to bound the matcher's stack, more than 1024
+//!   groups of `*`).
+//! - Matching is memoised (see `wildmatch.rs`): a pattern such as
+//!   `**/a*/**/a*/**/b` costs time linear in the path length times the pattern
+//!   size, where git's own backtracking is polynomial of the pattern's degree.
+//!
+//! Why not a crate: `globset` (and `ignore`, built on it) translates globs to
+//! regexes over characters, so `?` matches a whole `é`; it rejects lines git
+//! accepts (`[abc`, `a\`) and differs in `**` corners (`ab**/c`) and in
+//! trailing-space and escape handling. git's behaviour is defined by its
+//! search, including its abort rules, so this is a transcription of that
+//! behaviour, tested against git itself.
 
 mod pattern;
+mod wildmatch;
 
 use pattern::Pattern;
 pub use pattern::PatternError;
@@ -25,18 +57,46 @@ pub enum Decision {
     Negated,
 }
 
+/// A line git accepts silently but that is probably not what was meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatternWarning {
+    /// `"exclude"` or `"include"`.
+    pub list: &'static str,
+    pub pattern: String,
+    /// Why, as a sentence (`"it never matches: ..."`).
+    pub reason: String,
+}
+
 #[derive(Debug, Clone, Default)]
 struct PatternList {
     patterns: Vec<Pattern>,
 }
 
 impl PatternList {
-    fn compile<S: AsRef<str>>(lines: &[S]) -> Result<PatternList, PatternError> {
+    fn compile<S: AsRef<str>>(
+        list: &'static str,
+        lines: &[S],
+        warnings: &mut Vec<PatternWarning>,
+    ) -> Result<PatternList, PatternError> {
         let mut patterns = Vec::with_capacity(lines.len());
         for line in lines {
-            if let Some(p) = Pattern::parse(line.as_ref())? {
-                patterns.push(p);
+            let line = line.as_ref();
+            let Some(p) = Pattern::parse(line)? else {
+                continue;
+            };
+            for oddity in p.oddities() {
+                let reason = if oddity.never_matches {
+                    format!("it never matches: {}", oddity.reason)
+                } else {
+                    oddity.reason.clone()
+                };
+                warnings.push(PatternWarning {
+                    list,
+                    pattern: line.to_string(),
+                    reason,
+                });
             }
+            patterns.push(p);
         }
         Ok(PatternList { patterns })
     }
@@ -45,9 +105,10 @@ impl PatternList {
         self.patterns.is_empty()
     }
 
-    fn decide(&self, segments: &[&str], is_dir: bool) -> Decision {
+    fn decide(&self, path: &str, is_dir: bool) -> Decision {
+        let basename = path.rsplit('/').next().unwrap_or(path);
         for p in self.patterns.iter().rev() {
-            if p.matches(segments, is_dir) {
+            if p.matches(path.as_bytes(), basename.as_bytes(), is_dir) {
                 return if p.negated {
                     Decision::Negated
                 } else {
@@ -67,20 +128,30 @@ pub struct PolicyMatcher {
     exclude: PatternList,
     include: PatternList,
     default_excludes: bool,
+    warnings: Vec<PatternWarning>,
 }
 
 impl PolicyMatcher {
-    /// Compile the lists. Errors name the first bad pattern.
+    /// Compile the lists. Errors name the first entry that cannot be a
+    /// gitignore line; lines git accepts silently become `warnings()`.
     pub fn new<S: AsRef<str>>(
         exclude: &[S],
         include: &[S],
         default_excludes: bool,
     ) -> Result<PolicyMatcher, PatternError> {
+        let mut warnings = Vec::new();
         Ok(PolicyMatcher {
-            exclude: PatternList::compile(exclude)?,
-            include: PatternList::compile(include)?,
+            exclude: PatternList::compile("exclude", exclude, &mut warnings)?,
+            include: PatternList::compile("include", include, &mut warnings)?,
             default_excludes,
+            warnings,
         })
+    }
+
+    /// Lines that git accepts but that never match or hold a reversed range,
+    /// in list order (exclude first).
+    pub fn warnings(&self) -> &[PatternWarning] {
+        &self.warnings
     }
 
     pub fn has_include(&self) -> bool {
@@ -106,12 +177,13 @@ impl PolicyMatcher {
             return false;
         };
         self.excludes_name(segments.len() - 1, name)
-            || self.exclude.decide(segments, is_dir) == Decision::Matched
+            || (!self.exclude.is_empty()
+                && self.exclude.decide(&segments.join("/"), is_dir) == Decision::Matched)
     }
 
     /// The include list's own decision for the entry (ancestors aside).
     pub fn include_decision(&self, segments: &[&str], is_dir: bool) -> Decision {
-        self.include.decide(segments, is_dir)
+        self.include.decide(&segments.join("/"), is_dir)
     }
 
     /// Inherit an inclusion state: the entry's own decision, else its parent's.
@@ -252,7 +324,27 @@ mod tests {
     }
 
     #[test]
-    fn bad_pattern_is_an_error() {
-        assert!(PolicyMatcher::new(&["[x"], &[], true).is_err());
+    fn lines_git_accepts_are_warnings_not_errors() {
+        let m = PolicyMatcher::new(&["[x", "/", "*.log"], &["a//b"], true).unwrap();
+        let lists: Vec<(&str, &str)> = m
+            .warnings()
+            .iter()
+            .map(|w| (w.list, w.pattern.as_str()))
+            .collect();
+        assert_eq!(
+            lists,
+            [("exclude", "[x"), ("exclude", "/"), ("include", "a//b")]
+        );
+        assert!(m
+            .warnings()
+            .iter()
+            .all(|w| w.reason.starts_with("it never matches")));
+        // An include list whose only line never matches includes nothing.
+        assert!(!m.selects("x", false));
+        let m = PolicyMatcher::new(&["[x", "/", "*.log"], &[], true).unwrap();
+        assert!(m.selects("[x", false));
+        assert!(m.selects("x", false));
+        assert!(!m.selects("a.log", false));
+        assert!(PolicyMatcher::new(&["a\nb"], &[], true).is_err());
     }
 }

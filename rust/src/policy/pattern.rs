@@ -1,44 +1,46 @@
-//! One gitignore-dialect pattern, compiled to per-segment globs.
+//! One policy line, read the way git reads one line of a `.gitignore`
+//! (`add_patterns_from_buffer`, `parse_path_pattern`, `match_basename`,
+//! `match_pathname` in git's dir.c).
 //!
-//! Rules (git's gitignore): a leading `!` negates; a trailing `/` matches
-//! directories only; a pattern with a `/` anywhere but at the end is anchored at
-//! the workspace root (a leading `/` only anchors); a pattern without one matches
-//! the basename at any depth. `*` and `?` never cross a `/`; `[...]` is a class;
-//! `**` as a whole segment spans zero or more directories (`a/**` matches what is
-//! inside `a`, not `a` itself); `\` escapes the next character.
+//! - An empty line and a line starting with `#` are skipped (`\#` is a literal
+//!   `#`). One trailing `\r` is dropped, then trailing spaces unless escaped
+//!   (`\ `); tabs are kept.
+//! - A leading `!` negates (`\!` is a literal `!`).
+//! - One trailing `/` means "directories only"; a second one stays in the
+//!   pattern (so `build//` can never match, as in git).
+//! - With no other `/`, the pattern is matched against the basename at any depth
+//!   (`*` and `?` may then be anything but there is no `/` to cross). Otherwise it
+//!   is matched against the whole workspace-relative path with `WM_PATHNAME`,
+//!   after dropping one leading `/`.
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Token {
-    Literal(char),
-    AnyChar,
-    Star,
-    Class {
-        negated: bool,
-        ranges: Vec<(char, char)>,
-    },
-}
+use super::wildmatch::{literal_prefix_len, Glob, Oddity, MAX_STAR_RUNS};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Segment {
-    /// `**`: any number of whole path segments.
-    AnyDepth,
-    Glob(Vec<Token>),
+/// How the pattern body is compared; the first two are git's own shortcuts and
+/// give the same answers as the glob.
+#[derive(Debug, Clone)]
+enum Body {
+    /// No glob-special byte: the bytes must be equal.
+    Literal(Vec<u8>),
+    /// `*` then a literal, against a basename: a suffix test.
+    EndsWith(Vec<u8>),
+    Glob(Glob),
 }
 
 #[derive(Debug, Clone)]
 pub struct Pattern {
     pub negated: bool,
     pub dir_only: bool,
-    /// Anchored patterns match the whole path; others only the basename.
-    anchored: bool,
-    segments: Vec<Segment>,
+    /// git's NODIR: matched against the last path segment only.
+    basename_only: bool,
+    body: Body,
+    oddities: Vec<Oddity>,
 }
 
-/// Why a pattern could not be compiled.
+/// A policy entry that cannot be one gitignore line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PatternError {
     pub pattern: String,
-    pub reason: &'static str,
+    pub reason: String,
 }
 
 impl std::fmt::Display for PatternError {
@@ -48,216 +50,121 @@ impl std::fmt::Display for PatternError {
 }
 
 impl Pattern {
-    /// Compile one line; `Ok(None)` for blank lines and `#` comments (as git).
+    /// Compile one line; `Ok(None)` for what git skips (blank lines, `#`
+    /// comments). Err only for what cannot be a single line of a `.gitignore`
+    /// (a line break or NUL inside) or more than `MAX_STAR_RUNS` star groups.
     pub fn parse(text: &str) -> Result<Option<Pattern>, PatternError> {
-        let error = |reason| PatternError {
+        let error = |reason: &str| PatternError {
             pattern: text.to_string(),
-            reason,
+            reason: reason.to_string(),
         };
-        let mut body = trim_trailing_spaces(text);
-        if body.is_empty() || body.starts_with('#') {
+        if text.contains('\n') {
+            return Err(error("holds a line break; give one pattern per entry"));
+        }
+        if text.contains('\0') {
+            return Err(error("holds a NUL byte, which no gitignore line can"));
+        }
+        if text.is_empty() || text.starts_with('#') {
             return Ok(None);
         }
-        let mut negated = false;
-        if let Some(rest) = body.strip_prefix('!') {
-            negated = true;
-            body = rest;
+        let mut line = text.as_bytes();
+        if let Some(rest) = line.strip_suffix(b"\r") {
+            line = rest;
         }
-        let mut dir_only = false;
-        while body.ends_with('/') && !body.ends_with("\\/") {
-            dir_only = true;
+        let mut body = trim_trailing_spaces(line);
+        if body.is_empty() {
+            // git keeps an empty pattern that matches nothing: a blank line.
+            return Ok(None);
+        }
+        let negated = body[0] == b'!';
+        if negated {
+            body = &body[1..];
+        }
+        let dir_only = body.last() == Some(&b'/');
+        if dir_only {
             body = &body[..body.len() - 1];
         }
-        let mut anchored = false;
-        if let Some(rest) = body.strip_prefix('/') {
-            anchored = true;
-            body = rest;
+        let basename_only = !body.contains(&b'/');
+        if !basename_only {
+            body = body.strip_prefix(b"/").unwrap_or(body);
         }
+        let mut oddities = Vec::new();
         if body.is_empty() {
-            return Err(error("matches nothing"));
+            oddities.push(Oddity {
+                reason: "nothing is left to match once `!` and the leading and trailing `/` \
+                         are taken off"
+                    .to_string(),
+                never_matches: true,
+            });
         }
-        if body.contains('/') {
-            anchored = true;
-        }
-        let mut segments = Vec::new();
-        for part in body.split('/') {
-            if part.is_empty() {
-                return Err(error("empty path segment"));
-            }
-            if part == "**" {
-                // Consecutive `**` are the same as one.
-                if segments.last() != Some(&Segment::AnyDepth) {
-                    segments.push(Segment::AnyDepth);
-                }
-            } else {
-                segments.push(Segment::Glob(parse_glob(part).map_err(error)?));
-            }
-        }
-        // A lone `**` without a slash matches everything, like `*` at any depth.
-        if !anchored && segments == [Segment::AnyDepth] {
-            segments = vec![Segment::Glob(vec![Token::Star])];
-        }
+        // The glob is compiled for its analysis even when a shortcut matches.
+        let glob = Glob::compile(body, !basename_only).map_err(|runs| {
+            error(&format!(
+                "has {runs} groups of `*`; at most {MAX_STAR_RUNS} are supported"
+            ))
+        })?;
+        oddities.extend_from_slice(glob.oddities());
+        let body = if literal_prefix_len(body) == body.len() {
+            Body::Literal(body.to_vec())
+        } else if basename_only
+            && body[0] == b'*'
+            && literal_prefix_len(&body[1..]) == body.len() - 1
+        {
+            Body::EndsWith(body[1..].to_vec())
+        } else {
+            Body::Glob(glob)
+        };
         Ok(Some(Pattern {
             negated,
             dir_only,
-            anchored,
-            segments,
+            basename_only,
+            body,
+            oddities,
         }))
     }
 
-    /// Whether the pattern matches `path` (split into segments, non-empty).
-    pub fn matches(&self, segments: &[&str], is_dir: bool) -> bool {
+    /// What git accepts silently about this line (empty when nothing).
+    pub fn oddities(&self) -> &[Oddity] {
+        &self.oddities
+    }
+
+    /// Whether the pattern matches `path` (workspace-relative, `/`-separated,
+    /// no empty segment) whose last segment is `basename`.
+    pub fn matches(&self, path: &[u8], basename: &[u8], is_dir: bool) -> bool {
         if self.dir_only && !is_dir {
             return false;
         }
-        if self.anchored {
-            match_segments(&self.segments, segments)
-        } else {
-            let last = segments.last().copied().unwrap_or("");
-            match &self.segments[..] {
-                [Segment::Glob(tokens)] => match_glob(tokens, last),
-                _ => false,
-            }
+        let text = if self.basename_only { basename } else { path };
+        match &self.body {
+            Body::Literal(literal) => text == literal.as_slice(),
+            Body::EndsWith(suffix) => text.ends_with(suffix),
+            Body::Glob(glob) => glob.matches(text),
         }
     }
 }
 
-fn trim_trailing_spaces(text: &str) -> &str {
-    let bytes = text.as_bytes();
-    let mut end = bytes.len();
-    while end > 0 && bytes[end - 1] == b' ' {
-        // An escaped space (`\ `) is kept.
-        if end >= 2 && bytes[end - 2] == b'\\' {
-            break;
-        }
-        end -= 1;
-    }
-    &text[..end]
-}
-
-fn parse_glob(part: &str) -> Result<Vec<Token>, &'static str> {
-    let mut tokens = Vec::new();
-    let mut chars = part.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => match chars.next() {
-                Some(escaped) => tokens.push(Token::Literal(escaped)),
-                None => return Err("trailing backslash"),
-            },
-            '?' => tokens.push(Token::AnyChar),
-            '*' => {
-                // `**` inside a segment acts as `*`.
-                while chars.peek() == Some(&'*') {
-                    chars.next();
-                }
-                tokens.push(Token::Star);
+/// git's `trim_trailing_spaces`: drop the final run of spaces unless a `\`
+/// escapes its first one; a `\` at the very end keeps everything.
+fn trim_trailing_spaces(line: &[u8]) -> &[u8] {
+    let mut spaces_from = None;
+    let mut i = 0;
+    while i < line.len() {
+        match line[i] {
+            b' ' => {
+                spaces_from.get_or_insert(i);
             }
-            '[' => {
-                let mut negated = false;
-                if matches!(chars.peek(), Some('!') | Some('^')) {
-                    negated = true;
-                    chars.next();
+            b'\\' => {
+                i += 1;
+                if i == line.len() {
+                    return line;
                 }
-                let mut ranges = Vec::new();
-                let mut first = true;
-                loop {
-                    let Some(mut lo) = chars.next() else {
-                        return Err("unclosed [");
-                    };
-                    if lo == ']' && !first {
-                        break;
-                    }
-                    first = false;
-                    if lo == '\\' {
-                        lo = chars.next().ok_or("unclosed [")?;
-                    }
-                    let mut hi = lo;
-                    if chars.peek() == Some(&'-') {
-                        let mut lookahead = chars.clone();
-                        lookahead.next();
-                        match lookahead.peek() {
-                            Some(']') | None => {}
-                            Some(_) => {
-                                chars.next();
-                                hi = chars.next().ok_or("unclosed [")?;
-                                if hi == '\\' {
-                                    hi = chars.next().ok_or("unclosed [")?;
-                                }
-                            }
-                        }
-                    }
-                    if hi < lo {
-                        return Err("reversed range in [...]");
-                    }
-                    ranges.push((lo, hi));
-                }
-                tokens.push(Token::Class { negated, ranges });
+                spaces_from = None;
             }
-            other => tokens.push(Token::Literal(other)),
+            _ => spaces_from = None,
         }
+        i += 1;
     }
-    Ok(tokens)
-}
-
-fn match_segments(pattern: &[Segment], path: &[&str]) -> bool {
-    match pattern.split_first() {
-        None => path.is_empty(),
-        Some((Segment::AnyDepth, rest)) => {
-            // A trailing `**` needs at least one segment: `a/**` is what is inside `a`.
-            let min = usize::from(rest.is_empty());
-            (min..=path.len()).any(|skip| match_segments(rest, &path[skip..]))
-        }
-        Some((Segment::Glob(tokens), rest)) => match path.split_first() {
-            Some((first, tail)) => match_glob(tokens, first) && match_segments(rest, tail),
-            None => false,
-        },
-    }
-}
-
-/// Glob match of one segment; iterative with a single backtrack point for `*`
-/// (linear in practice, no exponential blow-up).
-fn match_glob(tokens: &[Token], text: &str) -> bool {
-    let chars: Vec<char> = text.chars().collect();
-    let (mut t, mut c) = (0usize, 0usize);
-    let mut star: Option<(usize, usize)> = None;
-    while c < chars.len() {
-        if t < tokens.len() {
-            match &tokens[t] {
-                Token::Star => {
-                    star = Some((t, c));
-                    t += 1;
-                    continue;
-                }
-                token if token_matches(token, chars[c]) => {
-                    t += 1;
-                    c += 1;
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        match star {
-            Some((star_t, star_c)) => {
-                t = star_t + 1;
-                c = star_c + 1;
-                star = Some((star_t, star_c + 1));
-            }
-            None => return false,
-        }
-    }
-    tokens[t..].iter().all(|token| *token == Token::Star)
-}
-
-fn token_matches(token: &Token, c: char) -> bool {
-    match token {
-        Token::Literal(l) => *l == c,
-        Token::AnyChar => true,
-        Token::Star => true,
-        Token::Class { negated, ranges } => {
-            let inside = ranges.iter().any(|&(lo, hi)| lo <= c && c <= hi);
-            inside != *negated
-        }
-    }
+    &line[..spaces_from.unwrap_or(line.len())]
 }
 
 #[cfg(test)]
@@ -266,8 +173,17 @@ mod tests {
 
     fn m(pattern: &str, path: &str, is_dir: bool) -> bool {
         let p = Pattern::parse(pattern).unwrap().unwrap();
-        let segs: Vec<&str> = path.split('/').collect();
-        p.matches(&segs, is_dir)
+        let basename = path.rsplit('/').next().unwrap();
+        p.matches(path.as_bytes(), basename.as_bytes(), is_dir)
+    }
+
+    fn never(pattern: &str) -> bool {
+        Pattern::parse(pattern)
+            .unwrap()
+            .unwrap()
+            .oddities()
+            .iter()
+            .any(|o| o.never_matches)
     }
 
     #[test]
@@ -282,7 +198,10 @@ mod tests {
         assert!(!m("a*b*c", "aXXbYY", false));
         assert!(m("\\*lit", "*lit", false));
         assert!(!m("\\*lit", "xlit", false));
-        assert!(m("é?", "éü", false));
+        // `?` matches one byte, as in git: `é` is two.
+        assert!(!m("é?", "éü", false));
+        assert!(m("é??", "éü", false));
+        assert!(m("[[:digit:]]*", "7up", false));
     }
 
     #[test]
@@ -299,19 +218,46 @@ mod tests {
         assert!(m("a/**", "a/x/y", false));
         assert!(!m("a/**", "a", true));
         assert!(!m("a/*", "a/x/y", false));
+        assert!(m("**", "a", false));
     }
 
     #[test]
-    fn dir_only_and_negation() {
+    fn lines_as_git_reads_them() {
         assert!(m("build/", "build", true));
         assert!(!m("build/", "build", false));
+        assert!(!m("build//", "build", true));
+        assert!(never("build//"));
         let p = Pattern::parse("!keep").unwrap().unwrap();
         assert!(p.negated);
         assert!(Pattern::parse("# comment").unwrap().is_none());
         assert!(Pattern::parse("   ").unwrap().is_none());
-        assert!(Pattern::parse("[abc").is_err());
-        assert!(Pattern::parse("/").is_err());
+        assert!(Pattern::parse("").unwrap().is_none());
+        assert!(m("\\#x", "#x", false));
+        assert!(m(" #x", " #x", false));
+        assert!(m("\\!x", "!x", false));
         assert!(m("trail\\ ", "trail ", false));
+        assert!(m("trail\\  ", "trail ", false));
         assert!(m("x  ", "x", false));
+        assert!(m("x\\\\  ", "x\\", false));
+        assert!(m("tab\t", "tab\t", false));
+        assert!(m("cr\r", "cr", false));
+        for dead in [
+            "/",
+            "!",
+            "!/",
+            "//",
+            "a//b",
+            "//a",
+            "[abc",
+            "a\\",
+            "[[:nope:]]",
+        ] {
+            assert!(never(dead), "{dead:?}");
+        }
+        assert!(!never("a/**/"));
+        assert!(Pattern::parse("a\nb").is_err());
+        assert!(Pattern::parse("a\0b").is_err());
+        assert!(Pattern::parse(&"a*".repeat(1025)).is_err());
+        assert!(Pattern::parse(&"a*".repeat(1024)).is_ok());
     }
 }

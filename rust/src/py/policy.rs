@@ -14,7 +14,7 @@ pub struct PyPolicyMatcher {
 
 #[pymethods]
 impl PyPolicyMatcher {
-    /// Raises ValueError for a bad pattern.
+    /// Raises ValueError for an entry that cannot be one gitignore line.
     #[new]
     #[pyo3(signature = (exclude, include, default_excludes))]
     fn new(
@@ -29,6 +29,13 @@ impl PyPolicyMatcher {
         Ok(PyPolicyMatcher { inner })
     }
 
+    /// `(list, pattern, reason)` for each line git accepts but that never
+    /// matches (or holds a reversed range).
+    #[getter]
+    fn warnings(&self) -> Vec<(&'static str, String, String)> {
+        warning_tuples(self.inner.warnings())
+    }
+
     fn selects(&self, path: &str, is_dir: bool) -> bool {
         self.inner.selects(path, is_dir)
     }
@@ -40,4 +47,12 @@ impl PyPolicyMatcher {
     fn included(&self, path: &str, is_dir: bool) -> bool {
         self.inner.included(path, is_dir)
     }
+}
+
+/// The policy's warnings as plain tuples (no Python class only for this).
+pub fn warning_tuples(warnings: &[policy::PatternWarning]) -> Vec<(&'static str, String, String)> {
+    warnings
+        .iter()
+        .map(|w| (w.list, w.pattern.clone(), w.reason.clone()))
+        .collect()
 }

@@ -31,6 +31,8 @@ pub struct ScanResult {
     bytes_hashed: u64,
     #[pyo3(get)]
     phases_ms: Py<PyDict>,
+    #[pyo3(get)]
+    policy_warnings: Vec<(&'static str, String, String)>,
 }
 
 #[pymethods]
@@ -47,7 +49,11 @@ impl ScanResult {
     }
 }
 
-fn to_result(py: Python<'_>, out: ScanOutput) -> PyResult<ScanResult> {
+fn to_result(
+    py: Python<'_>,
+    out: ScanOutput,
+    policy_warnings: Vec<(&'static str, String, String)>,
+) -> PyResult<ScanResult> {
     let unsupported = PyList::empty(py);
     for (path, kind) in &out.unsupported {
         // Non-UTF-8 names come back as os.fsdecode would give them.
@@ -68,6 +74,7 @@ fn to_result(py: Python<'_>, out: ScanOutput) -> PyResult<ScanResult> {
         files_hashed: out.files_hashed,
         files_reused: out.files_reused,
         bytes_hashed: out.bytes_hashed,
+        policy_warnings,
     })
 }
 
@@ -93,6 +100,7 @@ pub fn scan(
     let include = args::patterns(include)?;
     let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
         .map_err(|e| to_py(ScanError::Pattern(e)))?;
+    let policy_warnings = super::policy::warning_tuples(policy.warnings());
     let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
     let request = ScanRequest {
         root,
@@ -103,7 +111,7 @@ pub fn scan(
         cancel: cancel.clone(),
     };
     let out = run_released(py, &cancel, move || core::scan(&request))?.map_err(to_py)?;
-    to_result(py, out)
+    to_result(py, out, policy_warnings)
 }
 
 /// See `_native.pyi`. Raises OSError, ValueError (bad hex or short secret).
