@@ -168,3 +168,25 @@ class BlobDir:
         item whether it was written; one filesystem sync when any was."""
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Each key's bytes, None when it is missing."""
+
+# The manifest as bytes (the codec's compact JSON rows). Digests are raw 32-byte
+# BLAKE3 values, passed as one bytes object of concatenated, sorted, distinct
+# digests. Each raises ValueError for bytes that are not the codec's encoding.
+
+def manifest_totals(data: bytes) -> tuple[int, int, int]:
+    """(entries, files, total file bytes)."""
+
+def manifest_digests(data: bytes) -> bytes:
+    """The distinct digests of the file rows, sorted and concatenated."""
+
+def digest_difference(a: bytes, b: bytes) -> bytes:
+    """The digests of ``a`` that are not in ``b`` (both sorted)."""
+
+def manifest_files_with_digests(data: bytes, digests: bytes) -> list[tuple[str, bytes, int]]:
+    """``(path, digest, size)`` of every file row whose digest is in ``digests``."""
+
+def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
+    """The delta that builds ``new`` from ``base``, and how many rows it inserts."""
+
+def manifest_apply(base: bytes, ops: bytes) -> bytes:
+    """The manifest a delta of ``manifest_delta`` builds on top of ``base``."""

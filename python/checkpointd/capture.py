@@ -12,16 +12,17 @@ Read top to bottom, ``capture_checkpoint`` does:
    the bucket about it, retrying keys that a concurrent sweep has condemned, so a
    sweep can never delete a blob this capture counts on (store/base.py BlobGuard);
 4. find the missing blobs: keys the parent checkpoint references are present
-   (the parent cannot lose them while we hold the lease); the rest are checked
-   with ``head``, a few at a time;
-5. upload each missing blob streaming from disk through the native re-zeroing
-   reader, hashing on the way; the last chunk is only released once size and
-   BLAKE3 match the scan, so a file that changed under the capture never completes
-   an upload with torn bytes. Such a file is hashed again and its entry updated
-   (a few rounds at most), or dropped when it vanished. When the bucket is a local
-   directory, small files go in batches, each read, checked and written by one
-   worker thread with plain os calls (steps 4 and 5 then cost a few syscalls per
-   file instead of an asyncio round trip per request);
+   (the parent cannot lose them while we hold the lease); the rest are asked
+   of the store in one ``missing`` batch. The manifest stays bytes throughout:
+   the keys new to the parent come from a native set difference, so a capture
+   that changed nothing makes no Python object per file;
+5. upload each missing blob through the native re-zeroing reader, hashing on
+   the way; a blob is only handed to the store once size and BLAKE3 match the
+   scan, so a file that changed under the capture never completes an upload
+   with torn bytes. Such a file is hashed again and its entry updated (a few
+   rounds at most), or dropped when it vanished. Small files go in batches (one
+   worker-thread trip to read them, one ``put_many``, durable on return, which
+   the local directory does natively), large ones stream;
 6. append with ``expected_head_id`` = the head read in step 1, then release the
    lease (in every case).
 """
@@ -48,10 +49,9 @@ from ._engine import (
     run_bounded,
     run_in_thread,
 )
+from .blobs import base as blob_batches
 from .blobs.base import BlobStore
-from .blobs.local import LocalBlobDir
-from .blobs.object_store import local_dir_of
-from .codec import decode_entries
+from .codec import encode_entries
 from .errors import (
     FILE_CHANGED,
     MISSING_BLOB,
@@ -62,6 +62,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .ids import new_uuid7
+from .manifest import Manifest, manifest_of
 from .model import FILE_KEY_PREFIX, Artifact, Checkpoint, Entry, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
 from .safefs import SafeRoot
@@ -83,11 +84,11 @@ HEAD_CONCURRENCY = 32
 # Files this small are read whole, checked, then sent as one conditional PUT.
 SMALL_FILE_BYTES = 1 << 20
 READ_CHUNK_BYTES = 1 << 20
-# With a local-directory bucket: small files per worker-thread trip (a batch ends
-# at whichever limit comes first), and batches in flight.
-LOCAL_BATCH_FILES = 256
-LOCAL_BATCH_BYTES = 16 << 20
-LOCAL_BATCH_CONCURRENCY = 2
+# Small files per batch (one worker-thread trip to read them, one ``put_many``;
+# a batch ends at whichever limit comes first), and batches in flight.
+BATCH_FILES = 1024
+BATCH_BYTES = 16 << 20
+BATCH_CONCURRENCY = 2
 # Rounds of "hash again and upload" for files that change under the capture.
 CHANGED_FILE_ROUNDS = 3
 # Offending paths named in an error message (all are in its details).
@@ -129,9 +130,9 @@ class _Uploads:
 
 @dataclass
 class _BatchOutcome:
-    """What one batch of small files did (applied on the event loop)."""
+    """What reading one batch of small files found (applied on the event loop)."""
 
-    uploads: _Uploads = field(default_factory=_Uploads)
+    items: list[tuple[str, bytes]] = field(default_factory=list)  # (key, verified bytes)
     replaced: list[tuple[str, FileEntry | None]] = field(default_factory=list)
 
 
@@ -224,12 +225,14 @@ async def capture_checkpoint(
 
             reporter.phase("scan")
             outcome = await _scan(root, policy, checked_secrets, cache_path, token)
-            entries = list(decode_entries(outcome.manifest))
+            # Bytes from here to the store: valid by construction (the scan
+            # refuses every path SPEC §2 forbids), decoded only if someone reads it.
+            manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)
             keeper.check()
 
             engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
             try:
-                entries = await engine.store_blobs(entries, checked_artifacts, parent)
+                manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
             finally:
                 engine.close()
 
@@ -244,7 +247,7 @@ async def capture_checkpoint(
                 parent_checkpoint_id=head_id,
                 created_at=created_at,
                 reason="named" if label is not None else "automatic",
-                files=tuple(entries),
+                files=manifest,
                 conversation=tuple(conversation),
                 artifacts=checked_artifacts,
                 label=label,
@@ -256,7 +259,7 @@ async def capture_checkpoint(
             await store.append(checkpoint, head_id, lease)
             duration_ms = reporter.finish()
             stats = CaptureStats(
-                entries=len(entries),
+                entries=len(manifest),
                 files_hashed=outcome.files_hashed,
                 files_reused=outcome.files_reused,
                 bytes_hashed=outcome.bytes_hashed,
@@ -340,9 +343,8 @@ class _Uploader:
         self.token = token
         self.uploads = _Uploads()
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
-        self.batch_slots = asyncio.Semaphore(LOCAL_BATCH_CONCURRENCY)
+        self.batch_slots = asyncio.Semaphore(BATCH_CONCURRENCY)
         self.tree = SafeRoot(root)  # used on the event loop only
-        self.local = local_dir_of(blobs)
         # SafeRoot is not thread-safe: each worker thread borrows one of these.
         self.spare_trees: list[SafeRoot] = []
 
@@ -368,27 +370,37 @@ class _Uploader:
             raise _native.ScanCancelled("capture cancelled")
 
     async def store_blobs(
-        self, entries: list[Entry], artifacts: tuple[Artifact, ...], parent: Checkpoint | None
-    ) -> list[Entry]:
-        """Make sure every blob the entries and artifacts use is in the bucket;
-        returns the entries, updated for files that changed under the capture."""
-        known_present = set(parent.blob_keys()) if parent is not None else set()
+        self, manifest: Manifest, artifacts: tuple[Artifact, ...], parent: Checkpoint | None
+    ) -> Manifest:
+        """Make sure every blob the manifest and artifacts use is in the bucket;
+        returns the manifest, updated for files that changed under the capture.
+
+        Works on the manifest's bytes: only files whose content the parent does
+        not reference become Python objects (none when nothing changed)."""
+        parent_digests = manifest_of(parent.files).digests() if parent is not None else b""
+        new_digests = _native.digest_difference(manifest.digests(), parent_digests)
+        pending = [
+            FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
+            for path, digest, size in _native.manifest_files_with_digests(
+                manifest.data, new_digests
+            )
+        ]
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
-        pending = [entry for entry in entries if isinstance(entry, FileEntry)]
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
         first_round = True
         for _round in range(CHANGED_FILE_ROUNDS + 1):
+            # Keys the parent references need no pin and are present: only a
+            # holder of this thread's lease (us) can delete the parent, so their
+            # counts stay > 0 and no sweep can condemn them until our append lands.
+            # Every pending key is new to the parent (rehashed ones may not be,
+            # and are then simply checked again).
             keys = list(dict.fromkeys(entry.blob_key for entry in pending))
-            # Keys the parent references need no pin: only a holder of this
-            # thread's lease (us) can delete the parent, so their counts stay > 0
-            # and no sweep can condemn them until our append lands.
-            to_pin = [key for key in keys if key not in known_present]
-            self.reporter.phase("pin", files_total=len(to_pin))
-            await self._pin(to_pin + (artifact_keys if first_round else []))
+            self.reporter.phase("pin", files_total=len(keys))
+            await self._pin(keys + (artifact_keys if first_round else []))
             if first_round:
                 await self._require_artifacts(artifact_keys)
                 first_round = False
-            missing = await self._missing(keys, known_present)
+            missing = set(await blob_batches.missing(self.blobs, keys)) if keys else set()
             by_key: dict[str, list[FileEntry]] = {}
             for entry in pending:
                 if entry.blob_key in missing:
@@ -402,7 +414,7 @@ class _Uploader:
             jobs = self._upload_jobs(list(by_key.values()), changed, replaced)
             await run_bounded(jobs, lambda job: job(), UPLOAD_CONCURRENCY)
             if not changed:
-                return _apply_replacements(entries, replaced)
+                return _apply_replacements(manifest, replaced)
             pending = changed
         paths = ", ".join(entry.path for entry in pending[:_LISTED_IN_MESSAGE])
         if len(pending) > _LISTED_IN_MESSAGE:
@@ -438,71 +450,57 @@ class _Uploader:
 
         await run_bounded(keys, check, HEAD_CONCURRENCY)
 
-    async def _missing(self, keys: list[str], known_present: set[str]) -> set[str]:
-        missing: set[str] = set()
-        unknown = [key for key in keys if key not in known_present]
-        local = self.local
-        if local is not None:
-            plain = [key for key in unknown if local.path(key) is not None]
-            missing.update(await run_in_thread(lambda: _absent(local, plain)))
-            unknown = [key for key in unknown if local.path(key) is None]
-
-        async def check(key: str) -> None:
-            if await self.blobs.head(key) is None:
-                missing.add(key)
-
-        await run_bounded(unknown, check, HEAD_CONCURRENCY)
-        return missing
-
     def _upload_jobs(
         self,
         groups: list[list[FileEntry]],
         changed: list[FileEntry],
         replaced: dict[str, FileEntry | None],
     ) -> list[Callable[[], Awaitable[None]]]:
-        """One job per large file (or per file when the bucket is remote), one
-        per batch of small files when it is a local directory."""
+        """One job per large file, one per batch of small files (``put_many``:
+        the store does the whole batch at once, durable on return)."""
         jobs: list[Callable[[], Awaitable[None]]] = []
-        local = self.local
         batch: list[list[FileEntry]] = []
         batch_bytes = 0
         for group in groups:
-            first = group[0]
-            if local is None or first.size > SMALL_FILE_BYTES or local.path(first.blob_key) is None:
+            if group[0].size > SMALL_FILE_BYTES:
                 jobs.append(functools.partial(self._upload_one_of, group, changed, replaced))
                 continue
             batch.append(group)
-            batch_bytes += first.size
-            if len(batch) >= LOCAL_BATCH_FILES or batch_bytes >= LOCAL_BATCH_BYTES:
-                jobs.append(functools.partial(self._upload_batch, local, batch, changed, replaced))
+            batch_bytes += group[0].size
+            if len(batch) >= BATCH_FILES or batch_bytes >= BATCH_BYTES:
+                jobs.append(functools.partial(self._upload_batch, batch, changed, replaced))
                 batch, batch_bytes = [], 0
-        if local is not None and batch:
-            jobs.append(functools.partial(self._upload_batch, local, batch, changed, replaced))
+        if batch:
+            jobs.append(functools.partial(self._upload_batch, batch, changed, replaced))
         return jobs
 
     async def _upload_batch(
         self,
-        local: LocalBlobDir,
         groups: list[list[FileEntry]],
         changed: list[FileEntry],
         replaced: dict[str, FileEntry | None],
     ) -> None:
-        """Upload a batch of small files' blobs in one worker-thread trip."""
+        """Read a batch of small files in one worker-thread trip, then put them
+        with one ``put_many``."""
         async with self.batch_slots:
             outcome = await self._in_thread(
-                lambda tree, stop: self._upload_batch_now(local, tree, stop, groups)
+                lambda tree, stop: self._read_batch_now(tree, stop, groups)
             )
-        self.uploads.blobs += outcome.uploads.blobs
-        self.uploads.bytes += outcome.uploads.bytes
+            written = await blob_batches.put_many(self.blobs, outcome.items)
+        for (_key, data), was_written in zip(outcome.items, written, strict=True):
+            if was_written:
+                self.uploads.blobs += 1
+                self.uploads.bytes += len(data)
         for path, fresh in outcome.replaced:
             replaced[path] = fresh
             if fresh is not None:
                 changed.append(fresh)
 
-    def _upload_batch_now(
-        self, local: LocalBlobDir, tree: SafeRoot, stop: StopFlag, groups: list[list[FileEntry]]
+    def _read_batch_now(
+        self, tree: SafeRoot, stop: StopFlag, groups: list[list[FileEntry]]
     ) -> _BatchOutcome:
-        """The batch's work, in a worker thread: per group as ``_upload_one_of``."""
+        """The batch's reads, in a worker thread: per group, the bytes of the
+        first file that still holds them (checked against the scan's hash)."""
         outcome = _BatchOutcome()
         for group in groups:
             for entry in group:
@@ -520,9 +518,7 @@ class _Uploader:
                 finally:
                     if reader is not None:
                         reader.close()
-                if local.put_if_absent(entry.blob_key, data):
-                    outcome.uploads.blobs += 1
-                    outcome.uploads.bytes += entry.size
+                outcome.items.append((entry.blob_key, data))
                 self.reporter.advance(files=1)
                 break
         return outcome
@@ -582,11 +578,6 @@ class _Uploader:
         return await self._in_thread(lambda tree, _stop: _rehash_in(tree, entry, self.secrets))
 
 
-def _absent(local: LocalBlobDir, keys: list[str]) -> set[str]:
-    """The keys missing from the local bucket (one thread trip for all)."""
-    return {key for key in keys if not local.exists(key)}
-
-
 def _open_reader(
     tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]
 ) -> _native.ZeroingReader:
@@ -642,18 +633,21 @@ def _rehash_in(tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]) -> 
     )
 
 
-def _apply_replacements(entries: list[Entry], replaced: dict[str, FileEntry | None]) -> list[Entry]:
+def _apply_replacements(manifest: Manifest, replaced: dict[str, FileEntry | None]) -> Manifest:
+    """The manifest with files that changed under the capture updated (or
+    dropped when they vanished). Rare: decodes and re-encodes; the new entries
+    come from our own fstat, so the result is still trusted."""
     if not replaced:
-        return entries
+        return manifest
     out: list[Entry] = []
-    for entry in entries:
+    for entry in manifest:
         if entry.path in replaced:
             fresh = replaced[entry.path]
             if fresh is not None:
                 out.append(fresh)
         else:
             out.append(entry)
-    return out
+    return Manifest(encode_entries(out), length=len(out), trusted=True)
 
 
 class _VerifyingReader:

@@ -14,6 +14,7 @@ and returns the document stores persist (optionally zlib-compressed by the store
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from .model import (
@@ -115,8 +116,9 @@ def policy_from_document(document: dict[str, Any] | None) -> Policy | None:
     )
 
 
-def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
-    """The checkpoint as a JSON-ready dict (entries and artifacts as compact rows)."""
+def checkpoint_fields(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The checkpoint as a JSON-ready dict without ``files`` (artifacts as rows):
+    stores keep the manifest beside it as bytes."""
     return {
         "id": checkpoint.id,
         "thread_id": checkpoint.thread_id,
@@ -125,12 +127,18 @@ def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
         "reason": checkpoint.reason,
         "label": checkpoint.label,
         "source_run_id": checkpoint.source_run_id,
-        "files": [_entry_row(entry) for entry in checkpoint.files],
         "conversation": list(checkpoint.conversation),
         "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
         "policy": policy_document(checkpoint.policy),
         "workspace_subdir": checkpoint.workspace_subdir,
     }
+
+
+def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The checkpoint as a JSON-ready dict (entries and artifacts as compact rows)."""
+    document = checkpoint_fields(checkpoint)
+    document["files"] = [_entry_row(entry) for entry in checkpoint.files]
+    return document
 
 
 def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
@@ -139,9 +147,12 @@ def encode_checkpoint(checkpoint: Checkpoint) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def checkpoint_from_document(document: dict[str, Any]) -> Checkpoint:
-    """A Checkpoint with new entry objects; the conversation values are the
-    document's own (copy the document first if it is shared)."""
+def checkpoint_from_document(
+    document: dict[str, Any], files: Sequence[Entry] | None = None
+) -> Checkpoint:
+    """A Checkpoint with new entry objects (or ``files`` when given, e.g. a
+    ``Manifest``); the conversation values are the document's own (copy the
+    document first if it is shared)."""
     return Checkpoint(
         id=document["id"],
         thread_id=document["thread_id"],
@@ -150,7 +161,7 @@ def checkpoint_from_document(document: dict[str, Any]) -> Checkpoint:
         reason=document["reason"],
         label=document["label"],
         source_run_id=document["source_run_id"],
-        files=entries_from_rows(document["files"]),
+        files=entries_from_rows(document["files"]) if files is None else files,
         conversation=tuple(document["conversation"]),
         artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
         # Documents written before these fields existed record neither.

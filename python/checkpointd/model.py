@@ -6,7 +6,7 @@ Models are frozen dataclasses built by keyword. Validation lives in
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
@@ -71,7 +71,9 @@ class Checkpoint:
     parent_checkpoint_id: str | None
     created_at: int
     reason: Reason = "automatic"
-    files: tuple[Entry, ...] = ()
+    # A tuple of entries, or (from a capture or a store) a ``Manifest``: an
+    # immutable, lazily decoded sequence equal to the tuple of its entries.
+    files: Sequence[Entry] = ()
     conversation: tuple[Any, ...] = ()
     artifacts: tuple[Artifact, ...] = ()
     label: str | None = None
@@ -93,7 +95,12 @@ class Checkpoint:
     def blob_keys(self) -> list[str]:
         """The distinct blob keys this checkpoint uses, in first-seen order."""
         seen: dict[str, None] = {}
-        for entry in self.files:
+        digests = getattr(self.files, "digests", None)  # a Manifest: no decoding
+        if digests is not None:
+            data = digests()
+            for i in range(0, len(data), 32):
+                seen[FILE_KEY_PREFIX + data[i : i + 32].hex()] = None
+        for entry in () if digests is not None else self.files:
             if isinstance(entry, FileEntry):
                 seen.setdefault(entry.blob_key, None)
         for artifact in self.artifacts:

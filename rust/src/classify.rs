@@ -10,6 +10,10 @@ pub enum Unsupported {
     BlockDevice,
     CharDevice,
     NonUtf8Name,
+    /// A name holding `\`, which SPEC §2 refuses in a path.
+    BackslashName,
+    /// A directory on another filesystem: the scan never crosses a device boundary.
+    MountPoint,
     Unknown,
 }
 
@@ -23,6 +27,8 @@ impl Unsupported {
             Unsupported::BlockDevice => "block-device",
             Unsupported::CharDevice => "char-device",
             Unsupported::NonUtf8Name => "non-utf8-name",
+            Unsupported::BackslashName => "backslash-name",
+            Unsupported::MountPoint => "mount-point",
             Unsupported::Unknown => "unknown",
         }
     }

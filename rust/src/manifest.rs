@@ -140,6 +140,363 @@ static NEEDS_ESCAPE: [bool; 256] = {
     table
 };
 
+// ------------------------------------------------------------------ reading
+
+/// A manifest that is not the codec's encoding (names the byte offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ManifestError {
+    pub offset: usize,
+    pub reason: &'static str,
+}
+
+impl std::fmt::Display for ManifestError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "malformed manifest at byte {}: {}",
+            self.offset, self.reason
+        )
+    }
+}
+
+impl std::error::Error for ManifestError {}
+
+fn bad(offset: usize, reason: &'static str) -> ManifestError {
+    ManifestError { offset, reason }
+}
+
+/// The end (exclusive) of the JSON string starting at `start` (its opening quote).
+fn string_end(data: &[u8], start: usize) -> Result<usize, ManifestError> {
+    if data.get(start) != Some(&b'"') {
+        return Err(bad(start, "expected a string"));
+    }
+    let mut i = start + 1;
+    while i < data.len() {
+        match data[i] {
+            b'"' => return Ok(i + 1),
+            b'\\' => i += 2,
+            _ => i += 1,
+        }
+    }
+    Err(bad(start, "unterminated string"))
+}
+
+/// Byte ranges of the rows (each `[...]`, no nesting) of a manifest array.
+pub fn rows(data: &[u8]) -> Result<Vec<&[u8]>, ManifestError> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    if data.first() != Some(&b'[') {
+        return Err(bad(0, "expected '['"));
+    }
+    i += 1;
+    if data.get(i) == Some(&b']') {
+        return if i + 1 == data.len() {
+            Ok(out)
+        } else {
+            Err(bad(i + 1, "trailing bytes"))
+        };
+    }
+    loop {
+        if data.get(i) != Some(&b'[') {
+            return Err(bad(i, "expected a row"));
+        }
+        let start = i;
+        i += 1;
+        loop {
+            match data.get(i) {
+                None => return Err(bad(start, "unterminated row")),
+                Some(b'"') => i = string_end(data, i)?,
+                Some(b']') => {
+                    i += 1;
+                    break;
+                }
+                Some(b'[') => return Err(bad(i, "nested array in a row")),
+                Some(_) => i += 1,
+            }
+        }
+        out.push(&data[start..i]);
+        match data.get(i) {
+            Some(b',') => i += 1,
+            Some(b']') if i + 1 == data.len() => return Ok(out),
+            _ => return Err(bad(i, "expected ',' or the closing ']'")),
+        }
+    }
+}
+
+/// What a file row says (paths stay JSON-escaped; `path_json` includes the quotes).
+pub struct FileRow<'a> {
+    pub path_json: &'a [u8],
+    pub digest: [u8; 32],
+    pub size: u64,
+}
+
+fn parse_u64(text: &[u8]) -> Option<u64> {
+    if text.is_empty() || text.len() > 20 {
+        return None;
+    }
+    let mut n: u64 = 0;
+    for &b in text {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
+    }
+    Some(n)
+}
+
+/// The file row's fields, None for a dir or symlink row.
+pub fn file_row(row: &[u8]) -> Result<Option<FileRow<'_>>, ManifestError> {
+    if !row.starts_with(b"[\"f\",") {
+        return Ok(None);
+    }
+    let path_start = 5;
+    let path_end = string_end(row, path_start)?;
+    let hex_start = path_end + 2; // `,"`
+    let hex = row
+        .get(hex_start..hex_start + 64)
+        .ok_or(bad(hex_start, "short file row"))?;
+    let digest =
+        crate::hash::from_hex(std::str::from_utf8(hex).map_err(|_| bad(hex_start, "hex"))?)
+            .ok_or(bad(hex_start, "not a 64-hex digest"))?;
+    let size_start = hex_start + 66; // hex, `",`
+    let size_len = row
+        .get(size_start..)
+        .and_then(|rest| rest.iter().position(|&b| b == b',' || b == b']'))
+        .ok_or(bad(size_start, "short file row"))?;
+    let size =
+        parse_u64(&row[size_start..size_start + size_len]).ok_or(bad(size_start, "file size"))?;
+    Ok(Some(FileRow {
+        path_json: &row[path_start..path_end],
+        digest,
+        size,
+    }))
+}
+
+/// Entry count, file count and total file bytes.
+pub fn totals(data: &[u8]) -> Result<(u64, u64, u64), ManifestError> {
+    let rows = rows(data)?;
+    let mut files = 0u64;
+    let mut bytes = 0u64;
+    for row in &rows {
+        if let Some(f) = file_row(row)? {
+            files += 1;
+            bytes += f.size;
+        }
+    }
+    Ok((rows.len() as u64, files, bytes))
+}
+
+/// The distinct content digests of the file rows, sorted.
+pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
+    let mut out = Vec::new();
+    for row in rows(data)? {
+        if let Some(f) = file_row(row)? {
+            out.push(f.digest);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Sorted `a` minus sorted `b` (both distinct).
+pub fn difference(a: &[[u8; 32]], b: &[[u8; 32]]) -> Vec<[u8; 32]> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for x in a {
+        while j < b.len() && b[j] < *x {
+            j += 1;
+        }
+        if j < b.len() && b[j] == *x {
+            continue;
+        }
+        out.push(*x);
+    }
+    out
+}
+
+/// Decode a JSON string literal (with quotes) as Python's `json` reads it.
+pub fn json_string(literal: &[u8]) -> Result<String, ManifestError> {
+    let inner = &literal[1..literal.len() - 1];
+    if !inner.contains(&b'\\') {
+        return String::from_utf8(inner.to_vec()).map_err(|_| bad(0, "not UTF-8"));
+    }
+    let mut out: Vec<u8> = Vec::with_capacity(inner.len());
+    let mut i = 0;
+    let hex4 = |at: usize| -> Result<u32, ManifestError> {
+        let text = inner.get(at..at + 4).ok_or(bad(at, "short \\u escape"))?;
+        u32::from_str_radix(
+            std::str::from_utf8(text).map_err(|_| bad(at, "escape"))?,
+            16,
+        )
+        .map_err(|_| bad(at, "bad \\u escape"))
+    };
+    while i < inner.len() {
+        let b = inner[i];
+        if b != b'\\' {
+            out.push(b);
+            i += 1;
+            continue;
+        }
+        let esc = *inner.get(i + 1).ok_or(bad(i, "dangling escape"))?;
+        i += 2;
+        let ch = match esc {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                let mut code = hex4(i)?;
+                i += 4;
+                if (0xD800..0xDC00).contains(&code) && inner.get(i..i + 2) == Some(b"\\u") {
+                    let low = hex4(i + 2)?;
+                    if (0xDC00..0xE000).contains(&low) {
+                        code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+                        i += 6;
+                    }
+                }
+                char::from_u32(code).ok_or(bad(i, "lone surrogate"))?
+            }
+            _ => return Err(bad(i, "unknown escape")),
+        };
+        let mut buf = [0u8; 4];
+        out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
+    }
+    String::from_utf8(out).map_err(|_| bad(0, "not UTF-8"))
+}
+
+/// `(path, digest, size)` of each file row whose digest is in `wanted` (sorted).
+pub fn files_with_digests(
+    data: &[u8],
+    wanted: &[[u8; 32]],
+) -> Result<Vec<(String, [u8; 32], u64)>, ManifestError> {
+    let mut out = Vec::new();
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    for row in rows(data)? {
+        if let Some(f) = file_row(row)? {
+            if wanted.binary_search(&f.digest).is_ok() {
+                out.push((json_string(f.path_json)?, f.digest, f.size));
+            }
+        }
+    }
+    Ok(out)
+}
+
+// ------------------------------------------------------------------ deltas
+//
+// A delta says how to build a manifest from a base manifest: runs of the base's
+// rows to copy and rows to insert, in order. Binary, little-endian:
+// `C start:u32 count:u32` copies base rows [start, start+count);
+// `A rows:u32 bytes:u32 <rows joined by ','>` inserts rows.
+
+/// The delta from `base` to `new` and how many rows it inserts.
+pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError> {
+    let base_rows = rows(base)?;
+    let new_rows = rows(new)?;
+    let mut index: std::collections::HashMap<&[u8], u32> =
+        std::collections::HashMap::with_capacity(base_rows.len());
+    for (i, row) in base_rows.iter().enumerate() {
+        index.entry(row).or_insert(i as u32);
+    }
+    let mut out = Vec::new();
+    let mut added_total = 0usize;
+    let mut added: Vec<&[u8]> = Vec::new();
+    let (mut start, mut count) = (0u32, 0u32);
+    let flush_copy = |out: &mut Vec<u8>, start: u32, count: u32| {
+        if count > 0 {
+            out.push(b'C');
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&count.to_le_bytes());
+        }
+    };
+    let flush_add = |out: &mut Vec<u8>, added: &mut Vec<&[u8]>| {
+        if !added.is_empty() {
+            let joined = added.join(&b","[..]);
+            out.push(b'A');
+            out.extend_from_slice(&(added.len() as u32).to_le_bytes());
+            out.extend_from_slice(&(joined.len() as u32).to_le_bytes());
+            out.extend_from_slice(&joined);
+            added.clear();
+        }
+    };
+    for row in &new_rows {
+        match index.get(row) {
+            None => {
+                flush_copy(&mut out, start, count);
+                count = 0;
+                added.push(row);
+                added_total += 1;
+            }
+            Some(&position) => {
+                if count > 0 && position == start + count {
+                    count += 1;
+                    continue;
+                }
+                flush_add(&mut out, &mut added);
+                flush_copy(&mut out, start, count);
+                start = position;
+                count = 1;
+            }
+        }
+    }
+    flush_add(&mut out, &mut added);
+    flush_copy(&mut out, start, count);
+    Ok((out, added_total))
+}
+
+fn read_u32(ops: &[u8], at: usize) -> Result<u32, ManifestError> {
+    let bytes = ops.get(at..at + 4).ok_or(bad(at, "short delta"))?;
+    Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+}
+
+/// The manifest `delta` describes on top of `base`.
+pub fn apply(base: &[u8], ops: &[u8]) -> Result<Vec<u8>, ManifestError> {
+    let base_rows = rows(base)?;
+    let mut out = Vec::with_capacity(base.len() + ops.len());
+    out.push(b'[');
+    let mut first = true;
+    let mut push = |out: &mut Vec<u8>, bytes: &[u8]| {
+        if !first {
+            out.push(b',');
+        }
+        first = false;
+        out.extend_from_slice(bytes);
+    };
+    let mut i = 0;
+    while i < ops.len() {
+        match ops[i] {
+            b'C' => {
+                let start = read_u32(ops, i + 1)? as usize;
+                let count = read_u32(ops, i + 5)? as usize;
+                let run = base_rows
+                    .get(start..start + count)
+                    .ok_or(bad(i, "copy beyond the base"))?;
+                for row in run {
+                    push(&mut out, row);
+                }
+                i += 9;
+            }
+            b'A' => {
+                let len = read_u32(ops, i + 5)? as usize;
+                let joined = ops.get(i + 9..i + 9 + len).ok_or(bad(i, "short insert"))?;
+                if !joined.is_empty() {
+                    push(&mut out, joined);
+                }
+                i += 9 + len;
+            }
+            _ => return Err(bad(i, "unknown delta operation")),
+        }
+    }
+    out.push(b']');
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +505,43 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn rows_deltas_and_keys() {
+        let mut w = ManifestWriter::with_capacity(0);
+        w.dir("a", 0o755);
+        w.file("a/\"q]", &[1u8; 32], 3, 0o644, 7);
+        w.file("a/b", &[2u8; 32], 4, 0o644, 7);
+        w.symlink("a/l", "b");
+        let base = w.finish();
+        assert_eq!(rows(&base).unwrap().len(), 4);
+        assert_eq!(totals(&base).unwrap(), (4, 2, 7));
+        assert_eq!(digests(&base).unwrap(), vec![[1u8; 32], [2u8; 32]]);
+        let mut w = ManifestWriter::with_capacity(0);
+        w.dir("a", 0o755);
+        w.file("a/\"q]", &[1u8; 32], 3, 0o644, 7);
+        w.file("a/c", &[3u8; 32], 5, 0o644, 8);
+        w.symlink("a/l", "b");
+        let new = w.finish();
+        let (ops, added) = delta(&base, &new).unwrap();
+        assert_eq!(added, 1);
+        assert_eq!(apply(&base, &ops).unwrap(), new);
+        let (same, none) = delta(&base, &base).unwrap();
+        assert_eq!((same.len(), none), (9, 0));
+        assert_eq!(apply(&base, &same).unwrap(), base);
+        let empty = ManifestWriter::with_capacity(0).finish();
+        let (ops, _) = delta(&base, &empty).unwrap();
+        assert_eq!(apply(&base, &ops).unwrap(), empty);
+        let files = files_with_digests(&new, &[[3u8; 32]]).unwrap();
+        assert_eq!(files, vec![("a/c".to_string(), [3u8; 32], 5)]);
+        let files = files_with_digests(&new, &[[1u8; 32]]).unwrap();
+        assert_eq!(files[0].0, "a/\"q]");
+        assert_eq!(
+            json_string(b"\"\\u00e9\\ud83d\\ude00\\n\"").unwrap(),
+            "é😀\n"
+        );
+        assert!(rows(b"[[\"d\",\"a\",1]").is_err());
     }
 
     #[test]
@@ -160,7 +554,7 @@ mod tests {
     }
 
     #[test]
-    fn rows() {
+    fn writer_rows() {
         let mut w = ManifestWriter::with_capacity(0);
         w.dir("d", 0o755);
         w.file("d/f", &[0u8; 32], 3, 0o644, -5);

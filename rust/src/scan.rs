@@ -166,6 +166,9 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
         roots: &root_forms,
         policy: &request.policy,
         cancel,
+        root_dev: fs::fstat(root.fd.as_raw_fd())
+            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
+            .dev,
     };
     let batches = walker.walk(&pool)?;
     phases.end("walk");

@@ -48,6 +48,9 @@ pub struct Walker<'a> {
     pub roots: &'a [&'a [u8]],
     pub policy: &'a PolicyMatcher,
     pub cancel: &'a Cancel,
+    /// The root's device: a directory on another one is a mount point, reported
+    /// and never entered.
+    pub root_dev: u64,
 }
 
 struct Shared {
@@ -240,6 +243,25 @@ impl Walker<'_> {
                 found.push(Found::Unsupported {
                     path: path_bytes,
                     kind: Unsupported::NonUtf8Name,
+                });
+                continue;
+            }
+            if name_bytes.contains(&b'\\') {
+                // SPEC §2 refuses `\` in a path: refused here, before any upload,
+                // so every path the scan emits is valid by construction.
+                found.push(Found::Unsupported {
+                    path: path_bytes,
+                    kind: Unsupported::BackslashName,
+                });
+                continue;
+            }
+            if stat.is_dir() && stat.dev != self.root_dev {
+                // Another filesystem mounted inside the workspace: never crossed.
+                // Directories only: overlayfs reports a non-directory's st_dev
+                // from its lower layer, so files would look like mount points.
+                found.push(Found::Unsupported {
+                    path: path_bytes,
+                    kind: Unsupported::MountPoint,
                 });
                 continue;
             }

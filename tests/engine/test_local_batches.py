@@ -13,7 +13,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import FILE_CHANGED, LOCAL_BATCH_FILES, capture_checkpoint
+from checkpointd.capture import BATCH_FILES, FILE_CHANGED, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
@@ -41,7 +41,7 @@ def file_blobs(tmp_path: Path) -> Any:
 async def test_many_small_files_in_several_batches_round_trip(
     memory_store: Any, file_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
-    count = LOCAL_BATCH_FILES * 2 + 7
+    count = BATCH_FILES * 2 + 7
     # Every third file repeats another's bytes: one blob, uploaded once.
     files = {f"d{n % 13}/f{n}.txt": f"content {n // 3 * 3}".encode() for n in range(count)}
     files["empty"] = b""
@@ -112,7 +112,7 @@ async def test_a_file_that_keeps_changing_is_reported(
 async def test_a_token_cancelled_during_uploads_stops_the_batches(
     memory_store: Any, file_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
-    write_tree(workspace, {f"f{n}": f"bytes {n}".encode() for n in range(LOCAL_BATCH_FILES * 3)})
+    write_tree(workspace, {f"f{n}": f"bytes {n}".encode() for n in range(BATCH_FILES * 3)})
     token = _native.CancelToken()
 
     def cancel_at_upload(report: Progress) -> None:
@@ -150,7 +150,7 @@ async def test_secrets_are_zeroed_in_batched_blobs(
 async def test_a_damaged_blob_in_a_batch_fails_restore_before_any_change(
     memory_store: Any, file_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
-    files = {f"f{n}.txt": f"bytes {n}".encode() for n in range(LOCAL_BATCH_FILES + 5)}
+    files = {f"f{n}.txt": f"bytes {n}".encode() for n in range(BATCH_FILES + 5)}
     write_tree(workspace, files)
     await capture_checkpoint(workspace, memory_store, file_blobs, "t", data_dir=data_dir)
     damaged = _key(files["f200.txt"])

@@ -78,6 +78,9 @@ def reference_scan(
             except UnicodeEncodeError:
                 unsupported.append((path, "non-utf8-name"))
                 continue
+            if "\\" in name:
+                unsupported.append((path, "backslash-name"))
+                continue
             if stat.S_ISDIR(st.st_mode):
                 rows.append(["d", path, st.st_mode & 0o777])
                 visit(path)

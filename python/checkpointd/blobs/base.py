@@ -21,7 +21,7 @@ import asyncio
 import builtins
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -138,23 +138,42 @@ async def default_get_many(blobs: BlobStore, keys: Sequence[str]) -> list[bytes]
     return await _gather_bounded(keys, blobs.get)
 
 
-# The engines call these: a store's own batch method when it has one (every
-# subclass of BlobStore does), else the default over its single-key methods.
+# The engines call these: the batch method of the store's class when it defines
+# one (every subclass of BlobStore does), else the default over the store's
+# single-key methods. Looked up on the class, not the instance: a wrapper that
+# forwards unknown attributes to an inner store (and watches or changes ``put``)
+# must not have its batches go straight to the inner store.
+
+
+def _batch_method(blobs: object, name: str) -> Callable[..., Awaitable[Any]] | None:
+    if getattr(type(blobs), name, None) is None:
+        return None
+    method: Callable[..., Awaitable[Any]] = getattr(blobs, name)
+    return method
 
 
 async def put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list[bool]:
     """``blobs.put_many(items)``, or the default when ``blobs`` lacks it."""
-    method = getattr(blobs, "put_many", None)
-    return await (method(items) if method is not None else default_put_many(blobs, items))
+    method = _batch_method(blobs, "put_many")
+    if method is None:
+        return await default_put_many(blobs, items)
+    result: builtins.list[bool] = await method(items)
+    return result
 
 
 async def missing(blobs: BlobStore, keys: Sequence[str]) -> list[str]:
     """``blobs.missing(keys)``, or the default when ``blobs`` lacks it."""
-    method = getattr(blobs, "missing", None)
-    return await (method(keys) if method is not None else default_missing(blobs, keys))
+    method = _batch_method(blobs, "missing")
+    if method is None:
+        return await default_missing(blobs, keys)
+    result: builtins.list[str] = await method(keys)
+    return result
 
 
 async def get_many(blobs: BlobStore, keys: Sequence[str]) -> list[bytes]:
     """``blobs.get_many(keys)``, or the default when ``blobs`` lacks it."""
-    method = getattr(blobs, "get_many", None)
-    return await (method(keys) if method is not None else default_get_many(blobs, keys))
+    method = _batch_method(blobs, "get_many")
+    if method is None:
+        return await default_get_many(blobs, keys)
+    result: builtins.list[bytes] = await method(keys)
+    return result

@@ -5,11 +5,20 @@ the whole conversation but its last messages. Storing each one whole would cost
 the full compressed manifest per checkpoint (≈ 470 kB for 10,000 entries), so a
 checkpoint is stored as one of:
 
-* a **keyframe**: the ``checkpointd.codec`` JSON document, zlib-compressed;
-* a **delta** against its parent: the same document where ``files`` and
-  ``conversation`` are replaced by copy/insert operations on the parent's lists
-  (``[start, count]`` copies a run of the parent's items, ``{"add": [...]}``
-  inserts items), zlib-compressed.
+* a **keyframe**: the ``checkpointd.codec`` document and the manifest bytes;
+* a **delta** against its parent: the document with ``conversation`` replaced by
+  copy/insert operations on the parent's list (``[start, count]`` copies a run
+  of the parent's items, ``{"add": [...]}`` inserts items), and the manifest as
+  the native delta against the parent's manifest (``checkpointd._native``
+  ``manifest_delta``: copy runs of the parent's rows and inserted rows, computed
+  on the bytes, so no Python object per entry is made). A capture that changed
+  nothing stores a delta of one copy run: its cost does not grow with the
+  number of entries.
+
+Stored bytes: zlib of ``b"CKD2"``, the document's JSON length (4 bytes, little
+endian), the document JSON (without ``files``), then the manifest section.
+Documents written before this layout (zlib of the whole JSON document, with
+``files`` rows or row operations) are still read.
 
 Still one document (one row) per checkpoint, never a row per file. A delta is
 used only while it is small (at most ``MAX_DELTA_RATIO`` of its items new) and the
@@ -24,13 +33,17 @@ Everything here is pure: bytes and dicts in, bytes and dicts out.
 from __future__ import annotations
 
 import json
+import struct
 import zlib
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .. import _native
+
 # The codec's own row encoders, so a stored document is exactly the codec's format.
-from ..codec import checkpoint_document, checkpoint_from_document
+from ..codec import checkpoint_fields, checkpoint_from_document
+from ..manifest import Manifest, manifest_of, split_digests
 from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
@@ -46,45 +59,51 @@ ZLIB_LEVEL = 1
 _JSON = {"separators": (",", ":"), "ensure_ascii": False}
 
 
+_MAGIC = b"CKD2"
+_HEADER = struct.Struct("<4sI")
+
+
 class Content:
-    """The whole codec document of one checkpoint (immutable by convention), with
-    the indexes a delta against it needs, built on first use."""
+    """One checkpoint as stored: the codec document without ``files`` (immutable
+    by convention) and the manifest bytes, with the index a conversation delta
+    against it needs, built on first use."""
 
-    __slots__ = ("_conversation_index", "_files_index", "document")
+    __slots__ = ("_conversation_index", "document", "manifest")
 
-    def __init__(self, document: dict[str, Any]) -> None:
+    def __init__(self, document: dict[str, Any], manifest: Manifest) -> None:
         self.document = document
-        self._files_index: dict[Hashable, int] | None = None
+        self.manifest = manifest
         self._conversation_index: dict[Hashable, int] | None = None
 
     @classmethod
     def of(cls, checkpoint: Checkpoint) -> Content:
-        """The content of a (validated) checkpoint, sharing nothing mutable with it:
-        entries and artifacts are frozen, and the conversation (JSON values the
-        caller may change later) is copied through JSON."""
+        """The content of a VALIDATED checkpoint (its manifest is trusted from
+        here on), sharing nothing mutable with it: entries and artifacts are
+        frozen, and the conversation (JSON values the caller may change later)
+        is copied through JSON."""
         conversation = json.loads(json.dumps(list(checkpoint.conversation), **_JSON))  # type: ignore[arg-type]
-        document = checkpoint_document(checkpoint)
+        document = checkpoint_fields(checkpoint)
         document["conversation"] = conversation
-        return cls(document)
+        given = manifest_of(checkpoint.files)
+        manifest = given if given.trusted else Manifest(given.data, length=len(given), trusted=True)
+        return cls(document, manifest)
 
     def checkpoint(self) -> Checkpoint:
-        """A fresh Checkpoint (new objects on every call): entries and artifacts are
-        rebuilt from the rows, and only the conversation, the one part holding
-        mutable JSON values, is copied through JSON."""
+        """A fresh Checkpoint (new objects on every call, but for the immutable
+        manifest): only the conversation, the one part holding mutable JSON
+        values, is copied through JSON."""
         document = dict(self.document)
         document["conversation"] = json.loads(json.dumps(document["conversation"], **_JSON))  # type: ignore[arg-type]
-        return checkpoint_from_document(document)
+        return checkpoint_from_document(document, files=self.manifest)
+
+    def entry_count(self) -> int:
+        return len(self.manifest)
 
     def blob_keys(self) -> set[bytes]:
         """Distinct blob keys in the store's 33-byte form (kind byte + raw hash)."""
-        keys = {b"f" + bytes.fromhex(row[2]) for row in self.document["files"] if row[0] == "f"}
+        keys = {b"f" + digest for digest in split_digests(self.manifest.digests())}
         keys.update(b"a" + bytes.fromhex(row[4]) for row in self.document["artifacts"])
         return keys
-
-    def files_index(self) -> dict[Hashable, int]:
-        if self._files_index is None:
-            self._files_index = _index(self.document["files"], _row_key)
-        return self._files_index
 
     def conversation_index(self) -> dict[Hashable, int]:
         if self._conversation_index is None:
@@ -103,7 +122,7 @@ class Stored:
 
 
 def keyframe(content: Content) -> Stored:
-    return Stored(_compress(content.document), None, 0)
+    return Stored(_compress(content.document, content.manifest.data), None, 0)
 
 
 def encode(content: Content, base_id: str | None, base: Content | None, base_depth: int) -> Stored:
@@ -111,19 +130,38 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
     if base_id is None or base is None or base_depth + 1 > MAX_DEPTH:
         return keyframe(content)
     document = dict(content.document)
-    files = _operations(document["files"], base.files_index(), _row_key)
+    files_ops, files_added = _native.manifest_delta(base.manifest.data, content.manifest.data)
     conversation = _operations(document["conversation"], base.conversation_index(), _value_key)
-    new_items = _added(files) + _added(conversation)
-    if new_items > MAX_DELTA_RATIO * (len(document["files"]) + len(document["conversation"])):
+    new_items = files_added + _added(conversation)
+    if new_items > MAX_DELTA_RATIO * (content.entry_count() + len(document["conversation"])):
         return keyframe(content)
-    document["files"] = files
     document["conversation"] = conversation
-    return Stored(_compress(document), base_id, base_depth + 1)
+    return Stored(_compress(document, files_ops), base_id, base_depth + 1)
 
 
-def _compress(document: dict[str, Any]) -> bytes:
+def _compress(document: dict[str, Any], files_section: bytes) -> bytes:
     raw = json.dumps(document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
-    return zlib.compress(raw, ZLIB_LEVEL)
+    compressor = zlib.compressobj(ZLIB_LEVEL)
+    parts = [
+        compressor.compress(_HEADER.pack(_MAGIC, len(raw))),
+        compressor.compress(raw),
+        compressor.compress(files_section),
+        compressor.flush(),
+    ]
+    return b"".join(parts)
+
+
+def _decompress(data: bytes) -> tuple[dict[str, Any], bytes | list[Any]]:
+    """(document without files, files section) — the section is bytes in the
+    current layout, the JSON rows or row operations in the old one."""
+    raw = zlib.decompress(data)
+    if raw[:4] == _MAGIC:
+        _, length = _HEADER.unpack_from(raw)
+        start = _HEADER.size
+        document = json.loads(raw[start : start + length])
+        return document, raw[start + length :]
+    document = json.loads(raw)
+    return document, document.pop("files")
 
 
 def _added(operations: list[Any]) -> int:
@@ -141,28 +179,38 @@ def materialize(
     id already in ``memo``; results are added to ``memo``. Raises KeyError when a
     base is missing (the store never lets that happen).
     """
-    chain: list[tuple[str, str | None, dict[str, Any]]] = []
+    chain: list[tuple[str, str | None, dict[str, Any], bytes | list[Any]]] = []
     current: str | None = checkpoint_id
     while current is not None and current not in memo:
         base_id, data = rows[current]
-        chain.append((current, base_id, json.loads(zlib.decompress(data))))
+        chain.append((current, base_id, *_decompress(data)))
         current = base_id
-    for current_id, base_id, document in reversed(chain):
+    for current_id, base_id, document, files in reversed(chain):
         if base_id is None:
-            memo[current_id] = Content(document)
+            manifest = _manifest_bytes(files)
         else:
-            base = memo[base_id].document
-            document["files"] = _apply(document["files"], base["files"])
-            document["conversation"] = _apply(document["conversation"], base["conversation"])
-            memo[current_id] = Content(document)
+            base = memo[base_id]
+            if isinstance(files, bytes):
+                manifest = _native.manifest_apply(base.manifest.data, files)
+            else:  # the old layout: row operations on the base's rows
+                manifest = _rows_bytes(_apply(files, json.loads(base.manifest.data)))
+            document["conversation"] = _apply(
+                document["conversation"], base.document["conversation"]
+            )
+        memo[current_id] = Content(document, Manifest(manifest, trusted=True))
     return memo[checkpoint_id]
 
 
+def _rows_bytes(rows: list[Any]) -> bytes:
+    """Rows as the codec encodes them."""
+    return json.dumps(rows, **_JSON).encode("utf-8")  # type: ignore[arg-type]
+
+
+def _manifest_bytes(files: bytes | list[Any]) -> bytes:
+    return files if isinstance(files, bytes) else _rows_bytes(files)
+
+
 # ---------------------------------------------------------------------------- operations
-
-
-def _row_key(row: list[Any]) -> Hashable:
-    return tuple(row)
 
 
 def _value_key(value: Any) -> Hashable:

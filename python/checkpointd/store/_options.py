@@ -40,7 +40,7 @@ from ..errors import (
     SandboxCheckpointWriterConflictError,
     SandboxCheckpointWriterLostError,
 )
-from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, FileEntry
+from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
 from ..validation import check_id, is_finite_number, is_int, utf8_key
 from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
 
@@ -429,13 +429,7 @@ def fork_checkpoint(
 
 def checkpoint_blob_keys(checkpoint: Checkpoint) -> list[str]:
     """Distinct keys of files then artifacts (first-seen order)."""
-    seen: dict[str, None] = {}
-    for entry in checkpoint.files:
-        if isinstance(entry, FileEntry):
-            seen[entry.blob_key] = None
-    for artifact in checkpoint.artifacts:
-        seen[artifact.blob_key] = None
-    return list(seen)
+    return checkpoint.blob_keys()
 
 
 # --------------------------------------------------------------------------- instances

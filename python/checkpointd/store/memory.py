@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -26,7 +27,8 @@ from ..errors import (
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
 )
-from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..manifest import Manifest, manifest_of
+from ..model import BlobReference, Checkpoint, Entry, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
 from ._options import (
     LeaseRecord,
@@ -64,13 +66,23 @@ class _Stored:
     keys: tuple[str, ...]
 
 
+def _trusted_manifest(files: Sequence[Entry]) -> Manifest:
+    """The validated entries as an immutable Manifest (bytes, decoded on demand)."""
+    manifest = manifest_of(files)
+    return (
+        manifest
+        if manifest.trusted
+        else Manifest(manifest.data, length=len(manifest), trusted=True)
+    )
+
+
 def _freeze(checkpoint: Checkpoint) -> _Stored:
     conversation_json = json.dumps(
         list(checkpoint.conversation), ensure_ascii=False, allow_nan=False
     )
     frozen = dataclasses.replace(
         checkpoint,
-        files=tuple(checkpoint.files),
+        files=_trusted_manifest(checkpoint.files),
         artifacts=tuple(checkpoint.artifacts),
         conversation=(),
     )

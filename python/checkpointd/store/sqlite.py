@@ -44,7 +44,6 @@ import random
 import sqlite3
 import threading
 import time
-import zlib
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
@@ -52,7 +51,6 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
-from ..codec import decode_checkpoint
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointConflictError,
@@ -388,8 +386,8 @@ def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]
 _Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 
 
-def _keyframe_checkpoint(data: bytes) -> Checkpoint:
-    return decode_checkpoint(zlib.decompress(data))
+def _keyframe_checkpoint(checkpoint_id: str, data: bytes) -> Checkpoint:
+    return documents.materialize(checkpoint_id, {checkpoint_id: (None, data)}, {}).checkpoint()
 
 
 class _GcPause:
@@ -439,7 +437,7 @@ async def _offload(size: int, function: Callable[..., T], *args: Any) -> T:
 
 
 def _size(content: documents.Content) -> int:
-    return len(content.document["files"])
+    return content.entry_count()
 
 
 # ------------------------------------------------------------------------ the store
@@ -608,7 +606,7 @@ class SqliteCheckpointStore:
         _, base_id, data = row
         if base_id is None:
             # A keyframe decodes straight from the codec document.
-            return await _offload(len(data) // 16, _keyframe_checkpoint, data)
+            return await _offload(len(data) // 16, _keyframe_checkpoint, checkpoint_id, data)
         content = await asyncio.to_thread(_paused, documents.materialize, checkpoint_id, rows, {})
         return await _offload(_size(content), content.checkpoint)
 
@@ -929,7 +927,8 @@ class SqliteCheckpointStore:
                     "reason": "fork-root",
                     "label": None,
                     "source_run_id": None,
-                }
+                },
+                source[2].manifest,
             )
             stored = await _offload(_size(root), documents.keyframe, root)
             return await self._publish(conn, root, stored), root

@@ -5,6 +5,7 @@ mod args;
 mod blobdir;
 mod cancel;
 mod errors;
+mod manifest;
 mod policy;
 mod scan;
 mod stream;
@@ -55,5 +56,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
     m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_totals, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_digests, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::digest_difference, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_files_with_digests, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_delta, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_apply, m)?)?;
     Ok(())
 }

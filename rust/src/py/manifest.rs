@@ -1,0 +1,96 @@
+//! The manifest as bytes (`crate::manifest`): counts, keys, deltas, without one
+//! Python object per entry. Every function releases the GIL while it works.
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::manifest::{self as core, ManifestError};
+
+fn invalid(e: ManifestError) -> PyErr {
+    PyValueError::new_err(e.to_string())
+}
+
+fn flat(digests: &[[u8; 32]]) -> Vec<u8> {
+    digests.concat()
+}
+
+fn split(bytes: &[u8]) -> PyResult<Vec<[u8; 32]>> {
+    if bytes.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(32)
+        .map(|c| c.try_into().expect("32 bytes"))
+        .collect())
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_totals(py: Python<'_>, data: &[u8]) -> PyResult<(u64, u64, u64)> {
+    py.allow_threads(|| core::totals(data)).map_err(invalid)
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_digests<'py>(py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    let digests = py.allow_threads(|| core::digests(data)).map_err(invalid)?;
+    Ok(PyBytes::new(py, &flat(&digests)))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn digest_difference<'py>(
+    py: Python<'py>,
+    a: &[u8],
+    b: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let (a, b) = (split(a)?, split(b)?);
+    let out = py.allow_threads(|| core::difference(&a, &b));
+    Ok(PyBytes::new(py, &flat(&out)))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_files_with_digests(
+    py: Python<'_>,
+    data: &[u8],
+    digests: &[u8],
+) -> PyResult<Vec<(String, Py<PyBytes>, u64)>> {
+    let wanted = split(digests)?;
+    let found = py
+        .allow_threads(|| core::files_with_digests(data, &wanted))
+        .map_err(invalid)?;
+    Ok(found
+        .into_iter()
+        .map(|(path, digest, size)| (path, PyBytes::new(py, &digest).unbind(), size))
+        .collect())
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_delta<'py>(
+    py: Python<'py>,
+    base: &[u8],
+    new: &[u8],
+) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    let (ops, added) = py
+        .allow_threads(|| core::delta(base, new))
+        .map_err(invalid)?;
+    Ok((PyBytes::new(py, &ops), added))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_apply<'py>(
+    py: Python<'py>,
+    base: &[u8],
+    ops: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let out = py
+        .allow_threads(|| core::apply(base, ops))
+        .map_err(invalid)?;
+    Ok(PyBytes::new(py, &out))
+}
