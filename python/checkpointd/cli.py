@@ -41,7 +41,8 @@ exit codes:
   8  unauthenticated: missing or wrong bearer token
   9  no space: RESOURCE_EXHAUSTED (the filesystem holding the named path is full)
 
-environment: CHECKPOINTD_ADDRESS and CHECKPOINTD_TOKEN for the client commands;
+environment: CHECKPOINTD_ADDRESS, CHECKPOINTD_DATA_DIR, CHECKPOINTD_TOKEN and
+CHECKPOINTD_TLS_CA / _CERT / _KEY for the client commands;
 CHECKPOINTD_<SETTING> (e.g. CHECKPOINTD_DATA_DIR, CHECKPOINTD_STORE) and
 CHECKPOINTD_CONFIG (a TOML file) for serve. Flags win over the environment, which
 wins over the file.
@@ -171,6 +172,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VAR",
         help="zero the value of env VAR in the loop's captures (repeatable)",
     )
+    serve.add_argument("--tls-cert", help="TCP over TLS: the server certificate chain (PEM)")
+    serve.add_argument("--tls-key", help="TCP over TLS: the server private key (PEM)")
+    serve.add_argument(
+        "--tls-client-ca",
+        help="mutual TLS: clients must present a certificate signed by this CA (PEM)",
+    )
+    serve.add_argument(
+        "--auth-probes",
+        action="store_const",
+        const=True,
+        default=None,
+        help="require the bearer token for health and reflection too (default: open)",
+    )
 
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
@@ -179,7 +193,25 @@ def build_parser() -> argparse.ArgumentParser:
             default=None,
             help="daemon address (CHECKPOINTD_ADDRESS; default unix://<data-dir>/checkpointd.sock)",
         )
+        sub.add_argument(
+            "--data-dir",
+            default=None,
+            help="the daemon's data dir, to find its socket (CHECKPOINTD_DATA_DIR)",
+        )
         sub.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
+        sub.add_argument(
+            "--tls-ca",
+            default=None,
+            help="TLS: verify the daemon with this CA (PEM; CHECKPOINTD_TLS_CA)",
+        )
+        sub.add_argument(
+            "--tls-cert",
+            default=None,
+            help="mutual TLS: client certificate (PEM; CHECKPOINTD_TLS_CERT)",
+        )
+        sub.add_argument(
+            "--tls-key", default=None, help="mutual TLS: client key (PEM; CHECKPOINTD_TLS_KEY)"
+        )
         sub.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
         sub.add_argument("--json", action="store_true", help="machine-readable output on stdout")
         return sub
@@ -355,15 +387,34 @@ def _policy(args: argparse.Namespace) -> Any:
     )
 
 
-def _default_address() -> str:
+def _default_address(data_dir: str | None) -> str:
+    """--data-dir's socket, else CHECKPOINTD_ADDRESS, else the default data dir's."""
     from .service.config import resolve
     from .statcache_paths import DEFAULT_DATA_DIR
 
     address = os.environ.get("CHECKPOINTD_ADDRESS")
-    if address:
+    if address and data_dir is None:
         return address
-    data_dir = os.environ.get("CHECKPOINTD_DATA_DIR", DEFAULT_DATA_DIR)
+    data_dir = data_dir or os.environ.get("CHECKPOINTD_DATA_DIR", DEFAULT_DATA_DIR)
     return resolve({"data_dir": data_dir, "listen": None}, environ={}).listen
+
+
+def _tls_files(args: argparse.Namespace) -> dict[str, bytes | None]:
+    """The client's TLS material from flags or CHECKPOINTD_TLS_* (UsageError when unreadable)."""
+    files: dict[str, bytes | None] = {}
+    for name in ("tls_ca", "tls_cert", "tls_key"):
+        path = getattr(args, name) or os.environ.get("CHECKPOINTD_" + name.upper())
+        if not path:
+            files[name] = None
+            continue
+        try:
+            files[name] = Path(path).read_bytes()
+        except OSError as error:
+            flag = "--" + name.replace("_", "-")
+            raise UsageError(f"{flag} {path}: {error.strerror}") from None
+    if (files["tls_cert"] is None) != (files["tls_key"] is None):
+        raise UsageError("--tls-cert and --tls-key go together")
+    return files
 
 
 def _parse_ms(text: str) -> int:
@@ -381,9 +432,17 @@ async def _run_client(args: argparse.Namespace) -> int:
 
     output = Output(args.json)
     token = args.token or os.environ.get("CHECKPOINTD_TOKEN")
-    address = args.address or _default_address()
+    address = args.address or _default_address(args.data_dir)
+    tls = _tls_files(args)
     try:
-        async with Client(address, token=token, timeout=args.timeout) as client:
+        async with Client(
+            address,
+            token=token,
+            timeout=args.timeout,
+            tls_ca=tls["tls_ca"],
+            tls_cert=tls["tls_cert"],
+            tls_key=tls["tls_key"],
+        ) as client:
             return await COMMANDS[args.command](client, args, output)
     except RpcError as error:
         output.close()

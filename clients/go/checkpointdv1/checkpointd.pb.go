@@ -3104,8 +3104,25 @@ type Capabilities struct {
 	SafeSweep        bool   `protobuf:"varint,5,opt,name=safe_sweep,json=safeSweep,proto3" json:"safe_sweep,omitempty"`
 	CaptureRequestId bool   `protobuf:"varint,6,opt,name=capture_request_id,json=captureRequestId,proto3" json:"capture_request_id,omitempty"`
 	MaxChunkBytes    uint32 `protobuf:"varint,7,opt,name=max_chunk_bytes,json=maxChunkBytes,proto3" json:"max_chunk_bytes,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The largest message the daemon sends or accepts (gRPC's 4 MiB default).
+	MaxMessageBytes uint32 `protobuf:"varint,8,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
+	// How long a writer lease lasts without renewal; WRITER_CONFLICT retries are
+	// worth making after at most this long.
+	LeaseDurationMs uint64 `protobuf:"varint,9,opt,name=lease_duration_ms,json=leaseDurationMs,proto3" json:"lease_duration_ms,omitempty"`
+	// The largest page_size a paged RPC accepts (0 in a request means the default).
+	MaxPageSize uint32 `protobuf:"varint,10,opt,name=max_page_size,json=maxPageSize,proto3" json:"max_page_size,omitempty"`
+	// How callers are authenticated: "unix-socket" (the socket's file mode),
+	// "bearer-token", "mutual-tls" or "mutual-tls+bearer-token".
+	AuthMode string `protobuf:"bytes,11,opt,name=auth_mode,json=authMode,proto3" json:"auth_mode,omitempty"`
+	// True when the daemon listens on TCP over TLS; mutual_tls when it also
+	// requires a client certificate.
+	Tls       bool `protobuf:"varint,12,opt,name=tls,proto3" json:"tls,omitempty"`
+	MutualTls bool `protobuf:"varint,13,opt,name=mutual_tls,json=mutualTls,proto3" json:"mutual_tls,omitempty"`
+	// True when health and reflection also need the token (--auth-probes);
+	// false: they answer without it, for probes that cannot send headers.
+	AuthProbes    bool `protobuf:"varint,14,opt,name=auth_probes,json=authProbes,proto3" json:"auth_probes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -3185,6 +3202,55 @@ func (x *Capabilities) GetMaxChunkBytes() uint32 {
 		return x.MaxChunkBytes
 	}
 	return 0
+}
+
+func (x *Capabilities) GetMaxMessageBytes() uint32 {
+	if x != nil {
+		return x.MaxMessageBytes
+	}
+	return 0
+}
+
+func (x *Capabilities) GetLeaseDurationMs() uint64 {
+	if x != nil {
+		return x.LeaseDurationMs
+	}
+	return 0
+}
+
+func (x *Capabilities) GetMaxPageSize() uint32 {
+	if x != nil {
+		return x.MaxPageSize
+	}
+	return 0
+}
+
+func (x *Capabilities) GetAuthMode() string {
+	if x != nil {
+		return x.AuthMode
+	}
+	return ""
+}
+
+func (x *Capabilities) GetTls() bool {
+	if x != nil {
+		return x.Tls
+	}
+	return false
+}
+
+func (x *Capabilities) GetMutualTls() bool {
+	if x != nil {
+		return x.MutualTls
+	}
+	return false
+}
+
+func (x *Capabilities) GetAuthProbes() bool {
+	if x != nil {
+		return x.AuthProbes
+	}
+	return false
 }
 
 type GetServerInfoResponse struct {
@@ -3489,7 +3555,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x05batch\x18\x01 \x01(\v2\x1f.checkpointd.v1.SweepBlobsBatchH\x00R\x05batch\x12=\n" +
 	"\asummary\x18\x02 \x01(\v2!.checkpointd.v1.SweepBlobsSummaryH\x00R\asummaryB\a\n" +
 	"\x05event\"\x16\n" +
-	"\x14GetServerInfoRequest\"\xf3\x01\n" +
+	"\x14GetServerInfoRequest\"\xde\x03\n" +
 	"\fCapabilities\x12#\n" +
 	"\rstore_backend\x18\x01 \x01(\tR\fstoreBackend\x12!\n" +
 	"\fblob_backend\x18\x02 \x01(\tR\vblobBackend\x12\x12\n" +
@@ -3498,7 +3564,17 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\n" +
 	"safe_sweep\x18\x05 \x01(\bR\tsafeSweep\x12,\n" +
 	"\x12capture_request_id\x18\x06 \x01(\bR\x10captureRequestId\x12&\n" +
-	"\x0fmax_chunk_bytes\x18\a \x01(\rR\rmaxChunkBytes\"\x9e\x01\n" +
+	"\x0fmax_chunk_bytes\x18\a \x01(\rR\rmaxChunkBytes\x12*\n" +
+	"\x11max_message_bytes\x18\b \x01(\rR\x0fmaxMessageBytes\x12*\n" +
+	"\x11lease_duration_ms\x18\t \x01(\x04R\x0fleaseDurationMs\x12\"\n" +
+	"\rmax_page_size\x18\n" +
+	" \x01(\rR\vmaxPageSize\x12\x1b\n" +
+	"\tauth_mode\x18\v \x01(\tR\bauthMode\x12\x10\n" +
+	"\x03tls\x18\f \x01(\bR\x03tls\x12\x1d\n" +
+	"\n" +
+	"mutual_tls\x18\r \x01(\bR\tmutualTls\x12\x1f\n" +
+	"\vauth_probes\x18\x0e \x01(\bR\n" +
+	"authProbes\"\x9e\x01\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +

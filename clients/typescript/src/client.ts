@@ -470,6 +470,9 @@ export async function connect(options: ConnectOptions): Promise<CheckpointdClien
   const client = new CheckpointdClient(options);
   try {
     await client.waitServing();
+    // Health answers without a token (probes cannot send one); GetServerInfo
+    // is behind it, so a missing or wrong token is found here.
+    await client.getServerInfo({}, { timeoutMs: options.connectTimeoutMs ?? 10_000 });
   } catch (error) {
     client.close();
     throw error;

@@ -1,8 +1,8 @@
 """A small asyncio client of the daemon, used by the CLI (and handy in tests).
 
 Addresses: ``unix:///abs/path.sock`` (or ``unix:/abs/path``) and
-``tcp://host:port`` (or ``host:port``). With a token every call carries
-``authorization: Bearer <token>``. Failed calls raise :class:`RpcError`, which
+``tcp://host:port`` (or ``host:port``), over TLS when given certificates. With a
+token every call carries ``authorization: Bearer <token>``. Failed calls raise :class:`RpcError`, which
 carries the status code and the ErrorInfo reason and metadata.
 """
 
@@ -54,15 +54,33 @@ class Client:
     """``async with Client(address, token=...) as client: await client.capture(...)``."""
 
     def __init__(
-        self, address: str, *, token: str | None = None, timeout: float | None = None
+        self,
+        address: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = None,
+        tls_ca: bytes | None = None,
+        tls_cert: bytes | None = None,
+        tls_key: bytes | None = None,
+        tls_server_name: str | None = None,
     ) -> None:
+        """TLS is used when any of ``tls_ca`` (PEM roots to verify the daemon;
+        None: the system's), ``tls_cert``/``tls_key`` (a client certificate for
+        mutual TLS) is given. ``tls_server_name`` overrides the name checked in
+        the daemon's certificate."""
         self.address = address
         self._metadata = bearer_metadata(token) if token else ()
         self._timeout = timeout
-        self._channel = grpc.aio.insecure_channel(
-            grpc_address(address),
-            options=[("grpc.max_receive_message_length", 4 * 1024 * 1024)],
-        )
+        options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+        if tls_server_name:
+            options.append(("grpc.ssl_target_name_override", tls_server_name))
+        if tls_ca is not None or tls_cert is not None:
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=tls_ca, private_key=tls_key, certificate_chain=tls_cert
+            )
+            self._channel = grpc.aio.secure_channel(grpc_address(address), credentials, options)
+        else:
+            self._channel = grpc.aio.insecure_channel(grpc_address(address), options=options)
         self.stub = pb_grpc.CheckpointdStub(self._channel)
         self.health_stub = health_pb2_grpc.HealthStub(self._channel)
 

@@ -9,8 +9,9 @@ Defaults (the embedded setup): data dir ``~/.local/state/checkpointd``, store
 ``sqlite://<data_dir>/checkpoints.db``, blobs ``file://<data_dir>/blobs``
 (``<data_dir>`` is absolute, so three slashes),
 listening on the Unix socket ``<data_dir>/checkpointd.sock``. TCP
-(``tcp://127.0.0.1:50051``) needs a bearer token (``token`` or ``token_file``);
-the daemon refuses to start without one.
+(``tcp://127.0.0.1:50051``) needs a bearer token (``token`` or ``token_file``) or
+mutual TLS (``tls_client_ca``); the daemon refuses to start without one. TLS
+(``tls_cert`` + ``tls_key``) may be combined with the token.
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "include": ("list", None),
     "default_excludes": ("bool", None),
     "secret_env": ("list", None),
+    # TLS on TCP: server certificate chain and key (PEM); with tls_client_ca the
+    # daemon asks every client for a certificate signed by that CA (mutual TLS).
+    "tls_cert": ("path", None),
+    "tls_key": ("path", None),
+    "tls_client_ca": ("path", None),
+    # Require the bearer token for health and reflection too (default: open).
+    "auth_probes": ("bool", False),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -117,6 +125,29 @@ class ServeConfig:
     secret_env: tuple[str, ...] = ()
     # The values of the secret_env variables, read once at start; never shown.
     secrets: tuple[bytes, ...] = field(default=(), repr=False)
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    auth_probes: bool = False
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
+
+    @property
+    def mutual_tls(self) -> bool:
+        return self.tls_client_ca is not None
+
+    @property
+    def auth_mode(self) -> str:
+        """How TCP callers are authenticated: "unix-socket" (file mode),
+        "bearer-token", "mutual-tls" or "mutual-tls+bearer-token"."""
+        if not self.is_tcp:
+            return "unix-socket"
+        modes = (["mutual-tls"] if self.mutual_tls else []) + (
+            ["bearer-token"] if self.token else []
+        )
+        return "+".join(modes)
 
     @property
     def socket_path(self) -> Path | None:
@@ -143,6 +174,10 @@ def grpc_address(address: str) -> str:
     if path is not None:
         return f"unix:{path}"
     return address.removeprefix("tcp://")
+
+
+def _absolute(path: Path | None) -> Path | None:
+    return None if path is None else Path(os.path.abspath(path))
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -252,11 +287,28 @@ def resolve(
         policy=_policy(values),
         secret_env=values["secret_env"] or (),
         secrets=_secrets(values["secret_env"] or (), environ),
+        tls_cert=_absolute(values["tls_cert"]),
+        tls_key=_absolute(values["tls_key"]),
+        tls_client_ca=_absolute(values["tls_client_ca"]),
+        auth_probes=values["auth_probes"],
     )
-    if config.is_tcp and not config.token:
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise SandboxCheckpointInvalidArgumentError(
+            "--tls-client-ca needs --tls-cert and --tls-key"
+        )
+    if config.tls and not config.is_tcp:
+        raise SandboxCheckpointInvalidArgumentError(
+            "TLS is for TCP; a Unix socket is protected by its file mode",
+            details={"listen": listen},
+        )
+    # Mutual TLS authenticates each client by its certificate; plain TLS only
+    # protects the wire, so it still needs the token.
+    if config.is_tcp and not config.token and not config.mutual_tls:
         raise SandboxCheckpointInvalidArgumentError(
             "refusing to listen on TCP without a bearer token (set --token, --token-file "
-            "or CHECKPOINTD_TOKEN), or listen on a Unix socket",
+            "or CHECKPOINTD_TOKEN) or mutual TLS (--tls-client-ca), or listen on a Unix socket",
             details={"listen": listen},
         )
     if (config.restore_on_start or config.capture_every) and not config.thread:

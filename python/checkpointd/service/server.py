@@ -2,8 +2,9 @@
 
 Lifecycle, in this fixed order:
 
-1. Listen (Unix socket created with mode 0600; TCP only with a bearer token).
-   Health says NOT_SERVING.
+1. Listen (Unix socket created with mode 0600; TCP only with a bearer token or
+   mutual TLS, optionally TLS; health and reflection answer without the token
+   unless ``auth_probes``, see ``auth.py``). Health says NOT_SERVING.
 2. Open the checkpoint store and the blob store.
 3. With ``--restore-on-start``: restore the thread's newest checkpoint into an
    empty workspace, or capture a non-empty one that differs (``before-restore``)
@@ -37,16 +38,15 @@ from urllib.parse import urlsplit
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, grpc_address
-from .servicer import CheckpointdServicer, ServiceState
+from .reflection import enable_reflection
+from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # Upper bound on waiting for cancelled engine calls to release their leases.
 UNWIND_TIMEOUT_S = 30.0
 
@@ -95,7 +95,11 @@ def build_server(
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The server with the checkpointd service, health and reflection, bound to
     ``config.listen`` but not started. Raises RuntimeError when it cannot bind."""
-    interceptors = [BearerTokenInterceptor(config.token)] if config.is_tcp and config.token else []
+    interceptors = (
+        [BearerTokenInterceptor(config.token, auth_probes=config.auth_probes)]
+        if config.is_tcp and config.token
+        else []
+    )
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
@@ -108,20 +112,45 @@ def build_server(
     checkpointd_pb2_grpc.add_CheckpointdServicer_to_server(CheckpointdServicer(state), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    reflection.enable_server_reflection(
-        (SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server
-    )
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
     socket_path = config.socket_path
     if socket_path is not None:
         socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         _claim_socket(socket_path)
         with _private_umask():
             server.add_insecure_port(grpc_address(config.listen))
+    elif config.tls:
+        server.add_secure_port(grpc_address(config.listen), _server_credentials(config))
     else:
         # Plain-text TCP with a bearer token: meant for loopback or a private
-        # network; put TLS in front for anything else.
+        # network; use --tls-cert/--tls-key for anything else.
         server.add_insecure_port(grpc_address(config.listen))
     return server, health_servicer
+
+
+def _read_pem(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"cannot read the {what} {path}: {exc.strerror}", details={"path": str(path)}
+        ) from exc
+
+
+def _server_credentials(config: ServeConfig) -> grpc.ServerCredentials:
+    """TLS credentials; with a client CA every client must present a certificate
+    it signed (mutual TLS)."""
+    assert config.tls_cert is not None and config.tls_key is not None
+    chain = _read_pem(config.tls_cert, "TLS certificate (--tls-cert)")
+    key = _read_pem(config.tls_key, "TLS key (--tls-key)")
+    client_ca = (
+        _read_pem(config.tls_client_ca, "client CA (--tls-client-ca)")
+        if config.tls_client_ca is not None
+        else None
+    )
+    return grpc.ssl_server_credentials(
+        [(key, chain)], root_certificates=client_ca, require_client_auth=client_ca is not None
+    )
 
 
 async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
@@ -194,7 +223,14 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         )
     # Refuses a data dir inside the workspace (sandbox code could forge the stat cache).
     data_dir = resolve_data_dir(config.workspace, config.data_dir)
-    state = ServiceState(workspace_root=config.workspace, data_dir=data_dir)
+    state = ServiceState(
+        workspace_root=config.workspace,
+        data_dir=data_dir,
+        auth_mode=config.auth_mode,
+        tls=config.tls,
+        mutual_tls=config.mutual_tls,
+        auth_probes=config.auth_probes,
+    )
     server, health_servicer = build_server(config, state)
     await _set_health(health_servicer, False)
     await server.start()

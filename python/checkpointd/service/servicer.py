@@ -61,6 +61,8 @@ DEFAULT_CHUNK = 256 * 1024
 ENTRIES_PER_MESSAGE = 512
 BYTES_PER_MESSAGE = 512 * 1024
 DEFAULT_PAGE_SIZE = 100
+# gRPC's default limit, which the server sets explicitly (server.py).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
 # that a capture still in flight will reference is never that old).
 DEFAULT_SWEEP_OLDER_THAN_MS = 3_600_000
@@ -92,6 +94,11 @@ class ServiceState:
     blobs: BlobStore | None = None
     store_backend: str = ""
     blob_backend: str = ""
+    # What GetServerInfo reports about the listener (set from the ServeConfig).
+    auth_mode: str = "unix-socket"
+    tls: bool = False
+    mutual_tls: bool = False
+    auth_probes: bool = False
     draining: bool = False
     # Capture/restore engine tasks in flight (cancelled and awaited on shutdown).
     running: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -664,6 +671,13 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 safe_sweep=True,
                 capture_request_id=True,
                 max_chunk_bytes=MAX_CHUNK,
+                max_message_bytes=MAX_MESSAGE_BYTES,
+                lease_duration_ms=int(getattr(self.state.store, "lease_duration_ms", 0) or 0),
+                max_page_size=MAX_PAGE_SIZE,
+                auth_mode=self.state.auth_mode,
+                tls=self.state.tls,
+                mutual_tls=self.state.mutual_tls,
+                auth_probes=self.state.auth_probes,
             ),
         )
 

@@ -508,7 +508,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes")
+    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes", "max_message_bytes", "lease_duration_ms", "max_page_size", "auth_mode", "tls", "mutual_tls", "auth_probes")
     STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     BLOB_BACKEND_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
@@ -516,6 +516,13 @@ class Capabilities(_message.Message):
     SAFE_SWEEP_FIELD_NUMBER: _ClassVar[int]
     CAPTURE_REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    AUTH_MODE_FIELD_NUMBER: _ClassVar[int]
+    TLS_FIELD_NUMBER: _ClassVar[int]
+    MUTUAL_TLS_FIELD_NUMBER: _ClassVar[int]
+    AUTH_PROBES_FIELD_NUMBER: _ClassVar[int]
     store_backend: str
     blob_backend: str
     fork: bool
@@ -523,7 +530,14 @@ class Capabilities(_message.Message):
     safe_sweep: bool
     capture_request_id: bool
     max_chunk_bytes: int
-    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ...) -> None: ...
+    max_message_bytes: int
+    lease_duration_ms: int
+    max_page_size: int
+    auth_mode: str
+    tls: bool
+    mutual_tls: bool
+    auth_probes: bool
+    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., lease_duration_ms: _Optional[int] = ..., max_page_size: _Optional[int] = ..., auth_mode: _Optional[str] = ..., tls: _Optional[bool] = ..., mutual_tls: _Optional[bool] = ..., auth_probes: _Optional[bool] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "protocol_version", "capabilities")
