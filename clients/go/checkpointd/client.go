@@ -214,6 +214,14 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 		conn.Close()
 		return nil, err
 	}
+	// Health answers without a token (probes cannot send one); GetServerInfo is
+	// behind it, so a missing or wrong token is reported here.
+	infoCtx, cancel := context.WithTimeout(ctx, o.connectTimeout)
+	defer cancel()
+	if _, err := client.GetServerInfo(infoCtx, &pb.GetServerInfoRequest{}); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return client, nil
 }
 
