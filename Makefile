@@ -18,7 +18,7 @@ venv: $(PY)
 
 # Release build of the native module, installed editable with every extra.
 build: venv
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev -q
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev,mcp -q
 
 # The same release build with the runtime dependencies only (no test or dev extras).
 install-runtime: venv

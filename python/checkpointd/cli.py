@@ -292,6 +292,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     client("info", "server version and capabilities")
+
+    mcp = commands.add_parser(
+        "mcp", help="the agent's own tools (save, list, fork, read artifact) over MCP on stdio"
+    )
+    mcp.add_argument("--thread", required=True, help="the one thread the agent may use")
+    mcp.add_argument("--address", default=None, help="daemon address (as for capture)")
+    mcp.add_argument(
+        "--data-dir", default=None, help="find the daemon's socket here (CHECKPOINTD_DATA_DIR)"
+    )
+    mcp.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
     return parser
 
 
@@ -740,6 +750,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "mcp":
+        try:
+            from .mcp import serve_stdio
+        except ModuleNotFoundError as error:
+            if error.name is None or not error.name.startswith("mcp"):
+                raise
+            print(
+                "checkpointd mcp needs the MCP SDK: pip install 'checkpointd[mcp]'", file=sys.stderr
+            )
+            return EXIT_BAD_INPUT
+
+        address = args.address or _default_address(args.data_dir)
+        return serve_stdio(args.thread, address, args.token or os.environ.get("CHECKPOINTD_TOKEN"))
     try:
         return asyncio.run(_run_client(args))
     except UsageError as error:
