@@ -15,6 +15,13 @@ true in time:
   have pinned the key and found the blob in the bucket.
 * Condemnations are released when the batch is done, deleted or not, in every
   case (also on cancellation), so captures wait at most one batch.
+
+The counters are not trusted alone: before anything is deleted the sweep reads
+the store's audit (``BlobAudit.audit_blob_references``: each key's stored count
+beside the number of stored manifests that use it, in one snapshot) and keeps
+every key either side names. A key where the two disagree is kept with the
+reason ``count-mismatch`` (``checkpointd check --repair`` fixes the counts), so
+one damaged count row can never make a sweep delete a blob a checkpoint uses.
 """
 
 from __future__ import annotations
@@ -26,9 +33,8 @@ from dataclasses import dataclass, field
 
 from .blobs.base import BlobStore, BlobStoreError
 from .errors import SandboxCheckpointInvalidArgumentError
-from .model import BlobReference
 from .store._options import check_hold_ms, check_keep, list_order, plan_prune, valid_blob_key
-from .store.base import BlobGuard, CheckpointStore
+from .store.base import BlobAudit, BlobCount, BlobGuard, CheckpointStore
 from .validation import check_id, is_int
 
 SWEPT_PREFIXES = ("sandbox-files/", "sandbox-artifacts/")
@@ -39,6 +45,8 @@ TOO_YOUNG = "too-young"  # uploaded less than older_than_ms ago
 NOT_A_BLOB_KEY = "not-a-blob-key"  # not sandbox-{files,artifacts}/blake3/<64 hex>
 IN_USE = "in-use"  # the store refused to condemn it: a new reference or a capture's pin
 HOLD_EXPIRING = "hold-expiring"  # the batch ran out of time; the next sweep retries
+# The stored count and the manifests disagree about the key (kept either way).
+COUNT_MISMATCH = "count-mismatch"
 
 DEFAULT_HOLD_MS = 120_000
 DEFAULT_SAFETY_MARGIN_MS = 30_000
@@ -107,6 +115,11 @@ def _check_arguments(
             f"{type(store).__name__} does not implement pin_blobs/condemn_blobs; "
             "sweeping it would not be safe while captures run"
         )
+    if not isinstance(store, BlobAudit):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} does not implement audit_blob_references; "
+            "a sweep must check the manifests, not the counts alone"
+        )
 
 
 async def sweep_blobs(
@@ -172,15 +185,17 @@ async def iter_sweep_blobs(
     are released).
     """
     _check_arguments(store, older_than_ms, dry_run, hold_ms, safety_margin_ms, batch_size)
+    assert isinstance(store, BlobAudit)
     try:
         # Iterable, not list: store.base annotates with ``list`` inside a class
         # that has a ``list`` method, which mypy then cannot resolve.
-        references: Iterable[BlobReference] = await store.list_blob_references()
-        referenced = {reference.key for reference in references}
+        audit: Iterable[BlobCount] = await store.audit_blob_references()
+        # key -> kept reason: every key a count or a manifest names is kept.
+        referenced = {c.key: REFERENCED if c.agrees else COUNT_MISMATCH for c in audit}
     except Exception as error:  # noqa: BLE001 - reported, and nothing is deleted
         yield SweepBatch(failures=(("<references>", _describe(error)),))
         return
-    del references
+    del audit
 
     cutoff = (now or _wall_clock_ms)()
     candidates: list[str] = []
@@ -193,7 +208,7 @@ async def iter_sweep_blobs(
                     if not valid_blob_key(info.key):
                         kept.append((info.key, NOT_A_BLOB_KEY))
                     elif info.key in referenced:
-                        kept.append((info.key, REFERENCED))
+                        kept.append((info.key, referenced[info.key]))
                     elif cutoff - info.last_modified_ms < older_than_ms:
                         kept.append((info.key, TOO_YOUNG))
                     else:
@@ -331,6 +346,7 @@ async def prune(
 
 
 __all__ = [
+    "COUNT_MISMATCH",
     "HOLD_EXPIRING",
     "IN_USE",
     "NOT_A_BLOB_KEY",

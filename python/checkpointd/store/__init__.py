@@ -17,6 +17,8 @@ from ._options import validate_store_options
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
+    BlobAudit,
+    BlobCount,
     BlobGuard,
     CheckpointStore,
     Clock,
@@ -35,6 +37,8 @@ _LAZY = {
 }
 
 __all__ = [
+    "BlobAudit",
+    "BlobCount",
     "BlobGuard",
     "CheckpointStore",
     "InMemoryCheckpointStore",

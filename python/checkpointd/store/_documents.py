@@ -44,7 +44,7 @@ from .. import _native
 # The codec's own row encoders, so a stored document is exactly the codec's format.
 from ..codec import checkpoint_fields, checkpoint_from_document
 from ..manifest import Manifest, manifest_of, split_digests
-from ..model import Checkpoint
+from ..model import Checkpoint, FileEntry
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
 # about a list copy, so 32 keeps a read within a few keyframe decodes.
@@ -265,3 +265,54 @@ def _apply(operations: list[Any], base: list[Any]) -> list[Any]:
             start, count = operation
             items.extend(base[start : start + count])
     return items
+
+
+def count_manifest_keys(
+    rows: Mapping[str, tuple[str | None, bytes]], *, with_sizes: bool = False
+) -> tuple[dict[bytes, int], dict[bytes, int]]:
+    """For every blob key (33-byte form) the stored checkpoints in ``rows`` use:
+    how many of them use it, and (``with_sizes``) the size their entries give it.
+
+    ``rows`` (``id → (base_id, data)``) must hold every base it names. Each
+    checkpoint is materialized once, bases before the deltas on them, and a
+    content is dropped as soon as no delta still to come needs it, so a chain of
+    any length costs about two decoded manifests of memory. Keys come from the
+    manifest's digests (native, no object per entry); sizes need the entries.
+    """
+    waiting: dict[str, int] = {}  # id -> its dependents not yet counted
+    for base_id, _ in rows.values():
+        if base_id is not None:
+            waiting[base_id] = waiting.get(base_id, 0) + 1
+    counts: dict[bytes, int] = {}
+    sizes: dict[bytes, int] = {}
+    memo: dict[str, Content] = {}
+    done: set[str] = set()
+
+    def count(checkpoint_id: str) -> None:
+        content = materialize(checkpoint_id, rows, memo)
+        for key in content.blob_keys():
+            counts[key] = counts.get(key, 0) + 1
+        if with_sizes:
+            for entry in content.manifest:
+                if isinstance(entry, FileEntry):
+                    sizes.setdefault(b"f" + bytes.fromhex(entry.blob_key[-64:]), entry.size)
+            for row in content.document["artifacts"]:
+                sizes.setdefault(b"a" + bytes.fromhex(row[4]), row[3])
+        done.add(checkpoint_id)
+        if not waiting.get(checkpoint_id):
+            memo.pop(checkpoint_id, None)
+        base_id = rows[checkpoint_id][0]
+        if base_id is not None:
+            waiting[base_id] -= 1
+            if not waiting[base_id] and base_id in done:
+                memo.pop(base_id, None)
+
+    for checkpoint_id in rows:
+        chain: list[str] = []
+        current: str | None = checkpoint_id
+        while current is not None and current not in done:
+            chain.append(current)
+            current = rows[current][0]
+        for pending in reversed(chain):  # bases first
+            count(pending)
+    return counts, sizes

@@ -42,7 +42,13 @@ from ..errors import (
 )
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
 from ..validation import check_id, is_finite_number, is_int, utf8_key
-from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+from .base import (
+    DEFAULT_LEASE_DURATION_MS,
+    DEFAULT_RENEW_AFTER_MS,
+    BlobCount,
+    Clock,
+    InstanceRecord,
+)
 
 
 def wall_clock_ms() -> int:
@@ -304,6 +310,26 @@ def key_to_bytes(key: str) -> bytes:
 def key_from_bytes(data: bytes) -> str:
     prefix = FILE_KEY_PREFIX if data[:1] == _KIND_FILE else ARTIFACT_KEY_PREFIX
     return prefix + bytes(data[1:]).hex()
+
+
+# --------------------------------------------------------------------------- audit
+
+
+def blob_counts(
+    stored: dict[bytes, int], manifests: dict[bytes, int], sizes: dict[bytes, int]
+) -> list[BlobCount]:
+    """``BlobAudit.audit_blob_references`` from the stored counts and the manifest
+    counts (keys in the 33-byte form, which sorts like the UTF-8 text keys)."""
+    keys = sorted({key for key, n in stored.items() if n} | {k for k, n in manifests.items() if n})
+    return [
+        BlobCount(key_from_bytes(key), stored.get(key, 0), manifests.get(key, 0), sizes.get(key))
+        for key in keys
+    ]
+
+
+def audit_keys(keys: object) -> list[str]:
+    """Well-shaped, de-duplicated keys for the missing-blob marks (others ignored)."""
+    return condemnable_keys(keys)
 
 
 # --------------------------------------------------------------------------- ordering

@@ -121,3 +121,60 @@ class BlobGuard(Protocol):
     async def release_condemned(self, keys: builtins.list[str]) -> None:
         """Drop condemnations (after the sweep deleted or gave up on the keys)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class BlobCount:
+    """One key as the store counts it and as the manifests use it."""
+
+    key: str
+    stored: int  # the store's reference count (0 when it keeps none)
+    manifests: int  # stored checkpoints whose files or artifacts use the key
+    size: int | None = None  # with_sizes: the size the manifests give the blob
+
+    @property
+    def agrees(self) -> bool:
+        return self.stored == self.manifests
+
+
+@runtime_checkable
+class BlobAudit(Protocol):
+    """What ``checkpointd check`` and a safe sweep ask of a store beyond SPEC §3:
+    the counts recomputed from the manifests, their repair, and the keys a check
+    found missing from the bucket. Every store we ship implements it.
+
+    * ``audit_blob_references`` compares, in one consistent snapshot, each
+      key's stored count with the number of stored checkpoints whose manifest
+      uses it. Sweep keeps every key either side names (``count-mismatch`` when
+      they disagree), so one damaged count row cannot make it delete a blob a
+      checkpoint uses.
+    * ``repair_blob_references`` sets every count to what the manifests say, in
+      one transaction that writers wait for.
+    * Missing marks: ``check`` marks referenced keys whose blob is gone; a
+      capture does not trust its parent for a marked key (it checks the bucket
+      and uploads the file again when it still has those bytes), then clears
+      the mark.
+    """
+
+    async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
+        """Every key with a stored count or a manifest use, sorted by UTF-8 bytes
+        (``with_sizes``: also the size the manifests give each blob, which costs
+        decoding every entry)."""
+        ...
+
+    async def repair_blob_references(self) -> builtins.list[BlobCount]:
+        """Make the stored counts equal the manifests'; returns the keys that
+        were wrong (with the values found), sorted by UTF-8 bytes."""
+        ...
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        """Record that these keys' blobs are gone (keys of another shape: ignored)."""
+        ...
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        """Forget the marks of these keys (their blobs are back)."""
+        ...
+
+    async def list_missing_blobs(self) -> builtins.list[str]:
+        """Every key marked missing, sorted by UTF-8 bytes."""
+        ...

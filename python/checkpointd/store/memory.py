@@ -28,11 +28,13 @@ from ..errors import (
     SandboxCheckpointParentMismatchError,
 )
 from ..manifest import Manifest, manifest_of
-from ..model import BlobReference, Checkpoint, Entry, WriterLease, WriterLike
+from ..model import BlobReference, Checkpoint, Entry, FileEntry, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
 from ._options import (
     LeaseRecord,
     StoreOptions,
+    audit_keys,
+    blob_counts,
     check_fork_arguments,
     check_fork_source,
     check_hold_ms,
@@ -44,6 +46,7 @@ from ._options import (
     condemnable_keys,
     destination_not_empty,
     fork_checkpoint,
+    key_to_bytes,
     lease_holder,
     lease_is_current,
     list_order,
@@ -56,7 +59,13 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+from .base import (
+    DEFAULT_LEASE_DURATION_MS,
+    DEFAULT_RENEW_AFTER_MS,
+    BlobCount,
+    Clock,
+    InstanceRecord,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,7 @@ class InMemoryCheckpointStore:
         self._pins: dict[str, set[_LeaseId]] = {}  # key -> leases pinning it
         self._pins_by_lease: dict[_LeaseId, set[str]] = {}
         self._condemned: dict[str, int] = {}  # key -> condemned until (ms)
+        self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
         self._closed = False
 
     @property
@@ -430,6 +440,54 @@ class InMemoryCheckpointStore:
         self._check_open()
         for key in keys:
             self._condemned.pop(key, None)
+
+    # ------------------------------------------------------------------ blob audit
+
+    async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
+        """Stored counts beside the counts the manifests give (BlobAudit)."""
+        self._check_open()
+        manifests: dict[bytes, int] = {}
+        sizes: dict[bytes, int] = {}
+        for stored in self._checkpoints.values():
+            for key in stored.keys:
+                raw = key_to_bytes(key)
+                manifests[raw] = manifests.get(raw, 0) + 1
+            if with_sizes:
+                for key, size in _key_sizes(stored.checkpoint).items():
+                    sizes.setdefault(key_to_bytes(key), size)
+        counts = {key_to_bytes(key): n for key, n in self._references.items()}
+        return blob_counts(counts, manifests, sizes)
+
+    async def repair_blob_references(self) -> builtins.list[BlobCount]:
+        """Set every count to the manifests' (atomic: no await in between)."""
+        wrong = [count for count in await self.audit_blob_references() if not count.agrees]
+        for count in wrong:
+            if count.manifests:
+                self._references[count.key] = count.manifests
+            else:
+                self._references.pop(count.key, None)
+        return wrong
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        self._check_open()
+        self._missing.update(audit_keys(keys))
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        self._check_open()
+        self._missing.difference_update(audit_keys(keys))
+
+    async def list_missing_blobs(self) -> builtins.list[str]:
+        self._check_open()
+        return sorted(self._missing, key=utf8_key)
+
+
+def _key_sizes(checkpoint: Checkpoint) -> dict[str, int]:
+    """The checkpoint's distinct blob keys with the size its entries give them."""
+    sizes = {
+        entry.blob_key: entry.size for entry in checkpoint.files if isinstance(entry, FileEntry)
+    }
+    sizes.update((artifact.blob_key, artifact.size) for artifact in checkpoint.artifacts)
+    return sizes
 
 
 class InMemoryInstanceStore:

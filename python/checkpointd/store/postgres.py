@@ -72,6 +72,8 @@ from . import _documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
+    audit_keys,
+    blob_counts,
     check_fork_arguments,
     check_fork_source,
     check_hold_ms,
@@ -95,7 +97,13 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+from .base import (
+    DEFAULT_LEASE_DURATION_MS,
+    DEFAULT_RENEW_AFTER_MS,
+    BlobCount,
+    Clock,
+    InstanceRecord,
+)
 
 T = TypeVar("T")
 
@@ -173,6 +181,13 @@ _MIGRATIONS: tuple[str, ...] = (
     # acquired without one), so that owner may take it back after a restart.
     """
     ALTER TABLE checkpointd_threads ADD COLUMN lease_holder text;
+    """,
+    # 3: keys ``checkpointd check`` found referenced but gone from the bucket.
+    """
+    CREATE TABLE checkpointd_blob_missing (
+        key       bytea PRIMARY KEY,
+        marked_at bigint NOT NULL
+    );
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -982,6 +997,132 @@ class PostgresCheckpointStore(_PostgresBase):
             token,
             fence,
         )
+
+    # ------------------------------------------------------------------ blob audit
+
+    @staticmethod
+    async def _audit_rows(
+        conn: asyncpg.Connection,
+    ) -> tuple[dict[bytes, _Rows], dict[bytes, dict[bytes, int]]]:
+        """Every stored document and every count row, both per thread."""
+        rows: dict[bytes, _Rows] = {}
+        for r in await conn.fetch(
+            "SELECT thread_id, id, base_id, document FROM checkpointd_checkpoints"
+        ):
+            rows.setdefault(bytes(r["thread_id"]), {})[str(_s(r["id"]))] = (
+                _s(r["base_id"]),
+                r["document"],
+            )
+        stored: dict[bytes, dict[bytes, int]] = {}
+        for r in await conn.fetch("SELECT thread_id, key, refs FROM checkpointd_blob_counts"):
+            stored.setdefault(bytes(r["thread_id"]), {})[bytes(r["key"])] = r["refs"]
+        return rows, stored
+
+    async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
+        """Stored counts beside the counts the manifests give (BlobAudit), read
+        in one REPEATABLE READ snapshot; the manifests are decoded afterwards."""
+
+        async def body(
+            conn: asyncpg.Connection,
+        ) -> tuple[dict[bytes, _Rows], dict[bytes, dict[bytes, int]]]:
+            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            return await self._audit_rows(conn)
+
+        rows, stored = await self._transaction("audit_blob_references", body)
+        merged: _Rows = {i: row for thread_rows in rows.values() for i, row in thread_rows.items()}
+        manifests, sizes = await asyncio.to_thread(
+            lambda: documents.count_manifest_keys(merged, with_sizes=with_sizes)
+        )
+        totals: Counter[bytes] = Counter()
+        for counts in stored.values():
+            totals.update(counts)
+        return blob_counts(dict(totals), manifests, sizes)
+
+    async def repair_blob_references(self) -> builtins.list[BlobCount]:
+        """Set every thread's count rows to what its manifests say, in one
+        transaction holding every thread row (writers wait); returns the keys
+        whose total was wrong."""
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[BlobCount]:
+            # Lock order as everywhere: thread rows first (here all, in key order).
+            await conn.execute("SELECT 1 FROM checkpointd_threads ORDER BY thread_id FOR UPDATE")
+            rows, stored = await self._audit_rows(conn)
+            totals: Counter[bytes] = Counter()
+            manifest_totals: Counter[bytes] = Counter()
+            all_sizes: dict[bytes, int] = {}
+            for thread in sorted(set(rows) | set(stored)):
+                thread_stored = stored.get(thread, {})
+                manifests, sizes = documents.count_manifest_keys(rows.get(thread, {}))
+                totals.update(thread_stored)
+                manifest_totals.update(manifests)
+                for key, size in sizes.items():
+                    all_sizes.setdefault(key, size)
+                fixes = [
+                    (key, manifests.get(key, 0))
+                    for key in set(thread_stored) | set(manifests)
+                    if thread_stored.get(key, 0) != manifests.get(key, 0)
+                ]
+                if not fixes:
+                    continue
+                await conn.execute(
+                    "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
+                    " SELECT $1, k, n FROM unnest($2::bytea[], $3::bigint[]) AS d(k, n)"
+                    " WHERE n > 0"
+                    " ON CONFLICT (thread_id, key) DO UPDATE SET refs = excluded.refs",
+                    thread,
+                    [key for key, _ in fixes],
+                    [n for _, n in fixes],
+                )
+                await conn.execute(
+                    "DELETE FROM checkpointd_blob_counts WHERE thread_id = $1"
+                    " AND key = ANY($2::bytea[])",
+                    thread,
+                    [key for key, n in fixes if n <= 0],
+                )
+            audit = blob_counts(dict(totals), dict(manifest_totals), all_sizes)
+            return [count for count in audit if not count.agrees]
+
+        return await self._transaction("repair_blob_references", body)
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        wanted = [key_to_bytes(key) for key in audit_keys(keys)]
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "INSERT INTO checkpointd_blob_missing (key, marked_at)"
+                f" SELECT k, coalesce($2::bigint, {_DB_NOW}) FROM unnest($1::bytea[]) AS k"
+                " ON CONFLICT DO NOTHING",
+                wanted,
+                self._injected_now(),
+            )
+
+        await self._transaction("mark_blobs_missing", body)
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        wanted = [key_to_bytes(key) for key in audit_keys(keys)]
+        if not wanted:
+            return
+
+        async def body(conn: asyncpg.Connection) -> None:
+            await conn.execute(
+                "DELETE FROM checkpointd_blob_missing WHERE key = ANY($1::bytea[])", wanted
+            )
+
+        await self._transaction("clear_missing_blobs", body)
+
+    async def list_missing_blobs(self) -> builtins.list[str]:
+        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            found: builtins.list[asyncpg.Record] = await conn.fetch(
+                "SELECT key FROM checkpointd_blob_missing"
+            )
+            return found
+
+        keys = [
+            key_from_bytes(bytes(r["key"]))
+            for r in await self._transaction("list_missing_blobs", body, read_only=True)
+        ]
+        keys.sort(key=utf8_key)
+        return keys
 
     # ------------------------------------------------------------------ blob guard
 

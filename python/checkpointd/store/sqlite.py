@@ -66,6 +66,8 @@ from . import _documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
+    audit_keys,
+    blob_counts,
     check_fork_arguments,
     check_fork_source,
     check_hold_ms,
@@ -89,7 +91,13 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from .base import DEFAULT_LEASE_DURATION_MS, DEFAULT_RENEW_AFTER_MS, Clock, InstanceRecord
+from .base import (
+    DEFAULT_LEASE_DURATION_MS,
+    DEFAULT_RENEW_AFTER_MS,
+    BlobCount,
+    Clock,
+    InstanceRecord,
+)
 
 T = TypeVar("T")
 
@@ -155,6 +163,9 @@ _SCHEMA = [
         ON blob_pins (thread_id, owner_token, fence)""",
     """CREATE TABLE IF NOT EXISTS blob_condemned (
         key BLOB PRIMARY KEY, until INTEGER NOT NULL) WITHOUT ROWID""",
+    # Keys ``checkpointd check`` found referenced but gone from the bucket.
+    """CREATE TABLE IF NOT EXISTS blob_missing (
+        key BLOB PRIMARY KEY, marked_at INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS instances (
         key TEXT PRIMARY KEY,
         provider TEXT NOT NULL,
@@ -1103,6 +1114,96 @@ class SqliteCheckpointStore:
             )
 
         await self._db.write(run)
+
+    # ------------------------------------------------------------------ blob audit
+
+    @staticmethod
+    async def _audit_rows(
+        conn: aiosqlite.Connection,
+    ) -> tuple[_Rows, dict[bytes, int]]:
+        """Every stored document and every stored count (one snapshot when run
+        inside a transaction)."""
+        rows: _Rows = {
+            checkpoint_id: (base_id, data)
+            for checkpoint_id, base_id, data in await _fetchall(
+                conn, "SELECT id, base_id, document FROM checkpoints"
+            )
+        }
+        stored = {
+            bytes(key): refs
+            for key, refs in await _fetchall(conn, "SELECT key, refs FROM blob_references")
+        }
+        return rows, stored
+
+    async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
+        """Stored counts beside the counts the manifests give (BlobAudit), from
+        one read snapshot; the manifests are decoded after the lock is let go."""
+
+        async def run(conn: aiosqlite.Connection) -> tuple[_Rows, dict[bytes, int]]:
+            await conn.execute("BEGIN")  # deferred: a WAL read snapshot, no lock
+            try:
+                return await self._audit_rows(conn)
+            finally:
+                await conn.execute("COMMIT")
+
+        rows, stored = await self._db.read(run)
+        manifests, sizes = await asyncio.to_thread(
+            _paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
+        )
+        return blob_counts(stored, manifests, sizes)
+
+    async def repair_blob_references(self) -> builtins.list[BlobCount]:
+        """Set every count to the manifests' in one write transaction (writers of
+        every process wait for it); returns the keys that were wrong."""
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[BlobCount]:
+            rows, stored = await self._audit_rows(conn)
+            manifests, sizes = await asyncio.to_thread(_paused, documents.count_manifest_keys, rows)
+            wrong = [c for c in blob_counts(stored, manifests, sizes) if not c.agrees]
+            raw = [(key_to_bytes(c.key), c.manifests) for c in wrong]
+            await conn.executemany(
+                "INSERT INTO blob_references (key, refs) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET refs = excluded.refs",
+                [(key, n) for key, n in raw if n > 0],
+            )
+            await conn.executemany(
+                "DELETE FROM blob_references WHERE key = ?", [(key,) for key, n in raw if n <= 0]
+            )
+            # A row the audit did not list (a count <= 0) is no count at all.
+            await conn.execute("DELETE FROM blob_references WHERE refs <= 0")
+            return wrong
+
+        return await self._db.write(run)
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        wanted = audit_keys(keys)
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            now = self._now()
+            await conn.executemany(
+                "INSERT OR IGNORE INTO blob_missing (key, marked_at) VALUES (?, ?)",
+                [(key_to_bytes(key), now) for key in wanted],
+            )
+
+        await self._db.write(run)
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        wanted = audit_keys(keys)
+        if not wanted:
+            return
+
+        async def run(conn: aiosqlite.Connection) -> None:
+            await conn.executemany(
+                "DELETE FROM blob_missing WHERE key = ?", [(key_to_bytes(key),) for key in wanted]
+            )
+
+        await self._db.write(run)
+
+    async def list_missing_blobs(self) -> builtins.list[str]:
+        async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
+            return await _fetchall(conn, "SELECT key FROM blob_missing ORDER BY key")
+
+        return [key_from_bytes(bytes(row[0])) for row in await self._db.read(run)]
 
 
 class SqliteInstanceStore:

@@ -1363,6 +1363,59 @@ class CheckpointStoreConformance:
                 ids=["f1"],
             )
 
+    # ================================================================ blob audit
+
+    @asyncio_test
+    async def test_audit_counts_keys_from_the_manifests(self) -> None:
+        async with self.world() as w:
+            self.need(w.store, "audit_blob_references", "repair_blob_references")
+            assert list(await w.store.audit_blob_references()) == []
+            lease = await w.lease("t1")
+            await w.chain("t1", ["c1", "c2", "c3"], lease)
+            other = await w.lease("t2")
+            await w.add(
+                checkpoint(
+                    "d1",
+                    "t2",
+                    files=[fentry("x", 1000), fentry("y", 1000)],
+                    artifacts=[artifact("art-1", 7)],
+                ),
+                other,
+            )
+            audit = {c.key: c for c in await w.store.audit_blob_references(with_sizes=True)}
+            assert list(audit) == sorted(audit, key=_utf8)
+            assert (audit[file_key(1000)].stored, audit[file_key(1000)].manifests) == (4, 4)
+            assert audit[file_key(1000)].size == 3
+            for n in (1, 2, 3):
+                assert (audit[file_key(n)].stored, audit[file_key(n)].manifests) == (1, 1)
+            assert (audit[artifact_key(7)].manifests, audit[artifact_key(7)].size) == (1, 5)
+            assert all(c.agrees for c in audit.values())
+            references = {(r.key, r.references) for r in await w.store.list_blob_references()}
+            assert references == {(c.key, c.stored) for c in audit.values()}
+            await w.store.delete_head("t1", "c3", lease)
+            after = {c.key: c for c in await w.store.audit_blob_references()}
+            assert file_key(3) not in after
+            assert after[file_key(1000)].manifests == 3
+            # A store whose counts agree has nothing to repair.
+            before = await w.snapshot()
+            assert list(await w.store.repair_blob_references()) == []
+            assert await w.snapshot() == before
+
+    @asyncio_test
+    async def test_missing_marks(self) -> None:
+        async with self.world() as w:
+            self.need(w.store, "mark_blobs_missing", "clear_missing_blobs", "list_missing_blobs")
+            assert list(await w.store.list_missing_blobs()) == []
+            keys = [file_key(2), artifact_key(1), file_key(1)]
+            await w.store.mark_blobs_missing([*keys, "not-a-key", file_key(2)])
+            assert list(await w.store.list_missing_blobs()) == sorted(keys, key=_utf8)
+            await w.store.mark_blobs_missing([file_key(1)])  # idempotent
+            await w.store.clear_missing_blobs([file_key(1), file_key(99), "not-a-key"])
+            assert list(await w.store.list_missing_blobs()) == [artifact_key(1), file_key(2)]
+            await w.store.clear_missing_blobs([])
+            await w.store.clear_missing_blobs(keys)
+            assert list(await w.store.list_missing_blobs()) == []
+
     # ================================================================ blob guard
 
     @asyncio_test
