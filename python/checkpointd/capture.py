@@ -53,8 +53,8 @@ from .blobs import base as blob_batches
 from .blobs.base import BlobStore
 from .codec import encode_entries
 from .errors import (
+    ARTIFACT_NOT_UPLOADED,
     FILE_CHANGED,
-    MISSING_BLOB,
     UNSUPPORTED_ENTRY,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointInvalidArgumentError,
@@ -196,7 +196,7 @@ async def capture_checkpoint(
     lost meanwhile), SandboxCheckpointConflictError (the head moved),
     SandboxCheckpointDuplicateIdError (the id is used by another thread),
     SandboxSnapshotError with UNSUPPORTED_ENTRY (every offending path listed),
-    MISSING_BLOB (an artifact's blob is gone) or FILE_CHANGED (a file kept
+    ARTIFACT_NOT_UPLOADED (an artifact record whose blob is not in the bucket) or FILE_CHANGED (a file kept
     changing while it was uploaded), BlobStoreError when the bucket fails, and
     ScanCancelled when ``cancel`` was cancelled.
     """
@@ -443,8 +443,9 @@ class _Uploader:
         async def check(key: str) -> None:
             if await self.blobs.head(key) is None:
                 raise SandboxSnapshotError(
-                    MISSING_BLOB,
-                    f"artifact blob {key} is missing from {self.blobs.url}; upload it again",
+                    ARTIFACT_NOT_UPLOADED,
+                    f"artifact blob {key} is not in {self.blobs.url}: upload the artifact "
+                    "(UploadArtifact) before the capture that names it",
                     details={"key": key},
                 )
 

@@ -123,6 +123,9 @@ NAME_TOO_LONG = "SANDBOX_SNAPSHOT_NAME_TOO_LONG"
 CROSS_DEVICE = "SANDBOX_SNAPSHOT_CROSS_DEVICE"
 # Permission denied, or a read-only filesystem (EACCES, EPERM, EROFS).
 PERMISSION_DENIED = "SANDBOX_SNAPSHOT_PERMISSION_DENIED"
+# A capture names an artifact record whose blob was never uploaded (or was
+# swept): the caller's mistake, not lost data; upload it again.
+ARTIFACT_NOT_UPLOADED = "SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED"
 
 # errno → code for OSErrors raised by Python code (the native scanner classifies
 # its own errors with the same rule, rust/src/error.rs ``errno_kind``).
@@ -201,6 +204,7 @@ def _same_path(a: str, b: str) -> bool:
 
 
 __all__ = [
+    "ARTIFACT_NOT_UPLOADED",
     "CROSS_DEVICE",
     "FILE_CHANGED",
     "FORK_DESTINATION_NOT_EMPTY",

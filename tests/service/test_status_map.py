@@ -49,6 +49,8 @@ SPEC_MAPPING = {
     "SANDBOX_SNAPSHOT_MISSING_ARTIFACT": C.NOT_FOUND,
     "SANDBOX_SNAPSHOT_DRAINING": C.UNAVAILABLE,
     "SANDBOX_SNAPSHOT_UNAUTHENTICATED": C.UNAUTHENTICATED,
+    "SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED": C.FAILED_PRECONDITION,
+    "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE": C.RESOURCE_EXHAUSTED,
     "SANDBOX_SNAPSHOT_INTERNAL": C.INTERNAL,
 }
 
@@ -108,6 +110,29 @@ async def _call(channel: grpc.aio.Channel, name: str):
 
 def test_the_table_is_the_spec_mapping() -> None:
     assert status.STATUS_BY_REASON == SPEC_MAPPING
+
+
+def test_the_proto_publishes_every_reason_with_its_code() -> None:
+    """enum ErrorReason in the .proto lists exactly the reasons of the map, each
+    under a comment starting with its status code."""
+    import re
+    from pathlib import Path
+
+    from checkpointd.v1 import checkpointd_pb2 as pb
+
+    published = {v.name for v in pb.ErrorReason.DESCRIPTOR.values} - {"ERROR_REASON_UNSPECIFIED"}
+    assert published == set(status.STATUS_BY_REASON), (
+        "add the reason to enum ErrorReason in proto/checkpointd/v1/checkpointd.proto",
+        published ^ set(status.STATUS_BY_REASON),
+    )
+    proto = Path(__file__).resolve().parents[2] / "proto/checkpointd/v1/checkpointd.proto"
+    commented = dict(
+        (name, code)
+        for code, name in re.findall(
+            r"// ([A-Z_]+): [^\n]*\n\s+(SANDBOX_SNAPSHOT_\w+) =", proto.read_text()
+        )
+    )
+    assert commented == {reason: code.name for reason, code in status.STATUS_BY_REASON.items()}
 
 
 def test_every_code_in_errors_is_mapped() -> None:

@@ -43,6 +43,7 @@ from ..errors import SandboxCheckpointInvalidArgumentError
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, grpc_address
+from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
 
@@ -95,16 +96,20 @@ def build_server(
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """The server with the checkpointd service, health and reflection, bound to
     ``config.listen`` but not started. Raises RuntimeError when it cannot bind."""
-    interceptors = (
+    # The token check first: a denied call is answered without decoding it.
+    interceptors: list[grpc.aio.ServerInterceptor] = (
         [BearerTokenInterceptor(config.token, auth_probes=config.auth_probes)]
         if config.is_tcp and config.token
         else []
     )
+    interceptors.append(RequestGuardInterceptor())
     server = grpc.aio.server(
         interceptors=interceptors,
         options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            # The 4 MiB limit on requests is enforced by RequestGuardInterceptor,
+            # which answers with ErrorInfo; the transport only stops abuse.
+            ("grpc.max_receive_message_length", TRANSPORT_LIMIT_BYTES),
             # One daemon per socket: do not share a port with a stale process.
             ("grpc.so_reuseport", 0),
         ],

@@ -49,6 +49,7 @@ from ..store.base import CheckpointStore
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, diffing
+from .guard import MAX_MESSAGE_BYTES
 from .status import DRAINING, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError, abort, classify
 
 # 2: SweepBlobs became a server stream of batches and a summary.
@@ -61,8 +62,6 @@ DEFAULT_CHUNK = 256 * 1024
 ENTRIES_PER_MESSAGE = 512
 BYTES_PER_MESSAGE = 512 * 1024
 DEFAULT_PAGE_SIZE = 100
-# gRPC's default limit, which the server sets explicitly (server.py).
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 # SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
 # that a capture still in flight will reference is never that old).
 DEFAULT_SWEEP_OLDER_THAN_MS = 3_600_000

@@ -26,6 +26,11 @@ Codes the SPEC does not place are placed here, with the reason:
 * the service's own ``MISSING_ENTRY`` / ``MISSING_ARTIFACT`` (ReadFile of a path
   the checkpoint lacks, ReadArtifact of an unknown key) → NOT_FOUND;
 * ``DRAINING`` → UNAVAILABLE, ``UNAUTHENTICATED`` → UNAUTHENTICATED;
+* ``ARTIFACT_NOT_UPLOADED`` → FAILED_PRECONDITION (a capture names an artifact
+  whose blob is not in the bucket: upload it first; no data was lost);
+* ``MESSAGE_TOO_LARGE`` → RESOURCE_EXHAUSTED (a request over the message
+  limit; ``limit_bytes`` in the metadata), undecodable request bytes →
+  ``INVALID_ARGUMENT`` (see ``guard.py``);
 * anything unexpected → INTERNAL with reason ``SANDBOX_SNAPSHOT_INTERNAL`` (the
   message only names the exception type: internals are logged, not sent).
 """
@@ -54,6 +59,8 @@ MISSING_ARTIFACT = "SANDBOX_SNAPSHOT_MISSING_ARTIFACT"
 DRAINING = "SANDBOX_SNAPSHOT_DRAINING"
 UNAUTHENTICATED = "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
 INTERNAL = "SANDBOX_SNAPSHOT_INTERNAL"
+# A request message over the daemon's message limit (guard.py).
+MESSAGE_TOO_LARGE = "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE"
 
 _C = grpc.StatusCode
 STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
@@ -84,8 +91,18 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     MISSING_ARTIFACT: _C.NOT_FOUND,
     DRAINING: _C.UNAVAILABLE,
     UNAUTHENTICATED: _C.UNAUTHENTICATED,
+    errors.ARTIFACT_NOT_UPLOADED: _C.FAILED_PRECONDITION,
+    MESSAGE_TOO_LARGE: _C.RESOURCE_EXHAUSTED,
     INTERNAL: _C.INTERNAL,
 }
+
+# Reasons whose status carries google.rpc.RetryInfo: the lease's retry_after_ms
+# when the store said it (WRITER_CONFLICT), else 0 (WRITER_LOST: this attempt's
+# own lease lapsed, so the work can be retried at once).
+RETRYABLE_REASONS = (
+    errors.SandboxCheckpointWriterConflictError.code,
+    errors.SandboxCheckpointWriterLostError.code,
+)
 
 # Trailers share gRPC's default 8 KiB header budget: keep metadata small.
 _MAX_VALUE_CHARS = 512
@@ -178,6 +195,8 @@ def rpc_status_for(
     detail.Pack(info)
     details = [detail]
     retry_after_ms = metadata.get("retry_after_ms", "")
+    if not retry_after_ms.isdigit() and reason in RETRYABLE_REASONS:
+        retry_after_ms = "0"
     if retry_after_ms.isdigit():
         retry = error_details_pb2.RetryInfo()
         retry.retry_delay.FromMilliseconds(int(retry_after_ms))
