@@ -92,7 +92,8 @@ func (c *Client) captureOnce(ctx context.Context, req *pb.CaptureRequest, o *Cap
 			o.OnProgress(p)
 		}
 		if done := event.GetDone(); done != nil {
-			_, _ = stream.Recv() // io.EOF: the call ends cleanly
+			// Returning cancels the call; the daemon has committed by then (as the
+			// Python and TypeScript clients do, without waiting for the trailers).
 			return done, nil
 		}
 	}
