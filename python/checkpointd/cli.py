@@ -293,15 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     client("info", "server version and capabilities")
 
-    mcp = commands.add_parser(
-        "mcp", help="the agent's own tools (save, list, fork, read artifact) over MCP on stdio"
-    )
+    mcp = client("mcp", "the agent's own tools (save, list, fork, read artifact) over MCP on stdio")
     mcp.add_argument("--thread", required=True, help="the one thread the agent may use")
-    mcp.add_argument("--address", default=None, help="daemon address (as for capture)")
-    mcp.add_argument(
-        "--data-dir", default=None, help="find the daemon's socket here (CHECKPOINTD_DATA_DIR)"
-    )
-    mcp.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
     return parser
 
 
@@ -761,8 +754,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return EXIT_BAD_INPUT
 
+        from .service.client import Client
+
         address = args.address or _default_address(args.data_dir)
-        return serve_stdio(args.thread, address, args.token or os.environ.get("CHECKPOINTD_TOKEN"))
+        token = args.token or os.environ.get("CHECKPOINTD_TOKEN")
+        try:
+            tls = _tls_files(args)
+        except UsageError as error:
+            print(f"checkpointd mcp: {error}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        return serve_stdio(
+            args.thread,
+            lambda: Client(
+                address,
+                token=token,
+                timeout=args.timeout,
+                tls_ca=tls["tls_ca"],
+                tls_cert=tls["tls_cert"],
+                tls_key=tls["tls_key"],
+            ),
+        )
     try:
         return asyncio.run(_run_client(args))
     except UsageError as error:

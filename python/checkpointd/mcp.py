@@ -295,12 +295,12 @@ def build_server(thread_id: str, connect: Callable[[], Client]) -> AgentTools:
     return server
 
 
-def serve_stdio(thread_id: str, address: str, token: str | None) -> int:
-    """Run the server on stdin/stdout until the client closes it."""
+def serve_stdio(thread_id: str, connect: Callable[[], Client]) -> int:
+    """Run the server on stdin/stdout until the client closes it; ``connect`` makes
+    the daemon client (address, token and TLS from the command line)."""
     if not thread_id:
         raise ValueError("--thread must not be empty")
-    server = build_server(thread_id, lambda: Client(address, token=token, timeout=None))
-    server.run("stdio")
+    build_server(thread_id, connect).run("stdio")
     return 0
 
 

@@ -22,11 +22,11 @@ var unixDaemon, tcpDaemon *daemon
 
 func TestMain(m *testing.M) {
 	var err error
-	if unixDaemon, err = startDaemon(false, ""); err != nil {
+	if unixDaemon, err = startDaemon(false, "", nil); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if tcpDaemon, err = startDaemon(true, tcpToken); err != nil {
+	if tcpDaemon, err = startDaemon(true, tcpToken, nil); err != nil {
 		unixDaemon.stop()
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -213,7 +213,7 @@ func TestPruneAndSweep(t *testing.T) {
 }
 
 func TestMissingBlobIsADataLossSnapshotError(t *testing.T) {
-	d, err := startDaemon(false, "")
+	d, err := startDaemon(false, "", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

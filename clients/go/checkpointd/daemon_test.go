@@ -45,6 +45,7 @@ type daemon struct {
 	address, token, workspace, blobsDir, store, base string
 	cmd                                              *exec.Cmd
 	log                                              *bytes.Buffer
+	dialOptions                                      []checkpointd.Option
 }
 
 func freePort() (int, error) {
@@ -56,7 +57,7 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-func startDaemon(tcp bool, token string) (*daemon, error) {
+func startDaemon(tcp bool, token string, extra []string, dial ...checkpointd.Option) (*daemon, error) {
 	base, err := os.MkdirTemp("/tmp", "cpd-go-")
 	if err != nil {
 		return nil, err
@@ -81,6 +82,8 @@ func startDaemon(tcp bool, token string) (*daemon, error) {
 	d.cmd = exec.Command(python(), "-m", "checkpointd", "serve", "--workspace", d.workspace,
 		"--data-dir", dataDir, "--store", d.store, "--blobs", "file://"+d.blobsDir,
 		"--listen", d.address, "--grace-period", "5s")
+	d.cmd.Args = append(d.cmd.Args, extra...)
+	d.dialOptions = dial
 	d.cmd.Env = cleanEnv()
 	if token != "" {
 		d.cmd.Env = append(d.cmd.Env, "CHECKPOINTD_TOKEN="+token)
@@ -91,8 +94,8 @@ func startDaemon(tcp bool, token string) (*daemon, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
-	client, err := checkpointd.Dial(ctx, d.address, checkpointd.WithToken(token),
-		checkpointd.WithConnectTimeout(30*time.Second))
+	client, err := checkpointd.Dial(ctx, d.address, append([]checkpointd.Option{checkpointd.WithToken(token),
+		checkpointd.WithConnectTimeout(30 * time.Second)}, dial...)...)
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("daemon did not start: %w\n%s", err, d.log.String())
@@ -120,6 +123,7 @@ func (d *daemon) dial(t *testing.T, opts ...checkpointd.Option) *checkpointd.Cli
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	opts = append(append([]checkpointd.Option{}, d.dialOptions...), opts...)
 	if d.token != "" {
 		opts = append([]checkpointd.Option{checkpointd.WithToken(d.token)}, opts...)
 	}

@@ -3,7 +3,7 @@
 //
 // The Python that runs the daemon is $CHECKPOINTD_PYTHON, else the repository's
 // .venv (made by `make build`).
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import net from "node:net";
 import path from "node:path";
@@ -34,7 +34,7 @@ export function freePort() {
 }
 
 /** Starts a daemon and waits until it is SERVING; `stop()` ends it and removes its files. */
-export async function startDaemon({ tcp = false, token } = {}) {
+export async function startDaemon({ tcp = false, token, extra = [], tls } = {}) {
   const base = mkdtempSync("/tmp/cpd-ts-");
   const workspace = path.join(base, "ws");
   const dataDir = path.join(base, "data");
@@ -50,7 +50,7 @@ export async function startDaemon({ tcp = false, token } = {}) {
     PYTHON,
     ["-m", "checkpointd", "serve", "--workspace", workspace, "--data-dir", dataDir,
       "--store", store, "--blobs", `file://${blobsDir}`, "--listen", address,
-      "--grace-period", "5s"],
+      "--grace-period", "5s", ...extra],
     { stdio: ["ignore", log, log], env: cleanEnv(token ? { CHECKPOINTD_TOKEN: token } : {}) },
   );
   const exited = new Promise((resolve) => proc.once("exit", resolve));
@@ -68,7 +68,7 @@ export async function startDaemon({ tcp = false, token } = {}) {
     },
   };
   try {
-    const client = await connect({ address, token, connectTimeoutMs: 30_000 });
+    const client = await connect({ address, token, tls, connectTimeoutMs: 30_000 });
     client.close();
   } catch (error) {
     const text = daemon.log();
@@ -163,4 +163,52 @@ export function writeTree(root, files) {
     mkdirSync(path.dirname(file), { recursive: true });
     writeFileSync(file, content);
   }
+}
+
+/**
+ * A test PKI in `dir` (made with Python's `cryptography`, which the daemon's test
+ * extra installs): a CA, a server certificate for 127.0.0.1/localhost and a
+ * client certificate. Returns the PEM file paths.
+ */
+export function makePki(dir) {
+  const script = [
+    "import datetime as dt, ipaddress, sys",
+    "from pathlib import Path",
+    "from cryptography import x509",
+    "from cryptography.hazmat.primitives import hashes, serialization",
+    "from cryptography.hazmat.primitives.asymmetric import ec",
+    "from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID",
+    "out = Path(sys.argv[1])",
+    "now = dt.datetime.now(dt.timezone.utc)",
+    "def cert(cn, key, issuer, issuer_key, usage=None, ca=False):",
+    "    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])",
+    "    b = (x509.CertificateBuilder().subject_name(name)",
+    "         .issuer_name(issuer.subject if issuer else name).public_key(key.public_key())",
+    "         .serial_number(x509.random_serial_number())",
+    "         .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))",
+    "         .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))",
+    "    if usage == 'server':",
+    "        b = b.add_extension(x509.SubjectAlternativeName([x509.DNSName('localhost'),",
+    "            x509.IPAddress(ipaddress.ip_address('127.0.0.1'))]), critical=False)",
+    "        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)",
+    "    elif usage == 'client':",
+    "        b = b.add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)",
+    "    return b.sign(issuer_key, hashes.SHA256())",
+    "def save(name, obj):",
+    "    data = obj.public_bytes(serialization.Encoding.PEM) if isinstance(obj, x509.Certificate) else \\",
+    "        obj.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())",
+    "    (out / name).write_bytes(data)",
+    "ca_key, server_key, client_key = (ec.generate_private_key(ec.SECP256R1()) for _ in range(3))",
+    "ca = cert('checkpointd test CA', ca_key, None, ca_key, ca=True)",
+    "save('ca.pem', ca)",
+    "save('server.pem', cert('localhost', server_key, ca, ca_key, 'server')); save('server.key', server_key)",
+    "save('client.pem', cert('client', client_key, ca, ca_key, 'client')); save('client.key', client_key)",
+  ].join("\n");
+  const result = spawnSync(PYTHON, ["-c", script, dir], { encoding: "utf8" });
+  if (result.status !== 0) throw new Error(`making the test PKI failed: ${result.stderr}`);
+  const file = (name) => path.join(dir, name);
+  return {
+    ca: file("ca.pem"), serverCert: file("server.pem"), serverKey: file("server.key"),
+    clientCert: file("client.pem"), clientKey: file("client.key"),
+  };
 }
