@@ -140,19 +140,6 @@ def zero_secrets(data: bytes, secrets: Sequence[bytes]) -> bytes:
 def secrets_fingerprint(secrets: Sequence[bytes]) -> str:
     """A keyed hash of the secret set, stored in the stat cache (never the secrets)."""
 
-def record_in_cache(
-    root: str, cache_path: str, files: Sequence[tuple[str, str]], secrets: Sequence[bytes] = ()
-) -> None:
-    """After a restore: stat each (relative path, 64-hex) written and record it in
-    the stat cache so the next capture reuses those hashes.
-
-    Opens each path beneath ``root`` without following symlinks. Skips paths that
-    are missing or not regular files, and files whose mtime equals their ctime
-    (written by something other than the restore, which sets mtimes). Raises
-    ValueError for a digest that is not 64 hex digits or a short secret, OSError
-    when the root or the cache cannot be used.
-    """
-
 class BlobDir:
     """The local blob directory of a ``file://`` store, batch by batch (fd-relative).
 
@@ -190,3 +177,64 @@ def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
 
 def manifest_apply(base: bytes, ops: bytes) -> bytes:
     """The manifest a delta of ``manifest_delta`` builds on top of ``base``."""
+
+class InvalidBlob(ValueError):
+    """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""
+
+class RestoreSession:
+    """One restore, planned and applied natively (see ``rust/src/restore.rs``).
+
+    The constructor opens ``root`` (the operator's path) and ``subdir`` beneath it
+    one component at a time with O_NOFOLLOW (a missing last one is created), scans
+    it live with the policy and the stat cache (GIL released), plans against
+    ``target`` (a manifest in ``checkpointd.codec``'s encoding) and makes a private
+    staging directory at the top of the restore root. Nothing else changes until
+    ``apply_some``. Always call ``close`` (it removes the staging directory).
+
+    Raises OSError (naming the path; for the sub-root, ``filename`` is ``subdir``),
+    ValueError (bad pattern or manifest), InvalidBlob (one blob given two sizes),
+    ScanCancelled.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        target: bytes,
+        *,
+        subdir: str = "",
+        exclude: Sequence[str] = (),
+        include: Sequence[str] = (),
+        default_excludes: bool = True,
+        cache_path: str | None = None,
+        cancel: CancelToken | None = None,
+    ) -> None: ...
+    # The distinct blobs to fetch: (64-hex digest, size), in first-use order.
+    @property
+    def blobs(self) -> list[tuple[str, int]]: ...
+    @property
+    def operations(self) -> int: ...
+    # Planned changes per kind: deletions, dirs, writes, links, file_metadata, dir_modes.
+    @property
+    def counts(self) -> dict[str, int]: ...
+    @property
+    def written_paths(self) -> list[str]: ...
+    def stage_many(self, items: Sequence[tuple[str, bytes]]) -> None:
+        """Verify (size, BLAKE3) then stage each (digest, bytes); InvalidBlob."""
+    def begin_blob(self, digest: str, size: int) -> None:
+        """Start streaming a large blob into staging."""
+    def write_blob(self, digest: str, chunk: bytes) -> None:
+        """Append a chunk (InvalidBlob once longer than recorded)."""
+    def end_blob(self, digest: str) -> None:
+        """Check the streamed blob's size and hash (InvalidBlob)."""
+    def apply_some(self, budget: int) -> int:
+        """Apply up to ``budget`` operations; 0 once everything is done."""
+    def finish(self) -> None:
+        """syncfs of the workspace's filesystem, then record in the stat cache the
+        stat of each inode the restore renamed in."""
+    # Paths left alone because they lie on another filesystem (mount points).
+    @property
+    def skipped(self) -> list[str]: ...
+    # Written files the stat cache learns at ``finish``.
+    @property
+    def recorded(self) -> int: ...
+    def close(self) -> None: ...

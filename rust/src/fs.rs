@@ -330,6 +330,240 @@ pub fn filesystem_now(dir: &Path) -> io::Result<i64> {
     result
 }
 
+// ---------------------------------------------------------------------------
+// Writing beneath a root (restore). Every call takes a directory fd and one
+// name, never a path: a parent reached by fd cannot be redirected by a
+// symlink swapped in later.
+
+/// `fstat` with the link count: in-place metadata changes only touch an inode
+/// no other name shares (a hard link planted in the workspace may name a file
+/// outside it).
+pub fn fstat_links(fd: RawFd) -> io::Result<(Stat, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd and writable stat storage.
+    check(unsafe { libc::fstat(fd, st.as_mut_ptr()) })?;
+    // SAFETY: fstat succeeded.
+    let st = unsafe { st.assume_init() };
+    Ok((Stat::from_raw(&st), st.st_nlink))
+}
+
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)` with the link count.
+pub fn lstat_links_at(dir: RawFd, name: &CStr) -> io::Result<(Stat, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd, C string and writable stat storage.
+    check(unsafe {
+        libc::fstatat(
+            dir,
+            name.as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded.
+    let st = unsafe { st.assume_init() };
+    Ok((Stat::from_raw(&st), st.st_nlink))
+}
+
+/// Open the directory `name` in `dir`: never a symlink, never a non-directory.
+pub fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and C string; the fd is owned below.
+    let fd = check(unsafe {
+        libc::openat(
+            dir,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open a leaf without following it (`O_NONBLOCK`: a fifo swapped in must not hang).
+pub fn open_leaf_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
+    let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;
+    // SAFETY: valid fd and C string.
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Open the directory `rel` beneath `root` one component at a time with
+/// `O_NOFOLLOW`: a component that is a symlink (or not a directory) fails with
+/// ELOOP/ENOTDIR, whatever the sandbox swaps in. With `create_last`, a missing
+/// last component is made (mode 0755); its parents must exist.
+pub fn open_subdir(root: RawFd, rel: &[u8], create_last: bool) -> io::Result<OwnedFd> {
+    let parts: Vec<&[u8]> = rel
+        .split(|&b| b == b'/')
+        .filter(|p| !p.is_empty())
+        .collect();
+    // A fresh description of the root itself, owned by the caller.
+    let mut current = open_dir_at(root, c".")?;
+    for (index, part) in parts.iter().enumerate() {
+        if *part == b".." || *part == b"." {
+            return Err(io::Error::from_raw_os_error(libc::EXDEV));
+        }
+        let name = cstring(part)?;
+        let opened = match open_dir_at(current.as_raw_fd(), &name) {
+            Err(e)
+                if e.raw_os_error() == Some(libc::ENOENT)
+                    && create_last
+                    && index + 1 == parts.len() =>
+            {
+                match mkdir_at(current.as_raw_fd(), &name, 0o755) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                    Err(e) => return Err(e),
+                }
+                open_dir_at(current.as_raw_fd(), &name)?
+            }
+            other => other?,
+        };
+        current = opened;
+    }
+    Ok(current)
+}
+
+pub fn mkdir_at(dir: RawFd, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::mkdirat(dir, name.as_ptr(), mode) }).map(drop)
+}
+
+pub fn unlink_at(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) }).map(drop)
+}
+
+pub fn rmdir_at(dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C string.
+    check(unsafe { libc::unlinkat(dir, name.as_ptr(), libc::AT_REMOVEDIR) }).map(drop)
+}
+
+/// `renameat`: atomic replace of a non-directory at the destination.
+pub fn rename_at(from_dir: RawFd, from: &CStr, to_dir: RawFd, to: &CStr) -> io::Result<()> {
+    // SAFETY: valid fds and C strings.
+    check(unsafe { libc::renameat(from_dir, from.as_ptr(), to_dir, to.as_ptr()) }).map(drop)
+}
+
+pub fn symlink_at(target: &CStr, dir: RawFd, name: &CStr) -> io::Result<()> {
+    // SAFETY: valid fd and C strings.
+    check(unsafe { libc::symlinkat(target.as_ptr(), dir, name.as_ptr()) }).map(drop)
+}
+
+/// A new private (0600) file `name` in `dir`, open for writing; fails if it exists.
+pub fn create_file_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    // SAFETY: valid fd and C string.
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, 0o600 as libc::c_uint) })?;
+    // SAFETY: fresh fd.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub fn fchmod(fd: RawFd, mode: u32) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::fchmod(fd, mode as libc::mode_t) }).map(drop)
+}
+
+fn timespec_of(ns: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: ns.div_euclid(1_000_000_000) as libc::time_t,
+        tv_nsec: ns.rem_euclid(1_000_000_000) as libc::c_long,
+    }
+}
+
+/// Set the modification time through the fd (the access time is left alone).
+pub fn set_mtime(fd: RawFd, mtime_ns: i64) -> io::Result<()> {
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        timespec_of(mtime_ns),
+    ];
+    // SAFETY: valid fd and a two-element timespec array.
+    check(unsafe { libc::futimens(fd, times.as_ptr()) }).map(drop)
+}
+
+/// Write all of `data` (retrying short writes and EINTR).
+pub fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live slice; write reads at most its length.
+        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        data = &data[n as usize..];
+    }
+    Ok(())
+}
+
+/// Start writing back a file's dirty pages now, without waiting: the final
+/// `syncfs` then finds most of the data already on its way to the disk.
+pub fn start_writeback(fd: RawFd) {
+    // SAFETY: valid fd; a hint whose failure changes nothing.
+    unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
+}
+
+/// Flush the whole filesystem holding `fd` (one call for a batch of files).
+pub fn syncfs(fd: RawFd) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::syncfs(fd) }).map(drop)
+}
+
+/// Copy all of `src` (from offset 0) into `dst`.
+pub fn copy_fd(src: RawFd, dst: RawFd) -> io::Result<()> {
+    loop {
+        // SAFETY: valid fds; null offsets use (and advance) the file positions.
+        let n = unsafe {
+            libc::copy_file_range(
+                src,
+                std::ptr::null_mut(),
+                dst,
+                std::ptr::null_mut(),
+                1 << 30,
+                0,
+            )
+        };
+        if n == 0 {
+            return Ok(());
+        }
+        if n > 0 {
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EXDEV)
+            | Some(libc::ENOSYS)
+            | Some(libc::EOPNOTSUPP)
+            | Some(libc::EINVAL) => break,
+            _ => return Err(e),
+        }
+    }
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        // SAFETY: `buf` is writable for its length.
+        let n = unsafe { libc::read(src, buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        write_all(dst, &buf[..n as usize])?;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ pub mod hash;
 pub mod manifest;
 pub mod policy;
 pub mod redact;
+pub mod restore;
 pub mod scan;
 pub mod statcache;
 pub mod walk;

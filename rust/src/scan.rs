@@ -18,7 +18,7 @@ use crate::hash::{self, HashError};
 use crate::manifest::ManifestWriter;
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
-use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache, StatCache};
+use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
 use crate::walk::{Found, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
@@ -107,6 +107,22 @@ impl Root {
         }
         Ok(Root { path, fd, forms })
     }
+
+    /// A root already opened by the caller (restore opens a sub-root one
+    /// component at a time from the workspace fd, so the scan never resolves a
+    /// path through the sandbox). `path` names it in messages and judges
+    /// absolute symlink targets, together with the kernel's name for the fd.
+    pub fn from_fd(fd: std::os::fd::OwnedFd, path: PathBuf) -> Root {
+        let mut forms = vec![path.as_os_str().as_bytes().to_vec()];
+        let proc_name = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Ok(real) = std::fs::read_link(proc_name) {
+            let real = real.as_os_str().as_bytes().to_vec();
+            if real != forms[0] {
+                forms.push(real);
+            }
+        }
+        Root { path, fd, forms }
+    }
 }
 
 pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
@@ -139,10 +155,14 @@ enum Row {
 
 /// Run a scan. Errors: see [`ScanError`].
 pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
+    scan_root(request, Root::open(&request.root)?)
+}
+
+/// [`scan`] of a root the caller opened (`request.root` only names it).
+pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanError> {
     let mut phases = Phases::start();
     let secrets = SecretSet::new(&request.secrets)?;
     let fingerprint = secrets_fingerprint(&request.secrets);
-    let root = Root::open(&request.root)?;
     let cancel = &request.cancel;
 
     // The reference time comes first: anything stat'ed after it in the same
@@ -413,60 +433,4 @@ fn hash_slot(
         }
     }
     Err(ScanError::Changed(abs()))
-}
-
-/// After a restore: stat each written (path, hash) beneath `root` and record it,
-/// so the next scan reuses those hashes. Paths that are not regular files, or
-/// whose mtime equals their ctime (written by something other than the
-/// restore, which sets mtimes explicitly), are skipped rather than trusted.
-pub fn record_in_cache(
-    root: &Path,
-    cache_path: &Path,
-    files: &[(String, [u8; 32])],
-    secrets: &[Vec<u8>],
-) -> Result<(), ScanError> {
-    SecretSet::new(secrets)?;
-    let root = Root::open(root)?;
-    let fingerprint = secrets_fingerprint(secrets);
-    let dir = cache_dir(cache_path)?;
-    let mut cache = match LoadedCache::load(cache_path) {
-        Some(c) if c.fingerprint == fingerprint => c.into_owned(),
-        _ => StatCache {
-            fingerprint,
-            ..StatCache::default()
-        },
-    };
-    // Entries racy under the old reference would look clean under the new one.
-    cache.forget_racy();
-    cache.reference_ns =
-        fs::filesystem_now(&dir).map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
-    let mut updates: Vec<(String, CacheEntry)> = Vec::with_capacity(files.len());
-    for (path, hash) in files {
-        let fd = match fs::open_beneath(root.fd.as_raw_fd(), path.as_bytes(), fs::READ_FLAGS) {
-            Ok(fd) => fd,
-            Err(_) => continue,
-        };
-        let stat = fs::fstat(fd.as_raw_fd())
-            .map_err(|e| ScanError::io(root.path.join(path), "fstat", e))?;
-        if !stat.is_file() || stat.mtime_ns == stat.ctime_ns {
-            continue;
-        }
-        updates.push((path.clone(), CacheEntry::new(&stat, *hash)));
-    }
-    updates.sort_by(|a, b| a.0.cmp(&b.0));
-    updates.dedup_by(|a, b| a.0 == b.0);
-    let mut merged = Vec::with_capacity(cache.entries.len() + updates.len());
-    let mut old = std::mem::take(&mut cache.entries).into_iter().peekable();
-    for update in updates {
-        while let Some(o) = old.next_if(|o| o.0 < update.0) {
-            merged.push(o);
-        }
-        old.next_if(|o| o.0 == update.0);
-        merged.push(update);
-    }
-    merged.extend(old);
-    cache.entries = merged;
-    cache
-        .save(cache_path)
-        .map_err(|e| ScanError::io(cache_path, "save stat cache", e))
 }

@@ -84,6 +84,44 @@ impl StatCache {
     }
 }
 
+/// Record what a restore wrote: each `(path, entry)` is the stat of an inode
+/// the restore itself created and renamed in (never a fresh `stat(path)`
+/// paired with a hash it did not see written). Merged into the cache at
+/// `path` (a cache made with other secrets is started afresh), with the
+/// reference time moved to `reference_ns` (read on the workspace's
+/// filesystem after the last write); entries the old reference already
+/// distrusted are dropped first, as they would look clean under the new one.
+pub fn record_written(
+    path: &Path,
+    fingerprint: [u8; 32],
+    reference_ns: i64,
+    mut updates: Vec<(String, CacheEntry)>,
+) -> io::Result<()> {
+    let mut cache = match LoadedCache::load(path) {
+        Some(c) if c.fingerprint == fingerprint => c.into_owned(),
+        _ => StatCache {
+            fingerprint,
+            ..StatCache::default()
+        },
+    };
+    cache.forget_racy();
+    cache.reference_ns = cache.reference_ns.max(reference_ns);
+    updates.sort_by(|a, b| a.0.cmp(&b.0));
+    updates.dedup_by(|later, earlier| later.0 == earlier.0);
+    let mut merged = Vec::with_capacity(cache.entries.len() + updates.len());
+    let mut old = std::mem::take(&mut cache.entries).into_iter().peekable();
+    for update in updates {
+        while let Some(o) = old.next_if(|o| o.0 < update.0) {
+            merged.push(o);
+        }
+        old.next_if(|o| o.0 == update.0);
+        merged.push(update);
+    }
+    merged.extend(old);
+    cache.entries = merged;
+    cache.save(path)
+}
+
 /// Write `bytes` to `path` through a temp file next to it and a rename, so a
 /// reader sees the old file or the new one. Creates the parent directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {

@@ -286,7 +286,7 @@ async def test_progress_reports_every_phase_in_order(
     )
     await asyncio.sleep(0)  # reports made in worker threads reach the loop
     phases = list(dict.fromkeys(report.phase for report in reports))
-    assert phases == ["lease", "resolve", "plan", "fetch", "apply"]
+    assert phases == ["lease", "resolve", "plan", "fetch", "apply", "record"]
     fetch = next(report for report in reports if report.phase == "fetch")
     assert (fetch.files_total, fetch.bytes_total) == (2, 30)
 

@@ -168,31 +168,3 @@ def test_other_secrets_invalidate_the_cache(workspace: Path, cache_path: str) ->
     main = entries_by_path(with_secret)["src/main.py"]
     zeroed = b"print('\0\0\0\0\0')\n"
     assert isinstance(main, FileEntry) and main.blob_key.endswith(blake3.blake3(zeroed).hexdigest())
-
-
-def test_record_in_cache_lets_the_next_scan_reuse(workspace: Path, cache_path: str) -> None:
-    make_tree(workspace)
-    age_tree(str(workspace))  # like a restore, which sets old mtimes (ctime stays new)
-    files = []
-    for rel in ["src/main.py", "src/util.py", "docs/readme.md", "tool.sh"]:
-        files.append((rel, blake3.blake3((workspace / rel).read_bytes()).hexdigest()))
-    _native.record_in_cache(str(workspace), cache_path, files)
-    result = _native.scan(str(workspace), cache_path=cache_path)
-    assert (result.files_hashed, result.files_reused) == (0, 4)
-
-
-def test_record_in_cache_skips_files_written_since(workspace: Path, cache_path: str) -> None:
-    make_tree(workspace)
-    (workspace / "late.txt").write_bytes(b"written by someone else")  # mtime == ctime
-    _native.record_in_cache(
-        str(workspace), cache_path, [("late.txt", "ab" * 32), ("missing", "cd" * 32)]
-    )
-    result = _native.scan(str(workspace), cache_path=cache_path)
-    late = entries_by_path(result)["late.txt"]
-    assert isinstance(late, FileEntry)
-    assert late.blob_key.endswith(blake3.blake3(b"written by someone else").hexdigest())
-
-
-def test_record_in_cache_rejects_bad_hex(workspace: Path, cache_path: str) -> None:
-    with pytest.raises(ValueError, match="64-hex"):
-        _native.record_in_cache(str(workspace), cache_path, [("a", "xyz")])

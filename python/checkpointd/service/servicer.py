@@ -357,7 +357,9 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 checkpoint_id = await store.get_head(thread_id)
             if checkpoint_id is not None:
                 subdir = recorded_subdir(subdir, await self._checkpoint(checkpoint_id))
-        root = self.state.resolve_root(subdir)
+        # Validated here for an early error; the engine itself opens the sub-root
+        # from the workspace fd, component by component (never by this path).
+        self.state.resolve_root(subdir)
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
         started = pb.RestoreStarted(thread_id=thread_id)
         if checkpoint_id is not None:
@@ -367,7 +369,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
 
         async def work(progress: Callable[[Progress], None]) -> Checkpoint | None:
             return await restore_checkpoint(
-                root,
+                self.state.workspace_root,
                 store,
                 blobs,
                 thread_id,
@@ -375,6 +377,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 policy=policy,
                 data_dir=self.state.data_dir,
                 progress=progress,
+                workspace_subdir=subdir,
             )
 
         async for item in _with_progress(self.state, thread_id, context, work):

@@ -7,6 +7,7 @@ mod cancel;
 mod errors;
 mod manifest;
 mod policy;
+mod restore;
 mod scan;
 mod stream;
 
@@ -51,8 +52,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
     m.add_class::<stream::ZeroingReader>()?;
+    m.add_class::<restore::RestoreSession>()?;
+    m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
-    m.add_function(wrap_pyfunction!(scan::record_in_cache, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
     m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;

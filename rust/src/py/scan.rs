@@ -1,9 +1,8 @@
-//! `scan` and `record_in_cache`: own the inputs, release the GIL, run the core,
+//! `scan`: own the inputs, release the GIL, run the core,
 //! hand the manifest back as one `bytes`.
 
 use std::path::PathBuf;
 
-use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
@@ -11,7 +10,6 @@ use super::args;
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use crate::error::ScanError;
-use crate::hash::from_hex;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
 
@@ -112,28 +110,4 @@ pub fn scan(
     };
     let out = run_released(py, &cancel, move || core::scan(&request))?.map_err(to_py)?;
     to_result(py, out, policy_warnings)
-}
-
-/// See `_native.pyi`. Raises OSError, ValueError (bad hex or short secret).
-#[pyfunction]
-#[pyo3(signature = (root, cache_path, files, secrets=None))]
-pub fn record_in_cache(
-    py: Python<'_>,
-    root: PathBuf,
-    cache_path: PathBuf,
-    files: Vec<(String, String)>,
-    secrets: Option<&Bound<'_, PyAny>>,
-) -> PyResult<()> {
-    let secrets = args::secrets(secrets)?;
-    let mut parsed = Vec::with_capacity(files.len());
-    for (path, hex) in files {
-        let digest = from_hex(&hex).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "not a 64-hex BLAKE3 digest: {hex:?} (for {path:?})"
-            ))
-        })?;
-        parsed.push((path, digest));
-    }
-    py.allow_threads(|| core::record_in_cache(&root, &cache_path, &parsed, &secrets))
-        .map_err(to_py)
 }

@@ -1,0 +1,272 @@
+//! `RestoreSession`: a native restore driven by the Python engine in batches
+//! (see `crate::restore` for the rules; `_native.pyi` for the surface).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::create_exception;
+use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::PyBytes;
+
+use super::args;
+use super::cancel::CancelToken;
+use super::errors::{to_py, ScanCancelled};
+use crate::cancel::Cancel;
+use crate::error::ScanError;
+use crate::hash::{from_hex, to_hex};
+use crate::manifest;
+use crate::policy::PolicyMatcher;
+use crate::restore::{self as core, Restore, RestoreError, StagedWriter, Workspace};
+use crate::scan::{self, Root, ScanRequest};
+use crate::statcache::secrets_fingerprint;
+
+create_exception!(
+    checkpointd._native,
+    InvalidBlob,
+    PyValueError,
+    "A blob is not what the checkpoint records: args are (64-hex digest, reason)."
+);
+
+fn restore_to_py(error: RestoreError) -> PyErr {
+    match error {
+        RestoreError::Io { path, op, source } => {
+            let message = format!("{op}: {source}");
+            match source.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, message, path)),
+                None => PyOSError::new_err(format!("{message}: {path}")),
+            }
+        }
+        RestoreError::InvalidBlob { hash, reason } => InvalidBlob::new_err((to_hex(&hash), reason)),
+        e @ RestoreError::Subdir { .. } => {
+            let RestoreError::Subdir { subdir, source } = &e else {
+                unreachable!()
+            };
+            let errno = source.raw_os_error().unwrap_or(libc::ENOTDIR);
+            PyOSError::new_err((errno, e.to_string(), subdir.clone()))
+        }
+        RestoreError::Manifest(m) => PyValueError::new_err(m),
+        RestoreError::Scan(e) => to_py(e),
+        RestoreError::Cancelled => ScanCancelled::new_err("restore cancelled"),
+    }
+}
+
+fn digest(hex: &str) -> PyResult<[u8; 32]> {
+    from_hex(hex)
+        .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?}")))
+}
+
+/// See `_native.pyi`.
+#[pyclass(module = "checkpointd._native")]
+pub struct RestoreSession {
+    inner: Restore,
+    cache_path: Option<PathBuf>,
+    cancel: Cancel,
+    writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
+}
+
+#[pymethods]
+impl RestoreSession {
+    /// Raises OSError, ValueError (bad pattern or manifest), InvalidBlob,
+    /// ScanCancelled.
+    #[new]
+    #[pyo3(signature = (
+        root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
+        cache_path=None, cancel=None
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        root: PathBuf,
+        target: &[u8],
+        subdir: &str,
+        exclude: Option<&Bound<'_, PyAny>>,
+        include: Option<&Bound<'_, PyAny>>,
+        default_excludes: bool,
+        cache_path: Option<PathBuf>,
+        cancel: Option<&Bound<'_, CancelToken>>,
+    ) -> PyResult<Self> {
+        let exclude = args::patterns(exclude)?;
+        let include = args::patterns(include)?;
+        let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
+            .map_err(|e| to_py(ScanError::Pattern(e)))?;
+        let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
+        let target = target.to_vec();
+        let subdir = subdir.to_string();
+        let scan_cancel = cancel.clone();
+        let scan_cache = cache_path.clone();
+        let inner = py
+            .allow_threads(move || -> Result<Restore, RestoreError> {
+                let target = manifest::decode(&target).map_err(RestoreError::Manifest)?;
+                let ws = Workspace::open(&root, &subdir)?;
+                let request = ScanRequest {
+                    root: ws.path.clone(),
+                    policy,
+                    secrets: Vec::new(),
+                    cache_path: scan_cache,
+                    threads: 0,
+                    cancel: scan_cancel,
+                };
+                let live = scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
+                    .map_err(RestoreError::Scan)?;
+                let rows = manifest::decode(&live.manifest).map_err(RestoreError::Manifest)?;
+                let mut plan = core::plan(target, rows, &live.unsupported)?;
+                core::replace_shared_inodes(&ws, &mut plan)?;
+                Restore::new(ws, plan)
+            })
+            .map_err(restore_to_py)?;
+        Ok(RestoreSession {
+            inner,
+            cache_path,
+            cancel,
+            writers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The distinct blobs to fetch: (64-hex digest, size), in first-use order.
+    #[getter]
+    fn blobs(&self) -> Vec<(String, u64)> {
+        self.inner
+            .plan
+            .blobs
+            .iter()
+            .map(|(h, s)| (to_hex(h), *s))
+            .collect()
+    }
+
+    #[getter]
+    fn operations(&self) -> usize {
+        self.inner.plan.operations()
+    }
+
+    /// Counts per kind of change: deletions, dirs, writes, links, file_metadata, dir_modes.
+    #[getter]
+    fn counts(&self) -> HashMap<&'static str, usize> {
+        let p = &self.inner.plan;
+        HashMap::from([
+            ("deletions", p.deletions.len()),
+            ("dirs", p.dirs_to_make.len()),
+            ("writes", p.writes.len()),
+            ("links", p.links.len()),
+            ("file_metadata", p.file_metadata.len()),
+            ("dir_modes", p.dir_modes.len()),
+        ])
+    }
+
+    /// The workspace-relative paths written by this restore, in path order.
+    #[getter]
+    fn written_paths(&self) -> Vec<String> {
+        self.inner
+            .plan
+            .writes
+            .iter()
+            .map(|w| w.path.clone())
+            .collect()
+    }
+
+    /// Verify and stage many small blobs: ``[(hex, bytes), ...]``.
+    fn stage_many(&self, py: Python<'_>, items: Vec<(String, PyBackedBytes)>) -> PyResult<()> {
+        let mut parsed = Vec::with_capacity(items.len());
+        for (hex, data) in &items {
+            let hash = digest(hex)?;
+            parsed.push((hash, data.len() as u64, data));
+        }
+        let inner = &self.inner;
+        let cancel = &self.cancel;
+        py.allow_threads(|| {
+            let views: Vec<([u8; 32], u64, &[u8])> = parsed
+                .iter()
+                .map(|(h, s, d)| (*h, *s, d.as_ref()))
+                .collect();
+            inner.stage_many(&views, cancel)
+        })
+        .map_err(restore_to_py)
+    }
+
+    /// Start streaming a (large) blob into staging.
+    fn begin_blob(&self, py: Python<'_>, hex: &str, size: u64) -> PyResult<()> {
+        let hash = digest(hex)?;
+        let writer = py
+            .allow_threads(|| self.inner.stage_writer(&hash, size))
+            .map_err(restore_to_py)?;
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash, writer);
+        Ok(())
+    }
+
+    fn write_blob(&self, py: Python<'_>, hex: &str, chunk: PyBackedBytes) -> PyResult<()> {
+        let hash = digest(hex)?;
+        let mut writer = self.take_writer(&hash)?;
+        let result = py.allow_threads(|| writer.write(&self.inner, &chunk));
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(hash, writer);
+        result.map_err(restore_to_py)
+    }
+
+    /// Check size and hash of a streamed blob; InvalidBlob when wrong.
+    fn end_blob(&self, py: Python<'_>, hex: &str) -> PyResult<()> {
+        let hash = digest(hex)?;
+        let writer = self.take_writer(&hash)?;
+        py.allow_threads(|| writer.finish(&self.inner))
+            .map_err(restore_to_py)
+    }
+
+    /// Apply up to ``budget`` operations; returns how many (0 once done).
+    fn apply_some(&mut self, py: Python<'_>, budget: usize) -> PyResult<usize> {
+        let inner = &mut self.inner;
+        let cancel = &self.cancel;
+        py.allow_threads(|| inner.apply_some(budget, cancel))
+            .map_err(restore_to_py)
+    }
+
+    /// Sync the workspace's filesystem, then record what was written in the
+    /// stat cache.
+    fn finish(&self, py: Python<'_>) -> PyResult<()> {
+        let fingerprint = secrets_fingerprint::<&[u8]>(&[]);
+        let cache = self.cache_path.clone();
+        py.allow_threads(|| self.inner.finish(cache.as_deref(), fingerprint))
+            .map_err(restore_to_py)
+    }
+
+    /// Paths left alone because they lie on another filesystem (mount points).
+    #[getter]
+    fn skipped<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        self.inner
+            .skipped()
+            .into_iter()
+            .map(|p| PyBytes::new(py, &p).call_method1("decode", ("utf-8", "surrogateescape")))
+            .collect()
+    }
+
+    /// How many written files the stat cache learns at ``finish``.
+    #[getter]
+    fn recorded(&self) -> usize {
+        self.inner.recorded_count()
+    }
+
+    /// Remove the staging directory (call it in every case).
+    fn close(&self, py: Python<'_>) -> PyResult<()> {
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        py.allow_threads(|| self.inner.remove_staging())
+            .map_err(restore_to_py)
+    }
+}
+
+impl RestoreSession {
+    fn take_writer(&self, hash: &[u8; 32]) -> PyResult<StagedWriter> {
+        self.writers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(hash)
+            .ok_or_else(|| PyValueError::new_err(format!("no blob {} being staged", to_hex(hash))))
+    }
+}

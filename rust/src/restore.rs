@@ -1,0 +1,1457 @@
+//! Restore, planned and applied natively (SPEC §5): diff a target manifest
+//! against a live scan, stage every needed blob (verified) on the target's
+//! filesystem, then apply fd-relative with `O_NOFOLLOW` and record in the stat
+//! cache exactly the inodes the restore wrote.
+//!
+//! The threat: code in the sandbox owns the workspace and may swap any
+//! directory for a symlink between two system calls, plant a hard link to a
+//! file outside, or mount something inside. So:
+//!
+//! - the restore root (a sub-root too) is opened from the workspace fd one
+//!   component at a time with `O_NOFOLLOW` ([`Workspace::open`]); every later
+//!   operation starts from that fd, one name per call, never a path string;
+//! - a directory on another device (a mount point) is never entered, neither
+//!   to delete nor to write: its paths are reported in [`Applied::skipped`];
+//! - in-place metadata changes (mode, mtime) only touch an inode with one link;
+//!   a file that shares its inode with another name is replaced from its blob
+//!   instead, so a hard link to an outside file never changes that file;
+//! - the stat cache learns the stat of the inode the restore renamed in,
+//!   compared with what it wrote through its own fd (dev, ino, size, mtime,
+//!   mode); a file rewritten by someone else after that shows a new ctime (the
+//!   kernel's fine-grained ctime once it was queried) and is hashed again.
+//!
+//! Staging is a private directory at the top of the restore root (same
+//! filesystem, so every final rename is atomic); blobs are verified (size and
+//! BLAKE3) before their bytes are written there, and nothing in the workspace
+//! changes before every blob is staged. Data is made durable with one `syncfs`
+//! of the workspace's filesystem at the end (writeback is started per file as
+//! it is staged, so the sync finds little left to do).
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::cancel::Cancel;
+use crate::classify::Unsupported;
+use crate::error::ScanError;
+use crate::fs::{self, Stat};
+use crate::hash;
+use crate::manifest::ManifestRow;
+use crate::statcache::{self, CacheEntry};
+
+/// Top-level names reserved for staging (never captured, never deleted).
+pub const STAGING_PREFIX: &str = ".checkpointd-staging-";
+
+#[derive(Debug)]
+pub enum RestoreError {
+    /// A system call failed on `path` (workspace-relative, or absolute for the root).
+    Io {
+        path: String,
+        op: &'static str,
+        source: io::Error,
+    },
+    /// The blob with this hash is not what the checkpoint records.
+    InvalidBlob {
+        hash: [u8; 32],
+        reason: String,
+    },
+    /// The sub-root cannot be opened as a real directory beneath the root.
+    Subdir {
+        subdir: String,
+        source: io::Error,
+    },
+    Manifest(String),
+    Scan(ScanError),
+    Cancelled,
+}
+
+impl RestoreError {
+    fn io(path: impl Into<String>, op: &'static str, source: io::Error) -> RestoreError {
+        RestoreError::Io {
+            path: path.into(),
+            op,
+            source,
+        }
+    }
+}
+
+impl std::fmt::Display for RestoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RestoreError::Io { path, op, source } => write!(f, "{op} {path}: {source}"),
+            RestoreError::InvalidBlob { hash, reason } => {
+                write!(f, "blob {} is invalid: {reason}", hash::to_hex(hash))
+            }
+            RestoreError::Subdir { subdir, source } => write!(
+                f,
+                "workspace_subdir {subdir:?} is not a directory beneath the workspace root \
+                 (a symlink or a file on the way?): {source}"
+            ),
+            RestoreError::Manifest(m) => write!(f, "{m}"),
+            RestoreError::Scan(e) => write!(f, "{e}"),
+            RestoreError::Cancelled => write!(f, "restore cancelled"),
+        }
+    }
+}
+
+impl std::error::Error for RestoreError {}
+
+fn cname(bytes: &[u8]) -> Result<CString, RestoreError> {
+    CString::new(bytes).map_err(|_| RestoreError::Manifest("a path holds a NUL byte".into()))
+}
+
+fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
+    match rel.iter().rposition(|&b| b == b'/') {
+        Some(at) => (&rel[..at], &rel[at + 1..]),
+        None => (&rel[..0], rel),
+    }
+}
+
+fn is_errno(e: &io::Error, codes: &[i32]) -> bool {
+    e.raw_os_error().is_some_and(|c| codes.contains(&c))
+}
+
+/// The restore root, held by fd.
+pub struct Workspace {
+    pub fd: OwnedFd,
+    /// For messages and absolute symlink targets: the lexical `root/subdir`.
+    pub path: PathBuf,
+    pub dev: u64,
+}
+
+impl Workspace {
+    /// Open `root` (the operator's path; it may itself be a symlink) and then
+    /// `subdir` beneath it one component at a time without following links;
+    /// a missing last component is created (its parent must exist).
+    pub fn open(root: &Path, subdir: &str) -> Result<Workspace, RestoreError> {
+        let shown = root.to_string_lossy().into_owned();
+        let c = cname(root.as_os_str().as_bytes())?;
+        // SAFETY: valid C string; the fd is owned below.
+        let raw = unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        };
+        if raw < 0 {
+            return Err(RestoreError::io(shown, "open", io::Error::last_os_error()));
+        }
+        // SAFETY: fresh fd owned by nobody else.
+        let root_fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+        let subdir = subdir.trim_matches('/');
+        let (fd, path) = if subdir.is_empty() {
+            (root_fd, root.to_path_buf())
+        } else {
+            let fd = fs::open_subdir(root_fd.as_raw_fd(), subdir.as_bytes(), true).map_err(
+                |source| RestoreError::Subdir {
+                    subdir: subdir.to_string(),
+                    source,
+                },
+            )?;
+            (fd, root.join(subdir))
+        };
+        let stat = fs::fstat(fd.as_raw_fd())
+            .map_err(|e| RestoreError::io(path.to_string_lossy(), "fstat", e))?;
+        Ok(Workspace {
+            fd,
+            path,
+            dev: stat.dev,
+        })
+    }
+
+    fn shown(&self, rel: &[u8]) -> String {
+        self.path
+            .join(std::ffi::OsStr::from_bytes(rel))
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// A second fd of the root (the scan takes ownership of one).
+    pub fn dup_fd(&self) -> Result<OwnedFd, RestoreError> {
+        self.fd
+            .try_clone()
+            .map_err(|e| RestoreError::io(self.path.to_string_lossy(), "dup", e))
+    }
+}
+
+/// A file of the target manifest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TargetFile {
+    pub path: String,
+    pub hash: [u8; 32],
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+}
+
+/// What stands at a path the checkpoint lacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Doomed {
+    /// A directory: removed only when empty (one holding excluded paths stays).
+    Dir,
+    /// A file or symlink.
+    Leaf,
+    /// A fifo, escaping link, non-UTF-8 name...: removed whatever it is.
+    Unsupported,
+}
+
+/// What a restore changes, computed from the checkpoint and the live tree.
+#[derive(Debug, Default)]
+pub struct Plan {
+    /// Deepest first.
+    pub deletions: Vec<(Vec<u8>, Doomed)>,
+    /// Shallowest first.
+    pub dirs_to_make: Vec<String>,
+    /// Content differs or missing, in path order.
+    pub writes: Vec<TargetFile>,
+    pub links: Vec<(String, String)>,
+    /// Same bytes, mode or mtime differ.
+    pub file_metadata: Vec<TargetFile>,
+    /// Deepest first.
+    pub dir_modes: Vec<(String, u32)>,
+    /// Distinct blobs the writes need, with their sizes, in first-use order.
+    pub blobs: Vec<([u8; 32], u64)>,
+}
+
+impl Plan {
+    pub fn operations(&self) -> usize {
+        self.deletions.len()
+            + self.dirs_to_make.len()
+            + self.writes.len()
+            + self.links.len()
+            + self.file_metadata.len()
+            + self.dir_modes.len()
+    }
+}
+
+/// Compare the target with the live (policy-selected) tree. `unsupported`
+/// are the live entries the scan could not capture; `target` need not be
+/// sorted. Errors: InvalidBlob when two entries give one blob two sizes.
+pub fn plan(
+    mut target: Vec<ManifestRow>,
+    live: Vec<ManifestRow>,
+    unsupported: &[(Vec<u8>, Unsupported)],
+) -> Result<Plan, RestoreError> {
+    target.sort_by(|a, b| a.path().as_bytes().cmp(b.path().as_bytes()));
+    let wanted: std::collections::HashSet<&str> = target.iter().map(|r| r.path()).collect();
+    let mut plan = Plan::default();
+    let mut doomed: Vec<(Vec<u8>, Doomed)> = Vec::new();
+    let mut live_by_path: HashMap<&str, &ManifestRow> = HashMap::with_capacity(live.len());
+    for row in &live {
+        if wanted.contains(row.path()) {
+            live_by_path.insert(row.path(), row);
+        } else {
+            let kind = match row {
+                ManifestRow::Dir { .. } => Doomed::Dir,
+                _ => Doomed::Leaf,
+            };
+            doomed.push((row.path().as_bytes().to_vec(), kind));
+        }
+    }
+    for (path, _kind) in unsupported {
+        let known = std::str::from_utf8(path).is_ok_and(|p| wanted.contains(p));
+        if !known {
+            doomed.push((path.clone(), Doomed::Unsupported));
+        }
+    }
+    // Reverse byte order puts every path after its descendants ("a/b" > "a").
+    doomed.sort_by(|a, b| b.0.cmp(&a.0));
+    plan.deletions = doomed;
+
+    let mut sizes: HashMap<[u8; 32], u64> = HashMap::new();
+    for row in &target {
+        let current = live_by_path.get(row.path()).copied();
+        match row {
+            ManifestRow::File {
+                path,
+                hash,
+                size,
+                mode,
+                mtime_ns,
+            } => {
+                let file = TargetFile {
+                    path: path.clone(),
+                    hash: *hash,
+                    size: *size,
+                    mode: *mode,
+                    mtime_ns: *mtime_ns,
+                };
+                match current {
+                    Some(ManifestRow::File {
+                        hash: h,
+                        size: s,
+                        mode: m,
+                        mtime_ns: t,
+                        ..
+                    }) if h == hash && s == size => {
+                        if m != mode || t != mtime_ns {
+                            plan.file_metadata.push(file);
+                        }
+                    }
+                    _ => plan.writes.push(file),
+                }
+            }
+            ManifestRow::Dir { path, mode } => match current {
+                Some(ManifestRow::Dir { mode: m, .. }) => {
+                    if m != mode {
+                        plan.dir_modes.push((path.clone(), *mode));
+                    }
+                }
+                _ => {
+                    plan.dirs_to_make.push(path.clone());
+                    plan.dir_modes.push((path.clone(), *mode));
+                }
+            },
+            ManifestRow::Symlink { path, target } => match current {
+                Some(ManifestRow::Symlink { target: t, .. }) if t == target => {}
+                _ => plan.links.push((path.clone(), target.clone())),
+            },
+        }
+    }
+    plan.dir_modes.reverse();
+    for write in &plan.writes {
+        add_blob(&mut plan.blobs, &mut sizes, write)?;
+    }
+    Ok(plan)
+}
+
+fn add_blob(
+    blobs: &mut Vec<([u8; 32], u64)>,
+    sizes: &mut HashMap<[u8; 32], u64>,
+    file: &TargetFile,
+) -> Result<(), RestoreError> {
+    match sizes.get(&file.hash) {
+        Some(&known) if known != file.size => Err(RestoreError::InvalidBlob {
+            hash: file.hash,
+            reason: format!("entries give it sizes {known} and {}", file.size),
+        }),
+        Some(_) => Ok(()),
+        None => {
+            sizes.insert(file.hash, file.size);
+            blobs.push((file.hash, file.size));
+            Ok(())
+        }
+    }
+}
+
+/// Files whose bytes are right but whose mode or mtime differ are changed in
+/// place, unless their inode has other names (a hard link planted in the
+/// workspace may name a file outside it): those are replaced from their blob.
+pub fn replace_shared_inodes(ws: &Workspace, plan: &mut Plan) -> Result<(), RestoreError> {
+    let mut dirs = DirStack::new(ws);
+    let mut shared = Vec::new();
+    let mut kept = Vec::with_capacity(plan.file_metadata.len());
+    for entry in std::mem::take(&mut plan.file_metadata) {
+        let (parent, name) = split_parent(entry.path.as_bytes());
+        let links = match dirs.reach(parent, false)? {
+            Reached::Dir(fd) => fs::lstat_links_at(fd, &cname(name)?)
+                .map(|(_, n)| n)
+                .unwrap_or(1),
+            _ => 1,
+        };
+        if links > 1 {
+            shared.push(entry);
+        } else {
+            kept.push(entry);
+        }
+    }
+    plan.file_metadata = kept;
+    if shared.is_empty() {
+        return Ok(());
+    }
+    let mut sizes: HashMap<[u8; 32], u64> = plan.blobs.iter().copied().collect();
+    for entry in &shared {
+        add_blob(&mut plan.blobs, &mut sizes, entry)?;
+    }
+    plan.writes.extend(shared);
+    plan.writes
+        .sort_by(|a, b| a.path.as_bytes().cmp(b.path.as_bytes()));
+    Ok(())
+}
+
+/// A directory reached from the root by fd, or why not.
+enum Reached {
+    Dir(RawFd),
+    /// Missing, or a symlink or a non-directory stands on the path.
+    Absent,
+    /// On another device: a mount point at or above it (its path).
+    OtherDevice(Vec<u8>),
+}
+
+/// The directory fds of the last path visited (operations come in path order,
+/// so consecutive ones mostly share their parents).
+struct DirStack<'w> {
+    ws: &'w Workspace,
+    parts: Vec<(Vec<u8>, OwnedFd)>,
+}
+
+impl<'w> DirStack<'w> {
+    fn new(ws: &'w Workspace) -> DirStack<'w> {
+        DirStack {
+            ws,
+            parts: Vec::new(),
+        }
+    }
+
+    fn forget(&mut self) {
+        self.parts.clear();
+    }
+
+    /// Reach directory `rel` ("" = the root). With `create`, missing
+    /// directories are made (0755; a planned one gets its mode later) and a
+    /// symlink or file in the way is unlinked first (the link, never its target).
+    fn reach(&mut self, rel: &[u8], create: bool) -> Result<Reached, RestoreError> {
+        let wanted: Vec<&[u8]> = if rel.is_empty() {
+            Vec::new()
+        } else {
+            rel.split(|&b| b == b'/').collect()
+        };
+        let mut keep = 0;
+        while keep < self.parts.len()
+            && keep < wanted.len()
+            && self.parts[keep].0.as_slice() == wanted[keep]
+        {
+            keep += 1;
+        }
+        self.parts.truncate(keep);
+        for depth in keep..wanted.len() {
+            let parent = match self.parts.last() {
+                Some((_, fd)) => fd.as_raw_fd(),
+                None => self.ws.fd.as_raw_fd(),
+            };
+            let name = cname(wanted[depth])?;
+            let here = || wanted[..=depth].join(&b'/');
+            let fd = match self.open_child(parent, &name, create, &here)? {
+                Some(fd) => fd,
+                None => return Ok(Reached::Absent),
+            };
+            let stat = fs::fstat(fd.as_raw_fd())
+                .map_err(|e| RestoreError::io(self.ws.shown(&here()), "fstat", e))?;
+            if stat.dev != self.ws.dev {
+                return Ok(Reached::OtherDevice(here()));
+            }
+            self.parts.push((wanted[depth].to_vec(), fd));
+        }
+        Ok(Reached::Dir(match self.parts.last() {
+            Some((_, fd)) => fd.as_raw_fd(),
+            None => self.ws.fd.as_raw_fd(),
+        }))
+    }
+
+    fn open_child(
+        &self,
+        parent: RawFd,
+        name: &CStr,
+        create: bool,
+        here: &dyn Fn() -> Vec<u8>,
+    ) -> Result<Option<OwnedFd>, RestoreError> {
+        // Bounded: a racing writer cannot keep us looping.
+        for _ in 0..8 {
+            match fs::open_dir_at(parent, name) {
+                Ok(fd) => return Ok(Some(fd)),
+                Err(e) if !create => {
+                    if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) {
+                        return Ok(None);
+                    }
+                    return Err(RestoreError::io(self.ws.shown(&here()), "open", e));
+                }
+                Err(e) if is_errno(&e, &[libc::ELOOP, libc::ENOTDIR]) => {
+                    match fs::unlink_at(parent, name) {
+                        Ok(()) => {}
+                        Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
+                        Err(e) => {
+                            return Err(RestoreError::io(self.ws.shown(&here()), "unlink", e))
+                        }
+                    }
+                }
+                Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
+                Err(e) => return Err(RestoreError::io(self.ws.shown(&here()), "open", e)),
+            }
+            match fs::mkdir_at(parent, name, 0o755) {
+                Ok(()) => {}
+                Err(e) if is_errno(&e, &[libc::EEXIST]) => {}
+                Err(e) => return Err(RestoreError::io(self.ws.shown(&here()), "mkdir", e)),
+            }
+        }
+        Err(RestoreError::io(
+            self.ws.shown(&here()),
+            "open",
+            io::Error::other("the directory keeps changing under the restore"),
+        ))
+    }
+}
+
+/// Remove whatever stands at `name` in `parent`: a non-directory is unlinked,
+/// a directory emptied and removed, without ever entering a directory on
+/// another device (its path goes to `skipped`, and it stays).
+fn remove_tree(
+    ws: &Workspace,
+    parent: RawFd,
+    name: &CStr,
+    rel: &[u8],
+    skipped: &mut Vec<Vec<u8>>,
+) -> Result<(), RestoreError> {
+    let stat = match fs::lstat_at(parent, name) {
+        Ok(s) => s,
+        Err(e) if is_errno(&e, &[libc::ENOENT, libc::ENOTDIR]) => return Ok(()),
+        Err(e) => return Err(RestoreError::io(ws.shown(rel), "lstat", e)),
+    };
+    if !stat.is_dir() {
+        return match fs::unlink_at(parent, name) {
+            Err(e) if !is_errno(&e, &[libc::ENOENT]) => {
+                Err(RestoreError::io(ws.shown(rel), "unlink", e))
+            }
+            _ => Ok(()),
+        };
+    }
+    if stat.dev != ws.dev {
+        skipped.push(rel.to_vec());
+        return Ok(());
+    }
+    let fd = match fs::open_dir_at(parent, name) {
+        Ok(fd) => fd,
+        Err(e) if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) => return Ok(()),
+        Err(e) => return Err(RestoreError::io(ws.shown(rel), "open", e)),
+    };
+    let inner =
+        fs::fstat(fd.as_raw_fd()).map_err(|e| RestoreError::io(ws.shown(rel), "fstat", e))?;
+    if inner.dev != ws.dev {
+        skipped.push(rel.to_vec());
+        return Ok(());
+    }
+    let dir_fd = fd
+        .try_clone()
+        .map_err(|e| RestoreError::io(ws.shown(rel), "dup", e))?;
+    let mut reader =
+        fs::DirReader::new(fd).map_err(|e| RestoreError::io(ws.shown(rel), "list", e))?;
+    let mut names: Vec<CString> = Vec::new();
+    while let Some((child, _)) = reader
+        .next_entry()
+        .map_err(|e| RestoreError::io(ws.shown(rel), "list", e))?
+    {
+        names.push(child.to_owned());
+    }
+    drop(reader);
+    for child in names {
+        let mut child_rel = rel.to_vec();
+        child_rel.push(b'/');
+        child_rel.extend_from_slice(child.to_bytes());
+        remove_tree(ws, dir_fd.as_raw_fd(), &child, &child_rel, skipped)?;
+    }
+    match fs::rmdir_at(parent, name) {
+        Ok(()) => Ok(()),
+        Err(e) if is_errno(&e, &[libc::ENOENT]) => Ok(()),
+        // A mount point inside (EBUSY) or a name that reappeared: it stays.
+        Err(e) if is_errno(&e, &[libc::EBUSY, libc::ENOTEMPTY, libc::EEXIST]) => Ok(()),
+        Err(e) => Err(RestoreError::io(ws.shown(rel), "rmdir", e)),
+    }
+}
+
+/// The stat a restore recorded of what it wrote, before renaming it in.
+#[derive(Clone, Copy)]
+struct Written {
+    stat: Stat,
+}
+
+/// How a write gets its bytes in staging.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// The blob's only use: the staged file already has mode and mtime.
+    Staged,
+    /// The last of several uses: mode and mtime are set on the staged file.
+    StagedShared,
+    /// An earlier use of a shared blob: a copy of the staged file.
+    Copy,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Deletions,
+    Dirs,
+    Copies,
+    SharedMetadata,
+    Writes,
+    Links,
+    FileMetadata,
+    DirModes,
+    Done,
+}
+
+/// One restore: its plan, its staging directory, and what it wrote.
+pub struct Restore {
+    pub ws: Workspace,
+    pub plan: Plan,
+    staging_name: CString,
+    staging: OwnedFd,
+    sources: Vec<Source>,
+    /// How many writes use each blob (1 = its staged file is renamed as is).
+    uses: HashMap<[u8; 32], u32>,
+    by_hash: HashMap<[u8; 32], usize>,
+    sizes: HashMap<[u8; 32], u64>,
+    staged: Mutex<HashMap<[u8; 32], Written>>,
+    /// The stat of each write's file as prepared in staging, by write index.
+    prepared: Mutex<HashMap<usize, Written>>,
+    step: Step,
+    cursor: usize,
+    recorded: Mutex<Vec<(String, CacheEntry)>>,
+    skipped: Mutex<Vec<Vec<u8>>>,
+    threads: usize,
+}
+
+fn staged_name(hash: &[u8; 32]) -> CString {
+    CString::new(format!("b-{}", hash::to_hex(hash))).expect("hex has no NUL")
+}
+
+fn copy_name(index: usize) -> CString {
+    CString::new(format!("c-{index}")).expect("no NUL")
+}
+
+fn random_token() -> String {
+    let mut bytes = [0u8; 8];
+    // SAFETY: `bytes` is writable for its length; getrandom never reads it.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        bytes = ((nanos as u64) ^ ((std::process::id() as u64) << 32)).to_le_bytes();
+    }
+    hash::to_hex(&{
+        let mut full = [0u8; 32];
+        full[..8].copy_from_slice(&bytes);
+        full
+    })[..16]
+        .to_string()
+}
+
+impl Restore {
+    /// Remove what an interrupted restore left (a workspace has one restore at
+    /// a time: its lease), then make a fresh private staging directory.
+    pub fn new(ws: Workspace, plan: Plan) -> Result<Restore, RestoreError> {
+        let mut leftovers = Vec::new();
+        {
+            let fd = ws.dup_fd()?;
+            let mut reader =
+                fs::DirReader::new(fd).map_err(|e| RestoreError::io(ws.shown(b""), "list", e))?;
+            while let Some((name, _)) = reader
+                .next_entry()
+                .map_err(|e| RestoreError::io(ws.shown(b""), "list", e))?
+            {
+                if name.to_bytes().starts_with(STAGING_PREFIX.as_bytes()) {
+                    leftovers.push(name.to_owned());
+                }
+            }
+        }
+        let mut skipped = Vec::new();
+        for name in leftovers {
+            remove_tree(&ws, ws.fd.as_raw_fd(), &name, name.to_bytes(), &mut skipped)?;
+        }
+        let staging_name =
+            CString::new(format!("{STAGING_PREFIX}{}", random_token())).expect("no NUL");
+        let shown = ws.shown(staging_name.to_bytes());
+        fs::mkdir_at(ws.fd.as_raw_fd(), &staging_name, 0o700)
+            .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
+        let staging = fs::open_dir_at(ws.fd.as_raw_fd(), &staging_name)
+            .map_err(|e| RestoreError::io(shown, "open", e))?;
+
+        let mut uses: HashMap<[u8; 32], u32> = HashMap::new();
+        for w in &plan.writes {
+            *uses.entry(w.hash).or_default() += 1;
+        }
+        let mut remaining = uses.clone();
+        let sources = plan
+            .writes
+            .iter()
+            .map(|w| {
+                let left = remaining.get_mut(&w.hash).expect("counted above");
+                *left -= 1;
+                match (uses[&w.hash], *left) {
+                    (1, _) => Source::Staged,
+                    (_, 0) => Source::StagedShared,
+                    _ => Source::Copy,
+                }
+            })
+            .collect();
+        let by_hash = plan
+            .writes
+            .iter()
+            .enumerate()
+            .filter(|(_, w)| uses[&w.hash] == 1)
+            .map(|(i, w)| (w.hash, i))
+            .collect();
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, 8);
+        let sizes = plan.blobs.iter().copied().collect();
+        Ok(Restore {
+            sizes,
+            ws,
+            plan,
+            staging_name,
+            staging,
+            sources,
+            uses,
+            by_hash,
+            staged: Mutex::new(HashMap::new()),
+            prepared: Mutex::new(HashMap::new()),
+            step: Step::Deletions,
+            cursor: 0,
+            recorded: Mutex::new(Vec::new()),
+            skipped: Mutex::new(skipped),
+            threads,
+        })
+    }
+
+    fn shown_staging(&self, name: &CStr) -> String {
+        let mut rel = self.staging_name.to_bytes().to_vec();
+        rel.push(b'/');
+        rel.extend_from_slice(name.to_bytes());
+        self.ws.shown(&rel)
+    }
+
+    /// The size the plan expects for `hash`, or InvalidBlob for a blob it does not need.
+    fn expected(&self, hash: &[u8; 32]) -> Result<u64, RestoreError> {
+        self.sizes
+            .get(hash)
+            .copied()
+            .ok_or_else(|| RestoreError::InvalidBlob {
+                hash: *hash,
+                reason: "the restore did not ask for it".into(),
+            })
+    }
+
+    /// Stage many small blobs at once (verified before a byte is written),
+    /// spread over a few threads. `sizes` gives each blob's expected size.
+    pub fn stage_many(
+        &self,
+        items: &[([u8; 32], u64, &[u8])],
+        cancel: &Cancel,
+    ) -> Result<(), RestoreError> {
+        let chunk = items.len().div_ceil(self.threads).max(1);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = items
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        for (hash, size, data) in part {
+                            if cancel.is_cancelled() {
+                                return Err(RestoreError::Cancelled);
+                            }
+                            self.stage_bytes(hash, *size, data)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(RestoreError::Cancelled)))
+                .collect::<Result<Vec<()>, RestoreError>>()
+                .map(drop)
+        })
+    }
+
+    fn verify(hash: &[u8; 32], size: u64, data: &[u8]) -> Result<(), RestoreError> {
+        if data.len() as u64 != size {
+            return Err(RestoreError::InvalidBlob {
+                hash: *hash,
+                reason: format!("{} bytes where the checkpoint records {size}", data.len()),
+            });
+        }
+        if blake3::hash(data).as_bytes() != hash {
+            return Err(RestoreError::InvalidBlob {
+                hash: *hash,
+                reason: "its BLAKE3 hash does not match its key".into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Stage one blob given whole: verified first, then written.
+    pub fn stage_bytes(&self, hash: &[u8; 32], size: u64, data: &[u8]) -> Result<(), RestoreError> {
+        Self::verify(hash, size, data)?;
+        let mut writer = self.stage_writer(hash, size)?;
+        writer.write_unhashed(self, data)?;
+        writer.finish_verified(self)
+    }
+
+    /// A writer streaming one (large) blob into staging, hashing as it goes.
+    pub fn stage_writer(&self, hash: &[u8; 32], size: u64) -> Result<StagedWriter, RestoreError> {
+        let expected = self.expected(hash)?;
+        if expected != size {
+            return Err(RestoreError::InvalidBlob {
+                hash: *hash,
+                reason: format!(
+                    "asked for with {size} bytes where the checkpoint records {expected}"
+                ),
+            });
+        }
+        let name = staged_name(hash);
+        let fd = fs::create_file_at(self.staging.as_raw_fd(), &name)
+            .map_err(|e| RestoreError::io(self.shown_staging(&name), "create", e))?;
+        Ok(StagedWriter {
+            fd: Some(fd),
+            hash: *hash,
+            size,
+            written: 0,
+            hasher: blake3::Hasher::new(),
+        })
+    }
+
+    fn single_use_entry(&self, hash: &[u8; 32]) -> Option<&TargetFile> {
+        self.by_hash.get(hash).map(|&i| &self.plan.writes[i])
+    }
+
+    /// Whether apply has more to do.
+    pub fn done(&self) -> bool {
+        self.step == Step::Done
+    }
+
+    /// Apply up to `budget` operations of the current step (steps run in
+    /// order: deletions, directories, file copies, files by atomic rename,
+    /// symlinks, file modes and mtimes, directory modes deepest first).
+    /// Returns how many were done; 0 only once everything is.
+    pub fn apply_some(&mut self, budget: usize, cancel: &Cancel) -> Result<usize, RestoreError> {
+        let budget = budget.max(1);
+        while self.step != Step::Done {
+            if cancel.is_cancelled() {
+                return Err(RestoreError::Cancelled);
+            }
+            let total = match self.step {
+                Step::Deletions => self.plan.deletions.len(),
+                Step::Dirs => self.plan.dirs_to_make.len(),
+                Step::Copies | Step::SharedMetadata | Step::Writes => self.plan.writes.len(),
+                Step::Links => self.plan.links.len(),
+                Step::FileMetadata => self.plan.file_metadata.len(),
+                Step::DirModes => self.plan.dir_modes.len(),
+                Step::Done => 0,
+            };
+            if self.cursor >= total {
+                self.step = match self.step {
+                    Step::Deletions => Step::Dirs,
+                    Step::Dirs => Step::Copies,
+                    Step::Copies => Step::SharedMetadata,
+                    Step::SharedMetadata => Step::Writes,
+                    Step::Writes => Step::Links,
+                    Step::Links => Step::FileMetadata,
+                    Step::FileMetadata => Step::DirModes,
+                    Step::DirModes | Step::Done => Step::Done,
+                };
+                self.cursor = 0;
+                continue;
+            }
+            let range = self.cursor..(self.cursor + budget).min(total);
+            let count = range.len();
+            match self.step {
+                Step::Deletions => self.delete(range.clone())?,
+                Step::Dirs => self.make_dirs(range.clone())?,
+                Step::Copies => self.parallel(range.clone(), Restore::prepare_copy)?,
+                Step::SharedMetadata => self.parallel(range.clone(), Restore::prepare_shared)?,
+                Step::Writes => self.parallel(range.clone(), Restore::rename_write)?,
+                Step::Links => self.make_links(range.clone())?,
+                Step::FileMetadata => self.set_file_metadata(range.clone())?,
+                Step::DirModes => self.set_dir_modes(range.clone())?,
+                Step::Done => {}
+            }
+            self.cursor = range.end;
+            // Copies and shared metadata are preparation: not counted as operations.
+            if matches!(self.step, Step::Copies | Step::SharedMetadata) {
+                continue;
+            }
+            return Ok(count);
+        }
+        Ok(0)
+    }
+
+    fn parallel(
+        &self,
+        range: std::ops::Range<usize>,
+        op: fn(&Restore, &mut DirStack<'_>, usize) -> Result<(), RestoreError>,
+    ) -> Result<(), RestoreError> {
+        let indexes: Vec<usize> = range.collect();
+        // Contiguous chunks keep each thread's paths together (shared parents).
+        let chunk = indexes.len().div_ceil(self.threads).max(1);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = indexes
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        let mut dirs = DirStack::new(&self.ws);
+                        for &i in part {
+                            op(self, &mut dirs, i)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(RestoreError::Cancelled)))
+                .collect::<Result<Vec<()>, RestoreError>>()
+                .map(drop)
+        })
+    }
+
+    fn skip(&self, path: Vec<u8>) {
+        let mut skipped = self.skipped.lock().unwrap_or_else(|e| e.into_inner());
+        if !skipped.contains(&path) {
+            skipped.push(path);
+        }
+    }
+
+    fn delete(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+        let mut dirs = DirStack::new(&self.ws);
+        for (path, kind) in &self.plan.deletions[range] {
+            let (parent, name) = split_parent(path);
+            let parent_fd = match dirs.reach(parent, false)? {
+                Reached::Dir(fd) => fd,
+                Reached::Absent => continue,
+                Reached::OtherDevice(at) => {
+                    self.skip(at);
+                    continue;
+                }
+            };
+            let cname = cname(name)?;
+            match kind {
+                Doomed::Dir => match fs::rmdir_at(parent_fd, &cname) {
+                    Ok(()) => dirs.forget(),
+                    // Holds excluded paths (or is a mount point): it stays.
+                    Err(e)
+                        if is_errno(
+                            &e,
+                            &[libc::ENOENT, libc::ENOTEMPTY, libc::EEXIST, libc::ENOTDIR],
+                        ) => {}
+                    Err(e) if is_errno(&e, &[libc::EBUSY]) => self.skip(path.clone()),
+                    Err(e) => return Err(RestoreError::io(self.ws.shown(path), "rmdir", e)),
+                },
+                Doomed::Leaf => match fs::unlink_at(parent_fd, &cname) {
+                    Ok(()) => {}
+                    Err(e)
+                        if is_errno(
+                            &e,
+                            &[libc::ENOENT, libc::EISDIR, libc::ENOTDIR, libc::EPERM],
+                        ) => {}
+                    Err(e) => return Err(RestoreError::io(self.ws.shown(path), "unlink", e)),
+                },
+                Doomed::Unsupported => {
+                    let mut skipped = Vec::new();
+                    remove_tree(&self.ws, parent_fd, &cname, path, &mut skipped)?;
+                    for s in skipped {
+                        self.skip(s);
+                    }
+                    dirs.forget();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn make_dirs(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+        let mut dirs = DirStack::new(&self.ws);
+        for path in &self.plan.dirs_to_make[range] {
+            if let Reached::OtherDevice(at) = dirs.reach(path.as_bytes(), true)? {
+                self.skip(at);
+            }
+        }
+        Ok(())
+    }
+
+    /// An earlier use of a shared blob: copy the staged bytes to `c-<i>` and
+    /// give the copy its mode and mtime.
+    fn prepare_copy(&self, _dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
+        if self.sources[index] != Source::Copy {
+            return Ok(());
+        }
+        let entry = &self.plan.writes[index];
+        let src_name = staged_name(&entry.hash);
+        let src = fs::open_leaf_at(self.staging.as_raw_fd(), &src_name, libc::O_RDONLY)
+            .map_err(|e| RestoreError::io(self.shown_staging(&src_name), "open", e))?;
+        let name = copy_name(index);
+        let dst = fs::create_file_at(self.staging.as_raw_fd(), &name)
+            .map_err(|e| RestoreError::io(self.shown_staging(&name), "create", e))?;
+        fs::copy_fd(src.as_raw_fd(), dst.as_raw_fd())
+            .map_err(|e| RestoreError::io(self.shown_staging(&name), "copy", e))?;
+        let written = self.finish_file(&dst, entry, &name)?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(index, written);
+        Ok(())
+    }
+
+    /// The last use of a shared blob: its staged file gets this entry's metadata
+    /// (after every copy of it was made).
+    fn prepare_shared(&self, _dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
+        if self.sources[index] != Source::StagedShared {
+            return Ok(());
+        }
+        let entry = &self.plan.writes[index];
+        let name = staged_name(&entry.hash);
+        let fd = fs::open_leaf_at(self.staging.as_raw_fd(), &name, libc::O_RDONLY)
+            .map_err(|e| RestoreError::io(self.shown_staging(&name), "open", e))?;
+        let written = self.finish_file(&fd, entry, &name)?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(index, written);
+        Ok(())
+    }
+
+    /// Mode and mtime through our own fd, then its stat: what we will rename in.
+    fn finish_file(
+        &self,
+        fd: &OwnedFd,
+        entry: &TargetFile,
+        name: &CStr,
+    ) -> Result<Written, RestoreError> {
+        let raw = fd.as_raw_fd();
+        let shown = || self.shown_staging(name);
+        fs::fchmod(raw, entry.mode & 0o777).map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+        fs::set_mtime(raw, entry.mtime_ns)
+            .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
+        let stat = fs::fstat(raw).map_err(|e| RestoreError::io(shown(), "fstat", e))?;
+        Ok(Written { stat })
+    }
+
+    /// Rename one prepared file into place and record the inode it put there.
+    fn rename_write(&self, dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
+        let entry = &self.plan.writes[index];
+        let (name, written) = match self.sources[index] {
+            Source::Staged => {
+                let staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+                (staged_name(&entry.hash), staged.get(&entry.hash).copied())
+            }
+            Source::StagedShared => (
+                staged_name(&entry.hash),
+                self.prepared
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&index)
+                    .copied(),
+            ),
+            Source::Copy => (
+                copy_name(index),
+                self.prepared
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&index)
+                    .copied(),
+            ),
+        };
+        let Some(written) = written else {
+            return Err(RestoreError::io(
+                self.ws.shown(entry.path.as_bytes()),
+                "restore",
+                io::Error::new(io::ErrorKind::NotFound, "its blob was never staged"),
+            ));
+        };
+        let path = entry.path.as_bytes();
+        let Some((parent_fd, leaf)) = self.reach_parent(dirs, path)? else {
+            return Ok(());
+        };
+        self.rename_in(parent_fd, &name, &leaf, path)?;
+        // What stands there now must be the inode we wrote (rename changed
+        // only its ctime): then its stat, ctime included, is what we record.
+        if let Ok(after) = fs::lstat_at(parent_fd, &leaf) {
+            let ours = written.stat;
+            if after.is_file()
+                && after.dev == ours.dev
+                && after.ino == ours.ino
+                && after.size == ours.size
+                && after.mtime_ns == ours.mtime_ns
+                && after.mode == ours.mode
+            {
+                self.recorded
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((entry.path.clone(), CacheEntry::new(&after, entry.hash)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The parent directory of `path` (created as needed) and the leaf name;
+    /// None when it lies on another device (reported, left alone).
+    fn reach_parent(
+        &self,
+        dirs: &mut DirStack<'_>,
+        path: &[u8],
+    ) -> Result<Option<(RawFd, CString)>, RestoreError> {
+        let (parent, name) = split_parent(path);
+        match dirs.reach(parent, true)? {
+            Reached::Dir(fd) => Ok(Some((fd, cname(name)?))),
+            Reached::Absent => Err(RestoreError::io(
+                self.ws.shown(parent),
+                "create",
+                io::Error::from_raw_os_error(libc::ENOENT),
+            )),
+            Reached::OtherDevice(at) => {
+                self.skip(at);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Atomically move staged `name` to `leaf` in `parent_fd`; a directory
+    /// standing there is removed first (rename cannot replace it with a file).
+    fn rename_in(
+        &self,
+        parent_fd: RawFd,
+        name: &CStr,
+        leaf: &CStr,
+        path: &[u8],
+    ) -> Result<(), RestoreError> {
+        let staging = self.staging.as_raw_fd();
+        match fs::rename_at(staging, name, parent_fd, leaf) {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) => {
+                let mut skipped = Vec::new();
+                remove_tree(&self.ws, parent_fd, leaf, path, &mut skipped)?;
+                for s in skipped {
+                    self.skip(s);
+                }
+                fs::rename_at(staging, name, parent_fd, leaf)
+                    .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))
+            }
+            Err(e) => Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
+        }
+    }
+
+    fn make_links(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+        let mut dirs = DirStack::new(&self.ws);
+        for index in range {
+            let (path, target) = &self.plan.links[index];
+            let name = CString::new(format!("l-{index}")).expect("no NUL");
+            let target_c = cname(target.as_bytes())?;
+            fs::symlink_at(&target_c, self.staging.as_raw_fd(), &name)
+                .map_err(|e| RestoreError::io(self.shown_staging(&name), "symlink", e))?;
+            let Some((parent_fd, leaf)) = self.reach_parent(&mut dirs, path.as_bytes())? else {
+                continue;
+            };
+            self.rename_in(parent_fd, &name, &leaf, path.as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// Mode and mtime of files whose bytes are right, in place: only through
+    /// an fd of a regular file with one link (the plan replaced shared ones;
+    /// one that became shared since is left alone).
+    fn set_file_metadata(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+        let mut dirs = DirStack::new(&self.ws);
+        for entry in &self.plan.file_metadata[range] {
+            let (parent, name) = split_parent(entry.path.as_bytes());
+            let parent_fd = match dirs.reach(parent, false)? {
+                Reached::Dir(fd) => fd,
+                Reached::Absent => continue,
+                Reached::OtherDevice(at) => {
+                    self.skip(at);
+                    continue;
+                }
+            };
+            let leaf = cname(name)?;
+            let shown = || self.ws.shown(entry.path.as_bytes());
+            let (fd, by_path) = match fs::open_leaf_at(parent_fd, &leaf, libc::O_RDONLY) {
+                Ok(fd) => (fd, false),
+                // Unreadable for us (mode 0200 as a non-root user): an O_PATH
+                // fd needs no permission, and /proc/self/fd/N names exactly it.
+                Err(e) if is_errno(&e, &[libc::EACCES]) => {
+                    match fs::open_leaf_at(parent_fd, &leaf, libc::O_PATH) {
+                        Ok(fd) => (fd, true),
+                        Err(_) => continue,
+                    }
+                }
+                Err(e)
+                    if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR, libc::ENXIO]) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(RestoreError::io(shown(), "open", e)),
+            };
+            let (stat, links) = fs::fstat_links(fd.as_raw_fd())
+                .map_err(|e| RestoreError::io(shown(), "fstat", e))?;
+            if !stat.is_file() || links != 1 || stat.dev != self.ws.dev {
+                continue;
+            }
+            let mode = entry.mode & 0o777;
+            if by_path {
+                let proc =
+                    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
+                chmod_and_mtime_by_proc(&proc, mode, entry.mtime_ns)
+                    .map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+            } else {
+                fs::fchmod(fd.as_raw_fd(), mode)
+                    .map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+                fs::set_mtime(fd.as_raw_fd(), entry.mtime_ns)
+                    .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn set_dir_modes(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+        let mut dirs = DirStack::new(&self.ws);
+        for (path, mode) in &self.plan.dir_modes[range] {
+            let fd = match dirs.reach(path.as_bytes(), false)? {
+                Reached::Dir(fd) => fd,
+                Reached::Absent => continue,
+                Reached::OtherDevice(at) => {
+                    self.skip(at);
+                    continue;
+                }
+            };
+            fs::fchmod(fd, mode & 0o777)
+                .map_err(|e| RestoreError::io(self.ws.shown(path.as_bytes()), "chmod", e))?;
+        }
+        Ok(())
+    }
+
+    /// After apply: make the restored data durable (one `syncfs` of the
+    /// workspace's filesystem), then record what was written in the stat
+    /// cache at `cache_path` (if any), with a reference time read on the
+    /// workspace's filesystem.
+    pub fn finish(
+        &self,
+        cache_path: Option<&Path>,
+        fingerprint: [u8; 32],
+    ) -> Result<(), RestoreError> {
+        fs::syncfs(self.ws.fd.as_raw_fd())
+            .map_err(|e| RestoreError::io(self.ws.shown(b""), "sync", e))?;
+        let Some(cache_path) = cache_path else {
+            return Ok(());
+        };
+        let reference_ns = self.filesystem_now()?;
+        let updates = std::mem::take(&mut *self.recorded.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(parent) = cache_path.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| RestoreError::io(parent.to_string_lossy(), "create", e))?;
+        }
+        statcache::record_written(cache_path, fingerprint, reference_ns, updates)
+            .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e))
+    }
+
+    /// The workspace filesystem's clock: the mtime of a new file in staging.
+    fn filesystem_now(&self) -> Result<i64, RestoreError> {
+        let name = c"tick";
+        let fd = fs::create_file_at(self.staging.as_raw_fd(), name)
+            .map_err(|e| RestoreError::io(self.shown_staging(name), "create", e))?;
+        let stat = fs::fstat(fd.as_raw_fd())
+            .map_err(|e| RestoreError::io(self.shown_staging(name), "fstat", e))?;
+        drop(fd);
+        let _ = fs::unlink_at(self.staging.as_raw_fd(), name);
+        Ok(stat.mtime_ns)
+    }
+
+    /// Paths left alone because they lie on another device (mount points).
+    pub fn skipped(&self) -> Vec<Vec<u8>> {
+        let mut skipped = self
+            .skipped
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        skipped.sort();
+        skipped
+    }
+
+    /// How many files the stat cache will learn.
+    pub fn recorded_count(&self) -> usize {
+        self.recorded.lock().map(|r| r.len()).unwrap_or(0)
+    }
+
+    /// Remove the staging directory (whether the restore succeeded or not).
+    pub fn remove_staging(&self) -> Result<(), RestoreError> {
+        let mut skipped = Vec::new();
+        remove_tree(
+            &self.ws,
+            self.ws.fd.as_raw_fd(),
+            &self.staging_name,
+            self.staging_name.to_bytes(),
+            &mut skipped,
+        )
+    }
+
+    pub fn uses(&self, hash: &[u8; 32]) -> u32 {
+        self.uses.get(hash).copied().unwrap_or(0)
+    }
+}
+
+fn chmod_and_mtime_by_proc(proc: &CStr, mode: u32, mtime_ns: i64) -> io::Result<()> {
+    // SAFETY: valid C string; /proc/self/fd/N names exactly our O_PATH fd's inode.
+    if unsafe { libc::fchmodat(libc::AT_FDCWD, proc.as_ptr(), mode as libc::mode_t, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let times = [
+        libc::timespec {
+            tv_sec: 0,
+            tv_nsec: libc::UTIME_OMIT,
+        },
+        libc::timespec {
+            tv_sec: mtime_ns.div_euclid(1_000_000_000) as libc::time_t,
+            tv_nsec: mtime_ns.rem_euclid(1_000_000_000) as libc::c_long,
+        },
+    ];
+    // SAFETY: valid C string and a two-element timespec array.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, proc.as_ptr(), times.as_ptr(), 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// One blob being written into staging; `finish` checks size and hash.
+pub struct StagedWriter {
+    fd: Option<OwnedFd>,
+    hash: [u8; 32],
+    size: u64,
+    written: u64,
+    hasher: blake3::Hasher,
+}
+
+impl StagedWriter {
+    fn raw(&self) -> Result<RawFd, RestoreError> {
+        self.fd
+            .as_ref()
+            .map(|fd| fd.as_raw_fd())
+            .ok_or_else(|| RestoreError::InvalidBlob {
+                hash: self.hash,
+                reason: "written after it was finished".into(),
+            })
+    }
+
+    /// Append a chunk, hashing it. InvalidBlob as soon as it is longer than
+    /// recorded (a hostile or corrupt blob must not fill the disk).
+    pub fn write(&mut self, restore: &Restore, chunk: &[u8]) -> Result<(), RestoreError> {
+        self.hasher.update(chunk);
+        self.write_unhashed(restore, chunk)
+    }
+
+    fn write_unhashed(&mut self, restore: &Restore, chunk: &[u8]) -> Result<(), RestoreError> {
+        self.written += chunk.len() as u64;
+        if self.written > self.size {
+            return Err(RestoreError::InvalidBlob {
+                hash: self.hash,
+                reason: format!("longer than the {} bytes the checkpoint records", self.size),
+            });
+        }
+        let fd = self.raw()?;
+        fs::write_all(fd, chunk).map_err(|e| {
+            RestoreError::io(restore.shown_staging(&staged_name(&self.hash)), "write", e)
+        })
+    }
+
+    /// Check size and hash, give a single-use blob its file's mode and mtime,
+    /// remember what was written, start its writeback.
+    pub fn finish(mut self, restore: &Restore) -> Result<(), RestoreError> {
+        if self.written != self.size {
+            return Err(RestoreError::InvalidBlob {
+                hash: self.hash,
+                reason: format!(
+                    "{} bytes where the checkpoint records {}",
+                    self.written, self.size
+                ),
+            });
+        }
+        let digest = std::mem::take(&mut self.hasher).finalize();
+        if digest.as_bytes() != &self.hash {
+            return Err(RestoreError::InvalidBlob {
+                hash: self.hash,
+                reason: "its BLAKE3 hash does not match its key".into(),
+            });
+        }
+        self.finish_verified(restore)
+    }
+
+    fn finish_verified(mut self, restore: &Restore) -> Result<(), RestoreError> {
+        let fd = self.fd.take().ok_or_else(|| RestoreError::InvalidBlob {
+            hash: self.hash,
+            reason: "finished twice".into(),
+        })?;
+        let name = staged_name(&self.hash);
+        let stat = match restore.single_use_entry(&self.hash) {
+            Some(entry) => restore.finish_file(&fd, entry, &name)?.stat,
+            None => fs::fstat(fd.as_raw_fd())
+                .map_err(|e| RestoreError::io(restore.shown_staging(&name), "fstat", e))?,
+        };
+        fs::start_writeback(fd.as_raw_fd());
+        restore
+            .staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(self.hash, Written { stat });
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str, n: u8, size: u64) -> ManifestRow {
+        ManifestRow::File {
+            path: path.into(),
+            hash: [n; 32],
+            size,
+            mode: 0o644,
+            mtime_ns: 1,
+        }
+    }
+
+    #[test]
+    fn plan_diffs_target_against_live() {
+        let target = vec![
+            file("b", 2, 2),
+            ManifestRow::Dir {
+                path: "d".into(),
+                mode: 0o755,
+            },
+            file("a", 1, 1),
+            file("d/same", 3, 3),
+            ManifestRow::Symlink {
+                path: "l".into(),
+                target: "a".into(),
+            },
+        ];
+        let live = vec![
+            file("a", 9, 1),
+            ManifestRow::Dir {
+                path: "d".into(),
+                mode: 0o700,
+            },
+            file("d/same", 3, 3),
+            file("d/gone", 4, 4),
+            ManifestRow::Dir {
+                path: "x".into(),
+                mode: 0o755,
+            },
+        ];
+        let unsupported = vec![(b"fifo".to_vec(), Unsupported::Fifo)];
+        let plan = plan(target, live, &unsupported).unwrap();
+        let names: Vec<&str> = plan.writes.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(
+            plan.deletions,
+            vec![
+                (b"x".to_vec(), Doomed::Dir),
+                (b"fifo".to_vec(), Doomed::Unsupported),
+                (b"d/gone".to_vec(), Doomed::Leaf)
+            ]
+        );
+        assert_eq!(plan.dir_modes, vec![("d".to_string(), 0o755)]);
+        assert!(plan.dirs_to_make.is_empty() && plan.file_metadata.is_empty());
+        assert_eq!(plan.links.len(), 1);
+        assert_eq!(plan.blobs, vec![([1; 32], 1), ([2; 32], 2)]);
+    }
+
+    #[test]
+    fn one_blob_with_two_sizes_is_invalid() {
+        let target = vec![file("a", 1, 1), file("b", 1, 2)];
+        assert!(matches!(
+            plan(target, vec![], &[]),
+            Err(RestoreError::InvalidBlob { .. })
+        ));
+    }
+}
