@@ -51,6 +51,7 @@ from ._engine import (
 )
 from .blobs import base as blob_batches
 from .blobs.base import BlobStore
+from .check import forget_found_keys, missing_marks, without_marked
 from .codec import encode_entries
 from .errors import (
     ARTIFACT_NOT_UPLOADED,
@@ -257,6 +258,7 @@ async def capture_checkpoint(
             )
             keeper.check()
             await store.append(checkpoint, head_id, lease)
+            await forget_found_keys(store, engine.rechecked, checkpoint)
             duration_ms = reporter.finish()
             stats = CaptureStats(
                 entries=len(manifest),
@@ -378,6 +380,10 @@ class _Uploader:
         Works on the manifest's bytes: only files whose content the parent does
         not reference become Python objects (none when nothing changed)."""
         parent_digests = manifest_of(parent.files).digests() if parent is not None else b""
+        # Keys `checkpointd check` found gone from the bucket are not trusted
+        # from the parent: they are looked up (and uploaded again) like new ones.
+        self.rechecked = await missing_marks(self.store) if parent is not None else set()
+        parent_digests = without_marked(parent_digests, self.rechecked)
         new_digests = _native.digest_difference(manifest.digests(), parent_digests)
         pending = [
             FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)

@@ -286,6 +286,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="print every key as it is deleted or kept (with --json: one JSON object a line)",
     )
 
+    check = client(
+        "check",
+        "recompute blob counts from every manifest and confirm every used blob exists "
+        "(exit 6 when blobs are missing or corrupt, 1 when counts are wrong)",
+    )
+    check.add_argument(
+        "--read-data", action="store_true", help="also read every blob: size and BLAKE3"
+    )
+    check.add_argument("--repair", action="store_true", help="set the counts the manifests give")
+
     health = client("health", "check that the daemon is SERVING")
     health.add_argument(
         "--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING"
@@ -668,6 +678,37 @@ async def _sweep(client: Any, args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK if not summary.failed_count else EXIT_ERROR
 
 
+async def _check(client: Any, args: argparse.Namespace, out: Output) -> int:
+    findings: list[dict[str, Any]] = []
+    more = 0
+
+    def on_event(event: Any) -> None:
+        nonlocal more
+        if not event.HasField("finding"):
+            return
+        if len(findings) < MAX_REPORTED_FAILURES:
+            findings.append(_to_dict(event.finding))
+        else:
+            more += 1
+
+    summary = await client.check(read_data=args.read_data, repair=args.repair, on_event=on_event)
+    text = (
+        f"checked {summary.blobs_checked} blobs of {summary.keys} keys"
+        + (f", read {summary.bytes_read} bytes" if summary.read_data else "")
+        + f": {summary.count_mismatches} wrong counts"
+        + (f" ({summary.repaired} repaired)" if summary.repair else "")
+        + f", {summary.missing} missing, {summary.corrupt} corrupt blobs"
+        + ("; all good" if summary.ok else "")
+    )
+    text += "".join(f"\n  {f['kind']:<14} {f['key']}  {f.get('message', '')}" for f in findings)
+    if more:
+        text += f"\n  … {more} more findings"
+    out.emit({"summary": _to_dict(summary), "findings": findings}, text)
+    if summary.missing or summary.corrupt:
+        return EXIT_DATA_LOSS
+    return EXIT_OK if summary.ok else EXIT_ERROR
+
+
 async def _health(client: Any, args: argparse.Namespace, out: Output) -> int:
     if args.wait > 0:
         try:
@@ -704,6 +745,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Output], Any]] = {
     "fork": _fork,
     "prune": _prune,
     "sweep": _sweep,
+    "check": _check,
     "health": _health,
     "info": _info,
 }

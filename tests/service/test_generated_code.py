@@ -54,6 +54,7 @@ def test_every_message_is_named_in_the_service() -> None:
         "DeleteHead",
         "Prune",
         "SweepBlobs",
+        "Check",
         "ReadFile",
         "UploadArtifact",
         "ReadArtifact",
@@ -63,6 +64,7 @@ def test_every_message_is_named_in_the_service() -> None:
     assert streaming["Capture"] == (False, True)
     assert streaming["Restore"] == (False, True)
     assert streaming["ListEntries"] == (False, True)
+    assert streaming["Check"] == (False, True)
     assert streaming["Diff"] == (False, True)
     assert streaming["ReadFile"] == (False, True)
     assert streaming["ReadArtifact"] == (False, True)

@@ -2873,7 +2873,8 @@ func (x *SweepBlobsRequest) GetDryRun() bool {
 type KeptBlob struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// "referenced", "too-young", "not-a-blob-key", "in-use" or "hold-expiring".
+	// "referenced", "too-young", "not-a-blob-key", "in-use", "hold-expiring" or
+	// "count-mismatch" (the stored count and the manifests disagree).
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3228,6 +3229,430 @@ func (*SweepBlobsEvent_Batch) isSweepBlobsEvent_Event() {}
 
 func (*SweepBlobsEvent_Summary) isSweepBlobsEvent_Event() {}
 
+type CheckRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Also read every referenced blob and verify its size and BLAKE3.
+	ReadData bool `protobuf:"varint,1,opt,name=read_data,json=readData,proto3" json:"read_data,omitempty"`
+	// Set every stored count to what the manifests say.
+	Repair        bool `protobuf:"varint,2,opt,name=repair,proto3" json:"repair,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckRequest) Reset() {
+	*x = CheckRequest{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckRequest) ProtoMessage() {}
+
+func (x *CheckRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
+func (*CheckRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *CheckRequest) GetReadData() bool {
+	if x != nil {
+		return x.ReadData
+	}
+	return false
+}
+
+func (x *CheckRequest) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
+type CheckFinding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "count-mismatch", "missing", "corrupt", "found" (marked missing before,
+	// present or unused now) or "repaired".
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	Key  string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// count-mismatch / repaired: the stored count found and the manifests using the key.
+	Stored        int64  `protobuf:"varint,3,opt,name=stored,proto3" json:"stored,omitempty"`
+	Manifests     uint64 `protobuf:"varint,4,opt,name=manifests,proto3" json:"manifests,omitempty"`
+	Message       string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckFinding) Reset() {
+	*x = CheckFinding{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckFinding) ProtoMessage() {}
+
+func (x *CheckFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckFinding.ProtoReflect.Descriptor instead.
+func (*CheckFinding) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *CheckFinding) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *CheckFinding) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *CheckFinding) GetStored() int64 {
+	if x != nil {
+		return x.Stored
+	}
+	return 0
+}
+
+func (x *CheckFinding) GetManifests() uint64 {
+	if x != nil {
+		return x.Manifests
+	}
+	return 0
+}
+
+func (x *CheckFinding) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+type CheckProgress struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	BlobsChecked  uint64                 `protobuf:"varint,1,opt,name=blobs_checked,json=blobsChecked,proto3" json:"blobs_checked,omitempty"`
+	BlobsTotal    uint64                 `protobuf:"varint,2,opt,name=blobs_total,json=blobsTotal,proto3" json:"blobs_total,omitempty"`
+	BytesRead     uint64                 `protobuf:"varint,3,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckProgress) Reset() {
+	*x = CheckProgress{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckProgress) ProtoMessage() {}
+
+func (x *CheckProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckProgress.ProtoReflect.Descriptor instead.
+func (*CheckProgress) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *CheckProgress) GetBlobsChecked() uint64 {
+	if x != nil {
+		return x.BlobsChecked
+	}
+	return 0
+}
+
+func (x *CheckProgress) GetBlobsTotal() uint64 {
+	if x != nil {
+		return x.BlobsTotal
+	}
+	return 0
+}
+
+func (x *CheckProgress) GetBytesRead() uint64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+type CheckSummary struct {
+	state           protoimpl.MessageState `protogen:"open.v1"`
+	Keys            uint64                 `protobuf:"varint,1,opt,name=keys,proto3" json:"keys,omitempty"`
+	BlobsChecked    uint64                 `protobuf:"varint,2,opt,name=blobs_checked,json=blobsChecked,proto3" json:"blobs_checked,omitempty"`
+	BytesRead       uint64                 `protobuf:"varint,3,opt,name=bytes_read,json=bytesRead,proto3" json:"bytes_read,omitempty"`
+	CountMismatches uint64                 `protobuf:"varint,4,opt,name=count_mismatches,json=countMismatches,proto3" json:"count_mismatches,omitempty"`
+	Missing         uint64                 `protobuf:"varint,5,opt,name=missing,proto3" json:"missing,omitempty"`
+	Corrupt         uint64                 `protobuf:"varint,6,opt,name=corrupt,proto3" json:"corrupt,omitempty"`
+	Found           uint64                 `protobuf:"varint,7,opt,name=found,proto3" json:"found,omitempty"`
+	Repaired        uint64                 `protobuf:"varint,8,opt,name=repaired,proto3" json:"repaired,omitempty"`
+	ReadData        bool                   `protobuf:"varint,9,opt,name=read_data,json=readData,proto3" json:"read_data,omitempty"`
+	Repair          bool                   `protobuf:"varint,10,opt,name=repair,proto3" json:"repair,omitempty"`
+	DurationMs      uint64                 `protobuf:"varint,11,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Nothing is wrong now (counts that were repaired are right).
+	Ok            bool `protobuf:"varint,12,opt,name=ok,proto3" json:"ok,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckSummary) Reset() {
+	*x = CheckSummary{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckSummary) ProtoMessage() {}
+
+func (x *CheckSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckSummary.ProtoReflect.Descriptor instead.
+func (*CheckSummary) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{47}
+}
+
+func (x *CheckSummary) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetBlobsChecked() uint64 {
+	if x != nil {
+		return x.BlobsChecked
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetBytesRead() uint64 {
+	if x != nil {
+		return x.BytesRead
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetCountMismatches() uint64 {
+	if x != nil {
+		return x.CountMismatches
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetMissing() uint64 {
+	if x != nil {
+		return x.Missing
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetCorrupt() uint64 {
+	if x != nil {
+		return x.Corrupt
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetFound() uint64 {
+	if x != nil {
+		return x.Found
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetRepaired() uint64 {
+	if x != nil {
+		return x.Repaired
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetReadData() bool {
+	if x != nil {
+		return x.ReadData
+	}
+	return false
+}
+
+func (x *CheckSummary) GetRepair() bool {
+	if x != nil {
+		return x.Repair
+	}
+	return false
+}
+
+func (x *CheckSummary) GetDurationMs() uint64 {
+	if x != nil {
+		return x.DurationMs
+	}
+	return 0
+}
+
+func (x *CheckSummary) GetOk() bool {
+	if x != nil {
+		return x.Ok
+	}
+	return false
+}
+
+type CheckEvent struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Event:
+	//
+	//	*CheckEvent_Progress
+	//	*CheckEvent_Finding
+	//	*CheckEvent_Summary
+	Event         isCheckEvent_Event `protobuf_oneof:"event"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckEvent) Reset() {
+	*x = CheckEvent{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckEvent) ProtoMessage() {}
+
+func (x *CheckEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckEvent.ProtoReflect.Descriptor instead.
+func (*CheckEvent) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{48}
+}
+
+func (x *CheckEvent) GetEvent() isCheckEvent_Event {
+	if x != nil {
+		return x.Event
+	}
+	return nil
+}
+
+func (x *CheckEvent) GetProgress() *CheckProgress {
+	if x != nil {
+		if x, ok := x.Event.(*CheckEvent_Progress); ok {
+			return x.Progress
+		}
+	}
+	return nil
+}
+
+func (x *CheckEvent) GetFinding() *CheckFinding {
+	if x != nil {
+		if x, ok := x.Event.(*CheckEvent_Finding); ok {
+			return x.Finding
+		}
+	}
+	return nil
+}
+
+func (x *CheckEvent) GetSummary() *CheckSummary {
+	if x != nil {
+		if x, ok := x.Event.(*CheckEvent_Summary); ok {
+			return x.Summary
+		}
+	}
+	return nil
+}
+
+type isCheckEvent_Event interface {
+	isCheckEvent_Event()
+}
+
+type CheckEvent_Progress struct {
+	Progress *CheckProgress `protobuf:"bytes,1,opt,name=progress,proto3,oneof"`
+}
+
+type CheckEvent_Finding struct {
+	Finding *CheckFinding `protobuf:"bytes,2,opt,name=finding,proto3,oneof"`
+}
+
+type CheckEvent_Summary struct {
+	Summary *CheckSummary `protobuf:"bytes,3,opt,name=summary,proto3,oneof"`
+}
+
+func (*CheckEvent_Progress) isCheckEvent_Event() {}
+
+func (*CheckEvent_Finding) isCheckEvent_Event() {}
+
+func (*CheckEvent_Summary) isCheckEvent_Event() {}
+
 type GetServerInfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -3236,7 +3661,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3248,7 +3673,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3261,7 +3686,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{49}
 }
 
 type Capabilities struct {
@@ -3298,7 +3723,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3310,7 +3735,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3323,7 +3748,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *Capabilities) GetStoreBackend() string {
@@ -3436,7 +3861,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3448,7 +3873,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3461,7 +3886,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *GetServerInfoResponse) GetVersion() string {
@@ -3725,6 +4150,43 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0fSweepBlobsEvent\x127\n" +
 	"\x05batch\x18\x01 \x01(\v2\x1f.checkpointd.v1.SweepBlobsBatchH\x00R\x05batch\x12=\n" +
 	"\asummary\x18\x02 \x01(\v2!.checkpointd.v1.SweepBlobsSummaryH\x00R\asummaryB\a\n" +
+	"\x05event\"C\n" +
+	"\fCheckRequest\x12\x1b\n" +
+	"\tread_data\x18\x01 \x01(\bR\breadData\x12\x16\n" +
+	"\x06repair\x18\x02 \x01(\bR\x06repair\"\x84\x01\n" +
+	"\fCheckFinding\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06stored\x18\x03 \x01(\x03R\x06stored\x12\x1c\n" +
+	"\tmanifests\x18\x04 \x01(\x04R\tmanifests\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"t\n" +
+	"\rCheckProgress\x12#\n" +
+	"\rblobs_checked\x18\x01 \x01(\x04R\fblobsChecked\x12\x1f\n" +
+	"\vblobs_total\x18\x02 \x01(\x04R\n" +
+	"blobsTotal\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x03 \x01(\x04R\tbytesRead\"\xdd\x02\n" +
+	"\fCheckSummary\x12\x12\n" +
+	"\x04keys\x18\x01 \x01(\x04R\x04keys\x12#\n" +
+	"\rblobs_checked\x18\x02 \x01(\x04R\fblobsChecked\x12\x1d\n" +
+	"\n" +
+	"bytes_read\x18\x03 \x01(\x04R\tbytesRead\x12)\n" +
+	"\x10count_mismatches\x18\x04 \x01(\x04R\x0fcountMismatches\x12\x18\n" +
+	"\amissing\x18\x05 \x01(\x04R\amissing\x12\x18\n" +
+	"\acorrupt\x18\x06 \x01(\x04R\acorrupt\x12\x14\n" +
+	"\x05found\x18\a \x01(\x04R\x05found\x12\x1a\n" +
+	"\brepaired\x18\b \x01(\x04R\brepaired\x12\x1b\n" +
+	"\tread_data\x18\t \x01(\bR\breadData\x12\x16\n" +
+	"\x06repair\x18\n" +
+	" \x01(\bR\x06repair\x12\x1f\n" +
+	"\vduration_ms\x18\v \x01(\x04R\n" +
+	"durationMs\x12\x0e\n" +
+	"\x02ok\x18\f \x01(\bR\x02ok\"\xc6\x01\n" +
+	"\n" +
+	"CheckEvent\x12;\n" +
+	"\bprogress\x18\x01 \x01(\v2\x1d.checkpointd.v1.CheckProgressH\x00R\bprogress\x128\n" +
+	"\afinding\x18\x02 \x01(\v2\x1c.checkpointd.v1.CheckFindingH\x00R\afinding\x128\n" +
+	"\asummary\x18\x03 \x01(\v2\x1c.checkpointd.v1.CheckSummaryH\x00R\asummaryB\a\n" +
 	"\x05event\"\x16\n" +
 	"\x14GetServerInfoRequest\"\xde\x03\n" +
 	"\fCapabilities\x12#\n" +
@@ -3794,7 +4256,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x11CHANGE_KIND_ADDED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_KIND_DELETED\x10\x02\x12\x18\n" +
 	"\x14CHANGE_KIND_MODIFIED\x10\x03\x12\x1c\n" +
-	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xf1\t\n" +
+	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xb6\n" +
+	"\n" +
 	"\vCheckpointd\x12I\n" +
 	"\aCapture\x12\x1e.checkpointd.v1.CaptureRequest\x1a\x1c.checkpointd.v1.CaptureEvent0\x01\x12I\n" +
 	"\aRestore\x12\x1e.checkpointd.v1.RestoreRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12\\\n" +
@@ -3808,7 +4271,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"DeleteHead\x12!.checkpointd.v1.DeleteHeadRequest\x1a\".checkpointd.v1.DeleteHeadResponse\x12D\n" +
 	"\x05Prune\x12\x1c.checkpointd.v1.PruneRequest\x1a\x1d.checkpointd.v1.PruneResponse\x12R\n" +
 	"\n" +
-	"SweepBlobs\x12!.checkpointd.v1.SweepBlobsRequest\x1a\x1f.checkpointd.v1.SweepBlobsEvent0\x01\x12O\n" +
+	"SweepBlobs\x12!.checkpointd.v1.SweepBlobsRequest\x1a\x1f.checkpointd.v1.SweepBlobsEvent0\x01\x12C\n" +
+	"\x05Check\x12\x1c.checkpointd.v1.CheckRequest\x1a\x1a.checkpointd.v1.CheckEvent0\x01\x12O\n" +
 	"\bReadFile\x12\x1f.checkpointd.v1.ReadFileRequest\x1a .checkpointd.v1.ReadFileResponse0\x01\x12a\n" +
 	"\x0eUploadArtifact\x12%.checkpointd.v1.UploadArtifactRequest\x1a&.checkpointd.v1.UploadArtifactResponse(\x01\x12[\n" +
 	"\fReadArtifact\x12#.checkpointd.v1.ReadArtifactRequest\x1a$.checkpointd.v1.ReadArtifactResponse0\x01\x12\\\n" +
@@ -3827,7 +4291,7 @@ func file_checkpointd_v1_checkpointd_proto_rawDescGZIP() []byte {
 }
 
 var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(ErrorReason)(0),                // 0: checkpointd.v1.ErrorReason
 	(EntryKind)(0),                  // 1: checkpointd.v1.EntryKind
@@ -3876,18 +4340,23 @@ var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(*SweepBlobsBatch)(nil),         // 44: checkpointd.v1.SweepBlobsBatch
 	(*SweepBlobsSummary)(nil),       // 45: checkpointd.v1.SweepBlobsSummary
 	(*SweepBlobsEvent)(nil),         // 46: checkpointd.v1.SweepBlobsEvent
-	(*GetServerInfoRequest)(nil),    // 47: checkpointd.v1.GetServerInfoRequest
-	(*Capabilities)(nil),            // 48: checkpointd.v1.Capabilities
-	(*GetServerInfoResponse)(nil),   // 49: checkpointd.v1.GetServerInfoResponse
-	nil,                             // 50: checkpointd.v1.CaptureStats.PhasesMsEntry
-	nil,                             // 51: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	(*CheckRequest)(nil),            // 47: checkpointd.v1.CheckRequest
+	(*CheckFinding)(nil),            // 48: checkpointd.v1.CheckFinding
+	(*CheckProgress)(nil),           // 49: checkpointd.v1.CheckProgress
+	(*CheckSummary)(nil),            // 50: checkpointd.v1.CheckSummary
+	(*CheckEvent)(nil),              // 51: checkpointd.v1.CheckEvent
+	(*GetServerInfoRequest)(nil),    // 52: checkpointd.v1.GetServerInfoRequest
+	(*Capabilities)(nil),            // 53: checkpointd.v1.Capabilities
+	(*GetServerInfoResponse)(nil),   // 54: checkpointd.v1.GetServerInfoResponse
+	nil,                             // 55: checkpointd.v1.CaptureStats.PhasesMsEntry
+	nil,                             // 56: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	1,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
 	3,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
 	3,  // 2: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
 	5,  // 3: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	50, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	55, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
 	6,  // 5: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
 	9,  // 6: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
 	10, // 7: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
@@ -3913,45 +4382,50 @@ var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	6,  // 27: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
 	42, // 28: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
 	43, // 29: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
-	51, // 30: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	56, // 30: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 	44, // 31: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
 	45, // 32: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
-	48, // 33: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	8,  // 34: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	13, // 35: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	17, // 36: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	19, // 37: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	21, // 38: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	23, // 39: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	25, // 40: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	35, // 41: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	37, // 42: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	39, // 43: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	41, // 44: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	28, // 45: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	31, // 46: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	33, // 47: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	47, // 48: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	12, // 49: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	16, // 50: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	18, // 51: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	20, // 52: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	22, // 53: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	24, // 54: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	27, // 55: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	36, // 56: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	38, // 57: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	40, // 58: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	46, // 59: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
-	29, // 60: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	32, // 61: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	34, // 62: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	49, // 63: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	49, // [49:64] is the sub-list for method output_type
-	34, // [34:49] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	49, // 33: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
+	48, // 34: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
+	50, // 35: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
+	53, // 36: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	8,  // 37: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	13, // 38: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	17, // 39: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	19, // 40: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	21, // 41: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	23, // 42: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	25, // 43: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	35, // 44: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	37, // 45: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	39, // 46: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	41, // 47: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	47, // 48: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
+	28, // 49: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	31, // 50: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	33, // 51: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	52, // 52: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	12, // 53: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	16, // 54: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	18, // 55: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	20, // 56: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	22, // 57: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	24, // 58: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	27, // 59: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	36, // 60: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	38, // 61: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	40, // 62: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	46, // 63: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
+	51, // 64: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
+	29, // 65: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	32, // 66: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	34, // 67: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	54, // 68: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	53, // [53:69] is the sub-list for method output_type
+	37, // [37:53] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }
@@ -3986,13 +4460,18 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 		(*SweepBlobsEvent_Batch)(nil),
 		(*SweepBlobsEvent_Summary)(nil),
 	}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[48].OneofWrappers = []any{
+		(*CheckEvent_Progress)(nil),
+		(*CheckEvent_Finding)(nil),
+		(*CheckEvent_Summary)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_checkpointd_proto_rawDesc), len(file_checkpointd_v1_checkpointd_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   49,
+			NumMessages:   54,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -51,6 +51,7 @@ const (
 	Checkpointd_DeleteHead_FullMethodName      = "/checkpointd.v1.Checkpointd/DeleteHead"
 	Checkpointd_Prune_FullMethodName           = "/checkpointd.v1.Checkpointd/Prune"
 	Checkpointd_SweepBlobs_FullMethodName      = "/checkpointd.v1.Checkpointd/SweepBlobs"
+	Checkpointd_Check_FullMethodName           = "/checkpointd.v1.Checkpointd/Check"
 	Checkpointd_ReadFile_FullMethodName        = "/checkpointd.v1.Checkpointd/ReadFile"
 	Checkpointd_UploadArtifact_FullMethodName  = "/checkpointd.v1.Checkpointd/UploadArtifact"
 	Checkpointd_ReadArtifact_FullMethodName    = "/checkpointd.v1.Checkpointd/ReadArtifact"
@@ -81,6 +82,11 @@ type CheckpointdClient interface {
 	// bucket of any size: batches of results as they are produced, then one
 	// summary with the counts (the last message of a sweep that completed).
 	SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SweepBlobsEvent], error)
+	// Is the repository whole (restic's check)? Recomputes the blob counts from
+	// every manifest, confirms every referenced blob exists (read_data: its size
+	// and BLAKE3), marks lost ones so the next capture uploads them again, and with
+	// repair fixes the counts. Streams progress and findings, then one summary.
+	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CheckEvent], error)
 	// The bytes of one file of a checkpoint, in chunks.
 	ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error)
 	// First message: metadata; then chunks of bytes. Returns the artifact record to
@@ -253,9 +259,28 @@ func (c *checkpointdClient) SweepBlobs(ctx context.Context, in *SweepBlobsReques
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Checkpointd_SweepBlobsClient = grpc.ServerStreamingClient[SweepBlobsEvent]
 
+func (c *checkpointdClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CheckEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_Check_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CheckRequest, CheckEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_CheckClient = grpc.ServerStreamingClient[CheckEvent]
+
 func (c *checkpointdClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -274,7 +299,7 @@ type Checkpointd_ReadFileClient = grpc.ServerStreamingClient[ReadFileResponse]
 
 func (c *checkpointdClient) UploadArtifact(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadArtifactRequest, UploadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[7], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -287,7 +312,7 @@ type Checkpointd_UploadArtifactClient = grpc.ClientStreamingClient[UploadArtifac
 
 func (c *checkpointdClient) ReadArtifact(ctx context.Context, in *ReadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[7], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[8], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -338,6 +363,11 @@ type CheckpointdServer interface {
 	// bucket of any size: batches of results as they are produced, then one
 	// summary with the counts (the last message of a sweep that completed).
 	SweepBlobs(*SweepBlobsRequest, grpc.ServerStreamingServer[SweepBlobsEvent]) error
+	// Is the repository whole (restic's check)? Recomputes the blob counts from
+	// every manifest, confirms every referenced blob exists (read_data: its size
+	// and BLAKE3), marks lost ones so the next capture uploads them again, and with
+	// repair fixes the counts. Streams progress and findings, then one summary.
+	Check(*CheckRequest, grpc.ServerStreamingServer[CheckEvent]) error
 	// The bytes of one file of a checkpoint, in chunks.
 	ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error
 	// First message: metadata; then chunks of bytes. Returns the artifact record to
@@ -387,6 +417,9 @@ func (UnimplementedCheckpointdServer) Prune(context.Context, *PruneRequest) (*Pr
 }
 func (UnimplementedCheckpointdServer) SweepBlobs(*SweepBlobsRequest, grpc.ServerStreamingServer[SweepBlobsEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method SweepBlobs not implemented")
+}
+func (UnimplementedCheckpointdServer) Check(*CheckRequest, grpc.ServerStreamingServer[CheckEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method Check not implemented")
 }
 func (UnimplementedCheckpointdServer) ReadFile(*ReadFileRequest, grpc.ServerStreamingServer[ReadFileResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method ReadFile not implemented")
@@ -584,6 +617,17 @@ func _Checkpointd_SweepBlobs_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Checkpointd_SweepBlobsServer = grpc.ServerStreamingServer[SweepBlobsEvent]
 
+func _Checkpointd_Check_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(CheckRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CheckpointdServer).Check(m, &grpc.GenericServerStream[CheckRequest, CheckEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_CheckServer = grpc.ServerStreamingServer[CheckEvent]
+
 func _Checkpointd_ReadFile_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(ReadFileRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -691,6 +735,11 @@ var Checkpointd_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "SweepBlobs",
 			Handler:       _Checkpointd_SweepBlobs_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Check",
+			Handler:       _Checkpointd_Check_Handler,
 			ServerStreams: true,
 		},
 		{

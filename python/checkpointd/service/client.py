@@ -322,6 +322,23 @@ class Client:
                 return event.summary
         raise RpcError(grpc.StatusCode.UNKNOWN, "sweep stream ended without a summary")
 
+    async def check(
+        self,
+        *,
+        read_data: bool = False,
+        repair: bool = False,
+        on_event: Callable[[pb.CheckEvent], None] | None = None,
+    ) -> pb.CheckSummary:
+        """``checkpointd check``; ``on_event`` sees every finding and progress
+        event as it arrives. Returns the summary."""
+        request = pb.CheckRequest(read_data=read_data, repair=repair)
+        async for event in self._stream(self.stub.Check, request):
+            if event.HasField("summary"):
+                return event.summary
+            if on_event is not None:
+                on_event(event)
+        raise RpcError(grpc.StatusCode.UNKNOWN, "check stream ended without a summary")
+
     async def server_info(self) -> pb.GetServerInfoResponse:
         return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest())
 

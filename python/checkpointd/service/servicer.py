@@ -656,6 +656,64 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         )
         yield pb.SweepBlobsEvent(summary=summary)
 
+    @_streaming
+    async def Check(
+        self, request: pb.CheckRequest, context: Context
+    ) -> AsyncIterator[pb.CheckEvent]:
+        """``checkpointd check`` (check.py): findings streamed as they are found,
+        so the reply stays bounded whatever the store holds; summary last."""
+        from ..check import CheckFinding, CheckProgress, iter_check
+
+        store, blobs = self.state.stores()
+        async for event in iter_check(
+            store, blobs, read_data=request.read_data, repair=request.repair
+        ):
+            if isinstance(event, CheckFinding):
+                yield pb.CheckEvent(
+                    finding=pb.CheckFinding(
+                        kind=event.kind,
+                        key=event.key,
+                        stored=event.stored,
+                        manifests=event.manifests,
+                        message=event.message,
+                    )
+                )
+            elif isinstance(event, CheckProgress):
+                yield pb.CheckEvent(
+                    progress=pb.CheckProgress(
+                        blobs_checked=event.blobs_checked,
+                        blobs_total=event.blobs_total,
+                        bytes_read=event.bytes_read,
+                    )
+                )
+            else:
+                _log.info(
+                    "check: %d keys, %d mismatched counts, %d missing, %d corrupt, "
+                    "%d repaired in %d ms",
+                    event.keys,
+                    event.count_mismatches,
+                    event.missing,
+                    event.corrupt,
+                    event.repaired,
+                    event.duration_ms,
+                )
+                yield pb.CheckEvent(
+                    summary=pb.CheckSummary(
+                        keys=event.keys,
+                        blobs_checked=event.blobs_checked,
+                        bytes_read=event.bytes_read,
+                        count_mismatches=event.count_mismatches,
+                        missing=event.missing,
+                        corrupt=event.corrupt,
+                        found=event.found,
+                        repaired=event.repaired,
+                        read_data=event.read_data,
+                        repair=event.repair,
+                        duration_ms=event.duration_ms,
+                        ok=event.ok,
+                    )
+                )
+
     # ------------------------------------------------------------ server
 
     @_unary

@@ -568,6 +568,76 @@ class SweepBlobsEvent(_message.Message):
     summary: SweepBlobsSummary
     def __init__(self, batch: _Optional[_Union[SweepBlobsBatch, _Mapping]] = ..., summary: _Optional[_Union[SweepBlobsSummary, _Mapping]] = ...) -> None: ...
 
+class CheckRequest(_message.Message):
+    __slots__ = ("read_data", "repair")
+    READ_DATA_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
+    read_data: bool
+    repair: bool
+    def __init__(self, read_data: _Optional[bool] = ..., repair: _Optional[bool] = ...) -> None: ...
+
+class CheckFinding(_message.Message):
+    __slots__ = ("kind", "key", "stored", "manifests", "message")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    MANIFESTS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    key: str
+    stored: int
+    manifests: int
+    message: str
+    def __init__(self, kind: _Optional[str] = ..., key: _Optional[str] = ..., stored: _Optional[int] = ..., manifests: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class CheckProgress(_message.Message):
+    __slots__ = ("blobs_checked", "blobs_total", "bytes_read")
+    BLOBS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    blobs_checked: int
+    blobs_total: int
+    bytes_read: int
+    def __init__(self, blobs_checked: _Optional[int] = ..., blobs_total: _Optional[int] = ..., bytes_read: _Optional[int] = ...) -> None: ...
+
+class CheckSummary(_message.Message):
+    __slots__ = ("keys", "blobs_checked", "bytes_read", "count_mismatches", "missing", "corrupt", "found", "repaired", "read_data", "repair", "duration_ms", "ok")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_CHECKED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    COUNT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    CORRUPT_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    REPAIRED_FIELD_NUMBER: _ClassVar[int]
+    READ_DATA_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    keys: int
+    blobs_checked: int
+    bytes_read: int
+    count_mismatches: int
+    missing: int
+    corrupt: int
+    found: int
+    repaired: int
+    read_data: bool
+    repair: bool
+    duration_ms: int
+    ok: bool
+    def __init__(self, keys: _Optional[int] = ..., blobs_checked: _Optional[int] = ..., bytes_read: _Optional[int] = ..., count_mismatches: _Optional[int] = ..., missing: _Optional[int] = ..., corrupt: _Optional[int] = ..., found: _Optional[int] = ..., repaired: _Optional[int] = ..., read_data: _Optional[bool] = ..., repair: _Optional[bool] = ..., duration_ms: _Optional[int] = ..., ok: _Optional[bool] = ...) -> None: ...
+
+class CheckEvent(_message.Message):
+    __slots__ = ("progress", "finding", "summary")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    FINDING_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    progress: CheckProgress
+    finding: CheckFinding
+    summary: CheckSummary
+    def __init__(self, progress: _Optional[_Union[CheckProgress, _Mapping]] = ..., finding: _Optional[_Union[CheckFinding, _Mapping]] = ..., summary: _Optional[_Union[CheckSummary, _Mapping]] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

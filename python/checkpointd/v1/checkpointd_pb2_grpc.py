@@ -89,6 +89,11 @@ class CheckpointdStub:
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.FromString,
                 _registered_method=True)
+        self.Check = channel.unary_stream(
+                '/checkpointd.v1.Checkpointd/Check',
+                request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.CheckRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.CheckEvent.FromString,
+                _registered_method=True)
         self.ReadFile = channel.unary_stream(
                 '/checkpointd.v1.Checkpointd/ReadFile',
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.ReadFileRequest.SerializeToString,
@@ -189,6 +194,16 @@ class CheckpointdServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Check(self, request, context):
+        """Is the repository whole (restic's check)? Recomputes the blob counts from
+        every manifest, confirms every referenced blob exists (read_data: its size
+        and BLAKE3), marks lost ones so the next capture uploads them again, and with
+        repair fixes the counts. Streams progress and findings, then one summary.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ReadFile(self, request, context):
         """The bytes of one file of a checkpoint, in chunks.
         """
@@ -273,6 +288,11 @@ def add_CheckpointdServicer_to_server(servicer, server):
                     servicer.SweepBlobs,
                     request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.SerializeToString,
+            ),
+            'Check': grpc.unary_stream_rpc_method_handler(
+                    servicer.Check,
+                    request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.CheckRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.CheckEvent.SerializeToString,
             ),
             'ReadFile': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadFile,
@@ -592,6 +612,33 @@ class Checkpointd:
             '/checkpointd.v1.Checkpointd/SweepBlobs',
             checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsRequest.SerializeToString,
             checkpointd_dot_v1_dot_checkpointd__pb2.SweepBlobsEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Check(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/checkpointd.v1.Checkpointd/Check',
+            checkpointd_dot_v1_dot_checkpointd__pb2.CheckRequest.SerializeToString,
+            checkpointd_dot_v1_dot_checkpointd__pb2.CheckEvent.FromString,
             options,
             channel_credentials,
             insecure,

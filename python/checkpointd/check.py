@@ -1,0 +1,311 @@
+"""``checkpointd check``: is the repository whole? (restic's ``check``, SPEC §10).
+
+``iter_check`` works on any store that implements ``BlobAudit`` and any blob
+store:
+
+1. recompute every key's count from the stored manifests and compare it with the
+   stored count (``audit_blob_references``, one snapshot): each key where they
+   differ is a ``count-mismatch`` finding (sweep already keeps such keys);
+2. confirm that every blob a manifest uses is in the bucket, in batches
+   (``missing``); with ``read_data`` read each one and verify its size and
+   BLAKE3 against its key and the manifests (``corrupt``);
+3. record what it found in the store: keys whose blob is gone are marked missing
+   (a capture then does not trust its parent for them and uploads the file
+   again when the workspace still has those bytes); marks of keys found
+   present again, or used by no manifest any more, are cleared (``found``);
+4. with ``repair``, set every stored count to the manifests'
+   (``repair_blob_references``, one transaction): a ``repaired`` finding per key.
+
+Findings are yielded as they are known and the summary comes last, so a caller
+(the daemon's Check stream) never holds them all. Check never deletes a blob: a
+corrupt one is reported, and must be removed by hand before a capture can store
+it again (uploads never overwrite an existing key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import blake3
+
+from . import _native
+from .blobs.base import BlobNotFoundError, BlobStore, missing
+from .errors import SandboxCheckpointInvalidArgumentError
+from .manifest import manifest_of, split_digests
+from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
+from .store.base import BlobAudit, BlobCount, CheckpointStore
+
+# Finding kinds.
+COUNT_MISMATCH = "count-mismatch"  # stored count != manifests using the key
+MISSING = "missing"  # a manifest uses the key; the bucket does not hold it
+CORRUPT = "corrupt"  # read_data: the blob's size or BLAKE3 is not the key's
+FOUND = "found"  # marked missing by an earlier check, present (or unused) now
+REPAIRED = "repaired"  # repair set the stored count to the manifests'
+
+# Keys per existence batch (also the progress step), blobs read at once.
+EXISTS_BATCH = 1024
+READ_CONCURRENCY = 8
+READ_CHUNK_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class CheckFinding:
+    kind: str
+    key: str
+    stored: int = 0  # count-mismatch / repaired: the stored count found
+    manifests: int = 0  # ... and the number of manifests using the key
+    message: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckProgress:
+    """Referenced blobs checked so far, of ``blobs_total``."""
+
+    blobs_checked: int
+    blobs_total: int
+    bytes_read: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckSummary:
+    keys: int  # keys a count or a manifest names
+    blobs_checked: int  # referenced blobs looked up (read with read_data)
+    bytes_read: int
+    count_mismatches: int
+    missing: int
+    corrupt: int
+    found: int
+    repaired: int
+    read_data: bool
+    repair: bool
+    duration_ms: int
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong now (repaired counts are right)."""
+        unrepaired = 0 if self.repair else self.count_mismatches
+        return unrepaired == 0 and self.missing == 0 and self.corrupt == 0
+
+
+@dataclass
+class CheckReport:
+    findings: list[CheckFinding] = field(default_factory=list)
+    summary: CheckSummary | None = None
+
+
+CheckEvent = CheckFinding | CheckProgress | CheckSummary
+
+
+async def check_store(
+    store: CheckpointStore, blobs: BlobStore, *, read_data: bool = False, repair: bool = False
+) -> CheckReport:
+    """``iter_check`` gathered into one report (every finding in memory)."""
+    report = CheckReport()
+    async for event in iter_check(store, blobs, read_data=read_data, repair=repair):
+        if isinstance(event, CheckFinding):
+            report.findings.append(event)
+        elif isinstance(event, CheckSummary):
+            report.summary = event
+    return report
+
+
+async def iter_check(
+    store: CheckpointStore,
+    blobs: BlobStore,
+    *,
+    read_data: bool = False,
+    repair: bool = False,
+) -> AsyncIterator[CheckEvent]:
+    """Check the store's counts and the bucket's blobs (module docstring);
+    yields findings and progress as they come, then one CheckSummary.
+
+    Raises SandboxCheckpointInvalidArgumentError when the store does not
+    implement BlobAudit; store and bucket failures raise as they are.
+    """
+    if not isinstance(store, BlobAudit):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} does not implement audit_blob_references; it cannot be checked"
+        )
+    began = time.monotonic()
+    audit: Sequence[BlobCount] = await store.audit_blob_references(with_sizes=read_data)
+    mismatches = 0
+    for count in audit:
+        if not count.agrees:
+            mismatches += 1
+            yield _count_finding(COUNT_MISMATCH, count)
+
+    referenced = [count for count in audit if count.manifests > 0]
+    total = len(referenced)
+    checked = bytes_read = 0
+    gone: list[str] = []
+    corrupt = 0
+    yield CheckProgress(0, total, 0)
+    for start in range(0, total, EXISTS_BATCH):
+        batch = referenced[start : start + EXISTS_BATCH]
+        if read_data:
+            outcomes = await _read_all(blobs, batch)
+            for count, (problem, size) in zip(batch, outcomes, strict=True):
+                bytes_read += size
+                if problem is None:
+                    continue
+                if problem == MISSING:
+                    gone.append(count.key)
+                    yield CheckFinding(MISSING, count.key, message="not in the bucket")
+                else:
+                    corrupt += 1
+                    yield CheckFinding(CORRUPT, count.key, message=problem)
+        else:
+            for key in await missing(blobs, [count.key for count in batch]):
+                gone.append(key)
+                yield CheckFinding(MISSING, key, message="not in the bucket")
+        checked += len(batch)
+        yield CheckProgress(checked, total, bytes_read)
+
+    found = 0
+    used = {count.key for count in referenced}
+    marked: Iterable[str] = await store.list_missing_blobs()
+    missing_now = set(gone)
+    cleared = [key for key in marked if key not in missing_now]
+    if gone:
+        await store.mark_blobs_missing(gone)
+    if cleared:
+        await store.clear_missing_blobs(cleared)
+        for key in cleared:
+            found += 1
+            why = "present in the bucket again" if key in used else "no manifest uses it"
+            yield CheckFinding(FOUND, key, message=f"was marked missing; {why}")
+
+    repaired = 0
+    if repair:
+        fixed: Sequence[BlobCount] = await store.repair_blob_references()
+        for count in fixed:
+            repaired += 1
+            yield _count_finding(REPAIRED, count)
+
+    yield CheckSummary(
+        keys=len(audit),
+        blobs_checked=checked,
+        bytes_read=bytes_read,
+        count_mismatches=mismatches,
+        missing=len(gone),
+        corrupt=corrupt,
+        found=found,
+        repaired=repaired,
+        read_data=read_data,
+        repair=repair,
+        duration_ms=int((time.monotonic() - began) * 1000),
+    )
+
+
+def _count_finding(kind: str, count: BlobCount) -> CheckFinding:
+    verb = "was" if kind == REPAIRED else "is"
+    return CheckFinding(
+        kind,
+        count.key,
+        stored=count.stored,
+        manifests=count.manifests,
+        message=f"stored count {verb} {count.stored}, {count.manifests} manifests use the key",
+    )
+
+
+async def _read_all(blobs: BlobStore, batch: Sequence[BlobCount]) -> list[tuple[str | None, int]]:
+    """Per key: (None when intact, MISSING, or what is wrong; bytes read)."""
+    slots = asyncio.Semaphore(READ_CONCURRENCY)
+
+    async def one(count: BlobCount) -> tuple[str | None, int]:
+        async with slots:
+            return await _verify(blobs, count)
+
+    return list(await asyncio.gather(*(one(count) for count in batch)))
+
+
+async def _verify(blobs: BlobStore, count: BlobCount) -> tuple[str | None, int]:
+    hasher = blake3.blake3()
+    size = 0
+    try:
+        async for chunk in blobs.get_stream(count.key, READ_CHUNK_BYTES):
+            hasher.update(chunk)
+            size += len(chunk)
+    except BlobNotFoundError:
+        return MISSING, size
+    expected = _hash_of(count.key)
+    if count.size is not None and size != count.size:
+        return f"{size} bytes, the manifests say {count.size}", size
+    if hasher.hexdigest() != expected:
+        return f"BLAKE3 of the bytes is {hasher.hexdigest()}, not the key's", size
+    return None, size
+
+
+def _hash_of(key: str) -> str:
+    for prefix in (FILE_KEY_PREFIX, ARTIFACT_KEY_PREFIX):
+        if key.startswith(prefix):
+            return key[len(prefix) :]
+    return ""
+
+
+__all__ = [
+    "CORRUPT",
+    "COUNT_MISMATCH",
+    "FOUND",
+    "MISSING",
+    "REPAIRED",
+    "CheckEvent",
+    "CheckFinding",
+    "CheckProgress",
+    "CheckReport",
+    "CheckSummary",
+    "check_store",
+    "iter_check",
+]
+
+
+# --------------------------------------------------------------------------- capture's side
+
+
+async def missing_marks(store: CheckpointStore) -> set[str]:
+    """The keys a check marked missing (usually none). A capture normally trusts
+    that the blobs its parent uses are in the bucket; for these it asks the
+    bucket instead, and uploads the file again when the workspace still holds
+    the bytes."""
+    if not isinstance(store, BlobAudit):
+        return set()
+    marked: Iterable[str] = await store.list_missing_blobs()
+    return set(marked)
+
+
+def without_marked(digests: bytes, marked: set[str]) -> bytes:
+    """Sorted file digests (``Manifest.digests``) less those of marked keys."""
+    gone = sorted(
+        bytes.fromhex(key[len(FILE_KEY_PREFIX) :])
+        for key in marked
+        if key.startswith(FILE_KEY_PREFIX)
+    )
+    if not gone or not digests:
+        return digests
+    return _native.digest_difference(digests, b"".join(gone))
+
+
+async def forget_found_keys(
+    store: CheckpointStore, marked: set[str], checkpoint: Checkpoint
+) -> None:
+    """After the append: clear the marks of the keys the new checkpoint uses (the
+    capture found each in the bucket or uploaded it again). A failure only
+    leaves a mark behind: the next capture looks the key up again."""
+    if not marked or not isinstance(store, BlobAudit):
+        return
+    used = set(split_digests(manifest_of(checkpoint.files).digests()))
+    found = [
+        key
+        for key in marked
+        if key.startswith(FILE_KEY_PREFIX) and bytes.fromhex(key[len(FILE_KEY_PREFIX) :]) in used
+    ]
+    found.extend(a.blob_key for a in checkpoint.artifacts if a.blob_key in marked)
+    if not found:
+        return
+    try:
+        await store.clear_missing_blobs(sorted(set(found)))
+    except Exception:  # noqa: BLE001 - the checkpoint is committed; the mark is only a hint
+        pass

@@ -1,0 +1,183 @@
+"""``check`` on real stores and buckets: a blob deleted from the bucket (a local
+blob dir, SeaweedFS S3) is reported and marked; the next capture uploads it again
+from the workspace; restore works. Damaged counts are reported and repaired;
+``read_data`` finds a blob whose bytes changed."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpointd.blobs import open_blobs
+from checkpointd.capture import capture_checkpoint
+from checkpointd.check import (
+    CORRUPT,
+    COUNT_MISMATCH,
+    FOUND,
+    MISSING,
+    REPAIRED,
+    check_store,
+)
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
+from checkpointd.store._options import key_to_bytes
+
+from .conftest import snapshot_tree
+
+
+def _kinds(report: Any) -> dict[str, set[str]]:
+    kinds: dict[str, set[str]] = {}
+    for finding in report.findings:
+        kinds.setdefault(finding.kind, set()).add(finding.key)
+    return kinds
+
+
+def _key_of(checkpoint: Any, path: str) -> str:
+    return next(e.blob_key for e in checkpoint.files if e.path == path)
+
+
+async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> None:
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    (workspace / "src" / "kept.py").write_text("print('kept')\n")
+    (workspace / "src" / "lost.py").write_text("print('this blob will be lost')\n")
+    data_dir = tmp_path / "data"
+    store = await open_store(store_url)
+    try:
+        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        lost = _key_of(first.checkpoint, "src/lost.py")
+        clean = await check_store(store, blobs)
+        assert clean.summary is not None and clean.summary.ok and clean.findings == []
+        assert clean.summary.blobs_checked == 2
+
+        await blobs.delete(lost)
+        assert await blobs.head(lost) is None
+        report = await check_store(store, blobs)
+        assert _kinds(report) == {MISSING: {lost}}
+        assert report.summary is not None and not report.summary.ok
+        assert await store.list_missing_blobs() == [lost]
+
+        # The parent uses the key, but the capture does not trust it: uploaded again.
+        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert second.stats.blobs_uploaded == 1
+        assert await blobs.head(lost) is not None
+        assert await store.list_missing_blobs() == []
+        after = await check_store(store, blobs, read_data=True)
+        assert after.summary is not None and after.summary.ok and after.findings == []
+
+        # Both checkpoints restore (the first one uses the re-uploaded blob too).
+        for done in (first, second):
+            target = tmp_path / f"restored-{done.checkpoint.id}"
+            await restore_checkpoint(
+                target, store, blobs, "t", checkpoint_id=done.checkpoint.id, data_dir=data_dir
+            )
+            assert snapshot_tree(target) == snapshot_tree(workspace)
+    finally:
+        await store.aclose()
+
+
+async def test_a_lost_local_blob_is_reported_then_uploaded_again(tmp_path: Path) -> None:
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    await _lost_blob_round_trip(tmp_path, f"sqlite://{tmp_path / 'store.db'}", blobs)
+
+
+@pytest.mark.postgres
+@pytest.mark.s3
+async def test_a_lost_s3_blob_is_reported_then_uploaded_again(
+    tmp_path: Path, postgres_url: str, s3_server: Any
+) -> None:
+    blobs = s3_server.open(f"check-{uuid.uuid4().hex}")
+    await _lost_blob_round_trip(tmp_path, postgres_url, blobs)
+
+
+async def test_a_changed_file_is_not_uploaded_under_the_lost_key(tmp_path: Path) -> None:
+    """When the workspace no longer holds the lost bytes, nothing can bring them
+    back: the new checkpoint uses the new content and the mark stays."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("old bytes")
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    store = await open_store(f"sqlite://{tmp_path / 'store.db'}")
+    try:
+        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        lost = _key_of(first.checkpoint, "a.txt")
+        await blobs.delete(lost)
+        await check_store(store, blobs)
+        (workspace / "a.txt").write_text("new bytes")
+        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        assert _key_of(second.checkpoint, "a.txt") != lost
+        assert await blobs.head(lost) is None
+        assert await store.list_missing_blobs() == [lost]
+        # Once no checkpoint uses the key any more, check drops the mark.
+        lease = await store.acquire_writer("t")
+        await store.delete_checkpoints("t", 1, lease)
+        await lease.release()
+        report = await check_store(store, blobs)
+        assert _kinds(report) == {FOUND: {lost}}
+        assert await store.list_missing_blobs() == []
+    finally:
+        await store.aclose()
+
+
+async def test_damaged_counts_are_reported_and_repaired(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("a")
+    (workspace / "b.txt").write_text("b")
+    path = tmp_path / "store.db"
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    store = await open_store(f"sqlite://{path}")
+    try:
+        done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        a, b = _key_of(done.checkpoint, "a.txt"), _key_of(done.checkpoint, "b.txt")
+        bogus = "sandbox-files/blake3/" + "ab" * 32
+        with sqlite3.connect(path) as db:
+            db.execute("UPDATE blob_references SET refs = 7 WHERE key = ?", (key_to_bytes(a),))
+            db.execute("DELETE FROM blob_references WHERE key = ?", (key_to_bytes(b),))
+            db.execute("INSERT INTO blob_references VALUES (?, 2)", (key_to_bytes(bogus),))
+        report = await check_store(store, blobs)
+        assert _kinds(report) == {COUNT_MISMATCH: {a, b, bogus}}
+        by_key = {f.key: f for f in report.findings}
+        assert (by_key[a].stored, by_key[a].manifests) == (7, 1)
+        assert (by_key[b].stored, by_key[b].manifests) == (0, 1)
+        assert (by_key[bogus].stored, by_key[bogus].manifests) == (2, 0)
+        assert await store.audit_blob_references() != []
+
+        repaired = await check_store(store, blobs, repair=True)
+        assert _kinds(repaired) == {COUNT_MISMATCH: {a, b, bogus}, REPAIRED: {a, b, bogus}}
+        assert repaired.summary is not None and repaired.summary.ok
+        references = {(r.key, r.references) for r in await store.list_blob_references()}
+        assert references == {(a, 1), (b, 1)}
+        again = await check_store(store, blobs)
+        assert again.findings == [] and again.summary is not None and again.summary.ok
+    finally:
+        await store.aclose()
+
+
+async def test_read_data_finds_changed_bytes(tmp_path: Path) -> None:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "same-size.txt").write_text("0123456789")
+    (workspace / "shorter.txt").write_text("a longer text")
+    blob_dir = tmp_path / "blobs"
+    blobs = open_blobs(f"file://{blob_dir}")
+    store = await open_store(f"sqlite://{tmp_path / 'store.db'}")
+    try:
+        done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        same = _key_of(done.checkpoint, "same-size.txt")
+        shorter = _key_of(done.checkpoint, "shorter.txt")
+        (blob_dir / same).write_bytes(b"9876543210")
+        (blob_dir / shorter).write_bytes(b"short")
+        assert (await check_store(store, blobs)).findings == []  # existence only
+        report = await check_store(store, blobs, read_data=True)
+        assert _kinds(report) == {CORRUPT: {same, shorter}}
+        messages = {f.key: f.message for f in report.findings}
+        assert "BLAKE3" in messages[same] and "5 bytes" in messages[shorter]
+        assert report.summary is not None and report.summary.bytes_read == 15
+        assert not report.summary.ok
+    finally:
+        await store.aclose()
