@@ -305,6 +305,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = client("mcp", "the agent's own tools (save, list, fork, read artifact) over MCP on stdio")
     mcp.add_argument("--thread", required=True, help="the one thread the agent may use")
+    # What the agent's saves capture is the orchestrator's choice, not the agent's.
+    _add_policy_flags(mcp)
+    mcp.add_argument(
+        "--secret-env",
+        action="append",
+        default=[],
+        metavar="VAR",
+        help="zero the value of env VAR in the agent's saves (repeatable)",
+    )
     return parser
 
 
@@ -481,13 +490,18 @@ async def _run_client(args: argparse.Namespace) -> int:
         output.close()
 
 
-async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
+def _secrets_from_env(names: Sequence[str]) -> list[bytes]:
     secrets = []
-    for name in args.secret_env:
+    for name in names:
         value = os.environ.get(name)
         if not value:
             raise UsageError(f"--secret-env {name}: the variable is not set")
         secrets.append(value.encode())
+    return secrets
+
+
+async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
+    secrets = _secrets_from_env(args.secret_env)
     conversation: list[str] = []
     if args.conversation:
         text = await asyncio.to_thread(Path(args.conversation).read_text, encoding="utf-8")
@@ -787,7 +801,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args)
     if args.command == "mcp":
         try:
-            from .mcp import serve_stdio
+            from .mcp import SaveSettings, serve_stdio
         except ModuleNotFoundError as error:
             if error.name is None or not error.name.startswith("mcp"):
                 raise
@@ -802,11 +816,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         token = args.token or os.environ.get("CHECKPOINTD_TOKEN")
         try:
             tls = _tls_files(args)
+            save = SaveSettings(
+                policy=_policy(args),
+                secrets=_secrets_from_env(args.secret_env),
+                workspace_subdir=args.subdir,
+            )
         except UsageError as error:
             print(f"checkpointd mcp: {error}", file=sys.stderr)
             return EXIT_BAD_INPUT
         return serve_stdio(
             args.thread,
+            save,
             lambda: Client(
                 address,
                 token=token,

@@ -29,6 +29,10 @@ INVALID_TOOL_INPUT (bad arguments, the schema's or the daemon's), and otherwise
 the daemon's code without its ``SANDBOX_SNAPSHOT_`` prefix (STALE_HEAD,
 STORE_UNAVAILABLE, UNSUPPORTED_ENTRY, MISSING_ARTIFACT...).
 
+What a save captures (policy, sub-root, secrets to zero) is fixed by the
+orchestrator on the command line (``--exclude``, ``--include``, ``--subdir``,
+``--secret-env``, as for ``checkpointd capture``); the agent gives only a label.
+
 Decisions where the issue is silent: a label is 1 to 200 characters with no control
 character; a save uses a fresh request id per call (a save is never retried by
 this server: the agent decides); fork threads are named ``<thread>-fork-<12 hex>``.
@@ -38,8 +42,9 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -48,6 +53,7 @@ from pydantic import ValidationError
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from .service.client import Client, RpcError
+from .v1 import checkpointd_pb2 as pb
 
 MAX_LABEL_CHARS = 200
 PREFIX = "SANDBOX_SNAPSHOT_"
@@ -64,6 +70,16 @@ _MISSING_REASONS = {
     PREFIX + "FORK_SOURCE_NOT_FOUND",
     PREFIX + "FORK_SOURCE_THREAD_MISMATCH",
 }
+
+
+@dataclass(frozen=True)
+class SaveSettings:
+    """How the agent's saves capture, fixed by the orchestrator (``checkpointd mcp
+    --exclude/--include/--subdir/--secret-env``): the agent gives only a label."""
+
+    policy: pb.Policy | None = None
+    secrets: Sequence[bytes] = ()
+    workspace_subdir: str = ""
 
 
 class SavedCheckpoint(TypedDict):
@@ -148,8 +164,11 @@ class AgentTools(MCPServer):
             raise
 
 
-def build_server(thread_id: str, connect: Callable[[], Client]) -> AgentTools:
+def build_server(
+    thread_id: str, connect: Callable[[], Client], save: SaveSettings | None = None
+) -> AgentTools:
     """The server for one thread; ``connect`` makes the daemon client (opened once)."""
+    save = save or SaveSettings()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Client]:
@@ -183,7 +202,14 @@ def build_server(thread_id: str, connect: Callable[[], Client]) -> AgentTools:
         if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in label):
             raise tool_error("INVALID_TOOL_INPUT", "label must not hold control characters")
         try:
-            done = await daemon(ctx).capture(thread_id, label=label, request_id=str(uuid.uuid4()))
+            done = await daemon(ctx).capture(
+                thread_id,
+                label=label,
+                policy=save.policy,
+                secrets=save.secrets,
+                workspace_subdir=save.workspace_subdir,
+                request_id=str(uuid.uuid4()),
+            )
         except RpcError as error:
             _raise_rpc(error)
         return {"checkpointId": done.checkpoint.id, "label": label, "threadId": thread_id}
@@ -295,13 +321,20 @@ def build_server(thread_id: str, connect: Callable[[], Client]) -> AgentTools:
     return server
 
 
-def serve_stdio(thread_id: str, connect: Callable[[], Client]) -> int:
+def serve_stdio(thread_id: str, save: SaveSettings, connect: Callable[[], Client]) -> int:
     """Run the server on stdin/stdout until the client closes it; ``connect`` makes
     the daemon client (address, token and TLS from the command line)."""
     if not thread_id:
         raise ValueError("--thread must not be empty")
-    build_server(thread_id, connect).run("stdio")
+    build_server(thread_id, connect, save).run("stdio")
     return 0
 
 
-__all__ = ["AgentToolError", "AgentTools", "build_server", "serve_stdio", "tool_error"]
+__all__ = [
+    "AgentToolError",
+    "AgentTools",
+    "SaveSettings",
+    "build_server",
+    "serve_stdio",
+    "tool_error",
+]

@@ -20,11 +20,13 @@ TOOLS = {"save_checkpoint", "list_checkpoints", "fork_checkpoint", "read_artifac
 
 
 @asynccontextmanager
-async def agent(daemon: Daemon, thread: str) -> AsyncIterator[Client]:
+async def agent(
+    daemon: Daemon, thread: str, *extra: str, env: dict[str, str] | None = None
+) -> AsyncIterator[Client]:
     params = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "checkpointd", "mcp", "--thread", thread, "--address", daemon.address],
-        env=clean_env(),
+        args=["-m", "checkpointd", "mcp", "--thread", thread, "--address", daemon.address, *extra],
+        env=clean_env(**(env or {})),
     )
     async with Client(params, read_timeout_seconds=60) as client:
         yield client
@@ -131,3 +133,18 @@ async def test_read_artifact_gives_metadata_only(daemon: Daemon) -> None:
         result = await client.call_tool("read_artifact", {"artifactId": artifact.artifact_id})
         assert "secret-ish" not in str(result), "never the bytes"
         await fails(client, "read_artifact", {"artifactId": "missing"}, "MISSING_ARTIFACT")
+
+
+async def test_saves_use_the_orchestrators_policy_and_secrets(daemon: Daemon) -> None:
+    root = daemon.workspace / "agent"
+    root.mkdir()
+    (root / "main.py").write_text("TOKEN = 'hunter2-secret'\n")
+    (root / "debug.log").write_text("noise\n")
+    flags = ("--subdir", "agent", "--exclude", "*.log", "--secret-env", "AGENT_SECRET")
+    async with agent(daemon, "t-mcp-policy", *flags, env={"AGENT_SECRET": "hunter2-secret"}) as c:
+        saved = await call(c, "save_checkpoint", {"label": "with policy"})
+    async with daemon.client() as grpc_client:
+        entries = await grpc_client.list_entries(saved["checkpointId"])
+        assert [e.path for e in entries] == ["main.py"], "the excluded log is not saved"
+        stored = await grpc_client.read_file(saved["checkpointId"], "main.py")
+    assert b"hunter2" not in stored and stored == b"TOKEN = '" + b"\0" * 14 + b"'\n"
