@@ -1,9 +1,11 @@
 package checkpointd_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -296,5 +298,38 @@ func TestLostReplyIsRetriedWithTheSameRequestID(t *testing.T) {
 	list, err := client.ListCheckpoints(ctx(t), &pb.ListCheckpointsRequest{ThreadId: "t-lost"})
 	if err != nil || len(list.GetCheckpoints()) != 1 {
 		t.Fatalf("one checkpoint, not two: %v %v", list, err)
+	}
+}
+
+func TestArtifactsUploadCaptureAndReadBack(t *testing.T) {
+	client := unixDaemon.dial(t)
+	writeTree(t, filepath.Join(unixDaemon.workspace, "art"), map[string]string{"a.txt": "a"})
+	big := bytes.Repeat([]byte{7}, 600*1024) // several upload chunks
+	artifact, err := checkpointd.UploadArtifactBytes(ctx(t), client, "report.bin", "application/octet-stream", bytes.NewReader(big))
+	if err != nil || artifact.GetSize() != uint64(len(big)) {
+		t.Fatalf("upload %v %v", artifact, err)
+	}
+	saved, err := checkpointd.CaptureSandboxCheckpoint(ctx(t), client, checkpointd.CaptureOptions{
+		ThreadID: "t-art", WorkspaceSubdir: "art", Artifacts: []*pb.Artifact{artifact}})
+	if err != nil || saved.GetArtifactCount() != 1 {
+		t.Fatalf("capture %v %v", saved, err)
+	}
+	stream, err := client.ReadArtifact(ctx(t), &pb.ReadArtifactRequest{BlobKey: artifact.GetBlobKey()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, chunk.GetData()...)
+	}
+	if !bytes.Equal(got, big) {
+		t.Fatalf("read back %d bytes", len(got))
 	}
 }

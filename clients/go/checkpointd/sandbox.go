@@ -279,3 +279,43 @@ func SweepSandboxBlobs(ctx context.Context, c *Client, o SweepOptions) (*SweepRe
 		}
 	}
 }
+
+// UploadArtifactBytes streams an artifact's bytes to the daemon (in 256 KiB
+// chunks) and returns the record to pass in CaptureOptions.Artifacts.
+func UploadArtifactBytes(ctx context.Context, c *Client, name, mimeType string, data io.Reader) (*pb.Artifact, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.UploadArtifact(ctx)
+	if err != nil {
+		return nil, err
+	}
+	first := &pb.UploadArtifactRequest{Part: &pb.UploadArtifactRequest_Metadata{
+		Metadata: &pb.UploadArtifactMetadata{Name: name, MimeType: mimeType}}}
+	if err := stream.Send(first); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	buf := make([]byte, 256*1024)
+	for {
+		n, readErr := io.ReadFull(data, buf)
+		if n > 0 {
+			chunk := &pb.UploadArtifactRequest{Part: &pb.UploadArtifactRequest_Chunk{Chunk: append([]byte(nil), buf[:n]...)}}
+			if err := stream.Send(chunk); err != nil {
+				if errors.Is(err, io.EOF) {
+					break // the daemon ended the call: CloseAndRecv has its status
+				}
+				return nil, err
+			}
+		}
+		if errors.Is(readErr, io.EOF) || errors.Is(readErr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if readErr != nil {
+			return nil, readErr
+		}
+	}
+	reply, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, err
+	}
+	return reply.GetArtifact(), nil
+}

@@ -208,3 +208,19 @@ test("bad input is a typed INVALID_ARGUMENT error from the daemon", async () => 
     (error) => error.code === "SANDBOX_SNAPSHOT_INVALID_ID",
   );
 });
+
+test("artifacts: upload, capture with them, read them back", async () => {
+  writeTree(path.join(daemon.workspace, "art"), { "a.txt": "a" });
+  const big = Buffer.alloc(600 * 1024, 7); // several upload chunks
+  const artifact = await client.uploadArtifactBytes("report.bin", "application/octet-stream", big);
+  assert.equal(artifact.size, BigInt(big.length));
+  assert.ok(artifact.blobKey.startsWith("sandbox-artifacts/blake3/"));
+  const saved = await captureSandboxCheckpoint({ client, threadId: "t-art", workspaceSubdir: "art",
+    artifacts: [artifact] });
+  assert.equal(saved.artifactCount, 1n);
+  const detail = await client.getCheckpoint({ checkpointId: saved.id });
+  assert.equal(detail.artifacts[0].artifactId, artifact.artifactId);
+  const parts = [];
+  for await (const chunk of client.readArtifact({ blobKey: artifact.blobKey })) parts.push(chunk.data);
+  assert.ok(Buffer.concat(parts).equals(big));
+});
