@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from checkpointd.blobs import open_blobs
@@ -123,37 +124,76 @@ async def test_a_changed_file_is_not_uploaded_under_the_lost_key(tmp_path: Path)
         await store.aclose()
 
 
-async def test_damaged_counts_are_reported_and_repaired(tmp_path: Path) -> None:
+async def _damage_counts(url: str, a: str, b: str, bogus: str) -> None:
+    """a: total 7 (was 2), b: no count at all (was 2), bogus: 2 (no manifest)."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url.removeprefix("sqlite://")) as db:
+            db.execute("UPDATE blob_references SET refs = 7 WHERE key = ?", (key_to_bytes(a),))
+            db.execute("DELETE FROM blob_references WHERE key = ?", (key_to_bytes(b),))
+            db.execute("INSERT INTO blob_references VALUES (?, 2)", (key_to_bytes(bogus),))
+        return
+    conn = await asyncpg.connect(url)
+    try:  # counts are rows per (thread, key): thread t's row of a, 6 + u's 1
+        await conn.execute(
+            "UPDATE checkpointd_blob_counts SET refs = 6 WHERE key = $1 AND thread_id = $2",
+            key_to_bytes(a),
+            b"t",
+        )
+        await conn.execute("DELETE FROM checkpointd_blob_counts WHERE key = $1", key_to_bytes(b))
+        await conn.execute(
+            "INSERT INTO checkpointd_blob_counts (thread_id, key, refs) VALUES ($1, $2, 2)",
+            b"t",
+            key_to_bytes(bogus),
+        )
+    finally:
+        await conn.close()
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_damaged_counts_are_reported_and_repaired(
+    tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
     (workspace / "a.txt").write_text("a")
     (workspace / "b.txt").write_text("b")
-    path = tmp_path / "store.db"
+    url = (
+        f"sqlite://{tmp_path / 'store.db'}"
+        if backend == "sqlite"
+        else request.getfixturevalue("postgres_url")
+    )
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
-    store = await open_store(f"sqlite://{path}")
+    store = await open_store(url)
     try:
         done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        await capture_checkpoint(workspace, store, blobs, "u", data_dir=tmp_path / "d")
         a, b = _key_of(done.checkpoint, "a.txt"), _key_of(done.checkpoint, "b.txt")
         bogus = "sandbox-files/blake3/" + "ab" * 32
-        with sqlite3.connect(path) as db:
-            db.execute("UPDATE blob_references SET refs = 7 WHERE key = ?", (key_to_bytes(a),))
-            db.execute("DELETE FROM blob_references WHERE key = ?", (key_to_bytes(b),))
-            db.execute("INSERT INTO blob_references VALUES (?, 2)", (key_to_bytes(bogus),))
+        await _damage_counts(url, a, b, bogus)
         report = await check_store(store, blobs)
         assert _kinds(report) == {COUNT_MISMATCH: {a, b, bogus}}
         by_key = {f.key: f for f in report.findings}
-        assert (by_key[a].stored, by_key[a].manifests) == (7, 1)
-        assert (by_key[b].stored, by_key[b].manifests) == (0, 1)
+        assert (by_key[a].stored, by_key[a].manifests) == (7, 2)
+        assert (by_key[b].stored, by_key[b].manifests) == (0, 2)
         assert (by_key[bogus].stored, by_key[bogus].manifests) == (2, 0)
-        assert await store.audit_blob_references() != []
 
         repaired = await check_store(store, blobs, repair=True)
         assert _kinds(repaired) == {COUNT_MISMATCH: {a, b, bogus}, REPAIRED: {a, b, bogus}}
         assert repaired.summary is not None and repaired.summary.ok
         references = {(r.key, r.references) for r in await store.list_blob_references()}
-        assert references == {(a, 1), (b, 1)}
+        assert references == {(a, 2), (b, 2)}
         again = await check_store(store, blobs)
         assert again.findings == [] and again.summary is not None and again.summary.ok
+        # The repaired counts are the real ones: deleting a thread's checkpoint
+        # takes them down to exactly what the other thread uses.
+        lease = await store.acquire_writer("u")
+        await store.delete_head("u", (await store.get_head("u")) or "", lease)
+        await lease.release()
+        references = {(r.key, r.references) for r in await store.list_blob_references()}
+        assert references == {(a, 1), (b, 1)}
+        assert (await check_store(store, blobs)).findings == []
     finally:
         await store.aclose()
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from .. import _native
 # The codec's own row encoders, so a stored document is exactly the codec's format.
 from ..codec import checkpoint_fields, checkpoint_from_document
 from ..manifest import Manifest, manifest_of, split_digests
-from ..model import Checkpoint, FileEntry
+from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
 # about a list copy, so 32 keeps a read within a few keyframe decodes.
@@ -283,6 +284,9 @@ def count_manifest_keys(
     for base_id, _ in rows.values():
         if base_id is not None:
             waiting[base_id] = waiting.get(base_id, 0) + 1
+    # Raw file digests are counted apart (Counter.update runs in C; the kind byte
+    # is added once per key at the end, not once per key per checkpoint).
+    file_counts: Counter[bytes] = Counter()
     counts: dict[bytes, int] = {}
     sizes: dict[bytes, int] = {}
     memo: dict[str, Content] = {}
@@ -290,12 +294,15 @@ def count_manifest_keys(
 
     def count(checkpoint_id: str) -> None:
         content = materialize(checkpoint_id, rows, memo)
-        for key in content.blob_keys():
+        digests = content.manifest.digests()  # distinct, sorted
+        file_counts.update(split_digests(digests))
+        for key in {b"a" + bytes.fromhex(row[4]) for row in content.document["artifacts"]}:
             counts[key] = counts.get(key, 0) + 1
         if with_sizes:
-            for entry in content.manifest:
-                if isinstance(entry, FileEntry):
-                    sizes.setdefault(b"f" + bytes.fromhex(entry.blob_key[-64:]), entry.size)
+            for _path, digest, size in _native.manifest_files_with_digests(
+                content.manifest.data, digests
+            ):
+                sizes.setdefault(b"f" + digest, size)
             for row in content.document["artifacts"]:
                 sizes.setdefault(b"a" + bytes.fromhex(row[4]), row[3])
         done.add(checkpoint_id)
@@ -315,4 +322,5 @@ def count_manifest_keys(
             current = rows[current][0]
         for pending in reversed(chain):  # bases first
             count(pending)
+    counts.update((b"f" + digest, n) for digest, n in file_counts.items())
     return counts, sizes
