@@ -24,11 +24,11 @@
 //!   (`[[:digit:]]`, `[[:alpha:]]`, ...) are ASCII only, from git's own table.
 //!   Matching is case-sensitive (git's default `core.ignoreCase=false`).
 //! - A line git accepts but that can never match (`/`, `!`, `a//b`, `build//`,
-//!   `[abc` unterminated, `[[:nope:]]`, a trailing `\`, a class such as `[z-a]`
-//!   that matches no byte) is kept as git keeps it, matching nothing, and is
-//!   reported as a warning (`PolicyMatcher::warnings`, logged by Python) instead
-//!   of failing the capture. A reversed range inside a class that still matches
-//!   something (`[z-ab]`) is a warning too.
+//!   `[abc` unterminated, `[[:nope:]]`, a trailing `\`, `a[/]b` in a path
+//!   pattern) is kept as git keeps it, matching nothing, and is reported as a
+//!   warning (`PolicyMatcher::warnings`, logged by Python) instead of failing
+//!   the capture. A reversed range is a warning too, and matches as in git:
+//!   `[z-a]` is the byte `z` plus an empty range, so it matches `z` only.
 //! - Only an entry that cannot be one gitignore line is refused: one holding a
 //!   line break or NUL (and, to bound the matcher's stack, more than 1024
 //!   groups of `*`).
@@ -36,12 +36,12 @@
 //!   `**/a*/**/a*/**/b` costs time linear in the path length times the pattern
 //!   size, where git's own backtracking is polynomial of the pattern's degree.
 //!
-//! Why not a crate: `globset` (and `ignore`, built on it) translates globs to
-//! regexes over characters, so `?` matches a whole `é`; it rejects lines git
-//! accepts (`[abc`, `a\`) and differs in `**` corners (`ab**/c`) and in
-//! trailing-space and escape handling. git's behaviour is defined by its
-//! search, including its abort rules, so this is a transcription of that
-//! behaviour, tested against git itself.
+//! Why not a crate: `globset` (and `ignore`, built on it) compiles globs to
+//! regexes and refuses lines git accepts (an unclosed `[`, a dangling `\`), so
+//! a capture would fail where git silently matches nothing; its character
+//! handling and its `**` corners (`ab**/c`, which git matches against `abc`)
+//! are not git's either. git's behaviour is defined by its search, abort rules
+//! included, so this reproduces that behaviour and is tested against git itself.
 
 mod pattern;
 mod wildmatch;
