@@ -172,3 +172,38 @@ async def test_owned_store_keeps_its_own_calls_apart(tmp_path: Path) -> None:
     finally:
         for store in (first, second, stranger):
             await store.aclose()
+
+
+async def test_restore_on_start_after_a_kill_does_not_wait_for_the_old_lease(
+    daemons: DaemonFactory,
+) -> None:
+    """``serve --thread T --restore-on-start``: the restart's first act takes the
+    lease its killed predecessor left live, so the daemon serves at once."""
+    first = daemons.start(extra=("--thread", "t-loop"))
+    make_tree(first.workspace, seed=5, files=10)
+    async with first.client() as client:
+        done = await client.capture("t-loop")
+    for n in range(12):
+        (first.workspace / f"big-{n}.bin").write_bytes(os.urandom(3 << 20))
+    await _kill_mid_capture(first, "t-loop")
+    await _assert_lease_left_live(first.store, "t-loop")
+
+    began = time.monotonic()
+    again = daemons.start(
+        workspace=first.workspace,
+        data_dir=first.data_dir,
+        store=first.store,
+        extra=("--thread", "t-loop", "--restore-on-start"),
+    )
+    serving_after = time.monotonic() - began
+    async with again.client() as client:
+        head = await client.get_head("t-loop")
+        assert head is not None
+        # Nothing was lost: the workspace (which differs from the head) was kept,
+        # captured first or left as it is.
+        assert (first.workspace / "big-0.bin").exists()
+        listed = await client.list_checkpoints("t-loop")
+        assert [c.id for c in listed][0] == done.checkpoint.id
+        # The restart captured the differing workspace under the old lease's thread.
+        assert head != done.checkpoint.id and listed[-1].label == "before-restore"
+    assert serving_after < 30
