@@ -131,6 +131,8 @@ def checkpoint_fields(checkpoint: Checkpoint) -> dict[str, Any]:
         "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
         "policy": policy_document(checkpoint.policy),
         "workspace_subdir": checkpoint.workspace_subdir,
+        "forked_from_thread_id": checkpoint.forked_from_thread_id,
+        "forked_from_checkpoint_id": checkpoint.forked_from_checkpoint_id,
     }
 
 
@@ -167,6 +169,8 @@ def checkpoint_from_document(
         # Documents written before these fields existed record neither.
         policy=policy_from_document(document.get("policy")),
         workspace_subdir=document.get("workspace_subdir", ""),
+        forked_from_thread_id=document.get("forked_from_thread_id"),
+        forked_from_checkpoint_id=document.get("forked_from_checkpoint_id"),
     )
 
 

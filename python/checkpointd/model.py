@@ -84,6 +84,10 @@ class Checkpoint:
     # the daemon's sub-root ("" = the whole workspace).
     policy: Policy | None = None
     workspace_subdir: str = ""
+    # Fork provenance, on a fork root only: the thread and checkpoint it was
+    # forked from (None elsewhere, and on roots forked by an older version).
+    forked_from_thread_id: str | None = None
+    forked_from_checkpoint_id: str | None = None
 
     def effective_policy(self, explicit: Policy | None = None) -> Policy:
         """The policy a restore or diff of this checkpoint applies: the caller's

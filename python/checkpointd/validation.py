@@ -221,7 +221,7 @@ def check_checkpoint_body(checkpoint: Checkpoint) -> None:
         raise fail(f"created_at must be a finite number, got {checkpoint.created_at!r}")
     if checkpoint.reason not in REASONS:
         raise fail(f"reason must be one of {REASONS}, got {checkpoint.reason!r}")
-    for name in ("label", "source_run_id"):
+    for name in ("label", "source_run_id", "forked_from_thread_id", "forked_from_checkpoint_id"):
         value = getattr(checkpoint, name)
         if value is not None and not is_well_formed_text(value):
             raise fail(f"{name} must be a well-formed string or None")

@@ -24,6 +24,8 @@ from .base import (
     Clock,
     InstanceRecord,
     InstanceStore,
+    ThreadListing,
+    ThreadSummary,
 )
 from .memory import InMemoryCheckpointStore, InMemoryInstanceStore
 from .sqlite import SqliteCheckpointStore, SqliteInstanceStore
@@ -49,6 +51,8 @@ __all__ = [
     "PostgresInstanceStore",
     "SqliteCheckpointStore",
     "SqliteInstanceStore",
+    "ThreadListing",
+    "ThreadSummary",
     "open_instance_store",
     "open_store",
 ]

@@ -243,6 +243,16 @@ def check_keep(keep: object) -> int:
     return keep
 
 
+def check_thread_page(after: object, limit: object) -> tuple[str | None, int]:
+    """``list_threads`` arguments: ``after`` None or a valid id, ``limit`` >= 1."""
+    if not is_int(limit) or limit < 1:  # type: ignore[operator]
+        raise SandboxCheckpointInvalidArgumentError(f"limit must be an integer >= 1, got {limit!r}")
+    if after is not None:
+        check_id(after, "after")  # type: ignore[arg-type]
+    assert isinstance(limit, int)
+    return after, limit  # type: ignore[return-value]
+
+
 def check_hold_ms(hold_ms: object) -> int:
     if not is_int(hold_ms) or hold_ms <= 0:  # type: ignore[operator]
         raise SandboxCheckpointInvalidArgumentError(
@@ -434,9 +444,9 @@ def destination_not_empty(thread_id: str, checkpoint_id: str, why: str) -> Sandb
 def fork_checkpoint(
     source: Checkpoint, destination_thread_id: str, destination_checkpoint_id: str, created_at: int
 ) -> Checkpoint:
-    """The new root: the source's files, conversation and artifacts, and how it
+    """The new root: the source's files, conversation and artifacts, how it
     was taken (policy, sub-root: a restore of the fork must manage the same
-    paths); nothing else."""
+    paths) and where it came from (forked_from_*); nothing else."""
     return Checkpoint(
         id=destination_checkpoint_id,
         thread_id=destination_thread_id,
@@ -450,6 +460,8 @@ def fork_checkpoint(
         source_run_id=None,
         policy=source.policy,
         workspace_subdir=source.workspace_subdir,
+        forked_from_thread_id=source.thread_id,
+        forked_from_checkpoint_id=source.id,
     )
 
 

@@ -20,6 +20,34 @@ DEFAULT_LEASE_DURATION_MS = 120_000
 DEFAULT_RENEW_AFTER_MS = 45_000
 
 
+@dataclass(frozen=True, slots=True)
+class ThreadSummary:
+    """One thread as ``list_threads`` reports it."""
+
+    thread_id: str
+    head_checkpoint_id: str | None  # None when the head's chain was deleted
+    checkpoint_count: int  # every checkpoint of the thread, on the head chain or not
+    newest_created_at: int | float  # the largest created_at of its checkpoints
+
+
+DEFAULT_THREAD_PAGE = 100
+
+
+@runtime_checkable
+class ThreadListing(Protocol):
+    """Listing threads page by page (every store we ship; the daemon's ListThreads)."""
+
+    async def list_threads(
+        self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
+    ) -> builtins.list[ThreadSummary]:
+        """At most ``limit`` (>= 1) threads holding at least one checkpoint,
+        sorted by the UTF-8 bytes of their id, starting after ``after`` (a
+        thread id from a previous page; None: from the first). Raises
+        SandboxCheckpointInvalidArgumentError for a bad limit, InvalidId for a
+        bad ``after``."""
+        ...
+
+
 @runtime_checkable
 class CheckpointStore(Protocol):
     async def get(self, checkpoint_id: str) -> Checkpoint | None: ...

@@ -41,6 +41,7 @@ from ._options import (
     check_instance_record,
     check_keep,
     check_pin_keys,
+    check_thread_page,
     check_writer,
     checkpoint_blob_keys,
     condemnable_keys,
@@ -62,9 +63,11 @@ from ._options import (
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
+    DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
     InstanceRecord,
+    ThreadSummary,
 )
 
 
@@ -186,6 +189,27 @@ class InMemoryCheckpointStore:
         self._check_open()
         check_id(thread_id, "thread id")
         return self._heads.get(thread_id)
+
+    async def list_threads(
+        self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
+    ) -> builtins.list[ThreadSummary]:
+        """See ``base.ThreadListing``."""
+        self._check_open()
+        after, limit = check_thread_page(after, limit)
+        names = sorted(self._threads, key=utf8_key)
+        if after is not None:
+            names = [name for name in names if utf8_key(name) > utf8_key(after)]
+        return [
+            ThreadSummary(
+                thread_id=name,
+                head_checkpoint_id=self._heads.get(name),
+                checkpoint_count=len(self._threads[name]),
+                newest_created_at=max(
+                    self._checkpoints[i].checkpoint.created_at for i in self._threads[name]
+                ),
+            )
+            for name in names[:limit]
+        ]
 
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         self._check_open()

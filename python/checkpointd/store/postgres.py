@@ -80,6 +80,7 @@ from ._options import (
     check_instance_record,
     check_keep,
     check_pin_keys,
+    check_thread_page,
     check_writer,
     condemnable_keys,
     destination_not_empty,
@@ -100,9 +101,11 @@ from ._options import (
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
+    DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
     InstanceRecord,
+    ThreadSummary,
 )
 
 T = TypeVar("T")
@@ -308,6 +311,11 @@ def _created_at(value: int | float) -> Decimal:
     # numeric keeps ints of any size and floats exactly, so the column orders like
     # the Python values it came from.
     return Decimal(value)
+
+
+def _number(value: Decimal) -> int | float:
+    """A numeric created_at back as the int (or float) it was stored from."""
+    return int(value) if value == value.to_integral_value() else float(value)
 
 
 def _lease(row: asyncpg.Record | None) -> LeaseRecord | None:
@@ -564,6 +572,35 @@ class PostgresCheckpointStore(_PostgresBase):
             return head
 
         return _s(await self._transaction("get_head", body, read_only=True))
+
+    async def list_threads(
+        self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
+    ) -> builtins.list[ThreadSummary]:
+        """See ``base.ThreadListing``. Ids are bytea, so they compare by UTF-8 bytes."""
+        after, limit = check_thread_page(after, limit)
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[Any]:
+            rows: builtins.list[Any] = await conn.fetch(
+                "SELECT c.thread_id, t.head_id, count(*) AS n, max(c.created_at) AS newest"
+                " FROM checkpointd_checkpoints c"
+                " LEFT JOIN checkpointd_threads t ON t.thread_id = c.thread_id"
+                " WHERE c.thread_id > $1 GROUP BY c.thread_id, t.head_id"
+                " ORDER BY c.thread_id LIMIT $2",
+                b"" if after is None else _b(after),
+                limit,
+            )
+            return rows
+
+        rows = await self._transaction("list_threads", body, read_only=True)
+        return [
+            ThreadSummary(
+                str(_s(r["thread_id"])),
+                _s(r["head_id"]),
+                int(r["n"]),
+                _number(r["newest"]),
+            )
+            for r in rows
+        ]
 
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         """``(key, count)`` for every count > 0, sorted by the UTF-8 bytes of the key."""

@@ -74,6 +74,7 @@ from ._options import (
     check_instance_record,
     check_keep,
     check_pin_keys,
+    check_thread_page,
     check_writer,
     condemnable_keys,
     destination_not_empty,
@@ -94,9 +95,11 @@ from ._options import (
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
+    DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
     InstanceRecord,
+    ThreadSummary,
 )
 
 T = TypeVar("T")
@@ -657,6 +660,24 @@ class SqliteCheckpointStore:
         row = await self._db.read(run)
         return None if row is None else row[0]
 
+    async def list_threads(
+        self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
+    ) -> builtins.list[ThreadSummary]:
+        """See ``base.ThreadListing``. One indexed walk of checkpoints_by_thread
+        (ids compare as BINARY, i.e. by UTF-8 bytes), stopped after ``limit``."""
+        after, limit = check_thread_page(after, limit)
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
+            return await _fetchall(
+                conn,
+                "SELECT c.thread_id, h.head_id, COUNT(*), MAX(c.created_at)"
+                " FROM checkpoints c LEFT JOIN heads h ON h.thread_id = c.thread_id"
+                " WHERE c.thread_id > ? GROUP BY c.thread_id ORDER BY c.thread_id LIMIT ?",
+                ("" if after is None else after, limit),
+            )
+
+        return [ThreadSummary(t, h, n, newest) for t, h, n, newest in await self._db.read(run)]
+
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
             return await _fetchall(
@@ -938,6 +959,8 @@ class SqliteCheckpointStore:
                     "reason": "fork-root",
                     "label": None,
                     "source_run_id": None,
+                    "forked_from_thread_id": source_thread_id,
+                    "forked_from_checkpoint_id": source_checkpoint_id,
                 },
                 source[2].manifest,
             )
