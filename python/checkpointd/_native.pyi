@@ -218,6 +218,9 @@ class RestoreSession:
     def counts(self) -> dict[str, int]: ...
     @property
     def written_paths(self) -> list[str]: ...
+    # Paths the restore deletes, deepest first (non-UTF-8 names lossily decoded).
+    @property
+    def deleted_paths(self) -> list[str]: ...
     def stage_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Verify (size, BLAKE3) then stage each (digest, bytes); InvalidBlob."""
     def begin_blob(self, digest: str, size: int) -> None:

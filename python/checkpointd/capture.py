@@ -117,6 +117,8 @@ class CaptureStats:
 class CaptureResult:
     checkpoint: Checkpoint
     stats: CaptureStats
+    # True when ``skip_if_unchanged`` found nothing new: ``checkpoint`` is the head.
+    unchanged: bool = False
 
 
 class _FileChanged(Exception):
@@ -179,8 +181,15 @@ async def capture_checkpoint(
     checkpoint_id: str | None = None,
     cancel: _native.CancelToken | None = None,
     workspace_subdir: str = "",
+    skip_if_unchanged: bool = False,
 ) -> CaptureResult:
     """Capture the workspace into a new checkpoint at the head of ``thread_id``.
+
+    ``skip_if_unchanged``: when the scan finds the head's files (same paths,
+    kinds, content, modes and link targets; mtimes alone do not count), the
+    conversation and the artifacts equal the head's, and no ``label`` is given
+    (a label always asks for a new, named checkpoint), nothing is uploaded or
+    appended and the head is returned with ``unchanged=True``.
 
     ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
     checkpoint with that id already exists in this thread it is returned with
@@ -230,6 +239,24 @@ async def capture_checkpoint(
             # refuses every path SPEC §2 forbids), decoded only if someone reads it.
             manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)
             keeper.check()
+            if (
+                skip_if_unchanged
+                and parent is not None
+                and label is None
+                and _nothing_new(parent, manifest, conversation, checked_artifacts)
+            ):
+                duration_ms = reporter.finish()
+                stats = CaptureStats(
+                    entries=len(manifest),
+                    files_hashed=outcome.files_hashed,
+                    files_reused=outcome.files_reused,
+                    bytes_hashed=outcome.bytes_hashed,
+                    blobs_uploaded=0,
+                    bytes_uploaded=0,
+                    duration_ms=duration_ms,
+                    phases_ms=dict(reporter.phases_ms),
+                )
+                return CaptureResult(parent, stats, unchanged=True)
 
             engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
             try:
@@ -273,6 +300,20 @@ async def capture_checkpoint(
             return CaptureResult(checkpoint, stats)
     finally:
         await lease.release()
+
+
+def _nothing_new(
+    head: Checkpoint,
+    manifest: Manifest,
+    conversation: Sequence[Any],
+    artifacts: tuple[Artifact, ...],
+) -> bool:
+    """Whether a capture would record nothing the head does not hold already."""
+    from .service.diffing import diff_entries  # the one rule for "changed"
+
+    if tuple(conversation) != tuple(head.conversation) or artifacts != tuple(head.artifacts):
+        return False
+    return next(iter(diff_entries(head.files, manifest)), None) is None
 
 
 async def _existing(

@@ -239,15 +239,30 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE[:MIME]",
         help="upload a file as an artifact (repeatable)",
     )
+    capture.add_argument(
+        "--skip-if-unchanged",
+        action="store_true",
+        help="make no checkpoint when nothing changed since the head (prints the head)",
+    )
     _add_policy_flags(capture)
 
     restore = client("restore", "restore a checkpoint into the workspace")
     restore.add_argument("thread")
     restore.add_argument("--checkpoint", help="checkpoint id (default: the head)")
+    restore.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the plan (files written, deleted, kept; bytes to fetch); change nothing",
+    )
     _add_policy_flags(restore)
 
     listing = client("list", "list a thread's checkpoints")
     listing.add_argument("thread")
+    listing.add_argument("--newest-first", action="store_true", help="newest checkpoint first")
+    listing.add_argument("--limit", type=int, default=None, help="at most this many")
+    listing.add_argument("--before", metavar="CHECKPOINT", help="only those before this one")
+
+    client("threads", "list the threads that hold checkpoints, with head and count")
 
     show = client("show", "show a checkpoint")
     show.add_argument("checkpoint")
@@ -368,16 +383,86 @@ class Output:
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
+    """A message as JSON-ready data for ``--json``: field names as in the proto,
+    numbers as JSON numbers (protobuf's JSON mapping would quote every 64-bit
+    int), enums by their short lower-case name (``file``, ``mode_changed``),
+    bytes as base64; unset optional fields are left out, other fields always
+    printed."""
+    from google.protobuf.descriptor import FieldDescriptor
 
-    return MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
+    def enum_name(field: Any, number: int) -> str:
+        value = field.enum_type.values_by_number.get(number)
+        if value is None:
+            return str(number)
+        prefix = "".join(
+            f"_{c}" if c.isupper() and i else c for i, c in enumerate(field.enum_type.name)
+        ).upper()
+        return value.name.removeprefix(prefix + "_").lower()
+
+    def scalar(field: Any, value: Any) -> Any:
+        if field.type == FieldDescriptor.TYPE_MESSAGE:
+            return _to_dict(value)
+        if field.type == FieldDescriptor.TYPE_ENUM:
+            return enum_name(field, value)
+        if field.type == FieldDescriptor.TYPE_BYTES:
+            import base64
+
+            return base64.b64encode(value).decode()
+        return value
+
+    out: dict[str, Any] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value_field = field.message_type.fields_by_name["value"]
+            out[field.name] = {str(k): scalar(value_field, v) for k, v in value.items()}
+        elif field.is_repeated:
+            out[field.name] = [scalar(field, item) for item in value]
+        elif field.has_presence and not message.HasField(field.name):
+            continue
+        else:
+            out[field.name] = scalar(field, value)
+    return out
+
+
+def human_size(count: int) -> str:
+    """Bytes for people: 0 B, 512 B, 1.5 KiB, 12.0 MiB, 3.2 GiB."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_duration(ms: int) -> str:
+    """250 ms, 1.5 s, 2m05s."""
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f} s"
+    minutes, seconds = divmod(ms // 1000, 60)
+    return f"{minutes}m{seconds:02d}s"
+
+
+def human_time(ms: int) -> str:
+    """A created_at (ms since the epoch) as local ISO time to the second."""
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ms / 1000).isoformat(timespec="seconds")
 
 
 def _summary_line(s: Any) -> str:
     label = f"  {s.label}" if s.HasField("label") else ""
-    return f"{s.id}  {s.reason:<9}  {s.file_count:>6} files  {s.total_bytes:>12} bytes  created_at={s.created_at}{label}"
+    forked = (
+        f"  (forked from {s.forked_from_thread_id}/{s.forked_from_checkpoint_id})"
+        if s.HasField("forked_from_checkpoint_id")
+        else ""
+    )
+    return (
+        f"{s.id}  {s.reason:<9}  {s.file_count:>6} files  {human_size(s.total_bytes):>10}  "
+        f"{human_time(s.created_at)}{label}{forked}"
+    )
 
 
 def _taken_lines(s: Any) -> list[str]:
@@ -527,42 +612,102 @@ async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
         artifacts=artifacts,
         workspace_subdir=args.subdir,
         request_id=args.request_id,
+        skip_if_unchanged=args.skip_if_unchanged,
         on_event=out.progress_callback(),
     )
     s, st = done.checkpoint, done.stats
-    out.emit(
-        _to_dict(done),
-        f"captured {s.id} ({s.file_count} files, {s.total_bytes} bytes; hashed {st.files_hashed}, "
-        f"reused {st.files_reused}, uploaded {st.blobs_uploaded} blobs in {st.duration_ms} ms)"
-        + (" [replayed]" if done.replayed else ""),
-    )
+    if done.unchanged:
+        text = f"unchanged: the head {s.id} already holds this ({s.file_count} files)"
+    else:
+        text = (
+            f"captured {s.id} ({s.file_count} files, {human_size(s.total_bytes)}; hashed "
+            f"{st.files_hashed}, reused {st.files_reused}, uploaded {st.blobs_uploaded} blobs "
+            f"({human_size(st.bytes_uploaded)}) in {human_duration(st.duration_ms)})"
+            + (" [replayed]" if done.replayed else "")
+        )
+    out.emit(_to_dict(done), text)
     return EXIT_OK
 
 
 async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
+    written: list[str] = []
+    deleted: list[str] = []
+    progress = out.progress_callback()
+
+    def on_event(event: Any) -> None:
+        if event.HasField("plan_paths"):
+            written.extend(event.plan_paths.written)
+            deleted.extend(event.plan_paths.deleted)
+        elif progress is not None:
+            progress(event)
+
     done = await client.restore(
         args.thread,
         checkpoint_id=args.checkpoint,
         policy=_policy(args),
         workspace_subdir=args.subdir,
-        on_event=out.progress_callback(),
+        dry_run=args.dry_run,
+        on_event=on_event,
     )
-    text = (
-        f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files) in {done.duration_ms} ms"
-        if done.restored
-        else f"thread {args.thread} has no checkpoint; nothing restored"
+    if not done.HasField("checkpoint"):
+        return _no_such_thread(out, args.thread, _to_dict(done))
+    data = _to_dict(done)
+    if args.dry_run:
+        plan = done.plan
+        data["written"], data["deleted"] = written, deleted
+        lines = [
+            f"restoring {done.checkpoint.id} would write {plan.files_written} files, delete "
+            f"{plan.paths_deleted} paths, keep {plan.files_kept} files, create "
+            f"{plan.dirs_created} directories; fetch {plan.blobs_to_fetch} blobs "
+            f"({human_size(plan.bytes_to_fetch)})"
+        ]
+        lines += [f"  write  {path}" for path in written]
+        lines += [f"  delete {path}" for path in deleted]
+        out.emit(data, "\n".join(lines))
+        return EXIT_OK
+    out.emit(
+        data,
+        f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files, "
+        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}",
     )
-    out.emit(_to_dict(done), text)
     return EXIT_OK
 
 
+def _no_such_thread(out: Output, thread: str, data: dict[str, Any] | None = None) -> int:
+    """An unknown thread (no checkpoint) exits 3 in every command."""
+    out.emit(
+        {**(data or {}), "error": {"code": "NOT_FOUND", "thread_id": thread}},
+        f"thread {thread} has no checkpoints",
+    )
+    return EXIT_NOT_FOUND
+
+
 async def _list(client: Any, args: argparse.Namespace, out: Output) -> int:
-    summaries = await client.list_checkpoints(args.thread)
+    summaries = await client.list_checkpoints(
+        args.thread, newest_first=args.newest_first, before=args.before, limit=args.limit
+    )
     head = await client.get_head(args.thread)
+    if not summaries and head is None and args.before is None:
+        return _no_such_thread(out, args.thread, {"head": None, "checkpoints": []})
     lines = [("* " if s.id == head else "  ") + _summary_line(s) for s in summaries]
     out.emit(
         {"head": head, "checkpoints": [_to_dict(s) for s in summaries]},
-        "\n".join(lines) if lines else f"thread {args.thread} has no checkpoints",
+        "\n".join(lines) if lines else f"no checkpoints of thread {args.thread} match",
+    )
+    return EXIT_OK
+
+
+async def _threads(client: Any, args: argparse.Namespace, out: Output) -> int:
+    threads = [thread async for thread in client.list_threads()]
+    lines = [
+        f"{t.thread_id}  {t.checkpoint_count:>6} checkpoints  head "
+        f"{t.head_checkpoint_id if t.HasField('head_checkpoint_id') else '(none)'}  newest "
+        f"{human_time(t.newest_created_at)}"
+        for t in threads
+    ]
+    out.emit(
+        {"threads": [_to_dict(t) for t in threads]},
+        "\n".join(lines) if lines else "no threads",
     )
     return EXIT_OK
 
@@ -599,7 +744,7 @@ async def _diff(client: Any, args: argparse.Namespace, out: Output) -> int:
             raise UsageError("give a checkpoint id or --thread")
         start = await client.get_head(args.thread)
         if start is None:
-            raise UsageError(f"thread {args.thread} has no checkpoint")
+            return _no_such_thread(out, args.thread, {"changes": []})
     changes = await client.diff(
         start, args.to_checkpoint, policy=_policy(args), workspace_subdir=args.subdir
     )
@@ -626,11 +771,23 @@ async def _fork(client: Any, args: argparse.Namespace, out: Output) -> int:
 
 
 async def _prune(client: Any, args: argparse.Namespace, out: Output) -> int:
-    deleted = await client.prune(args.thread, args.keep, dry_run=args.dry_run)
+    response = await client.prune_response(args.thread, args.keep, dry_run=args.dry_run)
+    deleted = list(response.deleted_checkpoint_ids)
+    if not deleted and await client.get_head(args.thread) is None:
+        if not await client.list_checkpoints(args.thread, limit=1):
+            return _no_such_thread(out, args.thread, {"deleted": [], "dry_run": args.dry_run})
     verb = "would delete" if args.dry_run else "deleted"
+    more = response.deleted_count - len(deleted)
     out.emit(
-        {"deleted": deleted, "dry_run": args.dry_run},
-        f"{verb} {len(deleted)} checkpoints" + "".join(f"\n  {d}" for d in deleted),
+        {
+            "deleted": deleted,
+            "deleted_count": response.deleted_count,
+            "ids_truncated": response.ids_truncated,
+            "dry_run": args.dry_run,
+        },
+        f"{verb} {response.deleted_count} checkpoints"
+        + "".join(f"\n  {d}" for d in deleted)
+        + (f"\n  … {more} more" if more > 0 else ""),
     )
     return EXIT_OK
 
@@ -745,7 +902,11 @@ async def _info(client: Any, args: argparse.Namespace, out: Output) -> int:
     out.emit(
         _to_dict(info),
         f"checkpointd {info.version} (protocol {info.protocol_version}); store {caps.store_backend}, "
-        f"blobs {caps.blob_backend}; fork={caps.fork} diff={caps.diff} safe_sweep={caps.safe_sweep}",
+        f"blobs {caps.blob_backend}; fork={caps.fork} diff={caps.diff} safe_sweep={caps.safe_sweep}"
+        f"\n  auth {caps.auth_mode}{' (probes too)' if caps.auth_probes else ''}, "
+        f"tls={caps.tls} mutual_tls={caps.mutual_tls}; messages up to "
+        f"{human_size(caps.max_message_bytes)}, pages up to {caps.max_page_size}, leases "
+        f"{human_duration(caps.lease_duration_ms)}",
     )
     return EXIT_OK
 
@@ -754,6 +915,7 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Output], Any]] = {
     "capture": _capture,
     "restore": _restore,
     "list": _list,
+    "threads": _threads,
     "show": _show,
     "diff": _diff,
     "fork": _fork,

@@ -40,6 +40,7 @@ import functools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 from . import _native
 from ._engine import (
@@ -61,7 +62,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .manifest import manifest_of
-from .model import FILE_KEY_PREFIX, Checkpoint, Entry, Policy
+from .model import FILE_KEY_PREFIX, Checkpoint, Entry, FileEntry, Policy
 from .progress import ProgressCallback
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore
@@ -187,6 +188,74 @@ async def restore_checkpoint(
             return checkpoint
     finally:
         await lease.release()
+
+
+@dataclass(frozen=True)
+class RestorePreview:
+    """What a restore of ``checkpoint`` would do to the workspace now (a dry run).
+
+    ``written`` are the files and symlinks whose content would be (re)written,
+    ``deleted`` the paths the policy manages that the checkpoint lacks (deepest
+    first), ``kept`` the number of file entries already identical (at most their
+    mode or mtime is set again), ``bytes_to_fetch`` / ``blobs_to_fetch`` what
+    would be downloaded.
+    """
+
+    checkpoint: Checkpoint
+    written: list[str]
+    deleted: list[str]
+    kept: int
+    dirs_to_make: int
+    bytes_to_fetch: int
+    blobs_to_fetch: int
+
+
+@os_errors_mapped
+async def preview_restore(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    thread_id: str,
+    *,
+    checkpoint_id: str | None = None,
+    policy: Policy | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
+    workspace_subdir: str = "",
+) -> RestorePreview | None:
+    """The plan ``restore_checkpoint`` with the same arguments would carry out,
+    without fetching a blob or changing the workspace (None when the thread has
+    no checkpoint). Takes no lease: the plan is of this moment, and a capture
+    running meanwhile may change it. Raises as ``restore_checkpoint`` does
+    before its first change."""
+    check_id(thread_id, "thread id")
+    check_optional_id(checkpoint_id, "checkpoint id")
+    subdir = _checked_subdir(workspace_subdir)
+    root = _absolute(workspace_root)
+    target_root = os.path.join(root, subdir) if subdir else root
+    cache_path = stat_cache_path(resolve_data_dir(target_root, data_dir), target_root)
+    checkpoint = await _resolve(store, thread_id, checkpoint_id)
+    if checkpoint is None:
+        return None
+    validate_manifest(checkpoint)
+    _check_name_lengths(root, checkpoint)
+    session = await _open_session(
+        root, subdir, checkpoint, checkpoint.effective_policy(policy), cache_path
+    )
+    try:
+        written = session.written_paths
+        counts = session.counts
+        planned_blobs = session.blobs
+        files = sum(1 for entry in checkpoint.files if isinstance(entry, FileEntry))
+        return RestorePreview(
+            checkpoint=checkpoint,
+            written=written,
+            deleted=session.deleted_paths,
+            kept=max(files - counts.get("writes", 0), 0),
+            dirs_to_make=counts.get("dirs", 0),
+            bytes_to_fetch=sum(size for _, size in planned_blobs),
+            blobs_to_fetch=len(planned_blobs),
+        )
+    finally:
+        await run_in_thread(session.close)
 
 
 def _check_name_lengths(root: str, checkpoint: Checkpoint) -> None:
@@ -417,4 +486,4 @@ async def _apply(
         keeper.check()
 
 
-__all__ = ["restore_checkpoint", "validate_manifest"]
+__all__ = ["RestorePreview", "preview_restore", "restore_checkpoint", "validate_manifest"]

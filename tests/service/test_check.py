@@ -38,7 +38,7 @@ async def test_check_finds_a_lost_blob_and_the_next_capture_brings_it_back(
     found = cli(daemon, "check", "--json")
     assert found.returncode == 6, found.stderr
     report = json.loads(found.stdout)
-    assert report["summary"]["missing"] == "1" and report["summary"]["ok"] is False
+    assert report["summary"]["missing"] == 1 and report["summary"]["ok"] is False
     assert [(f["kind"], f["key"]) for f in report["findings"]] == [("missing", lost)]
     human = cli(daemon, "check")
     assert human.returncode == 6 and lost in human.stdout and "1 missing" in human.stdout
@@ -62,10 +62,10 @@ async def test_check_reports_and_repairs_a_damaged_count(daemon: Daemon) -> None
     assert wrong.returncode == 1, wrong.stderr
     findings = json.loads(wrong.stdout)["findings"]
     assert [(f["kind"], f["stored"], f["manifests"]) for f in findings] == [
-        ("count-mismatch", "0", "1")
+        ("count-mismatch", 0, 1)
     ]
     repaired = ok_json(daemon, "check", "--repair")
-    assert repaired["summary"]["repaired"] == "1" and repaired["summary"]["ok"] is True
+    assert repaired["summary"]["repaired"] == 1 and repaired["summary"]["ok"] is True
     with sqlite3.connect(_db(daemon)) as db:
         assert db.execute("SELECT refs FROM blob_references WHERE key = ?", (raw,)).fetchone() == (
             1,

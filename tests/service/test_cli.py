@@ -62,10 +62,10 @@ async def test_client_commands(daemon: Daemon, short_tmp: Path) -> None:
         f"{report}:text/plain",
     )
     first_id = first["checkpoint"]["id"]
-    assert first["checkpoint"]["label"] == "one" and first["checkpoint"]["artifact_count"] == "1"
+    assert first["checkpoint"]["label"] == "one" and first["checkpoint"]["artifact_count"] == 1
     (daemon.workspace / "new.txt").write_text("new")
     diff = ok_json(daemon, "diff", first_id)
-    assert [(c["path"], c["kind"]) for c in diff["changes"]] == [("new.txt", "CHANGE_KIND_ADDED")]
+    assert [(c["path"], c["kind"]) for c in diff["changes"]] == [("new.txt", "added")]
     assert ok_json(daemon, "diff", "--thread", "t-cli") == diff
     human = cli(daemon, "diff", "--thread", "t-cli")
     assert human.returncode == 0 and human.stdout.strip() == "A new.txt"

@@ -47,6 +47,7 @@ def test_every_message_is_named_in_the_service() -> None:
         "Restore",
         "GetCheckpoint",
         "ListCheckpoints",
+        "ListThreads",
         "GetHead",
         "ListEntries",
         "Diff",

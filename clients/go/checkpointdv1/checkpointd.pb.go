@@ -583,8 +583,11 @@ type CheckpointSummary struct {
 	// workspace). Restore and Diff use them when the request gives none.
 	Policy          *Policy `protobuf:"bytes,13,opt,name=policy,proto3" json:"policy,omitempty"`
 	WorkspaceSubdir string  `protobuf:"bytes,14,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Fork provenance, set on a fork root only: where it was forked from.
+	ForkedFromThreadId     *string `protobuf:"bytes,15,opt,name=forked_from_thread_id,json=forkedFromThreadId,proto3,oneof" json:"forked_from_thread_id,omitempty"`
+	ForkedFromCheckpointId *string `protobuf:"bytes,16,opt,name=forked_from_checkpoint_id,json=forkedFromCheckpointId,proto3,oneof" json:"forked_from_checkpoint_id,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *CheckpointSummary) Reset() {
@@ -715,6 +718,20 @@ func (x *CheckpointSummary) GetWorkspaceSubdir() string {
 	return ""
 }
 
+func (x *CheckpointSummary) GetForkedFromThreadId() string {
+	if x != nil && x.ForkedFromThreadId != nil {
+		return *x.ForkedFromThreadId
+	}
+	return ""
+}
+
+func (x *CheckpointSummary) GetForkedFromCheckpointId() string {
+	if x != nil && x.ForkedFromCheckpointId != nil {
+		return *x.ForkedFromCheckpointId
+	}
+	return ""
+}
+
 // Counts reported while long work runs. Capture phases: lease, scan, pin, upload,
 // append. Restore phases: lease, resolve, plan, fetch, apply.
 type Progress struct {
@@ -811,10 +828,15 @@ type CaptureRequest struct {
 	// Idempotency key. The checkpoint id is derived from (thread_id, request_id), so
 	// retrying a capture whose append already committed returns that checkpoint
 	// (done.replayed = true) instead of making a second one.
-	RequestId     *string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3,oneof" json:"request_id,omitempty"`
-	SourceRunId   *string `protobuf:"bytes,9,opt,name=source_run_id,json=sourceRunId,proto3,oneof" json:"source_run_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RequestId   *string `protobuf:"bytes,8,opt,name=request_id,json=requestId,proto3,oneof" json:"request_id,omitempty"`
+	SourceRunId *string `protobuf:"bytes,9,opt,name=source_run_id,json=sourceRunId,proto3,oneof" json:"source_run_id,omitempty"`
+	// Capture only if something changed: when the workspace's files (paths,
+	// kinds, content, modes, link targets; not mtimes), the conversation and the
+	// artifacts equal the head's and no label is given, nothing is appended and
+	// done carries the head with unchanged = true.
+	SkipIfUnchanged bool `protobuf:"varint,10,opt,name=skip_if_unchanged,json=skipIfUnchanged,proto3" json:"skip_if_unchanged,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CaptureRequest) Reset() {
@@ -908,6 +930,13 @@ func (x *CaptureRequest) GetSourceRunId() string {
 		return *x.SourceRunId
 	}
 	return ""
+}
+
+func (x *CaptureRequest) GetSkipIfUnchanged() bool {
+	if x != nil {
+		return x.SkipIfUnchanged
+	}
+	return false
 }
 
 type CaptureStats struct {
@@ -1068,7 +1097,9 @@ type CaptureDone struct {
 	Checkpoint *CheckpointSummary     `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	Stats      *CaptureStats          `protobuf:"bytes,2,opt,name=stats,proto3" json:"stats,omitempty"`
 	// True when request_id matched a checkpoint committed by an earlier attempt.
-	Replayed      bool `protobuf:"varint,3,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	Replayed bool `protobuf:"varint,3,opt,name=replayed,proto3" json:"replayed,omitempty"`
+	// True when skip_if_unchanged found nothing new: checkpoint is the head.
+	Unchanged     bool `protobuf:"varint,4,opt,name=unchanged,proto3" json:"unchanged,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1120,6 +1151,13 @@ func (x *CaptureDone) GetStats() *CaptureStats {
 func (x *CaptureDone) GetReplayed() bool {
 	if x != nil {
 		return x.Replayed
+	}
+	return false
+}
+
+func (x *CaptureDone) GetUnchanged() bool {
+	if x != nil {
+		return x.Unchanged
 	}
 	return false
 }
@@ -1231,8 +1269,11 @@ type RestoreRequest struct {
 	Policy *Policy `protobuf:"bytes,3,opt,name=policy,proto3" json:"policy,omitempty"`
 	// "": the sub-root the checkpoint was captured from; "." the whole workspace.
 	WorkspaceSubdir string `protobuf:"bytes,4,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Plan only: nothing is fetched or changed; the stream sends started, then
+	// plan_paths chunks (the paths written and deleted), then done with the plan.
+	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreRequest) Reset() {
@@ -1293,6 +1334,13 @@ func (x *RestoreRequest) GetWorkspaceSubdir() string {
 	return ""
 }
 
+func (x *RestoreRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
 type RestoreStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId      string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
@@ -1347,10 +1395,13 @@ func (x *RestoreStarted) GetCheckpointId() string {
 
 type RestoreDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// False when the thread has no checkpoint (nothing was changed).
-	Restored      bool               `protobuf:"varint,1,opt,name=restored,proto3" json:"restored,omitempty"`
-	Checkpoint    *CheckpointSummary `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
-	DurationMs    uint64             `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// False when the thread has no checkpoint (nothing was changed), and for a
+	// dry run.
+	Restored   bool               `protobuf:"varint,1,opt,name=restored,proto3" json:"restored,omitempty"`
+	Checkpoint *CheckpointSummary `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	DurationMs uint64             `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
+	// Set for a dry run: what the restore would do now.
+	Plan          *RestorePlan `protobuf:"bytes,4,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1406,6 +1457,154 @@ func (x *RestoreDone) GetDurationMs() uint64 {
 	return 0
 }
 
+func (x *RestoreDone) GetPlan() *RestorePlan {
+	if x != nil {
+		return x.Plan
+	}
+	return nil
+}
+
+// A restore's plan (RestoreRequest.dry_run).
+type RestorePlan struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Files and symlinks whose content would be written.
+	FilesWritten uint64 `protobuf:"varint,1,opt,name=files_written,json=filesWritten,proto3" json:"files_written,omitempty"`
+	// Paths the policy manages that the checkpoint lacks.
+	PathsDeleted uint64 `protobuf:"varint,2,opt,name=paths_deleted,json=pathsDeleted,proto3" json:"paths_deleted,omitempty"`
+	// File entries already identical (at most their mode or mtime is set again).
+	FilesKept     uint64 `protobuf:"varint,3,opt,name=files_kept,json=filesKept,proto3" json:"files_kept,omitempty"`
+	DirsCreated   uint64 `protobuf:"varint,4,opt,name=dirs_created,json=dirsCreated,proto3" json:"dirs_created,omitempty"`
+	BytesToFetch  uint64 `protobuf:"varint,5,opt,name=bytes_to_fetch,json=bytesToFetch,proto3" json:"bytes_to_fetch,omitempty"`
+	BlobsToFetch  uint64 `protobuf:"varint,6,opt,name=blobs_to_fetch,json=blobsToFetch,proto3" json:"blobs_to_fetch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestorePlan) Reset() {
+	*x = RestorePlan{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestorePlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestorePlan) ProtoMessage() {}
+
+func (x *RestorePlan) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestorePlan.ProtoReflect.Descriptor instead.
+func (*RestorePlan) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *RestorePlan) GetFilesWritten() uint64 {
+	if x != nil {
+		return x.FilesWritten
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetPathsDeleted() uint64 {
+	if x != nil {
+		return x.PathsDeleted
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetFilesKept() uint64 {
+	if x != nil {
+		return x.FilesKept
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetDirsCreated() uint64 {
+	if x != nil {
+		return x.DirsCreated
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetBytesToFetch() uint64 {
+	if x != nil {
+		return x.BytesToFetch
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetBlobsToFetch() uint64 {
+	if x != nil {
+		return x.BlobsToFetch
+	}
+	return 0
+}
+
+// The paths of a dry run's plan, in chunks (a plan of any size stays bounded).
+type RestorePlanPaths struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Written       []string               `protobuf:"bytes,1,rep,name=written,proto3" json:"written,omitempty"`
+	Deleted       []string               `protobuf:"bytes,2,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestorePlanPaths) Reset() {
+	*x = RestorePlanPaths{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestorePlanPaths) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestorePlanPaths) ProtoMessage() {}
+
+func (x *RestorePlanPaths) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestorePlanPaths.ProtoReflect.Descriptor instead.
+func (*RestorePlanPaths) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *RestorePlanPaths) GetWritten() []string {
+	if x != nil {
+		return x.Written
+	}
+	return nil
+}
+
+func (x *RestorePlanPaths) GetDeleted() []string {
+	if x != nil {
+		return x.Deleted
+	}
+	return nil
+}
+
 type RestoreEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -1413,6 +1612,7 @@ type RestoreEvent struct {
 	//	*RestoreEvent_Started
 	//	*RestoreEvent_Progress
 	//	*RestoreEvent_Done
+	//	*RestoreEvent_PlanPaths
 	Event         isRestoreEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1420,7 +1620,7 @@ type RestoreEvent struct {
 
 func (x *RestoreEvent) Reset() {
 	*x = RestoreEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1632,7 @@ func (x *RestoreEvent) String() string {
 func (*RestoreEvent) ProtoMessage() {}
 
 func (x *RestoreEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1645,7 @@ func (x *RestoreEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreEvent.ProtoReflect.Descriptor instead.
 func (*RestoreEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{13}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RestoreEvent) GetEvent() isRestoreEvent_Event {
@@ -1482,6 +1682,15 @@ func (x *RestoreEvent) GetDone() *RestoreDone {
 	return nil
 }
 
+func (x *RestoreEvent) GetPlanPaths() *RestorePlanPaths {
+	if x != nil {
+		if x, ok := x.Event.(*RestoreEvent_PlanPaths); ok {
+			return x.PlanPaths
+		}
+	}
+	return nil
+}
+
 type isRestoreEvent_Event interface {
 	isRestoreEvent_Event()
 }
@@ -1498,11 +1707,17 @@ type RestoreEvent_Done struct {
 	Done *RestoreDone `protobuf:"bytes,3,opt,name=done,proto3,oneof"`
 }
 
+type RestoreEvent_PlanPaths struct {
+	PlanPaths *RestorePlanPaths `protobuf:"bytes,4,opt,name=plan_paths,json=planPaths,proto3,oneof"`
+}
+
 func (*RestoreEvent_Started) isRestoreEvent_Event() {}
 
 func (*RestoreEvent_Progress) isRestoreEvent_Event() {}
 
 func (*RestoreEvent_Done) isRestoreEvent_Event() {}
+
+func (*RestoreEvent_PlanPaths) isRestoreEvent_Event() {}
 
 type GetCheckpointRequest struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -1515,7 +1730,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1742,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1755,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{14}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetCheckpointRequest) GetCheckpointId() string {
@@ -1569,7 +1784,7 @@ type GetCheckpointResponse struct {
 
 func (x *GetCheckpointResponse) Reset() {
 	*x = GetCheckpointResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1581,7 +1796,7 @@ func (x *GetCheckpointResponse) String() string {
 func (*GetCheckpointResponse) ProtoMessage() {}
 
 func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1594,7 +1809,7 @@ func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{15}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetCheckpointResponse) GetCheckpoint() *CheckpointSummary {
@@ -1623,15 +1838,21 @@ type ListCheckpointsRequest struct {
 	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
 	// 0 means 100; at most 1000.
 	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	// From a previous response's next_page_token.
-	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// From a previous response's next_page_token (same newest_first).
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Newest first ("the last 10": page_size 10, newest_first).
+	NewestFirst bool `protobuf:"varint,4,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
+	// Only checkpoints listed before this one in the oldest-first order (older,
+	// or as old with a smaller id); with newest_first, the ones just before it.
+	// An unknown id is NOT_FOUND.
+	Before        *string `protobuf:"bytes,5,opt,name=before,proto3,oneof" json:"before,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1864,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +1877,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{16}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListCheckpointsRequest) GetThreadId() string {
@@ -1680,6 +1901,20 @@ func (x *ListCheckpointsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListCheckpointsRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
+	}
+	return false
+}
+
+func (x *ListCheckpointsRequest) GetBefore() string {
+	if x != nil && x.Before != nil {
+		return *x.Before
+	}
+	return ""
+}
+
 type ListCheckpointsResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoints []*CheckpointSummary   `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
@@ -1691,7 +1926,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1703,7 +1938,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1716,7 +1951,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{17}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointSummary {
@@ -1733,6 +1968,184 @@ func (x *ListCheckpointsResponse) GetNextPageToken() string {
 	return ""
 }
 
+type ListThreadsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0 means 100; at most 1000.
+	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// From a previous response's next_page_token.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListThreadsRequest) Reset() {
+	*x = ListThreadsRequest{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListThreadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListThreadsRequest) ProtoMessage() {}
+
+func (x *ListThreadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListThreadsRequest.ProtoReflect.Descriptor instead.
+func (*ListThreadsRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *ListThreadsRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListThreadsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+type ThreadSummary struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// Unset when the thread has checkpoints but no head (its chain was deleted).
+	HeadCheckpointId *string `protobuf:"bytes,2,opt,name=head_checkpoint_id,json=headCheckpointId,proto3,oneof" json:"head_checkpoint_id,omitempty"`
+	// Every checkpoint of the thread, on the head's chain or not.
+	CheckpointCount uint64 `protobuf:"varint,3,opt,name=checkpoint_count,json=checkpointCount,proto3" json:"checkpoint_count,omitempty"`
+	// The newest created_at among them (ms since the epoch).
+	NewestCreatedAt int64 `protobuf:"varint,4,opt,name=newest_created_at,json=newestCreatedAt,proto3" json:"newest_created_at,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *ThreadSummary) Reset() {
+	*x = ThreadSummary{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ThreadSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ThreadSummary) ProtoMessage() {}
+
+func (x *ThreadSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ThreadSummary.ProtoReflect.Descriptor instead.
+func (*ThreadSummary) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ThreadSummary) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *ThreadSummary) GetHeadCheckpointId() string {
+	if x != nil && x.HeadCheckpointId != nil {
+		return *x.HeadCheckpointId
+	}
+	return ""
+}
+
+func (x *ThreadSummary) GetCheckpointCount() uint64 {
+	if x != nil {
+		return x.CheckpointCount
+	}
+	return 0
+}
+
+func (x *ThreadSummary) GetNewestCreatedAt() int64 {
+	if x != nil {
+		return x.NewestCreatedAt
+	}
+	return 0
+}
+
+type ListThreadsResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Threads []*ThreadSummary       `protobuf:"bytes,1,rep,name=threads,proto3" json:"threads,omitempty"`
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListThreadsResponse) Reset() {
+	*x = ListThreadsResponse{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListThreadsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListThreadsResponse) ProtoMessage() {}
+
+func (x *ListThreadsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListThreadsResponse.ProtoReflect.Descriptor instead.
+func (*ListThreadsResponse) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListThreadsResponse) GetThreads() []*ThreadSummary {
+	if x != nil {
+		return x.Threads
+	}
+	return nil
+}
+
+func (x *ListThreadsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 type GetHeadRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId      string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
@@ -1742,7 +2155,7 @@ type GetHeadRequest struct {
 
 func (x *GetHeadRequest) Reset() {
 	*x = GetHeadRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1754,7 +2167,7 @@ func (x *GetHeadRequest) String() string {
 func (*GetHeadRequest) ProtoMessage() {}
 
 func (x *GetHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1767,7 +2180,7 @@ func (x *GetHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHeadRequest.ProtoReflect.Descriptor instead.
 func (*GetHeadRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{18}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetHeadRequest) GetThreadId() string {
@@ -1787,7 +2200,7 @@ type GetHeadResponse struct {
 
 func (x *GetHeadResponse) Reset() {
 	*x = GetHeadResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +2212,7 @@ func (x *GetHeadResponse) String() string {
 func (*GetHeadResponse) ProtoMessage() {}
 
 func (x *GetHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +2225,7 @@ func (x *GetHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHeadResponse.ProtoReflect.Descriptor instead.
 func (*GetHeadResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{19}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetHeadResponse) GetCheckpointId() string {
@@ -1833,7 +2246,7 @@ type ListEntriesRequest struct {
 
 func (x *ListEntriesRequest) Reset() {
 	*x = ListEntriesRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2258,7 @@ func (x *ListEntriesRequest) String() string {
 func (*ListEntriesRequest) ProtoMessage() {}
 
 func (x *ListEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2271,7 @@ func (x *ListEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntriesRequest.ProtoReflect.Descriptor instead.
 func (*ListEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{20}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListEntriesRequest) GetCheckpointId() string {
@@ -1884,7 +2297,7 @@ type ListEntriesResponse struct {
 
 func (x *ListEntriesResponse) Reset() {
 	*x = ListEntriesResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1896,7 +2309,7 @@ func (x *ListEntriesResponse) String() string {
 func (*ListEntriesResponse) ProtoMessage() {}
 
 func (x *ListEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1909,7 +2322,7 @@ func (x *ListEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntriesResponse.ProtoReflect.Descriptor instead.
 func (*ListEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{21}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListEntriesResponse) GetEntries() []*Entry {
@@ -1935,7 +2348,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1947,7 +2360,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1960,7 +2373,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{22}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DiffRequest) GetFromCheckpointId() string {
@@ -2012,7 +2425,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2024,7 +2437,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2037,7 +2450,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{23}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Change) GetPath() string {
@@ -2077,7 +2490,7 @@ type DiffResponse struct {
 
 func (x *DiffResponse) Reset() {
 	*x = DiffResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2502,7 @@ func (x *DiffResponse) String() string {
 func (*DiffResponse) ProtoMessage() {}
 
 func (x *DiffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2515,7 @@ func (x *DiffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffResponse.ProtoReflect.Descriptor instead.
 func (*DiffResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{24}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DiffResponse) GetChanges() []*Change {
@@ -2124,7 +2537,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2549,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2562,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{25}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReadFileRequest) GetCheckpointId() string {
@@ -2184,7 +2597,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2196,7 +2609,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2209,7 +2622,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{26}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2236,7 +2649,7 @@ type UploadArtifactMetadata struct {
 
 func (x *UploadArtifactMetadata) Reset() {
 	*x = UploadArtifactMetadata{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2248,7 +2661,7 @@ func (x *UploadArtifactMetadata) String() string {
 func (*UploadArtifactMetadata) ProtoMessage() {}
 
 func (x *UploadArtifactMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2261,7 +2674,7 @@ func (x *UploadArtifactMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactMetadata.ProtoReflect.Descriptor instead.
 func (*UploadArtifactMetadata) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{27}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *UploadArtifactMetadata) GetName() string {
@@ -2291,7 +2704,7 @@ type UploadArtifactRequest struct {
 
 func (x *UploadArtifactRequest) Reset() {
 	*x = UploadArtifactRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2303,7 +2716,7 @@ func (x *UploadArtifactRequest) String() string {
 func (*UploadArtifactRequest) ProtoMessage() {}
 
 func (x *UploadArtifactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2316,7 +2729,7 @@ func (x *UploadArtifactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactRequest.ProtoReflect.Descriptor instead.
 func (*UploadArtifactRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{28}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *UploadArtifactRequest) GetPart() isUploadArtifactRequest_Part {
@@ -2369,7 +2782,7 @@ type UploadArtifactResponse struct {
 
 func (x *UploadArtifactResponse) Reset() {
 	*x = UploadArtifactResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2381,7 +2794,7 @@ func (x *UploadArtifactResponse) String() string {
 func (*UploadArtifactResponse) ProtoMessage() {}
 
 func (x *UploadArtifactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2394,7 +2807,7 @@ func (x *UploadArtifactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactResponse.ProtoReflect.Descriptor instead.
 func (*UploadArtifactResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{29}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UploadArtifactResponse) GetArtifact() *Artifact {
@@ -2415,7 +2828,7 @@ type ReadArtifactRequest struct {
 
 func (x *ReadArtifactRequest) Reset() {
 	*x = ReadArtifactRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2840,7 @@ func (x *ReadArtifactRequest) String() string {
 func (*ReadArtifactRequest) ProtoMessage() {}
 
 func (x *ReadArtifactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2853,7 @@ func (x *ReadArtifactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadArtifactRequest.ProtoReflect.Descriptor instead.
 func (*ReadArtifactRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{30}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReadArtifactRequest) GetBlobKey() string {
@@ -2466,7 +2879,7 @@ type ReadArtifactResponse struct {
 
 func (x *ReadArtifactResponse) Reset() {
 	*x = ReadArtifactResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2478,7 +2891,7 @@ func (x *ReadArtifactResponse) String() string {
 func (*ReadArtifactResponse) ProtoMessage() {}
 
 func (x *ReadArtifactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2491,7 +2904,7 @@ func (x *ReadArtifactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadArtifactResponse.ProtoReflect.Descriptor instead.
 func (*ReadArtifactResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{31}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReadArtifactResponse) GetData() []byte {
@@ -2512,7 +2925,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2524,7 +2937,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2537,7 +2950,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{32}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ForkRequest) GetSourceThreadId() string {
@@ -2570,7 +2983,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2582,7 +2995,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2595,7 +3008,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{33}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForkResponse) GetCheckpoint() *CheckpointSummary {
@@ -2615,7 +3028,7 @@ type DeleteHeadRequest struct {
 
 func (x *DeleteHeadRequest) Reset() {
 	*x = DeleteHeadRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +3040,7 @@ func (x *DeleteHeadRequest) String() string {
 func (*DeleteHeadRequest) ProtoMessage() {}
 
 func (x *DeleteHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +3053,7 @@ func (x *DeleteHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteHeadRequest.ProtoReflect.Descriptor instead.
 func (*DeleteHeadRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{34}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *DeleteHeadRequest) GetThreadId() string {
@@ -2667,7 +3080,7 @@ type DeleteHeadResponse struct {
 
 func (x *DeleteHeadResponse) Reset() {
 	*x = DeleteHeadResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2679,7 +3092,7 @@ func (x *DeleteHeadResponse) String() string {
 func (*DeleteHeadResponse) ProtoMessage() {}
 
 func (x *DeleteHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2692,7 +3105,7 @@ func (x *DeleteHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteHeadResponse.ProtoReflect.Descriptor instead.
 func (*DeleteHeadResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{35}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *DeleteHeadResponse) GetHeadCheckpointId() string {
@@ -2714,7 +3127,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2726,7 +3139,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2739,7 +3152,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{36}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *PruneRequest) GetThreadId() string {
@@ -2765,16 +3178,21 @@ func (x *PruneRequest) GetDryRun() bool {
 
 type PruneResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Deleted (or, with dry_run, to be deleted) checkpoint ids, oldest first.
+	// Deleted (or, with dry_run, to be deleted) checkpoint ids, oldest first; at
+	// most the first 10,000 (see ids_truncated), so the reply stays bounded.
 	DeletedCheckpointIds []string `protobuf:"bytes,1,rep,name=deleted_checkpoint_ids,json=deletedCheckpointIds,proto3" json:"deleted_checkpoint_ids,omitempty"`
 	DryRun               bool     `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// How many were (or would be) deleted, all of them.
+	DeletedCount uint64 `protobuf:"varint,3,opt,name=deleted_count,json=deletedCount,proto3" json:"deleted_count,omitempty"`
+	// True when deleted_checkpoint_ids holds only the first 10,000.
+	IdsTruncated  bool `protobuf:"varint,4,opt,name=ids_truncated,json=idsTruncated,proto3" json:"ids_truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2786,7 +3204,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2799,7 +3217,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{37}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *PruneResponse) GetDeletedCheckpointIds() []string {
@@ -2816,6 +3234,20 @@ func (x *PruneResponse) GetDryRun() bool {
 	return false
 }
 
+func (x *PruneResponse) GetDeletedCount() uint64 {
+	if x != nil {
+		return x.DeletedCount
+	}
+	return 0
+}
+
+func (x *PruneResponse) GetIdsTruncated() bool {
+	if x != nil {
+		return x.IdsTruncated
+	}
+	return false
+}
+
 type SweepBlobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only blobs uploaded at least this long ago are deleted. Unset: the server's
@@ -2828,7 +3260,7 @@ type SweepBlobsRequest struct {
 
 func (x *SweepBlobsRequest) Reset() {
 	*x = SweepBlobsRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2840,7 +3272,7 @@ func (x *SweepBlobsRequest) String() string {
 func (*SweepBlobsRequest) ProtoMessage() {}
 
 func (x *SweepBlobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2853,7 +3285,7 @@ func (x *SweepBlobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsRequest.ProtoReflect.Descriptor instead.
 func (*SweepBlobsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{38}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *SweepBlobsRequest) GetOlderThanMs() uint64 {
@@ -2882,7 +3314,7 @@ type KeptBlob struct {
 
 func (x *KeptBlob) Reset() {
 	*x = KeptBlob{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2894,7 +3326,7 @@ func (x *KeptBlob) String() string {
 func (*KeptBlob) ProtoMessage() {}
 
 func (x *KeptBlob) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2907,7 +3339,7 @@ func (x *KeptBlob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeptBlob.ProtoReflect.Descriptor instead.
 func (*KeptBlob) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{39}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *KeptBlob) GetKey() string {
@@ -2935,7 +3367,7 @@ type SweepFailure struct {
 
 func (x *SweepFailure) Reset() {
 	*x = SweepFailure{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2947,7 +3379,7 @@ func (x *SweepFailure) String() string {
 func (*SweepFailure) ProtoMessage() {}
 
 func (x *SweepFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2960,7 +3392,7 @@ func (x *SweepFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepFailure.ProtoReflect.Descriptor instead.
 func (*SweepFailure) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{40}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SweepFailure) GetKey() string {
@@ -2994,7 +3426,7 @@ type SweepBlobsBatch struct {
 
 func (x *SweepBlobsBatch) Reset() {
 	*x = SweepBlobsBatch{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3006,7 +3438,7 @@ func (x *SweepBlobsBatch) String() string {
 func (*SweepBlobsBatch) ProtoMessage() {}
 
 func (x *SweepBlobsBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3019,7 +3451,7 @@ func (x *SweepBlobsBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsBatch.ProtoReflect.Descriptor instead.
 func (*SweepBlobsBatch) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{41}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SweepBlobsBatch) GetDeleted() []string {
@@ -3063,7 +3495,7 @@ type SweepBlobsSummary struct {
 
 func (x *SweepBlobsSummary) Reset() {
 	*x = SweepBlobsSummary{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3075,7 +3507,7 @@ func (x *SweepBlobsSummary) String() string {
 func (*SweepBlobsSummary) ProtoMessage() {}
 
 func (x *SweepBlobsSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3088,7 +3520,7 @@ func (x *SweepBlobsSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsSummary.ProtoReflect.Descriptor instead.
 func (*SweepBlobsSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SweepBlobsSummary) GetListedCount() uint64 {
@@ -3160,7 +3592,7 @@ type SweepBlobsEvent struct {
 
 func (x *SweepBlobsEvent) Reset() {
 	*x = SweepBlobsEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3172,7 +3604,7 @@ func (x *SweepBlobsEvent) String() string {
 func (*SweepBlobsEvent) ProtoMessage() {}
 
 func (x *SweepBlobsEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3185,7 +3617,7 @@ func (x *SweepBlobsEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsEvent.ProtoReflect.Descriptor instead.
 func (*SweepBlobsEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SweepBlobsEvent) GetEvent() isSweepBlobsEvent_Event {
@@ -3241,7 +3673,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3253,7 +3685,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3266,7 +3698,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CheckRequest) GetReadData() bool {
@@ -3299,7 +3731,7 @@ type CheckFinding struct {
 
 func (x *CheckFinding) Reset() {
 	*x = CheckFinding{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3311,7 +3743,7 @@ func (x *CheckFinding) String() string {
 func (*CheckFinding) ProtoMessage() {}
 
 func (x *CheckFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3324,7 +3756,7 @@ func (x *CheckFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckFinding.ProtoReflect.Descriptor instead.
 func (*CheckFinding) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CheckFinding) GetKind() string {
@@ -3373,7 +3805,7 @@ type CheckProgress struct {
 
 func (x *CheckProgress) Reset() {
 	*x = CheckProgress{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3385,7 +3817,7 @@ func (x *CheckProgress) String() string {
 func (*CheckProgress) ProtoMessage() {}
 
 func (x *CheckProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3398,7 +3830,7 @@ func (x *CheckProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckProgress.ProtoReflect.Descriptor instead.
 func (*CheckProgress) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CheckProgress) GetBlobsChecked() uint64 {
@@ -3443,7 +3875,7 @@ type CheckSummary struct {
 
 func (x *CheckSummary) Reset() {
 	*x = CheckSummary{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3455,7 +3887,7 @@ func (x *CheckSummary) String() string {
 func (*CheckSummary) ProtoMessage() {}
 
 func (x *CheckSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3468,7 +3900,7 @@ func (x *CheckSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckSummary.ProtoReflect.Descriptor instead.
 func (*CheckSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{47}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CheckSummary) GetKeys() uint64 {
@@ -3569,7 +4001,7 @@ type CheckEvent struct {
 
 func (x *CheckEvent) Reset() {
 	*x = CheckEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3581,7 +4013,7 @@ func (x *CheckEvent) String() string {
 func (*CheckEvent) ProtoMessage() {}
 
 func (x *CheckEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3594,7 +4026,7 @@ func (x *CheckEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckEvent.ProtoReflect.Descriptor instead.
 func (*CheckEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{48}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CheckEvent) GetEvent() isCheckEvent_Event {
@@ -3661,7 +4093,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3673,7 +4105,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3686,7 +4118,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{49}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{54}
 }
 
 type Capabilities struct {
@@ -3723,7 +4155,7 @@ type Capabilities struct {
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3735,7 +4167,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3748,7 +4180,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{50}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *Capabilities) GetStoreBackend() string {
@@ -3861,7 +4293,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3873,7 +4305,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3886,7 +4318,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{51}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *GetServerInfoResponse) GetVersion() string {
@@ -3936,7 +4368,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x19\n" +
 	"\bblob_key\x18\x05 \x01(\tR\ablobKey\x12\x1d\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\xb9\x04\n" +
+	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\xe9\x05\n" +
 	"\x11CheckpointSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x125\n" +
@@ -3956,10 +4388,14 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0eartifact_count\x18\v \x01(\x04R\rartifactCount\x12-\n" +
 	"\x12conversation_count\x18\f \x01(\x04R\x11conversationCount\x12.\n" +
 	"\x06policy\x18\r \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12)\n" +
-	"\x10workspace_subdir\x18\x0e \x01(\tR\x0fworkspaceSubdirB\x17\n" +
+	"\x10workspace_subdir\x18\x0e \x01(\tR\x0fworkspaceSubdir\x126\n" +
+	"\x15forked_from_thread_id\x18\x0f \x01(\tH\x03R\x12forkedFromThreadId\x88\x01\x01\x12>\n" +
+	"\x19forked_from_checkpoint_id\x18\x10 \x01(\tH\x04R\x16forkedFromCheckpointId\x88\x01\x01B\x17\n" +
 	"\x15_parent_checkpoint_idB\b\n" +
 	"\x06_labelB\x10\n" +
-	"\x0e_source_run_id\"\xa0\x01\n" +
+	"\x0e_source_run_idB\x18\n" +
+	"\x16_forked_from_thread_idB\x1c\n" +
+	"\x1a_forked_from_checkpoint_id\"\xa0\x01\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x1d\n" +
 	"\n" +
@@ -3969,7 +4405,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\n" +
 	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x1f\n" +
 	"\vbytes_total\x18\x05 \x01(\x04R\n" +
-	"bytesTotal\"\x91\x03\n" +
+	"bytesTotal\"\xbd\x03\n" +
 	"\x0eCaptureRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12.\n" +
@@ -3980,7 +4416,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x10workspace_subdir\x18\a \x01(\tR\x0fworkspaceSubdir\x12\"\n" +
 	"\n" +
 	"request_id\x18\b \x01(\tH\x01R\trequestId\x88\x01\x01\x12'\n" +
-	"\rsource_run_id\x18\t \x01(\tH\x02R\vsourceRunId\x88\x01\x01B\b\n" +
+	"\rsource_run_id\x18\t \x01(\tH\x02R\vsourceRunId\x88\x01\x01\x12*\n" +
+	"\x11skip_if_unchanged\x18\n" +
+	" \x01(\bR\x0fskipIfUnchangedB\b\n" +
 	"\x06_labelB\r\n" +
 	"\v_request_idB\x10\n" +
 	"\x0e_source_run_id\"\x86\x03\n" +
@@ -3999,39 +4437,55 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"R\n" +
 	"\x0eCaptureStarted\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12#\n" +
-	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"\xa0\x01\n" +
+	"\rcheckpoint_id\x18\x02 \x01(\tR\fcheckpointId\"\xbe\x01\n" +
 	"\vCaptureDone\x12A\n" +
 	"\n" +
 	"checkpoint\x18\x01 \x01(\v2!.checkpointd.v1.CheckpointSummaryR\n" +
 	"checkpoint\x122\n" +
 	"\x05stats\x18\x02 \x01(\v2\x1c.checkpointd.v1.CaptureStatsR\x05stats\x12\x1a\n" +
-	"\breplayed\x18\x03 \x01(\bR\breplayed\"\xbe\x01\n" +
+	"\breplayed\x18\x03 \x01(\bR\breplayed\x12\x1c\n" +
+	"\tunchanged\x18\x04 \x01(\bR\tunchanged\"\xbe\x01\n" +
 	"\fCaptureEvent\x12:\n" +
 	"\astarted\x18\x01 \x01(\v2\x1e.checkpointd.v1.CaptureStartedH\x00R\astarted\x126\n" +
 	"\bprogress\x18\x02 \x01(\v2\x18.checkpointd.v1.ProgressH\x00R\bprogress\x121\n" +
 	"\x04done\x18\x03 \x01(\v2\x1b.checkpointd.v1.CaptureDoneH\x00R\x04doneB\a\n" +
-	"\x05event\"\xc4\x01\n" +
+	"\x05event\"\xdd\x01\n" +
 	"\x0eRestoreRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12)\n" +
-	"\x10workspace_subdir\x18\x04 \x01(\tR\x0fworkspaceSubdirB\x10\n" +
+	"\x10workspace_subdir\x18\x04 \x01(\tR\x0fworkspaceSubdir\x12\x17\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRunB\x10\n" +
 	"\x0e_checkpoint_id\"i\n" +
 	"\x0eRestoreStarted\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01B\x10\n" +
-	"\x0e_checkpoint_id\"\x8d\x01\n" +
+	"\x0e_checkpoint_id\"\xbe\x01\n" +
 	"\vRestoreDone\x12\x1a\n" +
 	"\brestored\x18\x01 \x01(\bR\brestored\x12A\n" +
 	"\n" +
 	"checkpoint\x18\x02 \x01(\v2!.checkpointd.v1.CheckpointSummaryR\n" +
 	"checkpoint\x12\x1f\n" +
 	"\vduration_ms\x18\x03 \x01(\x04R\n" +
-	"durationMs\"\xbe\x01\n" +
+	"durationMs\x12/\n" +
+	"\x04plan\x18\x04 \x01(\v2\x1b.checkpointd.v1.RestorePlanR\x04plan\"\xe5\x01\n" +
+	"\vRestorePlan\x12#\n" +
+	"\rfiles_written\x18\x01 \x01(\x04R\ffilesWritten\x12#\n" +
+	"\rpaths_deleted\x18\x02 \x01(\x04R\fpathsDeleted\x12\x1d\n" +
+	"\n" +
+	"files_kept\x18\x03 \x01(\x04R\tfilesKept\x12!\n" +
+	"\fdirs_created\x18\x04 \x01(\x04R\vdirsCreated\x12$\n" +
+	"\x0ebytes_to_fetch\x18\x05 \x01(\x04R\fbytesToFetch\x12$\n" +
+	"\x0eblobs_to_fetch\x18\x06 \x01(\x04R\fblobsToFetch\"F\n" +
+	"\x10RestorePlanPaths\x12\x18\n" +
+	"\awritten\x18\x01 \x03(\tR\awritten\x12\x18\n" +
+	"\adeleted\x18\x02 \x03(\tR\adeleted\"\x81\x02\n" +
 	"\fRestoreEvent\x12:\n" +
 	"\astarted\x18\x01 \x01(\v2\x1e.checkpointd.v1.RestoreStartedH\x00R\astarted\x126\n" +
 	"\bprogress\x18\x02 \x01(\v2\x18.checkpointd.v1.ProgressH\x00R\bprogress\x121\n" +
-	"\x04done\x18\x03 \x01(\v2\x1b.checkpointd.v1.RestoreDoneH\x00R\x04doneB\a\n" +
+	"\x04done\x18\x03 \x01(\v2\x1b.checkpointd.v1.RestoreDoneH\x00R\x04done\x12A\n" +
+	"\n" +
+	"plan_paths\x18\x04 \x01(\v2 .checkpointd.v1.RestorePlanPathsH\x00R\tplanPathsB\a\n" +
 	"\x05event\"n\n" +
 	"\x14GetCheckpointRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\x121\n" +
@@ -4041,14 +4495,30 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"checkpoint\x18\x01 \x01(\v2!.checkpointd.v1.CheckpointSummaryR\n" +
 	"checkpoint\x126\n" +
 	"\tartifacts\x18\x02 \x03(\v2\x18.checkpointd.v1.ArtifactR\tartifacts\x12\"\n" +
-	"\fconversation\x18\x03 \x03(\tR\fconversation\"q\n" +
+	"\fconversation\x18\x03 \x03(\tR\fconversation\"\xbc\x01\n" +
 	"\x16ListCheckpointsRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x03 \x01(\tR\tpageToken\"\x86\x01\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12!\n" +
+	"\fnewest_first\x18\x04 \x01(\bR\vnewestFirst\x12\x1b\n" +
+	"\x06before\x18\x05 \x01(\tH\x00R\x06before\x88\x01\x01B\t\n" +
+	"\a_before\"\x86\x01\n" +
 	"\x17ListCheckpointsResponse\x12C\n" +
 	"\vcheckpoints\x18\x01 \x03(\v2!.checkpointd.v1.CheckpointSummaryR\vcheckpoints\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"P\n" +
+	"\x12ListThreadsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\xcd\x01\n" +
+	"\rThreadSummary\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x121\n" +
+	"\x12head_checkpoint_id\x18\x02 \x01(\tH\x00R\x10headCheckpointId\x88\x01\x01\x12)\n" +
+	"\x10checkpoint_count\x18\x03 \x01(\x04R\x0fcheckpointCount\x12*\n" +
+	"\x11newest_created_at\x18\x04 \x01(\x03R\x0fnewestCreatedAtB\x15\n" +
+	"\x13_head_checkpoint_id\"v\n" +
+	"\x13ListThreadsResponse\x127\n" +
+	"\athreads\x18\x01 \x03(\v2\x1d.checkpointd.v1.ThreadSummaryR\athreads\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"-\n" +
 	"\x0eGetHeadRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\"M\n" +
@@ -4115,10 +4585,12 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\fPruneRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x12\n" +
 	"\x04keep\x18\x02 \x01(\rR\x04keep\x12\x17\n" +
-	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"^\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\"\xa8\x01\n" +
 	"\rPruneResponse\x124\n" +
 	"\x16deleted_checkpoint_ids\x18\x01 \x03(\tR\x14deletedCheckpointIds\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRun\"g\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12#\n" +
+	"\rdeleted_count\x18\x03 \x01(\x04R\fdeletedCount\x12#\n" +
+	"\rids_truncated\x18\x04 \x01(\bR\fidsTruncated\"g\n" +
 	"\x11SweepBlobsRequest\x12'\n" +
 	"\rolder_than_ms\x18\x01 \x01(\x04H\x00R\volderThanMs\x88\x01\x01\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRunB\x10\n" +
@@ -4256,13 +4728,13 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x11CHANGE_KIND_ADDED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_KIND_DELETED\x10\x02\x12\x18\n" +
 	"\x14CHANGE_KIND_MODIFIED\x10\x03\x12\x1c\n" +
-	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xb6\n" +
-	"\n" +
+	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\x8e\v\n" +
 	"\vCheckpointd\x12I\n" +
 	"\aCapture\x12\x1e.checkpointd.v1.CaptureRequest\x1a\x1c.checkpointd.v1.CaptureEvent0\x01\x12I\n" +
 	"\aRestore\x12\x1e.checkpointd.v1.RestoreRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12\\\n" +
 	"\rGetCheckpoint\x12$.checkpointd.v1.GetCheckpointRequest\x1a%.checkpointd.v1.GetCheckpointResponse\x12b\n" +
-	"\x0fListCheckpoints\x12&.checkpointd.v1.ListCheckpointsRequest\x1a'.checkpointd.v1.ListCheckpointsResponse\x12J\n" +
+	"\x0fListCheckpoints\x12&.checkpointd.v1.ListCheckpointsRequest\x1a'.checkpointd.v1.ListCheckpointsResponse\x12V\n" +
+	"\vListThreads\x12\".checkpointd.v1.ListThreadsRequest\x1a#.checkpointd.v1.ListThreadsResponse\x12J\n" +
 	"\aGetHead\x12\x1e.checkpointd.v1.GetHeadRequest\x1a\x1f.checkpointd.v1.GetHeadResponse\x12X\n" +
 	"\vListEntries\x12\".checkpointd.v1.ListEntriesRequest\x1a#.checkpointd.v1.ListEntriesResponse0\x01\x12C\n" +
 	"\x04Diff\x12\x1b.checkpointd.v1.DiffRequest\x1a\x1c.checkpointd.v1.DiffResponse0\x01\x12A\n" +
@@ -4291,7 +4763,7 @@ func file_checkpointd_v1_checkpointd_proto_rawDescGZIP() []byte {
 }
 
 var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(ErrorReason)(0),                // 0: checkpointd.v1.ErrorReason
 	(EntryKind)(0),                  // 1: checkpointd.v1.EntryKind
@@ -4309,54 +4781,59 @@ var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(*RestoreRequest)(nil),          // 13: checkpointd.v1.RestoreRequest
 	(*RestoreStarted)(nil),          // 14: checkpointd.v1.RestoreStarted
 	(*RestoreDone)(nil),             // 15: checkpointd.v1.RestoreDone
-	(*RestoreEvent)(nil),            // 16: checkpointd.v1.RestoreEvent
-	(*GetCheckpointRequest)(nil),    // 17: checkpointd.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),   // 18: checkpointd.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 19: checkpointd.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 20: checkpointd.v1.ListCheckpointsResponse
-	(*GetHeadRequest)(nil),          // 21: checkpointd.v1.GetHeadRequest
-	(*GetHeadResponse)(nil),         // 22: checkpointd.v1.GetHeadResponse
-	(*ListEntriesRequest)(nil),      // 23: checkpointd.v1.ListEntriesRequest
-	(*ListEntriesResponse)(nil),     // 24: checkpointd.v1.ListEntriesResponse
-	(*DiffRequest)(nil),             // 25: checkpointd.v1.DiffRequest
-	(*Change)(nil),                  // 26: checkpointd.v1.Change
-	(*DiffResponse)(nil),            // 27: checkpointd.v1.DiffResponse
-	(*ReadFileRequest)(nil),         // 28: checkpointd.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 29: checkpointd.v1.ReadFileResponse
-	(*UploadArtifactMetadata)(nil),  // 30: checkpointd.v1.UploadArtifactMetadata
-	(*UploadArtifactRequest)(nil),   // 31: checkpointd.v1.UploadArtifactRequest
-	(*UploadArtifactResponse)(nil),  // 32: checkpointd.v1.UploadArtifactResponse
-	(*ReadArtifactRequest)(nil),     // 33: checkpointd.v1.ReadArtifactRequest
-	(*ReadArtifactResponse)(nil),    // 34: checkpointd.v1.ReadArtifactResponse
-	(*ForkRequest)(nil),             // 35: checkpointd.v1.ForkRequest
-	(*ForkResponse)(nil),            // 36: checkpointd.v1.ForkResponse
-	(*DeleteHeadRequest)(nil),       // 37: checkpointd.v1.DeleteHeadRequest
-	(*DeleteHeadResponse)(nil),      // 38: checkpointd.v1.DeleteHeadResponse
-	(*PruneRequest)(nil),            // 39: checkpointd.v1.PruneRequest
-	(*PruneResponse)(nil),           // 40: checkpointd.v1.PruneResponse
-	(*SweepBlobsRequest)(nil),       // 41: checkpointd.v1.SweepBlobsRequest
-	(*KeptBlob)(nil),                // 42: checkpointd.v1.KeptBlob
-	(*SweepFailure)(nil),            // 43: checkpointd.v1.SweepFailure
-	(*SweepBlobsBatch)(nil),         // 44: checkpointd.v1.SweepBlobsBatch
-	(*SweepBlobsSummary)(nil),       // 45: checkpointd.v1.SweepBlobsSummary
-	(*SweepBlobsEvent)(nil),         // 46: checkpointd.v1.SweepBlobsEvent
-	(*CheckRequest)(nil),            // 47: checkpointd.v1.CheckRequest
-	(*CheckFinding)(nil),            // 48: checkpointd.v1.CheckFinding
-	(*CheckProgress)(nil),           // 49: checkpointd.v1.CheckProgress
-	(*CheckSummary)(nil),            // 50: checkpointd.v1.CheckSummary
-	(*CheckEvent)(nil),              // 51: checkpointd.v1.CheckEvent
-	(*GetServerInfoRequest)(nil),    // 52: checkpointd.v1.GetServerInfoRequest
-	(*Capabilities)(nil),            // 53: checkpointd.v1.Capabilities
-	(*GetServerInfoResponse)(nil),   // 54: checkpointd.v1.GetServerInfoResponse
-	nil,                             // 55: checkpointd.v1.CaptureStats.PhasesMsEntry
-	nil,                             // 56: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	(*RestorePlan)(nil),             // 16: checkpointd.v1.RestorePlan
+	(*RestorePlanPaths)(nil),        // 17: checkpointd.v1.RestorePlanPaths
+	(*RestoreEvent)(nil),            // 18: checkpointd.v1.RestoreEvent
+	(*GetCheckpointRequest)(nil),    // 19: checkpointd.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),   // 20: checkpointd.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 21: checkpointd.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 22: checkpointd.v1.ListCheckpointsResponse
+	(*ListThreadsRequest)(nil),      // 23: checkpointd.v1.ListThreadsRequest
+	(*ThreadSummary)(nil),           // 24: checkpointd.v1.ThreadSummary
+	(*ListThreadsResponse)(nil),     // 25: checkpointd.v1.ListThreadsResponse
+	(*GetHeadRequest)(nil),          // 26: checkpointd.v1.GetHeadRequest
+	(*GetHeadResponse)(nil),         // 27: checkpointd.v1.GetHeadResponse
+	(*ListEntriesRequest)(nil),      // 28: checkpointd.v1.ListEntriesRequest
+	(*ListEntriesResponse)(nil),     // 29: checkpointd.v1.ListEntriesResponse
+	(*DiffRequest)(nil),             // 30: checkpointd.v1.DiffRequest
+	(*Change)(nil),                  // 31: checkpointd.v1.Change
+	(*DiffResponse)(nil),            // 32: checkpointd.v1.DiffResponse
+	(*ReadFileRequest)(nil),         // 33: checkpointd.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 34: checkpointd.v1.ReadFileResponse
+	(*UploadArtifactMetadata)(nil),  // 35: checkpointd.v1.UploadArtifactMetadata
+	(*UploadArtifactRequest)(nil),   // 36: checkpointd.v1.UploadArtifactRequest
+	(*UploadArtifactResponse)(nil),  // 37: checkpointd.v1.UploadArtifactResponse
+	(*ReadArtifactRequest)(nil),     // 38: checkpointd.v1.ReadArtifactRequest
+	(*ReadArtifactResponse)(nil),    // 39: checkpointd.v1.ReadArtifactResponse
+	(*ForkRequest)(nil),             // 40: checkpointd.v1.ForkRequest
+	(*ForkResponse)(nil),            // 41: checkpointd.v1.ForkResponse
+	(*DeleteHeadRequest)(nil),       // 42: checkpointd.v1.DeleteHeadRequest
+	(*DeleteHeadResponse)(nil),      // 43: checkpointd.v1.DeleteHeadResponse
+	(*PruneRequest)(nil),            // 44: checkpointd.v1.PruneRequest
+	(*PruneResponse)(nil),           // 45: checkpointd.v1.PruneResponse
+	(*SweepBlobsRequest)(nil),       // 46: checkpointd.v1.SweepBlobsRequest
+	(*KeptBlob)(nil),                // 47: checkpointd.v1.KeptBlob
+	(*SweepFailure)(nil),            // 48: checkpointd.v1.SweepFailure
+	(*SweepBlobsBatch)(nil),         // 49: checkpointd.v1.SweepBlobsBatch
+	(*SweepBlobsSummary)(nil),       // 50: checkpointd.v1.SweepBlobsSummary
+	(*SweepBlobsEvent)(nil),         // 51: checkpointd.v1.SweepBlobsEvent
+	(*CheckRequest)(nil),            // 52: checkpointd.v1.CheckRequest
+	(*CheckFinding)(nil),            // 53: checkpointd.v1.CheckFinding
+	(*CheckProgress)(nil),           // 54: checkpointd.v1.CheckProgress
+	(*CheckSummary)(nil),            // 55: checkpointd.v1.CheckSummary
+	(*CheckEvent)(nil),              // 56: checkpointd.v1.CheckEvent
+	(*GetServerInfoRequest)(nil),    // 57: checkpointd.v1.GetServerInfoRequest
+	(*Capabilities)(nil),            // 58: checkpointd.v1.Capabilities
+	(*GetServerInfoResponse)(nil),   // 59: checkpointd.v1.GetServerInfoResponse
+	nil,                             // 60: checkpointd.v1.CaptureStats.PhasesMsEntry
+	nil,                             // 61: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	1,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
 	3,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
 	3,  // 2: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
 	5,  // 3: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	55, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	60, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
 	6,  // 5: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
 	9,  // 6: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
 	10, // 7: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
@@ -4364,68 +4841,73 @@ var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	11, // 9: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
 	3,  // 10: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
 	6,  // 11: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	14, // 12: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
-	7,  // 13: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
-	15, // 14: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
-	6,  // 15: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	5,  // 16: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
-	6,  // 17: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
-	4,  // 18: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
-	3,  // 19: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
-	2,  // 20: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
-	4,  // 21: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
-	4,  // 22: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
-	26, // 23: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
-	4,  // 24: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
-	30, // 25: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
-	5,  // 26: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
-	6,  // 27: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	42, // 28: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
-	43, // 29: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
-	56, // 30: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
-	44, // 31: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
-	45, // 32: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
-	49, // 33: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
-	48, // 34: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
-	50, // 35: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
-	53, // 36: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	8,  // 37: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	13, // 38: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	17, // 39: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	19, // 40: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	21, // 41: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	23, // 42: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	25, // 43: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	35, // 44: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	37, // 45: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	39, // 46: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	41, // 47: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	47, // 48: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
-	28, // 49: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	31, // 50: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	33, // 51: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	52, // 52: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	12, // 53: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	16, // 54: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	18, // 55: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	20, // 56: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	22, // 57: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	24, // 58: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	27, // 59: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	36, // 60: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	38, // 61: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	40, // 62: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	46, // 63: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
-	51, // 64: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
-	29, // 65: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	32, // 66: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	34, // 67: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	54, // 68: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	53, // [53:69] is the sub-list for method output_type
-	37, // [37:53] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	16, // 12: checkpointd.v1.RestoreDone.plan:type_name -> checkpointd.v1.RestorePlan
+	14, // 13: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
+	7,  // 14: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
+	15, // 15: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
+	17, // 16: checkpointd.v1.RestoreEvent.plan_paths:type_name -> checkpointd.v1.RestorePlanPaths
+	6,  // 17: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	5,  // 18: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
+	6,  // 19: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
+	24, // 20: checkpointd.v1.ListThreadsResponse.threads:type_name -> checkpointd.v1.ThreadSummary
+	4,  // 21: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
+	3,  // 22: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
+	2,  // 23: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
+	4,  // 24: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
+	4,  // 25: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
+	31, // 26: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
+	4,  // 27: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
+	35, // 28: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
+	5,  // 29: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
+	6,  // 30: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	47, // 31: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
+	48, // 32: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
+	61, // 33: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	49, // 34: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
+	50, // 35: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
+	54, // 36: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
+	53, // 37: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
+	55, // 38: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
+	58, // 39: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	8,  // 40: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	13, // 41: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	19, // 42: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	21, // 43: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	23, // 44: checkpointd.v1.Checkpointd.ListThreads:input_type -> checkpointd.v1.ListThreadsRequest
+	26, // 45: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	28, // 46: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	30, // 47: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	40, // 48: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	42, // 49: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	44, // 50: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	46, // 51: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	52, // 52: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
+	33, // 53: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	36, // 54: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	38, // 55: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	57, // 56: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	12, // 57: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	18, // 58: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	20, // 59: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	22, // 60: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	25, // 61: checkpointd.v1.Checkpointd.ListThreads:output_type -> checkpointd.v1.ListThreadsResponse
+	27, // 62: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	29, // 63: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	32, // 64: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	41, // 65: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	43, // 66: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	45, // 67: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	51, // 68: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
+	56, // 69: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
+	34, // 70: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	37, // 71: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	39, // 72: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	59, // 73: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	57, // [57:74] is the sub-list for method output_type
+	40, // [40:57] is the sub-list for method input_type
+	40, // [40:40] is the sub-list for extension type_name
+	40, // [40:40] is the sub-list for extension extendee
+	0,  // [0:40] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }
@@ -4443,24 +4925,27 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 	}
 	file_checkpointd_v1_checkpointd_proto_msgTypes[10].OneofWrappers = []any{}
 	file_checkpointd_v1_checkpointd_proto_msgTypes[11].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[13].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[15].OneofWrappers = []any{
 		(*RestoreEvent_Started)(nil),
 		(*RestoreEvent_Progress)(nil),
 		(*RestoreEvent_Done)(nil),
+		(*RestoreEvent_PlanPaths)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[19].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[22].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[28].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[18].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[21].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[24].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[27].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[33].OneofWrappers = []any{
 		(*UploadArtifactRequest_Metadata)(nil),
 		(*UploadArtifactRequest_Chunk)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[35].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[38].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[43].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[40].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[43].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[48].OneofWrappers = []any{
 		(*SweepBlobsEvent_Batch)(nil),
 		(*SweepBlobsEvent_Summary)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[48].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[53].OneofWrappers = []any{
 		(*CheckEvent_Progress)(nil),
 		(*CheckEvent_Finding)(nil),
 		(*CheckEvent_Summary)(nil),
@@ -4471,7 +4956,7 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_checkpointd_proto_rawDesc), len(file_checkpointd_v1_checkpointd_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   54,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

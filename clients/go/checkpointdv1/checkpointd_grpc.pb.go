@@ -44,6 +44,7 @@ const (
 	Checkpointd_Restore_FullMethodName         = "/checkpointd.v1.Checkpointd/Restore"
 	Checkpointd_GetCheckpoint_FullMethodName   = "/checkpointd.v1.Checkpointd/GetCheckpoint"
 	Checkpointd_ListCheckpoints_FullMethodName = "/checkpointd.v1.Checkpointd/ListCheckpoints"
+	Checkpointd_ListThreads_FullMethodName     = "/checkpointd.v1.Checkpointd/ListThreads"
 	Checkpointd_GetHead_FullMethodName         = "/checkpointd.v1.Checkpointd/GetHead"
 	Checkpointd_ListEntries_FullMethodName     = "/checkpointd.v1.Checkpointd/ListEntries"
 	Checkpointd_Diff_FullMethodName            = "/checkpointd.v1.Checkpointd/Diff"
@@ -68,8 +69,11 @@ type CheckpointdClient interface {
 	// Restore the newest (or a chosen) checkpoint of a thread into the workspace.
 	Restore(ctx context.Context, in *RestoreRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RestoreEvent], error)
 	GetCheckpoint(ctx context.Context, in *GetCheckpointRequest, opts ...grpc.CallOption) (*GetCheckpointResponse, error)
-	// Summaries of a thread's checkpoints, oldest first, paged.
+	// Summaries of a thread's checkpoints, oldest first (or newest_first), paged.
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
+	// The threads that hold checkpoints, with their head and count, paged in the
+	// UTF-8 byte order of the thread id.
+	ListThreads(ctx context.Context, in *ListThreadsRequest, opts ...grpc.CallOption) (*ListThreadsResponse, error)
 	GetHead(ctx context.Context, in *GetHeadRequest, opts ...grpc.CallOption) (*GetHeadResponse, error)
 	// A checkpoint's manifest, in chunks of entries.
 	ListEntries(ctx context.Context, in *ListEntriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEntriesResponse], error)
@@ -156,6 +160,16 @@ func (c *checkpointdClient) ListCheckpoints(ctx context.Context, in *ListCheckpo
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListCheckpointsResponse)
 	err := c.cc.Invoke(ctx, Checkpointd_ListCheckpoints_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *checkpointdClient) ListThreads(ctx context.Context, in *ListThreadsRequest, opts ...grpc.CallOption) (*ListThreadsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListThreadsResponse)
+	err := c.cc.Invoke(ctx, Checkpointd_ListThreads_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -349,8 +363,11 @@ type CheckpointdServer interface {
 	// Restore the newest (or a chosen) checkpoint of a thread into the workspace.
 	Restore(*RestoreRequest, grpc.ServerStreamingServer[RestoreEvent]) error
 	GetCheckpoint(context.Context, *GetCheckpointRequest) (*GetCheckpointResponse, error)
-	// Summaries of a thread's checkpoints, oldest first, paged.
+	// Summaries of a thread's checkpoints, oldest first (or newest_first), paged.
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
+	// The threads that hold checkpoints, with their head and count, paged in the
+	// UTF-8 byte order of the thread id.
+	ListThreads(context.Context, *ListThreadsRequest) (*ListThreadsResponse, error)
 	GetHead(context.Context, *GetHeadRequest) (*GetHeadResponse, error)
 	// A checkpoint's manifest, in chunks of entries.
 	ListEntries(*ListEntriesRequest, grpc.ServerStreamingServer[ListEntriesResponse]) error
@@ -396,6 +413,9 @@ func (UnimplementedCheckpointdServer) GetCheckpoint(context.Context, *GetCheckpo
 }
 func (UnimplementedCheckpointdServer) ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListCheckpoints not implemented")
+}
+func (UnimplementedCheckpointdServer) ListThreads(context.Context, *ListThreadsRequest) (*ListThreadsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListThreads not implemented")
 }
 func (UnimplementedCheckpointdServer) GetHead(context.Context, *GetHeadRequest) (*GetHeadResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetHead not implemented")
@@ -508,6 +528,24 @@ func _Checkpointd_ListCheckpoints_Handler(srv interface{}, ctx context.Context, 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(CheckpointdServer).ListCheckpoints(ctx, req.(*ListCheckpointsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Checkpointd_ListThreads_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListThreadsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CheckpointdServer).ListThreads(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Checkpointd_ListThreads_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CheckpointdServer).ListThreads(ctx, req.(*ListThreadsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -689,6 +727,10 @@ var Checkpointd_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListCheckpoints",
 			Handler:    _Checkpointd_ListCheckpoints_Handler,
+		},
+		{
+			MethodName: "ListThreads",
+			Handler:    _Checkpointd_ListThreads_Handler,
 		},
 		{
 			MethodName: "GetHead",

@@ -126,6 +126,7 @@ class Client:
         workspace_subdir: str = "",
         request_id: str | None = None,
         source_run_id: str | None = None,
+        skip_if_unchanged: bool = False,
         on_event: Callable[[pb.CaptureEvent], None] | None = None,
     ) -> pb.CaptureDone:
         """Capture; ``on_event`` sees every event. Returns the done event."""
@@ -135,6 +136,7 @@ class Client:
             conversation=list(conversation),
             artifacts=list(artifacts),
             workspace_subdir=workspace_subdir,
+            skip_if_unchanged=skip_if_unchanged,
         )
         if label is not None:
             request.label = label
@@ -158,9 +160,14 @@ class Client:
         checkpoint_id: str | None = None,
         policy: pb.Policy | None = None,
         workspace_subdir: str = "",
+        dry_run: bool = False,
         on_event: Callable[[pb.RestoreEvent], None] | None = None,
     ) -> pb.RestoreDone:
-        request = pb.RestoreRequest(thread_id=thread_id, workspace_subdir=workspace_subdir)
+        """Restore (``dry_run``: plan only; ``on_event`` sees the plan_paths
+        chunks). Returns the done event."""
+        request = pb.RestoreRequest(
+            thread_id=thread_id, workspace_subdir=workspace_subdir, dry_run=dry_run
+        )
         if checkpoint_id is not None:
             request.checkpoint_id = checkpoint_id
         if policy is not None:
@@ -185,22 +192,45 @@ class Client:
         )
 
     async def list_checkpoints(
-        self, thread_id: str, *, page_size: int = 0
+        self,
+        thread_id: str,
+        *,
+        page_size: int = 0,
+        newest_first: bool = False,
+        before: str | None = None,
+        limit: int | None = None,
     ) -> list[pb.CheckpointSummary]:
-        """Every checkpoint of the thread (all pages), oldest first."""
+        """The thread's checkpoints (all pages, or the first ``limit``), oldest
+        first or ``newest_first``, only those before ``before`` when given."""
         out: list[pb.CheckpointSummary] = []
         token = ""
         while True:
-            page = await self._unary(
-                self.stub.ListCheckpoints,
-                pb.ListCheckpointsRequest(
-                    thread_id=thread_id, page_size=page_size, page_token=token
-                ),
+            request = pb.ListCheckpointsRequest(
+                thread_id=thread_id,
+                page_size=page_size if limit is None else min(limit - len(out), 1000),
+                page_token=token,
+                newest_first=newest_first,
             )
+            if before is not None:
+                request.before = before
+            page = await self._unary(self.stub.ListCheckpoints, request)
             out.extend(page.checkpoints)
             token = page.next_page_token
+            if not token or (limit is not None and len(out) >= limit):
+                return out if limit is None else out[:limit]
+
+    async def list_threads(self, *, page_size: int = 0) -> AsyncIterator[pb.ThreadSummary]:
+        """Every thread that holds checkpoints, page by page."""
+        token = ""
+        while True:
+            page = await self._unary(
+                self.stub.ListThreads, pb.ListThreadsRequest(page_size=page_size, page_token=token)
+            )
+            for thread in page.threads:
+                yield thread
+            token = page.next_page_token
             if not token:
-                return out
+                return
 
     async def get_head(self, thread_id: str) -> str | None:
         response = await self._unary(self.stub.GetHead, pb.GetHeadRequest(thread_id=thread_id))
@@ -295,10 +325,16 @@ class Client:
         return response.head_checkpoint_id if response.HasField("head_checkpoint_id") else None
 
     async def prune(self, thread_id: str, keep: int, *, dry_run: bool = False) -> list[str]:
-        response = await self._unary(
+        """The deleted ids (at most the first 10,000; ``prune_response`` has the count)."""
+        response = await self.prune_response(thread_id, keep, dry_run=dry_run)
+        return list(response.deleted_checkpoint_ids)
+
+    async def prune_response(
+        self, thread_id: str, keep: int, *, dry_run: bool = False
+    ) -> pb.PruneResponse:
+        return await self._unary(  # type: ignore[no-any-return]
             self.stub.Prune, pb.PruneRequest(thread_id=thread_id, keep=keep, dry_run=dry_run)
         )
-        return list(response.deleted_checkpoint_ids)
 
     async def sweep(
         self,

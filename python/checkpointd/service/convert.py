@@ -101,6 +101,10 @@ def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
     if checkpoint.policy is not None:
         summary.policy.CopyFrom(policy_to_proto(checkpoint.policy))
     summary.workspace_subdir = checkpoint.workspace_subdir
+    if checkpoint.forked_from_thread_id is not None:
+        summary.forked_from_thread_id = checkpoint.forked_from_thread_id
+    if checkpoint.forked_from_checkpoint_id is not None:
+        summary.forked_from_checkpoint_id = checkpoint.forked_from_checkpoint_id
     return summary
 
 

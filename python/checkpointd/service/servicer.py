@@ -45,7 +45,7 @@ from ..errors import (
 from ..ids import new_uuid7
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
 from ..progress import Progress
-from ..store.base import CheckpointStore
+from ..store.base import CheckpointStore, ThreadListing
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, diffing
@@ -62,6 +62,9 @@ DEFAULT_CHUNK = 256 * 1024
 ENTRIES_PER_MESSAGE = 512
 BYTES_PER_MESSAGE = 512 * 1024
 DEFAULT_PAGE_SIZE = 100
+# Ids a Prune reply lists (~40 bytes each: 400 KB), so it stays bounded however
+# many checkpoints a thread had; deleted_count counts them all.
+MAX_PRUNE_IDS = 10_000
 # SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
 # that a capture still in flight will reference is never that old).
 DEFAULT_SWEEP_OLDER_THAN_MS = 3_600_000
@@ -322,6 +325,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 progress=progress,
                 checkpoint_id=checkpoint_id,
                 workspace_subdir=normal_subdir(request.workspace_subdir),
+                skip_if_unchanged=request.skip_if_unchanged,
             )
 
         async for item in _with_progress(self.state, thread_id, context, work):
@@ -333,6 +337,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                     done=pb.CaptureDone(
                         checkpoint=convert.summary_of(result.checkpoint),
                         stats=convert.stats_to_proto(result.stats),
+                        unchanged=result.unchanged,
                     )
                 )
 
@@ -350,13 +355,13 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             else None
         )
         subdir = request.workspace_subdir
-        if not subdir:
-            # Restore where the checkpoint was captured: pin the checkpoint read
-            # here so the engine restores exactly the one whose sub-root we use.
-            if checkpoint_id is None:
-                checkpoint_id = await store.get_head(thread_id)
-            if checkpoint_id is not None:
-                subdir = recorded_subdir(subdir, await self._checkpoint(checkpoint_id))
+        # Pin the head read here: the engine restores exactly that checkpoint
+        # (whose sub-root we may use), and RestoreStarted names it.
+        if checkpoint_id is None:
+            checkpoint_id = await store.get_head(thread_id)
+        if not subdir and checkpoint_id is not None:
+            # Restore where the checkpoint was captured.
+            subdir = recorded_subdir(subdir, await self._checkpoint(checkpoint_id))
         # Validated here for an early error; the engine itself opens the sub-root
         # from the workspace fd, component by component (never by this path).
         self.state.resolve_root(subdir)
@@ -366,6 +371,10 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             started.checkpoint_id = checkpoint_id
         yield pb.RestoreEvent(started=started)
         began = time.monotonic()
+        if request.dry_run:
+            async for event in self._restore_plan(thread_id, checkpoint_id, policy, subdir):
+                yield event
+            return
 
         async def work(progress: Callable[[Progress], None]) -> Checkpoint | None:
             return await restore_checkpoint(
@@ -392,6 +401,51 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 if restored is not None:
                     done.checkpoint.CopyFrom(convert.summary_of(restored))
                 yield pb.RestoreEvent(done=done)
+
+    async def _restore_plan(
+        self, thread_id: str, checkpoint_id: str | None, policy: Any, subdir: str
+    ) -> AsyncIterator[pb.RestoreEvent]:
+        """A dry run: the plan's paths in bounded chunks, then done with the counts."""
+        from ..restore import preview_restore
+
+        store, _ = self.state.stores()
+        began = time.monotonic()
+        preview = await preview_restore(
+            self.state.workspace_root,
+            store,
+            thread_id,
+            checkpoint_id=checkpoint_id,
+            policy=policy,
+            data_dir=self.state.data_dir,
+            workspace_subdir=subdir,
+        )
+        done = pb.RestoreDone(restored=False)
+        if preview is not None:
+            marked = [(path, True) for path in preview.written] + [
+                (path, False) for path in preview.deleted
+            ]
+            for chunk in _chunks(marked, lambda item: 16 + len(item[0])):
+                yield pb.RestoreEvent(
+                    plan_paths=pb.RestorePlanPaths(
+                        written=[path for path, written in chunk if written],
+                        deleted=[path for path, written in chunk if not written],
+                    )
+                )
+            done.checkpoint.CopyFrom(convert.summary_of(preview.checkpoint))
+            done.plan.CopyFrom(
+                pb.RestorePlan(
+                    files_written=len(preview.written),
+                    paths_deleted=len(preview.deleted),
+                    files_kept=preview.kept,
+                    dirs_created=preview.dirs_to_make,
+                    bytes_to_fetch=preview.bytes_to_fetch,
+                    blobs_to_fetch=preview.blobs_to_fetch,
+                )
+            )
+        else:
+            done.plan.CopyFrom(pb.RestorePlan())
+        done.duration_ms = int((time.monotonic() - began) * 1000)
+        yield pb.RestoreEvent(done=done)
 
     # ------------------------------------------------------------ reading
 
@@ -426,24 +480,70 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     ) -> pb.ListCheckpointsResponse:
         store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
-        page_size = request.page_size or DEFAULT_PAGE_SIZE
-        if page_size > MAX_PAGE_SIZE:
-            raise SandboxCheckpointInvalidArgumentError(
-                f"page_size must be at most {MAX_PAGE_SIZE}", details={"page_size": page_size}
-            )
+        page_size = _page_size(request.page_size)
         checkpoints = await store.list(thread_id)
+        if request.HasField("before"):
+            before = validation.check_id(request.before, "before")
+            index = next((i for i, cp in enumerate(checkpoints) if cp.id == before), None)
+            if index is None:
+                raise SandboxSnapshotError(
+                    MISSING_CHECKPOINT,
+                    f"no checkpoint {before!r} in thread {thread_id!r}",
+                    details={"thread_id": thread_id, "checkpoint_id": before},
+                )
+            checkpoints = checkpoints[:index]
+        if request.newest_first:
+            checkpoints.reverse()
         start = 0
         if request.page_token:
-            cursor = _decode_page_token(request.page_token)
-            start = next(
-                (i for i, cp in enumerate(checkpoints) if _order_key(cp) > cursor), len(checkpoints)
-            )
+            cursor, newest_first = _decode_page_token(request.page_token)
+            if newest_first != request.newest_first:
+                raise SandboxCheckpointInvalidArgumentError(
+                    "page_token belongs to a listing in the other order (newest_first)",
+                    details={"newest_first": str(request.newest_first).lower()},
+                )
+
+            def past(cp: Checkpoint) -> bool:
+                return _order_key(cp) < cursor if newest_first else _order_key(cp) > cursor
+
+            start = next((i for i, cp in enumerate(checkpoints) if past(cp)), len(checkpoints))
         page = checkpoints[start : start + page_size]
         more = start + page_size < len(checkpoints)
         return pb.ListCheckpointsResponse(
             checkpoints=[convert.summary_of(cp) for cp in page],
-            next_page_token=_encode_page_token(page[-1]) if more and page else "",
+            next_page_token=_encode_page_token(page[-1], request.newest_first)
+            if more and page
+            else "",
         )
+
+    @_unary
+    async def ListThreads(
+        self, request: pb.ListThreadsRequest, context: Context
+    ) -> pb.ListThreadsResponse:
+        store, _ = self.state.stores()
+        if not isinstance(store, ThreadListing):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"the {self.state.store_backend} store cannot list threads"
+            )
+        page_size = _page_size(request.page_size)
+        after = _decode_thread_token(request.page_token) if request.page_token else None
+        # One more than asked: whether a next page exists, without a second query.
+        threads = await store.list_threads(after=after, limit=page_size + 1)
+        page = threads[:page_size]
+        response = pb.ListThreadsResponse(
+            next_page_token=_encode_thread_token(page[-1].thread_id)
+            if len(threads) > page_size
+            else ""
+        )
+        for thread in page:
+            summary = response.threads.add(
+                thread_id=thread.thread_id,
+                checkpoint_count=thread.checkpoint_count,
+                newest_created_at=int(thread.newest_created_at),
+            )
+            if thread.head_checkpoint_id is not None:
+                summary.head_checkpoint_id = thread.head_checkpoint_id
+        return response
 
     @_unary
     async def GetHead(self, request: pb.GetHeadRequest, context: Context) -> pb.GetHeadResponse:
@@ -606,7 +706,19 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         thread_id = validation.check_id(request.thread_id, "thread_id")
         deleted = await prune(store, thread_id, request.keep, dry_run=request.dry_run)
         ids = [d if isinstance(d, str) else d.id for d in deleted]
-        return pb.PruneResponse(deleted_checkpoint_ids=ids, dry_run=request.dry_run)
+        _log.info(
+            "prune%s of thread %s (keep %d): %d checkpoints",
+            " (dry run)" if request.dry_run else "",
+            thread_id,
+            request.keep,
+            len(ids),
+        )
+        return pb.PruneResponse(
+            deleted_checkpoint_ids=ids[:MAX_PRUNE_IDS],
+            dry_run=request.dry_run,
+            deleted_count=len(ids),
+            ids_truncated=len(ids) > MAX_PRUNE_IDS,
+        )
 
     @_streaming
     async def SweepBlobs(
@@ -803,15 +915,43 @@ def _order_key(checkpoint: Checkpoint) -> tuple[int, bytes]:
     return (checkpoint.created_at, checkpoint.id.encode("utf-8"))
 
 
-def _encode_page_token(last: Checkpoint) -> str:
-    raw = json.dumps([last.created_at, last.id]).encode()
+def _page_size(requested: int) -> int:
+    page_size = requested or DEFAULT_PAGE_SIZE
+    if page_size > MAX_PAGE_SIZE:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"page_size must be at most {MAX_PAGE_SIZE}", details={"page_size": page_size}
+        )
+    return page_size
+
+
+def _encode_page_token(last: Checkpoint, newest_first: bool = False) -> str:
+    raw = json.dumps([last.created_at, last.id, newest_first]).encode()
     return base64.urlsafe_b64encode(raw).decode()
 
 
-def _decode_page_token(token: str) -> tuple[int, bytes]:
+def _decode_page_token(token: str) -> tuple[tuple[int, bytes], bool]:
+    """(the last listed checkpoint's order key, newest_first) of a page token."""
     try:
-        created_at, checkpoint_id = json.loads(base64.urlsafe_b64decode(token.encode()))
-        return (int(created_at), str(checkpoint_id).encode("utf-8"))
+        fields = json.loads(base64.urlsafe_b64decode(token.encode()))
+        created_at, checkpoint_id = fields[0], fields[1]
+        newest_first = bool(fields[2]) if len(fields) > 2 else False
+        return (int(created_at), str(checkpoint_id).encode("utf-8")), newest_first
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise SandboxCheckpointInvalidArgumentError(
+            "bad page_token", details={"page_token": token[:64]}
+        ) from exc
+
+
+def _encode_thread_token(last_thread_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps(["thread", last_thread_id]).encode()).decode()
+
+
+def _decode_thread_token(token: str) -> str:
+    try:
+        kind, thread_id = json.loads(base64.urlsafe_b64decode(token.encode()))
+        if kind != "thread" or not isinstance(thread_id, str):
+            raise ValueError(token)
+        return validation.check_id(thread_id, "page_token")
     except (ValueError, TypeError) as exc:
         raise SandboxCheckpointInvalidArgumentError(
             "bad page_token", details={"page_token": token[:64]}

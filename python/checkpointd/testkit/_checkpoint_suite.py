@@ -1256,6 +1256,9 @@ class CheckpointStoreConformance:
                 artifacts=source.artifacts,
                 label=None,
                 source_run_id=None,
+                # Fork provenance (issue 12): where the root came from.
+                forked_from_thread_id="t1",
+                forked_from_checkpoint_id="c2",
             )
             assert fork == expected
             assert await w.store.get("f1") == expected

@@ -141,7 +141,7 @@ class Artifact(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size: _Optional[int] = ..., blob_key: _Optional[str] = ..., created_at: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count", "policy", "workspace_subdir")
+    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count", "policy", "workspace_subdir", "forked_from_thread_id", "forked_from_checkpoint_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -156,6 +156,8 @@ class CheckpointSummary(_message.Message):
     CONVERSATION_COUNT_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    FORKED_FROM_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     thread_id: str
     parent_checkpoint_id: str
@@ -170,7 +172,9 @@ class CheckpointSummary(_message.Message):
     conversation_count: int
     policy: Policy
     workspace_subdir: str
-    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
+    forked_from_thread_id: str
+    forked_from_checkpoint_id: str
+    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., forked_from_thread_id: _Optional[str] = ..., forked_from_checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total")
@@ -187,7 +191,7 @@ class Progress(_message.Message):
     def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
-    __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id")
+    __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id", "skip_if_unchanged")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -197,6 +201,7 @@ class CaptureRequest(_message.Message):
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SKIP_IF_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     label: str
     policy: Policy
@@ -206,7 +211,8 @@ class CaptureRequest(_message.Message):
     workspace_subdir: str
     request_id: str
     source_run_id: str
-    def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ...) -> None: ...
+    skip_if_unchanged: bool
+    def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ..., skip_if_unchanged: _Optional[bool] = ...) -> None: ...
 
 class CaptureStats(_message.Message):
     __slots__ = ("entries", "files_hashed", "files_reused", "bytes_hashed", "blobs_uploaded", "bytes_uploaded", "duration_ms", "phases_ms")
@@ -244,14 +250,16 @@ class CaptureStarted(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class CaptureDone(_message.Message):
-    __slots__ = ("checkpoint", "stats", "replayed")
+    __slots__ = ("checkpoint", "stats", "replayed", "unchanged")
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
     REPLAYED_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     checkpoint: CheckpointSummary
     stats: CaptureStats
     replayed: bool
-    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., stats: _Optional[_Union[CaptureStats, _Mapping]] = ..., replayed: _Optional[bool] = ...) -> None: ...
+    unchanged: bool
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., stats: _Optional[_Union[CaptureStats, _Mapping]] = ..., replayed: _Optional[bool] = ..., unchanged: _Optional[bool] = ...) -> None: ...
 
 class CaptureEvent(_message.Message):
     __slots__ = ("started", "progress", "done")
@@ -264,16 +272,18 @@ class CaptureEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[CaptureStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[CaptureDone, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir")
+    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir", "dry_run")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     checkpoint_id: str
     policy: Policy
     workspace_subdir: str
-    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
+    dry_run: bool
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class RestoreStarted(_message.Message):
     __slots__ = ("thread_id", "checkpoint_id")
@@ -284,24 +294,52 @@ class RestoreStarted(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class RestoreDone(_message.Message):
-    __slots__ = ("restored", "checkpoint", "duration_ms")
+    __slots__ = ("restored", "checkpoint", "duration_ms", "plan")
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
     restored: bool
     checkpoint: CheckpointSummary
     duration_ms: int
-    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ...) -> None: ...
+    plan: RestorePlan
+    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ...) -> None: ...
+
+class RestorePlan(_message.Message):
+    __slots__ = ("files_written", "paths_deleted", "files_kept", "dirs_created", "bytes_to_fetch", "blobs_to_fetch")
+    FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    PATHS_DELETED_FIELD_NUMBER: _ClassVar[int]
+    FILES_KEPT_FIELD_NUMBER: _ClassVar[int]
+    DIRS_CREATED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_TO_FETCH_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_TO_FETCH_FIELD_NUMBER: _ClassVar[int]
+    files_written: int
+    paths_deleted: int
+    files_kept: int
+    dirs_created: int
+    bytes_to_fetch: int
+    blobs_to_fetch: int
+    def __init__(self, files_written: _Optional[int] = ..., paths_deleted: _Optional[int] = ..., files_kept: _Optional[int] = ..., dirs_created: _Optional[int] = ..., bytes_to_fetch: _Optional[int] = ..., blobs_to_fetch: _Optional[int] = ...) -> None: ...
+
+class RestorePlanPaths(_message.Message):
+    __slots__ = ("written", "deleted")
+    WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    written: _containers.RepeatedScalarFieldContainer[str]
+    deleted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, written: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreEvent(_message.Message):
-    __slots__ = ("started", "progress", "done")
+    __slots__ = ("started", "progress", "done", "plan_paths")
     STARTED_FIELD_NUMBER: _ClassVar[int]
     PROGRESS_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_PATHS_FIELD_NUMBER: _ClassVar[int]
     started: RestoreStarted
     progress: Progress
     done: RestoreDone
-    def __init__(self, started: _Optional[_Union[RestoreStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[RestoreDone, _Mapping]] = ...) -> None: ...
+    plan_paths: RestorePlanPaths
+    def __init__(self, started: _Optional[_Union[RestoreStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[RestoreDone, _Mapping]] = ..., plan_paths: _Optional[_Union[RestorePlanPaths, _Mapping]] = ...) -> None: ...
 
 class GetCheckpointRequest(_message.Message):
     __slots__ = ("checkpoint_id", "include_conversation")
@@ -322,14 +360,18 @@ class GetCheckpointResponse(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., conversation: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
-    __slots__ = ("thread_id", "page_size", "page_token")
+    __slots__ = ("thread_id", "page_size", "page_token", "newest_first", "before")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     page_size: int
     page_token: str
-    def __init__(self, thread_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    newest_first: bool
+    before: str
+    def __init__(self, thread_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., newest_first: _Optional[bool] = ..., before: _Optional[str] = ...) -> None: ...
 
 class ListCheckpointsResponse(_message.Message):
     __slots__ = ("checkpoints", "next_page_token")
@@ -338,6 +380,34 @@ class ListCheckpointsResponse(_message.Message):
     checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointSummary]
     next_page_token: str
     def __init__(self, checkpoints: _Optional[_Iterable[_Union[CheckpointSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ListThreadsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ThreadSummary(_message.Message):
+    __slots__ = ("thread_id", "head_checkpoint_id", "checkpoint_count", "newest_created_at")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    head_checkpoint_id: str
+    checkpoint_count: int
+    newest_created_at: int
+    def __init__(self, thread_id: _Optional[str] = ..., head_checkpoint_id: _Optional[str] = ..., checkpoint_count: _Optional[int] = ..., newest_created_at: _Optional[int] = ...) -> None: ...
+
+class ListThreadsResponse(_message.Message):
+    __slots__ = ("threads", "next_page_token")
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    threads: _containers.RepeatedCompositeFieldContainer[ThreadSummary]
+    next_page_token: str
+    def __init__(self, threads: _Optional[_Iterable[_Union[ThreadSummary, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetHeadRequest(_message.Message):
     __slots__ = ("thread_id",)
@@ -492,12 +562,16 @@ class PruneRequest(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., keep: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
 
 class PruneResponse(_message.Message):
-    __slots__ = ("deleted_checkpoint_ids", "dry_run")
+    __slots__ = ("deleted_checkpoint_ids", "dry_run", "deleted_count", "ids_truncated")
     DELETED_CHECKPOINT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    DELETED_COUNT_FIELD_NUMBER: _ClassVar[int]
+    IDS_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     deleted_checkpoint_ids: _containers.RepeatedScalarFieldContainer[str]
     dry_run: bool
-    def __init__(self, deleted_checkpoint_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    deleted_count: int
+    ids_truncated: bool
+    def __init__(self, deleted_checkpoint_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ..., deleted_count: _Optional[int] = ..., ids_truncated: _Optional[bool] = ...) -> None: ...
 
 class SweepBlobsRequest(_message.Message):
     __slots__ = ("older_than_ms", "dry_run")

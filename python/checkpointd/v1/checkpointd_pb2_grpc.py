@@ -54,6 +54,11 @@ class CheckpointdStub:
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsResponse.FromString,
                 _registered_method=True)
+        self.ListThreads = channel.unary_unary(
+                '/checkpointd.v1.Checkpointd/ListThreads',
+                request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsResponse.FromString,
+                _registered_method=True)
         self.GetHead = channel.unary_unary(
                 '/checkpointd.v1.Checkpointd/GetHead',
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.GetHeadRequest.SerializeToString,
@@ -141,7 +146,15 @@ class CheckpointdServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ListCheckpoints(self, request, context):
-        """Summaries of a thread's checkpoints, oldest first, paged.
+        """Summaries of a thread's checkpoints, oldest first (or newest_first), paged.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListThreads(self, request, context):
+        """The threads that hold checkpoints, with their head and count, paged in the
+        UTF-8 byte order of the thread id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -253,6 +266,11 @@ def add_CheckpointdServicer_to_server(servicer, server):
                     servicer.ListCheckpoints,
                     request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsResponse.SerializeToString,
+            ),
+            'ListThreads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListThreads,
+                    request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsResponse.SerializeToString,
             ),
             'GetHead': grpc.unary_unary_rpc_method_handler(
                     servicer.GetHead,
@@ -423,6 +441,33 @@ class Checkpointd:
             '/checkpointd.v1.Checkpointd/ListCheckpoints',
             checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsRequest.SerializeToString,
             checkpointd_dot_v1_dot_checkpointd__pb2.ListCheckpointsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListThreads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Checkpointd/ListThreads',
+            checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsRequest.SerializeToString,
+            checkpointd_dot_v1_dot_checkpointd__pb2.ListThreadsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -155,6 +155,18 @@ impl RestoreSession {
         ])
     }
 
+    /// The workspace-relative paths this restore deletes (deepest first; names
+    /// that are not UTF-8 are shown with replacement characters).
+    #[getter]
+    fn deleted_paths(&self) -> Vec<String> {
+        self.inner
+            .plan
+            .deletions
+            .iter()
+            .map(|(path, _)| String::from_utf8_lossy(path).into_owned())
+            .collect()
+    }
+
     /// The workspace-relative paths written by this restore, in path order.
     #[getter]
     fn written_paths(&self) -> Vec<String> {

@@ -1,0 +1,202 @@
+"""What an orchestrator asks for: threads, newest-first listings, a restore
+preview, capture-if-changed, fork provenance, limits in GetServerInfo — through a
+real daemon, and the CLI commands that expose them."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+import pytest
+
+from checkpointd.service.client import RpcError
+from checkpointd.v1 import checkpointd_pb2 as pb
+
+from .conftest import Daemon
+from .test_cli import cli
+
+
+def ok_json(daemon: Daemon, *args: str) -> dict:
+    result = cli(daemon, *args, "--json")
+    assert result.returncode == 0, result.stderr + result.stdout
+    return json.loads(result.stdout)
+
+
+async def test_list_threads_pages_with_head_and_count(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        heads = {}
+        for index in range(7):
+            for _ in range(index % 3 + 1):
+                done = await client.capture(f"t-{index}")
+            heads[f"t-{index}"] = done.checkpoint.id
+        first = await client.stub.ListThreads(pb.ListThreadsRequest(page_size=3), timeout=10)
+        assert len(first.threads) == 3 and first.next_page_token
+        listed = [t async for t in client.list_threads(page_size=2)]
+        with pytest.raises(RpcError) as caught:
+            await client._unary(client.stub.ListThreads, pb.ListThreadsRequest(page_size=1001))
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(RpcError) as caught:
+            await client._unary(
+                client.stub.ListThreads, pb.ListThreadsRequest(page_token="garbage")
+            )
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert [t.thread_id for t in listed] == sorted(heads)
+    for thread in listed:
+        assert thread.head_checkpoint_id == heads[thread.thread_id]
+        index = int(thread.thread_id.removeprefix("t-"))
+        assert thread.checkpoint_count == index % 3 + 1
+        assert thread.newest_created_at > 0
+    shown = ok_json(daemon, "threads")["threads"]
+    assert [t["thread_id"] for t in shown] == sorted(heads)
+    assert isinstance(shown[0]["checkpoint_count"], int)
+
+
+async def test_newest_first_and_before(daemon: Daemon) -> None:
+    async with daemon.client() as client:
+        ids = []
+        for index in range(12):
+            (daemon.workspace / "n.txt").write_text(str(index))
+            ids.append((await client.capture("t-order")).checkpoint.id)
+        last_ten = await client.list_checkpoints("t-order", newest_first=True, limit=10)
+        assert [s.id for s in last_ten] == ids[::-1][:10]
+        paged = await client.list_checkpoints("t-order", newest_first=True, page_size=5)
+        assert [s.id for s in paged] == ids[::-1]
+        before = await client.list_checkpoints("t-order", newest_first=True, before=ids[5])
+        assert [s.id for s in before] == ids[:5][::-1]
+        oldest_before = await client.list_checkpoints("t-order", before=ids[5], page_size=2)
+        assert [s.id for s in oldest_before] == ids[:5]
+        with pytest.raises(RpcError) as caught:
+            await client.list_checkpoints("t-order", before="no-such-checkpoint")
+        assert caught.value.code == grpc.StatusCode.NOT_FOUND
+        # A token from one order is refused in the other.
+        page = await client.stub.ListCheckpoints(
+            pb.ListCheckpointsRequest(thread_id="t-order", page_size=2, newest_first=True),
+            timeout=10,
+        )
+        with pytest.raises(RpcError) as caught:
+            await client._unary(
+                client.stub.ListCheckpoints,
+                pb.ListCheckpointsRequest(thread_id="t-order", page_token=page.next_page_token),
+            )
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    newest = ok_json(daemon, "list", "t-order", "--newest-first", "--limit", "3")
+    assert [c["id"] for c in newest["checkpoints"]] == ids[::-1][:3]
+    assert isinstance(newest["checkpoints"][0]["created_at"], int)
+
+
+async def test_restore_dry_run_returns_the_plan_and_changes_nothing(daemon: Daemon) -> None:
+    ws = daemon.workspace
+    (ws / "keep.txt").write_text("same")
+    (ws / "edit.txt").write_text("original")
+    (ws / "sub").mkdir()
+    (ws / "sub" / "gone.txt").write_text("12345")
+    async with daemon.client() as client:
+        captured = (await client.capture("t-plan")).checkpoint
+        (ws / "edit.txt").write_text("edited")
+        (ws / "sub" / "gone.txt").unlink()
+        (ws / "extra.txt").write_text("new file")
+        before = {p.name: p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+        events: list[pb.RestoreEvent] = []
+        done = await client.restore("t-plan", dry_run=True, on_event=events.append)
+        after = {p.name: p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    assert after == before, "a dry run changes nothing"
+    assert not done.restored and done.checkpoint.id == captured.id
+    started = next(e.started for e in events if e.HasField("started"))
+    assert started.checkpoint_id == captured.id  # the head is named
+    written = [p for e in events if e.HasField("plan_paths") for p in e.plan_paths.written]
+    deleted = [p for e in events if e.HasField("plan_paths") for p in e.plan_paths.deleted]
+    assert sorted(written) == ["edit.txt", "sub/gone.txt"]
+    assert deleted == ["extra.txt"]
+    plan = done.plan
+    assert (plan.files_written, plan.paths_deleted, plan.files_kept) == (2, 1, 1)
+    assert plan.bytes_to_fetch == len("original") + len("12345")
+    assert plan.blobs_to_fetch == 2
+    shown = cli(daemon, "restore", "t-plan", "--dry-run")
+    assert shown.returncode == 0, shown.stderr
+    assert "would write 2 files, delete 1 paths, keep 1 files" in shown.stdout
+    assert "delete extra.txt" in shown.stdout
+    assert (ws / "extra.txt").exists()
+
+
+async def test_capture_skip_if_unchanged(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        first = await client.capture("t-skip", skip_if_unchanged=True)
+        assert not first.unchanged  # no head yet: a capture
+        again = await client.capture("t-skip", skip_if_unchanged=True)
+        assert again.unchanged and again.checkpoint.id == first.checkpoint.id
+        # mtime alone is no change; content is.
+        (daemon.workspace / "a.txt").touch()
+        assert (await client.capture("t-skip", skip_if_unchanged=True)).unchanged
+        talk = await client.capture("t-skip", skip_if_unchanged=True, conversation=['{"m":1}'])
+        assert not talk.unchanged
+        (daemon.workspace / "a.txt").write_text("b")
+        changed = await client.capture("t-skip", skip_if_unchanged=True, conversation=['{"m":1}'])
+        assert not changed.unchanged and changed.checkpoint.id != talk.checkpoint.id
+        labelled = await client.capture(
+            "t-skip", skip_if_unchanged=True, conversation=['{"m":1}'], label="named"
+        )
+        assert not labelled.unchanged
+        assert len(await client.list_checkpoints("t-skip")) == 4
+    skipped = ok_json(daemon, "capture", "t-skip", "--skip-if-unchanged")
+    assert skipped["unchanged"] is False  # the head has a conversation; this one none
+    skipped = ok_json(daemon, "capture", "t-skip", "--skip-if-unchanged")
+    assert skipped["unchanged"] is True
+
+
+async def test_fork_root_says_where_it_came_from(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        source = (await client.capture("t-src")).checkpoint
+        fork = await client.fork("t-src", source.id, "t-forked")
+        assert fork.forked_from_thread_id == "t-src"
+        assert fork.forked_from_checkpoint_id == source.id
+        again = (await client.get_checkpoint(fork.id)).checkpoint
+        assert again.forked_from_checkpoint_id == source.id
+        assert not source.HasField("forked_from_checkpoint_id")
+    shown = cli(daemon, "list", "t-forked")
+    assert f"forked from t-src/{source.id}" in shown.stdout
+
+
+async def test_server_info_reports_limits(daemon: Daemon) -> None:
+    async with daemon.client() as client:
+        caps = (await client.server_info()).capabilities
+    assert caps.max_message_bytes == 4 * 1024 * 1024
+    assert caps.lease_duration_ms == 120_000
+    assert caps.max_page_size == 1000
+    assert caps.auth_mode == "unix-socket" and not caps.tls
+    info = ok_json(daemon, "info")
+    assert info["capabilities"]["lease_duration_ms"] == 120_000
+
+
+async def test_prune_reports_a_count(daemon: Daemon) -> None:
+    async with daemon.client() as client:
+        for index in range(4):
+            (daemon.workspace / "p.txt").write_text(str(index))
+            await client.capture("t-prune")
+        response = await client.prune_response("t-prune", 1)
+    assert response.deleted_count == 3 and not response.ids_truncated
+    assert len(response.deleted_checkpoint_ids) == 3
+
+
+def test_unknown_threads_exit_3_everywhere(daemon: Daemon) -> None:
+    for args in (
+        ("restore", "t-none"),
+        ("list", "t-none"),
+        ("diff", "--thread", "t-none"),
+        ("prune", "t-none", "--keep", "1"),
+    ):
+        result = cli(daemon, *args)
+        assert result.returncode == 3, (args, result.stdout, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_durations_and_data_dir(daemon: Daemon) -> None:
+    assert cli(daemon, "sweep", "--older-than", "7d", "--dry-run").returncode == 0
+    bad = cli(daemon, "sweep", "--older-than", "5x")
+    assert bad.returncode == 2 and "not a duration" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    # --data-dir finds the daemon's socket (no --address, no environment).
+    found = cli(None, "health", "--data-dir", str(daemon.data_dir), address="")
+    assert found.returncode == 0 and found.stdout.strip() == "SERVING", found.stderr
