@@ -26,7 +26,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -72,6 +72,8 @@ MAX_PAGE_SIZE = 1000
 # How long a new capture waits for a cancellation to be noticed, then to unwind.
 SETTLE_NOTICE_S = 0.25
 SETTLE_UNWIND_S = 30.0
+# How often a retry polls for the first attempt's checkpoint on another daemon.
+REPLAY_POLL_S = 0.1
 REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
 
 if TYPE_CHECKING:
@@ -110,6 +112,16 @@ class ServiceState:
     # The newest capture/restore of each thread run here, with its call's context
     # (the serve loop skips a tick while its thread's entry is running).
     by_thread: dict[str, tuple[asyncio.Task[Any], Context]] = field(default_factory=dict)
+    # Captures in flight by the checkpoint id they will append (a retry with the
+    # same request_id joins the first attempt instead of conflicting with it).
+    captures: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+
+    async def join_capture(self, checkpoint_id: str) -> None:
+        """Wait until this daemon's capture of ``checkpoint_id`` (if any) ends,
+        however it ends; cancelling the waiter leaves the capture running."""
+        task = self.captures.get(checkpoint_id)
+        if task is not None and not task.done():
+            await asyncio.wait({task})
 
     @contextlib.contextmanager
     def tracking(self) -> Iterator[None]:
@@ -188,6 +200,69 @@ def recorded_subdir(requested: str, checkpoint: Checkpoint | None) -> str:
     return checkpoint.workspace_subdir
 
 
+def _check_replay(
+    committed: Checkpoint,
+    request_id: str,
+    label: str | None,
+    source_run_id: str | None,
+    subdir: str,
+    conversation: tuple[Any, ...],
+    artifacts: tuple[Any, ...],
+) -> None:
+    """A retry must ask for what the first attempt did: a request_id sent again
+    with other parameters is a client bug, not a retry (INVALID_ARGUMENT naming
+    the field). Secrets and the policy are not compared: secrets are never
+    stored, and the scan result is what the first attempt captured."""
+    given = {
+        "label": (label, committed.label),
+        "source_run_id": (source_run_id, committed.source_run_id),
+        "workspace_subdir": (subdir, committed.workspace_subdir),
+        "conversation": (tuple(conversation), tuple(committed.conversation)),
+        "artifacts": (tuple(artifacts), tuple(committed.artifacts)),
+    }
+    for name, (now, then) in given.items():
+        if now != then:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"request_id {request_id!r} was first sent with another {name}: a retry "
+                "must repeat the request; use a new request_id for a new capture",
+                details={"field": name, "request_id": request_id, "checkpoint_id": committed.id},
+            )
+
+
+# Markers of checkpoints made under a request_id and deleted since (DeleteHead,
+# Prune): the id is spent, never reused for new content. Kept in the bucket, so
+# every daemon sharing it knows; outside the swept prefixes, so sweep keeps them.
+SPENT_REQUEST_PREFIX = "checkpointd-spent-request-ids/"
+
+
+async def mark_spent(state: ServiceState, checkpoint_ids: Iterable[str]) -> None:
+    """Record deleted checkpoints whose id came from a request_id (UUIDv5)."""
+    _, blobs = state.stores()
+    for checkpoint_id in checkpoint_ids:
+        try:
+            if uuid.UUID(checkpoint_id).version != 5:
+                continue
+        except ValueError:
+            continue
+        await blobs.put(SPENT_REQUEST_PREFIX + checkpoint_id, b"deleted\n")
+
+
+async def _refuse_spent_request_id(
+    state: ServiceState, thread_id: str, request_id: str, checkpoint_id: str
+) -> None:
+    _, blobs = state.stores()
+    if await blobs.head(SPENT_REQUEST_PREFIX + checkpoint_id) is not None:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"request_id {request_id!r} of thread {thread_id!r} named checkpoint "
+            f"{checkpoint_id}, which was deleted since; use a new request_id for a new capture",
+            details={
+                "field": "request_id",
+                "request_id": request_id,
+                "checkpoint_id": checkpoint_id,
+            },
+        )
+
+
 def derive_checkpoint_id(thread_id: str, request_id: str) -> str:
     """The checkpoint id a capture with ``request_id`` gets (same inputs, same id)."""
     return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{thread_id}\x00{request_id}"))
@@ -241,6 +316,7 @@ async def _with_progress(
     thread_id: str,
     context: Context,
     work: Callable[[Callable[[Progress], None]], Coroutine[Any, Any, T]],
+    checkpoint_id: str | None = None,
 ) -> AsyncIterator[Progress | tuple[str, T]]:
     """Run ``work(progress_callback)`` as a task; yield its Progress events, then
     ``("done", result)``. If the consumer stops (client cancel, deadline), the
@@ -252,6 +328,9 @@ async def _with_progress(
     state.running.add(task)
     task.add_done_callback(state.running.discard)
     state.by_thread[thread_id] = (task, context)
+    if checkpoint_id is not None:
+        state.captures[checkpoint_id] = task
+        task.add_done_callback(lambda _: state.captures.pop(checkpoint_id, None))
 
     def forget(_: object) -> None:
         if state.by_thread.get(thread_id, (None,))[0] is task:
@@ -287,11 +366,24 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
         conversation = convert.conversation_from_proto(request.conversation)
         artifacts = tuple(convert.artifact_from_proto(a) for a in request.artifacts)
+        label = request.label if request.HasField("label") else None
+        source_run_id = request.source_run_id if request.HasField("source_run_id") else None
+        subdir = normal_subdir(request.workspace_subdir)
         if request.HasField("request_id"):
             request_id = validation.check_id(request.request_id, "request_id")
             checkpoint_id = derive_checkpoint_id(thread_id, request_id)
+            # A retry while the first attempt still runs here: wait for it (the
+            # call's deadline bounds the wait) and answer with its result.
+            await self.state.join_capture(checkpoint_id)
             committed = await store.get(checkpoint_id)
+            if committed is None:
+                committed = await self._await_other_attempt(
+                    store, thread_id, checkpoint_id, context
+                )
             if committed is not None and committed.thread_id == thread_id:
+                _check_replay(
+                    committed, request_id, label, source_run_id, subdir, conversation, artifacts
+                )
                 yield pb.CaptureEvent(
                     started=pb.CaptureStarted(thread_id=thread_id, checkpoint_id=checkpoint_id)
                 )
@@ -303,6 +395,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                     )
                 )
                 return
+            await _refuse_spent_request_id(self.state, thread_id, request_id, checkpoint_id)
         else:
             checkpoint_id = new_uuid7()
         yield pb.CaptureEvent(
@@ -315,20 +408,20 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 store,
                 blobs,
                 thread_id,
-                label=request.label if request.HasField("label") else None,
+                label=label,
                 policy=policy,
                 secrets=tuple(request.secrets),
                 conversation=conversation,
                 artifacts=artifacts,
-                source_run_id=request.source_run_id if request.HasField("source_run_id") else None,
+                source_run_id=source_run_id,
                 data_dir=self.state.data_dir,
                 progress=progress,
                 checkpoint_id=checkpoint_id,
-                workspace_subdir=normal_subdir(request.workspace_subdir),
+                workspace_subdir=subdir,
                 skip_if_unchanged=request.skip_if_unchanged,
             )
 
-        async for item in _with_progress(self.state, thread_id, context, work):
+        async for item in _with_progress(self.state, thread_id, context, work, checkpoint_id):
             if isinstance(item, Progress):
                 yield pb.CaptureEvent(progress=convert.progress_to_proto(item))
             else:
@@ -401,6 +494,31 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 if restored is not None:
                     done.checkpoint.CopyFrom(convert.summary_of(restored))
                 yield pb.RestoreEvent(done=done)
+
+    async def _await_other_attempt(
+        self, store: CheckpointStore, thread_id: str, checkpoint_id: str, context: Context
+    ) -> Checkpoint | None:
+        """While another daemon (sharing the store) holds the thread's lease, a
+        retry waits (until the lease frees, at most the call's deadline or one
+        lease duration) for the first attempt's checkpoint to appear. Returns it,
+        or None when the lease is free and nothing was committed."""
+        from ..errors import SandboxCheckpointWriterConflictError
+
+        loop = asyncio.get_running_loop()
+        remaining = context.time_remaining()
+        bound = float(getattr(store, "lease_duration_ms", 120_000)) / 1000
+        deadline = loop.time() + (bound if remaining is None else min(bound, remaining))
+        while True:
+            try:
+                lease = await store.acquire_writer(thread_id)
+            except SandboxCheckpointWriterConflictError:
+                committed = await store.get(checkpoint_id)
+                if committed is not None or loop.time() >= deadline:
+                    return committed
+                await asyncio.sleep(REPLAY_POLL_S)
+                continue
+            await lease.release()
+            return await store.get(checkpoint_id)
 
     async def _restore_plan(
         self, thread_id: str, checkpoint_id: str | None, policy: Any, subdir: str
@@ -692,6 +810,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         checkpoint_id = validation.check_id(request.checkpoint_id, "checkpoint_id")
         async with await store.acquire_writer(thread_id) as lease:
             await store.delete_head(thread_id, checkpoint_id, lease)
+        await mark_spent(self.state, [checkpoint_id])
         head = await store.get_head(thread_id)
         response = pb.DeleteHeadResponse()
         if head is not None:
@@ -706,6 +825,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         thread_id = validation.check_id(request.thread_id, "thread_id")
         deleted = await prune(store, thread_id, request.keep, dry_run=request.dry_run)
         ids = [d if isinstance(d, str) else d.id for d in deleted]
+        if not request.dry_run:
+            await mark_spent(self.state, ids)
         _log.info(
             "prune%s of thread %s (keep %d): %d checkpoints",
             " (dry run)" if request.dry_run else "",

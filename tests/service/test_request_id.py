@@ -1,0 +1,78 @@
+"""Capture request_id edge cases (issue 12): a retry is a retry, never a new
+capture under an old name."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from checkpointd.service.client import RpcError
+from checkpointd.v1 import checkpointd_pb2 as pb
+
+from .conftest import Daemon
+
+
+async def test_a_replay_with_other_parameters_names_the_field(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        first = await client.capture("t-rid", request_id="r-1", label="one")
+        same = await client.capture("t-rid", request_id="r-1", label="one")
+        assert same.replayed and same.checkpoint.id == first.checkpoint.id
+        for kwargs, field in (
+            ({"label": "two"}, "label"),
+            ({"label": "one", "conversation": ['{"x":1}']}, "conversation"),
+            ({"label": "one", "source_run_id": "run-9"}, "source_run_id"),
+        ):
+            with pytest.raises(RpcError) as caught:
+                await client.capture("t-rid", request_id="r-1", **kwargs)
+            assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.metadata["field"] == field
+        assert len(await client.list_checkpoints("t-rid")) == 1
+
+
+async def test_a_retry_while_the_first_attempt_runs_waits_for_it(daemon: Daemon) -> None:
+    # Enough files that the first capture is still running when the retry comes.
+    for index in range(4000):
+        (daemon.workspace / f"f{index:05d}.txt").write_text(f"file {index}\n" * 20)
+    async with daemon.client(timeout=120) as client:
+        started = asyncio.Event()
+
+        def on_event(event: pb.CaptureEvent) -> None:
+            if event.HasField("progress"):
+                started.set()
+
+        first = asyncio.create_task(
+            client.capture("t-wait", request_id="r-wait", on_event=on_event)
+        )
+        await asyncio.wait_for(started.wait(), 60)
+        assert not first.done()
+        retry = await client.capture("t-wait", request_id="r-wait")
+        original = await first
+    assert retry.replayed and not original.replayed
+    assert retry.checkpoint.id == original.checkpoint.id
+    async with daemon.client() as client:
+        assert len(await client.list_checkpoints("t-wait")) == 1
+
+
+async def test_a_request_id_is_never_reused_for_new_content(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        first = await client.capture("t-spent", request_id="r-spent")
+        assert await client.delete_head("t-spent", first.checkpoint.id) is None
+        (daemon.workspace / "a.txt").write_text("new content")
+        with pytest.raises(RpcError) as caught:
+            await client.capture("t-spent", request_id="r-spent")
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert caught.value.metadata["field"] == "request_id"
+        assert await client.get_head("t-spent") is None
+        # Pruned ones are spent too.
+        kept = await client.capture("t-spent", request_id="r-a")
+        await client.capture("t-spent", request_id="r-b")
+        assert await client.prune("t-spent", 1) == [kept.checkpoint.id]
+        with pytest.raises(RpcError) as caught:
+            await client.capture("t-spent", request_id="r-a")
+        assert caught.value.metadata["field"] == "request_id"
+        fresh = await client.capture("t-spent", request_id="r-new")
+        assert not fresh.replayed
