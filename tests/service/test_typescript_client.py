@@ -73,6 +73,17 @@ def test_packed_tarball_installs_and_runs_the_readme_example(
         capture_output=True,
         timeout=300,
     )
+    # The published types, as a TypeScript user's project sees them.
+    for name in ("use.ts", "tsconfig.json"):
+        shutil.copy(TS_DIR / "test" / "consumer" / name, project / name)
+    typecheck = subprocess.run(
+        [str(TS_DIR / "node_modules" / ".bin" / "tsc"), "-p", "tsconfig.json"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert typecheck.returncode == 0, typecheck.stdout + typecheck.stderr
     example = project / "crash-and-restore.mjs"
     shutil.copy(TS_DIR / "examples" / "crash-and-restore.mjs", example)
     readme = (TS_DIR / "README.md").read_text()
