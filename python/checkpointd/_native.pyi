@@ -42,6 +42,8 @@ class CancelToken:
 class ScanResult:
     # The manifest in checkpointd.codec's compact encoding (a UTF-8 JSON array of
     # rows), sorted by the UTF-8 bytes of the path. Unsupported entries are NOT in it.
+    # A file row where secrets were zeroed goes on with flat (offset, length,
+    # secret index) triples; such files are never put in the stat cache.
     manifest: bytes
     # Every unsupported entry the policy did not exclude, sorted by path bytes:
     # (path, kind) with kind one of "symlink-escapes", "fifo", "socket",
@@ -54,6 +56,7 @@ class ScanResult:
     files_hashed: int  # files read and hashed in this scan
     files_reused: int  # files whose hash came from the stat cache
     bytes_hashed: int  # bytes read for hashing
+    files_with_secrets: int  # files whose rows carry secret positions
     # Wall milliseconds per phase, in order: setup, walk, sort, hash, save_cache, encode.
     phases_ms: dict[str, float]
     # The policy's warnings, as PolicyMatcher.warnings.
@@ -117,6 +120,12 @@ def scan(
 
 def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:
     """(64-hex BLAKE3 of the zeroed bytes, size), streaming in fixed memory."""
+
+def hash_file_with_secrets(
+    path: str, secrets: Sequence[bytes] = ()
+) -> tuple[str, int, list[tuple[int, int, int]]]:
+    """``hash_file`` plus where each secret was zeroed: sorted (offset, length,
+    index of the secret in ``secrets``) triples, overlapping matches included."""
 
 class ZeroingReader:
     """Streams a file's bytes with every secret occurrence zeroed (fixed memory).
@@ -207,7 +216,12 @@ class RestoreSession:
         default_excludes: bool = True,
         cache_path: str | None = None,
         cancel: CancelToken | None = None,
+        secrets: Sequence[bytes] = (),
+        keep: Sequence[str] = (),
     ) -> None: ...
+    # ``secrets`` are zeroed in the live scan (a file still holding them equals
+    # its zeroed blob); ``keep`` are paths (relative to the restore root) never
+    # rewritten: files equal to the checkpoint but for their secrets.
     # The distinct blobs to fetch: (64-hex digest, size), in first-use order.
     @property
     def blobs(self) -> list[tuple[str, int]]: ...

@@ -30,6 +30,7 @@ Read top to bottom, ``capture_checkpoint`` does:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import os
 import stat
@@ -64,10 +65,20 @@ from .errors import (
 )
 from .ids import new_uuid7
 from .manifest import Manifest, manifest_of
-from .model import FILE_KEY_PREFIX, Artifact, Checkpoint, Entry, FileEntry, Policy, WriterLease
+from .model import (
+    FILE_KEY_PREFIX,
+    Artifact,
+    Checkpoint,
+    Entry,
+    FileEntry,
+    Policy,
+    SecretSpan,
+    WriterLease,
+)
 from .progress import ProgressCallback
 from .safefs import SafeRoot
-from .scanner import ScanOutcome, check_secrets, scan_workspace
+from .scanner import ScanOutcome, scan_workspace
+from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id
@@ -171,7 +182,7 @@ async def capture_checkpoint(
     *,
     label: str | None = None,
     policy: Policy | None = None,
-    secrets: Sequence[bytes] = (),
+    secrets: SecretsArg = (),
     conversation: Sequence[Any] = (),
     artifacts: Sequence[Artifact] = (),
     source_run_id: str | None = None,
@@ -194,7 +205,10 @@ async def capture_checkpoint(
     ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
     checkpoint with that id already exists in this thread it is returned with
     zeroed stats. ``cancel`` lets a caller stop the scan and the uploads.
-    The checkpoint records the policy it was taken with (the default one when
+    ``secrets`` is a sequence of byte strings or a mapping name → bytes; every
+    occurrence is zeroed, and each file entry records where (``secrets``:
+    offset, length, the name or index — never the value). The checkpoint
+    records the policy it was taken with (the default one when
     None) and ``workspace_subdir``, the daemon's sub-root the caller scanned
     (recorded only: ``workspace_root`` is what is scanned).
 
@@ -212,7 +226,8 @@ async def capture_checkpoint(
     """
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
-    checked_secrets = check_secrets(secrets)
+    given_secrets = parse_secrets(secrets)
+    checked_secrets = given_secrets.values
     checked_artifacts = _check_artifacts(artifacts)
     root = _workspace_path(workspace_root)
     cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
@@ -263,6 +278,9 @@ async def capture_checkpoint(
                 manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
             finally:
                 engine.close()
+            # (A file re-hashed during the upload keeps indexes: a mapping's
+            # order resolves those too.)
+            manifest = _name_secret_spans(manifest, given_secrets, outcome.files_with_secrets > 0)
 
             reporter.phase("append")
             parent_created = parent.created_at if parent is not None else None
@@ -656,7 +674,7 @@ def _rehash_in(tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]) -> 
         return None
     try:
         with pinned:
-            hex_hash, size = _native.hash_file(pinned.path, secrets)
+            hex_hash, size, spans = _native.hash_file_with_secrets(pinned.path, secrets)
             info = pinned.lstat()
     except (FileNotFoundError, NotADirectoryError):
         return None
@@ -678,7 +696,23 @@ def _rehash_in(tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]) -> 
         size,
         stat.S_IMODE(info.st_mode) & 0o777,
         info.st_mtime_ns,
+        tuple(SecretSpan(*span) for span in spans),
     )
+
+
+def _name_secret_spans(manifest: Manifest, secrets: Secrets, named: bool) -> Manifest:
+    """Spans name their secret when the caller gave a mapping (the scan knows
+    only indexes). Only when some file held a secret (``named``): decodes and
+    re-encodes then, which is rare and small next to the hashing it follows."""
+    if secrets.names is None or not named:
+        return manifest
+    out = [
+        dataclasses.replace(entry, secrets=named_spans(entry.secrets, secrets))
+        if isinstance(entry, FileEntry) and entry.secrets
+        else entry
+        for entry in manifest
+    ]
+    return Manifest(encode_entries(out), length=len(out), trusted=True)
 
 
 def _apply_replacements(manifest: Manifest, replaced: dict[str, FileEntry | None]) -> Manifest:

@@ -92,6 +92,22 @@ def _add_policy_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subdir", default="", help="a directory inside the daemon's workspace")
 
 
+def _add_secret_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
+    parser.add_argument("--secret-env", action="append", default=[], metavar="VAR", help=help_text)
+
+
+def _secrets(args: argparse.Namespace) -> tuple[list[bytes], list[str]]:
+    """The --secret-env values and their variable names (the names travel, so a
+    restore finds each secret by name whatever the order)."""
+    values = []
+    for name in args.secret_env:
+        value = os.environ.get(name)
+        if not value:
+            raise UsageError(f"--secret-env {name}: the variable is not set")
+        values.append(value.encode())
+    return values, list(args.secret_env)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpointd",
@@ -222,13 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument(
         "--request-id", help="idempotency key: a retry returns the committed checkpoint"
     )
-    capture.add_argument(
-        "--secret-env",
-        action="append",
-        default=[],
-        metavar="VAR",
-        help="zero the value of env VAR in captured files (repeatable)",
-    )
+    _add_secret_flag(capture, "zero the value of env VAR in captured files (repeatable)")
     capture.add_argument(
         "--conversation", metavar="FILE", help="JSON file holding a list of messages"
     )
@@ -254,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the plan (files written, deleted, kept; bytes to fetch); change nothing",
     )
+    _add_secret_flag(restore, "write the value of env VAR back where capture zeroed it")
     _add_policy_flags(restore)
 
     listing = client("list", "list a thread's checkpoints")
@@ -273,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("from_checkpoint", nargs="?", help="default: the head of --thread")
     diff.add_argument("to_checkpoint", nargs="?", help="default: the live workspace")
     diff.add_argument("--thread", help="start from this thread's head")
+    _add_secret_flag(diff, "zero the value of env VAR in live files, as capture did")
     _add_policy_flags(diff)
 
     fork = client("fork", "start a new thread from a checkpoint")
@@ -575,18 +587,8 @@ async def _run_client(args: argparse.Namespace) -> int:
         output.close()
 
 
-def _secrets_from_env(names: Sequence[str]) -> list[bytes]:
-    secrets = []
-    for name in names:
-        value = os.environ.get(name)
-        if not value:
-            raise UsageError(f"--secret-env {name}: the variable is not set")
-        secrets.append(value.encode())
-    return secrets
-
-
 async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
-    secrets = _secrets_from_env(args.secret_env)
+    secrets, secret_names = _secrets(args)
     conversation: list[str] = []
     if args.conversation:
         text = await asyncio.to_thread(Path(args.conversation).read_text, encoding="utf-8")
@@ -614,6 +616,7 @@ async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
         request_id=args.request_id,
         skip_if_unchanged=args.skip_if_unchanged,
         on_event=out.progress_callback(),
+        secret_names=secret_names,
     )
     s, st = done.checkpoint, done.stats
     if done.unchanged:
@@ -641,6 +644,7 @@ async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
         elif progress is not None:
             progress(event)
 
+    secrets, secret_names = _secrets(args)
     done = await client.restore(
         args.thread,
         checkpoint_id=args.checkpoint,
@@ -648,6 +652,8 @@ async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
         workspace_subdir=args.subdir,
         dry_run=args.dry_run,
         on_event=on_event,
+        secrets=secrets,
+        secret_names=secret_names,
     )
     if not done.HasField("checkpoint"):
         return _no_such_thread(out, args.thread, _to_dict(done))
@@ -665,11 +671,15 @@ async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
         lines += [f"  delete {path}" for path in deleted]
         out.emit(data, "\n".join(lines))
         return EXIT_OK
-    out.emit(
-        data,
+    text = (
         f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files, "
-        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}",
+        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}"
     )
+    if done.unfilled_secret_paths:
+        text += "\nzeros where secrets were (restore with --secret-env to fill them):" + "".join(
+            f"\n  {path}" for path in done.unfilled_secret_paths
+        )
+    out.emit(data, text)
     return EXIT_OK
 
 
@@ -745,8 +755,14 @@ async def _diff(client: Any, args: argparse.Namespace, out: Output) -> int:
         start = await client.get_head(args.thread)
         if start is None:
             return _no_such_thread(out, args.thread, {"changes": []})
+    secrets, secret_names = _secrets(args)
     changes = await client.diff(
-        start, args.to_checkpoint, policy=_policy(args), workspace_subdir=args.subdir
+        start,
+        args.to_checkpoint,
+        policy=_policy(args),
+        workspace_subdir=args.subdir,
+        secrets=secrets,
+        secret_names=secret_names,
     )
     marks = {
         pb.CHANGE_KIND_ADDED: "A",
@@ -980,7 +996,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tls = _tls_files(args)
             save = SaveSettings(
                 policy=_policy(args),
-                secrets=_secrets_from_env(args.secret_env),
+                secrets=_secrets(args)[0],
                 workspace_subdir=args.subdir,
             )
         except UsageError as error:

@@ -2,11 +2,13 @@
 
 A manifest is a JSON array of short arrays, in entry order:
 
-    ["f", path, <64-hex of the blob>, size, mode, mtime_ns]
+    ["f", path, <64-hex of the blob>, size, mode, mtime_ns, (offset, length, secret)*]
     ["d", path, mode]
     ["l", path, target]
 
-The native scanner emits the same encoding, so a capture's manifest crosses from
+A file row where capture zeroed secrets goes on with one flat ``offset, length,
+secret`` triple per match (``secret``: the secret's index in the caller's list,
+or its name); rows stay flat arrays. The native scanner emits the same encoding, so a capture's manifest crosses from
 Rust to Python as one ``bytes`` value. ``encode_checkpoint`` adds the other fields
 and returns the document stores persist (optionally zlib-compressed by the store).
 """
@@ -26,6 +28,7 @@ from .model import (
     Entry,
     FileEntry,
     Policy,
+    SecretSpan,
     SymlinkEntry,
 )
 
@@ -34,7 +37,7 @@ _PREFIX_LEN = len(FILE_KEY_PREFIX)
 
 def _entry_row(entry: Entry) -> list[Any]:
     if isinstance(entry, FileEntry):
-        return [
+        row = [
             "f",
             entry.path,
             entry.blob_key[_PREFIX_LEN:],
@@ -42,6 +45,9 @@ def _entry_row(entry: Entry) -> list[Any]:
             entry.mode,
             entry.mtime_ns,
         ]
+        for span in entry.secrets:
+            row += (span.offset, span.length, span.secret)
+        return row
     if isinstance(entry, DirEntry):
         return ["d", entry.path, entry.mode]
     return ["l", entry.path, entry.target]
@@ -59,7 +65,12 @@ def entries_from_rows(rows: list[list[Any]]) -> tuple[Entry, ...]:
     for row in rows:
         tag = row[0]
         if tag == "f":
-            append(FileEntry(row[1], FILE_KEY_PREFIX + row[2], row[3], row[4], row[5]))
+            spans = (
+                tuple(SecretSpan(row[i], row[i + 1], row[i + 2]) for i in range(6, len(row), 3))
+                if len(row) > 6
+                else ()
+            )
+            append(FileEntry(row[1], FILE_KEY_PREFIX + row[2], row[3], row[4], row[5], spans))
         elif tag == "d":
             append(DirEntry(row[1], row[2]))
         elif tag == "l":

@@ -18,14 +18,27 @@ ARTIFACT_KEY_PREFIX = "sandbox-artifacts/blake3/"
 
 
 @dataclass(frozen=True, slots=True)
+class SecretSpan:
+    """Where capture zeroed a secret in a file: ``length`` bytes at ``offset``
+    held the secret named ``secret`` (its name when the caller gave a mapping,
+    else its index in the caller's list). Never the value nor a hash of it."""
+
+    offset: int
+    length: int
+    secret: int | str
+
+
+@dataclass(frozen=True, slots=True)
 class FileEntry:
-    """A regular file; its bytes (after secret zeroing) live at ``blob_key``."""
+    """A regular file; its bytes (after secret zeroing) live at ``blob_key``;
+    ``secrets`` says where secrets were zeroed (sorted by offset, usually empty)."""
 
     path: str
     blob_key: str
     size: int
     mode: int = 0o644
     mtime_ns: int = 0
+    secrets: tuple[SecretSpan, ...] = ()
     kind: Literal["file"] = field(default="file", init=False, repr=False)
 
 
@@ -239,6 +252,7 @@ __all__ = [
     "FileEntry",
     "Policy",
     "Reason",
+    "SecretSpan",
     "SymlinkEntry",
     "Writer",
     "WriterLease",

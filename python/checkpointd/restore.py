@@ -39,6 +39,7 @@ import asyncio
 import functools
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -64,6 +65,15 @@ from .errors import (
 from .manifest import manifest_of
 from .model import FILE_KEY_PREFIX, Checkpoint, Entry, FileEntry, Policy
 from .progress import ProgressCallback
+from .safefs import SafeRoot
+from .secrets import (
+    LiveSecrets,
+    Secrets,
+    SecretsArg,
+    parse_secrets,
+    read_through_spans,
+    write_fills,
+)
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore
 from .validation import check_id, check_optional_id, entries_problem, path_problem
@@ -120,8 +130,18 @@ async def restore_checkpoint(
     data_dir: str | os.PathLike[str] | None = None,
     progress: ProgressCallback | None = None,
     workspace_subdir: str = "",
+    secrets: SecretsArg = (),
+    unfilled_secrets: list[str] | None = None,
 ) -> Checkpoint | None:
     """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
+
+    ``secrets`` (a sequence of byte strings or a mapping name → bytes, as given
+    to capture) are written back where capture zeroed them. A live file whose
+    bytes, with the recorded secret spans zeroed, equal the checkpoint's is left
+    as it is (it still holds its secrets), except that a given secret is written
+    where it holds zeros instead. Files left with zeros where a secret was (its
+    secret not given) are logged and appended to ``unfilled_secrets`` when a
+    list is given.
 
     ``policy`` None means the policy the checkpoint was captured with (the
     default one for a checkpoint that records none); an explicit one wins.
@@ -143,6 +163,7 @@ async def restore_checkpoint(
     """
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
+    given_secrets = parse_secrets(secrets)
     subdir = _checked_subdir(workspace_subdir)
     root = _absolute(workspace_root)
     target_root = os.path.join(root, subdir) if subdir else root
@@ -166,7 +187,11 @@ async def restore_checkpoint(
             # No policy given: the one the checkpoint was captured with, so a
             # restore never deletes what that capture left out (SPEC §10).
             policy = checkpoint.effective_policy(policy)
-            session = await _open_session(root, subdir, checkpoint, policy, cache_path)
+            spanned = _files_with_secrets(checkpoint, subdir)
+            holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
+            session = await _open_session(
+                root, subdir, checkpoint, policy, cache_path, given_secrets, holding
+            )
             try:
                 keeper.check()
                 await _fetch(blobs, session, reporter)
@@ -177,6 +202,8 @@ async def restore_checkpoint(
                 # After the last change, before the sync and the stat cache.
                 reporter.phase("record", files_total=session.recorded)
                 await run_in_thread(session.finish)
+                unfilled = await run_in_thread(lambda: _fill_secrets(root, spanned, given_secrets))
+                _report_unfilled(checkpoint, unfilled, unfilled_secrets)
                 for path in session.skipped:
                     _log.warning(
                         "restore left %s alone: it is on another filesystem (a mount point)",
@@ -237,8 +264,17 @@ async def preview_restore(
         return None
     validate_manifest(checkpoint)
     _check_name_lengths(root, checkpoint)
+    # Files that equal the checkpoint but for their secrets are kept, as a restore would.
+    spanned = _files_with_secrets(checkpoint, subdir)
+    holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
     session = await _open_session(
-        root, subdir, checkpoint, checkpoint.effective_policy(policy), cache_path
+        root,
+        subdir,
+        checkpoint,
+        checkpoint.effective_policy(policy),
+        cache_path,
+        Secrets(),
+        holding,
     )
     try:
         written = session.written_paths
@@ -276,6 +312,110 @@ def _check_name_lengths(root: str, checkpoint: Checkpoint) -> None:
                 f"of {root} allows",
                 details={"checkpoint_id": checkpoint.id, "path": entry.path},
             )
+
+
+# ---------------------------------------------------------------------- secrets
+#
+# Where capture zeroed secrets, the manifest records the spans. Restore leaves a
+# live file alone when, with those spans zeroed, it equals the checkpoint's bytes
+# (rewriting it would put zeros over the real secrets), and afterwards writes the
+# given secrets into every such file that holds zeros there. Both steps open the
+# files beneath the root without following symlinks, and write only to a regular
+# file with one link whose other bytes are the checkpoint's.
+
+
+def _files_with_secrets(checkpoint: Checkpoint, subdir: str) -> list[tuple[str, FileEntry]]:
+    """(path relative to the workspace root, entry) of each file with spans."""
+    prefix = f"{subdir}/" if subdir else ""
+    return [
+        (prefix + entry.path, entry)
+        for entry in checkpoint.files
+        if isinstance(entry, FileEntry) and entry.secrets
+    ]
+
+
+def _open_checked(safe: SafeRoot, rel: str, entry: FileEntry, flags: int) -> int | None:
+    """An fd on the regular, single-link file at ``rel`` of the entry's size."""
+    parent, name = safe.parent_fd(rel)
+    if parent is None:
+        return None
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != entry.size:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _is_the_checkpoints(seen: LiveSecrets, entry: FileEntry) -> bool:
+    return seen.zeroed_hex == entry.blob_key[len(FILE_KEY_PREFIX) :]
+
+
+def _holding_their_secrets(root: str, spanned: list[tuple[str, FileEntry]]) -> list[str]:
+    """The paths whose live file equals the checkpoint's bytes once the spans
+    are zeroed (blocks: runs in a worker thread)."""
+    if not spanned:
+        return []
+    holding = []
+    with SafeRoot(root) as safe:
+        for rel, entry in spanned:
+            fd = _open_checked(safe, rel, entry, os.O_RDONLY)
+            if fd is None:
+                continue
+            try:
+                if _is_the_checkpoints(read_through_spans(fd, entry.secrets), entry):
+                    holding.append(rel)
+            finally:
+                os.close(fd)
+    return holding
+
+
+def _fill_secrets(root: str, spanned: list[tuple[str, FileEntry]], secrets: Secrets) -> list[str]:
+    """Write each given secret where its file holds something else (zeros); the
+    paths left with zeros where a secret was (blocks: runs in a worker thread)."""
+    unfilled = []
+    with SafeRoot(root) as safe:
+        for rel, entry in spanned:
+            fd = _open_checked(safe, rel, entry, os.O_RDWR if secrets.values else os.O_RDONLY)
+            if fd is None:
+                unfilled.append(rel)
+                continue
+            try:
+                seen = read_through_spans(fd, entry.secrets)
+                if not _is_the_checkpoints(seen, entry):
+                    continue  # changed since the restore wrote it: not ours to fill
+                fills, zeros = [], False
+                for span, held in zip(entry.secrets, seen.at_spans, strict=True):
+                    value = secrets.lookup(span)
+                    if value is None:
+                        zeros = zeros or not held.strip(b"\0")
+                    elif held != value:
+                        fills.append((span.offset, value))
+                if fills:
+                    write_fills(fd, fills, os.fstat(fd).st_mtime_ns)
+                if zeros:
+                    unfilled.append(rel)
+            finally:
+                os.close(fd)
+    return sorted(unfilled, key=lambda path: path.encode("utf-8", "surrogateescape"))
+
+
+def _report_unfilled(checkpoint: Checkpoint, unfilled: list[str], out: list[str] | None) -> None:
+    if not unfilled:
+        return
+    shown = ", ".join(unfilled[:20])
+    if len(unfilled) > 20:
+        shown += f" and {len(unfilled) - 20} more"
+    _log.warning(
+        "restored checkpoint %s with zeros where secrets were (give the secrets to fill them): %s",
+        checkpoint.id,
+        shown,
+    )
+    if out is not None:
+        out.extend(unfilled)
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:
@@ -329,12 +469,21 @@ def _ensure_root(root: str) -> None:
 
 
 async def _open_session(
-    root: str, subdir: str, checkpoint: Checkpoint, policy: Policy, cache_path: str
+    root: str,
+    subdir: str,
+    checkpoint: Checkpoint,
+    policy: Policy,
+    cache_path: str,
+    secrets: Secrets,
+    holding: list[str],
 ) -> _native.RestoreSession:
     """Open the restore root, scan it live and plan, natively (GIL released).
 
-    Secrets are not zeroed in the live scan (none are known here).
+    The live scan zeroes the given secrets (a file still holding them equals
+    its blob); ``holding`` (paths relative to the restore root) are left alone.
     """
+    prefix = f"{subdir}/" if subdir else ""
+    keep = [path[len(prefix) :] for path in holding]
     target = manifest_of(checkpoint.files).data
     token = _native.CancelToken()
 
@@ -348,6 +497,8 @@ async def _open_session(
             default_excludes=policy.default_excludes,
             cache_path=cache_path,
             cancel=token,
+            secrets=secrets.values,
+            keep=keep,
         )
 
     try:

@@ -34,8 +34,7 @@ from . import _native
 from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .model import Entry, Policy
-
-MIN_SECRET_LEN = 4
+from .validation import MIN_SECRET_LEN  # re-exported: one home for the rule
 
 _policy_log = logging.getLogger("checkpointd.policy")
 # Warnings already logged: a daemon capturing every minute says it once. Bounded,
@@ -58,6 +57,7 @@ class ScanOutcome:
     files_hashed: int
     files_reused: int
     bytes_hashed: int
+    files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -170,6 +170,7 @@ def scan_workspace(
         files_hashed=result.files_hashed,
         files_reused=result.files_reused,
         bytes_hashed=result.bytes_hashed,
+        files_with_secrets=result.files_with_secrets,
     )
 
 

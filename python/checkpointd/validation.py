@@ -26,8 +26,12 @@ from .model import (
     DirEntry,
     FileEntry,
     Policy,
+    SecretSpan,
     SymlinkEntry,
 )
+
+# Secrets shorter than this are refused (capture would zero too much by accident).
+MIN_SECRET_LEN = 4
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_MODE = 0o777
@@ -109,7 +113,7 @@ def _entry_problem(entry: object) -> str | None:
             return "mode must be an integer in 0..0o777"
         if not is_int(entry.mtime_ns):
             return "mtime_ns must be an integer"
-        return None
+        return _spans_problem(entry)
     if isinstance(entry, DirEntry):
         if not is_int(entry.mode) or not 0 <= entry.mode <= MAX_MODE:
             return "mode must be an integer in 0..0o777"
@@ -122,6 +126,24 @@ def _entry_problem(entry: object) -> str | None:
             return "symlink target is not well-formed Unicode"
         return None
     return f"not a file, dir or symlink entry: {type(entry).__name__}"
+
+
+def _spans_problem(entry: FileEntry) -> str | None:
+    if not isinstance(entry.secrets, tuple):
+        return "secrets must be a tuple of SecretSpan"
+    for span in entry.secrets:
+        if not isinstance(span, SecretSpan):
+            return "secrets must be SecretSpan records"
+        if not is_int(span.offset) or not is_int(span.length) or span.offset < 0:
+            return "a secret span needs an integer offset >= 0 and length"
+        if span.length < MIN_SECRET_LEN or span.offset + span.length > entry.size:
+            return "a secret span must be at least 4 bytes and lie within the file"
+        ref = span.secret
+        if not (is_int(ref) and ref >= 0) and not (  # type: ignore[operator]
+            isinstance(ref, str) and ref and is_well_formed_text(ref)
+        ):
+            return "a secret span names its secret by index (int >= 0) or name"
+    return None
 
 
 def entries_problem(entries: Iterable[object]) -> tuple[str, str] | None:

@@ -11,7 +11,7 @@ use std::fs::File;
 use std::io::{self, Read};
 
 use crate::cancel::Cancel;
-use crate::redact::{SecretSet, ZeroingStream};
+use crate::redact::{SecretMatch, SecretSet, ZeroingStream};
 
 /// Files up to this size are read whole into the scratch buffer.
 pub const WHOLE_READ_LIMIT: usize = 1 << 20;
@@ -41,12 +41,35 @@ pub type Digest = ([u8; 32], u64);
 /// waiting for the EOF read. A file that grew meanwhile is the caller's to
 /// catch (the scan compares fstat before and after).
 pub fn hash_reader<R: Read>(
+    reader: R,
+    expected_size: Option<u64>,
+    secrets: &SecretSet,
+    cancel: &Cancel,
+    parallel: bool,
+    scratch: &mut Vec<u8>,
+) -> Result<Digest, HashError> {
+    let mut found = Vec::new();
+    hash_reader_recording(
+        reader,
+        expected_size,
+        secrets,
+        cancel,
+        parallel,
+        scratch,
+        &mut found,
+    )
+}
+
+/// [`hash_reader`], also appending where each secret was zeroed to `found`
+/// (sorted by offset), for the manifest's secret spans.
+pub fn hash_reader_recording<R: Read>(
     mut reader: R,
     expected_size: Option<u64>,
     secrets: &SecretSet,
     cancel: &Cancel,
     parallel: bool,
     scratch: &mut Vec<u8>,
+    found: &mut Vec<SecretMatch>,
 ) -> Result<Digest, HashError> {
     // Whole-read fast path: fill the scratch buffer up to the limit.
     if scratch.len() < WHOLE_READ_LIMIT {
@@ -76,7 +99,11 @@ pub fn hash_reader<R: Read>(
     }
     if eof {
         let data = &mut scratch[..filled];
-        secrets.zero_in_place(data);
+        if !secrets.is_empty() {
+            let first = found.len();
+            secrets.zero_in_place_recording(data, 0, found);
+            found[first..].sort_unstable();
+        }
         return Ok((*blake3::hash(data).as_bytes(), filled as u64));
     }
     // Larger than the limit: stream the bytes already read, then the rest.
@@ -93,7 +120,30 @@ pub fn hash_reader<R: Read>(
             hasher.update(chunk);
         }
     }
+    found.extend(stream.matches());
     Ok((*hasher.finalize().as_bytes(), stream.bytes_read))
+}
+
+/// [`hash_file`], also recording where secrets were zeroed (see
+/// [`hash_reader_recording`]).
+pub fn hash_file_recording(
+    file: &File,
+    expected_size: Option<u64>,
+    secrets: &SecretSet,
+    cancel: &Cancel,
+    parallel: bool,
+    scratch: &mut Vec<u8>,
+    found: &mut Vec<SecretMatch>,
+) -> Result<Digest, HashError> {
+    hash_reader_recording(
+        file,
+        expected_size,
+        secrets,
+        cancel,
+        parallel,
+        scratch,
+        found,
+    )
 }
 
 /// Hash an open file from its current position (see [`hash_reader`]).

@@ -1,7 +1,10 @@
 //! The manifest in `checkpointd.codec`'s compact encoding: one UTF-8 JSON array
 //! of rows `["f", path, hex, size, mode, mtime_ns]`, `["d", path, mode]`,
-//! `["l", path, target]`, written byte-for-byte as Python's
+//! `["l", path, target]` (a file row where secrets were zeroed goes on with
+//! `offset, length, secret index` triples), written byte-for-byte as Python's
 //! `json.dumps(rows, separators=(",", ":"), ensure_ascii=False)` would.
+
+use crate::redact::SecretMatch;
 
 /// Appends rows to one growing buffer; `finish` closes the array.
 pub struct ManifestWriter {
@@ -35,6 +38,34 @@ impl ManifestWriter {
         write_int(&mut self.out, mode as i128);
         self.out.push(b',');
         write_int(&mut self.out, mtime_ns as i128);
+        self.out.push(b']');
+    }
+
+    /// A file row followed, when secrets were zeroed in it, by one flat
+    /// `offset, length, secret index` triple per match (rows stay flat arrays:
+    /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`).
+    pub fn file_with_secrets(
+        &mut self,
+        path: &str,
+        hash: &[u8; 32],
+        size: u64,
+        mode: u32,
+        mtime_ns: i64,
+        secrets: &[SecretMatch],
+    ) {
+        self.file(path, hash, size, mode, mtime_ns);
+        if secrets.is_empty() {
+            return;
+        }
+        self.out.pop(); // the row's closing ']'
+        for m in secrets {
+            self.out.push(b',');
+            write_int(&mut self.out, m.offset as i128);
+            self.out.push(b',');
+            write_int(&mut self.out, m.len as i128);
+            self.out.push(b',');
+            write_int(&mut self.out, m.secret as i128);
+        }
         self.out.push(b']');
     }
 
@@ -601,6 +632,16 @@ impl Parser<'_> {
                 let mode = self.int()?;
                 self.expect(b',')?;
                 let mtime_ns = self.int()?;
+                // Secret positions (flat offset, length, index-or-name triples):
+                // the restore plan does not need them (Python fills secrets in).
+                while self.eat(b',') {
+                    self.skip_ws();
+                    if self.data.get(self.pos) == Some(&b'"') {
+                        self.string()?;
+                    } else {
+                        self.int()?;
+                    }
+                }
                 ManifestRow::File {
                     path,
                     hash,

@@ -5,6 +5,12 @@
 //! hides or creates another), exactly like zeroing a whole buffer at once.
 //! While streaming, the last `max_len - 1` bytes of each window are held back
 //! (as original bytes) because a match starting there may end in the next read.
+//!
+//! Each match can also be reported as a [`SecretMatch`] (offset, length, index
+//! of the secret in the caller's list — never the bytes), so a restore given the
+//! secrets can write them back where they were. Writing every match's secret at
+//! its offset rebuilds the original bytes, overlapping matches included, as each
+//! is a copy of the original bytes there.
 
 use std::io::{self, Read};
 
@@ -27,6 +33,15 @@ impl std::fmt::Display for ShortSecretError {
             self.index, self.len, MIN_SECRET_LEN
         )
     }
+}
+
+/// Where one secret was zeroed: `len` bytes at `offset` of the file held the
+/// secret at index `secret` of the caller's list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct SecretMatch {
+    pub offset: u64,
+    pub len: u32,
+    pub secret: u32,
 }
 
 /// A compiled secret set. Empty sets change nothing.
@@ -84,19 +99,44 @@ impl SecretSet {
     /// that START before `boundary` (0 when none). The stream uses it to zero
     /// held-back bytes that a match from an earlier window reaches into.
     pub fn zero_in_place_before(&self, buf: &mut [u8], boundary: usize) -> usize {
+        self.zero_recording(buf, boundary, 0, None)
+    }
+
+    /// Zero every occurrence in `buf` and append to `found` each match that
+    /// starts before `boundary`, at `base + start` (matches starting later are
+    /// found again in the next window, so each is reported once).
+    pub fn zero_in_place_recording(&self, buf: &mut [u8], base: u64, found: &mut Vec<SecretMatch>) {
+        let boundary = buf.len();
+        self.zero_recording(buf, boundary, base, Some(found));
+    }
+
+    fn zero_recording(
+        &self,
+        buf: &mut [u8],
+        boundary: usize,
+        base: u64,
+        mut found: Option<&mut Vec<SecretMatch>>,
+    ) -> usize {
         let Some(matcher) = &self.matcher else {
             return 0;
         };
         // Collect first, zero after: zeroing while searching would change what later matches see.
-        let ranges: Vec<(usize, usize)> = matcher
+        let ranges: Vec<(usize, usize, usize)> = matcher
             .find_overlapping_iter(&*buf)
-            .map(|m| (m.start(), m.end()))
+            .map(|m| (m.start(), m.end(), m.pattern().as_usize()))
             .collect();
         let mut furthest = 0;
-        for (start, end) in ranges {
+        for (start, end, secret) in ranges {
             buf[start..end].fill(0);
             if start < boundary {
                 furthest = furthest.max(end);
+                if let Some(found) = found.as_deref_mut() {
+                    found.push(SecretMatch {
+                        offset: base + start as u64,
+                        len: (end - start) as u32,
+                        secret: secret as u32,
+                    });
+                }
             }
         }
         furthest
@@ -118,6 +158,10 @@ pub struct ZeroingStream<R> {
     eof: bool,
     /// Total bytes read from `inner`.
     pub bytes_read: u64,
+    /// Bytes handed out so far: the offset of the window's first byte.
+    emitted: u64,
+    /// Every match so far, in offset order per window (see [`Self::matches`]).
+    matches: Vec<SecretMatch>,
 }
 
 impl<R: Read> ZeroingStream<R> {
@@ -132,7 +176,16 @@ impl<R: Read> ZeroingStream<R> {
             chunk,
             eof: false,
             bytes_read: 0,
+            emitted: 0,
+            matches: Vec::new(),
         }
+    }
+
+    /// Where secrets were zeroed in the chunks handed out so far, sorted.
+    pub fn matches(&mut self) -> Vec<SecretMatch> {
+        let mut found = std::mem::take(&mut self.matches);
+        found.sort_unstable();
+        found
     }
 
     /// The next chunk (at most `chunk` bytes, exactly `chunk` except at the
@@ -174,8 +227,16 @@ impl<R: Read> ZeroingStream<R> {
         // Matches reaching into `carry` from earlier windows (their start is gone).
         let held_zero = self.carry_zero.min(carried);
         let window = &mut self.window[..filled];
-        let furthest = self.secrets.zero_in_place_before(window, emit);
+        let found = if self.secrets.is_empty() {
+            None
+        } else {
+            Some(&mut self.matches)
+        };
+        let furthest = self
+            .secrets
+            .zero_recording(window, emit, self.emitted, found);
         window[..held_zero].fill(0);
+        self.emitted += emit as u64;
         // Both kinds of reach can extend past this chunk into the next carry.
         self.carry_zero = furthest.max(held_zero).saturating_sub(emit);
         Ok(Some(&self.window[..emit]))
@@ -256,6 +317,46 @@ mod tests {
         }
         let set = SecretSet::new(secrets).unwrap();
         assert_eq!(zero_all(&data, &set), want);
+    }
+
+    /// Writing each match's secret at its offset into the zeroed bytes gives
+    /// back the original, whatever the chunk size; each match is reported once.
+    #[test]
+    fn matches_rebuild_the_original() {
+        let secrets: &[&[u8]] = &[b"SECRET", b"CRETIN", b"zzzz", b"ETETET"];
+        let mut data = Vec::new();
+        let mut seed = 11u32;
+        for i in 0..700 {
+            seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            match seed % 7 {
+                0 => data.extend_from_slice(b"SECRETIN"),
+                1 => data.extend_from_slice(b"zzzzzz"),
+                2 => data.extend_from_slice(b"ETETETET"),
+                _ => data.push(b'a' + (i % 26) as u8),
+            }
+        }
+        let set = SecretSet::new(secrets).unwrap();
+        let mut whole = data.clone();
+        let mut reference = Vec::new();
+        set.zero_in_place_recording(&mut whole, 0, &mut reference);
+        reference.sort_unstable();
+        for chunk in [1, 3, 5, 8, 13, 64, 4096] {
+            let mut stream = ZeroingStream::new(&data[..], set.clone(), chunk);
+            let mut zeroed = Vec::new();
+            while let Some(c) = stream.next_chunk().unwrap() {
+                zeroed.extend_from_slice(c);
+            }
+            let found = stream.matches();
+            assert_eq!(found, reference, "chunk {chunk}");
+            let mut rebuilt = zeroed.clone();
+            for m in &found {
+                let secret = secrets[m.secret as usize];
+                assert_eq!(secret.len(), m.len as usize);
+                let at = m.offset as usize;
+                rebuilt[at..at + secret.len()].copy_from_slice(secret);
+            }
+            assert_eq!(rebuilt, data, "chunk {chunk}");
+        }
     }
 
     #[test]

@@ -319,6 +319,18 @@ pub fn plan(
     Ok(plan)
 }
 
+/// Drop from the writes the files at `paths` (a live file equal to the
+/// checkpoint's but for the secrets capture zeroed in it: rewriting it would
+/// put zeros over the real secrets), and the blobs only they needed.
+pub fn leave_alone(plan: &mut Plan, paths: &std::collections::HashSet<String>) {
+    if paths.is_empty() {
+        return;
+    }
+    plan.writes.retain(|file| !paths.contains(&file.path));
+    let needed: std::collections::HashSet<[u8; 32]> = plan.writes.iter().map(|f| f.hash).collect();
+    plan.blobs.retain(|(hash, _)| needed.contains(hash));
+}
+
 fn add_blob(
     blobs: &mut Vec<([u8; 32], u64)>,
     sizes: &mut HashMap<[u8; 32], u64>,

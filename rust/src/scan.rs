@@ -17,7 +17,7 @@ use crate::fs::{self, Stat};
 use crate::hash::{self, HashError};
 use crate::manifest::ManifestWriter;
 use crate::policy::PolicyMatcher;
-use crate::redact::SecretSet;
+use crate::redact::{SecretMatch, SecretSet};
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
 use crate::walk::{Found, Walker};
 
@@ -42,6 +42,8 @@ pub struct ScanOutput {
     pub files_hashed: u64,
     pub files_reused: u64,
     pub bytes_hashed: u64,
+    /// Files in which secrets were zeroed (their rows carry the positions).
+    pub files_with_secrets: u64,
     /// Wall milliseconds per phase, in order.
     pub phases_ms: Vec<(&'static str, f64)>,
 }
@@ -145,6 +147,8 @@ struct FileSlot {
     stat: Stat,
     hash: Option<[u8; 32]>,
     vanished: bool,
+    /// Where secrets were zeroed (empty for almost every file: no allocation).
+    secrets: Box<[SecretMatch]>,
 }
 
 enum Row {
@@ -205,6 +209,7 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
                     stat,
                     hash: None,
                     vanished: false,
+                    secrets: Box::default(),
                 }),
                 true,
             )),
@@ -264,11 +269,16 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
             }
         })?;
     let bytes_hashed: u64 = sizes.iter().sum();
+    // Files holding secrets are never cached, so hashing them changes nothing there.
+    let hashed_for_cache = to_hash
+        .iter()
+        .filter(|(_, slot)| slot.secrets.is_empty())
+        .count();
     drop(to_hash);
     // Rewrite the cache only when something changed; an untouched cache stays
     // valid under its own (older) reference time.
     let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
-        files_hashed == 0 && old.fingerprint == fingerprint && old.len() as u64 == files_reused
+        hashed_for_cache == 0 && old.fingerprint == fingerprint && old.len() as u64 == files_reused
     });
     // Not needed any more: free it before the manifest is built (peak memory).
     drop(old_cache);
@@ -277,7 +287,10 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     if let Some(path) = &request.cache_path {
         if !cache_unchanged {
             let files = rows.iter().filter_map(|(path, row, _)| match row {
-                Row::File(slot) if !slot.vanished => {
+                // A file holding secrets is hashed every time: the cache keeps
+                // no secret positions, and a reused hash without them would
+                // lose the secrets on restore.
+                Row::File(slot) if !slot.vanished && slot.secrets.is_empty() => {
                     let hash = slot.hash.expect("every kept file was hashed or reused");
                     Some((path.as_str(), CacheEntry::new(&slot.stat, hash)))
                 }
@@ -293,17 +306,20 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
 
     // Encode.
     let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
+    let mut files_with_secrets = 0u64;
     for (path, row, _) in &rows {
         match row {
             Row::File(slot) if slot.vanished => {}
             Row::File(slot) => {
                 let hash = slot.hash.expect("every kept file was hashed or reused");
-                writer.file(
+                files_with_secrets += u64::from(!slot.secrets.is_empty());
+                writer.file_with_secrets(
                     path,
                     &hash,
                     slot.stat.size,
                     slot.stat.mode & 0o777,
                     slot.stat.mtime_ns,
+                    &slot.secrets,
                 );
             }
             Row::Dir { mode } => writer.dir(path, *mode),
@@ -322,6 +338,7 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         files_hashed,
         files_reused,
         bytes_hashed,
+        files_with_secrets,
     })
 }
 
@@ -398,19 +415,21 @@ fn hash_slot(
         if !before.is_file() {
             return Err(ScanError::Changed(abs()));
         }
+        let mut found = Vec::new();
         let digest = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             if attempt > 0 {
                 let mut reader = &file;
                 std::io::Seek::rewind(&mut reader)?;
             }
-            hash::hash_file(
+            hash::hash_file_recording(
                 &file,
                 Some(before.size),
                 secrets,
                 cancel,
                 true,
                 &mut scratch,
+                &mut found,
             )
             .map_err(|e| match e {
                 HashError::Io(e) => e,
@@ -429,6 +448,7 @@ fn hash_slot(
         if after == before && size == before.size {
             slot.stat = before;
             slot.hash = Some(digest);
+            slot.secrets = found.into_boxed_slice();
             return Ok(total);
         }
     }

@@ -11,7 +11,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.codec import decode_entries
-from checkpointd.model import DirEntry, FileEntry, SymlinkEntry
+from checkpointd.model import DirEntry, FileEntry, SecretSpan, SymlinkEntry
 
 from .reference import age_tree
 
@@ -164,7 +164,11 @@ def test_other_secrets_invalidate_the_cache(workspace: Path, cache_path: str) ->
     with_secret = _native.scan(str(workspace), cache_path=cache_path, secrets=[b"hello"])
     assert with_secret.files_hashed == 4
     again = _native.scan(str(workspace), cache_path=cache_path, secrets=[b"hello"])
-    assert again.files_hashed == 0
+    # Only the file holding the secret is hashed again: the cache keeps no secret
+    # positions, so such files are never taken from it.
+    assert (again.files_hashed, again.files_reused) == (1, 3)
     main = entries_by_path(with_secret)["src/main.py"]
     zeroed = b"print('\0\0\0\0\0')\n"
     assert isinstance(main, FileEntry) and main.blob_key.endswith(blake3.blake3(zeroed).hexdigest())
+    assert main.secrets == (SecretSpan(7, 5, 0),)
+    assert entries_by_path(again)["src/main.py"] == main

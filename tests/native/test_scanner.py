@@ -11,7 +11,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
-from checkpointd.model import FileEntry, Policy
+from checkpointd.model import FileEntry, Policy, SecretSpan
 from checkpointd.scanner import check_secrets, policy_matcher, scan_workspace
 
 from .reference import age_tree
@@ -35,7 +35,10 @@ def test_scan_workspace_outcome(workspace: Path, cache_path: str) -> None:
         cache_path,
         cancel=_native.CancelToken(),
     )
-    assert (again.files_hashed, again.files_reused) == (0, 1)
+    # The file holds the secret: hashed again (the stat cache keeps no secret
+    # positions), and its entry says where the secret was.
+    assert (again.files_hashed, again.files_reused) == (1, 0)
+    assert again.entries == outcome.entries and entry.secrets == (SecretSpan(6, 7, 0),)
 
 
 @pytest.mark.parametrize("secrets", [[b"abc"], [b""], ["text"], b"bytes-itself"])

@@ -835,8 +835,12 @@ type CaptureRequest struct {
 	// artifacts equal the head's and no label is given, nothing is appended and
 	// done carries the head with unchanged = true.
 	SkipIfUnchanged bool `protobuf:"varint,10,opt,name=skip_if_unchanged,json=skipIfUnchanged,proto3" json:"skip_if_unchanged,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Names of the secrets, parallel to `secrets` (e.g. the variables they came
+	// from). Given, each file records where it zeroed which secret by name (else
+	// by index), so a Restore finds them whatever their order.
+	SecretNames   []string `protobuf:"bytes,11,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CaptureRequest) Reset() {
@@ -937,6 +941,13 @@ func (x *CaptureRequest) GetSkipIfUnchanged() bool {
 		return x.SkipIfUnchanged
 	}
 	return false
+}
+
+func (x *CaptureRequest) GetSecretNames() []string {
+	if x != nil {
+		return x.SecretNames
+	}
+	return nil
 }
 
 type CaptureStats struct {
@@ -1271,7 +1282,12 @@ type RestoreRequest struct {
 	WorkspaceSubdir string `protobuf:"bytes,4,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
 	// Plan only: nothing is fetched or changed; the stream sends started, then
 	// plan_paths chunks (the paths written and deleted), then done with the plan.
-	DryRun        bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	DryRun bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Written back where capture zeroed them (by name when `secret_names` is
+	// given, else by position). A live file that equals the checkpoint but for
+	// its secrets is left as it is. Never logged, stored or sent back.
+	Secrets       [][]byte `protobuf:"bytes,6,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	SecretNames   []string `protobuf:"bytes,7,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1341,6 +1357,20 @@ func (x *RestoreRequest) GetDryRun() bool {
 	return false
 }
 
+func (x *RestoreRequest) GetSecrets() [][]byte {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *RestoreRequest) GetSecretNames() []string {
+	if x != nil {
+		return x.SecretNames
+	}
+	return nil
+}
+
 type RestoreStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId      string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
@@ -1401,9 +1431,12 @@ type RestoreDone struct {
 	Checkpoint *CheckpointSummary `protobuf:"bytes,2,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
 	DurationMs uint64             `protobuf:"varint,3,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// Set for a dry run: what the restore would do now.
-	Plan          *RestorePlan `protobuf:"bytes,4,opt,name=plan,proto3" json:"plan,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Plan *RestorePlan `protobuf:"bytes,4,opt,name=plan,proto3" json:"plan,omitempty"`
+	// Files that hold zeros where capture found a secret (not given to this
+	// restore): give the secrets and restore again to fill them.
+	UnfilledSecretPaths []string `protobuf:"bytes,5,rep,name=unfilled_secret_paths,json=unfilledSecretPaths,proto3" json:"unfilled_secret_paths,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *RestoreDone) Reset() {
@@ -1460,6 +1493,13 @@ func (x *RestoreDone) GetDurationMs() uint64 {
 func (x *RestoreDone) GetPlan() *RestorePlan {
 	if x != nil {
 		return x.Plan
+	}
+	return nil
+}
+
+func (x *RestoreDone) GetUnfilledSecretPaths() []string {
+	if x != nil {
+		return x.UnfilledSecretPaths
 	}
 	return nil
 }
@@ -2342,8 +2382,10 @@ type DiffRequest struct {
 	Secrets [][]byte `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty"`
 	// "": the from-checkpoint's recorded sub-root; "." the whole workspace.
 	WorkspaceSubdir string `protobuf:"bytes,5,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Names of `secrets` (as for Capture); zeroing does not depend on them.
+	SecretNames   []string `protobuf:"bytes,6,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *DiffRequest) Reset() {
@@ -2409,6 +2451,13 @@ func (x *DiffRequest) GetWorkspaceSubdir() string {
 		return x.WorkspaceSubdir
 	}
 	return ""
+}
+
+func (x *DiffRequest) GetSecretNames() []string {
+	if x != nil {
+		return x.SecretNames
+	}
+	return nil
 }
 
 type Change struct {
@@ -4405,7 +4454,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\n" +
 	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x1f\n" +
 	"\vbytes_total\x18\x05 \x01(\x04R\n" +
-	"bytesTotal\"\xbd\x03\n" +
+	"bytesTotal\"\xe0\x03\n" +
 	"\x0eCaptureRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12.\n" +
@@ -4418,7 +4467,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"request_id\x18\b \x01(\tH\x01R\trequestId\x88\x01\x01\x12'\n" +
 	"\rsource_run_id\x18\t \x01(\tH\x02R\vsourceRunId\x88\x01\x01\x12*\n" +
 	"\x11skip_if_unchanged\x18\n" +
-	" \x01(\bR\x0fskipIfUnchangedB\b\n" +
+	" \x01(\bR\x0fskipIfUnchanged\x12!\n" +
+	"\fsecret_names\x18\v \x03(\tR\vsecretNamesB\b\n" +
 	"\x06_labelB\r\n" +
 	"\v_request_idB\x10\n" +
 	"\x0e_source_run_id\"\x86\x03\n" +
@@ -4449,18 +4499,20 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\astarted\x18\x01 \x01(\v2\x1e.checkpointd.v1.CaptureStartedH\x00R\astarted\x126\n" +
 	"\bprogress\x18\x02 \x01(\v2\x18.checkpointd.v1.ProgressH\x00R\bprogress\x121\n" +
 	"\x04done\x18\x03 \x01(\v2\x1b.checkpointd.v1.CaptureDoneH\x00R\x04doneB\a\n" +
-	"\x05event\"\xdd\x01\n" +
+	"\x05event\"\x9a\x02\n" +
 	"\x0eRestoreRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12)\n" +
 	"\x10workspace_subdir\x18\x04 \x01(\tR\x0fworkspaceSubdir\x12\x17\n" +
-	"\adry_run\x18\x05 \x01(\bR\x06dryRunB\x10\n" +
+	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12\x18\n" +
+	"\asecrets\x18\x06 \x03(\fR\asecrets\x12!\n" +
+	"\fsecret_names\x18\a \x03(\tR\vsecretNamesB\x10\n" +
 	"\x0e_checkpoint_id\"i\n" +
 	"\x0eRestoreStarted\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01B\x10\n" +
-	"\x0e_checkpoint_id\"\xbe\x01\n" +
+	"\x0e_checkpoint_id\"\xf2\x01\n" +
 	"\vRestoreDone\x12\x1a\n" +
 	"\brestored\x18\x01 \x01(\bR\brestored\x12A\n" +
 	"\n" +
@@ -4468,7 +4520,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"checkpoint\x12\x1f\n" +
 	"\vduration_ms\x18\x03 \x01(\x04R\n" +
 	"durationMs\x12/\n" +
-	"\x04plan\x18\x04 \x01(\v2\x1b.checkpointd.v1.RestorePlanR\x04plan\"\xe5\x01\n" +
+	"\x04plan\x18\x04 \x01(\v2\x1b.checkpointd.v1.RestorePlanR\x04plan\x122\n" +
+	"\x15unfilled_secret_paths\x18\x05 \x03(\tR\x13unfilledSecretPaths\"\xe5\x01\n" +
 	"\vRestorePlan\x12#\n" +
 	"\rfiles_written\x18\x01 \x01(\x04R\ffilesWritten\x12#\n" +
 	"\rpaths_deleted\x18\x02 \x01(\x04R\fpathsDeleted\x12\x1d\n" +
@@ -4530,13 +4583,14 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\vpath_prefix\x18\x02 \x01(\tR\n" +
 	"pathPrefix\"F\n" +
 	"\x13ListEntriesResponse\x12/\n" +
-	"\aentries\x18\x01 \x03(\v2\x15.checkpointd.v1.EntryR\aentries\"\xf4\x01\n" +
+	"\aentries\x18\x01 \x03(\v2\x15.checkpointd.v1.EntryR\aentries\"\x97\x02\n" +
 	"\vDiffRequest\x12,\n" +
 	"\x12from_checkpoint_id\x18\x01 \x01(\tR\x10fromCheckpointId\x12-\n" +
 	"\x10to_checkpoint_id\x18\x02 \x01(\tH\x00R\x0etoCheckpointId\x88\x01\x01\x12.\n" +
 	"\x06policy\x18\x03 \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12\x18\n" +
 	"\asecrets\x18\x04 \x03(\fR\asecrets\x12)\n" +
-	"\x10workspace_subdir\x18\x05 \x01(\tR\x0fworkspaceSubdirB\x13\n" +
+	"\x10workspace_subdir\x18\x05 \x01(\tR\x0fworkspaceSubdir\x12!\n" +
+	"\fsecret_names\x18\x06 \x03(\tR\vsecretNamesB\x13\n" +
 	"\x11_to_checkpoint_id\"\x9e\x01\n" +
 	"\x06Change\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12.\n" +

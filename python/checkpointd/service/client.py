@@ -128,11 +128,13 @@ class Client:
         source_run_id: str | None = None,
         skip_if_unchanged: bool = False,
         on_event: Callable[[pb.CaptureEvent], None] | None = None,
+        secret_names: Sequence[str] = (),
     ) -> pb.CaptureDone:
         """Capture; ``on_event`` sees every event. Returns the done event."""
         request = pb.CaptureRequest(
             thread_id=thread_id,
             secrets=list(secrets),
+            secret_names=list(secret_names),
             conversation=list(conversation),
             artifacts=list(artifacts),
             workspace_subdir=workspace_subdir,
@@ -162,11 +164,17 @@ class Client:
         workspace_subdir: str = "",
         dry_run: bool = False,
         on_event: Callable[[pb.RestoreEvent], None] | None = None,
+        secrets: Sequence[bytes] = (),
+        secret_names: Sequence[str] = (),
     ) -> pb.RestoreDone:
         """Restore (``dry_run``: plan only; ``on_event`` sees the plan_paths
         chunks). Returns the done event."""
         request = pb.RestoreRequest(
-            thread_id=thread_id, workspace_subdir=workspace_subdir, dry_run=dry_run
+            thread_id=thread_id,
+            workspace_subdir=workspace_subdir,
+            dry_run=dry_run,
+            secrets=list(secrets),
+            secret_names=list(secret_names),
         )
         if checkpoint_id is not None:
             request.checkpoint_id = checkpoint_id
@@ -251,11 +259,13 @@ class Client:
         policy: pb.Policy | None = None,
         secrets: Sequence[bytes] = (),
         workspace_subdir: str = "",
+        secret_names: Sequence[str] = (),
     ) -> list[pb.Change]:
         """Changes from one checkpoint to another, or (``to`` None) to the live workspace."""
         request = pb.DiffRequest(
             from_checkpoint_id=from_checkpoint_id,
             secrets=list(secrets),
+            secret_names=list(secret_names),
             workspace_subdir=workspace_subdir,
         )
         if to_checkpoint_id is not None:

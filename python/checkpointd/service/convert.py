@@ -24,6 +24,22 @@ def policy_from_proto(message: pb.Policy, present: bool = True) -> Policy | None
     )
 
 
+def secrets_from_proto(
+    secrets: Sequence[bytes], names: Sequence[str]
+) -> tuple[bytes, ...] | dict[str, bytes]:
+    """A request's secrets: a mapping name → bytes when ``secret_names`` came
+    along (one per secret, distinct), else the plain list. Raises
+    SandboxCheckpointInvalidArgumentError (never showing a value)."""
+    if not names:
+        return tuple(secrets)
+    if len(names) != len(secrets) or len(set(names)) != len(names):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"secret_names must name each of the {len(secrets)} secrets once "
+            f"(got {len(names)} names)"
+        )
+    return dict(zip(names, secrets, strict=True))
+
+
 def policy_to_proto(policy: Policy) -> pb.Policy:
     return pb.Policy(
         exclude=list(policy.exclude),

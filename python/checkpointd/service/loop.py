@@ -101,6 +101,7 @@ class CaptureLoop:
                 checkpoint_id=head.id,
                 policy=self._config.policy,
                 data_dir=self._state.data_dir,
+                secrets=self._secrets(),
             )
             assert restored is not None
             _log.info("restored checkpoint %s of thread %s", restored.id, self._thread)
@@ -189,6 +190,10 @@ class CaptureLoop:
         head_id = await store.get_head(self._thread)
         return await store.get(head_id) if head_id is not None else None
 
+    def _secrets(self) -> dict[str, bytes]:
+        """The --secret-env values by variable name (spans record the names)."""
+        return dict(zip(self._config.secret_env, self._config.secrets, strict=True))
+
     def _policy(self, head: Checkpoint | None) -> Policy:
         if head is not None:
             return head.effective_policy(self._config.policy)
@@ -220,7 +225,7 @@ class CaptureLoop:
             self._thread,
             label=label,
             policy=self._policy(head),
-            secrets=self._config.secrets,
+            secrets=self._secrets(),
             data_dir=self._state.data_dir,
         )
         self.captures += 1

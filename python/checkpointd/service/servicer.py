@@ -45,6 +45,7 @@ from ..errors import (
 from ..ids import new_uuid7
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
 from ..progress import Progress
+from ..secrets import parse_secrets
 from ..store.base import CheckpointStore, ThreadListing
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
@@ -369,6 +370,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         label = request.label if request.HasField("label") else None
         source_run_id = request.source_run_id if request.HasField("source_run_id") else None
         subdir = normal_subdir(request.workspace_subdir)
+        secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
         if request.HasField("request_id"):
             request_id = validation.check_id(request.request_id, "request_id")
             checkpoint_id = derive_checkpoint_id(thread_id, request_id)
@@ -410,7 +412,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 thread_id,
                 label=label,
                 policy=policy,
-                secrets=tuple(request.secrets),
+                secrets=secrets,
                 conversation=conversation,
                 artifacts=artifacts,
                 source_run_id=source_run_id,
@@ -459,6 +461,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         # from the workspace fd, component by component (never by this path).
         self.state.resolve_root(subdir)
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
+        secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
+        unfilled: list[str] = []
         started = pb.RestoreStarted(thread_id=thread_id)
         if checkpoint_id is not None:
             started.checkpoint_id = checkpoint_id
@@ -480,6 +484,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 data_dir=self.state.data_dir,
                 progress=progress,
                 workspace_subdir=subdir,
+                secrets=secrets,
+                unfilled_secrets=unfilled,
             )
 
         async for item in _with_progress(self.state, thread_id, context, work):
@@ -490,6 +496,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 done = pb.RestoreDone(
                     restored=restored is not None,
                     duration_ms=int((time.monotonic() - began) * 1000),
+                    unfilled_secret_paths=unfilled,
                 )
                 if restored is not None:
                     done.checkpoint.CopyFrom(convert.summary_of(restored))
@@ -698,8 +705,9 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             policy = old.effective_policy(
                 convert.policy_from_proto(request.policy, request.HasField("policy"))
             )
+            secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
             new_entries = await diffing.scan_live(
-                root, policy, list(request.secrets), self.state.data_dir
+                root, policy, tuple(parse_secrets(secrets).values), self.state.data_dir
             )
         changes = list(diffing.diff_entries(old.files, new_entries))
 

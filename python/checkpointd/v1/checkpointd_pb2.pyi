@@ -191,7 +191,7 @@ class Progress(_message.Message):
     def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
-    __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id", "skip_if_unchanged")
+    __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id", "skip_if_unchanged", "secret_names")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -202,6 +202,7 @@ class CaptureRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     SKIP_IF_UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     label: str
     policy: Policy
@@ -212,7 +213,8 @@ class CaptureRequest(_message.Message):
     request_id: str
     source_run_id: str
     skip_if_unchanged: bool
-    def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ..., skip_if_unchanged: _Optional[bool] = ...) -> None: ...
+    secret_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ..., skip_if_unchanged: _Optional[bool] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CaptureStats(_message.Message):
     __slots__ = ("entries", "files_hashed", "files_reused", "bytes_hashed", "blobs_uploaded", "bytes_uploaded", "duration_ms", "phases_ms")
@@ -272,18 +274,22 @@ class CaptureEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[CaptureStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[CaptureDone, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir", "dry_run")
+    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir", "dry_run", "secrets", "secret_names")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     checkpoint_id: str
     policy: Policy
     workspace_subdir: str
     dry_run: bool
-    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    secrets: _containers.RepeatedScalarFieldContainer[bytes]
+    secret_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Iterable[bytes]] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreStarted(_message.Message):
     __slots__ = ("thread_id", "checkpoint_id")
@@ -294,16 +300,18 @@ class RestoreStarted(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class RestoreDone(_message.Message):
-    __slots__ = ("restored", "checkpoint", "duration_ms", "plan")
+    __slots__ = ("restored", "checkpoint", "duration_ms", "plan", "unfilled_secret_paths")
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
+    UNFILLED_SECRET_PATHS_FIELD_NUMBER: _ClassVar[int]
     restored: bool
     checkpoint: CheckpointSummary
     duration_ms: int
     plan: RestorePlan
-    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ...) -> None: ...
+    unfilled_secret_paths: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ..., unfilled_secret_paths: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestorePlan(_message.Message):
     __slots__ = ("files_written", "paths_deleted", "files_kept", "dirs_created", "bytes_to_fetch", "blobs_to_fetch")
@@ -436,18 +444,20 @@ class ListEntriesResponse(_message.Message):
     def __init__(self, entries: _Optional[_Iterable[_Union[Entry, _Mapping]]] = ...) -> None: ...
 
 class DiffRequest(_message.Message):
-    __slots__ = ("from_checkpoint_id", "to_checkpoint_id", "policy", "secrets", "workspace_subdir")
+    __slots__ = ("from_checkpoint_id", "to_checkpoint_id", "policy", "secrets", "workspace_subdir", "secret_names")
     FROM_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     TO_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
     from_checkpoint_id: str
     to_checkpoint_id: str
     policy: Policy
     secrets: _containers.RepeatedScalarFieldContainer[bytes]
     workspace_subdir: str
-    def __init__(self, from_checkpoint_id: _Optional[str] = ..., to_checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., workspace_subdir: _Optional[str] = ...) -> None: ...
+    secret_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, from_checkpoint_id: _Optional[str] = ..., to_checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., workspace_subdir: _Optional[str] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Change(_message.Message):
     __slots__ = ("path", "kind", "old", "new")

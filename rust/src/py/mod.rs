@@ -56,6 +56,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
+    m.add_function(wrap_pyfunction!(stream::hash_file_with_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_totals, m)?)?;

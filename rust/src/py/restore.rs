@@ -19,6 +19,7 @@ use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex};
 use crate::manifest;
 use crate::policy::PolicyMatcher;
+use crate::redact::SecretSet;
 use crate::restore::{self as core, Restore, RestoreError, StagedWriter, Workspace};
 use crate::scan::{self, Root, ScanRequest};
 use crate::statcache::secrets_fingerprint;
@@ -74,7 +75,7 @@ impl RestoreSession {
     #[new]
     #[pyo3(signature = (
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None
+        cache_path=None, cancel=None, secrets=None, keep=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -87,7 +88,16 @@ impl RestoreSession {
         default_excludes: bool,
         cache_path: Option<PathBuf>,
         cancel: Option<&Bound<'_, CancelToken>>,
+        secrets: Option<&Bound<'_, PyAny>>,
+        keep: Option<Vec<String>>,
     ) -> PyResult<Self> {
+        // The live scan zeroes the caller's secrets, so a file that still holds
+        // them compares equal to its zeroed blob; `keep` are files Python found
+        // equal to the checkpoint but for their secrets: never rewritten.
+        let secrets = args::secrets(secrets)?;
+        SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
+        let keep: std::collections::HashSet<String> =
+            keep.unwrap_or_default().into_iter().collect();
         let exclude = args::patterns(exclude)?;
         let include = args::patterns(include)?;
         let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
@@ -104,7 +114,7 @@ impl RestoreSession {
                 let request = ScanRequest {
                     root: ws.path.clone(),
                     policy,
-                    secrets: Vec::new(),
+                    secrets,
                     cache_path: scan_cache,
                     threads: 0,
                     cancel: scan_cancel,
@@ -113,6 +123,7 @@ impl RestoreSession {
                     .map_err(RestoreError::Scan)?;
                 let rows = manifest::decode(&live.manifest).map_err(RestoreError::Manifest)?;
                 let mut plan = core::plan(target, rows, &live.unsupported)?;
+                core::leave_alone(&mut plan, &keep);
                 core::replace_shared_inodes(&ws, &mut plan)?;
                 Restore::new(ws, plan)
             })

@@ -28,6 +28,8 @@ pub struct ScanResult {
     #[pyo3(get)]
     bytes_hashed: u64,
     #[pyo3(get)]
+    files_with_secrets: u64,
+    #[pyo3(get)]
     phases_ms: Py<PyDict>,
     #[pyo3(get)]
     policy_warnings: Vec<(&'static str, String, String)>,
@@ -72,6 +74,7 @@ fn to_result(
         files_hashed: out.files_hashed,
         files_reused: out.files_reused,
         bytes_hashed: out.bytes_hashed,
+        files_with_secrets: out.files_with_secrets,
         policy_warnings,
     })
 }

@@ -52,27 +52,63 @@ pub fn hash_file(
     path: PathBuf,
     secrets: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<(String, u64)> {
+    hash_file_recording(py, path, secrets).map(|(hex, size, _)| (hex, size))
+}
+
+/// (64-hex digest, size, sorted (offset, length, secret index) of each match).
+type HashWithSecrets = (String, u64, Vec<(u64, u32, u32)>);
+
+/// See `_native.pyi`: `hash_file` plus where each secret was zeroed.
+#[pyfunction]
+#[pyo3(signature = (path, secrets=None))]
+pub fn hash_file_with_secrets(
+    py: Python<'_>,
+    path: PathBuf,
+    secrets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<HashWithSecrets> {
+    hash_file_recording(py, path, secrets)
+}
+
+fn hash_file_recording(
+    py: Python<'_>,
+    path: PathBuf,
+    secrets: Option<&Bound<'_, PyAny>>,
+) -> PyResult<HashWithSecrets> {
     let secrets = secret_set(secrets)?;
     let file = open_regular(&path)?;
     let shown = path.to_string_lossy().into_owned();
     let size = fs::fstat(file.as_raw_fd())
         .map_err(|e| io_to_py(&shown, "fstat", e))?
         .size;
+    let mut found = Vec::new();
     py.allow_threads(|| {
         let mut scratch = Vec::new();
         let cancel = Cancel::new();
+        let found = &mut found;
+        let mut run = |parallel: bool| {
+            hash::hash_file_recording(
+                &file,
+                None,
+                &secrets,
+                &cancel,
+                parallel,
+                &mut scratch,
+                found,
+            )
+        };
         if size < PARALLEL_HASH_MIN {
-            return hash::hash_file(&file, None, &secrets, &cancel, false, &mut scratch);
+            return run(false);
         }
         // A short-lived pool (no threads outlive the call, so fork() stays safe).
         match scan::build_pool(0) {
-            Ok(pool) => {
-                pool.install(|| hash::hash_file(&file, None, &secrets, &cancel, true, &mut scratch))
-            }
-            Err(_) => hash::hash_file(&file, None, &secrets, &cancel, false, &mut scratch),
+            Ok(pool) => pool.install(|| run(true)),
+            Err(_) => run(false),
         }
     })
-    .map(|(digest, size)| (hash::to_hex(&digest), size))
+    .map(|(digest, size)| {
+        let spans = found.iter().map(|m| (m.offset, m.len, m.secret)).collect();
+        (hash::to_hex(&digest), size, spans)
+    })
     .map_err(|e| match e {
         HashError::Io(e) => io_to_py(&shown, "read", e),
         HashError::Cancelled => to_py(ScanError::Cancelled),
