@@ -183,7 +183,10 @@ async def bench_threads(threads: int) -> dict[str, Any]:
             daemon = _Daemon(run_dir, url, f"file://{run_dir / 'blobs'}")
             try:
                 await daemon.ready()
-                results[name] = {"fill_s": round(fill_s, 1), **await _time_listing(daemon.address, threads)}
+                results[name] = {
+                    "fill_s": round(fill_s, 1),
+                    **await _time_listing(daemon.address, threads),
+                }
             finally:
                 daemon.stop()
     finally:

@@ -193,6 +193,7 @@ async def capture_checkpoint(
     cancel: _native.CancelToken | None = None,
     workspace_subdir: str = "",
     skip_if_unchanged: bool = False,
+    conversation_text: Sequence[str] | None = None,
 ) -> CaptureResult:
     """Capture the workspace into a new checkpoint at the head of ``thread_id``.
 
@@ -295,6 +296,7 @@ async def capture_checkpoint(
                 reason="named" if label is not None else "automatic",
                 files=manifest,
                 conversation=tuple(conversation),
+                conversation_text=None if conversation_text is None else tuple(conversation_text),
                 artifacts=checked_artifacts,
                 label=label,
                 source_run_id=source_run_id,

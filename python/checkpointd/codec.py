@@ -130,7 +130,8 @@ def policy_from_document(document: dict[str, Any] | None) -> Policy | None:
 def checkpoint_fields(checkpoint: Checkpoint) -> dict[str, Any]:
     """The checkpoint as a JSON-ready dict without ``files`` (artifacts as rows):
     stores keep the manifest beside it as bytes."""
-    return {
+    texts = checkpoint.conversation_text
+    fields: dict[str, Any] = {
         "id": checkpoint.id,
         "thread_id": checkpoint.thread_id,
         "parent_checkpoint_id": checkpoint.parent_checkpoint_id,
@@ -138,13 +139,20 @@ def checkpoint_fields(checkpoint: Checkpoint) -> dict[str, Any]:
         "reason": checkpoint.reason,
         "label": checkpoint.label,
         "source_run_id": checkpoint.source_run_id,
-        "conversation": list(checkpoint.conversation),
+        # Messages sent as JSON text are kept as that text, byte for byte
+        # ({"t": text} each, so conversation deltas still work per message).
+        "conversation": list(checkpoint.conversation)
+        if texts is None
+        else [{"t": text} for text in texts],
         "artifacts": [_artifact_row(artifact) for artifact in checkpoint.artifacts],
         "policy": policy_document(checkpoint.policy),
         "workspace_subdir": checkpoint.workspace_subdir,
         "forked_from_thread_id": checkpoint.forked_from_thread_id,
         "forked_from_checkpoint_id": checkpoint.forked_from_checkpoint_id,
     }
+    if texts is not None:
+        fields["conversation_form"] = "text"
+    return fields
 
 
 def checkpoint_document(checkpoint: Checkpoint) -> dict[str, Any]:
@@ -166,6 +174,13 @@ def checkpoint_from_document(
     """A Checkpoint with new entry objects (or ``files`` when given, e.g. a
     ``Manifest``); the conversation values are the document's own (copy the
     document first if it is shared)."""
+    stored = document["conversation"]
+    texts: tuple[str, ...] | None = None
+    if document.get("conversation_form") == "text":
+        texts = tuple(item["t"] for item in stored)
+        conversation = tuple(json.loads(text) for text in texts)
+    else:
+        conversation = tuple(stored)
     return Checkpoint(
         id=document["id"],
         thread_id=document["thread_id"],
@@ -175,13 +190,14 @@ def checkpoint_from_document(
         label=document["label"],
         source_run_id=document["source_run_id"],
         files=entries_from_rows(document["files"]) if files is None else files,
-        conversation=tuple(document["conversation"]),
+        conversation=conversation,
         artifacts=tuple(_artifact_from_row(row) for row in document["artifacts"]),
         # Documents written before these fields existed record neither.
         policy=policy_from_document(document.get("policy")),
         workspace_subdir=document.get("workspace_subdir", ""),
         forked_from_thread_id=document.get("forked_from_thread_id"),
         forked_from_checkpoint_id=document.get("forked_from_checkpoint_id"),
+        conversation_text=texts,
     )
 
 

@@ -101,6 +101,10 @@ class Checkpoint:
     # forked from (None elsewhere, and on roots forked by an older version).
     forked_from_thread_id: str | None = None
     forked_from_checkpoint_id: str | None = None
+    # The conversation exactly as it was sent, one JSON text per message, when it
+    # came as text (the daemon's CaptureRequest); ``conversation`` holds the same
+    # messages parsed. None: only the values are known (the Python API).
+    conversation_text: tuple[str, ...] | None = None
 
     def effective_policy(self, explicit: Policy | None = None) -> Policy:
         """The policy a restore or diff of this checkpoint applies: the caller's

@@ -264,6 +264,13 @@ def check_checkpoint_body(checkpoint: Checkpoint) -> None:
         reason_text = artifact_problem(artifact)
         if reason_text:
             raise fail(f"invalid artifact: {reason_text}")
+    texts = checkpoint.conversation_text
+    if texts is not None and (
+        not isinstance(texts, tuple)
+        or len(texts) != len(checkpoint.conversation)
+        or not all(isinstance(text, str) and is_well_formed_text(text) for text in texts)
+    ):
+        raise fail("conversation_text must be None or one well-formed str per message")
     problem_text = _json_problem(checkpoint.conversation)
     if problem_text:
         raise fail(problem_text)

@@ -200,3 +200,26 @@ def test_durations_and_data_dir(daemon: Daemon) -> None:
     # --data-dir finds the daemon's socket (no --address, no environment).
     found = cli(None, "health", "--data-dir", str(daemon.data_dir), address="")
     assert found.returncode == 0 and found.stdout.strip() == "SERVING", found.stderr
+
+
+async def test_the_conversation_is_stored_byte_for_byte(daemon: Daemon) -> None:
+    first = ['{"n": 1e3,  "a" : [1, 2.50]}', '"caf\\u00e9"']
+    second = [*first, '{ "z":1, "a":2 }']
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        one = (await client.capture("t-verbatim", conversation=first)).checkpoint
+        two = (await client.capture("t-verbatim", conversation=second)).checkpoint
+        fork = await client.fork("t-verbatim", two.id, "t-verbatim-fork")
+        for checkpoint_id, sent in ((one.id, first), (two.id, second), (fork.id, second)):
+            got = await client.get_checkpoint(checkpoint_id, include_conversation=True)
+            assert list(got.conversation) == sent
+    # And the values, for the Python API, are the parsed messages.
+    from checkpointd.store import open_store
+
+    store = await open_store(daemon.store)
+    try:
+        stored = await store.get(two.id)
+    finally:
+        await store.aclose()
+    assert stored is not None and stored.conversation[0] == {"n": 1000.0, "a": [1, 2.5]}
+    assert stored.conversation_text == tuple(second)

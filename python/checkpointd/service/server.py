@@ -31,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,35 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     state.blob_backend = backend_name(config.blobs)
 
 
+PRIVATE_UMASK = 0o077
+# Files of the embedded default store that an older version left 0644.
+_EMBEDDED_FILES = ("checkpoints.db", "checkpoints.db-wal", "checkpoints.db-shm")
+
+
+def _check_private_data_dir(data_dir: Path) -> None:
+    """Refuse a data dir others may write (they could swap the store, the stat
+    cache or the socket under the daemon); tighten what an older version left
+    readable. Raises SandboxCheckpointInvalidArgumentError."""
+    mode = stat.S_IMODE(data_dir.stat().st_mode)
+    if mode & 0o022:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"data dir {data_dir} is group- or world-writable (mode {mode:04o}): another user "
+            f"could replace the store or the stat cache; chmod 700 {data_dir}",
+            details={"path": str(data_dir), "mode": f"{mode:04o}"},
+        )
+    if mode & 0o077:
+        data_dir.chmod(0o700)
+    for name in _EMBEDDED_FILES:
+        path = data_dir / name
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_IMODE(path.lstat().st_mode) & 0o077 and not path.is_symlink():
+                path.chmod(0o600)
+    blobs = data_dir / "blobs"
+    with contextlib.suppress(FileNotFoundError):
+        if not blobs.is_symlink() and stat.S_IMODE(blobs.lstat().st_mode) & 0o077:
+            blobs.chmod(0o700)
+
+
 async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
     from ..statcache_paths import resolve_data_dir
@@ -226,8 +256,13 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
             "create it first or fix --workspace",
             details={"path": str(config.workspace)},
         )
+    # Everything the daemon creates from here on (the SQLite store, local blobs,
+    # stat caches, the socket) is born 0600 / 0700: only its own user reads the
+    # checkpoints. Restore sets workspace modes explicitly, from the manifest.
+    os.umask(PRIVATE_UMASK)
     # Refuses a data dir inside the workspace (sandbox code could forge the stat cache).
     data_dir = resolve_data_dir(config.workspace, config.data_dir)
+    _check_private_data_dir(data_dir)
     state = ServiceState(
         workspace_root=config.workspace,
         data_dir=data_dir,

@@ -421,6 +421,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 checkpoint_id=checkpoint_id,
                 workspace_subdir=subdir,
                 skip_if_unchanged=request.skip_if_unchanged,
+                # Kept byte for byte as sent (the proto promises it verbatim).
+                conversation_text=tuple(request.conversation),
             )
 
         async for item in _with_progress(self.state, thread_id, context, work, checkpoint_id):
@@ -594,9 +596,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         return pb.GetCheckpointResponse(
             checkpoint=convert.summary_of(checkpoint),
             artifacts=[convert.artifact_to_proto(a) for a in checkpoint.artifacts],
-            conversation=convert.conversation_to_proto(checkpoint.conversation)
-            if request.include_conversation
-            else [],
+            conversation=_conversation_texts(checkpoint) if request.include_conversation else [],
         )
 
     @_unary
@@ -1005,6 +1005,13 @@ _CHANGE_KINDS = {
     "modified": pb.CHANGE_KIND_MODIFIED,
     "mode_changed": pb.CHANGE_KIND_MODE_CHANGED,
 }
+
+
+def _conversation_texts(checkpoint: Checkpoint) -> list[str]:
+    """The messages as sent when the capture came over the wire, else re-encoded."""
+    if checkpoint.conversation_text is not None:
+        return list(checkpoint.conversation_text)
+    return convert.conversation_to_proto(checkpoint.conversation)
 
 
 def _sweep_messages(batch: SweepBatch) -> Iterator[pb.SweepBlobsBatch]:

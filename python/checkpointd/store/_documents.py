@@ -82,9 +82,8 @@ class Content:
         here on), sharing nothing mutable with it: entries and artifacts are
         frozen, and the conversation (JSON values the caller may change later)
         is copied through JSON."""
-        conversation = json.loads(json.dumps(list(checkpoint.conversation), **_JSON))  # type: ignore[arg-type]
         document = checkpoint_fields(checkpoint)
-        document["conversation"] = conversation
+        document["conversation"] = json.loads(json.dumps(document["conversation"], **_JSON))  # type: ignore[arg-type]
         given = manifest_of(checkpoint.files)
         manifest = given if given.trusted else Manifest(given.data, length=len(given), trusted=True)
         return cls(document, manifest)

@@ -462,6 +462,7 @@ def fork_checkpoint(
         workspace_subdir=source.workspace_subdir,
         forked_from_thread_id=source.thread_id,
         forked_from_checkpoint_id=source.id,
+        conversation_text=source.conversation_text,
     )
 
 
