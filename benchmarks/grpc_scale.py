@@ -163,8 +163,7 @@ async def _time_listing(address: str, threads: int) -> dict[str, float]:
 
 
 async def bench_threads(threads: int) -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.fixtures.postgres import PostgresServer
+    from tests.fixtures.postgres import PostgresServer  # run from the repository root
 
     results: dict[str, Any] = {"threads": threads}
     base = Path(tempfile.mkdtemp(prefix="cpd-bench-", dir="/tmp"))
