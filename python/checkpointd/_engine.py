@@ -165,6 +165,12 @@ class PhaseReporter:
     act before the phase starts); ``advance()`` reports at most every 100 ms and
     may be called from a worker thread: the report is then handed to the event
     loop, so callbacks always run on the loop's thread.
+
+    Totals are reached: when a phase that counted anything ends (the next
+    ``phase()`` or ``finish()``), one last report of it says done == total
+    (a total of 0, unknown, becomes the count done). A report from a worker
+    thread that arrives after its phase ended is dropped, so the last report of
+    each phase is that closing one.
     """
 
     def __init__(self, callback: ProgressCallback | None) -> None:
@@ -176,6 +182,7 @@ class PhaseReporter:
         self._phase_started = self._started
         self._last_report = 0.0
         self._files_done = self._files_total = self._bytes_done = self._bytes_total = 0
+        self._generation = 0
         self.phases_ms: dict[str, int] = {}
 
     def _close_phase(self, now: float) -> None:
@@ -183,9 +190,19 @@ class PhaseReporter:
             elapsed = int((now - self._phase_started) * 1000)
             self.phases_ms[self._phase] = self.phases_ms.get(self._phase, 0) + elapsed
 
+    def _closing(self) -> Progress | None:
+        """The last report of the current phase (totals reached), if it counted."""
+        if not self._phase or not (self._files_done or self._bytes_done or self._files_total):
+            return None
+        files = max(self._files_done, self._files_total)
+        nbytes = max(self._bytes_done, self._bytes_total)
+        return Progress(self._phase, files, files, nbytes, nbytes)
+
     def phase(self, name: str, *, files_total: int = 0, bytes_total: int = 0) -> None:
         now = time.monotonic()
         with self._lock:
+            closing = self._closing()
+            self._generation += 1
             self._close_phase(now)
             self._phase, self._phase_started = name, now
             self._files_done, self._bytes_done = 0, 0
@@ -193,6 +210,8 @@ class PhaseReporter:
             self._last_report = now
             report = self._snapshot()
         if self._callback is not None:
+            if closing is not None:
+                self._callback(closing)
             self._callback(report)
 
     def advance(self, files: int = 0, nbytes: int = 0) -> None:
@@ -204,14 +223,20 @@ class PhaseReporter:
                 return
             self._last_report = now
             report = self._snapshot()
-        self._deliver(report)
+            generation = self._generation
+        self._deliver(report, generation)
 
     def finish(self) -> int:
-        """Close the current phase; returns the total duration in ms."""
+        """Close the current phase (its last report reaches the totals);
+        returns the total duration in ms."""
         now = time.monotonic()
         with self._lock:
+            closing = self._closing()
+            self._generation += 1
             self._close_phase(now)
             self._phase = ""
+        if closing is not None and self._callback is not None:
+            self._callback(closing)
         return int((now - self._started) * 1000)
 
     def _snapshot(self) -> Progress:
@@ -219,7 +244,7 @@ class PhaseReporter:
             self._phase, self._files_done, self._files_total, self._bytes_done, self._bytes_total
         )
 
-    def _deliver(self, report: Progress) -> None:
+    def _deliver(self, report: Progress, generation: int) -> None:
         assert self._callback is not None
         try:
             running = asyncio.get_running_loop()
@@ -228,4 +253,9 @@ class PhaseReporter:
         if running is self._loop:
             self._callback(report)
         else:
-            self._loop.call_soon_threadsafe(self._callback, report)
+            self._loop.call_soon_threadsafe(self._deliver_current, report, generation)
+
+    def _deliver_current(self, report: Progress, generation: int) -> None:
+        # On the loop: a report of a phase that has ended since is stale.
+        if generation == self._generation and self._callback is not None:
+            self._callback(report)

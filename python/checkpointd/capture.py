@@ -251,6 +251,9 @@ async def capture_checkpoint(
 
             reporter.phase("scan")
             outcome = await _scan(root, policy, checked_secrets, cache_path, token)
+            # The native scan reports no progress of its own: its counts arrive
+            # with the scan phase's closing report (entries seen, bytes hashed).
+            reporter.advance(files=outcome.entries_count, nbytes=outcome.bytes_hashed)
             # Bytes from here to the store: valid by construction (the scan
             # refuses every path SPEC §2 forbids), decoded only if someone reads it.
             manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 # Capture phases: "lease", "scan", "pin", "upload", "append".
-# Restore phases: "lease", "resolve", "plan", "fetch", "apply".
+# Restore phases: "lease", "resolve", "plan", "fetch", "apply", "record".
+# What each counts, and the rule that every counting phase ends with an event
+# whose done == total: proto/checkpointd/v1/checkpointd.proto, enum ProgressPhase.
 
 
 @dataclass(frozen=True, slots=True)

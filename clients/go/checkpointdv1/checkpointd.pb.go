@@ -263,6 +263,95 @@ func (EntryKind) EnumDescriptor() ([]byte, []int) {
 	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{1}
 }
 
+// The phases of a capture (lease, scan, pin, upload, append) and of a restore
+// (lease, resolve, plan, fetch, apply, record), in that order. What each counts:
+//
+//	LEASE, RESOLVE, PLAN, APPEND: nothing (all counts 0).
+//	SCAN: files = manifest entries seen, bytes = bytes hashed (the scan is
+//	  native: its counts come in the phase's last event).
+//	PIN: files = blob keys pinned in the store, of files_total.
+//	UPLOAD: files = blobs uploaded of files_total (the blobs the bucket
+//	  lacked), bytes = bytes uploaded of bytes_total.
+//	FETCH: files = blobs fetched and verified of files_total, bytes likewise.
+//	APPLY: files = workspace operations done (writes, deletions, directories,
+//	  links, modes) of files_total.
+//	RECORD: files = stat-cache entries written of files_total.
+//
+// Every phase that counts ends with one event where done == total; events are
+// throttled to about 10 a second within a phase.
+type ProgressPhase int32
+
+const (
+	ProgressPhase_PROGRESS_PHASE_UNSPECIFIED ProgressPhase = 0
+	ProgressPhase_PROGRESS_PHASE_LEASE       ProgressPhase = 1
+	ProgressPhase_PROGRESS_PHASE_SCAN        ProgressPhase = 2
+	ProgressPhase_PROGRESS_PHASE_PIN         ProgressPhase = 3
+	ProgressPhase_PROGRESS_PHASE_UPLOAD      ProgressPhase = 4
+	ProgressPhase_PROGRESS_PHASE_APPEND      ProgressPhase = 5
+	ProgressPhase_PROGRESS_PHASE_RESOLVE     ProgressPhase = 6
+	ProgressPhase_PROGRESS_PHASE_PLAN        ProgressPhase = 7
+	ProgressPhase_PROGRESS_PHASE_FETCH       ProgressPhase = 8
+	ProgressPhase_PROGRESS_PHASE_APPLY       ProgressPhase = 9
+	ProgressPhase_PROGRESS_PHASE_RECORD      ProgressPhase = 10
+)
+
+// Enum value maps for ProgressPhase.
+var (
+	ProgressPhase_name = map[int32]string{
+		0:  "PROGRESS_PHASE_UNSPECIFIED",
+		1:  "PROGRESS_PHASE_LEASE",
+		2:  "PROGRESS_PHASE_SCAN",
+		3:  "PROGRESS_PHASE_PIN",
+		4:  "PROGRESS_PHASE_UPLOAD",
+		5:  "PROGRESS_PHASE_APPEND",
+		6:  "PROGRESS_PHASE_RESOLVE",
+		7:  "PROGRESS_PHASE_PLAN",
+		8:  "PROGRESS_PHASE_FETCH",
+		9:  "PROGRESS_PHASE_APPLY",
+		10: "PROGRESS_PHASE_RECORD",
+	}
+	ProgressPhase_value = map[string]int32{
+		"PROGRESS_PHASE_UNSPECIFIED": 0,
+		"PROGRESS_PHASE_LEASE":       1,
+		"PROGRESS_PHASE_SCAN":        2,
+		"PROGRESS_PHASE_PIN":         3,
+		"PROGRESS_PHASE_UPLOAD":      4,
+		"PROGRESS_PHASE_APPEND":      5,
+		"PROGRESS_PHASE_RESOLVE":     6,
+		"PROGRESS_PHASE_PLAN":        7,
+		"PROGRESS_PHASE_FETCH":       8,
+		"PROGRESS_PHASE_APPLY":       9,
+		"PROGRESS_PHASE_RECORD":      10,
+	}
+)
+
+func (x ProgressPhase) Enum() *ProgressPhase {
+	p := new(ProgressPhase)
+	*p = x
+	return p
+}
+
+func (x ProgressPhase) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProgressPhase) Descriptor() protoreflect.EnumDescriptor {
+	return file_checkpointd_v1_checkpointd_proto_enumTypes[2].Descriptor()
+}
+
+func (ProgressPhase) Type() protoreflect.EnumType {
+	return &file_checkpointd_v1_checkpointd_proto_enumTypes[2]
+}
+
+func (x ProgressPhase) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProgressPhase.Descriptor instead.
+func (ProgressPhase) EnumDescriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{2}
+}
+
 type ChangeKind int32
 
 const (
@@ -304,11 +393,11 @@ func (x ChangeKind) String() string {
 }
 
 func (ChangeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_checkpointd_v1_checkpointd_proto_enumTypes[2].Descriptor()
+	return file_checkpointd_v1_checkpointd_proto_enumTypes[3].Descriptor()
 }
 
 func (ChangeKind) Type() protoreflect.EnumType {
-	return &file_checkpointd_v1_checkpointd_proto_enumTypes[2]
+	return &file_checkpointd_v1_checkpointd_proto_enumTypes[3]
 }
 
 func (x ChangeKind) Number() protoreflect.EnumNumber {
@@ -317,7 +406,7 @@ func (x ChangeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ChangeKind.Descriptor instead.
 func (ChangeKind) EnumDescriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{2}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{3}
 }
 
 // What a capture keeps and a restore manages (gitignore dialect, SPEC §4).
@@ -732,15 +821,17 @@ func (x *CheckpointSummary) GetForkedFromCheckpointId() string {
 	return ""
 }
 
-// Counts reported while long work runs. Capture phases: lease, scan, pin, upload,
-// append. Restore phases: lease, resolve, plan, fetch, apply.
+// Counts reported while long work runs (see ProgressPhase for what each phase
+// counts). A total of 0 means not known.
 type Progress struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Phase         string                 `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
-	FilesDone     uint64                 `protobuf:"varint,2,opt,name=files_done,json=filesDone,proto3" json:"files_done,omitempty"`
-	FilesTotal    uint64                 `protobuf:"varint,3,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
-	BytesDone     uint64                 `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
-	BytesTotal    uint64                 `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The phase's name in lower case ("scan"); phase_kind is the same as an enum.
+	Phase         string        `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	FilesDone     uint64        `protobuf:"varint,2,opt,name=files_done,json=filesDone,proto3" json:"files_done,omitempty"`
+	FilesTotal    uint64        `protobuf:"varint,3,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
+	BytesDone     uint64        `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal    uint64        `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	PhaseKind     ProgressPhase `protobuf:"varint,6,opt,name=phase_kind,json=phaseKind,proto3,enum=checkpointd.v1.ProgressPhase" json:"phase_kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -808,6 +899,13 @@ func (x *Progress) GetBytesTotal() uint64 {
 		return x.BytesTotal
 	}
 	return 0
+}
+
+func (x *Progress) GetPhaseKind() ProgressPhase {
+	if x != nil {
+		return x.PhaseKind
+	}
+	return ProgressPhase_PROGRESS_PHASE_UNSPECIFIED
 }
 
 type CaptureRequest struct {
@@ -4444,7 +4542,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x06_labelB\x10\n" +
 	"\x0e_source_run_idB\x18\n" +
 	"\x16_forked_from_thread_idB\x1c\n" +
-	"\x1a_forked_from_checkpoint_id\"\xa0\x01\n" +
+	"\x1a_forked_from_checkpoint_id\"\xde\x01\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x1d\n" +
 	"\n" +
@@ -4454,7 +4552,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\n" +
 	"bytes_done\x18\x04 \x01(\x04R\tbytesDone\x12\x1f\n" +
 	"\vbytes_total\x18\x05 \x01(\x04R\n" +
-	"bytesTotal\"\xe0\x03\n" +
+	"bytesTotal\x12<\n" +
+	"\n" +
+	"phase_kind\x18\x06 \x01(\x0e2\x1d.checkpointd.v1.ProgressPhaseR\tphaseKind\"\xe0\x03\n" +
 	"\x0eCaptureRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12.\n" +
@@ -4775,7 +4875,20 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x16ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fENTRY_KIND_FILE\x10\x01\x12\x12\n" +
 	"\x0eENTRY_KIND_DIR\x10\x02\x12\x16\n" +
-	"\x12ENTRY_KIND_SYMLINK\x10\x03*\x91\x01\n" +
+	"\x12ENTRY_KIND_SYMLINK\x10\x03*\xb4\x02\n" +
+	"\rProgressPhase\x12\x1e\n" +
+	"\x1aPROGRESS_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14PROGRESS_PHASE_LEASE\x10\x01\x12\x17\n" +
+	"\x13PROGRESS_PHASE_SCAN\x10\x02\x12\x16\n" +
+	"\x12PROGRESS_PHASE_PIN\x10\x03\x12\x19\n" +
+	"\x15PROGRESS_PHASE_UPLOAD\x10\x04\x12\x19\n" +
+	"\x15PROGRESS_PHASE_APPEND\x10\x05\x12\x1a\n" +
+	"\x16PROGRESS_PHASE_RESOLVE\x10\x06\x12\x17\n" +
+	"\x13PROGRESS_PHASE_PLAN\x10\a\x12\x18\n" +
+	"\x14PROGRESS_PHASE_FETCH\x10\b\x12\x18\n" +
+	"\x14PROGRESS_PHASE_APPLY\x10\t\x12\x19\n" +
+	"\x15PROGRESS_PHASE_RECORD\x10\n" +
+	"*\x91\x01\n" +
 	"\n" +
 	"ChangeKind\x12\x1b\n" +
 	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
@@ -4816,152 +4929,154 @@ func file_checkpointd_v1_checkpointd_proto_rawDescGZIP() []byte {
 	return file_checkpointd_v1_checkpointd_proto_rawDescData
 }
 
-var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
 var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(ErrorReason)(0),                // 0: checkpointd.v1.ErrorReason
 	(EntryKind)(0),                  // 1: checkpointd.v1.EntryKind
-	(ChangeKind)(0),                 // 2: checkpointd.v1.ChangeKind
-	(*Policy)(nil),                  // 3: checkpointd.v1.Policy
-	(*Entry)(nil),                   // 4: checkpointd.v1.Entry
-	(*Artifact)(nil),                // 5: checkpointd.v1.Artifact
-	(*CheckpointSummary)(nil),       // 6: checkpointd.v1.CheckpointSummary
-	(*Progress)(nil),                // 7: checkpointd.v1.Progress
-	(*CaptureRequest)(nil),          // 8: checkpointd.v1.CaptureRequest
-	(*CaptureStats)(nil),            // 9: checkpointd.v1.CaptureStats
-	(*CaptureStarted)(nil),          // 10: checkpointd.v1.CaptureStarted
-	(*CaptureDone)(nil),             // 11: checkpointd.v1.CaptureDone
-	(*CaptureEvent)(nil),            // 12: checkpointd.v1.CaptureEvent
-	(*RestoreRequest)(nil),          // 13: checkpointd.v1.RestoreRequest
-	(*RestoreStarted)(nil),          // 14: checkpointd.v1.RestoreStarted
-	(*RestoreDone)(nil),             // 15: checkpointd.v1.RestoreDone
-	(*RestorePlan)(nil),             // 16: checkpointd.v1.RestorePlan
-	(*RestorePlanPaths)(nil),        // 17: checkpointd.v1.RestorePlanPaths
-	(*RestoreEvent)(nil),            // 18: checkpointd.v1.RestoreEvent
-	(*GetCheckpointRequest)(nil),    // 19: checkpointd.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),   // 20: checkpointd.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 21: checkpointd.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 22: checkpointd.v1.ListCheckpointsResponse
-	(*ListThreadsRequest)(nil),      // 23: checkpointd.v1.ListThreadsRequest
-	(*ThreadSummary)(nil),           // 24: checkpointd.v1.ThreadSummary
-	(*ListThreadsResponse)(nil),     // 25: checkpointd.v1.ListThreadsResponse
-	(*GetHeadRequest)(nil),          // 26: checkpointd.v1.GetHeadRequest
-	(*GetHeadResponse)(nil),         // 27: checkpointd.v1.GetHeadResponse
-	(*ListEntriesRequest)(nil),      // 28: checkpointd.v1.ListEntriesRequest
-	(*ListEntriesResponse)(nil),     // 29: checkpointd.v1.ListEntriesResponse
-	(*DiffRequest)(nil),             // 30: checkpointd.v1.DiffRequest
-	(*Change)(nil),                  // 31: checkpointd.v1.Change
-	(*DiffResponse)(nil),            // 32: checkpointd.v1.DiffResponse
-	(*ReadFileRequest)(nil),         // 33: checkpointd.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 34: checkpointd.v1.ReadFileResponse
-	(*UploadArtifactMetadata)(nil),  // 35: checkpointd.v1.UploadArtifactMetadata
-	(*UploadArtifactRequest)(nil),   // 36: checkpointd.v1.UploadArtifactRequest
-	(*UploadArtifactResponse)(nil),  // 37: checkpointd.v1.UploadArtifactResponse
-	(*ReadArtifactRequest)(nil),     // 38: checkpointd.v1.ReadArtifactRequest
-	(*ReadArtifactResponse)(nil),    // 39: checkpointd.v1.ReadArtifactResponse
-	(*ForkRequest)(nil),             // 40: checkpointd.v1.ForkRequest
-	(*ForkResponse)(nil),            // 41: checkpointd.v1.ForkResponse
-	(*DeleteHeadRequest)(nil),       // 42: checkpointd.v1.DeleteHeadRequest
-	(*DeleteHeadResponse)(nil),      // 43: checkpointd.v1.DeleteHeadResponse
-	(*PruneRequest)(nil),            // 44: checkpointd.v1.PruneRequest
-	(*PruneResponse)(nil),           // 45: checkpointd.v1.PruneResponse
-	(*SweepBlobsRequest)(nil),       // 46: checkpointd.v1.SweepBlobsRequest
-	(*KeptBlob)(nil),                // 47: checkpointd.v1.KeptBlob
-	(*SweepFailure)(nil),            // 48: checkpointd.v1.SweepFailure
-	(*SweepBlobsBatch)(nil),         // 49: checkpointd.v1.SweepBlobsBatch
-	(*SweepBlobsSummary)(nil),       // 50: checkpointd.v1.SweepBlobsSummary
-	(*SweepBlobsEvent)(nil),         // 51: checkpointd.v1.SweepBlobsEvent
-	(*CheckRequest)(nil),            // 52: checkpointd.v1.CheckRequest
-	(*CheckFinding)(nil),            // 53: checkpointd.v1.CheckFinding
-	(*CheckProgress)(nil),           // 54: checkpointd.v1.CheckProgress
-	(*CheckSummary)(nil),            // 55: checkpointd.v1.CheckSummary
-	(*CheckEvent)(nil),              // 56: checkpointd.v1.CheckEvent
-	(*GetServerInfoRequest)(nil),    // 57: checkpointd.v1.GetServerInfoRequest
-	(*Capabilities)(nil),            // 58: checkpointd.v1.Capabilities
-	(*GetServerInfoResponse)(nil),   // 59: checkpointd.v1.GetServerInfoResponse
-	nil,                             // 60: checkpointd.v1.CaptureStats.PhasesMsEntry
-	nil,                             // 61: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	(ProgressPhase)(0),              // 2: checkpointd.v1.ProgressPhase
+	(ChangeKind)(0),                 // 3: checkpointd.v1.ChangeKind
+	(*Policy)(nil),                  // 4: checkpointd.v1.Policy
+	(*Entry)(nil),                   // 5: checkpointd.v1.Entry
+	(*Artifact)(nil),                // 6: checkpointd.v1.Artifact
+	(*CheckpointSummary)(nil),       // 7: checkpointd.v1.CheckpointSummary
+	(*Progress)(nil),                // 8: checkpointd.v1.Progress
+	(*CaptureRequest)(nil),          // 9: checkpointd.v1.CaptureRequest
+	(*CaptureStats)(nil),            // 10: checkpointd.v1.CaptureStats
+	(*CaptureStarted)(nil),          // 11: checkpointd.v1.CaptureStarted
+	(*CaptureDone)(nil),             // 12: checkpointd.v1.CaptureDone
+	(*CaptureEvent)(nil),            // 13: checkpointd.v1.CaptureEvent
+	(*RestoreRequest)(nil),          // 14: checkpointd.v1.RestoreRequest
+	(*RestoreStarted)(nil),          // 15: checkpointd.v1.RestoreStarted
+	(*RestoreDone)(nil),             // 16: checkpointd.v1.RestoreDone
+	(*RestorePlan)(nil),             // 17: checkpointd.v1.RestorePlan
+	(*RestorePlanPaths)(nil),        // 18: checkpointd.v1.RestorePlanPaths
+	(*RestoreEvent)(nil),            // 19: checkpointd.v1.RestoreEvent
+	(*GetCheckpointRequest)(nil),    // 20: checkpointd.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),   // 21: checkpointd.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 22: checkpointd.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 23: checkpointd.v1.ListCheckpointsResponse
+	(*ListThreadsRequest)(nil),      // 24: checkpointd.v1.ListThreadsRequest
+	(*ThreadSummary)(nil),           // 25: checkpointd.v1.ThreadSummary
+	(*ListThreadsResponse)(nil),     // 26: checkpointd.v1.ListThreadsResponse
+	(*GetHeadRequest)(nil),          // 27: checkpointd.v1.GetHeadRequest
+	(*GetHeadResponse)(nil),         // 28: checkpointd.v1.GetHeadResponse
+	(*ListEntriesRequest)(nil),      // 29: checkpointd.v1.ListEntriesRequest
+	(*ListEntriesResponse)(nil),     // 30: checkpointd.v1.ListEntriesResponse
+	(*DiffRequest)(nil),             // 31: checkpointd.v1.DiffRequest
+	(*Change)(nil),                  // 32: checkpointd.v1.Change
+	(*DiffResponse)(nil),            // 33: checkpointd.v1.DiffResponse
+	(*ReadFileRequest)(nil),         // 34: checkpointd.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 35: checkpointd.v1.ReadFileResponse
+	(*UploadArtifactMetadata)(nil),  // 36: checkpointd.v1.UploadArtifactMetadata
+	(*UploadArtifactRequest)(nil),   // 37: checkpointd.v1.UploadArtifactRequest
+	(*UploadArtifactResponse)(nil),  // 38: checkpointd.v1.UploadArtifactResponse
+	(*ReadArtifactRequest)(nil),     // 39: checkpointd.v1.ReadArtifactRequest
+	(*ReadArtifactResponse)(nil),    // 40: checkpointd.v1.ReadArtifactResponse
+	(*ForkRequest)(nil),             // 41: checkpointd.v1.ForkRequest
+	(*ForkResponse)(nil),            // 42: checkpointd.v1.ForkResponse
+	(*DeleteHeadRequest)(nil),       // 43: checkpointd.v1.DeleteHeadRequest
+	(*DeleteHeadResponse)(nil),      // 44: checkpointd.v1.DeleteHeadResponse
+	(*PruneRequest)(nil),            // 45: checkpointd.v1.PruneRequest
+	(*PruneResponse)(nil),           // 46: checkpointd.v1.PruneResponse
+	(*SweepBlobsRequest)(nil),       // 47: checkpointd.v1.SweepBlobsRequest
+	(*KeptBlob)(nil),                // 48: checkpointd.v1.KeptBlob
+	(*SweepFailure)(nil),            // 49: checkpointd.v1.SweepFailure
+	(*SweepBlobsBatch)(nil),         // 50: checkpointd.v1.SweepBlobsBatch
+	(*SweepBlobsSummary)(nil),       // 51: checkpointd.v1.SweepBlobsSummary
+	(*SweepBlobsEvent)(nil),         // 52: checkpointd.v1.SweepBlobsEvent
+	(*CheckRequest)(nil),            // 53: checkpointd.v1.CheckRequest
+	(*CheckFinding)(nil),            // 54: checkpointd.v1.CheckFinding
+	(*CheckProgress)(nil),           // 55: checkpointd.v1.CheckProgress
+	(*CheckSummary)(nil),            // 56: checkpointd.v1.CheckSummary
+	(*CheckEvent)(nil),              // 57: checkpointd.v1.CheckEvent
+	(*GetServerInfoRequest)(nil),    // 58: checkpointd.v1.GetServerInfoRequest
+	(*Capabilities)(nil),            // 59: checkpointd.v1.Capabilities
+	(*GetServerInfoResponse)(nil),   // 60: checkpointd.v1.GetServerInfoResponse
+	nil,                             // 61: checkpointd.v1.CaptureStats.PhasesMsEntry
+	nil,                             // 62: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	1,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
-	3,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
-	3,  // 2: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
-	5,  // 3: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	60, // 4: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
-	6,  // 5: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	9,  // 6: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
-	10, // 7: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
-	7,  // 8: checkpointd.v1.CaptureEvent.progress:type_name -> checkpointd.v1.Progress
-	11, // 9: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
-	3,  // 10: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
-	6,  // 11: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	16, // 12: checkpointd.v1.RestoreDone.plan:type_name -> checkpointd.v1.RestorePlan
-	14, // 13: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
-	7,  // 14: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
-	15, // 15: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
-	17, // 16: checkpointd.v1.RestoreEvent.plan_paths:type_name -> checkpointd.v1.RestorePlanPaths
-	6,  // 17: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	5,  // 18: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
-	6,  // 19: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
-	24, // 20: checkpointd.v1.ListThreadsResponse.threads:type_name -> checkpointd.v1.ThreadSummary
-	4,  // 21: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
-	3,  // 22: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
-	2,  // 23: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
-	4,  // 24: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
-	4,  // 25: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
-	31, // 26: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
-	4,  // 27: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
-	35, // 28: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
-	5,  // 29: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
-	6,  // 30: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	47, // 31: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
-	48, // 32: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
-	61, // 33: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
-	49, // 34: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
-	50, // 35: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
-	54, // 36: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
-	53, // 37: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
-	55, // 38: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
-	58, // 39: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	8,  // 40: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	13, // 41: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	19, // 42: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	21, // 43: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	23, // 44: checkpointd.v1.Checkpointd.ListThreads:input_type -> checkpointd.v1.ListThreadsRequest
-	26, // 45: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	28, // 46: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	30, // 47: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	40, // 48: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	42, // 49: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	44, // 50: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	46, // 51: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	52, // 52: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
-	33, // 53: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	36, // 54: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	38, // 55: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	57, // 56: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	12, // 57: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	18, // 58: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	20, // 59: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	22, // 60: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	25, // 61: checkpointd.v1.Checkpointd.ListThreads:output_type -> checkpointd.v1.ListThreadsResponse
-	27, // 62: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	29, // 63: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	32, // 64: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	41, // 65: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	43, // 66: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	45, // 67: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	51, // 68: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
-	56, // 69: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
-	34, // 70: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	37, // 71: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	39, // 72: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	59, // 73: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	57, // [57:74] is the sub-list for method output_type
-	40, // [40:57] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	4,  // 1: checkpointd.v1.CheckpointSummary.policy:type_name -> checkpointd.v1.Policy
+	2,  // 2: checkpointd.v1.Progress.phase_kind:type_name -> checkpointd.v1.ProgressPhase
+	4,  // 3: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
+	6,  // 4: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
+	61, // 5: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	7,  // 6: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	10, // 7: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
+	11, // 8: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
+	8,  // 9: checkpointd.v1.CaptureEvent.progress:type_name -> checkpointd.v1.Progress
+	12, // 10: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
+	4,  // 11: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
+	7,  // 12: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	17, // 13: checkpointd.v1.RestoreDone.plan:type_name -> checkpointd.v1.RestorePlan
+	15, // 14: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
+	8,  // 15: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
+	16, // 16: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
+	18, // 17: checkpointd.v1.RestoreEvent.plan_paths:type_name -> checkpointd.v1.RestorePlanPaths
+	7,  // 18: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	6,  // 19: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
+	7,  // 20: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
+	25, // 21: checkpointd.v1.ListThreadsResponse.threads:type_name -> checkpointd.v1.ThreadSummary
+	5,  // 22: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
+	4,  // 23: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
+	3,  // 24: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
+	5,  // 25: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
+	5,  // 26: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
+	32, // 27: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
+	5,  // 28: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
+	36, // 29: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
+	6,  // 30: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
+	7,  // 31: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	48, // 32: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
+	49, // 33: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
+	62, // 34: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	50, // 35: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
+	51, // 36: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
+	55, // 37: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
+	54, // 38: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
+	56, // 39: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
+	59, // 40: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	9,  // 41: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	14, // 42: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	20, // 43: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	22, // 44: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	24, // 45: checkpointd.v1.Checkpointd.ListThreads:input_type -> checkpointd.v1.ListThreadsRequest
+	27, // 46: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	29, // 47: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	31, // 48: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	41, // 49: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	43, // 50: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	45, // 51: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	47, // 52: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	53, // 53: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
+	34, // 54: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	37, // 55: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	39, // 56: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	58, // 57: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	13, // 58: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	19, // 59: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	21, // 60: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	23, // 61: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	26, // 62: checkpointd.v1.Checkpointd.ListThreads:output_type -> checkpointd.v1.ListThreadsResponse
+	28, // 63: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	30, // 64: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	33, // 65: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	42, // 66: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	44, // 67: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	46, // 68: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	52, // 69: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
+	57, // 70: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
+	35, // 71: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	38, // 72: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	40, // 73: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	60, // 74: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	58, // [58:75] is the sub-list for method output_type
+	41, // [41:58] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }
@@ -5009,7 +5124,7 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_checkpointd_proto_rawDesc), len(file_checkpointd_v1_checkpointd_proto_rawDesc)),
-			NumEnums:      3,
+			NumEnums:      4,
 			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   1,

@@ -127,6 +127,11 @@ def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
 def progress_to_proto(progress: Progress) -> pb.Progress:
     return pb.Progress(
         phase=progress.phase,
+        phase_kind=pb.ProgressPhase.Value(  # type: ignore[arg-type]
+            f"PROGRESS_PHASE_{progress.phase.upper()}"
+        )
+        if f"PROGRESS_PHASE_{progress.phase.upper()}" in pb.ProgressPhase.keys()
+        else pb.PROGRESS_PHASE_UNSPECIFIED,
         files_done=max(progress.files_done, 0),
         files_total=max(progress.files_total, 0),
         bytes_done=max(progress.bytes_done, 0),

@@ -48,6 +48,20 @@ class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENTRY_KIND_DIR: _ClassVar[EntryKind]
     ENTRY_KIND_SYMLINK: _ClassVar[EntryKind]
 
+class ProgressPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PROGRESS_PHASE_UNSPECIFIED: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_LEASE: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_SCAN: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_PIN: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_UPLOAD: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_APPEND: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_RESOLVE: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_PLAN: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_FETCH: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_APPLY: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_RECORD: _ClassVar[ProgressPhase]
+
 class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CHANGE_KIND_UNSPECIFIED: _ClassVar[ChangeKind]
@@ -90,6 +104,17 @@ ENTRY_KIND_UNSPECIFIED: EntryKind
 ENTRY_KIND_FILE: EntryKind
 ENTRY_KIND_DIR: EntryKind
 ENTRY_KIND_SYMLINK: EntryKind
+PROGRESS_PHASE_UNSPECIFIED: ProgressPhase
+PROGRESS_PHASE_LEASE: ProgressPhase
+PROGRESS_PHASE_SCAN: ProgressPhase
+PROGRESS_PHASE_PIN: ProgressPhase
+PROGRESS_PHASE_UPLOAD: ProgressPhase
+PROGRESS_PHASE_APPEND: ProgressPhase
+PROGRESS_PHASE_RESOLVE: ProgressPhase
+PROGRESS_PHASE_PLAN: ProgressPhase
+PROGRESS_PHASE_FETCH: ProgressPhase
+PROGRESS_PHASE_APPLY: ProgressPhase
+PROGRESS_PHASE_RECORD: ProgressPhase
 CHANGE_KIND_UNSPECIFIED: ChangeKind
 CHANGE_KIND_ADDED: ChangeKind
 CHANGE_KIND_DELETED: ChangeKind
@@ -177,18 +202,20 @@ class CheckpointSummary(_message.Message):
     def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., forked_from_thread_id: _Optional[str] = ..., forked_from_checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total")
+    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total", "phase_kind")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     FILES_DONE_FIELD_NUMBER: _ClassVar[int]
     FILES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PHASE_KIND_FIELD_NUMBER: _ClassVar[int]
     phase: str
     files_done: int
     files_total: int
     bytes_done: int
     bytes_total: int
-    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ...) -> None: ...
+    phase_kind: ProgressPhase
+    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., phase_kind: _Optional[_Union[ProgressPhase, str]] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
     __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id", "skip_if_unchanged", "secret_names")

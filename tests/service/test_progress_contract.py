@@ -1,0 +1,62 @@
+"""The progress contract (proto: enum ProgressPhase): phases as an enum, counts
+in scan and apply, and every counting phase's last event reaches its totals."""
+
+from __future__ import annotations
+
+from checkpointd.v1 import checkpointd_pb2 as pb
+
+from .conftest import Daemon
+
+
+def _last_by_phase(events: list[pb.Progress]) -> dict[str, pb.Progress]:
+    last: dict[str, pb.Progress] = {}
+    for event in events:
+        last[event.phase] = event
+    return last
+
+
+def _check(events: list[pb.Progress], phases: list[str]) -> dict[str, pb.Progress]:
+    seen = list(dict.fromkeys(e.phase for e in events))
+    assert seen == phases
+    for event in events:
+        assert event.phase_kind == pb.ProgressPhase.Value(f"PROGRESS_PHASE_{event.phase.upper()}")
+        if event.files_total:
+            assert event.files_done <= event.files_total
+    last = _last_by_phase(events)
+    for event in last.values():
+        assert event.files_done == event.files_total, event
+        assert event.bytes_done == event.bytes_total, event
+    return last
+
+
+async def test_capture_and_restore_progress_reach_their_totals(daemon: Daemon) -> None:
+    sub = daemon.workspace / "proj"
+    sub.mkdir()
+    for index in range(1500):
+        (sub / f"f{index:04d}.txt").write_bytes(f"{index}".encode() * (index % 50 + 1))
+    async with daemon.client(timeout=120) as client:
+        events: list[pb.Progress] = []
+        done = await client.capture(
+            "t-progress",
+            workspace_subdir="proj",
+            on_event=lambda e: events.append(e.progress) if e.HasField("progress") else None,
+        )
+        last = _check(events, ["lease", "scan", "pin", "upload", "append"])
+        assert last["scan"].files_done == done.stats.entries == 1500
+        assert last["scan"].bytes_done == done.stats.bytes_hashed > 0
+        assert last["upload"].files_done == done.stats.blobs_uploaded > 0
+        assert last["upload"].bytes_done == done.stats.bytes_uploaded
+
+        for index in range(0, 1500, 3):
+            (sub / f"f{index:04d}.txt").unlink()
+        restore_events: list[pb.RestoreEvent] = []
+        restored = await client.restore(
+            "t-progress", workspace_subdir="proj", on_event=restore_events.append
+        )
+    assert restored.restored
+    started = restore_events[0].started
+    assert started.checkpoint_id == done.checkpoint.id  # the head, named
+    progress = [e.progress for e in restore_events if e.HasField("progress")]
+    last = _check(progress, ["lease", "resolve", "plan", "fetch", "apply", "record"])
+    assert last["fetch"].files_done > 0 and last["fetch"].bytes_done > 0
+    assert last["apply"].files_done >= 500
