@@ -202,6 +202,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="require the bearer token for health and reflection too (default: open)",
     )
 
+    serve.add_argument(
+        "--gateway", help="gateway mode: grpcs://host:port[,host:port…] instead of --store/--blobs"
+    )
+    serve.add_argument("--gateway-token-file", help="gateway mode: the scoped token's file")
+    serve.add_argument("--gateway-ca", help="gateway mode: CA of the gateway's certificate (PEM)")
+    serve.add_argument("--gateway-cert", help="gateway mode, mutual TLS: client certificate")
+    serve.add_argument("--gateway-key", help="gateway mode, mutual TLS: client key")
+    serve.add_argument(
+        "--gateway-server-name", help="gateway mode: the name the gateway's certificate holds"
+    )
+    from .gateway.cli import add_commands as add_gateway_commands
+
+    add_gateway_commands(commands)
+
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
         sub.add_argument(
@@ -977,6 +991,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    if args.command in ("gateway", "token"):
+        from .gateway import cli as gateway_cli
+
+        return (
+            gateway_cli.run_gateway(args)
+            if args.command == "gateway"
+            else gateway_cli.run_token(args)
+        )
     if args.command == "mcp":
         try:
             from .mcp import SaveSettings, serve_stdio

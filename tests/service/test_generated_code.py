@@ -19,6 +19,9 @@ def test_generated_code_is_current(tmp_path: Path) -> None:
         "checkpointd_pb2.py",
         "checkpointd_pb2.pyi",
         "checkpointd_pb2_grpc.py",
+        "gateway_pb2.py",
+        "gateway_pb2.pyi",
+        "gateway_pb2_grpc.py",
     }
     assert committed == fresh, (
         "run `make proto` (python -m checkpointd.service.genproto) and commit"
@@ -35,6 +38,47 @@ def test_generated_imports_are_correct_without_fixes() -> None:
     assert checkpointd_pb2.DESCRIPTOR.name == "checkpointd/v1/checkpointd.proto"
     assert checkpointd_pb2.DESCRIPTOR.package == "checkpointd.v1"
     assert hasattr(checkpointd_pb2_grpc, "CheckpointdStub")
+    from checkpointd.v1 import gateway_pb2, gateway_pb2_grpc
+
+    assert gateway_pb2.DESCRIPTOR.name == "checkpointd/v1/gateway.proto"
+    assert gateway_pb2.DESCRIPTOR.package == "checkpointd.v1"
+    assert hasattr(gateway_pb2_grpc, "GatewayStub")
+
+
+def test_the_gateway_serves_every_store_and_blob_method() -> None:
+    """Each CheckpointStore / BlobGuard / BlobAudit method a sidecar's remote
+    store forwards has its Gateway call (and nothing else is served)."""
+    from checkpointd.gateway.remote import RemoteCheckpointStore
+    from checkpointd.v1 import gateway_pb2
+
+    service = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
+    names = {method.name for method in service.methods}
+    store_methods = {
+        "get": "Get",
+        "list": "List",
+        "get_head": "GetHead",
+        "append": "Append",
+        "delete_head": "DeleteHead",
+        "acquire_writer": "AcquireWriter",
+        "delete_checkpoints": "DeleteCheckpoints",
+        "fork_from_checkpoint": "ForkFromCheckpoint",
+        "list_blob_references": "ListBlobReferences",
+        "pin_blobs": "PinBlobs",
+        "condemn_blobs": "CondemnBlobs",
+        "release_condemned": "ReleaseCondemned",
+        "audit_blob_references": "AuditBlobReferences",
+        "repair_blob_references": "RepairBlobReferences",
+        "mark_blobs_missing": "MarkBlobsMissing",
+        "clear_missing_blobs": "ClearMissingBlobs",
+        "list_missing_blobs": "ListMissingBlobs",
+    }
+    for method, rpc in store_methods.items():
+        assert callable(getattr(RemoteCheckpointStore, method)), method
+        assert rpc in names, rpc
+    blob_calls = {"BlobHead", "BlobMissing", "BlobGet", "BlobGetMany", "BlobPut", "BlobPutMany"}
+    admin_blob_calls = {"BlobList", "BlobDelete"}
+    lease_calls = {"RenewWriter", "ReleaseWriter", "GetStoreInfo"}
+    assert names == set(store_methods.values()) | blob_calls | admin_blob_calls | lease_calls
 
 
 def test_every_message_is_named_in_the_service() -> None:

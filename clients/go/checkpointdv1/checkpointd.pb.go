@@ -112,6 +112,8 @@ const (
 	ErrorReason_SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE ErrorReason = 29
 	// INTERNAL: a bug; the daemon logged it.
 	ErrorReason_SANDBOX_SNAPSHOT_INTERNAL ErrorReason = 30
+	// PERMISSION_DENIED: a gateway token does not grant this thread or operation (metadata thread_id or operation).
+	ErrorReason_SANDBOX_SNAPSHOT_FORBIDDEN ErrorReason = 31
 )
 
 // Enum value maps for ErrorReason.
@@ -148,6 +150,7 @@ var (
 		28: "SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED",
 		29: "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE",
 		30: "SANDBOX_SNAPSHOT_INTERNAL",
+		31: "SANDBOX_SNAPSHOT_FORBIDDEN",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                     0,
@@ -181,6 +184,7 @@ var (
 		"SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED":       28,
 		"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE":           29,
 		"SANDBOX_SNAPSHOT_INTERNAL":                    30,
+		"SANDBOX_SNAPSHOT_FORBIDDEN":                   31,
 	}
 )
 
@@ -4837,7 +4841,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\x8d\t\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\xad\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSANDBOX_SNAPSHOT_INVALID_ID\x10\x01\x12\"\n" +
@@ -4870,7 +4874,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	" SANDBOX_SNAPSHOT_UNAUTHENTICATED\x10\x1b\x12*\n" +
 	"&SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED\x10\x1c\x12&\n" +
 	"\"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE\x10\x1d\x12\x1d\n" +
-	"\x19SANDBOX_SNAPSHOT_INTERNAL\x10\x1e*h\n" +
+	"\x19SANDBOX_SNAPSHOT_INTERNAL\x10\x1e\x12\x1e\n" +
+	"\x1aSANDBOX_SNAPSHOT_FORBIDDEN\x10\x1f*h\n" +
 	"\tEntryKind\x12\x1a\n" +
 	"\x16ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fENTRY_KIND_FILE\x10\x01\x12\x12\n" +

@@ -58,6 +58,15 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "tls_client_ca": ("path", None),
     # Require the bearer token for health and reflection too (default: open).
     "auth_probes": ("bool", False),
+    # Gateway mode (README "Gateway mode"): the store and the bucket are reached
+    # through `checkpointd gateway` at grpcs://host:port[,host:port…] with the
+    # scoped token in gateway_token_file; no store URL, no bucket credentials.
+    "gateway": ("str", None),
+    "gateway_token_file": ("path", None),
+    "gateway_ca": ("path", None),
+    "gateway_cert": ("path", None),
+    "gateway_key": ("path", None),
+    "gateway_server_name": ("str", None),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
@@ -129,6 +138,12 @@ class ServeConfig:
     tls_key: Path | None = None
     tls_client_ca: Path | None = None
     auth_probes: bool = False
+    gateway: str | None = None
+    gateway_token_file: Path | None = None
+    gateway_ca: Path | None = None
+    gateway_cert: Path | None = None
+    gateway_key: Path | None = None
+    gateway_server_name: str | None = None
 
     @property
     def tls(self) -> bool:
@@ -271,6 +286,15 @@ def resolve(
         except OSError as exc:
             raise SandboxCheckpointInvalidArgumentError(f"cannot read token file: {exc}") from exc
     listen = values["listen"] or f"unix://{data_dir / 'checkpointd.sock'}"
+    gateway = values["gateway"]
+    if gateway is not None:
+        if values["store"] or values["blobs"]:
+            raise SandboxCheckpointInvalidArgumentError(
+                "--gateway replaces --store and --blobs: the gateway holds them"
+            )
+        if values["gateway_token_file"] is None:
+            raise SandboxCheckpointInvalidArgumentError("--gateway needs --gateway-token-file")
+        values["store"] = values["blobs"] = gateway
     config = ServeConfig(
         workspace=workspace,
         data_dir=data_dir,
@@ -291,6 +315,12 @@ def resolve(
         tls_key=_absolute(values["tls_key"]),
         tls_client_ca=_absolute(values["tls_client_ca"]),
         auth_probes=values["auth_probes"],
+        gateway=gateway,
+        gateway_token_file=_absolute(values["gateway_token_file"]),
+        gateway_ca=_absolute(values["gateway_ca"]),
+        gateway_cert=_absolute(values["gateway_cert"]),
+        gateway_key=_absolute(values["gateway_key"]),
+        gateway_server_name=values["gateway_server_name"],
     )
     if (config.tls_cert is None) != (config.tls_key is None):
         raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")

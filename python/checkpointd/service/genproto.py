@@ -32,7 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 PROTO_ROOT = REPO_ROOT / "proto"
 PYTHON_ROOT = REPO_ROOT / "python"
 GENERATED_PACKAGE = ("checkpointd", "v1")
-PROTO_FILES = ("checkpointd/v1/checkpointd.proto",)
+PROTO_FILES = ("checkpointd/v1/checkpointd.proto", "checkpointd/v1/gateway.proto")
 
 
 def generate(out_root: Path, proto_root: Path = PROTO_ROOT) -> list[Path]:

@@ -58,6 +58,8 @@ _log = logging.getLogger("checkpointd.server")
 def backend_name(url: str) -> str:
     """``sqlite``, ``postgresql``, ``file``, ``s3``… from a store or blob URL."""
     scheme = urlsplit(url).scheme.lower()
+    if scheme in ("grpcs", "grpc", "checkpointd+gateway"):
+        return "gateway"  # serve --gateway: both stores are the gateway's
     return "postgresql" if scheme == "postgres" else scheme
 
 
@@ -207,8 +209,16 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     from .owner import OwnedStore, load_owner_id
 
     owner = load_owner_id(state.data_dir)  # a restarted daemon takes back its leases
-    blobs = open_blobs(config.blobs)
-    state.store = OwnedStore(await open_store(config.store), owner)
+    store: Any
+    blobs: Any
+    if config.gateway is not None:
+        from ..gateway.remote import open_gateway_stores
+
+        store, blobs = await open_gateway_stores(config)
+    else:
+        blobs = open_blobs(config.blobs)
+        store = await open_store(config.store)
+    state.store = OwnedStore(store, owner)
     state.blobs = blobs
     state.store_backend = backend_name(config.store)
     state.blob_backend = backend_name(config.blobs)

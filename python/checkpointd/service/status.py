@@ -26,6 +26,7 @@ Codes the SPEC does not place are placed here, with the reason:
 * the service's own ``MISSING_ENTRY`` / ``MISSING_ARTIFACT`` (ReadFile of a path
   the checkpoint lacks, ReadArtifact of an unknown key) → NOT_FOUND;
 * ``DRAINING`` → UNAVAILABLE, ``UNAUTHENTICATED`` → UNAUTHENTICATED;
+  ``FORBIDDEN`` → PERMISSION_DENIED (a gateway token outside its scope);
 * ``ARTIFACT_NOT_UPLOADED`` → FAILED_PRECONDITION (a capture names an artifact
   whose blob is not in the bucket: upload it first; no data was lost);
 * ``MESSAGE_TOO_LARGE`` → RESOURCE_EXHAUSTED (a request over the message
@@ -58,6 +59,8 @@ MISSING_ENTRY = "SANDBOX_SNAPSHOT_MISSING_ENTRY"
 MISSING_ARTIFACT = "SANDBOX_SNAPSHOT_MISSING_ARTIFACT"
 DRAINING = "SANDBOX_SNAPSHOT_DRAINING"
 UNAUTHENTICATED = "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
+# A gateway token that does not grant the thread or the operation (gateway/tokens.py).
+FORBIDDEN = "SANDBOX_SNAPSHOT_FORBIDDEN"
 INTERNAL = "SANDBOX_SNAPSHOT_INTERNAL"
 # A request message over the daemon's message limit (guard.py).
 MESSAGE_TOO_LARGE = "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE"
@@ -91,6 +94,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     MISSING_ARTIFACT: _C.NOT_FOUND,
     DRAINING: _C.UNAVAILABLE,
     UNAUTHENTICATED: _C.UNAUTHENTICATED,
+    FORBIDDEN: _C.PERMISSION_DENIED,
     errors.ARTIFACT_NOT_UPLOADED: _C.FAILED_PRECONDITION,
     MESSAGE_TOO_LARGE: _C.RESOURCE_EXHAUSTED,
     INTERNAL: _C.INTERNAL,

@@ -1,0 +1,642 @@
+"""The sidecar's side of gateway mode: a CheckpointStore and a BlobStore over gRPC.
+
+``GatewayConnection`` holds one channel per gateway address and the token file;
+``RemoteCheckpointStore`` and ``RemoteBlobStore`` turn each protocol method into
+one Gateway call. They check their arguments with the stores' own validators
+first (so a bad id or writer fails the same way, and in the same order, as on a
+local store, and never reaches the wire), and rebuild the store's exception
+from the status the gateway returns (``wire.error_from_rpc``).
+
+Several gateways: the connection sends each call to the current gateway; when
+that one cannot be reached (connection refused or reset, or it is draining) it
+moves to the next. Calls that are safe to repeat (reads, lease renew/release,
+pins, content-addressed uploads of bytes) are repeated on the next gateway at
+once; the others (append, acquire, delete, fork) raise STORE_UNAVAILABLE and the
+caller retries: a capture retried with the same ``request_id`` finds the
+checkpoint the first attempt may have stored, so nothing is lost or duplicated.
+
+The token is read from its file on every call whose file changed since the last
+read (the orchestrator may rotate it in place).
+"""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import grpc
+
+from ..blobs.base import BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError
+from ..codec import decode_checkpoint, encode_checkpoint
+from ..errors import (
+    STORE_UNAVAILABLE,
+    SandboxCheckpointError,
+    SandboxCheckpointInvalidArgumentError,
+)
+from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..service import status
+from ..service.auth import bearer_metadata
+from ..store._options import (
+    audit_keys,
+    check_fork_arguments,
+    check_hold_ms,
+    check_keep,
+    check_pin_keys,
+    condemnable_keys,
+    lease_holder,
+)
+from ..store.base import BlobCount
+from ..v1 import gateway_pb2 as gpb
+from ..v1 import gateway_pb2_grpc as gpb_grpc
+from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
+from . import wire
+
+SCHEMES = ("grpcs", "grpc")
+
+
+class TokenFile:
+    """The token in a file, read again whenever the file changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._token = ""
+        self.read()
+
+    def read(self) -> str:
+        try:
+            info = os.stat(self.path)
+            stamp = (info.st_mtime_ns, info.st_size)
+            if stamp != self._stamp:
+                token = self.path.read_text(encoding="ascii").strip()
+                if not token:
+                    raise SandboxCheckpointInvalidArgumentError(
+                        f"the gateway token file {self.path} is empty",
+                        details={"path": str(self.path)},
+                    )
+                self._token, self._stamp = token, stamp
+        except (OSError, UnicodeDecodeError) as exc:
+            if self._token:
+                return self._token  # keep the last good token while the file is replaced
+            raise SandboxCheckpointInvalidArgumentError(
+                f"cannot read the gateway token file {self.path}: {exc}",
+                details={"path": str(self.path)},
+            ) from None
+        return self._token
+
+
+def parse_gateway_url(url: str) -> tuple[list[str], bool]:
+    """(``host:port`` addresses, TLS?) from ``grpcs://h:p[,h2:p2]`` or ``grpc://…``
+    (also ``checkpointd+gateway://…``, which is TLS unless ``?tls=false``)."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme == "checkpointd+gateway":
+        tls = parse_qs(parts.query).get("tls", ["true"])[-1].lower() not in ("0", "false", "no")
+    elif scheme in SCHEMES:
+        tls = scheme == "grpcs"
+    else:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"not a gateway URL: {url!r} (use grpcs://host:port[,host:port…])"
+        )
+    addresses = [a.strip() for a in parts.netloc.split(",") if a.strip()]
+    if not addresses or any(":" not in a for a in addresses) or parts.path not in ("", "/"):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"gateway URL {url!r} must list host:port addresses (grpcs://host:port[,host:port…])"
+        )
+    return addresses, tls
+
+
+class GatewayConnection:
+    """Channels to one or more gateways and the token sent on every call."""
+
+    def __init__(
+        self,
+        addresses: Sequence[str],
+        token: Callable[[], str],
+        *,
+        tls: bool = True,
+        root_certificates: bytes | None = None,
+        client_certificate: tuple[bytes, bytes] | None = None,  # (key, chain): mutual TLS
+        server_name: str | None = None,
+    ) -> None:
+        if not addresses:
+            raise SandboxCheckpointInvalidArgumentError("no gateway address")
+        self.addresses = list(addresses)
+        self._token = token
+        options: list[tuple[str, Any]] = list(wire.CHANNEL_OPTIONS)
+        if server_name:
+            options.append(("grpc.ssl_target_name_override", server_name))
+        self._channels: list[grpc.aio.Channel] = []
+        for address in self.addresses:
+            if tls:
+                key, chain = client_certificate or (None, None)
+                credentials = grpc.ssl_channel_credentials(root_certificates, key, chain)
+                channel = grpc.aio.secure_channel(address, credentials, options=options)
+            else:
+                channel = grpc.aio.insecure_channel(address, options=options)
+            self._channels.append(channel)
+        self._stubs = [gpb_grpc.GatewayStub(channel) for channel in self._channels]
+        self._current = 0
+
+    @property
+    def url(self) -> str:
+        return "checkpointd+gateway://" + ",".join(self.addresses)
+
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        return bearer_metadata(self._token())
+
+    def _failed(self, index: int, error: grpc.aio.AioRpcError) -> Exception:
+        exc = wire.error_from_rpc(error, where=self.addresses[index])
+        reason = getattr(exc, "code", None)
+        if wire.is_unreachable(exc) or reason == status.DRAINING:
+            # Next call goes to the next gateway (unless another call moved on already).
+            if self._current == index:
+                self._current = (index + 1) % len(self._stubs)
+            exc.failover = True  # type: ignore[attr-defined]
+        return exc
+
+    async def call(self, method: str, request: Any, *, repeatable: bool) -> Any:
+        """One unary (or stream-unary: ``request`` is then a factory of the
+        request iterator) call; repeated on the next gateway when this one is
+        unreachable and ``repeatable``."""
+        for attempt in range(len(self._stubs)):
+            index = self._current
+            stub = getattr(self._stubs[index], method)
+            body = request() if callable(request) else request
+            try:
+                return await stub(body, metadata=self._metadata())
+            except grpc.aio.AioRpcError as error:
+                exc = self._failed(index, error)
+                if (
+                    not (repeatable and getattr(exc, "failover", False))
+                    or attempt == len(self._stubs) - 1
+                ):
+                    raise exc from None
+        raise AssertionError("unreachable")
+
+    async def stream(self, method: str, request: Any, *, repeatable: bool = True) -> list[Any]:
+        """A server-streaming call's messages, all of them."""
+        for attempt in range(len(self._stubs)):
+            index = self._current
+            stub = getattr(self._stubs[index], method)
+            try:
+                return [message async for message in stub(request, metadata=self._metadata())]
+            except grpc.aio.AioRpcError as error:
+                exc = self._failed(index, error)
+                if (
+                    not (repeatable and getattr(exc, "failover", False))
+                    or attempt == len(self._stubs) - 1
+                ):
+                    raise exc from None
+        raise AssertionError("unreachable")
+
+    async def stream_iter(self, method: str, request: Any) -> AsyncIterator[Any]:
+        """A server-streaming call's messages as they come (moves to the next
+        gateway only before the first one)."""
+        for attempt in range(len(self._stubs)):
+            index = self._current
+            call = getattr(self._stubs[index], method)(request, metadata=self._metadata())
+            started = False
+            try:
+                async for message in call:
+                    started = True
+                    yield message
+                return
+            except grpc.aio.AioRpcError as error:
+                exc = self._failed(index, error)
+                if (
+                    started
+                    or not getattr(exc, "failover", False)
+                    or attempt == len(self._stubs) - 1
+                ):
+                    raise exc from None
+
+    async def aclose(self) -> None:
+        for channel in self._channels:
+            await channel.close()
+
+
+def connection_from_options(
+    url: str,
+    token_file: Path,
+    *,
+    ca_file: Path | None = None,
+    cert_file: Path | None = None,
+    key_file: Path | None = None,
+    server_name: str | None = None,
+) -> GatewayConnection:
+    """A connection from the CLI's / URL's options (files read now)."""
+    addresses, tls = parse_gateway_url(url)
+
+    def read(path: Path | None, what: str) -> bytes | None:
+        if path is None:
+            return None
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"cannot read the {what} {path}: {exc.strerror}", details={"path": str(path)}
+            ) from None
+
+    client = None
+    if cert_file is not None or key_file is not None:
+        if cert_file is None or key_file is None:
+            raise SandboxCheckpointInvalidArgumentError(
+                "a gateway client certificate needs both --gateway-cert and --gateway-key"
+            )
+        client = (read(key_file, "gateway client key"), read(cert_file, "gateway client cert"))
+    tokens = TokenFile(token_file)
+    return GatewayConnection(
+        addresses,
+        tokens.read,
+        tls=tls,
+        root_certificates=read(ca_file, "gateway CA"),
+        client_certificate=client,  # type: ignore[arg-type]
+        server_name=server_name,
+    )
+
+
+def _writer(writer: object) -> gpb.GatewayWriter:
+    return wire.writer_to_proto(writer)
+
+
+class RemoteCheckpointStore:
+    """A CheckpointStore (and BlobGuard, BlobAudit) served by gateways."""
+
+    def __init__(
+        self,
+        connection: GatewayConnection,
+        *,
+        lease_duration_ms: int = 0,
+        renew_after_ms: int = 0,
+        owns_connection: bool = True,
+    ) -> None:
+        self._connection = connection
+        self.lease_duration_ms = lease_duration_ms
+        self.renew_after_ms = renew_after_ms
+        self._owns = owns_connection
+        self.store_backend = ""
+
+    @classmethod
+    async def open(
+        cls, connection: GatewayConnection, *, owns_connection: bool = True
+    ) -> RemoteCheckpointStore:
+        """Ask a gateway for the store's settings (checks the token too)."""
+        store = cls(connection, owns_connection=owns_connection)
+        info = await connection.call("GetStoreInfo", gpb.GatewayStoreInfoRequest(), repeatable=True)
+        store.lease_duration_ms = info.lease_duration_ms
+        store.renew_after_ms = info.renew_after_ms
+        store.store_backend = info.store_backend
+        return store
+
+    @property
+    def url(self) -> str:
+        return self._connection.url
+
+    async def __aenter__(self) -> RemoteCheckpointStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._connection.aclose()
+
+    # ------------------------------------------------------------ SPEC §3
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        check_id(checkpoint_id, "checkpoint id")
+        reply = await self._connection.call(
+            "Get", gpb.GatewayGetRequest(checkpoint_id=checkpoint_id), repeatable=True
+        )
+        return decode_checkpoint(reply.document) if reply.found else None
+
+    async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
+        check_id(thread_id, "thread id")
+        replies = await self._connection.stream(
+            "List", gpb.GatewayThreadRequest(thread_id=thread_id)
+        )
+        return [decode_checkpoint(reply.document) for reply in replies]
+
+    async def get_head(self, thread_id: str) -> str | None:
+        check_id(thread_id, "thread id")
+        reply = await self._connection.call(
+            "GetHead", gpb.GatewayThreadRequest(thread_id=thread_id), repeatable=True
+        )
+        return reply.checkpoint_id if reply.HasField("checkpoint_id") else None
+
+    async def append(
+        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+    ) -> str:
+        check_checkpoint_ids(checkpoint, expected_head_id)
+        check_checkpoint_body(checkpoint)
+        request = gpb.GatewayAppendRequest(
+            document=encode_checkpoint(checkpoint),
+            expected_head_id=expected_head_id,
+            writer=_writer(writer),
+        )
+        reply = await self._connection.call("Append", request, repeatable=False)
+        return str(reply.checkpoint_id)
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        check_id(thread_id, "thread id")
+        check_id(checkpoint_id, "checkpoint id")
+        request = gpb.GatewayDeleteHeadRequest(
+            thread_id=thread_id, checkpoint_id=checkpoint_id, writer=_writer(writer)
+        )
+        await self._connection.call("DeleteHead", request, repeatable=False)
+
+    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
+        check_id(thread_id, "thread id")
+        lease_holder(owner)  # InvalidArgument for a bad owner, as the stores say
+        request = gpb.GatewayAcquireWriterRequest(thread_id=thread_id, owner=owner)
+        reply = await self._connection.call("AcquireWriter", request, repeatable=False)
+        return WriterLease(
+            thread_id=reply.writer.thread_id,
+            owner_token=reply.writer.owner_token,
+            fence=reply.writer.fence,
+            expires_at=reply.expires_at,
+            renew_after_ms=reply.renew_after_ms,
+            renew=self._renew,
+            release=self._release,
+        )
+
+    async def _renew(self, lease: WriterLease) -> int:
+        reply = await self._connection.call("RenewWriter", _writer(lease), repeatable=True)
+        return int(reply.expires_at)
+
+    async def _release(self, lease: WriterLease) -> None:
+        await self._connection.call("ReleaseWriter", _writer(lease), repeatable=True)
+
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
+        replies = await self._connection.stream("ListBlobReferences", gpb.GatewayEmpty())
+        return [
+            BlobReference(ref.key, ref.references) for reply in replies for ref in reply.references
+        ]
+
+    async def delete_checkpoints(
+        self, thread_id: str, keep: int, writer: WriterLike
+    ) -> builtins.list[str]:
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+        request = gpb.GatewayDeleteCheckpointsRequest(
+            thread_id=thread_id, keep=keep, writer=_writer(writer)
+        )
+        reply = await self._connection.call("DeleteCheckpoints", request, repeatable=False)
+        return list(reply.checkpoint_ids)
+
+    async def fork_from_checkpoint(
+        self,
+        source_thread_id: str,
+        source_checkpoint_id: str,
+        destination_thread_id: str,
+        destination_checkpoint_id: str,
+        created_at: int,
+        writer: WriterLike,
+    ) -> Checkpoint:
+        check_fork_arguments(
+            source_thread_id,
+            source_checkpoint_id,
+            destination_thread_id,
+            destination_checkpoint_id,
+            created_at,
+        )
+        request = gpb.GatewayForkRequest(
+            source_thread_id=source_thread_id,
+            source_checkpoint_id=source_checkpoint_id,
+            destination_thread_id=destination_thread_id,
+            destination_checkpoint_id=destination_checkpoint_id,
+            created_at=created_at,
+            writer=_writer(writer),
+        )
+        reply = await self._connection.call("ForkFromCheckpoint", request, repeatable=False)
+        return decode_checkpoint(reply.document)
+
+    # ------------------------------------------------------------ BlobGuard
+
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
+        message = _writer(writer)
+        try:
+            check_pin_keys(keys)
+        except SandboxCheckpointError:
+            # The stores check the writer first: ask with no keys, then refuse the keys.
+            await self._connection.call(
+                "PinBlobs", gpb.GatewayPinRequest(writer=message), repeatable=True
+            )
+            raise
+        request = gpb.GatewayPinRequest(keys=list(keys), writer=message)
+        reply = await self._connection.call("PinBlobs", request, repeatable=True)
+        return list(reply.keys)
+
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
+        hold = check_hold_ms(hold_ms)
+        request = gpb.GatewayCondemnRequest(keys=condemnable_keys(keys), hold_ms=hold)
+        reply = await self._connection.call("CondemnBlobs", request, repeatable=False)
+        return list(reply.keys)
+
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
+        request = gpb.GatewayKeys(keys=condemnable_keys(keys))
+        await self._connection.call("ReleaseCondemned", request, repeatable=True)
+
+    # ------------------------------------------------------------ BlobAudit
+
+    @staticmethod
+    def _counts(replies: builtins.list[Any]) -> builtins.list[BlobCount]:
+        return [
+            BlobCount(
+                key=c.key,
+                stored=c.stored,
+                manifests=c.manifests,
+                size=c.size if c.HasField("size") else None,
+            )
+            for reply in replies
+            for c in reply.counts
+        ]
+
+    async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
+        replies = await self._connection.stream(
+            "AuditBlobReferences", gpb.GatewayAuditRequest(with_sizes=bool(with_sizes))
+        )
+        return self._counts(replies)
+
+    async def repair_blob_references(self) -> builtins.list[BlobCount]:
+        replies = await self._connection.stream(
+            "RepairBlobReferences", gpb.GatewayEmpty(), repeatable=False
+        )
+        return self._counts(replies)
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        request = gpb.GatewayKeys(keys=audit_keys(keys))
+        await self._connection.call("MarkBlobsMissing", request, repeatable=True)
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        wanted = audit_keys(keys)
+        if wanted:
+            await self._connection.call(
+                "ClearMissingBlobs", gpb.GatewayKeys(keys=wanted), repeatable=True
+            )
+
+    async def list_missing_blobs(self) -> builtins.list[str]:
+        reply = await self._connection.call("ListMissingBlobs", gpb.GatewayEmpty(), repeatable=True)
+        return list(reply.keys)
+
+
+def _blob_error(exc: Exception, key: str, url: str) -> Exception:
+    """Bucket failures as the blob protocol says them (BlobStoreError naming the
+    key); token and scope refusals stay what they are."""
+    if isinstance(exc, SandboxCheckpointError) and exc.code == STORE_UNAVAILABLE:
+        return BlobStoreError(f"blob '{key}' on {url} failed: {exc.message}")
+    return exc
+
+
+class RemoteBlobStore(BlobStore):
+    """The bucket behind the gateways (bytes streamed through them)."""
+
+    def __init__(self, connection: GatewayConnection) -> None:
+        self._connection = connection
+        self.url = connection.url
+
+    async def put(
+        self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
+    ) -> bool:
+        chunk = wire.BLOB_CHUNK_BYTES
+        try:
+            if isinstance(data, (bytes, bytearray, memoryview)):
+                body = bytes(data)
+
+                def requests() -> Any:
+                    return iter(
+                        [
+                            gpb.GatewayBlobChunk(
+                                key=key,
+                                if_absent=if_absent,
+                                data=body[start : start + chunk],
+                                last=start + chunk >= len(body),
+                            )
+                            for start in range(0, max(len(body), 1), chunk)
+                        ]
+                    )
+
+                reply = await self._connection.call("BlobPut", requests, repeatable=True)
+            else:
+
+                async def stream() -> AsyncIterator[gpb.GatewayBlobChunk]:
+                    yield gpb.GatewayBlobChunk(key=key, if_absent=if_absent)
+                    async for part in data:
+                        yield gpb.GatewayBlobChunk(key=key, data=bytes(part))
+                    yield gpb.GatewayBlobChunk(key=key, last=True)
+
+                reply = await self._connection.call("BlobPut", stream(), repeatable=False)
+        except Exception as exc:  # noqa: BLE001 - re-raised as the protocol's error
+            raise _blob_error(exc, key, self.url) from None
+        return bool(reply.written)
+
+    async def get(self, key: str) -> bytes:
+        return b"".join([chunk async for chunk in self.get_stream(key)])
+
+    async def get_stream(self, key: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        request = gpb.GatewayBlobGetRequest(key=key, chunk_size=chunk_size)
+        try:
+            async for message in self._connection.stream_iter("BlobGet", request):
+                yield message.data
+        except BlobNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, key, self.url) from None
+
+    async def head(self, key: str) -> BlobInfo | None:
+        try:
+            reply = await self._connection.call(
+                "BlobHead", gpb.GatewayBlobKey(key=key), repeatable=True
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, key, self.url) from None
+        if not reply.found:
+            return None
+        return BlobInfo(reply.key, reply.size, reply.last_modified_ms)
+
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
+        return [info async for page in self.list_pages(prefix) for info in page]
+
+    async def list_pages(self, prefix: str) -> AsyncIterator[builtins.list[BlobInfo]]:
+        request = gpb.GatewayBlobListRequest(prefix=prefix)
+        try:
+            async for message in self._connection.stream_iter("BlobList", request):
+                yield [BlobInfo(b.key, b.size, b.last_modified_ms) for b in message.blobs]
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, prefix, self.url) from None
+
+    async def delete(self, key: str) -> None:
+        try:
+            await self._connection.call("BlobDelete", gpb.GatewayBlobKey(key=key), repeatable=True)
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, key, self.url) from None
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
+        if not items:
+            return []
+        chunk = wire.BLOB_CHUNK_BYTES
+
+        def requests() -> Any:
+            for key, data in items:
+                body = bytes(data)
+                for start in range(0, max(len(body), 1), chunk):
+                    yield gpb.GatewayBlobChunk(
+                        key=key, data=body[start : start + chunk], last=start + chunk >= len(body)
+                    )
+
+        try:
+            reply = await self._connection.call("BlobPutMany", requests, repeatable=True)
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, items[0][0], self.url) from None
+        return list(reply.written)
+
+    async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
+        if not keys:
+            return []
+        try:
+            reply = await self._connection.call(
+                "BlobMissing", gpb.GatewayKeys(keys=list(keys)), repeatable=True
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, keys[0], self.url) from None
+        return list(reply.keys)
+
+    async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
+        if not keys:
+            return []
+        parts: list[list[bytes]] = [[] for _ in keys]
+        try:
+            replies = await self._connection.stream("BlobGetMany", gpb.GatewayKeys(keys=list(keys)))
+        except BlobNotFoundError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, keys[0], self.url) from None
+        for message in replies:
+            parts[message.index].append(message.data)
+        return [b"".join(chunks) for chunks in parts]
+
+
+async def open_gateway_stores(config: Any) -> tuple[RemoteCheckpointStore, RemoteBlobStore]:
+    """The sidecar's stores for ``serve --gateway`` (a ``ServeConfig``): one
+    connection shared by both. Raises STORE_UNAVAILABLE when no gateway answers,
+    UNAUTHENTICATED when the token is refused."""
+    connection = connection_from_options(
+        config.gateway,
+        config.gateway_token_file,
+        ca_file=config.gateway_ca,
+        cert_file=config.gateway_cert,
+        key_file=config.gateway_key,
+        server_name=config.gateway_server_name,
+    )
+    try:
+        store = await RemoteCheckpointStore.open(connection)
+    except BaseException:
+        await connection.aclose()
+        raise
+    return store, RemoteBlobStore(connection)

@@ -1,0 +1,155 @@
+"""``checkpointd gateway``: the Gateway service in front of one store and one bucket.
+
+Lifecycle, as ``serve``'s: listen (TLS unless ``--insecure-plaintext``, which is
+meant for loopback tests; mutual TLS with ``--tls-client-ca``), health
+NOT_SERVING while the store and the bucket open, then SERVING; SIGTERM/SIGINT
+drains: health NOT_SERVING, new calls refused (DRAINING, so sidecars move to
+another gateway), running calls get ``grace_period`` seconds, the store closes.
+Health and reflection answer without a token (probes); every Gateway call needs
+one (``tokens.py``). Metrics (``--metrics-listen``, a local admin address) are in
+the Prometheus text format: calls by method and status, their latency, and the
+PostgreSQL pool's size and idle connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from ..errors import SandboxCheckpointInvalidArgumentError
+from ..service.reflection import enable_reflection
+from ..service.server import _server_credentials, backend_name
+from ..store.base import CheckpointStore
+from ..v1 import gateway_pb2, gateway_pb2_grpc
+from . import wire
+from .servicer import GatewayServicer
+from .tokens import DEFAULT_AUDIENCE, TokenVerifier, load_verifying_key
+
+SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
+_log = logging.getLogger("checkpointd.gateway")
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    listen: str  # host:port
+    store: str
+    blobs: str
+    token_key: Path  # the Ed25519 public key (or the private key) tokens are checked with
+    audience: str = DEFAULT_AUDIENCE
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = None
+    insecure_plaintext: bool = False
+    grace_period: float = 10.0
+    pool_max_size: int | None = None
+    metrics_listen: str | None = None
+
+    def check(self) -> None:
+        if self.insecure_plaintext == (self.tls_cert is not None):
+            raise SandboxCheckpointInvalidArgumentError(
+                "the gateway needs --tls-cert and --tls-key (or --insecure-plaintext on loopback)"
+            )
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
+        if self.tls_client_ca is not None and self.tls_cert is None:
+            raise SandboxCheckpointInvalidArgumentError("--tls-client-ca needs --tls-cert")
+
+
+def build_gateway_server(
+    config: GatewayConfig, servicer: GatewayServicer
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
+    """The server, bound but not started, and the port it bound."""
+    server = grpc.aio.server(
+        options=[*wire.CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+    )
+    gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
+    if config.insecure_plaintext:
+        port = server.add_insecure_port(config.listen)
+    else:
+        port = server.add_secure_port(config.listen, _server_credentials(config))  # type: ignore[arg-type]
+    if port == 0:
+        raise RuntimeError(f"cannot listen on {config.listen}")
+    return server, health_servicer, port
+
+
+async def _set_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    value = (
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING
+    )
+    for name in ("", SERVICE_NAME):
+        await servicer.set(name, value)
+
+
+async def open_backends(config: GatewayConfig) -> tuple[CheckpointStore, Any]:
+    from ..blobs import open_blobs
+    from ..store import open_store
+
+    if config.pool_max_size is not None and backend_name(config.store) == "postgresql":
+        from ..store.postgres import open_postgres_store
+
+        store = await open_postgres_store(config.store, pool_max_size=config.pool_max_size)
+    else:
+        store = await open_store(config.store)
+    return store, open_blobs(config.blobs)
+
+
+async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT; returns the exit code."""
+    config.check()
+    verifier = TokenVerifier(load_verifying_key(config.token_key), audience=config.audience)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    store, blobs = await open_backends(config)
+    metrics = None
+    if config.metrics_listen:
+        from .metrics import GatewayMetrics
+
+        metrics = GatewayMetrics(store)
+        metrics.serve(config.metrics_listen)
+    servicer = GatewayServicer(
+        store,
+        blobs,
+        verifier,
+        store_backend=backend_name(config.store),
+        blob_backend=backend_name(config.blobs),
+        observe=metrics.observe if metrics is not None else None,
+    )
+    server, health_servicer, port = build_gateway_server(config, servicer)
+    await _set_health(health_servicer, False)
+    await server.start()
+    try:
+        await _set_health(health_servicer, True)
+        _log.info(
+            "gateway serving on %s (port %d; store %s, blobs %s)",
+            config.listen,
+            port,
+            servicer.store_backend,
+            servicer.blob_backend,
+        )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        _log.info("draining (grace %.1fs)", config.grace_period)
+    finally:
+        await health_servicer.enter_graceful_shutdown()
+        servicer.draining = True
+        await server.stop(config.grace_period)
+        await store.aclose()
+        if metrics is not None:
+            metrics.close()
+        _log.info("stopped")
+    return 0

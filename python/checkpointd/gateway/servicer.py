@@ -1,0 +1,644 @@
+"""The Gateway service: a checkpoint store and a bucket behind scoped tokens.
+
+Every call verifies the bearer token (``tokens.TokenVerifier``) and checks its
+scope before touching the store:
+
+| calls | ops (any of) | threads |
+|---|---|---|
+| Get, List, GetHead | any op | the checkpoint's / the thread |
+| AcquireWriter, RenewWriter, ReleaseWriter | capture, restore, fork, prune | the lease's |
+| Append, PinBlobs | capture | the checkpoint's / the writer's |
+| DeleteHead, DeleteCheckpoints | prune | the thread |
+| ForkFromCheckpoint | fork | source and destination |
+| ClearMissingBlobs, ListMissingBlobs, BlobHead, BlobMissing, BlobPut* | capture, admin | — |
+| BlobGet* | any op | the key must be referenced by a checkpoint of a granted thread |
+| ListBlobReferences, Condemn/ReleaseCondemned, Audit/Repair, MarkBlobsMissing, BlobList, BlobDelete | admin | — |
+
+Blob reads: the gateway remembers which threads' checkpoints reference each key
+among the checkpoints it served or stored (a bounded map, newest kept); a key it
+has not seen is looked up in the token's exact threads (``threads`` claim). A
+token that grants only prefixes must have read the checkpoint through this
+gateway first (a restore always does).
+
+Blob writes: the gateway hashes the bytes (BLAKE3) and stores them only under
+their own key, so one sandbox cannot plant wrong bytes under a key another
+sandbox's capture will trust as already uploaded.
+
+Leases are renewed and released by their fields (thread, owner token, fence)
+through the store's lease callbacks, so any gateway can renew a lease another
+gateway handed out: all state lives in the store. A lease's owner is namespaced
+by the token's subject, so two tokens never take over each other's leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from typing import Any, TypeVar
+
+import blake3
+import grpc
+
+from ..blobs import base as blob_base
+from ..blobs.base import BlobNotFoundError, BlobStore
+from ..codec import decode_checkpoint, encode_checkpoint
+from ..errors import INVALID_BLOB, SandboxCheckpointError, SandboxCheckpointInvalidArgumentError
+from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLease
+from ..service import status
+from ..service.auth import AUTHORIZATION
+from ..store.base import BlobCount, CheckpointStore
+from ..v1 import gateway_pb2 as gpb
+from ..v1 import gateway_pb2_grpc as gpb_grpc
+from . import wire
+from .tokens import TokenScope, TokenVerifier
+
+T = TypeVar("T")
+_log = logging.getLogger("checkpointd.gateway")
+
+ANY_OP = ("capture", "restore", "list", "fork", "prune", "admin")
+LEASE_OPS = ("capture", "restore", "fork", "prune")
+UPLOAD_OPS = ("capture", "admin")
+ADMIN = ("admin",)
+# Keys remembered as referenced by some thread (see the module docstring).
+REFERENCE_MEMORY_KEYS = 1_000_000
+# Verified tokens kept (re-checked for expiry on every use).
+TOKEN_CACHE_SIZE = 10_000
+# Blob uploads above this size are spooled to a temporary file while hashed.
+SPOOL_BYTES = 8 << 20
+# Exact threads of a token looked up for a key not yet seen.
+MAX_LOOKUP_THREADS = 16
+
+
+class _References:
+    """key → the threads whose checkpoints (seen by this gateway) reference it."""
+
+    def __init__(self, limit: int = REFERENCE_MEMORY_KEYS) -> None:
+        self._limit = limit
+        self._threads: OrderedDict[str, set[str]] = OrderedDict()
+
+    def remember(self, checkpoint: Checkpoint) -> None:
+        thread = checkpoint.thread_id
+        for key in checkpoint.blob_keys():
+            threads = self._threads.get(key)
+            if threads is None:
+                self._threads[key] = {thread}
+            else:
+                threads.add(thread)
+                self._threads.move_to_end(key)
+        while len(self._threads) > self._limit:
+            self._threads.popitem(last=False)
+
+    def granted(self, scope: TokenScope, key: str) -> bool:
+        return any(scope.covers(thread) for thread in self._threads.get(key, ()))
+
+
+def _lease_callbacks(
+    store: CheckpointStore,
+) -> tuple[Callable[[Any], Awaitable[int]], Callable[[Any], Awaitable[None]]]:
+    """The store's renew and release by writer fields. Every store we ship keeps
+    them as ``_renew``/``_release`` (the callbacks its WriterLease objects carry);
+    a store may name them ``renew_writer``/``release_writer`` instead."""
+    renew = getattr(store, "renew_writer", None) or getattr(store, "_renew", None)
+    release = getattr(store, "release_writer", None) or getattr(store, "_release", None)
+    if renew is None or release is None:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} cannot renew a lease by its fields "
+            "(needs renew_writer/release_writer): it cannot back a gateway"
+        )
+    return renew, release
+
+
+def _check_blob_bytes(key: str, digest: str) -> None:
+    for prefix in (FILE_KEY_PREFIX, ARTIFACT_KEY_PREFIX):
+        if key.startswith(prefix):
+            if key[len(prefix) :] != digest:
+                raise SandboxCheckpointError(
+                    f"blob bytes do not hash to their key {key!r} (BLAKE3 {digest})",
+                    code=INVALID_BLOB,
+                    details={"key": key},
+                )
+            return
+    raise SandboxCheckpointInvalidArgumentError(
+        f"not a blob key: {key!r} (sandbox-files/blake3/<hex> or sandbox-artifacts/blake3/<hex>)",
+        details={"key": key},
+    )
+
+
+class GatewayServicer(gpb_grpc.GatewayServicer):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        blobs: BlobStore,
+        verifier: TokenVerifier,
+        *,
+        store_backend: str = "",
+        blob_backend: str = "",
+        observe: Callable[[str, grpc.StatusCode, float], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.verifier = verifier
+        self.store_backend = store_backend
+        self.blob_backend = blob_backend
+        self._renew, self._release = _lease_callbacks(store)
+        self._references = _References()
+        self._scopes: OrderedDict[str, TokenScope] = OrderedDict()
+        self._observe = observe
+        self.draining = False
+
+    # ------------------------------------------------------------ plumbing
+
+    def _scope(self, context: grpc.aio.ServicerContext[Any, Any]) -> TokenScope:
+        token = ""
+        for key, value in context.invocation_metadata() or ():
+            if key == AUTHORIZATION:
+                text = value if isinstance(value, str) else bytes(value).decode("latin-1")
+                scheme, _, token = text.partition(" ")
+                if scheme.lower() != "bearer":
+                    token = ""
+                break
+        if not token:
+            raise status.ServiceError(
+                status.UNAUTHENTICATED, "gateway token refused: missing", why="missing"
+            )
+        token = token.strip()
+        scope = self._scopes.get(token)
+        if scope is None:
+            scope = self.verifier.verify(token)
+            self._scopes[token] = scope
+            while len(self._scopes) > TOKEN_CACHE_SIZE:
+                self._scopes.popitem(last=False)
+        elif scope.expires_at + 60 <= time.time():
+            del self._scopes[token]
+            scope = self.verifier.verify(token)  # raises: expired
+        return scope
+
+    async def _fail(
+        self, context: grpc.aio.ServicerContext[Any, Any], method: str, exc: BaseException
+    ) -> None:
+        code, message, trailers = wire.error_trailers(exc)
+        if code is grpc.StatusCode.INTERNAL:
+            _log.error("%s failed", method, exc_info=exc)
+        await context.abort(code, message, trailing_metadata=trailers)
+
+    async def _unary(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        work: Callable[[TokenScope], Awaitable[T]],
+    ) -> T:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if self.draining:
+                raise status.ServiceError(status.DRAINING, "the gateway is shutting down")
+            return await work(self._scope(context))
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+            code = status.classify(exc)[0] if not isinstance(exc, grpc.aio.AbortError) else code
+            await self._fail(context, method, exc)
+            raise  # unreachable: abort raises
+        finally:
+            if self._observe is not None:
+                self._observe(method, code, time.perf_counter() - started)
+
+    async def _stream(
+        self,
+        method: str,
+        context: grpc.aio.ServicerContext[Any, Any],
+        work: Callable[[TokenScope], AsyncIterator[T]],
+    ) -> AsyncIterator[T]:
+        started = time.perf_counter()
+        code = grpc.StatusCode.OK
+        try:
+            if self.draining:
+                raise status.ServiceError(status.DRAINING, "the gateway is shutting down")
+            async for item in work(self._scope(context)):
+                yield item
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        except Exception as exc:  # noqa: BLE001
+            code = status.classify(exc)[0]
+            await self._fail(context, method, exc)
+        finally:
+            if self._observe is not None:
+                self._observe(method, code, time.perf_counter() - started)
+
+    def _document(self, checkpoint: Checkpoint) -> gpb.GatewayCheckpoint:
+        self._references.remember(checkpoint)
+        return gpb.GatewayCheckpoint(found=True, document=encode_checkpoint(checkpoint))
+
+    # ------------------------------------------------------------ store
+
+    async def GetStoreInfo(self, request: Any, context: Any) -> gpb.GatewayStoreInfo:
+        async def work(scope: TokenScope) -> gpb.GatewayStoreInfo:
+            return gpb.GatewayStoreInfo(
+                lease_duration_ms=int(getattr(self.store, "lease_duration_ms", 0) or 0),
+                renew_after_ms=int(getattr(self.store, "renew_after_ms", 0) or 0),
+                store_backend=self.store_backend,
+                blob_backend=self.blob_backend,
+            )
+
+        return await self._unary("GetStoreInfo", context, work)
+
+    async def Get(self, request: gpb.GatewayGetRequest, context: Any) -> gpb.GatewayCheckpoint:
+        async def work(scope: TokenScope) -> gpb.GatewayCheckpoint:
+            scope.require(ANY_OP)
+            checkpoint = await self.store.get(request.checkpoint_id)
+            if checkpoint is None:
+                return gpb.GatewayCheckpoint(found=False)
+            scope.require(ANY_OP, checkpoint.thread_id)
+            return self._document(checkpoint)
+
+        return await self._unary("Get", context, work)
+
+    async def List(self, request: gpb.GatewayThreadRequest, context: Any) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayCheckpoint]:
+            scope.require(ANY_OP, request.thread_id)
+            for checkpoint in await self.store.list(request.thread_id):
+                yield self._document(checkpoint)
+
+        async for message in self._stream("List", context, work):
+            yield message
+
+    async def GetHead(self, request: gpb.GatewayThreadRequest, context: Any) -> gpb.GatewayHead:
+        async def work(scope: TokenScope) -> gpb.GatewayHead:
+            scope.require(ANY_OP, request.thread_id)
+            return gpb.GatewayHead(checkpoint_id=await self.store.get_head(request.thread_id))
+
+        return await self._unary("GetHead", context, work)
+
+    async def Append(
+        self, request: gpb.GatewayAppendRequest, context: Any
+    ) -> gpb.GatewayAppendResponse:
+        async def work(scope: TokenScope) -> gpb.GatewayAppendResponse:
+            checkpoint = decode_checkpoint(request.document)
+            scope.require(("capture",), checkpoint.thread_id)
+            expected = request.expected_head_id if request.HasField("expected_head_id") else None
+            checkpoint_id = await self.store.append(
+                checkpoint, expected, wire.writer_from_proto(request.writer)
+            )
+            self._references.remember(checkpoint)
+            return gpb.GatewayAppendResponse(checkpoint_id=checkpoint_id)
+
+        return await self._unary("Append", context, work)
+
+    async def DeleteHead(
+        self, request: gpb.GatewayDeleteHeadRequest, context: Any
+    ) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(("prune",), request.thread_id)
+            await self.store.delete_head(
+                request.thread_id, request.checkpoint_id, wire.writer_from_proto(request.writer)
+            )
+            return gpb.GatewayEmpty()
+
+        return await self._unary("DeleteHead", context, work)
+
+    async def AcquireWriter(
+        self, request: gpb.GatewayAcquireWriterRequest, context: Any
+    ) -> gpb.GatewayLease:
+        async def work(scope: TokenScope) -> gpb.GatewayLease:
+            scope.require(LEASE_OPS, request.thread_id)
+            owner = None
+            if request.HasField("owner"):
+                # Namespaced: another token's sidecar cannot take this lease over.
+                owner = f"{scope.subject}\x00{request.owner}" if request.owner else ""
+            lease = await self.store.acquire_writer(request.thread_id, owner=owner)
+            return gpb.GatewayLease(
+                writer=gpb.GatewayWriter(
+                    thread_id=lease.thread_id, owner_token=lease.owner_token, fence=lease.fence
+                ),
+                expires_at=lease.expires_at,
+                renew_after_ms=lease.renew_after_ms,
+            )
+
+        return await self._unary("AcquireWriter", context, work)
+
+    def _lease(self, message: gpb.GatewayWriter) -> WriterLease:
+        return WriterLease(
+            thread_id=message.thread_id,
+            owner_token=message.owner_token,
+            fence=message.fence,
+            expires_at=0,
+            renew_after_ms=0,
+            renew=self._renew,
+            release=self._release,
+        )
+
+    async def RenewWriter(
+        self, request: gpb.GatewayWriter, context: Any
+    ) -> gpb.GatewayRenewResponse:
+        async def work(scope: TokenScope) -> gpb.GatewayRenewResponse:
+            scope.require(LEASE_OPS, request.thread_id)
+            return gpb.GatewayRenewResponse(expires_at=await self._renew(self._lease(request)))
+
+        return await self._unary("RenewWriter", context, work)
+
+    async def ReleaseWriter(self, request: gpb.GatewayWriter, context: Any) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(LEASE_OPS, request.thread_id)
+            await self._release(self._lease(request))
+            return gpb.GatewayEmpty()
+
+        return await self._unary("ReleaseWriter", context, work)
+
+    async def DeleteCheckpoints(
+        self, request: gpb.GatewayDeleteCheckpointsRequest, context: Any
+    ) -> gpb.GatewayCheckpointIds:
+        async def work(scope: TokenScope) -> gpb.GatewayCheckpointIds:
+            scope.require(("prune",), request.thread_id)
+            deleted = await self.store.delete_checkpoints(
+                request.thread_id, request.keep, wire.writer_from_proto(request.writer)
+            )
+            return gpb.GatewayCheckpointIds(checkpoint_ids=deleted)
+
+        return await self._unary("DeleteCheckpoints", context, work)
+
+    async def ForkFromCheckpoint(
+        self, request: gpb.GatewayForkRequest, context: Any
+    ) -> gpb.GatewayCheckpoint:
+        async def work(scope: TokenScope) -> gpb.GatewayCheckpoint:
+            scope.require(("fork",), request.source_thread_id, request.destination_thread_id)
+            checkpoint = await self.store.fork_from_checkpoint(
+                request.source_thread_id,
+                request.source_checkpoint_id,
+                request.destination_thread_id,
+                request.destination_checkpoint_id,
+                request.created_at,
+                wire.writer_from_proto(request.writer),
+            )
+            return self._document(checkpoint)
+
+        return await self._unary("ForkFromCheckpoint", context, work)
+
+    # ------------------------------------------------------------ guard and audit
+
+    async def PinBlobs(self, request: gpb.GatewayPinRequest, context: Any) -> gpb.GatewayKeys:
+        async def work(scope: TokenScope) -> gpb.GatewayKeys:
+            scope.require(("capture",), request.writer.thread_id)
+            condemned = await self.store.pin_blobs(  # type: ignore[attr-defined]
+                list(request.keys), wire.writer_from_proto(request.writer)
+            )
+            return gpb.GatewayKeys(keys=condemned)
+
+        return await self._unary("PinBlobs", context, work)
+
+    async def CondemnBlobs(
+        self, request: gpb.GatewayCondemnRequest, context: Any
+    ) -> gpb.GatewayKeys:
+        async def work(scope: TokenScope) -> gpb.GatewayKeys:
+            scope.require(ADMIN)
+            keys = await self.store.condemn_blobs(list(request.keys), request.hold_ms)  # type: ignore[attr-defined]
+            return gpb.GatewayKeys(keys=keys)
+
+        return await self._unary("CondemnBlobs", context, work)
+
+    async def ReleaseCondemned(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(ADMIN)
+            await self.store.release_condemned(list(request.keys))  # type: ignore[attr-defined]
+            return gpb.GatewayEmpty()
+
+        return await self._unary("ReleaseCondemned", context, work)
+
+    async def ListBlobReferences(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobReferences]:
+            scope.require(ADMIN)
+            references = await self.store.list_blob_references()
+            for start in range(0, len(references), 10_000):
+                yield gpb.GatewayBlobReferences(
+                    references=[
+                        gpb.GatewayBlobReference(key=r.key, references=r.references)
+                        for r in references[start : start + 10_000]
+                    ]
+                )
+
+        async for message in self._stream("ListBlobReferences", context, work):
+            yield message
+
+    @staticmethod
+    def _counts(counts: list[BlobCount]) -> Iterable[gpb.GatewayBlobCounts]:
+        for start in range(0, len(counts), 10_000):
+            yield gpb.GatewayBlobCounts(
+                counts=[
+                    gpb.GatewayBlobCount(
+                        key=c.key, stored=c.stored, manifests=c.manifests, size=c.size
+                    )
+                    for c in counts[start : start + 10_000]
+                ]
+            )
+
+    async def AuditBlobReferences(
+        self, request: gpb.GatewayAuditRequest, context: Any
+    ) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobCounts]:
+            scope.require(ADMIN)
+            counts = await self.store.audit_blob_references(with_sizes=request.with_sizes)  # type: ignore[attr-defined]
+            for message in self._counts(counts):
+                yield message
+
+        async for message in self._stream("AuditBlobReferences", context, work):
+            yield message
+
+    async def RepairBlobReferences(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobCounts]:
+            scope.require(ADMIN)
+            counts = await self.store.repair_blob_references()  # type: ignore[attr-defined]
+            for message in self._counts(counts):
+                yield message
+
+        async for message in self._stream("RepairBlobReferences", context, work):
+            yield message
+
+    async def MarkBlobsMissing(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(ADMIN)
+            await self.store.mark_blobs_missing(list(request.keys))  # type: ignore[attr-defined]
+            return gpb.GatewayEmpty()
+
+        return await self._unary("MarkBlobsMissing", context, work)
+
+    async def ClearMissingBlobs(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(UPLOAD_OPS)
+            await self.store.clear_missing_blobs(list(request.keys))  # type: ignore[attr-defined]
+            return gpb.GatewayEmpty()
+
+        return await self._unary("ClearMissingBlobs", context, work)
+
+    async def ListMissingBlobs(self, request: Any, context: Any) -> gpb.GatewayKeys:
+        async def work(scope: TokenScope) -> gpb.GatewayKeys:
+            scope.require(UPLOAD_OPS)
+            return gpb.GatewayKeys(keys=await self.store.list_missing_blobs())  # type: ignore[attr-defined]
+
+        return await self._unary("ListMissingBlobs", context, work)
+
+    # ------------------------------------------------------------ blobs
+
+    async def _may_read(self, scope: TokenScope, key: str) -> None:
+        if "admin" in scope.ops or self._references.granted(scope, key):
+            return
+        for thread in sorted(scope.threads)[:MAX_LOOKUP_THREADS]:
+            for checkpoint in await self.store.list(thread):
+                self._references.remember(checkpoint)
+        if not self._references.granted(scope, key):
+            raise status.ServiceError(
+                status.FORBIDDEN,
+                f"no checkpoint of the token's threads ({scope.subject}) references {key!r}",
+                key=key,
+                subject=scope.subject,
+            )
+
+    async def BlobHead(self, request: gpb.GatewayBlobKey, context: Any) -> gpb.GatewayBlobInfo:
+        async def work(scope: TokenScope) -> gpb.GatewayBlobInfo:
+            scope.require(ANY_OP)
+            info = await self.blobs.head(request.key)
+            if info is None:
+                return gpb.GatewayBlobInfo(found=False, key=request.key)
+            return gpb.GatewayBlobInfo(
+                found=True, key=info.key, size=info.size, last_modified_ms=info.last_modified_ms
+            )
+
+        return await self._unary("BlobHead", context, work)
+
+    async def BlobMissing(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayKeys:
+        async def work(scope: TokenScope) -> gpb.GatewayKeys:
+            scope.require(ANY_OP)
+            return gpb.GatewayKeys(keys=await blob_base.missing(self.blobs, list(request.keys)))
+
+        return await self._unary("BlobMissing", context, work)
+
+    async def BlobGet(self, request: gpb.GatewayBlobGetRequest, context: Any) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobChunk]:
+            scope.require(ANY_OP)
+            await self._may_read(scope, request.key)
+            chunk_size = min(request.chunk_size or wire.BLOB_CHUNK_BYTES, 4 << 20)
+            async for chunk in self.blobs.get_stream(request.key, chunk_size):
+                yield gpb.GatewayBlobChunk(data=chunk)
+
+        async for message in self._stream("BlobGet", context, work):
+            yield message
+
+    async def BlobGetMany(self, request: gpb.GatewayKeys, context: Any) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobChunk]:
+            scope.require(ANY_OP)
+            keys = list(request.keys)
+            for key in dict.fromkeys(keys):
+                await self._may_read(scope, key)
+            datas = await blob_base.get_many(self.blobs, keys)
+            for index, data in enumerate(datas):
+                for start in range(0, max(len(data), 1), wire.BLOB_CHUNK_BYTES):
+                    end = start + wire.BLOB_CHUNK_BYTES
+                    yield gpb.GatewayBlobChunk(
+                        index=index, data=data[start:end], last=end >= len(data)
+                    )
+
+        async for message in self._stream("BlobGetMany", context, work):
+            yield message
+
+    async def _receive(
+        self, chunks: AsyncIterable[gpb.GatewayBlobChunk]
+    ) -> AsyncIterator[tuple[str, bool, bytes | Any]]:
+        """(key, if_absent, bytes or a spooled file) per blob of an upload
+        stream, each checked against its key's digest."""
+        key: str | None = None
+        if_absent = True
+        hasher = blake3.blake3()
+        parts: list[bytes] = []
+        size = 0
+        spool: Any = None
+        async for chunk in chunks:
+            if key is None:
+                key, if_absent = chunk.key, chunk.if_absent
+            hasher.update(chunk.data)
+            size += len(chunk.data)
+            if spool is None and size > SPOOL_BYTES:
+                spool = tempfile.TemporaryFile()
+                for part in parts:
+                    spool.write(part)
+                parts = []
+            if spool is not None:
+                await asyncio.to_thread(spool.write, chunk.data)
+            else:
+                parts.append(chunk.data)
+            if chunk.last:
+                _check_blob_bytes(key, hasher.hexdigest())
+                yield key, if_absent, (spool if spool is not None else b"".join(parts))
+                key, hasher, parts, size, spool = None, blake3.blake3(), [], 0, None
+        if key is not None:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"the upload of {key!r} ended without its last chunk", details={"key": key}
+            )
+
+    @staticmethod
+    async def _spooled(spool: Any) -> AsyncIterator[bytes]:
+        await asyncio.to_thread(spool.seek, 0)
+        try:
+            while chunk := await asyncio.to_thread(spool.read, wire.BLOB_CHUNK_BYTES):
+                yield chunk
+        finally:
+            spool.close()
+
+    async def BlobPut(self, request_iterator: Any, context: Any) -> gpb.GatewayBlobPutResponse:
+        async def work(scope: TokenScope) -> gpb.GatewayBlobPutResponse:
+            scope.require(UPLOAD_OPS)
+            written = False
+            async for key, if_absent, data in self._receive(request_iterator):
+                body = data if isinstance(data, bytes) else self._spooled(data)
+                written = await self.blobs.put(key, body, if_absent=if_absent)
+            return gpb.GatewayBlobPutResponse(written=written)
+
+        return await self._unary("BlobPut", context, work)
+
+    async def BlobPutMany(
+        self, request_iterator: Any, context: Any
+    ) -> gpb.GatewayBlobPutManyResponse:
+        async def work(scope: TokenScope) -> gpb.GatewayBlobPutManyResponse:
+            scope.require(UPLOAD_OPS)
+            items: list[tuple[str, bytes]] = []
+            async for key, _if_absent, data in self._receive(request_iterator):
+                if not isinstance(data, bytes):  # a batch is for small blobs
+                    data = b"".join([chunk async for chunk in self._spooled(data)])
+                items.append((key, data))
+            return gpb.GatewayBlobPutManyResponse(
+                written=await blob_base.put_many(self.blobs, items)
+            )
+
+        return await self._unary("BlobPutMany", context, work)
+
+    async def BlobList(
+        self, request: gpb.GatewayBlobListRequest, context: Any
+    ) -> AsyncIterator[Any]:
+        async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobInfos]:
+            scope.require(ADMIN)
+            async for page in self.blobs.list_pages(request.prefix):
+                yield gpb.GatewayBlobInfos(
+                    blobs=[
+                        gpb.GatewayBlobInfo(
+                            found=True, key=i.key, size=i.size, last_modified_ms=i.last_modified_ms
+                        )
+                        for i in page
+                    ]
+                )
+
+        async for message in self._stream("BlobList", context, work):
+            yield message
+
+    async def BlobDelete(self, request: gpb.GatewayBlobKey, context: Any) -> gpb.GatewayEmpty:
+        async def work(scope: TokenScope) -> gpb.GatewayEmpty:
+            scope.require(ADMIN)
+            await self.blobs.delete(request.key)
+            return gpb.GatewayEmpty()
+
+        return await self._unary("BlobDelete", context, work)
+
+
+__all__ = ["BlobNotFoundError", "GatewayServicer"]

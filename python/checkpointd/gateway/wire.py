@@ -1,0 +1,126 @@
+"""What both ends of the gateway agree on: errors with typed details, writers, limits.
+
+An error leaves the gateway as the daemon's status (``service.status.to_status``:
+ErrorInfo with the reason) plus a trailer ``checkpointd-details-json-bin`` with
+the exception's details as JSON, so the remote store raises the same class with
+the same details (``retry_after_ms`` stays an int) as the store behind the
+gateway did: the conformance suite checks them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import grpc
+
+from .. import errors
+from ..blobs.base import BlobNotFoundError
+from ..model import Writer
+from ..service import status
+from ..store._options import writer_fields
+from ..v1 import gateway_pb2 as gpb
+
+DETAILS_JSON_KEY = "checkpointd-details-json-bin"
+# Checkpoint documents of large workspaces are tens of MiB; blobs are chunked.
+MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+BLOB_CHUNK_BYTES = 1 << 20
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+)
+
+# reason → exception class, for every class that carries a fixed code.
+_CLASSES: dict[str, type[errors.SandboxCheckpointError]] = {
+    cls.code: cls
+    for cls in (
+        errors.SandboxCheckpointConflictError,
+        errors.SandboxCheckpointDuplicateIdError,
+        errors.SandboxCheckpointInvalidIdError,
+        errors.SandboxCheckpointInvalidEntryError,
+        errors.SandboxCheckpointParentMismatchError,
+        errors.SandboxCheckpointNotHeadError,
+        errors.SandboxCheckpointWriterConflictError,
+        errors.SandboxCheckpointWriterLostError,
+        errors.SandboxCheckpointInvalidArgumentError,
+    )
+}
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(item) for item in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+def error_trailers(
+    exc: BaseException,
+) -> tuple[grpc.StatusCode, str, tuple[tuple[str, bytes], ...]]:
+    """The status for ``exc`` and its trailers (ErrorInfo and the typed details)."""
+    code, message, trailers = status.to_status(exc)
+    details: dict[str, Any] = {}
+    if isinstance(exc, errors.SandboxCheckpointError):
+        details = {k: _jsonable(v) for k, v in exc.details.items()}
+    elif isinstance(exc, BlobNotFoundError):
+        details = {"key": exc.key}
+    payload = json.dumps(details, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return code, message, (*trailers, (DETAILS_JSON_KEY, payload))
+
+
+def _details(trailers: Iterable[tuple[str, Any]] | None) -> dict[str, Any]:
+    for key, value in trailers or ():
+        if key == DETAILS_JSON_KEY and isinstance(value, bytes):
+            try:
+                loaded = json.loads(value.decode("utf-8", "surrogatepass"))
+            except ValueError:
+                return {}
+            return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def error_from_rpc(error: grpc.aio.AioRpcError, *, where: str) -> Exception:
+    """The exception the gateway's store (or bucket) raised, rebuilt from the
+    status; a gateway that cannot be reached is STORE_UNAVAILABLE naming ``where``."""
+    trailers = error.trailing_metadata()
+    info = status.error_info_from_metadata(trailers)  # type: ignore[arg-type]
+    message = error.details() or error.code().name
+    if info is None:
+        return errors.SandboxCheckpointError(
+            f"gateway {where}: {error.code().name}: {message}",
+            code=errors.STORE_UNAVAILABLE
+            if error.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+            else status.INTERNAL,
+            details={"gateway": where},
+        )
+    details = _details(trailers) or dict(info.metadata)
+    reason = info.reason
+    if reason == errors.MISSING_BLOB and "key" in details:
+        return BlobNotFoundError(str(details["key"]))
+    cls = _CLASSES.get(reason)
+    if cls is not None:
+        return cls(message, details=details)
+    return errors.SandboxCheckpointError(message, code=reason, details=details)
+
+
+def is_unreachable(exc: BaseException) -> bool:
+    """Whether a rebuilt error says the gateway itself could not be reached."""
+    return (
+        isinstance(exc, errors.SandboxCheckpointError)
+        and exc.code == errors.STORE_UNAVAILABLE
+        and "gateway" in exc.details
+    )
+
+
+def writer_to_proto(writer: object) -> gpb.GatewayWriter:
+    """The writer's fields (WRITER_LOST, as the stores say, for a non-writer)."""
+    thread_id, owner_token, fence = writer_fields(writer)
+    return gpb.GatewayWriter(thread_id=thread_id, owner_token=owner_token, fence=fence)
+
+
+def writer_from_proto(message: gpb.GatewayWriter) -> Writer:
+    return Writer(message.thread_id, message.owner_token, message.fence)

@@ -1,0 +1,254 @@
+"""A gateway enforces its tokens on every call (in-process gateway, real SQLite,
+a real blob directory, real gRPC on loopback)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import blake3
+import grpc
+import pytest
+
+from checkpointd.blobs import open_blobs
+from checkpointd.errors import SandboxCheckpointError
+from checkpointd.gateway.remote import RemoteBlobStore, RemoteCheckpointStore
+from checkpointd.model import FILE_KEY_PREFIX, Checkpoint, DirEntry, FileEntry, Writer
+from checkpointd.service.status import FORBIDDEN, UNAUTHENTICATED, error_info_from_metadata
+from checkpointd.store.sqlite import SqliteCheckpointStore
+from checkpointd.v1 import gateway_pb2 as gpb
+from checkpointd.v1 import gateway_pb2_grpc as gpb_grpc
+
+from .conftest import Keys
+
+
+def _key(data: bytes) -> str:
+    return FILE_KEY_PREFIX + blake3.blake3(data).hexdigest()
+
+
+def _checkpoint(checkpoint_id: str, thread: str, data: bytes, parent: str | None = None):
+    return Checkpoint(
+        id=checkpoint_id,
+        thread_id=thread,
+        parent_checkpoint_id=parent,
+        created_at=1,
+        reason="automatic",
+        files=(DirEntry("src"), FileEntry("src/a.txt", _key(data), len(data))),
+    )
+
+
+@pytest.fixture
+async def world(tmp_path: Path, keys: Keys, gateway_factory: Any) -> Any:
+    store = await SqliteCheckpointStore.open(str(tmp_path / "store.db"))
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    gateway = await gateway_factory(store, blobs)
+    # The other tenant's thread, written directly (as its own sidecar would have).
+    secret = b"tenant B's secret file"
+    await blobs.put(_key(secret), secret)
+    lease = await store.acquire_writer("tenant-b")
+    await store.append(_checkpoint("b1", "tenant-b", secret), None, lease)
+    await lease.release()
+    yield gateway, keys, secret
+    await store.aclose()
+
+
+async def _sidecar(gateway: Any, token: str) -> tuple[RemoteCheckpointStore, RemoteBlobStore]:
+    connection = gateway.connection(token)
+    return await RemoteCheckpointStore.open(connection), RemoteBlobStore(connection)
+
+
+async def test_a_sidecar_works_on_its_own_thread(world: Any) -> None:
+    gateway, keys, _ = world
+    store, blobs = await _sidecar(gateway, keys.mint(threads=["tenant-a"]))
+    data = b"my file"
+    assert await blobs.put(_key(data), data)
+    lease = await store.acquire_writer("tenant-a", owner="sidecar-1")
+    assert await store.pin_blobs([_key(data)], lease) == []
+    await store.append(_checkpoint("a1", "tenant-a", data), None, lease)
+    await lease.renew()
+    await lease.release()
+    assert await store.get_head("tenant-a") == "a1"
+    assert [c.id for c in await store.list("tenant-a")] == ["a1"]
+    assert await blobs.get(_key(data)) == data
+    assert await blobs.get_many([_key(data)]) == [data]
+    assert await blobs.missing([_key(data), _key(b"never")]) == [_key(b"never")]
+    await store.aclose()
+
+
+async def _denied(call: Any, code: grpc.StatusCode, reason: str) -> dict[str, str]:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        result = call()
+        if hasattr(result, "__aiter__"):
+            async for _ in result:
+                pass
+        else:
+            await result
+    assert caught.value.code() == code, caught.value
+    info = error_info_from_metadata(caught.value.trailing_metadata())
+    assert info is not None and info.reason == reason and info.domain == "checkpointd"
+    return dict(info.metadata)
+
+
+async def test_every_call_outside_the_token_is_permission_denied(world: Any) -> None:
+    gateway, keys, secret = world
+    token = keys.mint(threads=["tenant-a"], ops=["capture", "restore", "list", "fork", "prune"])
+    metadata = (("authorization", f"Bearer {token}"),)
+    channel = grpc.aio.insecure_channel(gateway.address)
+    stub = gpb_grpc.GatewayStub(channel)
+    writer = gpb.GatewayWriter(thread_id="tenant-b", owner_token="x", fence=1)
+    doc = _checkpoint("evil", "tenant-b", b"x", parent="b1")
+    from checkpointd.codec import encode_checkpoint
+
+    calls = {
+        "Get": lambda: stub.Get(gpb.GatewayGetRequest(checkpoint_id="b1"), metadata=metadata),
+        "List": lambda: stub.List(
+            gpb.GatewayThreadRequest(thread_id="tenant-b"), metadata=metadata
+        ),
+        "GetHead": lambda: stub.GetHead(
+            gpb.GatewayThreadRequest(thread_id="tenant-b"), metadata=metadata
+        ),
+        "Append": lambda: stub.Append(
+            gpb.GatewayAppendRequest(document=encode_checkpoint(doc), writer=writer),
+            metadata=metadata,
+        ),
+        "AcquireWriter": lambda: stub.AcquireWriter(
+            gpb.GatewayAcquireWriterRequest(thread_id="tenant-b"), metadata=metadata
+        ),
+        "RenewWriter": lambda: stub.RenewWriter(writer, metadata=metadata),
+        "ReleaseWriter": lambda: stub.ReleaseWriter(writer, metadata=metadata),
+        "DeleteHead": lambda: stub.DeleteHead(
+            gpb.GatewayDeleteHeadRequest(thread_id="tenant-b", checkpoint_id="b1", writer=writer),
+            metadata=metadata,
+        ),
+        "DeleteCheckpoints": lambda: stub.DeleteCheckpoints(
+            gpb.GatewayDeleteCheckpointsRequest(thread_id="tenant-b", keep=0, writer=writer),
+            metadata=metadata,
+        ),
+        "ForkInto": lambda: stub.ForkFromCheckpoint(
+            gpb.GatewayForkRequest(
+                source_thread_id="tenant-a",
+                source_checkpoint_id="a1",
+                destination_thread_id="tenant-b",
+                destination_checkpoint_id="f1",
+                created_at=1,
+                writer=writer,
+            ),
+            metadata=metadata,
+        ),
+        "ForkFrom": lambda: stub.ForkFromCheckpoint(
+            gpb.GatewayForkRequest(
+                source_thread_id="tenant-b",
+                source_checkpoint_id="b1",
+                destination_thread_id="tenant-a",
+                destination_checkpoint_id="f2",
+                created_at=1,
+                writer=gpb.GatewayWriter(thread_id="tenant-a", owner_token="x", fence=1),
+            ),
+            metadata=metadata,
+        ),
+        "PinBlobs": lambda: stub.PinBlobs(
+            gpb.GatewayPinRequest(keys=[_key(secret)], writer=writer), metadata=metadata
+        ),
+        "BlobGet": lambda: stub.BlobGet(
+            gpb.GatewayBlobGetRequest(key=_key(secret)), metadata=metadata
+        ),
+        "BlobGetMany": lambda: stub.BlobGetMany(
+            gpb.GatewayKeys(keys=[_key(secret)]), metadata=metadata
+        ),
+        # Sweep and check are the gateway operator's (admin tokens only).
+        "ListBlobReferences": lambda: stub.ListBlobReferences(
+            gpb.GatewayEmpty(), metadata=metadata
+        ),
+        "CondemnBlobs": lambda: stub.CondemnBlobs(
+            gpb.GatewayCondemnRequest(keys=[_key(secret)], hold_ms=1000), metadata=metadata
+        ),
+        "ReleaseCondemned": lambda: stub.ReleaseCondemned(gpb.GatewayKeys(), metadata=metadata),
+        "AuditBlobReferences": lambda: stub.AuditBlobReferences(
+            gpb.GatewayAuditRequest(), metadata=metadata
+        ),
+        "RepairBlobReferences": lambda: stub.RepairBlobReferences(
+            gpb.GatewayEmpty(), metadata=metadata
+        ),
+        "MarkBlobsMissing": lambda: stub.MarkBlobsMissing(gpb.GatewayKeys(), metadata=metadata),
+        "BlobList": lambda: stub.BlobList(gpb.GatewayBlobListRequest(prefix=""), metadata=metadata),
+        "BlobDelete": lambda: stub.BlobDelete(
+            gpb.GatewayBlobKey(key=_key(secret)), metadata=metadata
+        ),
+    }
+    try:
+        for name, call in calls.items():
+            details = await _denied(call, grpc.StatusCode.PERMISSION_DENIED, FORBIDDEN)
+            assert (
+                details.get("thread_id") == "tenant-b"
+                or "operation" in details
+                or (details.get("key") == _key(secret))
+            ), (name, details)
+    finally:
+        await channel.close()
+    # Nothing of tenant B changed.
+    store = gateway.store
+    assert await store.get_head("tenant-b") == "b1"
+    assert await gateway.servicer.blobs.get(_key(secret)) == secret
+
+
+async def test_bytes_that_do_not_hash_to_their_key_are_refused(world: Any) -> None:
+    gateway, keys, _ = world
+    store, blobs = await _sidecar(gateway, keys.mint(threads=["tenant-a"]))
+    planted = _key(b"what another tenant's file holds")
+    with pytest.raises(SandboxCheckpointError) as caught:
+        await blobs.put(planted, b"poison")
+    assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_BLOB"
+    with pytest.raises(SandboxCheckpointError):
+        await blobs.put_many([(planted, b"poison")])
+    assert await gateway.servicer.blobs.head(planted) is None
+    await store.aclose()
+
+
+async def test_missing_expired_and_tampered_tokens_are_unauthenticated(world: Any) -> None:
+    gateway, keys, _ = world
+    channel = grpc.aio.insecure_channel(gateway.address)
+    stub = gpb_grpc.GatewayStub(channel)
+    request = gpb.GatewayThreadRequest(thread_id="tenant-a")
+    expired = keys.mint(threads=["tenant-a"], ttl_s=10, now=time.time() - 7200)
+    good = keys.mint(threads=["tenant-a"])
+    tampered = good[:-3] + ("x" if good[-3] != "x" else "y") + good[-2:]
+    try:
+        for token, why in ((expired, "expired"), (tampered, "bad signature")):
+            metadata = (("authorization", f"Bearer {token}"),)
+            details = await _denied(
+                lambda m=metadata: stub.GetHead(request, metadata=m),
+                grpc.StatusCode.UNAUTHENTICATED,
+                UNAUTHENTICATED,
+            )
+            assert details["why"] == why
+        await _denied(
+            lambda: stub.GetHead(request), grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED
+        )
+        # The remote store raises the same error (the sidecar maps it to UNAUTHENTICATED).
+        remote = RemoteCheckpointStore(gateway.connection(expired))
+        with pytest.raises(SandboxCheckpointError) as caught:
+            await remote.get_head("tenant-a")
+        assert caught.value.code == UNAUTHENTICATED
+        await remote.aclose()
+    finally:
+        await channel.close()
+
+
+async def test_a_prefix_token_reaches_forks_under_its_prefix(world: Any) -> None:
+    gateway, keys, _ = world
+    store, _blobs = await _sidecar(gateway, keys.mint(prefixes=["sb-1/"], ops=["capture", "fork"]))
+    lease = await store.acquire_writer("sb-1/main")
+    await store.append(_checkpoint("m1", "sb-1/main", b"v1"), None, lease)
+    await lease.release()
+    dest = await store.acquire_writer("sb-1/fork")
+    forked = await store.fork_from_checkpoint("sb-1/main", "m1", "sb-1/fork", "f1", 2, dest)
+    await dest.release()
+    assert forked.thread_id == "sb-1/fork"
+    with pytest.raises(SandboxCheckpointError) as caught:
+        await store.acquire_writer("sb-10/main")
+    assert caught.value.code == FORBIDDEN
+    with pytest.raises(SandboxCheckpointError) as caught:
+        await store.delete_checkpoints("sb-1/main", 1, Writer("sb-1/main", "x", 1))
+    assert caught.value.code == FORBIDDEN  # no prune op
+    await store.aclose()
