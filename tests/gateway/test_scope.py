@@ -252,3 +252,22 @@ async def test_a_prefix_token_reaches_forks_under_its_prefix(world: Any) -> None
         await store.delete_checkpoints("sb-1/main", 1, Writer("sb-1/main", "x", 1))
     assert caught.value.code == FORBIDDEN  # no prune op
     await store.aclose()
+
+
+async def test_list_threads_shows_only_the_tokens_threads(world: Any) -> None:
+    gateway, keys, _ = world
+    admin_store, _ = await _sidecar(gateway, keys.mint(prefixes=[""], ops=["admin", "capture"]))
+    for thread in ("sb-1/a", "sb-1/b", "sb-2/a", "t-own", "zz"):
+        lease = await admin_store.acquire_writer(thread)
+        await admin_store.append(_checkpoint(f"c-{thread}", thread, b"x"), None, lease)
+        await lease.release()
+    everything = [t.thread_id for t in await admin_store.list_threads(limit=100)]
+    assert everything == ["sb-1/a", "sb-1/b", "sb-2/a", "t-own", "tenant-b", "zz"]
+    store, _ = await _sidecar(gateway, keys.mint(threads=["t-own"], prefixes=["sb-1/"]))
+    page = await store.list_threads(limit=2)
+    assert [t.thread_id for t in page] == ["sb-1/a", "sb-1/b"]
+    assert page[0].head_checkpoint_id == "c-sb-1/a" and page[0].checkpoint_count == 1
+    rest = await store.list_threads(after="sb-1/b", limit=10)
+    assert [t.thread_id for t in rest] == ["t-own"]
+    await store.aclose()
+    await admin_store.aclose()

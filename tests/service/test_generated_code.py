@@ -71,6 +71,7 @@ def test_the_gateway_serves_every_store_and_blob_method() -> None:
         "mark_blobs_missing": "MarkBlobsMissing",
         "clear_missing_blobs": "ClearMissingBlobs",
         "list_missing_blobs": "ListMissingBlobs",
+        "list_threads": "ListThreads",
     }
     for method, rpc in store_methods.items():
         assert callable(getattr(RemoteCheckpointStore, method)), method
@@ -123,7 +124,12 @@ def test_go_stubs_are_current(tmp_path: Path) -> None:
     (tmp_path / "out").mkdir()
     fresh = genproto.generate_go(tmp_path / "out", bin_dir=tmp_path)
     committed_dir = genproto.GO_ROOT / "checkpointdv1"
-    assert {p.name for p in fresh} == {"checkpointd.pb.go", "checkpointd_grpc.pb.go"}
+    assert {p.name for p in fresh} == {
+        "checkpointd.pb.go",
+        "checkpointd_grpc.pb.go",
+        "gateway.pb.go",
+        "gateway_grpc.pb.go",
+    }
     for path in fresh:
         assert path.read_bytes() == (committed_dir / path.name).read_bytes(), (
             "run `python -m checkpointd.service.genproto --go` and commit"

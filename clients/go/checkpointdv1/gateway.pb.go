@@ -1751,6 +1751,170 @@ func (x *GatewayBlobListRequest) GetPrefix() string {
 	return ""
 }
 
+type GatewayListThreadsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	After         *string                `protobuf:"bytes,1,opt,name=after,proto3,oneof" json:"after,omitempty"`
+	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayListThreadsRequest) Reset() {
+	*x = GatewayListThreadsRequest{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayListThreadsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayListThreadsRequest) ProtoMessage() {}
+
+func (x *GatewayListThreadsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayListThreadsRequest.ProtoReflect.Descriptor instead.
+func (*GatewayListThreadsRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *GatewayListThreadsRequest) GetAfter() string {
+	if x != nil && x.After != nil {
+		return *x.After
+	}
+	return ""
+}
+
+func (x *GatewayListThreadsRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type GatewayThreadSummary struct {
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId         string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	HeadCheckpointId *string                `protobuf:"bytes,2,opt,name=head_checkpoint_id,json=headCheckpointId,proto3,oneof" json:"head_checkpoint_id,omitempty"`
+	CheckpointCount  int64                  `protobuf:"varint,3,opt,name=checkpoint_count,json=checkpointCount,proto3" json:"checkpoint_count,omitempty"`
+	NewestCreatedAt  float64                `protobuf:"fixed64,4,opt,name=newest_created_at,json=newestCreatedAt,proto3" json:"newest_created_at,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *GatewayThreadSummary) Reset() {
+	*x = GatewayThreadSummary{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayThreadSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayThreadSummary) ProtoMessage() {}
+
+func (x *GatewayThreadSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayThreadSummary.ProtoReflect.Descriptor instead.
+func (*GatewayThreadSummary) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GatewayThreadSummary) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *GatewayThreadSummary) GetHeadCheckpointId() string {
+	if x != nil && x.HeadCheckpointId != nil {
+		return *x.HeadCheckpointId
+	}
+	return ""
+}
+
+func (x *GatewayThreadSummary) GetCheckpointCount() int64 {
+	if x != nil {
+		return x.CheckpointCount
+	}
+	return 0
+}
+
+func (x *GatewayThreadSummary) GetNewestCreatedAt() float64 {
+	if x != nil {
+		return x.NewestCreatedAt
+	}
+	return 0
+}
+
+type GatewayThreads struct {
+	state         protoimpl.MessageState  `protogen:"open.v1"`
+	Threads       []*GatewayThreadSummary `protobuf:"bytes,1,rep,name=threads,proto3" json:"threads,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayThreads) Reset() {
+	*x = GatewayThreads{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayThreads) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayThreads) ProtoMessage() {}
+
+func (x *GatewayThreads) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayThreads.ProtoReflect.Descriptor instead.
+func (*GatewayThreads) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *GatewayThreads) GetThreads() []*GatewayThreadSummary {
+	if x != nil {
+		return x.Threads
+	}
+	return nil
+}
+
 var File_checkpointd_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_checkpointd_v1_gateway_proto_rawDesc = "" +
@@ -1867,7 +2031,19 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\x1aGatewayBlobPutManyResponse\x12\x18\n" +
 	"\awritten\x18\x01 \x03(\bR\awritten\"0\n" +
 	"\x16GatewayBlobListRequest\x12\x16\n" +
-	"\x06prefix\x18\x01 \x01(\tR\x06prefix2\xd2\x12\n" +
+	"\x06prefix\x18\x01 \x01(\tR\x06prefix\"V\n" +
+	"\x19GatewayListThreadsRequest\x12\x19\n" +
+	"\x05after\x18\x01 \x01(\tH\x00R\x05after\x88\x01\x01\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limitB\b\n" +
+	"\x06_after\"\xd4\x01\n" +
+	"\x14GatewayThreadSummary\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x121\n" +
+	"\x12head_checkpoint_id\x18\x02 \x01(\tH\x00R\x10headCheckpointId\x88\x01\x01\x12)\n" +
+	"\x10checkpoint_count\x18\x03 \x01(\x03R\x0fcheckpointCount\x12*\n" +
+	"\x11newest_created_at\x18\x04 \x01(\x01R\x0fnewestCreatedAtB\x15\n" +
+	"\x13_head_checkpoint_id\"P\n" +
+	"\x0eGatewayThreads\x12>\n" +
+	"\athreads\x18\x01 \x03(\v2$.checkpointd.v1.GatewayThreadSummaryR\athreads2\xac\x13\n" +
 	"\aGateway\x12Y\n" +
 	"\fGetStoreInfo\x12'.checkpointd.v1.GatewayStoreInfoRequest\x1a .checkpointd.v1.GatewayStoreInfo\x12K\n" +
 	"\x03Get\x12!.checkpointd.v1.GatewayGetRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12Q\n" +
@@ -1880,7 +2056,8 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\vRenewWriter\x12\x1d.checkpointd.v1.GatewayWriter\x1a$.checkpointd.v1.GatewayRenewResponse\x12L\n" +
 	"\rReleaseWriter\x12\x1d.checkpointd.v1.GatewayWriter\x1a\x1c.checkpointd.v1.GatewayEmpty\x12j\n" +
 	"\x11DeleteCheckpoints\x12/.checkpointd.v1.GatewayDeleteCheckpointsRequest\x1a$.checkpointd.v1.GatewayCheckpointIds\x12[\n" +
-	"\x12ForkFromCheckpoint\x12\".checkpointd.v1.GatewayForkRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12J\n" +
+	"\x12ForkFromCheckpoint\x12\".checkpointd.v1.GatewayForkRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12X\n" +
+	"\vListThreads\x12).checkpointd.v1.GatewayListThreadsRequest\x1a\x1e.checkpointd.v1.GatewayThreads\x12J\n" +
 	"\bPinBlobs\x12!.checkpointd.v1.GatewayPinRequest\x1a\x1b.checkpointd.v1.GatewayKeys\x12R\n" +
 	"\fCondemnBlobs\x12%.checkpointd.v1.GatewayCondemnRequest\x1a\x1b.checkpointd.v1.GatewayKeys\x12M\n" +
 	"\x10ReleaseCondemned\x12\x1b.checkpointd.v1.GatewayKeys\x1a\x1c.checkpointd.v1.GatewayEmpty\x12[\n" +
@@ -1912,7 +2089,7 @@ func file_checkpointd_v1_gateway_proto_rawDescGZIP() []byte {
 	return file_checkpointd_v1_gateway_proto_rawDescData
 }
 
-var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayEmpty)(nil),                    // 0: checkpointd.v1.GatewayEmpty
 	(*GatewayStoreInfoRequest)(nil),         // 1: checkpointd.v1.GatewayStoreInfoRequest
@@ -1947,6 +2124,9 @@ var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayBlobPutResponse)(nil),          // 30: checkpointd.v1.GatewayBlobPutResponse
 	(*GatewayBlobPutManyResponse)(nil),      // 31: checkpointd.v1.GatewayBlobPutManyResponse
 	(*GatewayBlobListRequest)(nil),          // 32: checkpointd.v1.GatewayBlobListRequest
+	(*GatewayListThreadsRequest)(nil),       // 33: checkpointd.v1.GatewayListThreadsRequest
+	(*GatewayThreadSummary)(nil),            // 34: checkpointd.v1.GatewayThreadSummary
+	(*GatewayThreads)(nil),                  // 35: checkpointd.v1.GatewayThreads
 }
 var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	7,  // 0: checkpointd.v1.GatewayAppendRequest.writer:type_name -> checkpointd.v1.GatewayWriter
@@ -1958,67 +2138,70 @@ var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	20, // 6: checkpointd.v1.GatewayBlobReferences.references:type_name -> checkpointd.v1.GatewayBlobReference
 	23, // 7: checkpointd.v1.GatewayBlobCounts.counts:type_name -> checkpointd.v1.GatewayBlobCount
 	26, // 8: checkpointd.v1.GatewayBlobInfos.blobs:type_name -> checkpointd.v1.GatewayBlobInfo
-	1,  // 9: checkpointd.v1.Gateway.GetStoreInfo:input_type -> checkpointd.v1.GatewayStoreInfoRequest
-	3,  // 10: checkpointd.v1.Gateway.Get:input_type -> checkpointd.v1.GatewayGetRequest
-	4,  // 11: checkpointd.v1.Gateway.List:input_type -> checkpointd.v1.GatewayThreadRequest
-	4,  // 12: checkpointd.v1.Gateway.GetHead:input_type -> checkpointd.v1.GatewayThreadRequest
-	8,  // 13: checkpointd.v1.Gateway.Append:input_type -> checkpointd.v1.GatewayAppendRequest
-	10, // 14: checkpointd.v1.Gateway.DeleteHead:input_type -> checkpointd.v1.GatewayDeleteHeadRequest
-	11, // 15: checkpointd.v1.Gateway.AcquireWriter:input_type -> checkpointd.v1.GatewayAcquireWriterRequest
-	7,  // 16: checkpointd.v1.Gateway.RenewWriter:input_type -> checkpointd.v1.GatewayWriter
-	7,  // 17: checkpointd.v1.Gateway.ReleaseWriter:input_type -> checkpointd.v1.GatewayWriter
-	14, // 18: checkpointd.v1.Gateway.DeleteCheckpoints:input_type -> checkpointd.v1.GatewayDeleteCheckpointsRequest
-	16, // 19: checkpointd.v1.Gateway.ForkFromCheckpoint:input_type -> checkpointd.v1.GatewayForkRequest
-	18, // 20: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
-	19, // 21: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
-	17, // 22: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 23: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	22, // 24: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
-	0,  // 25: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	17, // 26: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
-	17, // 27: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 28: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
-	25, // 29: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
-	17, // 30: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
-	28, // 31: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
-	17, // 32: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
-	29, // 33: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 34: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
-	32, // 35: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
-	25, // 36: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
-	2,  // 37: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
-	5,  // 38: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
-	5,  // 39: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
-	6,  // 40: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
-	9,  // 41: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
-	0,  // 42: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
-	12, // 43: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
-	13, // 44: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
-	0,  // 45: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
-	15, // 46: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
-	5,  // 47: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
-	17, // 48: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
-	17, // 49: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
-	0,  // 50: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
-	21, // 51: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
-	24, // 52: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	24, // 53: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	0,  // 54: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
-	0,  // 55: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
-	17, // 56: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
-	26, // 57: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
-	17, // 58: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
-	29, // 59: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 60: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
-	30, // 61: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
-	31, // 62: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
-	27, // 63: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
-	0,  // 64: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
-	37, // [37:65] is the sub-list for method output_type
-	9,  // [9:37] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	34, // 9: checkpointd.v1.GatewayThreads.threads:type_name -> checkpointd.v1.GatewayThreadSummary
+	1,  // 10: checkpointd.v1.Gateway.GetStoreInfo:input_type -> checkpointd.v1.GatewayStoreInfoRequest
+	3,  // 11: checkpointd.v1.Gateway.Get:input_type -> checkpointd.v1.GatewayGetRequest
+	4,  // 12: checkpointd.v1.Gateway.List:input_type -> checkpointd.v1.GatewayThreadRequest
+	4,  // 13: checkpointd.v1.Gateway.GetHead:input_type -> checkpointd.v1.GatewayThreadRequest
+	8,  // 14: checkpointd.v1.Gateway.Append:input_type -> checkpointd.v1.GatewayAppendRequest
+	10, // 15: checkpointd.v1.Gateway.DeleteHead:input_type -> checkpointd.v1.GatewayDeleteHeadRequest
+	11, // 16: checkpointd.v1.Gateway.AcquireWriter:input_type -> checkpointd.v1.GatewayAcquireWriterRequest
+	7,  // 17: checkpointd.v1.Gateway.RenewWriter:input_type -> checkpointd.v1.GatewayWriter
+	7,  // 18: checkpointd.v1.Gateway.ReleaseWriter:input_type -> checkpointd.v1.GatewayWriter
+	14, // 19: checkpointd.v1.Gateway.DeleteCheckpoints:input_type -> checkpointd.v1.GatewayDeleteCheckpointsRequest
+	16, // 20: checkpointd.v1.Gateway.ForkFromCheckpoint:input_type -> checkpointd.v1.GatewayForkRequest
+	33, // 21: checkpointd.v1.Gateway.ListThreads:input_type -> checkpointd.v1.GatewayListThreadsRequest
+	18, // 22: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
+	19, // 23: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
+	17, // 24: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 25: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	22, // 26: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
+	0,  // 27: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	17, // 28: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
+	17, // 29: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 30: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
+	25, // 31: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
+	17, // 32: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
+	28, // 33: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
+	17, // 34: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
+	29, // 35: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
+	29, // 36: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
+	32, // 37: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
+	25, // 38: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
+	2,  // 39: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
+	5,  // 40: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
+	5,  // 41: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
+	6,  // 42: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
+	9,  // 43: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
+	0,  // 44: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
+	12, // 45: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
+	13, // 46: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
+	0,  // 47: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
+	15, // 48: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
+	5,  // 49: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
+	35, // 50: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
+	17, // 51: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
+	17, // 52: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
+	0,  // 53: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
+	21, // 54: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
+	24, // 55: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	24, // 56: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	0,  // 57: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
+	0,  // 58: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
+	17, // 59: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
+	26, // 60: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
+	17, // 61: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
+	29, // 62: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
+	29, // 63: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
+	30, // 64: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
+	31, // 65: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
+	27, // 66: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
+	0,  // 67: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
+	39, // [39:68] is the sub-list for method output_type
+	10, // [10:39] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_gateway_proto_init() }
@@ -2030,13 +2213,15 @@ func file_checkpointd_v1_gateway_proto_init() {
 	file_checkpointd_v1_gateway_proto_msgTypes[8].OneofWrappers = []any{}
 	file_checkpointd_v1_gateway_proto_msgTypes[11].OneofWrappers = []any{}
 	file_checkpointd_v1_gateway_proto_msgTypes[23].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[33].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[34].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_gateway_proto_rawDesc), len(file_checkpointd_v1_gateway_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

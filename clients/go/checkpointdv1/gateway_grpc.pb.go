@@ -47,6 +47,7 @@ const (
 	Gateway_ReleaseWriter_FullMethodName        = "/checkpointd.v1.Gateway/ReleaseWriter"
 	Gateway_DeleteCheckpoints_FullMethodName    = "/checkpointd.v1.Gateway/DeleteCheckpoints"
 	Gateway_ForkFromCheckpoint_FullMethodName   = "/checkpointd.v1.Gateway/ForkFromCheckpoint"
+	Gateway_ListThreads_FullMethodName          = "/checkpointd.v1.Gateway/ListThreads"
 	Gateway_PinBlobs_FullMethodName             = "/checkpointd.v1.Gateway/PinBlobs"
 	Gateway_CondemnBlobs_FullMethodName         = "/checkpointd.v1.Gateway/CondemnBlobs"
 	Gateway_ReleaseCondemned_FullMethodName     = "/checkpointd.v1.Gateway/ReleaseCondemned"
@@ -83,6 +84,8 @@ type GatewayClient interface {
 	ReleaseWriter(ctx context.Context, in *GatewayWriter, opts ...grpc.CallOption) (*GatewayEmpty, error)
 	DeleteCheckpoints(ctx context.Context, in *GatewayDeleteCheckpointsRequest, opts ...grpc.CallOption) (*GatewayCheckpointIds, error)
 	ForkFromCheckpoint(ctx context.Context, in *GatewayForkRequest, opts ...grpc.CallOption) (*GatewayCheckpoint, error)
+	// ThreadListing: only the threads the token covers (admin: all).
+	ListThreads(ctx context.Context, in *GatewayListThreadsRequest, opts ...grpc.CallOption) (*GatewayThreads, error)
 	// BlobGuard: a capture pins; condemning is the sweep's (admin tokens only).
 	PinBlobs(ctx context.Context, in *GatewayPinRequest, opts ...grpc.CallOption) (*GatewayKeys, error)
 	CondemnBlobs(ctx context.Context, in *GatewayCondemnRequest, opts ...grpc.CallOption) (*GatewayKeys, error)
@@ -229,6 +232,16 @@ func (c *gatewayClient) ForkFromCheckpoint(ctx context.Context, in *GatewayForkR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GatewayCheckpoint)
 	err := c.cc.Invoke(ctx, Gateway_ForkFromCheckpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayClient) ListThreads(ctx context.Context, in *GatewayListThreadsRequest, opts ...grpc.CallOption) (*GatewayThreads, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GatewayThreads)
+	err := c.cc.Invoke(ctx, Gateway_ListThreads_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -482,6 +495,8 @@ type GatewayServer interface {
 	ReleaseWriter(context.Context, *GatewayWriter) (*GatewayEmpty, error)
 	DeleteCheckpoints(context.Context, *GatewayDeleteCheckpointsRequest) (*GatewayCheckpointIds, error)
 	ForkFromCheckpoint(context.Context, *GatewayForkRequest) (*GatewayCheckpoint, error)
+	// ThreadListing: only the threads the token covers (admin: all).
+	ListThreads(context.Context, *GatewayListThreadsRequest) (*GatewayThreads, error)
 	// BlobGuard: a capture pins; condemning is the sweep's (admin tokens only).
 	PinBlobs(context.Context, *GatewayPinRequest) (*GatewayKeys, error)
 	CondemnBlobs(context.Context, *GatewayCondemnRequest) (*GatewayKeys, error)
@@ -547,6 +562,9 @@ func (UnimplementedGatewayServer) DeleteCheckpoints(context.Context, *GatewayDel
 }
 func (UnimplementedGatewayServer) ForkFromCheckpoint(context.Context, *GatewayForkRequest) (*GatewayCheckpoint, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ForkFromCheckpoint not implemented")
+}
+func (UnimplementedGatewayServer) ListThreads(context.Context, *GatewayListThreadsRequest) (*GatewayThreads, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListThreads not implemented")
 }
 func (UnimplementedGatewayServer) PinBlobs(context.Context, *GatewayPinRequest) (*GatewayKeys, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method PinBlobs not implemented")
@@ -807,6 +825,24 @@ func _Gateway_ForkFromCheckpoint_Handler(srv interface{}, ctx context.Context, d
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(GatewayServer).ForkFromCheckpoint(ctx, req.(*GatewayForkRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Gateway_ListThreads_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GatewayListThreadsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServer).ListThreads(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gateway_ListThreads_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServer).ListThreads(ctx, req.(*GatewayListThreadsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1099,6 +1135,10 @@ var Gateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ForkFromCheckpoint",
 			Handler:    _Gateway_ForkFromCheckpoint_Handler,
+		},
+		{
+			MethodName: "ListThreads",
+			Handler:    _Gateway_ListThreads_Handler,
 		},
 		{
 			MethodName: "PinBlobs",

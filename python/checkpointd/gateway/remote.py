@@ -46,10 +46,11 @@ from ..store._options import (
     check_hold_ms,
     check_keep,
     check_pin_keys,
+    check_thread_page,
     condemnable_keys,
     lease_holder,
 )
-from ..store.base import BlobCount
+from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
@@ -416,6 +417,26 @@ class RemoteCheckpointStore:
         )
         reply = await self._connection.call("ForkFromCheckpoint", request, repeatable=False)
         return decode_checkpoint(reply.document)
+
+    async def list_threads(
+        self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
+    ) -> builtins.list[ThreadSummary]:
+        after, limit = check_thread_page(after, limit)
+        request = gpb.GatewayListThreadsRequest(after=after, limit=limit)
+        reply = await self._connection.call("ListThreads", request, repeatable=True)
+        return [
+            ThreadSummary(
+                thread_id=t.thread_id,
+                head_checkpoint_id=t.head_checkpoint_id
+                if t.HasField("head_checkpoint_id")
+                else None,
+                checkpoint_count=t.checkpoint_count,
+                newest_created_at=int(t.newest_created_at)
+                if float(t.newest_created_at).is_integer()
+                else t.newest_created_at,
+            )
+            for t in reply.threads
+        ]
 
     # ------------------------------------------------------------ BlobGuard
 

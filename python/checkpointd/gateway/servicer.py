@@ -50,7 +50,7 @@ from ..errors import INVALID_BLOB, SandboxCheckpointError, SandboxCheckpointInva
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLease
 from ..service import status
 from ..service.auth import AUTHORIZATION
-from ..store.base import BlobCount, CheckpointStore
+from ..store.base import BlobCount, CheckpointStore, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from . import wire
@@ -69,6 +69,8 @@ REFERENCE_MEMORY_KEYS = 1_000_000
 TOKEN_CACHE_SIZE = 10_000
 # Blob uploads above this size are spooled to a temporary file while hashed.
 SPOOL_BYTES = 8 << 20
+# Threads read per store page when ListThreads filters to a token's threads.
+THREAD_SCAN_PAGE = 500
 # Exact threads of a token looked up for a key not yet seen.
 MAX_LOOKUP_THREADS = 16
 
@@ -378,6 +380,50 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             return self._document(checkpoint)
 
         return await self._unary("ForkFromCheckpoint", context, work)
+
+    async def _covered_threads(
+        self, scope: TokenScope, after: str | None, limit: int
+    ) -> list[ThreadSummary]:
+        """The store's thread pages filtered to the token's threads: walks the
+        store's pages from ``after`` until ``limit`` covered threads are found or
+        the walk is past every thread and prefix the token names."""
+        if "admin" in scope.ops or "" in scope.thread_prefixes:
+            return await self.store.list_threads(after=after, limit=limit)  # type: ignore[attr-defined]
+        ends = [t.encode() for t in scope.threads] + [p.encode() for p in scope.thread_prefixes]
+        found: list[ThreadSummary] = []
+        cursor = after
+        page_size = max(limit, THREAD_SCAN_PAGE)
+        while len(found) < limit:
+            page = await self.store.list_threads(after=cursor, limit=page_size)  # type: ignore[attr-defined]
+            found += [t for t in page if scope.covers(t.thread_id)][: limit - len(found)]
+            if len(page) < page_size:
+                break
+            cursor = page[-1].thread_id
+            raw = cursor.encode()
+            if all(raw > end and not raw.startswith(end) for end in ends):
+                break
+        return found
+
+    async def ListThreads(
+        self, request: gpb.GatewayListThreadsRequest, context: Any
+    ) -> gpb.GatewayThreads:
+        async def work(scope: TokenScope) -> gpb.GatewayThreads:
+            scope.require(ANY_OP)
+            after = request.after if request.HasField("after") else None
+            threads = await self._covered_threads(scope, after, request.limit)
+            return gpb.GatewayThreads(
+                threads=[
+                    gpb.GatewayThreadSummary(
+                        thread_id=t.thread_id,
+                        head_checkpoint_id=t.head_checkpoint_id,
+                        checkpoint_count=t.checkpoint_count,
+                        newest_created_at=t.newest_created_at,
+                    )
+                    for t in threads
+                ]
+            )
+
+        return await self._unary("ListThreads", context, work)
 
     # ------------------------------------------------------------ guard and audit
 

@@ -267,3 +267,29 @@ class GatewayBlobListRequest(_message.Message):
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     prefix: str
     def __init__(self, prefix: _Optional[str] = ...) -> None: ...
+
+class GatewayListThreadsRequest(_message.Message):
+    __slots__ = ("after", "limit")
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    after: str
+    limit: int
+    def __init__(self, after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GatewayThreadSummary(_message.Message):
+    __slots__ = ("thread_id", "head_checkpoint_id", "checkpoint_count", "newest_created_at")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    HEAD_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    head_checkpoint_id: str
+    checkpoint_count: int
+    newest_created_at: float
+    def __init__(self, thread_id: _Optional[str] = ..., head_checkpoint_id: _Optional[str] = ..., checkpoint_count: _Optional[int] = ..., newest_created_at: _Optional[float] = ...) -> None: ...
+
+class GatewayThreads(_message.Message):
+    __slots__ = ("threads",)
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    threads: _containers.RepeatedCompositeFieldContainer[GatewayThreadSummary]
+    def __init__(self, threads: _Optional[_Iterable[_Union[GatewayThreadSummary, _Mapping]]] = ...) -> None: ...

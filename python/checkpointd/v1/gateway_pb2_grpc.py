@@ -89,6 +89,11 @@ class GatewayStub:
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayForkRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpoint.FromString,
                 _registered_method=True)
+        self.ListThreads = channel.unary_unary(
+                '/checkpointd.v1.Gateway/ListThreads',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.FromString,
+                _registered_method=True)
         self.PinBlobs = channel.unary_unary(
                 '/checkpointd.v1.Gateway/PinBlobs',
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPinRequest.SerializeToString,
@@ -243,6 +248,13 @@ class GatewayServicer:
 
     def ForkFromCheckpoint(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListThreads(self, request, context):
+        """ThreadListing: only the threads the token covers (admin: all).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -412,6 +424,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ForkFromCheckpoint,
                     request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayForkRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpoint.SerializeToString,
+            ),
+            'ListThreads': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListThreads,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.SerializeToString,
             ),
             'PinBlobs': grpc.unary_unary_rpc_method_handler(
                     servicer.PinBlobs,
@@ -796,6 +813,33 @@ class Gateway:
             '/checkpointd.v1.Gateway/ForkFromCheckpoint',
             checkpointd_dot_v1_dot_gateway__pb2.GatewayForkRequest.SerializeToString,
             checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListThreads(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/ListThreads',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.FromString,
             options,
             channel_credentials,
             insecure,
