@@ -373,28 +373,42 @@ class Output:
         if self.as_json or not sys.stderr.isatty():
             return None
         from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         # On stderr, so stdout stays clean for the result (and for pipes).
         self._progress = Progress(
             TextColumn("{task.description:<8}"),
             BarColumn(),
-            DownloadColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TimeElapsedColumn(),
             console=Console(stderr=True),
             transient=True,
         )
         self._progress.start()
-        self._task = self._progress.add_task("start", total=None)
+        self._task = self._progress.add_task("start", total=None, counts="")
 
         def on_event(event: Any) -> None:
-            if event.HasField("progress"):
-                p = event.progress
-                self._progress.update(
-                    self._task,
-                    description=p.phase,
-                    completed=p.bytes_done,
-                    total=p.bytes_total or None,
-                )
+            if not event.HasField("progress"):
+                return
+            p = event.progress
+            # Files (scan, pin, apply, record) or bytes (upload, fetch): whichever
+            # the phase knows the total of; counts always shown in words.
+            by_bytes = p.bytes_total > 0
+            done, total = (
+                (p.bytes_done, p.bytes_total) if by_bytes else (p.files_done, p.files_total)
+            )
+            counts = f"{p.files_done}" + (f"/{p.files_total}" if p.files_total else "") + " files"
+            if p.bytes_done or p.bytes_total:
+                counts += f", {human_size(p.bytes_done)}"
+                if p.bytes_total:
+                    counts += f"/{human_size(p.bytes_total)}"
+            self._progress.update(
+                self._task,
+                description=p.phase,
+                completed=done,
+                total=total or None,
+                counts=counts,
+            )
 
         return on_event
 

@@ -223,3 +223,44 @@ async def test_the_conversation_is_stored_byte_for_byte(daemon: Daemon) -> None:
         await store.aclose()
     assert stored is not None and stored.conversation[0] == {"n": 1000.0, "a": [1, 2.5]}
     assert stored.conversation_text == tuple(second)
+
+
+async def test_one_log_line_per_operation_and_a_warning_per_failure(daemon: Daemon) -> None:
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        done = await client.capture("t-log", secrets=[b"s3cr3t-value"])
+        await client.restore("t-log")
+        await client.prune("t-log", 1)
+        await client.sweep(0, dry_run=True)
+        with pytest.raises(RpcError):
+            await client.get_checkpoint("no-such-checkpoint")
+    log = daemon.log_text()
+    assert f"INFO checkpointd.service.servicer: capture {done.checkpoint.id} of thread t-log" in log
+    assert f"restore {done.checkpoint.id} of thread t-log" in log
+    assert "prune of thread t-log (keep 1): 0 checkpoints" in log
+    assert "sweep (dry run): listed" in log
+    assert "WARNING checkpointd.service.servicer: GetCheckpoint failed: NOT_FOUND" in log
+    assert "checkpoint_id=no-such-checkpoint" in log
+    assert "s3cr3t-value" not in log
+
+
+def test_the_progress_bar_counts_files_on_a_terminal(daemon: Daemon) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    from .conftest import clean_env
+
+    for index in range(300):
+        (daemon.workspace / f"f{index}.txt").write_text(str(index))
+    command = shlex.join([sys.executable, "-m", "checkpointd", "capture", "t-bar"])
+    result = subprocess.run(
+        ["script", "-qec", command, "/dev/null"],
+        env=clean_env(CHECKPOINTD_ADDRESS=daemon.address, COLUMNS="120"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "captured" in result.stdout and "files" in result.stdout
+    assert "Traceback" not in result.stdout

@@ -278,6 +278,7 @@ def _unary(
             try:
                 return await method(self, request, context)
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                _log_failure(method.__name__, exc)
                 await abort(context, exc)
                 raise  # unreachable: abort raises
 
@@ -294,9 +295,24 @@ def _streaming(
                 async for item in method(self, request, context):
                     yield item
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
+                _log_failure(method.__name__, exc)
                 await abort(context, exc)
 
     return wrapper
+
+
+def _log_failure(method: str, exc: BaseException) -> None:
+    """One WARNING per failed call: the method, status, reason and message (the
+    message names ids and paths, never secrets or request bodies)."""
+    code, reason, message, metadata = classify(exc)
+    where = " ".join(f"{k}={v}" for k, v in metadata.items() if k in _LOGGED_METADATA)
+    _log.warning(
+        "%s failed: %s %s: %s%s", method, code.name, reason, message, f" ({where})" if where else ""
+    )
+
+
+# ErrorInfo metadata worth a log line (short identifiers, no content).
+_LOGGED_METADATA = ("thread_id", "checkpoint_id", "path", "key", "field", "deleted_count")
 
 
 def _chunk_size(requested: int) -> int:
@@ -430,6 +446,20 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 yield pb.CaptureEvent(progress=convert.progress_to_proto(item))
             else:
                 result = item[1]
+                stats = result.stats
+                _log.info(
+                    "capture %s of thread %s: %s%d entries, %d hashed, %d reused, %d blobs "
+                    "uploaded (%d bytes) in %d ms",
+                    result.checkpoint.id,
+                    thread_id,
+                    "unchanged, " if result.unchanged else "",
+                    stats.entries,
+                    stats.files_hashed,
+                    stats.files_reused,
+                    stats.blobs_uploaded,
+                    stats.bytes_uploaded,
+                    stats.duration_ms,
+                )
                 yield pb.CaptureEvent(
                     done=pb.CaptureDone(
                         checkpoint=convert.summary_of(result.checkpoint),
@@ -499,6 +529,13 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                     restored=restored is not None,
                     duration_ms=int((time.monotonic() - began) * 1000),
                     unfilled_secret_paths=unfilled,
+                )
+                _log.info(
+                    "restore %s of thread %s: %d entries in %d ms",
+                    restored.id if restored is not None else "(none: the thread has no checkpoint)",
+                    thread_id,
+                    len(restored.files) if restored is not None else 0,
+                    done.duration_ms,
                 )
                 if restored is not None:
                     done.checkpoint.CopyFrom(convert.summary_of(restored))
