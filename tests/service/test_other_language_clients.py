@@ -117,3 +117,38 @@ def test_clients_read_error_info(
     assert code == 0 and node["restore"]["restored"] is False
     code, go = _run(go_client, "-token", "tok-123", address, "t", "restore")
     assert code == 0 and go["restore"]["restored"] is False
+
+
+@pytest.mark.timeout(900)
+def test_node_client_drives_the_orchestrator_rpcs(daemon: Daemon, node_client: list[str]) -> None:
+    address = daemon.address.replace("unix://", "unix:")
+    make_tree(daemon.workspace, files=10)
+    code, captured = _run(node_client, address, "t-node-o", "capture")
+    assert code == 0, captured
+    head = captured["capture"]["checkpoint_id"]
+    code, result = _run(node_client, address, "t-node-o", "orchestrate")
+    assert code == 0, result
+    o = result["orchestrate"]
+    assert o["heads"]["t-node-o"] == head and o["newest_id"] == head
+    assert o["plan_files_written"] == 0 and o["plan_files_kept"] >= 10
+    assert o["unchanged"] is True and o["unchanged_id"] == head
+    assert o["forked_from_checkpoint_id"] == head
+    assert o["sweep_summary"]["dry_run"] is True and o["sweep_summary"]["listed"] > 0
+    assert o["max_message_bytes"] == 4 * 1024 * 1024 and o["auth_mode"] == "unix-socket"
+
+
+@pytest.mark.timeout(900)
+def test_go_client_drives_the_orchestrator_rpcs(daemon: Daemon, go_client: list[str]) -> None:
+    make_tree(daemon.workspace, files=10)
+    code, captured = _run(go_client, daemon.address, "t-go-o", "capture")
+    assert code == 0, captured
+    head = captured["capture"]["checkpoint_id"]
+    code, result = _run(go_client, daemon.address, "t-go-o", "orchestrate")
+    assert code == 0, result
+    o = result["orchestrate"]
+    assert o["heads"]["t-go-o"] == head and o["newest_id"] == head
+    assert o["plan_files_written"] == 0 and o["plan_files_kept"] >= 10
+    assert o["unchanged"] is True and o["unchanged_id"] == head
+    assert o["forked_from_checkpoint_id"] == head
+    assert o["sweep_summary"] is True and o["sweep_listed"] > 0
+    assert o["max_message_bytes"] == 4 * 1024 * 1024 and o["auth_mode"] == "unix-socket"

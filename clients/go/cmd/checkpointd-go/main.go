@@ -1,7 +1,11 @@
 // Command checkpointd-go captures a thread and restores it through the checkpointd
 // daemon, then prints one JSON summary. It shows the daemon from Go (grpc-go).
 //
-//	checkpointd-go [-token T] <address> <thread> [capture|restore|both]
+//	checkpointd-go [-token T] <address> <thread> [capture|restore|both|orchestrate]
+//
+// "orchestrate" (after a capture of the thread) drives ListThreads,
+// ListCheckpoints newest first, a Restore dry run, Capture skip_if_unchanged,
+// Fork provenance, a SweepBlobs dry run (a stream) and GetServerInfo's limits.
 //
 // <address> is "unix:///abs/path.sock" (the daemon's default) or "host:port".
 // On a gRPC error it prints {"error": {"code", "reason", "metadata"}} — the reason
@@ -39,12 +43,28 @@ type restoreResult struct {
 	CheckpointID string `json:"checkpoint_id"`
 }
 
+type orchestrateResult struct {
+	Threads                []string          `json:"threads"`
+	Heads                  map[string]string `json:"heads"`
+	NewestID               string            `json:"newest_id"`
+	PlanFilesWritten       uint64            `json:"plan_files_written"`
+	PlanFilesKept          uint64            `json:"plan_files_kept"`
+	Unchanged              bool              `json:"unchanged"`
+	UnchangedID            string            `json:"unchanged_id"`
+	ForkedFromCheckpointID string            `json:"forked_from_checkpoint_id"`
+	SweepListed            uint64            `json:"sweep_listed"`
+	SweepSummary           bool              `json:"sweep_summary"`
+	MaxMessageBytes        uint32            `json:"max_message_bytes"`
+	AuthMode               string            `json:"auth_mode"`
+}
+
 type result struct {
-	Thread          string         `json:"thread"`
-	Version         string         `json:"version"`
-	ProtocolVersion uint32         `json:"protocol_version"`
-	Capture         *captureResult `json:"capture,omitempty"`
-	Restore         *restoreResult `json:"restore,omitempty"`
+	Thread          string             `json:"thread"`
+	Version         string             `json:"version"`
+	ProtocolVersion uint32             `json:"protocol_version"`
+	Capture         *captureResult     `json:"capture,omitempty"`
+	Restore         *restoreResult     `json:"restore,omitempty"`
+	Orchestrate     *orchestrateResult `json:"orchestrate,omitempty"`
 }
 
 type errorReport struct {
@@ -119,6 +139,87 @@ func restore(ctx context.Context, client pb.CheckpointdClient, thread string) (*
 	}
 }
 
+// drain reads a server stream to its end, handing each message to each.
+func drain[T any](recv func() (T, error), each func(T)) error {
+	for {
+		message, err := recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		each(message)
+	}
+}
+
+func orchestrate(ctx context.Context, client pb.CheckpointdClient, thread string, info *pb.GetServerInfoResponse) (*orchestrateResult, error) {
+	out := &orchestrateResult{Heads: map[string]string{}}
+	threads, err := client.ListThreads(ctx, &pb.ListThreadsRequest{PageSize: 100})
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range threads.GetThreads() {
+		out.Threads = append(out.Threads, t.GetThreadId())
+		out.Heads[t.GetThreadId()] = t.GetHeadCheckpointId()
+	}
+	newest, err := client.ListCheckpoints(ctx, &pb.ListCheckpointsRequest{ThreadId: thread, PageSize: 1, NewestFirst: true})
+	if err != nil || len(newest.GetCheckpoints()) == 0 {
+		return nil, fmt.Errorf("newest checkpoint: %v", err)
+	}
+	out.NewestID = newest.GetCheckpoints()[0].GetId()
+	plan, err := client.Restore(ctx, &pb.RestoreRequest{ThreadId: thread, DryRun: true})
+	if err != nil {
+		return nil, err
+	}
+	if err := drain(plan.Recv, func(e *pb.RestoreEvent) {
+		if done := e.GetDone(); done != nil {
+			out.PlanFilesWritten = done.GetPlan().GetFilesWritten()
+			out.PlanFilesKept = done.GetPlan().GetFilesKept()
+		}
+	}); err != nil {
+		return nil, err
+	}
+	// No label: a label always asks for a new, named checkpoint.
+	again, err := client.Capture(ctx, &pb.CaptureRequest{
+		ThreadId: thread, SkipIfUnchanged: true,
+		Conversation: []string{`{"role":"user","content":"captured by go"}`},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := drain(again.Recv, func(e *pb.CaptureEvent) {
+		if done := e.GetDone(); done != nil {
+			out.Unchanged = done.GetUnchanged()
+			out.UnchangedID = done.GetCheckpoint().GetId()
+		}
+	}); err != nil {
+		return nil, err
+	}
+	fork, err := client.Fork(ctx, &pb.ForkRequest{
+		SourceThreadId: thread, SourceCheckpointId: out.NewestID, DestinationThreadId: thread + "-fork",
+	})
+	if err != nil {
+		return nil, err
+	}
+	out.ForkedFromCheckpointID = fork.GetCheckpoint().GetForkedFromCheckpointId()
+	sweep, err := client.SweepBlobs(ctx, &pb.SweepBlobsRequest{DryRun: true})
+	if err != nil {
+		return nil, err
+	}
+	if err := drain(sweep.Recv, func(e *pb.SweepBlobsEvent) {
+		if summary := e.GetSummary(); summary != nil {
+			out.SweepSummary = summary.GetDryRun()
+			out.SweepListed = summary.GetListedCount()
+		}
+	}); err != nil {
+		return nil, err
+	}
+	out.MaxMessageBytes = info.GetCapabilities().GetMaxMessageBytes()
+	out.AuthMode = info.GetCapabilities().GetAuthMode()
+	return out, nil
+}
+
 func run(address, thread, mode, token string) (*result, error) {
 	conn, err := grpc.NewClient(address, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -146,6 +247,11 @@ func run(address, thread, mode, token string) (*result, error) {
 			return nil, err
 		}
 	}
+	if mode == "orchestrate" {
+		if out.Orchestrate, err = orchestrate(ctx, client, thread, info); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
@@ -153,7 +259,7 @@ func main() {
 	token := flag.String("token", os.Getenv("CHECKPOINTD_TOKEN"), "bearer token (TCP)")
 	flag.Parse()
 	if flag.NArg() < 2 {
-		fmt.Fprintln(os.Stderr, "usage: checkpointd-go [-token T] <address> <thread> [capture|restore|both]")
+		fmt.Fprintln(os.Stderr, "usage: checkpointd-go [-token T] <address> <thread> [capture|restore|both|orchestrate]")
 		os.Exit(2)
 	}
 	mode := "both"
