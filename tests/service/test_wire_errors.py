@@ -150,3 +150,37 @@ def test_writer_lost_carries_a_retry_hint() -> None:
     assert code == C.ABORTED
     rpc_status = status_pb2.Status.FromString(trailers[0][1])
     assert any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in rpc_status.details)
+
+
+async def test_a_reply_over_the_limit_is_refused_with_the_limit(daemon: Daemon) -> None:
+    """A checkpoint made through the Python API may hold more conversation than
+    one message: GetCheckpoint says so (with ErrorInfo) instead of failing in the
+    transport, and answers without the conversation."""
+    from checkpointd.model import Checkpoint
+
+    store = await open_store(daemon.store)
+    try:
+        async with await store.acquire_writer("t-huge") as lease:
+            await store.append(
+                Checkpoint(
+                    id="cp-huge",
+                    thread_id="t-huge",
+                    parent_checkpoint_id=None,
+                    created_at=1,
+                    conversation=tuple("x" * 1024 * 1024 for _ in range(5)),
+                ),
+                None,
+                lease,
+            )
+    finally:
+        await store.aclose()
+    async with daemon.client() as client:
+        try:
+            await client.get_checkpoint("cp-huge", include_conversation=True)
+            raise AssertionError("a 5 MiB reply was sent")
+        except RpcError as error:
+            assert error.code == C.RESOURCE_EXHAUSTED
+            assert error.reason == status.MESSAGE_TOO_LARGE
+            assert error.metadata["limit_bytes"] == str(4 * 1024 * 1024)
+        summary = await client.get_checkpoint("cp-huge")
+        assert summary.checkpoint.conversation_count == 5

@@ -51,7 +51,15 @@ from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, diffing
 from .guard import MAX_MESSAGE_BYTES
-from .status import DRAINING, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError, abort, classify
+from .status import (
+    DRAINING,
+    MESSAGE_TOO_LARGE,
+    MISSING_ARTIFACT,
+    MISSING_ENTRY,
+    ServiceError,
+    abort,
+    classify,
+)
 
 # 2: SweepBlobs became a server stream of batches and a summary.
 PROTOCOL_VERSION = 2
@@ -66,6 +74,8 @@ DEFAULT_PAGE_SIZE = 100
 # Ids a Prune reply lists (~40 bytes each: 400 KB), so it stays bounded however
 # many checkpoints a thread had; deleted_count counts them all.
 MAX_PRUNE_IDS = 10_000
+# A ListCheckpoints page stops early past this many bytes of summaries.
+PAGE_BYTES = 2 * 1024 * 1024
 # SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
 # that a capture still in flight will reference is never that old).
 DEFAULT_SWEEP_OLDER_THAN_MS = 3_600_000
@@ -630,11 +640,25 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         self, request: pb.GetCheckpointRequest, context: Context
     ) -> pb.GetCheckpointResponse:
         checkpoint = await self._checkpoint(request.checkpoint_id)
-        return pb.GetCheckpointResponse(
+        response = pb.GetCheckpointResponse(
             checkpoint=convert.summary_of(checkpoint),
             artifacts=[convert.artifact_to_proto(a) for a in checkpoint.artifacts],
             conversation=_conversation_texts(checkpoint) if request.include_conversation else [],
         )
+        # What a CaptureRequest carried fits in a reply; a checkpoint made through
+        # the Python API may not: say so with the limit instead of failing in
+        # the transport.
+        if response.ByteSize() > MAX_MESSAGE_BYTES:
+            raise ServiceError(
+                MESSAGE_TOO_LARGE,
+                f"checkpoint {checkpoint.id} with its conversation is {response.ByteSize()} "
+                f"bytes, over the {MAX_MESSAGE_BYTES}-byte message limit; ask without "
+                "include_conversation",
+                checkpoint_id=checkpoint.id,
+                limit_bytes=MAX_MESSAGE_BYTES,
+                size_bytes=response.ByteSize(),
+            )
+        return response
 
     @_unary
     async def ListCheckpoints(
@@ -670,9 +694,20 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
 
             start = next((i for i, cp in enumerate(checkpoints) if past(cp)), len(checkpoints))
         page = checkpoints[start : start + page_size]
-        more = start + page_size < len(checkpoints)
+        summaries: list[pb.CheckpointSummary] = []
+        size = 0
+        for checkpoint in page:
+            summary = convert.summary_of(checkpoint)
+            size += summary.ByteSize() + 8
+            # Summaries carry the recorded policy: a page of huge ones is cut
+            # short (the token continues after it), so the reply stays bounded.
+            if summaries and size > PAGE_BYTES:
+                break
+            summaries.append(summary)
+        page = page[: len(summaries)]
+        more = start + len(page) < len(checkpoints)
         return pb.ListCheckpointsResponse(
-            checkpoints=[convert.summary_of(cp) for cp in page],
+            checkpoints=summaries,
             next_page_token=_encode_page_token(page[-1], request.newest_first)
             if more and page
             else "",
