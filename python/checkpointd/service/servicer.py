@@ -53,7 +53,11 @@ from . import convert, diffing
 from .guard import MAX_MESSAGE_BYTES
 from .status import (
     DRAINING,
+<<<<<<< HEAD
     MESSAGE_TOO_LARGE,
+=======
+    FORBIDDEN,
+>>>>>>> a86c328 (Gateway mode end to end: 2 gateways, 20 sidecars on PostgreSQL + SeaweedFS; sidecars refuse sweep)
     MISSING_ARTIFACT,
     MISSING_ENTRY,
     ServiceError,
@@ -928,6 +932,12 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         from ..sweep import iter_sweep_blobs
 
         store, blobs = self.state.stores()
+        if self.state.store_backend == "gateway":
+            # Gateway mode: the sidecar's token cannot see other threads' references,
+            # so a sweep here would judge the bucket blind; the gateway's operator runs it.
+            raise ServiceError(
+                FORBIDDEN, "sweep runs on the gateway, not in a sidecar (README 'Gateway mode')"
+            )
         older_than_ms = (
             request.older_than_ms
             if request.HasField("older_than_ms")
