@@ -76,3 +76,37 @@ async def test_a_request_id_is_never_reused_for_new_content(daemon: Daemon) -> N
         assert caught.value.metadata["field"] == "request_id"
         fresh = await client.capture("t-spent", request_id="r-new")
         assert not fresh.replayed
+
+
+async def test_only_a_marked_retry_waits_for_another_writer(daemon: Daemon) -> None:
+    """A first attempt with a request_id still fails fast on a live lease (the
+    seeds' WRITER_CONFLICT); a retry marked ``checkpointd-attempt: 2`` (as the SDKs
+    send) waits for the other writer instead, then captures."""
+    from checkpointd import open_store
+    from checkpointd.service.status import error_info_from_metadata
+
+    (daemon.workspace / "a.txt").write_text("a")
+    store = await open_store(daemon.store)
+    try:
+        lease = await store.acquire_writer("t-marked")
+        async with daemon.client() as client:
+            with pytest.raises(RpcError) as caught:
+                await asyncio.wait_for(client.capture("t-marked", request_id="r-m"), 10)
+            assert caught.value.reason == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+            request = pb.CaptureRequest(thread_id="t-marked", request_id="r-m")
+            call = client.stub.Capture(request, metadata=(("checkpointd-attempt", "2"),))
+            events = asyncio.ensure_future(_collect(call))
+            await asyncio.sleep(1.0)
+            assert not events.done(), "the marked retry waits while the lease is held"
+            await lease.release()
+            try:
+                done = (await asyncio.wait_for(events, 30))[-1].done
+            except grpc.aio.AioRpcError as error:
+                raise AssertionError(error_info_from_metadata(error.trailing_metadata())) from None
+        assert done.checkpoint.id and not done.replayed
+    finally:
+        await store.aclose()
+
+
+async def _collect(call: object) -> list[pb.CaptureEvent]:
+    return [event async for event in call]  # type: ignore[attr-defined]

@@ -197,9 +197,10 @@ func TestPruneAndSweep(t *testing.T) {
 		}
 		ids = append(ids, saved.Id)
 	}
-	deleted, err := checkpointd.DeleteCheckpoints(ctx(t), client, "t-prune", 1, false)
-	if err != nil || len(deleted) != 2 || deleted[0] != ids[0] || deleted[1] != ids[1] {
-		t.Fatalf("deleted %v, %v", deleted, err)
+	pruned, err := checkpointd.DeleteCheckpoints(ctx(t), client, "t-prune", 1, false)
+	deleted := pruned.GetDeletedCheckpointIds()
+	if err != nil || len(deleted) != 2 || deleted[0] != ids[0] || deleted[1] != ids[1] || pruned.GetDeletedCount() != 2 {
+		t.Fatalf("deleted %v, %v", pruned, err)
 	}
 	if _, err := checkpointd.DeleteCheckpoints(ctx(t), client, "t-prune", 0, false); !errors.As(err, &checkpointd.InvalidArgumentError{}) {
 		t.Fatalf("keep 0: %v", err)
@@ -332,4 +333,34 @@ func TestArtifactsUploadCaptureAndReadBack(t *testing.T) {
 	if !bytes.Equal(got, big) {
 		t.Fatalf("read back %d bytes", len(got))
 	}
+}
+
+func TestSkipIfUnchangedAppendsNothing(t *testing.T) {
+	client := unixDaemon.dial(t)
+	root := filepath.Join(unixDaemon.workspace, "skip")
+	writeTree(t, root, map[string]string{"a.txt": "same"})
+	opts := checkpointd.CaptureOptions{ThreadID: "t-skip", WorkspaceSubdir: "skip", SkipIfUnchanged: true}
+	first, err := checkpointd.CaptureSandboxCheckpoint(ctx(t), client, opts)
+	if err != nil || first.Unchanged {
+		t.Fatalf("first %v %v", first, err)
+	}
+	again, err := checkpointd.CaptureSandboxCheckpoint(ctx(t), client, opts)
+	if err != nil || !again.Unchanged || again.Id != first.Id {
+		t.Fatalf("again %v %v", again, err)
+	}
+	writeTree(t, root, map[string]string{"a.txt": "changed"})
+	third, err := checkpointd.CaptureSandboxCheckpoint(ctx(t), client, opts)
+	if err != nil || third.Unchanged || third.GetParentCheckpointId() != first.Id {
+		t.Fatalf("third %v %v", third, err)
+	}
+	threads, err := client.ListThreads(ctx(t), &pb.ListThreadsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, thread := range threads.GetThreads() {
+		if thread.GetThreadId() == "t-skip" && thread.GetCheckpointCount() == 2 {
+			return
+		}
+	}
+	t.Fatalf("ListThreads: %v", threads)
 }

@@ -7,14 +7,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	pb "checkpointd.dev/clients/go/checkpointdv1"
 )
+
+// AttemptMetadata is the header a retried capture carries (the attempt number,
+// 2 and up).
+const AttemptMetadata = "checkpointd-attempt"
 
 // CaptureOptions are the seeds' capture options.
 type CaptureOptions struct {
@@ -33,6 +39,9 @@ type CaptureOptions struct {
 	SourceRunID     string
 	// RequestID is the idempotency key; "" makes a random one. Retries reuse it.
 	RequestID string
+	// SkipIfUnchanged appends nothing when the files, conversation and artifacts
+	// equal the head's (and no label is given): the result is the head, Unchanged.
+	SkipIfUnchanged bool
 	// OnProgress sees every progress event; OnEvent every event (a retried
 	// attempt's events start again from started, with the same checkpoint id).
 	OnProgress func(*pb.Progress)
@@ -45,6 +54,8 @@ type Captured struct {
 	Stats *pb.CaptureStats
 	// Replayed: a retry found the checkpoint an earlier attempt committed.
 	Replayed bool
+	// Unchanged: SkipIfUnchanged found nothing new; this is the head.
+	Unchanged bool
 }
 
 func newRequestID() string {
@@ -110,6 +121,7 @@ func CaptureSandboxCheckpoint(ctx context.Context, c *Client, o CaptureOptions) 
 		Artifacts:       o.Artifacts,
 		WorkspaceSubdir: o.WorkspaceSubdir,
 		RequestId:       proto.String(o.RequestID),
+		SkipIfUnchanged: o.SkipIfUnchanged,
 	}
 	if o.RequestID == "" {
 		req.RequestId = proto.String(newRequestID())
@@ -130,9 +142,16 @@ func CaptureSandboxCheckpoint(ctx context.Context, c *Client, o CaptureOptions) 
 	}
 	backoff := c.retry.InitialBackoff
 	for attempt := 1; ; attempt++ {
-		done, err := c.captureOnce(ctx, req, &o)
+		attemptCtx := ctx
+		if attempt > 1 {
+			// A marked retry waits for an earlier attempt still holding the lease
+			// (on this or another daemon); a first attempt fails fast.
+			attemptCtx = metadata.AppendToOutgoingContext(ctx, AttemptMetadata, strconv.Itoa(attempt))
+		}
+		done, err := c.captureOnce(attemptCtx, req, &o)
 		if err == nil {
-			return &Captured{CheckpointSummary: done.GetCheckpoint(), Stats: done.GetStats(), Replayed: done.GetReplayed()}, nil
+			return &Captured{CheckpointSummary: done.GetCheckpoint(), Stats: done.GetStats(),
+				Replayed: done.GetReplayed(), Unchanged: done.GetUnchanged()}, nil
 		}
 		var failure Error
 		errors.As(err, &failure)
@@ -205,18 +224,15 @@ func RestoreSandboxCheckpoint(ctx context.Context, c *Client, o RestoreOptions) 
 }
 
 // DeleteCheckpoints keeps the head and its keep-1 nearest ancestors and deletes
-// the thread's other checkpoints; it returns the deleted ids, oldest first (with
-// dryRun, those it would delete).
-func DeleteCheckpoints(ctx context.Context, c *Client, threadID string, keep int, dryRun bool) ([]string, error) {
+// the thread's other checkpoints (with dryRun, reports those it would delete):
+// DeletedCheckpointIds oldest first (at most the first 10,000, IdsTruncated),
+// DeletedCount all of them.
+func DeleteCheckpoints(ctx context.Context, c *Client, threadID string, keep int, dryRun bool) (*pb.PruneResponse, error) {
 	if keep < 1 {
 		return nil, invalidArgument(fmt.Sprintf("keep must be at least 1, not %d", keep),
 			map[string]string{"keep": fmt.Sprint(keep)})
 	}
-	reply, err := c.Prune(ctx, &pb.PruneRequest{ThreadId: threadID, Keep: uint32(keep), DryRun: dryRun})
-	if err != nil {
-		return nil, err
-	}
-	return reply.GetDeletedCheckpointIds(), nil
+	return c.Prune(ctx, &pb.PruneRequest{ThreadId: threadID, Keep: uint32(keep), DryRun: dryRun})
 }
 
 // SweepOptions: which blobs a sweep may delete.

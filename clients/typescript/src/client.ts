@@ -15,7 +15,10 @@
  * gives none) and retries with the same id on UNAVAILABLE, on a stream that ended
  * without its done event, and, after such a loss, on WRITER_CONFLICT (the lease
  * may still be held by the abandoned attempt); the daemon then returns the
- * committed checkpoint (`done.replayed`) instead of making a second one.
+ * committed checkpoint (`done.replayed`) instead of making a second one. A retry
+ * carries `checkpointd-attempt: <n>`, so the daemon waits for an earlier attempt
+ * that still holds the lease instead of answering WRITER_CONFLICT; a first
+ * attempt fails fast, as the seeds want.
  */
 import { randomUUID } from "node:crypto";
 
@@ -76,7 +79,13 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Queue the call while the daemon is unreachable instead of failing at once. */
   waitForReady?: boolean;
+  /** Extra request metadata (headers) for this call. */
+  metadata?: Record<string, string>;
 }
+
+/** The metadata a retried capture carries (the attempt number, 2 and up): only a
+ * marked retry waits for an earlier attempt still holding the lease elsewhere. */
+export const ATTEMPT_METADATA = "checkpointd-attempt";
 
 type Requests<M> = Iterable<RequestOf<M>> | AsyncIterable<RequestOf<M>>;
 
@@ -279,7 +288,11 @@ export class CheckpointdClient {
     for (let attempt = 1; ; attempt++) {
       let failure: SandboxCheckpointError;
       try {
-        for await (const event of this.#rpcs.capture(withId, options)) {
+        const marked =
+          attempt === 1
+            ? options
+            : { ...options, metadata: { ...options?.metadata, [ATTEMPT_METADATA]: String(attempt) } };
+        for await (const event of this.#rpcs.capture(withId, marked)) {
           yield event;
           if (event.event?.$case === "done") return;
         }
@@ -362,6 +375,7 @@ export class CheckpointdClient {
   #call(options: CallOptions | undefined): [grpc.Metadata, grpc.CallOptions] {
     const metadata = this.#metadata.clone();
     if (options?.waitForReady) metadata.setOptions({ waitForReady: true });
+    for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
     const callOptions: grpc.CallOptions = {};
     if (options?.timeoutMs !== undefined) callOptions.deadline = Date.now() + options.timeoutMs;
     return [metadata, callOptions];

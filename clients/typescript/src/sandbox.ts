@@ -41,6 +41,11 @@ export interface CaptureSandboxCheckpointOptions extends CallOptions {
   sourceRunId?: string;
   /** Idempotency key (generated when absent); retries reuse it. */
   requestId?: string;
+  /**
+   * Append nothing when the files, conversation and artifacts equal the head's
+   * (and no label is given): the result is then the head, with `unchanged`.
+   */
+  skipIfUnchanged?: boolean;
   /** Sees every progress event. */
   onProgress?: (progress: Progress) => void;
 }
@@ -50,6 +55,8 @@ export type CapturedCheckpoint = CheckpointSummary & {
   stats: CaptureDone["stats"];
   /** True when a retry found the checkpoint an earlier attempt committed. */
   replayed: boolean;
+  /** True when `skipIfUnchanged` found nothing new: this is the head. */
+  unchanged: boolean;
 };
 
 function secretBytes(secret: string | Uint8Array): Uint8Array {
@@ -70,7 +77,12 @@ function conversationDocuments(conversation: unknown[]): string[] {
 }
 
 function callOptions(options: CallOptions): CallOptions {
-  return { timeoutMs: options.timeoutMs, signal: options.signal, waitForReady: options.waitForReady };
+  return {
+    timeoutMs: options.timeoutMs,
+    signal: options.signal,
+    waitForReady: options.waitForReady,
+    metadata: options.metadata,
+  };
 }
 
 /**
@@ -92,13 +104,15 @@ export async function captureSandboxCheckpoint(
       workspaceSubdir: options.workspaceSubdir ?? "",
       sourceRunId: options.sourceRunId,
       requestId: options.requestId,
+      skipIfUnchanged: options.skipIfUnchanged ?? false,
     },
     callOptions(options),
   );
   for await (const { event } of events) {
     if (event?.$case === "progress") options.onProgress?.(event.value);
     if (event?.$case === "done" && event.value.checkpoint !== undefined) {
-      return { ...event.value.checkpoint, stats: event.value.stats, replayed: event.value.replayed };
+      const { stats, replayed, unchanged } = event.value;
+      return { ...event.value.checkpoint, stats, replayed, unchanged };
     }
   }
   // client.capture throws when the stream ends without its done event.
@@ -151,10 +165,14 @@ export interface DeleteCheckpointsOptions extends CallOptions {
   dryRun?: boolean;
 }
 
-/** Deletes all but the newest `keep` checkpoints of the head chain; returns the deleted ids, oldest first. */
+/**
+ * Deletes all but the newest `keep` checkpoints of the head chain; returns the
+ * deleted ids, oldest first (at most the first 10 000: `idsTruncated`), and
+ * how many there were in all.
+ */
 export async function deleteCheckpoints(
   options: DeleteCheckpointsOptions,
-): Promise<{ deleted: string[]; dryRun: boolean }> {
+): Promise<{ deleted: string[]; deletedCount: number; idsTruncated: boolean; dryRun: boolean }> {
   if (!Number.isInteger(options.keep) || options.keep < 1) {
     throw new SandboxCheckpointInvalidArgumentError(
       `keep must be an integer of at least 1, not ${options.keep}`,
@@ -165,7 +183,12 @@ export async function deleteCheckpoints(
     { threadId: options.threadId, keep: options.keep, dryRun: options.dryRun ?? false },
     callOptions(options),
   );
-  return { deleted: reply.deletedCheckpointIds, dryRun: reply.dryRun };
+  return {
+    deleted: reply.deletedCheckpointIds,
+    deletedCount: Number(reply.deletedCount),
+    idsTruncated: reply.idsTruncated,
+    dryRun: reply.dryRun,
+  };
 }
 
 export interface SweepSandboxBlobsOptions extends CallOptions {

@@ -178,7 +178,8 @@ test("deleteCheckpoints keeps the newest, sweepSandboxBlobs reports", async () =
       workspaceSubdir: "prune" })).id);
   }
   const dry = await deleteCheckpoints({ client, threadId: "t-prune", keep: 1, dryRun: true });
-  assert.deepEqual(dry, { deleted: ids.slice(0, 2), dryRun: true });
+  assert.deepEqual(dry, { deleted: ids.slice(0, 2), deletedCount: 2, idsTruncated: false,
+    dryRun: true });
   const { deleted } = await deleteCheckpoints({ client, threadId: "t-prune", keep: 1 });
   assert.deepEqual(deleted, ids.slice(0, 2));
   await assert.rejects(deleteCheckpoints({ client, threadId: "t-prune", keep: 0 }),
@@ -223,4 +224,20 @@ test("artifacts: upload, capture with them, read them back", async () => {
   const parts = [];
   for await (const chunk of client.readArtifact({ blobKey: artifact.blobKey })) parts.push(chunk.data);
   assert.ok(Buffer.concat(parts).equals(big));
+});
+
+test("skipIfUnchanged appends nothing when nothing changed", async () => {
+  writeTree(path.join(daemon.workspace, "skip"), { "a.txt": "same" });
+  const options = { client, threadId: "t-skip", workspaceSubdir: "skip", skipIfUnchanged: true };
+  const first = await captureSandboxCheckpoint(options);
+  const again = await captureSandboxCheckpoint(options);
+  assert.equal(first.unchanged, false);
+  assert.equal(again.unchanged, true);
+  assert.equal(again.id, first.id);
+  writeTree(path.join(daemon.workspace, "skip"), { "a.txt": "changed" });
+  const third = await captureSandboxCheckpoint(options);
+  assert.equal(third.unchanged, false);
+  assert.equal(third.parentCheckpointId, first.id);
+  const threads = await client.listThreads({});
+  assert.ok(threads.threads.some((t) => t.threadId === "t-skip" && t.checkpointCount === 2n));
 });

@@ -89,6 +89,11 @@ SETTLE_NOTICE_S = 0.25
 SETTLE_UNWIND_S = 30.0
 # How often a retry polls for the first attempt's checkpoint on another daemon.
 REPLAY_POLL_S = 0.1
+# Metadata a client sends on a capture it retries (the attempt number, 2 and up;
+# the TypeScript and Go SDKs do). Only a marked retry waits for another daemon's
+# attempt to free the lease: a first attempt meeting a live lease is the seeds'
+# fail-fast WRITER_CONFLICT, even with a request_id.
+ATTEMPT_METADATA = "checkpointd-attempt"
 REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
 
 if TYPE_CHECKING:
@@ -278,6 +283,14 @@ async def _refuse_spent_request_id(
         )
 
 
+def capture_attempt(context: Context) -> int:
+    """The attempt number the client marked the call with (1 when unmarked)."""
+    for key, value in context.invocation_metadata() or ():
+        if key == ATTEMPT_METADATA and isinstance(value, str) and value.isdigit():
+            return int(value)
+    return 1
+
+
 def derive_checkpoint_id(thread_id: str, request_id: str) -> str:
     """The checkpoint id a capture with ``request_id`` gets (same inputs, same id)."""
     return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{thread_id}\x00{request_id}"))
@@ -408,7 +421,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             # call's deadline bounds the wait) and answer with its result.
             await self.state.join_capture(checkpoint_id)
             committed = await store.get(checkpoint_id)
-            if committed is None:
+            if committed is None and capture_attempt(context) > 1:
                 committed = await self._await_other_attempt(
                     store, thread_id, checkpoint_id, context
                 )
