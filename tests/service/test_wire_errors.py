@@ -184,3 +184,19 @@ async def test_a_reply_over_the_limit_is_refused_with_the_limit(daemon: Daemon) 
             assert error.metadata["limit_bytes"] == str(4 * 1024 * 1024)
         summary = await client.get_checkpoint("cp-huge")
         assert summary.checkpoint.conversation_count == 5
+
+
+async def test_an_unknown_method_is_unimplemented_with_error_info(daemon: Daemon) -> None:
+    async with grpc.aio.insecure_channel(_target(daemon)) as channel:
+        for method in ("/checkpointd.v1.Checkpointd/NoSuchMethod", "/other.Service/Call"):
+            call = channel.unary_unary(method)
+            try:
+                await call(b"", timeout=10)
+                raise AssertionError(f"{method} answered")
+            except grpc.aio.AioRpcError as caught:
+                error = rpc_error(caught)
+            assert error.code == C.UNIMPLEMENTED
+            assert error.reason == status.UNIMPLEMENTED
+            assert error.metadata["method"] == method
+    async with daemon.client() as client:
+        assert await client.health() == "SERVING"  # real services still answer

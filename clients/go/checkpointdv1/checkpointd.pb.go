@@ -12,6 +12,13 @@
 // GetCheckpointResponse.conversation when asked for): it must fit in one 4 MiB
 // message; put large payloads in artifacts.
 //
+// Every reply is bounded, whatever the store holds: ListCheckpoints and
+// ListThreads are paged (page_size at most 1000, and a page stops at 2 MiB of
+// summaries); ListEntries, Diff, SweepBlobs, Check, ReadFile and ReadArtifact
+// are streams of bounded messages; Prune lists at most 10,000 ids (plus the
+// count); a GetCheckpoint whose conversation would not fit is refused with
+// MESSAGE_TOO_LARGE (ask without include_conversation).
+//
 // Errors: gRPC statuses whose details (grpc-status-details-bin) hold a
 // google.rpc.ErrorInfo with domain "checkpointd", reason = the error code
 // (e.g. SANDBOX_SNAPSHOT_WRITER_CONFLICT) and metadata naming the thread,
@@ -114,6 +121,8 @@ const (
 	ErrorReason_SANDBOX_SNAPSHOT_INTERNAL ErrorReason = 30
 	// PERMISSION_DENIED: a gateway token does not grant this thread or operation (metadata thread_id or operation).
 	ErrorReason_SANDBOX_SNAPSHOT_FORBIDDEN ErrorReason = 31
+	// UNIMPLEMENTED: a method this daemon does not serve (older than the client's proto; see protocol_version); metadata method.
+	ErrorReason_SANDBOX_SNAPSHOT_UNIMPLEMENTED ErrorReason = 32
 )
 
 // Enum value maps for ErrorReason.
@@ -151,6 +160,7 @@ var (
 		29: "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE",
 		30: "SANDBOX_SNAPSHOT_INTERNAL",
 		31: "SANDBOX_SNAPSHOT_FORBIDDEN",
+		32: "SANDBOX_SNAPSHOT_UNIMPLEMENTED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                     0,
@@ -185,6 +195,7 @@ var (
 		"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE":           29,
 		"SANDBOX_SNAPSHOT_INTERNAL":                    30,
 		"SANDBOX_SNAPSHOT_FORBIDDEN":                   31,
+		"SANDBOX_SNAPSHOT_UNIMPLEMENTED":               32,
 	}
 )
 
@@ -4841,7 +4852,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\xad\t\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\xd1\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSANDBOX_SNAPSHOT_INVALID_ID\x10\x01\x12\"\n" +
@@ -4875,7 +4886,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"&SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED\x10\x1c\x12&\n" +
 	"\"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE\x10\x1d\x12\x1d\n" +
 	"\x19SANDBOX_SNAPSHOT_INTERNAL\x10\x1e\x12\x1e\n" +
-	"\x1aSANDBOX_SNAPSHOT_FORBIDDEN\x10\x1f*h\n" +
+	"\x1aSANDBOX_SNAPSHOT_FORBIDDEN\x10\x1f\x12\"\n" +
+	"\x1eSANDBOX_SNAPSHOT_UNIMPLEMENTED\x10 *h\n" +
 	"\tEntryKind\x12\x1a\n" +
 	"\x16ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fENTRY_KIND_FILE\x10\x01\x12\x12\n" +

@@ -12,6 +12,13 @@
 // GetCheckpointResponse.conversation when asked for): it must fit in one 4 MiB
 // message; put large payloads in artifacts.
 //
+// Every reply is bounded, whatever the store holds: ListCheckpoints and
+// ListThreads are paged (page_size at most 1000, and a page stops at 2 MiB of
+// summaries); ListEntries, Diff, SweepBlobs, Check, ReadFile and ReadArtifact
+// are streams of bounded messages; Prune lists at most 10,000 ids (plus the
+// count); a GetCheckpoint whose conversation would not fit is refused with
+// MESSAGE_TOO_LARGE (ask without include_conversation).
+//
 // Errors: gRPC statuses whose details (grpc-status-details-bin) hold a
 // google.rpc.ErrorInfo with domain "checkpointd", reason = the error code
 // (e.g. SANDBOX_SNAPSHOT_WRITER_CONFLICT) and metadata naming the thread,

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from ..errors import SandboxCheckpointError, SandboxCheckpointInvalidArgumentError
-from .status import MESSAGE_TOO_LARGE, abort
+from .status import MESSAGE_TOO_LARGE, UNIMPLEMENTED, abort
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 TRANSPORT_LIMIT_BYTES = 16 * 1024 * 1024
@@ -127,6 +127,29 @@ def _guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMetho
         return await inner(request, context)
 
     return grpc.unary_unary_rpc_method_handler(unary_unary, deserializer, serializer)
+
+
+class UnknownMethodHandler(grpc.GenericRpcHandler):
+    """Registered last: a method no other handler serves is UNIMPLEMENTED with
+    ErrorInfo (reason ``SANDBOX_SNAPSHOT_UNIMPLEMENTED``, metadata ``method``),
+    not grpc's bare status, so a client built from a newer proto can tell."""
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+
+        async def refuse(_request: Any, context: Any) -> Any:
+            await abort(
+                context,
+                SandboxCheckpointError(
+                    f"this daemon does not serve {method} (compare GetServerInfo's "
+                    "protocol_version with your client's)",
+                    code=UNIMPLEMENTED,
+                    details={"method": method},
+                ),
+            )
+
+        # Any request shape: the bytes are never read.
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
 
 class RequestGuardInterceptor(grpc.aio.ServerInterceptor):

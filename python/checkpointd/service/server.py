@@ -44,7 +44,7 @@ from ..errors import SandboxCheckpointInvalidArgumentError
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, grpc_address
-from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor
+from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethodHandler
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
 
@@ -121,6 +121,7 @@ def build_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
+    server.add_generic_rpc_handlers((UnknownMethodHandler(),))  # last: the fallback
     socket_path = config.socket_path
     if socket_path is not None:
         socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

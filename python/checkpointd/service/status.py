@@ -64,6 +64,8 @@ FORBIDDEN = "SANDBOX_SNAPSHOT_FORBIDDEN"
 INTERNAL = "SANDBOX_SNAPSHOT_INTERNAL"
 # A request message over the daemon's message limit (guard.py).
 MESSAGE_TOO_LARGE = "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE"
+# A method this daemon does not serve (an older daemon than the client's proto).
+UNIMPLEMENTED = "SANDBOX_SNAPSHOT_UNIMPLEMENTED"
 
 _C = grpc.StatusCode
 STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
@@ -97,6 +99,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     FORBIDDEN: _C.PERMISSION_DENIED,
     errors.ARTIFACT_NOT_UPLOADED: _C.FAILED_PRECONDITION,
     MESSAGE_TOO_LARGE: _C.RESOURCE_EXHAUSTED,
+    UNIMPLEMENTED: _C.UNIMPLEMENTED,
     INTERNAL: _C.INTERNAL,
 }
 

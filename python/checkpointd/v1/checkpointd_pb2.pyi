@@ -41,6 +41,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE: _ClassVar[ErrorReason]
     SANDBOX_SNAPSHOT_INTERNAL: _ClassVar[ErrorReason]
     SANDBOX_SNAPSHOT_FORBIDDEN: _ClassVar[ErrorReason]
+    SANDBOX_SNAPSHOT_UNIMPLEMENTED: _ClassVar[ErrorReason]
 
 class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -102,6 +103,7 @@ SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED: ErrorReason
 SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE: ErrorReason
 SANDBOX_SNAPSHOT_INTERNAL: ErrorReason
 SANDBOX_SNAPSHOT_FORBIDDEN: ErrorReason
+SANDBOX_SNAPSHOT_UNIMPLEMENTED: ErrorReason
 ENTRY_KIND_UNSPECIFIED: EntryKind
 ENTRY_KIND_FILE: EntryKind
 ENTRY_KIND_DIR: EntryKind
