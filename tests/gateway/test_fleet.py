@@ -279,9 +279,7 @@ async def test_a_sidecar_cannot_touch_another_thread(fleet: Fleet) -> None:
     async with _client(fleet.sidecars[theirs]) as client:
         their_head = await client.get_head(other)
         assert their_head is not None
-        their_file = next(
-            e.path for e in await client.list_entries(their_head) if e.blob_key
-        )
+        their_file = next(e.path for e in await client.list_entries(their_head) if e.blob_key)
     async with _client(fleet.sidecars[mine]) as client:
         await _forbidden(client.capture(other))
         await _forbidden(client.restore(other))

@@ -53,11 +53,8 @@ from . import convert, diffing
 from .guard import MAX_MESSAGE_BYTES
 from .status import (
     DRAINING,
-<<<<<<< HEAD
-    MESSAGE_TOO_LARGE,
-=======
     FORBIDDEN,
->>>>>>> a86c328 (Gateway mode end to end: 2 gateways, 20 sidecars on PostgreSQL + SeaweedFS; sidecars refuse sweep)
+    MESSAGE_TOO_LARGE,
     MISSING_ARTIFACT,
     MISSING_ENTRY,
     ServiceError,
