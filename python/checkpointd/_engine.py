@@ -198,14 +198,24 @@ class PhaseReporter:
         nbytes = max(self._bytes_done, self._bytes_total)
         return Progress(self._phase, files, files, nbytes, nbytes)
 
-    def phase(self, name: str, *, files_total: int = 0, bytes_total: int = 0) -> None:
+    def phase(
+        self,
+        name: str,
+        *,
+        files_total: int = 0,
+        bytes_total: int = 0,
+        files_done: int = 0,
+        bytes_done: int = 0,
+    ) -> None:
+        """Start a phase; ``*_done`` is work of it already done (for example
+        blobs a capture uploaded while it was still scanning)."""
         now = time.monotonic()
         with self._lock:
             closing = self._closing()
             self._generation += 1
             self._close_phase(now)
             self._phase, self._phase_started = name, now
-            self._files_done, self._bytes_done = 0, 0
+            self._files_done, self._bytes_done = files_done, bytes_done
             self._files_total, self._bytes_total = files_total, bytes_total
             self._last_report = now
             report = self._snapshot()

@@ -97,6 +97,7 @@ def scan(
     cache_path: str | None = None,
     threads: int = 0,
     cancel: CancelToken | None = None,
+    feed: BlobFeed | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
@@ -255,3 +256,20 @@ class RestoreSession:
     @property
     def recorded(self) -> int: ...
     def close(self) -> None: ...
+
+class BlobFeed:
+    """Zeroed bytes of the small files a scan hashes, for the upload (read once).
+
+    Pass it to ``scan(feed=...)``; consume with ``next_batch`` from another
+    thread while the scan runs. Files larger than ``max_file_bytes``, digests in
+    ``skip`` (concatenated 32-byte digests) and digests already fed are not
+    fed. At most ``capacity_bytes`` wait in the queue: the scan waits beyond.
+    """
+
+    def __init__(
+        self, capacity_bytes: int, max_file_bytes: int, skip: bytes | None = None
+    ) -> None: ...
+    def next_batch(self) -> list[tuple[bytes, bytes]] | None:
+        """The next ``(digest, bytes)`` batch, blocking (GIL released); None at the end."""
+    def abandon(self) -> None:
+        """Stop consuming: queued bytes are freed, the scan never waits again."""

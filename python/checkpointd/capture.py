@@ -95,6 +95,11 @@ LARGE_UPLOAD_CONCURRENCY = 4
 HEAD_CONCURRENCY = 32
 # Files this small are read whole, checked, then sent as one conditional PUT.
 SMALL_FILE_BYTES = 1 << 20
+# Zeroed bytes of small files waiting between the scan and the upload (the
+# scan waits when this is full): bounds a cold capture's memory.
+FEED_BYTES = 64 << 20
+# Batches of the feed uploaded at once.
+FEED_CONSUMERS = 2
 READ_CHUNK_BYTES = 1 << 20
 # Small files per batch (one worker-thread trip to read them, one ``put_many``;
 # a batch ends at whichever limit comes first), and batches in flight.
@@ -250,35 +255,48 @@ async def capture_checkpoint(
             parent = await store.get(head_id) if head_id is not None else None
 
             reporter.phase("scan")
-            outcome = await _scan(root, policy, checked_secrets, cache_path, token)
-            # The native scan reports no progress of its own: its counts arrive
-            # with the scan phase's closing report (entries seen, bytes hashed).
-            reporter.advance(files=outcome.entries_count, nbytes=outcome.bytes_hashed)
-            # Bytes from here to the store: valid by construction (the scan
-            # refuses every path SPEC §2 forbids), decoded only if someone reads it.
-            manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)
-            keeper.check()
-            if (
-                skip_if_unchanged
-                and parent is not None
-                and label is None
-                and _nothing_new(parent, manifest, conversation, checked_artifacts)
-            ):
-                duration_ms = reporter.finish()
-                stats = CaptureStats(
-                    entries=len(manifest),
-                    files_hashed=outcome.files_hashed,
-                    files_reused=outcome.files_reused,
-                    bytes_hashed=outcome.bytes_hashed,
-                    blobs_uploaded=0,
-                    bytes_uploaded=0,
-                    duration_ms=duration_ms,
-                    phases_ms=dict(reporter.phases_ms),
-                )
-                return CaptureResult(parent, stats, unchanged=True)
-
             engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
             try:
+                # Each new small file is read once: the scan hands the bytes it
+                # zeroed and hashed to the upload through the feed, while it goes on.
+                parent_digests = manifest_of(parent.files).digests() if parent else b""
+                feed = _native.BlobFeed(FEED_BYTES, SMALL_FILE_BYTES, parent_digests)
+                scanning = asyncio.ensure_future(
+                    _scan(root, policy, checked_secrets, cache_path, token, feed)
+                )
+                try:
+                    await engine.upload_feed(feed)
+                except BaseException:
+                    feed.abandon()
+                    token.cancel()
+                    await asyncio.gather(scanning, return_exceptions=True)
+                    raise
+                outcome = await scanning
+                # The native scan reports no progress of its own: its counts arrive
+                # with the scan phase's closing report (entries seen, bytes hashed).
+                reporter.advance(files=outcome.entries_count, nbytes=outcome.bytes_hashed)
+                # Bytes from here to the store: valid by construction (the scan
+                # refuses every path SPEC §2 forbids), decoded only if someone reads it.
+                manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)
+                keeper.check()
+                if (
+                    skip_if_unchanged
+                    and parent is not None
+                    and label is None
+                    and _nothing_new(parent, manifest, conversation, checked_artifacts)
+                ):
+                    duration_ms = reporter.finish()
+                    stats = CaptureStats(
+                        entries=len(manifest),
+                        files_hashed=outcome.files_hashed,
+                        files_reused=outcome.files_reused,
+                        bytes_hashed=outcome.bytes_hashed,
+                        blobs_uploaded=0,
+                        bytes_uploaded=0,
+                        duration_ms=duration_ms,
+                        phases_ms=dict(reporter.phases_ms),
+                    )
+                    return CaptureResult(parent, stats, unchanged=True)
                 manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
             finally:
                 engine.close()
@@ -365,9 +383,11 @@ async def _scan(
     secrets: tuple[bytes, ...],
     cache_path: str,
     token: _native.CancelToken,
+    feed: _native.BlobFeed | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
-        lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token), token.cancel
+        lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token, feed=feed),
+        token.cancel,
     )
     if outcome.unsupported:
         # details["paths"] lists every one; the message stays short enough for a
@@ -408,6 +428,9 @@ class _Uploader:
         self.reporter = reporter
         self.token = token
         self.uploads = _Uploads()
+        # Keys the feed saw pinned and present (or put): no second look needed.
+        self.present: set[str] = set()
+        self.fed = _Uploads()  # blobs the feed put (or found put by a racing capture)
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
         self.batch_slots = asyncio.Semaphore(BATCH_CONCURRENCY)
         self.tree = SafeRoot(root)  # used on the event loop only
@@ -435,6 +458,30 @@ class _Uploader:
         if self.token.cancelled:
             raise _native.ScanCancelled("capture cancelled")
 
+    async def upload_feed(self, feed: _native.BlobFeed) -> None:
+        """Upload what the scan feeds, batch by batch, until the scan ends: pin
+        the batch's keys, ask the store which are missing, put those."""
+
+        async def consume() -> None:
+            while (batch := await asyncio.to_thread(feed.next_batch)) is not None:
+                self._check_running()
+                items = [(FILE_KEY_PREFIX + digest.hex(), data) for digest, data in batch]
+                keys = [key for key, _ in items]
+                await self._pin(keys)
+                absent = set(await blob_batches.missing(self.blobs, keys))
+                todo = [(key, data) for key, data in items if key in absent]
+                written = await blob_batches.put_many(self.blobs, todo) if todo else []
+                for (_key, data), was_written in zip(todo, written, strict=True):
+                    if was_written:
+                        self.uploads.blobs += 1
+                        self.uploads.bytes += len(data)
+                # Counted in the upload phase's progress when it starts.
+                self.fed.blobs += len(todo)
+                self.fed.bytes += sum(len(data) for _, data in todo)
+                self.present.update(keys)
+
+        await run_bounded(range(FEED_CONSUMERS), lambda _i: consume(), FEED_CONSUMERS)
+
     async def store_blobs(
         self, manifest: Manifest, artifacts: tuple[Artifact, ...], parent: Checkpoint | None
     ) -> Manifest:
@@ -450,10 +497,11 @@ class _Uploader:
         parent_digests = without_marked(parent_digests, self.rechecked)
         new_digests = _native.digest_difference(manifest.digests(), parent_digests)
         pending = [
-            FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
+            FileEntry(path, key, size)
             for path, digest, size in _native.manifest_files_with_digests(
                 manifest.data, new_digests
             )
+            if (key := FILE_KEY_PREFIX + digest.hex()) not in self.present
         ]
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
@@ -477,8 +525,10 @@ class _Uploader:
                     by_key.setdefault(entry.blob_key, []).append(entry)
             self.reporter.phase(
                 "upload",
-                files_total=len(by_key),
-                bytes_total=sum(group[0].size for group in by_key.values()),
+                files_total=self.fed.blobs + len(by_key),
+                bytes_total=self.fed.bytes + sum(group[0].size for group in by_key.values()),
+                files_done=self.fed.blobs,
+                bytes_done=self.fed.bytes,
             )
             changed: list[FileEntry] = []
             jobs = self._upload_jobs(list(by_key.values()), changed, replaced)

@@ -132,6 +132,7 @@ def scan_workspace(
     cancel: _native.CancelToken | None = None,
     *,
     threads: int = 0,
+    feed: _native.BlobFeed | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
@@ -152,6 +153,7 @@ def scan_workspace(
             cache_path=os.fspath(cache_path) if cache_path is not None else None,
             threads=threads,
             cancel=cancel,
+            feed=feed,
         )
     except _native.ScanCancelled:
         raise

@@ -5,6 +5,7 @@ pub mod blobdir;
 pub mod cancel;
 pub mod classify;
 pub mod error;
+pub mod feed;
 pub mod fs;
 pub mod hash;
 pub mod manifest;

@@ -13,6 +13,7 @@ use rayon::prelude::*;
 use crate::cancel::Cancel;
 use crate::classify::Unsupported;
 use crate::error::ScanError;
+use crate::feed::{BlobFeed, CloseOnDrop};
 use crate::fs::{self, Stat};
 use crate::hash::{self, HashError};
 use crate::manifest::ManifestWriter;
@@ -30,6 +31,8 @@ pub struct ScanRequest {
     /// 0 = one per core.
     pub threads: usize,
     pub cancel: Cancel,
+    /// Where the zeroed bytes of small files just hashed go (read once).
+    pub feed: Option<std::sync::Arc<BlobFeed>>,
 }
 
 #[derive(Debug, Default)]
@@ -165,6 +168,8 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
 /// [`scan`] of a root the caller opened (`request.root` only names it).
 pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanError> {
     let mut phases = Phases::start();
+    // However the scan ends, the consumer of the feed learns it.
+    let _close_feed = CloseOnDrop(request.feed.as_deref());
     let secrets = SecretSet::new(&request.secrets)?;
     let fingerprint = secrets_fingerprint(&request.secrets);
     let cancel = &request.cancel;
@@ -231,6 +236,15 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         return Err(ScanError::Cancelled);
     }
     phases.end("sort");
+    if !unsupported.is_empty() && request.feed.is_some() {
+        // A capture (the one scan that feeds uploads) refuses these: hash and
+        // upload nothing. A restore's live scan goes on: it plans around them.
+        return Ok(ScanOutput {
+            phases_ms: phases.done,
+            unsupported,
+            ..ScanOutput::default()
+        });
+    }
 
     // Reuse what the cache vouches for; collect the rest.
     let mut files_reused = 0u64;
@@ -258,7 +272,17 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         .install(|| {
             to_hash
                 .par_iter_mut()
-                .map(|(path, slot)| hash_slot(root_fd, &root.path, path, slot, &secrets, cancel))
+                .map(|(path, slot)| {
+                    hash_slot(
+                        root_fd,
+                        &root.path,
+                        path,
+                        slot,
+                        &secrets,
+                        cancel,
+                        request.feed.as_deref(),
+                    )
+                })
                 .collect::<Result<Vec<u64>, ScanError>>()
         })
         .map_err(|e| {
@@ -391,6 +415,7 @@ fn hash_slot(
     slot: &mut FileSlot,
     secrets: &SecretSet,
     cancel: &Cancel,
+    feed: Option<&BlobFeed>,
 ) -> Result<u64, ScanError> {
     let abs = || root_path.join(path);
     if cancel.is_cancelled() {
@@ -416,13 +441,13 @@ fn hash_slot(
             return Err(ScanError::Changed(abs()));
         }
         let mut found = Vec::new();
-        let digest = SCRATCH.with(|scratch| {
+        let digest: std::io::Result<([u8; 32], u64, Option<Vec<u8>>)> = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             if attempt > 0 {
                 let mut reader = &file;
                 std::io::Seek::rewind(&mut reader)?;
             }
-            hash::hash_file_recording(
+            let (digest, size) = hash::hash_file_recording(
                 &file,
                 Some(before.size),
                 secrets,
@@ -434,9 +459,22 @@ fn hash_slot(
             .map_err(|e| match e {
                 HashError::Io(e) => e,
                 HashError::Cancelled => std::io::Error::from(std::io::ErrorKind::Interrupted),
-            })
+            })?;
+            // A small file was read whole: the scratch holds exactly the zeroed
+            // bytes just hashed. Keep a copy for the upload if it wants them.
+            let kept = match feed {
+                Some(feed)
+                    if (size as usize) < hash::WHOLE_READ_LIMIT
+                        && size as usize <= feed.max_file
+                        && feed.wants(&digest) =>
+                {
+                    Some(scratch[..size as usize].to_vec())
+                }
+                _ => None,
+            };
+            Ok((digest, size, kept))
         });
-        let (digest, size) = match digest {
+        let (digest, size, kept) = match digest {
             Ok(d) => d,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted && cancel.is_cancelled() => {
                 return Err(ScanError::Cancelled)
@@ -449,6 +487,9 @@ fn hash_slot(
             slot.stat = before;
             slot.hash = Some(digest);
             slot.secrets = found.into_boxed_slice();
+            if let (Some(feed), Some(data)) = (feed, kept) {
+                feed.push(digest, data, cancel);
+            }
             return Ok(total);
         }
     }

@@ -170,35 +170,41 @@ async def test_a_retry_with_the_same_checkpoint_id_returns_the_first(
 async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
+    # Small files are read once: the bytes the scan zeroed and hashed are the
+    # ones stored, so a later change cannot tear them (the checkpoint holds them
+    # as they were read). A large file is streamed again at upload: one that
+    # changed by then is hashed again, never stored torn.
     small_old, big_old = b"small before", os.urandom(7 << 20)
     write_tree(workspace, {"small.txt": small_old, "big.bin": big_old, "gone.txt": b"gone"})
     small_new, big_new = b"small after the scan", os.urandom(7 << 20)
 
     def change_files(report: Progress) -> None:
-        if report.phase == "upload" and (workspace / "gone.txt").exists():
+        if report.phase == "upload" and (workspace / "big.bin").read_bytes() == big_old:
             (workspace / "small.txt").write_bytes(small_new)
             (workspace / "big.bin").write_bytes(big_new)
-            (workspace / "gone.txt").unlink()
 
     result = await capture_checkpoint(
         workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=change_files
     )
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
-    assert set(files) == {"small.txt", "big.bin"}
-    assert files["small.txt"].blob_key == _key(small_new)
+    assert set(files) == {"small.txt", "big.bin", "gone.txt"}
+    assert files["small.txt"].blob_key == _key(small_old)
+    assert await memory_blobs.get(_key(small_old)) == small_old
     assert files["big.bin"].blob_key == _key(big_new)
-    # The scanned bytes no longer exist anywhere; nothing was stored under their keys.
-    assert await memory_blobs.head(_key(small_old)) is None
+    # The scanned large bytes no longer exist anywhere; nothing was stored under their key.
     assert await memory_blobs.head(_key(big_old)) is None
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, memory_store, memory_blobs, "t", data_dir=data_dir)
-    assert snapshot_tree(restored, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
+    assert (restored / "small.txt").read_bytes() == small_old
+    assert (restored / "big.bin").read_bytes() == big_new
 
 
 async def test_file_that_keeps_changing_is_reported(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
-    write_tree(workspace, {"busy.log": b"line 0\n"})
+    # Large: streamed again at upload (a small file is read once by the scan,
+    # so a change after that cannot reach its stored bytes).
+    write_tree(workspace, {"busy.log": b"x" * (2 << 20) + b"line 0\n"})
     lines = [0]
 
     def keep_writing(report: Progress) -> None:

@@ -18,6 +18,7 @@ from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
 
 from .conftest import snapshot_tree, write_tree
 
@@ -36,6 +37,17 @@ def _blob_files(root: Path) -> dict[str, bytes]:
 @pytest.fixture
 def file_blobs(tmp_path: Path) -> Any:
     return open_blobs(f"file://{tmp_path / 'blobs'}")
+
+
+async def _warm_stat_cache(workspace: Path, data_dir: Path) -> None:
+    """Capture once elsewhere, so the next scan reuses every hash from the stat
+    cache: it then reads no file, and the upload reads the small files itself
+    (the batch path this module tests; a file the scan hashes is read once and
+    its bytes handed straight to the upload)."""
+    async with await open_store("memory://") as elsewhere:
+        await capture_checkpoint(
+            workspace, elsewhere, open_blobs("memory://"), "warm", data_dir=data_dir
+        )
 
 
 async def test_many_small_files_in_several_batches_round_trip(
@@ -69,6 +81,7 @@ async def test_file_changed_during_a_batch_is_hashed_again_never_stored_torn(
     old, new = b"small before", b"small after the scan"
     others = {f"other{n}.txt": f"other {n}".encode() for n in range(20)}
     write_tree(workspace, {"small.txt": old, "gone.txt": b"gone", **others})
+    await _warm_stat_cache(workspace, data_dir)
 
     def change_files(report: Progress) -> None:
         if report.phase == "upload" and (workspace / "gone.txt").exists():
@@ -92,6 +105,7 @@ async def test_a_file_that_keeps_changing_is_reported(
     memory_store: Any, file_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {"busy.log": b"line 0\n", "calm.txt": b"calm"})
+    await _warm_stat_cache(workspace, data_dir)
     lines = [0]
 
     def keep_writing(report: Progress) -> None:
@@ -113,6 +127,7 @@ async def test_a_token_cancelled_during_uploads_stops_the_batches(
     memory_store: Any, file_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {f"f{n}": f"bytes {n}".encode() for n in range(BATCH_FILES * 3)})
+    await _warm_stat_cache(workspace, data_dir)
     token = _native.CancelToken()
 
     def cancel_at_upload(report: Progress) -> None:

@@ -5,6 +5,7 @@ mod args;
 mod blobdir;
 mod cancel;
 mod errors;
+mod feed;
 mod manifest;
 mod policy;
 mod restore;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
     m.add_class::<blobdir::PyBlobDir>()?;
+    m.add_class::<feed::PyBlobFeed>()?;
     m.add(
         "FileChangedError",
         m.py().get_type::<errors::FileChangedError>(),

@@ -118,6 +118,7 @@ impl RestoreSession {
                     cache_path: scan_cache,
                     threads: 0,
                     cancel: scan_cancel,
+                    feed: None,
                 };
                 let live = scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
                     .map_err(RestoreError::Scan)?;

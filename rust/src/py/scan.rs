@@ -9,6 +9,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use super::args;
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
+use super::feed::PyBlobFeed;
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
@@ -83,7 +84,7 @@ fn to_result(
 #[pyfunction]
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
-    cache_path=None, threads=0, cancel=None
+    cache_path=None, threads=0, cancel=None, feed=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -96,6 +97,7 @@ pub fn scan(
     cache_path: Option<PathBuf>,
     threads: usize,
     cancel: Option<&Bound<'_, CancelToken>>,
+    feed: Option<&Bound<'_, PyBlobFeed>>,
 ) -> PyResult<ScanResult> {
     let exclude = args::patterns(exclude)?;
     let include = args::patterns(include)?;
@@ -110,6 +112,7 @@ pub fn scan(
         cache_path,
         threads,
         cancel: cancel.clone(),
+        feed: feed.map(|f| f.get().inner.clone()),
     };
     let out = run_released(py, &cancel, move || core::scan(&request))?.map_err(to_py)?;
     to_result(py, out, policy_warnings)

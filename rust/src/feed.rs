@@ -1,0 +1,201 @@
+//! `BlobFeed`: the zeroed bytes of small files the scan just hashed, handed to
+//! the upload while the scan goes on, so a new file is read once.
+//!
+//! The scan reads a small file whole, zeroes its secrets and hashes that buffer;
+//! with a feed, it also hands a copy of exactly those bytes over (the digest was
+//! computed on them, and the fstat before and after the read matched, so what
+//! is uploaded is what the manifest names: nothing torn, nothing re-opened).
+//! Digests the parent checkpoint already references (`skip`) and digests
+//! already fed are not fed again.
+//!
+//! Memory is bounded: batches wait in a queue of at most `capacity` bytes; a
+//! scan thread that would exceed it waits until the consumer takes a batch
+//! (back-pressure), unless the consumer abandoned the feed or the scan is
+//! cancelled, in which case bytes are dropped (their files then take the
+//! engine's ordinary upload path).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use crate::cancel::Cancel;
+
+/// Files per batch, and bytes per batch: a batch ends at whichever comes first.
+pub const BATCH_FILES: usize = 1024;
+pub const BATCH_BYTES: usize = 8 << 20;
+
+pub type Batch = Vec<([u8; 32], Vec<u8>)>;
+
+/// What `next_batch` found.
+pub enum Next {
+    Batch(Batch),
+    /// The scan ended and every batch was taken (or the feed was abandoned).
+    Done,
+    /// Nothing yet within the timeout: ask again.
+    Waiting,
+}
+
+#[derive(Default)]
+struct State {
+    queue: VecDeque<Batch>,
+    queued_bytes: usize,
+    current: Batch,
+    current_bytes: usize,
+    seen: HashSet<[u8; 32]>,
+    /// The scan finished (or failed): no more batches will come.
+    closed: bool,
+    /// The consumer gave up: never wait, drop what comes.
+    abandoned: bool,
+}
+
+pub struct BlobFeed {
+    capacity: usize,
+    /// Files larger than this are never fed.
+    pub max_file: usize,
+    skip: Vec<[u8; 32]>,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl BlobFeed {
+    pub fn new(capacity: usize, max_file: usize, mut skip: Vec<[u8; 32]>) -> BlobFeed {
+        skip.sort_unstable();
+        BlobFeed {
+            capacity: capacity.max(BATCH_BYTES),
+            max_file,
+            skip,
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `digest` is worth feeding (not skipped, not fed yet).
+    pub fn wants(&self, digest: &[u8; 32]) -> bool {
+        self.skip.binary_search(digest).is_err() && !self.lock().seen.contains(digest)
+    }
+
+    /// Feed one file's verified bytes (waits while the queue is full).
+    pub fn push(&self, digest: [u8; 32], data: Vec<u8>, cancel: &Cancel) {
+        let mut state = self.lock();
+        if state.abandoned || !state.seen.insert(digest) {
+            return;
+        }
+        state.current_bytes += data.len();
+        state.current.push((digest, data));
+        if state.current.len() < BATCH_FILES && state.current_bytes < BATCH_BYTES {
+            return;
+        }
+        let batch = std::mem::take(&mut state.current);
+        let bytes = std::mem::take(&mut state.current_bytes);
+        while state.queued_bytes + bytes > self.capacity
+            && !state.abandoned
+            && !state.queue.is_empty()
+        {
+            if cancel.is_cancelled() {
+                return;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, Duration::from_millis(50))
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        if state.abandoned {
+            return;
+        }
+        state.queued_bytes += bytes;
+        state.queue.push_back(batch);
+        self.changed.notify_all();
+    }
+
+    /// No more files: queue what is left and wake the consumer.
+    pub fn close(&self) {
+        let mut state = self.lock();
+        if !state.current.is_empty() {
+            let batch = std::mem::take(&mut state.current);
+            state.queued_bytes += std::mem::take(&mut state.current_bytes);
+            state.queue.push_back(batch);
+        }
+        state.closed = true;
+        self.changed.notify_all();
+    }
+
+    /// The consumer stops: queued bytes are freed, the scan never waits again.
+    pub fn abandon(&self) {
+        let mut state = self.lock();
+        state.abandoned = true;
+        state.queue.clear();
+        state.current.clear();
+        state.queued_bytes = 0;
+        self.changed.notify_all();
+    }
+
+    /// The next batch, waiting at most `timeout`.
+    pub fn next_batch(&self, timeout: Duration) -> Next {
+        let mut state = self.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(batch) = state.queue.pop_front() {
+                state.queued_bytes -= batch.iter().map(|(_, d)| d.len()).sum::<usize>();
+                self.changed.notify_all();
+                return Next::Batch(batch);
+            }
+            if state.closed || state.abandoned {
+                return Next::Done;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Next::Waiting;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Closes the feed when the scan ends, however it ends.
+pub struct CloseOnDrop<'a>(pub Option<&'a BlobFeed>);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(feed) = self.0 {
+            feed.close();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feeds_once_skips_and_drains() {
+        let feed = BlobFeed::new(0, 1 << 20, vec![[9u8; 32]]);
+        let cancel = Cancel::new();
+        assert!(!feed.wants(&[9u8; 32]));
+        assert!(feed.wants(&[1u8; 32]));
+        feed.push([1u8; 32], b"a".to_vec(), &cancel);
+        feed.push([1u8; 32], b"a".to_vec(), &cancel);
+        assert!(!feed.wants(&[1u8; 32]));
+        assert!(matches!(
+            feed.next_batch(Duration::from_millis(1)),
+            Next::Waiting
+        ));
+        feed.close();
+        let Next::Batch(batch) = feed.next_batch(Duration::from_millis(1)) else {
+            panic!("a batch");
+        };
+        assert_eq!(batch.len(), 1);
+        assert!(matches!(
+            feed.next_batch(Duration::from_millis(1)),
+            Next::Done
+        ));
+    }
+}

@@ -1,0 +1,70 @@
+//! `BlobFeed` (see `crate::feed`): small files' zeroed bytes from the scan to
+//! the upload, read once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use crate::feed::{BlobFeed, Next};
+
+/// `(digest, zeroed bytes)` pairs, as Python sees a batch.
+type PyBatch = Vec<(Py<PyBytes>, Py<PyBytes>)>;
+
+#[pyclass(module = "checkpointd._native", name = "BlobFeed", frozen)]
+pub struct PyBlobFeed {
+    pub inner: Arc<BlobFeed>,
+}
+
+#[pymethods]
+impl PyBlobFeed {
+    #[new]
+    #[pyo3(signature = (capacity_bytes, max_file_bytes, skip=None))]
+    fn new(capacity_bytes: usize, max_file_bytes: usize, skip: Option<&[u8]>) -> PyResult<Self> {
+        let skip = skip.unwrap_or_default();
+        if skip.len() % 32 != 0 {
+            return Err(PyValueError::new_err(
+                "skip must be concatenated 32-byte digests",
+            ));
+        }
+        let skip = skip
+            .chunks_exact(32)
+            .map(|c| c.try_into().expect("32 bytes"))
+            .collect();
+        Ok(PyBlobFeed {
+            inner: Arc::new(BlobFeed::new(capacity_bytes, max_file_bytes, skip)),
+        })
+    }
+
+    /// The next batch of `(digest, bytes)`; None once the scan ended and all
+    /// batches were taken (or the feed was abandoned). Blocks, GIL released.
+    fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
+        loop {
+            let inner = self.inner.clone();
+            match py.allow_threads(move || inner.next_batch(Duration::from_millis(100))) {
+                Next::Done => return Ok(None),
+                Next::Batch(batch) => {
+                    return Ok(Some(
+                        batch
+                            .into_iter()
+                            .map(|(digest, data)| {
+                                (
+                                    PyBytes::new(py, &digest).unbind(),
+                                    PyBytes::new(py, &data).unbind(),
+                                )
+                            })
+                            .collect(),
+                    ))
+                }
+                Next::Waiting => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Stop consuming: queued bytes are freed and the scan never waits again.
+    fn abandon(&self) {
+        self.inner.abandon();
+    }
+}
