@@ -27,7 +27,7 @@ from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
-from .conftest import snapshot_tree, write_tree
+from .conftest import write_tree
 
 
 def _key(data: bytes) -> str:
