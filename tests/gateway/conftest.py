@@ -49,9 +49,11 @@ def keys(tmp_path: Path) -> Keys:
 class InProcessGateway:
     """A Gateway service on 127.0.0.1 in this event loop (plaintext: loopback)."""
 
-    def __init__(self, store: Any, blobs: Any, public_key: Path) -> None:
+    def __init__(self, store: Any, blobs: Any, public_key: Path, observe: Any = None) -> None:
         verifier = tokens.TokenVerifier(tokens.load_verifying_key(public_key))
-        self.servicer = GatewayServicer(store, blobs, verifier, store_backend="test")
+        self.servicer = GatewayServicer(
+            store, blobs, verifier, store_backend="test", observe=observe
+        )
         config = GatewayConfig(
             listen="127.0.0.1:0",
             store="",
@@ -100,8 +102,8 @@ async def remote_store_over(store: Any, blobs: Any, keys: Keys) -> GatewayBacked
 async def gateway_factory(keys: Keys) -> AsyncIterator[Any]:
     started: list[InProcessGateway] = []
 
-    async def make(store: Any, blobs: Any) -> InProcessGateway:
-        gateway = await InProcessGateway(store, blobs, keys.public).start()
+    async def make(store: Any, blobs: Any, observe: Any = None) -> InProcessGateway:
+        gateway = await InProcessGateway(store, blobs, keys.public, observe).start()
         started.append(gateway)
         return gateway
 
