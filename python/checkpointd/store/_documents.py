@@ -102,8 +102,12 @@ class Content:
     def blob_keys(self) -> set[bytes]:
         """Distinct blob keys in the store's 33-byte form (kind byte + raw hash)."""
         keys = {b"f" + digest for digest in split_digests(self.manifest.digests())}
-        keys.update(b"a" + bytes.fromhex(row[4]) for row in self.document["artifacts"])
+        keys.update(self.artifact_keys())
         return keys
+
+    def artifact_keys(self) -> set[bytes]:
+        """Distinct artifact keys in the store's 33-byte form."""
+        return {b"a" + bytes.fromhex(row[4]) for row in self.document["artifacts"]}
 
     def conversation_index(self) -> dict[Hashable, int]:
         if self._conversation_index is None:
