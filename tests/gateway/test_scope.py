@@ -271,3 +271,59 @@ async def test_list_threads_shows_only_the_tokens_threads(world: Any) -> None:
     assert [t.thread_id for t in rest] == ["t-own"]
     await store.aclose()
     await admin_store.aclose()
+
+
+async def test_a_draining_or_dead_gateway_sends_the_sidecar_to_the_next(
+    world: Any, tmp_path: Path, gateway_factory: Any
+) -> None:
+    from checkpointd.gateway.remote import GatewayConnection
+
+    gateway, keys, _ = world
+    second = await gateway_factory(gateway.store, gateway.servicer.blobs)
+    token = keys.mint(threads=["tenant-a"])
+    connection = GatewayConnection([gateway.address, second.address], lambda: token, tls=False)
+    store = await RemoteCheckpointStore.open(connection)
+    gateway.servicer.draining = True  # SIGTERM'd: refuses new calls with DRAINING
+    # Refused before anything happened: even an acquire is sent to the next gateway.
+    lease = await store.acquire_writer("tenant-a")
+    assert connection.addresses[connection._current] == second.address
+    await store.append(_checkpoint("a1", "tenant-a", b"v"), None, lease)
+    await second.stop()  # a dead gateway: the reads go back to the first
+    gateway.servicer.draining = False
+    assert await store.get_head("tenant-a") == "a1"
+    await lease.renew()
+    await lease.release()
+    await store.aclose()
+
+
+async def test_a_document_that_does_not_decode_is_invalid_argument(world: Any) -> None:
+    gateway, keys, _ = world
+    channel = grpc.aio.insecure_channel(gateway.address)
+    stub = gpb_grpc.GatewayStub(channel)
+    metadata = (("authorization", f"Bearer {keys.mint(threads=['tenant-a'])}"),)
+    try:
+        await _denied(
+            lambda: stub.Append(gpb.GatewayAppendRequest(document=b"{not json"), metadata=metadata),
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+        )
+    finally:
+        await channel.close()
+
+
+async def test_open_store_takes_a_gateway_url(world: Any, tmp_path: Path) -> None:
+    from checkpointd.store import open_store
+
+    gateway, keys, _ = world
+    token_file = tmp_path / "token"
+    token_file.write_text(keys.mint(threads=["tenant-a"]) + "\n")
+    url = f"checkpointd+gateway://{gateway.address}?tls=false&token_file={token_file}"
+    store = await open_store(url)
+    try:
+        assert isinstance(store, RemoteCheckpointStore)
+        assert await store.get_head("tenant-a") is None
+        assert store.lease_duration_ms == 120_000
+    finally:
+        await store.aclose()
+    with pytest.raises(SandboxCheckpointError, match="token_file"):
+        await open_store(f"checkpointd+gateway://{gateway.address}?tls=false")

@@ -11,8 +11,8 @@ Several gateways: the connection sends each call to the current gateway; when
 that one cannot be reached (connection refused or reset, or it is draining) it
 moves to the next. Calls that are safe to repeat (reads, lease renew/release,
 pins, content-addressed uploads of bytes) are repeated on the next gateway at
-once; the others (append, acquire, delete, fork) raise STORE_UNAVAILABLE and the
-caller retries: a capture retried with the same ``request_id`` finds the
+once, and so is any call a draining gateway refused (it did nothing); the others
+(append, acquire, delete, fork) raise STORE_UNAVAILABLE and the caller retries: a capture retried with the same ``request_id`` finds the
 checkpoint the first attempt may have stored, so nothing is lost or duplicated.
 
 The token is read from its file on every call whose file changed since the last
@@ -158,6 +158,9 @@ class GatewayConnection:
             if self._current == index:
                 self._current = (index + 1) % len(self._stubs)
             exc.failover = True  # type: ignore[attr-defined]
+            # A draining gateway refused the call before doing anything: any call
+            # may be repeated elsewhere.
+            exc.refused = reason == status.DRAINING  # type: ignore[attr-defined]
         return exc
 
     async def call(self, method: str, request: Any, *, repeatable: bool) -> Any:
@@ -172,10 +175,10 @@ class GatewayConnection:
                 return await stub(body, metadata=self._metadata())
             except grpc.aio.AioRpcError as error:
                 exc = self._failed(index, error)
-                if (
-                    not (repeatable and getattr(exc, "failover", False))
-                    or attempt == len(self._stubs) - 1
-                ):
+                again = getattr(exc, "failover", False) and (
+                    repeatable or getattr(exc, "refused", False)
+                )
+                if not again or attempt == len(self._stubs) - 1:
                     raise exc from None
         raise AssertionError("unreachable")
 
@@ -188,10 +191,10 @@ class GatewayConnection:
                 return [message async for message in stub(request, metadata=self._metadata())]
             except grpc.aio.AioRpcError as error:
                 exc = self._failed(index, error)
-                if (
-                    not (repeatable and getattr(exc, "failover", False))
-                    or attempt == len(self._stubs) - 1
-                ):
+                again = getattr(exc, "failover", False) and (
+                    repeatable or getattr(exc, "refused", False)
+                )
+                if not again or attempt == len(self._stubs) - 1:
                     raise exc from None
         raise AssertionError("unreachable")
 
@@ -661,3 +664,24 @@ async def open_gateway_stores(config: Any) -> tuple[RemoteCheckpointStore, Remot
         await connection.aclose()
         raise
     return store, RemoteBlobStore(connection)
+
+
+async def open_remote_store(url: str) -> RemoteCheckpointStore:
+    """``open_store("checkpointd+gateway://h:p[,h2:p2]?token_file=/abs&ca_file=/abs")``."""
+    query = parse_qs(urlsplit(url).query)
+
+    def path(name: str) -> Path | None:
+        values = query.get(name)
+        return Path(values[-1]) if values else None
+
+    token_file = path("token_file")
+    if token_file is None:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"a gateway store URL needs ?token_file=/path/to/token, got {url!r}"
+        )
+    connection = connection_from_options(url, token_file, ca_file=path("ca_file"))
+    try:
+        return await RemoteCheckpointStore.open(connection)
+    except BaseException:
+        await connection.aclose()
+        raise

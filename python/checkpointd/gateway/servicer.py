@@ -130,6 +130,17 @@ def _check_blob_bytes(key: str, digest: str) -> None:
     )
 
 
+def _decoded(document: bytes) -> Checkpoint:
+    """The checkpoint a sidecar sent; a document that does not decode is the
+    caller's error (the store validates the fields of one that does)."""
+    try:
+        return decode_checkpoint(document)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"the checkpoint document does not decode ({type(exc).__name__}: {exc})"
+        ) from None
+
+
 class GatewayServicer(gpb_grpc.GatewayServicer):
     def __init__(
         self,
@@ -281,7 +292,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self, request: gpb.GatewayAppendRequest, context: Any
     ) -> gpb.GatewayAppendResponse:
         async def work(scope: TokenScope) -> gpb.GatewayAppendResponse:
-            checkpoint = decode_checkpoint(request.document)
+            checkpoint = _decoded(request.document)
             scope.require(("capture",), checkpoint.thread_id)
             expected = request.expected_head_id if request.HasField("expected_head_id") else None
             checkpoint_id = await self.store.append(

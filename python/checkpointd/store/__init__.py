@@ -1,7 +1,10 @@
 """Checkpoint stores and instance stores (SPEC §3), opened by URL.
 
 ``open_store(url)`` and ``open_instance_store(url)`` take ``memory://``,
-``sqlite:///abs/path.db`` and ``postgresql://…`` (also ``postgres://``). The
+``sqlite:///abs/path.db`` and ``postgresql://…`` (also ``postgres://``);
+``open_store`` also takes ``checkpointd+gateway://host:port[,host:port…]?token_file=/abs/path``
+(``&ca_file=…``, ``&tls=false`` on loopback): the store behind a
+``checkpointd gateway`` (README "Gateway mode"). The
 PostgreSQL classes are imported on first use so that ``asyncpg`` is only loaded
 when a PostgreSQL URL is opened.
 """
@@ -131,6 +134,13 @@ async def open_store(
     if scheme in ("postgresql", "postgres"):
         postgres = importlib.import_module("checkpointd.store.postgres")
         return await postgres.open_postgres_store(url, **options)
+    if scheme == "checkpointd+gateway":
+        if now is not None:
+            raise SandboxCheckpointInvalidArgumentError(
+                "a gateway store keeps its own clock and lease settings (no now=)"
+            )
+        gateway = importlib.import_module("checkpointd.gateway.remote")
+        return await gateway.open_remote_store(url)
     raise SandboxCheckpointInvalidArgumentError(
         f"unknown store URL scheme {scheme!r} in {url!r} "
         "(use memory://, sqlite:///abs/path.db or postgresql://…)"
