@@ -191,6 +191,10 @@ def manifest_apply(base: bytes, ops: bytes) -> bytes:
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""
 
+class TargetRefused(ValueError):
+    """A target path refused before any change; ``args`` = (code, path, message),
+    code "invalid-path" (a top-level ``.checkpointd*`` name) or "name-too-long"."""
+
 class RestoreSession:
     """One restore, planned and applied natively (see ``rust/src/restore.rs``).
 
@@ -202,8 +206,8 @@ class RestoreSession:
     ``apply_some``. Always call ``close`` (it removes the staging directory).
 
     Raises OSError (naming the path; for the sub-root, ``filename`` is ``subdir``),
-    ValueError (bad pattern or manifest), InvalidBlob (one blob given two sizes),
-    ScanCancelled.
+    ValueError (bad pattern or manifest), TargetRefused, InvalidBlob (one blob
+    given two sizes), ScanCancelled.
     """
 
     def __init__(
@@ -245,7 +249,11 @@ class RestoreSession:
     def end_blob(self, digest: str) -> None:
         """Check the streamed blob's size and hash (InvalidBlob)."""
     def apply_some(self, budget: int) -> int:
-        """Apply up to ``budget`` operations; 0 once everything is done."""
+        """Apply up to ``budget`` operations of the current step; returns how many
+        (files moved in with a new directory count too)."""
+    # True once apply has nothing left to do.
+    @property
+    def done(self) -> bool: ...
     def finish(self) -> None:
         """syncfs of the workspace's filesystem, then record in the stat cache the
         stat of each inode the restore renamed in."""

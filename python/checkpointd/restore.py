@@ -40,7 +40,7 @@ import functools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from . import _native
@@ -52,7 +52,7 @@ from ._engine import (
     run_bounded,
     run_in_thread,
 )
-from .blobs.base import BlobNotFoundError, BlobStore
+from .blobs.base import BlobNotFoundError, BlobStore, get_many
 from .errors import (
     INVALID_BLOB,
     INVALID_PATH,
@@ -62,8 +62,8 @@ from .errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
-from .manifest import manifest_of
-from .model import FILE_KEY_PREFIX, Checkpoint, Entry, FileEntry, Policy
+from .manifest import Manifest, manifest_of
+from .model import FILE_KEY_PREFIX, Checkpoint, FileEntry, Policy
 from .progress import ProgressCallback
 from .safefs import SafeRoot
 from .secrets import (
@@ -88,21 +88,24 @@ SMALL_BLOB_BYTES = 1 << 20
 FETCH_BATCH_FILES = 512
 FETCH_BATCH_BYTES = 16 << 20
 FETCH_CONCURRENCY = 3
-# Single-key gets in flight for a blob store without a batch method.
-_SINGLE_GET_CONCURRENCY = 32
 # Operations per native apply call (between two progress reports and checks).
 APPLY_BATCH = 4096
 _RESERVED_TOP_LEVEL = ".checkpointd"
 
 
-def validate_manifest(checkpoint: Checkpoint) -> dict[str, Entry]:
-    """The checkpoint's entries by path, or SandboxSnapshotError(INVALID_PATH).
+def validate_manifest(checkpoint: Checkpoint) -> None:
+    """SandboxSnapshotError(INVALID_PATH) unless every path is valid.
 
     Applies SPEC §2's path rules (no '..', no absolute path, no entry beneath a
     file or symlink...) and refuses top-level ``.checkpointd*`` names, which
     restore reserves for its staging area.
     """
-    problem = entries_problem(checkpoint.files)
+    files = checkpoint.files
+    if isinstance(files, Manifest) and files.trusted:
+        # Validated by our scan or by the store on append; the reserved names
+        # and the name lengths are checked natively while planning.
+        return
+    problem = entries_problem(files)
     if problem is None:
         for entry in checkpoint.files:
             if entry.path.split("/", 1)[0].startswith(_RESERVED_TOP_LEVEL):
@@ -115,7 +118,6 @@ def validate_manifest(checkpoint: Checkpoint) -> dict[str, Entry]:
             f"checkpoint {checkpoint.id} has an invalid path {path}: {reason}",
             details={"checkpoint_id": checkpoint.id, "path": path},
         )
-    return {entry.path: entry for entry in checkpoint.files}
 
 
 @os_errors_mapped
@@ -181,7 +183,6 @@ async def restore_checkpoint(
             _ensure_root(root)
             if checkpoint is None:
                 return None
-            _check_name_lengths(root, checkpoint)
 
             reporter.phase("plan")
             # No policy given: the one the checkpoint was captured with, so a
@@ -263,7 +264,6 @@ async def preview_restore(
     if checkpoint is None:
         return None
     validate_manifest(checkpoint)
-    _check_name_lengths(root, checkpoint)
     # Files that equal the checkpoint but for their secrets are kept, as a restore would.
     spanned = _files_with_secrets(checkpoint, subdir)
     holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
@@ -292,26 +292,6 @@ async def preview_restore(
         )
     finally:
         await run_in_thread(session.close)
-
-
-def _check_name_lengths(root: str, checkpoint: Checkpoint) -> None:
-    """NAME_TOO_LONG, before any change, for an entry with a name longer than the
-    workspace's filesystem allows (a checkpoint taken on another filesystem, or
-    a hand-made manifest): better refused whole than half restored."""
-    try:
-        limit = os.pathconf(root, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    for entry in checkpoint.files:
-        if any(
-            len(part.encode("utf-8", "surrogateescape")) > limit for part in entry.path.split("/")
-        ):
-            raise SandboxSnapshotError(
-                NAME_TOO_LONG,
-                f"{entry.path}: a name in it is longer than the {limit} bytes the filesystem "
-                f"of {root} allows",
-                details={"checkpoint_id": checkpoint.id, "path": entry.path},
-            )
 
 
 # ---------------------------------------------------------------------- secrets
@@ -503,6 +483,13 @@ async def _open_session(
 
     try:
         return await run_in_thread(open_session, token.cancel)
+    except _native.TargetRefused as error:
+        kind, path, message = error.args
+        raise SandboxSnapshotError(
+            NAME_TOO_LONG if kind == "name-too-long" else INVALID_PATH,
+            f"checkpoint {checkpoint.id}: {message} (in {os.path.join(root, subdir)})",
+            details={"checkpoint_id": checkpoint.id, "path": path},
+        ) from None
     except _native.InvalidBlob as error:
         raise _invalid_blob(*error.args) from None
     except ValueError as error:
@@ -528,27 +515,6 @@ def _missing_blob(blobs: BlobStore, key: str) -> SandboxSnapshotError:
     return SandboxSnapshotError(
         MISSING_BLOB, f"blob {key} is missing from {blobs.url}", details={"key": key}
     )
-
-
-async def _get_many(blobs: BlobStore, keys: Sequence[str]) -> list[bytes]:
-    """All bytes of each small blob, in order: the store's own batch method when
-    it has one, else bounded single gets. Raises BlobNotFoundError."""
-    batch = getattr(blobs, "get_many", None)
-    if batch is not None:
-        return list(await batch(keys))
-    slots = asyncio.Semaphore(_SINGLE_GET_CONCURRENCY)
-
-    async def one(key: str) -> bytes:
-        async with slots:
-            return await blobs.get(key)
-
-    results: list[bytes] = [b""] * len(keys)
-
-    async def into(index: int) -> None:
-        results[index] = await one(keys[index])
-
-    await run_bounded(range(len(keys)), into, _SINGLE_GET_CONCURRENCY)
-    return results
 
 
 async def _fetch(
@@ -593,7 +559,7 @@ async def _fetch_batch(
 ) -> None:
     keys = [FILE_KEY_PREFIX + digest for digest, _size in items]
     try:
-        datas = await _get_many(blobs, keys)
+        datas = await get_many(blobs, keys)
     except BlobNotFoundError as error:
         raise _missing_blob(blobs, error.key) from None
     staged = [(digest, data) for (digest, _size), data in zip(items, datas, strict=True)]
@@ -628,11 +594,9 @@ async def _apply(
     """Change the workspace, a native batch at a time (a lost lease stops it
     between batches; re-running the restore completes the work)."""
     stop = StopFlag()
-    while True:
+    while not session.done:
         stop.raise_if_set()
         done = await run_in_thread(lambda: session.apply_some(APPLY_BATCH), stop.set)
-        if done == 0:
-            return
         reporter.advance(files=done)
         keeper.check()
 

@@ -65,6 +65,16 @@ pub enum RestoreError {
         source: io::Error,
     },
     Manifest(String),
+    /// A target path restore refuses before any change (reserved name).
+    InvalidPath {
+        path: String,
+        reason: String,
+    },
+    /// A name longer than the workspace's filesystem allows.
+    NameTooLong {
+        path: String,
+        limit: usize,
+    },
     Scan(ScanError),
     Cancelled,
 }
@@ -92,6 +102,13 @@ impl std::fmt::Display for RestoreError {
                  (a symlink or a file on the way?): {source}"
             ),
             RestoreError::Manifest(m) => write!(f, "{m}"),
+            RestoreError::InvalidPath { path, reason } => {
+                write!(f, "invalid path {path}: {reason}")
+            }
+            RestoreError::NameTooLong { path, limit } => write!(
+                f,
+                "{path}: a name in it is longer than the {limit} bytes the filesystem allows"
+            ),
             RestoreError::Scan(e) => write!(f, "{e}"),
             RestoreError::Cancelled => write!(f, "restore cancelled"),
         }
@@ -231,6 +248,43 @@ impl Plan {
 /// Compare the target with the live (policy-selected) tree. `unsupported`
 /// are the live entries the scan could not capture; `target` need not be
 /// sorted. Errors: InvalidBlob when two entries give one blob two sizes.
+/// Refuse, before any change, a target path under a top-level `.checkpointd*`
+/// name (reserved for staging) or with a name longer than `name_max` bytes
+/// (better refused whole than half restored).
+pub fn check_target(target: &[ManifestRow], name_max: usize) -> Result<(), RestoreError> {
+    for row in target {
+        let path = row.path();
+        if path
+            .split('/')
+            .next()
+            .is_some_and(|top| top.starts_with(".checkpointd"))
+        {
+            return Err(RestoreError::InvalidPath {
+                path: path.to_string(),
+                reason: "top-level .checkpointd* names are reserved".into(),
+            });
+        }
+        if path.split('/').any(|part| part.len() > name_max) {
+            return Err(RestoreError::NameTooLong {
+                path: path.to_string(),
+                limit: name_max,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The longest name the filesystem holding `fd` allows (255 when unknown).
+pub fn name_max(fd: RawFd) -> usize {
+    // SAFETY: valid fd; fpathconf only reads it.
+    let limit = unsafe { libc::fpathconf(fd, libc::_PC_NAME_MAX) };
+    if limit > 0 {
+        limit as usize
+    } else {
+        255
+    }
+}
+
 pub fn plan(
     mut target: Vec<ManifestRow>,
     live: Vec<ManifestRow>,
@@ -398,6 +452,10 @@ enum Reached {
 /// so consecutive ones mostly share their parents).
 struct DirStack<'w> {
     ws: &'w Workspace,
+    /// The directory paths start from (the root, or staging's tree).
+    base: RawFd,
+    /// `base`'s path relative to the root, for messages ("" = the root).
+    prefix: Vec<u8>,
     parts: Vec<(Vec<u8>, OwnedFd)>,
 }
 
@@ -405,8 +463,30 @@ impl<'w> DirStack<'w> {
     fn new(ws: &'w Workspace) -> DirStack<'w> {
         DirStack {
             ws,
+            base: ws.fd.as_raw_fd(),
+            prefix: Vec::new(),
             parts: Vec::new(),
         }
+    }
+
+    /// Paths beneath `base` (a directory inside staging at `prefix`).
+    fn beneath(ws: &'w Workspace, base: RawFd, prefix: &[u8]) -> DirStack<'w> {
+        DirStack {
+            ws,
+            base,
+            prefix: prefix.to_vec(),
+            parts: Vec::new(),
+        }
+    }
+
+    fn shown(&self, rel: &[u8]) -> String {
+        if self.prefix.is_empty() {
+            return self.ws.shown(rel);
+        }
+        let mut full = self.prefix.clone();
+        full.push(b'/');
+        full.extend_from_slice(rel);
+        self.ws.shown(&full)
     }
 
     fn forget(&mut self) {
@@ -433,7 +513,7 @@ impl<'w> DirStack<'w> {
         for depth in keep..wanted.len() {
             let parent = match self.parts.last() {
                 Some((_, fd)) => fd.as_raw_fd(),
-                None => self.ws.fd.as_raw_fd(),
+                None => self.base,
             };
             let name = cname(wanted[depth])?;
             let here = || wanted[..=depth].join(&b'/');
@@ -442,7 +522,7 @@ impl<'w> DirStack<'w> {
                 None => return Ok(Reached::Absent),
             };
             let stat = fs::fstat(fd.as_raw_fd())
-                .map_err(|e| RestoreError::io(self.ws.shown(&here()), "fstat", e))?;
+                .map_err(|e| RestoreError::io(self.shown(&here()), "fstat", e))?;
             if stat.dev != self.ws.dev {
                 return Ok(Reached::OtherDevice(here()));
             }
@@ -450,7 +530,7 @@ impl<'w> DirStack<'w> {
         }
         Ok(Reached::Dir(match self.parts.last() {
             Some((_, fd)) => fd.as_raw_fd(),
-            None => self.ws.fd.as_raw_fd(),
+            None => self.base,
         }))
     }
 
@@ -469,28 +549,26 @@ impl<'w> DirStack<'w> {
                     if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) {
                         return Ok(None);
                     }
-                    return Err(RestoreError::io(self.ws.shown(&here()), "open", e));
+                    return Err(RestoreError::io(self.shown(&here()), "open", e));
                 }
                 Err(e) if is_errno(&e, &[libc::ELOOP, libc::ENOTDIR]) => {
                     match fs::unlink_at(parent, name) {
                         Ok(()) => {}
                         Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
-                        Err(e) => {
-                            return Err(RestoreError::io(self.ws.shown(&here()), "unlink", e))
-                        }
+                        Err(e) => return Err(RestoreError::io(self.shown(&here()), "unlink", e)),
                     }
                 }
                 Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
-                Err(e) => return Err(RestoreError::io(self.ws.shown(&here()), "open", e)),
+                Err(e) => return Err(RestoreError::io(self.shown(&here()), "open", e)),
             }
             match fs::mkdir_at(parent, name, 0o755) {
                 Ok(()) => {}
                 Err(e) if is_errno(&e, &[libc::EEXIST]) => {}
-                Err(e) => return Err(RestoreError::io(self.ws.shown(&here()), "mkdir", e)),
+                Err(e) => return Err(RestoreError::io(self.shown(&here()), "mkdir", e)),
             }
         }
         Err(RestoreError::io(
-            self.ws.shown(&here()),
+            self.shown(&here()),
             "open",
             io::Error::other("the directory keeps changing under the restore"),
         ))
@@ -569,23 +647,21 @@ struct Written {
     stat: Stat,
 }
 
-/// How a write gets its bytes in staging.
+/// Where a write's file is prepared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    /// The blob's only use: the staged file already has mode and mtime.
-    Staged,
-    /// The last of several uses: mode and mtime are set on the staged file.
-    StagedShared,
-    /// An earlier use of a shared blob: a copy of the staged file.
-    Copy,
+enum Dest {
+    /// At its own path inside staging's tree: it lies beneath a directory
+    /// the workspace lacks, which moves in whole with one rename.
+    Tree,
+    /// As `w-<index>` in staging, renamed into place by itself.
+    Flat,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Step {
     Deletions,
     Dirs,
-    Copies,
-    SharedMetadata,
+    Trees,
     Writes,
     Links,
     FileMetadata,
@@ -599,12 +675,17 @@ pub struct Restore {
     pub plan: Plan,
     staging_name: CString,
     staging: OwnedFd,
-    sources: Vec<Source>,
-    /// How many writes use each blob (1 = its staged file is renamed as is).
-    uses: HashMap<[u8; 32], u32>,
-    by_hash: HashMap<[u8; 32], usize>,
+    /// `staging/t`: the new directories of the plan, filled before apply.
+    tree: OwnedFd,
+    dests: Vec<Dest>,
+    /// The directories the workspace lacks whose parent it has (or that are
+    /// top-level): each moves in from staging's tree with one rename.
+    new_roots: Vec<String>,
+    /// Every planned directory at or beneath a new root (made in staging).
+    tree_dirs: std::collections::HashSet<String>,
+    /// Write indexes per blob (every use gets its own prepared file).
+    uses_of: HashMap<[u8; 32], Vec<usize>>,
     sizes: HashMap<[u8; 32], u64>,
-    staged: Mutex<HashMap<[u8; 32], Written>>,
     /// The stat of each write's file as prepared in staging, by write index.
     prepared: Mutex<HashMap<usize, Written>>,
     step: Step,
@@ -614,17 +695,15 @@ pub struct Restore {
     threads: usize,
 }
 
-fn staged_name(hash: &[u8; 32]) -> CString {
-    CString::new(format!("b-{}", hash::to_hex(hash))).expect("hex has no NUL")
+fn flat_name(index: usize) -> CString {
+    CString::new(format!("w-{index}")).expect("no NUL")
 }
 
-fn copy_name(index: usize) -> CString {
-    CString::new(format!("c-{index}")).expect("no NUL")
-}
+const TREE: &CStr = c"t";
 
 fn random_token() -> String {
     let mut bytes = [0u8; 8];
-    // SAFETY: `bytes` is writable for its length; getrandom never reads it.
+    // SAFETY: `bytes` is writable for its length.
     let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
     if n != bytes.len() as isize {
         let nanos = std::time::SystemTime::now()
@@ -633,17 +712,17 @@ fn random_token() -> String {
             .unwrap_or(0);
         bytes = ((nanos as u64) ^ ((std::process::id() as u64) << 32)).to_le_bytes();
     }
-    hash::to_hex(&{
-        let mut full = [0u8; 32];
-        full[..8].copy_from_slice(&bytes);
-        full
-    })[..16]
-        .to_string()
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parent_of(path: &str) -> Option<&str> {
+    path.rfind('/').map(|at| &path[..at])
 }
 
 impl Restore {
     /// Remove what an interrupted restore left (a workspace has one restore at
-    /// a time: its lease), then make a fresh private staging directory.
+    /// a time: its lease), then make a fresh private staging directory with
+    /// the plan's new directories in it.
     pub fn new(ws: Workspace, plan: Plan) -> Result<Restore, RestoreError> {
         let mut leftovers = Vec::new();
         {
@@ -669,55 +748,95 @@ impl Restore {
         fs::mkdir_at(ws.fd.as_raw_fd(), &staging_name, 0o700)
             .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
         let staging = fs::open_dir_at(ws.fd.as_raw_fd(), &staging_name)
+            .map_err(|e| RestoreError::io(shown.clone(), "open", e))?;
+        fs::mkdir_at(staging.as_raw_fd(), TREE, 0o700)
+            .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
+        let tree = fs::open_dir_at(staging.as_raw_fd(), TREE)
             .map_err(|e| RestoreError::io(shown, "open", e))?;
 
-        let mut uses: HashMap<[u8; 32], u32> = HashMap::new();
-        for w in &plan.writes {
-            *uses.entry(w.hash).or_default() += 1;
-        }
-        let mut remaining = uses.clone();
-        let sources = plan
+        let planned: std::collections::HashSet<&str> =
+            plan.dirs_to_make.iter().map(String::as_str).collect();
+        let new_roots: Vec<String> = plan
+            .dirs_to_make
+            .iter()
+            .filter(|d| parent_of(d).map_or(true, |p| !planned.contains(p)))
+            .cloned()
+            .collect();
+        let roots: std::collections::HashSet<&str> = new_roots.iter().map(String::as_str).collect();
+        let under_root = |path: &str| {
+            let mut at = path;
+            loop {
+                if roots.contains(at) {
+                    return true;
+                }
+                match parent_of(at) {
+                    Some(p) => at = p,
+                    None => return false,
+                }
+            }
+        };
+        let tree_dirs: std::collections::HashSet<String> = plan
+            .dirs_to_make
+            .iter()
+            .filter(|d| under_root(d))
+            .cloned()
+            .collect();
+        let dests: Vec<Dest> = plan
             .writes
             .iter()
-            .map(|w| {
-                let left = remaining.get_mut(&w.hash).expect("counted above");
-                *left -= 1;
-                match (uses[&w.hash], *left) {
-                    (1, _) => Source::Staged,
-                    (_, 0) => Source::StagedShared,
-                    _ => Source::Copy,
-                }
+            .map(|w| match parent_of(&w.path) {
+                Some(parent) if under_root(parent) => Dest::Tree,
+                _ => Dest::Flat,
             })
             .collect();
-        let by_hash = plan
-            .writes
-            .iter()
-            .enumerate()
-            .filter(|(_, w)| uses[&w.hash] == 1)
-            .map(|(i, w)| (w.hash, i))
-            .collect();
+        let mut uses_of: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
+        for (i, w) in plan.writes.iter().enumerate() {
+            uses_of.entry(w.hash).or_default().push(i);
+        }
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
             .clamp(2, 8);
         let sizes = plan.blobs.iter().copied().collect();
-        Ok(Restore {
+        let restore = Restore {
             sizes,
             ws,
             plan,
             staging_name,
             staging,
-            sources,
-            uses,
-            by_hash,
-            staged: Mutex::new(HashMap::new()),
+            tree,
+            dests,
+            new_roots,
+            tree_dirs,
+            uses_of,
             prepared: Mutex::new(HashMap::new()),
             step: Step::Deletions,
             cursor: 0,
             recorded: Mutex::new(Vec::new()),
             skipped: Mutex::new(skipped),
             threads,
-        })
+        };
+        restore.make_tree_dirs()?;
+        Ok(restore)
+    }
+
+    fn tree_prefix(&self) -> Vec<u8> {
+        let mut prefix = self.staging_name.to_bytes().to_vec();
+        prefix.extend_from_slice(b"/t");
+        prefix
+    }
+
+    /// The planned directories beneath new roots, made in staging's tree
+    /// (their modes are set once they are in place).
+    fn make_tree_dirs(&self) -> Result<(), RestoreError> {
+        let prefix = self.tree_prefix();
+        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
+        for dir in &self.plan.dirs_to_make {
+            if self.tree_dirs.contains(dir) {
+                dirs.reach(dir.as_bytes(), true)?;
+            }
+        }
+        Ok(())
     }
 
     fn shown_staging(&self, name: &CStr) -> String {
@@ -738,24 +857,27 @@ impl Restore {
             })
     }
 
-    /// Stage many small blobs at once (verified before a byte is written),
-    /// spread over a few threads. `sizes` gives each blob's expected size.
+    /// Stage many small blobs at once (each verified before a byte is
+    /// written), spread over a few threads.
     pub fn stage_many(
         &self,
-        items: &[([u8; 32], u64, &[u8])],
+        items: &[([u8; 32], &[u8])],
         cancel: &Cancel,
     ) -> Result<(), RestoreError> {
         let chunk = items.len().div_ceil(self.threads).max(1);
+        let prefix = self.tree_prefix();
         std::thread::scope(|scope| {
             let handles: Vec<_> = items
                 .chunks(chunk)
                 .map(|part| {
+                    let prefix = &prefix;
                     scope.spawn(move || {
-                        for (hash, size, data) in part {
+                        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), prefix);
+                        for (hash, data) in part {
                             if cancel.is_cancelled() {
                                 return Err(RestoreError::Cancelled);
                             }
-                            self.stage_bytes(hash, *size, data)?;
+                            self.stage_bytes(&mut dirs, hash, data)?;
                         }
                         Ok(())
                     })
@@ -785,12 +907,80 @@ impl Restore {
         Ok(())
     }
 
-    /// Stage one blob given whole: verified first, then written.
-    pub fn stage_bytes(&self, hash: &[u8; 32], size: u64, data: &[u8]) -> Result<(), RestoreError> {
-        Self::verify(hash, size, data)?;
-        let mut writer = self.stage_writer(hash, size)?;
-        writer.write_unhashed(self, data)?;
-        writer.finish_verified(self)
+    /// One blob given whole: verified, then written to each of its uses.
+    fn stage_bytes(
+        &self,
+        dirs: &mut DirStack<'_>,
+        hash: &[u8; 32],
+        data: &[u8],
+    ) -> Result<(), RestoreError> {
+        Self::verify(hash, self.expected(hash)?, data)?;
+        for (index, fd) in self.create_uses(dirs, hash)? {
+            fs::write_all(fd.as_raw_fd(), data)
+                .map_err(|e| RestoreError::io(self.shown_prepared(index), "write", e))?;
+            self.finish_use(index, &fd)?;
+        }
+        Ok(())
+    }
+
+    fn shown_prepared(&self, index: usize) -> String {
+        match self.dests[index] {
+            Dest::Flat => self.shown_staging(&flat_name(index)),
+            Dest::Tree => {
+                let mut rel = self.tree_prefix();
+                rel.push(b'/');
+                rel.extend_from_slice(self.plan.writes[index].path.as_bytes());
+                self.ws.shown(&rel)
+            }
+        }
+    }
+
+    /// A new, empty file for every write that uses `hash`.
+    fn create_uses(
+        &self,
+        dirs: &mut DirStack<'_>,
+        hash: &[u8; 32],
+    ) -> Result<Vec<(usize, OwnedFd)>, RestoreError> {
+        let indexes = self.uses_of.get(hash).map(Vec::as_slice).unwrap_or(&[]);
+        let mut out = Vec::with_capacity(indexes.len());
+        for &index in indexes {
+            let fd = match self.dests[index] {
+                Dest::Flat => fs::create_file_at(self.staging.as_raw_fd(), &flat_name(index)),
+                Dest::Tree => {
+                    let (parent, leaf) = split_parent(self.plan.writes[index].path.as_bytes());
+                    let parent_fd = match dirs.reach(parent, true)? {
+                        Reached::Dir(fd) => fd,
+                        _ => {
+                            return Err(RestoreError::io(
+                                self.shown_prepared(index),
+                                "create",
+                                io::Error::from_raw_os_error(libc::ENOENT),
+                            ))
+                        }
+                    };
+                    fs::create_file_at(parent_fd, &cname(leaf)?)
+                }
+            }
+            .map_err(|e| RestoreError::io(self.shown_prepared(index), "create", e))?;
+            out.push((index, fd));
+        }
+        Ok(out)
+    }
+
+    /// Mode and mtime through our own fd, then its stat: what moves in.
+    fn finish_use(&self, index: usize, fd: &OwnedFd) -> Result<(), RestoreError> {
+        let entry = &self.plan.writes[index];
+        let raw = fd.as_raw_fd();
+        let shown = || self.shown_prepared(index);
+        fs::fchmod(raw, entry.mode & 0o777).map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+        fs::set_mtime(raw, entry.mtime_ns)
+            .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
+        let stat = fs::fstat(raw).map_err(|e| RestoreError::io(shown(), "fstat", e))?;
+        self.prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(index, Written { stat });
+        Ok(())
     }
 
     /// A writer streaming one (large) blob into staging, hashing as it goes.
@@ -804,20 +994,15 @@ impl Restore {
                 ),
             });
         }
-        let name = staged_name(hash);
-        let fd = fs::create_file_at(self.staging.as_raw_fd(), &name)
-            .map_err(|e| RestoreError::io(self.shown_staging(&name), "create", e))?;
+        let prefix = self.tree_prefix();
+        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
         Ok(StagedWriter {
-            fd: Some(fd),
+            uses: self.create_uses(&mut dirs, hash)?,
             hash: *hash,
             size,
             written: 0,
             hasher: blake3::Hasher::new(),
         })
-    }
-
-    fn single_use_entry(&self, hash: &[u8; 32]) -> Option<&TargetFile> {
-        self.by_hash.get(hash).map(|&i| &self.plan.writes[i])
     }
 
     /// Whether apply has more to do.
@@ -826,9 +1011,10 @@ impl Restore {
     }
 
     /// Apply up to `budget` operations of the current step (steps run in
-    /// order: deletions, directories, file copies, files by atomic rename,
-    /// symlinks, file modes and mtimes, directory modes deepest first).
-    /// Returns how many were done; 0 only once everything is.
+    /// order: deletions, directories, new directory trees moved in whole,
+    /// other files by atomic rename, symlinks, file modes and mtimes,
+    /// directory modes deepest first). Returns how many were done (files
+    /// moved in with their directory count too); see [`Restore::done`].
     pub fn apply_some(&mut self, budget: usize, cancel: &Cancel) -> Result<usize, RestoreError> {
         let budget = budget.max(1);
         while self.step != Step::Done {
@@ -838,7 +1024,8 @@ impl Restore {
             let total = match self.step {
                 Step::Deletions => self.plan.deletions.len(),
                 Step::Dirs => self.plan.dirs_to_make.len(),
-                Step::Copies | Step::SharedMetadata | Step::Writes => self.plan.writes.len(),
+                Step::Trees => self.new_roots.len(),
+                Step::Writes => self.plan.writes.len(),
                 Step::Links => self.plan.links.len(),
                 Step::FileMetadata => self.plan.file_metadata.len(),
                 Step::DirModes => self.plan.dir_modes.len(),
@@ -847,9 +1034,8 @@ impl Restore {
             if self.cursor >= total {
                 self.step = match self.step {
                     Step::Deletions => Step::Dirs,
-                    Step::Dirs => Step::Copies,
-                    Step::Copies => Step::SharedMetadata,
-                    Step::SharedMetadata => Step::Writes,
+                    Step::Dirs => Step::Trees,
+                    Step::Trees => Step::Writes,
                     Step::Writes => Step::Links,
                     Step::Links => Step::FileMetadata,
                     Step::FileMetadata => Step::DirModes,
@@ -859,34 +1045,29 @@ impl Restore {
                 continue;
             }
             let range = self.cursor..(self.cursor + budget).min(total);
-            let count = range.len();
-            match self.step {
+            let count = match self.step {
                 Step::Deletions => self.delete(range.clone())?,
                 Step::Dirs => self.make_dirs(range.clone())?,
-                Step::Copies => self.parallel(range.clone(), Restore::prepare_copy)?,
-                Step::SharedMetadata => self.parallel(range.clone(), Restore::prepare_shared)?,
+                Step::Trees => self.move_trees(range.clone())?,
                 Step::Writes => self.parallel(range.clone(), Restore::rename_write)?,
                 Step::Links => self.make_links(range.clone())?,
                 Step::FileMetadata => self.set_file_metadata(range.clone())?,
                 Step::DirModes => self.set_dir_modes(range.clone())?,
-                Step::Done => {}
-            }
+                Step::Done => 0,
+            };
             self.cursor = range.end;
-            // Copies and shared metadata are preparation: not counted as operations.
-            if matches!(self.step, Step::Copies | Step::SharedMetadata) {
-                continue;
-            }
             return Ok(count);
         }
         Ok(0)
     }
 
+    /// Flat writes of `range`, renamed in on a few threads; returns how many.
     fn parallel(
         &self,
         range: std::ops::Range<usize>,
         op: fn(&Restore, &mut DirStack<'_>, usize) -> Result<(), RestoreError>,
-    ) -> Result<(), RestoreError> {
-        let indexes: Vec<usize> = range.collect();
+    ) -> Result<usize, RestoreError> {
+        let indexes: Vec<usize> = range.filter(|&i| self.dests[i] == Dest::Flat).collect();
         // Contiguous chunks keep each thread's paths together (shared parents).
         let chunk = indexes.len().div_ceil(self.threads).max(1);
         std::thread::scope(|scope| {
@@ -907,7 +1088,8 @@ impl Restore {
                 .map(|h| h.join().unwrap_or(Err(RestoreError::Cancelled)))
                 .collect::<Result<Vec<()>, RestoreError>>()
                 .map(drop)
-        })
+        })?;
+        Ok(indexes.len())
     }
 
     fn skip(&self, path: Vec<u8>) {
@@ -917,7 +1099,8 @@ impl Restore {
         }
     }
 
-    fn delete(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+    fn delete(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
+        let count = range.len();
         let mut dirs = DirStack::new(&self.ws);
         for (path, kind) in &self.plan.deletions[range] {
             let (parent, name) = split_parent(path);
@@ -961,101 +1144,156 @@ impl Restore {
                 }
             }
         }
-        Ok(())
+        Ok(count)
     }
 
-    fn make_dirs(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+    fn make_dirs(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
         let mut dirs = DirStack::new(&self.ws);
+        let mut count = 0;
         for path in &self.plan.dirs_to_make[range] {
+            if self.tree_dirs.contains(path) {
+                continue; // moves in with its new root
+            }
+            count += 1;
             if let Reached::OtherDevice(at) = dirs.reach(path.as_bytes(), true)? {
                 self.skip(at);
             }
         }
-        Ok(())
+        Ok(count)
     }
 
-    /// An earlier use of a shared blob: copy the staged bytes to `c-<i>` and
-    /// give the copy its mode and mtime.
-    fn prepare_copy(&self, _dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
-        if self.sources[index] != Source::Copy {
-            return Ok(());
+    /// Move each new root in from staging's tree with one rename; the files
+    /// in it keep the stat they were written with (a directory rename changes
+    /// only the directory's ctime), which is what the stat cache learns.
+    fn move_trees(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
+        let prefix = self.tree_prefix();
+        let mut staged_dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
+        let mut dirs = DirStack::new(&self.ws);
+        let mut moved_files = 0;
+        for root in &self.new_roots[range] {
+            let path = root.as_bytes();
+            let (parent, leaf) = split_parent(path);
+            let leaf = cname(leaf)?;
+            let from = match staged_dirs.reach(parent, false)? {
+                Reached::Dir(fd) => fd,
+                _ => {
+                    return Err(RestoreError::io(
+                        self.ws.shown(path),
+                        "restore",
+                        io::Error::other("its staged directory vanished"),
+                    ))
+                }
+            };
+            let Some((to, _)) = self.reach_parent(&mut dirs, path)? else {
+                continue;
+            };
+            let whole = self.move_dir(from, to, &leaf, path)?;
+            let files = self.tree_writes_under(root);
+            moved_files += files.len();
+            if whole {
+                let prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+                let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
+                for index in files {
+                    if let Some(written) = prepared.get(&index) {
+                        let entry = &self.plan.writes[index];
+                        recorded.push((
+                            entry.path.clone(),
+                            CacheEntry::new(&written.stat, entry.hash),
+                        ));
+                    }
+                }
+            }
         }
-        let entry = &self.plan.writes[index];
-        let src_name = staged_name(&entry.hash);
-        let src = fs::open_leaf_at(self.staging.as_raw_fd(), &src_name, libc::O_RDONLY)
-            .map_err(|e| RestoreError::io(self.shown_staging(&src_name), "open", e))?;
-        let name = copy_name(index);
-        let dst = fs::create_file_at(self.staging.as_raw_fd(), &name)
-            .map_err(|e| RestoreError::io(self.shown_staging(&name), "create", e))?;
-        fs::copy_fd(src.as_raw_fd(), dst.as_raw_fd())
-            .map_err(|e| RestoreError::io(self.shown_staging(&name), "copy", e))?;
-        let written = self.finish_file(&dst, entry, &name)?;
-        self.prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(index, written);
-        Ok(())
+        Ok(moved_files)
     }
 
-    /// The last use of a shared blob: its staged file gets this entry's metadata
-    /// (after every copy of it was made).
-    fn prepare_shared(&self, _dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
-        if self.sources[index] != Source::StagedShared {
-            return Ok(());
-        }
-        let entry = &self.plan.writes[index];
-        let name = staged_name(&entry.hash);
-        let fd = fs::open_leaf_at(self.staging.as_raw_fd(), &name, libc::O_RDONLY)
-            .map_err(|e| RestoreError::io(self.shown_staging(&name), "open", e))?;
-        let written = self.finish_file(&fd, entry, &name)?;
-        self.prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(index, written);
-        Ok(())
+    /// The tree-staged writes beneath `root` (a contiguous run of the sorted writes).
+    fn tree_writes_under(&self, root: &str) -> Vec<usize> {
+        let mut prefix = root.as_bytes().to_vec();
+        prefix.push(b'/');
+        let writes = &self.plan.writes;
+        let start = writes.partition_point(|w| w.path.as_bytes() < prefix.as_slice());
+        (start..writes.len())
+            .take_while(|&i| writes[i].path.as_bytes().starts_with(&prefix))
+            .filter(|&i| self.dests[i] == Dest::Tree)
+            .collect()
     }
 
-    /// Mode and mtime through our own fd, then its stat: what we will rename in.
-    fn finish_file(
+    /// Rename staged directory `leaf` (in `from`) to `leaf` in `to`. Returns
+    /// true when it moved in whole; when a directory appeared there since the
+    /// plan, its content is merged entry by entry (those files are not
+    /// recorded: the next capture hashes them); a non-directory standing
+    /// there is unlinked first.
+    fn move_dir(
         &self,
-        fd: &OwnedFd,
-        entry: &TargetFile,
-        name: &CStr,
-    ) -> Result<Written, RestoreError> {
-        let raw = fd.as_raw_fd();
-        let shown = || self.shown_staging(name);
-        fs::fchmod(raw, entry.mode & 0o777).map_err(|e| RestoreError::io(shown(), "chmod", e))?;
-        fs::set_mtime(raw, entry.mtime_ns)
-            .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
-        let stat = fs::fstat(raw).map_err(|e| RestoreError::io(shown(), "fstat", e))?;
-        Ok(Written { stat })
+        from: RawFd,
+        to: RawFd,
+        leaf: &CStr,
+        path: &[u8],
+    ) -> Result<bool, RestoreError> {
+        match fs::rename_at(from, leaf, to, leaf) {
+            Ok(()) => return Ok(true),
+            Err(e) if is_errno(&e, &[libc::ENOTDIR]) => {
+                // A file or symlink stands there: the link itself goes, never its target.
+                let _ = fs::unlink_at(to, leaf);
+                fs::rename_at(from, leaf, to, leaf)
+                    .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))?;
+                return Ok(true);
+            }
+            Err(e) if is_errno(&e, &[libc::ENOTEMPTY, libc::EEXIST]) => {}
+            Err(e) => return Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
+        }
+        let source = fs::open_dir_at(from, leaf)
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "open", e))?;
+        let target = fs::open_dir_at(to, leaf)
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "open", e))?;
+        let stat = fs::fstat(target.as_raw_fd())
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "fstat", e))?;
+        if stat.dev != self.ws.dev {
+            self.skip(path.to_vec());
+            return Ok(false);
+        }
+        let listing = source
+            .try_clone()
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "dup", e))?;
+        let mut reader = fs::DirReader::new(listing)
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "list", e))?;
+        let mut children: Vec<(CString, fs::DirentType)> = Vec::new();
+        while let Some((name, kind)) = reader
+            .next_entry()
+            .map_err(|e| RestoreError::io(self.ws.shown(path), "list", e))?
+        {
+            children.push((name.to_owned(), kind));
+        }
+        drop(reader);
+        for (child, kind) in children {
+            let mut child_path = path.to_vec();
+            child_path.push(b'/');
+            child_path.extend_from_slice(child.to_bytes());
+            if kind == fs::DirentType::Dir {
+                self.move_dir(source.as_raw_fd(), target.as_raw_fd(), &child, &child_path)?;
+            } else {
+                self.rename_from(
+                    source.as_raw_fd(),
+                    &child,
+                    target.as_raw_fd(),
+                    &child,
+                    &child_path,
+                )?;
+            }
+        }
+        Ok(false)
     }
 
-    /// Rename one prepared file into place and record the inode it put there.
+    /// Rename one prepared flat file into place and record the inode it put there.
     fn rename_write(&self, dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
         let entry = &self.plan.writes[index];
-        let (name, written) = match self.sources[index] {
-            Source::Staged => {
-                let staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
-                (staged_name(&entry.hash), staged.get(&entry.hash).copied())
-            }
-            Source::StagedShared => (
-                staged_name(&entry.hash),
-                self.prepared
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&index)
-                    .copied(),
-            ),
-            Source::Copy => (
-                copy_name(index),
-                self.prepared
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .get(&index)
-                    .copied(),
-            ),
-        };
+        let written = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&index)
+            .copied();
         let Some(written) = written else {
             return Err(RestoreError::io(
                 self.ws.shown(entry.path.as_bytes()),
@@ -1067,7 +1305,7 @@ impl Restore {
         let Some((parent_fd, leaf)) = self.reach_parent(dirs, path)? else {
             return Ok(());
         };
-        self.rename_in(parent_fd, &name, &leaf, path)?;
+        self.rename_in(parent_fd, &flat_name(index), &leaf, path)?;
         // What stands there now must be the inode we wrote (rename changed
         // only its ctime): then its stat, ctime included, is what we record.
         if let Ok(after) = fs::lstat_at(parent_fd, &leaf) {
@@ -1119,8 +1357,18 @@ impl Restore {
         leaf: &CStr,
         path: &[u8],
     ) -> Result<(), RestoreError> {
-        let staging = self.staging.as_raw_fd();
-        match fs::rename_at(staging, name, parent_fd, leaf) {
+        self.rename_from(self.staging.as_raw_fd(), name, parent_fd, leaf, path)
+    }
+
+    fn rename_from(
+        &self,
+        from: RawFd,
+        name: &CStr,
+        parent_fd: RawFd,
+        leaf: &CStr,
+        path: &[u8],
+    ) -> Result<(), RestoreError> {
+        match fs::rename_at(from, name, parent_fd, leaf) {
             Ok(()) => Ok(()),
             Err(e) if is_errno(&e, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) => {
                 let mut skipped = Vec::new();
@@ -1128,14 +1376,15 @@ impl Restore {
                 for s in skipped {
                     self.skip(s);
                 }
-                fs::rename_at(staging, name, parent_fd, leaf)
+                fs::rename_at(from, name, parent_fd, leaf)
                     .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))
             }
             Err(e) => Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
         }
     }
 
-    fn make_links(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+    fn make_links(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
+        let count = range.len();
         let mut dirs = DirStack::new(&self.ws);
         for index in range {
             let (path, target) = &self.plan.links[index];
@@ -1148,13 +1397,14 @@ impl Restore {
             };
             self.rename_in(parent_fd, &name, &leaf, path.as_bytes())?;
         }
-        Ok(())
+        Ok(count)
     }
 
     /// Mode and mtime of files whose bytes are right, in place: only through
     /// an fd of a regular file with one link (the plan replaced shared ones;
     /// one that became shared since is left alone).
-    fn set_file_metadata(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+    fn set_file_metadata(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
+        let count = range.len();
         let mut dirs = DirStack::new(&self.ws);
         for entry in &self.plan.file_metadata[range] {
             let (parent, name) = split_parent(entry.path.as_bytes());
@@ -1203,10 +1453,11 @@ impl Restore {
                     .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
             }
         }
-        Ok(())
+        Ok(count)
     }
 
-    fn set_dir_modes(&self, range: std::ops::Range<usize>) -> Result<(), RestoreError> {
+    fn set_dir_modes(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
+        let count = range.len();
         let mut dirs = DirStack::new(&self.ws);
         for (path, mode) in &self.plan.dir_modes[range] {
             let fd = match dirs.reach(path.as_bytes(), false)? {
@@ -1220,7 +1471,7 @@ impl Restore {
             fs::fchmod(fd, mode & 0o777)
                 .map_err(|e| RestoreError::io(self.ws.shown(path.as_bytes()), "chmod", e))?;
         }
-        Ok(())
+        Ok(count)
     }
 
     /// After apply: make the restored data durable (one `syncfs` of the
@@ -1286,10 +1537,6 @@ impl Restore {
             &mut skipped,
         )
     }
-
-    pub fn uses(&self, hash: &[u8; 32]) -> u32 {
-        self.uses.get(hash).copied().unwrap_or(0)
-    }
 }
 
 fn chmod_and_mtime_by_proc(proc: &CStr, mode: u32, mtime_ns: i64) -> io::Result<()> {
@@ -1314,9 +1561,10 @@ fn chmod_and_mtime_by_proc(proc: &CStr, mode: u32, mtime_ns: i64) -> io::Result<
     Ok(())
 }
 
-/// One blob being written into staging; `finish` checks size and hash.
+/// One (large) blob being written into staging, to every file that uses
+/// it, hashing as it goes; `finish` checks size and hash.
 pub struct StagedWriter {
-    fd: Option<OwnedFd>,
+    uses: Vec<(usize, OwnedFd)>,
     hash: [u8; 32],
     size: u64,
     written: u64,
@@ -1324,24 +1572,9 @@ pub struct StagedWriter {
 }
 
 impl StagedWriter {
-    fn raw(&self) -> Result<RawFd, RestoreError> {
-        self.fd
-            .as_ref()
-            .map(|fd| fd.as_raw_fd())
-            .ok_or_else(|| RestoreError::InvalidBlob {
-                hash: self.hash,
-                reason: "written after it was finished".into(),
-            })
-    }
-
-    /// Append a chunk, hashing it. InvalidBlob as soon as it is longer than
-    /// recorded (a hostile or corrupt blob must not fill the disk).
+    /// Append a chunk. InvalidBlob as soon as it is longer than recorded (a
+    /// hostile or corrupt blob must not fill the disk).
     pub fn write(&mut self, restore: &Restore, chunk: &[u8]) -> Result<(), RestoreError> {
-        self.hasher.update(chunk);
-        self.write_unhashed(restore, chunk)
-    }
-
-    fn write_unhashed(&mut self, restore: &Restore, chunk: &[u8]) -> Result<(), RestoreError> {
         self.written += chunk.len() as u64;
         if self.written > self.size {
             return Err(RestoreError::InvalidBlob {
@@ -1349,14 +1582,15 @@ impl StagedWriter {
                 reason: format!("longer than the {} bytes the checkpoint records", self.size),
             });
         }
-        let fd = self.raw()?;
-        fs::write_all(fd, chunk).map_err(|e| {
-            RestoreError::io(restore.shown_staging(&staged_name(&self.hash)), "write", e)
-        })
+        self.hasher.update(chunk);
+        for (index, fd) in &self.uses {
+            fs::write_all(fd.as_raw_fd(), chunk)
+                .map_err(|e| RestoreError::io(restore.shown_prepared(*index), "write", e))?;
+        }
+        Ok(())
     }
 
-    /// Check size and hash, give a single-use blob its file's mode and mtime,
-    /// remember what was written, start its writeback.
+    /// Check size and hash, then give each file its entry's mode and mtime.
     pub fn finish(mut self, restore: &Restore) -> Result<(), RestoreError> {
         if self.written != self.size {
             return Err(RestoreError::InvalidBlob {
@@ -1374,26 +1608,9 @@ impl StagedWriter {
                 reason: "its BLAKE3 hash does not match its key".into(),
             });
         }
-        self.finish_verified(restore)
-    }
-
-    fn finish_verified(mut self, restore: &Restore) -> Result<(), RestoreError> {
-        let fd = self.fd.take().ok_or_else(|| RestoreError::InvalidBlob {
-            hash: self.hash,
-            reason: "finished twice".into(),
-        })?;
-        let name = staged_name(&self.hash);
-        let stat = match restore.single_use_entry(&self.hash) {
-            Some(entry) => restore.finish_file(&fd, entry, &name)?.stat,
-            None => fs::fstat(fd.as_raw_fd())
-                .map_err(|e| RestoreError::io(restore.shown_staging(&name), "fstat", e))?,
-        };
-        fs::start_writeback(fd.as_raw_fd());
-        restore
-            .staged
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(self.hash, Written { stat });
+        for (index, fd) in &self.uses {
+            restore.finish_use(*index, fd)?;
+        }
         Ok(())
     }
 }

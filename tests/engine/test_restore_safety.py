@@ -261,3 +261,36 @@ def test_subdir_symlink_is_refused_natively(workspace: Path, tmp_path: Path) -> 
         _native.RestoreSession(str(workspace), b"[]", subdir="sub")
     assert caught.value.filename == "sub"
     assert os.listdir(outside) == []
+
+
+async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    same = b"the same bytes in many places"
+    write_tree(
+        workspace,
+        {
+            "top.txt": same,
+            "new/a.txt": same,
+            "new/deep/b.txt": same,
+            "new/deep/link": "b.txt",
+            "locked/c.txt": b"c",
+            "old/d.txt": same,
+        },
+    )
+    os.chmod(workspace / "locked", 0o555)
+    os.chmod(workspace / "new/deep/b.txt", 0o600)
+    before = snapshot_tree(workspace)
+    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    # The live tree lacks new/ and locked/; a file stands where new/ must go.
+    os.chmod(workspace / "locked", 0o755)
+    shutil.rmtree(workspace / "new")
+    shutil.rmtree(workspace / "locked")
+    (workspace / "new").write_bytes(b"a file where a directory belongs")
+    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(workspace) == before
+    assert not [n for n in os.listdir(workspace) if n.startswith(".checkpointd")]
+    again = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    # Every file restore wrote is known to the stat cache.
+    assert again.stats.files_hashed == 0
+    os.chmod(workspace / "locked", 0o755)

@@ -2,6 +2,7 @@
 //! (see `crate::restore` for the rules; `_native.pyi` for the surface).
 
 use std::collections::HashMap;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -23,6 +24,14 @@ use crate::redact::SecretSet;
 use crate::restore::{self as core, Restore, RestoreError, StagedWriter, Workspace};
 use crate::scan::{self, Root, ScanRequest};
 use crate::statcache::secrets_fingerprint;
+
+create_exception!(
+    checkpointd._native,
+    TargetRefused,
+    PyValueError,
+    "A target path restore refuses before any change: args are (reason code, path, message), \
+     the code \"invalid-path\" or \"name-too-long\"."
+);
 
 create_exception!(
     checkpointd._native,
@@ -49,6 +58,18 @@ fn restore_to_py(error: RestoreError) -> PyErr {
             PyOSError::new_err((errno, e.to_string(), subdir.clone()))
         }
         RestoreError::Manifest(m) => PyValueError::new_err(m),
+        e @ RestoreError::InvalidPath { .. } => {
+            let RestoreError::InvalidPath { path, .. } = &e else {
+                unreachable!()
+            };
+            TargetRefused::new_err(("invalid-path", path.clone(), e.to_string()))
+        }
+        e @ RestoreError::NameTooLong { .. } => {
+            let RestoreError::NameTooLong { path, .. } = &e else {
+                unreachable!()
+            };
+            TargetRefused::new_err(("name-too-long", path.clone(), e.to_string()))
+        }
         RestoreError::Scan(e) => to_py(e),
         RestoreError::Cancelled => ScanCancelled::new_err("restore cancelled"),
     }
@@ -111,6 +132,7 @@ impl RestoreSession {
             .allow_threads(move || -> Result<Restore, RestoreError> {
                 let target = manifest::decode(&target).map_err(RestoreError::Manifest)?;
                 let ws = Workspace::open(&root, &subdir)?;
+                core::check_target(&target, core::name_max(ws.fd.as_raw_fd()))?;
                 let request = ScanRequest {
                     root: ws.path.clone(),
                     policy,
@@ -194,16 +216,13 @@ impl RestoreSession {
     fn stage_many(&self, py: Python<'_>, items: Vec<(String, PyBackedBytes)>) -> PyResult<()> {
         let mut parsed = Vec::with_capacity(items.len());
         for (hex, data) in &items {
-            let hash = digest(hex)?;
-            parsed.push((hash, data.len() as u64, data));
+            parsed.push((digest(hex)?, data));
         }
         let inner = &self.inner;
         let cancel = &self.cancel;
         py.allow_threads(|| {
-            let views: Vec<([u8; 32], u64, &[u8])> = parsed
-                .iter()
-                .map(|(h, s, d)| (*h, *s, d.as_ref()))
-                .collect();
+            let views: Vec<([u8; 32], &[u8])> =
+                parsed.iter().map(|(h, d)| (*h, d.as_ref())).collect();
             inner.stage_many(&views, cancel)
         })
         .map_err(restore_to_py)
@@ -241,7 +260,13 @@ impl RestoreSession {
             .map_err(restore_to_py)
     }
 
-    /// Apply up to ``budget`` operations; returns how many (0 once done).
+    /// True once apply has nothing left to do.
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.done()
+    }
+
+    /// Apply up to ``budget`` operations; returns how many were done.
     fn apply_some(&mut self, py: Python<'_>, budget: usize) -> PyResult<usize> {
         let inner = &mut self.inner;
         let cancel = &self.cancel;
