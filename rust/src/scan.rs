@@ -174,13 +174,15 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     let fingerprint = secrets_fingerprint(&request.secrets);
     let cancel = &request.cancel;
 
-    // The reference time comes first: anything stat'ed after it in the same
-    // tick carries an mtime >= it and is not trusted next time.
+    // The reference time comes first, read on the WORKSPACE's filesystem (its
+    // timestamps may be coarser than the data dir's) and moved back by one of
+    // its timestamp ticks: a file stat'ed in a tick that could still change
+    // carries an mtime at or after it and is not trusted next time.
     let (old_cache, reference_ns) = match &request.cache_path {
         Some(path) => {
             let dir = cache_dir(path)?;
-            let now = fs::filesystem_now(&dir)
-                .map_err(|e| ScanError::io(&dir, "read the clock of", e))?;
+            let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
+                .map_err(|e| ScanError::io(&root.path, "read the clock of", e))?;
             (LoadedCache::load(path), now)
         }
         None => (None, 0),

@@ -1,0 +1,77 @@
+"""The racy-clean window is measured on the workspace's filesystem (issue 11).
+
+A workspace on a filesystem with 1-second timestamps (ext4 with 128-byte
+inodes), a data dir on one with nanosecond timestamps: a same-size rewrite in
+the same second as the capture that cached the file must be hashed again, so
+the next capture records the new bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from checkpointd import capture_checkpoint, open_blobs, open_store
+from checkpointd.model import FileEntry
+
+
+@pytest.fixture
+def coarse_workspace(tmp_path: Path) -> Iterator[Path]:
+    image = tmp_path / "ext4-128.img"
+    mount_point = tmp_path / "coarse"
+    mount_point.mkdir()
+    with image.open("wb") as handle:
+        handle.truncate(16 << 20)
+    made = subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-I", "128", str(image)], capture_output=True, text=True
+    )
+    if made.returncode != 0:
+        pytest.skip(f"mkfs.ext4 is not usable here: {made.stderr.strip()}")
+    mounted = subprocess.run(
+        ["mount", "-o", "loop", str(image), str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a loop file here: {mounted.stderr.strip()}")
+    try:
+        workspace = mount_point / "ws"
+        workspace.mkdir()
+        yield workspace
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def _start_of_a_second() -> None:
+    """Sleep until just after a second boundary (room for two captures)."""
+    time.sleep(1 - time.time() % 1 + 0.01)
+
+
+async def test_same_second_same_size_rewrite_is_recorded(
+    coarse_workspace: Path, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "data"  # on the nanosecond filesystem
+    target = coarse_workspace / "notes.txt"
+    async with await open_store(f"sqlite:///{tmp_path / 's.db'}") as store:
+        blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+        for attempt in range(5):
+            _start_of_a_second()
+            second = int(time.time())
+            target.write_bytes(b"version A %d" % attempt)
+            first = await capture_checkpoint(coarse_workspace, store, blobs, "t", data_dir=data_dir)
+            with target.open("r+b") as handle:  # same inode, same size
+                handle.write(b"version B %d" % attempt)
+            if int(time.time()) != second:
+                continue  # the machine was too slow for one second: try again
+            assert os.stat(target).st_mtime_ns % 1_000_000_000 == 0  # coarse indeed
+            again = await capture_checkpoint(coarse_workspace, store, blobs, "t", data_dir=data_dir)
+            (entry,) = [e for e in again.checkpoint.files if isinstance(e, FileEntry)]
+            assert await blobs.get(entry.blob_key) == b"version B %d" % attempt
+            assert again.stats.files_hashed == 1
+            (before,) = [e for e in first.checkpoint.files if isinstance(e, FileEntry)]
+            assert before.blob_key != entry.blob_key
+            return
+        pytest.fail("could not rewrite within the capture's second in 5 tries")
