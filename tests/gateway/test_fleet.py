@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,16 @@ class Gateway:
     proc: subprocess.Popen[bytes]
     port: int
     log: Path
+    metrics_port: int
+
+    def metric(self, name: str) -> float:
+        """One sample of the gateway's Prometheus metrics (0 when absent)."""
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            for line in reply.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[-1])
+        return 0.0
 
     @property
     def address(self) -> str:
@@ -132,7 +143,7 @@ class Fleet:
 def _start_gateway(
     base: Path, name: str, store: str, blobs: str, s3_env: dict[str, str], public: Path, pki: dict
 ) -> Gateway:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log = base / f"{name}.log"
     args = [
         sys.executable,
@@ -155,12 +166,14 @@ def _start_gateway(
         "4",
         "--grace-period",
         "5s",
+        "--metrics-listen",
+        f"127.0.0.1:{metrics_port}",
     ]
     with log.open("wb") as handle:
         proc = subprocess.Popen(
             args, stdout=handle, stderr=subprocess.STDOUT, env=clean_env(**s3_env)
         )
-    return Gateway(proc, port, log)
+    return Gateway(proc, port, log, metrics_port)
 
 
 def _wait_gateway(gateway: Gateway, ca: Path) -> None:
@@ -232,7 +245,8 @@ def fleet(postgres_server: PostgresServer, s3_server: S3Server) -> Iterator[Flee
             sidecar.stop(timeout=10)
         for gateway in fleet.gateways:
             gateway.stop()
-        shutil.rmtree(base, ignore_errors=True)
+        if not os.environ.get("CHECKPOINTD_KEEP_FLEET"):  # the logs, for a failed run
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _client(sidecar: Daemon) -> Client:
@@ -255,6 +269,15 @@ async def _round_trip(fleet: Fleet, index: int) -> None:
 
 async def test_each_sidecar_captures_and_restores_its_own_thread(fleet: Fleet) -> None:
     await asyncio.gather(*(_round_trip(fleet, i) for i in range(len(fleet.sidecars))))
+    # Uploads stream through the gateways (hashed there); restores read the
+    # bucket through presigned URLs, so no blob byte goes back through a gateway.
+    uploaded = sum(
+        g.metric('checkpointd_gateway_blob_bytes{direction="in"}') for g in fleet.gateways
+    )
+    read = sum(g.metric('checkpointd_gateway_blob_bytes{direction="out"}') for g in fleet.gateways)
+    print(f"blob bytes through the gateways: {uploaded:.0f} in (uploads), {read:.0f} out (reads)")
+    assert uploaded > 0
+    assert read == 0
 
 
 def test_no_sidecar_holds_a_database_or_bucket_secret(fleet: Fleet) -> None:

@@ -78,6 +78,7 @@ def test_the_gateway_serves_every_store_and_blob_method() -> None:
         assert rpc in names, rpc
     blob_calls = {"BlobHead", "BlobMissing", "BlobGet", "BlobGetMany", "BlobPut", "BlobPutMany"}
     admin_blob_calls = {"BlobList", "BlobDelete"}
+    blob_calls.add("BlobSignGet")  # presigned reads
     lease_calls = {"RenewWriter", "ReleaseWriter", "GetStoreInfo"}
     assert names == set(store_methods.values()) | blob_calls | admin_blob_calls | lease_calls
 

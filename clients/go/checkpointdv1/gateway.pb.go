@@ -1915,6 +1915,110 @@ func (x *GatewayThreads) GetThreads() []*GatewayThreadSummary {
 	return nil
 }
 
+type GatewayBlobSignRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []string               `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	ExpiresInS    uint32                 `protobuf:"varint,2,opt,name=expires_in_s,json=expiresInS,proto3" json:"expires_in_s,omitempty"` // 0: 300; at most 3600
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayBlobSignRequest) Reset() {
+	*x = GatewayBlobSignRequest{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayBlobSignRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayBlobSignRequest) ProtoMessage() {}
+
+func (x *GatewayBlobSignRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayBlobSignRequest.ProtoReflect.Descriptor instead.
+func (*GatewayBlobSignRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *GatewayBlobSignRequest) GetKeys() []string {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *GatewayBlobSignRequest) GetExpiresInS() uint32 {
+	if x != nil {
+		return x.ExpiresInS
+	}
+	return 0
+}
+
+type GatewayBlobUrls struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Supported     bool                   `protobuf:"varint,1,opt,name=supported,proto3" json:"supported,omitempty"`
+	Urls          []string               `protobuf:"bytes,2,rep,name=urls,proto3" json:"urls,omitempty"` // one per key, in order
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayBlobUrls) Reset() {
+	*x = GatewayBlobUrls{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayBlobUrls) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayBlobUrls) ProtoMessage() {}
+
+func (x *GatewayBlobUrls) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayBlobUrls.ProtoReflect.Descriptor instead.
+func (*GatewayBlobUrls) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *GatewayBlobUrls) GetSupported() bool {
+	if x != nil {
+		return x.Supported
+	}
+	return false
+}
+
+func (x *GatewayBlobUrls) GetUrls() []string {
+	if x != nil {
+		return x.Urls
+	}
+	return nil
+}
+
 var File_checkpointd_v1_gateway_proto protoreflect.FileDescriptor
 
 const file_checkpointd_v1_gateway_proto_rawDesc = "" +
@@ -2043,7 +2147,14 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\x11newest_created_at\x18\x04 \x01(\x01R\x0fnewestCreatedAtB\x15\n" +
 	"\x13_head_checkpoint_id\"P\n" +
 	"\x0eGatewayThreads\x12>\n" +
-	"\athreads\x18\x01 \x03(\v2$.checkpointd.v1.GatewayThreadSummaryR\athreads2\xac\x13\n" +
+	"\athreads\x18\x01 \x03(\v2$.checkpointd.v1.GatewayThreadSummaryR\athreads\"N\n" +
+	"\x16GatewayBlobSignRequest\x12\x12\n" +
+	"\x04keys\x18\x01 \x03(\tR\x04keys\x12 \n" +
+	"\fexpires_in_s\x18\x02 \x01(\rR\n" +
+	"expiresInS\"C\n" +
+	"\x0fGatewayBlobUrls\x12\x1c\n" +
+	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x12\n" +
+	"\x04urls\x18\x02 \x03(\tR\x04urls2\x84\x14\n" +
 	"\aGateway\x12Y\n" +
 	"\fGetStoreInfo\x12'.checkpointd.v1.GatewayStoreInfoRequest\x1a .checkpointd.v1.GatewayStoreInfo\x12K\n" +
 	"\x03Get\x12!.checkpointd.v1.GatewayGetRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12Q\n" +
@@ -2073,6 +2184,7 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\vBlobGetMany\x12\x1b.checkpointd.v1.GatewayKeys\x1a .checkpointd.v1.GatewayBlobChunk0\x01\x12U\n" +
 	"\aBlobPut\x12 .checkpointd.v1.GatewayBlobChunk\x1a&.checkpointd.v1.GatewayBlobPutResponse(\x01\x12]\n" +
 	"\vBlobPutMany\x12 .checkpointd.v1.GatewayBlobChunk\x1a*.checkpointd.v1.GatewayBlobPutManyResponse(\x01\x12V\n" +
+	"\vBlobSignGet\x12&.checkpointd.v1.GatewayBlobSignRequest\x1a\x1f.checkpointd.v1.GatewayBlobUrls\x12V\n" +
 	"\bBlobList\x12&.checkpointd.v1.GatewayBlobListRequest\x1a .checkpointd.v1.GatewayBlobInfos0\x01\x12J\n" +
 	"\n" +
 	"BlobDelete\x12\x1e.checkpointd.v1.GatewayBlobKey\x1a\x1c.checkpointd.v1.GatewayEmptyB8Z6checkpointd.dev/clients/go/checkpointdv1;checkpointdv1b\x06proto3"
@@ -2089,7 +2201,7 @@ func file_checkpointd_v1_gateway_proto_rawDescGZIP() []byte {
 	return file_checkpointd_v1_gateway_proto_rawDescData
 }
 
-var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayEmpty)(nil),                    // 0: checkpointd.v1.GatewayEmpty
 	(*GatewayStoreInfoRequest)(nil),         // 1: checkpointd.v1.GatewayStoreInfoRequest
@@ -2127,6 +2239,8 @@ var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayListThreadsRequest)(nil),       // 33: checkpointd.v1.GatewayListThreadsRequest
 	(*GatewayThreadSummary)(nil),            // 34: checkpointd.v1.GatewayThreadSummary
 	(*GatewayThreads)(nil),                  // 35: checkpointd.v1.GatewayThreads
+	(*GatewayBlobSignRequest)(nil),          // 36: checkpointd.v1.GatewayBlobSignRequest
+	(*GatewayBlobUrls)(nil),                 // 37: checkpointd.v1.GatewayBlobUrls
 }
 var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	7,  // 0: checkpointd.v1.GatewayAppendRequest.writer:type_name -> checkpointd.v1.GatewayWriter
@@ -2166,39 +2280,41 @@ var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	17, // 34: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
 	29, // 35: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
 	29, // 36: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
-	32, // 37: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
-	25, // 38: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
-	2,  // 39: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
-	5,  // 40: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
-	5,  // 41: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
-	6,  // 42: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
-	9,  // 43: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
-	0,  // 44: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
-	12, // 45: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
-	13, // 46: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
-	0,  // 47: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
-	15, // 48: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
-	5,  // 49: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
-	35, // 50: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
-	17, // 51: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
-	17, // 52: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
-	0,  // 53: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
-	21, // 54: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
-	24, // 55: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	24, // 56: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	0,  // 57: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
-	0,  // 58: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
-	17, // 59: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
-	26, // 60: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
-	17, // 61: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
-	29, // 62: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 63: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
-	30, // 64: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
-	31, // 65: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
-	27, // 66: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
-	0,  // 67: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
-	39, // [39:68] is the sub-list for method output_type
-	10, // [10:39] is the sub-list for method input_type
+	36, // 37: checkpointd.v1.Gateway.BlobSignGet:input_type -> checkpointd.v1.GatewayBlobSignRequest
+	32, // 38: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
+	25, // 39: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
+	2,  // 40: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
+	5,  // 41: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
+	5,  // 42: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
+	6,  // 43: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
+	9,  // 44: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
+	0,  // 45: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
+	12, // 46: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
+	13, // 47: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
+	0,  // 48: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
+	15, // 49: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
+	5,  // 50: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
+	35, // 51: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
+	17, // 52: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
+	17, // 53: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
+	0,  // 54: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
+	21, // 55: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
+	24, // 56: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	24, // 57: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	0,  // 58: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
+	0,  // 59: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
+	17, // 60: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
+	26, // 61: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
+	17, // 62: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
+	29, // 63: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
+	29, // 64: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
+	30, // 65: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
+	31, // 66: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
+	37, // 67: checkpointd.v1.Gateway.BlobSignGet:output_type -> checkpointd.v1.GatewayBlobUrls
+	27, // 68: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
+	0,  // 69: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
+	40, // [40:70] is the sub-list for method output_type
+	10, // [10:40] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2221,7 +2337,7 @@ func file_checkpointd_v1_gateway_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_gateway_proto_rawDesc), len(file_checkpointd_v1_gateway_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -63,6 +63,7 @@ const (
 	Gateway_BlobGetMany_FullMethodName          = "/checkpointd.v1.Gateway/BlobGetMany"
 	Gateway_BlobPut_FullMethodName              = "/checkpointd.v1.Gateway/BlobPut"
 	Gateway_BlobPutMany_FullMethodName          = "/checkpointd.v1.Gateway/BlobPutMany"
+	Gateway_BlobSignGet_FullMethodName          = "/checkpointd.v1.Gateway/BlobSignGet"
 	Gateway_BlobList_FullMethodName             = "/checkpointd.v1.Gateway/BlobList"
 	Gateway_BlobDelete_FullMethodName           = "/checkpointd.v1.Gateway/BlobDelete"
 )
@@ -107,6 +108,11 @@ type GatewayClient interface {
 	BlobGetMany(ctx context.Context, in *GatewayKeys, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayBlobChunk], error)
 	BlobPut(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[GatewayBlobChunk, GatewayBlobPutResponse], error)
 	BlobPutMany(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[GatewayBlobChunk, GatewayBlobPutManyResponse], error)
+	// Short-lived presigned GET URLs for blobs the token may read, so the bytes go
+	// straight from the bucket to the sidecar (S3, GCS, Azure; `supported` false
+	// for a bucket that cannot sign: stream with BlobGet instead). Uploads always
+	// go through BlobPut: the gateway checks their BLAKE3 digest, a bucket cannot.
+	BlobSignGet(ctx context.Context, in *GatewayBlobSignRequest, opts ...grpc.CallOption) (*GatewayBlobUrls, error)
 	BlobList(ctx context.Context, in *GatewayBlobListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayBlobInfos], error)
 	BlobDelete(ctx context.Context, in *GatewayBlobKey, opts ...grpc.CallOption) (*GatewayEmpty, error)
 }
@@ -449,6 +455,16 @@ func (c *gatewayClient) BlobPutMany(ctx context.Context, opts ...grpc.CallOption
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Gateway_BlobPutManyClient = grpc.ClientStreamingClient[GatewayBlobChunk, GatewayBlobPutManyResponse]
 
+func (c *gatewayClient) BlobSignGet(ctx context.Context, in *GatewayBlobSignRequest, opts ...grpc.CallOption) (*GatewayBlobUrls, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GatewayBlobUrls)
+	err := c.cc.Invoke(ctx, Gateway_BlobSignGet_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *gatewayClient) BlobList(ctx context.Context, in *GatewayBlobListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayBlobInfos], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &Gateway_ServiceDesc.Streams[8], Gateway_BlobList_FullMethodName, cOpts...)
@@ -518,6 +534,11 @@ type GatewayServer interface {
 	BlobGetMany(*GatewayKeys, grpc.ServerStreamingServer[GatewayBlobChunk]) error
 	BlobPut(grpc.ClientStreamingServer[GatewayBlobChunk, GatewayBlobPutResponse]) error
 	BlobPutMany(grpc.ClientStreamingServer[GatewayBlobChunk, GatewayBlobPutManyResponse]) error
+	// Short-lived presigned GET URLs for blobs the token may read, so the bytes go
+	// straight from the bucket to the sidecar (S3, GCS, Azure; `supported` false
+	// for a bucket that cannot sign: stream with BlobGet instead). Uploads always
+	// go through BlobPut: the gateway checks their BLAKE3 digest, a bucket cannot.
+	BlobSignGet(context.Context, *GatewayBlobSignRequest) (*GatewayBlobUrls, error)
 	BlobList(*GatewayBlobListRequest, grpc.ServerStreamingServer[GatewayBlobInfos]) error
 	BlobDelete(context.Context, *GatewayBlobKey) (*GatewayEmpty, error)
 	mustEmbedUnimplementedGatewayServer()
@@ -610,6 +631,9 @@ func (UnimplementedGatewayServer) BlobPut(grpc.ClientStreamingServer[GatewayBlob
 }
 func (UnimplementedGatewayServer) BlobPutMany(grpc.ClientStreamingServer[GatewayBlobChunk, GatewayBlobPutManyResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method BlobPutMany not implemented")
+}
+func (UnimplementedGatewayServer) BlobSignGet(context.Context, *GatewayBlobSignRequest) (*GatewayBlobUrls, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method BlobSignGet not implemented")
 }
 func (UnimplementedGatewayServer) BlobList(*GatewayBlobListRequest, grpc.ServerStreamingServer[GatewayBlobInfos]) error {
 	return status.Errorf(codes.Unimplemented, "method BlobList not implemented")
@@ -1060,6 +1084,24 @@ func _Gateway_BlobPutMany_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Gateway_BlobPutManyServer = grpc.ClientStreamingServer[GatewayBlobChunk, GatewayBlobPutManyResponse]
 
+func _Gateway_BlobSignGet_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GatewayBlobSignRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServer).BlobSignGet(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gateway_BlobSignGet_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServer).BlobSignGet(ctx, req.(*GatewayBlobSignRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Gateway_BlobList_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(GatewayBlobListRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1171,6 +1213,10 @@ var Gateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BlobMissing",
 			Handler:    _Gateway_BlobMissing_Handler,
+		},
+		{
+			MethodName: "BlobSignGet",
+			Handler:    _Gateway_BlobSignGet_Handler,
 		},
 		{
 			MethodName: "BlobDelete",

@@ -5,6 +5,8 @@ gateways in one process):
 
 * ``checkpointd_gateway_requests_total{method, code}`` — calls by gRPC status;
 * ``checkpointd_gateway_request_seconds{method}`` — their latency;
+* ``checkpointd_gateway_blob_bytes{direction}`` — blob bytes streamed through
+  the gateway (``in``: uploads; ``out``: reads not served by presigned URLs);
 * ``checkpointd_gateway_pool_connections`` / ``…_pool_idle_connections`` — the
   PostgreSQL pool's size and idle connections (absent for other stores).
 
@@ -55,6 +57,17 @@ class GatewayMetrics:
             )
             idle.set_function(lambda: float(pool.get_idle_size()))
         self._server: Any = None
+
+    def watch(self, servicer: Any) -> None:
+        """Export the blob bytes that crossed ``servicer`` (presigned reads do not)."""
+        crossed = Gauge(
+            "checkpointd_gateway_blob_bytes",
+            "Blob bytes streamed through the gateway (in: uploads, out: reads)",
+            ["direction"],
+            registry=self.registry,
+        )
+        crossed.labels("in").set_function(lambda: float(servicer.bytes_in))
+        crossed.labels("out").set_function(lambda: float(servicer.bytes_out))
 
     def observe(self, method: str, code: grpc.StatusCode, seconds: float) -> None:
         self.requests.labels(method, code.name).inc()

@@ -21,8 +21,11 @@ read (the orchestrator may rotate it in place).
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import os
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,9 @@ from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
 from . import wire
 
 SCHEMES = ("grpcs", "grpc")
+# Presigned reads: how long one may take, how many run at once.
+PRESIGNED_TIMEOUT_S = 300.0
+PRESIGNED_CONCURRENCY = 16
 
 
 class TokenFile:
@@ -519,11 +525,57 @@ def _blob_error(exc: Exception, key: str, url: str) -> Exception:
 
 
 class RemoteBlobStore(BlobStore):
-    """The bucket behind the gateways (bytes streamed through them)."""
+    """The bucket behind the gateways.
 
-    def __init__(self, connection: GatewayConnection) -> None:
+    Reads use presigned GET URLs the gateway signs (S3, GCS, Azure) so the bytes
+    come straight from the bucket; a gateway whose bucket cannot sign says so
+    once and the reads stream through it from then on (``presigned_reads=False``
+    streams from the start). Uploads always stream through the gateway, which
+    checks each blob's BLAKE3 digest against its key before storing it.
+    """
+
+    def __init__(self, connection: GatewayConnection, *, presigned_reads: bool = True) -> None:
         self._connection = connection
         self.url = connection.url
+        self._presign = presigned_reads
+
+    async def _signed(self, keys: Sequence[str]) -> builtins.list[str] | None:
+        """Presigned URLs for ``keys`` (the gateway checked the token may read
+        them), or None when reads must stream through the gateway."""
+        if not self._presign:
+            return None
+        try:
+            reply = await self._connection.call(
+                "BlobSignGet", gpb.GatewayBlobSignRequest(keys=list(keys)), repeatable=True
+            )
+        except Exception as exc:  # noqa: BLE001
+            raise _blob_error(exc, keys[0], self.url) from None
+        if not reply.supported:
+            self._presign = False
+            return None
+        return list(reply.urls)
+
+    @staticmethod
+    def _open_url(key: str, url: str) -> Any:
+        try:
+            return urllib.request.urlopen(url, timeout=PRESIGNED_TIMEOUT_S)  # noqa: S310 - the gateway's URL
+        except urllib.error.HTTPError as error:
+            if error.code == 404:
+                raise BlobNotFoundError(key) from None
+            raise BlobStoreError(
+                f"get {key!r} from the bucket (presigned URL) failed: HTTP {error.code}"
+            ) from None
+        except OSError as error:
+            raise BlobStoreError(
+                f"get {key!r} from the bucket (presigned URL) failed: {error}"
+            ) from None
+
+    async def _fetch(self, key: str, url: str) -> bytes:
+        def run() -> bytes:
+            with self._open_url(key, url) as response:
+                return bytes(response.read())
+
+        return await asyncio.to_thread(run)
 
     async def put(
         self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
@@ -561,9 +613,23 @@ class RemoteBlobStore(BlobStore):
         return bool(reply.written)
 
     async def get(self, key: str) -> bytes:
+        urls = await self._signed([key])
+        if urls is not None:
+            return await self._fetch(key, urls[0])
         return b"".join([chunk async for chunk in self.get_stream(key)])
 
     async def get_stream(self, key: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        urls = await self._signed([key])
+        if urls is not None:
+            response = await asyncio.to_thread(self._open_url, key, urls[0])
+            try:
+                while chunk := await asyncio.to_thread(response.read, chunk_size):
+                    yield bytes(chunk)
+            except OSError as error:
+                raise BlobStoreError(f"get {key!r} from the bucket failed: {error}") from None
+            finally:
+                response.close()
+            return
         request = gpb.GatewayBlobGetRequest(key=key, chunk_size=chunk_size)
         try:
             async for message in self._connection.stream_iter("BlobGet", request):
@@ -634,6 +700,15 @@ class RemoteBlobStore(BlobStore):
     async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
         if not keys:
             return []
+        urls = await self._signed(keys)
+        if urls is not None:
+            slots = asyncio.Semaphore(PRESIGNED_CONCURRENCY)
+
+            async def one(key: str, url: str) -> bytes:
+                async with slots:
+                    return await self._fetch(key, url)
+
+            return list(await asyncio.gather(*map(one, keys, urls)))
         parts: list[list[bytes]] = [[] for _ in keys]
         try:
             replies = await self._connection.stream("BlobGetMany", gpb.GatewayKeys(keys=list(keys)))

@@ -128,6 +128,8 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
         blob_backend=backend_name(config.blobs),
         observe=metrics.observe if metrics is not None else None,
     )
+    if metrics is not None:
+        metrics.watch(servicer)
     server, health_servicer, port = build_gateway_server(config, servicer)
     await _set_health(health_servicer, False)
     await server.start()

@@ -33,6 +33,7 @@ by the token's subject, so two tokens never take over each other's leases.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import tempfile
 import time
@@ -42,6 +43,8 @@ from typing import Any, TypeVar
 
 import blake3
 import grpc
+import obstore
+from obstore.store import AzureStore, GCSStore, S3Store
 
 from ..blobs import base as blob_base
 from ..blobs.base import BlobNotFoundError, BlobStore
@@ -71,6 +74,9 @@ TOKEN_CACHE_SIZE = 10_000
 SPOOL_BYTES = 8 << 20
 # Threads read per store page when ListThreads filters to a token's threads.
 THREAD_SCAN_PAGE = 500
+# Presigned GET URLs: default and longest lifetime.
+DEFAULT_SIGNED_URL_S = 300
+MAX_SIGNED_URL_S = 3600
 # Exact threads of a token looked up for a key not yet seen.
 MAX_LOOKUP_THREADS = 16
 
@@ -112,6 +118,12 @@ def _lease_callbacks(
             "(needs renew_writer/release_writer): it cannot back a gateway"
         )
     return renew, release
+
+
+def _signing_store(blobs: BlobStore) -> Any:
+    """The obstore store that can sign URLs behind ``blobs`` (S3, GCS, Azure), or None."""
+    store = getattr(blobs, "object_store", None)
+    return store if isinstance(store, (S3Store, GCSStore, AzureStore)) else None
 
 
 def _check_blob_bytes(key: str, digest: str) -> None:
@@ -162,6 +174,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self._scopes: OrderedDict[str, TokenScope] = OrderedDict()
         self._observe = observe
         self.draining = False
+        # Blob bytes that crossed the gateway (streamed), for the metrics.
+        self.bytes_in = 0
+        self.bytes_out = 0
 
     # ------------------------------------------------------------ plumbing
 
@@ -579,6 +594,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             await self._may_read(scope, request.key)
             chunk_size = min(request.chunk_size or wire.BLOB_CHUNK_BYTES, 4 << 20)
             async for chunk in self.blobs.get_stream(request.key, chunk_size):
+                self.bytes_out += len(chunk)
                 yield gpb.GatewayBlobChunk(data=chunk)
 
         async for message in self._stream("BlobGet", context, work):
@@ -591,6 +607,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             for key in dict.fromkeys(keys):
                 await self._may_read(scope, key)
             datas = await blob_base.get_many(self.blobs, keys)
+            self.bytes_out += sum(len(data) for data in datas)
             for index, data in enumerate(datas):
                 for start in range(0, max(len(data), 1), wire.BLOB_CHUNK_BYTES):
                     end = start + wire.BLOB_CHUNK_BYTES
@@ -617,6 +634,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 key, if_absent = chunk.key, chunk.if_absent
             hasher.update(chunk.data)
             size += len(chunk.data)
+            self.bytes_in += len(chunk.data)
             if spool is None and size > SPOOL_BYTES:
                 spool = tempfile.TemporaryFile()
                 for part in parts:
@@ -688,6 +706,25 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
         async for message in self._stream("BlobList", context, work):
             yield message
+
+    async def BlobSignGet(
+        self, request: gpb.GatewayBlobSignRequest, context: Any
+    ) -> gpb.GatewayBlobUrls:
+        async def work(scope: TokenScope) -> gpb.GatewayBlobUrls:
+            scope.require(ANY_OP)
+            signer = _signing_store(self.blobs)
+            if signer is None:
+                return gpb.GatewayBlobUrls(supported=False)
+            keys = list(request.keys)
+            for key in dict.fromkeys(keys):
+                await self._may_read(scope, key)
+            seconds = min(request.expires_in_s or DEFAULT_SIGNED_URL_S, MAX_SIGNED_URL_S)
+            urls = await obstore.sign_async(
+                signer, "GET", keys, datetime.timedelta(seconds=seconds)
+            )
+            return gpb.GatewayBlobUrls(supported=True, urls=list(urls))
+
+        return await self._unary("BlobSignGet", context, work)
 
     async def BlobDelete(self, request: gpb.GatewayBlobKey, context: Any) -> gpb.GatewayEmpty:
         async def work(scope: TokenScope) -> gpb.GatewayEmpty:

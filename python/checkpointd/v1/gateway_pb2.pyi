@@ -293,3 +293,19 @@ class GatewayThreads(_message.Message):
     THREADS_FIELD_NUMBER: _ClassVar[int]
     threads: _containers.RepeatedCompositeFieldContainer[GatewayThreadSummary]
     def __init__(self, threads: _Optional[_Iterable[_Union[GatewayThreadSummary, _Mapping]]] = ...) -> None: ...
+
+class GatewayBlobSignRequest(_message.Message):
+    __slots__ = ("keys", "expires_in_s")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_S_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    expires_in_s: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., expires_in_s: _Optional[int] = ...) -> None: ...
+
+class GatewayBlobUrls(_message.Message):
+    __slots__ = ("supported", "urls")
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    URLS_FIELD_NUMBER: _ClassVar[int]
+    supported: bool
+    urls: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, supported: _Optional[bool] = ..., urls: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -169,6 +169,11 @@ class GatewayStub:
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobChunk.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobPutManyResponse.FromString,
                 _registered_method=True)
+        self.BlobSignGet = channel.unary_unary(
+                '/checkpointd.v1.Gateway/BlobSignGet',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobSignRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobUrls.FromString,
+                _registered_method=True)
         self.BlobList = channel.unary_stream(
                 '/checkpointd.v1.Gateway/BlobList',
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobListRequest.SerializeToString,
@@ -355,6 +360,16 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BlobSignGet(self, request, context):
+        """Short-lived presigned GET URLs for blobs the token may read, so the bytes go
+        straight from the bucket to the sidecar (S3, GCS, Azure; `supported` false
+        for a bucket that cannot sign: stream with BlobGet instead). Uploads always
+        go through BlobPut: the gateway checks their BLAKE3 digest, a bucket cannot.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BlobList(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -504,6 +519,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.BlobPutMany,
                     request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobChunk.FromString,
                     response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobPutManyResponse.SerializeToString,
+            ),
+            'BlobSignGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.BlobSignGet,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobSignRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobUrls.SerializeToString,
             ),
             'BlobList': grpc.unary_stream_rpc_method_handler(
                     servicer.BlobList,
@@ -1245,6 +1265,33 @@ class Gateway:
             '/checkpointd.v1.Gateway/BlobPutMany',
             checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobChunk.SerializeToString,
             checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobPutManyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BlobSignGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/BlobSignGet',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobSignRequest.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobUrls.FromString,
             options,
             channel_credentials,
             insecure,
