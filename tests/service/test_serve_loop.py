@@ -84,7 +84,8 @@ def test_the_loop_captures_with_its_policy_and_secrets(
         ),
         env={"APP_TOKEN": "s3cr3t-value"},
     )
-    _wait(lambda: ok_json(looped, "list", "t-venv-ok")["checkpoints"] != [], looped)
+    # (An unknown thread lists as exit 3 until the first capture lands.)
+    _wait(lambda: cli(looped, "list", "t-venv-ok", "--json").returncode == 0, looped)
     assert _service_health(looped) == "SERVING"
     listing = ok_json(looped, "list", "t-venv-ok")
     head = listing["checkpoints"][-1]
