@@ -388,3 +388,15 @@ async def test_killing_a_gateway_mid_capture_loses_and_duplicates_nothing(fleet:
         await client.restore(thread, checkpoint_id=done.checkpoint.id)
         assert tree_state(sidecar.workspace) == before
     print(f"capture finished after {attempts} attempt(s) across the gateway crash")
+
+
+async def test_a_gateway_drains_on_sigterm_and_sidecars_report_unavailable(fleet: Fleet) -> None:
+    survivor = fleet.gateways[1]  # gateway A was killed by the test before
+    survivor.proc.send_signal(signal.SIGTERM)
+    assert survivor.proc.wait(30) == 0
+    assert "stopped" in survivor.log.read_text(errors="replace")
+    async with _client(fleet.sidecars[3]) as client:
+        with pytest.raises(RpcError) as caught:
+            await client.get_head(fleet.thread(3))
+        assert caught.value.code == grpc.StatusCode.UNAVAILABLE, caught.value
+        assert caught.value.reason == "SANDBOX_SNAPSHOT_STORE_UNAVAILABLE"

@@ -327,3 +327,25 @@ async def test_open_store_takes_a_gateway_url(world: Any, tmp_path: Path) -> Non
         await store.aclose()
     with pytest.raises(SandboxCheckpointError, match="token_file"):
         await open_store(f"checkpointd+gateway://{gateway.address}?tls=false")
+
+
+async def test_the_gateways_sweep_deletes_only_what_no_thread_uses(world: Any) -> None:
+    import asyncio
+
+    from checkpointd.gateway.server import sweep_periodically
+
+    gateway, _keys, secret = world
+    blobs = gateway.servicer.blobs
+    orphan = b"uploaded, never referenced"
+    await blobs.put(_key(orphan), orphan)
+    job = asyncio.ensure_future(sweep_periodically(gateway.store, blobs, 0.05, 0))
+    try:
+        for _ in range(200):
+            if await blobs.head(_key(orphan)) is None:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        job.cancel()
+        await asyncio.gather(job, return_exceptions=True)
+    assert await blobs.head(_key(orphan)) is None
+    assert await blobs.get(_key(secret)) == secret  # tenant B's checkpoint uses it

@@ -52,6 +52,12 @@ def add_commands(commands: Any) -> None:
     gateway.add_argument(
         "--metrics-listen", help="host:port for Prometheus metrics (keep it local: 127.0.0.1:…)"
     )
+    gateway.add_argument(
+        "--sweep-every", help="run the blob sweep every PERIOD (6h); sidecars never sweep"
+    )
+    gateway.add_argument(
+        "--sweep-older-than", default="24h", help="the sweep keeps blobs younger than this"
+    )
     gateway.add_argument("--log-level", default="INFO")
 
     token = commands.add_parser("token", help="make signing keys and mint scoped gateway tokens")
@@ -136,6 +142,8 @@ def run_gateway(args: argparse.Namespace) -> int:
             grace_period=parse_duration(args.grace_period),
             pool_max_size=args.pool_max_size,
             metrics_listen=args.metrics_listen,
+            sweep_every=parse_duration(args.sweep_every) if args.sweep_every else None,
+            sweep_older_than=parse_duration(args.sweep_older_than),
         )
         config.check()
         return asyncio.run(run(config))

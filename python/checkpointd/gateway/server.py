@@ -8,7 +8,8 @@ another gateway), running calls get ``grace_period`` seconds, the store closes.
 Health and reflection answer without a token (probes); every Gateway call needs
 one (``tokens.py``). Metrics (``--metrics-listen``, a local admin address) are in
 the Prometheus text format: calls by method and status, their latency, and the
-PostgreSQL pool's size and idle connections.
+PostgreSQL pool's size and idle connections. ``--sweep-every`` runs the blob
+sweep here, the only place that sees every thread's references.
 """
 
 from __future__ import annotations
@@ -50,8 +51,16 @@ class GatewayConfig:
     grace_period: float = 10.0
     pool_max_size: int | None = None
     metrics_listen: str | None = None
+    # The gateway-side sweep (sidecars never sweep): every sweep_every seconds,
+    # delete unreferenced blobs uploaded at least sweep_older_than seconds ago.
+    sweep_every: float | None = None
+    sweep_older_than: float = 24 * 3600.0
 
     def check(self) -> None:
+        if self.sweep_every is not None and not self.sweep_every > 0:
+            raise SandboxCheckpointInvalidArgumentError("--sweep-every must be positive")
+        if not self.sweep_older_than >= 0:
+            raise SandboxCheckpointInvalidArgumentError("--sweep-older-than must be >= 0")
         if self.insecure_plaintext == (self.tls_cert is not None):
             raise SandboxCheckpointInvalidArgumentError(
                 "the gateway needs --tls-cert and --tls-key (or --insecure-plaintext on loopback)"
@@ -105,6 +114,29 @@ async def open_backends(config: GatewayConfig) -> tuple[CheckpointStore, Any]:
     return store, open_blobs(config.blobs)
 
 
+async def sweep_periodically(
+    store: CheckpointStore, blobs: Any, every_s: float, older_than_s: float
+) -> None:
+    """The gateway's sweep job: the safe sweep of ``sweep.py`` (pins and
+    condemnations in the store, so several gateways may run it at once), first
+    after ``every_s``, then every ``every_s``; failures are logged, not fatal."""
+    from ..sweep import sweep_blobs
+
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            report = await sweep_blobs(store, blobs, int(older_than_s * 1000))
+        except Exception:  # noqa: BLE001 - the next round tries again
+            _log.exception("sweep failed")
+            continue
+        _log.info(
+            "sweep: %d deleted, %d kept, %d failures",
+            len(report.deleted),
+            len(report.kept),
+            len(report.failures),
+        )
+
+
 async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> int:
     """Serve until SIGTERM/SIGINT; returns the exit code."""
     config.check()
@@ -133,6 +165,13 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
     server, health_servicer, port = build_gateway_server(config, servicer)
     await _set_health(health_servicer, False)
     await server.start()
+    sweeper = (
+        asyncio.ensure_future(
+            sweep_periodically(store, blobs, config.sweep_every, config.sweep_older_than)
+        )
+        if config.sweep_every
+        else None
+    )
     try:
         await _set_health(health_servicer, True)
         _log.info(
@@ -147,6 +186,9 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
         await stop.wait()
         _log.info("draining (grace %.1fs)", config.grace_period)
     finally:
+        if sweeper is not None:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
         await health_servicer.enter_graceful_shutdown()
         servicer.draining = True
         await server.stop(config.grace_period)
