@@ -223,10 +223,12 @@ class RestoreSession:
         cancel: CancelToken | None = None,
         secrets: Sequence[bytes] = (),
         keep: Sequence[str] = (),
+        uncached: Sequence[str] = (),
     ) -> None: ...
     # ``secrets`` are zeroed in the live scan (a file still holding them equals
     # its zeroed blob); ``keep`` are paths (relative to the restore root) never
-    # rewritten: files equal to the checkpoint but for their secrets.
+    # rewritten: files equal to the checkpoint but for their secrets; ``uncached``
+    # are never recorded in the stat cache.
     # The distinct blobs to fetch: (64-hex digest, size), in first-use order.
     @property
     def blobs(self) -> list[tuple[str, int]]: ...

@@ -464,6 +464,11 @@ async def _open_session(
     """
     prefix = f"{subdir}/" if subdir else ""
     keep = [path[len(prefix) :] for path in holding]
+    # Files holding secrets never enter the stat cache (it keeps no spans, and
+    # restore fills them in after its own record).
+    uncached = [
+        entry.path for entry in checkpoint.files if isinstance(entry, FileEntry) and entry.secrets
+    ]
     target = manifest_of(checkpoint.files).data
     token = _native.CancelToken()
 
@@ -479,6 +484,7 @@ async def _open_session(
             cancel=token,
             secrets=secrets.values,
             keep=keep,
+            uncached=uncached,
         )
 
     try:

@@ -201,3 +201,22 @@ async def test_bad_secret_arguments(store: Any, blobs: Any, tmp_path: Path) -> N
         await capture_checkpoint(workspace, store, blobs, "t", secrets={"SHORT": b"abc"})
     with pytest.raises(SandboxCheckpointInvalidArgumentError):
         await restore_checkpoint(workspace, store, blobs, "t", secrets={"": TOKEN})
+
+
+async def test_filled_files_are_not_taken_from_the_stat_cache(
+    captured: Any, store: Any, blobs: Any, tmp_path: Path
+) -> None:
+    """A restore fills secrets in after it wrote the zeroed blob: the stat cache
+    must not vouch for the zeroed hash (a capture without the secrets would
+    then record bytes the file does not hold)."""
+    import blake3
+
+    fresh, data = tmp_path / "fresh", tmp_path / "fresh-data"
+    secrets = {"TOKEN": TOKEN, "PASSWORD": PASSWORD}
+    await restore_checkpoint(fresh, store, blobs, "t", secrets=secrets, data_dir=data)
+    again = await capture_checkpoint(fresh, store, blobs, "t", data_dir=data)
+    files = {e.path: e for e in again.checkpoint.files if isinstance(e, FileEntry)}
+    ini = (fresh / "config/app.ini").read_bytes()
+    assert TOKEN in ini
+    assert files["config/app.ini"].blob_key.endswith(blake3.blake3(ini).hexdigest())
+    assert again.stats.files_reused == 1  # plain.txt only

@@ -96,7 +96,7 @@ impl RestoreSession {
     #[new]
     #[pyo3(signature = (
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None, secrets=None, keep=None
+        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -111,6 +111,7 @@ impl RestoreSession {
         cancel: Option<&Bound<'_, CancelToken>>,
         secrets: Option<&Bound<'_, PyAny>>,
         keep: Option<Vec<String>>,
+        uncached: Option<Vec<String>>,
     ) -> PyResult<Self> {
         // The live scan zeroes the caller's secrets, so a file that still holds
         // them compares equal to its zeroed blob; `keep` are files Python found
@@ -147,6 +148,7 @@ impl RestoreSession {
                 let rows = manifest::decode(&live.manifest).map_err(RestoreError::Manifest)?;
                 let mut plan = core::plan(target, rows, &live.unsupported)?;
                 core::leave_alone(&mut plan, &keep);
+                plan.uncached = uncached.unwrap_or_default().into_iter().collect();
                 core::replace_shared_inodes(&ws, &mut plan)?;
                 Restore::new(ws, plan)
             })
