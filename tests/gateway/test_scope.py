@@ -349,3 +349,18 @@ async def test_the_gateways_sweep_deletes_only_what_no_thread_uses(world: Any) -
         await asyncio.gather(job, return_exceptions=True)
     assert await blobs.head(_key(orphan)) is None
     assert await blobs.get(_key(secret)) == secret  # tenant B's checkpoint uses it
+
+
+async def test_missing_marks_are_seen_and_cleared_only_for_the_tokens_keys(world: Any) -> None:
+    gateway, keys, secret = world
+    mine = b"my file, marked missing by a check"
+    await gateway.store.mark_blobs_missing([_key(mine), _key(secret)])
+    store, blobs = await _sidecar(gateway, keys.mint(threads=["tenant-a"]))
+    await blobs.put(_key(mine), mine)
+    lease = await store.acquire_writer("tenant-a")
+    await store.append(_checkpoint("a1", "tenant-a", mine), None, lease)
+    await lease.release()
+    assert await store.list_missing_blobs() == [_key(mine)]
+    await store.clear_missing_blobs([_key(mine), _key(secret)])
+    assert await gateway.store.list_missing_blobs() == [_key(secret)]  # tenant B's mark stays
+    await store.aclose()

@@ -10,7 +10,8 @@ scope before touching the store:
 | Append, PinBlobs | capture | the checkpoint's / the writer's |
 | DeleteHead, DeleteCheckpoints | prune | the thread |
 | ForkFromCheckpoint | fork | source and destination |
-| ClearMissingBlobs, ListMissingBlobs, BlobHead, BlobMissing, BlobPut* | capture, admin | — |
+| ClearMissingBlobs, ListMissingBlobs | capture, admin | only keys the token may read |
+| BlobHead, BlobMissing, BlobPut* | capture, admin (head, missing: any op) | — |
 | BlobGet* | any op | the key must be referenced by a checkpoint of a granted thread |
 | ListBlobReferences, Condemn/ReleaseCondemned, Audit/Repair, MarkBlobsMissing, BlobList, BlobDelete | admin | — |
 
@@ -171,6 +172,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self.blob_backend = blob_backend
         self._renew, self._release = _lease_callbacks(store)
         self._references = _References()
+        self._scanned: OrderedDict[str, str | None] = OrderedDict()  # thread → head listed
         self._scopes: OrderedDict[str, TokenScope] = OrderedDict()
         self._observe = observe
         self.draining = False
@@ -541,7 +543,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     async def ClearMissingBlobs(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayEmpty:
         async def work(scope: TokenScope) -> gpb.GatewayEmpty:
             scope.require(UPLOAD_OPS)
-            await self.store.clear_missing_blobs(list(request.keys))  # type: ignore[attr-defined]
+            # Marks of keys only other tenants use are theirs to clear (by check).
+            keys = [k for k in request.keys if self._readable_now(scope, k)]
+            await self.store.clear_missing_blobs(keys)  # type: ignore[attr-defined]
             return gpb.GatewayEmpty()
 
         return await self._unary("ClearMissingBlobs", context, work)
@@ -549,18 +553,31 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     async def ListMissingBlobs(self, request: Any, context: Any) -> gpb.GatewayKeys:
         async def work(scope: TokenScope) -> gpb.GatewayKeys:
             scope.require(UPLOAD_OPS)
-            return gpb.GatewayKeys(keys=await self.store.list_missing_blobs())  # type: ignore[attr-defined]
+            marked = await self.store.list_missing_blobs()  # type: ignore[attr-defined]
+            # A capture asks after reading its parent, whose keys are remembered.
+            return gpb.GatewayKeys(keys=[k for k in marked if self._readable_now(scope, k)])
 
         return await self._unary("ListMissingBlobs", context, work)
 
     # ------------------------------------------------------------ blobs
 
+    def _readable_now(self, scope: TokenScope, key: str) -> bool:
+        return "admin" in scope.ops or self._references.granted(scope, key)
+
     async def _may_read(self, scope: TokenScope, key: str) -> None:
-        if "admin" in scope.ops or self._references.granted(scope, key):
+        if self._readable_now(scope, key):
             return
         for thread in sorted(scope.threads)[:MAX_LOOKUP_THREADS]:
+            # Listed again only when its head moved: asking for keys it does not
+            # hold must not make the gateway reread a thread each time.
+            head = await self.store.get_head(thread)
+            if thread in self._scanned and self._scanned[thread] == head:
+                continue
             for checkpoint in await self.store.list(thread):
                 self._references.remember(checkpoint)
+            self._scanned[thread] = head
+            while len(self._scanned) > TOKEN_CACHE_SIZE:
+                self._scanned.popitem(last=False)
         if not self._references.granted(scope, key):
             raise status.ServiceError(
                 status.FORBIDDEN,
