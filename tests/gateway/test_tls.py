@@ -81,5 +81,14 @@ async def test_mutual_tls_lets_in_only_certified_sidecars(
 def test_the_gateway_refuses_to_listen_without_tls_unless_told(keys: Keys) -> None:
     from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 
+    def config(listen: str, **options: Any) -> GatewayConfig:
+        return GatewayConfig(listen=listen, store="", blobs="", token_key=keys.public, **options)
+
     with pytest.raises(SandboxCheckpointInvalidArgumentError, match="tls-cert"):
-        GatewayConfig(listen="127.0.0.1:0", store="", blobs="", token_key=keys.public).check()
+        config("0.0.0.0:7443").check()
+    with pytest.raises(SandboxCheckpointInvalidArgumentError, match="tls-cert"):
+        config("tcp://gw.internal:7443").check()
+    config("0.0.0.0:7443", insecure_plaintext=True).check()
+    for loopback in ("127.0.0.1:7443", "tcp://localhost:7443", "[::1]:7443"):
+        assert config(loopback).plaintext
+    assert config("tcp://127.0.0.1:7443").address == "127.0.0.1:7443"

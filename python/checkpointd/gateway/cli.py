@@ -28,11 +28,15 @@ def add_commands(commands: Any) -> None:
         "(README 'Gateway mode'). Sidecars run `checkpointd serve --gateway grpcs://host:port "
         "--gateway-token-file F`.",
     )
-    gateway.add_argument("--listen", required=True, help="host:port to listen on (TCP)")
+    gateway.add_argument(
+        "--listen", required=True, help="host:port (or tcp://host:port) to listen on"
+    )
     gateway.add_argument("--store", required=True, help="postgresql://… (or sqlite:///abs.db)")
     gateway.add_argument("--blobs", required=True, help="s3://bucket/prefix, file:///dir, …")
     gateway.add_argument(
         "--token-key-file",
+        "--key-file",
+        dest="token_key_file",
         required=True,
         help="the Ed25519 public key tokens are checked with (PEM; `checkpointd token keygen`)",
     )
@@ -43,7 +47,7 @@ def add_commands(commands: Any) -> None:
     gateway.add_argument(
         "--insecure-plaintext",
         action="store_true",
-        help="no TLS (loopback tests only: tokens would cross the network in clear)",
+        help="no TLS beyond loopback too (tokens would cross the network in clear)",
     )
     gateway.add_argument("--grace-period", default="10s", help="drain time on SIGTERM")
     gateway.add_argument(

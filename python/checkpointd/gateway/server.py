@@ -1,7 +1,8 @@
 """``checkpointd gateway``: the Gateway service in front of one store and one bucket.
 
-Lifecycle, as ``serve``'s: listen (TLS unless ``--insecure-plaintext``, which is
-meant for loopback tests; mutual TLS with ``--tls-client-ca``), health
+Lifecycle, as ``serve``'s: listen (TLS; plaintext only on a loopback address
+without a certificate, or with ``--insecure-plaintext``; mutual TLS with
+``--tls-client-ca``), health
 NOT_SERVING while the store and the bucket open, then SERVING; SIGTERM/SIGINT
 drains: health NOT_SERVING, new calls refused (DRAINING, so sidecars move to
 another gateway), running calls get ``grace_period`` seconds, the store closes.
@@ -56,14 +57,33 @@ class GatewayConfig:
     sweep_every: float | None = None
     sweep_older_than: float = 24 * 3600.0
 
+    @property
+    def address(self) -> str:
+        """``host:port`` for grpc (a ``tcp://`` prefix, as ``serve`` takes, removed)."""
+        return self.listen.removeprefix("tcp://")
+
+    @property
+    def plaintext(self) -> bool:
+        """No TLS: asked for, or no certificate and a loopback address (as ``serve``
+        allows plaintext TCP with tokens; nothing leaves the machine)."""
+        if self.insecure_plaintext:
+            return True
+        host = self.address.rpartition(":")[0].strip("[]")
+        return self.tls_cert is None and host in ("127.0.0.1", "localhost", "::1")
+
     def check(self) -> None:
         if self.sweep_every is not None and not self.sweep_every > 0:
             raise SandboxCheckpointInvalidArgumentError("--sweep-every must be positive")
         if not self.sweep_older_than >= 0:
             raise SandboxCheckpointInvalidArgumentError("--sweep-older-than must be >= 0")
-        if self.insecure_plaintext == (self.tls_cert is not None):
+        if self.insecure_plaintext and self.tls_cert is not None:
             raise SandboxCheckpointInvalidArgumentError(
-                "the gateway needs --tls-cert and --tls-key (or --insecure-plaintext on loopback)"
+                "--insecure-plaintext and --tls-cert contradict each other"
+            )
+        if not self.plaintext and self.tls_cert is None:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"the gateway listens on {self.listen}, beyond loopback: it needs --tls-cert "
+                "and --tls-key (tokens would cross the network in clear), or --insecure-plaintext"
             )
         if (self.tls_cert is None) != (self.tls_key is None):
             raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
@@ -82,10 +102,10 @@ def build_gateway_server(
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
-    if config.insecure_plaintext:
-        port = server.add_insecure_port(config.listen)
+    if config.plaintext:
+        port = server.add_insecure_port(config.address)
     else:
-        port = server.add_secure_port(config.listen, _server_credentials(config))  # type: ignore[arg-type]
+        port = server.add_secure_port(config.address, _server_credentials(config))  # type: ignore[arg-type]
     if port == 0:
         raise RuntimeError(f"cannot listen on {config.listen}")
     return server, health_servicer, port
