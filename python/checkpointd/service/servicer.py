@@ -902,9 +902,12 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
         checkpoint_id = validation.check_id(request.checkpoint_id, "checkpoint_id")
+        # Marked before the delete: a marker whose checkpoint still exists is
+        # harmless (a retry finds the checkpoint and replays it), a delete whose
+        # marker failed to be written would free the request_id.
+        await mark_spent(self.state, [checkpoint_id])
         async with await store.acquire_writer(thread_id) as lease:
             await store.delete_head(thread_id, checkpoint_id, lease)
-        await mark_spent(self.state, [checkpoint_id])
         head = await store.get_head(thread_id)
         response = pb.DeleteHeadResponse()
         if head is not None:
@@ -917,10 +920,15 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
 
         store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
+        if not request.dry_run:
+            # As in DeleteHead: mark what will go before it goes (and whatever
+            # else went, should the head have moved in between, after).
+            planned = await prune(store, thread_id, request.keep, dry_run=True)
+            await mark_spent(self.state, planned)
         deleted = await prune(store, thread_id, request.keep, dry_run=request.dry_run)
         ids = [d if isinstance(d, str) else d.id for d in deleted]
         if not request.dry_run:
-            await mark_spent(self.state, ids)
+            await mark_spent(self.state, sorted(set(ids) - set(planned)))
         _log.info(
             "prune%s of thread %s (keep %d): %d checkpoints",
             " (dry run)" if request.dry_run else "",
