@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import logging
 import tempfile
 import time
 from collections import OrderedDict
@@ -61,7 +60,6 @@ from . import wire
 from .tokens import TokenScope, TokenVerifier
 
 T = TypeVar("T")
-_log = logging.getLogger("checkpointd.gateway")
 
 ANY_OP = ("capture", "restore", "list", "fork", "prune", "admin")
 LEASE_OPS = ("capture", "restore", "fork", "prune")
@@ -207,13 +205,6 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             scope = self.verifier.verify(token)  # raises: expired
         return scope
 
-    async def _fail(
-        self, context: grpc.aio.ServicerContext[Any, Any], method: str, exc: BaseException
-    ) -> None:
-        code, message, trailers = wire.error_trailers(exc)
-        if code is grpc.StatusCode.INTERNAL:
-            _log.error("%s failed", method, exc_info=exc)
-        await context.abort(code, message, trailing_metadata=trailers)
 
     async def _unary(
         self,
@@ -231,8 +222,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             code = grpc.StatusCode.CANCELLED
             raise
         except Exception as exc:  # noqa: BLE001 - every error leaves as a status
-            code = status.classify(exc)[0] if not isinstance(exc, grpc.aio.AbortError) else code
-            await self._fail(context, method, exc)
+            # (classify logs an unexpected one with its traceback)
+            code, message, trailers = wire.error_trailers(exc)
+            await context.abort(code, message, trailing_metadata=trailers)
             raise  # unreachable: abort raises
         finally:
             if self._observe is not None:
@@ -254,9 +246,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
-        except Exception as exc:  # noqa: BLE001
-            code = status.classify(exc)[0]
-            await self._fail(context, method, exc)
+        except Exception as exc:  # noqa: BLE001 - every error leaves as a status
+            code, message, trailers = wire.error_trailers(exc)
+            await context.abort(code, message, trailing_metadata=trailers)
         finally:
             if self._observe is not None:
                 self._observe(method, code, time.perf_counter() - started)
