@@ -33,7 +33,8 @@ run: install-runtime
 proto: venv
 	$(PY) -m checkpointd.service.genproto
 
-test: build test-rust test-python
+# wheel and binary first: tests/embed runs them in fresh root filesystems.
+test: build wheel binary test-rust test-python
 
 test-rust:
 	cargo test --release -q --manifest-path rust/Cargo.toml
