@@ -43,16 +43,18 @@ async def test_cancelled_capture_releases_the_lease(daemon: Daemon) -> None:
 
 
 async def test_deadline_stops_the_capture_and_releases_the_lease(daemon: Daemon) -> None:
-    _many_files(daemon)
+    # Enough new files that a cold capture cannot finish inside the deadline
+    # even on an idle machine (each one is a blob to create).
+    _many_files(daemon, count=20_000)
     async with daemon.client() as client:
         request = pb.CaptureRequest(thread_id="t-deadline")
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            async for _ in client.stub.Capture(request, timeout=0.3):
+            async for _ in client.stub.Capture(request, timeout=0.2):
                 pass
         assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert await client.list_checkpoints("t-deadline") == []
         done = await client.capture("t-deadline")
-        assert done.checkpoint.file_count == 2000
+        assert done.checkpoint.file_count == 20_000
 
 
 async def test_crash_story(daemons: DaemonFactory) -> None:
