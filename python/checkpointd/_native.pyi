@@ -191,6 +191,9 @@ def manifest_apply(base: bytes, ops: bytes) -> bytes:
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""
 
+def manifest_has_secrets(data: bytes) -> bool:
+    """Whether any file row of the manifest carries secret positions."""
+
 class TargetRefused(ValueError):
     """A target path refused before any change; ``args`` = (code, path, message),
     code "invalid-path" (a top-level ``.checkpointd*`` name) or "name-too-long"."""

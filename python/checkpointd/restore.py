@@ -306,6 +306,8 @@ async def preview_restore(
 
 def _files_with_secrets(checkpoint: Checkpoint, subdir: str) -> list[tuple[str, FileEntry]]:
     """(path relative to the workspace root, entry) of each file with spans."""
+    if not _native.manifest_has_secrets(manifest_of(checkpoint.files).data):
+        return []  # the common case, without one Python object per entry
     prefix = f"{subdir}/" if subdir else ""
     return [
         (prefix + entry.path, entry)

@@ -335,6 +335,14 @@ pub fn filesystem_now(dir: &Path) -> io::Result<i64> {
 // name, never a path: a parent reached by fd cannot be redirected by a
 // symlink swapped in later.
 
+/// The process's umask, read without changing it (`/proc/self/status`); None
+/// where that is unavailable.
+pub fn current_umask() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("Umask:"))?;
+    u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+}
+
 /// `fstat` with the link count: in-place metadata changes only touch an inode
 /// no other name shares (a hard link planted in the workspace may name a file
 /// outside it).
@@ -451,9 +459,15 @@ pub fn symlink_at(target: &CStr, dir: RawFd, name: &CStr) -> io::Result<()> {
 
 /// A new private (0600) file `name` in `dir`, open for writing; fails if it exists.
 pub fn create_file_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
+    create_file_mode_at(dir, name, 0o600)
+}
+
+/// A new file `name` in `dir` with `mode` (less the umask), open for writing;
+/// fails if it exists.
+pub fn create_file_mode_at(dir: RawFd, name: &CStr, mode: u32) -> io::Result<OwnedFd> {
     let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: valid fd and C string.
-    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, 0o600 as libc::c_uint) })?;
+    let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, mode as libc::c_uint) })?;
     // SAFETY: fresh fd.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

@@ -537,6 +537,8 @@ pub enum ManifestRow {
         size: u64,
         mode: u32,
         mtime_ns: i64,
+        /// Capture zeroed secrets in it (the row carries their positions).
+        secrets: bool,
     },
     Dir {
         path: String,
@@ -633,8 +635,11 @@ impl Parser<'_> {
                 self.expect(b',')?;
                 let mtime_ns = self.int()?;
                 // Secret positions (flat offset, length, index-or-name triples):
-                // the restore plan does not need them (Python fills secrets in).
+                // the restore plan only needs to know there are some (Python
+                // fills the secrets in).
+                let mut secrets = false;
                 while self.eat(b',') {
+                    secrets = true;
                     self.skip_ws();
                     if self.data.get(self.pos) == Some(&b'"') {
                         self.string()?;
@@ -648,6 +653,7 @@ impl Parser<'_> {
                     size: u64::try_from(size).map_err(|_| self.error("a size >= 0"))?,
                     mode: u32::try_from(mode).map_err(|_| self.error("a mode"))?,
                     mtime_ns: i64::try_from(mtime_ns).map_err(|_| self.error("an mtime"))?,
+                    secrets,
                 }
             }
             "d" => {
@@ -849,7 +855,8 @@ mod tests {
                 hash: [7u8; 32],
                 size: 3,
                 mode: 0o644,
-                mtime_ns: -5
+                mtime_ns: -5,
+                secrets: false
             }
         );
         assert_eq!(

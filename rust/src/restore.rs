@@ -203,6 +203,9 @@ pub struct TargetFile {
     pub size: u64,
     pub mode: u32,
     pub mtime_ns: i64,
+    /// Capture zeroed secrets in it: never put in the stat cache (a cached
+    /// hash would lose the secret positions the next manifest must carry).
+    pub secrets: bool,
 }
 
 /// What stands at a path the checkpoint lacks.
@@ -329,6 +332,7 @@ pub fn plan(
                 size,
                 mode,
                 mtime_ns,
+                secrets,
             } => {
                 let file = TargetFile {
                     path: path.clone(),
@@ -336,6 +340,7 @@ pub fn plan(
                     size: *size,
                     mode: *mode,
                     mtime_ns: *mtime_ns,
+                    secrets: *secrets,
                 };
                 match current {
                     Some(ManifestRow::File {
@@ -696,6 +701,9 @@ pub struct Restore {
     recorded: Mutex<Vec<(String, CacheEntry)>>,
     skipped: Mutex<Vec<Vec<u8>>>,
     threads: usize,
+    /// The umask new files are created under (all bits when unknown): a file
+    /// created with its final mode needs no chmod when the umask keeps it.
+    umask: u32,
 }
 
 fn flat_name(index: usize) -> CString {
@@ -818,6 +826,7 @@ impl Restore {
             recorded: Mutex::new(Vec::new()),
             skipped: Mutex::new(skipped),
             threads,
+            umask: fs::current_umask().unwrap_or(0o777),
         };
         restore.make_tree_dirs()?;
         Ok(restore)
@@ -947,8 +956,13 @@ impl Restore {
         let indexes = self.uses_of.get(hash).map(Vec::as_slice).unwrap_or(&[]);
         let mut out = Vec::with_capacity(indexes.len());
         for &index in indexes {
+            // Created with its final mode: staging is private (0700), so
+            // nobody else can reach the file before it moves in.
+            let mode = self.plan.writes[index].mode & 0o777;
             let fd = match self.dests[index] {
-                Dest::Flat => fs::create_file_at(self.staging.as_raw_fd(), &flat_name(index)),
+                Dest::Flat => {
+                    fs::create_file_mode_at(self.staging.as_raw_fd(), &flat_name(index), mode)
+                }
                 Dest::Tree => {
                     let (parent, leaf) = split_parent(self.plan.writes[index].path.as_bytes());
                     let parent_fd = match dirs.reach(parent, true)? {
@@ -961,7 +975,7 @@ impl Restore {
                             ))
                         }
                     };
-                    fs::create_file_at(parent_fd, &cname(leaf)?)
+                    fs::create_file_mode_at(parent_fd, &cname(leaf)?, mode)
                 }
             }
             .map_err(|e| RestoreError::io(self.shown_prepared(index), "create", e))?;
@@ -975,7 +989,10 @@ impl Restore {
         let entry = &self.plan.writes[index];
         let raw = fd.as_raw_fd();
         let shown = || self.shown_prepared(index);
-        fs::fchmod(raw, entry.mode & 0o777).map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+        if entry.mode & 0o777 & self.umask != 0 {
+            fs::fchmod(raw, entry.mode & 0o777)
+                .map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+        }
         fs::set_mtime(raw, entry.mtime_ns)
             .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
         let stat = fs::fstat(raw).map_err(|e| RestoreError::io(shown(), "fstat", e))?;
@@ -1199,6 +1216,9 @@ impl Restore {
                 for index in files {
                     if let Some(written) = prepared.get(&index) {
                         let entry = &self.plan.writes[index];
+                        if entry.secrets {
+                            continue;
+                        }
                         recorded.push((
                             entry.path.clone(),
                             CacheEntry::new(&written.stat, entry.hash),
@@ -1311,6 +1331,9 @@ impl Restore {
         self.rename_in(parent_fd, &flat_name(index), &leaf, path)?;
         // What stands there now must be the inode we wrote (rename changed
         // only its ctime): then its stat, ctime included, is what we record.
+        if entry.secrets {
+            return Ok(());
+        }
         if let Ok(after) = fs::lstat_at(parent_fd, &leaf) {
             let ours = written.stat;
             if after.is_file()
@@ -1631,6 +1654,7 @@ mod tests {
             size,
             mode: 0o644,
             mtime_ns: 1,
+            secrets: false,
         }
     }
 

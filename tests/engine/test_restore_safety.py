@@ -294,3 +294,94 @@ async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
     # Every file restore wrote is known to the stat cache.
     assert again.stats.files_hashed == 0
     os.chmod(workspace / "locked", 0o755)
+
+
+@pytest.mark.skipif(not _can_mount(), reason="mounting a tmpfs needs root")
+async def test_a_full_workspace_fails_cleanly_and_a_later_run_succeeds(
+    memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    from checkpointd.errors import NO_SPACE
+
+    write_tree(workspace, {f"big-{n}.bin": os.urandom(1 << 20) for n in range(6)})
+    write_tree(workspace, {"small.txt": b"s"})
+    expected = snapshot_tree(workspace)
+    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    target = tmp_path / "small-disk"
+    target.mkdir()
+    mounted = subprocess.run(  # noqa: ASYNC221
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(target)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        (target / "kept.txt").write_bytes(b"was here before")
+        before = snapshot_tree(target)
+        with pytest.raises(SandboxSnapshotError) as caught:
+            await restore_checkpoint(target, memory_store, memory_blobs, "t", data_dir=data_dir)
+        assert caught.value.code == NO_SPACE
+        assert str(target) in str(caught.value)
+        # Nothing half-written: staging is gone and the workspace is as it was.
+        assert snapshot_tree(target) == before
+        subprocess.run(  # noqa: ASYNC221
+            ["mount", "-o", "remount,size=32m", str(target)], check=True
+        )
+        await restore_checkpoint(target, memory_store, memory_blobs, "t", data_dir=data_dir)
+        assert snapshot_tree(target) == expected
+    finally:
+        subprocess.run(["umount", str(target)], check=False)  # noqa: ASYNC221
+
+
+_RESTORE_SCRIPT = """
+import asyncio, sys
+from checkpointd import open_blobs, open_store, restore_checkpoint
+
+async def main(store_url, blobs_url, target, data_dir):
+    store = await open_store(store_url)
+    try:
+        await restore_checkpoint(target, store, open_blobs(blobs_url), "t", data_dir=data_dir)
+    finally:
+        await store.aclose()
+    print("restored", flush=True)
+
+asyncio.run(main(*sys.argv[1:5]))
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to watch the syscalls")
+async def test_restored_data_is_synced_once_before_success(tmp_path: Path) -> None:
+    import sys
+
+    from checkpointd.blobs import open_blobs
+    from checkpointd.store import open_store
+
+    store_url, blobs_url = f"sqlite:///{tmp_path / 'store.db'}", f"file://{tmp_path / 'blobs'}"
+    source, data_dir = tmp_path / "source", tmp_path / "data"
+    write_tree(source, {f"d{n % 5}/f{n}.txt": os.urandom(100) for n in range(50)})
+    write_tree(source, {"top.txt": b"top"})
+    store = await open_store(store_url)
+    try:
+        await capture_checkpoint(source, store, open_blobs(blobs_url), "t", data_dir=data_dir)
+    finally:
+        await store.aclose()
+    trace = tmp_path / "trace.txt"
+    target = tmp_path / "target"
+    done = subprocess.run(  # noqa: ASYNC221
+        ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=syncfs,renameat,renameat2"]
+        + ["-o", str(trace)]
+        + [sys.executable, "-c", _RESTORE_SCRIPT, store_url, blobs_url, str(target), str(data_dir)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert snapshot_tree(target, with_mtime=False) == snapshot_tree(source, with_mtime=False)
+    calls = [line for line in trace.read_text().splitlines() if "resumed" not in line]
+    syncs = [i for i, line in enumerate(calls) if "syncfs(" in line]
+    # (the stat cache, saved after the sync, is renamed into the data dir)
+    renames = [i for i, line in enumerate(calls) if "rename" in line and str(data_dir) not in line]
+    # One sync of the workspace's filesystem per restore (not one per file),
+    # after the last file moved in.
+    assert len(syncs) == 1
+    assert renames and syncs[0] > max(renames)

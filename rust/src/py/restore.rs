@@ -75,6 +75,17 @@ fn restore_to_py(error: RestoreError) -> PyErr {
     }
 }
 
+/// See `_native.pyi`. Raises ValueError for bytes that are not a manifest.
+#[pyfunction]
+pub fn manifest_has_secrets(py: Python<'_>, data: &[u8]) -> PyResult<bool> {
+    let rows = py
+        .allow_threads(|| manifest::decode(data))
+        .map_err(PyValueError::new_err)?;
+    Ok(rows
+        .iter()
+        .any(|row| matches!(row, manifest::ManifestRow::File { secrets: true, .. })))
+}
+
 fn digest(hex: &str) -> PyResult<[u8; 32]> {
     from_hex(hex)
         .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?}")))
@@ -83,7 +94,9 @@ fn digest(hex: &str) -> PyResult<[u8; 32]> {
 /// See `_native.pyi`.
 #[pyclass(module = "checkpointd._native")]
 pub struct RestoreSession {
-    inner: Restore,
+    /// None once closed: closing releases the descriptors at once (a session
+    /// kept alive by a traceback must not pin the workspace's filesystem).
+    inner: Option<Restore>,
     cache_path: Option<PathBuf>,
     cancel: Cancel,
     writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
@@ -154,7 +167,7 @@ impl RestoreSession {
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
-            inner,
+            inner: Some(inner),
             cache_path,
             cancel,
             writers: Mutex::new(HashMap::new()),
@@ -163,55 +176,58 @@ impl RestoreSession {
 
     /// The distinct blobs to fetch: (64-hex digest, size), in first-use order.
     #[getter]
-    fn blobs(&self) -> Vec<(String, u64)> {
-        self.inner
+    fn blobs(&self) -> PyResult<Vec<(String, u64)>> {
+        Ok(self
+            .inner()?
             .plan
             .blobs
             .iter()
             .map(|(h, s)| (to_hex(h), *s))
-            .collect()
+            .collect())
     }
 
     #[getter]
-    fn operations(&self) -> usize {
-        self.inner.plan.operations()
+    fn operations(&self) -> PyResult<usize> {
+        Ok(self.inner()?.plan.operations())
     }
 
     /// Counts per kind of change: deletions, dirs, writes, links, file_metadata, dir_modes.
     #[getter]
-    fn counts(&self) -> HashMap<&'static str, usize> {
-        let p = &self.inner.plan;
-        HashMap::from([
+    fn counts(&self) -> PyResult<HashMap<&'static str, usize>> {
+        let p = &self.inner()?.plan;
+        Ok(HashMap::from([
             ("deletions", p.deletions.len()),
             ("dirs", p.dirs_to_make.len()),
             ("writes", p.writes.len()),
             ("links", p.links.len()),
             ("file_metadata", p.file_metadata.len()),
             ("dir_modes", p.dir_modes.len()),
-        ])
+        ]))
     }
 
     /// The workspace-relative paths this restore deletes (deepest first; names
     /// that are not UTF-8 are shown with replacement characters).
     #[getter]
-    fn deleted_paths(&self) -> Vec<String> {
-        self.inner
+    fn deleted_paths(&self) -> PyResult<Vec<String>> {
+        Ok(self
+            .inner()?
             .plan
             .deletions
             .iter()
             .map(|(path, _)| String::from_utf8_lossy(path).into_owned())
-            .collect()
+            .collect())
     }
 
     /// The workspace-relative paths written by this restore, in path order.
     #[getter]
-    fn written_paths(&self) -> Vec<String> {
-        self.inner
+    fn written_paths(&self) -> PyResult<Vec<String>> {
+        Ok(self
+            .inner()?
             .plan
             .writes
             .iter()
             .map(|w| w.path.clone())
-            .collect()
+            .collect())
     }
 
     /// Verify and stage many small blobs: ``[(hex, bytes), ...]``.
@@ -220,7 +236,7 @@ impl RestoreSession {
         for (hex, data) in &items {
             parsed.push((digest(hex)?, data));
         }
-        let inner = &self.inner;
+        let inner = self.inner()?;
         let cancel = &self.cancel;
         py.allow_threads(|| {
             let views: Vec<([u8; 32], &[u8])> =
@@ -233,8 +249,9 @@ impl RestoreSession {
     /// Start streaming a (large) blob into staging.
     fn begin_blob(&self, py: Python<'_>, hex: &str, size: u64) -> PyResult<()> {
         let hash = digest(hex)?;
+        let inner = self.inner()?;
         let writer = py
-            .allow_threads(|| self.inner.stage_writer(&hash, size))
+            .allow_threads(|| inner.stage_writer(&hash, size))
             .map_err(restore_to_py)?;
         self.writers
             .lock()
@@ -246,7 +263,8 @@ impl RestoreSession {
     fn write_blob(&self, py: Python<'_>, hex: &str, chunk: PyBackedBytes) -> PyResult<()> {
         let hash = digest(hex)?;
         let mut writer = self.take_writer(&hash)?;
-        let result = py.allow_threads(|| writer.write(&self.inner, &chunk));
+        let inner = self.inner()?;
+        let result = py.allow_threads(|| writer.write(inner, &chunk));
         self.writers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -258,19 +276,20 @@ impl RestoreSession {
     fn end_blob(&self, py: Python<'_>, hex: &str) -> PyResult<()> {
         let hash = digest(hex)?;
         let writer = self.take_writer(&hash)?;
-        py.allow_threads(|| writer.finish(&self.inner))
+        let inner = self.inner()?;
+        py.allow_threads(|| writer.finish(inner))
             .map_err(restore_to_py)
     }
 
     /// True once apply has nothing left to do.
     #[getter]
-    fn done(&self) -> bool {
-        self.inner.done()
+    fn done(&self) -> PyResult<bool> {
+        Ok(self.inner()?.done())
     }
 
     /// Apply up to ``budget`` operations; returns how many were done.
     fn apply_some(&mut self, py: Python<'_>, budget: usize) -> PyResult<usize> {
-        let inner = &mut self.inner;
+        let inner = self.inner.as_mut().ok_or_else(closed)?;
         let cancel = &self.cancel;
         py.allow_threads(|| inner.apply_some(budget, cancel))
             .map_err(restore_to_py)
@@ -281,14 +300,15 @@ impl RestoreSession {
     fn finish(&self, py: Python<'_>) -> PyResult<()> {
         let fingerprint = secrets_fingerprint::<&[u8]>(&[]);
         let cache = self.cache_path.clone();
-        py.allow_threads(|| self.inner.finish(cache.as_deref(), fingerprint))
+        let inner = self.inner()?;
+        py.allow_threads(|| inner.finish(cache.as_deref(), fingerprint))
             .map_err(restore_to_py)
     }
 
     /// Paths left alone because they lie on another filesystem (mount points).
     #[getter]
     fn skipped<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
-        self.inner
+        self.inner()?
             .skipped()
             .into_iter()
             .map(|p| PyBytes::new(py, &p).call_method1("decode", ("utf-8", "surrogateescape")))
@@ -297,22 +317,34 @@ impl RestoreSession {
 
     /// How many written files the stat cache learns at ``finish``.
     #[getter]
-    fn recorded(&self) -> usize {
-        self.inner.recorded_count()
+    fn recorded(&self) -> PyResult<usize> {
+        Ok(self.inner()?.recorded_count())
     }
 
-    /// Remove the staging directory (call it in every case).
-    fn close(&self, py: Python<'_>) -> PyResult<()> {
+    /// Remove the staging directory and release every descriptor (call it in
+    /// every case; later calls do nothing).
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         self.writers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
-        py.allow_threads(|| self.inner.remove_staging())
+        let Some(inner) = self.inner.take() else {
+            return Ok(());
+        };
+        py.allow_threads(move || inner.remove_staging())
             .map_err(restore_to_py)
     }
 }
 
+fn closed() -> PyErr {
+    PyValueError::new_err("the restore session is closed")
+}
+
 impl RestoreSession {
+    fn inner(&self) -> PyResult<&Restore> {
+        self.inner.as_ref().ok_or_else(closed)
+    }
+
     fn take_writer(&self, hash: &[u8; 32]) -> PyResult<StagedWriter> {
         self.writers
             .lock()
