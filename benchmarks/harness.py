@@ -25,10 +25,15 @@ from .scratch import DEFAULT_TRASH_MAX_BYTES, INODE_REUSE_PAUSE_S, Scratch
 ALL_TOOLS = ("ours", "daemon", "floors", "git", "tar-zstd", "restic", "borg")
 ALL_FLOORS = ("find", "cat", "b3sum", "cp -a", "tar|tar")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-RUNS = {"tiny": 1, "quick": 3, "full": 3}
+RUNS = {"tiny": 1, "quick": 3, "full": 3, "million": 3}
 # A quick run never shrinks its trash mid-run (it stays well under this); a full one
 # does, between suites: mostly the large-file trees, which are cheap to delete.
-TRASH_MAX_BYTES = {"tiny": DEFAULT_TRASH_MAX_BYTES, "quick": 16 << 30, "full": 16 << 30}
+TRASH_MAX_BYTES = {
+    "tiny": DEFAULT_TRASH_MAX_BYTES,
+    "quick": 16 << 30,
+    "full": 16 << 30,
+    "million": 32 << 30,
+}
 
 
 @dataclass

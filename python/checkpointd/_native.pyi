@@ -98,6 +98,7 @@ def scan(
     threads: int = 0,
     cancel: CancelToken | None = None,
     feed: BlobFeed | None = None,
+    root_fd: int | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 

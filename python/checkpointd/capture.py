@@ -57,6 +57,7 @@ from .codec import encode_entries
 from .errors import (
     ARTIFACT_NOT_UPLOADED,
     FILE_CHANGED,
+    INVALID_PATH,
     UNSUPPORTED_ENTRY,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointInvalidArgumentError,
@@ -81,7 +82,7 @@ from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import BlobGuard, CheckpointStore
-from .validation import artifact_problem, check_id, check_optional_id
+from .validation import artifact_problem, check_id, check_optional_id, path_problem
 
 T = TypeVar("T")
 
@@ -168,6 +169,65 @@ def _check_artifacts(artifacts: Iterable[Artifact]) -> tuple[Artifact, ...]:
     return checked
 
 
+def _checked_subdir(subdir: str) -> str:
+    """``workspace_subdir`` normalised ("" for the whole workspace);
+    SandboxSnapshotError(INVALID_PATH) unless a workspace-relative path."""
+    normal = "" if subdir in ("", ".", "./") else subdir.rstrip("/")
+    problem = path_problem(normal) if normal else None
+    if problem is not None:
+        raise SandboxSnapshotError(
+            INVALID_PATH, f"bad workspace_subdir {subdir!r}: {problem}", details={"path": subdir}
+        )
+    return normal
+
+
+class _SubRoot:
+    """The sub-root, opened from the workspace root one component at a time
+    with O_NOFOLLOW, held by fd for the whole capture: the scan walks from that
+    fd and uploads re-read beneath it. Sandbox code that swaps a component for
+    a symlink (a RENAME_EXCHANGE loop) gets either the directory we opened or
+    an error, never an outside directory read in the workspace's name."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    @classmethod
+    def open(cls, workspace: str, subdir: str) -> _SubRoot:
+        """Raises SandboxSnapshotError(INVALID_PATH) when a component is missing,
+        not a directory, or a symlink."""
+        if not subdir:
+            return cls(None)
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        fd = os.open(workspace, flags)  # the operator's path; it may be a symlink
+        try:
+            for part in subdir.split("/"):
+                try:
+                    child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
+                except OSError as error:
+                    raise SandboxSnapshotError(
+                        INVALID_PATH,
+                        f"workspace_subdir {subdir!r} cannot be opened without following "
+                        f"links: {error.strerror or error}",
+                        details={"path": subdir},
+                    ) from None
+                os.close(fd)
+                fd = child
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    def tree_path(self, root: str) -> str:
+        """A path that reaches exactly the held directory: its own fd's magic
+        link (resolving it involves no name the sandbox controls)."""
+        return root if self.fd is None else f"/proc/self/fd/{self.fd}"
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 def _workspace_path(workspace_root: str | os.PathLike[str]) -> str:
     """The absolute root path; SandboxCheckpointInvalidArgumentError unless a directory."""
     root = os.path.abspath(os.fspath(workspace_root))
@@ -215,8 +275,9 @@ async def capture_checkpoint(
     occurrence is zeroed, and each file entry records where (``secrets``:
     offset, length, the name or index — never the value). The checkpoint
     records the policy it was taken with (the default one when
-    None) and ``workspace_subdir``, the daemon's sub-root the caller scanned
-    (recorded only: ``workspace_root`` is what is scanned).
+    None) and ``workspace_subdir``: the sub-root of ``workspace_root`` that is
+    scanned, opened from the root one component at a time without following
+    links and held by fd (INVALID_PATH when that fails).
 
     Raises SandboxCheckpointInvalidIdError (bad thread or checkpoint id),
     SandboxCheckpointInvalidArgumentError (a secret shorter than 4 bytes, a
@@ -235,8 +296,12 @@ async def capture_checkpoint(
     given_secrets = parse_secrets(secrets)
     checked_secrets = given_secrets.values
     checked_artifacts = _check_artifacts(artifacts)
-    root = _workspace_path(workspace_root)
-    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root)
+    workspace = _workspace_path(workspace_root)
+    subdir = _checked_subdir(workspace_subdir)
+    # The directory scanned: the sub-root when one is given (named by its
+    # lexical path, reached only through fds; see _SubRoot).
+    root = os.path.join(workspace, subdir) if subdir else workspace
+    cache_path = stat_cache_path(resolve_data_dir(workspace, data_dir), root)
     policy = policy if policy is not None else Policy()
     clock = now if now is not None else _now_ms
     new_id = checkpoint_id if checkpoint_id is not None else new_uuid7()
@@ -245,7 +310,9 @@ async def capture_checkpoint(
 
     reporter.phase("lease")
     lease = await store.acquire_writer(thread_id)
+    subroot: _SubRoot | None = None
     try:
+        subroot = _SubRoot.open(workspace, subdir)
         async with LeaseKeeper(lease) as keeper:
             head_id = await store.get_head(thread_id)
             if checkpoint_id is not None:
@@ -255,14 +322,23 @@ async def capture_checkpoint(
             parent = await store.get(head_id) if head_id is not None else None
 
             reporter.phase("scan")
-            engine = _Uploader(root, store, blobs, lease, keeper, checked_secrets, reporter, token)
+            engine = _Uploader(
+                subroot.tree_path(root),
+                store,
+                blobs,
+                lease,
+                keeper,
+                checked_secrets,
+                reporter,
+                token,
+            )
             try:
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_digests = manifest_of(parent.files).digests() if parent else b""
                 feed = _native.BlobFeed(FEED_BYTES, SMALL_FILE_BYTES, parent_digests)
                 scanning = asyncio.ensure_future(
-                    _scan(root, policy, checked_secrets, cache_path, token, feed)
+                    _scan(root, policy, checked_secrets, cache_path, token, feed, subroot.fd)
                 )
                 try:
                     await engine.upload_feed(feed)
@@ -340,6 +416,8 @@ async def capture_checkpoint(
             )
             return CaptureResult(checkpoint, stats)
     finally:
+        if subroot is not None:
+            subroot.close()
         await lease.release()
 
 
@@ -384,9 +462,12 @@ async def _scan(
     cache_path: str,
     token: _native.CancelToken,
     feed: _native.BlobFeed | None = None,
+    root_fd: int | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
-        lambda: scan_workspace(root, policy, secrets, cache_path, cancel=token, feed=feed),
+        lambda: scan_workspace(
+            root, policy, secrets, cache_path, cancel=token, feed=feed, root_fd=root_fd
+        ),
         token.cancel,
     )
     if outcome.unsupported:

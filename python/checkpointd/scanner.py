@@ -133,6 +133,7 @@ def scan_workspace(
     *,
     threads: int = 0,
     feed: _native.BlobFeed | None = None,
+    root_fd: int | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
@@ -154,6 +155,7 @@ def scan_workspace(
             threads=threads,
             cancel=cancel,
             feed=feed,
+            root_fd=root_fd,
         )
     except _native.ScanCancelled:
         raise

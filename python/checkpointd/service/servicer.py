@@ -403,7 +403,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
 
         store, blobs = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
-        root = self.state.resolve_root(request.workspace_subdir)
+        # Validated here for an early error; the engine opens it by fd.
+        self.state.resolve_root(request.workspace_subdir)
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
         conversation = convert.conversation_from_proto(request.conversation)
         artifacts = tuple(convert.artifact_from_proto(a) for a in request.artifacts)
@@ -445,8 +446,10 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         )
 
         async def work(progress: Callable[[Progress], None]) -> Any:
+            # The engine opens the sub-root from the workspace fd, component by
+            # component (``root`` above only validated it early).
             return await capture_checkpoint(
-                root,
+                self.state.workspace_root,
                 store,
                 blobs,
                 thread_id,

@@ -84,7 +84,7 @@ fn to_result(
 #[pyfunction]
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
-    cache_path=None, threads=0, cancel=None, feed=None
+    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -98,7 +98,22 @@ pub fn scan(
     threads: usize,
     cancel: Option<&Bound<'_, CancelToken>>,
     feed: Option<&Bound<'_, PyBlobFeed>>,
+    root_fd: Option<std::os::fd::RawFd>,
 ) -> PyResult<ScanResult> {
+    // A sub-root the caller opened fd by fd from the workspace root: scanned
+    // through (a duplicate of) that fd, `root` only names it.
+    let held = match root_fd {
+        Some(fd) => {
+            // SAFETY: the caller keeps `fd` open for the call; we only dup it.
+            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+            Some(
+                borrowed
+                    .try_clone_to_owned()
+                    .map_err(|e| to_py(ScanError::io(&root, "dup", e)))?,
+            )
+        }
+        None => None,
+    };
     let exclude = args::patterns(exclude)?;
     let include = args::patterns(include)?;
     let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
@@ -114,6 +129,10 @@ pub fn scan(
         cancel: cancel.clone(),
         feed: feed.map(|f| f.get().inner.clone()),
     };
-    let out = run_released(py, &cancel, move || core::scan(&request))?.map_err(to_py)?;
+    let out = run_released(py, &cancel, move || match held {
+        Some(fd) => core::scan_root(&request, core::Root::from_fd(fd, request.root.clone())),
+        None => core::scan(&request),
+    })?
+    .map_err(to_py)?;
     to_result(py, out, policy_warnings)
 }
