@@ -205,7 +205,6 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             scope = self.verifier.verify(token)  # raises: expired
         return scope
 
-
     async def _unary(
         self,
         method: str,
