@@ -95,16 +95,27 @@ def artifact_from_proto(message: pb.Artifact) -> Artifact:
     )
 
 
-def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
+def _manifest_totals(checkpoint: Checkpoint) -> tuple[int, int, int]:
+    """(entries, files, file bytes): counted on the bytes for a Manifest (a
+    summary must not decode a million entries into Python objects)."""
+    totals = getattr(checkpoint.files, "totals", None)
+    if totals is not None:
+        entries, file_count, total_bytes = totals()
+        return entries, file_count, total_bytes
     files = [entry for entry in checkpoint.files if isinstance(entry, FileEntry)]
+    return len(checkpoint.files), len(files), sum(entry.size for entry in files)
+
+
+def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
+    entry_count, file_count, total_bytes = _manifest_totals(checkpoint)
     summary = pb.CheckpointSummary(
         id=checkpoint.id,
         thread_id=checkpoint.thread_id,
         created_at=checkpoint.created_at,
         reason=checkpoint.reason,
-        entry_count=len(checkpoint.files),
-        file_count=len(files),
-        total_bytes=sum(entry.size for entry in files),
+        entry_count=entry_count,
+        file_count=file_count,
+        total_bytes=total_bytes,
         artifact_count=len(checkpoint.artifacts),
         conversation_count=len(checkpoint.conversation),
     )
