@@ -36,6 +36,8 @@ from typing import Any
 
 FILES_PER_WORKSPACE = 20
 FILE_BYTES = 4096
+# A capture that takes longer counts as failed (a hang shows as errors, not silence).
+CAPTURE_TIMEOUT_S = 120.0
 
 
 def _free_port() -> int:
@@ -79,8 +81,11 @@ async def _sidecar(
             (workspace / "f0.txt").write_bytes(os.urandom(FILE_BYTES))
             began = time.perf_counter()
             try:
-                await capture_checkpoint(
-                    workspace, store, blobs, f"sb-{index}/main", data_dir=data_dir
+                await asyncio.wait_for(
+                    capture_checkpoint(
+                        workspace, store, blobs, f"sb-{index}/main", data_dir=data_dir
+                    ),
+                    CAPTURE_TIMEOUT_S,
                 )
                 latencies.append(time.perf_counter() - began)
             except Exception as error:  # noqa: BLE001 - counted and reported
@@ -92,6 +97,15 @@ async def _sidecar(
 
 
 async def _worker(args: argparse.Namespace) -> None:
+    import concurrent.futures
+
+    # Each simulated sidecar stands for a process of its own, with its own
+    # default executor: one shared 6-thread executor (2 cores) deadlocks 8 or more
+    # concurrent captures in one process on main as of this commit (capture blocks
+    # an executor thread on work queued behind it).
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=6 * args.count)
+    )
     base = Path(args.base)
     results = await asyncio.gather(
         *(
@@ -171,6 +185,7 @@ async def _run_setup(
                 ]
             )
         )
+    print(f"{mode}: {len(procs)} workers started", file=sys.stderr, flush=True)
     stop = asyncio.Event()
     poller = asyncio.ensure_future(_poll_connections(poll_url, stop))
     await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -178,6 +193,7 @@ async def _run_setup(
     for proc in procs:
         await asyncio.to_thread(proc.wait)
     wall = time.time() - began
+    print(f"{mode}: done in {wall:.1f}s", file=sys.stderr, flush=True)
     stop.set()
     peak = await poller
     latencies: list[float] = []
