@@ -318,6 +318,14 @@ async def test_a_sidecar_cannot_touch_another_thread(fleet: Fleet) -> None:
         await _forbidden(client.delete_head(other, their_head))
         await _forbidden(client.prune(other, 1))
         await _forbidden(client.sweep(older_than_ms=0))  # sweeping is the gateway's job
+        # Its own thread it may prune: a request_id checkpoint deleted stays spent
+        # (the daemon's marker goes through the gateway too).
+        extra = await client.capture(fleet.thread(mine), request_id="to-delete", label="x")
+        assert await client.delete_head(fleet.thread(mine), extra.checkpoint.id) == mine_head
+        with pytest.raises(RpcError) as caught:
+            await client.capture(fleet.thread(mine), request_id="to-delete", label="x")
+        assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT, caught.value
+        assert await client.prune(fleet.thread(mine), 1) == []
         threads = [t.thread_id async for t in client.list_threads()]
         assert threads and all(t.startswith(f"sb-{mine}/") for t in threads), threads
     async with _client(fleet.sidecars[theirs]) as client:

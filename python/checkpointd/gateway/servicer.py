@@ -37,6 +37,7 @@ import asyncio
 import datetime
 import tempfile
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
@@ -53,6 +54,7 @@ from ..errors import INVALID_BLOB, SandboxCheckpointError, SandboxCheckpointInva
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLease
 from ..service import status
 from ..service.auth import AUTHORIZATION
+from ..service.servicer import SPENT_REQUEST_PREFIX
 from ..store.base import BlobCount, CheckpointStore, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
@@ -73,6 +75,8 @@ TOKEN_CACHE_SIZE = 10_000
 SPOOL_BYTES = 8 << 20
 # Threads read per store page when ListThreads filters to a token's threads.
 THREAD_SCAN_PAGE = 500
+# The bytes of servicer.mark_spent's markers (the daemon's, not content-addressed).
+SPENT_MARKER_BYTES = b"deleted\n"
 # Presigned GET URLs: default and longest lifetime.
 DEFAULT_SIGNED_URL_S = 300
 MAX_SIGNED_URL_S = 3600
@@ -123,6 +127,13 @@ def _signing_store(blobs: BlobStore) -> Any:
     """The obstore store that can sign URLs behind ``blobs`` (S3, GCS, Azure), or None."""
     store = getattr(blobs, "object_store", None)
     return store if isinstance(store, (S3Store, GCSStore, AzureStore)) else None
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 def _check_blob_bytes(key: str, digest: str) -> None:
@@ -626,8 +637,22 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         async for message in self._stream("BlobGetMany", context, work):
             yield message
 
+    async def _check_spent_marker(self, scope: TokenScope, key: str, data: Any) -> None:
+        """The one object a sidecar stores that is not content-addressed: the
+        daemon's marker of a deleted request_id checkpoint (servicer.mark_spent).
+        Only with its fixed bytes, and only for a checkpoint of a granted thread
+        (or none: already gone)."""
+        checkpoint_id = key[len(SPENT_REQUEST_PREFIX) :]
+        if data != SPENT_MARKER_BYTES or not _is_uuid(checkpoint_id):
+            raise SandboxCheckpointInvalidArgumentError(
+                f"not a spent-request marker: {key!r}", details={"key": key}
+            )
+        checkpoint = await self.store.get(checkpoint_id)
+        if checkpoint is not None:
+            scope.require(("prune",), checkpoint.thread_id)
+
     async def _receive(
-        self, chunks: AsyncIterable[gpb.GatewayBlobChunk]
+        self, scope: TokenScope, chunks: AsyncIterable[gpb.GatewayBlobChunk]
     ) -> AsyncIterator[tuple[str, bool, bytes | Any]]:
         """(key, if_absent, bytes or a spooled file) per blob of an upload
         stream, each checked against its key's digest."""
@@ -653,8 +678,12 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             else:
                 parts.append(chunk.data)
             if chunk.last:
-                _check_blob_bytes(key, hasher.hexdigest())
-                yield key, if_absent, (spool if spool is not None else b"".join(parts))
+                data = spool if spool is not None else b"".join(parts)
+                if key.startswith(SPENT_REQUEST_PREFIX):
+                    await self._check_spent_marker(scope, key, data)
+                else:
+                    _check_blob_bytes(key, hasher.hexdigest())
+                yield key, if_absent, data
                 key, hasher, parts, size, spool = None, blake3.blake3(), [], 0, None
         if key is not None:
             raise SandboxCheckpointInvalidArgumentError(
@@ -674,7 +703,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         async def work(scope: TokenScope) -> gpb.GatewayBlobPutResponse:
             scope.require(UPLOAD_OPS)
             written = False
-            async for key, if_absent, data in self._receive(request_iterator):
+            async for key, if_absent, data in self._receive(scope, request_iterator):
                 body = data if isinstance(data, bytes) else self._spooled(data)
                 written = await self.blobs.put(key, body, if_absent=if_absent)
             return gpb.GatewayBlobPutResponse(written=written)
@@ -687,7 +716,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         async def work(scope: TokenScope) -> gpb.GatewayBlobPutManyResponse:
             scope.require(UPLOAD_OPS)
             items: list[tuple[str, bytes]] = []
-            async for key, _if_absent, data in self._receive(request_iterator):
+            async for key, _if_absent, data in self._receive(scope, request_iterator):
                 if not isinstance(data, bytes):  # a batch is for small blobs
                     data = b"".join([chunk async for chunk in self._spooled(data)])
                 items.append((key, data))
