@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -120,10 +121,19 @@ class WorkCancelled(Exception):
     """Raised inside threaded work that noticed its StopFlag."""
 
 
-async def run_in_thread(work: Callable[[], T], on_cancel: Callable[[], None] | None = None) -> T:
-    """Run ``work`` in a worker thread; on cancellation call ``on_cancel`` (which
-    should make the work stop soon), wait for the thread, then re-raise."""
-    future = asyncio.ensure_future(asyncio.to_thread(work))
+async def run_in_thread(
+    work: Callable[[], T],
+    on_cancel: Callable[[], None] | None = None,
+    executor: concurrent.futures.Executor | None = None,
+) -> T:
+    """Run ``work`` in a worker thread (of ``executor``, default the loop's); on
+    cancellation call ``on_cancel`` (which should make the work stop soon), wait
+    for the thread, then re-raise."""
+    future: asyncio.Future[T]
+    if executor is None:
+        future = asyncio.ensure_future(asyncio.to_thread(work))
+    else:
+        future = asyncio.get_running_loop().run_in_executor(executor, work)
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:

@@ -30,6 +30,7 @@ Read top to bottom, ``capture_checkpoint`` does:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import functools
 import os
@@ -301,7 +302,7 @@ async def capture_checkpoint(
     # The directory scanned: the sub-root when one is given (named by its
     # lexical path, reached only through fds; see _SubRoot).
     root = os.path.join(workspace, subdir) if subdir else workspace
-    cache_path = stat_cache_path(resolve_data_dir(workspace, data_dir), root)
+    cache_path = stat_cache_path(resolve_data_dir(workspace, data_dir), workspace, subdir)
     policy = policy if policy is not None else Policy()
     clock = now if now is not None else _now_ms
     new_id = checkpoint_id if checkpoint_id is not None else new_uuid7()
@@ -337,16 +338,34 @@ async def capture_checkpoint(
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_digests = manifest_of(parent.files).digests() if parent else b""
                 feed = _native.BlobFeed(FEED_BYTES, SMALL_FILE_BYTES, parent_digests)
+                # The scan and the consumers blocked on the feed wait on each other:
+                # they get threads of their own, never the loop's small shared
+                # executor, where enough concurrent captures would fill every
+                # thread with waiters whose producers never run (a deadlock).
+                feed_threads = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1 + FEED_CONSUMERS, thread_name_prefix="capture-feed"
+                )
                 scanning = asyncio.ensure_future(
-                    _scan(root, policy, checked_secrets, cache_path, token, feed, subroot.fd)
+                    _scan(
+                        root,
+                        policy,
+                        checked_secrets,
+                        cache_path,
+                        token,
+                        feed,
+                        subroot.fd,
+                        executor=feed_threads,
+                    )
                 )
                 try:
-                    await engine.upload_feed(feed)
+                    await engine.upload_feed(feed, feed_threads)
                 except BaseException:
                     feed.abandon()
                     token.cancel()
                     await asyncio.gather(scanning, return_exceptions=True)
                     raise
+                finally:
+                    feed_threads.shutdown(wait=False)  # idle or ending: nothing to wait for
                 outcome = await scanning
                 # The native scan reports no progress of its own: its counts arrive
                 # with the scan phase's closing report (entries seen, bytes hashed).
@@ -465,12 +484,14 @@ async def _scan(
     token: _native.CancelToken,
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
+    executor: concurrent.futures.Executor | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(
             root, policy, secrets, cache_path, cancel=token, feed=feed, root_fd=root_fd
         ),
         token.cancel,
+        executor,
     )
     if outcome.unsupported:
         # details["paths"] lists every one; the message stays short enough for a
@@ -541,12 +562,16 @@ class _Uploader:
         if self.token.cancelled:
             raise _native.ScanCancelled("capture cancelled")
 
-    async def upload_feed(self, feed: _native.BlobFeed) -> None:
+    async def upload_feed(
+        self, feed: _native.BlobFeed, waiters: concurrent.futures.Executor
+    ) -> None:
         """Upload what the scan feeds, batch by batch, until the scan ends: pin
-        the batch's keys, ask the store which are missing, put those."""
+        the batch's keys, ask the store which are missing, put those. The waits
+        for the next batch run on ``waiters`` (threads reserved for this feed)."""
+        loop = asyncio.get_running_loop()
 
         async def consume() -> None:
-            while (batch := await asyncio.to_thread(feed.next_batch)) is not None:
+            while (batch := await loop.run_in_executor(waiters, feed.next_batch)) is not None:
                 self._check_running()
                 items = [(FILE_KEY_PREFIX + digest.hex(), data) for digest, data in batch]
                 keys = [key for key, _ in items]

@@ -169,7 +169,7 @@ async def restore_checkpoint(
     subdir = _checked_subdir(workspace_subdir)
     root = _absolute(workspace_root)
     target_root = os.path.join(root, subdir) if subdir else root
-    cache_path = stat_cache_path(resolve_data_dir(target_root, data_dir), target_root)
+    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root, subdir)
     reporter = PhaseReporter(progress)
 
     reporter.phase("lease")
@@ -258,8 +258,7 @@ async def preview_restore(
     check_optional_id(checkpoint_id, "checkpoint id")
     subdir = _checked_subdir(workspace_subdir)
     root = _absolute(workspace_root)
-    target_root = os.path.join(root, subdir) if subdir else root
-    cache_path = stat_cache_path(resolve_data_dir(target_root, data_dir), target_root)
+    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root, subdir)
     checkpoint = await _resolve(store, thread_id, checkpoint_id)
     if checkpoint is None:
         return None

@@ -46,9 +46,17 @@ def resolve_data_dir(
     return path
 
 
-def stat_cache_path(data_dir: Path, workspace_root: str | os.PathLike[str]) -> str:
-    """The stat-cache file of one workspace: one per resolved root path."""
-    root_id = blake3.blake3(os.fsencode(os.path.realpath(workspace_root))).hexdigest()[:32]
+def stat_cache_path(
+    data_dir: Path, workspace_root: str | os.PathLike[str], subdir: str = ""
+) -> str:
+    """The stat-cache file of one scanned tree: one per resolved workspace root and
+    (checked, normalised) sub-root. Only the operator's root is resolved: a path
+    through the sandbox (the sub-root) is never resolved, since the sandbox can
+    swap it for a symlink between two system calls."""
+    tree = os.path.realpath(workspace_root)
+    if subdir:
+        tree = os.path.join(tree, subdir)
+    root_id = blake3.blake3(os.fsencode(tree)).hexdigest()[:32]
     directory = data_dir / "statcache"
     directory.mkdir(mode=0o700, exist_ok=True)
     return os.fspath(directory / f"{root_id}.cache")
