@@ -6,6 +6,8 @@ Models are frozen dataclasses built by keyword. Validation lives in
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -190,9 +192,22 @@ class WriterLease:
         return expires_at
 
     async def release(self) -> None:
-        """Remove this lease's record (only its own); never raises."""
+        """Remove this lease's record (only its own); never raises, except that a
+        cancelled caller's CancelledError is re-raised once the release is done.
+
+        A caller cancelled while releasing (a daemon's drain cancels a call that
+        is already unwinding) must still give the lease back, or the thread stays
+        locked until the lease expires."""
+        releasing = asyncio.ensure_future(self._release(self))
         try:
-            await self._release(self)
+            await asyncio.shield(releasing)
+        except asyncio.CancelledError:
+            while not releasing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait({releasing})
+            if not releasing.cancelled():
+                releasing.exception()  # retrieved: a failed release is ignored
+            raise
         except Exception:  # noqa: BLE001 - release must be safe in finally blocks
             pass
 
