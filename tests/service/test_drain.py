@@ -44,7 +44,8 @@ async def test_calls_past_the_grace_period_are_cancelled_and_release_their_lease
     daemons: DaemonFactory,
 ) -> None:
     daemon = daemons.start(extra=("--grace-period", "0.2s"))
-    _many_files(daemon, 3000)
+    # Enough new files that the capture outlives the grace period on an idle machine.
+    _many_files(daemon, 20_000)
     async with daemon.client() as client:
         call = client.stub.Capture(pb.CaptureRequest(thread_id="t-cut"))
         events = call.__aiter__()
