@@ -198,7 +198,11 @@ async def restore_checkpoint(
                 await _fetch(blobs, session, reporter)
                 keeper.check()
                 # Phase report before the first change: a caller's hook runs here.
-                reporter.phase("apply", files_total=session.operations)
+                reporter.phase(
+                    "apply",
+                    files_total=session.files_to_write,
+                    bytes_total=session.bytes_to_write,
+                )
                 await _apply(session, reporter, keeper)
                 # After the last change, before the sync and the stat cache.
                 reporter.phase("record", files_total=session.recorded)
@@ -599,12 +603,16 @@ async def _apply(
     session: _native.RestoreSession, reporter: PhaseReporter, keeper: LeaseKeeper
 ) -> None:
     """Change the workspace, a native batch at a time (a lost lease stops it
-    between batches; re-running the restore completes the work)."""
+    between batches; re-running the restore completes the work). Progress
+    counts the files (and symlinks) and bytes put in place."""
     stop = StopFlag()
+    files_seen = bytes_seen = 0
     while not session.done:
         stop.raise_if_set()
-        done = await run_in_thread(lambda: session.apply_some(APPLY_BATCH), stop.set)
-        reporter.advance(files=done)
+        await run_in_thread(lambda: session.apply_some(APPLY_BATCH), stop.set)
+        files, nbytes = session.written
+        reporter.advance(files=files - files_seen, nbytes=nbytes - bytes_seen)
+        files_seen, bytes_seen = files, nbytes
         keeper.check()
 
 

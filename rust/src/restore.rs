@@ -33,6 +33,7 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::cancel::Cancel;
@@ -248,6 +249,16 @@ impl Plan {
             + self.links.len()
             + self.file_metadata.len()
             + self.dir_modes.len()
+    }
+
+    /// Files and symlinks whose content apply writes (progress: files_total).
+    pub fn files_to_write(&self) -> u64 {
+        (self.writes.len() + self.links.len()) as u64
+    }
+
+    /// Bytes of the files apply writes (progress: bytes_total).
+    pub fn bytes_to_write(&self) -> u64 {
+        self.writes.iter().map(|w| w.size).sum()
     }
 }
 
@@ -700,6 +711,10 @@ pub struct Restore {
     cursor: usize,
     recorded: Mutex<Vec<(String, CacheEntry)>>,
     skipped: Mutex<Vec<Vec<u8>>>,
+    /// Files and symlinks put in place so far, and the bytes of those files
+    /// (apply's progress; renames run on several threads).
+    files_written: AtomicU64,
+    bytes_written: AtomicU64,
     threads: usize,
     /// The umask new files are created under (all bits when unknown): a file
     /// created with its final mode needs no chmod when the umask keeps it.
@@ -825,6 +840,8 @@ impl Restore {
             cursor: 0,
             recorded: Mutex::new(Vec::new()),
             skipped: Mutex::new(skipped),
+            files_written: AtomicU64::new(0),
+            bytes_written: AtomicU64::new(0),
             threads,
             umask: fs::current_umask().unwrap_or(0o777),
         };
@@ -1210,6 +1227,7 @@ impl Restore {
             let whole = self.move_dir(from, to, &leaf, path)?;
             let files = self.tree_writes_under(root);
             moved_files += files.len();
+            self.count_written(files.iter().map(|&i| self.plan.writes[i].size));
             if whole {
                 let prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
                 let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
@@ -1329,6 +1347,7 @@ impl Restore {
             return Ok(());
         };
         self.rename_in(parent_fd, &flat_name(index), &leaf, path)?;
+        self.count_written([entry.size]);
         // What stands there now must be the inode we wrote (rename changed
         // only its ctime): then its stat, ctime included, is what we record.
         if entry.secrets {
@@ -1422,6 +1441,7 @@ impl Restore {
                 continue;
             };
             self.rename_in(parent_fd, &name, &leaf, path.as_bytes())?;
+            self.count_written([0]);
         }
         Ok(count)
     }
@@ -1547,6 +1567,24 @@ impl Restore {
             .clone();
         skipped.sort();
         skipped
+    }
+
+    fn count_written(&self, sizes: impl IntoIterator<Item = u64>) {
+        let (mut files, mut bytes) = (0, 0);
+        for size in sizes {
+            files += 1;
+            bytes += size;
+        }
+        self.files_written.fetch_add(files, Ordering::Relaxed);
+        self.bytes_written.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// (files and symlinks, bytes) written into the workspace so far.
+    pub fn written(&self) -> (u64, u64) {
+        (
+            self.files_written.load(Ordering::Relaxed),
+            self.bytes_written.load(Ordering::Relaxed),
+        )
     }
 
     /// How many files the stat cache will learn.

@@ -297,6 +297,54 @@ async def test_progress_reports_every_phase_in_order(
     assert (fetch.files_total, fetch.bytes_total) == (2, 30)
 
 
+async def test_restore_apply_progress_counts_files_and_bytes_written(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    """Apply reports files (and symlinks) put in place and their bytes, with
+    totals from its first event, never operations: deletions, directories and
+    modes of files already right are not counted. Files that move in with a
+    new directory count like files renamed in one by one."""
+    write_tree(
+        workspace,
+        {
+            "same.txt": b"s" * 7,
+            "mode.txt": b"m" * 5,
+            "old/a.txt": b"a" * 100,
+            "old/b.txt": b"b" * 200,
+            "fresh/x/y.txt": b"y" * 3000,
+            "fresh/z.txt": b"z" * 40,
+            "link": "same.txt",
+        },
+    )
+    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    (workspace / "old/a.txt").write_bytes(b"changed")
+    (workspace / "old/b.txt").unlink()
+    (workspace / "mode.txt").chmod(0o600)
+    (workspace / "link").unlink()
+    (workspace / "extra.txt").write_bytes(b"deleted by the restore")
+    for path in ("fresh/x/y.txt", "fresh/z.txt"):
+        (workspace / path).unlink()
+    (workspace / "fresh/x").rmdir()
+    (workspace / "fresh").rmdir()
+
+    reports: list[Progress] = []
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=reports.append
+    )
+    await asyncio.sleep(0)  # reports made in worker threads reach the loop
+    apply = [report for report in reports if report.phase == "apply"]
+    written = 100 + 200 + 3000 + 40  # old/a, old/b, fresh/x/y, fresh/z; the link has none
+    assert (apply[0].files_done, apply[0].bytes_done) == (0, 0)
+    assert (apply[0].files_total, apply[0].bytes_total) == (5, written)
+    assert (apply[-1].files_done, apply[-1].bytes_done) == (5, written)
+    for earlier, later in zip(apply, apply[1:], strict=False):
+        assert earlier.files_done <= later.files_done <= 5
+        assert earlier.bytes_done <= later.bytes_done <= written
+    assert (workspace / "fresh/x/y.txt").read_bytes() == b"y" * 3000
+    assert os.readlink(workspace / "link") == "same.txt"
+    assert not (workspace / "extra.txt").exists()
+
+
 async def test_default_data_dir_is_under_the_home_state_directory(
     memory_store: Any,
     memory_blobs: Any,

@@ -288,8 +288,10 @@ func (EntryKind) EnumDescriptor() ([]byte, []int) {
 //	UPLOAD: files = blobs uploaded of files_total (the blobs the bucket
 //	  lacked), bytes = bytes uploaded of bytes_total.
 //	FETCH: files = blobs fetched and verified of files_total, bytes likewise.
-//	APPLY: files = workspace operations done (writes, deletions, directories,
-//	  links, modes) of files_total.
+//	APPLY: files = files and symlinks put in place of files_total, bytes =
+//	  the bytes of those files of bytes_total (deletions, directories and
+//	  modes are done too but not counted; a dry run's plan.files_written is
+//	  the same files_total).
 //	RECORD: files = stat-cache entries written of files_total.
 //
 // Every phase that counts ends with one event where done == total; events are

@@ -191,6 +191,23 @@ impl RestoreSession {
         Ok(self.inner()?.plan.operations())
     }
 
+    /// Files and symlinks apply writes, and the bytes of those files.
+    #[getter]
+    fn files_to_write(&self) -> PyResult<u64> {
+        Ok(self.inner()?.plan.files_to_write())
+    }
+
+    #[getter]
+    fn bytes_to_write(&self) -> PyResult<u64> {
+        Ok(self.inner()?.plan.bytes_to_write())
+    }
+
+    /// (files and symlinks, bytes) apply has written so far.
+    #[getter]
+    fn written(&self) -> PyResult<(u64, u64)> {
+        Ok(self.inner()?.written())
+    }
+
     /// Counts per kind of change: deletions, dirs, writes, links, file_metadata, dir_modes.
     #[getter]
     fn counts(&self) -> PyResult<HashMap<&'static str, usize>> {
