@@ -206,8 +206,11 @@ class RestoreSession:
     one component at a time with O_NOFOLLOW (a missing last one is created), scans
     it live with the policy and the stat cache (GIL released), plans against
     ``target`` (a manifest in ``checkpointd.codec``'s encoding) and makes a private
-    staging directory at the top of the restore root. Nothing else changes until
-    ``apply_some``. Always call ``close`` (it removes the staging directory).
+    staging directory at the top of the restore root (first removing what an
+    interrupted restore left). Nothing else changes until ``apply_some``. Always
+    call ``close`` (it removes the staging directory). With ``plan_only`` (a dry
+    run, which holds no lease) it only plans: no staging directory, no leftover
+    removed, nothing in the workspace touched; only the plan's properties work.
 
     Raises OSError (naming the path; for the sub-root, ``filename`` is ``subdir``),
     ValueError (bad pattern or manifest), TargetRefused, InvalidBlob (one blob
@@ -228,6 +231,7 @@ class RestoreSession:
         secrets: Sequence[bytes] = (),
         keep: Sequence[str] = (),
         uncached: Sequence[str] = (),
+        plan_only: bool = False,
     ) -> None: ...
     # ``secrets`` are zeroed in the live scan (a file still holding them equals
     # its zeroed blob); ``keep`` are paths (relative to the restore root) never
@@ -249,6 +253,7 @@ class RestoreSession:
     # Planned changes per kind: deletions, dirs, writes, links, file_metadata, dir_modes.
     @property
     def counts(self) -> dict[str, int]: ...
+    # Files and symlinks the restore writes, in path order.
     @property
     def written_paths(self) -> list[str]: ...
     # Paths the restore deletes, deepest first (non-UTF-8 names lossily decoded).

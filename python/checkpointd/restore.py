@@ -255,9 +255,16 @@ async def preview_restore(
 ) -> RestorePreview | None:
     """The plan ``restore_checkpoint`` with the same arguments would carry out,
     without fetching a blob or changing the workspace (None when the thread has
-    no checkpoint). Takes no lease: the plan is of this moment, and a capture
-    running meanwhile may change it. Raises as ``restore_checkpoint`` does
-    before its first change."""
+    no checkpoint). Raises as ``restore_checkpoint`` does before its first change.
+
+    Takes no lease, so a preview never fails with WRITER_CONFLICT while a
+    capture (the serve loop's, say) holds the thread. A lease would buy the plan
+    no consistency: the checkpoint is immutable once resolved (the plan names
+    it), capture only reads the workspace, and the agent changes the workspace
+    without any lease, so every plan is of its moment and a real restore plans
+    again from the live tree. What a lease-free preview must not do is touch
+    the workspace a restore may be working in: it plans only (no staging
+    directory made, no leftover of an interrupted restore removed)."""
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
     subdir = _checked_subdir(workspace_subdir)
@@ -278,6 +285,7 @@ async def preview_restore(
         cache_path,
         Secrets(),
         holding,
+        plan_only=True,
     )
     try:
         written = session.written_paths
@@ -461,11 +469,14 @@ async def _open_session(
     cache_path: str,
     secrets: Secrets,
     holding: list[str],
+    *,
+    plan_only: bool = False,
 ) -> _native.RestoreSession:
     """Open the restore root, scan it live and plan, natively (GIL released).
 
     The live scan zeroes the given secrets (a file still holding them equals
     its blob); ``holding`` (paths relative to the restore root) are left alone.
+    ``plan_only``: a dry run's session, which makes no staging directory.
     """
     prefix = f"{subdir}/" if subdir else ""
     keep = [path[len(prefix) :] for path in holding]
@@ -490,6 +501,7 @@ async def _open_session(
             secrets=secrets.values,
             keep=keep,
             uncached=uncached,
+            plan_only=plan_only,
         )
 
     try:

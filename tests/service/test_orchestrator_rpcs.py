@@ -5,11 +5,13 @@ real daemon, and the CLI commands that expose them."""
 from __future__ import annotations
 
 import json
+import os
 
 import grpc
 import pytest
 
 from checkpointd.service.client import RpcError
+from checkpointd.store import open_store
 from checkpointd.v1 import checkpointd_pb2 as pb
 
 from .conftest import Daemon
@@ -117,6 +119,52 @@ async def test_restore_dry_run_returns_the_plan_and_changes_nothing(daemon: Daem
     assert "would write 2 files, delete 1 paths, keep 1 files" in shown.stdout
     assert "delete extra.txt" in shown.stdout
     assert (ws / "extra.txt").exists()
+
+
+async def test_restore_dry_run_takes_no_lease_and_touches_no_staging(daemon: Daemon) -> None:
+    """A preview while another writer holds the thread (the serve loop's
+    capture, another daemon's restore) answers instead of WRITER_CONFLICT, and
+    since it holds no lease it must not touch what a running restore owns: a
+    staging directory stays, none is made, the root is not even written to."""
+    ws = daemon.workspace
+    (ws / "a.txt").write_text("alpha")
+    (ws / "link").symlink_to("a.txt")
+    async with daemon.client() as client:
+        captured = (await client.capture("t-preview")).checkpoint
+        (ws / "a.txt").write_text("edited")
+        (ws / "link").unlink()
+        staging = ws / ".checkpointd-staging-0123456789abcdef"
+        staging.mkdir()
+        (staging / "w-0").write_text("a restore in progress stages this")
+        root_before = os.lstat(ws)
+        listing_before = sorted(os.listdir(ws))
+        store = await open_store(daemon.store)
+        try:
+            lease = await store.acquire_writer("t-preview")  # another owner holds the thread
+            done = await client.restore("t-preview", dry_run=True)
+            with pytest.raises(RpcError) as caught:
+                await client.restore("t-preview")
+            assert caught.value.code == grpc.StatusCode.ABORTED
+            assert caught.value.reason == "SANDBOX_SNAPSHOT_WRITER_CONFLICT"
+            await lease.release()
+        finally:
+            await store.aclose()
+        assert done.checkpoint.id == captured.id and not done.restored
+        # The file and the symlink: both are written.
+        assert done.plan.files_written == 2
+        assert sorted(os.listdir(ws)) == listing_before
+        assert (staging / "w-0").read_text() == "a restore in progress stages this"
+        root_after = os.lstat(ws)
+        assert (root_after.st_mtime_ns, root_after.st_ctime_ns) == (
+            root_before.st_mtime_ns,
+            root_before.st_ctime_ns,
+        )
+        # The real restore writes what the plan said (apply counts the same files).
+        events: list[pb.RestoreEvent] = []
+        assert (await client.restore("t-preview", on_event=events.append)).restored
+    apply = [e.progress for e in events if e.HasField("progress") and e.progress.phase == "apply"]
+    assert apply[-1].files_done == apply[-1].files_total == done.plan.files_written
+    assert (ws / "a.txt").read_text() == "alpha" and os.readlink(ws / "link") == "a.txt"
 
 
 async def test_capture_skip_if_unchanged(daemon: Daemon) -> None:

@@ -1397,6 +1397,11 @@ type RestoreRequest struct {
 	WorkspaceSubdir string `protobuf:"bytes,4,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
 	// Plan only: nothing is fetched or changed; the stream sends started, then
 	// plan_paths chunks (the paths written and deleted), then done with the plan.
+	// A dry run takes no writer lease: it never fails with WRITER_CONFLICT
+	// while a capture (the serve loop's) or a restore holds the thread, and it
+	// touches nothing in the workspace, not even a running restore's staging.
+	// Its plan is of that moment (done.checkpoint names the checkpoint it
+	// planned); a real restore plans again from the live tree.
 	DryRun bool `protobuf:"varint,5,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
 	// Written back where capture zeroed them (by name when `secret_names` is
 	// given, else by position). A live file that equals the checkpoint but for

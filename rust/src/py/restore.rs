@@ -91,12 +91,18 @@ fn digest(hex: &str) -> PyResult<[u8; 32]> {
         .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?}")))
 }
 
+/// A session's restore, or with `plan_only` its plan alone.
+type Planned = (Option<Restore>, Option<core::Plan>);
+
 /// See `_native.pyi`.
 #[pyclass(module = "checkpointd._native")]
 pub struct RestoreSession {
     /// None once closed: closing releases the descriptors at once (a session
     /// kept alive by a traceback must not pin the workspace's filesystem).
     inner: Option<Restore>,
+    /// A dry run's plan (``plan_only``): no staging directory is made and no
+    /// leftover is removed, so it may run beside a restore that holds the lease.
+    preview: Option<core::Plan>,
     cache_path: Option<PathBuf>,
     cancel: Cancel,
     writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
@@ -109,7 +115,7 @@ impl RestoreSession {
     #[new]
     #[pyo3(signature = (
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None
+        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None, plan_only=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -125,6 +131,7 @@ impl RestoreSession {
         secrets: Option<&Bound<'_, PyAny>>,
         keep: Option<Vec<String>>,
         uncached: Option<Vec<String>>,
+        plan_only: bool,
     ) -> PyResult<Self> {
         // The live scan zeroes the caller's secrets, so a file that still holds
         // them compares equal to its zeroed blob; `keep` are files Python found
@@ -142,8 +149,8 @@ impl RestoreSession {
         let subdir = subdir.to_string();
         let scan_cancel = cancel.clone();
         let scan_cache = cache_path.clone();
-        let inner = py
-            .allow_threads(move || -> Result<Restore, RestoreError> {
+        let (inner, preview) = py
+            .allow_threads(move || -> Result<Planned, RestoreError> {
                 let target = manifest::decode(&target).map_err(RestoreError::Manifest)?;
                 let ws = Workspace::open(&root, &subdir)?;
                 core::check_target(&target, core::name_max(ws.fd.as_raw_fd()))?;
@@ -163,11 +170,15 @@ impl RestoreSession {
                 core::leave_alone(&mut plan, &keep);
                 plan.uncached = uncached.unwrap_or_default().into_iter().collect();
                 core::replace_shared_inodes(&ws, &mut plan)?;
-                Restore::new(ws, plan)
+                if plan_only {
+                    return Ok((None, Some(plan)));
+                }
+                Ok((Some(Restore::new(ws, plan)?), None))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
-            inner: Some(inner),
+            inner,
+            preview,
             cache_path,
             cancel,
             writers: Mutex::new(HashMap::new()),
@@ -178,8 +189,7 @@ impl RestoreSession {
     #[getter]
     fn blobs(&self) -> PyResult<Vec<(String, u64)>> {
         Ok(self
-            .inner()?
-            .plan
+            .plan()?
             .blobs
             .iter()
             .map(|(h, s)| (to_hex(h), *s))
@@ -188,18 +198,18 @@ impl RestoreSession {
 
     #[getter]
     fn operations(&self) -> PyResult<usize> {
-        Ok(self.inner()?.plan.operations())
+        Ok(self.plan()?.operations())
     }
 
     /// Files and symlinks apply writes, and the bytes of those files.
     #[getter]
     fn files_to_write(&self) -> PyResult<u64> {
-        Ok(self.inner()?.plan.files_to_write())
+        Ok(self.plan()?.files_to_write())
     }
 
     #[getter]
     fn bytes_to_write(&self) -> PyResult<u64> {
-        Ok(self.inner()?.plan.bytes_to_write())
+        Ok(self.plan()?.bytes_to_write())
     }
 
     /// (files and symlinks, bytes) apply has written so far.
@@ -211,7 +221,7 @@ impl RestoreSession {
     /// Counts per kind of change: deletions, dirs, writes, links, file_metadata, dir_modes.
     #[getter]
     fn counts(&self) -> PyResult<HashMap<&'static str, usize>> {
-        let p = &self.inner()?.plan;
+        let p = self.plan()?;
         Ok(HashMap::from([
             ("deletions", p.deletions.len()),
             ("dirs", p.dirs_to_make.len()),
@@ -227,24 +237,22 @@ impl RestoreSession {
     #[getter]
     fn deleted_paths(&self) -> PyResult<Vec<String>> {
         Ok(self
-            .inner()?
-            .plan
+            .plan()?
             .deletions
             .iter()
             .map(|(path, _)| String::from_utf8_lossy(path).into_owned())
             .collect())
     }
 
-    /// The workspace-relative paths written by this restore, in path order.
+    /// The workspace-relative paths of the files and symlinks this restore
+    /// writes, in path order.
     #[getter]
     fn written_paths(&self) -> PyResult<Vec<String>> {
-        Ok(self
-            .inner()?
-            .plan
-            .writes
-            .iter()
-            .map(|w| w.path.clone())
-            .collect())
+        let plan = self.plan()?;
+        let mut paths: Vec<String> = plan.writes.iter().map(|w| w.path.clone()).collect();
+        paths.extend(plan.links.iter().map(|(path, _)| path.clone()));
+        paths.sort_unstable();
+        Ok(paths)
     }
 
     /// Verify and stage many small blobs: ``[(hex, bytes), ...]``.
@@ -345,6 +353,7 @@ impl RestoreSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.preview = None;
         let Some(inner) = self.inner.take() else {
             return Ok(());
         };
@@ -359,7 +368,21 @@ fn closed() -> PyErr {
 
 impl RestoreSession {
     fn inner(&self) -> PyResult<&Restore> {
-        self.inner.as_ref().ok_or_else(closed)
+        match (&self.inner, &self.preview) {
+            (Some(restore), _) => Ok(restore),
+            (None, Some(_)) => Err(PyValueError::new_err(
+                "a plan-only restore session stages and applies nothing",
+            )),
+            (None, None) => Err(closed()),
+        }
+    }
+
+    fn plan(&self) -> PyResult<&core::Plan> {
+        match (&self.inner, &self.preview) {
+            (Some(restore), _) => Ok(&restore.plan),
+            (None, Some(plan)) => Ok(plan),
+            (None, None) => Err(closed()),
+        }
     }
 
     fn take_writer(&self, hash: &[u8; 32]) -> PyResult<StagedWriter> {
