@@ -8,12 +8,14 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
 from checkpointd import errors
+from checkpointd.model import Checkpoint
 from checkpointd.service.owner import OWNER_FILE, OwnedStore, load_owner_id
 from checkpointd.service.status import DETAILS_KEY
 from checkpointd.store import open_store
@@ -115,6 +117,87 @@ async def test_other_owner_conflict_carries_expiry_and_retry_info(daemon: Daemon
         assert 0 < retry_ms <= LEASE_MS
         assert retry.retry_delay.ToMilliseconds() == retry_ms
         await lease.release()
+    finally:
+        await store.aclose()
+
+
+def _status_details(error: grpc.aio.AioRpcError) -> tuple[Any, Any]:
+    """(ErrorInfo, RetryInfo or None) of a failed call."""
+    raw = dict(error.trailing_metadata() or ())[DETAILS_KEY]
+    info, retry = error_details_pb2.ErrorInfo(), error_details_pb2.RetryInfo()
+    found_retry = None
+    for detail in status_pb2.Status.FromString(raw).details:
+        if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            detail.Unpack(retry)
+            found_retry = retry
+        else:
+            detail.Unpack(info)
+    return info, found_retry
+
+
+async def test_writer_lost_carries_the_expiry_of_the_lease_that_took_over(daemon: Daemon) -> None:
+    """A second process of the daemon's identity (a restart beside a hung one)
+    takes the lease back mid-capture: the capture ends WRITER_LOST, told when
+    the lease that holds the thread now expires, with RetryInfo, over the socket."""
+    for n in range(16):
+        (daemon.workspace / f"big-{n}.bin").write_bytes(os.urandom(4 << 20))
+    owner = load_owner_id(daemon.data_dir)
+    store = await open_store(daemon.store)
+    taken = None
+    try:
+        async with daemon.client() as client:
+            call = client.stub.Capture(pb.CaptureRequest(thread_id="t-lost"))
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                async for event in call:
+                    if taken is None and event.HasField("progress"):
+                        if event.progress.phase == "scan":
+                            taken = await store.acquire_writer("t-lost", owner=owner)
+        assert taken is not None, "the capture ended before the lease was taken over"
+        assert caught.value.code() == grpc.StatusCode.ABORTED
+        info, retry = _status_details(caught.value)
+        assert info.reason == errors.SandboxCheckpointWriterLostError.code
+        assert info.metadata["thread_id"] == "t-lost"
+        assert int(info.metadata["expires_at_ms"]) == taken.expires_at
+        retry_ms = int(info.metadata["retry_after_ms"])
+        assert 0 < retry_ms <= LEASE_MS
+        assert retry is not None and retry.retry_delay.ToMilliseconds() == retry_ms
+        assert await store.get_head("t-lost") is None
+    finally:
+        if taken is not None:
+            await taken.release()
+        await store.aclose()
+
+
+@pytest.mark.parametrize(
+    "kind", ["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+async def test_writer_lost_names_the_lease_holding_the_thread(
+    kind: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Renew and append of a replaced writer say when the lease that replaced it
+    expires; once no lease holds the thread, retry_after_ms is 0 and there is no
+    expiry to give."""
+    url = {"memory": "memory://", "sqlite": f"sqlite:///{tmp_path / 'c.db'}"}.get(kind)
+    url = url or request.getfixturevalue("postgres_url")
+    clock = [1_000_000]
+    store = await open_store(url, now=lambda: clock[0])
+    try:
+        old = await store.acquire_writer("t", owner="daemon")
+        new = await store.acquire_writer("t", owner="daemon")  # taken back: old is lost
+        clock[0] += 500
+        with pytest.raises(errors.SandboxCheckpointWriterLostError) as renewing:
+            await old.renew()
+        checkpoint = Checkpoint(id="c1", thread_id="t", parent_checkpoint_id=None, created_at=1)
+        with pytest.raises(errors.SandboxCheckpointWriterLostError) as appending:
+            await store.append(checkpoint, None, old)
+        for lost in (renewing.value, appending.value):
+            assert lost.details["expires_at_ms"] == new.expires_at
+            assert lost.details["retry_after_ms"] == new.expires_at - clock[0]
+        await new.release()
+        with pytest.raises(errors.SandboxCheckpointWriterLostError) as free:
+            await old.renew()
+        assert free.value.details["retry_after_ms"] == 0
+        assert "expires_at_ms" not in free.value.details
     finally:
         await store.aclose()
 

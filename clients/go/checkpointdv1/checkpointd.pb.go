@@ -73,7 +73,7 @@ const (
 	ErrorReason_SANDBOX_SNAPSHOT_PARENT_MISMATCH ErrorReason = 6
 	// ABORTED: another writer holds the thread's lease. Carries google.rpc.RetryInfo and metadata expires_at_ms / retry_after_ms.
 	ErrorReason_SANDBOX_SNAPSHOT_WRITER_CONFLICT ErrorReason = 7
-	// ABORTED: this call's lease expired or was taken over; carries google.rpc.RetryInfo.
+	// ABORTED: this call's lease expired or was taken over. Carries google.rpc.RetryInfo and metadata retry_after_ms (0 when no lease holds the thread now) and, when another lease holds it, that lease's expires_at_ms.
 	ErrorReason_SANDBOX_SNAPSHOT_WRITER_LOST ErrorReason = 8
 	// ALREADY_EXISTS: the checkpoint id is used (by another thread).
 	ErrorReason_SANDBOX_SNAPSHOT_DUPLICATE_ID ErrorReason = 9

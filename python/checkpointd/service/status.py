@@ -5,7 +5,8 @@ trailer holds a ``google.rpc.Status`` with one ``google.rpc.ErrorInfo``:
 ``domain`` = ``checkpointd``, ``reason`` = the error's stable code, ``metadata``
 = the thread, checkpoint, path or key involved (from the exception's
 ``details``), plus a ``google.rpc.RetryInfo`` when the error says how long to
-wait (WRITER_CONFLICT: the lease's ``retry_after_ms``). Clients read it back
+wait (WRITER_CONFLICT and WRITER_LOST: ``retry_after_ms`` of the lease that
+holds the thread, beside its ``expires_at_ms``). Clients read it back
 with :func:`error_info_from_metadata`.
 
 Codes the SPEC does not place are placed here, with the reason:
@@ -103,9 +104,9 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     INTERNAL: _C.INTERNAL,
 }
 
-# Reasons whose status carries google.rpc.RetryInfo: the lease's retry_after_ms
-# when the store said it (WRITER_CONFLICT), else 0 (WRITER_LOST: this attempt's
-# own lease lapsed, so the work can be retried at once).
+# Reasons whose status carries google.rpc.RetryInfo: the retry_after_ms the
+# store gave (the lease that holds the thread now; 0 when none does, so the
+# work can be retried at once), else 0.
 RETRYABLE_REASONS = (
     errors.SandboxCheckpointWriterConflictError.code,
     errors.SandboxCheckpointWriterLostError.code,

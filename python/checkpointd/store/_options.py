@@ -210,6 +210,19 @@ def writer_thread_mismatch(writer: object, thread_id: str) -> tuple[str, str, in
     return w_thread, token, fence
 
 
+def writer_lost_details(thread_id: str, record: LeaseRecord | None, now: int) -> dict[str, Any]:
+    """WRITER_LOST's details: the thread, when to retry (``retry_after_ms``, 0
+    when no lease holds the thread now) and, when another lease holds it, that
+    lease's ``expires_at_ms`` (as WRITER_CONFLICT says it)."""
+    if record is None or now >= record.expires_at:
+        return {"thread_id": thread_id, "retry_after_ms": 0}
+    return {
+        "thread_id": thread_id,
+        "expires_at_ms": record.expires_at,
+        "retry_after_ms": max(record.expires_at - now, 0),
+    }
+
+
 def check_writer(writer: object, thread_id: str, record: LeaseRecord | None, now: int) -> None:
     """Raise SandboxCheckpointWriterLostError unless ``writer`` holds the current lease
     of ``thread_id`` (same owner_token and fence as the stored record, not expired)."""
@@ -221,15 +234,18 @@ def check_writer(writer: object, thread_id: str, record: LeaseRecord | None, now
             why = "expired"
         raise SandboxCheckpointWriterLostError(
             f"the writer lease of thread {thread_id!r} (fence {fence}) {why}",
-            details={"thread_id": thread_id},
+            details=writer_lost_details(thread_id, record, now),
         )
 
 
-def renew_lost(thread_id: str, fence: int) -> SandboxCheckpointWriterLostError:
+def renew_lost(
+    thread_id: str, fence: int, record: LeaseRecord | None, now: int
+) -> SandboxCheckpointWriterLostError:
+    """WRITER_LOST for a renew that found ``record`` (the thread's lease now) at ``now``."""
     return SandboxCheckpointWriterLostError(
         f"cannot renew: the writer lease of thread {thread_id!r} (fence {fence}) "
         "expired or was replaced",
-        details={"thread_id": thread_id},
+        details=writer_lost_details(thread_id, record, now),
     )
 
 

@@ -395,7 +395,7 @@ class InMemoryCheckpointStore:
         now = self._now()
         record = self._leases.get(thread_id)
         if not lease_is_current(record, token, fence, now):
-            raise renew_lost(thread_id, fence)
+            raise renew_lost(thread_id, fence, record, now)
         assert record is not None
         expires_at = now + self._options.lease_duration_ms
         self._leases[thread_id] = dataclasses.replace(record, expires_at=expires_at)

@@ -997,11 +997,18 @@ class PostgresCheckpointStore(_PostgresBase):
                 self._options.lease_duration_ms,
                 self._injected_now(),
             )
+            if expires_at is None:
+                # Lost: say which lease holds the thread now, if any.
+                row = await conn.fetchrow(
+                    "SELECT lease_owner, lease_fence, lease_expires_at, lease_holder"
+                    " FROM checkpointd_threads WHERE thread_id = $1",
+                    _b(thread_id),
+                )
+                raise renew_lost(thread_id, fence, _lease(row), await self._now(conn))
             return expires_at
 
         expires_at = await self._transaction("renew", body)
-        if expires_at is None:
-            raise renew_lost(thread_id, fence)
+        assert expires_at is not None
         return expires_at
 
     async def _release(self, lease: WriterLease) -> None:

@@ -1046,8 +1046,9 @@ class SqliteCheckpointStore:
 
         async def run(conn: aiosqlite.Connection) -> int:
             now = self._now()
-            if not lease_is_current(await self._lease(conn, thread_id), token, fence, now):
-                raise renew_lost(thread_id, fence)
+            record = await self._lease(conn, thread_id)
+            if not lease_is_current(record, token, fence, now):
+                raise renew_lost(thread_id, fence, record, now)
             expires_at = now + self._options.lease_duration_ms
             await conn.execute(
                 "UPDATE writer_leases SET expires_at = ? WHERE thread_id = ?",
