@@ -8,6 +8,7 @@ Changes come out sorted by the UTF-8 bytes of the path, like manifests.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,22 +61,41 @@ def diff_entries(old: Sequence[Entry], new: Sequence[Entry]) -> Iterator[Change]
 
 
 async def scan_live(
-    root: Path, policy: Policy | None, secrets: Sequence[bytes], data_dir: Path
+    workspace_root: Path,
+    subdir: str,
+    policy: Policy | None,
+    secrets: Sequence[bytes],
+    data_dir: Path,
 ) -> tuple[Entry, ...]:
-    """The live workspace's manifest, scanned natively off the event loop.
+    """The live manifest of ``subdir`` ("" for the whole workspace), scanned
+    natively off the event loop.
 
-    Shares capture's stat cache (so unchanged files are not read again). Entries
-    capture would refuse (fifos, escaping links...) are left out. Cancelling the
-    caller stops the scan. Raises what ``scanner.scan_workspace`` raises
-    (SandboxCheckpointInvalidArgumentError for a bad secret, pattern or root).
+    The sub-root is held by fd exactly as capture holds it (``capture._SubRoot``:
+    opened from the workspace root one component at a time with O_NOFOLLOW), so
+    sandbox code that swaps a component for a symlink gets INVALID_PATH or the
+    directory we opened, never an outside directory diffed in the workspace's
+    name. Shares capture's stat cache (so unchanged files are not read again).
+    Entries capture would refuse (fifos, escaping links...) are left out.
+    Cancelling the caller stops the scan. Raises what ``scanner.scan_workspace``
+    raises (SandboxCheckpointInvalidArgumentError for a bad secret, pattern or
+    root) and SandboxSnapshotError(INVALID_PATH) for a sub-root that is not a
+    real directory beneath the root.
     """
     from .. import _native
     from .._engine import run_in_thread
+    from ..capture import _SubRoot
     from ..scanner import scan_workspace
 
-    cache = stat_cache_path(data_dir, root)
+    workspace = os.path.abspath(workspace_root)  # noqa: ASYNC240 - no I/O
+    root = os.path.join(workspace, subdir) if subdir else workspace
+    cache = stat_cache_path(data_dir, workspace, subdir)
     token = _native.CancelToken()
-    outcome = await run_in_thread(
-        lambda: scan_workspace(root, policy, secrets, cache, token), token.cancel
-    )
-    return outcome.entries
+
+    def scan() -> tuple[Entry, ...]:
+        subroot = _SubRoot.open(workspace, subdir)
+        try:
+            return scan_workspace(root, policy, secrets, cache, token, root_fd=subroot.fd).entries
+        finally:
+            subroot.close()
+
+    return await run_in_thread(scan, token.cancel)

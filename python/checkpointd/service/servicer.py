@@ -790,13 +790,20 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         if request.HasField("to_checkpoint_id"):
             new_entries = (await self._checkpoint(request.to_checkpoint_id)).files
         else:
-            root = self.state.resolve_root(recorded_subdir(request.workspace_subdir, old))
+            subdir = recorded_subdir(request.workspace_subdir, old)
+            # Validated here for an early error; the scan itself opens the
+            # sub-root from the workspace fd, component by component.
+            self.state.resolve_root(subdir)
             policy = old.effective_policy(
                 convert.policy_from_proto(request.policy, request.HasField("policy"))
             )
             secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
             new_entries = await diffing.scan_live(
-                root, policy, tuple(parse_secrets(secrets).values), self.state.data_dir
+                self.state.workspace_root,
+                normal_subdir(subdir),
+                policy,
+                tuple(parse_secrets(secrets).values),
+                self.state.data_dir,
             )
         changes = list(diffing.diff_entries(old.files, new_entries))
 
