@@ -145,6 +145,43 @@ class ZeroingReader:
     def __enter__(self) -> ZeroingReader: ...
     def __exit__(self, *exc_info: object) -> None: ...
 
+class VerifyingReader:
+    """A file's zeroed bytes streamed for an upload and checked on the way:
+    pread from an fd the scan opened beneath the root (handed over by
+    ``BlobFeed.next_file``) or that ``open`` opens beneath ``root_fd``.
+
+    The last chunk comes out only once the bytes hashed equal ``digest_hex`` at
+    exactly ``size`` bytes and the fd's fstat (dev, ino, mode, size, mtime,
+    ctime) is the one the file was hashed under, before the first read and after
+    the last; otherwise FileChangedError (and nothing more is read). Every
+    method releases the GIL; ``close`` waits for a read in another thread.
+    """
+
+    path: str
+    size: int
+    digest_hex: str
+    @staticmethod
+    def open(
+        root_fd: int, path: str, digest_hex: str, size: int, secrets: Sequence[bytes] = ()
+    ) -> VerifyingReader:
+        """Raises FileChangedError (gone, a symlink in any component, not a
+        regular file, not ``size`` bytes), OSError."""
+    def read_chunk(self) -> bytes | None: ...
+    def read_all(self, cancel: CancelToken | None = None) -> bytes: ...
+    def close(self) -> None: ...
+
+def rehash_beneath(
+    root_fd: int,
+    path: str,
+    secrets: Sequence[bytes] = (),
+    cancel: CancelToken | None = None,
+) -> tuple[str, int, list[tuple[int, int, int]], int, int] | None:
+    """Hash ``path`` again, opened beneath ``root_fd`` (no symlink in any
+    component; fstat equal before and after the read): (64-hex digest, size,
+    secret spans, st_mode, mtime_ns); the digest is "" when it is no longer a
+    regular file; None when it is gone. Raises FileChangedError when it kept
+    changing, OSError (ELOOP: now a symlink)."""
+
 def zero_secrets(data: bytes, secrets: Sequence[bytes]) -> bytes:
     """Every occurrence (overlapping too) of each secret replaced by zero bytes."""
 
@@ -166,6 +203,13 @@ class BlobDir:
         item whether it was written; one filesystem sync when any was."""
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         """Each key's bytes, None when it is missing."""
+    def put_verified(
+        self, key: str, reader: VerifyingReader, cancel: CancelToken | None = None
+    ) -> bool:
+        """Stream the reader's verified bytes into ``key`` unless it exists (an
+        unnamed file, ``fdatasync``ed, then linked, then the directory synced:
+        durable and complete when it returns True). Raises FileChangedError
+        (the file is not what was scanned: nothing stored), ScanCancelled, OSError."""
 
 # The manifest as bytes (the codec's compact JSON rows). Digests are raw 32-byte
 # BLAKE3 values, passed as one bytes object of concatenated, sorted, distinct
@@ -291,12 +335,24 @@ class BlobFeed:
     thread while the scan runs. Files larger than ``max_file_bytes``, digests in
     ``skip`` (concatenated 32-byte digests) and digests already fed are not
     fed. At most ``capacity_bytes`` wait in the queue: the scan waits beyond.
+
+    A file too large to copy (at least 1 MiB) is handed over as the open file
+    the scan hashed (``next_file``); at most ``max_held_files`` such files are
+    queued or not yet closed by the consumer at once: the scan waits beyond.
     """
 
+    held_files: int  # files handed over and not closed yet
     def __init__(
-        self, capacity_bytes: int, max_file_bytes: int, skip: bytes | None = None
+        self,
+        capacity_bytes: int,
+        max_file_bytes: int,
+        skip: bytes | None = None,
+        max_held_files: int = 16,
     ) -> None: ...
     def next_batch(self) -> list[tuple[bytes, bytes]] | None:
         """The next ``(digest, bytes)`` batch, blocking (GIL released); None at the end."""
+    def next_file(self) -> VerifyingReader | None:
+        """The next file handed over, blocking (GIL released); None at the end.
+        Close it when done: that gives its place back to the scan."""
     def abandon(self) -> None:
         """Stop consuming: queued bytes are freed, the scan never waits again."""

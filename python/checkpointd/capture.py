@@ -16,13 +16,21 @@ Read top to bottom, ``capture_checkpoint`` does:
    of the store in one ``missing`` batch. The manifest stays bytes throughout:
    the keys new to the parent come from a native set difference, so a capture
    that changed nothing makes no Python object per file;
-5. upload each missing blob through the native re-zeroing reader, hashing on
-   the way; a blob is only handed to the store once size and BLAKE3 match the
-   scan, so a file that changed under the capture never completes an upload
-   with torn bytes. Such a file is hashed again and its entry updated (a few
-   rounds at most), or dropped when it vanished. Small files go in batches (one
-   worker-thread trip to read them, one ``put_many``, durable on return, which
-   the local directory does natively), large ones stream;
+5. upload each missing blob. Each new file is read once, by the scan: it
+   hands the zeroed bytes of a small file, and the open file of a larger one,
+   to the upload while it goes on (``_native.BlobFeed``, bounded in bytes and
+   in open files). A large file streams from the scan's own fd through the
+   native ``VerifyingReader`` (pread, zeroing, BLAKE3, GIL released), whose
+   last chunk comes out only once the bytes equal the scanned digest and the
+   fd's fstat (dev, ino, size, mtime, ctime) is the scan's, so a file that
+   changed under the capture never completes an upload with torn bytes.
+   Such a file is hashed again and its entry updated (a few rounds at most),
+   or dropped when it vanished. Files the scan did not hand over (a hash the
+   stat cache vouched for, a re-hashed file) are opened beneath the held root
+   fd (no symlink in any component) and go through the same reader; nothing
+   is re-opened by a path through the sandbox or ``/proc``. Small files go in
+   batches (``put_many``); every ``put`` is durable on return (see
+   ``blobs/object_store.py``), and every upload has finished before step 6;
 6. append with ``expected_head_id`` = the head read in step 1, then release the
    lease (in every case).
 """
@@ -36,11 +44,9 @@ import functools
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
-
-import blake3
 
 from . import _native
 from ._engine import (
@@ -52,7 +58,7 @@ from ._engine import (
     run_in_thread,
 )
 from .blobs import base as blob_batches
-from .blobs.base import BlobStore
+from .blobs.base import BlobStore, VerifiedFile
 from .check import forget_found_keys, missing_marks, without_marked
 from .codec import encode_entries
 from .errors import (
@@ -78,7 +84,6 @@ from .model import (
     WriterLease,
 )
 from .progress import ProgressCallback
-from .safefs import SafeRoot
 from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
@@ -102,12 +107,15 @@ SMALL_FILE_BYTES = 1 << 20
 FEED_BYTES = 64 << 20
 # Batches of the feed uploaded at once.
 FEED_CONSUMERS = 2
-READ_CHUNK_BYTES = 1 << 20
 # Small files per batch (one worker-thread trip to read them, one ``put_many``;
 # a batch ends at whichever limit comes first), and batches in flight.
 BATCH_FILES = 1024
 BATCH_BYTES = 16 << 20
 BATCH_CONCURRENCY = 2
+# Open files of large files the scan has handed to the upload and the upload
+# has not closed yet (queued or streaming): a scan thread that would exceed it
+# waits, so a workspace of thousands of large files stays far below any fd limit.
+HELD_FILES = 16
 # Rounds of "hash again and upload" for files that change under the capture.
 CHANGED_FILE_ROUNDS = 3
 # Offending paths named in an error message (all are in its details).
@@ -183,22 +191,32 @@ def _checked_subdir(subdir: str) -> str:
 
 
 class _SubRoot:
-    """The sub-root, opened from the workspace root one component at a time
-    with O_NOFOLLOW, held by fd for the whole capture: the scan walks from that
-    fd and uploads re-read beneath it. Sandbox code that swaps a component for
-    a symlink (a RENAME_EXCHANGE loop) gets either the directory we opened or
-    an error, never an outside directory read in the workspace's name."""
+    """The directory scanned (the workspace root, or the sub-root opened from it
+    one component at a time with O_NOFOLLOW), held by fd for the whole capture:
+    the scan walks from that fd and uploads open files beneath it. Sandbox code
+    that swaps a component for a symlink (a RENAME_EXCHANGE loop) gets either
+    the directory we opened or an error, never an outside directory read in the
+    workspace's name."""
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
 
     @classmethod
     def open(cls, workspace: str, subdir: str) -> _SubRoot:
-        """Raises SandboxSnapshotError(INVALID_PATH) when a component is missing,
+        """Raises SandboxCheckpointInvalidArgumentError when the workspace root
+        is a symlink (as the scan of a root by path does), and
+        SandboxSnapshotError(INVALID_PATH) when a sub-root component is missing,
         not a directory, or a symlink."""
-        if not subdir:
-            return cls(None)
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        if not subdir:
+            try:
+                return cls(os.open(workspace, flags | os.O_NOFOLLOW))
+            except OSError as error:
+                raise SandboxCheckpointInvalidArgumentError(
+                    f"workspace root {workspace!r} cannot be used: "
+                    f"{error.strerror or error} (a symlink? pass the real directory)",
+                    details={"path": workspace},
+                ) from None
         fd = os.open(workspace, flags)  # the operator's path; it may be a symlink
         try:
             for part in subdir.split("/"):
@@ -217,11 +235,6 @@ class _SubRoot:
             os.close(fd)
             raise
         return cls(fd)
-
-    def tree_path(self, root: str) -> str:
-        """A path that reaches exactly the held directory: its own fd's magic
-        link (resolving it involves no name the sandbox controls)."""
-        return root if self.fd is None else f"/proc/self/fd/{self.fd}"
 
     def close(self) -> None:
         if self.fd is not None:
@@ -323,8 +336,9 @@ async def capture_checkpoint(
             parent = await store.get(head_id) if head_id is not None else None
 
             reporter.phase("scan")
+            assert subroot.fd is not None
             engine = _Uploader(
-                subroot.tree_path(root),
+                subroot.fd,
                 store,
                 blobs,
                 lease,
@@ -337,13 +351,16 @@ async def capture_checkpoint(
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_digests = manifest_of(parent.files).digests() if parent else b""
-                feed = _native.BlobFeed(FEED_BYTES, SMALL_FILE_BYTES, parent_digests)
+                feed = _native.BlobFeed(
+                    FEED_BYTES, SMALL_FILE_BYTES, parent_digests, max_held_files=HELD_FILES
+                )
                 # The scan and the consumers blocked on the feed wait on each other:
                 # they get threads of their own, never the loop's small shared
                 # executor, where enough concurrent captures would fill every
                 # thread with waiters whose producers never run (a deadlock).
                 feed_threads = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1 + FEED_CONSUMERS, thread_name_prefix="capture-feed"
+                    max_workers=1 + FEED_CONSUMERS + LARGE_UPLOAD_CONCURRENCY,
+                    thread_name_prefix="capture-feed",
                 )
                 scanning = asyncio.ensure_future(
                     _scan(
@@ -514,7 +531,7 @@ class _Uploader:
 
     def __init__(
         self,
-        root: str,
+        root_fd: int,
         store: CheckpointStore,
         blobs: BlobStore,
         lease: WriterLease,
@@ -523,7 +540,7 @@ class _Uploader:
         reporter: PhaseReporter,
         token: _native.CancelToken,
     ) -> None:
-        self.root = root
+        self.root_fd = root_fd  # the directory scanned, held by the capture
         self.store = store
         self.blobs = blobs
         self.lease = lease
@@ -535,27 +552,20 @@ class _Uploader:
         # Keys the feed saw pinned and present (or put): no second look needed.
         self.present: set[str] = set()
         self.fed = _Uploads()  # blobs the feed put (or found put by a racing capture)
+        # Paths whose handed-over file was no longer what the scan hashed: the
+        # upload hashes them again instead of reading them to find that out.
+        self.fed_changed: set[str] = set()
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
         self.batch_slots = asyncio.Semaphore(BATCH_CONCURRENCY)
-        self.tree = SafeRoot(root)  # used on the event loop only
-        # SafeRoot is not thread-safe: each worker thread borrows one of these.
-        self.spare_trees: list[SafeRoot] = []
 
     def close(self) -> None:
-        self.tree.close()
-        for tree in self.spare_trees:
-            tree.close()
-        self.spare_trees.clear()
+        """Nothing of its own to free: the capture holds the root fd."""
 
-    async def _in_thread(self, work: Callable[[SafeRoot, StopFlag], T]) -> T:
-        """Run ``work`` in a worker thread with a SafeRoot of its own; a
-        cancellation stops it and waits for it before the tree is reused."""
-        tree = self.spare_trees.pop() if self.spare_trees else SafeRoot(self.root)
+    async def _in_thread(self, work: Callable[[StopFlag], T]) -> T:
+        """Run ``work`` in a worker thread; a cancellation stops it and waits
+        for it (no read of the root fd outlives the capture)."""
         stop = StopFlag()
-        try:
-            return await run_in_thread(lambda: work(tree, stop), stop.set)
-        finally:
-            self.spare_trees.append(tree)
+        return await run_in_thread(lambda: work(stop), stop.set)
 
     def _check_running(self) -> None:
         self.keeper.check()
@@ -565,10 +575,19 @@ class _Uploader:
     async def upload_feed(
         self, feed: _native.BlobFeed, waiters: concurrent.futures.Executor
     ) -> None:
-        """Upload what the scan feeds, batch by batch, until the scan ends: pin
-        the batch's keys, ask the store which are missing, put those. The waits
-        for the next batch run on ``waiters`` (threads reserved for this feed)."""
+        """Upload what the scan feeds until the scan ends: small files batch by
+        batch (pin the batch's keys, ask the store which are missing, put
+        those), large files one open file at a time (LARGE_UPLOAD_CONCURRENCY
+        at once; closing each gives its place back to the scan). The waits for
+        the next batch or file run on ``waiters`` (threads reserved for this feed)."""
         loop = asyncio.get_running_loop()
+
+        async def consume_files() -> None:
+            while (reader := await loop.run_in_executor(waiters, feed.next_file)) is not None:
+                try:
+                    await self._upload_fed_file(reader)
+                finally:
+                    await asyncio.to_thread(reader.close)
 
         async def consume() -> None:
             while (batch := await loop.run_in_executor(waiters, feed.next_batch)) is not None:
@@ -588,7 +607,46 @@ class _Uploader:
                 self.fed.bytes += sum(len(data) for _, data in todo)
                 self.present.update(keys)
 
-        await run_bounded(range(FEED_CONSUMERS), lambda _i: consume(), FEED_CONSUMERS)
+        consumers = [consume] * FEED_CONSUMERS + [consume_files] * LARGE_UPLOAD_CONCURRENCY
+        await run_bounded(consumers, lambda work: work(), len(consumers))
+
+    async def _upload_fed_file(self, reader: _native.VerifyingReader) -> None:
+        """Upload one file the scan handed over, unless the store holds it."""
+        self._check_running()
+        key = FILE_KEY_PREFIX + reader.digest_hex
+        await self._pin([key])
+        if await blob_batches.missing(self.blobs, [key]):
+            try:
+                written = await self._put_verified(key, reader)
+            except _FileChanged:
+                # Hashed again by the upload phase (it is not in `present`).
+                self.fed_changed.add(reader.path)
+                return
+            if written:
+                self.uploads.blobs += 1
+                self.uploads.bytes += reader.size
+            self.fed.blobs += 1
+            self.fed.bytes += reader.size
+        self.present.add(key)
+
+    async def _put_verified(
+        self,
+        key: str,
+        reader: _native.VerifyingReader,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> bool:
+        """``put`` the reader's verified bytes; _FileChanged when the file is
+        not what was scanned any more (nothing was stored under ``key``)."""
+        source = VerifiedFile(reader, cancel=self.token, on_bytes=on_bytes)
+        try:
+            return await self.blobs.put(key, source, if_absent=True)
+        except _native.FileChangedError:
+            raise _FileChanged(reader.path) from None
+        except Exception:
+            # The store may wrap what our stream raised; the source knows.
+            if source.changed:
+                raise _FileChanged(reader.path) from None
+            raise
 
     async def store_blobs(
         self, manifest: Manifest, artifacts: tuple[Artifact, ...], parent: Checkpoint | None
@@ -712,9 +770,7 @@ class _Uploader:
         """Read a batch of small files in one worker-thread trip, then put them
         with one ``put_many``."""
         async with self.batch_slots:
-            outcome = await self._in_thread(
-                lambda tree, stop: self._read_batch_now(tree, stop, groups)
-            )
+            outcome = await self._in_thread(lambda stop: self._read_batch_now(stop, groups))
             written = await blob_batches.put_many(self.blobs, outcome.items)
         for (_key, data), was_written in zip(outcome.items, written, strict=True):
             if was_written:
@@ -725,9 +781,7 @@ class _Uploader:
             if fresh is not None:
                 changed.append(fresh)
 
-    def _read_batch_now(
-        self, tree: SafeRoot, stop: StopFlag, groups: list[list[FileEntry]]
-    ) -> _BatchOutcome:
+    def _read_batch_now(self, stop: StopFlag, groups: list[list[FileEntry]]) -> _BatchOutcome:
         """The batch's reads, in a worker thread: per group, the bytes of the
         first file that still holds them (checked against the scan's hash)."""
         outcome = _BatchOutcome()
@@ -735,20 +789,14 @@ class _Uploader:
             for entry in group:
                 stop.raise_if_set()
                 self._check_running()
-                reader: _VerifyingReader | None = None
                 try:
-                    reader = _VerifyingReader(
-                        _open_reader(tree, entry, self.secrets), entry, self.reporter
-                    )
-                    data = reader.read_all()
+                    data = _read_verified(self.root_fd, entry, self.secrets, self.token)
                 except _FileChanged:
-                    outcome.replaced.append((entry.path, _rehash_in(tree, entry, self.secrets)))
+                    fresh = _rehash_in(self.root_fd, entry, self.secrets, self.token)
+                    outcome.replaced.append((entry.path, fresh))
                     continue
-                finally:
-                    if reader is not None:
-                        reader.close()
                 outcome.items.append((entry.blob_key, data))
-                self.reporter.advance(files=1)
+                self.reporter.advance(files=1, nbytes=len(data))
                 break
         return outcome
 
@@ -763,6 +811,10 @@ class _Uploader:
         for entry in group:
             self._check_running()
             try:
+                if entry.path in self.fed_changed:
+                    # The scan's own fd already showed it changed.
+                    self.fed_changed.discard(entry.path)
+                    raise _FileChanged(entry.path)
                 written = await self._upload(entry)
             except _FileChanged:
                 fresh = await self._rehash(entry)
@@ -779,75 +831,81 @@ class _Uploader:
 
     async def _upload(self, entry: FileEntry) -> bool:
         if entry.size <= SMALL_FILE_BYTES:
-            return await self._upload_from_disk(entry)
+            data = await self._in_thread(
+                lambda _stop: _read_verified(self.root_fd, entry, self.secrets, self.token)
+            )
+            self.reporter.advance(nbytes=len(data))
+            return await self.blobs.put(entry.blob_key, data, if_absent=True)
         async with self.large_slots:
-            return await self._upload_from_disk(entry)
-
-    async def _upload_from_disk(self, entry: FileEntry) -> bool:
-        reader = _VerifyingReader(self._open(entry), entry, self.reporter)
-        try:
-            if entry.size <= SMALL_FILE_BYTES:
-                data = await asyncio.to_thread(reader.read_all)
-                return await self.blobs.put(entry.blob_key, data, if_absent=True)
+            reader = await self._in_thread(
+                lambda _stop: _open_verified(self.root_fd, entry, self.secrets)
+            )
             try:
-                return await self.blobs.put(entry.blob_key, reader.stream(), if_absent=True)
-            except Exception:
-                # The store may wrap what our stream raised; the reader knows.
-                if reader.changed:
-                    raise _FileChanged(entry.path) from None
-                raise
-        finally:
-            reader.close()
-
-    def _open(self, entry: FileEntry) -> _native.ZeroingReader:
-        return _open_reader(self.tree, entry, self.secrets)
+                return await self._put_verified(
+                    entry.blob_key, reader, lambda n: self.reporter.advance(nbytes=n)
+                )
+            finally:
+                await asyncio.to_thread(reader.close)
 
     async def _rehash(self, entry: FileEntry) -> FileEntry | None:
         """The file's entry as it is now, or None when it is gone."""
-        return await self._in_thread(lambda tree, _stop: _rehash_in(tree, entry, self.secrets))
+        return await self._in_thread(
+            lambda _stop: _rehash_in(self.root_fd, entry, self.secrets, self.token)
+        )
 
 
-def _open_reader(
-    tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]
-) -> _native.ZeroingReader:
-    """The native re-zeroing reader on the file, opened beneath the root.
-
-    The path is pinned to a directory reached without following symlinks: code
-    in the sandbox that swaps a directory for a link to /etc must not get /etc's
-    files read (and uploaded) in the workspace's name. Raises _FileChanged when
-    the file or a parent is gone or no longer what the scan saw.
-    """
-    pinned = tree.pinned(entry.path)
-    if pinned is None:
-        raise _FileChanged(entry.path)  # a parent vanished or became a link
-    with pinned:
-        try:
-            return _native.ZeroingReader(pinned.path, secrets, READ_CHUNK_BYTES)
-        except OSError:
-            # Gone, or no longer a regular file (O_NOFOLLOW refused a link).
-            raise _FileChanged(entry.path) from None
-
-
-def _rehash_in(tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]) -> FileEntry | None:
-    """The file's entry as it is now, or None when it is gone (blocks: call it in
-    a worker thread). Raises SandboxSnapshotError(FILE_CHANGED) when the file can
-    no longer be read or stopped being a regular file."""
-    pinned = tree.pinned(entry.path)
-    if pinned is None:
-        return None
+def _open_verified(
+    root_fd: int, entry: FileEntry, secrets: tuple[bytes, ...]
+) -> _native.VerifyingReader:
+    """The native verifying reader on the entry's file, opened beneath the
+    held root fd without following a symlink in any component: code in the
+    sandbox that swaps a directory for a link to /etc must not get /etc's files
+    read (and uploaded) in the workspace's name. Raises _FileChanged when the
+    file or a parent is gone or no longer what the scan saw."""
     try:
-        with pinned:
-            hex_hash, size, spans = _native.hash_file_with_secrets(pinned.path, secrets)
-            info = pinned.lstat()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
+        return _native.VerifyingReader.open(
+            root_fd, entry.path, entry.blob_key[len(FILE_KEY_PREFIX) :], entry.size, secrets
+        )
+    except _native.FileChangedError:
+        raise _FileChanged(entry.path) from None
+
+
+def _read_verified(
+    root_fd: int, entry: FileEntry, secrets: tuple[bytes, ...], token: _native.CancelToken
+) -> bytes:
+    """All of a small file's verified bytes (blocks: call it in a worker
+    thread). Raises _FileChanged."""
+    reader = _open_verified(root_fd, entry, secrets)
+    try:
+        return reader.read_all(token)
+    except _native.FileChangedError:
+        raise _FileChanged(entry.path) from None
+    finally:
+        reader.close()
+
+
+def _rehash_in(
+    root_fd: int, entry: FileEntry, secrets: tuple[bytes, ...], token: _native.CancelToken
+) -> FileEntry | None:
+    """The file's entry as it is now, or None when it is gone (blocks: call it in
+    a worker thread). Opened beneath the held root fd like every upload read.
+    Raises SandboxSnapshotError(FILE_CHANGED) when the file can no longer be
+    read (a symlink now, unreadable, changing on every read) or stopped being a
+    regular file."""
+    try:
+        found = _native.rehash_beneath(root_fd, entry.path, secrets, token)
+    except _native.ScanCancelled:
+        raise
     except OSError as error:
         raise SandboxSnapshotError(
             FILE_CHANGED,
             f"{entry.path} changed while it was captured and can no longer be read: {error}",
             details={"path": entry.path},
         ) from None
-    if not stat.S_ISREG(info.st_mode):
+    if found is None:
+        return None
+    hex_hash, size, spans, mode, mtime_ns = found
+    if not stat.S_ISREG(mode):
         raise SandboxSnapshotError(
             FILE_CHANGED,
             f"{entry.path} stopped being a regular file while it was captured",
@@ -857,8 +915,8 @@ def _rehash_in(tree: SafeRoot, entry: FileEntry, secrets: tuple[bytes, ...]) -> 
         entry.path,
         FILE_KEY_PREFIX + hex_hash,
         size,
-        stat.S_IMODE(info.st_mode) & 0o777,
-        info.st_mtime_ns,
+        stat.S_IMODE(mode) & 0o777,
+        mtime_ns,
         tuple(SecretSpan(*span) for span in spans),
     )
 
@@ -893,75 +951,6 @@ def _apply_replacements(manifest: Manifest, replaced: dict[str, FileEntry | None
         else:
             out.append(entry)
     return Manifest(encode_entries(out), length=len(out), trusted=True)
-
-
-class _VerifyingReader:
-    """Re-zeroed chunks of a file, checked against the scan's size and hash.
-
-    Reading and hashing run in worker threads; the stream holds back one chunk so
-    that the final chunk is only handed to the store after the whole file
-    matched: a torn file raises instead of completing the upload.
-    """
-
-    def __init__(
-        self, reader: _native.ZeroingReader, entry: FileEntry, reporter: PhaseReporter
-    ) -> None:
-        self.reader: _native.ZeroingReader | None = reader
-        self.path = entry.path
-        self.entry = entry
-        self.expected_hex = entry.blob_key[len(FILE_KEY_PREFIX) :]
-        self.reporter = reporter
-        self.hasher = blake3.blake3()
-        self.size = 0
-        self.changed = False
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
-
-    def _fail(self) -> _FileChanged:
-        self.changed = True
-        return _FileChanged(self.path)
-
-    def next_chunk(self) -> bytes | None:
-        assert self.reader is not None
-        try:
-            chunk = next(self.reader, None)
-        except OSError:
-            raise self._fail() from None
-        if chunk is None:
-            return None
-        self.hasher.update(chunk)
-        self.size += len(chunk)
-        if self.size > self.entry.size:
-            raise self._fail()
-        return chunk
-
-    def verify(self) -> None:
-        if self.size != self.entry.size or self.hasher.hexdigest() != self.expected_hex:
-            raise self._fail()
-
-    def read_all(self) -> bytes:
-        parts = []
-        while (chunk := self.next_chunk()) is not None:
-            parts.append(chunk)
-        self.verify()
-        data = b"".join(parts)
-        self.reporter.advance(nbytes=len(data))
-        return data
-
-    async def stream(self) -> AsyncIterator[bytes]:
-        current = await asyncio.to_thread(self.next_chunk)
-        while current is not None:
-            following = await asyncio.to_thread(self.next_chunk)
-            if following is None:
-                await asyncio.to_thread(self.verify)
-            self.reporter.advance(nbytes=len(current))
-            yield current
-            current = following
-        if self.size == 0:
-            self.verify()
 
 
 __all__ = ["FILE_CHANGED", "CaptureResult", "CaptureStats", "capture_checkpoint"]

@@ -22,6 +22,9 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use crate::cancel::Cancel;
+use crate::verify::{ReadError, VerifyingReader};
+
 /// A failure on one blob: which key, which operation, the OS error.
 #[derive(Debug)]
 pub struct BlobError {
@@ -88,6 +91,70 @@ fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
         data = &data[n as usize..];
     }
     Ok(())
+}
+
+/// What opening an `O_TMPFILE` (or linking it through `/proc`) fails with
+/// where that is not available: then a named staging file serves.
+fn tmpfile_unsupported(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EOPNOTSUPP)
+            | Some(libc::EISDIR)
+            | Some(libc::EINVAL)
+            | Some(libc::ENOENT)
+            | Some(libc::EXDEV)
+    )
+}
+
+/// An unnamed file in `dir_fd`, open for writing.
+fn open_unnamed(dir_fd: RawFd) -> io::Result<OwnedFd> {
+    let dot = cstr(".")?;
+    // SAFETY: valid fd and C string; the result is owned below.
+    let fd = check(unsafe {
+        libc::openat(
+            dir_fd,
+            dot.as_ptr(),
+            libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
+            0o666 as libc::c_uint,
+        )
+    })?;
+    // SAFETY: just opened, owned here.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Give the unnamed `file` the name `name` in `dir_fd`; false when it exists.
+fn link_unnamed(file: &OwnedFd, dir_fd: RawFd, name: &CString) -> io::Result<bool> {
+    // linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the /proc link of our
+    // own fd does the same for anyone. This names the blob file we wrote,
+    // not anything in the workspace.
+    let proc_path = cstr(&format!("/proc/self/fd/{}", file.as_raw_fd()))?;
+    // SAFETY: valid C strings and fds.
+    let r = unsafe {
+        libc::linkat(
+            libc::AT_FDCWD,
+            proc_path.as_ptr(),
+            dir_fd,
+            name.as_ptr(),
+            libc::AT_SYMLINK_FOLLOW,
+        )
+    };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            return Ok(false);
+        }
+        return Err(e);
+    }
+    Ok(true)
+}
+
+/// Why `put_verified` stored nothing.
+#[derive(Debug)]
+pub enum PutFileError {
+    /// The source file: changed since the scan, cancelled, or unreadable.
+    Read(ReadError),
+    /// The blob directory refused.
+    Blob(BlobError),
 }
 
 fn split_key(key: &str) -> (&str, &str) {
@@ -223,16 +290,7 @@ impl BlobDir {
         if self.use_tmpfile.load(Ordering::Relaxed) {
             match self.put_unnamed(dir_fd, &final_name, data) {
                 Ok(written) => return Ok(written),
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EOPNOTSUPP)
-                            | Some(libc::EISDIR)
-                            | Some(libc::EINVAL)
-                            | Some(libc::ENOENT)
-                            | Some(libc::EXDEV)
-                    ) =>
-                {
+                Err(e) if tmpfile_unsupported(&e) => {
                     self.use_tmpfile.store(false, Ordering::Relaxed);
                 }
                 Err(e) => return Err(e),
@@ -244,41 +302,79 @@ impl BlobDir {
     /// Write an unnamed file in `dir_fd` and link it as `name`; false when the
     /// name exists. ENOSPC and friends leave nothing behind (the file has no name).
     fn put_unnamed(&self, dir_fd: RawFd, name: &CString, data: &[u8]) -> io::Result<bool> {
-        let dot = cstr(".")?;
-        // SAFETY: valid fd and C string; the result is owned below.
-        let fd = check(unsafe {
-            libc::openat(
-                dir_fd,
-                dot.as_ptr(),
-                libc::O_TMPFILE | libc::O_WRONLY | libc::O_CLOEXEC,
-                0o666 as libc::c_uint,
-            )
-        })?;
-        // SAFETY: just opened, owned here.
-        let file = unsafe { OwnedFd::from_raw_fd(fd) };
+        let file = open_unnamed(dir_fd)?;
         write_all(file.as_raw_fd(), data)?;
-        // linkat(AT_EMPTY_PATH) needs CAP_DAC_READ_SEARCH; the /proc link of our
-        // own fd does the same for anyone. This names the blob file we wrote,
-        // not anything in the workspace.
-        let proc_path = cstr(&format!("/proc/self/fd/{}", file.as_raw_fd()))?;
-        // SAFETY: valid C strings and fds.
+        link_unnamed(&file, dir_fd, name)
+    }
+
+    /// Stream a verified file into the blob `key` (unless it exists: false),
+    /// in fixed memory; durable when this returns true: the bytes are
+    /// `fdatasync`ed before the blob gets its name, the directory after. The
+    /// blob appears only complete, and never when the reader found the file
+    /// changed (its error comes back as [`PutFileError::Read`]).
+    pub fn put_verified(
+        &self,
+        key: &str,
+        reader: &mut VerifyingReader,
+        cancel: &Cancel,
+    ) -> Result<bool, PutFileError> {
+        let blob = |e| PutFileError::Blob(self.error(key, "put", e));
+        let (dir, name) = split_key(key);
+        let dir_fd = self.open_dir(dir, true).map_err(blob)?;
+        let final_name = cstr(name).map_err(blob)?;
+        // SAFETY: zeroed stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd, C string and out-pointer.
         let r = unsafe {
-            libc::linkat(
-                libc::AT_FDCWD,
-                proc_path.as_ptr(),
-                dir_fd,
-                name.as_ptr(),
-                libc::AT_SYMLINK_FOLLOW,
+            libc::fstatat(
+                dir_fd.as_raw_fd(),
+                final_name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
             )
         };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EEXIST) {
-                return Ok(false);
-            }
-            return Err(e);
+        if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG {
+            return Ok(false); // content-addressed: already these bytes
         }
-        Ok(true)
+        let mut failure: Option<ReadError> = None;
+        let mut fill = |fd: RawFd| -> io::Result<()> {
+            reader
+                .copy_to(cancel, &mut |chunk| write_all(fd, chunk))
+                .map_err(|e| {
+                    failure = Some(e);
+                    io::Error::from_raw_os_error(libc::ECANCELED)
+                })??;
+            // SAFETY: a valid fd.
+            check(unsafe { libc::fdatasync(fd) })?;
+            Ok(())
+        };
+        let mut staged = true;
+        let mut result = Ok(false);
+        if self.use_tmpfile.load(Ordering::Relaxed) {
+            match open_unnamed(dir_fd.as_raw_fd()) {
+                Ok(file) => {
+                    staged = false;
+                    result = fill(file.as_raw_fd())
+                        .and_then(|()| link_unnamed(&file, dir_fd.as_raw_fd(), &final_name));
+                }
+                Err(e) if tmpfile_unsupported(&e) => {
+                    self.use_tmpfile.store(false, Ordering::Relaxed)
+                }
+                Err(e) => return Err(blob(e)),
+            }
+        }
+        if staged {
+            result = self.put_staged_with(dir_fd.as_raw_fd(), name, &final_name, &mut fill);
+        }
+        if let Some(read_error) = failure {
+            return Err(PutFileError::Read(read_error));
+        }
+        let written = result.map_err(blob)?;
+        if written {
+            // SAFETY: a valid fd.
+            check(unsafe { libc::fsync(dir_fd.as_raw_fd()) }).map_err(blob)?;
+        }
+        Ok(written)
     }
 
     fn put_staged(
@@ -287,6 +383,16 @@ impl BlobDir {
         name: &str,
         final_name: &CString,
         data: &[u8],
+    ) -> io::Result<bool> {
+        self.put_staged_with(dir_fd, name, final_name, &mut |fd| write_all(fd, data))
+    }
+
+    fn put_staged_with(
+        &self,
+        dir_fd: RawFd,
+        name: &str,
+        final_name: &CString,
+        fill: &mut dyn FnMut(RawFd) -> io::Result<()>,
     ) -> io::Result<bool> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         let mut attempt = 0;
@@ -318,7 +424,7 @@ impl BlobDir {
             }
         };
         let result = (|| {
-            write_all(fd.as_raw_fd(), data)?;
+            fill(fd.as_raw_fd())?;
             // SAFETY: valid fds and C strings.
             let r =
                 unsafe { libc::linkat(dir_fd, staging.as_ptr(), dir_fd, final_name.as_ptr(), 0) };

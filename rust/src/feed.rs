@@ -13,12 +13,22 @@
 //! (back-pressure), unless the consumer abandoned the feed or the scan is
 //! cancelled, in which case bytes are dropped (their files then take the
 //! engine's ordinary upload path).
+//!
+//! Larger files are not copied: the scan hands over the open file it hashed
+//! ([`HeldFile`]), which the upload streams through a
+//! [`crate::verify::VerifyingReader`]. Open files are bounded the same way: at
+//! most `max_held_files` are queued or being uploaded at once (a place is
+//! given back when the upload drops the reader); a scan thread that would
+//! exceed that waits, so thousands of large files never exhaust the process's
+//! descriptors.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::cancel::Cancel;
+use crate::verify::{FdSlots, HeldFile};
 
 /// Files per batch, and bytes per batch: a batch ends at whichever comes first.
 pub const BATCH_FILES: usize = 1024;
@@ -35,12 +45,20 @@ pub enum Next {
     Waiting,
 }
 
+/// What `next_file` found.
+pub enum NextFile {
+    File(HeldFile),
+    Done,
+    Waiting,
+}
+
 #[derive(Default)]
 struct State {
     queue: VecDeque<Batch>,
     queued_bytes: usize,
     current: Batch,
     current_bytes: usize,
+    files: VecDeque<HeldFile>,
     seen: HashSet<[u8; 32]>,
     /// The scan finished (or failed): no more batches will come.
     closed: bool,
@@ -55,10 +73,19 @@ pub struct BlobFeed {
     skip: Vec<[u8; 32]>,
     state: Mutex<State>,
     changed: Condvar,
+    /// Open files handed over and not yet dropped by the upload.
+    slots: Arc<FdSlots>,
+    /// `State::abandoned`, readable while waiting for a slot (no lock nesting).
+    gave_up: AtomicBool,
 }
 
 impl BlobFeed {
-    pub fn new(capacity: usize, max_file: usize, mut skip: Vec<[u8; 32]>) -> BlobFeed {
+    pub fn new(
+        capacity: usize,
+        max_file: usize,
+        mut skip: Vec<[u8; 32]>,
+        max_held_files: usize,
+    ) -> BlobFeed {
         skip.sort_unstable();
         BlobFeed {
             capacity: capacity.max(BATCH_BYTES),
@@ -66,6 +93,56 @@ impl BlobFeed {
             skip,
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            slots: FdSlots::new(max_held_files),
+            gave_up: AtomicBool::new(false),
+        }
+    }
+
+    /// Open files handed over and not yet dropped.
+    pub fn held_files(&self) -> usize {
+        self.slots.held()
+    }
+
+    /// Hand over a file the scan just hashed (waits while `max_held_files`
+    /// are out). Dropped instead when the consumer abandoned the feed or the
+    /// scan is cancelled: its file then takes the ordinary upload path.
+    pub fn push_file(&self, mut file: HeldFile, cancel: &Cancel) {
+        if !self.wants(&file.digest) {
+            return;
+        }
+        let slot = self
+            .slots
+            .acquire(|| cancel.is_cancelled() || self.gave_up.load(Ordering::Relaxed));
+        let Some(slot) = slot else { return };
+        file.slot = Some(slot);
+        let mut state = self.lock();
+        if state.abandoned || !state.seen.insert(file.digest) {
+            return;
+        }
+        state.files.push_back(file);
+        self.changed.notify_all();
+    }
+
+    /// The next file handed over, waiting at most `timeout`.
+    pub fn next_file(&self, timeout: Duration) -> NextFile {
+        let mut state = self.lock();
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(file) = state.files.pop_front() {
+                return NextFile::File(file);
+            }
+            if state.closed || state.abandoned {
+                return NextFile::Done;
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return NextFile::Waiting;
+            }
+            state = self
+                .changed
+                .wait_timeout(state, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
     }
 
@@ -126,12 +203,19 @@ impl BlobFeed {
 
     /// The consumer stops: queued bytes are freed, the scan never waits again.
     pub fn abandon(&self) {
-        let mut state = self.lock();
-        state.abandoned = true;
-        state.queue.clear();
-        state.current.clear();
-        state.queued_bytes = 0;
-        self.changed.notify_all();
+        self.gave_up.store(true, Ordering::Relaxed);
+        let files = {
+            let mut state = self.lock();
+            state.abandoned = true;
+            state.queue.clear();
+            state.current.clear();
+            state.queued_bytes = 0;
+            self.changed.notify_all();
+            std::mem::take(&mut state.files)
+        };
+        // Closed outside the lock: each gives its slot back.
+        drop(files);
+        self.slots.wake_all();
     }
 
     /// The next batch, waiting at most `timeout`.
@@ -177,7 +261,7 @@ mod tests {
 
     #[test]
     fn feeds_once_skips_and_drains() {
-        let feed = BlobFeed::new(0, 1 << 20, vec![[9u8; 32]]);
+        let feed = BlobFeed::new(0, 1 << 20, vec![[9u8; 32]], 4);
         let cancel = Cancel::new();
         assert!(!feed.wants(&[9u8; 32]));
         assert!(feed.wants(&[1u8; 32]));

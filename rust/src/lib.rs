@@ -14,6 +14,7 @@ pub mod redact;
 pub mod restore;
 pub mod scan;
 pub mod statcache;
+pub mod verify;
 pub mod walk;
 
 pub mod py;

@@ -20,6 +20,7 @@ use crate::manifest::ManifestWriter;
 use crate::policy::PolicyMatcher;
 use crate::redact::{SecretMatch, SecretSet};
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
+use crate::verify::HeldFile;
 use crate::walk::{Found, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
@@ -31,7 +32,8 @@ pub struct ScanRequest {
     /// 0 = one per core.
     pub threads: usize,
     pub cancel: Cancel,
-    /// Where the zeroed bytes of small files just hashed go (read once).
+    /// Where the zeroed bytes of small files just hashed go, and the open
+    /// files of larger ones (each file read once by the scan).
     pub feed: Option<std::sync::Arc<BlobFeed>>,
 }
 
@@ -489,8 +491,21 @@ fn hash_slot(
             slot.stat = before;
             slot.hash = Some(digest);
             slot.secrets = found.into_boxed_slice();
-            if let (Some(feed), Some(data)) = (feed, kept) {
-                feed.push(digest, data, cancel);
+            match (feed, kept) {
+                (Some(feed), Some(data)) => feed.push(digest, data, cancel),
+                // Too large to copy: the open file itself goes to the upload.
+                (Some(feed), None) if feed.wants(&digest) => feed.push_file(
+                    HeldFile {
+                        file,
+                        path: path.to_string(),
+                        digest,
+                        stat: before,
+                        secrets: secrets.clone(),
+                        slot: None,
+                    },
+                    cancel,
+                ),
+                _ => {}
             }
             return Ok(total);
         }

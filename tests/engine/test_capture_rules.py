@@ -28,6 +28,7 @@ from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import write_tree
+from .hooks import BeforeUpload
 
 
 def _key(data: bytes) -> str:
@@ -170,21 +171,26 @@ async def test_a_retry_with_the_same_checkpoint_id_returns_the_first(
 async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
-    # Small files are read once: the bytes the scan zeroed and hashed are the
-    # ones stored, so a later change cannot tear them (the checkpoint holds them
-    # as they were read). A large file is streamed again at upload: one that
-    # changed by then is hashed again, never stored torn.
+    # Every file is read once, by the scan: a small file's zeroed bytes, and a
+    # large file's open fd, go to the upload. A later change cannot tear a small
+    # file's stored bytes (the checkpoint holds them as they were read); a large
+    # file rewritten before its upload read the fd again fails the fd's fstat
+    # check, is hashed again, and never stored torn.
     small_old, big_old = b"small before", os.urandom(7 << 20)
     write_tree(workspace, {"small.txt": small_old, "big.bin": big_old, "gone.txt": b"gone"})
     small_new, big_new = b"small after the scan", os.urandom(7 << 20)
 
-    def change_files(report: Progress) -> None:
-        if report.phase == "upload" and (workspace / "big.bin").read_bytes() == big_old:
+    def change_small(report: Progress) -> None:
+        if report.phase == "upload" and (workspace / "small.txt").read_bytes() == small_old:
             (workspace / "small.txt").write_bytes(small_new)
+
+    def change_big(keys: list[str]) -> None:
+        if _key(big_old) in keys and (workspace / "big.bin").read_bytes() == big_old:
             (workspace / "big.bin").write_bytes(big_new)
 
+    blobs = BeforeUpload(memory_blobs, change_big)
     result = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=change_files
+        workspace, memory_store, blobs, "t", data_dir=data_dir, progress=change_small
     )
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
     assert set(files) == {"small.txt", "big.bin", "gone.txt"}
@@ -202,21 +208,19 @@ async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
 async def test_file_that_keeps_changing_is_reported(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
-    # Large: streamed again at upload (a small file is read once by the scan,
-    # so a change after that cannot reach its stored bytes).
+    # Large: its upload reads the fd again (a small file is read once by the
+    # scan, so a change after that cannot reach its stored bytes).
     write_tree(workspace, {"busy.log": b"x" * (2 << 20) + b"line 0\n"})
     lines = [0]
 
-    def keep_writing(report: Progress) -> None:
-        if report.phase == "upload":
-            lines[0] += 1
-            with open(workspace / "busy.log", "ab") as handle:
-                handle.write(f"line {lines[0]}\n".encode())
+    def keep_writing(_keys: list[str]) -> None:
+        lines[0] += 1
+        with open(workspace / "busy.log", "ab") as handle:
+            handle.write(f"line {lines[0]}\n".encode())
 
+    blobs = BeforeUpload(memory_blobs, keep_writing)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await capture_checkpoint(
-            workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=keep_writing
-        )
+        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
     assert caught.value.code == FILE_CHANGED
     assert caught.value.details["paths"] == ["busy.log"]
     assert await memory_store.get_head("t") is None

@@ -23,6 +23,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, S
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from .. import _native
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -50,6 +52,45 @@ class BlobInfo:
     key: str
     size: int
     last_modified_ms: int  # upload time, ms since epoch (the sweep's age)
+
+
+class VerifiedFile:
+    """A file's bytes for ``put``: an async iterable of chunks from a native
+    ``VerifyingReader`` (zeroed, hashed and checked against the digest the
+    manifest records; the last chunk comes only once the whole file matched).
+
+    Any store can take it as the async iterable it is; a backend that can copy
+    natively unwraps ``reader`` instead (the local directory streams it to disk
+    in Rust, without a trip through Python per chunk). ``changed`` is set when
+    the reader found the file no longer what was scanned (its
+    ``FileChangedError`` may reach the caller wrapped by the store).
+    ``on_bytes`` is told how many verified bytes went out.
+    """
+
+    def __init__(
+        self,
+        reader: _native.VerifyingReader,
+        *,
+        cancel: _native.CancelToken | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.cancel = cancel
+        self.on_bytes = on_bytes
+        self.changed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while True:
+            try:
+                chunk = await asyncio.to_thread(self.reader.read_chunk)
+            except _native.FileChangedError:
+                self.changed = True
+                raise
+            if chunk is None:
+                return
+            if self.on_bytes is not None:
+                self.on_bytes(len(chunk))
+            yield chunk
 
 
 @runtime_checkable

@@ -38,7 +38,7 @@ import re
 import stat
 
 from .. import _native
-from .base import BlobNotFoundError, BlobStoreError
+from .base import BlobNotFoundError, BlobStoreError, VerifiedFile
 
 # Keys obstore maps to a path unchanged (no percent-encoding).
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*")
@@ -95,6 +95,36 @@ class LocalBlobDir:
             return self._batches().put_many(items)
         except OSError as error:
             raise self._batch_error(error) from error
+
+    def put_verified(self, key: str, source: VerifiedFile) -> bool:
+        """Stream a verified file into the plain ``key`` natively (unless it
+        exists: False); durable on return. Raises the reader's
+        FileChangedError (nothing stored; ``source.changed`` set),
+        ScanCancelled, or BlobStoreError."""
+        try:
+            written = self._batches().put_verified(key, source.reader, source.cancel)
+        except _native.FileChangedError:
+            source.changed = True
+            raise
+        except OSError as error:
+            raise self._batch_error(error) from error
+        if source.on_bytes is not None:
+            source.on_bytes(source.reader.size)
+        return written
+
+    def sync(self, key: str) -> None:
+        """Make a blob obstore's ``LocalStore`` wrote durable (it does not sync):
+        its bytes, then its directory entry. Raises BlobStoreError."""
+        path = self._path(key)
+        try:
+            for target, flags in ((path, _READ_FLAGS), (os.path.dirname(path), _READ_FLAGS)):
+                fd = os.open(target, flags)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+        except OSError as error:
+            raise self._error("sync", key, error) from error
 
     def missing(self, keys: list[str]) -> list[str]:
         """The plain keys that are not there, in order. Raises BlobStoreError."""

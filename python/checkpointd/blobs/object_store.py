@@ -15,6 +15,16 @@ module adds on top of obstore:
   content addresses, so two writers racing on the same key write the same bytes
   and either result is correct. A backend without conditional create falls back
   to head-then-put for good.
+* Durability: ``put`` returns only once the blob is durable, so an append
+  that references it never outlives it. On S3, GCS and Azure a PUT (or a
+  multipart upload's completion) that returned success is durable by the
+  service's contract, and an object appears only complete (an aborted or
+  interrupted multipart upload leaves no object, only parts the bucket's
+  lifecycle rule should expire). The local directory (``file://``) writes
+  through our own writer (``blobs/local.py``): complete or absent, synced
+  before ``put`` returns; a stream that obstore's ``LocalStore`` writes (it
+  never syncs) is synced afterwards. A ``VerifiedFile`` (a scanned file) is
+  copied there natively.
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ from .base import (
     BlobNotFoundError,
     BlobStore,
     BlobStoreError,
+    VerifiedFile,
     default_get_many,
     default_missing,
     default_put_many,
@@ -127,6 +138,22 @@ class ObjectBlobStore(BlobStore):
         BlobStoreError when the backend fails (nothing is half-written: obstore
         puts are atomic).
         """
+        local = self.local_dir
+        if local is not None and local.path(key) is not None:
+            # Our own writer: complete or absent, synced before we return.
+            if isinstance(data, VerifiedFile):
+                return await asyncio.to_thread(local.put_verified, key, data)
+            if if_absent and isinstance(data, bytes | bytearray | memoryview):
+                [written] = await asyncio.to_thread(local.put_many, [(key, bytes(data))])
+                return written
+        written = await self._put_obstore(key, data, if_absent)
+        if written and local is not None and local.path(key) is not None:
+            await asyncio.to_thread(local.sync, key)  # LocalStore does not sync
+        return written
+
+    async def _put_obstore(
+        self, key: str, data: bytes | AsyncIterable[bytes], if_absent: bool
+    ) -> bool:
         if isinstance(data, bytes | bytearray | memoryview):
             return await self._put_small(key, bytes(data), if_absent)
         stream = aiter(data)

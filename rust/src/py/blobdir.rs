@@ -6,7 +6,9 @@ use pyo3::exceptions::PyOSError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::blobdir::{self as core, BlobError, Fetched};
+use super::cancel::CancelToken;
+use super::verify::{cancel_of, PyVerifyingReader};
+use crate::blobdir::{self as core, BlobError, Fetched, PutFileError};
 
 fn blob_error(e: BlobError) -> PyErr {
     let message = format!("{} {:?}: {}", e.op, e.key, e.source);
@@ -59,6 +61,35 @@ impl PyBlobDir {
             .collect();
         py.allow_threads(|| self.inner.put_many(&borrowed))
             .map_err(blob_error)
+    }
+
+    /// Stream a verified file into `key` unless it exists; durable when it
+    /// returns True. Raises FileChangedError (the file is not what the scan
+    /// hashed: nothing was stored), ScanCancelled, OSError.
+    #[pyo3(signature = (key, reader, cancel=None))]
+    fn put_verified(
+        &self,
+        py: Python<'_>,
+        key: String,
+        reader: &PyVerifyingReader,
+        cancel: Option<&Bound<'_, CancelToken>>,
+    ) -> PyResult<bool> {
+        let cancel = cancel_of(cancel);
+        let mut failure = None;
+        let written =
+            reader.with_reader(py, |r| match self.inner.put_verified(&key, r, &cancel) {
+                Ok(written) => Ok(Some(written)),
+                Err(PutFileError::Read(e)) => Err(e),
+                Err(PutFileError::Blob(e)) => {
+                    failure = Some(e);
+                    Ok(None)
+                }
+            })?;
+        match (written, failure) {
+            (Some(written), _) => Ok(written),
+            (None, Some(e)) => Err(blob_error(e)),
+            (None, None) => unreachable!("a put either wrote, found, or failed"),
+        }
     }
 
     /// Each key's bytes, None for a missing key.

@@ -1,5 +1,5 @@
-//! `BlobFeed` (see `crate::feed`): small files' zeroed bytes from the scan to
-//! the upload, read once.
+//! `BlobFeed` (see `crate::feed`): small files' zeroed bytes, and the open
+//! files of larger ones, from the scan to the upload (each read once).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +8,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::feed::{BlobFeed, Next};
+use super::verify::PyVerifyingReader;
+use crate::feed::{BlobFeed, Next, NextFile};
+use crate::verify::VerifyingReader;
 
 /// `(digest, zeroed bytes)` pairs, as Python sees a batch.
 type PyBatch = Vec<(Py<PyBytes>, Py<PyBytes>)>;
@@ -21,8 +23,13 @@ pub struct PyBlobFeed {
 #[pymethods]
 impl PyBlobFeed {
     #[new]
-    #[pyo3(signature = (capacity_bytes, max_file_bytes, skip=None))]
-    fn new(capacity_bytes: usize, max_file_bytes: usize, skip: Option<&[u8]>) -> PyResult<Self> {
+    #[pyo3(signature = (capacity_bytes, max_file_bytes, skip=None, max_held_files=16))]
+    fn new(
+        capacity_bytes: usize,
+        max_file_bytes: usize,
+        skip: Option<&[u8]>,
+        max_held_files: usize,
+    ) -> PyResult<Self> {
         let skip = skip.unwrap_or_default();
         if skip.len() % 32 != 0 {
             return Err(PyValueError::new_err(
@@ -34,7 +41,12 @@ impl PyBlobFeed {
             .map(|c| c.try_into().expect("32 bytes"))
             .collect();
         Ok(PyBlobFeed {
-            inner: Arc::new(BlobFeed::new(capacity_bytes, max_file_bytes, skip)),
+            inner: Arc::new(BlobFeed::new(
+                capacity_bytes,
+                max_file_bytes,
+                skip,
+                max_held_files,
+            )),
         })
     }
 
@@ -61,6 +73,30 @@ impl PyBlobFeed {
                 Next::Waiting => py.check_signals()?,
             }
         }
+    }
+
+    /// The next file too large to copy, open as the scan hashed it, as a
+    /// `VerifyingReader`; None once the scan ended and every file was taken
+    /// (or the feed was abandoned). Blocks, GIL released.
+    fn next_file(&self, py: Python<'_>) -> PyResult<Option<PyVerifyingReader>> {
+        loop {
+            let inner = self.inner.clone();
+            match py.allow_threads(move || inner.next_file(Duration::from_millis(100))) {
+                NextFile::Done => return Ok(None),
+                NextFile::File(held) => {
+                    return Ok(Some(PyVerifyingReader::new(VerifyingReader::from_held(
+                        held,
+                    ))))
+                }
+                NextFile::Waiting => py.check_signals()?,
+            }
+        }
+    }
+
+    /// Open files handed over and not yet closed by the upload.
+    #[getter]
+    fn held_files(&self) -> usize {
+        self.inner.held_files()
     }
 
     /// Stop consuming: queued bytes are freed and the scan never waits again.

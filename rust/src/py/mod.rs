@@ -11,6 +11,7 @@ mod policy;
 mod restore;
 mod scan;
 mod stream;
+mod verify;
 
 use pyo3::prelude::*;
 
@@ -54,6 +55,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
     m.add_class::<stream::ZeroingReader>()?;
+    m.add_class::<verify::PyVerifyingReader>()?;
+    m.add_function(wrap_pyfunction!(verify::rehash_beneath, m)?)?;
     m.add_class::<restore::RestoreSession>()?;
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;

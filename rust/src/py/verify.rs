@@ -1,0 +1,169 @@
+//! `VerifyingReader` (see `crate::verify`) and `rehash_beneath`, GIL released.
+
+use std::os::fd::RawFd;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::args;
+use super::cancel::CancelToken;
+use super::errors::{io_to_py, to_py};
+use crate::cancel::Cancel;
+use crate::error::ScanError;
+use crate::hash;
+use crate::redact::SecretSet;
+use crate::verify::{self as core, ReadError, Rehash, VerifyingReader};
+
+/// The Python exception for a reader's failure on `path`: FileChangedError,
+/// ScanCancelled, or the OSError of the read.
+pub fn read_error(path: &str, error: ReadError) -> PyErr {
+    match error {
+        ReadError::Changed => to_py(ScanError::Changed(PathBuf::from(path))),
+        ReadError::Cancelled => to_py(ScanError::Cancelled),
+        ReadError::Io(e) => io_to_py(path, "read", e),
+    }
+}
+
+fn digest_of(hex: &str) -> PyResult<[u8; 32]> {
+    hash::from_hex(hex).ok_or_else(|| PyValueError::new_err("digest must be 64 hex digits"))
+}
+
+pub fn cancel_of(cancel: Option<&Bound<'_, CancelToken>>) -> Cancel {
+    cancel.map(|c| c.get().inner.clone()).unwrap_or_default()
+}
+
+/// See `_native.pyi`.
+#[pyclass(module = "checkpointd._native", name = "VerifyingReader", frozen)]
+pub struct PyVerifyingReader {
+    /// None once closed. Locked only with the GIL released (a read in
+    /// another thread holds it for one chunk).
+    pub inner: Mutex<Option<VerifyingReader>>,
+    #[pyo3(get)]
+    path: String,
+    #[pyo3(get)]
+    size: u64,
+    digest: [u8; 32],
+}
+
+impl PyVerifyingReader {
+    pub fn new(reader: VerifyingReader) -> PyVerifyingReader {
+        PyVerifyingReader {
+            path: reader.path.clone(),
+            size: reader.size,
+            digest: reader.digest,
+            inner: Mutex::new(Some(reader)),
+        }
+    }
+
+    /// Run `work` on the open reader, GIL released.
+    pub fn with_reader<T: Send>(
+        &self,
+        py: Python<'_>,
+        work: impl FnOnce(&mut VerifyingReader) -> Result<T, ReadError> + Send,
+    ) -> PyResult<T> {
+        py.allow_threads(|| {
+            let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+            match guard.as_mut() {
+                Some(reader) => Ok(work(reader)),
+                None => Err(()),
+            }
+        })
+        .map_err(|()| PyValueError::new_err(format!("reader of {} is closed", self.path)))?
+        .map_err(|e| read_error(&self.path, e))
+    }
+}
+
+#[pymethods]
+impl PyVerifyingReader {
+    /// Open `path` beneath `root_fd` to upload the bytes the manifest
+    /// records. Raises FileChangedError (gone, a symlink, another size),
+    /// OSError, ValueError.
+    #[staticmethod]
+    #[pyo3(signature = (root_fd, path, digest_hex, size, secrets=None))]
+    fn open(
+        py: Python<'_>,
+        root_fd: RawFd,
+        path: String,
+        digest_hex: &str,
+        size: u64,
+        secrets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let digest = digest_of(digest_hex)?;
+        let secrets = SecretSet::new(&args::secrets(secrets)?)
+            .map_err(|e| to_py(ScanError::ShortSecret(e)))?;
+        let opened =
+            py.allow_threads(|| VerifyingReader::open(root_fd, &path, digest, size, secrets));
+        opened.map(Self::new).map_err(|e| read_error(&path, e))
+    }
+
+    /// 64-hex digest the bytes must have.
+    #[getter]
+    fn digest_hex(&self) -> String {
+        hash::to_hex(&self.digest)
+    }
+
+    /// The next verified chunk, None after the last (which comes only once
+    /// the whole file matched). Raises FileChangedError, OSError.
+    fn read_chunk(&self, py: Python<'_>) -> PyResult<Option<Py<PyBytes>>> {
+        let chunk = self.with_reader(py, |r| Ok(r.next_chunk()?.map(<[u8]>::to_vec)))?;
+        Ok(chunk.map(|c| PyBytes::new(py, &c).unbind()))
+    }
+
+    /// Every verified byte. Raises FileChangedError, OSError, ScanCancelled.
+    #[pyo3(signature = (cancel=None))]
+    fn read_all(
+        &self,
+        py: Python<'_>,
+        cancel: Option<&Bound<'_, CancelToken>>,
+    ) -> PyResult<Py<PyBytes>> {
+        let cancel = cancel_of(cancel);
+        let data = self.with_reader(py, |r| r.read_all(&cancel))?;
+        Ok(PyBytes::new(py, &data).unbind())
+    }
+
+    /// Close the file (waits for a read in progress in another thread).
+    fn close(&self, py: Python<'_>) {
+        let reader =
+            py.allow_threads(|| self.inner.lock().unwrap_or_else(|e| e.into_inner()).take());
+        drop(reader);
+    }
+}
+
+/// (64-hex digest or "" when not a regular file, size, spans, st_mode, mtime_ns).
+type Rehashed = (String, u64, Vec<(u64, u32, u32)>, u32, i64);
+
+/// See `_native.pyi`.
+#[pyfunction]
+#[pyo3(signature = (root_fd, path, secrets=None, cancel=None))]
+pub fn rehash_beneath(
+    py: Python<'_>,
+    root_fd: RawFd,
+    path: String,
+    secrets: Option<&Bound<'_, PyAny>>,
+    cancel: Option<&Bound<'_, CancelToken>>,
+) -> PyResult<Option<Rehashed>> {
+    let secrets =
+        SecretSet::new(&args::secrets(secrets)?).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
+    let cancel = cancel_of(cancel);
+    let found = py.allow_threads(|| core::rehash_beneath(root_fd, &path, &secrets, &cancel));
+    match found.map_err(|e| read_error(&path, e))? {
+        Rehash::Gone => Ok(None),
+        Rehash::NotRegular(stat) => Ok(Some((
+            String::new(),
+            0,
+            Vec::new(),
+            stat.mode,
+            stat.mtime_ns,
+        ))),
+        Rehash::Hashed(digest, stat, spans) => Ok(Some((
+            hash::to_hex(&digest),
+            stat.size,
+            spans.iter().map(|m| (m.offset, m.len, m.secret)).collect(),
+            stat.mode,
+            stat.mtime_ns,
+        ))),
+    }
+}
