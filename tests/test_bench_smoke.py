@@ -112,3 +112,20 @@ def test_corpora_and_edits_are_deterministic_from_the_seed(tmp_path: Path) -> No
     agent = tmp_path / "a" / "agent"
     assert (agent / ".git" / "HEAD").is_file() and (agent / "node_modules").is_dir()
     assert largest_file(agent) == "build/app.bin"
+
+
+def test_the_large_file_benchmark_measures_peak_rss(tmp_path: Path) -> None:
+    from benchmarks import bigfile_bench
+
+    code = bigfile_bench.main(
+        ["--gib", "0.01", "--tools", "engine,daemon", "--scratch", str(tmp_path / "scratch"),
+         "--out", str(tmp_path / "results")]
+    )  # fmt: skip
+    assert code == 0
+    rows = json.loads((tmp_path / "results" / "bigfile.json").read_text())
+    assert {(r["case"], r["tool"]) for r in rows} == {
+        (case, tool)
+        for case in ("plain", "secrets")
+        for tool in ("checkpointd (engine)", "checkpointd (daemon)")
+    }
+    assert all(r["peak_rss_mib"] > 0 and r["seconds"] > 0 for r in rows)

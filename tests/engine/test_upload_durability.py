@@ -1,0 +1,190 @@
+"""Blob durability before the append (SPEC §10; issue 11), on a real S3 server.
+
+What capture relies on for an object store: a PUT, or a multipart upload's
+completion, that returned success is durable and the object appears only
+complete; so it appends only after every upload it started has returned, and
+a failed or cancelled capture waits for its uploads to stop and appends
+nothing. These tests check that ordering, and that a capture killed with
+SIGKILL mid-upload never leaves a committed checkpoint pointing at a missing
+or short blob."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from checkpointd.blobs import BlobStoreError
+from checkpointd.capture import capture_checkpoint
+from checkpointd.errors import SandboxCheckpointWriterConflictError
+from checkpointd.model import FileEntry
+from checkpointd.progress import Progress
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
+
+from . import fault_worker
+from .conftest import snapshot_tree, write_tree
+
+REPO = Path(__file__).resolve().parents[2]
+KILLS = 8
+
+
+class Tracked:
+    """The real blob store, counting the puts in flight; ``fail_key`` makes the
+    put of that key fail once the large uploads are under way."""
+
+    def __init__(self, inner: Any, fail_key: str | None = None) -> None:
+        self._inner = inner
+        self.url = inner.url
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.fail_key = fail_key
+        self.large_started = asyncio.Event()
+
+    async def put(self, key: str, data: Any, *, if_absent: bool = True) -> bool:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            if not isinstance(data, bytes):
+                self.large_started.set()
+            elif key == self.fail_key:
+                await self.large_started.wait()
+                raise BlobStoreError(f"put {key!r} on {self.url} failed: injected")
+            return bool(await self._inner.put(key, data, if_absent=if_absent))
+        finally:
+            self.in_flight -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _key(data: bytes) -> str:
+    return "sandbox-files/blake3/" + blake3.blake3(data).hexdigest()
+
+
+@pytest.mark.s3
+async def test_the_append_comes_after_every_upload_returned(
+    store: Any, s3_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    write_tree(
+        workspace,
+        {**{f"big/{n}.bin": os.urandom((6 << 20) + n) for n in range(3)}, "small.txt": b"s"},
+    )
+    blobs = Tracked(s3_blobs)
+    at_append: list[int] = []
+
+    def watch(report: Progress) -> None:
+        if report.phase == "append" and not at_append:
+            at_append.append(blobs.in_flight)
+
+    result = await capture_checkpoint(
+        workspace, store, blobs, "t", data_dir=data_dir, progress=watch
+    )
+    assert at_append == [0]
+    assert blobs.most_in_flight >= 1
+    for entry in result.checkpoint.files:
+        if isinstance(entry, FileEntry):
+            info = await s3_blobs.head(entry.blob_key)
+            assert info is not None and info.size == entry.size, entry.path
+
+
+@pytest.mark.s3
+async def test_a_failed_upload_stops_the_others_before_the_capture_fails(
+    store: Any, s3_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    small = b"the put of this one fails"
+    write_tree(workspace, {"big.bin": os.urandom(24 << 20), "small.txt": small})
+    blobs = Tracked(s3_blobs, fail_key=_key(small))
+    with pytest.raises(BlobStoreError, match="injected"):
+        await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    # Nothing still uploading behind the caller's back, nothing appended.
+    assert blobs.in_flight == 0
+    assert await store.get_head("t") is None
+
+
+def _start_worker(
+    env: dict[str, str], store_url: str, blobs_url: str, workspace: Path, data_dir: Path
+) -> subprocess.Popen[str]:
+    """A process capturing the changing workspace in a loop, once it is ready."""
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.engine.fault_worker", "capture", store_url, blobs_url,
+         str(workspace), str(data_dir)],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert worker.stdout is not None
+    assert worker.stdout.readline().strip() == "ready"
+    return worker
+
+
+async def _check_committed(store: Any, blobs: Any, verified: set[str]) -> int:
+    """Every file of every committed checkpoint has its whole blob (size and
+    BLAKE3 checked once per key). Returns how many checkpoints there are."""
+    checkpoints = await store.list("faults")
+    for checkpoint in checkpoints:
+        for entry in checkpoint.files:
+            if not isinstance(entry, FileEntry) or entry.blob_key in verified:
+                continue
+            info = await blobs.head(entry.blob_key)
+            assert info is not None, f"{checkpoint.id} names missing {entry.blob_key}"
+            assert info.size == entry.size, f"{entry.blob_key}: {info.size} != {entry.size}"
+            assert _key(await blobs.get(entry.blob_key)) == entry.blob_key
+            verified.add(entry.blob_key)
+    return len(checkpoints)
+
+
+@pytest.mark.s3
+@pytest.mark.timeout(180)
+async def test_capture_killed_mid_upload_never_commits_a_missing_or_short_blob(
+    s3_server: Any, tmp_path: Path
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    prefix = f"kill-{uuid.uuid4().hex}"
+    blobs_url = s3_server.url(prefix)
+    workspace, data_dir = tmp_path / "workspace", tmp_path / "data"
+    workspace.mkdir()
+    # Large files (multipart uploads of several parts) change every round.
+    write_tree(workspace, {f"base/{n}.bin": os.urandom(12 << 20) for n in range(2)})
+    env = {**os.environ, **s3_server.env()}
+    rng = random.Random(4321)
+    blobs = s3_server.open(prefix)
+    verified: set[str] = set()
+    store = await open_store(
+        store_url, lease_duration_ms=fault_worker.LEASE_MS, renew_after_ms=fault_worker.RENEW_MS
+    )
+    try:
+        for _ in range(KILLS):
+            worker = _start_worker(env, store_url, blobs_url, workspace, data_dir)
+            await asyncio.sleep(rng.uniform(0.2, 2.5))
+            worker.send_signal(signal.SIGKILL)
+            await asyncio.to_thread(worker.wait, 10)
+            worker.stdout.close()
+            await _check_committed(store, blobs, verified)
+        assert await store.list("faults"), "no capture finished in any run: kills too early"
+        # Big rewrites each round: a capture of the whole tree after the kills
+        # (the last victim's lease expires first) completes and restores.
+        for name in ("base/0.bin", "base/1.bin"):
+            (workspace / name).write_bytes(os.urandom(12 << 20))
+        deadline = asyncio.get_running_loop().time() + fault_worker.LEASE_MS / 1000 * 5
+        while True:
+            try:
+                await capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+                break
+            except SandboxCheckpointWriterConflictError:
+                # The killed worker's lease has not expired yet.
+                assert asyncio.get_running_loop().time() < deadline
+                await asyncio.sleep(0.1)
+        assert await _check_committed(store, blobs, verified) >= 1
+        restored = tmp_path / "restored"
+        await restore_checkpoint(restored, store, blobs, "faults", data_dir=data_dir)
+        assert snapshot_tree(restored) == snapshot_tree(workspace)
+    finally:
+        await store.aclose()
