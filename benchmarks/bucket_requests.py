@@ -1,0 +1,329 @@
+"""Bucket requests, time and stored bytes against a real S3 (issue 15).
+
+    .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,restic]
+
+One many-small corpus (``--files`` files, generated on demand into the scratch
+dir, ``$CHECKPOINTD_BENCH_SCRATCH``, default ``/tmp/checkpointd-bench``), one
+SeaweedFS S3 server on loopback (``tests/fixtures/s3.py``) and, in front of it,
+an exact request counter (``tests/fixtures/bucket_counter.py``: a loopback proxy
+that classifies every request: PUT, GET, HEAD, LIST, DELETE, multipart...).
+Each tool works on its own copy of the corpus, with the same seeded edits:
+
+- ``ours``: ``benchmarks.runner`` (``capture_checkpoint`` / ``restore_checkpoint``
+  in a fresh process), SQLite store, blobs in ``s3://<bucket>/ours-…``;
+- ``restic``: ``restic backup`` / ``restic restore`` to ``s3:<proxy>/<bucket>/restic-…``
+  (its ``init`` is not counted).
+
+Operations: a cold capture, a capture after 1% of the files changed, and a
+restore into an empty directory. For each: wall seconds (the whole process),
+the requests by kind, and the 1-minute load average when it started. Stored
+bytes: the objects under the tool's prefix (listed beside the proxy, so not
+counted), plus, for ours, the SQLite file (the pack index and manifests live
+there). Goals (issue 15): a cold capture in at most 100 requests; stored bytes at
+most 1.1x restic's; a cold capture at least 3x faster than restic's.
+
+Writes ``benchmarks/results/bucket_requests.md`` and ``.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .corpus import CorpusSpec, ensure_corpus, mutate
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+THREAD = "bench"
+RESTIC_PASSWORD = "benchmark-only password\n"
+
+COLD = "cold capture"
+CHANGED = "capture after 1% changed"
+RESTORE = "restore into an empty dir"
+OPERATIONS = (COLD, CHANGED, RESTORE)
+
+# The columns of the request table, in order; the rest are summed under "other".
+KINDS = ("PUT", "GET", "HEAD", "LIST", "DELETE", "MULTIPART")
+GOAL_COLD_REQUESTS = 100
+GOAL_STORED_RATIO = 1.1
+GOAL_COLD_SPEEDUP = 3.0
+
+
+@dataclass
+class Row:
+    tool: str
+    operation: str
+    seconds: float
+    requests: dict[str, int]
+    load_1min: float
+    note: str = ""
+
+    @property
+    def total(self) -> int:
+        return sum(self.requests.values())
+
+
+@dataclass
+class Result:
+    files: int
+    rows: list[Row] = field(default_factory=list)
+    stored_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+
+def columns(requests: dict[str, int]) -> dict[str, int]:
+    """Requests folded into KINDS (multipart parts and control requests together,
+    DELETE of one key and of a batch together) plus ``other``."""
+    out = dict.fromkeys(KINDS, 0)
+    out["other"] = 0
+    for kind, n in requests.items():
+        if kind.startswith("MULTIPART_") and kind != "MULTIPART_LIST":
+            out["MULTIPART"] += n
+        elif kind in ("DELETE", "DELETE_MANY"):
+            out["DELETE"] += n
+        elif kind == "MULTIPART_LIST":
+            out["LIST"] += n
+        elif kind in out:
+            out[kind] += n
+        else:
+            out["other"] += n
+    return out
+
+
+def _load() -> float:
+    return os.getloadavg()[0]
+
+
+def _timed(
+    command: list[str], env: dict[str, str], proxy: Any, *, cwd: Path | None = None
+) -> tuple[float, dict[str, int], float, str]:
+    proxy.reset()
+    load = _load()
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True, cwd=cwd, check=False)
+    seconds = time.perf_counter() - started
+    requests = proxy.reset()
+    if done.returncode != 0:
+        raise RuntimeError(f"{command[:3]} failed ({done.returncode}): {done.stderr[-3000:]}")
+    return seconds, requests, load, done.stdout
+
+
+def _copy_tree(source: Path, dest: Path) -> None:
+    if dest.exists():
+        shutil.rmtree(dest)
+    subprocess.run(["cp", "-a", str(source), str(dest)], check=True)
+
+
+def _stored(server: Any, prefix: str) -> int:
+    """Bytes of every object under ``prefix`` (asked of the server directly)."""
+
+    async def total() -> int:
+        blobs = server.open(prefix)
+        return sum(info.size for info in await blobs.list(""))
+
+    return asyncio.run(total())
+
+
+def run_ours(
+    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+) -> None:
+    work, target = work_root / "ours-work", work_root / "ours-restore"
+    data, restore_data = work_root / "ours-data", work_root / "ours-restore-data"
+    store = work_root / "ours-store.db"
+    for path in (data, restore_data, target):
+        shutil.rmtree(path, ignore_errors=True)
+    store.unlink(missing_ok=True)
+    _copy_tree(corpus, work)
+    data.mkdir()
+    restore_data.mkdir()
+    prefix = f"ours-{uuid.uuid4().hex[:12]}"
+    env = {
+        **os.environ,
+        **via.env(),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    urls = ["--store", f"sqlite://{store}", "--blobs", via.url(prefix), "--thread", THREAD]
+
+    def runner(operation: str, workspace: Path, data_dir: Path) -> list[str]:
+        return [sys.executable, "-m", "benchmarks.runner", operation,
+                "--workspace", str(workspace), "--data-dir", str(data_dir), *urls]  # fmt: skip
+
+    for operation, command, before in (
+        (COLD, runner("capture", work, data), None),
+        (CHANGED, runner("capture", work, data), lambda: mutate(work, fraction=0.01, seed=1)),
+        (RESTORE, runner("restore", target, restore_data), None),
+    ):
+        if before is not None:
+            before()
+        seconds, requests, load, out = _timed(command, env, proxy)
+        report = json.loads(out.strip().splitlines()[-1])
+        note = f"engine {report['engine_seconds']:.2f} s"
+        result.rows.append(Row("checkpointd", operation, seconds, requests, load, note))
+        print(f"   checkpointd {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+    result.stored_bytes["checkpointd"] = {
+        "bucket": _stored(server, prefix),
+        "store_db": sum(p.stat().st_size for p in work_root.glob("ours-store.db*")),
+    }
+
+
+def run_restic(
+    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+) -> None:
+    if shutil.which("restic") is None:
+        print("   restic: skipped (not installed)")
+        return
+    work, target = work_root / "restic-work", work_root / "restic-restore"
+    cache, password = work_root / "restic-cache", work_root / "restic-password"
+    for path in (target, cache):
+        shutil.rmtree(path, ignore_errors=True)
+    _copy_tree(corpus, work)
+    password.write_text(RESTIC_PASSWORD)
+    prefix = f"restic-{uuid.uuid4().hex[:12]}"
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": via.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": via.secret_access_key,
+        "RESTIC_REPOSITORY": f"s3:{via.endpoint}/{via.bucket}/{prefix}",
+        "RESTIC_PASSWORD_FILE": str(password),
+        "RESTIC_CACHE_DIR": str(cache),
+    }
+    _timed(["restic", "init", "-q"], env, proxy)
+    # Relative paths (as ours records them): back up from inside the work tree.
+    for operation, command, before, cwd in (
+        (COLD, ["restic", "backup", "-q", "--host", "bench", "."], None, work),
+        (
+            CHANGED,
+            ["restic", "backup", "-q", "--host", "bench", "."],
+            lambda: mutate(work, fraction=0.01, seed=1),
+            work,
+        ),
+        (RESTORE, ["restic", "restore", "-q", "latest", "--target", str(target)], None, None),
+    ):
+        if before is not None:
+            before()
+        seconds, requests, load, _ = _timed(command, env, proxy, cwd=cwd)
+        result.rows.append(Row("restic", operation, seconds, requests, load))
+        print(f"   restic {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+    result.stored_bytes["restic"] = {"bucket": _stored(server, prefix)}
+
+
+def _stored_total(result: Result, tool: str) -> int | None:
+    stored = result.stored_bytes.get(tool)
+    return None if stored is None else sum(stored.values())
+
+
+def goals(result: Result) -> list[tuple[str, str, bool | None]]:
+    """(goal, what was measured, met?) for the issue's three goals."""
+    by = {(row.tool, row.operation): row for row in result.rows}
+    out: list[tuple[str, str, bool | None]] = []
+    cold = by.get(("checkpointd", COLD))
+    if cold is not None:
+        out.append(
+            (
+                f"cold capture in <= {GOAL_COLD_REQUESTS} requests",
+                f"{cold.total} requests",
+                cold.total <= GOAL_COLD_REQUESTS,
+            )
+        )
+    ours, theirs = _stored_total(result, "checkpointd"), _stored_total(result, "restic")
+    if ours is not None and theirs:
+        ratio = ours / theirs
+        out.append(
+            (
+                f"stored bytes <= {GOAL_STORED_RATIO}x restic's",
+                f"{ratio:.2f}x ({ours:,} vs {theirs:,} bytes)",
+                ratio <= GOAL_STORED_RATIO,
+            )
+        )
+    restic_cold = by.get(("restic", COLD))
+    if cold is not None and restic_cold is not None:
+        speedup = restic_cold.seconds / cold.seconds
+        out.append(
+            (
+                f"cold capture >= {GOAL_COLD_SPEEDUP}x faster than restic (same S3)",
+                f"{speedup:.2f}x ({cold.seconds:.2f} s vs {restic_cold.seconds:.2f} s)",
+                speedup >= GOAL_COLD_SPEEDUP,
+            )
+        )
+    return out
+
+
+def render(result: Result) -> str:
+    lines = [
+        f"# Bucket requests: {result.files:,} small files, SeaweedFS S3 on loopback",
+        "",
+        "Written by `python -m benchmarks.bucket_requests`. Requests are counted exactly",
+        "by a proxy in front of the bucket; seconds are whole processes; `load` is the",
+        "1-minute load average when the operation started (2 cores, shared).",
+        "",
+        "| tool | operation | seconds | " + " | ".join(KINDS) + " | other | total | load | note |",
+        "|---|---|---:|" + "---:|" * (len(KINDS) + 3) + "---|",
+    ]
+    for row in result.rows:
+        cols = columns(row.requests)
+        counts = " | ".join(f"{cols[k]:,}" for k in (*KINDS, "other"))
+        lines.append(
+            f"| {row.tool} | {row.operation} | {row.seconds:.2f} | {counts} | {row.total:,} "
+            f"| {row.load_1min:.1f} | {row.note} |"
+        )
+    lines += ["", "| tool | stored bytes |", "|---|---|"]
+    for tool, parts in result.stored_bytes.items():
+        detail = ", ".join(f"{name} {n:,}" for name, n in parts.items())
+        lines.append(f"| {tool} | {sum(parts.values()):,} ({detail}) |")
+    lines += ["", "| goal | measured | met |", "|---|---|---|"]
+    for goal, measured, met in goals(result):
+        lines.append(f"| {goal} | {measured} | {'yes' if met else 'no'} |")
+    lines += ["", "Raw request kinds per row are in the JSON.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bucket_requests")
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--tools", default="ours,restic")
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        default=Path(os.environ.get("CHECKPOINTD_BENCH_SCRATCH", "/tmp/checkpointd-bench")),
+    )
+    parser.add_argument("--out", type=Path, default=RESULTS / "bucket_requests")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    from tests.fixtures.bucket_counter import counted
+    from tests.fixtures.s3 import run_seaweedfs
+
+    tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    corpus = ensure_corpus(
+        CorpusSpec("many-small", "many-small", {"files": args.files}),
+        args.scratch / "corpora" / f"many-small-{args.files}",
+    )
+    work_root = args.scratch / "bucket-requests"
+    work_root.mkdir(parents=True, exist_ok=True)
+    result = Result(files=args.files, machine={"nproc": os.cpu_count()})
+    with run_seaweedfs() as server, counted(server) as (via, proxy):
+        if "ours" in tools:
+            run_ours(result, corpus, work_root, server, via, proxy)
+        if "restic" in tools:
+            run_restic(result, corpus, work_root, server, via, proxy)
+    text = render(result)
+    print(text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(text)
+    payload = asdict(result)
+    payload["goals"] = [{"goal": g, "measured": m, "met": met} for g, m, met in goals(result)]
+    args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
