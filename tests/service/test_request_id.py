@@ -78,6 +78,37 @@ async def test_a_request_id_is_never_reused_for_new_content(daemon: Daemon) -> N
         assert not fresh.replayed
 
 
+async def test_a_request_id_deleted_through_the_python_api_is_spent(daemon: Daemon) -> None:
+    """Issue 12: the spent mark is a store rule, so a delete that bypasses the
+    daemon (the Python API on the same store) spends the request_id too."""
+    from checkpointd import open_store
+
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        oldest = await client.capture("t-api", request_id="r-oldest")
+        kept = await client.capture("t-api", request_id="r-kept")
+        await client.capture("t-api", request_id="r-head")
+    store = await open_store(daemon.store)
+    try:
+        async with await store.acquire_writer("t-api") as lease:
+            head = await store.get_head("t-api")
+            assert head is not None
+            await store.delete_head("t-api", head, lease)
+            assert await store.delete_checkpoints("t-api", 1, lease) == [oldest.checkpoint.id]
+        assert await store.get_head("t-api") == kept.checkpoint.id
+    finally:
+        await store.aclose()
+    (daemon.workspace / "a.txt").write_text("new content")
+    async with daemon.client() as client:
+        for request_id in ("r-oldest", "r-head"):
+            with pytest.raises(RpcError) as caught:
+                await client.capture("t-api", request_id=request_id)
+            assert caught.value.code == grpc.StatusCode.INVALID_ARGUMENT
+            assert caught.value.metadata["field"] == "request_id"
+        again = await client.capture("t-api", request_id="r-kept")
+        assert again.replayed and again.checkpoint.id == kept.checkpoint.id
+
+
 async def test_only_a_marked_retry_waits_for_another_writer(daemon: Daemon) -> None:
     """A first attempt with a request_id still fails fast on a live lease (the
     seeds' WRITER_CONFLICT); a retry marked ``checkpointd-attempt: 2`` (as the SDKs

@@ -46,7 +46,7 @@ from ..ids import new_uuid7
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
 from ..progress import Progress
 from ..secrets import parse_secrets
-from ..store.base import CheckpointStore, ThreadListing
+from ..store.base import CheckpointStore, SpentCheckpointIds, ThreadListing
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, diffing
@@ -267,8 +267,13 @@ async def mark_spent(state: ServiceState, checkpoint_ids: Iterable[str]) -> None
 async def _refuse_spent_request_id(
     state: ServiceState, thread_id: str, request_id: str, checkpoint_id: str
 ) -> None:
-    _, blobs = state.stores()
-    if await blobs.head(SPENT_REQUEST_PREFIX + checkpoint_id) is not None:
+    store, blobs = state.stores()
+    # The store records the spent ids it deleted, by any path (store._core); the
+    # bucket markers cover stores that cannot say (the gateway's remote store).
+    spent = isinstance(store, SpentCheckpointIds) and bool(
+        await store.spent_checkpoint_ids([checkpoint_id])
+    )
+    if spent or await blobs.head(SPENT_REQUEST_PREFIX + checkpoint_id) is not None:
         raise SandboxCheckpointInvalidArgumentError(
             f"request_id {request_id!r} of thread {thread_id!r} named checkpoint "
             f"{checkpoint_id}, which was deleted since; use a new request_id for a new capture",

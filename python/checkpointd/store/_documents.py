@@ -69,12 +69,13 @@ class Content:
     by convention) and the manifest bytes, with the index a conversation delta
     against it needs, built on first use."""
 
-    __slots__ = ("_conversation_index", "document", "manifest")
+    __slots__ = ("_conversation_index", "_digests", "document", "manifest")
 
     def __init__(self, document: dict[str, Any], manifest: Manifest) -> None:
         self.document = document
         self.manifest = manifest
         self._conversation_index: dict[Hashable, int] | None = None
+        self._digests: bytes | None = None
 
     @classmethod
     def of(cls, checkpoint: Checkpoint) -> Content:
@@ -99,9 +100,16 @@ class Content:
     def entry_count(self) -> int:
         return len(self.manifest)
 
+    def digests(self) -> bytes:
+        """The manifest's distinct file digests, sorted and concatenated (computed
+        natively once per content: appends diff them against the parent's)."""
+        if self._digests is None:
+            self._digests = self.manifest.digests()
+        return self._digests
+
     def blob_keys(self) -> set[bytes]:
         """Distinct blob keys in the store's 33-byte form (kind byte + raw hash)."""
-        keys = {b"f" + digest for digest in split_digests(self.manifest.digests())}
+        keys = {b"f" + digest for digest in split_digests(self.digests())}
         keys.update(self.artifact_keys())
         return keys
 

@@ -206,3 +206,18 @@ class BlobAudit(Protocol):
     async def list_missing_blobs(self) -> builtins.list[str]:
         """Every key marked missing, sorted by UTF-8 bytes."""
         ...
+
+
+@runtime_checkable
+class SpentCheckpointIds(Protocol):
+    """Checkpoint ids that must never name new content (every store we ship).
+
+    A checkpoint whose id the daemon derived from a ``request_id`` (a UUIDv5) is
+    spent once deleted, by any path: the deleting transaction records it (the
+    rule lives in ``store._core``), and ``append``/``fork_from_checkpoint`` treat
+    the id as used.
+    """
+
+    async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
+        """The given ids that are spent, in the given order (duplicates once)."""
+        ...

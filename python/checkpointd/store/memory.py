@@ -1,6 +1,9 @@
 """In-memory checkpoint and instance stores: the reference for every rule of SPEC §3.
 
-State lives in dicts owned by one store object. Every method does its checks and
+State lives in dicts owned by one store object. The rules are the SQL stores'
+(``_core``: ``check_append_state``, ``spent_ids``; ``_options``: leases, prune,
+fork); the counts are plain per-key integers, since +1 on a dict costs nothing
+like a database row does. Every method does its checks and
 its writes without an ``await`` in between, so each call is atomic on the event
 loop and a failed check changes nothing.
 
@@ -19,17 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
-from ..errors import (
-    STORE_UNAVAILABLE,
-    SandboxCheckpointConflictError,
-    SandboxCheckpointDuplicateIdError,
-    SandboxCheckpointError,
-    SandboxCheckpointNotHeadError,
-    SandboxCheckpointParentMismatchError,
-)
+from ..errors import STORE_UNAVAILABLE, SandboxCheckpointError
 from ..manifest import Manifest, manifest_of
 from ..model import BlobReference, Checkpoint, Entry, FileEntry, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
+from ._core import check_append_state, not_head, spent_ids
 from ._options import (
     LeaseRecord,
     StoreOptions,
@@ -135,6 +132,7 @@ class InMemoryCheckpointStore:
         self._pins_by_lease: dict[_LeaseId, set[str]] = {}
         self._condemned: dict[str, int] = {}  # key -> condemned until (ms)
         self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
+        self._spent: set[str] = set()  # deleted request_id checkpoints (``_core``)
         self._closed = False
 
     @property
@@ -211,6 +209,11 @@ class InMemoryCheckpointStore:
             for name in names[:limit]
         ]
 
+    async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
+        """Which of these ids belonged to deleted request_id checkpoints (``_core``)."""
+        self._check_open()
+        return [i for i in dict.fromkeys(checkpoint_ids) if i in self._spent]
+
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         self._check_open()
         return [
@@ -232,26 +235,20 @@ class InMemoryCheckpointStore:
         check_checkpoint_ids(checkpoint, expected_head_id)
         check_checkpoint_body(checkpoint)
         thread_id = checkpoint.thread_id
-        check_writer(writer, thread_id, self._lease(thread_id), self._now())
-        if checkpoint.id in self._checkpoints:
-            raise SandboxCheckpointDuplicateIdError(
-                f"checkpoint id {checkpoint.id!r} is already used",
-                details={"checkpoint_id": checkpoint.id},
-            )
-        head = self._heads.get(thread_id)
-        if head != expected_head_id:
-            raise SandboxCheckpointConflictError(
-                f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
-                details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-            )
-        if checkpoint.parent_checkpoint_id != expected_head_id:
-            raise SandboxCheckpointParentMismatchError(
-                f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
-                f"{expected_head_id!r}",
-                details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-            )
+        check_append_state(
+            checkpoint,
+            expected_head_id,
+            writer,
+            lease=self._lease(thread_id),
+            now=self._now(),
+            id_used=self._id_used(checkpoint.id),
+            head_id=self._heads.get(thread_id),
+        )
         self._publish(_freeze(checkpoint))
         return checkpoint.id
+
+    def _id_used(self, checkpoint_id: str) -> bool:
+        return checkpoint_id in self._checkpoints or checkpoint_id in self._spent
 
     def _publish(self, stored: _Stored) -> None:
         checkpoint = stored.checkpoint
@@ -281,12 +278,10 @@ class InMemoryCheckpointStore:
         check_id(checkpoint_id, "checkpoint id")
         check_writer(writer, thread_id, self._lease(thread_id), self._now())
         if self._heads.get(thread_id) != checkpoint_id:
-            raise SandboxCheckpointNotHeadError(
-                f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
-                details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
-            )
+            raise not_head(thread_id, checkpoint_id)
         parent = self._checkpoints[checkpoint_id].checkpoint.parent_checkpoint_id
         self._forget(checkpoint_id)
+        self._spent.update(spent_ids([checkpoint_id]))
         if parent is not None and parent in self._threads.get(thread_id, {}):
             self._heads[thread_id] = parent
         else:
@@ -312,6 +307,7 @@ class InMemoryCheckpointStore:
         )
         for checkpoint in ordered:
             self._forget(checkpoint.id)
+        self._spent.update(spent_ids(c.id for c in ordered))
         return [c.id for c in ordered]
 
     async def fork_from_checkpoint(
@@ -344,7 +340,7 @@ class InMemoryCheckpointStore:
             raise destination_not_empty(
                 destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
             )
-        if destination_checkpoint_id in self._checkpoints:
+        if self._id_used(destination_checkpoint_id):
             raise destination_not_empty(
                 destination_thread_id, destination_checkpoint_id, "the id is already used"
             )

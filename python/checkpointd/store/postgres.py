@@ -25,9 +25,13 @@ Storage:
 * ids are stored as their UTF-8 bytes (``bytea``), so ordering never depends on
   the database's collation and any well-formed id, NUL included, round-trips;
 * blob reference counts are rows per (thread, key), the key in a compact 33-byte
-  form (``_options.key_to_bytes``); the count of a key is their sum. A thread's
-  writes touch only its own count rows, under its own lock, so writers on
-  different threads that share content never wait for each other.
+  form (``_options.key_to_bytes``); a row counts ``refs`` plus, while the
+  thread's head uses the key, ``head_ordinal - open_since`` (a run, see
+  ``_core``), and the count of a key is the sum over threads. An append writes
+  rows only for the keys in which it differs from its parent; a no-change
+  capture updates the thread row alone. A thread's writes touch only its own
+  count rows, under its own lock, so writers on different threads that share
+  content never wait for each other.
 
 Pin/condemn (``BlobGuard``): each key touched by a pin or a sweep has a row in
 ``checkpointd_blob_marks``. ``pin_blobs`` share-locks it and ``condemn_blobs``
@@ -48,8 +52,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from decimal import Decimal
 from types import TracebackType
 from typing import Any, TypeVar
@@ -59,39 +63,43 @@ import asyncpg
 
 from ..errors import (
     STORE_UNAVAILABLE,
-    SandboxCheckpointConflictError,
-    SandboxCheckpointDuplicateIdError,
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
-    SandboxCheckpointNotHeadError,
-    SandboxCheckpointParentMismatchError,
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
-from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
+from ..validation import check_id, utf8_key
 from . import _documents as documents
+from ._core import (
+    IdTaken,
+    KeySet,
+    RecentContents,
+    Rows,
+    RunChange,
+    SqlCheckpointStore,
+    StoredRow,
+    ThreadState,
+    content_size,
+    head_key_sets,
+    offload,
+    paused,
+)
 from ._options import (
     LeaseRecord,
     StoreOptions,
     audit_keys,
     blob_counts,
-    check_fork_arguments,
-    check_fork_source,
     check_hold_ms,
     check_instance_record,
-    check_keep,
     check_pin_keys,
     check_thread_page,
     check_writer,
     condemnable_keys,
-    destination_not_empty,
-    fork_checkpoint,
     key_from_bytes,
     key_to_bytes,
     lease_holder,
     list_order,
     may_take_over,
     new_owner_token,
-    plan_prune,
     read_clock,
     renew_lost,
     validate_store_options,
@@ -118,7 +126,6 @@ _RETRY_ATTEMPTS = 4
 
 # How many recently appended contents a store object keeps for the next delta.
 _RECENT_CONTENTS = 8
-_Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
 
 _DB_NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
@@ -192,6 +199,14 @@ _MIGRATIONS: tuple[str, ...] = (
         marked_at bigint NOT NULL
     );
     """,
+    # 4: counts as runs (``_core``): a row's count is refs + (head_ordinal -
+    # open_since) while its thread's head uses the key; ids of deleted request_id
+    # checkpoints. ``_PYTHON_STEPS[4]`` then opens the runs of every head.
+    """
+    ALTER TABLE checkpointd_threads ADD COLUMN head_ordinal bigint NOT NULL DEFAULT 0;
+    ALTER TABLE checkpointd_blob_counts ADD COLUMN open_since bigint;
+    CREATE TABLE checkpointd_spent_checkpoints (id bytea PRIMARY KEY);
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # pg_advisory_xact_lock(classid, objid): 'cpkd' and 1 — serialises concurrent opens.
@@ -219,8 +234,11 @@ async def _migrate(conn: asyncpg.Connection, store_name: str) -> None:
                 code=STORE_UNAVAILABLE,
                 details={"store": store_name},
             )
-        for migration in _MIGRATIONS[version:]:
+        for number, migration in enumerate(_MIGRATIONS[version:], start=version + 1):
             await conn.execute(migration)
+            step = _PYTHON_STEPS.get(number)
+            if step is not None:
+                await step(conn)
         await conn.execute(
             "INSERT INTO checkpointd_schema (version) VALUES ($1)"
             " ON CONFLICT (singleton) DO UPDATE SET version = excluded.version",
@@ -415,11 +433,292 @@ class _PostgresBase:
 # ---------------------------------------------------------------------------- checkpoints
 
 
-class PostgresCheckpointStore(_PostgresBase):
+# A ``_core.KeySet`` as a table ``(key)`` from two parameters: the file digests
+# concatenated (32 bytes each; the kind byte ``f`` is added here) and the artifact
+# keys (bytea[]). One statement per key set, whatever its size.
+def _key_table(digests: int, artifacts: int) -> str:
+    return (
+        f"(SELECT decode('66', 'hex') || substring(${digests}::bytea from g * 32 + 1 for 32)"
+        f" AS key FROM generate_series(0, length(${digests}::bytea) / 32 - 1) AS g"
+        f" UNION ALL SELECT unnest(${artifacts}::bytea[]))"
+    )
+
+
+def _key_args(keys: KeySet) -> tuple[bytes, builtins.list[bytes]]:
+    return keys.digests, builtins.list(keys.artifacts)
+
+
+class _PostgresTx:
+    """``_core.WriteTx`` in one PostgreSQL transaction: ``lock_thread`` takes the
+    thread's row lock (``FOR UPDATE``), everything after it runs under that lock."""
+
+    def __init__(self, conn: asyncpg.Connection, store: PostgresCheckpointStore) -> None:
+        self.conn = conn
+        self._store = store
+
+    async def lock_thread(self, thread_id: str) -> ThreadState:
+        row = await self.conn.fetchrow(
+            "SELECT head_id, head_ordinal, last_fence, lease_owner, lease_fence,"
+            " lease_expires_at, lease_holder FROM checkpointd_threads"
+            " WHERE thread_id = $1 FOR UPDATE",
+            _b(thread_id),
+        )
+        if row is None:
+            return ThreadState(None, 0, None)
+        return ThreadState(_s(row["head_id"]), row["head_ordinal"], _lease(row))
+
+    async def now(self) -> int:
+        return await self._store._now(self.conn)
+
+    async def id_used(self, checkpoint_id: str) -> bool:
+        used: bool = await self.conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM checkpointd_checkpoints WHERE id = $1)"
+            " OR EXISTS (SELECT 1 FROM checkpointd_spent_checkpoints WHERE id = $1)",
+            _b(checkpoint_id),
+        )
+        return used
+
+    async def row(self, checkpoint_id: str, *, lock: str = "") -> StoredRow | None:
+        row = await self.conn.fetchrow(
+            "SELECT thread_id, parent_id, depth, xmin::text::bigint AS xmin"
+            f" FROM checkpointd_checkpoints WHERE id = $1 {lock}",
+            _b(checkpoint_id),
+        )
+        if row is None:
+            return None
+        return StoredRow(str(_s(row["thread_id"])), _s(row["parent_id"]), row["depth"], row["xmin"])
+
+    async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
+        # FOR SHARE keeps the source from being deleted (and its keys forgotten)
+        # until the fork's references are counted.
+        return await self.row(checkpoint_id, lock="FOR SHARE")
+
+    async def thread_has_checkpoints(self, thread_id: str) -> bool:
+        found = await self.conn.fetchval(
+            "SELECT 1 FROM checkpointd_checkpoints WHERE thread_id = $1 LIMIT 1", _b(thread_id)
+        )
+        return found is not None
+
+    async def fetch_chains(self, checkpoint_ids: Sequence[str], rows: Rows) -> None:
+        await _fetch_chains(self.conn, checkpoint_ids, rows)
+
+    async def thread_checkpoints(
+        self, thread_id: str
+    ) -> builtins.list[tuple[str, str | None, Any]]:
+        return [
+            (str(_s(r["id"])), _s(r["parent_id"]), r["created_at"])
+            for r in await self.conn.fetch(
+                "SELECT id, parent_id, created_at FROM checkpointd_checkpoints"
+                " WHERE thread_id = $1",
+                _b(thread_id),
+            )
+        ]
+
+    async def publish(
+        self, content: documents.Content, stored: documents.Stored, change: RunChange
+    ) -> int:
+        """Insert the row, apply the run change on the thread's own count rows and
+        move the head, in one statement; returns the row's xmin."""
+        document = content.document
+        parent = document["parent_checkpoint_id"]
+        try:
+            xmin: int = await self.conn.fetchval(
+                "WITH inserted AS ("
+                " INSERT INTO checkpointd_checkpoints"
+                " (id, thread_id, parent_id, created_at, base_id, depth, document)"
+                " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING xmin::text::bigint AS xmin),"
+                " closed AS ("
+                " UPDATE checkpointd_blob_counts AS c"
+                " SET refs = c.refs + ($9 - c.open_since), open_since = NULL"
+                f" FROM {_key_table(10, 11)} AS k"
+                " WHERE c.thread_id = $2 AND c.key = k.key AND c.open_since IS NOT NULL),"
+                " opened AS ("
+                " INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs, open_since)"
+                f" SELECT $2, k.key, 1, $8 FROM {_key_table(12, 13)} AS k"
+                " ON CONFLICT (thread_id, key) DO UPDATE"
+                " SET refs = c.refs + 1 + coalesce($9 - c.open_since, 0), open_since = $8),"
+                " moved AS (UPDATE checkpointd_threads SET head_id = $1, head_ordinal = $8"
+                " WHERE thread_id = $2)"
+                " SELECT xmin FROM inserted",
+                _b(document["id"]),
+                _b(document["thread_id"]),
+                None if parent is None else _b(parent),
+                _created_at(document["created_at"]),
+                None if stored.base_id is None else _b(stored.base_id),
+                stored.depth,
+                stored.data,
+                change.new_ordinal,
+                change.old_ordinal,
+                *_key_args(change.close),
+                *_key_args(change.open),
+            )
+        except asyncpg.UniqueViolationError:
+            # Another thread's append took the id after our check (no lock covers
+            # ids of other threads); the primary key decides.
+            raise IdTaken from None
+        return xmin
+
+    async def delete_rows(self, checkpoint_ids: Sequence[str]) -> Rows:
+        return {
+            str(_s(r["id"])): (_s(r["base_id"]), r["document"])
+            for r in await self.conn.fetch(
+                "DELETE FROM checkpointd_checkpoints WHERE id = ANY($1::bytea[])"
+                " RETURNING id, base_id, document",
+                [_b(i) for i in checkpoint_ids],
+            )
+        }
+
+    async def dependents(self, removed: Sequence[str]) -> Rows:
+        return {
+            str(_s(r["id"])): (_s(r["base_id"]), r["document"])
+            for r in await self.conn.fetch(
+                "SELECT id, base_id, document FROM checkpointd_checkpoints"
+                " WHERE base_id = ANY($1::bytea[])",
+                [_b(i) for i in removed],
+            )
+        }
+
+    async def rewrite_keyframe(self, checkpoint_id: str, data: bytes) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_checkpoints SET document = $2, base_id = NULL, depth = 0"
+            " WHERE id = $1",
+            _b(checkpoint_id),
+            data,
+        )
+
+    async def set_head(self, thread_id: str, head_id: str | None, ordinal: int) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_threads SET head_id = $2, head_ordinal = $3 WHERE thread_id = $1",
+            _b(thread_id),
+            None if head_id is None else _b(head_id),
+            ordinal,
+        )
+
+    async def drop_runs(self, thread_id: str, keys: KeySet, ordinal: int) -> None:
+        if keys:
+            await self.conn.execute(
+                "UPDATE checkpointd_blob_counts AS c"
+                " SET refs = c.refs + coalesce($2 - c.open_since, 0) - 1, open_since = NULL"
+                f" FROM {_key_table(3, 4)} AS k WHERE c.thread_id = $1 AND c.key = k.key",
+                _b(thread_id),
+                ordinal,
+                *_key_args(keys),
+            )
+
+    async def close_all_runs(self, thread_id: str, ordinal: int) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_blob_counts SET refs = refs + ($2 - open_since),"
+            " open_since = NULL WHERE thread_id = $1 AND open_since IS NOT NULL",
+            _b(thread_id),
+            ordinal,
+        )
+
+    async def reopen_runs(self, thread_id: str, keys: KeySet, old: int, new: int) -> None:
+        if keys:
+            await self.conn.execute(
+                "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs, open_since)"
+                f" SELECT $1, k.key, 0, $3 FROM {_key_table(4, 5)} AS k"
+                " ON CONFLICT (thread_id, key) DO UPDATE"
+                " SET refs = c.refs + coalesce($2 - c.open_since, 0), open_since = $3",
+                _b(thread_id),
+                old,
+                new,
+                *_key_args(keys),
+            )
+
+    async def subtract_counts(
+        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
+    ) -> None:
+        if not counts:
+            return
+        keys = sorted(counts)
+        await self.conn.execute(
+            "UPDATE checkpointd_blob_counts AS c SET"
+            " refs = c.refs - d.n + CASE WHEN c.open_since < $4 THEN $4 - c.open_since ELSE 0 END,"
+            " open_since = CASE WHEN c.open_since < $4 THEN $4 ELSE c.open_since END"
+            " FROM unnest($2::bytea[], $3::bigint[]) AS d(key, n)"
+            " WHERE c.thread_id = $1 AND c.key = d.key",
+            _b(thread_id),
+            keys,
+            [counts[key] for key in keys],
+            cutoff,
+        )
+
+    async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:
+        if keys:
+            await self.conn.execute(
+                "DELETE FROM checkpointd_blob_counts AS c"
+                f" USING {_key_table(2, 3)} AS k WHERE c.thread_id = $1 AND c.key = k.key"
+                " AND c.open_since IS NULL AND c.refs <= 0",
+                _b(thread_id),
+                *_key_args(keys),
+            )
+
+    async def mark_spent(self, checkpoint_ids: Sequence[str]) -> None:
+        if checkpoint_ids:
+            await self.conn.execute(
+                "INSERT INTO checkpointd_spent_checkpoints (id)"
+                " SELECT unnest($1::bytea[]) ON CONFLICT DO NOTHING",
+                [_b(i) for i in checkpoint_ids],
+            )
+
+    async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
+        raise SandboxCheckpointInvalidArgumentError(
+            "this PostgreSQL store keeps no pack index yet (packed_blobs must be empty)"
+        )
+
+
+async def _fetch_chains(
+    conn: asyncpg.Connection, checkpoint_ids: Sequence[str], rows: Rows
+) -> None:
+    """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
+    if not checkpoint_ids:
+        return
+    for r in await conn.fetch(
+        "WITH RECURSIVE chain (id, base_id, document) AS ("
+        " SELECT id, base_id, document FROM checkpointd_checkpoints"
+        " WHERE id = ANY($1::bytea[])"
+        " UNION ALL"
+        " SELECT c.id, c.base_id, c.document FROM checkpointd_checkpoints AS c"
+        " JOIN chain ON c.id = chain.base_id"
+        ") SELECT id, base_id, document FROM chain",
+        [_b(i) for i in checkpoint_ids],
+    ):
+        rows[str(_s(r["id"]))] = (_s(r["base_id"]), r["document"])
+
+
+async def _open_head_runs(conn: asyncpg.Connection) -> None:
+    """Schema 3 -> 4: open a run at each head's ordinal (0) for each of its keys;
+    ``refs`` stays, so every stored count reads as before (see ``_core``)."""
+    heads = {
+        str(_s(r["thread_id"])): str(_s(r["head_id"]))
+        for r in await conn.fetch(
+            "SELECT thread_id, head_id FROM checkpointd_threads WHERE head_id IS NOT NULL"
+        )
+    }
+    rows: Rows = {}
+    await _fetch_chains(conn, builtins.list(heads.values()), rows)
+    key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
+    for thread_id, keys in key_sets.items():
+        await conn.execute(
+            "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs, open_since)"
+            f" SELECT $1, k.key, 0, 0 FROM {_key_table(2, 3)} AS k"
+            " ON CONFLICT (thread_id, key) DO UPDATE SET open_since = 0",
+            _b(thread_id),
+            *_key_args(keys),
+        )
+
+
+# Schema steps that need Python after their SQL (keyed by the version they make).
+_PYTHON_STEPS: dict[int, Callable[[asyncpg.Connection], Awaitable[None]]] = {4: _open_head_runs}
+
+
+class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
     """The SPEC §3 checkpoint store on PostgreSQL (asyncpg), also a BlobGuard.
 
     Open it with ``await open_postgres_store(url, …)`` (or ``open_store``); options
-    as SPEC §3. ``now=None`` means the database server's clock.
+    as SPEC §3. ``now=None`` means the database server's clock. The writes of SPEC
+    §3 are ``_core.SqlCheckpointStore``'s, over ``_PostgresTx``.
     """
 
     def __init__(
@@ -437,7 +736,7 @@ class PostgresCheckpointStore(_PostgresBase):
         # append of the thread makes its delta against one of them without reading
         # it back. The xmin (the inserting transaction) tells a row from a later
         # one that reuses a deleted id, so a cached content is never the wrong one.
-        self._recent: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
+        self._recent = RecentContents(_RECENT_CONTENTS)
 
     @property
     def lease_duration_ms(self) -> int:
@@ -464,70 +763,13 @@ class PostgresCheckpointStore(_PostgresBase):
             _b(thread_id),
         )
 
-    # ------------------------------------------------------------------ documents
+    async def _write(self, operation: str, body: Callable[[Any], Awaitable[T]]) -> T:
+        self._check_open()
 
-    def _remember(self, row: tuple[str, int], content: documents.Content) -> None:
-        self._recent[row] = content
-        self._recent.move_to_end(row)
-        while len(self._recent) > _RECENT_CONTENTS:
-            self._recent.popitem(last=False)
+        async def run(conn: asyncpg.Connection) -> T:
+            return await body(_PostgresTx(conn, self))
 
-    @staticmethod
-    async def _fetch_chains(
-        conn: asyncpg.Connection, checkpoint_ids: Sequence[str], rows: _Rows
-    ) -> None:
-        """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
-        if not checkpoint_ids:
-            return
-        for r in await conn.fetch(
-            "WITH RECURSIVE chain (id, base_id, document) AS ("
-            " SELECT id, base_id, document FROM checkpointd_checkpoints"
-            " WHERE id = ANY($1::bytea[])"
-            " UNION ALL"
-            " SELECT c.id, c.base_id, c.document FROM checkpointd_checkpoints AS c"
-            " JOIN chain ON c.id = chain.base_id"
-            ") SELECT id, base_id, document FROM chain",
-            [_b(i) for i in checkpoint_ids],
-        ):
-            rows[str(_s(r["id"]))] = (_s(r["base_id"]), r["document"])
-
-    async def _content(
-        self, conn: asyncpg.Connection, checkpoint_id: str
-    ) -> documents.Content | None:
-        """The content of one stored checkpoint (None when it does not exist)."""
-        rows: _Rows = {}
-        await self._fetch_chains(conn, [checkpoint_id], rows)
-        if checkpoint_id not in rows:
-            return None
-        return documents.materialize(checkpoint_id, rows, {})
-
-    async def _rewrite_dependents(
-        self,
-        conn: asyncpg.Connection,
-        removed: set[str],
-        rows: _Rows,
-        memo: dict[str, documents.Content],
-    ) -> None:
-        """Store every checkpoint whose base is in ``removed`` as a keyframe.
-
-        Runs after the delete, with ``rows`` still holding the removed rows, so
-        the dependents can be materialized; no delta is left naming a lost base.
-        """
-        dependents = await conn.fetch(
-            "SELECT id, base_id, document FROM checkpointd_checkpoints"
-            " WHERE base_id = ANY($1::bytea[])",
-            [_b(i) for i in removed],
-        )
-        for r in dependents:
-            dependent_id = str(_s(r["id"]))
-            rows[dependent_id] = (_s(r["base_id"]), r["document"])
-            stored = documents.keyframe(documents.materialize(dependent_id, rows, memo))
-            await conn.execute(
-                "UPDATE checkpointd_checkpoints SET document = $2, base_id = NULL, depth = 0"
-                " WHERE id = $1",
-                r["id"],
-                stored.data,
-            )
+        return await self._transaction(operation, run)
 
     # ------------------------------------------------------------------ reads
 
@@ -535,17 +777,28 @@ class PostgresCheckpointStore(_PostgresBase):
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         check_id(checkpoint_id, "checkpoint id")
 
-        async def body(conn: asyncpg.Connection) -> documents.Content | None:
-            return await self._content(conn, checkpoint_id)
+        async def body(conn: asyncpg.Connection) -> Rows:
+            rows: Rows = {}
+            await _fetch_chains(conn, [checkpoint_id], rows)
+            return rows
 
-        content = await self._transaction("get", body, read_only=True)
-        return None if content is None else content.checkpoint()
+        rows = await self._transaction("get", body, read_only=True)
+        if checkpoint_id not in rows:
+            return None
+        content = await offload(
+            sum(len(data) for _, data in rows.values()) // 16,
+            documents.materialize,
+            checkpoint_id,
+            rows,
+            {},
+        )
+        return await offload(content_size(content), content.checkpoint)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
         check_id(thread_id, "thread id")
 
-        async def body(conn: asyncpg.Connection) -> _Rows:
+        async def body(conn: asyncpg.Connection) -> Rows:
             # A delta's base is always in the same thread: one query has them all.
             return {
                 str(_s(r["id"])): (_s(r["base_id"]), r["document"])
@@ -557,8 +810,12 @@ class PostgresCheckpointStore(_PostgresBase):
             }
 
         rows = await self._transaction("list", body, read_only=True)
-        memo: dict[str, documents.Content] = {}
-        checkpoints = [documents.materialize(i, rows, memo).checkpoint() for i in rows]
+
+        def build() -> builtins.list[Checkpoint]:
+            memo: dict[str, documents.Content] = {}
+            return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
+
+        checkpoints = await offload(sum(len(data) for _, data in rows.values()) // 16, build)
         checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
         return checkpoints
 
@@ -602,13 +859,34 @@ class PostgresCheckpointStore(_PostgresBase):
             for r in rows
         ]
 
+    async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
+        """Which of these ids belonged to deleted request_id checkpoints (``_core``)."""
+        wanted = [i for i in dict.fromkeys(checkpoint_ids) if isinstance(i, str)]
+
+        async def body(conn: asyncpg.Connection) -> set[str]:
+            return {
+                str(_s(r["id"]))
+                for r in await conn.fetch(
+                    "SELECT id FROM checkpointd_spent_checkpoints WHERE id = ANY($1::bytea[])",
+                    [_b(i) for i in wanted],
+                )
+            }
+
+        found = await self._transaction("spent_checkpoint_ids", body, read_only=True)
+        return [i for i in wanted if i in found]
+
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         """``(key, count)`` for every count > 0, sorted by the UTF-8 bytes of the key."""
 
         async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            # A row counts refs, plus its open run's length beyond one (``_core``).
             rows: builtins.list[asyncpg.Record] = await conn.fetch(
-                "SELECT key, sum(refs)::bigint AS refs FROM checkpointd_blob_counts"
-                " GROUP BY key HAVING sum(refs) > 0"
+                "SELECT c.key,"
+                " sum(c.refs + coalesce(t.head_ordinal - c.open_since, 0))::bigint AS refs"
+                " FROM checkpointd_blob_counts AS c"
+                " LEFT JOIN checkpointd_threads AS t ON t.thread_id = c.thread_id"
+                " GROUP BY c.key"
+                " HAVING sum(c.refs + coalesce(t.head_ordinal - c.open_since, 0)) > 0"
             )
             return rows
 
@@ -616,313 +894,6 @@ class PostgresCheckpointStore(_PostgresBase):
         references = [BlobReference(key_from_bytes(row["key"]), row["refs"]) for row in rows]
         references.sort(key=lambda ref: utf8_key(ref.key))
         return references
-
-    # ------------------------------------------------------------------ counts
-
-    @staticmethod
-    async def _remove_references(
-        conn: asyncpg.Connection, thread_id: str, counts: Counter[bytes]
-    ) -> None:
-        """−n per key on the thread's rows; a row that reaches 0 is forgotten."""
-        if not counts:
-            return
-        keys = list(counts)
-        await conn.execute(
-            "UPDATE checkpointd_blob_counts AS c SET refs = c.refs - d.n"
-            " FROM unnest($2::bytea[], $3::bigint[]) AS d(key, n)"
-            " WHERE c.thread_id = $1 AND c.key = d.key",
-            _b(thread_id),
-            keys,
-            [counts[key] for key in keys],
-        )
-        await conn.execute(
-            "DELETE FROM checkpointd_blob_counts"
-            " WHERE thread_id = $1 AND key = ANY($2::bytea[]) AND refs <= 0",
-            _b(thread_id),
-            keys,
-        )
-
-    # ------------------------------------------------------------------ writes
-
-    async def append(
-        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
-    ) -> str:
-        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6).
-
-        Raises InvalidId, InvalidEntry, WriterLost, DuplicateId, Conflict
-        (STALE_HEAD), ParentMismatch, in that order; STORE_UNAVAILABLE when the
-        database fails. Nothing changes when it raises.
-        """
-        self._check_open()
-        check_checkpoint_ids(checkpoint, expected_head_id)
-        check_checkpoint_body(checkpoint)
-        thread_id = checkpoint.thread_id
-        writer_fields(writer)
-        content = documents.Content.of(checkpoint)
-        keys = sorted(content.blob_keys())
-        created_at = _created_at(checkpoint.created_at)
-
-        parent_id = checkpoint.parent_checkpoint_id
-
-        async def body(conn: asyncpg.Connection) -> int:
-            row = await self._lock_thread(conn, thread_id)
-            # One round trip, after the lock: the clock, whether the id is used,
-            # and what the delta against the parent needs.
-            facts = await conn.fetchrow(
-                "SELECT EXISTS (SELECT 1 FROM checkpointd_checkpoints WHERE id = $1) AS used,"
-                " p.depth AS parent_depth, p.xmin::text::bigint AS parent_xmin,"
-                f" {_DB_NOW} AS db_now"
-                " FROM (SELECT 1) AS one"
-                " LEFT JOIN checkpointd_checkpoints AS p ON p.id = $2 AND p.thread_id = $3",
-                _b(checkpoint.id),
-                None if parent_id is None else _b(parent_id),
-                _b(thread_id),
-            )
-            assert facts is not None
-            now = read_clock(self._options) if self._injected_clock else facts["db_now"]
-            record = _lease(row)
-            check_writer(writer, thread_id, record, now)
-            assert row is not None and record is not None
-            if facts["used"]:
-                raise _duplicate(checkpoint.id)
-            head = _s(row["head_id"])
-            if head != expected_head_id:
-                raise SandboxCheckpointConflictError(
-                    f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-                )
-            if checkpoint.parent_checkpoint_id != expected_head_id:
-                raise SandboxCheckpointParentMismatchError(
-                    f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
-                    f"{expected_head_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-                )
-            stored = await self._encode_against_parent(
-                conn, content, parent_id, facts["parent_depth"], facts["parent_xmin"]
-            )
-            try:
-                return await self._publish(conn, checkpoint, created_at, stored, keys)
-            except asyncpg.UniqueViolationError:
-                # Another thread's append took the id after our check (no lock covers
-                # ids of other threads); the primary key decides.
-                raise _duplicate(checkpoint.id) from None
-
-        xmin = await self._transaction("append", body)
-        self._remember((checkpoint.id, xmin), content)
-        return checkpoint.id
-
-    async def _encode_against_parent(
-        self,
-        conn: asyncpg.Connection,
-        content: documents.Content,
-        parent_id: str | None,
-        parent_depth: int | None,
-        parent_xmin: int | None,
-    ) -> documents.Stored:
-        """A delta against the parent (the head we hold locked) when worth it."""
-        if parent_id is None or parent_depth is None or parent_xmin is None:
-            return documents.keyframe(content)
-        if parent_depth + 1 > documents.MAX_DEPTH:
-            return documents.keyframe(content)
-        base = self._recent.get((parent_id, parent_xmin)) or await self._content(conn, parent_id)
-        return documents.encode(content, parent_id, base, parent_depth)
-
-    @staticmethod
-    async def _publish(
-        conn: asyncpg.Connection,
-        checkpoint: Checkpoint,
-        created_at: Decimal,
-        stored: documents.Stored,
-        keys: Sequence[bytes],
-    ) -> int:
-        """Insert the row, count its keys (+1 on the thread's own count rows) and
-        make it the head, in one statement; returns the row's xmin.
-
-        Raises asyncpg.UniqueViolationError when the id is taken.
-        """
-        parent = checkpoint.parent_checkpoint_id
-        xmin: int = await conn.fetchval(
-            "WITH inserted AS ("
-            " INSERT INTO checkpointd_checkpoints"
-            " (id, thread_id, parent_id, created_at, base_id, depth, document)"
-            " VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING xmin::text::bigint AS xmin),"
-            " counted AS ("
-            " INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
-            " SELECT $2, k, 1 FROM unnest($8::bytea[]) AS k"
-            " ON CONFLICT (thread_id, key) DO UPDATE SET refs = c.refs + 1),"
-            " moved AS (UPDATE checkpointd_threads SET head_id = $1 WHERE thread_id = $2)"
-            " SELECT xmin FROM inserted",
-            _b(checkpoint.id),
-            _b(checkpoint.thread_id),
-            None if parent is None else _b(parent),
-            created_at,
-            None if stored.base_id is None else _b(stored.base_id),
-            stored.depth,
-            stored.data,
-            list(keys),
-        )
-        return xmin
-
-    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
-        """Remove the head; the head moves to its parent (None when the parent is gone).
-
-        Raises InvalidId, WriterLost, NotHead (in that order), STORE_UNAVAILABLE.
-        """
-        self._check_open()
-        check_id(thread_id, "thread id")
-        check_id(checkpoint_id, "checkpoint id")
-        writer_fields(writer)
-
-        async def body(conn: asyncpg.Connection) -> None:
-            row = await self._lock_thread(conn, thread_id)
-            check_writer(writer, thread_id, _lease(row), await self._now(conn))
-            assert row is not None
-            if _s(row["head_id"]) != checkpoint_id:
-                raise SandboxCheckpointNotHeadError(
-                    f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
-                )
-            deleted = await conn.fetchrow(
-                "DELETE FROM checkpointd_checkpoints WHERE id = $1"
-                " RETURNING parent_id, base_id, document",
-                _b(checkpoint_id),
-            )
-            assert deleted is not None, "a head always names a stored checkpoint"
-            rows: _Rows = {checkpoint_id: (_s(deleted["base_id"]), deleted["document"])}
-            base_id = _s(deleted["base_id"])
-            await self._fetch_chains(conn, [] if base_id is None else [base_id], rows)
-            memo: dict[str, documents.Content] = {}
-            content = documents.materialize(checkpoint_id, rows, memo)
-            await self._rewrite_dependents(conn, {checkpoint_id}, rows, memo)
-            parent = deleted["parent_id"]
-            new_head = None
-            if parent is not None and await conn.fetchval(
-                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1 AND thread_id = $2",
-                parent,
-                _b(thread_id),
-            ):
-                new_head = parent
-            await conn.execute(
-                "UPDATE checkpointd_threads SET head_id = $2 WHERE thread_id = $1",
-                _b(thread_id),
-                new_head,
-            )
-            await self._remove_references(conn, thread_id, Counter(content.blob_keys()))
-
-        await self._transaction("delete_head", body)
-
-    async def delete_checkpoints(
-        self, thread_id: str, keep: int, writer: WriterLike
-    ) -> builtins.list[str]:
-        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest.
-
-        Returns the deleted ids in list order. Raises InvalidId, InvalidArgument
-        (keep), WriterLost (in that order), STORE_UNAVAILABLE.
-        """
-        self._check_open()
-        check_id(thread_id, "thread id")
-        check_keep(keep)
-        writer_fields(writer)
-
-        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
-            row = await self._lock_thread(conn, thread_id)
-            check_writer(writer, thread_id, _lease(row), await self._now(conn))
-            assert row is not None
-            pairs = [
-                (str(_s(r["id"])), _s(r["parent_id"]))
-                for r in await conn.fetch(
-                    "SELECT id, parent_id FROM checkpointd_checkpoints WHERE thread_id = $1",
-                    _b(thread_id),
-                )
-            ]
-            doomed = plan_prune(pairs, _s(row["head_id"]), keep)
-            if not doomed:
-                return []
-            deleted = await conn.fetch(
-                "DELETE FROM checkpointd_checkpoints WHERE id = ANY($1::bytea[])"
-                " RETURNING id, created_at, base_id, document",
-                [_b(i) for i in doomed],
-            )
-            rows: _Rows = {str(_s(r["id"])): (_s(r["base_id"]), r["document"]) for r in deleted}
-            kept_bases = {base for base, _ in rows.values() if base is not None} - set(rows)
-            await self._fetch_chains(conn, sorted(kept_bases), rows)
-            memo: dict[str, documents.Content] = {}
-            counts: Counter[bytes] = Counter()
-            for checkpoint_id in doomed:
-                counts.update(documents.materialize(checkpoint_id, rows, memo).blob_keys())
-            await self._rewrite_dependents(conn, doomed, rows, memo)
-            await self._remove_references(conn, thread_id, counts)
-            order = sorted((r["created_at"], bytes(r["id"])) for r in deleted)
-            return [checkpoint_id.decode("utf-8") for _, checkpoint_id in order]
-
-        return await self._transaction("delete_checkpoints", body)
-
-    async def fork_from_checkpoint(
-        self,
-        source_thread_id: str,
-        source_checkpoint_id: str,
-        destination_thread_id: str,
-        destination_checkpoint_id: str,
-        created_at: int,
-        writer: WriterLike,
-    ) -> Checkpoint:
-        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks).
-
-        Raises InvalidId, InvalidEntry, the fork codes and WriterLost in the SPEC's
-        order, STORE_UNAVAILABLE.
-        """
-        self._check_open()
-        check_fork_arguments(
-            source_thread_id,
-            source_checkpoint_id,
-            destination_thread_id,
-            destination_checkpoint_id,
-            created_at,
-        )
-
-        async def body(conn: asyncpg.Connection) -> Checkpoint:
-            # Lock order as everywhere: the (destination) thread row first, then
-            # checkpoint rows. FOR SHARE keeps the source from being deleted (and
-            # its keys forgotten) until our references are counted.
-            row = await self._lock_thread(conn, destination_thread_id)
-            found = await conn.fetchval(
-                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1 FOR SHARE",
-                _b(source_checkpoint_id),
-            )
-            content = await self._content(conn, source_checkpoint_id) if found else None
-            source = None if content is None else content.checkpoint()
-            check_fork_source(source, source_thread_id, source_checkpoint_id)
-            assert source is not None
-            record = _lease(row)
-            check_writer(writer, destination_thread_id, record, await self._now(conn))
-            assert row is not None and record is not None
-            if row["head_id"] is not None or await conn.fetchval(
-                "SELECT 1 FROM checkpointd_checkpoints WHERE thread_id = $1 LIMIT 1",
-                _b(destination_thread_id),
-            ):
-                raise destination_not_empty(
-                    destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
-                )
-            root = fork_checkpoint(
-                source, destination_thread_id, destination_checkpoint_id, created_at
-            )
-            id_used = destination_not_empty(
-                destination_thread_id, destination_checkpoint_id, "the id is already used"
-            )
-            if await conn.fetchval(
-                "SELECT 1 FROM checkpointd_checkpoints WHERE id = $1", _b(root.id)
-            ):
-                raise id_used
-            root_content = documents.Content.of(root)
-            stored = documents.keyframe(root_content)
-            keys = sorted(root_content.blob_keys())
-            try:
-                await self._publish(conn, root, _created_at(created_at), stored, keys)
-            except asyncpg.UniqueViolationError:
-                raise id_used from None
-            return root_content.checkpoint()
-
-        return await self._transaction("fork_from_checkpoint", body)
 
     # ------------------------------------------------------------------ leases
 
@@ -1047,9 +1018,9 @@ class PostgresCheckpointStore(_PostgresBase):
     @staticmethod
     async def _audit_rows(
         conn: asyncpg.Connection,
-    ) -> tuple[dict[bytes, _Rows], dict[bytes, dict[bytes, int]]]:
-        """Every stored document and every count row, both per thread."""
-        rows: dict[bytes, _Rows] = {}
+    ) -> tuple[dict[bytes, Rows], dict[bytes, dict[bytes, int]]]:
+        """Every stored document and every count row's count, both per thread."""
+        rows: dict[bytes, Rows] = {}
         for r in await conn.fetch(
             "SELECT thread_id, id, base_id, document FROM checkpointd_checkpoints"
         ):
@@ -1058,7 +1029,12 @@ class PostgresCheckpointStore(_PostgresBase):
                 r["document"],
             )
         stored: dict[bytes, dict[bytes, int]] = {}
-        for r in await conn.fetch("SELECT thread_id, key, refs FROM checkpointd_blob_counts"):
+        for r in await conn.fetch(
+            "SELECT c.thread_id, c.key,"
+            " c.refs + coalesce(t.head_ordinal - c.open_since, 0) AS refs"
+            " FROM checkpointd_blob_counts AS c"
+            " LEFT JOIN checkpointd_threads AS t ON t.thread_id = c.thread_id"
+        ):
             stored.setdefault(bytes(r["thread_id"]), {})[bytes(r["key"])] = r["refs"]
         return rows, stored
 
@@ -1068,14 +1044,14 @@ class PostgresCheckpointStore(_PostgresBase):
 
         async def body(
             conn: asyncpg.Connection,
-        ) -> tuple[dict[bytes, _Rows], dict[bytes, dict[bytes, int]]]:
+        ) -> tuple[dict[bytes, Rows], dict[bytes, dict[bytes, int]]]:
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             return await self._audit_rows(conn)
 
         rows, stored = await self._transaction("audit_blob_references", body)
-        merged: _Rows = {i: row for thread_rows in rows.values() for i, row in thread_rows.items()}
+        merged: Rows = {i: row for thread_rows in rows.values() for i, row in thread_rows.items()}
         manifests, sizes = await asyncio.to_thread(
-            lambda: documents.count_manifest_keys(merged, with_sizes=with_sizes)
+            paused, lambda: documents.count_manifest_keys(merged, with_sizes=with_sizes)
         )
         totals: Counter[bytes] = Counter()
         for counts in stored.values():
@@ -1085,44 +1061,68 @@ class PostgresCheckpointStore(_PostgresBase):
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every thread's count rows to what its manifests say, in one
         transaction holding every thread row (writers wait); returns the keys
-        whose total was wrong."""
+        whose total was wrong. Runs are rebuilt too (one per head key, at the
+        thread's ordinal), so each row's ``refs`` is then its count."""
 
         async def body(conn: asyncpg.Connection) -> builtins.list[BlobCount]:
             # Lock order as everywhere: thread rows first (here all, in key order).
-            await conn.execute("SELECT 1 FROM checkpointd_threads ORDER BY thread_id FOR UPDATE")
+            threads = {
+                bytes(r["thread_id"]): (_s(r["head_id"]), r["head_ordinal"])
+                for r in await conn.fetch(
+                    "SELECT thread_id, head_id, head_ordinal FROM checkpointd_threads"
+                    " ORDER BY thread_id FOR UPDATE"
+                )
+            }
             rows, stored = await self._audit_rows(conn)
+            raw: dict[bytes, dict[bytes, tuple[int, int | None]]] = {}
+            for r in await conn.fetch(
+                "SELECT thread_id, key, refs, open_since FROM checkpointd_blob_counts"
+            ):
+                raw.setdefault(bytes(r["thread_id"]), {})[bytes(r["key"])] = (
+                    r["refs"],
+                    r["open_since"],
+                )
             totals: Counter[bytes] = Counter()
             manifest_totals: Counter[bytes] = Counter()
             all_sizes: dict[bytes, int] = {}
             for thread in sorted(set(rows) | set(stored)):
-                thread_stored = stored.get(thread, {})
-                manifests, sizes = documents.count_manifest_keys(rows.get(thread, {}))
-                totals.update(thread_stored)
+                thread_rows = rows.get(thread, {})
+                totals.update(stored.get(thread, {}))
+                manifests, sizes = await asyncio.to_thread(
+                    paused, documents.count_manifest_keys, thread_rows
+                )
                 manifest_totals.update(manifests)
                 for key, size in sizes.items():
                     all_sizes.setdefault(key, size)
-                fixes = [
-                    (key, manifests.get(key, 0))
-                    for key in set(thread_stored) | set(manifests)
-                    if thread_stored.get(key, 0) != manifests.get(key, 0)
-                ]
-                if not fixes:
-                    continue
-                await conn.execute(
-                    "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs)"
-                    " SELECT $1, k, n FROM unnest($2::bytea[], $3::bigint[]) AS d(k, n)"
-                    " WHERE n > 0"
-                    " ON CONFLICT (thread_id, key) DO UPDATE SET refs = excluded.refs",
-                    thread,
-                    [key for key, _ in fixes],
-                    [n for _, n in fixes],
-                )
-                await conn.execute(
-                    "DELETE FROM checkpointd_blob_counts WHERE thread_id = $1"
-                    " AND key = ANY($2::bytea[])",
-                    thread,
-                    [key for key, n in fixes if n <= 0],
-                )
+                head_id, ordinal = threads.get(thread, (None, 0))
+                head_keys: set[bytes] = set()
+                if head_id is not None and head_id in thread_rows:
+                    key_sets = head_key_sets({"head": head_id}, thread_rows)
+                    head_keys = set(key_sets["head"].keys())
+                have = raw.get(thread, {})
+                want = {key: (n, None) for key, n in manifests.items() if n > 0}
+                want.update((key, (manifests.get(key, 0), ordinal)) for key in head_keys)
+                fixes = [(key, row) for key, row in want.items() if have.get(key) != row]
+                if fixes:
+                    await conn.execute(
+                        "INSERT INTO checkpointd_blob_counts AS c (thread_id, key, refs, open_since)"
+                        " SELECT $1, k, n, o"
+                        " FROM unnest($2::bytea[], $3::bigint[], $4::bigint[]) AS d(k, n, o)"
+                        " ON CONFLICT (thread_id, key) DO UPDATE"
+                        " SET refs = excluded.refs, open_since = excluded.open_since",
+                        thread,
+                        [key for key, _ in fixes],
+                        [n for _, (n, _) in fixes],
+                        [o for _, (_, o) in fixes],
+                    )
+                gone = [key for key in have if key not in want]
+                if gone:
+                    await conn.execute(
+                        "DELETE FROM checkpointd_blob_counts WHERE thread_id = $1"
+                        " AND key = ANY($2::bytea[])",
+                        thread,
+                        gone,
+                    )
             audit = blob_counts(dict(totals), dict(manifest_totals), all_sizes)
             return [count for count in audit if not count.agrees]
 
@@ -1290,8 +1290,9 @@ class PostgresCheckpointStore(_PostgresBase):
             blocked.update(
                 bytes(r["key"])
                 for r in await conn.fetch(
+                    # An open run means a head uses the key, whatever refs says.
                     "SELECT DISTINCT key FROM checkpointd_blob_counts"
-                    " WHERE key = ANY($1::bytea[]) AND refs > 0",
+                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
                     binary,
                 )
             )
@@ -1340,13 +1341,6 @@ class PostgresCheckpointStore(_PostgresBase):
             )
 
         await self._transaction("release_condemned", body)
-
-
-def _duplicate(checkpoint_id: str) -> SandboxCheckpointDuplicateIdError:
-    return SandboxCheckpointDuplicateIdError(
-        f"checkpoint id {checkpoint_id!r} is already used",
-        details={"checkpoint_id": checkpoint_id},
-    )
 
 
 # ---------------------------------------------------------------------------- instances

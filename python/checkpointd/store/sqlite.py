@@ -1,6 +1,6 @@
 """SQLite checkpoint and instance stores (aiosqlite, WAL), the embedded default.
 
-Layout (schema version 1, created on open, idempotent):
+Layout (schema version 2, created or migrated on open, idempotent):
 
 * ``checkpoints`` — one row per checkpoint: the columns that queries need (id,
   thread, parent, created_at) plus the whole checkpoint as ONE compact document,
@@ -12,11 +12,18 @@ Layout (schema version 1, created on open, idempotent):
   ~5 MB keyframe and nine ~65 kB deltas instead of ten keyframes. A delta chain is
   at most ``MAX_DEPTH`` long; deleting a checkpoint first rewrites the checkpoints
   based on it as keyframes, so every base a delta names exists.
-* ``heads``, ``writer_leases``, ``writer_fences`` (the per-thread fence counter,
-  kept apart from the lease so it survives release).
-* ``blob_references`` — one row per distinct key with its count. Keys are stored as
-  33 bytes (kind + raw hash, see ``_options.key_to_bytes``), which sort like the
-  UTF-8 text keys.
+* ``heads`` (with each thread's ``head_ordinal``), ``writer_leases``,
+  ``writer_fences`` (the per-thread fence counter, kept apart from the lease so
+  it survives release).
+* ``blob_references`` — one row per distinct key with its ``refs``, and
+  ``blob_runs`` — one row per (key, thread) whose head uses the key: the count of
+  a key is its ``refs`` plus, per run, ``head_ordinal - open_since``. An append
+  writes rows only for the keys its parent lacks or it drops (``_core``
+  explains the runs), so a no-change capture writes one ``heads`` row. Keys are
+  stored as 33 bytes (kind + raw hash, see ``_options.key_to_bytes``), which sort
+  like the UTF-8 text keys. Version 1 files (plain counts) are migrated on open
+  without changing any count.
+* ``spent_checkpoints`` — ids of deleted request_id checkpoints (``_core``).
 * ``blob_pins``, ``blob_condemned`` — the BlobGuard records of a safe sweep.
 * ``instances`` — the instance store's records.
 
@@ -38,14 +45,11 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import gc
 import os
 import random
 import sqlite3
-import threading
 import time
-from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -53,31 +57,37 @@ import aiosqlite
 
 from ..errors import (
     STORE_UNAVAILABLE,
-    SandboxCheckpointConflictError,
-    SandboxCheckpointDuplicateIdError,
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
-    SandboxCheckpointNotHeadError,
-    SandboxCheckpointParentMismatchError,
 )
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
-from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
+from ..validation import check_id
 from . import _documents as documents
+from ._core import (
+    IdTaken,
+    KeySet,
+    RecentContents,
+    Rows,
+    RunChange,
+    SqlCheckpointStore,
+    StoredRow,
+    ThreadState,
+    content_size,
+    head_key_sets,
+    offload,
+    paused,
+)
 from ._options import (
     LeaseRecord,
     StoreOptions,
     audit_keys,
     blob_counts,
-    check_fork_arguments,
-    check_fork_source,
     check_hold_ms,
     check_instance_record,
-    check_keep,
     check_pin_keys,
     check_thread_page,
     check_writer,
     condemnable_keys,
-    destination_not_empty,
     key_from_bytes,
     key_to_bytes,
     lease_holder,
@@ -85,7 +95,6 @@ from ._options import (
     list_order,
     may_take_over,
     new_owner_token,
-    plan_prune,
     read_clock,
     renew_lost,
     validate_store_options,
@@ -104,14 +113,13 @@ from .base import (
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+# 2: count runs (``blob_runs``, ``heads.head_ordinal``) and spent request ids.
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_MS = 5_000
 # How long a transaction keeps retrying "database is locked" before giving up. Long
 # enough for another process's largest append (a 100k-entry manifest commits in
 # well under a second), short enough that a wedged peer becomes a clear error.
 RETRY_DEADLINE_S = 60.0
-# Documents of more entries than this are encoded/decoded in a worker thread.
-OFFLOAD_ENTRIES = 2_000
 # SQLite binds at most 32766 variables per statement; stay far below.
 IN_BATCH = 500
 # Contents of recently appended or read checkpoints kept per store object, so the
@@ -143,8 +151,10 @@ _SCHEMA = [
         ON checkpoints (thread_id, created_at, id)""",
     """CREATE INDEX IF NOT EXISTS checkpoints_by_base
         ON checkpoints (base_id) WHERE base_id IS NOT NULL""",
+    # head_ordinal: the count runs' clock of the thread (see ``_core``).
     """CREATE TABLE IF NOT EXISTS heads (
-        thread_id TEXT PRIMARY KEY, head_id TEXT NOT NULL) WITHOUT ROWID""",
+        thread_id TEXT PRIMARY KEY, head_id TEXT NOT NULL,
+        head_ordinal INTEGER NOT NULL DEFAULT 0) WITHOUT ROWID""",
     # holder: ``_options.lease_holder`` of the acquiring owner (NULL: no owner).
     """CREATE TABLE IF NOT EXISTS writer_leases (
         thread_id TEXT PRIMARY KEY,
@@ -154,8 +164,19 @@ _SCHEMA = [
         holder TEXT) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS writer_fences (
         thread_id TEXT PRIMARY KEY, fence INTEGER NOT NULL) WITHOUT ROWID""",
+    # refs: the checkpoints using the key, an open run counted once (``_core``).
     """CREATE TABLE IF NOT EXISTS blob_references (
         key BLOB PRIMARY KEY, refs INTEGER NOT NULL) WITHOUT ROWID""",
+    # One row per (key, thread) whose head uses the key: the run began at the
+    # thread's head ordinal ``open_since``.
+    """CREATE TABLE IF NOT EXISTS blob_runs (
+        key BLOB NOT NULL,
+        thread_id TEXT NOT NULL,
+        open_since INTEGER NOT NULL,
+        PRIMARY KEY (key, thread_id)) WITHOUT ROWID""",
+    """CREATE INDEX IF NOT EXISTS blob_runs_by_thread ON blob_runs (thread_id, open_since)""",
+    # Ids of deleted request_id checkpoints: never used again (``_core``).
+    """CREATE TABLE IF NOT EXISTS spent_checkpoints (id TEXT PRIMARY KEY) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS blob_pins (
         key BLOB NOT NULL,
         thread_id TEXT NOT NULL,
@@ -180,7 +201,10 @@ _SCHEMA = [
 ]
 
 
-_ADDED_COLUMNS = (("writer_leases", "holder", "TEXT"),)
+_ADDED_COLUMNS = (
+    ("writer_leases", "holder", "TEXT"),
+    ("heads", "head_ordinal", "INTEGER NOT NULL DEFAULT 0"),
+)
 
 
 def _is_busy(error: BaseException) -> bool:
@@ -272,8 +296,8 @@ class SqliteDatabase:
         async def create(conn: aiosqlite.Connection) -> None:
             for statement in _SCHEMA:
                 await conn.execute(statement)
-            # Columns added to version 1 after its release (nullable, so older
-            # checkpointd keeps working on the same file).
+            # Columns added after a version's release (with defaults, so the
+            # file's own version still decides who may open it).
             for table, column, declaration in _ADDED_COLUMNS:
                 columns = await _fetchall(conn, f"PRAGMA table_info({table})")
                 if column not in {row[1] for row in columns}:
@@ -291,6 +315,13 @@ class SqliteDatabase:
                 raise SandboxCheckpointInvalidArgumentError(
                     f"{self.path} has schema version {row[0]}, newer than this "
                     f"checkpointd's {SCHEMA_VERSION}; upgrade checkpointd"
+                )
+            elif int(row[0]) < SCHEMA_VERSION:
+                # 1 -> 2: the counts become runs, each stored count unchanged.
+                await _open_head_runs(conn)
+                await conn.execute(
+                    "UPDATE checkpointd_meta SET value = ? WHERE name = 'schema_version'",
+                    (str(SCHEMA_VERSION),),
                 )
 
         await self.write(create)
@@ -397,79 +428,323 @@ def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]
 
 # ------------------------------------------------------------------------ documents
 
-_Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
+_Rows = Rows
 
 
 def _keyframe_checkpoint(checkpoint_id: str, data: bytes) -> Checkpoint:
     return documents.materialize(checkpoint_id, {checkpoint_id: (None, data)}, {}).checkpoint()
 
 
-class _GcPause:
-    """Pauses the cyclic garbage collector while manifests are built.
+# The keys of a KeySet as a table ``ks (key)``, from two parameters: the file
+# digests concatenated (:digests, 32 bytes each; the kind byte is added here) and
+# the artifact keys concatenated (:artifacts, 33 bytes each). One statement per
+# key set, whatever its size, and no Python object per key. (``||`` yields text:
+# the CAST keeps the key a BLOB, the type every other statement binds.)
+_KEYS = (
+    "WITH RECURSIVE fd (i) AS (SELECT 0 WHERE length(:digests) > 0"
+    " UNION ALL SELECT i + 32 FROM fd WHERE i + 32 < length(:digests)),"
+    " ad (i) AS (SELECT 0 WHERE length(:artifacts) > 0"
+    " UNION ALL SELECT i + 33 FROM ad WHERE i + 33 < length(:artifacts)),"
+    " ks (key) AS (SELECT CAST(X'66' || substr(:digests, i + 1, 32) AS BLOB) FROM fd"
+    " UNION ALL SELECT substr(:artifacts, i + 1, 33) FROM ad) "
+)
 
-    Decoding a 100k-entry manifest allocates about a million lists, tuples and
-    entry objects; the collector would rescan the growing heap again and again
-    (measured: ``list`` of ten such checkpoints 5.0 s with it, 1.9 s without).
-    None of these objects form cycles, so reference counting frees them all the
-    same. Re-entrant across threads: the collector comes back (if it was on)
-    when the last pause ends.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._depth = 0
-        self._reenable = False
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._depth == 0:
-                self._reenable = gc.isenabled()
-                gc.disable()
-            self._depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        with self._lock:
-            self._depth -= 1
-            if self._depth == 0 and self._reenable:
-                gc.enable()
+# Every key's count: its refs plus, per thread with an open run, the run's length
+# beyond the one refs holds (see ``_core``).
+_COUNTS = (
+    "SELECT key, SUM(n) FROM ("
+    " SELECT key, refs AS n FROM blob_references"
+    " UNION ALL SELECT u.key, h.head_ordinal - u.open_since FROM blob_runs u"
+    " JOIN heads h ON h.thread_id = u.thread_id"
+    ") GROUP BY key"
+)
 
 
-_GC_PAUSE = _GcPause()
+def _keys(keys: KeySet, **extra: Any) -> dict[str, Any]:
+    return {"digests": keys.digests, "artifacts": keys.artifact_blob(), **extra}
 
 
-def _paused(function: Callable[..., T], *args: Any) -> T:
-    with _GC_PAUSE:
-        return function(*args)
+class _SqliteTx:
+    """``_core.WriteTx`` on one connection inside ``BEGIN IMMEDIATE`` (which already
+    holds the database's write lock, so ``lock_thread`` only reads)."""
+
+    def __init__(self, conn: aiosqlite.Connection, options: StoreOptions) -> None:
+        self.conn = conn
+        self._options = options
+
+    async def lock_thread(self, thread_id: str) -> ThreadState:
+        head = await _fetchone(
+            self.conn, "SELECT head_id, head_ordinal FROM heads WHERE thread_id = ?", (thread_id,)
+        )
+        lease = await _fetchone(
+            self.conn,
+            "SELECT owner_token, fence, expires_at, holder FROM writer_leases WHERE thread_id = ?",
+            (thread_id,),
+        )
+        return ThreadState(
+            None if head is None else head[0],
+            0 if head is None else head[1],
+            None if lease is None else LeaseRecord(*lease),
+        )
+
+    async def now(self) -> int:
+        return read_clock(self._options)
+
+    async def id_used(self, checkpoint_id: str) -> bool:
+        row = await _fetchone(
+            self.conn,
+            "SELECT 1 FROM checkpoints WHERE id = ?1"
+            " UNION ALL SELECT 1 FROM spent_checkpoints WHERE id = ?1 LIMIT 1",
+            (checkpoint_id,),
+        )
+        return row is not None
+
+    async def row(self, checkpoint_id: str) -> StoredRow | None:
+        row = await _fetchone(
+            self.conn,
+            "SELECT thread_id, parent_id, depth, serial FROM checkpoints WHERE id = ?",
+            (checkpoint_id,),
+        )
+        return None if row is None else StoredRow(*row)
+
+    async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
+        return await self.row(checkpoint_id)
+
+    async def thread_has_checkpoints(self, thread_id: str) -> bool:
+        row = await _fetchone(
+            self.conn, "SELECT 1 FROM checkpoints WHERE thread_id = ? LIMIT 1", (thread_id,)
+        )
+        return row is not None
+
+    async def fetch_chains(self, checkpoint_ids: Sequence[str], rows: Rows) -> None:
+        await _fetch_chains(self.conn, checkpoint_ids, rows)
+
+    async def thread_checkpoints(
+        self, thread_id: str
+    ) -> builtins.list[tuple[str, str | None, Any]]:
+        return [
+            (r[0], r[1], r[2])
+            for r in await _fetchall(
+                self.conn,
+                "SELECT id, parent_id, created_at FROM checkpoints WHERE thread_id = ?",
+                (thread_id,),
+            )
+        ]
+
+    async def publish(
+        self, content: documents.Content, stored: documents.Stored, change: RunChange
+    ) -> int:
+        document = content.document
+        thread_id = document["thread_id"]
+        try:
+            cursor = await self.conn.execute(
+                "INSERT INTO checkpoints "
+                "(id, thread_id, parent_id, created_at, base_id, depth, document) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    document["id"],
+                    thread_id,
+                    document["parent_checkpoint_id"],
+                    _sql_number(document["created_at"]),
+                    stored.base_id,
+                    stored.depth,
+                    stored.data,
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise IdTaken from None
+        serial = cursor.lastrowid
+        await cursor.close()
+        await self.set_head(thread_id, document["id"], change.new_ordinal)
+        if change.close:
+            await self._close(thread_id, change.close, change.old_ordinal)
+        if change.open:
+            await self.conn.execute(
+                _KEYS + "INSERT INTO blob_references (key, refs) SELECT key, 1 FROM ks WHERE true"
+                " ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
+                _keys(change.open),
+            )
+            await self.conn.execute(
+                _KEYS + "INSERT OR REPLACE INTO blob_runs (key, thread_id, open_since)"
+                " SELECT key, :thread, :at FROM ks",
+                _keys(change.open, thread=thread_id, at=change.new_ordinal),
+            )
+        assert serial is not None
+        return serial
+
+    async def _close(self, thread_id: str, keys: KeySet, ordinal: int, extra: int = 0) -> None:
+        """refs += ordinal - open_since + extra for each key's run, then drop the runs."""
+        await self.conn.execute(
+            _KEYS + "INSERT INTO blob_references (key, refs)"
+            " SELECT ks.key, coalesce(:at - u.open_since, 0) + :extra FROM ks"
+            " LEFT JOIN blob_runs u ON u.key = ks.key AND u.thread_id = :thread WHERE true"
+            " ON CONFLICT (key) DO UPDATE SET refs = refs + excluded.refs",
+            _keys(keys, thread=thread_id, at=ordinal, extra=extra),
+        )
+        await self.conn.execute(
+            _KEYS + "DELETE FROM blob_runs WHERE thread_id = :thread"
+            " AND key IN (SELECT key FROM ks)",
+            _keys(keys, thread=thread_id),
+        )
+
+    async def delete_rows(self, checkpoint_ids: Sequence[str]) -> Rows:
+        rows: Rows = {}
+        for batch in _batches(builtins.list(checkpoint_ids)):
+            marks = ",".join("?" * len(batch))
+            for checkpoint_id, base_id, data in await _fetchall(
+                self.conn,
+                f"SELECT id, base_id, document FROM checkpoints WHERE id IN ({marks})",
+                batch,
+            ):
+                rows[checkpoint_id] = (base_id, data)
+            await self.conn.execute(f"DELETE FROM checkpoints WHERE id IN ({marks})", batch)
+        return rows
+
+    async def dependents(self, removed: Sequence[str]) -> Rows:
+        rows: Rows = {}
+        for batch in _batches(builtins.list(removed)):
+            marks = ",".join("?" * len(batch))
+            for checkpoint_id, base_id, data in await _fetchall(
+                self.conn,
+                f"SELECT id, base_id, document FROM checkpoints WHERE base_id IN ({marks})",
+                batch,
+            ):
+                rows[checkpoint_id] = (base_id, data)
+        return rows
+
+    async def rewrite_keyframe(self, checkpoint_id: str, data: bytes) -> None:
+        await self.conn.execute(
+            "UPDATE checkpoints SET document = ?, base_id = NULL, depth = 0 WHERE id = ?",
+            (data, checkpoint_id),
+        )
+
+    async def set_head(self, thread_id: str, head_id: str | None, ordinal: int) -> None:
+        if head_id is None:
+            await self.conn.execute("DELETE FROM heads WHERE thread_id = ?", (thread_id,))
+            return
+        await self.conn.execute(
+            "INSERT INTO heads (thread_id, head_id, head_ordinal) VALUES (?, ?, ?) "
+            "ON CONFLICT (thread_id) DO UPDATE SET head_id = excluded.head_id,"
+            " head_ordinal = excluded.head_ordinal",
+            (thread_id, head_id, ordinal),
+        )
+
+    async def drop_runs(self, thread_id: str, keys: KeySet, ordinal: int) -> None:
+        if keys:
+            await self._close(thread_id, keys, ordinal, -1)
+
+    async def close_all_runs(self, thread_id: str, ordinal: int) -> None:
+        await self.conn.execute(
+            "INSERT INTO blob_references (key, refs)"
+            " SELECT key, :at - open_since FROM blob_runs WHERE thread_id = :thread AND true"
+            " ON CONFLICT (key) DO UPDATE SET refs = refs + excluded.refs",
+            {"thread": thread_id, "at": ordinal},
+        )
+        await self.conn.execute("DELETE FROM blob_runs WHERE thread_id = ?", (thread_id,))
+
+    async def reopen_runs(self, thread_id: str, keys: KeySet, old: int, new: int) -> None:
+        if not keys:
+            return
+        await self._close(thread_id, keys, old)
+        await self.conn.execute(
+            _KEYS + "INSERT INTO blob_runs (key, thread_id, open_since)"
+            " SELECT key, :thread, :at FROM ks",
+            _keys(keys, thread=thread_id, at=new),
+        )
+
+    async def subtract_counts(
+        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
+    ) -> None:
+        ordered = sorted(counts)  # key order: the updates walk the B-tree left to right
+        parameters = [
+            {"key": key, "n": counts[key], "cutoff": cutoff, "thread": thread_id} for key in ordered
+        ]
+        await self.conn.executemany(
+            "UPDATE blob_references SET refs = refs - :n + coalesce((SELECT"
+            " max(:cutoff - open_since, 0) FROM blob_runs"
+            " WHERE key = :key AND thread_id = :thread), 0) WHERE key = :key",
+            parameters,
+        )
+        await self.conn.executemany(
+            "UPDATE blob_runs SET open_since = :cutoff"
+            " WHERE key = :key AND thread_id = :thread AND open_since < :cutoff",
+            parameters,
+        )
+
+    async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:
+        if keys:
+            await self.conn.execute(
+                _KEYS + "DELETE FROM blob_references WHERE key IN (SELECT key FROM ks)"
+                " AND refs <= 0 AND NOT EXISTS"
+                " (SELECT 1 FROM blob_runs u WHERE u.key = blob_references.key)",
+                _keys(keys),
+            )
+
+    async def mark_spent(self, checkpoint_ids: Sequence[str]) -> None:
+        await self.conn.executemany(
+            "INSERT OR IGNORE INTO spent_checkpoints (id) VALUES (?)",
+            [(checkpoint_id,) for checkpoint_id in checkpoint_ids],
+        )
+
+    async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
+        raise SandboxCheckpointInvalidArgumentError(
+            "this SQLite store keeps no pack index yet (packed_blobs must be empty)"
+        )
 
 
-async def _offload(size: int, function: Callable[..., T], *args: Any) -> T:
-    """Run CPU-heavy document work in a worker thread (collector paused) when it is
-    large, so the event loop keeps serving other calls (gRPC health, progress)."""
-    if size > OFFLOAD_ENTRIES:
-        return await asyncio.to_thread(_paused, function, *args)
-    return function(*args)
+async def _fetch_chains(
+    conn: aiosqlite.Connection, checkpoint_ids: Sequence[str], rows: Rows
+) -> None:
+    """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
+    for batch in _batches(builtins.list(checkpoint_ids)):
+        marks = ",".join("?" * len(batch))
+        for checkpoint_id, base_id, data in await _fetchall(
+            conn,
+            # Walk the small (id, base_id) pairs (UNION drops shared bases),
+            # then read each document once.
+            "WITH RECURSIVE chain (id, base_id) AS ("
+            f" SELECT id, base_id FROM checkpoints WHERE id IN ({marks})"
+            " UNION"
+            " SELECT c.id, c.base_id FROM checkpoints AS c"
+            " JOIN chain ON c.id = chain.base_id"
+            ") SELECT k.id, k.base_id, k.document FROM chain"
+            " JOIN checkpoints AS k ON k.id = chain.id",
+            batch,
+        ):
+            rows[checkpoint_id] = (base_id, data)
 
 
-def _size(content: documents.Content) -> int:
-    return content.entry_count()
+async def _open_head_runs(conn: aiosqlite.Connection) -> None:
+    """Schema 1 -> 2: open a run at each head's ordinal for each of its keys (the
+    counts stay as they were; see ``_core``)."""
+    heads = {t: h for t, h in await _fetchall(conn, "SELECT thread_id, head_id FROM heads")}
+    rows: Rows = {}
+    await _fetch_chains(conn, builtins.list(heads.values()), rows)
+    key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
+    for thread_id, keys in key_sets.items():
+        await conn.execute(
+            _KEYS + "INSERT OR IGNORE INTO blob_runs (key, thread_id, open_since)"
+            " SELECT key, :thread, 0 FROM ks",
+            _keys(keys, thread=thread_id),
+        )
 
 
 # ------------------------------------------------------------------------ the store
 
 
-class SqliteCheckpointStore:
+class SqliteCheckpointStore(SqlCheckpointStore):
     """A checkpoint store in one SQLite file (SPEC §3).
 
     Open with ``await SqliteCheckpointStore.open("/abs/path.db", now=…,
     lease_duration_ms=…, renew_after_ms=…)`` or ``open_store("sqlite:///abs/path.db")``.
-    Several store objects and processes may share the file.
+    Several store objects and processes may share the file. The writes of SPEC §3
+    are ``_core.SqlCheckpointStore``'s, over ``_SqliteTx``.
     """
 
     def __init__(self, database: SqliteDatabase, options: StoreOptions) -> None:
         self._db = database
         self._options = options
-        # Contents by (id, serial) of checkpoints this object appended or read.
-        self._recent: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
+        self._recent = RecentContents(RECENT_CONTENTS)
 
     @classmethod
     async def open(
@@ -514,83 +789,11 @@ class SqliteCheckpointStore:
     def _now(self) -> int:
         return read_clock(self._options)
 
-    # ------------------------------------------------------------------ documents
+    async def _write(self, operation: str, body: Callable[[Any], Awaitable[T]]) -> T:
+        async def run(conn: aiosqlite.Connection) -> T:
+            return await body(_SqliteTx(conn, self._options))
 
-    def _remember(self, row: tuple[str, int], content: documents.Content) -> None:
-        self._recent[row] = content
-        self._recent.move_to_end(row)
-        while len(self._recent) > RECENT_CONTENTS:
-            self._recent.popitem(last=False)
-
-    @staticmethod
-    async def _fetch_chains(
-        conn: aiosqlite.Connection, checkpoint_ids: Sequence[str], rows: _Rows
-    ) -> None:
-        """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
-        for batch in _batches(builtins.list(checkpoint_ids)):
-            marks = ",".join("?" * len(batch))
-            for checkpoint_id, base_id, data in await _fetchall(
-                conn,
-                # Walk the small (id, base_id) pairs (UNION drops shared bases),
-                # then read each document once.
-                "WITH RECURSIVE chain (id, base_id) AS ("
-                f" SELECT id, base_id FROM checkpoints WHERE id IN ({marks})"
-                " UNION"
-                " SELECT c.id, c.base_id FROM checkpoints AS c"
-                " JOIN chain ON c.id = chain.base_id"
-                ") SELECT k.id, k.base_id, k.document FROM chain"
-                " JOIN checkpoints AS k ON k.id = chain.id",
-                batch,
-            ):
-                rows[checkpoint_id] = (base_id, data)
-
-    async def _content(
-        self, conn: aiosqlite.Connection, checkpoint_id: str
-    ) -> tuple[int, int, documents.Content] | None:
-        """``(serial, depth, content)`` of one stored checkpoint, or None."""
-        row = await _fetchone(
-            conn, "SELECT serial, depth FROM checkpoints WHERE id = ?", (checkpoint_id,)
-        )
-        if row is None:
-            return None
-        serial, depth = row
-        content = self._recent.get((checkpoint_id, serial))
-        if content is None:
-            rows: _Rows = {}
-            await self._fetch_chains(conn, [checkpoint_id], rows)
-            content = await asyncio.to_thread(
-                _paused, documents.materialize, checkpoint_id, rows, {}
-            )
-            self._remember((checkpoint_id, serial), content)
-        return serial, depth, content
-
-    @staticmethod
-    async def _rewrite_dependents(
-        conn: aiosqlite.Connection,
-        removed: set[str],
-        rows: _Rows,
-        memo: dict[str, documents.Content],
-    ) -> None:
-        """Store every remaining checkpoint whose base is in ``removed`` as a
-        keyframe, so no delta names a lost base. ``rows``/``memo`` must still
-        hold the removed checkpoints."""
-        for batch in _batches(builtins.list(removed)):
-            marks = ",".join("?" * len(batch))
-            dependents = await _fetchall(
-                conn,
-                f"SELECT id, base_id, document FROM checkpoints WHERE base_id IN ({marks})",
-                batch,
-            )
-            for dependent_id, base_id, data in dependents:
-                rows[dependent_id] = (base_id, data)
-                content = await asyncio.to_thread(
-                    _paused, documents.materialize, dependent_id, rows, memo
-                )
-                stored = await _offload(_size(content), documents.keyframe, content)
-                await conn.execute(
-                    "UPDATE checkpoints SET document = ?, base_id = NULL, depth = 0 WHERE id = ?",
-                    (stored.data, dependent_id),
-                )
+        return await self._db.write(run)
 
     # ------------------------------------------------------------------ reads
 
@@ -607,22 +810,22 @@ class SqliteCheckpointStore:
                 (checkpoint_id,),
             )
             rows: _Rows = {}
-            cached = None if row is None else self._recent.get((checkpoint_id, row[0]))
+            cached = None if row is None else self._recent.get(checkpoint_id, row[0])
             if row is not None and cached is None and row[1] is not None:
-                await self._fetch_chains(conn, [checkpoint_id], rows)
+                await _fetch_chains(conn, [checkpoint_id], rows)
             return row, cached, rows
 
         row, cached, rows = await self._db.read(run)
         if row is None:
             return None
         if cached is not None:
-            return await _offload(_size(cached), cached.checkpoint)
+            return await offload(content_size(cached), cached.checkpoint)
         _, base_id, data = row
         if base_id is None:
             # A keyframe decodes straight from the codec document.
-            return await _offload(len(data) // 16, _keyframe_checkpoint, checkpoint_id, data)
-        content = await asyncio.to_thread(_paused, documents.materialize, checkpoint_id, rows, {})
-        return await _offload(_size(content), content.checkpoint)
+            return await offload(len(data) // 16, _keyframe_checkpoint, checkpoint_id, data)
+        content = await asyncio.to_thread(paused, documents.materialize, checkpoint_id, rows, {})
+        return await offload(content_size(content), content.checkpoint)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
@@ -645,7 +848,7 @@ class SqliteCheckpointStore:
             memo: dict[str, documents.Content] = {}
             return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
 
-        checkpoints = await _offload(sum(len(data) for _, data in rows.values()) // 16, build)
+        checkpoints = await offload(sum(len(data) for _, data in rows.values()) // 16, build)
         checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
         return checkpoints
 
@@ -680,12 +883,36 @@ class SqliteCheckpointStore:
 
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
+            # In key order along blob_references; each key's runs by their primary key.
             return await _fetchall(
-                conn, "SELECT key, refs FROM blob_references WHERE refs > 0 ORDER BY key"
+                conn,
+                "SELECT r.key, r.refs + coalesce((SELECT SUM(h.head_ordinal - u.open_since)"
+                " FROM blob_runs u JOIN heads h ON h.thread_id = u.thread_id"
+                " WHERE u.key = r.key), 0) AS n FROM blob_references r"
+                " WHERE n > 0 ORDER BY r.key",
             )
 
         rows = await self._db.read(run)
         return [BlobReference(key_from_bytes(key), refs) for key, refs in rows]
+
+    async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
+        """Which of these ids belonged to deleted request_id checkpoints (``_core``)."""
+        wanted = [i for i in dict.fromkeys(checkpoint_ids) if isinstance(i, str)]
+
+        async def run(conn: aiosqlite.Connection) -> set[str]:
+            found: set[str] = set()
+            for batch in _batches(wanted):
+                marks = ",".join("?" * len(batch))
+                found.update(
+                    row[0]
+                    for row in await _fetchall(
+                        conn, f"SELECT id FROM spent_checkpoints WHERE id IN ({marks})", batch
+                    )
+                )
+            return found
+
+        found = await self._db.read(run)
+        return [i for i in wanted if i in found]
 
     # ------------------------------------------------------------------ helpers
 
@@ -705,292 +932,6 @@ class SqliteCheckpointStore:
         now = self._now()
         check_writer(writer, thread_id, await self._lease(conn, thread_id), now)
         return now
-
-    @staticmethod
-    async def _head(conn: aiosqlite.Connection, thread_id: str) -> str | None:
-        row = await _fetchone(conn, "SELECT head_id FROM heads WHERE thread_id = ?", (thread_id,))
-        return None if row is None else row[0]
-
-    @staticmethod
-    async def _id_used(conn: aiosqlite.Connection, checkpoint_id: str) -> bool:
-        row = await _fetchone(conn, "SELECT 1 FROM checkpoints WHERE id = ?", (checkpoint_id,))
-        return row is not None
-
-    @staticmethod
-    async def _add_content_references(
-        conn: aiosqlite.Connection, content: documents.Content
-    ) -> None:
-        """+1 for each distinct key of ``content``. The file keys go to SQLite as
-        ONE value (the manifest's sorted digests, concatenated) that a recursive
-        query splits: no Python object per key, and the upserts walk the B-tree
-        in key order. (``||`` yields text: the CAST keeps the key a BLOB, the
-        type every other statement binds.)"""
-        digests = content.manifest.digests()
-        if digests:
-            await conn.execute(
-                "WITH RECURSIVE at (i) AS (SELECT 0 UNION ALL SELECT i + 32 FROM at"
-                " WHERE i + 32 < length(?1))"
-                " INSERT INTO blob_references (key, refs)"
-                " SELECT CAST(X'66' || substr(?1, i + 1, 32) AS BLOB), 1 FROM at WHERE true"
-                " ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
-                (digests,),
-            )
-        await SqliteCheckpointStore._add_references(conn, content.artifact_keys())
-
-    @staticmethod
-    async def _add_references(conn: aiosqlite.Connection, keys: Iterable[bytes]) -> None:
-        # In key order: the upserts then walk the B-tree left to right, ~3x faster
-        # than random order for 100k keys that are mostly already counted.
-        await conn.executemany(
-            "INSERT INTO blob_references (key, refs) VALUES (?, 1) "
-            "ON CONFLICT (key) DO UPDATE SET refs = refs + 1",
-            [(key,) for key in sorted(keys)],
-        )
-
-    @staticmethod
-    async def _subtract_references(conn: aiosqlite.Connection, counts: Counter[bytes]) -> None:
-        """Subtract per key and forget keys that reach 0."""
-        ordered = sorted(counts)  # key order, as in _add_references
-        await conn.executemany(
-            "UPDATE blob_references SET refs = refs - ? WHERE key = ?",
-            [(counts[key], key) for key in ordered],
-        )
-        await conn.executemany(
-            "DELETE FROM blob_references WHERE key = ? AND refs <= 0",
-            [(key,) for key in ordered],
-        )
-
-    @staticmethod
-    async def _publish(
-        conn: aiosqlite.Connection, content: documents.Content, stored: documents.Stored
-    ) -> int:
-        """Insert the row, make it the head, count its keys; returns its serial."""
-        document = content.document
-        cursor = await conn.execute(
-            "INSERT INTO checkpoints "
-            "(id, thread_id, parent_id, created_at, base_id, depth, document) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                document["id"],
-                document["thread_id"],
-                document["parent_checkpoint_id"],
-                _sql_number(document["created_at"]),
-                stored.base_id,
-                stored.depth,
-                stored.data,
-            ),
-        )
-        serial = cursor.lastrowid
-        await cursor.close()
-        await conn.execute(
-            "INSERT INTO heads (thread_id, head_id) VALUES (?, ?) "
-            "ON CONFLICT (thread_id) DO UPDATE SET head_id = excluded.head_id",
-            (document["thread_id"], document["id"]),
-        )
-        await SqliteCheckpointStore._add_content_references(conn, content)
-        assert serial is not None
-        return serial
-
-    # ------------------------------------------------------------------ writes
-
-    async def append(
-        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
-    ) -> str:
-        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6), in one
-        transaction with the blob counts."""
-        check_checkpoint_ids(checkpoint, expected_head_id)
-        check_checkpoint_body(checkpoint)
-        thread_id = checkpoint.thread_id
-        content = await _offload(len(checkpoint.files), documents.Content.of, checkpoint)
-
-        async def run(conn: aiosqlite.Connection) -> int:
-            await self._check_writer(conn, writer, thread_id)
-            if await self._id_used(conn, checkpoint.id):
-                raise SandboxCheckpointDuplicateIdError(
-                    f"checkpoint id {checkpoint.id!r} is already used",
-                    details={"checkpoint_id": checkpoint.id},
-                )
-            head = await self._head(conn, thread_id)
-            if head != expected_head_id:
-                raise SandboxCheckpointConflictError(
-                    f"the head of thread {thread_id!r} is {head!r}, not {expected_head_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-                )
-            if checkpoint.parent_checkpoint_id != expected_head_id:
-                raise SandboxCheckpointParentMismatchError(
-                    f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
-                    f"{expected_head_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
-                )
-            # Stored as a delta against the parent when that is small.
-            base = None
-            if expected_head_id is not None:
-                base = await self._content(conn, expected_head_id)
-            if base is None:
-                stored = await _offload(_size(content), documents.keyframe, content)
-            else:
-                _, depth, base_content = base
-                stored = await _offload(
-                    _size(content), documents.encode, content, expected_head_id, base_content, depth
-                )
-            return await self._publish(conn, content, stored)
-
-        serial = await self._db.write(run)
-        self._remember((checkpoint.id, serial), content)
-        return checkpoint.id
-
-    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
-        """Remove the head; the head moves to its parent (None when the parent is gone)."""
-        check_id(thread_id, "thread id")
-        check_id(checkpoint_id, "checkpoint id")
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            await self._check_writer(conn, writer, thread_id)
-            if await self._head(conn, thread_id) != checkpoint_id:
-                raise SandboxCheckpointNotHeadError(
-                    f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
-                    details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
-                )
-            rows: _Rows = {}
-            await self._fetch_chains(conn, [checkpoint_id], rows)
-            memo: dict[str, documents.Content] = {}
-            parent = await _fetchone(
-                conn, "SELECT parent_id FROM checkpoints WHERE id = ?", (checkpoint_id,)
-            )
-            parent_id = None if parent is None else parent[0]
-            keys: set[bytes] = set()
-            if checkpoint_id in rows:
-                content = await asyncio.to_thread(
-                    _paused, documents.materialize, checkpoint_id, rows, memo
-                )
-                keys = content.blob_keys()
-            await conn.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
-            await self._rewrite_dependents(conn, {checkpoint_id}, rows, memo)
-            await self._subtract_references(conn, Counter(keys))
-            parent_row = None
-            if parent_id is not None:
-                parent_row = await _fetchone(
-                    conn,
-                    "SELECT 1 FROM checkpoints WHERE id = ? AND thread_id = ?",
-                    (parent_id, thread_id),
-                )
-            if parent_row is not None:
-                await conn.execute(
-                    "UPDATE heads SET head_id = ? WHERE thread_id = ?", (parent_id, thread_id)
-                )
-            else:
-                await conn.execute("DELETE FROM heads WHERE thread_id = ?", (thread_id,))
-
-        await self._db.write(run)
-
-    async def delete_checkpoints(
-        self, thread_id: str, keep: int, writer: WriterLike
-    ) -> builtins.list[str]:
-        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest of the
-        thread in one transaction. Returns the deleted ids in list order."""
-        check_id(thread_id, "thread id")
-        check_keep(keep)
-
-        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
-            await self._check_writer(conn, writer, thread_id)
-            listed = await _fetchall(
-                conn,
-                "SELECT id, parent_id, created_at, base_id, document FROM checkpoints "
-                "WHERE thread_id = ?",
-                (thread_id,),
-            )
-            head = await self._head(conn, thread_id)
-            doomed = plan_prune([(r[0], r[1]) for r in listed], head, keep)
-            if not doomed:
-                return []
-            ordered = sorted(
-                ((r[2], r[0]) for r in listed if r[0] in doomed),
-                key=lambda pair: list_order(pair[0], pair[1]),
-            )
-            rows: _Rows = {r[0]: (r[3], r[4]) for r in listed}
-            memo: dict[str, documents.Content] = {}
-
-            def count_keys() -> Counter[bytes]:
-                counts: Counter[bytes] = Counter()
-                for _, checkpoint_id in ordered:
-                    counts.update(documents.materialize(checkpoint_id, rows, memo).blob_keys())
-                return counts
-
-            counts = await asyncio.to_thread(_paused, count_keys)
-            await conn.executemany(
-                "DELETE FROM checkpoints WHERE id = ?", [(i,) for _, i in ordered]
-            )
-            await self._rewrite_dependents(conn, doomed, rows, memo)
-            await self._subtract_references(conn, counts)
-            return [checkpoint_id for _, checkpoint_id in ordered]
-
-        return await self._db.write(run)
-
-    async def fork_from_checkpoint(
-        self,
-        source_thread_id: str,
-        source_checkpoint_id: str,
-        destination_thread_id: str,
-        destination_checkpoint_id: str,
-        created_at: int,
-        writer: WriterLike,
-    ) -> Checkpoint:
-        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks)."""
-        check_fork_arguments(
-            source_thread_id,
-            source_checkpoint_id,
-            destination_thread_id,
-            destination_checkpoint_id,
-            created_at,
-        )
-
-        async def run(conn: aiosqlite.Connection) -> tuple[int, documents.Content]:
-            row = await _fetchone(
-                conn, "SELECT thread_id FROM checkpoints WHERE id = ?", (source_checkpoint_id,)
-            )
-            check_fork_source(
-                None if row is None else row[0], source_thread_id, source_checkpoint_id
-            )
-            await self._check_writer(conn, writer, destination_thread_id)
-            busy = await _fetchone(
-                conn,
-                "SELECT 1 FROM checkpoints WHERE thread_id = ? "
-                "UNION ALL SELECT 1 FROM heads WHERE thread_id = ? LIMIT 1",
-                (destination_thread_id, destination_thread_id),
-            )
-            if busy is not None:
-                raise destination_not_empty(
-                    destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
-                )
-            if await self._id_used(conn, destination_checkpoint_id):
-                raise destination_not_empty(
-                    destination_thread_id, destination_checkpoint_id, "the id is already used"
-                )
-            source = await self._content(conn, source_checkpoint_id)
-            assert source is not None
-            # The new root: the source's files, conversation and artifacts only
-            # (the same fields as ``_options.fork_checkpoint``), always a keyframe.
-            root = documents.Content(
-                {
-                    **source[2].document,
-                    "id": destination_checkpoint_id,
-                    "thread_id": destination_thread_id,
-                    "parent_checkpoint_id": None,
-                    "created_at": created_at,
-                    "reason": "fork-root",
-                    "label": None,
-                    "source_run_id": None,
-                    "forked_from_thread_id": source_thread_id,
-                    "forked_from_checkpoint_id": source_checkpoint_id,
-                },
-                source[2].manifest,
-            )
-            stored = await _offload(_size(root), documents.keyframe, root)
-            return await self._publish(conn, root, stored), root
-
-        serial, root = await self._db.write(run)
-        self._remember((destination_checkpoint_id, serial), root)
-        return await _offload(_size(root), root.checkpoint)
 
     # ------------------------------------------------------------------ leases
 
@@ -1121,6 +1062,8 @@ class SqliteCheckpointStore:
                 marks = ",".join("?" * len(batch))
                 for sql, extra in (
                     (f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})", ()),
+                    # A key with an open run is in a head, whatever its refs say.
+                    (f"SELECT DISTINCT key FROM blob_runs WHERE key IN ({marks})", ()),
                     (
                         f"SELECT key FROM blob_condemned WHERE until > ? AND key IN ({marks})",
                         (now,),
@@ -1163,9 +1106,7 @@ class SqliteCheckpointStore:
     # ------------------------------------------------------------------ blob audit
 
     @staticmethod
-    async def _audit_rows(
-        conn: aiosqlite.Connection,
-    ) -> tuple[_Rows, dict[bytes, int]]:
+    async def _audit_rows(conn: aiosqlite.Connection) -> tuple[_Rows, dict[bytes, int]]:
         """Every stored document and every stored count (one snapshot when run
         inside a transaction)."""
         rows: _Rows = {
@@ -1174,10 +1115,7 @@ class SqliteCheckpointStore:
                 conn, "SELECT id, base_id, document FROM checkpoints"
             )
         }
-        stored = {
-            bytes(key): refs
-            for key, refs in await _fetchall(conn, "SELECT key, refs FROM blob_references")
-        }
+        stored = {bytes(key): refs for key, refs in await _fetchall(conn, _COUNTS)}
         return rows, stored
 
     async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
@@ -1193,29 +1131,43 @@ class SqliteCheckpointStore:
 
         rows, stored = await self._db.read(run)
         manifests, sizes = await asyncio.to_thread(
-            _paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
+            paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
         )
         return blob_counts(stored, manifests, sizes)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every count to the manifests' in one write transaction (writers of
-        every process wait for it); returns the keys that were wrong."""
+        every process wait for it); returns the keys that were wrong. The runs are
+        rebuilt too: one per head key, at its thread's ordinal, so every row's
+        ``refs`` is then the key's count."""
 
         async def run(conn: aiosqlite.Connection) -> builtins.list[BlobCount]:
             rows, stored = await self._audit_rows(conn)
-            manifests, sizes = await asyncio.to_thread(_paused, documents.count_manifest_keys, rows)
+            heads = {t: h for t, h in await _fetchall(conn, "SELECT thread_id, head_id FROM heads")}
+            manifests, sizes = await asyncio.to_thread(paused, documents.count_manifest_keys, rows)
+            key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
             wrong = [c for c in blob_counts(stored, manifests, sizes) if not c.agrees]
-            raw = [(key_to_bytes(c.key), c.manifests) for c in wrong]
+            await conn.execute("DELETE FROM blob_runs")
+            for thread_id, keys in key_sets.items():
+                await conn.execute(
+                    _KEYS + "INSERT INTO blob_runs (key, thread_id, open_since)"
+                    " SELECT key, :thread, (SELECT head_ordinal FROM heads"
+                    " WHERE thread_id = :thread) FROM ks",
+                    _keys(keys, thread=thread_id),
+                )
+            refs = {
+                bytes(key): n
+                for key, n in await _fetchall(conn, "SELECT key, refs FROM blob_references")
+            }
             await conn.executemany(
                 "INSERT INTO blob_references (key, refs) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET refs = excluded.refs",
-                [(key, n) for key, n in raw if n > 0],
+                sorted((k, n) for k, n in manifests.items() if n > 0 and refs.get(k) != n),
             )
             await conn.executemany(
-                "DELETE FROM blob_references WHERE key = ?", [(key,) for key, n in raw if n <= 0]
+                "DELETE FROM blob_references WHERE key = ?",
+                [(key,) for key in sorted(refs) if manifests.get(key, 0) <= 0],
             )
-            # A row the audit did not list (a count <= 0) is no count at all.
-            await conn.execute("DELETE FROM blob_references WHERE refs <= 0")
             return wrong
 
         return await self._db.write(run)

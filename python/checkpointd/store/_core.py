@@ -1,0 +1,764 @@
+"""The rules the SQL checkpoint stores share (SPEC §3), over a small transaction interface.
+
+``SqlCheckpointStore`` implements the writes of SPEC §3 once — ``append`` (the
+check order 1–6, delta or keyframe), ``delete_head``, ``delete_checkpoints``
+(prune), ``fork_from_checkpoint`` — together with the bookkeeping they carry:
+blob reference counts, request-id spent marks and (later) the pack index. A
+dialect (``sqlite.py``, ``postgres.py``) supplies a ``WriteTx``: its SQL, its
+locking (SQLite ``BEGIN IMMEDIATE``; PostgreSQL the thread's row lock) and its
+connection handling and retries, through ``_write(operation, body)``, which runs
+``body(tx)`` in one transaction and rolls back whatever ``body`` raises. The
+memory store keeps its own dicts but decides through the same check functions
+(``check_append_state``, ``spent_ids``, ``_options.plan_prune``).
+
+Reference counts: runs, so an append writes only what changed
+---------------------------------------------------------------
+
+SPEC's count of a key is the number of stored checkpoints (all threads) that use
+it. Writing +1 per key on every append makes a no-change capture of a million
+files cost a million row updates. Instead, per (thread, key) the store keeps
+
+* ``refs`` — the checkpoints of the thread using the key, where an open run
+  counts as ONE, and
+* ``open_since`` — the head ordinal at which the key's current run began (NULL
+  when the head does not use the key),
+
+and per thread the ``head ordinal`` (+1 per append, -1 per ``delete_head``).
+The count is ``refs + (head_ordinal - open_since)`` summed over threads. Appends
+are linear (the parent is the head), so an append writes rows only for the keys
+that differ from its parent (a native merge of the two sorted digest lists):
+added keys open a run (``refs + 1``), removed keys close theirs (``refs +=
+head - open_since``), every other key is counted by the ordinal moving. A
+no-change capture writes one thread row. ``delete_head`` touches only the keys
+in which the head and its parent differ; prune subtracts the pruned checkpoints'
+keys and moves runs that began before the oldest kept checkpoint up to it; fork
+opens a run for every key of the new root. Invariant: a key has an open run in a
+thread exactly when the thread's head uses it.
+
+A store written before runs holds plain counts (every run closed). The dialects
+migrate it on open by opening, for each head, a run at the thread's ordinal for
+each of its keys: ``refs`` is untouched, so every stored count, right or wrong,
+reads the same after the migration as before (``checkpointd check`` still sees
+what it saw).
+
+Spent request ids
+-----------------
+
+A checkpoint id the daemon derived from a ``request_id`` (a UUIDv5,
+``service.servicer.derive_checkpoint_id``) is spent once that checkpoint is
+deleted, by whatever path (the daemon, the gateway, the Python API): the
+deleting transaction records it, ``spent_checkpoint_ids`` reports it, and the id
+counts as used for ``append`` (DUPLICATE_ID) and ``fork_from_checkpoint``, so it
+never names new content.
+
+Pack index (issue 15: a note for the ``packs`` work)
+----------------------------------------------------
+
+``append(..., packed_blobs=rows)`` is keyword-only and carried unchanged to
+``WriteTx.index_packed_blobs(rows)``, called inside the append's transaction right
+after the counts, so a key's index row commits with the first checkpoint that
+references it. Each dialect adds its table (a schema step: SQLite
+``SCHEMA_VERSION`` + its ``_SCHEMA``/migration list; PostgreSQL a new
+``_MIGRATIONS`` entry) and implements ``index_packed_blobs`` on its ``WriteTx``
+(today they refuse a non-empty list); lookups ("which of these keys are
+present, where") are plain reads of the dialect, and a repack's atomic switch is
+one more ``_write`` body. ``count_change`` is the one place that decides which
+keys an append adds: the keys that need an index row are a subset of ``added``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import gc
+import threading
+import uuid
+from collections import Counter, OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from .. import _native
+from ..errors import (
+    SandboxCheckpointConflictError,
+    SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointNotHeadError,
+    SandboxCheckpointParentMismatchError,
+)
+from ..manifest import split_digests
+from ..model import Checkpoint, WriterLike
+from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
+from . import _documents as documents
+from ._options import (
+    LeaseRecord,
+    StoreOptions,
+    check_fork_arguments,
+    check_fork_source,
+    check_keep,
+    check_writer,
+    destination_not_empty,
+    list_order,
+    plan_prune,
+    writer_fields,
+)
+
+T = TypeVar("T")
+
+# Documents of more entries than this are encoded/decoded in a worker thread.
+OFFLOAD_ENTRIES = 2_000
+
+Rows = dict[str, tuple[str | None, bytes]]  # id -> (base_id, stored document)
+
+
+# ------------------------------------------------------------------------ offloading
+
+
+class _GcPause:
+    """Pauses the cyclic garbage collector while manifests are built.
+
+    Decoding a 100k-entry manifest allocates about a million lists, tuples and
+    entry objects; the collector would rescan the growing heap again and again
+    (measured: ``list`` of ten such checkpoints 5.0 s with it, 1.9 s without).
+    None of these objects form cycles, so reference counting frees them all the
+    same. Re-entrant across threads: the collector comes back (if it was on)
+    when the last pause ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._reenable = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                self._reenable = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0 and self._reenable:
+                gc.enable()
+
+
+_GC_PAUSE = _GcPause()
+
+
+def paused(function: Callable[..., T], *args: Any) -> T:
+    with _GC_PAUSE:
+        return function(*args)
+
+
+async def offload(size: int, function: Callable[..., T], *args: Any) -> T:
+    """Run CPU-heavy document work in a worker thread (collector paused) when it is
+    large, so the event loop keeps serving other calls (gRPC health, progress)."""
+    if size > OFFLOAD_ENTRIES:
+        return await asyncio.to_thread(paused, function, *args)
+    return function(*args)
+
+
+def content_size(content: documents.Content) -> int:
+    return content.entry_count()
+
+
+# ------------------------------------------------------------------------ keys
+
+
+@dataclass(frozen=True, slots=True)
+class KeySet:
+    """Distinct blob keys in the stores' 33-byte form, kept the way SQL can take
+    them in one parameter: the file keys as their sorted raw digests
+    concatenated (32 bytes each, kind ``f`` implied), the artifact keys apart."""
+
+    digests: bytes = b""
+    artifacts: tuple[bytes, ...] = ()
+
+    @classmethod
+    def of(cls, keys: Iterable[bytes]) -> KeySet:
+        files: list[bytes] = []
+        artifacts: list[bytes] = []
+        for key in keys:
+            (files if key[:1] == b"f" else artifacts).append(key)
+        return cls(b"".join(sorted(key[1:] for key in files)), tuple(sorted(artifacts)))
+
+    @classmethod
+    def of_content(cls, content: documents.Content) -> KeySet:
+        return cls(content.digests(), tuple(sorted(content.artifact_keys())))
+
+    def __bool__(self) -> bool:
+        return bool(self.digests or self.artifacts)
+
+    def __len__(self) -> int:
+        return len(self.digests) // 32 + len(self.artifacts)
+
+    def minus(self, other: KeySet) -> KeySet:
+        """The keys of ``self`` that ``other`` lacks (the file part natively)."""
+        if not self:
+            return self
+        digests = _native.digest_difference(self.digests, other.digests) if self.digests else b""
+        taken = set(other.artifacts)
+        return KeySet(digests, tuple(key for key in self.artifacts if key not in taken))
+
+    def keys(self) -> builtins.list[bytes]:
+        """Every key (33 bytes), sorted like the UTF-8 text keys (``a`` < ``f``)."""
+        return [*self.artifacts, *(b"f" + digest for digest in split_digests(self.digests))]
+
+    def artifact_blob(self) -> bytes:
+        return b"".join(self.artifacts)
+
+
+EMPTY = KeySet()
+
+
+@dataclass(frozen=True, slots=True)
+class RunChange:
+    """What an append (or a fork) does to the counts of its thread, applied by
+    ``WriteTx.publish`` with the insert: ``close`` keys end their run at
+    ``old_ordinal`` (``refs += old_ordinal - open_since``), ``open`` keys are
+    counted once more and begin a run at ``new_ordinal``."""
+
+    old_ordinal: int
+    new_ordinal: int
+    close: KeySet = EMPTY
+    open: KeySet = EMPTY
+
+
+def count_change(
+    parent: documents.Content | None, new: documents.Content, ordinal: int
+) -> RunChange:
+    """The run change of appending ``new`` on top of ``parent`` (the head, or None)."""
+    keys = KeySet.of_content(new)
+    if parent is None:
+        return RunChange(ordinal, ordinal + 1, EMPTY, keys)
+    before = KeySet.of_content(parent)
+    return RunChange(ordinal, ordinal + 1, before.minus(keys), keys.minus(before))
+
+
+# ------------------------------------------------------------------------ spent ids
+
+
+def is_request_derived(checkpoint_id: str) -> bool:
+    """True for the ids the daemon derives from a request_id: canonical UUIDv5 text."""
+    try:
+        parsed = uuid.UUID(checkpoint_id)
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return parsed.version == 5 and str(parsed) == checkpoint_id
+
+
+def spent_ids(deleted: Iterable[str]) -> builtins.list[str]:
+    """The deleted ids that become spent (SPEC: a request_id never names new content)."""
+    return [checkpoint_id for checkpoint_id in deleted if is_request_derived(checkpoint_id)]
+
+
+# ------------------------------------------------------------------------ checks
+
+
+def duplicate_id(checkpoint_id: str) -> SandboxCheckpointDuplicateIdError:
+    return SandboxCheckpointDuplicateIdError(
+        f"checkpoint id {checkpoint_id!r} is already used (or was, by a deleted "
+        "checkpoint made under a request_id)",
+        details={"checkpoint_id": checkpoint_id},
+    )
+
+
+def check_append_state(
+    checkpoint: Checkpoint,
+    expected_head_id: str | None,
+    writer: WriterLike,
+    *,
+    lease: LeaseRecord | None,
+    now: int,
+    id_used: bool,
+    head_id: str | None,
+) -> None:
+    """SPEC §3 append checks 3–6 against the state read under the thread's lock."""
+    thread_id = checkpoint.thread_id
+    check_writer(writer, thread_id, lease, now)
+    if id_used:
+        raise duplicate_id(checkpoint.id)
+    if head_id != expected_head_id:
+        raise SandboxCheckpointConflictError(
+            f"the head of thread {thread_id!r} is {head_id!r}, not {expected_head_id!r}",
+            details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+        )
+    if checkpoint.parent_checkpoint_id != expected_head_id:
+        raise SandboxCheckpointParentMismatchError(
+            f"parent {checkpoint.parent_checkpoint_id!r} is not the expected head "
+            f"{expected_head_id!r}",
+            details={"thread_id": thread_id, "checkpoint_id": checkpoint.id},
+        )
+
+
+def not_head(thread_id: str, checkpoint_id: str) -> SandboxCheckpointNotHeadError:
+    return SandboxCheckpointNotHeadError(
+        f"{checkpoint_id!r} is not the head of thread {thread_id!r}",
+        details={"thread_id": thread_id, "checkpoint_id": checkpoint_id},
+    )
+
+
+# ------------------------------------------------------------------------ the interface
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadState:
+    """A thread as its write transaction found it (after taking its lock)."""
+
+    head_id: str | None
+    ordinal: int  # the head ordinal of the count runs (0 for a thread without rows)
+    lease: LeaseRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRow:
+    """The columns of one checkpoint row the core needs. ``version`` tells a row
+    from a later one that reuses its id (SQLite: serial; PostgreSQL: xmin)."""
+
+    thread_id: str
+    parent_id: str | None
+    depth: int
+    version: int
+
+
+class IdTaken(Exception):
+    """Raised by ``WriteTx.publish`` when the id was taken after the check (by a
+    concurrent append in another thread; the database's unique key decided)."""
+
+
+class WriteTx(Protocol):
+    """One open write transaction of a dialect. Every method runs SQL in it."""
+
+    async def lock_thread(self, thread_id: str) -> ThreadState:
+        """Take the thread's write lock (SQLite holds the database's already) and
+        read its head, ordinal and lease."""
+        ...
+
+    async def now(self) -> int:
+        """The store's clock (call after ``lock_thread``)."""
+        ...
+
+    async def id_used(self, checkpoint_id: str) -> bool:
+        """A stored checkpoint has the id, or a deleted one whose id is spent."""
+        ...
+
+    async def row(self, checkpoint_id: str) -> StoredRow | None: ...
+
+    async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
+        """The row, protected from deletion until commit (PostgreSQL: FOR SHARE)."""
+        ...
+
+    async def thread_has_checkpoints(self, thread_id: str) -> bool: ...
+
+    async def fetch_chains(self, checkpoint_ids: Sequence[str], rows: Rows) -> None:
+        """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
+        ...
+
+    async def thread_checkpoints(
+        self, thread_id: str
+    ) -> builtins.list[tuple[str, str | None, Any]]:
+        """``(id, parent_id, created_at)`` of every checkpoint of the thread."""
+        ...
+
+    async def publish(
+        self, content: documents.Content, stored: documents.Stored, change: RunChange
+    ) -> int:
+        """Insert the row, make it the head at ``change.new_ordinal``, apply the
+        run change; returns the row's version. Raises IdTaken."""
+        ...
+
+    async def delete_rows(self, checkpoint_ids: Sequence[str]) -> Rows:
+        """Delete the rows; returns what they held."""
+        ...
+
+    async def dependents(self, removed: Sequence[str]) -> Rows:
+        """The rows whose delta base is one of ``removed``."""
+        ...
+
+    async def rewrite_keyframe(self, checkpoint_id: str, data: bytes) -> None: ...
+
+    async def set_head(self, thread_id: str, head_id: str | None, ordinal: int) -> None: ...
+
+    async def drop_runs(self, thread_id: str, keys: KeySet, ordinal: int) -> None:
+        """The head at ``ordinal`` goes and its parent lacks ``keys``: each is
+        counted once less and its run ends (``refs += ordinal - open_since - 1``)."""
+        ...
+
+    async def close_all_runs(self, thread_id: str, ordinal: int) -> None:
+        """End every run of the thread at ``ordinal`` (``refs += ordinal - open_since``)."""
+        ...
+
+    async def reopen_runs(self, thread_id: str, keys: KeySet, old: int, new: int) -> None:
+        """The parent at ``new`` becomes the head and uses ``keys``, which the old
+        head lacked: open their runs at ``new``, counts unchanged."""
+        ...
+
+    async def subtract_counts(
+        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
+    ) -> None:
+        """Prune: ``refs -= n`` per key, after moving a run that began before
+        ``cutoff`` (the oldest kept ordinal) up to it."""
+        ...
+
+    async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:
+        """Drop count rows of these keys that count nothing (no run, refs <= 0)."""
+        ...
+
+    async def mark_spent(self, checkpoint_ids: Sequence[str]) -> None: ...
+
+    async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
+        """The pack index rows of an append (see the module docstring)."""
+        ...
+
+
+# ------------------------------------------------------------------------ contents cache
+
+
+class RecentContents:
+    """Contents of recently appended or read checkpoints by (id, row version), so
+    the next append of a thread makes its delta and key diff without reading its
+    parent back. A 100k-entry content is ~30 MB of Python lists: keep few."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
+
+    def get(self, checkpoint_id: str, version: int) -> documents.Content | None:
+        return self._items.get((checkpoint_id, version))
+
+    def put(self, checkpoint_id: str, version: int, content: documents.Content) -> None:
+        row = (checkpoint_id, version)
+        self._items[row] = content
+        self._items.move_to_end(row)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+
+# ------------------------------------------------------------------------ the store
+
+
+@dataclass
+class _Loaded:
+    """Contents materialized in one transaction (rows + memo for deltas)."""
+
+    rows: Rows = field(default_factory=dict)
+    memo: dict[str, documents.Content] = field(default_factory=dict)
+
+
+class SqlCheckpointStore:
+    """The SPEC §3 writes of a SQL checkpoint store; a dialect subclasses it and
+    provides ``_options``, ``_recent`` and ``_write``."""
+
+    _options: StoreOptions
+    _recent: RecentContents
+
+    async def _write(self, operation: str, body: Callable[[WriteTx], Awaitable[T]]) -> T:
+        raise NotImplementedError
+
+    async def _content(self, tx: WriteTx, checkpoint_id: str, version: int) -> documents.Content:
+        """The content of a stored checkpoint (cached by its row version)."""
+        content = self._recent.get(checkpoint_id, version)
+        if content is None:
+            rows: Rows = {}
+            await tx.fetch_chains([checkpoint_id], rows)
+            content = await asyncio.to_thread(
+                paused, documents.materialize, checkpoint_id, rows, {}
+            )
+            self._recent.put(checkpoint_id, version, content)
+        return content
+
+    async def _rewrite_dependents(
+        self, tx: WriteTx, removed: Sequence[str], loaded: _Loaded
+    ) -> None:
+        """Store every remaining checkpoint whose base is in ``removed`` as a
+        keyframe, so no delta names a lost base. ``loaded`` must still hold the
+        removed checkpoints' rows."""
+        for dependent_id, row in (await tx.dependents(removed)).items():
+            loaded.rows[dependent_id] = row
+            content = await asyncio.to_thread(
+                paused, documents.materialize, dependent_id, loaded.rows, loaded.memo
+            )
+            stored = await offload(content_size(content), documents.keyframe, content)
+            await tx.rewrite_keyframe(dependent_id, stored.data)
+
+    # ------------------------------------------------------------------ append
+
+    async def append(
+        self,
+        checkpoint: Checkpoint,
+        expected_head_id: str | None,
+        writer: WriterLike,
+        *,
+        packed_blobs: Sequence[Any] = (),
+    ) -> str:
+        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6), in one
+        transaction with its counts (and ``packed_blobs``, the pack index rows of
+        its keys). Raises InvalidId, InvalidEntry, WriterLost, DuplicateId,
+        Conflict (STALE_HEAD), ParentMismatch in that order; nothing changes when
+        it raises."""
+        check_checkpoint_ids(checkpoint, expected_head_id)
+        check_checkpoint_body(checkpoint)
+        writer_fields(writer)
+        thread_id = checkpoint.thread_id
+        content = await offload(len(checkpoint.files), documents.Content.of, checkpoint)
+        packed = tuple(packed_blobs)
+
+        async def body(tx: WriteTx) -> int:
+            state = await tx.lock_thread(thread_id)
+            now = await tx.now()
+            check_append_state(
+                checkpoint,
+                expected_head_id,
+                writer,
+                lease=state.lease,
+                now=now,
+                id_used=await tx.id_used(checkpoint.id),
+                head_id=state.head_id,
+            )
+            parent: documents.Content | None = None
+            depth = 0
+            if expected_head_id is not None:
+                row = await tx.row(expected_head_id)
+                assert row is not None, "a head always names a stored checkpoint"
+                parent = await self._content(tx, expected_head_id, row.version)
+                depth = row.depth
+            if parent is None:
+                stored = await offload(content_size(content), documents.keyframe, content)
+            else:
+                stored = await offload(
+                    content_size(content),
+                    documents.encode,
+                    content,
+                    expected_head_id,
+                    parent,
+                    depth,
+                )
+            change = await offload(
+                content_size(content), count_change, parent, content, state.ordinal
+            )
+            try:
+                version = await tx.publish(content, stored, change)
+            except IdTaken:
+                raise duplicate_id(checkpoint.id) from None
+            if packed:
+                await tx.index_packed_blobs(packed)
+            return version
+
+        version = await self._write("append", body)
+        self._recent.put(checkpoint.id, version, content)
+        return checkpoint.id
+
+    # ------------------------------------------------------------------ delete_head
+
+    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
+        """Remove the head; the head moves to its parent (None when the parent is
+        gone). Raises InvalidId, WriterLost, NotHead (in that order)."""
+        check_id(thread_id, "thread id")
+        check_id(checkpoint_id, "checkpoint id")
+        writer_fields(writer)
+
+        async def body(tx: WriteTx) -> None:
+            state = await tx.lock_thread(thread_id)
+            check_writer(writer, thread_id, state.lease, await tx.now())
+            if state.head_id != checkpoint_id:
+                raise not_head(thread_id, checkpoint_id)
+            row = await tx.row(checkpoint_id)
+            assert row is not None, "a head always names a stored checkpoint"
+            head = await self._content(tx, checkpoint_id, row.version)
+            parent_row = None if row.parent_id is None else await tx.row(row.parent_id)
+            if parent_row is not None and parent_row.thread_id != thread_id:
+                parent_row = None
+            parent = (
+                None
+                if parent_row is None or row.parent_id is None
+                else await self._content(tx, row.parent_id, parent_row.version)
+            )
+            loaded = _Loaded()
+            loaded.memo[checkpoint_id] = head  # what its dependents (if any) are based on
+            await tx.delete_rows([checkpoint_id])
+            await self._rewrite_dependents(tx, [checkpoint_id], loaded)
+            head_keys = KeySet.of_content(head)
+            if parent is None:
+                await tx.drop_runs(thread_id, head_keys, state.ordinal)
+                await tx.close_all_runs(thread_id, state.ordinal)
+                await tx.forget_zero_counts(thread_id, head_keys)
+                await tx.set_head(thread_id, None, state.ordinal - 1)
+            else:
+                parent_keys = KeySet.of_content(parent)
+                dropped = head_keys.minus(parent_keys)
+                await tx.drop_runs(thread_id, dropped, state.ordinal)
+                await tx.reopen_runs(
+                    thread_id, parent_keys.minus(head_keys), state.ordinal, state.ordinal - 1
+                )
+                await tx.forget_zero_counts(thread_id, dropped)
+                await tx.set_head(thread_id, row.parent_id, state.ordinal - 1)
+            await tx.mark_spent(spent_ids([checkpoint_id]))
+
+        await self._write("delete_head", body)
+
+    # ------------------------------------------------------------------ prune
+
+    async def delete_checkpoints(
+        self, thread_id: str, keep: int, writer: WriterLike
+    ) -> builtins.list[str]:
+        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest of
+        the thread in one transaction. Returns the deleted ids in list order.
+        Raises InvalidId, InvalidArgument (keep), WriterLost (in that order)."""
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+        writer_fields(writer)
+
+        async def body(tx: WriteTx) -> builtins.list[str]:
+            state = await tx.lock_thread(thread_id)
+            check_writer(writer, thread_id, state.lease, await tx.now())
+            listed = await tx.thread_checkpoints(thread_id)
+            doomed = plan_prune([(i, p) for i, p, _ in listed], state.head_id, keep)
+            if not doomed:
+                return []
+            ordered = [
+                checkpoint_id
+                for _, checkpoint_id in sorted(
+                    ((created_at, i) for i, _, created_at in listed if i in doomed),
+                    key=lambda pair: list_order(pair[0], pair[1]),
+                )
+            ]
+            loaded = _Loaded()
+            loaded.rows.update(await tx.delete_rows(ordered))
+            kept_bases = {b for b, _ in loaded.rows.values() if b is not None} - set(loaded.rows)
+            await tx.fetch_chains(sorted(kept_bases), loaded.rows)
+
+            def count_keys() -> Counter[bytes]:
+                counts: Counter[bytes] = Counter()
+                for checkpoint_id in ordered:
+                    content = documents.materialize(checkpoint_id, loaded.rows, loaded.memo)
+                    counts.update(content.blob_keys())
+                return counts
+
+            counts = await asyncio.to_thread(paused, count_keys)
+            await self._rewrite_dependents(tx, ordered, loaded)
+            # Every kept checkpoint is on the head chain: ordinals ordinal-kept+1..ordinal.
+            cutoff = state.ordinal - (len(listed) - len(doomed)) + 1
+            await tx.subtract_counts(thread_id, counts, cutoff)
+            await tx.forget_zero_counts(thread_id, KeySet.of(counts))
+            await tx.mark_spent(spent_ids(ordered))
+            return ordered
+
+        return await self._write("delete_checkpoints", body)
+
+    # ------------------------------------------------------------------ fork
+
+    async def fork_from_checkpoint(
+        self,
+        source_thread_id: str,
+        source_checkpoint_id: str,
+        destination_thread_id: str,
+        destination_checkpoint_id: str,
+        created_at: int,
+        writer: WriterLike,
+    ) -> Checkpoint:
+        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork
+        checks, in order: ids, created_at, threads differ, source exists, source
+        thread, writer, destination empty and id unused)."""
+        check_fork_arguments(
+            source_thread_id,
+            source_checkpoint_id,
+            destination_thread_id,
+            destination_checkpoint_id,
+            created_at,
+        )
+
+        async def body(tx: WriteTx) -> tuple[int, documents.Content]:
+            # Lock order as everywhere: the (destination) thread first, then rows.
+            state = await tx.lock_thread(destination_thread_id)
+            source_row = await tx.fork_source(source_checkpoint_id)
+            check_fork_source(
+                None if source_row is None else source_row.thread_id,
+                source_thread_id,
+                source_checkpoint_id,
+            )
+            assert source_row is not None
+            check_writer(writer, destination_thread_id, state.lease, await tx.now())
+            if state.head_id is not None or await tx.thread_has_checkpoints(destination_thread_id):
+                raise destination_not_empty(
+                    destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
+                )
+            id_used = destination_not_empty(
+                destination_thread_id, destination_checkpoint_id, "the id is already used"
+            )
+            if await tx.id_used(destination_checkpoint_id):
+                raise id_used
+            source = await self._content(tx, source_checkpoint_id, source_row.version)
+            # The new root: the source's files, conversation and artifacts, how it
+            # was taken and where it came from (``_options.fork_checkpoint``'s fields).
+            root = documents.Content(
+                {
+                    **source.document,
+                    "id": destination_checkpoint_id,
+                    "thread_id": destination_thread_id,
+                    "parent_checkpoint_id": None,
+                    "created_at": created_at,
+                    "reason": "fork-root",
+                    "label": None,
+                    "source_run_id": None,
+                    "forked_from_thread_id": source_thread_id,
+                    "forked_from_checkpoint_id": source_checkpoint_id,
+                },
+                source.manifest,
+            )
+            stored = await offload(content_size(root), documents.keyframe, root)
+            change = count_change(None, root, state.ordinal)
+            try:
+                return await tx.publish(root, stored, change), root
+            except IdTaken:
+                raise id_used from None
+
+        version, root = await self._write("fork_from_checkpoint", body)
+        self._recent.put(destination_checkpoint_id, version, root)
+        return await offload(content_size(root), root.checkpoint)
+
+
+# ------------------------------------------------------------------------ audit and repair
+
+
+def head_key_sets(heads: Mapping[str, str], rows: Rows) -> dict[str, KeySet]:
+    """thread -> the keys of its head checkpoint (for runs: migration, repair)."""
+    memo: dict[str, documents.Content] = {}
+    out: dict[str, KeySet] = {}
+    for thread_id, head_id in heads.items():
+        if head_id in rows:
+            out[thread_id] = KeySet.of_content(documents.materialize(head_id, rows, memo))
+            memo.clear()
+    return out
+
+
+def counted(refs: int, open_since: int | None, ordinal: int | None) -> int:
+    """The count one (thread, key) row stands for."""
+    if open_since is None or ordinal is None:
+        return refs
+    return refs + ordinal - open_since
+
+
+__all__ = [
+    "EMPTY",
+    "OFFLOAD_ENTRIES",
+    "IdTaken",
+    "KeySet",
+    "RecentContents",
+    "Rows",
+    "RunChange",
+    "SqlCheckpointStore",
+    "StoredRow",
+    "ThreadState",
+    "WriteTx",
+    "check_append_state",
+    "count_change",
+    "counted",
+    "duplicate_id",
+    "head_key_sets",
+    "is_request_derived",
+    "not_head",
+    "offload",
+    "paused",
+    "spent_ids",
+]
