@@ -59,8 +59,22 @@ class ScanResult:
     files_with_secrets: int  # files whose rows carry secret positions
     # Wall milliseconds per phase, in order: setup, walk, sort, hash, save_cache, encode.
     phases_ms: dict[str, float]
+    # The manifest's distinct file digests, sorted, 32 bytes each.
+    digests: bytes
+    dirs_listed: int  # directories entered
+    dirs_reused: int  # of which the stat cache gave the listing (not read again)
     # The policy's warnings, as PolicyMatcher.warnings.
     policy_warnings: list[tuple[str, str, str]]
+
+class ScanProgress:
+    """Counts a running scan publishes; pass it as ``scan(progress=...)`` and
+    read ``snapshot()`` from another thread while the scan runs."""
+
+    def __init__(self) -> None: ...
+    # (entries seen, files hashed, bytes hashed) so far: monotone, and equal
+    # to the result's entries (plus unsupported ones), files_hashed and
+    # bytes_hashed once the scan returns.
+    def snapshot(self) -> tuple[int, int, int]: ...
 
 class PolicyMatcher:
     """The declarative policy of SPEC §4, compiled once (gitignore dialect)."""
@@ -99,6 +113,7 @@ def scan(
     cancel: CancelToken | None = None,
     feed: BlobFeed | None = None,
     root_fd: int | None = None,
+    progress: ScanProgress | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
@@ -108,7 +123,10 @@ def scan(
     changed). A cached hash is reused only when (dev, ino, size, mtime_ns,
     ctime_ns, mode) and the secret set are unchanged and the file's mtime is
     before the cache's reference time (git's racy-clean rule; the time is read
-    from the cache directory's filesystem before the walk). ``threads=0`` means
+    from the cache directory's filesystem before the walk). A directory is not
+    read again when its (dev, ino, mtime_ns, ctime_ns) match the listing the
+    cache recorded and its mtime is before that reference time (git's untracked
+    cache); its entries are still lstat'ed. ``threads=0`` means
     one per core. The GIL is released; a Python signal handler that raises
     (Ctrl-C) cancels the scan and its exception propagates.
 

@@ -389,7 +389,12 @@ async def capture_checkpoint(
                 reporter.advance(files=outcome.entries_count, nbytes=outcome.bytes_hashed)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
-                manifest = Manifest(outcome.manifest, length=outcome.entries_count, trusted=True)
+                manifest = Manifest(
+                    outcome.manifest,
+                    length=outcome.entries_count,
+                    trusted=True,
+                    digests=outcome.digests,
+                )
                 keeper.check()
                 if (
                     skip_if_unchanged

@@ -58,6 +58,9 @@ class ScanOutcome:
     files_reused: int
     bytes_hashed: int
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
+    digests: bytes | None = None  # the manifest's distinct file digests, sorted
+    dirs_listed: int = 0  # directories entered
+    dirs_reused: int = 0  # of which the stat cache gave the listing (not re-read)
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -134,9 +137,13 @@ def scan_workspace(
     threads: int = 0,
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
+    progress: _native.ScanProgress | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
+
+    ``progress`` receives the counts while the scan runs (poll its
+    ``snapshot()`` from another thread).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -156,6 +163,7 @@ def scan_workspace(
             cancel=cancel,
             feed=feed,
             root_fd=root_fd,
+            progress=progress,
         )
     except _native.ScanCancelled:
         raise
@@ -175,6 +183,9 @@ def scan_workspace(
         files_reused=result.files_reused,
         bytes_hashed=result.bytes_hashed,
         files_with_secrets=result.files_with_secrets,
+        digests=result.digests,
+        dirs_listed=result.dirs_listed,
+        dirs_reused=result.dirs_reused,
     )
 
 

@@ -244,6 +244,19 @@ pub enum DirentType {
     Unknown,
 }
 
+impl DirentType {
+    /// The kind of a raw `d_type` (`DT_*`).
+    pub fn from_raw(d_type: u8) -> DirentType {
+        match d_type {
+            libc::DT_DIR => DirentType::Dir,
+            libc::DT_REG => DirentType::File,
+            libc::DT_LNK => DirentType::Symlink,
+            libc::DT_UNKNOWN => DirentType::Unknown,
+            _ => DirentType::Other,
+        }
+    }
+}
+
 /// A directory being listed. Owns its `DIR*` (and so the fd given to it).
 pub struct DirReader {
     dir: *mut libc::DIR,
@@ -273,6 +286,13 @@ impl DirReader {
     /// The next entry other than `.` and `..`, or None at the end. The name
     /// borrows the reader's buffer (valid until the next call).
     pub fn next_entry(&mut self) -> io::Result<Option<(&CStr, DirentType)>> {
+        Ok(self
+            .next_entry_raw()?
+            .map(|(name, d_type)| (name, DirentType::from_raw(d_type))))
+    }
+
+    /// Like [`DirReader::next_entry`], with the raw `d_type` (`DT_*`).
+    pub fn next_entry_raw(&mut self) -> io::Result<Option<(&CStr, u8)>> {
         loop {
             // readdir signals errors only through errno.
             // SAFETY: errno location is thread-local.
@@ -292,14 +312,7 @@ impl DirReader {
             if bytes == b"." || bytes == b".." {
                 continue;
             }
-            let kind = match d_type {
-                libc::DT_DIR => DirentType::Dir,
-                libc::DT_REG => DirentType::File,
-                libc::DT_LNK => DirentType::Symlink,
-                libc::DT_UNKNOWN => DirentType::Unknown,
-                _ => DirentType::Other,
-            };
-            return Ok(Some((name, kind)));
+            return Ok(Some((name, d_type)));
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::policy::PolicyMatcher;
 use crate::redact::{SecretMatch, SecretSet};
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
 use crate::verify::HeldFile;
-use crate::walk::{Found, Walker};
+use crate::walk::{Found, ScanProgress, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
 pub struct ScanRequest {
@@ -35,6 +35,8 @@ pub struct ScanRequest {
     /// Where the zeroed bytes of small files just hashed go, and the open
     /// files of larger ones (each file read once by the scan).
     pub feed: Option<std::sync::Arc<BlobFeed>>,
+    /// Counters published while the scan runs (None: counted, not shared).
+    pub progress: Option<std::sync::Arc<ScanProgress>>,
 }
 
 #[derive(Debug, Default)]
@@ -49,6 +51,12 @@ pub struct ScanOutput {
     pub bytes_hashed: u64,
     /// Files in which secrets were zeroed (their rows carry the positions).
     pub files_with_secrets: u64,
+    /// The distinct content digests of the manifest's files, sorted, 32
+    /// bytes each (what `manifest::digests` would compute from `manifest`).
+    pub digests: Vec<u8>,
+    /// Directories entered, and how many of their listings the cache gave.
+    pub dirs_listed: u64,
+    pub dirs_reused: u64,
     /// Wall milliseconds per phase, in order.
     pub phases_ms: Vec<(&'static str, f64)>,
 }
@@ -191,9 +199,11 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     };
 
     let pool = build_pool(request.threads)?;
+    let own_progress = ScanProgress::default();
+    let progress = request.progress.as_deref().unwrap_or(&own_progress);
     phases.end("setup");
     let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
-    let walker = Walker {
+    let walked = Walker {
         root_fd: root.fd.as_raw_fd(),
         root_path: &root.path,
         roots: &root_forms,
@@ -202,8 +212,14 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         root_dev: fs::fstat(root.fd.as_raw_fd())
             .map_err(|e| ScanError::io(&root.path, "fstat", e))?
             .dev,
-    };
-    let batches = walker.walk(&pool)?;
+        cache: old_cache.as_ref(),
+        progress,
+    }
+    .walk(&pool)?;
+    let batches = walked.found;
+    let mut dirs = walked.dirs;
+    let dirs_listed = dirs.len() as u64;
+    let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
     phases.end("walk");
 
     // Split, sort.
@@ -231,7 +247,10 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
             Found::Unsupported { path, kind } => unsupported.push((path, kind)),
         }
     }
-    pool.install(|| rows.par_sort_unstable_by(|a, b| a.0.cmp(&b.0)));
+    pool.install(|| {
+        rows.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path));
+    });
     unsupported.sort();
     if request.policy.has_include() {
         keep_dirs_holding_entries(&mut rows);
@@ -277,7 +296,7 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
             to_hash
                 .par_iter_mut()
                 .map(|(path, slot)| {
-                    hash_slot(
+                    let read = hash_slot(
                         root_fd,
                         &root.path,
                         path,
@@ -285,7 +304,10 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
                         &secrets,
                         cancel,
                         request.feed.as_deref(),
-                    )
+                    )?;
+                    ScanProgress::add(&progress.files_hashed, 1);
+                    ScanProgress::add(&progress.bytes_hashed, read);
+                    Ok(read)
                 })
                 .collect::<Result<Vec<u64>, ScanError>>()
         })
@@ -305,8 +327,13 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     drop(to_hash);
     // Rewrite the cache only when something changed; an untouched cache stays
     // valid under its own (older) reference time.
+    // (Directories: every listing came from the cache, and it holds no others.)
     let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
-        hashed_for_cache == 0 && old.fingerprint == fingerprint && old.len() as u64 == files_reused
+        hashed_for_cache == 0
+            && old.fingerprint == fingerprint
+            && old.len() as u64 == files_reused
+            && dirs_reused == dirs_listed
+            && old.dir_count() as u64 == dirs_listed
     });
     // Not needed any more: free it before the manifest is built (peak memory).
     drop(old_cache);
@@ -324,12 +351,16 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
                 }
                 _ => None,
             });
+            let listed = dirs
+                .iter()
+                .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice()));
             // Saved (and freed) before the manifest is built: peak memory holds one, not both.
-            let bytes = statcache::encode_entries(&fingerprint, reference_ns, files);
+            let bytes = statcache::encode_entries(&fingerprint, reference_ns, files, listed);
             statcache::write_atomically(path, &bytes)
                 .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
+    drop(dirs);
     phases.end("save_cache");
 
     // Encode.
@@ -356,6 +387,16 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     }
     let entries = writer.rows() as u64;
     let manifest = writer.finish();
+    let mut digests: Vec<[u8; 32]> = rows
+        .iter()
+        .filter_map(|(_, row, _)| match row {
+            Row::File(slot) if !slot.vanished => slot.hash,
+            _ => None,
+        })
+        .collect();
+    pool.install(|| digests.par_sort_unstable());
+    digests.dedup();
+    let digests = digests.concat();
     phases.end("encode");
 
     Ok(ScanOutput {
@@ -367,6 +408,9 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         files_reused,
         bytes_hashed,
         files_with_secrets,
+        digests,
+        dirs_listed,
+        dirs_reused,
     })
 }
 

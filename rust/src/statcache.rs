@@ -2,16 +2,46 @@
 //! mode, hash), plus the fingerprint of the secret set the hashes were made
 //! with and a reference time taken from the filesystem.
 //!
-//! git's racy-clean rule: an entry whose mtime is at or after the reference time
-//! may have been modified again within the same timestamp tick after we looked,
-//! so it is never trusted. The reference time is read from the filesystem
-//! BEFORE the scan stats anything, so any file stat'ed in a tick that could
-//! still change carries an mtime >= it.
+//! git's racy-clean rule, on ctime as well as mtime: an entry whose mtime OR
+//! ctime is at or after the reference time may have been modified again
+//! within the same timestamp tick after we looked, so it is never trusted. The
+//! reference time is read from the filesystem BEFORE the scan stats anything,
+//! so anything stat'ed in a tick that could still change carries a time >= it.
+//! (git looks at mtime only, so a same-second edit followed by `touch -d` that
+//! sets the mtime back leaves git's index entry looking clean: same size, old
+//! mtime, and a ctime equal to the recorded one because both fall in the same
+//! second. The ctime cannot be set back by the sandbox, so checking it closes
+//! that hole, at the price of hashing a file once more when only its ctime is
+//! recent.)
+//!
+//! **Directories (git's untracked cache).** Beside the files, the cache keeps
+//! each directory the scan listed: its stat (dev, ino, mtime, ctime) taken by
+//! `fstat` of the very fd that was then listed, before the listing, and the
+//! raw listing (every name with its `d_type`, before the policy is applied, so
+//! a policy change needs no re-read). A later scan reuses a listing when the
+//! fstat of the directory it opened matches and the recorded mtime and ctime
+//! are before the reference time (the racy rule of the files, for the same
+//! reason: a change in the tick of the listing leaves the stat as it was). Why that is
+//! enough: a directory's listing changes only through an operation on the
+//! directory itself (create, unlink, rename in or out), which sets its mtime
+//! AND ctime to now. `touch -d` can set the mtime back but not the ctime;
+//! a directory replaced by another one (or by a symlink, or moved in from
+//! elsewhere) has another ino or a new ctime. Every entry of a reused listing
+//! is still lstat'ed (files against their own cache entries, directories
+//! opened and fstat'ed, so a mount point on a listed directory is seen:
+//! mounting does not touch the parent's stat). What stays unseen, as in git:
+//! a filesystem that does not update a directory's mtime/ctime when its
+//! entries change (some network and FUSE filesystems), and a host clock set
+//! back so that a new ctime equals the recorded one to the nanosecond.
 //!
 //! File format (little-endian), replaced atomically by rename:
-//! `"CKPDSTC1"`, fingerprint[32], reference_ns i64, count u64, then per entry
+//! `"CKPDSTC2"`, fingerprint[32], reference_ns i64, count u64, then per entry
 //! `path_len u32, path, dev u64, ino u64, size u64, mtime_ns i64, ctime_ns i64,
-//! mode u32, hash[32]`, sorted by path bytes, then BLAKE3 of everything before.
+//! mode u32, hash[32]`, sorted by path bytes; then `dir_count u64` and per
+//! directory `path_len u32, path, dev u64, ino u64, mtime_ns i64, ctime_ns i64,
+//! listing_len u32, listing` (sorted by path; the listing is per name
+//! `d_type u8, name_len u16, name, NUL`), then BLAKE3 of everything before.
+//! A `"CKPDSTC1"` file (no directory part) is still read.
 //! A missing, truncated or corrupt file is an empty cache (so no fsync: a torn
 //! write after a crash only costs one re-hash). Secrets are never stored.
 //!
@@ -25,7 +55,9 @@ use std::path::{Path, PathBuf};
 
 use crate::fs::Stat;
 
-const MAGIC: &[u8; 8] = b"CKPDSTC1";
+const MAGIC: &[u8; 8] = b"CKPDSTC2";
+/// The format before directories were kept (read, never written).
+const MAGIC_V1: &[u8; 8] = b"CKPDSTC1";
 
 /// One timestamp tick of a filesystem whose clock reading had no sub-second
 /// part (ext4 with 128-byte inodes, ext3, FAT, overlays on those: 1 s), and of
@@ -126,12 +158,99 @@ impl CacheEntry {
     }
 }
 
+/// A directory's stat when it was listed: what must be unchanged for its
+/// listing to be reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirStat {
+    pub dev: u64,
+    pub ino: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+impl DirStat {
+    pub fn of(stat: &Stat) -> DirStat {
+        DirStat {
+            dev: stat.dev,
+            ino: stat.ino,
+            mtime_ns: stat.mtime_ns,
+            ctime_ns: stat.ctime_ns,
+        }
+    }
+}
+
+/// One listed directory: its stat and its raw listing (see [`Listing`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirRecord {
+    pub stat: DirStat,
+    pub listing: Vec<u8>,
+}
+
+/// A directory's raw listing in the cache's encoding: per name `d_type u8,
+/// name_len u16, name, NUL` (the NUL lets a reused name go to `fstatat` as is).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub bytes: Vec<u8>,
+}
+
+impl Listing {
+    /// Append one name as `readdir` gave it (`d_type` raw: `DT_*`).
+    pub fn push(&mut self, name: &[u8], d_type: u8) {
+        debug_assert!(name.len() <= u16::MAX as usize && !name.contains(&0));
+        self.bytes.push(d_type);
+        self.bytes
+            .extend_from_slice(&(name.len() as u16).to_le_bytes());
+        self.bytes.extend_from_slice(name);
+        self.bytes.push(0);
+    }
+}
+
+/// The names of an encoded listing with their raw `d_type`, in listing order.
+/// The bytes were validated when the cache was decoded (or built by us).
+pub fn listing_names(bytes: &[u8]) -> impl Iterator<Item = (&std::ffi::CStr, u8)> + '_ {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        let (name, d_type, next) = listing_entry(bytes, at)?;
+        at = next;
+        Some((name, d_type))
+    })
+}
+
+/// The entry of `bytes` at `at`: name, `d_type` and where the next starts;
+/// None at the end or when the bytes do not hold a well-formed entry.
+fn listing_entry(bytes: &[u8], at: usize) -> Option<(&std::ffi::CStr, u8, usize)> {
+    let d_type = *bytes.get(at)?;
+    let len = u16::from_le_bytes(bytes.get(at + 1..at + 3)?.try_into().ok()?) as usize;
+    let end = at + 3 + len + 1;
+    let name = std::ffi::CStr::from_bytes_with_nul(bytes.get(at + 3..end)?).ok()?;
+    Some((name, d_type, end))
+}
+
+/// Whether `bytes` is a well-formed listing of real names (no empty name,
+/// no `.`/`..`, no `/`; the NUL placement is checked by `CStr`).
+fn valid_listing(bytes: &[u8]) -> bool {
+    let mut at = 0;
+    while at < bytes.len() {
+        let Some((name, _, next)) = listing_entry(bytes, at) else {
+            return false;
+        };
+        let name = name.to_bytes();
+        if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') {
+            return false;
+        }
+        at = next;
+    }
+    true
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatCache {
     pub fingerprint: [u8; 32],
     pub reference_ns: i64,
     /// Sorted by path bytes, unique.
     pub entries: Vec<(String, CacheEntry)>,
+    /// Listed directories, sorted by path bytes, unique ("" is the root).
+    pub dirs: Vec<(String, DirRecord)>,
 }
 
 impl StatCache {
@@ -144,7 +263,11 @@ impl StatCache {
     /// reference time forward, which would otherwise make them look clean).
     pub fn forget_racy(&mut self) {
         let reference = self.reference_ns;
-        self.entries.retain(|(_, e)| e.mtime_ns < reference);
+        let settled = |mtime: i64, ctime: i64| mtime < reference && ctime < reference;
+        self.entries
+            .retain(|(_, e)| settled(e.mtime_ns, e.ctime_ns));
+        self.dirs
+            .retain(|(_, d)| settled(d.stat.mtime_ns, d.stat.ctime_ns));
     }
 }
 
@@ -220,19 +343,34 @@ fn temp_path(path: &Path) -> PathBuf {
 
 pub fn encode(cache: &StatCache) -> Vec<u8> {
     let entries = cache.entries.iter().map(|(p, e)| (p.as_str(), *e));
-    encode_entries(&cache.fingerprint, cache.reference_ns, entries)
+    let dirs = cache
+        .dirs
+        .iter()
+        .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
+    encode_entries(&cache.fingerprint, cache.reference_ns, entries, dirs)
 }
 
-/// The file bytes for `entries` (sorted by path, unique), written straight
-/// from the caller's data: no owned copy of the cache is needed to save it.
-pub fn encode_entries<'a, I>(fingerprint: &[u8; 32], reference_ns: i64, entries: I) -> Vec<u8>
+/// The file bytes for `entries` and `dirs` (each sorted by path, unique),
+/// written straight from the caller's data: no owned copy of the cache is
+/// needed to save it.
+pub fn encode_entries<'a, 'b, I, D>(
+    fingerprint: &[u8; 32],
+    reference_ns: i64,
+    entries: I,
+    dirs: D,
+) -> Vec<u8>
 where
     I: Iterator<Item = (&'a str, CacheEntry)> + Clone,
+    D: Iterator<Item = (&'b str, DirStat, &'b [u8])> + Clone,
 {
     let (count, bytes) = entries.clone().fold((0usize, 0usize), |(n, b), (p, _)| {
         (n + 1, b + 4 + p.len() + FIXED)
     });
-    let mut out = Vec::with_capacity(HEADER + bytes + 32);
+    let dir_bytes: usize = dirs
+        .clone()
+        .map(|(p, _, l)| 4 + p.len() + DIR_FIXED + l.len())
+        .sum();
+    let mut out = Vec::with_capacity(HEADER + bytes + 8 + dir_bytes + 32);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(fingerprint);
     out.extend_from_slice(&reference_ns.to_le_bytes());
@@ -248,6 +386,21 @@ where
         out.extend_from_slice(&e.mode.to_le_bytes());
         out.extend_from_slice(&e.hash);
     }
+    let count_at = out.len();
+    out.extend_from_slice(&0u64.to_le_bytes());
+    let mut dir_count = 0u64;
+    for (path, stat, listing) in dirs {
+        dir_count += 1;
+        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
+        out.extend_from_slice(path.as_bytes());
+        out.extend_from_slice(&stat.dev.to_le_bytes());
+        out.extend_from_slice(&stat.ino.to_le_bytes());
+        out.extend_from_slice(&stat.mtime_ns.to_le_bytes());
+        out.extend_from_slice(&stat.ctime_ns.to_le_bytes());
+        out.extend_from_slice(&(listing.len() as u32).to_le_bytes());
+        out.extend_from_slice(listing);
+    }
+    out[count_at..count_at + 8].copy_from_slice(&dir_count.to_le_bytes());
     let checksum = blake3::hash(&out);
     out.extend_from_slice(checksum.as_bytes());
     out
@@ -285,6 +438,8 @@ impl<'a> Reader<'a> {
 
 /// Bytes of the fixed part of an entry after its path.
 const FIXED: usize = 8 * 5 + 4 + 32;
+/// Bytes of the fixed part of a directory after its path (stat, listing length).
+const DIR_FIXED: usize = 8 * 4 + 4;
 const HEADER: usize = 8 + 32 + 8 + 8;
 
 /// A cache as read from disk: the validated bytes plus where each entry starts.
@@ -295,6 +450,8 @@ pub struct LoadedCache {
     pub reference_ns: i64,
     /// Offset of each entry's path bytes, and the path length.
     paths: Vec<(u32, u32)>,
+    /// Offset of each directory's path bytes, and the path length.
+    dirs: Vec<(u32, u32)>,
 }
 
 impl LoadedCache {
@@ -317,7 +474,9 @@ impl LoadedCache {
             data: &data,
             pos: 0,
         };
-        if r.take(MAGIC.len())? != MAGIC {
+        let version = r.take(MAGIC.len())?;
+        let has_dirs = version == MAGIC;
+        if !has_dirs && version != MAGIC_V1 {
             return None;
         }
         let fingerprint = r.array::<32>()?;
@@ -341,6 +500,31 @@ impl LoadedCache {
             r.take(FIXED)?;
             paths.push((start as u32, len as u32));
         }
+        let mut dirs: Vec<(u32, u32)> = Vec::new();
+        if has_dirs {
+            let dir_count = r.u64()?;
+            if dir_count > (body_len / (4 + DIR_FIXED)) as u64 {
+                return None;
+            }
+            dirs.reserve(dir_count as usize);
+            let mut previous: &[u8] = &[];
+            for index in 0..dir_count {
+                let len = r.u32()? as usize;
+                let start = r.pos;
+                let path = r.take(len)?;
+                std::str::from_utf8(path).ok()?;
+                if index > 0 && previous >= path {
+                    return None;
+                }
+                previous = path;
+                r.take(DIR_FIXED - 4)?;
+                let listing_len = r.u32()? as usize;
+                if !valid_listing(r.take(listing_len)?) {
+                    return None;
+                }
+                dirs.push((start as u32, len as u32));
+            }
+        }
         if r.pos != body_len {
             return None;
         }
@@ -349,7 +533,58 @@ impl LoadedCache {
             fingerprint,
             reference_ns,
             paths,
+            dirs,
         })
+    }
+
+    /// How many directories' listings the cache holds.
+    pub fn dir_count(&self) -> usize {
+        self.dirs.len()
+    }
+
+    /// Directory `index`: its path, recorded stat and listing bytes.
+    fn dir(&self, index: usize) -> (&str, DirStat, &[u8]) {
+        let (start, len) = self.dirs[index];
+        let path = &self.data[start as usize..(start + len) as usize];
+        let at = (start + len) as usize;
+        let mut r = Reader {
+            data: &self.data[at..],
+            pos: 0,
+        };
+        let parsed = (|| {
+            let stat = DirStat {
+                dev: r.u64()?,
+                ino: r.u64()?,
+                mtime_ns: r.i64()?,
+                ctime_ns: r.i64()?,
+            };
+            let listing_len = r.u32()? as usize;
+            Some((stat, r.take(listing_len)?))
+        })();
+        let (stat, listing) = parsed.expect("decode checked every directory's layout");
+        (std::str::from_utf8(path).unwrap_or_default(), stat, listing)
+    }
+
+    /// The recorded listing of the directory at `path` when it may be reused
+    /// for a directory whose fstat (taken before looking here) is `stat`:
+    /// same dev, ino, mtime and ctime, and not racily clean (both strictly
+    /// before the reference time of the scan that listed it).
+    pub fn dir_listing(&self, path: &str, stat: &Stat) -> Option<&[u8]> {
+        let index = self
+            .dirs
+            .binary_search_by(|&(start, len)| {
+                self.data[start as usize..(start + len) as usize].cmp(path.as_bytes())
+            })
+            .ok()?;
+        let (_, recorded, listing) = self.dir(index);
+        (recorded == DirStat::of(stat) && self.settled(recorded.mtime_ns, recorded.ctime_ns))
+            .then_some(listing)
+    }
+
+    /// Not racily clean: both times strictly before the reference (see the
+    /// module docs for why ctime counts too).
+    fn settled(&self, mtime_ns: i64, ctime_ns: i64) -> bool {
+        mtime_ns < self.reference_ns && ctime_ns < self.reference_ns
     }
 
     pub fn len(&self) -> usize {
@@ -394,7 +629,7 @@ impl LoadedCache {
 
     /// The cached hash of `path` if the cache may be trusted for `stat` under
     /// the secret set `fingerprint`: same stat, and not racily clean (mtime
-    /// strictly before the reference time).
+    /// and ctime strictly before the reference time).
     pub fn reusable(&self, path: &str, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
         let index = self
             .paths
@@ -428,7 +663,8 @@ impl LoadedCache {
             return None;
         }
         let entry = self.entry(index);
-        (entry.same_stat(stat) && entry.mtime_ns < self.reference_ns).then_some(entry.hash)
+        (entry.same_stat(stat) && self.settled(entry.mtime_ns, entry.ctime_ns))
+            .then_some(entry.hash)
     }
 
     /// The owned form (for merging updates into it).
@@ -436,10 +672,23 @@ impl LoadedCache {
         let entries = (0..self.len())
             .map(|i| (self.path(i).to_string(), self.entry(i)))
             .collect();
+        let dirs = (0..self.dirs.len())
+            .map(|i| {
+                let (path, stat, listing) = self.dir(i);
+                (
+                    path.to_string(),
+                    DirRecord {
+                        stat,
+                        listing: listing.to_vec(),
+                    },
+                )
+            })
+            .collect();
         StatCache {
             fingerprint: self.fingerprint,
             reference_ns: self.reference_ns,
             entries,
+            dirs,
         }
     }
 }
@@ -468,6 +717,22 @@ pub fn secrets_fingerprint<S: AsRef<[u8]>>(secrets: &[S]) -> [u8; 32] {
 mod tests {
     use super::*;
 
+    fn dir(ino: u64, names: &[&[u8]]) -> DirRecord {
+        let mut listing = Listing::default();
+        for name in names {
+            listing.push(name, libc::DT_REG);
+        }
+        DirRecord {
+            stat: DirStat {
+                dev: 1,
+                ino,
+                mtime_ns: 5,
+                ctime_ns: 6,
+            },
+            listing: listing.bytes,
+        }
+    }
+
     fn sample() -> StatCache {
         let e = |n: u8| CacheEntry {
             dev: 1,
@@ -482,6 +747,10 @@ mod tests {
             fingerprint: secrets_fingerprint::<&[u8]>(&[]),
             reference_ns: 1_700_000_000_000_000_000,
             entries: vec![("a".into(), e(1)), ("a/é".into(), e(2)), ("b".into(), e(3))],
+            dirs: vec![
+                ("".into(), dir(1, &[b"a", b"b"])),
+                ("a".into(), dir(2, &[b"\xff"])),
+            ],
         }
     }
 

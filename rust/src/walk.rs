@@ -3,10 +3,16 @@
 //! what is kept and classify it. Nothing is followed: directories are opened
 //! beneath the root with `openat2(RESOLVE_NO_SYMLINKS)` (see `fs`).
 //!
+//! With a stat cache, a directory whose fstat matches the listing recorded
+//! last time (and is not racily clean) is not read again: its recorded raw
+//! listing is used (see `statcache`), and every entry the policy keeps is
+//! still lstat'ed. Each directory actually listed is recorded for the next
+//! scan: the fstat of the fd taken before reading it, and what it held.
+//!
 //! Output order is arbitrary; the scan sorts.
 
 use std::ffi::CStr;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -15,6 +21,7 @@ use crate::classify::{symlink_stays_inside, Unsupported};
 use crate::error::ScanError;
 use crate::fs::{self, DirReader, DirentType, Stat};
 use crate::policy::PolicyMatcher;
+use crate::statcache::{self, DirStat, Listing, LoadedCache};
 
 /// One kept entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,10 +58,75 @@ pub struct Walker<'a> {
     /// The root's device: a directory on another one is a mount point, reported
     /// and never entered.
     pub root_dev: u64,
+    /// Last scan's directory listings (None: read every directory).
+    pub cache: Option<&'a LoadedCache>,
+    /// Counts published while the walk runs (entries seen).
+    pub progress: &'a ScanProgress,
+}
+
+/// Counters a scan publishes while it runs, for progress reports (read by
+/// another thread at any time; relaxed: each is a monotone count of its own).
+#[derive(Debug, Default)]
+pub struct ScanProgress {
+    /// Entries the policy kept, so far (files, dirs, links, unsupported ones).
+    pub entries_seen: std::sync::atomic::AtomicU64,
+    /// Files read and hashed so far (the cache vouched for the others).
+    pub files_hashed: std::sync::atomic::AtomicU64,
+    /// Bytes read and hashed so far.
+    pub bytes_hashed: std::sync::atomic::AtomicU64,
+}
+
+impl ScanProgress {
+    pub fn add(counter: &std::sync::atomic::AtomicU64, n: u64) {
+        counter.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// (entries seen, files hashed, bytes hashed).
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (
+            self.entries_seen.load(Relaxed),
+            self.files_hashed.load(Relaxed),
+            self.bytes_hashed.load(Relaxed),
+        )
+    }
+}
+
+/// One directory the walk listed (or reused), for the next scan's cache.
+pub struct ListedDir {
+    pub path: String,
+    pub stat: DirStat,
+    pub listing: Vec<u8>,
+    /// The listing came from the cache, not from reading the directory.
+    pub reused: bool,
+}
+
+/// What a walk found.
+pub struct WalkOutput {
+    /// One batch per directory listed (unordered).
+    pub found: Vec<Vec<Found>>,
+    /// Every directory entered, unordered.
+    pub dirs: Vec<ListedDir>,
+}
+
+/// A listed directory's open fd: plain, or inside the reader that listed it.
+enum Held {
+    Fd(OwnedFd),
+    Reader(DirReader),
+}
+
+impl Held {
+    fn fd(&self) -> RawFd {
+        match self {
+            Held::Fd(fd) => fd.as_raw_fd(),
+            Held::Reader(reader) => reader.fd(),
+        }
+    }
 }
 
 struct Shared {
     found: Mutex<Vec<Vec<Found>>>,
+    dirs: Mutex<Vec<ListedDir>>,
     error: Mutex<Option<ScanError>>,
 }
 
@@ -76,9 +148,10 @@ impl Walker<'_> {
     /// Walk everything beneath the root on `pool`. Returns one batch per
     /// directory listed (unordered), so callers can convert them without
     /// first copying everything into one flat vector.
-    pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<Vec<Vec<Found>>, ScanError> {
+    pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<WalkOutput, ScanError> {
         let shared = Shared {
             found: Mutex::new(Vec::new()),
+            dirs: Mutex::new(Vec::new()),
             error: Mutex::new(None),
         };
         // The root itself is "included" only when there is no include list.
@@ -91,7 +164,10 @@ impl Walker<'_> {
         if let Some(error) = shared.error.into_inner().unwrap_or_else(|e| e.into_inner()) {
             return Err(error);
         }
-        Ok(shared.found.into_inner().unwrap_or_else(|e| e.into_inner()))
+        Ok(WalkOutput {
+            found: shared.found.into_inner().unwrap_or_else(|e| e.into_inner()),
+            dirs: shared.dirs.into_inner().unwrap_or_else(|e| e.into_inner()),
+        })
     }
 
     fn open_dir(&self, rel: &str) -> std::io::Result<OwnedFd> {
@@ -123,6 +199,7 @@ impl Walker<'_> {
         }
         match self.list(scope, shared, &rel, included) {
             Ok(found) => {
+                ScanProgress::add(&self.progress.entries_seen, found.len() as u64);
                 if !found.is_empty() {
                     shared
                         .found
@@ -166,21 +243,40 @@ impl Walker<'_> {
             }
             Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
         };
-        let mut reader =
-            DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
-        let dir_fd = reader.fd();
+        // The stat of the inode about to be listed, taken before the listing:
+        // a change after it leaves another stat (or a racy one) for next time.
+        let dir_stat =
+            fs::fstat(fd.as_raw_fd()).map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
+        if !rel.is_empty() && dir_stat.dev != self.root_dev {
+            // Its parent's lstat saw the root's device: something was mounted
+            // or swapped in since. Never crossed.
+            return Err(ScanError::Changed(abs(b"")));
+        }
+        let cached = self.cache.and_then(|c| c.dir_listing(rel, &dir_stat));
+        // Whichever holds the fd keeps it open while the entries are lstat'ed.
+        let (held, listing, reused) = match cached {
+            Some(listing) => (Held::Fd(fd), listing.to_vec(), true),
+            None => {
+                let mut reader =
+                    DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
+                let mut listing = Listing::default();
+                while let Some((name, d_type)) = reader
+                    .next_entry_raw()
+                    .map_err(|e| ScanError::io(abs(b""), "list directory", e))?
+                {
+                    listing.push(name.to_bytes(), d_type);
+                }
+                (Held::Reader(reader), listing.bytes, false)
+            }
+        };
+        let dir_fd = held.fd();
         let parent_segments: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
         let mut found = Vec::new();
-        loop {
+        for (name, d_type) in statcache::listing_names(&listing) {
             if self.cancel.is_cancelled() {
                 return Err(ScanError::Cancelled);
             }
-            let Some((name, dtype)) = reader
-                .next_entry()
-                .map_err(|e| ScanError::io(abs(b""), "list directory", e))?
-            else {
-                break;
-            };
+            let dtype = DirentType::from_raw(d_type);
             let name_bytes = name.to_bytes();
             let lossy;
             let (name_str, utf8) = match std::str::from_utf8(name_bytes) {
@@ -304,6 +400,17 @@ impl Walker<'_> {
                 });
             }
         }
+        drop(held);
+        shared
+            .dirs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ListedDir {
+                path: rel.to_string(),
+                stat: DirStat::of(&dir_stat),
+                listing,
+                reused,
+            });
         Ok(found)
     }
 

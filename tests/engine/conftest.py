@@ -87,7 +87,8 @@ def snapshot_tree(root: Path, *, with_mtime: bool = True) -> dict[str, tuple[Any
 
 def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAST_NS) -> None:
     """Files (parents made as needed) with mtimes in the past; a str value is a
-    symlink target."""
+    symlink target. Returns once their ctimes (now) are out of the stat cache's
+    racy window (10 ms and a clock tick), so a capture right after trusts them."""
     for rel, content in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +97,7 @@ def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAS
         else:
             path.write_bytes(content)
             os.utime(path, ns=(mtime_ns, mtime_ns))
+    time.sleep(0.015)
 
 
 def lexists(path: Path) -> bool:

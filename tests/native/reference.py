@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from collections.abc import Sequence
 
 import blake3
@@ -114,10 +115,24 @@ def encode_rows(rows: list[list[object]]) -> bytes:
 
 
 def age_tree(root: str, seconds: int = 3600) -> None:
-    """Move every mtime (and so the racy window) well into the past."""
+    """Move every mtime (and so the racy window) well into the past, the
+    root's too (the stat cache keeps directory listings under the same rule)."""
     past = os.stat(root).st_mtime_ns - seconds * 1_000_000_000
     for directory, dirs, files in os.walk(root):
         for name in dirs + files:
             full = os.path.join(directory, name)
             if not os.path.islink(full):
                 os.utime(full, ns=(past, past), follow_symlinks=False)
+    os.utime(root, ns=(past, past))
+    settle(root)
+
+
+def settle(root: str) -> None:
+    """Wait until the ctimes just set are out of the racy window: the stat
+    cache trusts nothing whose mtime or ctime falls within one timestamp tick
+    of the scan (10 ms, or 1 s on a filesystem with whole-second times)."""
+    ctime = os.stat(root).st_ctime_ns
+    if ctime % 1_000_000_000 == 0:  # whole seconds: the reference is a second back
+        time.sleep(max(0.0, ctime / 1e9 + 2.05 - time.time()))
+    else:
+        time.sleep(0.015)  # 10 ms and one jiffy of the coarse clock

@@ -53,6 +53,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
+    m.add_class::<scan::PyScanProgress>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
     m.add_class::<stream::ZeroingReader>()?;
     m.add_class::<verify::PyVerifyingReader>()?;

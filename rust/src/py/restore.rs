@@ -162,6 +162,7 @@ impl RestoreSession {
                     threads: 0,
                     cancel: scan_cancel,
                     feed: None,
+                    progress: None,
                 };
                 let live = scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
                     .map_err(RestoreError::Scan)?;

@@ -13,6 +13,29 @@ use super::feed::PyBlobFeed;
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
+use crate::walk;
+
+/// Counters a running scan publishes (entries seen, files hashed, bytes
+/// hashed): give one to `scan(progress=...)` and read `snapshot()` from another
+/// thread while it runs (relaxed atomics: cheap, each count monotone).
+#[pyclass(module = "checkpointd._native", name = "ScanProgress", frozen)]
+#[derive(Default)]
+pub struct PyScanProgress {
+    pub inner: std::sync::Arc<walk::ScanProgress>,
+}
+
+#[pymethods]
+impl PyScanProgress {
+    #[new]
+    fn new() -> Self {
+        PyScanProgress::default()
+    }
+
+    /// `(entries_seen, files_hashed, bytes_hashed)` so far.
+    fn snapshot(&self) -> (u64, u64, u64) {
+        self.inner.snapshot()
+    }
+}
 
 #[pyclass(module = "checkpointd._native", frozen)]
 pub struct ScanResult {
@@ -32,6 +55,13 @@ pub struct ScanResult {
     files_with_secrets: u64,
     #[pyo3(get)]
     phases_ms: Py<PyDict>,
+    /// The distinct file digests, sorted, 32 bytes each.
+    #[pyo3(get)]
+    digests: Py<PyBytes>,
+    #[pyo3(get)]
+    dirs_listed: u64,
+    #[pyo3(get)]
+    dirs_reused: u64,
     #[pyo3(get)]
     policy_warnings: Vec<(&'static str, String, String)>,
 }
@@ -70,6 +100,9 @@ fn to_result(
     Ok(ScanResult {
         phases_ms: phases_ms.unbind(),
         manifest: PyBytes::new(py, &out.manifest).unbind(),
+        digests: PyBytes::new(py, &out.digests).unbind(),
+        dirs_listed: out.dirs_listed,
+        dirs_reused: out.dirs_reused,
         unsupported: unsupported.unbind(),
         entries: out.entries,
         files_hashed: out.files_hashed,
@@ -84,7 +117,7 @@ fn to_result(
 #[pyfunction]
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
-    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None
+    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -99,6 +132,7 @@ pub fn scan(
     cancel: Option<&Bound<'_, CancelToken>>,
     feed: Option<&Bound<'_, PyBlobFeed>>,
     root_fd: Option<std::os::fd::RawFd>,
+    progress: Option<&Bound<'_, PyScanProgress>>,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -128,6 +162,7 @@ pub fn scan(
         threads,
         cancel: cancel.clone(),
         feed: feed.map(|f| f.get().inner.clone()),
+        progress: progress.map(|p| p.get().inner.clone()),
     };
     let out = run_released(py, &cancel, move || match held {
         Some(fd) => core::scan_root(&request, core::Root::from_fd(fd, request.root.clone())),

@@ -1,0 +1,340 @@
+"""The stat cache's directory listings (git's untracked cache, issue 11).
+
+A rescan reuses a directory's recorded listing only when the directory's
+fstat (dev, ino, mtime, ctime) is unchanged and its mtime is not racy; every
+entry is still lstat'ed. These tests change trees the way a hostile sandbox
+would (setting mtimes back, swapping directories for symlinks, moving
+subtrees, creating and deleting within one timestamp tick, mounting over a
+listed directory) and check that a cached rescan equals a fresh scan, on the
+machine's filesystem and on one with 1-second timestamps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from checkpointd import _native
+from checkpointd.codec import decode_entries
+
+from ..fixtures.loopfs import coarse_ext4
+from ..fixtures.tmpfs import small_tmpfs
+from .reference import age_tree
+
+
+@pytest.fixture(params=["native-fs", "coarse-ext4"])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """A workspace on this machine's filesystem, or on a 1-second-timestamp ext4."""
+    if request.param == "native-fs":
+        workspace = tmp_path / "ws"
+        workspace.mkdir()
+        yield workspace
+        return
+    with coarse_ext4(tmp_path) as mount_point:
+        workspace = mount_point / "ws"
+        workspace.mkdir()
+        yield workspace
+
+
+def make_tree(root: Path) -> None:
+    for directory in ("a", "a/x", "a/x/deep", "b", "c"):
+        (root / directory).mkdir()
+    for path in ("a/1.txt", "a/x/2.txt", "a/x/deep/3.txt", "b/4.txt", "top.txt"):
+        (root / path).write_bytes(path.encode())
+    os.symlink("a/1.txt", root / "link")
+
+
+def scan(root: Path, cache: str | None) -> _native.ScanResult:
+    return _native.scan(str(root), cache_path=cache)
+
+
+def assert_same_as_fresh(root: Path, cached: _native.ScanResult) -> None:
+    fresh = scan(root, None)
+    assert decode_entries(cached.manifest) == decode_entries(fresh.manifest)
+    assert cached.unsupported == fresh.unsupported
+
+
+def primed(root: Path, cache: str) -> _native.ScanResult:
+    """Build, age and scan twice: the second scan reuses every listing."""
+    make_tree(root)
+    age_tree(str(root))
+    scan(root, cache)
+    again = scan(root, cache)
+    assert again.dirs_reused == again.dirs_listed == 6  # root, a, a/x, a/x/deep, b, c
+    return again
+
+
+def mtimes(root: Path) -> dict[str, int]:
+    return {directory: os.stat(directory).st_mtime_ns for directory, _dirs, _files in os.walk(root)}
+
+
+def set_back(saved: dict[str, int]) -> None:
+    """`touch -d`: every directory that still exists gets its old mtime back
+    (its ctime moves to now: that cannot be set back)."""
+    for directory, mtime in saved.items():
+        if os.path.isdir(directory) and not os.path.islink(directory):
+            os.utime(directory, ns=(mtime, mtime), follow_symlinks=False)
+
+
+def test_unchanged_tree_reuses_every_listing(root: Path, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache.bin")
+    again = primed(root, cache)
+    assert again.files_hashed == 0
+    stamp = os.stat(cache).st_mtime_ns
+    third = scan(root, cache)
+    assert third.dirs_reused == third.dirs_listed
+    assert os.stat(cache).st_mtime_ns == stamp  # nothing changed: not rewritten
+
+
+def test_touch_d_after_a_new_file_is_seen_through_ctime(root: Path, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    old = os.stat(root / "b").st_mtime_ns
+    (root / "b" / "new.txt").write_bytes(b"new")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(old // 1_000_000_000))
+    subprocess.run(["touch", "-d", stamp, str(root / "b")], check=True)
+    if os.stat(root / "b").st_mtime_ns != old:
+        # touch -d takes whole seconds: put back the exact nanoseconds too.
+        os.utime(root / "b", ns=(old, old))
+    assert os.stat(root / "b").st_mtime_ns == old
+    cached = scan(root, cache)
+    assert "b/new.txt" in {entry.path for entry in decode_entries(cached.manifest)}
+    assert_same_as_fresh(root, cached)
+
+
+def test_directory_swapped_for_a_symlink_with_mtimes_set_back(root: Path, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    saved = mtimes(root)
+    shutil.rmtree(root / "a" / "x")
+    os.symlink("../b", root / "a" / "x")
+    set_back(saved)
+    cached = scan(root, cache)
+    paths = {entry.path: entry for entry in decode_entries(cached.manifest)}
+    assert not any(path.startswith("a/x/") for path in paths)
+    assert type(paths["a/x"]).__name__ == "SymlinkEntry"
+    assert_same_as_fresh(root, cached)
+
+
+def test_subtree_moved_and_exchanged_with_mtimes_set_back(root: Path, tmp_path: Path) -> None:
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    saved = mtimes(root)
+    os.rename(root / "a" / "x", root / "c" / "x")  # a subtree moves
+    os.rename(root / "b", root / "a" / "x")  # another directory takes its name
+    set_back(saved)
+    cached = scan(root, cache)
+    paths = {entry.path for entry in decode_entries(cached.manifest)}
+    assert {"c/x/deep/3.txt", "a/x/4.txt"} <= paths
+    assert "a/x/deep" not in paths
+    assert_same_as_fresh(root, cached)
+
+
+def _start_of_a_second() -> None:
+    time.sleep(1 - time.time() % 1 + 0.02)
+
+
+def test_created_and_deleted_in_the_tick_of_the_scan(root: Path, tmp_path: Path) -> None:
+    """On a 1-second filesystem the directory's stat does not change when a
+    name comes and another goes in the second of the scan: only the racy
+    rule makes the next scan read it again."""
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    for _attempt in range(5):
+        _start_of_a_second()
+        second = int(time.time())
+        (root / "c" / "gone.txt").write_bytes(b"soon deleted")
+        first = scan(root, cache)
+        (root / "c" / "gone.txt").unlink()
+        (root / "c" / "born.txt").write_bytes(b"created after the scan")
+        if int(time.time()) != second:
+            continue  # too slow for one second: try again
+        cached = scan(root, cache)
+        before = {entry.path for entry in decode_entries(first.manifest)}
+        after = {entry.path for entry in decode_entries(cached.manifest)}
+        assert "c/gone.txt" in before and "c/born.txt" not in before
+        assert "c/born.txt" in after and "c/gone.txt" not in after
+        assert_same_as_fresh(root, cached)
+        (root / "c" / "born.txt").unlink()
+        return
+    pytest.fail("could not change the tree within the scan's second in 5 tries")
+
+
+def test_same_tick_edit_hidden_by_touch_d_is_hashed_again(root: Path, tmp_path: Path) -> None:
+    """git's hole: an edit in the second of the scan, its mtime then set back
+    with `touch -d`, leaves size, mtime AND ctime as recorded (the ctime only
+    has whole seconds). The racy rule on ctime makes the next scan hash it."""
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    target = root / "b" / "4.txt"
+    old = os.stat(target).st_mtime_ns
+    for _attempt in range(5):
+        _start_of_a_second()
+        second = int(time.time())
+        target.write_bytes(b"v1 4")  # same size as "b/4.txt" bytes
+        os.utime(target, ns=(old, old))
+        first = scan(root, cache)
+        target.write_bytes(b"v2 4")
+        os.utime(target, ns=(old, old))
+        if int(time.time()) != second:
+            continue
+        cached = scan(root, cache)
+        by_path = {entry.path: entry for entry in decode_entries(cached.manifest)}
+        before = {entry.path: entry for entry in decode_entries(first.manifest)}
+        assert by_path["b/4.txt"].blob_key != before["b/4.txt"].blob_key
+        assert_same_as_fresh(root, cached)
+        return
+    pytest.fail("could not edit within the scan's second in 5 tries")
+
+
+def test_mount_over_a_listed_directory_is_still_a_mount_point(tmp_path: Path) -> None:
+    """Mounting does not touch the parent's stat, so its listing is reused;
+    the lstat of each entry still sees the other device."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    with small_tmpfs(root / "c") as mounted:
+        (mounted / "outside.txt").write_bytes(b"another filesystem")
+        cached = scan(root, cache)
+        assert cached.dirs_reused >= 1  # the root's listing came from the cache
+        assert ("c", "mount-point") in cached.unsupported
+        paths = {entry.path for entry in decode_entries(cached.manifest)}
+        assert "c" not in paths and "c/outside.txt" not in paths
+        assert_same_as_fresh(root, cached)
+
+
+def test_policy_change_uses_the_raw_listing(root: Path, tmp_path: Path) -> None:
+    """Listings are kept before the policy: a name the last scan excluded is
+    found again from the reused listing of its directory. (Directories the
+    last scan did not enter are not in its cache: they are read.)"""
+    cache = str(tmp_path / "cache.bin")
+    primed(root, cache)
+    narrowed = _native.scan(str(root), cache_path=cache, exclude=["top.txt", "x/"])
+    paths = {entry.path for entry in decode_entries(narrowed.manifest)}
+    assert "top.txt" not in paths and "a/x" not in paths
+    assert narrowed.dirs_reused == narrowed.dirs_listed == 4  # root, a, b, c
+    widened = scan(root, cache)
+    assert (widened.dirs_listed, widened.dirs_reused) == (6, 4)  # a/x, a/x/deep read
+    assert {"top.txt", "a/x/deep/3.txt"} <= {e.path for e in decode_entries(widened.manifest)}
+    assert_same_as_fresh(root, widened)
+
+
+def test_corrupt_or_old_cache_is_an_empty_one(root: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache.bin"
+    primed(root, str(cache))
+    data = bytearray(cache.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cache.write_bytes(bytes(data))
+    again = scan(root, str(cache))
+    assert again.dirs_reused == 0 and again.files_reused == 0
+    assert_same_as_fresh(root, again)
+
+
+# ----------------------------------------------------------- random mutations
+
+NAMES = ["a", "b", "c", "x", "é", "n o"]
+MUTATIONS = st.lists(
+    st.tuples(
+        st.sampled_from(["file", "rm", "mkdir", "rmtree", "move", "symlink", "rewrite"]),
+        st.integers(0, 1000),
+        st.integers(0, 1000),
+        st.sampled_from(NAMES),
+    ),
+    min_size=1,
+    max_size=6,
+)
+
+
+def _dirs(root: Path) -> list[Path]:
+    return sorted(Path(d) for d, _dirs, _files in os.walk(root))
+
+
+def _entries(root: Path) -> list[Path]:
+    out: list[Path] = []
+    for directory, dirs, files in os.walk(root):
+        out += [Path(directory) / name for name in dirs + files]
+    return sorted(out)
+
+
+def mutate(root: Path, op: str, i: int, j: int, name: str) -> None:
+    dirs, entries = _dirs(root), _entries(root)
+    where = dirs[i % len(dirs)]
+    target = where / name
+    if op == "file" and not os.path.lexists(target):
+        target.write_bytes(b"made %d" % j)
+    elif op == "mkdir" and not os.path.lexists(target):
+        target.mkdir()
+    elif op == "rm" and entries:
+        victim = entries[i % len(entries)]
+        if victim.is_symlink() or not victim.is_dir():
+            victim.unlink()
+    elif op == "rmtree" and len(dirs) > 1:
+        shutil.rmtree(dirs[1 + i % (len(dirs) - 1)])
+    elif op == "move" and entries:
+        moved = entries[i % len(entries)]
+        destination = dirs[j % len(dirs)] / name
+        if not os.path.lexists(destination) and not destination.is_relative_to(moved):
+            os.rename(moved, destination)
+    elif op == "symlink" and not os.path.lexists(target):
+        os.symlink(name, target)
+    elif op == "rewrite" and entries:
+        victim = entries[j % len(entries)]
+        if victim.is_file() and not victim.is_symlink():
+            victim.write_bytes(b"rewritten %d" % i)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(mutations=MUTATIONS, set_mtimes_back=st.booleans())
+def test_cached_rescan_equals_fresh_scan_after_random_mutations(
+    mutations: list[tuple[str, int, int, str]], set_mtimes_back: bool
+) -> None:
+    base = Path(tempfile.mkdtemp(prefix="ckpd-utc-"))
+    try:
+        root = base / "ws"
+        root.mkdir()
+        cache = str(base / "cache.bin")
+        make_tree(root)
+        age_tree(str(root))
+        scan(root, cache)
+        saved = mtimes(root)
+        for mutation in mutations:
+            mutate(root, *mutation)
+        if set_mtimes_back:
+            set_back(saved)  # the sandbox hides its changes from mtime checks
+        cached = scan(root, cache)
+        assert_same_as_fresh(root, cached)
+        # And the cache it saved serves the next scan just as well.
+        assert_same_as_fresh(root, scan(root, cache))
+    finally:
+        shutil.rmtree(base)
+
+
+def test_cache_holds_only_what_the_last_scan_saw(tmp_path: Path) -> None:
+    """Bounded: deleted directories and files leave the cache with the scan
+    that no longer finds them (nothing accumulates across scans)."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for d in range(50):
+        (root / f"dir{d:02}").mkdir()
+        for f in range(5):
+            (root / f"dir{d:02}" / f"file{f}.txt").write_bytes(b"x")
+    age_tree(str(root))
+    cache = tmp_path / "cache.bin"
+    scan(root, str(cache))
+    full = cache.stat().st_size
+    for d in range(25):
+        shutil.rmtree(root / f"dir{d:02}")
+    scan(root, str(cache))
+    assert cache.stat().st_size < full * 0.6
