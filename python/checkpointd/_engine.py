@@ -192,6 +192,7 @@ class PhaseReporter:
         self._phase_started = self._started
         self._last_report = 0.0
         self._files_done = self._files_total = self._bytes_done = self._bytes_total = 0
+        self._files_hashed = 0
         self._generation = 0
         self.phases_ms: dict[str, int] = {}
 
@@ -206,7 +207,7 @@ class PhaseReporter:
             return None
         files = max(self._files_done, self._files_total)
         nbytes = max(self._bytes_done, self._bytes_total)
-        return Progress(self._phase, files, files, nbytes, nbytes)
+        return Progress(self._phase, files, files, nbytes, nbytes, self._files_hashed)
 
     def phase(
         self,
@@ -227,6 +228,7 @@ class PhaseReporter:
             self._phase, self._phase_started = name, now
             self._files_done, self._bytes_done = files_done, bytes_done
             self._files_total, self._bytes_total = files_total, bytes_total
+            self._files_hashed = 0
             self._last_report = now
             report = self._snapshot()
         if self._callback is not None:
@@ -239,6 +241,27 @@ class PhaseReporter:
         with self._lock:
             self._files_done += files
             self._bytes_done += nbytes
+            if self._callback is None or now - self._last_report < _REPORT_INTERVAL_S:
+                return
+            self._last_report = now
+            report = self._snapshot()
+            generation = self._generation
+        self._deliver(report, generation)
+
+    def update(
+        self, *, files_done: int, bytes_done: int, files_hashed: int = 0, final: bool = False
+    ) -> None:
+        """Set the current phase's counts to these values (a phase whose
+        counts are polled, like the native scan's); reports at most every
+        100 ms, except ``final``, which fixes the phase's totals (its closing
+        report then says exactly these counts)."""
+        now = time.monotonic()
+        with self._lock:
+            self._files_done, self._bytes_done = files_done, bytes_done
+            self._files_hashed = files_hashed
+            if final:
+                self._files_total, self._bytes_total = files_done, bytes_done
+                return
             if self._callback is None or now - self._last_report < _REPORT_INTERVAL_S:
                 return
             self._last_report = now
@@ -261,7 +284,12 @@ class PhaseReporter:
 
     def _snapshot(self) -> Progress:
         return Progress(
-            self._phase, self._files_done, self._files_total, self._bytes_done, self._bytes_total
+            self._phase,
+            self._files_done,
+            self._files_total,
+            self._bytes_done,
+            self._bytes_total,
+            self._files_hashed,
         )
 
     def _deliver(self, report: Progress, generation: int) -> None:

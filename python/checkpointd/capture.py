@@ -107,6 +107,8 @@ SMALL_FILE_BYTES = 1 << 20
 FEED_BYTES = 64 << 20
 # Batches of the feed uploaded at once.
 FEED_CONSUMERS = 2
+# How often a capture reports the running scan's counters (issue 12).
+SCAN_POLL_S = 0.2
 # Small files per batch (one worker-thread trip to read them, one ``put_many``;
 # a batch ends at whichever limit comes first), and batches in flight.
 BATCH_FILES = 1024
@@ -362,6 +364,7 @@ async def capture_checkpoint(
                     max_workers=1 + FEED_CONSUMERS + LARGE_UPLOAD_CONCURRENCY,
                     thread_name_prefix="capture-feed",
                 )
+                counts = _native.ScanProgress()
                 scanning = asyncio.ensure_future(
                     _scan(
                         root,
@@ -372,21 +375,28 @@ async def capture_checkpoint(
                         feed,
                         subroot.fd,
                         executor=feed_threads,
+                        progress=counts,
                     )
                 )
+                polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
                 try:
                     await engine.upload_feed(feed, feed_threads)
                 except BaseException:
                     feed.abandon()
                     token.cancel()
-                    await asyncio.gather(scanning, return_exceptions=True)
+                    await asyncio.gather(scanning, polling, return_exceptions=True)
                     raise
                 finally:
                     feed_threads.shutdown(wait=False)  # idle or ending: nothing to wait for
+                await asyncio.gather(scanning, polling, return_exceptions=True)
                 outcome = await scanning
-                # The native scan reports no progress of its own: its counts arrive
-                # with the scan phase's closing report (entries seen, bytes hashed).
-                reporter.advance(files=outcome.entries_count, nbytes=outcome.bytes_hashed)
+                # The phase's totals: what the scan found and hashed in the end.
+                reporter.update(
+                    files_done=outcome.entries_count,
+                    bytes_done=outcome.bytes_hashed,
+                    files_hashed=outcome.files_hashed,
+                    final=True,
+                )
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
                 manifest = Manifest(
@@ -498,6 +508,19 @@ def _empty_stats(reporter: PhaseReporter) -> CaptureStats:
     return CaptureStats(0, 0, 0, 0, 0, 0, duration_ms, dict(reporter.phases_ms))
 
 
+async def _report_scan(
+    counts: _native.ScanProgress, reporter: PhaseReporter, scanning: asyncio.Future[Any]
+) -> None:
+    """While the native scan runs (GIL released), report its counters every
+    SCAN_POLL_S: entries found, files and bytes hashed so far."""
+    while not scanning.done():
+        await asyncio.wait({scanning}, timeout=SCAN_POLL_S)
+        if scanning.done():
+            return  # the caller reports the final counts
+        entries, hashed, nbytes = counts.snapshot()
+        reporter.update(files_done=entries, bytes_done=nbytes, files_hashed=hashed)
+
+
 async def _scan(
     root: str,
     policy: Policy,
@@ -507,10 +530,18 @@ async def _scan(
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
     executor: concurrent.futures.Executor | None = None,
+    progress: _native.ScanProgress | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(
-            root, policy, secrets, cache_path, cancel=token, feed=feed, root_fd=root_fd
+            root,
+            policy,
+            secrets,
+            cache_path,
+            cancel=token,
+            feed=feed,
+            root_fd=root_fd,
+            progress=progress,
         ),
         token.cancel,
         executor,

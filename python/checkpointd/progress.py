@@ -22,6 +22,7 @@ class Progress:
     files_total: int = 0
     bytes_done: int = 0
     bytes_total: int = 0
+    files_hashed: int = 0  # scan only: files read and hashed (the rest: from the stat cache)
 
 
 ProgressCallback = Callable[[Progress], None]

@@ -68,7 +68,7 @@ pub struct Walker<'a> {
 /// another thread at any time; relaxed: each is a monotone count of its own).
 #[derive(Debug, Default)]
 pub struct ScanProgress {
-    /// Entries the policy kept, so far (files, dirs, links, unsupported ones).
+    /// Manifest entries found so far (files, links, included directories).
     pub entries_seen: std::sync::atomic::AtomicU64,
     /// Files read and hashed so far (the cache vouched for the others).
     pub files_hashed: std::sync::atomic::AtomicU64,
@@ -199,7 +199,20 @@ impl Walker<'_> {
         }
         match self.list(scope, shared, &rel, included) {
             Ok(found) => {
-                ScanProgress::add(&self.progress.entries_seen, found.len() as u64);
+                // What will be manifest entries (a directory outside the include
+                // list may still join them later, so the final count is higher).
+                let entries = found
+                    .iter()
+                    .filter(|f| {
+                        matches!(
+                            f,
+                            Found::File { .. }
+                                | Found::Symlink { .. }
+                                | Found::Dir { included: true, .. }
+                        )
+                    })
+                    .count();
+                ScanProgress::add(&self.progress.entries_seen, entries as u64);
                 if !found.is_empty() {
                     shared
                         .found

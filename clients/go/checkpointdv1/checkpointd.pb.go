@@ -282,8 +282,11 @@ func (EntryKind) EnumDescriptor() ([]byte, []int) {
 // (lease, resolve, plan, fetch, apply, record), in that order. What each counts:
 //
 //	LEASE, RESOLVE, PLAN, APPEND: nothing (all counts 0).
-//	SCAN: files = manifest entries seen, bytes = bytes hashed (the scan is
-//	  native: its counts come in the phase's last event).
+//	SCAN: files_done = entries found so far, bytes_done = bytes read and
+//	  hashed so far, files_hashed = files read and hashed so far (the others'
+//	  hashes came from the stat cache); totals are unknown (0) while it runs,
+//	  events come about every 200 ms from the native scan's counters, and the
+//	  last one has files = the manifest's entries, bytes = bytes hashed.
 //	PIN: files = blob keys pinned in the store, of files_total.
 //	UPLOAD: files = blobs uploaded of files_total (the blobs the bucket
 //	  lacked), bytes = bytes uploaded of bytes_total.
@@ -843,12 +846,14 @@ func (x *CheckpointSummary) GetForkedFromCheckpointId() string {
 type Progress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The phase's name in lower case ("scan"); phase_kind is the same as an enum.
-	Phase         string        `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
-	FilesDone     uint64        `protobuf:"varint,2,opt,name=files_done,json=filesDone,proto3" json:"files_done,omitempty"`
-	FilesTotal    uint64        `protobuf:"varint,3,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
-	BytesDone     uint64        `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
-	BytesTotal    uint64        `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
-	PhaseKind     ProgressPhase `protobuf:"varint,6,opt,name=phase_kind,json=phaseKind,proto3,enum=checkpointd.v1.ProgressPhase" json:"phase_kind,omitempty"`
+	Phase      string        `protobuf:"bytes,1,opt,name=phase,proto3" json:"phase,omitempty"`
+	FilesDone  uint64        `protobuf:"varint,2,opt,name=files_done,json=filesDone,proto3" json:"files_done,omitempty"`
+	FilesTotal uint64        `protobuf:"varint,3,opt,name=files_total,json=filesTotal,proto3" json:"files_total,omitempty"`
+	BytesDone  uint64        `protobuf:"varint,4,opt,name=bytes_done,json=bytesDone,proto3" json:"bytes_done,omitempty"`
+	BytesTotal uint64        `protobuf:"varint,5,opt,name=bytes_total,json=bytesTotal,proto3" json:"bytes_total,omitempty"`
+	PhaseKind  ProgressPhase `protobuf:"varint,6,opt,name=phase_kind,json=phaseKind,proto3,enum=checkpointd.v1.ProgressPhase" json:"phase_kind,omitempty"`
+	// SCAN only (0 elsewhere): files read and hashed so far.
+	FilesHashed   uint64 `protobuf:"varint,7,opt,name=files_hashed,json=filesHashed,proto3" json:"files_hashed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -923,6 +928,13 @@ func (x *Progress) GetPhaseKind() ProgressPhase {
 		return x.PhaseKind
 	}
 	return ProgressPhase_PROGRESS_PHASE_UNSPECIFIED
+}
+
+func (x *Progress) GetFilesHashed() uint64 {
+	if x != nil {
+		return x.FilesHashed
+	}
+	return 0
 }
 
 type CaptureRequest struct {
@@ -4564,7 +4576,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x06_labelB\x10\n" +
 	"\x0e_source_run_idB\x18\n" +
 	"\x16_forked_from_thread_idB\x1c\n" +
-	"\x1a_forked_from_checkpoint_id\"\xde\x01\n" +
+	"\x1a_forked_from_checkpoint_id\"\x81\x02\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x1d\n" +
 	"\n" +
@@ -4576,7 +4588,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\vbytes_total\x18\x05 \x01(\x04R\n" +
 	"bytesTotal\x12<\n" +
 	"\n" +
-	"phase_kind\x18\x06 \x01(\x0e2\x1d.checkpointd.v1.ProgressPhaseR\tphaseKind\"\xe0\x03\n" +
+	"phase_kind\x18\x06 \x01(\x0e2\x1d.checkpointd.v1.ProgressPhaseR\tphaseKind\x12!\n" +
+	"\ffiles_hashed\x18\a \x01(\x04R\vfilesHashed\"\xe0\x03\n" +
 	"\x0eCaptureRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x19\n" +
 	"\x05label\x18\x02 \x01(\tH\x00R\x05label\x88\x01\x01\x12.\n" +

@@ -147,6 +147,7 @@ def progress_to_proto(progress: Progress) -> pb.Progress:
         files_total=max(progress.files_total, 0),
         bytes_done=max(progress.bytes_done, 0),
         bytes_total=max(progress.bytes_total, 0),
+        files_hashed=max(progress.files_hashed, 0),
     )
 
 

@@ -206,20 +206,22 @@ class CheckpointSummary(_message.Message):
     def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., forked_from_thread_id: _Optional[str] = ..., forked_from_checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total", "phase_kind")
+    __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total", "phase_kind", "files_hashed")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     FILES_DONE_FIELD_NUMBER: _ClassVar[int]
     FILES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     BYTES_DONE_FIELD_NUMBER: _ClassVar[int]
     BYTES_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PHASE_KIND_FIELD_NUMBER: _ClassVar[int]
+    FILES_HASHED_FIELD_NUMBER: _ClassVar[int]
     phase: str
     files_done: int
     files_total: int
     bytes_done: int
     bytes_total: int
     phase_kind: ProgressPhase
-    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., phase_kind: _Optional[_Union[ProgressPhase, str]] = ...) -> None: ...
+    files_hashed: int
+    def __init__(self, phase: _Optional[str] = ..., files_done: _Optional[int] = ..., files_total: _Optional[int] = ..., bytes_done: _Optional[int] = ..., bytes_total: _Optional[int] = ..., phase_kind: _Optional[_Union[ProgressPhase, str]] = ..., files_hashed: _Optional[int] = ...) -> None: ...
 
 class CaptureRequest(_message.Message):
     __slots__ = ("thread_id", "label", "policy", "secrets", "conversation", "artifacts", "workspace_subdir", "request_id", "source_run_id", "skip_if_unchanged", "secret_names")
