@@ -150,11 +150,11 @@ class CorpusRun:
                 measurement.max_rss_kib.append(result.max_rss_kib)
                 measurement.outputs.append(result.stdout)
         self.results.append(measurement)
-        _print_line(measurement)
+        print_line(measurement)
         return measurement
 
 
-def _print_line(m: Measurement) -> None:
+def print_line(m: Measurement) -> None:
     if m.error:
         print(f"   {m.op:<30} {m.tool:<24} FAILED {m.error[:300]}", flush=True)
     else:

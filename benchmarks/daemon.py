@@ -5,16 +5,25 @@ restores to a second one on the restore target; both share one SQLite store and
 blob dir, as sidecars sharing a store would. Each timed run is the CLI client
 (``python -m checkpointd capture|restore THREAD --json``), i.e. what an
 orchestrator's shell-out costs end to end; daemon start-up is never timed.
+
+The no-change and 1%-change captures are also timed through a warm gRPC client
+(``checkpointd (daemon, warm)``): one channel kept open across runs, as an
+orchestrator holding a connection to its sidecar would, so the time is the RPC's
+(the daemon's work plus the stream), without an interpreter start per run. Its
+row carries the daemon's peak RSS and the store bytes each checkpoint added.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -26,11 +35,13 @@ from .context import (
     RESTORE_EMPTY,
     RESTORE_OVER,
     CorpusRun,
+    print_line,
 )
 from .corpus import disk_usage
 from .timing import OURS, Measurement
 
 DAEMON_TOOL = "checkpointd (daemon)"
+WARM_TOOL = "checkpointd (daemon, warm)"
 THREAD = "bench"
 CHECKPOINTD = [sys.executable, "-m", "checkpointd"]
 START_TIMEOUT_S = 60.0
@@ -132,6 +143,68 @@ def note_run(measurement: Measurement, daemon: Daemon) -> None:
         measurement.notes["daemon_peak_rss_mib"] = round(peak, 1)
 
 
+def warm_bench(
+    ctx: CorpusRun,
+    op: str,
+    daemon: Daemon,
+    store_dir: Path,
+    *,
+    prepare: Callable[[int], object] | None = None,
+    warmup: bool = False,
+) -> Measurement:
+    """Time ``ctx.runs`` captures over ONE gRPC channel to ``daemon`` (after
+    ``ctx.warmups`` untimed ones when ``warmup``), ``prepare(run)`` untimed before
+    each. The RSS column is the daemon's peak (VmHWM), the client being this
+    process; ``stored_bytes_per_run`` is the store's growth per timed capture."""
+    from checkpointd.service.client import Client
+
+    measurement = Measurement(ctx.name, op, WARM_TOOL, OURS, f"Capture over one channel to {daemon.address}")  # fmt: skip
+    warmups = ctx.warmups if warmup else 0
+
+    async def go() -> None:
+        async with Client(daemon.address, timeout=ctx.timeout_s) as client:
+            stored_before = 0
+            for index in range(warmups + ctx.runs):
+                run = index - warmups
+                if prepare is not None:
+                    prepare(run)
+                if run == 0:
+                    stored_before = disk_usage(store_dir)
+                started = time.perf_counter()
+                done = await client.capture(THREAD)
+                seconds = time.perf_counter() - started
+                if run < 0:
+                    continue
+                measurement.times.append(seconds)
+                measurement.max_rss_kib.append(int((daemon.peak_rss_mib() or 0) * 1024))
+                stats = {
+                    "duration_ms": done.stats.duration_ms,
+                    "entries": done.stats.entries,
+                    "files_hashed": done.stats.files_hashed,
+                    "files_reused": done.stats.files_reused,
+                    "bytes_hashed": done.stats.bytes_hashed,
+                    "blobs_uploaded": done.stats.blobs_uploaded,
+                    "phases_ms": dict(done.stats.phases_ms),
+                }
+                measurement.outputs.append(json.dumps({"stats": stats}))
+            measurement.notes["stored_bytes_per_run"] = (
+                disk_usage(store_dir) - stored_before
+            ) // max(ctx.runs, 1)
+
+    try:
+        asyncio.run(go())
+    except Exception as exc:  # recorded as the row's error, like a failing command
+        measurement.error = f"{type(exc).__name__}: {exc}"[:300]
+    if measurement.outputs:
+        phases = [json.loads(o)["stats"]["phases_ms"] for o in measurement.outputs]
+        measurement.notes["phases_ms_median"] = {
+            name: statistics.median(p.get(name, 0) for p in phases) for name in phases[-1]
+        }
+    ctx.results.append(measurement)
+    print_line(measurement)
+    return measurement
+
+
 def cli_available() -> str | None:
     """None when ``checkpointd serve`` can run here, else why not."""
     probe = subprocess.run([*CHECKPOINTD, "serve", "--help"], capture_output=True, check=False)
@@ -167,11 +240,18 @@ def daemon_suite(ctx: CorpusRun) -> None:
             return
         cold.notes["stored_bytes"] = disk_usage(store_dir)
         note_run(ctx.bench(NO_CHANGE, DAEMON_TOOL, OURS, capture, warmup=True, env=env), capturer)
+        note_run(warm_bench(ctx, NO_CHANGE, capturer, store_dir, warmup=True), capturer)
         changed = ctx.bench(
             CHANGED_1PCT, DAEMON_TOOL, OURS, capture,
             prepare=lambda run: ctx.mutate_work(CHANGED_1PCT, run), env=env,
         )  # fmt: skip
         note_run(changed, capturer)
+        # Other edits than the CLI runs' (same size: 1% of the files), same for every run.
+        warm_changed = warm_bench(
+            ctx, CHANGED_1PCT, capturer, store_dir,
+            prepare=lambda run: ctx.mutate_work(CHANGED_1PCT, 1000 + run),
+        )  # fmt: skip
+        note_run(warm_changed, capturer)
         if ctx.big_file:
             appended = ctx.bench(
                 APPEND_1MIB, DAEMON_TOOL, OURS, capture,

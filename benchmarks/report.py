@@ -21,6 +21,7 @@ from .context import (
     RESTORE_EMPTY,
     RESTORE_OVER,
 )
+from .daemon import WARM_TOOL
 from .ours import API_TOOL
 from .timing import FLOOR, OURS, PEER, Measurement
 
@@ -88,10 +89,12 @@ def write_report(report: RunReport, out_dir: Path) -> list[Path]:
 
 def ours_for(measurements: Iterable[Measurement], corpus: str, op: str) -> Measurement | None:
     """Our measurement of ``op`` on ``corpus`` that ratios are taken against: the
-    Python API's when it ran and succeeded, else the daemon's."""
+    Python API's when it ran and succeeded, else the daemon's through a warm gRPC
+    client, else through the CLI."""
     ours = [m for m in measurements if m.corpus == corpus and m.op == op and m.kind == OURS]
     ours = [m for m in ours if m.times and not m.error]
-    return min(ours, key=lambda m: m.tool != API_TOOL, default=None)
+    preference = {API_TOOL: 0, WARM_TOOL: 1}
+    return min(ours, key=lambda m: preference.get(m.tool, 2), default=None)
 
 
 def _rows(measurements: list[Measurement], corpus: str, op: str) -> list[Measurement]:

@@ -88,7 +88,7 @@ def snapshot_tree(root: Path, *, with_mtime: bool = True) -> dict[str, tuple[Any
 def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAST_NS) -> None:
     """Files (parents made as needed) with mtimes in the past; a str value is a
     symlink target. Returns once their ctimes (now) are out of the stat cache's
-    racy window (10 ms and a clock tick), so a capture right after trusts them."""
+    racy window (10 ms and a clock tick or two), so a capture right after trusts them."""
     for rel, content in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +97,7 @@ def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAS
         else:
             path.write_bytes(content)
             os.utime(path, ns=(mtime_ns, mtime_ns))
-    time.sleep(0.015)
+    time.sleep(0.03)
 
 
 def lexists(path: Path) -> bool:

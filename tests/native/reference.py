@@ -129,10 +129,17 @@ def age_tree(root: str, seconds: int = 3600) -> None:
 
 def settle(root: str) -> None:
     """Wait until the ctimes just set are out of the racy window: the stat
-    cache trusts nothing whose mtime or ctime falls within one timestamp tick
-    of the scan (10 ms, or 1 s on a filesystem with whole-second times)."""
-    ctime = os.stat(root).st_ctime_ns
-    if ctime % 1_000_000_000 == 0:  # whole seconds: the reference is a second back
-        time.sleep(max(0.0, ctime / 1e9 + 2.05 - time.time()))
-    else:
-        time.sleep(0.015)  # 10 ms and one jiffy of the coarse clock
+    cache trusts nothing whose mtime or ctime is within one timestamp tick of
+    the scan's clock (10 ms, or 1 s on a filesystem with whole-second times),
+    read as the scan reads it: the mtime of a new file on the same filesystem."""
+    newest = os.stat(root).st_ctime_ns  # age_tree's last change
+    probe = os.path.join(os.path.dirname(os.path.abspath(root)), ".settle-probe")
+    while True:
+        with open(probe, "wb"):
+            pass
+        now = os.stat(probe).st_mtime_ns
+        os.unlink(probe)
+        tick = 1_000_000_000 if now % 1_000_000_000 == 0 else 10_000_000
+        if now - tick > newest:
+            return
+        time.sleep(0.005 if tick < 1_000_000_000 else 0.1)
