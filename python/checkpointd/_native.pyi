@@ -229,6 +229,46 @@ class BlobDir:
         durable and complete when it returns True). Raises FileChangedError
         (the file is not what was scanned: nothing stored), ScanCancelled, OSError."""
 
+# Packs (rust/src/pack.rs; the format is in blobs/packs.py): small blobs
+# compressed one by one into one object. Digests are 64-hex strings.
+
+PACK_FOOTER_LEN: int
+
+class PackedBlobInvalid(ValueError):
+    """A packed blob does not decode to its key; ``args`` = (64-hex digest, reason)."""
+
+class PackInvalid(ValueError):
+    """A pack's header, trailer or footer is damaged; ``args`` = (reason,)."""
+
+class PackWriter:
+    """A pack being built (thread-safe; every method releases the GIL)."""
+
+    def __init__(self) -> None: ...
+    def add_many(self, items: Sequence[tuple[str, bytes]]) -> list[tuple[int, int, int, int]]:
+        """Compress (in parallel) and append ``(digest, raw bytes)`` items; per
+        item ``(offset, stored_len, raw_len, codec)``."""
+    @property
+    def size(self) -> int:
+        """Bytes of the pack if finished now."""
+    @property
+    def count(self) -> int: ...
+    def finish(self) -> tuple[str, bytes]:
+        """``(BLAKE3 hex of the pack, the pack object)``; the writer is spent."""
+
+def unpack_many(
+    data: bytes, base: int, items: Sequence[tuple[str, int, int, int, int]]
+) -> list[bytes]:
+    """Raw bytes of each ``(digest, offset, stored_len, raw_len, codec)`` whose
+    frame lies in ``data`` (the pack from offset ``base`` on), checked (size and
+    BLAKE3); PackedBlobInvalid for the first that does not check."""
+
+def pack_trailer_len(footer: bytes) -> int:
+    """The trailer length a pack's last PACK_FOOTER_LEN bytes announce; PackInvalid."""
+
+def read_pack_trailer(tail: bytes, pack_len: int) -> list[tuple[str, int, int, int, int, int]]:
+    """The blobs a pack lists, from its tail (trailer + footer at least):
+    ``(digest, offset, stored_len, raw_len, codec, kind)``; PackInvalid."""
+
 # The manifest as bytes (the codec's compact JSON rows). Digests are raw 32-byte
 # BLAKE3 values, passed as one bytes object of concatenated, sorted, distinct
 # digests. Each raises ValueError for bytes that are not the codec's encoding.

@@ -59,6 +59,7 @@ from ._engine import (
 )
 from .blobs import base as blob_batches
 from .blobs.base import BlobStore, VerifiedFile
+from .blobs.packs import PackedBlobStore, PackSession, packed_blobs
 from .check import forget_found_keys, missing_marks, without_marked
 from .codec import encode_entries
 from .errors import (
@@ -339,10 +340,14 @@ async def capture_checkpoint(
 
             reporter.phase("scan")
             assert subroot.fd is not None
+            # Small blobs go into packs when the store keeps a pack index
+            # (blobs/packs.py): the session's index rows go in with the append.
+            packed = packed_blobs(blobs, store)
+            session = packed.capture_session() if isinstance(packed, PackedBlobStore) else None
             engine = _Uploader(
                 subroot.fd,
                 store,
-                blobs,
+                session if session is not None else blobs,
                 lease,
                 keeper,
                 checked_secrets,
@@ -425,6 +430,8 @@ async def capture_checkpoint(
                     )
                     return CaptureResult(parent, stats, unchanged=True)
                 manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
+                if session is not None:
+                    await session.flush()  # the last pack, in the upload phase
             finally:
                 engine.close()
             # (A file re-hashed during the upload keeps indexes: a mapping's
@@ -452,7 +459,7 @@ async def capture_checkpoint(
                 workspace_subdir=workspace_subdir,
             )
             keeper.check()
-            await store.append(checkpoint, head_id, lease)
+            await _append(store, checkpoint, head_id, lease, session)
             await forget_found_keys(store, engine.rechecked, checkpoint)
             duration_ms = reporter.finish()
             stats = CaptureStats(
@@ -470,6 +477,24 @@ async def capture_checkpoint(
         if subroot is not None:
             subroot.close()
         await lease.release()
+
+
+async def _append(
+    store: CheckpointStore,
+    checkpoint: Checkpoint,
+    head_id: str | None,
+    lease: WriterLease,
+    session: PackSession | None,
+) -> None:
+    """Make the session's packs durable, then append with their index rows
+    (one transaction: a row never exists before its pack, nor without the
+    checkpoint that references its key)."""
+    if session is None:
+        await store.append(checkpoint, head_id, lease)
+        return
+    await session.flush()
+    append: Any = store.append  # a PackIndex store's append takes the rows
+    await append(checkpoint, head_id, lease, packed_blobs=session.rows)
 
 
 def _nothing_new(

@@ -52,7 +52,8 @@ from ._engine import (
     run_bounded,
     run_in_thread,
 )
-from .blobs.base import BlobNotFoundError, BlobStore, get_many
+from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
+from .blobs.packs import packed_blobs
 from .errors import (
     INVALID_BLOB,
     INVALID_PATH,
@@ -195,7 +196,8 @@ async def restore_checkpoint(
             )
             try:
                 keeper.check()
-                await _fetch(blobs, session, reporter)
+                # Small blobs are read out of their packs through the store's index.
+                await _fetch(packed_blobs(blobs, store), session, reporter)
                 keeper.check()
                 # Phase report before the first change: a caller's hook runs here.
                 reporter.phase(
@@ -534,9 +536,23 @@ def _invalid_blob(digest: str, reason: str) -> SandboxSnapshotError:
     )
 
 
-def _missing_blob(blobs: BlobStore, key: str) -> SandboxSnapshotError:
+def _missing_blob(blobs: BlobStore, key: str, pack: str | None = None) -> SandboxSnapshotError:
+    if pack is not None:
+        return SandboxSnapshotError(
+            MISSING_BLOB,
+            f"blob {key} is missing from {blobs.url}: its pack {pack} is gone",
+            details={"key": key, "pack": pack},
+        )
     return SandboxSnapshotError(
         MISSING_BLOB, f"blob {key} is missing from {blobs.url}", details={"key": key}
+    )
+
+
+def _corrupt_blob(error: BlobCorruptError) -> SandboxSnapshotError:
+    return SandboxSnapshotError(
+        INVALID_BLOB,
+        f"blob {error.key} in pack {error.pack} is invalid: {error.reason}",
+        details={"key": error.key, "pack": error.pack},
     )
 
 
@@ -584,7 +600,9 @@ async def _fetch_batch(
     try:
         datas = await get_many(blobs, keys)
     except BlobNotFoundError as error:
-        raise _missing_blob(blobs, error.key) from None
+        raise _missing_blob(blobs, error.key, getattr(error, "pack", None)) from None
+    except BlobCorruptError as error:
+        raise _corrupt_blob(error) from None
     staged = [(digest, data) for (digest, _size), data in zip(items, datas, strict=True)]
     await run_in_thread(lambda: session.stage_many(staged))
     reporter.advance(files=len(items), nbytes=sum(len(data) for data in datas))
@@ -605,8 +623,10 @@ async def _fetch_large(
             # Rust stops as soon as it is longer than recorded (INVALID_BLOB).
             await asyncio.to_thread(session.write_blob, digest, chunk)
             reporter.advance(nbytes=len(chunk))
-    except BlobNotFoundError:
-        raise _missing_blob(blobs, key) from None
+    except BlobNotFoundError as error:
+        raise _missing_blob(blobs, key, getattr(error, "pack", None)) from None
+    except BlobCorruptError as error:
+        raise _corrupt_blob(error) from None
     await asyncio.to_thread(session.end_blob, digest)
     reporter.advance(files=1)
 

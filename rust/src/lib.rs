@@ -9,6 +9,7 @@ pub mod feed;
 pub mod fs;
 pub mod hash;
 pub mod manifest;
+pub mod pack;
 pub mod policy;
 pub mod redact;
 pub mod restore;

@@ -13,6 +13,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
 from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store.base import PackIndex
 
 from .conftest import snapshot_tree, write_tree
 
@@ -53,20 +54,54 @@ async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
     victim = next(
         e for e in captured.checkpoint.files if isinstance(e, FileEntry) and e.path == "a.txt"
     )
-    replacement = _damage(damage, await blobs.get(victim.blob_key))
-    if replacement is None:
-        await blobs.delete(victim.blob_key)
+    # A small blob lives in a pack when the store keeps a pack index: damage
+    # its frame there (or the pack), else its single object.
+    row = None
+    if isinstance(store, PackIndex):
+        row = (await store.locate_blobs([victim.blob_key])).get(victim.blob_key)
+        assert row is not None
+    holder = victim.blob_key if row is None else row.pack
+    original = await blobs.get(holder)
+    if row is None:
+        replacement = _damage(damage, original)
     else:
-        await blobs.put(victim.blob_key, replacement, if_absent=False)
+        frame = original[row.offset : row.offset + row.length]
+        if damage == "truncated":  # the pack ends inside the frame
+            replacement = original[: row.offset + row.length - 1]
+        elif damage == "missing":
+            replacement = None
+        else:  # a frame of other bytes in its place
+            changed = _damage(damage, frame)
+            assert changed is not None
+            replacement = (
+                original[: row.offset] + changed[: row.length] + original[row.offset + row.length :]
+            )
+            if damage == "longer":  # the pack's frame is a prefix of more bytes
+                replacement = (
+                    original[: row.offset] + frame[1:] + b"x" + original[row.offset + row.length :]
+                )
+    if replacement is None:
+        await blobs.delete(holder)
+    else:
+        await blobs.put(holder, replacement, if_absent=False)
 
     with pytest.raises(SandboxSnapshotError) as caught:
         await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
     assert caught.value.code == code
-    assert caught.value.details["key"] == victim.blob_key
+    if row is not None and damage == "missing":
+        # The whole pack is gone: any blob the restore needs from it is named.
+        needed = {e.blob_key for e in captured.checkpoint.files if isinstance(e, FileEntry)}
+        needed.discard(next(e.blob_key for e in captured.checkpoint.files if e.path == "same.txt"))
+        assert caught.value.details["key"] in needed
+    else:
+        assert caught.value.details["key"] == victim.blob_key
+    if row is not None:  # the error names the pack too
+        assert caught.value.details["pack"] == row.pack
+        assert row.pack in str(caught.value)
     assert snapshot_tree(workspace) == before  # byte for byte, staging gone too
 
     # The lease was released: once the blob is back, the restore succeeds.
-    await blobs.put(victim.blob_key, b"version one of a", if_absent=False)
+    await blobs.put(holder, original, if_absent=False)
     await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
     assert (workspace / "a.txt").read_bytes() == b"version one of a"
     assert not (workspace / "new.txt").exists()

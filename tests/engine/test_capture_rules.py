@@ -13,6 +13,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import FILE_CHANGED, capture_checkpoint
 from checkpointd.errors import (
     MISSING_CHECKPOINT,
@@ -195,10 +196,10 @@ async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
     assert set(files) == {"small.txt", "big.bin", "gone.txt"}
     assert files["small.txt"].blob_key == _key(small_old)
-    assert await memory_blobs.get(_key(small_old)) == small_old
+    assert await packed_blobs(memory_blobs, memory_store).get(_key(small_old)) == small_old
     assert files["big.bin"].blob_key == _key(big_new)
     # The scanned large bytes no longer exist anywhere; nothing was stored under their key.
-    assert await memory_blobs.head(_key(big_old)) is None
+    assert await packed_blobs(memory_blobs, memory_store).head(_key(big_old)) is None
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, memory_store, memory_blobs, "t", data_dir=data_dir)
     assert (restored / "small.txt").read_bytes() == small_old

@@ -13,6 +13,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import BATCH_FILES, FILE_CHANGED, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
@@ -25,6 +26,24 @@ from .conftest import snapshot_tree, write_tree
 
 def _key(data: bytes) -> str:
     return "sandbox-files/blake3/" + blake3.blake3(data).hexdigest()
+
+
+def _stored_blobs(root: Path) -> dict[str, bytes]:
+    """Every blob in the bucket directory: single objects and the blobs each
+    pack lists (small blobs rest in packs). Every file must be a complete pack
+    or blob named by its own hash (no staging leftovers)."""
+    found: dict[str, bytes] = {}
+    for name, data in _blob_files(root).items():
+        if not name.startswith("sandbox-packs/"):
+            assert name == _key(data)
+            found[name] = data
+            continue
+        assert name == "sandbox-packs/blake3/" + blake3.blake3(data).hexdigest()
+        for digest, offset, length, raw, codec, _kind in _native.read_pack_trailer(data, len(data)):
+            [found["sandbox-files/blake3/" + digest]] = _native.unpack_many(
+                data, 0, [(digest, offset, length, raw, codec)]
+            )
+    return found
 
 
 def _blob_files(root: Path) -> dict[str, bytes]:
@@ -62,9 +81,8 @@ async def test_many_small_files_in_several_batches_round_trip(
     distinct = set(files.values())
     assert first.stats.blobs_uploaded == len(distinct)
     assert first.stats.bytes_uploaded == sum(len(data) for data in distinct)
-    stored = _blob_files(tmp_path / "blobs")
     # Only complete blobs, each under its own hash; no staging file left.
-    assert stored == {_key(data): data for data in distinct}
+    assert _stored_blobs(tmp_path / "blobs") == {_key(data): data for data in distinct}
 
     # Another thread (no parent to trust) finds every blob already there.
     again = await capture_checkpoint(workspace, memory_store, file_blobs, "u", data_dir=data_dir)
@@ -94,8 +112,9 @@ async def test_file_changed_during_a_batch_is_hashed_again_never_stored_torn(
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
     assert set(files) == {"small.txt", *others}
     assert files["small.txt"].blob_key == _key(new)
-    assert await file_blobs.head(_key(old)) is None
-    assert await file_blobs.head(_key(b"gone")) is None
+    stored = packed_blobs(file_blobs, memory_store)  # what a restore can read
+    assert await stored.head(_key(old)) is None
+    assert await stored.head(_key(b"gone")) is None
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, memory_store, file_blobs, "t", data_dir=data_dir)
     assert snapshot_tree(restored, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
@@ -159,7 +178,7 @@ async def test_secrets_are_zeroed_in_batched_blobs(
     )
     zeroed = b"TOKEN=" + bytes(len(b"hunter2-secret")) + b"\n"
     assert [e.blob_key for e in result.checkpoint.files] == [_key(zeroed)]
-    assert _blob_files(tmp_path / "blobs") == {_key(zeroed): zeroed}
+    assert _stored_blobs(tmp_path / "blobs") == {_key(zeroed): zeroed}
 
 
 async def test_a_damaged_blob_in_a_batch_fails_restore_before_any_change(
@@ -169,7 +188,15 @@ async def test_a_damaged_blob_in_a_batch_fails_restore_before_any_change(
     write_tree(workspace, files)
     await capture_checkpoint(workspace, memory_store, file_blobs, "t", data_dir=data_dir)
     damaged = _key(files["f200.txt"])
-    await file_blobs.put(damaged, b"bytes 2OO", if_absent=False)  # same size, other bytes
+    # Its frame in the pack: same size, other bytes (stored raw: too short to compress).
+    row = (await memory_store.locate_blobs([damaged]))[damaged]
+    pack = await file_blobs.get(row.pack)
+    assert pack[row.offset : row.offset + row.length] == b"bytes 200"
+    await file_blobs.put(
+        row.pack,
+        pack[: row.offset] + b"bytes 2OO" + pack[row.offset + row.length :],
+        if_absent=False,
+    )
     target = tmp_path / "target"
     write_tree(target, {"keep.txt": b"untouched"})
     before = snapshot_tree(target)

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from checkpointd import _native
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import FileEntry
@@ -84,7 +85,10 @@ async def test_a_file_rewritten_during_restore_with_an_old_mtime_is_hashed_again
     again = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     # The tool's bytes are captured, not the hash of what restore had written.
     assert _blob_of(again.checkpoint, "notes.txt") != _blob_of(first.checkpoint, "notes.txt")
-    assert await memory_blobs.get(_blob_of(again.checkpoint, "notes.txt")) == b"tool output"
+    assert (
+        await packed_blobs(memory_blobs, memory_store).get(_blob_of(again.checkpoint, "notes.txt"))
+        == b"tool output"
+    )
     # The file nobody touched keeps its recorded hash: only one file was hashed.
     assert again.stats.files_hashed == 1
 

@@ -11,6 +11,7 @@ from typing import Any
 import blake3
 import pytest
 
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
@@ -245,8 +246,12 @@ async def test_capture_never_reads_outside_through_a_directory_swapped_mid_captu
         workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=swap_before_uploads
     )
     assert swapped
-    for info in await memory_blobs.list("sandbox-files/"):
-        assert b"TOP-SECRET" not in await memory_blobs.get(info.key)
+    stored = packed_blobs(memory_blobs, memory_store)
+    keys = [info.key for info in await memory_blobs.list("sandbox-files/")]
+    keys += [row.key for row in await memory_store.list_packed_blobs()]  # small blobs in packs
+    assert keys
+    for key in keys:
+        assert b"TOP-SECRET" not in await stored.get(key)
     # Both files were read once, by the scan, before the swap: the small one's
     # bytes and the large one's open fd (of the file inside, whatever its
     # directory became) went to the upload.
@@ -257,4 +262,4 @@ async def test_capture_never_reads_outside_through_a_directory_swapped_mid_captu
     assert await memory_blobs.get(big.blob_key) == b"i" * len(private)
     notes = entries["sub/notes.txt"]
     assert isinstance(notes, FileEntry)
-    assert await memory_blobs.get(notes.blob_key) == b"inside small"
+    assert await packed_blobs(memory_blobs, memory_store).get(notes.blob_key) == b"inside small"

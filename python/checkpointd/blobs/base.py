@@ -47,6 +47,17 @@ class BlobStoreError(Exception):
     """The blob backend failed (unreachable, denied...); names the store and key."""
 
 
+class BlobCorruptError(BlobStoreError):
+    """A stored blob does not hold its key's bytes (a truncated or damaged pack):
+    ``key`` the blob, ``pack`` the object holding it, ``reason`` what is wrong."""
+
+    def __init__(self, key: str, pack: str, reason: str) -> None:
+        super().__init__(f"blob {key} in pack {pack} is invalid: {reason}")
+        self.key = key
+        self.pack = pack
+        self.reason = reason
+
+
 @dataclass(frozen=True, slots=True)
 class BlobInfo:
     key: str
@@ -161,6 +172,19 @@ async def _gather_bounded(items: Sequence[T], work: Callable[[T], Awaitable[R]])
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+
+
+async def get_ranges(blobs: BlobStore, key: str, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+    """The bytes ``[start, end)`` of ``key`` for each range (shorter when the
+    object ends first): ``blobs.get_ranges`` where the store has it (one ranged
+    request each), else the whole object read once and sliced. Raises
+    BlobNotFoundError, BlobStoreError."""
+    method = _batch_method(blobs, "get_ranges")
+    if method is not None:
+        result: list[bytes] = await method(key, ranges)
+        return result
+    data = await blobs.get(key)
+    return [data[start:end] for start, end in ranges]
 
 
 async def default_put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list[bool]:

@@ -206,6 +206,7 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     Raises what ``open_store``/``open_blobs`` raise (bad URL, database down...).
     """
     from ..blobs import open_blobs
+    from ..blobs.packs import packed_blobs
     from ..store import open_store
     from .owner import OwnedStore, load_owner_id
 
@@ -220,7 +221,9 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
         blobs = open_blobs(config.blobs)
         store = await open_store(config.store)
     state.store = OwnedStore(store, owner)
-    state.blobs = blobs
+    # Every handler (capture, restore, ReadFile, ReadArtifact, check) reads and
+    # writes small blobs through the store's pack index (blobs/packs.py).
+    state.blobs = packed_blobs(blobs, state.store)
     state.store_backend = backend_name(config.store)
     state.blob_backend = backend_name(config.blobs)
 

@@ -221,3 +221,49 @@ class SpentCheckpointIds(Protocol):
     async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
         """The given ids that are spent, in the given order (duplicates once)."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class PackedBlob:
+    """Where a small blob lives: one row of the pack index (``blobs/packs.py``).
+
+    ``key`` is the blob's logical key (``sandbox-files/blake3/<hex>``), ``pack``
+    the pack object's key (``sandbox-packs/blake3/<hex>``); the blob's stored
+    bytes are ``length`` bytes at ``offset`` in the pack, decoding (``codec`` 0
+    raw, 1 zstd) to ``raw_size`` bytes whose BLAKE3 is the key's hash.
+    """
+
+    key: str
+    pack: str
+    offset: int
+    length: int
+    raw_size: int
+    codec: int
+
+
+@runtime_checkable
+class PackIndex(Protocol):
+    """The pack index kept in the checkpoint store (the stores we ship).
+
+    * Rows are written only by ``append(..., packed_blobs=rows)``, in the
+      append's own transaction, and only for keys that checkpoint references:
+      a row exists only once its pack is durable and a checkpoint counts the
+      key. The first row for a key wins (a racing capture's copy in another
+      pack is dead weight a repack reclaims).
+    * A row outlives its key's count (a later capture reuses the packed blob
+      without uploading it again); only a pack-aware sweep, after condemning
+      the key, removes rows.
+    * ``locate_blobs`` is "is this blob present?" without a bucket request.
+    """
+
+    async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
+        """For each of ``keys`` the store knows: its pack row, or None when no
+        pack holds it but a checkpoint references it (a single object: written
+        before packs, or above the pack threshold). Unknown keys are absent."""
+        ...
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> builtins.list[PackedBlob]:
+        """At most ``limit`` rows sorted by key, starting after ``after``."""
+        ...

@@ -57,6 +57,7 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
+from ._packindex import check_packed_blobs
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -64,6 +65,7 @@ from .base import (
     BlobCount,
     Clock,
     InstanceRecord,
+    PackedBlob,
     ThreadSummary,
 )
 
@@ -133,6 +135,7 @@ class InMemoryCheckpointStore:
         self._condemned: dict[str, int] = {}  # key -> condemned until (ms)
         self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
         self._spent: set[str] = set()  # deleted request_id checkpoints (``_core``)
+        self._packed: dict[str, PackedBlob] = {}  # the pack index (store.base.PackIndex)
         self._closed = False
 
     @property
@@ -214,6 +217,26 @@ class InMemoryCheckpointStore:
         self._check_open()
         return [i for i in dict.fromkeys(checkpoint_ids) if i in self._spent]
 
+    async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
+        """See ``store.base.PackIndex``."""
+        self._check_open()
+        found: dict[str, PackedBlob | None] = {}
+        for key in keys:
+            row = self._packed.get(key)
+            if row is not None:
+                found[key] = row
+            elif self._references.get(key, 0) > 0:
+                found[key] = None
+        return found
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> builtins.list[PackedBlob]:
+        """See ``store.base.PackIndex``."""
+        self._check_open()
+        keys = sorted(key for key in self._packed if after is None or key > after)
+        return [self._packed[key] for key in keys[: max(limit, 0)]]
+
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         self._check_open()
         return [
@@ -228,9 +251,15 @@ class InMemoryCheckpointStore:
         return self._leases.get(thread_id)
 
     async def append(
-        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+        self,
+        checkpoint: Checkpoint,
+        expected_head_id: str | None,
+        writer: WriterLike,
+        *,
+        packed_blobs: Sequence[PackedBlob] = (),
     ) -> str:
-        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6)."""
+        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6);
+        ``packed_blobs``: pack index rows for keys it references (PackIndex)."""
         self._check_open()
         check_checkpoint_ids(checkpoint, expected_head_id)
         check_checkpoint_body(checkpoint)
@@ -244,7 +273,11 @@ class InMemoryCheckpointStore:
             id_used=self._id_used(checkpoint.id),
             head_id=self._heads.get(thread_id),
         )
-        self._publish(_freeze(checkpoint))
+        stored = _freeze(checkpoint)
+        rows = check_packed_blobs(packed_blobs, set(stored.keys)) if packed_blobs else []
+        self._publish(stored)
+        for row in rows:
+            self._packed.setdefault(row.key, row)
         return checkpoint.id
 
     def _id_used(self, checkpoint_id: str) -> bool:

@@ -7,6 +7,7 @@ mod cancel;
 mod errors;
 mod feed;
 mod manifest;
+mod pack;
 mod policy;
 mod restore;
 mod scan;
@@ -59,6 +60,16 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<verify::PyVerifyingReader>()?;
     m.add_function(wrap_pyfunction!(verify::rehash_beneath, m)?)?;
     m.add_class::<restore::RestoreSession>()?;
+    m.add_class::<pack::PyPackWriter>()?;
+    m.add(
+        "PackedBlobInvalid",
+        m.py().get_type::<pack::PackedBlobInvalid>(),
+    )?;
+    m.add("PackInvalid", m.py().get_type::<pack::PackInvalid>())?;
+    m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
+    m.add_function(wrap_pyfunction!(pack::unpack_many, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::pack_trailer_len, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;
     m.add_function(wrap_pyfunction!(restore::manifest_has_secrets, m)?)?;

@@ -1,0 +1,455 @@
+"""Packs: small blobs travel and rest in pack objects, compressed, with the
+index in the checkpoint store (SPEC §10 "Storage layout").
+
+Why: one object per small file is one PUT (and one HEAD) per file on a cold
+capture and one GET per file on a restore; a bucket bills and delays each
+request. Packed, a cold capture of 100,000 small files is a few dozen PUTs.
+
+Layout in the bucket:
+
+* ``sandbox-packs/blake3/<hex>``: a pack object, named by the BLAKE3 of its
+  bytes (immutable, content-addressed). Its format is in ``rust/src/pack.rs``:
+  an 8-byte header, one frame per blob (zstd level 1, or the raw bytes when
+  that is not smaller), a trailer listing every blob (digest, stored length,
+  raw length, codec) and a 24-byte footer, so a pack describes itself and the
+  index can be rebuilt or checked from the bucket alone
+  (``_native.read_pack_trailer``).
+* ``sandbox-files/blake3/<hex>``: a single object, as before packs, for blobs
+  above the threshold (``DEFAULT_PACK_THRESHOLD``, 1 MiB), for every blob
+  written before packs existed, and for stores without a pack index.
+* Logical keys do not change: manifests still name ``sandbox-files/blake3/<hex>``
+  (the BLAKE3 of the uncompressed, zeroed bytes), counts stay per key.
+
+The index lives in the checkpoint store (``store.base.PackIndex``): per key
+the pack, offset, stored length, raw size and codec (``PackedBlob``). Rows are
+written by ``append(..., packed_blobs=rows)`` in the transaction of the append
+that first references the key, after the pack is durable, so a row never
+points at a pack that is not there.
+
+This module's ``PackedBlobStore`` is the one upload and fetch path the engines
+use over any ``BlobStore`` and a store that keeps the index:
+
+* reads (``get``, ``get_stream``, ``get_many``, ``head``, ``missing``) look the
+  key up in the index: a packed key is read with one ranged GET per group of
+  nearby blobs (``MERGE_GAP_BYTES``), decoded and checked (size and BLAKE3) in
+  Rust; a key with no row falls back to its single object (old stores stay
+  readable, nothing is rewritten). A frame that does not decode to its key, or
+  lies past the end of a truncated pack, is ``BlobCorruptError`` naming the
+  blob and the pack;
+* ``capture_session()`` gives a capture its own writer (``PackSession``):
+  ``put_many`` compresses small blobs into the open pack (in Rust, GIL
+  released) and uploads it once it reaches ``PACK_TARGET_BYTES`` (one
+  ``put_many`` of the pack on the inner store: on a local directory one file and
+  one sync); ``missing`` answers from the index and the store's reference
+  counts, never from the bucket; ``flush()`` uploads the last pack, after which
+  ``rows`` are the index rows to pass to the append.
+
+Safety with the sweep (SPEC §6): a capture pins its keys before
+``PackSession.missing`` looks at the index, as before. A key referenced by a
+checkpoint but not packed is a single object its count and the pin protect. The
+sweep of this version lists ``sandbox-files/`` only, so it never deletes a pack;
+a pack-aware sweep must condemn a key and drop its index row in one transaction
+before it deletes or repacks the pack.
+
+Decisions where SPEC is silent: only file blobs are packed (artifacts are
+uploaded on their own before the capture that names them, and stay single
+objects); a blob is packed when its size is at most the threshold; a store
+without a pack index (a user's own store, the gateway's remote store for now)
+keeps the one-object-per-key layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+
+from .. import _native
+from ..model import FILE_KEY_PREFIX
+from ..store.base import PackedBlob, PackIndex
+from .base import (
+    BlobCorruptError,
+    BlobInfo,
+    BlobNotFoundError,
+    BlobStore,
+    _gather_bounded,
+    get_many,
+    get_ranges,
+    missing,
+    put_many,
+)
+
+PACK_KEY_PREFIX = "sandbox-packs/blake3/"
+# Blobs at most this large go into packs (the issue's default; the daemon's
+# --pack-threshold changes it).
+DEFAULT_PACK_THRESHOLD = 1 << 20
+# A pack is closed and uploaded once it holds this much: 8-32 MiB keeps the
+# request count low and one pack's upload short enough to retry.
+PACK_TARGET_BYTES = 16 << 20
+# Two blobs of one pack whose frames are at most this far apart are read with
+# one ranged GET (the bytes between them are cheaper than a request), up to
+# MAX_RANGE_BYTES per request.
+MERGE_GAP_BYTES = 256 << 10
+MAX_RANGE_BYTES = 16 << 20
+# Ranged GETs in flight for one read batch.
+RANGE_CONCURRENCY = 8
+# Keys per index lookup.
+LOCATE_BATCH = 1000
+# Trailer bytes per blob in a pack (rust/src/pack.rs).
+_ENTRY_BYTES = 42
+CODEC_RAW = 0
+CODEC_ZSTD = 1
+
+
+def pack_key(hex_digest: str) -> str:
+    return PACK_KEY_PREFIX + hex_digest
+
+
+def packed_blobs(blobs: BlobStore, store: object, **options: int) -> BlobStore:
+    """``blobs`` seen through the pack index of ``store``: a ``PackedBlobStore``
+    when ``store`` keeps one (every store we ship), ``blobs`` itself otherwise
+    (and when it already is one)."""
+    if isinstance(blobs, PackedBlobStore) or not isinstance(store, PackIndex):
+        return blobs
+    return PackedBlobStore(blobs, store, **options)
+
+
+async def _locate(index: PackIndex, keys: Sequence[str]) -> dict[str, PackedBlob | None]:
+    found: dict[str, PackedBlob | None] = {}
+    unique = list(dict.fromkeys(keys))
+    for start in range(0, len(unique), LOCATE_BATCH):
+        found.update(await index.locate_blobs(unique[start : start + LOCATE_BATCH]))
+    return found
+
+
+@dataclass(slots=True)
+class _Range:
+    """One ranged GET of a pack and the blobs it holds."""
+
+    pack: str
+    start: int
+    end: int
+    rows: list[PackedBlob]
+
+
+def _ranges(rows: Sequence[PackedBlob]) -> list[_Range]:
+    """Group rows by pack and merge nearby frames into few ranged reads."""
+    by_pack: dict[str, list[PackedBlob]] = {}
+    for row in rows:
+        by_pack.setdefault(row.pack, []).append(row)
+    out: list[_Range] = []
+    for pack, group in by_pack.items():
+        group.sort(key=lambda row: row.offset)
+        current: _Range | None = None
+        for row in group:
+            end = row.offset + row.length
+            if (
+                current is not None
+                and row.offset - current.end <= MERGE_GAP_BYTES
+                and end - current.start <= MAX_RANGE_BYTES
+            ):
+                current.end = max(current.end, end)
+                current.rows.append(row)
+                continue
+            current = _Range(pack, row.offset, end, [row])
+            out.append(current)
+    return out
+
+
+class PackedBlobStore(BlobStore):
+    """A ``BlobStore`` whose small blobs live in packs (see the module docstring).
+
+    ``inner`` holds the objects (packs and single blobs), ``index`` is the
+    checkpoint store keeping the pack index. ``threshold``: blobs at most this
+    large are packed by a capture session; ``target``: a pack's size before it
+    is uploaded.
+    """
+
+    def __init__(
+        self,
+        inner: BlobStore,
+        index: PackIndex,
+        *,
+        threshold: int = DEFAULT_PACK_THRESHOLD,
+        target: int = PACK_TARGET_BYTES,
+    ) -> None:
+        if threshold < 0 or threshold > target or target >= 1 << 32:
+            raise ValueError(
+                f"pack threshold {threshold} must be between 0 and the pack size {target} (< 4 GiB)"
+            )
+        self.inner = inner
+        self.index = index
+        self.threshold = threshold
+        self.target = target
+        self.url = inner.url
+
+    def __repr__(self) -> str:
+        return f"PackedBlobStore({self.inner!r})"
+
+    def capture_session(self) -> PackSession:
+        """A writer for one capture (see ``PackSession``)."""
+        return PackSession(self)
+
+    # ------------------------------------------------------------ single objects
+
+    async def put(
+        self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
+    ) -> bool:
+        """A single object (large blobs, artifacts): as the inner store."""
+        return await self.inner.put(key, data, if_absent=if_absent)
+
+    def list_pages(self, prefix: str) -> AsyncIterator[builtins.list[BlobInfo]]:
+        return self.inner.list_pages(prefix)
+
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
+        return await self.inner.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.inner.delete(key)
+
+    # ------------------------------------------------------------------ reads
+
+    async def locate(self, keys: Sequence[str]) -> dict[str, PackedBlob]:
+        """The pack rows of those of ``keys`` that are packed."""
+        return {
+            key: row for key, row in (await _locate(self.index, keys)).items() if row is not None
+        }
+
+    async def read_packed(self, rows: Sequence[PackedBlob]) -> builtins.list[bytes]:
+        """The raw bytes of each packed blob, checked (size and BLAKE3), in
+        order. Raises BlobCorruptError (naming blob and pack) for a frame that
+        does not decode to its key or lies past the end of its pack,
+        BlobNotFoundError when the pack itself is gone, BlobStoreError."""
+        out: dict[str, bytes] = {}
+        ranges = _ranges(rows)
+        by_pack: dict[str, list[_Range]] = {}
+        for one in ranges:
+            if one.end > one.start:
+                by_pack.setdefault(one.pack, []).append(one)
+            else:
+                for row in one.rows:  # empty blobs: nothing to read
+                    out[row.key] = b""
+
+        async def fetch(pack: str) -> None:
+            wanted = by_pack[pack]
+            try:
+                parts = await get_ranges(self.inner, pack, [(one.start, one.end) for one in wanted])
+            except BlobNotFoundError:
+                error = BlobNotFoundError(wanted[0].rows[0].key)
+                error.pack = pack  # type: ignore[attr-defined]
+                raise error from None
+            for one, data in zip(wanted, parts, strict=True):
+                items = [
+                    (
+                        row.key[len(FILE_KEY_PREFIX) :],
+                        row.offset,
+                        row.length,
+                        row.raw_size,
+                        row.codec,
+                    )
+                    for row in one.rows
+                ]
+                try:
+                    decoded = await asyncio.to_thread(_native.unpack_many, data, one.start, items)
+                except _native.PackedBlobInvalid as invalid:
+                    digest, reason = invalid.args
+                    raise BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason) from None
+                for row, raw in zip(one.rows, decoded, strict=True):
+                    out[row.key] = raw
+
+        await _gather_bounded(list(by_pack), fetch)
+        return [out[row.key] for row in rows]
+
+    async def get(self, key: str) -> bytes:
+        return (await self.get_many([key]))[0]
+
+    async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
+        """Packed keys from their packs (few ranged GETs), the rest from their
+        single objects. Raises BlobNotFoundError, BlobCorruptError, BlobStoreError."""
+        located = await self.locate(keys)
+        packed = [located[key] for key in keys if key in located]
+        single = [key for key in keys if key not in located]
+        found: dict[str, bytes] = {}
+        if packed:
+            for row, data in zip(packed, await self.read_packed(packed), strict=True):
+                found[row.key] = data
+        if single:
+            for key, data in zip(single, await get_many(self.inner, single), strict=True):
+                found[key] = data
+        return [found[key] for key in keys]
+
+    async def get_stream(self, key: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        """A packed blob (small: read whole, checked) in chunks, else the single
+        object's stream."""
+        row = (await self.locate([key])).get(key)
+        if row is None:
+            async for chunk in self.inner.get_stream(key, chunk_size):
+                yield chunk
+            return
+        data = (await self.read_packed([row]))[0]
+        for start in range(0, len(data), chunk_size):
+            yield data[start : start + chunk_size]
+
+    async def head(self, key: str) -> BlobInfo | None:
+        """A packed blob's raw size and its pack's upload time; else the single object."""
+        row = (await self.locate([key])).get(key)
+        if row is None:
+            return await self.inner.head(key)
+        pack = await self.inner.head(row.pack)
+        return None if pack is None else BlobInfo(key, row.raw_size, pack.last_modified_ms)
+
+    async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
+        """Keys neither packed (per the index) nor held as single objects (asked
+        of the bucket: this is ``check``'s question; a capture asks its session,
+        which never asks the bucket)."""
+        located = await self.locate(keys)
+        rest = [key for key in keys if key not in located]
+        return await missing(self.inner, rest) if rest else []
+
+
+@dataclass(slots=True)
+class _OpenPack:
+    writer: _native.PackWriter
+    # (key, offset, length, raw_size, codec) of each blob, pack key unknown yet
+    placed: builtins.list[tuple[str, int, int, int, int]]
+
+
+class PackSession(BlobStore):
+    """One capture's writer (see the module docstring).
+
+    ``put_many`` is durable only after ``flush()``: the capture flushes before
+    its append and passes ``rows`` to it. Used by one capture's tasks on one
+    event loop.
+    """
+
+    def __init__(self, packed: PackedBlobStore) -> None:
+        self.packed = packed
+        self.url = packed.url
+        self.rows: builtins.list[PackedBlob] = []
+        self.packs_written = 0
+        self._pending: set[str] = set()  # keys in an open or uploading pack, or uploaded
+        self._open = _OpenPack(_native.PackWriter(), [])
+        self._adding = asyncio.Lock()  # one add at a time on the open writer
+        self._uploads: set[asyncio.Task[None]] = set()
+
+    async def put(
+        self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
+    ) -> bool:
+        return await self.packed.put(key, data, if_absent=if_absent)
+
+    async def get(self, key: str) -> bytes:
+        return await self.packed.get(key)
+
+    def get_stream(self, key: str, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        return self.packed.get_stream(key, chunk_size)
+
+    async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
+        return await self.packed.get_many(keys)
+
+    async def head(self, key: str) -> BlobInfo | None:
+        return await self.packed.head(key)
+
+    def list_pages(self, prefix: str) -> AsyncIterator[builtins.list[BlobInfo]]:
+        return self.packed.list_pages(prefix)
+
+    async def list(self, prefix: str) -> builtins.list[BlobInfo]:
+        return await self.packed.list(prefix)
+
+    async def delete(self, key: str) -> None:
+        await self.packed.delete(key)
+
+    async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
+        """Keys neither packed, nor referenced by a checkpoint (a single object
+        the count and the capture's pin protect), nor written by this session.
+        Asks the store, never the bucket."""
+        located = await _locate(self.packed.index, [k for k in keys if k not in self._pending])
+        return [key for key in keys if key not in located and key not in self._pending]
+
+    async def put_many(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
+        """Small blobs into the open pack (uploaded once full), larger ones as
+        single objects; per item whether this call took it. Durable at ``flush``."""
+        threshold = self.packed.threshold
+        large = [(key, data) for key, data in items if len(data) > threshold]
+        small: dict[str, bytes] = {}
+        for key, data in items:
+            if (
+                len(data) <= threshold
+                and key not in self._pending
+                and key.startswith(FILE_KEY_PREFIX)
+            ):
+                small.setdefault(key, data)
+            elif len(data) <= threshold and not key.startswith(FILE_KEY_PREFIX):
+                large.append((key, data))
+        written_large: dict[str, bool] = {}
+        if large:
+            for (key, _), done in zip(large, await put_many(self.packed.inner, large), strict=True):
+                written_large[key] = done
+        if small:
+            self._pending.update(small)
+            full: builtins.list[_OpenPack] = []
+            async with self._adding:
+                for chunk in self._chunks(list(small.items())):
+                    pack = self._open
+                    batch = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in chunk]
+                    placed = await asyncio.to_thread(pack.writer.add_many, batch)
+                    for (key, _), (offset, length, raw_size, codec) in zip(
+                        chunk, placed, strict=True
+                    ):
+                        pack.placed.append((key, offset, length, raw_size, codec))
+                    if pack.writer.size >= self.packed.target:
+                        full.append(pack)
+                        self._open = _OpenPack(_native.PackWriter(), [])
+            for pack in full:
+                await self._upload(pack)
+        return [
+            written_large.get(key, False) if key in written_large else key in small
+            for key, _ in items
+        ]
+
+    def _chunks(
+        self, items: builtins.list[tuple[str, bytes]]
+    ) -> Iterator[builtins.list[tuple[str, bytes]]]:
+        """``items`` cut where the open pack would reach its target (by raw
+        size: compression only makes a pack smaller), so a pack overshoots the
+        target by at most one blob. Runs under ``_adding``: ``_open`` is current."""
+        chunk: builtins.list[tuple[str, bytes]] = []
+        room = self.packed.target - self._open.writer.size
+        for item in items:
+            chunk.append(item)
+            room -= len(item[1]) + _ENTRY_BYTES
+            if room <= 0:
+                yield chunk
+                chunk = []
+                room = self.packed.target - self._open.writer.size
+        if chunk:
+            yield chunk
+
+    async def _upload(self, pack: _OpenPack) -> None:
+        hex_digest, data = await asyncio.to_thread(pack.writer.finish)
+        key = pack_key(hex_digest)
+        await put_many(self.packed.inner, [(key, data)])  # durable on return
+        self.packs_written += 1
+        self.rows.extend(
+            PackedBlob(blob, key, offset, length, raw_size, codec)
+            for blob, offset, length, raw_size, codec in pack.placed
+        )
+
+    async def flush(self) -> None:
+        """Upload the open pack (if it holds anything): every blob this session
+        took is durable on return, and ``rows`` lists where each one is."""
+        async with self._adding:
+            pack, self._open = self._open, _OpenPack(_native.PackWriter(), [])
+        if pack.placed:
+            await self._upload(pack)
+
+
+__all__ = [
+    "DEFAULT_PACK_THRESHOLD",
+    "PACK_KEY_PREFIX",
+    "PACK_TARGET_BYTES",
+    "PackSession",
+    "PackedBlobStore",
+    "pack_key",
+    "packed_blobs",
+]

@@ -1,0 +1,95 @@
+"""The pack index's rules and row encoding, shared by every store we ship
+(``store.base.PackIndex``; the pack layer is ``blobs/packs.py``).
+
+Compact at scale: a SQL store keeps per packed key one row of the 32-byte
+digest, a small integer naming the pack (each pack's 32-byte digest is stored
+once, in a second table) and four integers, never the key or pack text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Sequence
+
+from ..errors import SandboxCheckpointInvalidEntryError
+from ..model import FILE_KEY_PREFIX
+from .base import PackedBlob
+
+PACK_KEY_PREFIX = "sandbox-packs/blake3/"
+_HEX = re.compile(r"[0-9a-f]{64}")
+# A frame starts after the pack's 8-byte header (rust/src/pack.rs).
+_FIRST_FRAME = 8
+_MAX_LENGTH = (1 << 32) - 1
+CODECS = (0, 1)
+
+
+def _hex_of(key: object, prefix: str) -> str | None:
+    if not isinstance(key, str) or not key.startswith(prefix):
+        return None
+    tail = key[len(prefix) :]
+    return tail if _HEX.fullmatch(tail) else None
+
+
+def check_packed_blobs(rows: Iterable[PackedBlob], referenced: Collection[str]) -> list[PackedBlob]:
+    """The rows an append records: each checked (INVALID_ENTRY naming the row
+    otherwise), keeping only keys the checkpoint references (the append that
+    first references a key records where it is), one per key."""
+    out: dict[str, PackedBlob] = {}
+    for row in rows:
+        problem = None
+        if not isinstance(row, PackedBlob):
+            problem = "not a PackedBlob"
+        elif _hex_of(row.key, FILE_KEY_PREFIX) is None:
+            problem = f"key {row.key!r} is not a {FILE_KEY_PREFIX}<hex> key"
+        elif _hex_of(row.pack, PACK_KEY_PREFIX) is None:
+            problem = f"pack {row.pack!r} is not a {PACK_KEY_PREFIX}<hex> key"
+        elif any(
+            type(value) is not int for value in (row.offset, row.length, row.raw_size, row.codec)
+        ):
+            problem = "offset, length, raw_size and codec must be ints"
+        elif row.offset < _FIRST_FRAME or not 0 <= row.length <= _MAX_LENGTH:
+            problem = f"offset {row.offset} / length {row.length} out of range"
+        elif not 0 <= row.raw_size <= _MAX_LENGTH or row.codec not in CODECS:
+            problem = f"raw_size {row.raw_size} / codec {row.codec} out of range"
+        if problem is not None:
+            raise SandboxCheckpointInvalidEntryError(
+                f"invalid pack index row {row!r}: {problem}",
+                details={"key": str(getattr(row, "key", ""))},
+            )
+        if row.key in referenced:
+            out.setdefault(row.key, row)
+    return list(out.values())
+
+
+def digest_of(key: str) -> bytes | None:
+    """The 32 raw digest bytes of a file key, None for a key of another shape."""
+    tail = _hex_of(key, FILE_KEY_PREFIX)
+    return bytes.fromhex(tail) if tail is not None else None
+
+
+def pack_digest(pack: str) -> bytes:
+    return bytes.fromhex(pack[len(PACK_KEY_PREFIX) :])
+
+
+def file_key(digest: bytes) -> str:
+    return FILE_KEY_PREFIX + bytes(digest).hex()
+
+
+def pack_key(digest: bytes) -> str:
+    return PACK_KEY_PREFIX + bytes(digest).hex()
+
+
+def row_from_sql(
+    digest: bytes, pack: bytes, offset: int, length: int, raw_size: int, codec: int
+) -> PackedBlob:
+    return PackedBlob(file_key(digest), pack_key(pack), offset, length, raw_size, codec)
+
+
+def digests_of(keys: Sequence[str]) -> dict[bytes, str]:
+    """digest → key for the file keys among ``keys``."""
+    out: dict[bytes, str] = {}
+    for key in keys:
+        digest = digest_of(key)
+        if digest is not None:
+            out[digest] = key
+    return out

@@ -1,0 +1,186 @@
+//! Packs (see `crate::pack`): build a pack from batches of small blobs and
+//! decode blobs out of ranged reads, GIL released, in parallel.
+
+use std::sync::Mutex;
+
+use pyo3::create_exception;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
+use pyo3::types::PyBytes;
+
+use crate::hash::{from_hex, to_hex};
+use crate::pack::{self as core, Entry, PackBuilder, PackError};
+
+create_exception!(
+    checkpointd._native,
+    PackedBlobInvalid,
+    PyValueError,
+    "A packed blob does not decode to its key: args are (64-hex digest, reason)."
+);
+
+create_exception!(
+    checkpointd._native,
+    PackInvalid,
+    PyValueError,
+    "A pack object's header, trailer or footer is damaged: args are (reason,)."
+);
+
+fn pack_to_py(error: PackError) -> PyErr {
+    match error {
+        PackError::Blob { digest, reason } => PackedBlobInvalid::new_err((to_hex(&digest), reason)),
+        PackError::Pack(reason) => PackInvalid::new_err((reason,)),
+        e @ PackError::TooLarge(_) => PyValueError::new_err(e.to_string()),
+    }
+}
+
+fn digest(hex: &str) -> PyResult<[u8; 32]> {
+    from_hex(hex).ok_or_else(|| PyValueError::new_err(format!("not a 64-hex digest: {hex:?}")))
+}
+
+/// `(offset, stored_len, raw_len, codec)`: what the index records of a blob.
+type Placed = (u64, u32, u32, u8);
+
+fn placed(e: &Entry) -> Placed {
+    (e.offset, e.stored_len, e.raw_len, e.codec)
+}
+
+/// See `_native.pyi`.
+#[pyclass(module = "checkpointd._native", name = "PackWriter", frozen)]
+pub struct PyPackWriter {
+    inner: Mutex<Option<PackBuilder>>,
+}
+
+impl PyPackWriter {
+    fn with<T>(&self, work: impl FnOnce(&mut PackBuilder) -> T) -> PyResult<T> {
+        let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        match guard.as_mut() {
+            Some(builder) => Ok(work(builder)),
+            None => Err(PyValueError::new_err("the pack was already finished")),
+        }
+    }
+}
+
+#[pymethods]
+impl PyPackWriter {
+    #[new]
+    fn new() -> Self {
+        PyPackWriter {
+            inner: Mutex::new(Some(PackBuilder::new())),
+        }
+    }
+
+    /// Compress and append ``[(hex digest, raw bytes), ...]``; per blob
+    /// ``(offset, stored_len, raw_len, codec)``.
+    fn add_many(
+        &self,
+        py: Python<'_>,
+        items: Vec<(String, PyBackedBytes)>,
+    ) -> PyResult<Vec<Placed>> {
+        let mut parsed = Vec::with_capacity(items.len());
+        for (hex, data) in &items {
+            parsed.push((digest(hex)?, data));
+        }
+        let entries = py.allow_threads(|| {
+            let views: Vec<([u8; 32], &[u8])> =
+                parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
+            self.with(|builder| builder.add_many(&views))
+        })?;
+        Ok(entries.map_err(pack_to_py)?.iter().map(placed).collect())
+    }
+
+    /// Bytes the pack would have if finished now.
+    #[getter]
+    fn size(&self) -> PyResult<usize> {
+        self.with(|b| b.len())
+    }
+
+    /// Blobs added so far.
+    #[getter]
+    fn count(&self) -> PyResult<usize> {
+        self.with(|b| b.entries().len())
+    }
+
+    /// The complete pack object and the 64-hex BLAKE3 of it (its key's hash);
+    /// the writer cannot be used afterwards.
+    fn finish<'py>(&self, py: Python<'py>) -> PyResult<(String, Bound<'py, PyBytes>)> {
+        let builder = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| PyValueError::new_err("the pack was already finished"))?;
+        let (hex, bytes) = py.allow_threads(|| {
+            let bytes = builder.finish();
+            (blake3::hash(&bytes).to_hex().to_string(), bytes)
+        });
+        Ok((hex, PyBytes::new(py, &bytes)))
+    }
+}
+
+/// Decode blobs from ``data``, the pack's bytes from offset ``base`` on:
+/// ``items`` are ``(hex digest, offset, stored_len, raw_len, codec)``; returns
+/// each blob's raw bytes, checked (size and BLAKE3), in order. Raises
+/// PackedBlobInvalid for the first blob that does not check.
+#[pyfunction]
+pub fn unpack_many<'py>(
+    py: Python<'py>,
+    data: PyBackedBytes,
+    base: u64,
+    items: Vec<(String, u64, u32, u32, u8)>,
+) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    let mut entries = Vec::with_capacity(items.len());
+    for (hex, offset, stored_len, raw_len, codec) in &items {
+        entries.push(Entry {
+            digest: digest(hex)?,
+            offset: *offset,
+            stored_len: *stored_len,
+            raw_len: *raw_len,
+            codec: *codec,
+            kind: core::KIND_FILE,
+        });
+    }
+    let decoded = py.allow_threads(|| core::decode_many(base, &data, &entries));
+    let mut out = Vec::with_capacity(decoded.len());
+    for result in decoded {
+        out.push(PyBytes::new(py, &result.map_err(pack_to_py)?));
+    }
+    Ok(out)
+}
+
+/// The trailer length announced by a pack's footer (its last
+/// ``PACK_FOOTER_LEN`` bytes). Raises PackInvalid.
+#[pyfunction]
+pub fn pack_trailer_len(footer: &[u8]) -> PyResult<usize> {
+    core::footer_trailer_len(footer).map_err(pack_to_py)
+}
+
+/// `(hex digest, offset, stored_len, raw_len, codec, kind)` of a listed blob.
+type Listed = (String, u64, u32, u32, u8, u8);
+
+/// The blobs a pack lists: ``tail`` is the pack's last bytes (trailer and
+/// footer at least), ``pack_len`` its full length; per blob ``(hex digest,
+/// offset, stored_len, raw_len, codec, kind)``. Raises PackInvalid.
+#[pyfunction]
+pub fn read_pack_trailer(
+    py: Python<'_>,
+    tail: PyBackedBytes,
+    pack_len: u64,
+) -> PyResult<Vec<Listed>> {
+    let entries = py
+        .allow_threads(|| core::read_trailer(&tail, pack_len))
+        .map_err(pack_to_py)?;
+    Ok(entries
+        .iter()
+        .map(|e| {
+            (
+                to_hex(&e.digest),
+                e.offset,
+                e.stored_len,
+                e.raw_len,
+                e.codec,
+                e.kind,
+            )
+        })
+        .collect())
+}

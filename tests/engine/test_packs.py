@@ -1,0 +1,391 @@
+"""Packs (blobs/packs.py, rust/src/pack.rs): small blobs rest in compressed pack
+objects, the index in the checkpoint store; round trips through a local dir and
+real S3, an old one-object-per-blob store after the upgrade, damaged packs, and
+the bucket requests of a cold capture."""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import http.server
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import blake3
+import pytest
+
+from checkpointd import _native
+from checkpointd.blobs import open_blobs
+from checkpointd.blobs.base import BlobCorruptError
+from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs
+from checkpointd.capture import capture_checkpoint
+from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
+from checkpointd.model import FileEntry
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store.base import PackIndex
+
+from .conftest import snapshot_tree, write_tree
+
+FILE_PREFIX = "sandbox-files/blake3/"
+
+
+def _key(data: bytes) -> str:
+    return FILE_PREFIX + blake3.blake3(data).hexdigest()
+
+
+def _mixed_tree() -> dict[str, bytes | str]:
+    """Below and above the 1 MiB threshold, empty, incompressible, duplicates."""
+    text = b"".join(b"line %d of a source file\n" % n for n in range(400))
+    return {
+        "empty": b"",
+        "also-empty": b"",
+        "tiny.txt": b"hi",
+        "src/a.py": text,
+        "src/copy-of-a.py": text,  # same bytes: one blob
+        "src/b.py": text + b"# changed\n",
+        "random.bin": os.urandom(20_000),  # incompressible: stored raw
+        "exactly-threshold.bin": os.urandom(1 << 20),  # still packed
+        "large.bin": os.urandom((1 << 20) + 1),  # a single object
+        "large-text.log": text * 200,  # above the threshold, compressible: single
+        "dir/nested/deep.txt": b"deep",
+        "dir/link": "nested/deep.txt",
+    }
+
+
+# ------------------------------------------------------------- the format
+
+
+def test_pack_format_round_trips_and_describes_itself() -> None:
+    blobs = [b"", b"x", b"compressible " * 500, os.urandom(3000)]
+    writer = _native.PackWriter()
+    placed = writer.add_many([(blake3.blake3(b).hexdigest(), b) for b in blobs])
+    hex_digest, pack = writer.finish()
+    assert hex_digest == blake3.blake3(pack).hexdigest()
+    assert pack[:4] == b"CKPK" and pack[-4:] == b"CKPK"
+    codecs = [codec for _offset, _length, _raw, codec in placed]
+    assert codecs == [0, 0, 1, 0]  # zstd only where it helps
+    assert placed[2][1] < len(blobs[2]) // 10
+    # The trailer alone lists every blob, so an index can be rebuilt from the bucket.
+    tail_len = _native.pack_trailer_len(pack[-_native.PACK_FOOTER_LEN :]) + _native.PACK_FOOTER_LEN
+    listed = _native.read_pack_trailer(pack[-tail_len:], len(pack))
+    assert [(d, o, n, r, c) for d, o, n, r, c, _kind in listed] == [
+        (blake3.blake3(b).hexdigest(), *p) for b, p in zip(blobs, placed, strict=True)
+    ]
+    # One blob from one ranged read.
+    digest, offset, length, raw, codec, _ = listed[2]
+    frame = pack[offset : offset + length]
+    assert _native.unpack_many(frame, offset, [(digest, offset, length, raw, codec)]) == [blobs[2]]
+    with pytest.raises(_native.PackedBlobInvalid) as caught:
+        _native.unpack_many(frame[:-1], offset, [(digest, offset, length, raw, codec)])
+    assert caught.value.args[0] == digest and "truncated" in caught.value.args[1]
+    with pytest.raises(_native.PackInvalid):
+        _native.read_pack_trailer(pack[:-1], len(pack) - 1)
+
+
+# ------------------------------------------------------------- round trips
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "file":
+        return open_blobs(f"file://{tmp_path / 'blobs'}")
+    return request.getfixturevalue("s3_blobs")
+
+
+async def _objects(blobs: Any) -> dict[str, int]:
+    return {
+        info.key: info.size
+        for prefix in ("sandbox-files/", "sandbox-packs/")
+        for info in await blobs.list(prefix)
+    }
+
+
+async def test_mixed_sizes_round_trip_through_packs(
+    store: Any, bucket: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    tree = _mixed_tree()
+    write_tree(workspace, tree)
+    before = snapshot_tree(workspace)
+    first = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    contents = {data for data in tree.values() if isinstance(data, bytes)}
+    assert first.stats.blobs_uploaded == len(contents)
+
+    objects = await _objects(bucket)
+    packs = [key for key in objects if key.startswith(PACK_KEY_PREFIX)]
+    singles = {key for key in objects if key.startswith(FILE_PREFIX)}
+    if isinstance(store, PackIndex):
+        assert len(packs) == 1
+        # Only blobs above the threshold are objects of their own.
+        assert singles == {_key(tree["large.bin"]), _key(tree["large-text.log"])}  # type: ignore[arg-type]
+        # Compressed: the pack is smaller than the small blobs it holds.
+        small = sum(len(d) for d in contents if len(d) <= 1 << 20)
+        assert objects[packs[0]] < small
+        rows = await store.locate_blobs([_key(d) for d in contents])
+        assert {k for k, row in rows.items() if row is not None} == {
+            _key(d) for d in contents if len(d) <= 1 << 20
+        }
+    else:
+        assert packs == [] and len(singles) == len(contents)
+
+    shutil.rmtree(workspace)
+    await restore_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    assert snapshot_tree(workspace) == before
+
+    # Another thread of the same contents uploads nothing: the index says present.
+    again = await capture_checkpoint(workspace, store, bucket, "u", data_dir=data_dir)
+    assert again.stats.blobs_uploaded == 0
+    assert await _objects(bucket) == objects
+
+    # Reads by key go through the index (ReadFile / ReadArtifact / check use these).
+    view = packed_blobs(bucket, store)
+    for data in contents:
+        assert await view.get(_key(data)) == data
+        assert b"".join([c async for c in view.get_stream(_key(data), 1000)]) == data
+        info = await view.head(_key(data))
+        assert info is not None and info.size == len(data)
+    assert await view.missing([_key(b"never stored"), _key(b"hi")]) == [_key(b"never stored")]
+
+
+async def test_a_capture_writes_packs_of_the_target_size(
+    memory_store: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    blobs = PackedBlobStore(
+        open_blobs(f"file://{tmp_path / 'blobs'}"), memory_store, threshold=4096, target=64 << 10
+    )
+    workspace = tmp_path / "workspace"
+    write_tree(workspace, {f"d{n % 7}/f{n}": os.urandom(1000) for n in range(300)})
+    await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+    packs = await blobs.inner.list(PACK_KEY_PREFIX)
+    # 300 KB of incompressible blobs in packs closed at 64 KiB: five or six packs.
+    assert 4 <= len(packs) <= 6
+    assert all(info.size < (64 << 10) + 2000 for info in packs)
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, memory_store, blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+
+
+# ---------------------------------------------------------------- migration
+
+
+class _StoreBeforePacks:
+    """A store as it was before packs: everything but the pack index."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("locate_blobs", "list_packed_blobs"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+async def test_an_old_single_object_store_restores_after_the_upgrade(
+    store: Any, bucket: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    if not isinstance(store, PackIndex):
+        pytest.skip("a store without a pack index is the old layout itself")
+    workspace = tmp_path / "workspace"
+    write_tree(workspace, {"old.txt": b"written before packs", "shared.txt": b"in both"})
+    old = await capture_checkpoint(
+        workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir
+    )
+    assert old.stats.blobs_uploaded == 2
+    assert set(await _objects(bucket)) == {_key(b"written before packs"), _key(b"in both")}
+
+    # After the upgrade: a new capture packs only what is new; old blobs stay
+    # where they are (nothing rewritten) and a restore reads both layouts.
+    (workspace / "new.txt").write_bytes(b"written with packs")
+    new = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    assert new.stats.blobs_uploaded == 1
+    objects = await _objects(bucket)
+    assert {k for k in objects if k.startswith(FILE_PREFIX)} == {
+        _key(b"written before packs"),
+        _key(b"in both"),
+    }
+    assert len([k for k in objects if k.startswith(PACK_KEY_PREFIX)]) == 1
+    # Another thread with the old contents: the referenced single objects are
+    # present by the store's counts (no re-upload, no bucket HEAD).
+    other = await capture_checkpoint(workspace, store, bucket, "u", data_dir=data_dir)
+    assert other.stats.blobs_uploaded == 0
+    for checkpoint in (old.checkpoint, new.checkpoint):
+        target = tmp_path / f"restored-{checkpoint.id}"
+        await restore_checkpoint(
+            target, store, bucket, "t", checkpoint_id=checkpoint.id, data_dir=data_dir
+        )
+        assert {e.path for e in checkpoint.files if isinstance(e, FileEntry)} == {
+            p.name for p in target.iterdir()
+        }
+    assert (target / "old.txt").read_bytes() == b"written before packs"
+    assert (target / "new.txt").read_bytes() == b"written with packs"
+
+
+# ----------------------------------------------------------- damaged packs
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupted"])
+async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
+    store: Any, bucket: Any, tmp_path: Path, data_dir: Path, damage: str
+) -> None:
+    if not isinstance(store, PackIndex):
+        pytest.skip("no packs without a pack index")
+    workspace = tmp_path / "workspace"
+    files = {f"f{n:03}.txt": b"content of file %d\n" % n * 20 for n in range(50)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    [pack_info] = await bucket.list(PACK_KEY_PREFIX)
+    pack = await bucket.get(pack_info.key)
+    victim = _key(files["f042.txt"])
+    row = (await store.locate_blobs([victim]))[victim]
+    assert row is not None and row.codec == 1  # compressed
+    if damage == "truncated":
+        # The pack ends inside the victim's frame (and loses what follows).
+        cut = row.offset + row.length // 2
+        damaged = pack[:cut]
+    else:
+        at = row.offset + row.length // 2
+        damaged = pack[:at] + bytes([pack[at] ^ 0x55]) + pack[at + 1 :]
+    await bucket.put(pack_info.key, damaged, if_absent=False)
+
+    target = tmp_path / "target"
+    write_tree(target, {"f042.txt": b"the live version", "keep.txt": b"untouched"})
+    before = snapshot_tree(target)
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+    assert caught.value.code == INVALID_BLOB
+    assert caught.value.details["pack"] == pack_info.key
+    assert pack_info.key in str(caught.value)
+    if damage == "corrupted":
+        assert caught.value.details["key"] == victim
+    else:  # every blob from the cut on is lost: the first one is named
+        lost = {
+            _key(data)
+            for data in files.values()
+            if (await store.locate_blobs([_key(data)]))[_key(data)].offset >= row.offset  # type: ignore[union-attr]
+        }
+        assert caught.value.details["key"] in lost
+    assert snapshot_tree(target) == before  # unchanged, staging gone
+
+    view = packed_blobs(bucket, store)
+    with pytest.raises(BlobCorruptError):
+        await view.get(victim)
+    # Once the pack is whole again, the restore completes.
+    await bucket.put(pack_info.key, pack, if_absent=False)
+    await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+    assert (target / "f042.txt").read_bytes() == files["f042.txt"]
+
+
+# ----------------------------------------------------------- request counts
+
+
+class _CountingProxy(http.server.ThreadingHTTPServer):
+    """An HTTP proxy on loopback in front of the S3 server that counts the
+    requests by method (real sockets both ways; the Host header is passed on
+    unchanged, so SigV4 signatures stay valid)."""
+
+    daemon_threads = True
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+        self.upstream = (host, int(port))
+        self.counts: collections.Counter[str] = collections.Counter()
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", 0), _ProxyHandler)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _ProxyHandler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _CountingProxy
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        pass
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+
+    def _forward(self) -> None:
+        body = self._body()
+        with self.server.lock:
+            self.server.counts[self.command] += 1
+        upstream = http.client.HTTPConnection(*self.server.upstream, timeout=60)
+        try:
+            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
+            for name, value in self.headers.items():
+                if name.lower() != "transfer-encoding":
+                    upstream.putheader(name, value)
+            if "Content-Length" not in self.headers and body:
+                upstream.putheader("Content-Length", str(len(body)))
+            upstream.endheaders(body)
+            reply = upstream.getresponse()
+            data = reply.read()
+            self.send_response(reply.status, reply.reason)
+            for name, value in reply.getheaders():
+                if name.lower() not in ("transfer-encoding", "content-length", "connection"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+        finally:
+            upstream.close()
+
+    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
+
+
+@pytest.fixture
+def counting_s3(s3_server: Any) -> Iterator[tuple[_CountingProxy, Any]]:
+    proxy = _CountingProxy(s3_server.endpoint)
+    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
+    thread.start()
+    try:
+        blobs = open_blobs(
+            s3_server.url(f"counted-{os.urandom(6).hex()}"),
+            endpoint=proxy.endpoint,
+            region=s3_server.region,
+            access_key_id=s3_server.access_key_id,
+            secret_access_key=s3_server.secret_access_key,
+        )
+        yield proxy, blobs
+    finally:
+        proxy.shutdown()
+        proxy.server_close()
+
+
+@pytest.mark.s3
+async def test_a_cold_capture_of_thousands_of_small_files_is_a_handful_of_requests(
+    store: Any, counting_s3: tuple[_CountingProxy, Any], tmp_path: Path, data_dir: Path
+) -> None:
+    if not isinstance(store, PackIndex):
+        pytest.skip("one object per blob without a pack index")
+    proxy, blobs = counting_s3
+    workspace = tmp_path / "workspace"
+    files = {f"d{n % 50}/f{n}.txt": b"small file number %d\n" % n * (n % 40) for n in range(3000)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    captured = sum(proxy.counts.values())
+    # Was one PUT and one HEAD per file (6,000 requests); now a few packs.
+    assert 0 < captured < 100, dict(proxy.counts)
+    assert proxy.counts["HEAD"] < 10, dict(proxy.counts)
+
+    proxy.counts.clear()
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+    assert 0 < sum(proxy.counts.values()) < 100, dict(proxy.counts)
