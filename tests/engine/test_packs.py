@@ -38,7 +38,7 @@ def _key(data: bytes) -> str:
 
 
 def _mixed_tree() -> dict[str, bytes | str]:
-    """Below and above the 1 MiB threshold, empty, incompressible, duplicates."""
+    """Below and at the 1 MiB threshold, empty, incompressible, duplicates."""
     text = b"".join(b"line %d of a source file\n" % n for n in range(400))
     return {
         "empty": b"",
@@ -48,8 +48,8 @@ def _mixed_tree() -> dict[str, bytes | str]:
         "src/copy-of-a.py": text,  # same bytes: one blob
         "src/b.py": text + b"# changed\n",
         "random.bin": os.urandom(20_000),  # incompressible: stored raw
-        "exactly-threshold.bin": os.urandom(1 << 20),  # still packed
-        "large.bin": os.urandom((1 << 20) + 1),  # a single object
+        "below-threshold.bin": os.urandom((1 << 20) - 1),  # still packed
+        "large.bin": os.urandom(1 << 20),  # the threshold: a single object
         "large-text.log": text * 200,  # above the threshold, compressible: single
         "dir/nested/deep.txt": b"deep",
         "dir/link": "nested/deep.txt",
@@ -123,11 +123,11 @@ async def test_mixed_sizes_round_trip_through_packs(
         # Only blobs above the threshold are objects of their own.
         assert singles == {_key(tree["large.bin"]), _key(tree["large-text.log"])}  # type: ignore[arg-type]
         # Compressed: the pack is smaller than the small blobs it holds.
-        small = sum(len(d) for d in contents if len(d) <= 1 << 20)
+        small = sum(len(d) for d in contents if len(d) < 1 << 20)
         assert objects[packs[0]] < small
         rows = await store.locate_blobs([_key(d) for d in contents])
         assert {k for k, row in rows.items() if row is not None} == {
-            _key(d) for d in contents if len(d) <= 1 << 20
+            _key(d) for d in contents if len(d) < 1 << 20
         }
     else:
         assert packs == [] and len(singles) == len(contents)

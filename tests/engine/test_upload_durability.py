@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ import blake3
 import pytest
 
 from checkpointd.blobs import BlobStoreError
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.model import FileEntry
@@ -39,15 +41,15 @@ KILLS = 8
 
 
 class Tracked:
-    """The real blob store, counting the puts in flight; ``fail_key`` makes the
-    put of that key fail once the large uploads are under way."""
+    """The real blob store, counting the puts in flight; ``fail`` makes the
+    put of a key it accepts fail once the large uploads are under way."""
 
-    def __init__(self, inner: Any, fail_key: str | None = None) -> None:
+    def __init__(self, inner: Any, fail: Callable[[str], bool] | None = None) -> None:
         self._inner = inner
         self.url = inner.url
         self.in_flight = 0
         self.most_in_flight = 0
-        self.fail_key = fail_key
+        self.fail = fail
         self.large_started = asyncio.Event()
 
     async def put(self, key: str, data: Any, *, if_absent: bool = True) -> bool:
@@ -56,7 +58,7 @@ class Tracked:
         try:
             if not isinstance(data, bytes):
                 self.large_started.set()
-            elif key == self.fail_key:
+            elif self.fail is not None and self.fail(key):
                 await self.large_started.wait()
                 raise BlobStoreError(f"put {key!r} on {self.url} failed: injected")
             return bool(await self._inner.put(key, data, if_absent=if_absent))
@@ -91,9 +93,10 @@ async def test_the_append_comes_after_every_upload_returned(
     )
     assert at_append == [0]
     assert blobs.most_in_flight >= 1
+    stored = packed_blobs(s3_blobs, store)  # small blobs are in a pack
     for entry in result.checkpoint.files:
         if isinstance(entry, FileEntry):
-            info = await s3_blobs.head(entry.blob_key)
+            info = await stored.head(entry.blob_key)
             assert info is not None and info.size == entry.size, entry.path
 
 
@@ -103,7 +106,10 @@ async def test_a_failed_upload_stops_the_others_before_the_capture_fails(
 ) -> None:
     small = b"the put of this one fails"
     write_tree(workspace, {"big.bin": os.urandom(24 << 20), "small.txt": small})
-    blobs = Tracked(s3_blobs, fail_key=_key(small))
+    # The put holding the small file fails: its own, or its pack's.
+    blobs = Tracked(
+        s3_blobs, fail=lambda key: key == _key(small) or key.startswith("sandbox-packs/")
+    )
     with pytest.raises(BlobStoreError, match="injected"):
         await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
     # Nothing still uploading behind the caller's back, nothing appended.
@@ -129,6 +135,7 @@ async def _check_committed(store: Any, blobs: Any, verified: set[str]) -> int:
     """Every file of every committed checkpoint has its whole blob (size and
     BLAKE3 checked once per key). Returns how many checkpoints there are."""
     checkpoints = await store.list("faults")
+    blobs = packed_blobs(blobs, store)  # small blobs are read out of their packs
     for checkpoint in checkpoints:
         for entry in checkpoint.files:
             if not isinstance(entry, FileEntry) or entry.blob_key in verified:

@@ -53,7 +53,7 @@ before it deletes or repacks the pack.
 
 Decisions where SPEC is silent: only file blobs are packed (artifacts are
 uploaded on their own before the capture that names them, and stay single
-objects); a blob is packed when its size is at most the threshold; a store
+objects); a blob is packed when it is smaller than the threshold; a store
 without a pack index (a user's own store, the gateway's remote store for now)
 keeps the one-object-per-key layout.
 """
@@ -73,6 +73,7 @@ from .base import (
     BlobInfo,
     BlobNotFoundError,
     BlobStore,
+    VerifiedFile,
     _gather_bounded,
     get_many,
     get_ranges,
@@ -81,8 +82,8 @@ from .base import (
 )
 
 PACK_KEY_PREFIX = "sandbox-packs/blake3/"
-# Blobs at most this large go into packs (the issue's default; the daemon's
-# --pack-threshold changes it).
+# Blobs smaller than this go into packs (the issue's default); larger ones are
+# objects of their own. At this size a request costs little next to the bytes.
 DEFAULT_PACK_THRESHOLD = 1 << 20
 # A pack is closed and uploaded once it holds this much: 8-32 MiB keeps the
 # request count low and one pack's upload short enough to retry.
@@ -161,8 +162,8 @@ class PackedBlobStore(BlobStore):
     """A ``BlobStore`` whose small blobs live in packs (see the module docstring).
 
     ``inner`` holds the objects (packs and single blobs), ``index`` is the
-    checkpoint store keeping the pack index. ``threshold``: blobs at most this
-    large are packed by a capture session; ``target``: a pack's size before it
+    checkpoint store keeping the pack index. ``threshold``: blobs smaller than
+    this are packed by a capture session; ``target``: a pack's size before it
     is uploaded.
     """
 
@@ -174,9 +175,9 @@ class PackedBlobStore(BlobStore):
         threshold: int = DEFAULT_PACK_THRESHOLD,
         target: int = PACK_TARGET_BYTES,
     ) -> None:
-        if threshold < 0 or threshold > target or target >= 1 << 32:
+        if threshold < 1 or threshold > target or target >= 1 << 32:
             raise ValueError(
-                f"pack threshold {threshold} must be between 0 and the pack size {target} (< 4 GiB)"
+                f"pack threshold {threshold} must be between 1 and the pack size {target} (< 4 GiB)"
             )
         self.inner = inner
         self.index = index
@@ -336,6 +337,16 @@ class PackSession(BlobStore):
     async def put(
         self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
     ) -> bool:
+        """A blob below the threshold joins the open pack (a scanned file handed
+        over open is read whole: it is small); anything else is a single object."""
+        if if_absent and key.startswith(FILE_KEY_PREFIX):
+            if isinstance(data, VerifiedFile) and data.reader.size < self.packed.threshold:
+                data = b"".join([chunk async for chunk in data])
+            if (
+                isinstance(data, bytes | bytearray | memoryview)
+                and len(data) < self.packed.threshold
+            ):
+                return (await self.put_many([(key, bytes(data))]))[0]
         return await self.packed.put(key, data, if_absent=if_absent)
 
     async def get(self, key: str) -> bytes:
@@ -370,17 +381,13 @@ class PackSession(BlobStore):
         """Small blobs into the open pack (uploaded once full), larger ones as
         single objects; per item whether this call took it. Durable at ``flush``."""
         threshold = self.packed.threshold
-        large = [(key, data) for key, data in items if len(data) > threshold]
+        large: builtins.list[tuple[str, bytes]] = []
         small: dict[str, bytes] = {}
         for key, data in items:
-            if (
-                len(data) <= threshold
-                and key not in self._pending
-                and key.startswith(FILE_KEY_PREFIX)
-            ):
-                small.setdefault(key, data)
-            elif len(data) <= threshold and not key.startswith(FILE_KEY_PREFIX):
+            if len(data) >= threshold or not key.startswith(FILE_KEY_PREFIX):
                 large.append((key, data))
+            elif key not in self._pending:
+                small.setdefault(key, data)
         written_large: dict[str, bool] = {}
         if large:
             for (key, _), done in zip(large, await put_many(self.packed.inner, large), strict=True):
