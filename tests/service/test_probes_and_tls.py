@@ -214,6 +214,19 @@ def test_grpcurl_lists_through_reflection_v1_without_a_token(daemons: DaemonFact
     )
     assert methods.returncode == 0, methods.stderr
     assert "rpc SweepBlobs" in methods.stdout and "stream" in methods.stdout
+    # A method by its own name (Service.Method), as grpcurl and Postman ask.
+    for method, shown in (
+        ("checkpointd.v1.Checkpointd.ListThreads", "rpc ListThreads"),
+        ("grpc.health.v1.Health.Check", "rpc Check"),
+    ):
+        described = subprocess.run(
+            [grpcurl, "-plaintext", address, "describe", method],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert described.returncode == 0, described.stderr
+        assert shown in described.stdout
     # The checkpointd service itself still wants the token...
     denied = subprocess.run(
         [grpcurl, "-plaintext", address, "checkpointd.v1.Checkpointd/GetServerInfo"],

@@ -7,6 +7,11 @@ answers both: v1 calls are decoded and encoded with the v1alpha message classes,
 which is byte-for-byte the v1 wire format. The v1 service's own descriptor is
 added to the pool (a copy of v1alpha's with the package renamed) so that a
 client can also describe it.
+
+A method's name (``checkpointd.v1.Checkpointd.ListThreads``, what ``grpcurl
+describe`` of a method and Postman send) is resolved to its service's file:
+protobuf's Python pool finds messages, fields, enums and services by name, not
+methods.
 """
 
 from __future__ import annotations
@@ -48,12 +53,29 @@ def _add_v1_descriptor(pool: descriptor_pool.DescriptorPool) -> None:
     pool.Add(copy)
 
 
+class _Reflection(ReflectionServicer):
+    """grpcio-reflection's servicer, resolving method names too."""
+
+    def _file_containing_symbol(self, request: object, fully_qualified_name: str) -> object:
+        service, _, method = fully_qualified_name.rpartition(".")
+        try:
+            self._pool.FindFileContainingSymbol(fully_qualified_name)
+        except KeyError:
+            try:
+                found = self._pool.FindServiceByName(service)
+            except KeyError:
+                found = None
+            if found is not None and method in found.methods_by_name:
+                fully_qualified_name = service
+        return super()._file_containing_symbol(request, fully_qualified_name)
+
+
 def enable_reflection(service_names: Iterable[str], server: grpc.aio.Server) -> None:
     """Serve reflection v1 and v1alpha for ``service_names`` (both reflection
     services are listed too) from the default descriptor pool."""
     pool = descriptor_pool.Default()
     _add_v1_descriptor(pool)
-    servicer = ReflectionServicer((*service_names, V1_SERVICE, V1ALPHA_SERVICE))
+    servicer = _Reflection((*service_names, V1_SERVICE, V1ALPHA_SERVICE))
     v1alpha_grpc.add_ServerReflectionServicer_to_server(servicer, server)
     handler = grpc.stream_stream_rpc_method_handler(
         servicer.ServerReflectionInfo,
