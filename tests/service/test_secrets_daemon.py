@@ -57,6 +57,7 @@ def test_secrets_round_trip_through_the_cli(daemons: DaemonFactory) -> None:
     bare = daemons.start()
     done = ok(bare, "restore", "t-sec", secret=False)
     assert done["unfilled_secret_paths"] == ["settings.env.json"]
+    assert done["unfilled_secret_count"] == 1
     restored = (bare.workspace / "settings.env.json").read_bytes()
     assert SECRET.encode() not in restored and len(restored) == len(original)
     human = run(bare, "restore", "t-sec", secret=False)
@@ -92,3 +93,20 @@ async def test_restore_rpc_with_secret_names(daemons: DaemonFactory, short_tmp: 
             assert (target.workspace / "a.txt").read_bytes() == (b"A=alpha-secret B=beta-secret")
             done = await other.restore("t-names", secrets=[b"beta-secret"], secret_names=["B"])
             assert list(done.unfilled_secret_paths) == []  # left as it is: already whole
+
+
+def test_unfilled_secret_paths_stay_bounded() -> None:
+    """However many files hold zeros, RestoreDone lists a bounded prefix of them
+    (its count says how many there are)."""
+    from checkpointd.service.servicer import (
+        MAX_UNFILLED_BYTES,
+        MAX_UNFILLED_PATHS,
+        _bounded_paths,
+    )
+
+    many = [f"dir/file-{index:06d}.env" for index in range(MAX_UNFILLED_PATHS + 5)]
+    assert _bounded_paths(many) == many[:MAX_UNFILLED_PATHS]
+    long = ["d/" + "x" * 4000 + f"{index}" for index in range(1000)]
+    kept = _bounded_paths(long)
+    assert kept == long[: len(kept)] and sum(len(p) for p in kept) <= MAX_UNFILLED_BYTES
+    assert 0 < len(kept) < len(long)

@@ -1565,8 +1565,11 @@ type RestoreDone struct {
 	// Set for a dry run: what the restore would do now.
 	Plan *RestorePlan `protobuf:"bytes,4,opt,name=plan,proto3" json:"plan,omitempty"`
 	// Files that hold zeros where capture found a secret (not given to this
-	// restore): give the secrets and restore again to fill them.
+	// restore): give the secrets and restore again to fill them. At most the
+	// first 10,000 (and 1 MiB of paths), so the reply stays bounded;
+	// unfilled_secret_count counts them all.
 	UnfilledSecretPaths []string `protobuf:"bytes,5,rep,name=unfilled_secret_paths,json=unfilledSecretPaths,proto3" json:"unfilled_secret_paths,omitempty"`
+	UnfilledSecretCount uint64   `protobuf:"varint,6,opt,name=unfilled_secret_count,json=unfilledSecretCount,proto3" json:"unfilled_secret_count,omitempty"`
 	unknownFields       protoimpl.UnknownFields
 	sizeCache           protoimpl.SizeCache
 }
@@ -1634,6 +1637,13 @@ func (x *RestoreDone) GetUnfilledSecretPaths() []string {
 		return x.UnfilledSecretPaths
 	}
 	return nil
+}
+
+func (x *RestoreDone) GetUnfilledSecretCount() uint64 {
+	if x != nil {
+		return x.UnfilledSecretCount
+	}
+	return 0
 }
 
 // A restore's plan (RestoreRequest.dry_run).
@@ -4647,7 +4657,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0eRestoreStarted\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01B\x10\n" +
-	"\x0e_checkpoint_id\"\xf2\x01\n" +
+	"\x0e_checkpoint_id\"\xa6\x02\n" +
 	"\vRestoreDone\x12\x1a\n" +
 	"\brestored\x18\x01 \x01(\bR\brestored\x12A\n" +
 	"\n" +
@@ -4656,7 +4666,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\vduration_ms\x18\x03 \x01(\x04R\n" +
 	"durationMs\x12/\n" +
 	"\x04plan\x18\x04 \x01(\v2\x1b.checkpointd.v1.RestorePlanR\x04plan\x122\n" +
-	"\x15unfilled_secret_paths\x18\x05 \x03(\tR\x13unfilledSecretPaths\"\xe5\x01\n" +
+	"\x15unfilled_secret_paths\x18\x05 \x03(\tR\x13unfilledSecretPaths\x122\n" +
+	"\x15unfilled_secret_count\x18\x06 \x01(\x04R\x13unfilledSecretCount\"\xe5\x01\n" +
 	"\vRestorePlan\x12#\n" +
 	"\rfiles_written\x18\x01 \x01(\x04R\ffilesWritten\x12#\n" +
 	"\rpaths_deleted\x18\x02 \x01(\x04R\fpathsDeleted\x12\x1d\n" +

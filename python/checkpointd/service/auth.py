@@ -18,12 +18,15 @@ requires the token for them too.
 from __future__ import annotations
 
 import hmac
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
 from .status import DETAILS_KEY, UNAUTHENTICATED, rpc_status_for
+
+_log = logging.getLogger(__name__)
 
 AUTHORIZATION = "authorization"
 SCHEME = "bearer"
@@ -103,4 +106,9 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if self._authorized(handler_call_details.invocation_metadata):
             return handler
+        # Never the token given: only that the call was refused.
+        _log.warning(
+            "%s refused: UNAUTHENTICATED (missing or wrong bearer token)",
+            handler_call_details.method,
+        )
         return _denying_handler(handler)

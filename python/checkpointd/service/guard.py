@@ -20,6 +20,7 @@ is refused by grpc's core without ErrorInfo.
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,8 @@ import grpc
 
 from ..errors import SandboxCheckpointError, SandboxCheckpointInvalidArgumentError
 from .status import MESSAGE_TOO_LARGE, UNIMPLEMENTED, abort
+
+_log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 TRANSPORT_LIMIT_BYTES = 16 * 1024 * 1024
@@ -37,8 +40,10 @@ class _Rejected:
 
     __slots__ = ("error",)
 
-    def __init__(self, error: SandboxCheckpointError) -> None:
+    def __init__(self, method: str, error: SandboxCheckpointError) -> None:
         self.error = error
+        # One WARNING per failed call, as the servicer logs its own failures.
+        _log.warning("%s rejected: %s: %s", method, error.code, error.message)
 
 
 def _guarded_deserializer(
@@ -50,13 +55,14 @@ def _guarded_deserializer(
     def guarded(data: bytes) -> Any:
         if len(data) > MAX_MESSAGE_BYTES:
             return _Rejected(
+                method,
                 SandboxCheckpointError(
                     f"{method}: the request message is {len(data)} bytes, over the "
                     f"{MAX_MESSAGE_BYTES}-byte limit (stream large data in chunks; put large "
                     "payloads in artifacts)",
                     code=MESSAGE_TOO_LARGE,
                     details={"limit_bytes": MAX_MESSAGE_BYTES, "size_bytes": len(data)},
-                )
+                ),
             )
         if deserialize is None:
             return data
@@ -64,11 +70,12 @@ def _guarded_deserializer(
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's
             return _Rejected(
+                method,
                 SandboxCheckpointInvalidArgumentError(
                     f"{method}: the request is not a valid {message_type} ({exc}); a string "
                     "field must hold well-formed UTF-8",
                     details={"method": method, "message_type": message_type},
-                )
+                ),
             )
 
     return guarded
@@ -138,6 +145,7 @@ class UnknownMethodHandler(grpc.GenericRpcHandler):
         method = handler_call_details.method
 
         async def refuse(_request: Any, context: Any) -> Any:
+            _log.warning("%s refused: UNIMPLEMENTED (no such method here)", method)
             await abort(
                 context,
                 SandboxCheckpointError(

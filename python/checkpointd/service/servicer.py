@@ -75,6 +75,10 @@ DEFAULT_PAGE_SIZE = 100
 # Ids a Prune reply lists (~40 bytes each: 400 KB), so it stays bounded however
 # many checkpoints a thread had; deleted_count counts them all.
 MAX_PRUNE_IDS = 10_000
+# Paths a RestoreDone lists as holding zeros where secrets were: at most this
+# many, and this many bytes of them; unfilled_secret_count counts them all.
+MAX_UNFILLED_PATHS = 10_000
+MAX_UNFILLED_BYTES = 1024 * 1024
 # A ListCheckpoints page stops early past this many bytes of summaries.
 PAGE_BYTES = 2 * 1024 * 1024
 # SweepBlobs without older_than_ms: blobs younger than this are kept (an upload
@@ -306,6 +310,9 @@ def _unary(
         with self.state.tracking():
             try:
                 return await method(self, request, context)
+            except asyncio.CancelledError:
+                _log_cancelled(method.__name__, context)
+                raise
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
                 _log_failure(method.__name__, exc)
                 await abort(context, exc)
@@ -323,6 +330,11 @@ def _streaming(
             try:
                 async for item in method(self, request, context):
                     yield item
+            except (asyncio.CancelledError, GeneratorExit):
+                # GeneratorExit: grpc closed the stream (the client went away)
+                # while it waited for the next message.
+                _log_cancelled(method.__name__, context)
+                raise
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
                 _log_failure(method.__name__, exc)
                 await abort(context, exc)
@@ -338,6 +350,14 @@ def _log_failure(method: str, exc: BaseException) -> None:
     _log.warning(
         "%s failed: %s %s: %s%s", method, code.name, reason, message, f" ({where})" if where else ""
     )
+
+
+def _log_cancelled(method: str, context: Context) -> None:
+    """A call that ended because its client went away or its deadline passed
+    (the work stopped and its lease was released) is a failure too."""
+    remaining = context.time_remaining()
+    why = "its deadline passed" if remaining is not None and remaining <= 0 else "cancelled"
+    _log.warning("%s failed: CANCELLED: %s", method, why)
 
 
 # ErrorInfo metadata worth a log line (short identifiers, no content).
@@ -431,6 +451,13 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             if committed is not None and committed.thread_id == thread_id:
                 _check_replay(
                     committed, request_id, label, source_run_id, subdir, conversation, artifacts
+                )
+                _log.info(
+                    "capture %s of thread %s: replayed (request_id %s), %d entries",
+                    committed.id,
+                    thread_id,
+                    request_id,
+                    len(committed.files),
                 )
                 yield pb.CaptureEvent(
                     started=pb.CaptureStarted(thread_id=thread_id, checkpoint_id=checkpoint_id)
@@ -560,7 +587,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 done = pb.RestoreDone(
                     restored=restored is not None,
                     duration_ms=int((time.monotonic() - began) * 1000),
-                    unfilled_secret_paths=unfilled,
+                    unfilled_secret_paths=_bounded_paths(unfilled),
+                    unfilled_secret_count=len(unfilled),
                 )
                 _log.info(
                     "restore %s of thread %s: %d entries in %d ms",
@@ -935,6 +963,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
 
         store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
+        began = time.monotonic()
         if not request.dry_run:
             # As in DeleteHead: mark what will go before it goes (and whatever
             # else went, should the head have moved in between, after).
@@ -945,11 +974,12 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         if not request.dry_run:
             await mark_spent(self.state, sorted(set(ids) - set(planned)))
         _log.info(
-            "prune%s of thread %s (keep %d): %d checkpoints",
+            "prune%s of thread %s (keep %d): %d checkpoints in %d ms",
             " (dry run)" if request.dry_run else "",
             thread_id,
             request.keep,
             len(ids),
+            int((time.monotonic() - began) * 1000),
         )
         return pb.PruneResponse(
             deleted_checkpoint_ids=ids[:MAX_PRUNE_IDS],
@@ -1096,6 +1126,17 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 auth_probes=self.state.auth_probes,
             ),
         )
+
+
+def _bounded_paths(paths: list[str]) -> list[str]:
+    """The first paths, within MAX_UNFILLED_PATHS and MAX_UNFILLED_BYTES."""
+    kept, size = [], 0
+    for path in paths[:MAX_UNFILLED_PATHS]:
+        size += len(path.encode("utf-8", "surrogateescape")) + 8
+        if size > MAX_UNFILLED_BYTES:
+            break
+        kept.append(path)
+    return kept
 
 
 def _chunks(items: list[T], weight: Callable[[T], int]) -> list[list[T]]:

@@ -333,18 +333,20 @@ class RestoreStarted(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class RestoreDone(_message.Message):
-    __slots__ = ("restored", "checkpoint", "duration_ms", "plan", "unfilled_secret_paths")
+    __slots__ = ("restored", "checkpoint", "duration_ms", "plan", "unfilled_secret_paths", "unfilled_secret_count")
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     UNFILLED_SECRET_PATHS_FIELD_NUMBER: _ClassVar[int]
+    UNFILLED_SECRET_COUNT_FIELD_NUMBER: _ClassVar[int]
     restored: bool
     checkpoint: CheckpointSummary
     duration_ms: int
     plan: RestorePlan
     unfilled_secret_paths: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ..., unfilled_secret_paths: _Optional[_Iterable[str]] = ...) -> None: ...
+    unfilled_secret_count: int
+    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ..., unfilled_secret_paths: _Optional[_Iterable[str]] = ..., unfilled_secret_count: _Optional[int] = ...) -> None: ...
 
 class RestorePlan(_message.Message):
     __slots__ = ("files_written", "paths_deleted", "files_kept", "dirs_created", "bytes_to_fetch", "blobs_to_fetch")
