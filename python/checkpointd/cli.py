@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,10 @@ EPILOG = """\
 exit codes:
   0  success
   1  other error (INTERNAL, UNKNOWN...)
-  2  bad input: a bad flag or argument, or INVALID_ARGUMENT from the daemon
-  3  not found: NOT_FOUND (no such checkpoint, file or artifact)
+  2  bad input: a bad flag or argument, INVALID_ARGUMENT from the daemon, or a
+     request over its message limit (MESSAGE_TOO_LARGE)
+  3  not found: NOT_FOUND (no such checkpoint, file or artifact), or a thread
+     with no checkpoints (restore, list, diff --thread, prune)
   4  conflict: ABORTED or ALREADY_EXISTS (another writer holds the thread, the
      head moved, the id exists) — retrying later may succeed
   5  failed precondition: FAILED_PRECONDITION (not the head, unsupported entry,
@@ -62,6 +65,14 @@ STATUS_EXIT_CODES = {
     "PERMISSION_DENIED": EXIT_UNAUTHENTICATED,
     "RESOURCE_EXHAUSTED": EXIT_NO_SPACE,
 }
+# Reasons whose exit code is not their status code's: a request over the message
+# limit is RESOURCE_EXHAUSTED like a full disk, but it is the caller's input.
+REASON_EXIT_CODES = {"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE": EXIT_BAD_INPUT}
+
+
+def exit_code_of(code_name: str, reason: str) -> int:
+    """The exit code for a failed call's status code name and ErrorInfo reason."""
+    return REASON_EXIT_CODES.get(reason) or STATUS_EXIT_CODES.get(code_name, EXIT_ERROR)
 
 
 class UsageError(Exception):
@@ -386,22 +397,15 @@ class Output:
         )
         self._progress.start()
         self._task = self._progress.add_task("start", total=None, counts="")
+        phase_started: dict[str, float] = {}
 
         def on_event(event: Any) -> None:
             if not event.HasField("progress"):
                 return
             p = event.progress
-            # Files (scan, pin, apply, record) or bytes (upload, fetch): whichever
-            # the phase knows the total of; counts always shown in words.
-            by_bytes = p.bytes_total > 0
-            done, total = (
-                (p.bytes_done, p.bytes_total) if by_bytes else (p.files_done, p.files_total)
-            )
-            counts = f"{p.files_done}" + (f"/{p.files_total}" if p.files_total else "") + " files"
-            if p.bytes_done or p.bytes_total:
-                counts += f", {human_size(p.bytes_done)}"
-                if p.bytes_total:
-                    counts += f"/{human_size(p.bytes_total)}"
+            started = phase_started.setdefault(p.phase, time.monotonic())
+            elapsed_ms = int((time.monotonic() - started) * 1000)
+            done, total, counts = progress_view(p, elapsed_ms)
             self._progress.update(
                 self._task,
                 description=p.phase,
@@ -420,6 +424,31 @@ class Output:
     def emit(self, data: Any, text: str) -> None:
         self.close()
         print(json.dumps(data, indent=2, sort_keys=True) if self.as_json else text)
+
+
+# Phases whose bar moves with bytes (their work is bytes moved); the others
+# (scan, pin, apply, record) count files.
+_BYTE_PHASES = ("upload", "fetch")
+
+
+def progress_view(p: Any, elapsed_ms: int) -> tuple[int, int, str]:
+    """(done, total, text) of a progress bar for one Progress event: a file
+    count in scan and apply (bytes in upload and fetch), the counts in words
+    with human sizes, and the phase's rate so far."""
+    by_bytes = p.phase in _BYTE_PHASES and p.bytes_total > 0
+    done, total = (p.bytes_done, p.bytes_total) if by_bytes else (p.files_done, p.files_total)
+    counts = f"{p.files_done}" + (f"/{p.files_total}" if p.files_total else "") + " files"
+    if p.bytes_done or p.bytes_total:
+        counts += f", {human_size(p.bytes_done)}"
+        if p.bytes_total:
+            counts += f"/{human_size(p.bytes_total)}"
+    if elapsed_ms > 0 and (p.bytes_done or p.files_done):
+        counts += ", " + (
+            human_rate(p.bytes_done, elapsed_ms)
+            if p.bytes_done
+            else human_rate(p.files_done, elapsed_ms, "files")
+        )
+    return done, total, counts
 
 
 def _to_dict(message: Any) -> dict[str, Any]:
@@ -465,6 +494,36 @@ def _to_dict(message: Any) -> dict[str, Any]:
     return out
 
 
+_JSON_SPACE = " \t\n\r"
+
+
+def json_list_items(text: str, source: str) -> list[str]:
+    """The text of each element of the JSON list ``text``, exactly as written
+    (the daemon stores each message byte for byte: ``1e3`` stays ``1e3``).
+    UsageError naming ``source`` unless ``text`` is one JSON list."""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise UsageError(f"{source}: not JSON: {error}") from None
+    if not isinstance(value, list):
+        raise UsageError(f"{source} must hold a JSON list of messages")
+    decoder = json.JSONDecoder()
+
+    def skip_space(at: int) -> int:
+        while at < len(text) and text[at] in _JSON_SPACE:
+            at += 1
+        return at
+
+    at = skip_space(0) + 1  # past "["
+    items: list[str] = []
+    while len(items) < len(value):
+        start = skip_space(at)
+        _, end = decoder.raw_decode(text, start)
+        items.append(text[start:end])
+        at = skip_space(end) + 1  # past "," (or the closing "]")
+    return items
+
+
 def human_size(count: int) -> str:
     """Bytes for people: 0 B, 512 B, 1.5 KiB, 12.0 MiB, 3.2 GiB."""
     value = float(count)
@@ -473,6 +532,14 @@ def human_size(count: int) -> str:
             return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def human_rate(amount: int, ms: int, unit: str = "B") -> str:
+    """A rate for people: 12.0 MiB/s for bytes (unit "B"), 1,234 files/s else."""
+    per_second = amount * 1000 / max(ms, 1)
+    if unit == "B":
+        return f"{human_size(int(per_second))}/s"
+    return f"{per_second:,.0f} {unit}/s"
 
 
 def human_duration(ms: int) -> str:
@@ -610,7 +677,7 @@ async def _run_client(args: argparse.Namespace) -> int:
             print(f"checkpointd {args.command}: {error}", file=sys.stderr)
             for key, value in error.metadata.items():
                 print(f"  {key}: {value}", file=sys.stderr)
-        return STATUS_EXIT_CODES.get(error.code.name, EXIT_ERROR)
+        return exit_code_of(error.code.name, error.reason)
     finally:
         output.close()
 
@@ -620,10 +687,7 @@ async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
     conversation: list[str] = []
     if args.conversation:
         text = await asyncio.to_thread(Path(args.conversation).read_text, encoding="utf-8")
-        messages = json.loads(text)
-        if not isinstance(messages, list):
-            raise UsageError("--conversation must hold a JSON list")
-        conversation = [json.dumps(m) for m in messages]
+        conversation = json_list_items(text, f"--conversation {args.conversation}")
     artifacts = []
     for spec in args.artifact:
         path, _, mime = spec.partition(":")
@@ -652,8 +716,9 @@ async def _capture(client: Any, args: argparse.Namespace, out: Output) -> int:
     else:
         text = (
             f"captured {s.id} ({s.file_count} files, {human_size(s.total_bytes)}; hashed "
-            f"{st.files_hashed}, reused {st.files_reused}, uploaded {st.blobs_uploaded} blobs "
-            f"({human_size(st.bytes_uploaded)}) in {human_duration(st.duration_ms)})"
+            f"{st.files_hashed} ({human_size(st.bytes_hashed)}), reused {st.files_reused}, "
+            f"uploaded {st.blobs_uploaded} blobs ({human_size(st.bytes_uploaded)}) in "
+            f"{human_duration(st.duration_ms)}, {human_rate(s.total_bytes, st.duration_ms)})"
             + (" [replayed]" if done.replayed else "")
         )
     out.emit(_to_dict(done), text)
@@ -701,22 +766,37 @@ async def _restore(client: Any, args: argparse.Namespace, out: Output) -> int:
         return EXIT_OK
     text = (
         f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files, "
-        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}"
+        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}, "
+        f"{human_rate(done.checkpoint.total_bytes, done.duration_ms)}"
     )
     if done.unfilled_secret_paths:
         text += "\nzeros where secrets were (restore with --secret-env to fill them):" + "".join(
             f"\n  {path}" for path in done.unfilled_secret_paths
         )
+        more = done.unfilled_secret_count - len(done.unfilled_secret_paths)
+        if more > 0:
+            text += f"\n  … {more} more"
     out.emit(data, text)
     return EXIT_OK
 
 
 def _no_such_thread(out: Output, thread: str, data: dict[str, Any] | None = None) -> int:
-    """An unknown thread (no checkpoint) exits 3 in every command."""
-    out.emit(
-        {**(data or {}), "error": {"code": "NOT_FOUND", "thread_id": thread}},
-        f"thread {thread} has no checkpoints",
-    )
+    """An unknown thread (no checkpoint) exits 3 in every command: with --json
+    the command's usual document plus an ``error`` shaped like a daemon's
+    (code, reason, message, metadata); else one line on stderr, as any error."""
+    message = f"thread {thread} has no checkpoints"
+    error = {
+        "code": "NOT_FOUND",
+        "reason": "SANDBOX_SNAPSHOT_MISSING_CHECKPOINT",
+        "message": message,
+        "metadata": {"thread_id": thread},
+        "thread_id": thread,
+    }
+    out.close()
+    if out.as_json:
+        print(json.dumps({**(data or {}), "error": error}, indent=2, sort_keys=True))
+    else:
+        print(f"checkpointd: NOT_FOUND: {message}", file=sys.stderr)
     return EXIT_NOT_FOUND
 
 
@@ -765,7 +845,8 @@ async def _show(client: Any, args: argparse.Namespace, out: Output) -> int:
             lines.append(f"  {kind:<7} {e.mode:04o} {e.path}{extra}")
     for artifact in response.artifacts:
         lines.append(
-            f"  artifact {artifact.name} ({artifact.mime_type}, {artifact.size} bytes) {artifact.blob_key}"
+            f"  artifact {artifact.name} ({artifact.mime_type}, {human_size(artifact.size)}) "
+            f"{artifact.blob_key}"
         )
     for message in response.conversation:
         lines.append(f"  message {message}")
@@ -877,7 +958,8 @@ async def _sweep(client: Any, args: argparse.Namespace, out: Output) -> int:
         f"{verb} {summary.deleted_count} blobs, kept {summary.kept_count}"
         + (f" ({reasons})" if reasons else "")
         + f", {summary.failed_count} failures; listed {summary.listed_count} in "
-        f"{summary.duration_ms} ms"
+        f"{human_duration(summary.duration_ms)} "
+        f"({human_rate(summary.listed_count, summary.duration_ms, 'keys')})"
     )
     text += "".join(f"\n  failed {key}: {message}" for key, message in failures)
     if summary.failed_count > len(failures):
@@ -909,7 +991,7 @@ async def _check(client: Any, args: argparse.Namespace, out: Output) -> int:
     summary = await client.check(read_data=args.read_data, repair=args.repair, on_event=on_event)
     text = (
         f"checked {summary.blobs_checked} blobs of {summary.keys} keys"
-        + (f", read {summary.bytes_read} bytes" if summary.read_data else "")
+        + (f", read {human_size(summary.bytes_read)}" if summary.read_data else "")
         + f": {summary.count_mismatches} wrong counts"
         + (f" ({summary.repaired} repaired)" if summary.repair else "")
         + f", {summary.missing} missing, {summary.corrupt} corrupt blobs"

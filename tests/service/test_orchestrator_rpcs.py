@@ -4,8 +4,11 @@ real daemon, and the CLI commands that expose them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
+import time
 
 import grpc
 import pytest
@@ -14,7 +17,7 @@ from checkpointd.service.client import RpcError
 from checkpointd.store import open_store
 from checkpointd.v1 import checkpointd_pb2 as pb
 
-from .conftest import Daemon
+from .conftest import Daemon, DaemonFactory
 from .test_cli import cli
 
 
@@ -231,6 +234,7 @@ async def test_prune_reports_a_count(daemon: Daemon) -> None:
 def test_unknown_threads_exit_3_everywhere(daemon: Daemon) -> None:
     for args in (
         ("restore", "t-none"),
+        ("restore", "t-none", "--dry-run"),
         ("list", "t-none"),
         ("diff", "--thread", "t-none"),
         ("prune", "t-none", "--keep", "1"),
@@ -238,6 +242,14 @@ def test_unknown_threads_exit_3_everywhere(daemon: Daemon) -> None:
         result = cli(daemon, *args)
         assert result.returncode == 3, (args, result.stdout, result.stderr)
         assert "Traceback" not in result.stderr
+        assert "thread t-none has no checkpoints" in result.stderr and not result.stdout
+        shown = cli(daemon, *args, "--json")
+        assert shown.returncode == 3
+        error = json.loads(shown.stdout)["error"]
+        assert (error["code"], error["metadata"]) == ("NOT_FOUND", {"thread_id": "t-none"})
+    # A checkpoint, file or source that does not exist is 3 as well.
+    for args in (("show", "no-such"), ("fork", "t-none", "no-such", "t-other")):
+        assert cli(daemon, *args).returncode == 3, args
 
 
 def test_durations_and_data_dir(daemon: Daemon) -> None:
@@ -271,6 +283,15 @@ async def test_the_conversation_is_stored_byte_for_byte(daemon: Daemon) -> None:
         await store.aclose()
     assert stored is not None and stored.conversation[0] == {"n": 1000.0, "a": [1, 2.5]}
     assert stored.conversation_text == tuple(second)
+    # The CLI sends each message of its file as written, not re-serialised.
+    conversation_file = daemon.data_dir.parent / "conversation.json"
+    conversation_file.write_text("[\n  " + ",\n  ".join(second) + "\n]\n")
+    captured = ok_json(daemon, "capture", "t-verbatim", "--conversation", str(conversation_file))
+    shown = ok_json(daemon, "show", captured["checkpoint"]["id"], "--conversation")
+    assert shown["conversation"] == second
+    conversation_file.write_text("[1, ")
+    bad = cli(daemon, "capture", "t-verbatim", "--conversation", str(conversation_file))
+    assert bad.returncode == 2 and "not JSON" in bad.stderr and "Traceback" not in bad.stderr
 
 
 async def test_one_log_line_per_operation_and_a_warning_per_failure(daemon: Daemon) -> None:
@@ -290,6 +311,52 @@ async def test_one_log_line_per_operation_and_a_warning_per_failure(daemon: Daem
     assert "WARNING checkpointd.service.servicer: GetCheckpoint failed: NOT_FOUND" in log
     assert "checkpoint_id=no-such-checkpoint" in log
     assert "s3cr3t-value" not in log
+    assert re.search(r"prune of thread t-log \(keep 1\): 0 checkpoints in \d+ ms", log)
+
+
+async def test_every_failure_is_logged_even_before_a_handler(daemons: DaemonFactory) -> None:
+    """Replays log their line; refusals before any handler (undecodable bytes,
+    no token, an unknown method) and cancelled calls log a WARNING each, and
+    never the token."""
+    daemon = daemons.start(tcp=True, token="log-test-token")
+    target = daemon.address.removeprefix("tcp://")
+    (daemon.workspace / "a.txt").write_text("a")
+    async with daemon.client() as client:
+        first = await client.capture("t-logged", request_id="r-1")
+        await client.capture("t-logged", request_id="r-1")
+    async with grpc.aio.insecure_channel(target) as channel:
+        auth = (("authorization", "Bearer log-test-token"),)
+        get_head = channel.unary_unary("/checkpointd.v1.Checkpointd/GetHead")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await get_head(b"\x0a\x02\xff\xfe", timeout=10, metadata=auth)  # invalid UTF-8
+        with pytest.raises(grpc.aio.AioRpcError):
+            await get_head(b"", timeout=10)  # no token
+        unknown = channel.unary_unary("/checkpointd.v1.Checkpointd/NoSuchMethod")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await unknown(b"", timeout=10, metadata=auth)
+    for index in range(3000):
+        (daemon.workspace / f"f{index}.txt").write_text(str(index))
+    async with daemon.client() as client:
+        call = client.stub.Capture(pb.CaptureRequest(thread_id="t-cancelled"), metadata=auth)
+        async for event in call:
+            assert event.HasField("started")
+            call.cancel()  # the client goes away while the capture works
+            break
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:  # logged once the call has unwound
+        if "Capture failed: CANCELLED" in daemon.log_text():
+            break
+        await asyncio.sleep(0.05)
+    log = daemon.log_text()
+    assert f"capture {first.checkpoint.id} of thread t-logged: replayed (request_id r-1)" in log
+    assert "WARNING checkpointd.service.guard: /checkpointd.v1.Checkpointd/GetHead rejected" in log
+    assert (
+        "WARNING checkpointd.service.auth: /checkpointd.v1.Checkpointd/GetHead refused: "
+        "UNAUTHENTICATED" in log
+    )
+    assert "/checkpointd.v1.Checkpointd/NoSuchMethod refused: UNIMPLEMENTED" in log
+    assert "WARNING checkpointd.service.servicer: Capture failed: CANCELLED" in log
+    assert "log-test-token" not in log
 
 
 def test_the_progress_bar_counts_files_on_a_terminal(daemon: Daemon) -> None:
@@ -312,3 +379,17 @@ def test_the_progress_bar_counts_files_on_a_terminal(daemon: Daemon) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "captured" in result.stdout and "files" in result.stdout
     assert "Traceback" not in result.stdout
+
+
+def test_the_bar_counts_files_in_scan_and_apply_bytes_in_upload_and_fetch() -> None:
+    from checkpointd.cli import human_rate, progress_view
+
+    apply = pb.Progress(phase="apply", files_done=5, files_total=10, bytes_done=3 << 20)
+    apply.bytes_total = 6 << 20
+    assert progress_view(apply, 2000) == (5, 10, "5/10 files, 3.0 MiB/6.0 MiB, 1.5 MiB/s")
+    fetch = pb.Progress(phase="fetch", files_done=1, files_total=2, bytes_done=10, bytes_total=40)
+    assert progress_view(fetch, 1000)[:2] == (10, 40)
+    scan = pb.Progress(phase="scan", files_done=3000)
+    assert progress_view(scan, 1500) == (3000, 0, "3000 files, 2,000 files/s")
+    assert human_rate(2048, 1000) == "2.0 KiB/s"
+    assert human_rate(1_000_000, 500, "keys") == "2,000,000 keys/s"

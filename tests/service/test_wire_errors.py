@@ -17,6 +17,7 @@ from checkpointd.store import open_store
 from checkpointd.v1 import checkpointd_pb2 as pb
 
 from .conftest import Daemon
+from .test_cli import cli
 
 C = grpc.StatusCode
 INVALID_UTF8 = b"\xff\xfe bad"
@@ -91,6 +92,12 @@ async def test_a_request_over_the_limit_is_resource_exhausted_with_the_limit(
         info = await client.server_info()
         assert info.capabilities.max_message_bytes == 4 * 1024 * 1024
         assert await client.get_head("t-big") is None
+    # The CLI calls it bad input (2), not a full disk (9, RESOURCE_EXHAUSTED's usual code).
+    big = daemon.data_dir.parent / "big-conversation.json"
+    big.write_text('["' + "x" * (5 * 1024 * 1024) + '"]')
+    shown = cli(daemon, "capture", "t-big", "--conversation", str(big))
+    assert shown.returncode == 2, shown.stderr
+    assert "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE" in shown.stderr
 
 
 async def test_an_artifact_never_uploaded_is_a_client_mistake(daemon: Daemon) -> None:
