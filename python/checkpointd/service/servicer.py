@@ -197,7 +197,16 @@ class ServiceState:
         if problem is not None:
             raise ServiceError(INVALID_PATH, f"bad workspace_subdir: {problem}", path=subdir)
         candidate = self.workspace_root / subdir
-        resolved = Path(os.path.realpath(candidate))
+        try:
+            resolved = Path(os.path.realpath(candidate))
+        except OSError as error:
+            # A component swapped between realpath's lstat and readlink (EINVAL):
+            # the sandbox is racing us; the engines open the sub-root by fd anyway.
+            raise ServiceError(
+                INVALID_PATH,
+                f"workspace_subdir cannot be resolved: {error.strerror or error}",
+                path=subdir,
+            ) from None
         root = Path(os.path.realpath(self.workspace_root))
         if resolved != root and root not in resolved.parents:
             raise ServiceError(
