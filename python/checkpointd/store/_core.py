@@ -86,19 +86,29 @@ from ..errors import (
     SandboxCheckpointParentMismatchError,
 )
 from ..manifest import split_digests
-from ..model import Checkpoint, WriterLike
+from ..model import Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
 from . import _documents as documents
 from ._options import (
     LeaseRecord,
     StoreOptions,
+    audit_keys,
     check_fork_arguments,
     check_fork_source,
     check_keep,
+    check_pin_keys,
     check_writer,
+    condemnable_keys,
     destination_not_empty,
+    key_to_bytes,
+    lease_holder,
+    lease_is_current,
     list_order,
+    may_take_over,
+    new_owner_token,
     plan_prune,
+    renew_lost,
+    writer_conflict,
     writer_fields,
 )
 
@@ -411,6 +421,38 @@ class WriteTx(Protocol):
         """The pack index rows of an append (see the module docstring)."""
         ...
 
+    # leases and the blob guard
+
+    async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
+        """Lock (creating when missing) the thread's lease state: its lease and
+        the last fence handed out."""
+        ...
+
+    async def write_lease(self, thread_id: str, record: LeaseRecord) -> None:
+        """Store ``record`` as the thread's lease and its fence as the last one."""
+        ...
+
+    async def set_lease_expiry(self, thread_id: str, expires_at: int) -> None: ...
+
+    async def remove_lease(self, thread_id: str, token: str, fence: int) -> None:
+        """Remove the lease only when it is still this one."""
+        ...
+
+    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None: ...
+
+    async def pin(
+        self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
+    ) -> set[bytes]:
+        """Record the pins; return those of ``keys`` condemned right now (PostgreSQL
+        share-locks their mark rows first, so a condemnation in flight finishes)."""
+        ...
+
+    async def release_condemned(self, keys: Sequence[bytes]) -> None: ...
+
+    async def mark_missing(self, keys: Sequence[bytes], now: int) -> None: ...
+
+    async def clear_missing(self, keys: Sequence[bytes]) -> None: ...
+
 
 # ------------------------------------------------------------------------ contents cache
 
@@ -447,13 +489,26 @@ class _Loaded:
 
 
 class SqlCheckpointStore:
-    """The SPEC §3 writes of a SQL checkpoint store; a dialect subclasses it and
-    provides ``_options``, ``_recent`` and ``_write``."""
+    """The SPEC §3 writes of a SQL checkpoint store, its leases, pins and missing
+    marks; a dialect subclasses it and provides ``_options``, ``_recent``,
+    ``_write`` and ``_is_closed`` (and its own reads, ``condemn_blobs`` and the
+    audit, whose SQL is the whole of their logic)."""
 
     _options: StoreOptions
     _recent: RecentContents
 
+    @property
+    def lease_duration_ms(self) -> int:
+        return self._options.lease_duration_ms
+
+    @property
+    def renew_after_ms(self) -> int:
+        return self._options.renew_after_ms
+
     async def _write(self, operation: str, body: Callable[[WriteTx], Awaitable[T]]) -> T:
+        raise NotImplementedError
+
+    def _is_closed(self) -> bool:
         raise NotImplementedError
 
     async def _content(self, tx: WriteTx, checkpoint_id: str, version: int) -> documents.Content:
@@ -716,6 +771,112 @@ class SqlCheckpointStore:
         version, root = await self._write("fork_from_checkpoint", body)
         self._recent.put(destination_checkpoint_id, version, root)
         return await offload(content_size(root), root.checkpoint)
+
+    # ------------------------------------------------------------------ leases
+
+    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
+        """Take the thread's writer lease without waiting.
+
+        A live lease raises WRITER_CONFLICT (with ``expires_at_ms`` and
+        ``retry_after_ms`` in its details) unless ``owner`` acquired it: the same
+        owner takes it back with a new fence, and the old writer is lost.
+        """
+        check_id(thread_id, "thread id")
+        holder = lease_holder(owner)
+
+        async def body(tx: WriteTx) -> LeaseRecord:
+            current, last_fence = await tx.lease_for_acquire(thread_id)
+            now = await tx.now()
+            if not may_take_over(current, holder, now):
+                assert current is not None
+                raise writer_conflict(thread_id, current, now)
+            if current is not None:
+                await tx.drop_pins(thread_id, current.owner_token, current.fence)
+            record = LeaseRecord(
+                new_owner_token(), last_fence + 1, now + self._options.lease_duration_ms, holder
+            )
+            await tx.write_lease(thread_id, record)
+            return record
+
+        record = await self._write("acquire_writer", body)
+        return WriterLease(
+            thread_id=thread_id,
+            owner_token=record.owner_token,
+            fence=record.fence,
+            expires_at=record.expires_at,
+            renew_after_ms=self._options.renew_after_ms,
+            renew=self._renew,
+            release=self._release,
+        )
+
+    async def _renew(self, lease: WriterLease) -> int:
+        thread_id, token, fence = writer_fields(lease)
+
+        async def body(tx: WriteTx) -> int:
+            state = await tx.lock_thread(thread_id)
+            now = await tx.now()
+            if not lease_is_current(state.lease, token, fence, now):
+                raise renew_lost(thread_id, fence, state.lease, now)
+            expires_at = now + self._options.lease_duration_ms
+            await tx.set_lease_expiry(thread_id, expires_at)
+            return expires_at
+
+        return await self._write("renew", body)
+
+    async def _release(self, lease: WriterLease) -> None:
+        """Remove the lease's own record and its pins; never raises on a closed store."""
+        if self._is_closed():
+            return
+        thread_id, token, fence = writer_fields(lease)
+
+        async def body(tx: WriteTx) -> None:
+            await tx.remove_lease(thread_id, token, fence)
+            await tx.drop_pins(thread_id, token, fence)
+
+        await self._write("release", body)
+
+    # ------------------------------------------------------------------ blob guard
+
+    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
+        """Pin ``keys`` for the writer's lease (WRITER_LOST first when not current;
+        INVALID_ENTRY for a bad key). Returns the keys condemned right now."""
+        thread_id, token, fence = writer_fields(writer)
+
+        async def body(tx: WriteTx) -> builtins.list[str]:
+            state = await tx.lock_thread(thread_id)
+            check_writer(writer, thread_id, state.lease, await tx.now())
+            wanted = check_pin_keys(keys)
+            if not wanted:
+                return []
+            binary = {key: key_to_bytes(key) for key in wanted}
+            condemned = await tx.pin(thread_id, token, fence, sorted(set(binary.values())))
+            return [key for key in wanted if binary[key] in condemned]
+
+        return await self._write("pin_blobs", body)
+
+    async def release_condemned(self, keys: builtins.list[str]) -> None:
+        """Drop condemnations (after the sweep deleted or gave up on the keys)."""
+        binary = sorted({key_to_bytes(key) for key in condemnable_keys(keys)})
+        if binary:
+            await self._write("release_condemned", lambda tx: tx.release_condemned(binary))
+
+    # ------------------------------------------------------------------ missing marks
+
+    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        """Record that these keys' blobs are gone (keys of another shape: ignored)."""
+        binary = sorted({key_to_bytes(key) for key in audit_keys(keys)})
+
+        async def body(tx: WriteTx) -> None:
+            if binary:
+                await tx.mark_missing(binary, await tx.now())
+
+        await self._write("mark_blobs_missing", body)
+
+    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
+        """Forget the marks of these keys (their blobs are back)."""
+        binary = sorted({key_to_bytes(key) for key in audit_keys(keys)})
+        if binary:
+            await self._write("clear_missing_blobs", lambda tx: tx.clear_missing(binary))
 
 
 # ------------------------------------------------------------------------ audit and repair

@@ -66,7 +66,7 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
 )
-from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..model import BlobReference, Checkpoint
 from ..validation import check_id, utf8_key
 from . import _documents as documents
 from ._core import (
@@ -86,25 +86,16 @@ from ._core import (
 from ._options import (
     LeaseRecord,
     StoreOptions,
-    audit_keys,
     blob_counts,
     check_hold_ms,
     check_instance_record,
-    check_pin_keys,
     check_thread_page,
-    check_writer,
     condemnable_keys,
     key_from_bytes,
     key_to_bytes,
-    lease_holder,
     list_order,
-    may_take_over,
-    new_owner_token,
     read_clock,
-    renew_lost,
     validate_store_options,
-    writer_conflict,
-    writer_fields,
 )
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
@@ -667,6 +658,95 @@ class _PostgresTx:
             "this PostgreSQL store keeps no pack index yet (packed_blobs must be empty)"
         )
 
+    async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
+        # Creates the thread's row or locks it, in one round trip.
+        row = await self.conn.fetchrow(
+            "INSERT INTO checkpointd_threads (thread_id) VALUES ($1)"
+            " ON CONFLICT (thread_id) DO UPDATE SET thread_id = excluded.thread_id"
+            " RETURNING last_fence, lease_owner, lease_fence, lease_expires_at, lease_holder",
+            _b(thread_id),
+        )
+        assert row is not None
+        return _lease(row), row["last_fence"]
+
+    async def write_lease(self, thread_id: str, record: LeaseRecord) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_threads SET last_fence = $2, lease_owner = $3,"
+            " lease_fence = $2, lease_expires_at = $4, lease_holder = $5"
+            " WHERE thread_id = $1",
+            _b(thread_id),
+            record.fence,
+            record.owner_token,
+            record.expires_at,
+            record.holder,
+        )
+
+    async def set_lease_expiry(self, thread_id: str, expires_at: int) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_threads SET lease_expires_at = $2 WHERE thread_id = $1",
+            _b(thread_id),
+            expires_at,
+        )
+
+    async def remove_lease(self, thread_id: str, token: str, fence: int) -> None:
+        await self.conn.execute(
+            "UPDATE checkpointd_threads SET lease_owner = NULL, lease_fence = NULL,"
+            " lease_expires_at = NULL, lease_holder = NULL"
+            " WHERE thread_id = $1 AND lease_owner = $2 AND lease_fence = $3",
+            _b(thread_id),
+            token,
+            fence,
+        )
+
+    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
+        await self.conn.execute(
+            "DELETE FROM checkpointd_blob_pins"
+            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3",
+            _b(thread_id),
+            token,
+            fence,
+        )
+
+    async def pin(
+        self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
+    ) -> set[bytes]:
+        await self.conn.execute(
+            "INSERT INTO checkpointd_blob_pins (thread_id, owner_token, fence, key)"
+            " SELECT $1, $2, $3, k FROM unnest($4::bytea[]) AS k ON CONFLICT DO NOTHING",
+            _b(thread_id),
+            token,
+            fence,
+            builtins.list(keys),
+        )
+        # Share locks: pins never wait for each other, only for a condemnation.
+        marks = await _lock_marks(self.conn, keys, "SHARE")
+        now = await self.now()
+        return {key for key, until in marks.items() if until is not None and now < until}
+
+    async def release_condemned(self, keys: Sequence[bytes]) -> None:
+        await self.conn.execute(
+            "SELECT 1 FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])"
+            " ORDER BY key FOR UPDATE",
+            builtins.list(keys),
+        )
+        await self.conn.execute(
+            "DELETE FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])", builtins.list(keys)
+        )
+
+    async def mark_missing(self, keys: Sequence[bytes], now: int) -> None:
+        await self.conn.execute(
+            "INSERT INTO checkpointd_blob_missing (key, marked_at)"
+            " SELECT k, $2 FROM unnest($1::bytea[]) AS k ON CONFLICT DO NOTHING",
+            builtins.list(keys),
+            now,
+        )
+
+    async def clear_missing(self, keys: Sequence[bytes]) -> None:
+        await self.conn.execute(
+            "DELETE FROM checkpointd_blob_missing WHERE key = ANY($1::bytea[])",
+            builtins.list(keys),
+        )
+
 
 async def _fetch_chains(
     conn: asyncpg.Connection, checkpoint_ids: Sequence[str], rows: Rows
@@ -709,6 +789,35 @@ async def _open_head_runs(conn: asyncpg.Connection) -> None:
         )
 
 
+async def _lock_marks(
+    conn: asyncpg.Connection, keys: Sequence[bytes], mode: str
+) -> dict[bytes, int | None]:
+    """Lock the mark row of every key (``SHARE`` or ``UPDATE``), creating
+    missing rows; returns each key's ``condemned_until``.
+
+    A row can vanish between our insert and our lock (a sweep forgets unused
+    rows); we then make it again, because a pin that locked no row would not
+    be seen by a condemnation running at the same time.
+    """
+    marks: dict[bytes, int | None] = {}
+    missing = list(keys)
+    while missing:
+        await conn.execute(
+            "INSERT INTO checkpointd_blob_marks (key)"
+            " SELECT k FROM unnest($1::bytea[]) WITH ORDINALITY AS u(k, n) ORDER BY n"
+            " ON CONFLICT DO NOTHING",
+            missing,
+        )
+        for row in await conn.fetch(
+            "SELECT key, condemned_until FROM checkpointd_blob_marks"
+            f" WHERE key = ANY($1::bytea[]) ORDER BY key FOR {mode}",
+            missing,
+        ):
+            marks[bytes(row["key"])] = row["condemned_until"]
+        missing = [key for key in missing if key not in marks]
+    return marks
+
+
 # Schema steps that need Python after their SQL (keyed by the version they make).
 _PYTHON_STEPS: dict[int, Callable[[asyncpg.Connection], Awaitable[None]]] = {4: _open_head_runs}
 
@@ -738,30 +847,12 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
         # one that reuses a deleted id, so a cached content is never the wrong one.
         self._recent = RecentContents(_RECENT_CONTENTS)
 
-    @property
-    def lease_duration_ms(self) -> int:
-        return self._options.lease_duration_ms
-
-    @property
-    def renew_after_ms(self) -> int:
-        return self._options.renew_after_ms
-
     async def _now(self, conn: asyncpg.Connection) -> int:
         """The one clock of this store (call it after taking the row lock)."""
         if self._injected_clock:
             return read_clock(self._options)
         value: int = await conn.fetchval(f"SELECT {_DB_NOW}")
         return value
-
-    def _injected_now(self) -> int | None:
-        return read_clock(self._options) if self._injected_clock else None
-
-    async def _lock_thread(self, conn: asyncpg.Connection, thread_id: str) -> asyncpg.Record | None:
-        return await conn.fetchrow(
-            "SELECT head_id, last_fence, lease_owner, lease_fence, lease_expires_at,"
-            " lease_holder FROM checkpointd_threads WHERE thread_id = $1 FOR UPDATE",
-            _b(thread_id),
-        )
 
     async def _write(self, operation: str, body: Callable[[Any], Awaitable[T]]) -> T:
         self._check_open()
@@ -770,6 +861,9 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             return await body(_PostgresTx(conn, self))
 
         return await self._transaction(operation, run)
+
+    def _is_closed(self) -> bool:
+        return self._closed
 
     # ------------------------------------------------------------------ reads
 
@@ -895,124 +989,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
         references.sort(key=lambda ref: utf8_key(ref.key))
         return references
 
-    # ------------------------------------------------------------------ leases
-
-    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
-        """Take the thread's writer lease without waiting; the owner that holds a
-        live lease takes it back with a new fence (the old writer is lost).
-
-        Raises InvalidId, WriterConflict (a live lease of another owner, with
-        ``expires_at_ms`` and ``retry_after_ms`` in its details), STORE_UNAVAILABLE.
-        """
-        self._check_open()
-        check_id(thread_id, "thread id")
-        holder = lease_holder(owner)
-        tid = _b(thread_id)
-
-        async def body(conn: asyncpg.Connection) -> WriterLease:
-            # Creates the thread's row or locks it, and reads the clock after the
-            # lock (RETURNING runs on the locked row), in one round trip.
-            row = await conn.fetchrow(
-                "INSERT INTO checkpointd_threads (thread_id) VALUES ($1)"
-                " ON CONFLICT (thread_id) DO UPDATE SET thread_id = excluded.thread_id"
-                " RETURNING last_fence, lease_owner, lease_fence, lease_expires_at,"
-                f" lease_holder, {_DB_NOW} AS db_now",
-                tid,
-            )
-            assert row is not None
-            now = read_clock(self._options) if self._injected_clock else row["db_now"]
-            current = _lease(row)
-            if not may_take_over(current, holder, now):
-                assert current is not None
-                raise writer_conflict(thread_id, current, now)
-            if current is not None:
-                await self._drop_pins(conn, tid, current.owner_token, current.fence)
-            fence = row["last_fence"] + 1
-            token = new_owner_token()
-            expires_at = now + self._options.lease_duration_ms
-            await conn.execute(
-                "UPDATE checkpointd_threads SET last_fence = $2, lease_owner = $3,"
-                " lease_fence = $2, lease_expires_at = $4, lease_holder = $5"
-                " WHERE thread_id = $1",
-                tid,
-                fence,
-                token,
-                expires_at,
-                holder,
-            )
-            return WriterLease(
-                thread_id=thread_id,
-                owner_token=token,
-                fence=fence,
-                expires_at=expires_at,
-                renew_after_ms=self._options.renew_after_ms,
-                renew=self._renew,
-                release=self._release,
-            )
-
-        return await self._transaction("acquire_writer", body)
-
-    async def _renew(self, lease: WriterLease) -> int:
-        thread_id, token, fence = writer_fields(lease)
-
-        async def body(conn: asyncpg.Connection) -> int | None:
-            # One statement: the check and the update see the same row and clock.
-            expires_at: int | None = await conn.fetchval(
-                "UPDATE checkpointd_threads AS t SET lease_expires_at = c.now + $4"
-                f" FROM (SELECT coalesce($5::bigint, {_DB_NOW}) AS now) AS c"
-                " WHERE t.thread_id = $1 AND t.lease_owner = $2 AND t.lease_fence = $3"
-                " AND c.now < t.lease_expires_at RETURNING t.lease_expires_at",
-                _b(thread_id),
-                token,
-                fence,
-                self._options.lease_duration_ms,
-                self._injected_now(),
-            )
-            if expires_at is None:
-                # Lost: say which lease holds the thread now, if any.
-                row = await conn.fetchrow(
-                    "SELECT lease_owner, lease_fence, lease_expires_at, lease_holder"
-                    " FROM checkpointd_threads WHERE thread_id = $1",
-                    _b(thread_id),
-                )
-                raise renew_lost(thread_id, fence, _lease(row), await self._now(conn))
-            return expires_at
-
-        expires_at = await self._transaction("renew", body)
-        assert expires_at is not None
-        return expires_at
-
-    async def _release(self, lease: WriterLease) -> None:
-        if self._closed:
-            return
-        thread_id, token, fence = writer_fields(lease)
-        tid = _b(thread_id)
-
-        async def body(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "UPDATE checkpointd_threads SET lease_owner = NULL, lease_fence = NULL,"
-                " lease_expires_at = NULL, lease_holder = NULL"
-                " WHERE thread_id = $1 AND lease_owner = $2 AND lease_fence = $3",
-                tid,
-                token,
-                fence,
-            )
-            await self._drop_pins(conn, tid, token, fence)
-
-        await self._transaction("release", body)
-
-    @staticmethod
-    async def _drop_pins(
-        conn: asyncpg.Connection, thread_id: bytes, token: str, fence: int
-    ) -> None:
-        await conn.execute(
-            "DELETE FROM checkpointd_blob_pins"
-            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3",
-            thread_id,
-            token,
-            fence,
-        )
-
     # ------------------------------------------------------------------ blob audit
 
     @staticmethod
@@ -1128,32 +1104,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         return await self._transaction("repair_blob_references", body)
 
-    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
-        wanted = [key_to_bytes(key) for key in audit_keys(keys)]
-
-        async def body(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "INSERT INTO checkpointd_blob_missing (key, marked_at)"
-                f" SELECT k, coalesce($2::bigint, {_DB_NOW}) FROM unnest($1::bytea[]) AS k"
-                " ON CONFLICT DO NOTHING",
-                wanted,
-                self._injected_now(),
-            )
-
-        await self._transaction("mark_blobs_missing", body)
-
-    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
-        wanted = [key_to_bytes(key) for key in audit_keys(keys)]
-        if not wanted:
-            return
-
-        async def body(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "DELETE FROM checkpointd_blob_missing WHERE key = ANY($1::bytea[])", wanted
-            )
-
-        await self._transaction("clear_missing_blobs", body)
-
     async def list_missing_blobs(self) -> builtins.list[str]:
         async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
             found: builtins.list[asyncpg.Record] = await conn.fetch(
@@ -1169,70 +1119,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
         return keys
 
     # ------------------------------------------------------------------ blob guard
-
-    @staticmethod
-    async def _lock_marks(
-        conn: asyncpg.Connection, keys: Sequence[bytes], mode: str
-    ) -> dict[bytes, int | None]:
-        """Lock the mark row of every key (``SHARE`` or ``UPDATE``), creating
-        missing rows; returns each key's ``condemned_until``.
-
-        A row can vanish between our insert and our lock (a sweep forgets unused
-        rows); we then make it again, because a pin that locked no row would not
-        be seen by a condemnation running at the same time.
-        """
-        marks: dict[bytes, int | None] = {}
-        missing = list(keys)
-        while missing:
-            await conn.execute(
-                "INSERT INTO checkpointd_blob_marks (key)"
-                " SELECT k FROM unnest($1::bytea[]) WITH ORDINALITY AS u(k, n) ORDER BY n"
-                " ON CONFLICT DO NOTHING",
-                missing,
-            )
-            for row in await conn.fetch(
-                "SELECT key, condemned_until FROM checkpointd_blob_marks"
-                f" WHERE key = ANY($1::bytea[]) ORDER BY key FOR {mode}",
-                missing,
-            ):
-                marks[bytes(row["key"])] = row["condemned_until"]
-            missing = [key for key in missing if key not in marks]
-        return marks
-
-    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
-        """Pin ``keys`` for the writer's lease; returns those condemned right now.
-
-        Raises WriterLost (checked first), InvalidEntry (a bad key), STORE_UNAVAILABLE.
-        """
-        self._check_open()
-        thread_id, token, fence = writer_fields(writer)
-
-        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
-            row = await self._lock_thread(conn, thread_id)
-            check_writer(writer, thread_id, _lease(row), await self._now(conn))
-            wanted = check_pin_keys(keys)
-            if not wanted:
-                return []
-            binary = sorted({key_to_bytes(key) for key in wanted})
-            await conn.execute(
-                "INSERT INTO checkpointd_blob_pins (thread_id, owner_token, fence, key)"
-                " SELECT $1, $2, $3, k FROM unnest($4::bytea[]) AS k ON CONFLICT DO NOTHING",
-                _b(thread_id),
-                token,
-                fence,
-                binary,
-            )
-            # Share locks: pins never wait for each other, only for a condemnation.
-            marks = await self._lock_marks(conn, binary, "SHARE")
-            now = await self._now(conn)
-            condemned = {
-                key_from_bytes(key)
-                for key, until in marks.items()
-                if until is not None and now < until
-            }
-            return [key for key in wanted if key in condemned]
-
-        return await self._transaction("pin_blobs", body)
 
     async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn each key with no reference, no live pin and no live condemnation,
@@ -1270,7 +1156,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
                 )
             }
             # 2. Lock the keys' mark rows: a pin in flight finishes first.
-            marks = await self._lock_marks(conn, binary, "UPDATE")
+            marks = await _lock_marks(conn, binary, "UPDATE")
             now = await self._now(conn)
             # 3. Judge. A pin of a thread we did not lock (it pinned after step 1)
             #    counts as live: skipping a key is always safe.
@@ -1322,25 +1208,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             " WHERE key = ANY($1::bytea[]) AND condemned_until IS NULL",
             list(keys),
         )
-
-    async def release_condemned(self, keys: builtins.list[str]) -> None:
-        """Drop condemnations (the sweep deleted or gave up on the keys)."""
-        self._check_open()
-        binary = sorted({key_to_bytes(key) for key in condemnable_keys(keys)})
-        if not binary:
-            return
-
-        async def body(conn: asyncpg.Connection) -> None:
-            await conn.execute(
-                "SELECT 1 FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])"
-                " ORDER BY key FOR UPDATE",
-                binary,
-            )
-            await conn.execute(
-                "DELETE FROM checkpointd_blob_marks WHERE key = ANY($1::bytea[])", binary
-            )
-
-        await self._transaction("release_condemned", body)
 
 
 # ---------------------------------------------------------------------------- instances

@@ -60,7 +60,7 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
 )
-from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+from ..model import BlobReference, Checkpoint
 from ..validation import check_id
 from . import _documents as documents
 from ._core import (
@@ -80,26 +80,16 @@ from ._core import (
 from ._options import (
     LeaseRecord,
     StoreOptions,
-    audit_keys,
     blob_counts,
     check_hold_ms,
     check_instance_record,
-    check_pin_keys,
     check_thread_page,
-    check_writer,
     condemnable_keys,
     key_from_bytes,
     key_to_bytes,
-    lease_holder,
-    lease_is_current,
     list_order,
-    may_take_over,
-    new_owner_token,
     read_clock,
-    renew_lost,
     validate_store_options,
-    writer_conflict,
-    writer_fields,
 )
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
@@ -691,6 +681,74 @@ class _SqliteTx:
             "this SQLite store keeps no pack index yet (packed_blobs must be empty)"
         )
 
+    async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
+        lease = (await self.lock_thread(thread_id)).lease
+        row = await _fetchone(
+            self.conn, "SELECT fence FROM writer_fences WHERE thread_id = ?", (thread_id,)
+        )
+        return lease, 0 if row is None else row[0]
+
+    async def write_lease(self, thread_id: str, record: LeaseRecord) -> None:
+        await self.conn.execute(
+            "INSERT INTO writer_fences (thread_id, fence) VALUES (?, ?) "
+            "ON CONFLICT (thread_id) DO UPDATE SET fence = excluded.fence",
+            (thread_id, record.fence),
+        )
+        await self.conn.execute(
+            "INSERT OR REPLACE INTO writer_leases "
+            "(thread_id, owner_token, fence, expires_at, holder) VALUES (?, ?, ?, ?, ?)",
+            (thread_id, record.owner_token, record.fence, record.expires_at, record.holder),
+        )
+
+    async def set_lease_expiry(self, thread_id: str, expires_at: int) -> None:
+        await self.conn.execute(
+            "UPDATE writer_leases SET expires_at = ? WHERE thread_id = ?", (expires_at, thread_id)
+        )
+
+    async def remove_lease(self, thread_id: str, token: str, fence: int) -> None:
+        await self.conn.execute(
+            "DELETE FROM writer_leases WHERE thread_id = ? AND owner_token = ? AND fence = ?",
+            (thread_id, token, fence),
+        )
+
+    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
+        await self.conn.execute(
+            "DELETE FROM blob_pins WHERE thread_id = ? AND owner_token = ? AND fence = ?",
+            (thread_id, token, fence),
+        )
+
+    async def pin(
+        self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
+    ) -> set[bytes]:
+        await self.conn.executemany(
+            "INSERT OR IGNORE INTO blob_pins (key, thread_id, owner_token, fence) "
+            "VALUES (?, ?, ?, ?)",
+            [(key, thread_id, token, fence) for key in keys],
+        )
+        now = read_clock(self._options)
+        return {
+            bytes(row[0])
+            for row in await _fetchall(
+                self.conn, "SELECT key FROM blob_condemned WHERE until > ?", (now,)
+            )
+        }
+
+    async def release_condemned(self, keys: Sequence[bytes]) -> None:
+        await self.conn.executemany(
+            "DELETE FROM blob_condemned WHERE key = ?", [(key,) for key in keys]
+        )
+
+    async def mark_missing(self, keys: Sequence[bytes], now: int) -> None:
+        await self.conn.executemany(
+            "INSERT OR IGNORE INTO blob_missing (key, marked_at) VALUES (?, ?)",
+            [(key, now) for key in keys],
+        )
+
+    async def clear_missing(self, keys: Sequence[bytes]) -> None:
+        await self.conn.executemany(
+            "DELETE FROM blob_missing WHERE key = ?", [(key,) for key in keys]
+        )
+
 
 async def _fetch_chains(
     conn: aiosqlite.Connection, checkpoint_ids: Sequence[str], rows: Rows
@@ -764,14 +822,6 @@ class SqliteCheckpointStore(SqlCheckpointStore):
     def path(self) -> str:
         return self._db.path
 
-    @property
-    def lease_duration_ms(self) -> int:
-        return self._options.lease_duration_ms
-
-    @property
-    def renew_after_ms(self) -> int:
-        return self._options.renew_after_ms
-
     async def aclose(self) -> None:
         await self._db.close()
 
@@ -794,6 +844,9 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return await body(_SqliteTx(conn, self._options))
 
         return await self._db.write(run)
+
+    def _is_closed(self) -> bool:
+        return self._db.closed
 
     # ------------------------------------------------------------------ reads
 
@@ -914,139 +967,7 @@ class SqliteCheckpointStore(SqlCheckpointStore):
         found = await self._db.read(run)
         return [i for i in wanted if i in found]
 
-    # ------------------------------------------------------------------ helpers
-
-    @staticmethod
-    async def _lease(conn: aiosqlite.Connection, thread_id: str) -> LeaseRecord | None:
-        row = await _fetchone(
-            conn,
-            "SELECT owner_token, fence, expires_at, holder FROM writer_leases WHERE thread_id = ?",
-            (thread_id,),
-        )
-        return None if row is None else LeaseRecord(row[0], row[1], row[2], row[3])
-
-    async def _check_writer(
-        self, conn: aiosqlite.Connection, writer: WriterLike, thread_id: str
-    ) -> int:
-        """WRITER_LOST unless ``writer`` holds the current lease; returns now."""
-        now = self._now()
-        check_writer(writer, thread_id, await self._lease(conn, thread_id), now)
-        return now
-
-    # ------------------------------------------------------------------ leases
-
-    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
-        """Take the thread's writer lease without waiting.
-
-        A live lease raises WRITER_CONFLICT (with ``expires_at_ms`` and
-        ``retry_after_ms`` in its details) unless ``owner`` acquired it: the same
-        owner takes it back with a new fence, and the old writer is lost.
-        """
-        check_id(thread_id, "thread id")
-        holder = lease_holder(owner)
-        duration = self._options.lease_duration_ms
-
-        async def run(conn: aiosqlite.Connection) -> LeaseRecord:
-            now = self._now()
-            record = await self._lease(conn, thread_id)
-            if not may_take_over(record, holder, now):
-                assert record is not None
-                raise writer_conflict(thread_id, record, now)
-            if record is not None:
-                await self._drop_pins(conn, thread_id, record.owner_token, record.fence)
-            row = await _fetchone(
-                conn, "SELECT fence FROM writer_fences WHERE thread_id = ?", (thread_id,)
-            )
-            fence = (0 if row is None else row[0]) + 1
-            await conn.execute(
-                "INSERT INTO writer_fences (thread_id, fence) VALUES (?, ?) "
-                "ON CONFLICT (thread_id) DO UPDATE SET fence = excluded.fence",
-                (thread_id, fence),
-            )
-            new = LeaseRecord(new_owner_token(), fence, now + duration, holder)
-            await conn.execute(
-                "INSERT OR REPLACE INTO writer_leases "
-                "(thread_id, owner_token, fence, expires_at, holder) VALUES (?, ?, ?, ?, ?)",
-                (thread_id, new.owner_token, new.fence, new.expires_at, new.holder),
-            )
-            return new
-
-        record = await self._db.write(run)
-        return WriterLease(
-            thread_id=thread_id,
-            owner_token=record.owner_token,
-            fence=record.fence,
-            expires_at=record.expires_at,
-            renew_after_ms=self._options.renew_after_ms,
-            renew=self._renew,
-            release=self._release,
-        )
-
-    async def _renew(self, lease: WriterLease) -> int:
-        thread_id, token, fence = writer_fields(lease)
-
-        async def run(conn: aiosqlite.Connection) -> int:
-            now = self._now()
-            record = await self._lease(conn, thread_id)
-            if not lease_is_current(record, token, fence, now):
-                raise renew_lost(thread_id, fence, record, now)
-            expires_at = now + self._options.lease_duration_ms
-            await conn.execute(
-                "UPDATE writer_leases SET expires_at = ? WHERE thread_id = ?",
-                (expires_at, thread_id),
-            )
-            return expires_at
-
-        return await self._db.write(run)
-
-    async def _release(self, lease: WriterLease) -> None:
-        if self._db.closed:
-            return
-        thread_id, token, fence = writer_fields(lease)
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            await conn.execute(
-                "DELETE FROM writer_leases WHERE thread_id = ? AND owner_token = ? AND fence = ?",
-                (thread_id, token, fence),
-            )
-            await self._drop_pins(conn, thread_id, token, fence)
-
-        await self._db.write(run)
-
     # ------------------------------------------------------------------ blob guard
-
-    @staticmethod
-    async def _drop_pins(
-        conn: aiosqlite.Connection, thread_id: str, token: str, fence: int
-    ) -> None:
-        await conn.execute(
-            "DELETE FROM blob_pins WHERE thread_id = ? AND owner_token = ? AND fence = ?",
-            (thread_id, token, fence),
-        )
-
-    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
-        """Pin ``keys`` for the writer's lease (WRITER_LOST first when not current;
-        INVALID_ENTRY for a bad key). Returns the keys condemned right now."""
-        thread_id, token, fence = writer_fields(writer)
-
-        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
-            now = await self._check_writer(conn, writer, thread_id)
-            wanted = check_pin_keys(keys)
-            binary = [key_to_bytes(key) for key in wanted]
-            await conn.executemany(
-                "INSERT OR IGNORE INTO blob_pins (key, thread_id, owner_token, fence) "
-                "VALUES (?, ?, ?, ?)",
-                [(key, thread_id, token, fence) for key in sorted(binary)],
-            )
-            condemned = {
-                bytes(row[0])
-                for row in await _fetchall(
-                    conn, "SELECT key FROM blob_condemned WHERE until > ?", (now,)
-                )
-            }
-            return [key for key, raw in zip(wanted, binary, strict=True) if raw in condemned]
-
-        return await self._db.write(run)
 
     async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms;
@@ -1090,18 +1011,6 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return [key for key, _ in chosen]
 
         return await self._db.write(run)
-
-    async def release_condemned(self, keys: builtins.list[str]) -> None:
-        """Drop condemnations (after the sweep deleted or gave up on the keys)."""
-        wanted = condemnable_keys(keys)
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            await conn.executemany(
-                "DELETE FROM blob_condemned WHERE key = ?",
-                [(key_to_bytes(key),) for key in wanted],
-            )
-
-        await self._db.write(run)
 
     # ------------------------------------------------------------------ blob audit
 
@@ -1171,30 +1080,6 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return wrong
 
         return await self._db.write(run)
-
-    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
-        wanted = audit_keys(keys)
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            now = self._now()
-            await conn.executemany(
-                "INSERT OR IGNORE INTO blob_missing (key, marked_at) VALUES (?, ?)",
-                [(key_to_bytes(key), now) for key in wanted],
-            )
-
-        await self._db.write(run)
-
-    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
-        wanted = audit_keys(keys)
-        if not wanted:
-            return
-
-        async def run(conn: aiosqlite.Connection) -> None:
-            await conn.executemany(
-                "DELETE FROM blob_missing WHERE key = ?", [(key_to_bytes(key),) for key in wanted]
-            )
-
-        await self._db.write(run)
 
     async def list_missing_blobs(self) -> builtins.list[str]:
         async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
