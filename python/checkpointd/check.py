@@ -16,6 +16,15 @@ store:
 4. with ``repair``, set every stored count to the manifests'
    (``repair_blob_references``, one transaction): a ``repaired`` finding per key.
 
+Packs (``blobs/packs.py``): a referenced key with a pack index row is checked
+against its pack instead of a single object. Every pack some row names must be
+in the bucket (else each of its keys is ``missing``), its trailer must be
+readable and list each row's blob at the row's offset, length, size and codec
+(else ``corrupt``, naming the blob and the pack); with ``read_data`` each
+packed blob is read with ranged GETs, decoded and hashed (``corrupt`` naming
+blob and pack when it does not decode to its key). Keys without a row are
+single objects, checked as before.
+
 Findings are yielded as they are known and the summary comes last, so a caller
 (the daemon's Check stream) never holds them all. Check never deletes a blob: a
 corrupt one is reported, and must be removed by hand before a capture can store
@@ -32,11 +41,13 @@ from dataclasses import dataclass, field
 import blake3
 
 from . import _native
-from .blobs.base import BlobNotFoundError, BlobStore, missing
+from .blobs.base import BlobCorruptError, BlobInfo, BlobNotFoundError, BlobStore, missing
+from .blobs.pack_listing import PackEntry, PackTrailerError, read_pack_entries
+from .blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from .errors import SandboxCheckpointInvalidArgumentError
 from .manifest import manifest_of, split_digests
 from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
-from .store.base import BlobAudit, BlobCount, CheckpointStore
+from .store.base import BlobAudit, BlobCount, CheckpointStore, PackedBlob, PackIndex
 
 # Finding kinds.
 COUNT_MISMATCH = "count-mismatch"  # stored count != manifests using the key
@@ -142,11 +153,22 @@ async def iter_check(
     checked = bytes_read = 0
     gone: list[str] = []
     corrupt = 0
+    index = store if isinstance(store, PackIndex) else None
+    bucket = blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
+    # pack -> the index rows of referenced keys in it (checked after the singles)
+    by_pack: dict[str, list[PackedBlob]] = {}
     yield CheckProgress(0, total, 0)
     for start in range(0, total, EXISTS_BATCH):
         batch = referenced[start : start + EXISTS_BATCH]
+        if index is not None:
+            located = await index.locate_blobs([count.key for count in batch])
+            packed = {key: row for key, row in located.items() if row is not None}
+            for row in packed.values():
+                by_pack.setdefault(row.pack, []).append(row)
+            batch = [count for count in batch if count.key not in packed]
+            checked += len(packed)
         if read_data:
-            outcomes = await _read_all(blobs, batch)
+            outcomes = await _read_all(bucket, batch)
             for count, (problem, size) in zip(batch, outcomes, strict=True):
                 bytes_read += size
                 if problem is None:
@@ -158,11 +180,27 @@ async def iter_check(
                     corrupt += 1
                     yield CheckFinding(CORRUPT, count.key, message=problem)
         else:
-            for key in await missing(blobs, [count.key for count in batch]):
+            for key in await missing(bucket, [count.key for count in batch]):
                 gone.append(key)
                 yield CheckFinding(MISSING, key, message="not in the bucket")
         checked += len(batch)
         yield CheckProgress(checked, total, bytes_read)
+
+    if by_pack:
+        sizes: dict[str, BlobInfo] = {}
+        async for page in bucket.list_pages(PACK_KEY_PREFIX):
+            sizes.update((info.key, info) for info in page)
+        for pack, rows in by_pack.items():
+            async for finding, size in _check_pack(bucket, pack, sizes.get(pack), rows, read_data):
+                bytes_read += size
+                if finding is None:
+                    continue
+                if finding.kind == MISSING:
+                    gone.append(finding.key)
+                else:
+                    corrupt += 1
+                yield finding
+            yield CheckProgress(checked, total, bytes_read)
 
     found = 0
     used = {count.key for count in referenced}
@@ -237,6 +275,95 @@ async def _verify(blobs: BlobStore, count: BlobCount) -> tuple[str | None, int]:
     if hasher.hexdigest() != expected:
         return f"BLAKE3 of the bytes is {hasher.hexdigest()}, not the key's", size
     return None, size
+
+
+async def _check_pack(
+    bucket: BlobStore,
+    pack: str,
+    info: BlobInfo | None,
+    rows: list[PackedBlob],
+    read_data: bool,
+) -> AsyncIterator[tuple[CheckFinding | None, int]]:
+    """Findings for the referenced rows of one pack, with the bytes read."""
+    if info is None:
+        for row in rows:
+            yield CheckFinding(MISSING, row.key, message=f"its pack {pack} is not in the bucket"), 0
+        return
+    try:
+        entries = await read_pack_entries(bucket, pack, info.size)
+    except BlobNotFoundError:
+        for row in rows:
+            yield CheckFinding(MISSING, row.key, message=f"its pack {pack} is not in the bucket"), 0
+        return
+    except PackTrailerError as error:
+        for row in rows:
+            yield _corrupt(row, f"the pack is damaged: {error}"), 0
+        return
+    listed: dict[str, PackEntry] = {entry.key: entry for entry in entries}
+    sound: list[PackedBlob] = []
+    for row in rows:
+        entry = listed.get(row.key)
+        if entry is None:
+            yield _corrupt(row, "the pack's trailer does not list it"), 0
+        elif (entry.offset, entry.length, entry.raw_size, entry.codec) != (
+            row.offset,
+            row.length,
+            row.raw_size,
+            row.codec,
+        ):
+            yield (
+                _corrupt(
+                    row,
+                    f"the index says offset {row.offset}, {row.length} stored bytes, "
+                    f"{row.raw_size} raw, codec {row.codec}; the trailer says {entry.offset}, "
+                    f"{entry.length}, {entry.raw_size}, {entry.codec}",
+                ),
+                0,
+            )
+        elif row.offset + row.length > info.size:
+            yield _corrupt(row, f"its frame ends past the pack's {info.size} bytes"), 0
+        else:
+            sound.append(row)
+    if not read_data or not sound:
+        return
+    reader = PackedBlobStore(bucket, _NoIndex())
+    sound.sort(key=lambda row: row.offset)
+    for start in range(0, len(sound), EXISTS_BATCH):
+        chunk = sound[start : start + EXISTS_BATCH]
+        read = sum(row.length for row in chunk)
+        try:
+            await reader.read_packed(chunk)
+            yield None, read
+            continue
+        except (BlobCorruptError, BlobNotFoundError):
+            pass
+        # Something in the chunk is bad: find every bad blob, one at a time.
+        for row in chunk:
+            try:
+                await reader.read_packed([row])
+                yield None, row.length
+            except BlobCorruptError as error:
+                yield _corrupt(row, error.reason), row.length
+            except BlobNotFoundError:
+                yield CheckFinding(MISSING, row.key, message=f"its pack {pack} is gone"), 0
+
+
+def _corrupt(row: PackedBlob, reason: str) -> CheckFinding:
+    return CheckFinding(
+        CORRUPT, row.key, message=f"blob {row.key} in pack {row.pack} is invalid: {reason}"
+    )
+
+
+class _NoIndex:
+    """A PackedBlobStore's index for ``read_packed`` alone (rows are given)."""
+
+    async def locate_blobs(self, keys: list[str]) -> dict[str, PackedBlob | None]:
+        return {}
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> list[PackedBlob]:
+        return []
 
 
 def _hash_of(key: str) -> str:

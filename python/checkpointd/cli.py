@@ -226,6 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .gateway.cli import add_commands as add_gateway_commands
 
     add_gateway_commands(commands)
+    from .migrate import add_command as add_migrate_command
+
+    add_migrate_command(commands)
 
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)
@@ -1095,6 +1098,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "gateway"
             else gateway_cli.run_token(args)
         )
+    if args.command == "migrate":
+        from .migrate import run as run_migrate
+
+        return run_migrate(args)
     if args.command == "mcp":
         try:
             from .mcp import SaveSettings, serve_stdio

@@ -22,6 +22,38 @@ beside the number of stored manifests that use it, in one snapshot) and keeps
 every key either side names. A key where the two disagree is kept with the
 reason ``count-mismatch`` (``checkpointd check --repair`` fixes the counts), so
 one damaged count row can never make a sweep delete a blob a checkpoint uses.
+
+Packs (``blobs/packs.py``; the index is ``store.base.PackIndex``). Small blobs
+live in pack objects under ``sandbox-packs/``, found through index rows in the
+store; the logical keys and this contract do not change. A capture pins its
+keys before it looks them up in the index and trusts a row it finds, so:
+
+* A packed key no checkpoint uses (and whose pack is old enough) is deleted by
+  dropping its row (``PackMaintenance.drop_packed_blobs``), which the store
+  does only while the key is condemned and unreferenced: a capture that pins it
+  afterwards is told it is condemned, waits, finds no row and packs the bytes
+  again. The report lists it in ``deleted`` like a single object.
+* A pack no row points at is deleted once the keys it holds that have no row
+  anywhere (an unfinished or killed capture's blobs) are condemned too: the
+  capture that wrote it pins those keys until its append, so a condemned
+  set means nobody can still point a row at the pack. Keys indexed in another
+  pack are copies no one reads there. The pack itself is in ``deleted``.
+* A pack whose live bytes fall below ``repack_below`` (default 50%) of its
+  frames is repacked: its live blobs are read (checked), written into a new
+  pack with other repacked blobs, uploaded (durable), and the index switched in
+  one transaction (``switch_packed_blobs``: only rows still in the old pack
+  move). Both copies are valid, so a reader holding an old row still reads
+  correct bytes; the old pack, now without rows, is deleted by a later sweep
+  (kept here as ``repacked``), which is the hold readers get.
+* A damaged pack (unreadable trailer) is never deleted or repacked by a sweep:
+  it is a failure for ``checkpointd check`` to explain.
+
+Staging leftovers: a blob directory's staging files (``<file>#<digits>``, a
+killed writer's) and an S3 bucket's unfinished multipart uploads under the
+store's prefix are removed once older than both ``older_than_ms`` and the hold
+(``blobs/staging.py``); they appear in ``deleted`` as ``<key>#<digits>`` and
+``<key>?uploadId=<id>``. An upload running longer than that is aborted and its
+capture fails cleanly (nothing references a blob that never completed).
 """
 
 from __future__ import annotations
@@ -31,10 +63,28 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .blobs.base import BlobStore, BlobStoreError
+from . import _native
+from .blobs.base import BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError, put_many
+from .blobs.pack_listing import PackTrailerError, read_pack_entries
+from .blobs.packs import (
+    PACK_KEY_PREFIX,
+    PACK_TARGET_BYTES,
+    PackedBlobStore,
+    pack_key,
+)
+from .blobs.staging import StagingLeftover, list_staging, remove_staging
 from .errors import SandboxCheckpointInvalidArgumentError
+from .model import FILE_KEY_PREFIX
 from .store._options import check_hold_ms, check_keep, list_order, plan_prune, valid_blob_key
-from .store.base import BlobAudit, BlobCount, BlobGuard, CheckpointStore
+from .store.base import (
+    BlobAudit,
+    BlobCount,
+    BlobGuard,
+    CheckpointStore,
+    PackedBlob,
+    PackIndex,
+    PackMaintenance,
+)
 from .validation import check_id, is_int
 
 SWEPT_PREFIXES = ("sandbox-files/", "sandbox-artifacts/")
@@ -47,6 +97,17 @@ IN_USE = "in-use"  # the store refused to condemn it: a new reference or a captu
 HOLD_EXPIRING = "hold-expiring"  # the batch ran out of time; the next sweep retries
 # The stored count and the manifests disagree about the key (kept either way).
 COUNT_MISMATCH = "count-mismatch"
+# A pack whose live blobs this sweep copied into a new pack (a dry run: would
+# copy); a later sweep deletes it.
+REPACKED = "repacked"
+
+# Repack a pack once its live bytes are below this fraction of its frames.
+DEFAULT_REPACK_BELOW = 0.5
+# Pack header, footer and per-blob trailer entry (rust/src/pack.rs).
+_PACK_OVERHEAD = 8 + 24
+_PACK_ENTRY = 42
+# Index rows per page while the sweep walks the index.
+INDEX_PAGE = 1000
 
 DEFAULT_HOLD_MS = 120_000
 DEFAULT_SAFETY_MARGIN_MS = 30_000
@@ -96,6 +157,7 @@ def _check_arguments(
     hold_ms: int,
     safety_margin_ms: int,
     batch_size: int,
+    repack_below: float,
 ) -> None:
     if not is_int(older_than_ms) or older_than_ms < 0:
         raise SandboxCheckpointInvalidArgumentError(
@@ -109,6 +171,14 @@ def _check_arguments(
     if not is_int(batch_size) or batch_size < 1:
         raise SandboxCheckpointInvalidArgumentError(
             f"batch_size must be an integer >= 1, got {batch_size!r}"
+        )
+    if (
+        isinstance(repack_below, bool)
+        or not isinstance(repack_below, int | float)
+        or not 0 <= repack_below <= 1
+    ):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"repack_below must be a fraction in [0, 1], got {repack_below!r}"
         )
     if not dry_run and not isinstance(store, BlobGuard):
         raise SandboxCheckpointInvalidArgumentError(
@@ -132,16 +202,20 @@ async def sweep_blobs(
     hold_ms: int = DEFAULT_HOLD_MS,
     safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    repack_below: float = DEFAULT_REPACK_BELOW,
 ) -> SweepReport:
     """Delete every blob no checkpoint uses that was uploaded at least
-    ``older_than_ms`` ago (``now() - uploaded >= older_than_ms``).
+    ``older_than_ms`` ago (``now() - uploaded >= older_than_ms``; a packed
+    blob's upload time is its pack's), and repack packs whose live bytes are
+    below ``repack_below`` of their frames (module docstring).
 
     ``now`` returns ms since the epoch (default: the wall clock) and is compared
     with the objects' last-modified times. ``dry_run`` reports the candidates
-    without condemning or deleting anything. ``store`` must implement BlobGuard
-    (every store we ship does). Raises SandboxCheckpointInvalidArgumentError for
-    a bad argument; backend failures are reported per key in the result, and a
-    failure to list the blobs or the references deletes nothing.
+    without condemning, deleting or repacking anything. ``store`` must
+    implement BlobGuard (every store we ship does). Raises
+    SandboxCheckpointInvalidArgumentError for a bad argument; backend failures
+    are reported per key in the result, and a failure to list the blobs, the
+    packs, the index or the references deletes nothing.
 
     The whole report in memory: for a bucket of millions of keys use
     ``iter_sweep_blobs``, which hands out the same results batch by batch.
@@ -156,11 +230,31 @@ async def sweep_blobs(
         hold_ms=hold_ms,
         safety_margin_ms=safety_margin_ms,
         batch_size=batch_size,
+        repack_below=repack_below,
     ):
         report.deleted.extend(batch.deleted)
         report.kept.extend(batch.kept)
         report.failures.extend(batch.failures)
     return report
+
+
+@dataclass(slots=True)
+class _PackTally:
+    """What the index says about one pack while the sweep walks it."""
+
+    rows: int = 0  # rows pointing at the pack now
+    live_bytes: int = 0  # stored bytes of those rows
+    seen: int = 0  # rows found pointing at it (trailer entries at least)
+
+
+def _valid_pack_key(key: str) -> bool:
+    tail = key[len(PACK_KEY_PREFIX) :] if key.startswith(PACK_KEY_PREFIX) else ""
+    return len(tail) == 64 and all(c in "0123456789abcdef" for c in tail)
+
+
+def _inner(blobs: BlobStore) -> BlobStore:
+    """The bucket itself: packs and single objects are its objects."""
+    return blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
 
 
 async def iter_sweep_blobs(
@@ -173,19 +267,27 @@ async def iter_sweep_blobs(
     hold_ms: int = DEFAULT_HOLD_MS,
     safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    repack_below: float = DEFAULT_REPACK_BELOW,
 ) -> AsyncIterator[SweepBatch]:
     """``sweep_blobs`` as a stream of SweepBatch, each yielded as soon as it is
     known (same arguments, same rules, same errors).
 
-    Memory: the referenced keys and the delete candidates (key strings) are held,
-    because no key may be deleted before the whole bucket has been listed (a
-    listing failure deletes nothing); the listing itself is walked a page at a
+    Memory: the referenced keys, the delete candidates (key strings and dead
+    index rows) and a few counters per pack are held, because no key may be
+    deleted before the whole bucket and index have been listed (a listing
+    failure deletes nothing); the listings themselves are walked a page at a
     time and kept keys are handed out per page, never gathered. A caller that
-    stops iterating stops the sweep after the batch in flight (its condemnations
-    are released).
+    stops iterating stops the sweep after the batch in flight (its
+    condemnations are released).
     """
-    _check_arguments(store, older_than_ms, dry_run, hold_ms, safety_margin_ms, batch_size)
+    _check_arguments(
+        store, older_than_ms, dry_run, hold_ms, safety_margin_ms, batch_size, repack_below
+    )
     assert isinstance(store, BlobAudit)
+    bucket = _inner(blobs)
+    # Packs are swept where the store can change its index; elsewhere only the
+    # single objects are (a pack is then never touched).
+    index = store if isinstance(store, PackIndex) and isinstance(store, PackMaintenance) else None
     try:
         # Iterable, not list: store.base annotates with ``list`` inside a class
         # that has a ``list`` method, which mypy then cannot resolve.
@@ -199,24 +301,84 @@ async def iter_sweep_blobs(
 
     cutoff = (now or _wall_clock_ms)()
     candidates: list[str] = []
+    # (key, pack): a used key whose blob is also packed (``checkpointd migrate``).
+    maybe_superseded: list[tuple[str, str]] = []
     listing_failed = False
     for prefix in SWEPT_PREFIXES:
         try:
-            async for page in blobs.list_pages(prefix):
+            async for page in bucket.list_pages(prefix):
                 kept: list[tuple[str, str]] = []
+                used: list[str] = []
                 for info in page:
                     if not valid_blob_key(info.key):
                         kept.append((info.key, NOT_A_BLOB_KEY))
                     elif info.key in referenced:
-                        kept.append((info.key, referenced[info.key]))
+                        if index is not None and cutoff - info.last_modified_ms >= older_than_ms:
+                            used.append(info.key)
+                        else:
+                            kept.append((info.key, referenced[info.key]))
                     elif cutoff - info.last_modified_ms < older_than_ms:
                         kept.append((info.key, TOO_YOUNG))
                     else:
                         candidates.append(info.key)
+                if used:
+                    assert index is not None
+                    located = await index.locate_blobs(used)
+                    for key in used:
+                        row = located.get(key)
+                        if row is None:
+                            kept.append((key, referenced[key]))
+                        else:
+                            maybe_superseded.append((key, row.pack))
                 yield SweepBatch(kept=tuple(kept), listed=len(page))
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
             listing_failed = True
             yield SweepBatch(failures=((prefix, _describe(error)),))
+
+    packs: dict[str, BlobInfo] = {}
+    if index is not None and not listing_failed:
+        try:
+            async for page in bucket.list_pages(PACK_KEY_PREFIX):
+                kept = []
+                for info in page:
+                    if _valid_pack_key(info.key):
+                        packs[info.key] = info
+                    else:
+                        kept.append((info.key, NOT_A_BLOB_KEY))
+                yield SweepBatch(kept=tuple(kept), listed=len(page))
+        except Exception as error:  # noqa: BLE001 - a listing failure is reported
+            listing_failed = True
+            yield SweepBatch(failures=((PACK_KEY_PREFIX, _describe(error)),))
+    # Readers take the pack, so the single object goes (its pack is there).
+    superseded = [key for key, pack in maybe_superseded if pack in packs]
+    still_used = [(key, referenced[key]) for key, pack in maybe_superseded if pack not in packs]
+    if still_used:
+        yield SweepBatch(kept=tuple(still_used))
+    del maybe_superseded, still_used
+
+    tallies: dict[str, _PackTally] = {}
+    dead_rows: list[PackedBlob] = []
+    if index is not None and not listing_failed:
+        try:
+            async for rows_page in _index_pages(index):
+                kept = []
+                for row in rows_page:
+                    tally = tallies.setdefault(row.pack, _PackTally())
+                    tally.rows += 1
+                    tally.seen += 1
+                    tally.live_bytes += row.length
+                    pack = packs.get(row.pack)
+                    if row.key in referenced:
+                        kept.append((row.key, referenced[row.key]))
+                    elif pack is not None and cutoff - pack.last_modified_ms < older_than_ms:
+                        kept.append((row.key, TOO_YOUNG))
+                    else:
+                        # Also a row whose pack is gone: dropping it is harmless.
+                        dead_rows.append(row)
+                yield SweepBatch(kept=tuple(kept))
+        except Exception as error:  # noqa: BLE001 - a listing failure is reported
+            listing_failed = True
+            yield SweepBatch(failures=(("<pack index>", _describe(error)),))
     del referenced
     if listing_failed:
         return
@@ -227,7 +389,278 @@ async def iter_sweep_blobs(
             yield SweepBatch(deleted=tuple(batch))
         else:
             assert isinstance(store, BlobGuard)
-            yield await _sweep_batch(store, blobs, batch, hold_ms, safety_margin_ms)
+            yield await _sweep_batch(store, bucket, batch, hold_ms, safety_margin_ms)
+    del candidates
+
+    for start in range(0, len(superseded), batch_size):
+        batch = superseded[start : start + batch_size]
+        if dry_run:
+            yield SweepBatch(deleted=tuple(batch))
+            continue
+        # No condemnation: the key is used, its row stays while it is (rows go
+        # only for condemned, unreferenced keys), and every reader prefers it.
+        outcomes = await _delete_before(bucket, batch, float("inf"))
+        yield SweepBatch(
+            deleted=tuple(key for key, why in zip(batch, outcomes, strict=True) if why is None),
+            failures=tuple(
+                (key, why) for key, why in zip(batch, outcomes, strict=True) if why is not None
+            ),
+        )
+    del superseded
+
+    for start in range(0, len(dead_rows), batch_size):
+        rows = dead_rows[start : start + batch_size]
+        if dry_run:
+            gone = rows
+            yield SweepBatch(deleted=tuple(row.key for row in rows))
+        else:
+            result, gone = await _drop_rows(store, rows, hold_ms, safety_margin_ms)
+            yield result
+        for row in gone:
+            tally = tallies[row.pack]
+            tally.rows -= 1
+            tally.live_bytes -= row.length
+    del dead_rows
+
+    if index is None:
+        return
+    repack = _Repacker(store, bucket, hold_ms) if not dry_run else None
+    kept = []
+    for key, info in packs.items():
+        tally = tallies.get(key, _PackTally())
+        if cutoff - info.last_modified_ms < older_than_ms:
+            kept.append((key, TOO_YOUNG))
+        elif tally.rows <= 0:
+            if dry_run:
+                yield SweepBatch(deleted=(key,))
+            else:
+                yield await _delete_pack(store, bucket, key, info, hold_ms)
+        elif tally.live_bytes < repack_below * _frame_bytes(info.size, tally.seen):
+            if repack is None:
+                kept.append((key, REPACKED))
+            else:
+                async for result in repack.add(key, info):
+                    yield result
+        else:
+            kept.append((key, REFERENCED))
+        if len(kept) >= batch_size:
+            yield SweepBatch(kept=tuple(kept))
+            kept = []
+    if kept:
+        yield SweepBatch(kept=tuple(kept))
+    if repack is not None:
+        async for result in repack.finish():
+            yield result
+
+    async for result in _sweep_staging(bucket, cutoff, older_than_ms, hold_ms, dry_run):
+        yield result
+
+
+async def _index_pages(index: PackIndex) -> AsyncIterator[list[PackedBlob]]:
+    after: str | None = None
+    while True:
+        page: Sequence[PackedBlob] = await index.list_packed_blobs(after=after, limit=INDEX_PAGE)
+        if not page:
+            return
+        yield list(page)
+        if len(page) < INDEX_PAGE:
+            return
+        after = page[-1].key
+
+
+def _frame_bytes(size: int, entries: int) -> int:
+    """A pack's frame bytes: its size less header, footer and trailer (the
+    trailer counted from the rows seen, so at most the true frame bytes)."""
+    return max(1, size - _PACK_OVERHEAD - _PACK_ENTRY * entries)
+
+
+async def _drop_rows(
+    store: CheckpointStore,
+    rows: list[PackedBlob],
+    hold_ms: int,
+    safety_margin_ms: int,
+) -> tuple[SweepBatch, list[PackedBlob]]:
+    """Condemn the dead packed keys, drop their rows while condemned, release."""
+    assert isinstance(store, BlobGuard) and isinstance(store, PackMaintenance)
+    started = time.monotonic()
+    keys = [row.key for row in rows]
+    try:
+        condemned = await store.condemn_blobs(keys, hold_ms)
+    except Exception as error:  # noqa: BLE001 - reported per key; nothing dropped
+        message = _describe(error)
+        return SweepBatch(failures=tuple((key, message) for key in keys)), []
+    chosen = set(condemned)
+    dropped: list[str] = []
+    failure: str | None = None
+    try:
+        # The store re-checks the condemnation inside its transaction; the
+        # deadline only avoids a drop it would refuse anyway.
+        if time.monotonic() < started + (hold_ms - safety_margin_ms) / 1000:
+            dropped = await store.drop_packed_blobs([row for row in rows if row.key in chosen])
+    except Exception as error:  # noqa: BLE001 - reported per key
+        failure = _describe(error)
+    finally:
+        await _release(store, condemned)
+    gone = set(dropped)
+    kept: list[tuple[str, str]] = []
+    failures: list[tuple[str, str]] = []
+    for key in keys:
+        if key in gone:
+            continue
+        if key not in chosen:
+            kept.append((key, IN_USE))
+        elif failure is not None:
+            failures.append((key, failure))
+        else:
+            kept.append((key, HOLD_EXPIRING))
+    batch = SweepBatch(deleted=tuple(dropped), kept=tuple(kept), failures=tuple(failures))
+    return batch, [row for row in rows if row.key in gone]
+
+
+async def _release(store: BlobGuard, keys: list[str]) -> None:
+    if not keys:
+        return
+    try:
+        # Shielded: a second cancellation must not leave the keys condemned,
+        # where captures would wait up to hold_ms for them.
+        await asyncio.shield(store.release_condemned(keys))
+    except Exception:  # noqa: BLE001 - the hold expires on its own
+        pass
+
+
+async def _delete_pack(
+    store: CheckpointStore, bucket: BlobStore, pack: str, info: BlobInfo, hold_ms: int
+) -> SweepBatch:
+    """Delete a pack no row points at, once the keys it holds that have no row
+    anywhere are condemned (module docstring)."""
+    assert isinstance(store, BlobGuard) and isinstance(store, PackIndex)
+    try:
+        entries = await read_pack_entries(bucket, pack, info.size)
+    except BlobNotFoundError:
+        return SweepBatch()  # gone already
+    except PackTrailerError as error:
+        return SweepBatch(failures=((pack, f"damaged pack, kept: {error}"),))
+    except Exception as error:  # noqa: BLE001 - reported
+        return SweepBatch(failures=((pack, _describe(error)),))
+    keys = list(dict.fromkeys(entry.key for entry in entries))
+    try:
+        located = await _locate(store, keys)
+        if any(row is not None and row.pack == pack for row in located.values()):
+            return SweepBatch(kept=((pack, IN_USE),))  # a capture indexed it since
+        unindexed = [key for key in keys if located.get(key) is None]
+        condemned = await store.condemn_blobs(unindexed, hold_ms) if unindexed else []
+    except Exception as error:  # noqa: BLE001 - reported; nothing deleted
+        return SweepBatch(failures=((pack, _describe(error)),))
+    try:
+        if len(condemned) < len(unindexed):
+            return SweepBatch(kept=((pack, IN_USE),))
+        again = await _locate(store, keys)
+        if any(row is not None and row.pack == pack for row in again.values()):
+            return SweepBatch(kept=((pack, IN_USE),))
+        # No row points at the pack and none can be added now (the writer of
+        # its unindexed keys would hold pins): deleting it late is harmless.
+        await bucket.delete(pack)
+        return SweepBatch(deleted=(pack,))
+    except Exception as error:  # noqa: BLE001 - reported per pack
+        return SweepBatch(failures=((pack, _describe(error)),))
+    finally:
+        await _release(store, condemned)
+
+
+async def _locate(index: PackIndex, keys: list[str]) -> dict[str, PackedBlob | None]:
+    found: dict[str, PackedBlob | None] = {}
+    for start in range(0, len(keys), INDEX_PAGE):
+        found.update(await index.locate_blobs(keys[start : start + INDEX_PAGE]))
+    return found
+
+
+class _Repacker:
+    """Copies the live blobs of sparse packs into new packs (several old packs
+    into one new pack up to PACK_TARGET_BYTES), then switches the index."""
+
+    def __init__(self, store: CheckpointStore, bucket: BlobStore, hold_ms: int) -> None:
+        assert isinstance(store, PackIndex) and isinstance(store, PackMaintenance)
+        self.store = store
+        self.bucket = bucket
+        self.reader = PackedBlobStore(bucket, store)
+        self.writer = _native.PackWriter()
+        self.placed: list[tuple[PackedBlob, tuple[int, int, int, int]]] = []
+        self.sources: list[str] = []
+
+    async def add(self, pack: str, info: BlobInfo) -> AsyncIterator[SweepBatch]:
+        try:
+            entries = await read_pack_entries(self.bucket, pack, info.size)
+            keys = list(dict.fromkeys(entry.key for entry in entries))
+            located = await _locate(self.store, keys)
+            rows = [row for row in located.values() if row is not None and row.pack == pack]
+            if not rows:
+                yield SweepBatch(kept=((pack, IN_USE),))  # emptied meanwhile: a later sweep
+                return
+            data = await self.reader.read_packed(rows)
+        except PackTrailerError as error:
+            yield SweepBatch(failures=((pack, f"damaged pack, kept: {error}"),))
+            return
+        except Exception as error:  # noqa: BLE001 - reported; the pack stays as it is
+            yield SweepBatch(failures=((pack, _describe(error)),))
+            return
+        items = [
+            (row.key[len(FILE_KEY_PREFIX) :], raw) for row, raw in zip(rows, data, strict=True)
+        ]
+        placed = await asyncio.to_thread(self.writer.add_many, items)
+        self.placed.extend(zip(rows, placed, strict=True))
+        self.sources.append(pack)
+        if self.writer.size >= PACK_TARGET_BYTES:
+            async for result in self.finish():
+                yield result
+
+    async def finish(self) -> AsyncIterator[SweepBatch]:
+        if not self.placed:
+            return
+        writer, placed, sources = self.writer, self.placed, self.sources
+        self.writer, self.placed, self.sources = _native.PackWriter(), [], []
+        try:
+            digest, body = await asyncio.to_thread(writer.finish)
+            new_pack = pack_key(digest)
+            await put_many(self.bucket, [(new_pack, body)])  # durable before the switch
+            by_source: dict[str, list[PackedBlob]] = {}
+            for row, (offset, length, raw_size, codec) in placed:
+                by_source.setdefault(row.pack, []).append(
+                    PackedBlob(row.key, new_pack, offset, length, raw_size, codec)
+                )
+            for source in sources:
+                await self.store.switch_packed_blobs(source, by_source.get(source, []))
+        except Exception as error:  # noqa: BLE001 - the old packs stay indexed and valid
+            message = _describe(error)
+            yield SweepBatch(failures=tuple((source, message) for source in sources))
+            return
+        yield SweepBatch(kept=tuple((source, REPACKED) for source in sources))
+
+
+async def _sweep_staging(
+    bucket: BlobStore, cutoff: int, older_than_ms: int, hold_ms: int, dry_run: bool
+) -> AsyncIterator[SweepBatch]:
+    """Staging leftovers older than both ``older_than_ms`` and the hold."""
+    age = max(older_than_ms, hold_ms)
+    try:
+        leftovers: list[StagingLeftover] = await list_staging(bucket)
+    except Exception as error:  # noqa: BLE001 - reported; nothing removed
+        yield SweepBatch(failures=(("<staging>", _describe(error)),))
+        return
+    old = [item for item in leftovers if cutoff - item.started_ms >= age]
+    if not old:
+        return
+    if dry_run:
+        yield SweepBatch(deleted=tuple(item.name for item in old))
+        return
+    deleted: list[str] = []
+    failures: list[tuple[str, str]] = []
+    for item in old:
+        try:
+            await remove_staging(bucket, item)
+            deleted.append(item.name)
+        except Exception as error:  # noqa: BLE001 - reported per leftover
+            failures.append((item.name, _describe(error)))
+    yield SweepBatch(deleted=tuple(deleted), failures=tuple(failures))
 
 
 async def _sweep_batch(
@@ -351,6 +784,7 @@ __all__ = [
     "IN_USE",
     "NOT_A_BLOB_KEY",
     "REFERENCED",
+    "REPACKED",
     "SWEPT_PREFIXES",
     "TOO_YOUNG",
     "SweepBatch",

@@ -30,10 +30,12 @@ def _hex_of(key: object, prefix: str) -> str | None:
     return tail if _HEX.fullmatch(tail) else None
 
 
-def check_packed_blobs(rows: Iterable[PackedBlob], referenced: Collection[str]) -> list[PackedBlob]:
+def check_packed_blobs(
+    rows: Iterable[PackedBlob], referenced: Collection[str] | None
+) -> list[PackedBlob]:
     """The rows an append records: each checked (INVALID_ENTRY naming the row
     otherwise), keeping only keys the checkpoint references (the append that
-    first references a key records where it is), one per key."""
+    first references a key records where it is; None: every key), one per key."""
     out: dict[str, PackedBlob] = {}
     for row in rows:
         problem = None
@@ -56,7 +58,7 @@ def check_packed_blobs(rows: Iterable[PackedBlob], referenced: Collection[str]) 
                 f"invalid pack index row {row!r}: {problem}",
                 details={"key": str(getattr(row, "key", ""))},
             )
-        if row.key in referenced:
+        if referenced is None or row.key in referenced:
             out.setdefault(row.key, row)
     return list(out.values())
 

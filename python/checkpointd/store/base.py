@@ -267,3 +267,39 @@ class PackIndex(Protocol):
     ) -> builtins.list[PackedBlob]:
         """At most ``limit`` rows sorted by key, starting after ``after``."""
         ...
+
+
+@runtime_checkable
+class PackMaintenance(Protocol):
+    """What the pack-aware sweep and ``checkpointd migrate`` change in the pack
+    index (``sweep.py``, ``migrate.py``); every store we ship implements it.
+    Each method is one transaction.
+
+    * ``drop_packed_blobs``: a key's row goes only while a sweep's
+      condemnation of the key is live and nothing references it; a capture
+      pins before it looks a key up, so no capture is then relying on the row.
+    * ``switch_packed_blobs``: a repack points keys at their copies in a new,
+      durable pack; both copies are valid, so readers holding the old row still
+      read correct bytes until the old pack goes (a later sweep).
+    * ``add_packed_blobs``: migrate records rows for referenced keys that have
+      none (their single objects stay readable until a sweep removes them).
+    """
+
+    async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """Remove each row that is still the key's row (same pack and offset)
+        when the key is condemned right now and has no reference; returns the
+        keys whose rows went, in the order given."""
+        ...
+
+    async def switch_packed_blobs(
+        self, old_pack: str, rows: builtins.list[PackedBlob]
+    ) -> builtins.list[str]:
+        """For each new row whose key's row is in ``old_pack``, make it the
+        key's row; keys whose row is elsewhere (or gone) are left alone.
+        Returns the keys switched, in the order given."""
+        ...
+
+    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """Record each row whose key a checkpoint references and has no row yet;
+        returns the keys recorded, in the order given."""
+        ...

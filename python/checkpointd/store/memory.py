@@ -237,6 +237,44 @@ class InMemoryCheckpointStore:
         keys = sorted(key for key in self._packed if after is None or key > after)
         return [self._packed[key] for key in keys[: max(limit, 0)]]
 
+    async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``store.base.PackMaintenance``."""
+        self._check_open()
+        now = self._now()
+        dropped: builtins.list[str] = []
+        for row in check_packed_blobs(rows, None):
+            if (
+                self._packed.get(row.key) == row
+                and self._live_condemned(row.key, now)
+                and self._references.get(row.key, 0) <= 0
+            ):
+                del self._packed[row.key]
+                dropped.append(row.key)
+        return dropped
+
+    async def switch_packed_blobs(
+        self, old_pack: str, rows: builtins.list[PackedBlob]
+    ) -> builtins.list[str]:
+        """See ``store.base.PackMaintenance``."""
+        self._check_open()
+        switched: builtins.list[str] = []
+        for row in check_packed_blobs(rows, None):
+            current = self._packed.get(row.key)
+            if current is not None and current.pack == old_pack and row.pack != old_pack:
+                self._packed[row.key] = row
+                switched.append(row.key)
+        return switched
+
+    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``store.base.PackMaintenance``."""
+        self._check_open()
+        added: builtins.list[str] = []
+        for row in check_packed_blobs(rows, None):
+            if row.key not in self._packed and self._references.get(row.key, 0) > 0:
+                self._packed[row.key] = row
+                added.append(row.key)
+        return added
+
     async def list_blob_references(self) -> builtins.list[BlobReference]:
         self._check_open()
         return [

@@ -1,0 +1,322 @@
+"""``checkpointd migrate``: pack the small single-object blobs written before packs.
+
+Optional: a store written before packs stays readable as it is (a key with no
+pack index row is read from its single object). Migrating makes restores of old
+checkpoints take a few ranged GETs instead of one GET per file, and lets a later
+sweep free the single objects.
+
+What it does, in batches (``migrate_to_packs``):
+
+1. the keys the manifests use (``audit_blob_references`` with sizes), less
+   artifacts, blobs above the pack threshold and keys that already have a row;
+2. each remaining blob's single object is read and checked (size and BLAKE3
+   against its key): a missing or damaged one is reported and left alone
+   (``checkpointd check`` tells the rest);
+3. the blobs go into packs (``PACK_TARGET_BYTES`` each); each pack is uploaded
+   (durable) before ``add_packed_blobs`` records its rows, which the store does
+   only for keys still referenced and still without a row.
+
+So it is idempotent (a rerun skips keys that have a row) and safe to kill at
+any point: a pack uploaded whose rows were never recorded is a pack no row
+points at, which a sweep deletes; nothing else changed. Nothing is rewritten
+without need: a blob that is already packed, large, or an artifact stays as
+it is, and single objects are not deleted here. A sweep deletes the single
+object of a key that has a row once it is older than ``older_than_ms``
+(see ``sweep``), so readers that found no row before the migration
+finish first. Safe while captures run: it only adds rows for blobs whose bytes
+it read and checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import blake3
+
+from . import _native
+from .blobs.base import BlobNotFoundError, BlobStore, get_many, put_many
+from .blobs.packs import DEFAULT_PACK_THRESHOLD, PACK_TARGET_BYTES, PackedBlobStore, pack_key
+from .errors import SandboxCheckpointInvalidArgumentError
+from .model import FILE_KEY_PREFIX
+from .store.base import (
+    BlobAudit,
+    BlobCount,
+    CheckpointStore,
+    PackedBlob,
+    PackIndex,
+    PackMaintenance,
+)
+
+# Keys looked up and read per batch (small blobs: a batch is at most ~1 GiB
+# only in theory; PACK_TARGET_BYTES bounds what is held in practice).
+MIGRATE_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateProgress:
+    """A pack was written (or, in a dry run, would be)."""
+
+    pack: str  # empty in a dry run
+    blobs: int
+    raw_bytes: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateProblem:
+    """A blob left as it is: its single object is missing or damaged."""
+
+    key: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class MigrateSummary:
+    candidates: int  # referenced small file blobs without a row when the run began
+    packed: int  # of those, rows recorded now (a dry run: would be)
+    already_packed: int  # referenced keys that had a row
+    skipped_large: int  # referenced file blobs above the threshold (stay single)
+    problems: int
+    packs_written: int
+    raw_bytes: int
+    stored_bytes: int
+    dry_run: bool
+
+
+MigrateEvent = MigrateProgress | MigrateProblem | MigrateSummary
+
+
+def _check(store: CheckpointStore, blobs: BlobStore, dry_run: bool) -> BlobStore:
+    if not isinstance(store, BlobAudit) or not isinstance(store, PackIndex):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} keeps no pack index; there is nothing to migrate to"
+        )
+    if not dry_run and not isinstance(store, PackMaintenance):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"{type(store).__name__} does not implement add_packed_blobs"
+        )
+    return blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
+
+
+async def iter_migrate(
+    store: CheckpointStore,
+    blobs: BlobStore,
+    *,
+    threshold: int = DEFAULT_PACK_THRESHOLD,
+    dry_run: bool = False,
+) -> AsyncIterator[MigrateEvent]:
+    """Pack the referenced small single-object blobs (module docstring); yields
+    a MigrateProgress per pack, a MigrateProblem per blob left alone, then one
+    MigrateSummary. Store and bucket failures raise as they are (whatever was
+    recorded before stays valid)."""
+    bucket = _check(store, blobs, dry_run)
+    assert isinstance(store, BlobAudit) and isinstance(store, PackIndex)
+    audit: Sequence[BlobCount] = await store.audit_blob_references(with_sizes=True)
+    files = [c for c in audit if c.manifests > 0 and c.key.startswith(FILE_KEY_PREFIX)]
+    small = [c.key for c in files if c.size is not None and c.size <= threshold]
+    large = len(files) - len(small)
+    del audit, files
+
+    candidates: list[str] = []
+    already = 0
+    for start in range(0, len(small), MIGRATE_BATCH):
+        keys = small[start : start + MIGRATE_BATCH]
+        located = await store.locate_blobs(keys)
+        for key in keys:
+            if located.get(key) is not None:
+                already += 1
+            else:
+                candidates.append(key)
+    del small
+
+    packed = problems = packs_written = raw_total = stored_total = 0
+    writer = _native.PackWriter()
+    placed: list[tuple[str, tuple[int, int, int, int]]] = []
+
+    async def flush() -> MigrateProgress | None:
+        nonlocal writer, placed, packed, packs_written, raw_total, stored_total
+        if not placed:
+            return None
+        done, writer = writer, _native.PackWriter()
+        rows_placed, placed = placed, []
+        digest, body = await asyncio.to_thread(done.finish)
+        name = pack_key(digest)
+        raw = sum(p[1][2] for p in rows_placed)
+        if dry_run:
+            packed += len(rows_placed)
+            raw_total += raw
+            stored_total += len(body)
+            return MigrateProgress("", len(rows_placed), raw, len(body))
+        assert isinstance(store, PackMaintenance)
+        await put_many(bucket, [(name, body)])  # durable before any row names it
+        rows = [
+            PackedBlob(key, name, offset, length, raw_size, codec)
+            for key, (offset, length, raw_size, codec) in rows_placed
+        ]
+        added = await store.add_packed_blobs(rows)
+        packed += len(added)
+        packs_written += 1
+        raw_total += raw
+        stored_total += len(body)
+        return MigrateProgress(name, len(added), raw, len(body))
+
+    for start in range(0, len(candidates), MIGRATE_BATCH):
+        keys = candidates[start : start + MIGRATE_BATCH]
+        good: list[tuple[str, bytes]] = []
+        try:
+            found = await get_many(bucket, keys)
+            pairs = list(zip(keys, found, strict=True))
+        except BlobNotFoundError:
+            pairs = []
+            for key in keys:  # find which: one at a time
+                try:
+                    pairs.append((key, await bucket.get(key)))
+                except BlobNotFoundError:
+                    problems += 1
+                    yield MigrateProblem(key, "its single object is not in the bucket")
+        for key, data in pairs:
+            if blake3.blake3(data).hexdigest() != key[len(FILE_KEY_PREFIX) :]:
+                problems += 1
+                yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
+            else:
+                good.append((key, data))
+        if not good:
+            continue
+        items = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in good]
+        result = await asyncio.to_thread(writer.add_many, items)
+        placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
+        if writer.size >= PACK_TARGET_BYTES:
+            progress = await flush()
+            if progress is not None:
+                yield progress
+    progress = await flush()
+    if progress is not None:
+        yield progress
+    yield MigrateSummary(
+        candidates=len(candidates),
+        packed=packed,
+        already_packed=already,
+        skipped_large=large,
+        problems=problems,
+        packs_written=packs_written,
+        raw_bytes=raw_total,
+        stored_bytes=stored_total,
+        dry_run=dry_run,
+    )
+
+
+async def migrate_to_packs(
+    store: CheckpointStore,
+    blobs: BlobStore,
+    *,
+    threshold: int = DEFAULT_PACK_THRESHOLD,
+    dry_run: bool = False,
+) -> MigrateSummary:
+    """``iter_migrate`` to its summary."""
+    summary: MigrateSummary | None = None
+    async for event in iter_migrate(store, blobs, threshold=threshold, dry_run=dry_run):
+        if isinstance(event, MigrateSummary):
+            summary = event
+    assert summary is not None
+    return summary
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_command(commands: Any) -> None:
+    """``checkpointd migrate`` (it opens the store and the bucket itself, like
+    ``serve``: an operator's job, safe while daemons run)."""
+    migrate = commands.add_parser(
+        "migrate",
+        help="pack the small single-object blobs written before packs (optional, idempotent)",
+    )
+    migrate.add_argument(
+        "--data-dir",
+        default=None,
+        help="the daemon's data dir: its embedded store and blobs (CHECKPOINTD_DATA_DIR)",
+    )
+    migrate.add_argument("--store", default=None, help="store URL (default: the data dir's)")
+    migrate.add_argument("--blobs", default=None, help="blob store URL (default: the data dir's)")
+    migrate.add_argument("--dry-run", action="store_true", help="report, write nothing")
+    migrate.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
+def _urls(args: argparse.Namespace) -> tuple[str, str]:
+    store = args.store or os.environ.get("CHECKPOINTD_STORE")
+    blobs = args.blobs or os.environ.get("CHECKPOINTD_BLOBS")
+    data_dir = args.data_dir or os.environ.get("CHECKPOINTD_DATA_DIR")
+    if (store is None or blobs is None) and data_dir is None:
+        raise SandboxCheckpointInvalidArgumentError(
+            "give --store and --blobs, or --data-dir (CHECKPOINTD_DATA_DIR)"
+        )
+    root = Path(os.path.abspath(data_dir or "."))
+    return (
+        store or f"sqlite://{root / 'checkpoints.db'}",
+        blobs or f"file://{root / 'blobs'}",
+    )
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from .blobs import open_blobs
+    from .store import open_store
+
+    store_url, blobs_url = _urls(args)
+    blobs = open_blobs(blobs_url)
+    async with await open_store(store_url) as store:
+        summary: MigrateSummary | None = None
+        async for event in iter_migrate(store, blobs, dry_run=args.dry_run):
+            if isinstance(event, MigrateSummary):
+                summary = event
+            if args.json:
+                print(json.dumps({type(event).__name__: asdict(event)}), flush=True)
+            elif isinstance(event, MigrateProblem):
+                print(f"  left as it is: {event.key}: {event.message}", flush=True)
+            elif isinstance(event, MigrateProgress) and event.pack:
+                print(
+                    f"  {event.pack}: {event.blobs} blobs, {event.stored_bytes} bytes", flush=True
+                )
+    assert summary is not None
+    if not args.json:
+        verb = "would pack" if summary.dry_run else "packed"
+        print(
+            f"{verb} {summary.packed} of {summary.candidates} single-object blobs into "
+            f"{summary.packs_written} packs ({summary.raw_bytes} bytes raw, "
+            f"{summary.stored_bytes} stored); {summary.already_packed} already packed, "
+            f"{summary.skipped_large} above the threshold, {summary.problems} left as they are"
+        )
+    return 0 if summary.problems == 0 else 6
+
+
+def run(args: argparse.Namespace) -> int:
+    """``checkpointd migrate``'s exit code: 0, 6 when some blob was missing or
+    damaged (left as it is), 2 for bad input, 7 when the store or bucket fails."""
+    from .blobs.base import BlobStoreError
+    from .errors import SandboxCheckpointError
+
+    try:
+        return asyncio.run(_run(args))
+    except SandboxCheckpointInvalidArgumentError as error:
+        print(f"checkpointd migrate: {error}", file=sys.stderr)
+        return 2
+    except (SandboxCheckpointError, BlobStoreError, OSError) as error:
+        print(f"checkpointd migrate: {error}", file=sys.stderr)
+        return 7
+
+
+__all__ = [
+    "MigrateEvent",
+    "MigrateProblem",
+    "MigrateProgress",
+    "MigrateSummary",
+    "iter_migrate",
+    "migrate_to_packs",
+]
