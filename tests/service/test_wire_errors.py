@@ -207,3 +207,20 @@ async def test_an_unknown_method_is_unimplemented_with_error_info(daemon: Daemon
             assert error.metadata["method"] == method
     async with daemon.client() as client:
         assert await client.health() == "SERVING"  # real services still answer
+
+
+async def test_a_health_check_of_an_unknown_service_carries_error_info(daemon: Daemon) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    async with grpc.aio.insecure_channel(_target(daemon)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        served = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert served.status == health_pb2.HealthCheckResponse.SERVING
+        try:
+            await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=10)
+            raise AssertionError("an unknown service was answered")
+        except grpc.aio.AioRpcError as caught:
+            error = rpc_error(caught)
+    assert error.code == C.NOT_FOUND
+    assert error.reason == status.UNKNOWN_SERVICE
+    assert error.metadata["service"] == "no.such.Service"

@@ -123,6 +123,8 @@ const (
 	ErrorReason_SANDBOX_SNAPSHOT_FORBIDDEN ErrorReason = 31
 	// UNIMPLEMENTED: a method this daemon does not serve (older than the client's proto; see protocol_version); metadata method.
 	ErrorReason_SANDBOX_SNAPSHOT_UNIMPLEMENTED ErrorReason = 32
+	// NOT_FOUND: grpc.health.v1.Health/Check of a service name the daemon has no status for (metadata service).
+	ErrorReason_SANDBOX_SNAPSHOT_UNKNOWN_SERVICE ErrorReason = 33
 )
 
 // Enum value maps for ErrorReason.
@@ -161,6 +163,7 @@ var (
 		30: "SANDBOX_SNAPSHOT_INTERNAL",
 		31: "SANDBOX_SNAPSHOT_FORBIDDEN",
 		32: "SANDBOX_SNAPSHOT_UNIMPLEMENTED",
+		33: "SANDBOX_SNAPSHOT_UNKNOWN_SERVICE",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":                     0,
@@ -196,6 +199,7 @@ var (
 		"SANDBOX_SNAPSHOT_INTERNAL":                    30,
 		"SANDBOX_SNAPSHOT_FORBIDDEN":                   31,
 		"SANDBOX_SNAPSHOT_UNIMPLEMENTED":               32,
+		"SANDBOX_SNAPSHOT_UNKNOWN_SERVICE":             33,
 	}
 )
 
@@ -4883,7 +4887,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +
-	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\xd1\t\n" +
+	"\fcapabilities\x18\x03 \x01(\v2\x1c.checkpointd.v1.CapabilitiesR\fcapabilities*\xf7\t\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1f\n" +
 	"\x1bSANDBOX_SNAPSHOT_INVALID_ID\x10\x01\x12\"\n" +
@@ -4918,7 +4922,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\"SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE\x10\x1d\x12\x1d\n" +
 	"\x19SANDBOX_SNAPSHOT_INTERNAL\x10\x1e\x12\x1e\n" +
 	"\x1aSANDBOX_SNAPSHOT_FORBIDDEN\x10\x1f\x12\"\n" +
-	"\x1eSANDBOX_SNAPSHOT_UNIMPLEMENTED\x10 *h\n" +
+	"\x1eSANDBOX_SNAPSHOT_UNIMPLEMENTED\x10 \x12$\n" +
+	" SANDBOX_SNAPSHOT_UNKNOWN_SERVICE\x10!*h\n" +
 	"\tEntryKind\x12\x1a\n" +
 	"\x16ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fENTRY_KIND_FILE\x10\x01\x12\x12\n" +

@@ -47,6 +47,7 @@ from .config import ServeConfig, grpc_address
 from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethodHandler
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
+from .status import UNKNOWN_SERVICE, ServiceError, abort
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
 # Upper bound on waiting for cancelled engine calls to release their leases.
@@ -94,6 +95,27 @@ def _claim_socket(path: Path) -> None:
     raise RuntimeError(f"another process is serving on {path}")
 
 
+class _Health(health.aio.HealthServicer):
+    """grpc's health servicer, whose one error (Check of a service name with no
+    status) carries ErrorInfo like every other error the daemon returns."""
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> health_pb2.HealthCheckResponse:
+        if request.service not in self._server_status:
+            _log.warning("health check of unknown service %r: NOT_FOUND", request.service)
+            await abort(
+                context,
+                ServiceError(
+                    UNKNOWN_SERVICE,
+                    f"no health status for service {request.service!r} (ask for "
+                    f"{SERVICE_NAME!r} or the server as a whole, '')",
+                    service=request.service,
+                ),
+            )
+        return await super().Check(request, context)
+
+
 def build_server(
     config: ServeConfig, state: ServiceState
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
@@ -118,7 +140,7 @@ def build_server(
         ],
     )
     checkpointd_pb2_grpc.add_CheckpointdServicer_to_server(CheckpointdServicer(state), server)
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = _Health()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     enable_reflection((SERVICE_NAME, health.SERVICE_NAME), server)
     server.add_generic_rpc_handlers((UnknownMethodHandler(),))  # last: the fallback

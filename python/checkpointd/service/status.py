@@ -30,6 +30,8 @@ Codes the SPEC does not place are placed here, with the reason:
   ``FORBIDDEN`` → PERMISSION_DENIED (a gateway token outside its scope);
 * ``ARTIFACT_NOT_UPLOADED`` → FAILED_PRECONDITION (a capture names an artifact
   whose blob is not in the bucket: upload it first; no data was lost);
+* ``UNKNOWN_SERVICE`` → NOT_FOUND (a health check of a service the daemon
+  does not serve: grpc's own health servicer answers it without details);
 * ``MESSAGE_TOO_LARGE`` → RESOURCE_EXHAUSTED (a request over the message
   limit; ``limit_bytes`` in the metadata), undecodable request bytes →
   ``INVALID_ARGUMENT`` (see ``guard.py``);
@@ -67,6 +69,8 @@ INTERNAL = "SANDBOX_SNAPSHOT_INTERNAL"
 MESSAGE_TOO_LARGE = "SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE"
 # A method this daemon does not serve (an older daemon than the client's proto).
 UNIMPLEMENTED = "SANDBOX_SNAPSHOT_UNIMPLEMENTED"
+# A health check of a service name the daemon has no status for.
+UNKNOWN_SERVICE = "SANDBOX_SNAPSHOT_UNKNOWN_SERVICE"
 
 _C = grpc.StatusCode
 STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
@@ -101,6 +105,7 @@ STATUS_BY_REASON: dict[str, grpc.StatusCode] = {
     errors.ARTIFACT_NOT_UPLOADED: _C.FAILED_PRECONDITION,
     MESSAGE_TOO_LARGE: _C.RESOURCE_EXHAUSTED,
     UNIMPLEMENTED: _C.UNIMPLEMENTED,
+    UNKNOWN_SERVICE: _C.NOT_FOUND,
     INTERNAL: _C.INTERNAL,
 }
 

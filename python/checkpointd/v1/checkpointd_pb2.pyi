@@ -42,6 +42,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_SNAPSHOT_INTERNAL: _ClassVar[ErrorReason]
     SANDBOX_SNAPSHOT_FORBIDDEN: _ClassVar[ErrorReason]
     SANDBOX_SNAPSHOT_UNIMPLEMENTED: _ClassVar[ErrorReason]
+    SANDBOX_SNAPSHOT_UNKNOWN_SERVICE: _ClassVar[ErrorReason]
 
 class EntryKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -104,6 +105,7 @@ SANDBOX_SNAPSHOT_MESSAGE_TOO_LARGE: ErrorReason
 SANDBOX_SNAPSHOT_INTERNAL: ErrorReason
 SANDBOX_SNAPSHOT_FORBIDDEN: ErrorReason
 SANDBOX_SNAPSHOT_UNIMPLEMENTED: ErrorReason
+SANDBOX_SNAPSHOT_UNKNOWN_SERVICE: ErrorReason
 ENTRY_KIND_UNSPECIFIED: EntryKind
 ENTRY_KIND_FILE: EntryKind
 ENTRY_KIND_DIR: EntryKind
