@@ -276,3 +276,19 @@ async def test_a_version_3_postgres_database_migrates_without_changing_a_count(
         assert await conn.fetchval("SELECT version FROM checkpointd_schema") == SCHEMA_VERSION
     finally:
         await conn.close()
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 3_000])
+def test_a_no_change_delta_is_the_native_delta_without_indexing(size: int) -> None:
+    """``_documents.encode`` answers an unchanged manifest with one copy run; it
+    must be exactly what the native delta says, and apply back to the manifest."""
+    from checkpointd import _native
+    from checkpointd.store import _documents as documents
+
+    content = documents.Content.of(Checkpoint("c", "t", None, 1, files=_files(set(range(size)))))
+    again = documents.Content.of(Checkpoint("d", "t", "c", 2, files=_files(set(range(size)))))
+    native_ops, native_added = _native.manifest_delta(content.manifest.data, again.manifest.data)
+    stored = documents.encode(again, "c", content, 0)
+    rows = {"c": (None, documents.keyframe(content).data), "d": ("c", stored.data)}
+    assert (native_ops, native_added) == (documents._copy_all(size), 0)
+    assert documents.materialize("d", rows, {}).manifest.data == again.manifest.data

@@ -207,7 +207,10 @@ class KeySet:
         """The keys of ``self`` that ``other`` lacks (the file part natively)."""
         if not self:
             return self
-        digests = _native.digest_difference(self.digests, other.digests) if self.digests else b""
+        if self.digests == other.digests:  # a memcmp: the common no-change case
+            digests = b""
+        else:
+            digests = _native.digest_difference(self.digests, other.digests)
         taken = set(other.artifacts)
         return KeySet(digests, tuple(key for key in self.artifacts if key not in taken))
 
@@ -879,6 +882,22 @@ class SqlCheckpointStore:
             await self._write("clear_missing_blobs", lambda tx: tx.clear_missing(binary))
 
 
+# ------------------------------------------------------------------------ reads
+
+
+async def checkpoints_of(rows: Rows) -> builtins.list[Checkpoint]:
+    """Every checkpoint in ``rows`` (a thread's rows: every base is there), in
+    ``list`` order: created_at, then the UTF-8 bytes of the id."""
+
+    def build() -> builtins.list[Checkpoint]:
+        memo: dict[str, documents.Content] = {}
+        return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
+
+    checkpoints = await offload(sum(len(data) for _, data in rows.values()) // 16, build)
+    checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
+    return checkpoints
+
+
 # ------------------------------------------------------------------------ audit and repair
 
 
@@ -913,6 +932,7 @@ __all__ = [
     "ThreadState",
     "WriteTx",
     "check_append_state",
+    "checkpoints_of",
     "count_change",
     "counted",
     "duplicate_id",

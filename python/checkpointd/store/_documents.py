@@ -142,13 +142,27 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
     if base_id is None or base is None or base_depth + 1 > MAX_DEPTH:
         return keyframe(content)
     document = dict(content.document)
-    files_ops, files_added = _native.manifest_delta(base.manifest.data, content.manifest.data)
+    if content.manifest.data == base.manifest.data:
+        # A capture that changed nothing: the native delta would be one copy run
+        # of every row. Say so from the row count instead of indexing every row
+        # (a million-entry manifest costs a memcmp, not a hash table).
+        files_ops, files_added = _copy_all(len(content.manifest)), 0
+    else:
+        files_ops, files_added = _native.manifest_delta(base.manifest.data, content.manifest.data)
     conversation = _operations(document["conversation"], base.conversation_index(), _value_key)
     new_items = files_added + _added(conversation)
     if new_items > MAX_DELTA_RATIO * (content.entry_count() + len(document["conversation"])):
         return keyframe(content)
     document["conversation"] = conversation
     return Stored(_compress(document, files_ops), base_id, base_depth + 1)
+
+
+_COPY = struct.Struct("<cII")
+
+
+def _copy_all(rows: int) -> bytes:
+    """The native delta (``manifest.rs`` ``delta``) of a manifest against itself."""
+    return _COPY.pack(b"C", 0, rows) if rows else b""
 
 
 def _compress(document: dict[str, Any], files_section: bytes) -> bytes:

@@ -78,6 +78,7 @@ from ._core import (
     SqlCheckpointStore,
     StoredRow,
     ThreadState,
+    checkpoints_of,
     content_size,
     head_key_sets,
     offload,
@@ -93,7 +94,6 @@ from ._options import (
     condemnable_keys,
     key_from_bytes,
     key_to_bytes,
-    list_order,
     read_clock,
     validate_store_options,
 )
@@ -905,13 +905,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         rows = await self._transaction("list", body, read_only=True)
 
-        def build() -> builtins.list[Checkpoint]:
-            memo: dict[str, documents.Content] = {}
-            return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
-
-        checkpoints = await offload(sum(len(data) for _, data in rows.values()) // 16, build)
-        checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
-        return checkpoints
+        return await checkpoints_of(rows)
 
     async def get_head(self, thread_id: str) -> str | None:
         check_id(thread_id, "thread id")

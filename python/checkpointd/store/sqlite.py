@@ -72,6 +72,7 @@ from ._core import (
     SqlCheckpointStore,
     StoredRow,
     ThreadState,
+    checkpoints_of,
     content_size,
     head_key_sets,
     offload,
@@ -87,7 +88,6 @@ from ._options import (
     condemnable_keys,
     key_from_bytes,
     key_to_bytes,
-    list_order,
     read_clock,
     validate_store_options,
 )
@@ -897,13 +897,7 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
         rows = await self._db.read(run)
 
-        def build() -> builtins.list[Checkpoint]:
-            memo: dict[str, documents.Content] = {}
-            return [documents.materialize(i, rows, memo).checkpoint() for i in rows]
-
-        checkpoints = await offload(sum(len(data) for _, data in rows.values()) // 16, build)
-        checkpoints.sort(key=lambda c: list_order(c.created_at, c.id))
-        return checkpoints
+        return await checkpoints_of(rows)
 
     async def get_head(self, thread_id: str) -> str | None:
         check_id(thread_id, "thread id")
