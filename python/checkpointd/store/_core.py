@@ -2,8 +2,11 @@
 
 ``SqlCheckpointStore`` implements the writes of SPEC §3 once — ``append`` (the
 check order 1–6, delta or keyframe), ``delete_head``, ``delete_checkpoints``
-(prune), ``fork_from_checkpoint`` — together with the bookkeeping they carry:
-blob reference counts, request-id spent marks and (later) the pack index. A
+(prune), ``fork_from_checkpoint`` — together with the bookkeeping they carry
+(blob reference counts, request-id spent marks and, next, the pack index), and
+the lease rules (``acquire_writer``, renew, release), ``pin_blobs``,
+``release_condemned`` and the missing marks. ``condemn_blobs``, the reads and
+the audit stay with each dialect: their SQL and locks are the whole of them. A
 dialect (``sqlite.py``, ``postgres.py``) supplies a ``WriteTx``: its SQL, its
 locking (SQLite ``BEGIN IMMEDIATE``; PostgreSQL the thread's row lock) and its
 connection handling and retries, through ``_write(operation, body)``, which runs
