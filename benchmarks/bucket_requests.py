@@ -32,6 +32,7 @@ import asyncio
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -302,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     from tests.fixtures.bucket_counter import counted
     from tests.fixtures.s3 import run_seaweedfs
 
+    # SIGTERM unwinds like Ctrl-C, so the SeaweedFS server is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     corpus = ensure_corpus(
         CorpusSpec("many-small", "many-small", {"files": args.files}),

@@ -37,7 +37,10 @@ keys before it looks them up in the index and trusts a row it finds, so:
   anywhere (an unfinished or killed capture's blobs) are condemned too: the
   capture that wrote it pins those keys until its append, so a condemned
   set means nobody can still point a row at the pack. Keys indexed in another
-  pack are copies no one reads there. The pack itself is in ``deleted``.
+  pack are copies no one reads there. Before the delete the store retires the
+  pack (``retire_pack``, only while no row points at it), so a concurrent
+  repack that wrote a pack of the same bytes cannot switch rows to it. The
+  pack itself is in ``deleted``.
 * A pack whose live bytes fall below ``repack_below`` (default 50%) of its
   frames is repacked: its live blobs are read (checked), written into a new
   pack with other repacked blobs, uploaded (durable), and the index switched in
@@ -551,14 +554,15 @@ async def _delete_pack(
         condemned = await store.condemn_blobs(unindexed, hold_ms) if unindexed else []
     except Exception as error:  # noqa: BLE001 - reported; nothing deleted
         return SweepBatch(failures=((pack, _describe(error)),))
+    assert isinstance(store, PackMaintenance)
     try:
         if len(condemned) < len(unindexed):
             return SweepBatch(kept=((pack, IN_USE),))
-        again = await _locate(store, keys)
-        if any(row is not None and row.pack == pack for row in again.values()):
+        # Retired: no row points at it, and no repack switch or migrate add can
+        # point one at it from now on; the writer of its unindexed keys would
+        # hold pins. So deleting it, even late, is harmless.
+        if not await store.retire_pack(pack):
             return SweepBatch(kept=((pack, IN_USE),))
-        # No row points at the pack and none can be added now (the writer of
-        # its unindexed keys would hold pins): deleting it late is harmless.
         await bucket.delete(pack)
         return SweepBatch(deleted=(pack,))
     except Exception as error:  # noqa: BLE001 - reported per pack

@@ -23,6 +23,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.check import CORRUPT, check_store
 from checkpointd.migrate import migrate_to_packs
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store.base import PackedBlob
 from checkpointd.sweep import IN_USE, REFERENCED, REPACKED, TOO_YOUNG, prune, sweep_blobs
 from tests.fixtures.bucket_counter import counted
 
@@ -413,3 +414,24 @@ async def test_a_killed_multipart_upload_is_aborted_by_the_sweep(
     report = await sweep_blobs(memory_store, blobs, 0, now=_later)
     assert report.failures == [] and left.name in report.deleted
     assert await list_staging(blobs) == []
+
+
+async def test_a_retired_pack_never_gets_rows_again(
+    memory_store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    """The race a concurrent repack could lose: it wrote a pack of the very
+    bytes another sweep is deleting. Retiring refuses rows to that pack."""
+    write_tree(workspace, {f"f{n}": _text(n) for n in range(5)})
+    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    [pack] = await _packs(bucket)
+    rows = await memory_store.list_packed_blobs()
+    other = PACK_KEY_PREFIX + "0" * 64
+    assert not await memory_store.retire_pack(pack)  # rows point at it
+    assert await memory_store.retire_pack(other)
+    assert await memory_store.retire_pack(other)  # idempotent
+    moved = [PackedBlob(r.key, other, r.offset, r.length, r.raw_size, r.codec) for r in rows]
+    assert await memory_store.switch_packed_blobs(pack, moved) == []
+    assert {r.pack for r in await memory_store.list_packed_blobs()} == {pack}
+    fresh = PACK_KEY_PREFIX + "1" * 64
+    switched = [PackedBlob(r.key, fresh, r.offset, r.length, r.raw_size, r.codec) for r in rows]
+    assert await memory_store.switch_packed_blobs(pack, switched) == [r.key for r in rows]

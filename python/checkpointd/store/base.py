@@ -283,7 +283,16 @@ class PackMaintenance(Protocol):
       read correct bytes until the old pack goes (a later sweep).
     * ``add_packed_blobs``: migrate records rows for referenced keys that have
       none (their single objects stay readable until a sweep removes them).
+    * ``retire_pack``: before a sweep deletes a pack no row points at, it
+      retires it; no switch or add ever points a row at a retired pack, so a
+      concurrent repack that wrote a pack of the same bytes cannot switch rows
+      to the pack being deleted.
     """
+
+    async def retire_pack(self, pack: str) -> bool:
+        """When no row points at ``pack``, mark it retired and return True
+        (idempotent); else False."""
+        ...
 
     async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """Remove each row that is still the key's row (same pack and offset)
@@ -295,11 +304,11 @@ class PackMaintenance(Protocol):
         self, old_pack: str, rows: builtins.list[PackedBlob]
     ) -> builtins.list[str]:
         """For each new row whose key's row is in ``old_pack``, make it the
-        key's row; keys whose row is elsewhere (or gone) are left alone.
-        Returns the keys switched, in the order given."""
+        key's row; keys whose row is elsewhere (or gone) and rows naming a
+        retired pack are left alone. Returns the keys switched, in order."""
         ...
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
-        """Record each row whose key a checkpoint references and has no row yet;
-        returns the keys recorded, in the order given."""
+        """Record each row whose key a checkpoint references and has no row yet
+        (rows naming a retired pack are left out); returns the keys recorded."""
         ...

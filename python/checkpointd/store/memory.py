@@ -136,6 +136,7 @@ class InMemoryCheckpointStore:
         self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
         self._spent: set[str] = set()  # deleted request_id checkpoints (``_core``)
         self._packed: dict[str, PackedBlob] = {}  # the pack index (store.base.PackIndex)
+        self._retired_packs: set[str] = set()  # PackMaintenance.retire_pack
         self._closed = False
 
     @property
@@ -260,17 +261,34 @@ class InMemoryCheckpointStore:
         switched: builtins.list[str] = []
         for row in check_packed_blobs(rows, None):
             current = self._packed.get(row.key)
-            if current is not None and current.pack == old_pack and row.pack != old_pack:
+            if (
+                current is not None
+                and current.pack == old_pack
+                and row.pack != old_pack
+                and row.pack not in self._retired_packs
+            ):
                 self._packed[row.key] = row
                 switched.append(row.key)
         return switched
+
+    async def retire_pack(self, pack: str) -> bool:
+        """See ``store.base.PackMaintenance``."""
+        self._check_open()
+        if any(row.pack == pack for row in self._packed.values()):
+            return False
+        self._retired_packs.add(pack)
+        return True
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
         added: builtins.list[str] = []
         for row in check_packed_blobs(rows, None):
-            if row.key not in self._packed and self._references.get(row.key, 0) > 0:
+            if (
+                row.key not in self._packed
+                and self._references.get(row.key, 0) > 0
+                and row.pack not in self._retired_packs
+            ):
                 self._packed[row.key] = row
                 added.append(row.key)
         return added
