@@ -435,3 +435,50 @@ async def test_a_retired_pack_never_gets_rows_again(
     fresh = PACK_KEY_PREFIX + "1" * 64
     switched = [PackedBlob(r.key, fresh, r.offset, r.length, r.raw_size, r.codec) for r in rows]
     assert await memory_store.switch_packed_blobs(pack, switched) == [r.key for r in rows]
+
+
+@pytest.mark.s3
+async def test_bucket_requests_stay_a_handful_for_captures_restores_and_sweeps(
+    memory_store: Any, s3_server: Any, workspace: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """Orders of magnitude (the benchmark counts exactly): 5,000 small files
+    were ~10,000 requests to capture and 5,000 to restore before packs."""
+    files = {f"d{n % 40}/f{n}.txt": _text(n, 400 + n % 300) for n in range(5000)}
+    write_tree(workspace, files)
+    with counted(s3_server) as (via, proxy):
+        blobs = via.open(f"requests-{uuid.uuid4().hex}")
+        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        cold = proxy.reset()
+        assert 0 < sum(cold.values()) <= 20, cold
+
+        for n in range(0, 5000, 100):  # 1% of the files
+            files[f"d{n % 40}/f{n}.txt"] += b"# changed\n"
+        write_tree(workspace, files)
+        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        changed = proxy.reset()
+        assert 0 < sum(changed.values()) <= 10, changed
+
+        await restore_checkpoint(tmp_path / "r", memory_store, blobs, "t", data_dir=tmp_path / "rd")
+        restored = proxy.reset()
+        assert 0 < sum(restored.values()) <= 50, restored
+        assert snapshot_tree(tmp_path / "r", with_mtime=False) == snapshot_tree(
+            workspace, with_mtime=False
+        )
+
+        # A sweep with nothing to do lists, and reads nothing.
+        await sweep_blobs(memory_store, blobs, 0, now=_later)
+        idle = proxy.reset()
+        assert set(idle) <= {"LIST", "MULTIPART_LIST"} and sum(idle.values()) <= 10, idle
+
+        # Dropping the first checkpoint leaves 50 dead blobs in the big pack: a
+        # sweep drops their rows (no request), and repacks nothing (99% live).
+        await prune(memory_store, "t", 1)
+        report = await sweep_blobs(memory_store, blobs, 0, now=_later)
+        assert len(report.deleted) == 50 and report.failures == []
+        pruned = proxy.reset()
+        assert sum(pruned.values()) <= 10, pruned
+        # Forcing a repack of every pack: a few ranged GETs and one PUT per pack.
+        report = await sweep_blobs(memory_store, blobs, 0, now=_later, repack_below=1.0)
+        assert any(reason == REPACKED for _, reason in report.kept)
+        repacked = proxy.reset()
+        assert sum(repacked.values()) <= 30 and repacked.get("PUT", 0) <= 3, repacked
