@@ -482,3 +482,43 @@ async def test_bucket_requests_stay_a_handful_for_captures_restores_and_sweeps(
         assert any(reason == REPACKED for _, reason in report.kept)
         repacked = proxy.reset()
         assert sum(repacked.values()) <= 30 and repacked.get("PUT", 0) <= 3, repacked
+
+
+class _StaleOnce:
+    """An index whose first answer is from before a sweep moved the blobs (a
+    reader that looked up the rows just before a repack and its cleanup)."""
+
+    def __init__(self, store: Any, stale: dict[str, Any]) -> None:
+        self.store = store
+        self.stale: dict[str, Any] | None = stale
+
+    async def locate_blobs(self, keys: list[str]) -> dict[str, Any]:
+        if self.stale is not None:
+            stale, self.stale = self.stale, None
+            return {key: stale[key] for key in keys if key in stale}
+        result: dict[str, Any] = await self.store.locate_blobs(keys)
+        return result
+
+    async def list_packed_blobs(self, *, after: str | None = None, limit: int = 1000) -> Any:
+        return await self.store.list_packed_blobs(after=after, limit=limit)
+
+
+async def test_a_reader_holding_rows_of_a_repacked_pack_reads_the_new_one(
+    memory_store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    from checkpointd.blobs.packs import PackedBlobStore
+
+    files = {f"f{n}": _text(n) for n in range(20)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    write_tree(workspace, {f"f{n}": _text(500 + n) for n in range(15)})
+    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await prune(memory_store, "t", 1)
+    live = [_key(files[f"f{n}"]) for n in range(15, 20)]
+    before = await memory_store.locate_blobs(live)
+    for _ in range(2):  # repack, then delete the old pack
+        await sweep_blobs(memory_store, bucket, 0, now=_later)
+    [old_pack] = {row.pack for row in before.values()}
+    assert old_pack not in await _packs(bucket)
+    reader = PackedBlobStore(bucket, _StaleOnce(memory_store, before))
+    assert await reader.get_many(live) == [files[f"f{n}"] for n in range(15, 20)]

@@ -267,7 +267,17 @@ class PackedBlobStore(BlobStore):
 
     async def get_many(self, keys: Sequence[str]) -> builtins.list[bytes]:
         """Packed keys from their packs (few ranged GETs), the rest from their
-        single objects. Raises BlobNotFoundError, BlobCorruptError, BlobStoreError."""
+        single objects. Raises BlobNotFoundError, BlobCorruptError, BlobStoreError.
+
+        A blob not found where the index said is looked up once more: a sweep
+        may have moved it in between (a repacked pack deleted, or a migrated
+        single object freed) and the index then names its new place."""
+        try:
+            return await self._get_many_once(keys)
+        except BlobNotFoundError:
+            return await self._get_many_once(keys)
+
+    async def _get_many_once(self, keys: Sequence[str]) -> builtins.list[bytes]:
         located = await self.locate(keys)
         packed = [located[key] for key in keys if key in located]
         single = [key for key in keys if key not in located]
