@@ -61,6 +61,8 @@ class ScanResult:
     phases_ms: dict[str, float]
     # The manifest's distinct file digests, sorted, 32 bytes each.
     digests: bytes
+    file_count: int  # file rows in the manifest
+    file_bytes: int  # the sum of their sizes
     dirs_listed: int  # directories entered
     dirs_reused: int  # of which the stat cache gave the listing (not read again)
     # The policy's warnings, as PolicyMatcher.warnings.

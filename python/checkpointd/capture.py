@@ -109,7 +109,7 @@ FEED_BYTES = 64 << 20
 # Batches of the feed uploaded at once.
 FEED_CONSUMERS = 2
 # How often a capture reports the running scan's counters (issue 12).
-SCAN_POLL_S = 0.2
+SCAN_POLL_S = 0.1
 # Small files per batch (one worker-thread trip to read them, one ``put_many``;
 # a batch ends at whichever limit comes first), and batches in flight.
 BATCH_FILES = 1024
@@ -409,6 +409,7 @@ async def capture_checkpoint(
                     length=outcome.entries_count,
                     trusted=True,
                     digests=outcome.digests,
+                    totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
                 )
                 keeper.check()
                 if (

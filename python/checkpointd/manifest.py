@@ -34,7 +34,7 @@ _decode_lock = threading.Lock()
 class Manifest(Sequence["Entry"]):
     """An immutable, lazily decoded sequence of entries over the codec's bytes."""
 
-    __slots__ = ("_data", "_decoded", "_digests", "_len", "_trusted")
+    __slots__ = ("_data", "_decoded", "_digests", "_len", "_totals", "_trusted")
 
     def __init__(
         self,
@@ -43,14 +43,17 @@ class Manifest(Sequence["Entry"]):
         length: int | None = None,
         trusted: bool = False,
         digests: bytes | None = None,
+        totals: tuple[int, int, int] | None = None,
     ) -> None:
-        """``digests``: what :meth:`digests` returns, when the maker of ``data``
-        already knows it (the scan does); only for bytes that same code made."""
+        """``digests`` and ``totals``: what :meth:`digests` and :meth:`totals`
+        return, when the maker of ``data`` already knows them (the scan does);
+        only for bytes that same code made."""
         self._data = bytes(data)
         self._len = length
         self._decoded: tuple[Entry, ...] | None = None
         self._trusted = trusted
         self._digests = digests
+        self._totals = totals
 
     @classmethod
     def of(cls, entries: Iterable[Entry]) -> Manifest:
@@ -87,8 +90,11 @@ class Manifest(Sequence["Entry"]):
         return digests
 
     def totals(self) -> tuple[int, int, int]:
-        """(entries, files, total file bytes), without decoding."""
-        return _native.manifest_totals(self._data)
+        """(entries, files, total file bytes), without decoding (computed once)."""
+        totals = self._totals
+        if totals is None:
+            totals = self._totals = _native.manifest_totals(self._data)
+        return totals
 
     # ------------------------------------------------------------ sequence side
 

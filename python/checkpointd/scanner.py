@@ -59,6 +59,8 @@ class ScanOutcome:
     bytes_hashed: int
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
     digests: bytes | None = None  # the manifest's distinct file digests, sorted
+    file_count: int = 0  # file rows in the manifest
+    file_bytes: int = 0  # the sum of their sizes
     dirs_listed: int = 0  # directories entered
     dirs_reused: int = 0  # of which the stat cache gave the listing (not re-read)
 
@@ -184,6 +186,8 @@ def scan_workspace(
         bytes_hashed=result.bytes_hashed,
         files_with_secrets=result.files_with_secrets,
         digests=result.digests,
+        file_count=result.file_count,
+        file_bytes=result.file_bytes,
         dirs_listed=result.dirs_listed,
         dirs_reused=result.dirs_reused,
     )

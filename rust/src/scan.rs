@@ -54,6 +54,9 @@ pub struct ScanOutput {
     /// The distinct content digests of the manifest's files, sorted, 32
     /// bytes each (what `manifest::digests` would compute from `manifest`).
     pub digests: Vec<u8>,
+    /// File rows in the manifest and the sum of their sizes.
+    pub file_count: u64,
+    pub file_bytes: u64,
     /// Directories entered, and how many of their listings the cache gave.
     pub dirs_listed: u64,
     pub dirs_reused: u64,
@@ -222,36 +225,9 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
     phases.end("walk");
 
-    // Split, sort.
-    let mut unsupported = Vec::new();
-    let mut rows: Vec<(String, Row, bool)> = Vec::with_capacity(batches.iter().map(Vec::len).sum());
-    // Each batch is freed as soon as it is converted (keeps peak memory down).
-    for f in batches.into_iter().flatten() {
-        match f {
-            Found::File { path, stat } => rows.push((
-                path,
-                Row::File(FileSlot {
-                    stat,
-                    hash: None,
-                    vanished: false,
-                    secrets: Box::default(),
-                }),
-                true,
-            )),
-            Found::Dir {
-                path,
-                mode,
-                included,
-            } => rows.push((path, Row::Dir { mode }, included)),
-            Found::Symlink { path, target } => rows.push((path, Row::Symlink { target }, true)),
-            Found::Unsupported { path, kind } => unsupported.push((path, kind)),
-        }
-    }
-    pool.install(|| {
-        rows.par_sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path));
-    });
-    unsupported.sort();
+    // In path order without a global sort (see `in_path_order`).
+    let (mut rows, unsupported) = in_path_order(batches);
+    pool.install(|| dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
     if request.policy.has_include() {
         keep_dirs_holding_entries(&mut rows);
     }
@@ -366,12 +342,15 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     // Encode.
     let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
     let mut files_with_secrets = 0u64;
+    let (mut file_count, mut file_bytes) = (0u64, 0u64);
     for (path, row, _) in &rows {
         match row {
             Row::File(slot) if slot.vanished => {}
             Row::File(slot) => {
                 let hash = slot.hash.expect("every kept file was hashed or reused");
                 files_with_secrets += u64::from(!slot.secrets.is_empty());
+                file_count += 1;
+                file_bytes += slot.stat.size;
                 writer.file_with_secrets(
                     path,
                     &hash,
@@ -409,9 +388,108 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         bytes_hashed,
         files_with_secrets,
         digests,
+        file_count,
+        file_bytes,
         dirs_listed,
         dirs_reused,
     })
+}
+
+/// One manifest row in the making: path, what it is, and (directories)
+/// whether the include list takes it.
+type RowOf = (String, Row, bool);
+
+/// The walk's per-directory batches as rows sorted by path bytes (and the
+/// unsupported entries, sorted), without comparing whole paths: each
+/// directory's children are sorted by name, a subdirectory taking two places,
+/// its own row at `name` and its subtree at `name/` (every path below it
+/// starts with `name/`, and `/` sorts where it sorts in the full paths), and
+/// the subtrees are expanded depth first. A global sort of 100k deep paths
+/// spent most of its time in `memcmp` over their shared prefixes.
+fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8>, Unsupported)>) {
+    enum Item {
+        Row(Found),
+        Subtree(String),
+    }
+    fn name_of(path: &[u8]) -> &[u8] {
+        path.rsplit(|&b| b == b'/').next().unwrap_or(path)
+    }
+    fn key(item: &Item) -> (&[u8], bool) {
+        match item {
+            Item::Subtree(path) => (name_of(path.as_bytes()), true),
+            Item::Row(Found::File { path, .. })
+            | Item::Row(Found::Dir { path, .. })
+            | Item::Row(Found::Symlink { path, .. }) => (name_of(path.as_bytes()), false),
+            Item::Row(Found::Unsupported { path, .. }) => (name_of(path), false),
+        }
+    }
+    // `name` (+ "/" for a subtree) compared as bytes.
+    fn cmp_keys(a: (&[u8], bool), b: (&[u8], bool)) -> std::cmp::Ordering {
+        let slash: &[u8] = b"/";
+        let a_rest = if a.1 { slash } else { &[] };
+        let b_rest = if b.1 { slash } else { &[] };
+        a.0.iter().chain(a_rest).cmp(b.0.iter().chain(b_rest))
+    }
+    fn sorted(batch: Vec<Found>) -> std::vec::IntoIter<Item> {
+        let mut items = Vec::with_capacity(batch.len() + batch.len() / 8);
+        for found in batch {
+            if let Found::Dir { path, .. } = &found {
+                items.push(Item::Subtree(path.clone()));
+            }
+            items.push(Item::Row(found));
+        }
+        items.sort_unstable_by(|a, b| cmp_keys(key(a), key(b)));
+        items.into_iter()
+    }
+
+    let total = batches.iter().map(|(_, b)| b.len()).sum();
+    let mut rows: Vec<RowOf> = Vec::with_capacity(total);
+    let mut unsupported = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> =
+        std::collections::HashMap::with_capacity(batches.len());
+    let mut held: Vec<Option<Vec<Found>>> = Vec::with_capacity(batches.len());
+    for (i, (path, batch)) in batches.into_iter().enumerate() {
+        index.insert(path, i);
+        held.push(Some(batch));
+    }
+    let mut take = |path: &str| index.get(path).and_then(|&i| held[i].take());
+    let mut stack: Vec<std::vec::IntoIter<Item>> = take("").map(sorted).into_iter().collect();
+    while let Some(top) = stack.last_mut() {
+        match top.next() {
+            None => {
+                stack.pop();
+            }
+            // An empty (or vanished) directory has no batch.
+            Some(Item::Subtree(path)) => stack.extend(take(&path).map(sorted)),
+            // Each batch is freed as soon as it is converted (keeps peak memory down).
+            Some(Item::Row(found)) => match found {
+                Found::File { path, stat } => rows.push((
+                    path,
+                    Row::File(FileSlot {
+                        stat,
+                        hash: None,
+                        vanished: false,
+                        secrets: Box::default(),
+                    }),
+                    true,
+                )),
+                Found::Dir {
+                    path,
+                    mode,
+                    included,
+                } => rows.push((path, Row::Dir { mode }, included)),
+                Found::Symlink { path, target } => rows.push((path, Row::Symlink { target }, true)),
+                Found::Unsupported { path, kind } => unsupported.push((path, kind)),
+            },
+        }
+    }
+    // Unsupported entries are never entered, so they are few: a plain sort.
+    unsupported.sort();
+    debug_assert!(
+        rows.windows(2).all(|w| w[0].0 < w[1].0),
+        "rows in path order"
+    );
+    (rows, unsupported)
 }
 
 fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {
@@ -555,4 +633,57 @@ fn hash_slot(
         }
     }
     Err(ScanError::Changed(abs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Names where the order of full paths differs from a depth-first walk
+    /// with children sorted by name: `-` (0x2d) and `.` (0x2e) sort before
+    /// `/` (0x2f), `0` after it, and a name can be a prefix of another.
+    #[test]
+    fn in_path_order_is_the_order_of_full_paths() {
+        let dirs = ["", "a", "a/x", "a-b", "a0", "b", "a.b/c", "a.b"];
+        let file = |path: &str| Found::File {
+            path: path.to_string(),
+            stat: Stat::default(),
+        };
+        let dir = |path: &str| Found::Dir {
+            path: path.to_string(),
+            mode: 0o755,
+            included: true,
+        };
+        let mut batches: Vec<(String, Vec<Found>)> = Vec::new();
+        let mut expected: Vec<String> = Vec::new();
+        for parent in dirs {
+            let prefix = if parent.is_empty() {
+                String::new()
+            } else {
+                format!("{parent}/")
+            };
+            let mut batch = Vec::new();
+            for child in dirs.iter().filter(|d| {
+                !d.is_empty() && d.starts_with(&prefix) && !d[prefix.len()..].contains('/')
+            }) {
+                batch.push(dir(child));
+                expected.push(child.to_string());
+            }
+            for name in ["a", "a-", "a0", "a.", "z", "é"] {
+                let path = format!("{prefix}{name}");
+                if !dirs.contains(&path.as_str()) {
+                    batch.push(file(&path));
+                    expected.push(path);
+                }
+            }
+            batch.reverse(); // the walk's order is arbitrary
+            batches.push((parent.to_string(), batch));
+        }
+        batches.reverse();
+        expected.sort();
+        let (rows, unsupported) = in_path_order(batches);
+        let got: Vec<String> = rows.into_iter().map(|(path, _, _)| path).collect();
+        assert_eq!(got, expected);
+        assert!(unsupported.is_empty());
+    }
 }

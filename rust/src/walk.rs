@@ -103,8 +103,9 @@ pub struct ListedDir {
 
 /// What a walk found.
 pub struct WalkOutput {
-    /// One batch per directory listed (unordered).
-    pub found: Vec<Vec<Found>>,
+    /// One batch per directory listed (unordered): the directory's path ("" is
+    /// the root) and what it holds.
+    pub found: Vec<(String, Vec<Found>)>,
     /// Every directory entered, unordered.
     pub dirs: Vec<ListedDir>,
 }
@@ -125,7 +126,7 @@ impl Held {
 }
 
 struct Shared {
-    found: Mutex<Vec<Vec<Found>>>,
+    found: Mutex<Vec<(String, Vec<Found>)>>,
     dirs: Mutex<Vec<ListedDir>>,
     error: Mutex<Option<ScanError>>,
 }
@@ -218,7 +219,7 @@ impl Walker<'_> {
                         .found
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push(found);
+                        .push((rel, found));
                 }
             }
             Err(error) => shared.fail(error),

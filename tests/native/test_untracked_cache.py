@@ -61,6 +61,11 @@ def assert_same_as_fresh(root: Path, cached: _native.ScanResult) -> None:
     fresh = scan(root, None)
     assert decode_entries(cached.manifest) == decode_entries(fresh.manifest)
     assert cached.unsupported == fresh.unsupported
+    # What the scan says of its manifest (the capture hands these to Manifest
+    # instead of parsing the bytes again) is what the bytes say.
+    assert cached.digests == _native.manifest_digests(cached.manifest)
+    totals = (cached.entries, cached.file_count, cached.file_bytes)
+    assert totals == _native.manifest_totals(cached.manifest)
 
 
 def primed(root: Path, cache: str) -> _native.ScanResult:

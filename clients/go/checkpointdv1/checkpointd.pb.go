@@ -289,7 +289,7 @@ func (EntryKind) EnumDescriptor() ([]byte, []int) {
 //	SCAN: files_done = entries found so far, bytes_done = bytes read and
 //	  hashed so far, files_hashed = files read and hashed so far (the others'
 //	  hashes came from the stat cache); totals are unknown (0) while it runs,
-//	  events come about every 200 ms from the native scan's counters, and the
+//	  events come about every 100 ms from the native scan's counters, and the
 //	  last one has files = the manifest's entries, bytes = bytes hashed.
 //	PIN: files = blob keys pinned in the store, of files_total.
 //	UPLOAD: files = blobs uploaded of files_total (the blobs the bucket

@@ -59,6 +59,10 @@ pub struct ScanResult {
     #[pyo3(get)]
     digests: Py<PyBytes>,
     #[pyo3(get)]
+    file_count: u64,
+    #[pyo3(get)]
+    file_bytes: u64,
+    #[pyo3(get)]
     dirs_listed: u64,
     #[pyo3(get)]
     dirs_reused: u64,
@@ -101,6 +105,8 @@ fn to_result(
         phases_ms: phases_ms.unbind(),
         manifest: PyBytes::new(py, &out.manifest).unbind(),
         digests: PyBytes::new(py, &out.digests).unbind(),
+        file_count: out.file_count,
+        file_bytes: out.file_bytes,
         dirs_listed: out.dirs_listed,
         dirs_reused: out.dirs_reused,
         unsupported: unsupported.unbind(),
