@@ -16,6 +16,10 @@ For each, a cold capture into a fresh SQLite store and ``file://`` blob dir:
 - ``restic``: ``restic backup`` of the same workspace (plain only), GNU time;
 - ``cp``: the write floor, ``cp`` of the file into the blob dir's filesystem.
 
+``--s3`` also captures each case (engine and daemon) into a SeaweedFS S3
+server on loopback (the tests' fixture, ``tests/fixtures/s3.py``): multipart
+uploads through obstore.
+
 Prints one table (wall seconds, peak RSS MiB, the 1-minute load average when
 each run started) and writes ``benchmarks/results/bigfile.md`` and ``.json``.
 """
@@ -23,6 +27,8 @@ each run started) and writes ``benchmarks/results/bigfile.md`` and ``.json``.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -30,8 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import blake3
 
@@ -89,12 +98,12 @@ def _generate(path: Path, size: int, with_secrets: bool) -> None:
         for offset in range(0, size, CHUNK):
             piece = bytearray(source.digest(length=min(CHUNK, size - offset), seek=offset))
             if with_secrets:
-                for at in range(0, len(piece), 1 << 20):
-                    absolute = offset + at
-                    # One across a 1 MiB read boundary every 64 MiB, one inside it.
-                    if absolute % SECRET_EVERY == 0 and absolute:
+                for at in range(1 << 20, len(piece), 1 << 20):
+                    # Every 64 MiB: one across a 1 MiB read boundary, one just after.
+                    if (offset + at) % SECRET_EVERY == 1 << 20:
                         piece[at - 5 : at - 5 + len(SECRET)] = SECRET
                         piece[at + 4096 : at + 4096 + len(SECRET)] = SECRET
+            assert len(piece) == min(CHUNK, size - offset)
             out.write(piece)
     partial.rename(path)
 
@@ -126,25 +135,25 @@ def _drop_run(place: Path) -> None:
     shutil.rmtree(place, ignore_errors=True)
 
 
-def _engine(case: str, workspace: Path, secret: bytes, scratch: Path) -> Row:
+def _engine(case: str, workspace: Path, secret: bytes, scratch: Path, s3: Any = None) -> Row:
     place = _fresh(scratch, f"engine-{case}")
+    blobs = s3.url(f"bigfile-{uuid.uuid4().hex}") if s3 else f"file://{place / 'blobs'}"
     load = os.getloadavg()[0]
     wall, peak, out = _gnu_time(
         [sys.executable, "-c", ENGINE_CAPTURE, str(workspace),
-         f"sqlite:///{place / 'store.db'}", f"file://{place / 'blobs'}", str(place / "data"),
-         secret.decode()],
+         f"sqlite:///{place / 'store.db'}", blobs, str(place / "data"), secret.decode()],
     )  # fmt: skip
     stats = json.loads(out.strip().splitlines()[-1])
     _drop_run(place)
     return Row(case, "checkpointd (engine)", wall, peak, load, f"phases_ms {stats['phases_ms']}")
 
 
-def _daemon(case: str, workspace: Path, secret: bytes, scratch: Path) -> Row:
+def _daemon(case: str, workspace: Path, secret: bytes, scratch: Path, s3: Any = None) -> Row:
     place = _fresh(scratch, f"daemon-{case}")
+    blobs = s3.url(f"bigfile-{uuid.uuid4().hex}") if s3 else f"file://{place / 'blobs'}"
     daemon = Daemon(
-        workspace, f"sqlite:///{place / 'store.db'}", f"file://{place / 'blobs'}",
-        place / "data", place / "daemon.log",
-    )  # fmt: skip
+        workspace, f"sqlite:///{place / 'store.db'}", blobs, place / "data", place / "daemon.log"
+    )
     # The client sends the secret with the request (--secret-env names its variable).
     env = {**os.environ, "BENCH_SECRET": secret.decode()}
     daemon.start()
@@ -155,7 +164,10 @@ def _daemon(case: str, workspace: Path, secret: bytes, scratch: Path) -> Row:
         if secret:
             command += ["--secret-env", "BENCH_SECRET"]
         started = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+        done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+        if done.returncode != 0:
+            log = (place / "daemon.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"capture through the daemon failed: {done.stdout}{log}")
         wall = time.perf_counter() - started
         peak = daemon.peak_rss_mib() or 0.0
     finally:
@@ -210,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scratch", type=Path,
                         default=Path(os.environ.get("CHECKPOINTD_BENCH_SCRATCH", "/tmp/checkpointd-bench")))  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--s3", action="store_true", help="also capture into SeaweedFS (S3)")
     args = parser.parse_args(argv)
     if getattr(_native, "BUILD_PROFILE", "") != "release":
         print("refusing to benchmark a debug build (make build)", file=sys.stderr)
@@ -218,6 +231,35 @@ def main(argv: list[str] | None = None) -> int:
     size = int(args.gib * (1 << 30))
     scratch = args.scratch / "bigfile"
     rows: list[Row] = []
+    _run_cases(args, tools, size, scratch, rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "bigfile.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
+    (args.out / "bigfile.md").write_text(_markdown(rows, args.gib))
+    print(_markdown(rows, args.gib))
+    return 0
+
+
+@contextlib.contextmanager
+def _seaweedfs() -> Iterator[Any]:
+    """The tests' SeaweedFS server, with its credentials in our environment
+    (the daemon and the engine processes inherit them)."""
+    from tests.fixtures import s3 as fixture
+
+    servers = fixture.s3_server._get_wrapped_function()()
+    server = next(servers)
+    saved = dict(os.environ)
+    os.environ.update(server.env())
+    try:
+        yield server
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        next(servers, None)
+
+
+def _run_cases(
+    args: argparse.Namespace, tools: set[str], size: int, scratch: Path, rows: list[Row]
+) -> None:
     for case in args.cases.split(","):
         workspace = scratch / f"ws-{case}"
         secret = SECRET if case == "secrets" else b""
@@ -229,18 +271,19 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(_engine(case, workspace, secret, scratch))
             if "daemon" in tools:
                 rows.append(_daemon(case, workspace, secret, scratch))
+            for measure in (_engine, _daemon) if args.s3 else ():
+                # A fresh server each time: SeaweedFS frees deleted space only
+                # when it compacts, and the test server holds a few GiB.
+                with _seaweedfs() as s3:
+                    row = measure(f"{case}, s3", workspace, secret, scratch, s3)
+                rows.append(dataclasses.replace(row, tool=row.tool + " to S3"))
             if "restic" in tools and not secret and shutil.which("restic"):
                 rows.append(_restic(case, workspace, scratch))
             if "cp" in tools and not secret:
                 rows.append(_cp(case, workspace, scratch))
             for row in rows[first:]:
-                print(f"{row.case:8} {row.tool:26} {row.seconds:7.2f} s {row.peak_rss_mib:7.1f} MiB "
+                print(f"{row.case:12} {row.tool:32} {row.seconds:7.2f} s {row.peak_rss_mib:7.1f} MiB "
                       f"load {row.load_1min:.2f}", flush=True)  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "bigfile.json").write_text(json.dumps([asdict(r) for r in rows], indent=1) + "\n")
-    (args.out / "bigfile.md").write_text(_markdown(rows, args.gib))
-    print(_markdown(rows, args.gib))
-    return 0
 
 
 if __name__ == "__main__":

@@ -188,6 +188,9 @@ class VerifyingReader:
         regular file, not ``size`` bytes), OSError."""
     def read_chunk(self) -> bytes | None: ...
     def read_all(self, cancel: CancelToken | None = None) -> bytes: ...
+    def stop(self) -> None:
+        """Make a read or copy in progress in another thread stop at its next
+        chunk (it raises ScanCancelled); later reads raise it too."""
     def close(self) -> None: ...
 
 def rehash_beneath(

@@ -1056,6 +1056,27 @@ COMMANDS: dict[str, Callable[[Any, argparse.Namespace, Output], Any]] = {
 }
 
 
+# glibc's mallopt parameter, and the size from which allocations get their own
+# mapping (glibc's initial default, which it otherwise raises as it goes).
+_M_MMAP_THRESHOLD = -3
+_MMAP_THRESHOLD_BYTES = 256 << 10
+
+
+def _return_large_buffers_to_the_os() -> None:
+    """Pin glibc's mmap threshold: streaming a large file moves MiB-sized
+    buffers through several threads (our reader, the bucket client), and glibc
+    would raise the threshold to their size and keep the freed buffers in its
+    heaps, so a long-lived daemon's RSS would carry them. Fixed, each such
+    buffer is its own mapping, unmapped when freed. No-op without glibc."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(args: argparse.Namespace) -> int:
     from .errors import SandboxCheckpointError
     from .service import config as service_config
@@ -1071,6 +1092,7 @@ def _serve(args: argparse.Namespace) -> int:
         level=getattr(logging, config.log_level, logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    _return_large_buffers_to_the_os()
     try:
         return asyncio.run(run(config))
     except SandboxCheckpointError as error:

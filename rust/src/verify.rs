@@ -144,6 +144,8 @@ pub struct VerifyingReader {
     emitted: u64,
     started: bool,
     finished: bool,
+    /// Set from another thread to stop at the next chunk (`Cancelled`).
+    pub stop: Cancel,
     _slot: Option<FdSlot>,
 }
 
@@ -237,6 +239,7 @@ impl VerifyingReader {
             emitted: 0,
             started: false,
             finished: false,
+            stop: Cancel::new(),
             _slot: slot,
         }
     }
@@ -247,6 +250,10 @@ impl VerifyingReader {
     pub fn next_chunk(&mut self) -> Result<Option<&[u8]>, ReadError> {
         if self.finished {
             return Ok(None);
+        }
+        if self.stop.is_cancelled() {
+            self.finished = true;
+            return Err(ReadError::Cancelled);
         }
         if !self.started {
             self.started = true;

@@ -24,7 +24,7 @@ from typing import Any
 import blake3
 import pytest
 
-from checkpointd.blobs import BlobStoreError
+from checkpointd.blobs import BlobStoreError, open_blobs
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
@@ -129,6 +129,38 @@ def _start_worker(
     assert worker.stdout is not None
     assert worker.stdout.readline().strip() == "ready"
     return worker
+
+
+@pytest.mark.s3
+@pytest.mark.parametrize("backend", ["s3", "file"])
+async def test_a_cancelled_capture_waits_for_its_large_uploads_to_stop(
+    backend: str, store: Any, s3_server: Any, workspace: Path, tmp_path: Path, data_dir: Path
+) -> None:
+    big = os.urandom(64 << 20)
+    write_tree(workspace, {"big.bin": big})
+    inner = (
+        s3_server.open(f"cancel-{uuid.uuid4().hex}")
+        if backend == "s3"
+        else open_blobs(f"file://{tmp_path / 'blobs'}")
+    )
+    blobs = Tracked(inner)
+    capture = asyncio.ensure_future(
+        capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    )
+    await asyncio.wait_for(blobs.large_started.wait(), 30)
+    capture.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await capture
+    # Every upload it started has stopped (cancelled at once, not left to run
+    # to its end), nothing was appended, and nothing appears later.
+    assert blobs.in_flight == 0
+    assert await store.get_head("t") is None
+    assert await inner.head(_key(big)) is None
+    await asyncio.sleep(1.0)
+    assert await inner.head(_key(big)) is None
+    if backend == "file":
+        leftovers = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file()]
+        assert all(p.stat().st_size == len(big) for p in leftovers), leftovers
 
 
 async def _check_committed(store: Any, blobs: Any, verified: set[str]) -> int:

@@ -112,6 +112,14 @@ class LocalBlobDir:
             source.on_bytes(source.reader.size)
         return written
 
+    def put_durably(self, key: str, data: bytes | memoryview) -> bool:
+        """``put_if_absent``, then ``sync`` when written: durable on return
+        (one file's sync, not the filesystem's). Raises BlobStoreError."""
+        written = self.put_if_absent(key, data)
+        if written:
+            self.sync(key)
+        return written
+
     def sync(self, key: str) -> None:
         """Make a blob obstore's ``LocalStore`` wrote durable (it does not sync):
         its bytes, then its directory entry. Raises BlobStoreError."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
 from contextlib import contextmanager
@@ -58,8 +59,10 @@ if TYPE_CHECKING:
 # and sent as one conditional PUT, anything larger streams part by part.
 MULTIPART_PART_SIZE = 5 * 1024 * 1024
 # Parts in flight per upload: obstore's default (12) x 5 MiB is 60 MiB of buffers
-# per blob; capture runs several uploads at once, so keep each one modest.
-MULTIPART_CONCURRENCY = 4
+# per blob, and each part costs about twice its size while it is sent; capture
+# runs several uploads at once, so keep each one small (at 2, a 2 GiB capture
+# into S3 peaks under 90 MiB in the daemon: benchmarks/results/bigfile.md).
+MULTIPART_CONCURRENCY = 2
 # Objects per listing page (S3 returns at most 1000).
 LIST_PAGE_SIZE = 1000
 
@@ -142,10 +145,9 @@ class ObjectBlobStore(BlobStore):
         if local is not None and local.path(key) is not None:
             # Our own writer: complete or absent, synced before we return.
             if isinstance(data, VerifiedFile):
-                return await asyncio.to_thread(local.put_verified, key, data)
+                return await _copy_natively(local, key, data)
             if if_absent and isinstance(data, bytes | bytearray | memoryview):
-                [written] = await asyncio.to_thread(local.put_many, [(key, bytes(data))])
-                return written
+                return await asyncio.to_thread(local.put_durably, key, data)
         written = await self._put_obstore(key, data, if_absent)
         if written and local is not None and local.path(key) is not None:
             await asyncio.to_thread(local.sync, key)  # LocalStore does not sync
@@ -347,6 +349,20 @@ class ObjectBlobStore(BlobStore):
             ):
                 out[i] = data
         return out
+
+
+async def _copy_natively(local: LocalBlobDir, key: str, source: VerifiedFile) -> bool:
+    """``local.put_verified`` in a worker thread. A cancelled caller stops the
+    copy at its next chunk and waits for it: no write to the blob directory,
+    and no read of the workspace file, outlives the put (nor the capture)."""
+    copying = asyncio.ensure_future(asyncio.to_thread(local.put_verified, key, source))
+    try:
+        return await asyncio.shield(copying)
+    except asyncio.CancelledError:
+        source.reader.stop()
+        with contextlib.suppress(BaseException):
+            await copying
+        raise
 
 
 def local_dir_of(blobs: BlobStore) -> LocalBlobDir | None:

@@ -46,6 +46,8 @@ pub struct PyVerifyingReader {
     #[pyo3(get)]
     size: u64,
     digest: [u8; 32],
+    /// The reader's stop flag, reachable without its lock.
+    stop: Cancel,
 }
 
 impl PyVerifyingReader {
@@ -54,6 +56,7 @@ impl PyVerifyingReader {
             path: reader.path.clone(),
             size: reader.size,
             digest: reader.digest,
+            stop: reader.stop.clone(),
             inner: Mutex::new(Some(reader)),
         }
     }
@@ -122,6 +125,12 @@ impl PyVerifyingReader {
         let cancel = cancel_of(cancel);
         let data = self.with_reader(py, |r| r.read_all(&cancel))?;
         Ok(PyBytes::new(py, &data).unbind())
+    }
+
+    /// Make a read or copy in progress in another thread stop at its next
+    /// chunk (ScanCancelled there); every later read raises it too.
+    fn stop(&self) {
+        self.stop.cancel();
     }
 
     /// Close the file (waits for a read in progress in another thread).
