@@ -9,10 +9,11 @@ number of entries"). For each size, on a fresh SQLite file (and with
 2. append ``--count`` checkpoints with the same entries, each the child of the
    last, and time each ``append`` (the manifest object is the same one a
    no-change capture hands over);
-3. report the median and minimum append time and the database bytes each
-   no-change checkpoint added (SQLite: the main file after a WAL checkpoint;
-   PostgreSQL: the checkpointd tables after VACUUM), then check the answer:
-   every key is counted ``count + 1`` times.
+3. report the median and minimum append time, the database bytes each
+   no-change checkpoint added (SQLite: the main file after a WAL checkpoint,
+   which grows by whole pages, so a few small rows may add 0; PostgreSQL: the
+   checkpointd tables after VACUUM) and the mean stored document of those
+   checkpoints, then check the answer: every key is counted ``count + 1`` times.
 
 Run it with another checkout's interpreter (``/work/main/.venv/bin/python -m
 benchmarks.store_nochange`` from this directory) to compare before and after in
@@ -103,6 +104,7 @@ async def measure(url: str, size: int, count: int) -> dict[str, Any]:
             times.append((time.perf_counter() - start) * 1000)
             parent = checkpoint.id
         after = await _bytes(url)
+        document = await _document_bytes(url)
         references = await store.list_blob_references()
         assert len(references) == size, (len(references), size)
         assert all(r.references == count + 1 for r in references), "wrong counts"
@@ -115,7 +117,32 @@ async def measure(url: str, size: int, count: int) -> dict[str, Any]:
         "append_ms_median": statistics.median(times),
         "append_ms_min": min(times),
         "bytes_per_checkpoint": (after - before) / count,
+        "document_bytes": document,
     }
+
+
+async def _document_bytes(url: str) -> float:
+    """The mean stored document of the no-change checkpoints (their row payload)."""
+    if url.startswith("sqlite://"):
+        connection = sqlite3.connect(url.removeprefix("sqlite://"))
+        try:
+            (mean,) = connection.execute(
+                "SELECT avg(length(document)) FROM checkpoints WHERE id != 'c0000'"
+            ).fetchone()
+        finally:
+            connection.close()
+        return float(mean)
+    import asyncpg
+
+    conn = await asyncpg.connect(url)
+    try:
+        mean = await conn.fetchval(
+            "SELECT avg(length(document)) FROM checkpointd_checkpoints WHERE id != $1",
+            b"c0000",
+        )
+    finally:
+        await conn.close()
+    return float(mean)
 
 
 async def _bytes(url: str) -> int:
@@ -152,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
                         f"{backend:8} {size:>9,} entries: no-change append "
                         f"median {result['append_ms_median']:.1f} ms "
                         f"(min {result['append_ms_min']:.1f}), "
-                        f"{result['bytes_per_checkpoint']:,.0f} bytes per checkpoint",
+                        f"{result['bytes_per_checkpoint']:,.0f} bytes per checkpoint "
+                        f"(document {result['document_bytes']:,.0f} bytes)",
                         flush=True,
                     )
     finally:

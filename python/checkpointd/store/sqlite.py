@@ -164,7 +164,9 @@ _SCHEMA = [
         thread_id TEXT NOT NULL,
         open_since INTEGER NOT NULL,
         PRIMARY KEY (key, thread_id)) WITHOUT ROWID""",
-    """CREATE INDEX IF NOT EXISTS blob_runs_by_thread ON blob_runs (thread_id, open_since)""",
+    # No index by thread: it would double the runs' bytes for the rare writes
+    # that touch a whole thread (its head gone, repair), which scan instead.
+    """DROP INDEX IF EXISTS blob_runs_by_thread""",
     # Ids of deleted request_id checkpoints: never used again (``_core``).
     """CREATE TABLE IF NOT EXISTS spent_checkpoints (id TEXT PRIMARY KEY) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS blob_pins (
