@@ -50,6 +50,10 @@ keys before it looks them up in the index and trusts a row it finds, so:
   (kept here as ``repacked``), which is the hold readers get.
 * A damaged pack (unreadable trailer) is never deleted or repacked by a sweep:
   it is a failure for ``checkpointd check`` to explain.
+* The single object of a used key that also has a row (``checkpointd
+  migrate`` packed it) is deleted once older than ``older_than_ms``: readers
+  take the row, which stays while the key is used. That is storage, not a key:
+  the key is reported kept, as the index walk finds it.
 
 Staging leftovers: a blob directory's staging files (``<file>#<digits>``, a
 killed writer's) and an S3 bucket's unfinished multipart uploads under the
@@ -311,13 +315,13 @@ async def iter_sweep_blobs(
         try:
             async for page in bucket.list_pages(prefix):
                 kept: list[tuple[str, str]] = []
-                used: list[str] = []
+                used: list[BlobInfo] = []
                 for info in page:
                     if not valid_blob_key(info.key):
                         kept.append((info.key, NOT_A_BLOB_KEY))
                     elif info.key in referenced:
-                        if index is not None and cutoff - info.last_modified_ms >= older_than_ms:
-                            used.append(info.key)
+                        if index is not None:
+                            used.append(info)
                         else:
                             kept.append((info.key, referenced[info.key]))
                     elif cutoff - info.last_modified_ms < older_than_ms:
@@ -326,13 +330,14 @@ async def iter_sweep_blobs(
                         candidates.append(info.key)
                 if used:
                     assert index is not None
-                    located = await index.locate_blobs(used)
-                    for key in used:
-                        row = located.get(key)
+                    located = await index.locate_blobs([info.key for info in used])
+                    for info in used:
+                        row = located.get(info.key)
                         if row is None:
-                            kept.append((key, referenced[key]))
-                        else:
-                            maybe_superseded.append((key, row.pack))
+                            kept.append((info.key, referenced[info.key]))
+                        elif cutoff - info.last_modified_ms >= older_than_ms:
+                            maybe_superseded.append((info.key, row.pack))
+                        # else: also packed, and the index walk reports it
                 yield SweepBatch(kept=tuple(kept), listed=len(page))
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
             listing_failed = True
@@ -352,12 +357,10 @@ async def iter_sweep_blobs(
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
             listing_failed = True
             yield SweepBatch(failures=((PACK_KEY_PREFIX, _describe(error)),))
-    # Readers take the pack, so the single object goes (its pack is there).
+    # Readers take the pack, so the single object goes once its pack is there
+    # (storage, not a key: the key stays, and the index walk reports it).
     superseded = [key for key, pack in maybe_superseded if pack in packs]
-    still_used = [(key, referenced[key]) for key, pack in maybe_superseded if pack not in packs]
-    if still_used:
-        yield SweepBatch(kept=tuple(still_used))
-    del maybe_superseded, still_used
+    del maybe_superseded
 
     tallies: dict[str, _PackTally] = {}
     dead_rows: list[PackedBlob] = []
@@ -386,6 +389,8 @@ async def iter_sweep_blobs(
     if listing_failed:
         return
 
+    # A key deleted as a single object is reported there, not again for its row.
+    single = set(candidates) if dead_rows else set()
     for start in range(0, len(candidates), batch_size):
         batch = candidates[start : start + batch_size]
         if dry_run:
@@ -403,22 +408,25 @@ async def iter_sweep_blobs(
         # No condemnation: the key is used, its row stays while it is (rows go
         # only for condemned, unreferenced keys), and every reader prefers it.
         outcomes = await _delete_before(bucket, batch, float("inf"))
-        yield SweepBatch(
-            deleted=tuple(key for key, why in zip(batch, outcomes, strict=True) if why is None),
-            failures=tuple(
-                (key, why) for key, why in zip(batch, outcomes, strict=True) if why is not None
-            ),
-        )
+        failed = [(key, why) for key, why in zip(batch, outcomes, strict=True) if why is not None]
+        if failed:
+            yield SweepBatch(failures=tuple((f"{key} (single object)", why) for key, why in failed))
     del superseded
 
     for start in range(0, len(dead_rows), batch_size):
         rows = dead_rows[start : start + batch_size]
         if dry_run:
             gone = rows
-            yield SweepBatch(deleted=tuple(row.key for row in rows))
+            result = SweepBatch(deleted=tuple(row.key for row in rows))
         else:
             result, gone = await _drop_rows(store, rows, hold_ms, safety_margin_ms)
-            yield result
+        if single:
+            result = SweepBatch(
+                deleted=tuple(key for key in result.deleted if key not in single),
+                kept=tuple(item for item in result.kept if item[0] not in single),
+                failures=tuple(item for item in result.failures if item[0] not in single),
+            )
+        yield result
         for row in gone:
             tally = tallies[row.pack]
             tally.rows -= 1
