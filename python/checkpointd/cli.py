@@ -441,6 +441,8 @@ def progress_view(p: Any, elapsed_ms: int) -> tuple[int, int, str]:
     by_bytes = p.phase in _BYTE_PHASES and p.bytes_total > 0
     done, total = (p.bytes_done, p.bytes_total) if by_bytes else (p.files_done, p.files_total)
     counts = f"{p.files_done}" + (f"/{p.files_total}" if p.files_total else "") + " files"
+    if p.files_hashed:
+        counts += f" ({p.files_hashed} hashed)"
     if p.bytes_done or p.bytes_total:
         counts += f", {human_size(p.bytes_done)}"
         if p.bytes_total:

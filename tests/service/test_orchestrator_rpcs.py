@@ -298,6 +298,7 @@ async def test_one_log_line_per_operation_and_a_warning_per_failure(daemon: Daem
     (daemon.workspace / "a.txt").write_text("a")
     async with daemon.client() as client:
         done = await client.capture("t-log", secrets=[b"s3cr3t-value"])
+        (daemon.workspace / "a.txt").unlink()
         await client.restore("t-log")
         await client.prune("t-log", 1)
         await client.sweep(0, dry_run=True)
@@ -305,7 +306,9 @@ async def test_one_log_line_per_operation_and_a_warning_per_failure(daemon: Daem
             await client.get_checkpoint("no-such-checkpoint")
     log = daemon.log_text()
     assert f"INFO checkpointd.service.servicer: capture {done.checkpoint.id} of thread t-log" in log
-    assert f"restore {done.checkpoint.id} of thread t-log" in log
+    assert (
+        f"restore {done.checkpoint.id} of thread t-log: 1 entries, 1 files written (1 bytes)" in log
+    )
     assert "prune of thread t-log (keep 1): 0 checkpoints" in log
     assert "sweep (dry run): listed" in log
     assert "WARNING checkpointd.service.servicer: GetCheckpoint failed: NOT_FOUND" in log
@@ -391,5 +394,7 @@ def test_the_bar_counts_files_in_scan_and_apply_bytes_in_upload_and_fetch() -> N
     assert progress_view(fetch, 1000)[:2] == (10, 40)
     scan = pb.Progress(phase="scan", files_done=3000)
     assert progress_view(scan, 1500) == (3000, 0, "3000 files, 2,000 files/s")
+    scan.files_hashed, scan.bytes_done = 20, 1 << 20
+    assert progress_view(scan, 1000) == (3000, 0, "3000 files (20 hashed), 1.0 MiB, 1.0 MiB/s")
     assert human_rate(2048, 1000) == "2.0 KiB/s"
     assert human_rate(1_000_000, 500, "keys") == "2,000,000 keys/s"

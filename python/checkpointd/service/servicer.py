@@ -588,8 +588,11 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 unfilled_secrets=unfilled,
             )
 
+        applied = Progress("apply")  # its last event: what the restore wrote
         async for item in _with_progress(self.state, thread_id, context, work):
             if isinstance(item, Progress):
+                if item.phase == "apply":
+                    applied = item
                 yield pb.RestoreEvent(progress=convert.progress_to_proto(item))
             else:
                 restored = item[1]
@@ -600,10 +603,12 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                     unfilled_secret_count=len(unfilled),
                 )
                 _log.info(
-                    "restore %s of thread %s: %d entries in %d ms",
+                    "restore %s of thread %s: %d entries, %d files written (%d bytes) in %d ms",
                     restored.id if restored is not None else "(none: the thread has no checkpoint)",
                     thread_id,
                     len(restored.files) if restored is not None else 0,
+                    applied.files_done,
+                    applied.bytes_done,
                     done.duration_ms,
                 )
                 if restored is not None:
