@@ -12,7 +12,8 @@
  *   `SANDBOX_SNAPSHOT_` + the gRPC status name, e.g. `SANDBOX_SNAPSHOT_UNAVAILABLE`.
  * - `metadata`: the ErrorInfo metadata (strings).
  * - `retryAfterMs`: from a `google.rpc.RetryInfo` detail, else from the metadata
- *   key `retry_after_ms`, when the server sent either (WRITER_CONFLICT does).
+ *   key `retry_after_ms`, when the server sent either (WRITER_CONFLICT and
+ *   WRITER_LOST do).
  * - `grpcCode`: the numeric gRPC status; `cause`: the grpc-js error itself.
  */
 import { Metadata, status as GrpcStatus, type ServiceError } from "@grpc/grpc-js";
