@@ -117,6 +117,17 @@ class Daemon:
                 return int(line.split()[1]) / 1024
         return None
 
+    def reset_peak_rss(self) -> None:
+        """Start the high-water mark afresh (``clear_refs`` 5, Linux 4.0+; needs
+        to own the process or be root), so a later peak is of what ran since,
+        not of the cold capture before it. Best effort: left as is when refused."""
+        if self._proc is None:
+            return
+        try:
+            Path(f"/proc/{self._proc.pid}/clear_refs").write_text("5")
+        except OSError:
+            pass
+
     def client(self, operation: str) -> list[str]:
         return [*CHECKPOINTD, operation, THREAD, "--address", self.address, "--json"]
 
@@ -154,12 +165,15 @@ def warm_bench(
 ) -> Measurement:
     """Time ``ctx.runs`` captures over ONE gRPC channel to ``daemon`` (after
     ``ctx.warmups`` untimed ones when ``warmup``), ``prepare(run)`` untimed before
-    each. The RSS column is the daemon's peak (VmHWM), the client being this
-    process; ``stored_bytes_per_run`` is the store's growth per timed capture."""
+    each. The RSS column is the daemon's peak (VmHWM) during these runs alone,
+    the client being this process; ``stored_bytes_per_run`` is the store's
+    growth per timed capture."""
     from checkpointd.service.client import Client
 
     measurement = Measurement(ctx.name, op, WARM_TOOL, OURS, f"Capture over one channel to {daemon.address}")  # fmt: skip
     warmups = ctx.warmups if warmup else 0
+
+    daemon.reset_peak_rss()
 
     async def go() -> None:
         async with Client(daemon.address, timeout=ctx.timeout_s) as client:

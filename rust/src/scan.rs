@@ -340,7 +340,10 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     phases.end("save_cache");
 
     // Encode.
-    let mut writer = ManifestWriter::with_capacity(rows.len() * 110);
+    // Rows are ~100 bytes beside their path (a file's hash alone is 64):
+    // sized once, so the buffer is never copied to grow.
+    let capacity = rows.iter().map(|(path, _, _)| path.len() + 112).sum();
+    let mut writer = ManifestWriter::with_capacity(capacity);
     let mut files_with_secrets = 0u64;
     let (mut file_count, mut file_bytes) = (0u64, 0u64);
     for (path, row, _) in &rows {
@@ -425,10 +428,21 @@ fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8
     }
     // `name` (+ "/" for a subtree) compared as bytes.
     fn cmp_keys(a: (&[u8], bool), b: (&[u8], bool)) -> std::cmp::Ordering {
-        let slash: &[u8] = b"/";
-        let a_rest = if a.1 { slash } else { &[] };
-        let b_rest = if b.1 { slash } else { &[] };
-        a.0.iter().chain(a_rest).cmp(b.0.iter().chain(b_rest))
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        let common = a.0.len().min(b.0.len());
+        match a.0[..common].cmp(&b.0[..common]) {
+            Equal => {}
+            other => return other,
+        }
+        // One name is a prefix of the other (names hold no "/"): what follows
+        // the shorter one is its subtree's "/" or nothing.
+        match a.0.len().cmp(&b.0.len()) {
+            Equal => a.1.cmp(&b.1),
+            Less if a.1 => b'/'.cmp(&b.0[common]),
+            Less => Less,
+            Greater if b.1 => a.0[common].cmp(&b'/'),
+            Greater => Greater,
+        }
     }
     fn sorted(batch: Vec<Found>) -> std::vec::IntoIter<Item> {
         let mut items = Vec::with_capacity(batch.len() + batch.len() / 8);
