@@ -338,6 +338,17 @@ class StoredRow:
     version: int
 
 
+@dataclass(frozen=True, slots=True)
+class AppendFacts:
+    """What an append checks, read in one go after the thread's lock (PostgreSQL:
+    one round trip): the clock, whether the id is used (or spent), and the row of
+    the expected head."""
+
+    now: int
+    id_used: bool
+    head_row: StoredRow | None
+
+
 class IdTaken(Exception):
     """Raised by ``WriteTx.publish`` when the id was taken after the check (by a
     concurrent append in another thread; the database's unique key decided)."""
@@ -360,6 +371,10 @@ class WriteTx(Protocol):
         ...
 
     async def row(self, checkpoint_id: str) -> StoredRow | None: ...
+
+    async def append_facts(self, checkpoint_id: str, head_id: str | None) -> AppendFacts:
+        """``now()``, ``id_used(checkpoint_id)`` and ``row(head_id)`` together."""
+        ...
 
     async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
         """The row, protected from deletion until commit (PostgreSQL: FOR SHARE)."""
@@ -567,20 +582,20 @@ class SqlCheckpointStore:
 
         async def body(tx: WriteTx) -> int:
             state = await tx.lock_thread(thread_id)
-            now = await tx.now()
+            facts = await tx.append_facts(checkpoint.id, expected_head_id)
             check_append_state(
                 checkpoint,
                 expected_head_id,
                 writer,
                 lease=state.lease,
-                now=now,
-                id_used=await tx.id_used(checkpoint.id),
+                now=facts.now,
+                id_used=facts.id_used,
                 head_id=state.head_id,
             )
             parent: documents.Content | None = None
             depth = 0
             if expected_head_id is not None:
-                row = await tx.row(expected_head_id)
+                row = facts.head_row
                 assert row is not None, "a head always names a stored checkpoint"
                 parent = await self._content(tx, expected_head_id, row.version)
                 depth = row.depth
@@ -925,6 +940,7 @@ def counted(refs: int, open_since: int | None, ordinal: int | None) -> int:
 __all__ = [
     "EMPTY",
     "OFFLOAD_ENTRIES",
+    "AppendFacts",
     "IdTaken",
     "KeySet",
     "RecentContents",

@@ -70,6 +70,7 @@ from ..model import BlobReference, Checkpoint
 from ..validation import check_id, utf8_key
 from . import _documents as documents
 from ._core import (
+    AppendFacts,
     IdTaken,
     KeySet,
     RecentContents,
@@ -478,6 +479,26 @@ class _PostgresTx:
         if row is None:
             return None
         return StoredRow(str(_s(row["thread_id"])), _s(row["parent_id"]), row["depth"], row["xmin"])
+
+    async def append_facts(self, checkpoint_id: str, head_id: str | None) -> AppendFacts:
+        # One round trip, after the lock: the clock, whether the id is used, the head row.
+        facts = await self.conn.fetchrow(
+            "SELECT EXISTS (SELECT 1 FROM checkpointd_checkpoints WHERE id = $1)"
+            " OR EXISTS (SELECT 1 FROM checkpointd_spent_checkpoints WHERE id = $1) AS used,"
+            " p.thread_id, p.parent_id, p.depth, p.xmin::text::bigint AS xmin,"
+            f" {_DB_NOW} AS db_now"
+            " FROM (SELECT 1) AS one LEFT JOIN checkpointd_checkpoints AS p ON p.id = $2",
+            _b(checkpoint_id),
+            None if head_id is None else _b(head_id),
+        )
+        assert facts is not None
+        now = read_clock(self._store._options) if self._store._injected_clock else facts["db_now"]
+        head_row = None
+        if facts["thread_id"] is not None:
+            head_row = StoredRow(
+                str(_s(facts["thread_id"])), _s(facts["parent_id"]), facts["depth"], facts["xmin"]
+            )
+        return AppendFacts(now, facts["used"], head_row)
 
     async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
         # FOR SHARE keeps the source from being deleted (and its keys forgotten)

@@ -64,6 +64,7 @@ from ..model import BlobReference, Checkpoint
 from ..validation import check_id
 from . import _documents as documents
 from ._core import (
+    AppendFacts,
     IdTaken,
     KeySet,
     RecentContents,
@@ -498,6 +499,13 @@ class _SqliteTx:
             (checkpoint_id,),
         )
         return None if row is None else StoredRow(*row)
+
+    async def append_facts(self, checkpoint_id: str, head_id: str | None) -> AppendFacts:
+        return AppendFacts(
+            await self.now(),
+            await self.id_used(checkpoint_id),
+            None if head_id is None else await self.row(head_id),
+        )
 
     async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
         return await self.row(checkpoint_id)
