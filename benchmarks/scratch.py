@@ -136,11 +136,16 @@ def _size_of(root: Path) -> tuple[int, int]:
     total_bytes = inodes = 0
     stack = [root]
     while stack:
-        with os.scandir(stack.pop()) as it:
-            for entry in it:
-                inodes += 1
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(Path(entry.path))
-                elif entry.is_file(follow_symlinks=False):
-                    total_bytes += entry.stat(follow_symlinks=False).st_size
+        # A leftover the previous run's background delete is still removing
+        # loses entries while we count: what is gone is not counted.
+        try:
+            with os.scandir(stack.pop()) as it:
+                for entry in it:
+                    inodes += 1
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(Path(entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        total_bytes += entry.stat(follow_symlinks=False).st_size
+        except FileNotFoundError:
+            continue
     return total_bytes, inodes

@@ -93,6 +93,38 @@ impl ManifestWriter {
         self.out.push(b']');
         self.out
     }
+
+    /// A writer of rows for the middle of a manifest (no brackets), so that
+    /// runs of rows can be encoded apart and joined in order by [`ManifestWriter::join`].
+    pub fn fragment(bytes: usize) -> ManifestWriter {
+        ManifestWriter {
+            out: Vec::with_capacity(bytes),
+            rows: 0,
+        }
+    }
+
+    /// The fragment's bytes (rows separated by commas, none around them).
+    pub fn into_fragment(self) -> Vec<u8> {
+        self.out
+    }
+
+    /// One manifest from fragments, in order (empty ones hold no rows). Each
+    /// fragment is freed once copied, so the peak is about one manifest plus
+    /// one fragment.
+    pub fn join(fragments: impl IntoIterator<Item = Vec<u8>>) -> Vec<u8> {
+        let fragments: Vec<Vec<u8>> = fragments.into_iter().filter(|f| !f.is_empty()).collect();
+        let total: usize = fragments.iter().map(|f| f.len() + 1).sum();
+        let mut out = Vec::with_capacity(total + 2);
+        out.push(b'[');
+        for (i, fragment) in fragments.into_iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(&fragment);
+        }
+        out.push(b']');
+        out
+    }
 }
 
 /// Lowercase hex, straight into the buffer (no temporary String per row).
@@ -775,6 +807,26 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn fragments_join_into_the_same_bytes() {
+        let write = |w: &mut ManifestWriter, i: u64| {
+            w.file(&format!("f{i}"), &[i as u8; 32], i, 0o644, -(i as i64));
+            w.dir(&format!("d{i}"), 0o755);
+        };
+        let mut whole = ManifestWriter::with_capacity(0);
+        (0..7).for_each(|i| write(&mut whole, i));
+        let whole = whole.finish();
+        let mut parts = Vec::new();
+        for range in [0..3, 3..3, 3..6, 6..7] {
+            let mut w = ManifestWriter::fragment(0);
+            range.for_each(|i| write(&mut w, i));
+            parts.push(w.into_fragment());
+        }
+        assert_eq!(ManifestWriter::join(parts), whole);
+        assert_eq!(ManifestWriter::join(Vec::new()), b"[]");
+        assert_eq!(rows(&whole).unwrap().len(), 14);
     }
 
     #[test]

@@ -339,36 +339,21 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     drop(dirs);
     phases.end("save_cache");
 
-    // Encode.
-    // Rows are ~100 bytes beside their path (a file's hash alone is 64):
-    // sized once, so the buffer is never copied to grow.
-    let capacity = rows.iter().map(|(path, _, _)| path.len() + 112).sum();
-    let mut writer = ManifestWriter::with_capacity(capacity);
-    let mut files_with_secrets = 0u64;
-    let (mut file_count, mut file_bytes) = (0u64, 0u64);
-    for (path, row, _) in &rows {
-        match row {
-            Row::File(slot) if slot.vanished => {}
-            Row::File(slot) => {
-                let hash = slot.hash.expect("every kept file was hashed or reused");
-                files_with_secrets += u64::from(!slot.secrets.is_empty());
-                file_count += 1;
-                file_bytes += slot.stat.size;
-                writer.file_with_secrets(
-                    path,
-                    &hash,
-                    slot.stat.size,
-                    slot.stat.mode & 0o777,
-                    slot.stat.mtime_ns,
-                    &slot.secrets,
-                );
-            }
-            Row::Dir { mode } => writer.dir(path, *mode),
-            Row::Symlink { target } => writer.symlink(path, target),
-        }
-    }
-    let entries = writer.rows() as u64;
-    let manifest = writer.finish();
+    // Encode: chunks of rows on every core, joined in order.
+    let chunk_rows = (rows.len() / (pool.current_num_threads() * 4)).max(8192);
+    let parts: Vec<Encoded> =
+        pool.install(|| rows.par_chunks(chunk_rows).map(encode_rows).collect());
+    let total: Encoded = parts.iter().fold(Encoded::default(), |sum, part| Encoded {
+        bytes: Vec::new(),
+        rows: sum.rows + part.rows,
+        files_with_secrets: sum.files_with_secrets + part.files_with_secrets,
+        file_count: sum.file_count + part.file_count,
+        file_bytes: sum.file_bytes + part.file_bytes,
+    });
+    let (files_with_secrets, file_count, file_bytes) =
+        (total.files_with_secrets, total.file_count, total.file_bytes);
+    let entries = total.rows;
+    let manifest = ManifestWriter::join(parts.into_iter().map(|part| part.bytes));
     let mut digests: Vec<[u8; 32]> = rows
         .iter()
         .filter_map(|(_, row, _)| match row {
@@ -504,6 +489,49 @@ fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8
         "rows in path order"
     );
     (rows, unsupported)
+}
+
+/// Some manifest rows, encoded, with what they count.
+#[derive(Default)]
+struct Encoded {
+    bytes: Vec<u8>,
+    rows: u64,
+    files_with_secrets: u64,
+    file_count: u64,
+    file_bytes: u64,
+}
+
+/// Encode `rows` (a run of the sorted rows) as a fragment for `ManifestWriter::join`.
+fn encode_rows(rows: &[RowOf]) -> Encoded {
+    // Rows are ~100 bytes beside their path (a file's hash alone is 64):
+    // sized once, so the buffer is never copied to grow.
+    let capacity = rows.iter().map(|(path, _, _)| path.len() + 112).sum();
+    let mut writer = ManifestWriter::fragment(capacity);
+    let mut out = Encoded::default();
+    for (path, row, _) in rows {
+        match row {
+            Row::File(slot) if slot.vanished => {}
+            Row::File(slot) => {
+                let hash = slot.hash.expect("every kept file was hashed or reused");
+                out.files_with_secrets += u64::from(!slot.secrets.is_empty());
+                out.file_count += 1;
+                out.file_bytes += slot.stat.size;
+                writer.file_with_secrets(
+                    path,
+                    &hash,
+                    slot.stat.size,
+                    slot.stat.mode & 0o777,
+                    slot.stat.mtime_ns,
+                    &slot.secrets,
+                );
+            }
+            Row::Dir { mode } => writer.dir(path, *mode),
+            Row::Symlink { target } => writer.symlink(path, target),
+        }
+    }
+    out.rows = writer.rows() as u64;
+    out.bytes = writer.into_fragment();
+    out
 }
 
 fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {
