@@ -722,6 +722,8 @@ class _Uploader:
         # Keys `checkpointd check` found gone from the bucket are not trusted
         # from the parent: they are looked up (and uploaded again) like new ones.
         self.rechecked = await missing_marks(self.store) if parent is not None else set()
+        if isinstance(self.blobs, PackSession):
+            self.blobs.distrust(self.rechecked)  # their packs may be gone: ask the bucket
         parent_digests = without_marked(parent_digests, self.rechecked)
         new_digests = _native.digest_difference(manifest.digests(), parent_digests)
         pending = [

@@ -223,6 +223,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--gateway-server-name", help="gateway mode: the name the gateway's certificate holds"
     )
+    serve.add_argument(
+        "--pack-threshold",
+        metavar="SIZE",
+        help="blobs smaller than SIZE travel and rest in compressed pack objects (default 1MiB)",
+    )
     from .gateway.cli import add_commands as add_gateway_commands
 
     add_gateway_commands(commands)

@@ -169,7 +169,7 @@ pub fn decode_frame(entry: &Entry, stored: &[u8]) -> Result<Vec<u8>, PackError> 
         )));
     }
     if blake3::hash(&raw).as_bytes() != &entry.digest {
-        return Err(fail("its bytes do not hash to its key".to_string()));
+        return Err(fail("the BLAKE3 of its bytes is not its key".to_string()));
     }
     Ok(raw)
 }

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import (
     CORRUPT,
@@ -41,6 +42,16 @@ def _key_of(checkpoint: Any, path: str) -> str:
     return next(e.blob_key for e in checkpoint.files if e.path == path)
 
 
+async def _lose(store: Any, blobs: Any, key: str) -> set[str]:
+    """Delete the object holding ``key`` (its pack when packed); the keys lost."""
+    row = (await store.locate_blobs([key])).get(key)
+    if row is None:
+        await blobs.delete(key)
+        return {key}
+    await blobs.delete(row.pack)
+    return {r.key for r in await store.list_packed_blobs() if r.pack == row.pack}
+
+
 async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> None:
     workspace = tmp_path / "ws"
     (workspace / "src").mkdir(parents=True)
@@ -55,17 +66,20 @@ async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> N
         assert clean.summary is not None and clean.summary.ok and clean.findings == []
         assert clean.summary.blobs_checked == 2
 
-        await blobs.delete(lost)
-        assert await blobs.head(lost) is None
+        # Both small blobs rest in one pack: losing it loses both.
+        gone = await _lose(store, blobs, lost)
+        assert gone == {lost, _key_of(first.checkpoint, "src/kept.py")}
+        stored = packed_blobs(blobs, store)
+        assert await stored.missing([lost]) == [lost]
         report = await check_store(store, blobs)
-        assert _kinds(report) == {MISSING: {lost}}
+        assert _kinds(report) == {MISSING: gone}
         assert report.summary is not None and not report.summary.ok
-        assert await store.list_missing_blobs() == [lost]
+        assert await store.list_missing_blobs() == sorted(gone)
 
-        # The parent uses the key, but the capture does not trust it: uploaded again.
+        # The parent uses the keys, but the capture does not trust them: uploaded again.
         second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
-        assert second.stats.blobs_uploaded == 1
-        assert await blobs.head(lost) is not None
+        assert second.stats.blobs_uploaded == 2
+        assert await stored.missing([lost]) == []
         assert await store.list_missing_blobs() == []
         after = await check_store(store, blobs, read_data=True)
         assert after.summary is not None and after.summary.ok and after.findings == []
@@ -106,12 +120,12 @@ async def test_a_changed_file_is_not_uploaded_under_the_lost_key(tmp_path: Path)
     try:
         first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
         lost = _key_of(first.checkpoint, "a.txt")
-        await blobs.delete(lost)
+        assert await _lose(store, blobs, lost) == {lost}
         await check_store(store, blobs)
         (workspace / "a.txt").write_text("new bytes")
         second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
         assert _key_of(second.checkpoint, "a.txt") != lost
-        assert await blobs.head(lost) is None
+        assert await packed_blobs(blobs, store).missing([lost]) == [lost]
         assert await store.list_missing_blobs() == [lost]
         # Once no checkpoint uses the key any more, check drops the mark.
         lease = await store.acquire_writer("t")
@@ -210,14 +224,21 @@ async def test_read_data_finds_changed_bytes(tmp_path: Path) -> None:
         done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
         same = _key_of(done.checkpoint, "same-size.txt")
         shorter = _key_of(done.checkpoint, "shorter.txt")
-        (blob_dir / same).write_bytes(b"9876543210")
-        (blob_dir / shorter).write_bytes(b"short")
+        # Both rest in one pack: the earlier frame gets other bytes of its size,
+        # the pack is cut inside the later one.
+        rows = await store.locate_blobs([same, shorter])
+        first, last = sorted(rows.values(), key=lambda row: row.offset)  # type: ignore[union-attr]
+        pack = await blobs.get(first.pack)
+        other = bytes(b ^ 0x01 for b in pack[first.offset : first.offset + first.length])
+        damaged = pack[: first.offset] + other + pack[first.offset + first.length :]
+        (blob_dir / first.pack).write_bytes(damaged[: last.offset + 5])
         assert (await check_store(store, blobs)).findings == []  # existence only
         report = await check_store(store, blobs, read_data=True)
         assert _kinds(report) == {CORRUPT: {same, shorter}}
         messages = {f.key: f.message for f in report.findings}
-        assert "BLAKE3" in messages[same] and "5 bytes" in messages[shorter]
-        assert report.summary is not None and report.summary.bytes_read == 15
+        assert "BLAKE3" in messages[first.key] and first.pack in messages[first.key]
+        assert "truncated" in messages[last.key] and "5 of its" in messages[last.key]
+        assert report.summary is not None and report.summary.bytes_read == 0
         assert not report.summary.ok
     finally:
         await store.aclose()

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.restore import restore_checkpoint
@@ -81,7 +82,7 @@ async def _retry_while_leased(work: Any) -> Any:
 
 async def _assert_every_reference_present(store: Any, blobs: Any) -> None:
     for reference in await store.list_blob_references():
-        assert await blobs.head(reference.key) is not None, reference.key
+        assert await packed_blobs(blobs, store).head(reference.key) is not None, reference.key
 
 
 @pytest.mark.timeout(90)

@@ -5,13 +5,9 @@ the bucket requests of a cold capture."""
 
 from __future__ import annotations
 
-import collections
-import http.client
-import http.server
 import os
 import shutil
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +22,35 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
 from checkpointd.store.base import PackIndex
 
+from ..fixtures.bucket_counter import CountingProxy, counted
 from .conftest import snapshot_tree, write_tree
 
 FILE_PREFIX = "sandbox-files/blake3/"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="memory-store"),
+        pytest.param("sqlite", id="sqlite-store"),
+        pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres),
+    ]
+)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    """Every store we ship keeps the pack index."""
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    opened = await open_store(url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
 
 
 def _key(data: bytes) -> str:
@@ -118,19 +138,17 @@ async def test_mixed_sizes_round_trip_through_packs(
     objects = await _objects(bucket)
     packs = [key for key in objects if key.startswith(PACK_KEY_PREFIX)]
     singles = {key for key in objects if key.startswith(FILE_PREFIX)}
-    if isinstance(store, PackIndex):
-        assert len(packs) == 1
-        # Only blobs above the threshold are objects of their own.
-        assert singles == {_key(tree["large.bin"]), _key(tree["large-text.log"])}  # type: ignore[arg-type]
-        # Compressed: the pack is smaller than the small blobs it holds.
-        small = sum(len(d) for d in contents if len(d) < 1 << 20)
-        assert objects[packs[0]] < small
-        rows = await store.locate_blobs([_key(d) for d in contents])
-        assert {k for k, row in rows.items() if row is not None} == {
-            _key(d) for d in contents if len(d) < 1 << 20
-        }
-    else:
-        assert packs == [] and len(singles) == len(contents)
+    assert isinstance(store, PackIndex)
+    assert len(packs) == 1
+    # Only blobs above the threshold are objects of their own.
+    assert singles == {_key(tree["large.bin"]), _key(tree["large-text.log"])}  # type: ignore[arg-type]
+    # Compressed: the pack is smaller than the small blobs it holds.
+    small = sum(len(d) for d in contents if len(d) < 1 << 20)
+    assert objects[packs[0]] < small
+    rows = await store.locate_blobs([_key(d) for d in contents])
+    assert {k for k, row in rows.items() if row is not None} == {
+        _key(d) for d in contents if len(d) < 1 << 20
+    }
 
     shutil.rmtree(workspace)
     await restore_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
@@ -187,8 +205,7 @@ class _StoreBeforePacks:
 async def test_an_old_single_object_store_restores_after_the_upgrade(
     store: Any, bucket: Any, tmp_path: Path, data_dir: Path
 ) -> None:
-    if not isinstance(store, PackIndex):
-        pytest.skip("a store without a pack index is the old layout itself")
+    assert isinstance(store, PackIndex)
     workspace = tmp_path / "workspace"
     write_tree(workspace, {"old.txt": b"written before packs", "shared.txt": b"in both"})
     old = await capture_checkpoint(
@@ -231,8 +248,7 @@ async def test_an_old_single_object_store_restores_after_the_upgrade(
 async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
     store: Any, bucket: Any, tmp_path: Path, data_dir: Path, damage: str
 ) -> None:
-    if not isinstance(store, PackIndex):
-        pytest.skip("no packs without a pack index")
+    assert isinstance(store, PackIndex)
     workspace = tmp_path / "workspace"
     files = {f"f{n:03}.txt": b"content of file %d\n" % n * 20 for n in range(50)}
     write_tree(workspace, files)
@@ -282,110 +298,30 @@ async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
 # ----------------------------------------------------------- request counts
 
 
-class _CountingProxy(http.server.ThreadingHTTPServer):
-    """An HTTP proxy on loopback in front of the S3 server that counts the
-    requests by method (real sockets both ways; the Host header is passed on
-    unchanged, so SigV4 signatures stay valid)."""
-
-    daemon_threads = True
-
-    def __init__(self, upstream: str) -> None:
-        host, port = upstream.removeprefix("http://").split(":")
-        self.upstream = (host, int(port))
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.lock = threading.Lock()
-        super().__init__(("127.0.0.1", 0), _ProxyHandler)
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class _ProxyHandler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _CountingProxy
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass
-
-    def _body(self) -> bytes:
-        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-            parts = []
-            while True:
-                size = int(self.rfile.readline().split(b";")[0], 16)
-                if size == 0:
-                    self.rfile.readline()
-                    return b"".join(parts)
-                parts.append(self.rfile.read(size))
-                self.rfile.readline()
-        return self.rfile.read(int(self.headers.get("Content-Length", 0)))
-
-    def _forward(self) -> None:
-        body = self._body()
-        with self.server.lock:
-            self.server.counts[self.command] += 1
-        upstream = http.client.HTTPConnection(*self.server.upstream, timeout=60)
-        try:
-            upstream.putrequest(self.command, self.path, skip_host=True, skip_accept_encoding=True)
-            for name, value in self.headers.items():
-                if name.lower() != "transfer-encoding":
-                    upstream.putheader(name, value)
-            if "Content-Length" not in self.headers and body:
-                upstream.putheader("Content-Length", str(len(body)))
-            upstream.endheaders(body)
-            reply = upstream.getresponse()
-            data = reply.read()
-            self.send_response(reply.status, reply.reason)
-            for name, value in reply.getheaders():
-                if name.lower() not in ("transfer-encoding", "content-length", "connection"):
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(data)
-        finally:
-            upstream.close()
-
-    do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _forward
-
-
 @pytest.fixture
-def counting_s3(s3_server: Any) -> Iterator[tuple[_CountingProxy, Any]]:
-    proxy = _CountingProxy(s3_server.endpoint)
-    thread = threading.Thread(target=proxy.serve_forever, daemon=True)
-    thread.start()
-    try:
-        blobs = open_blobs(
-            s3_server.url(f"counted-{os.urandom(6).hex()}"),
-            endpoint=proxy.endpoint,
-            region=s3_server.region,
-            access_key_id=s3_server.access_key_id,
-            secret_access_key=s3_server.secret_access_key,
-        )
-        yield proxy, blobs
-    finally:
-        proxy.shutdown()
-        proxy.server_close()
+def counting_s3(s3_server: Any) -> Iterator[tuple[CountingProxy, Any]]:
+    with counted(s3_server) as (through_proxy, proxy):
+        yield proxy, through_proxy.open(f"counted-{os.urandom(6).hex()}")
 
 
 @pytest.mark.s3
 async def test_a_cold_capture_of_thousands_of_small_files_is_a_handful_of_requests(
-    store: Any, counting_s3: tuple[_CountingProxy, Any], tmp_path: Path, data_dir: Path
+    store: Any, counting_s3: tuple[CountingProxy, Any], tmp_path: Path, data_dir: Path
 ) -> None:
-    if not isinstance(store, PackIndex):
-        pytest.skip("one object per blob without a pack index")
+    assert isinstance(store, PackIndex)
     proxy, blobs = counting_s3
     workspace = tmp_path / "workspace"
     files = {f"d{n % 50}/f{n}.txt": b"small file number %d\n" % n * (n % 40) for n in range(3000)}
     write_tree(workspace, files)
+    proxy.reset()
     await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
-    captured = sum(proxy.counts.values())
+    captured = proxy.reset()
     # Was one PUT and one HEAD per file (6,000 requests); now a few packs.
-    assert 0 < captured < 100, dict(proxy.counts)
-    assert proxy.counts["HEAD"] < 10, dict(proxy.counts)
+    assert 0 < sum(captured.values()) < 100, captured
+    assert captured.get("HEAD", 0) < 10, captured
 
-    proxy.counts.clear()
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
     assert snapshot_tree(restored) == snapshot_tree(workspace)
-    assert 0 < sum(proxy.counts.values()) < 100, dict(proxy.counts)
+    restoring = proxy.reset()
+    assert 0 < sum(restoring.values()) < 100, restoring

@@ -83,8 +83,10 @@ async def test_a_damaged_count_never_deletes_a_used_blob(
 ) -> None:
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    (workspace / "shared.txt").write_text("used by two checkpoints")
-    (workspace / "first.txt").write_text("only in the first")
+    # 1 MiB and more: single objects, which this sweep lists (it never deletes
+    # a blob resting in a pack; the pack-aware sweep comes with repacking).
+    (workspace / "shared.txt").write_text("used by two checkpoints" * 50_000)
+    (workspace / "first.txt").write_text("only in the first" * 70_000)
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     store = await open_store(store_url)
     try:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
@@ -66,7 +67,9 @@ async def test_sweeps_in_a_loop_never_break_concurrent_captures(tmp_path: Path) 
             expected[result.checkpoint.id] = snapshot_tree(workspace, with_mtime=False)
             # Checked at once, before a later capture could upload a lost blob again.
             for key in result.checkpoint.blob_keys():
-                assert await blobs.head(key) is not None, f"{key} swept while referenced"
+                assert await packed_blobs(blobs, store).head(key) is not None, (
+                    f"{key} swept while referenced"
+                )
             if rounds % 3 == 0:
                 await prune(store, thread, 1)
 

@@ -1,6 +1,6 @@
-"""``checkpointd check`` and the Check RPC through a real daemon: a blob deleted
-from the daemon's blob dir is reported (exit 6), the next capture uploads it
-again, restore works; a damaged count is reported (exit 1) and ``--repair``
+"""``checkpointd check`` and the Check RPC through a real daemon: a pack deleted
+from the daemon's blob dir is reported blob by blob (exit 6), the next capture
+uploads them again, restore works; a damaged count is reported (exit 1) and ``--repair``
 fixes it; the reply is a stream of bounded messages."""
 
 from __future__ import annotations
@@ -32,21 +32,27 @@ async def test_check_finds_a_lost_blob_and_the_next_capture_brings_it_back(
     assert ok_json(daemon, "check")["summary"]["ok"] is True
     async with daemon.client() as client:
         entries = await client.list_entries(first["id"])
-    lost = next(e.blob_key for e in entries if e.blob_key)
-    (_blob_dir(daemon) / lost).unlink()
+    keys = sorted({e.blob_key for e in entries if e.blob_key})
+    # The small files' blobs rest in one pack: losing it loses every one of them.
+    [pack] = [p for p in (_blob_dir(daemon) / "sandbox-packs").rglob("*") if p.is_file()]
+    pack.unlink()
 
     found = cli(daemon, "check", "--json")
     assert found.returncode == 6, found.stderr
     report = json.loads(found.stdout)
-    assert report["summary"]["missing"] == 1 and report["summary"]["ok"] is False
-    assert [(f["kind"], f["key"]) for f in report["findings"]] == [("missing", lost)]
+    assert report["summary"]["missing"] == len(keys) and report["summary"]["ok"] is False
+    assert sorted((f["kind"], f["key"]) for f in report["findings"]) == [
+        ("missing", key) for key in keys
+    ]
     human = cli(daemon, "check")
-    assert human.returncode == 6 and lost in human.stdout and "1 missing" in human.stdout
+    assert human.returncode == 6 and keys[0] in human.stdout
+    assert f"{len(keys)} missing" in human.stdout
 
-    # The file is unchanged in the workspace: the capture uploads it again.
+    # The files are unchanged in the workspace: the capture uploads them again
+    # (into a new pack; the index then names it).
     second = ok_json(daemon, "capture", "t-check")
-    assert int(second["stats"]["blobs_uploaded"]) >= 1
-    assert (_blob_dir(daemon) / lost).exists()
+    assert int(second["stats"]["blobs_uploaded"]) == len(keys)
+    assert [p for p in (_blob_dir(daemon) / "sandbox-packs").rglob("*") if p.is_file()]
     assert ok_json(daemon, "check", "--read-data")["summary"]["ok"] is True
     ok_json(daemon, "restore", "t-check", "--checkpoint", first["id"])
     assert tree_state(daemon.workspace) == expected

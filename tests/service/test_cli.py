@@ -173,9 +173,10 @@ def test_a_failed_restore_on_start_stops_the_daemon_without_capturing(
     ok_json(seed, "capture", "t-lost")
     seed.stop()
     blob_root = Path(seed.blobs.removeprefix("file://"))
-    for blob in (blob_root / "sandbox-files").rglob("*"):
-        if blob.is_file():
-            blob.unlink()
+    for folder in ("sandbox-files", "sandbox-packs"):  # single objects and packs
+        for blob in (blob_root / folder).rglob("*"):
+            if blob.is_file():
+                blob.unlink()
     looped = daemons.start(
         extra=("--thread", "t-lost", "--restore-on-start", "--capture-every", "0.2s"), wait=False
     )

@@ -43,7 +43,7 @@ async def test_everything_in_the_data_dir_is_private(daemons: DaemonFactory) -> 
     # Restore still gives the workspace the manifest's modes, whatever the umask.
     assert tree_state(daemon.workspace) == expected
     modes = _modes(data)
-    assert any(name.startswith("blobs/sandbox-files/") for name in modes)
+    assert any(name.startswith("blobs/sandbox-packs/") for name in modes)  # small blobs
     assert "checkpoints.db" in modes
     loose = {name: oct(mode) for name, mode in modes.items() if mode & 0o077}
     assert loose == {}, loose

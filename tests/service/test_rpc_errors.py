@@ -204,10 +204,13 @@ async def test_missing_and_corrupt_blobs_are_data_loss(daemon: Daemon) -> None:
     async with daemon.client() as client:
         checkpoint = (await client.capture("t-loss")).checkpoint.id
         [entry] = await client.list_entries(checkpoint)
-        blob = _blob_path(daemon, entry.blob_key)
-        assert blob.read_bytes() == b"precious"
+        # The small blob rests in the one pack, stored raw (too short to compress).
+        root = _blob_path(daemon, entry.blob_key).parents[2]
+        [blob] = [p for p in (root / "sandbox-packs").rglob("*") if p.is_file()]
+        pack = blob.read_bytes()
+        assert pack.count(b"precious") == 1
 
-        blob.write_bytes(b"tampered")
+        blob.write_bytes(pack.replace(b"precious", b"tampered"))
         (daemon.workspace / "a.txt").unlink()
         error = await _fails(client.restore("t-loss"), C.DATA_LOSS, errors.INVALID_BLOB)
         assert error.metadata

@@ -204,7 +204,9 @@ async def test_fork_delete_head_prune_and_sweep(daemon: Daemon) -> None:
     async with daemon.client() as client:
         ids = []
         for index in range(4):
-            (daemon.workspace / f"f{index}.txt").write_text(f"content {index}")
+            # 1 MiB and more: single objects (this version's sweep never deletes
+            # a blob resting in a pack; the pack-aware sweep comes with repacking).
+            (daemon.workspace / f"f{index}.txt").write_text(f"content {index}" * (1 << 17))
             ids.append((await client.capture("t-main")).checkpoint.id)
         fork = await client.fork("t-main", ids[1], "t-fork")
         assert fork.reason == "fork-root" and fork.thread_id == "t-fork"

@@ -49,7 +49,9 @@ async def test_sweep_of_100k_blobs_streams_through_daemon_and_cli(
     daemons: DaemonFactory,
 ) -> None:
     daemon = daemons.start()
-    (daemon.workspace / "kept.txt").write_text("referenced by a checkpoint")
+    # 1 MiB and more: a single object the sweep lists (a small one would rest
+    # in a pack, which this sweep never lists).
+    (daemon.workspace / "kept.txt").write_text("referenced by a checkpoint" * 50_000)
     async with daemon.client(timeout=300) as client:
         await client.capture("t-sweep")
     blob_dir = _blob_dir(daemon)

@@ -19,6 +19,7 @@ import pytest
 from checkpointd.errors import SandboxCheckpointDuplicateIdError
 from checkpointd.model import Artifact, Checkpoint, FileEntry
 from checkpointd.store import InMemoryCheckpointStore, SqliteCheckpointStore
+from checkpointd.store.sqlite import SCHEMA_VERSION as SQLITE_SCHEMA_VERSION
 from checkpointd.testkit._support import artifact_key, file_key
 
 
@@ -185,7 +186,7 @@ async def test_a_version_1_file_migrates_without_changing_a_count(tmp_path: Path
     raw = sqlite3.connect(str(path))
     assert raw.execute(
         "SELECT value FROM checkpointd_meta WHERE name = 'schema_version'"
-    ).fetchone() == ("2",)
+    ).fetchone() == (str(SQLITE_SCHEMA_VERSION),)
     raw.close()
     await store.aclose()
 
@@ -247,6 +248,7 @@ async def test_a_version_3_postgres_database_migrates_without_changing_a_count(
             "ALTER TABLE checkpointd_blob_counts DROP COLUMN open_since;"
             " ALTER TABLE checkpointd_threads DROP COLUMN head_ordinal;"
             " DROP TABLE checkpointd_spent_checkpoints;"
+            " DROP TABLE checkpointd_packed_blobs; DROP TABLE checkpointd_packs;"
             " UPDATE checkpointd_schema SET version = 3"
         )
         await conn.execute(

@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import _native
@@ -175,9 +175,9 @@ class PackedBlobStore(BlobStore):
         threshold: int = DEFAULT_PACK_THRESHOLD,
         target: int = PACK_TARGET_BYTES,
     ) -> None:
-        if threshold < 1 or threshold > target or target >= 1 << 32:
+        if threshold < 1 or threshold > target or target >= 1 << 30:
             raise ValueError(
-                f"pack threshold {threshold} must be between 1 and the pack size {target} (< 4 GiB)"
+                f"pack threshold {threshold} must be between 1 and the pack size {target} (< 1 GiB)"
             )
         self.inner = inner
         self.index = index
@@ -311,12 +311,18 @@ class PackedBlobStore(BlobStore):
         return None if pack is None else BlobInfo(key, row.raw_size, pack.last_modified_ms)
 
     async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
-        """Keys neither packed (per the index) nor held as single objects (asked
-        of the bucket: this is ``check``'s question; a capture asks its session,
-        which never asks the bucket)."""
+        """Keys the bucket does not hold: packed keys whose pack object is gone
+        (one HEAD per distinct pack), other keys whose single object is gone.
+        This is ``check``'s question; a capture asks its session, which trusts
+        the index and never asks the bucket."""
         located = await self.locate(keys)
+        packs = list(dict.fromkeys(row.pack for row in located.values()))
+        heads = await _gather_bounded(packs, self.inner.head)
+        gone = {pack for pack, info in zip(packs, heads, strict=True) if info is None}
         rest = [key for key in keys if key not in located]
-        return await missing(self.inner, rest) if rest else []
+        absent = set(await missing(self.inner, rest)) if rest else set()
+        absent.update(key for key, row in located.items() if row.pack in gone)
+        return [key for key in keys if key in absent]
 
 
 @dataclass(slots=True)
@@ -340,6 +346,7 @@ class PackSession(BlobStore):
         self.rows: builtins.list[PackedBlob] = []
         self.packs_written = 0
         self._pending: set[str] = set()  # keys in an open or uploading pack, or uploaded
+        self._distrusted: set[str] = set()  # keys ``check`` found gone: ask the bucket
         self._open = _OpenPack(_native.PackWriter(), [])
         self._adding = asyncio.Lock()  # one add at a time on the open writer
         self._uploads: set[asyncio.Task[None]] = set()
@@ -380,12 +387,23 @@ class PackSession(BlobStore):
     async def delete(self, key: str) -> None:
         await self.packed.delete(key)
 
+    def distrust(self, keys: Iterable[str]) -> None:
+        """``missing`` asks the bucket about these keys (``check`` marked them
+        gone: their pack or object may be lost) instead of trusting the index."""
+        self._distrusted.update(keys)
+
     async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
         """Keys neither packed, nor referenced by a checkpoint (a single object
         the count and the capture's pin protect), nor written by this session.
-        Asks the store, never the bucket."""
-        located = await _locate(self.packed.index, [k for k in keys if k not in self._pending])
-        return [key for key in keys if key not in located and key not in self._pending]
+        Asks the store, never the bucket (but for distrusted keys)."""
+        asked = [k for k in keys if k not in self._pending]
+        doubted = [k for k in asked if k in self._distrusted]
+        trusted = [k for k in asked if k not in self._distrusted]
+        located = await _locate(self.packed.index, trusted) if trusted else {}
+        absent = {key for key in trusted if key not in located}
+        if doubted:
+            absent.update(await self.packed.missing(doubted))
+        return [key for key in keys if key in absent]
 
     async def put_many(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
         """Small blobs into the open pack (uploaded once full), larger ones as

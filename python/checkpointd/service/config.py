@@ -67,7 +67,29 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "gateway_cert": ("path", None),
     "gateway_key": ("path", None),
     "gateway_server_name": ("str", None),
+    # Blobs smaller than this go into pack objects (blobs/packs.py): 1MiB, 256KiB, bytes.
+    "pack_threshold": ("bytes", "1MiB"),
 }
+
+_BYTES = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
+_UNIT_BYTES = {None: 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+
+def parse_bytes(text: str | int) -> int:
+    """Bytes from ``"1MiB"``, ``"256KiB"``, ``"4096"`` or an int.
+
+    Raises SandboxCheckpointInvalidArgumentError for anything else.
+    """
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    match = _BYTES.match(str(text))
+    if not match:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"not a size: {text!r} (bytes, or a number with KiB, MiB or GiB: 256KiB, 1MiB)",
+            details={"value": str(text)},
+        )
+    return int(match.group(1)) * _UNIT_BYTES[match.group(2)]
+
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -106,6 +128,8 @@ def _convert(name: str, value: Any) -> Any:
         return None
     if kind == "duration":
         return parse_duration(value)
+    if kind == "bytes":
+        return parse_bytes(value)
     if kind == "bool":
         return _parse_bool(value)
     if kind == "path":
@@ -144,6 +168,7 @@ class ServeConfig:
     gateway_cert: Path | None = None
     gateway_key: Path | None = None
     gateway_server_name: str | None = None
+    pack_threshold: int = 1 << 20
 
     @property
     def tls(self) -> bool:
@@ -321,7 +346,15 @@ def resolve(
         gateway_cert=_absolute(values["gateway_cert"]),
         gateway_key=_absolute(values["gateway_key"]),
         gateway_server_name=values["gateway_server_name"],
+        pack_threshold=values["pack_threshold"],
     )
+    from ..blobs.packs import PACK_TARGET_BYTES
+
+    if not 1 <= config.pack_threshold <= PACK_TARGET_BYTES:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"--pack-threshold must be between 1 byte and the pack size "
+            f"({PACK_TARGET_BYTES // (1 << 20)}MiB), got {config.pack_threshold}"
+        )
     if (config.tls_cert is None) != (config.tls_key is None):
         raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
     if config.tls_client_ca is not None and config.tls_cert is None:

@@ -150,9 +150,14 @@ class OwnedStore:
         return await self._store.get_head(thread_id)
 
     async def append(
-        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+        self,
+        checkpoint: Checkpoint,
+        expected_head_id: str | None,
+        writer: WriterLike,
+        **index: Any,
     ) -> str:
-        return await self._store.append(checkpoint, expected_head_id, writer)
+        # ``index``: a PackIndex store's ``packed_blobs`` rows, passed on as given.
+        return await self._store.append(checkpoint, expected_head_id, writer, **index)
 
     async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
         await self._store.delete_head(thread_id, checkpoint_id, writer)

@@ -245,7 +245,7 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     state.store = OwnedStore(store, owner)
     # Every handler (capture, restore, ReadFile, ReadArtifact, check) reads and
     # writes small blobs through the store's pack index (blobs/packs.py).
-    state.blobs = packed_blobs(blobs, state.store)
+    state.blobs = packed_blobs(blobs, state.store, threshold=config.pack_threshold)
     state.store_backend = backend_name(config.store)
     state.blob_backend = backend_name(config.blobs)
 

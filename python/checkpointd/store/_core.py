@@ -114,6 +114,7 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
+from ._packindex import check_packed_blobs, digest_of
 
 T = TypeVar("T")
 
@@ -253,6 +254,12 @@ def count_change(
 
 
 # ------------------------------------------------------------------------ spent ids
+
+
+def packed_rows(rows: Iterable[Any], content: documents.Content) -> builtins.list[Any]:
+    """The pack index rows an append records (``_packindex.check_packed_blobs``)."""
+    digests = set(split_digests(content.digests()))
+    return check_packed_blobs(rows, lambda key: digest_of(key) in digests)
 
 
 def is_request_derived(checkpoint_id: str) -> bool:
@@ -578,7 +585,8 @@ class SqlCheckpointStore:
         writer_fields(writer)
         thread_id = checkpoint.thread_id
         content = await offload(len(checkpoint.files), documents.Content.of, checkpoint)
-        packed = tuple(packed_blobs)
+        # Rows for keys this checkpoint references, checked (INVALID_ENTRY).
+        packed = packed_rows(packed_blobs, content) if packed_blobs else []
 
         async def body(tx: WriteTx) -> int:
             state = await tx.lock_thread(thread_id)

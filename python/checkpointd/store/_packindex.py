@@ -9,7 +9,7 @@ once, in a second table) and four integers, never the key or pack text.
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..errors import SandboxCheckpointInvalidEntryError
 from ..model import FILE_KEY_PREFIX
@@ -19,7 +19,8 @@ PACK_KEY_PREFIX = "sandbox-packs/blake3/"
 _HEX = re.compile(r"[0-9a-f]{64}")
 # A frame starts after the pack's 8-byte header (rust/src/pack.rs).
 _FIRST_FRAME = 8
-_MAX_LENGTH = (1 << 32) - 1
+# Offsets and lengths fit a signed 32-bit column (packs are far smaller).
+_MAX_LENGTH = (1 << 31) - 1
 CODECS = (0, 1)
 
 
@@ -31,7 +32,7 @@ def _hex_of(key: object, prefix: str) -> str | None:
 
 
 def check_packed_blobs(
-    rows: Iterable[PackedBlob], referenced: Collection[str] | None
+    rows: Iterable[PackedBlob], referenced: Callable[[str], bool] | None
 ) -> list[PackedBlob]:
     """The rows an append records: each checked (INVALID_ENTRY naming the row
     otherwise), keeping only keys the checkpoint references (the append that
@@ -49,7 +50,7 @@ def check_packed_blobs(
             type(value) is not int for value in (row.offset, row.length, row.raw_size, row.codec)
         ):
             problem = "offset, length, raw_size and codec must be ints"
-        elif row.offset < _FIRST_FRAME or not 0 <= row.length <= _MAX_LENGTH:
+        elif not _FIRST_FRAME <= row.offset <= _MAX_LENGTH or not 0 <= row.length <= _MAX_LENGTH:
             problem = f"offset {row.offset} / length {row.length} out of range"
         elif not 0 <= row.raw_size <= _MAX_LENGTH or row.codec not in CODECS:
             problem = f"raw_size {row.raw_size} / codec {row.codec} out of range"
@@ -58,9 +59,10 @@ def check_packed_blobs(
                 f"invalid pack index row {row!r}: {problem}",
                 details={"key": str(getattr(row, "key", ""))},
             )
-        if referenced is None or row.key in referenced:
-            out.setdefault(row.key, row)
-    return list(out.values())
+        if referenced is None or referenced(row.key):
+            out[row.key] = row
+    # In key order: concurrent upserts then lock rows in one order (no deadlock).
+    return sorted(out.values(), key=lambda row: row.key)
 
 
 def digest_of(key: str) -> bytes | None:

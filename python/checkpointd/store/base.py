@@ -248,8 +248,10 @@ class PackIndex(Protocol):
     * Rows are written only by ``append(..., packed_blobs=rows)``, in the
       append's own transaction, and only for keys that checkpoint references:
       a row exists only once its pack is durable and a checkpoint counts the
-      key. The first row for a key wins (a racing capture's copy in another
-      pack is dead weight a repack reclaims).
+      key. A capture writes rows only for keys it uploaded (the index lacked
+      them, or ``check`` found their pack gone), and the newest row of a key
+      wins: every row names a durable copy, and a racing capture's older copy
+      is dead weight a repack reclaims.
     * A row outlives its key's count (a later capture reuses the packed blob
       without uploading it again); only a pack-aware sweep, after condemning
       the key, removes rows.

@@ -330,10 +330,12 @@ class InMemoryCheckpointStore:
             head_id=self._heads.get(thread_id),
         )
         stored = _freeze(checkpoint)
-        rows = check_packed_blobs(packed_blobs, set(stored.keys)) if packed_blobs else []
+        rows = (
+            check_packed_blobs(packed_blobs, set(stored.keys).__contains__) if packed_blobs else []
+        )
         self._publish(stored)
         for row in rows:
-            self._packed.setdefault(row.key, row)
+            self._packed[row.key] = row  # the newest upload of the key wins
         return checkpoint.id
 
     def _id_used(self, checkpoint_id: str) -> bool:

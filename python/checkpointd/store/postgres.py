@@ -98,6 +98,7 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
+from ._packindex import digest_of, digests_of, pack_digest, row_from_sql
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -105,6 +106,7 @@ from .base import (
     BlobCount,
     Clock,
     InstanceRecord,
+    PackedBlob,
     ThreadSummary,
 )
 
@@ -198,6 +200,22 @@ _MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE checkpointd_threads ADD COLUMN head_ordinal bigint NOT NULL DEFAULT 0;
     ALTER TABLE checkpointd_blob_counts ADD COLUMN open_since bigint;
     CREATE TABLE checkpointd_spent_checkpoints (id bytea PRIMARY KEY);
+    """,
+    # 5: the pack index (``store._packindex``, blobs/packs.py): each pack's digest
+    # once, and per packed blob its digest, pack, frame position, raw size, codec.
+    """
+    CREATE TABLE checkpointd_packs (
+        id     bigserial PRIMARY KEY,
+        digest bytea NOT NULL UNIQUE
+    );
+    CREATE TABLE checkpointd_packed_blobs (
+        digest       bytea PRIMARY KEY,
+        pack         bigint NOT NULL,
+        frame_offset integer NOT NULL,
+        frame_length integer NOT NULL,
+        raw_size     integer NOT NULL,
+        codec        smallint NOT NULL
+    );
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -675,8 +693,34 @@ class _PostgresTx:
             )
 
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
-        raise SandboxCheckpointInvalidArgumentError(
-            "this PostgreSQL store keeps no pack index yet (packed_blobs must be empty)"
+        """Record where each (checked) row's blob is; the newest row of a key
+        wins (a racing append's upsert waits for ours; see ``base.PackIndex``)."""
+        packs = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows))
+        await self.conn.execute(
+            "INSERT INTO checkpointd_packs (digest) SELECT unnest($1::bytea[])"
+            " ON CONFLICT DO NOTHING",
+            packs,
+        )
+        ids = {
+            bytes(r["digest"]): r["id"]
+            for r in await self.conn.fetch(
+                "SELECT id, digest FROM checkpointd_packs WHERE digest = ANY($1::bytea[])", packs
+            )
+        }
+        await self.conn.execute(
+            "INSERT INTO checkpointd_packed_blobs"
+            " (digest, pack, frame_offset, frame_length, raw_size, codec)"
+            " SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::integer[],"
+            " $5::integer[], $6::smallint[]) ON CONFLICT (digest) DO UPDATE SET"
+            " pack = excluded.pack, frame_offset = excluded.frame_offset,"
+            " frame_length = excluded.frame_length, raw_size = excluded.raw_size,"
+            " codec = excluded.codec",
+            [digest_of(row.key) for row in rows],
+            [ids[pack_digest(row.pack)] for row in rows],
+            [row.offset for row in rows],
+            [row.length for row in rows],
+            [row.raw_size for row in rows],
+            [row.codec for row in rows],
         )
 
     async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
@@ -1132,6 +1176,58 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
         ]
         keys.sort(key=utf8_key)
         return keys
+
+    # ------------------------------------------------------------------ pack index
+
+    async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
+        """See ``base.PackIndex``: two indexed reads."""
+        wanted = digests_of(keys)
+        if not wanted:
+            return {}
+
+        async def body(conn: asyncpg.Connection) -> dict[str, PackedBlob | None]:
+            found: dict[str, PackedBlob | None] = {}
+            for r in await conn.fetch(
+                "SELECT b.digest, p.digest AS pack, b.frame_offset, b.frame_length,"
+                " b.raw_size, b.codec FROM checkpointd_packed_blobs b"
+                " JOIN checkpointd_packs p ON p.id = b.pack WHERE b.digest = ANY($1::bytea[])",
+                builtins.list(wanted),
+            ):
+                row = row_from_sql(bytes(r["digest"]), bytes(r["pack"]), *builtins.list(r)[2:])
+                found[row.key] = row
+            rest = [b"f" + digest for digest, key in wanted.items() if key not in found]
+            if rest:
+                for r in await conn.fetch(
+                    "SELECT DISTINCT key FROM checkpointd_blob_counts WHERE key = ANY($1::bytea[])"
+                    " AND (refs > 0 OR open_since IS NOT NULL)",
+                    rest,
+                ):
+                    found[key_from_bytes(bytes(r["key"]))] = None
+            return found
+
+        return await self._transaction("locate_blobs", body, read_only=True)
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> builtins.list[PackedBlob]:
+        """See ``base.PackIndex``: in key order (the digests' byte order)."""
+        start = b"" if after is None else (digest_of(after) or b"")
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            found: builtins.list[asyncpg.Record] = await conn.fetch(
+                "SELECT b.digest, p.digest AS pack, b.frame_offset, b.frame_length,"
+                " b.raw_size, b.codec FROM checkpointd_packed_blobs b"
+                " JOIN checkpointd_packs p ON p.id = b.pack WHERE b.digest > $1"
+                " ORDER BY b.digest LIMIT $2",
+                start,
+                max(limit, 0),
+            )
+            return found
+
+        return [
+            row_from_sql(bytes(r["digest"]), bytes(r["pack"]), *builtins.list(r)[2:])
+            for r in await self._transaction("list_packed_blobs", body, read_only=True)
+        ]
 
     # ------------------------------------------------------------------ blob guard
 

@@ -92,6 +92,7 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
+from ._packindex import digest_of, digests_of, pack_digest, row_from_sql
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -99,13 +100,15 @@ from .base import (
     BlobCount,
     Clock,
     InstanceRecord,
+    PackedBlob,
     ThreadSummary,
 )
 
 T = TypeVar("T")
 
 # 2: count runs (``blob_runs``, ``heads.head_ordinal``) and spent request ids.
-SCHEMA_VERSION = 2
+# 3: the pack index (``blob_packs``, ``packed_blobs``; blobs/packs.py).
+SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 5_000
 # How long a transaction keeps retrying "database is locked" before giving up. Long
 # enough for another process's largest append (a 100k-entry manifest commits in
@@ -183,6 +186,17 @@ _SCHEMA = [
     # Keys ``checkpointd check`` found referenced but gone from the bucket.
     """CREATE TABLE IF NOT EXISTS blob_missing (
         key BLOB PRIMARY KEY, marked_at INTEGER NOT NULL) WITHOUT ROWID""",
+    # The pack index (``store._packindex``): each pack's digest once, and per
+    # packed blob its digest, pack, frame position, raw size and codec.
+    """CREATE TABLE IF NOT EXISTS blob_packs (
+        id INTEGER PRIMARY KEY, digest BLOB NOT NULL UNIQUE)""",
+    """CREATE TABLE IF NOT EXISTS packed_blobs (
+        digest BLOB PRIMARY KEY,
+        pack INTEGER NOT NULL,
+        frame_offset INTEGER NOT NULL,
+        frame_length INTEGER NOT NULL,
+        raw_size INTEGER NOT NULL,
+        codec INTEGER NOT NULL) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS instances (
         key TEXT PRIMARY KEY,
         provider TEXT NOT NULL,
@@ -310,8 +324,11 @@ class SqliteDatabase:
                     f"checkpointd's {SCHEMA_VERSION}; upgrade checkpointd"
                 )
             elif int(row[0]) < SCHEMA_VERSION:
-                # 1 -> 2: the counts become runs, each stored count unchanged.
-                await _open_head_runs(conn)
+                if int(row[0]) < 2:
+                    # 1 -> 2: the counts become runs, each stored count unchanged.
+                    await _open_head_runs(conn)
+                # 2 -> 3: the pack index tables (created above, empty: blobs
+                # written before packs stay single objects).
                 await conn.execute(
                     "UPDATE checkpointd_meta SET value = ? WHERE name = 'schema_version'",
                     (str(SCHEMA_VERSION),),
@@ -687,8 +704,34 @@ class _SqliteTx:
         )
 
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
-        raise SandboxCheckpointInvalidArgumentError(
-            "this SQLite store keeps no pack index yet (packed_blobs must be empty)"
+        """Record where each (checked) row's blob is; the newest row of a key
+        wins (see ``base.PackIndex``)."""
+        packs = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows))
+        await self.conn.executemany(
+            "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
+        )
+        ids: dict[bytes, int] = {}
+        for batch in _batches(packs):
+            marks = ",".join("?" * len(batch))
+            for pack_id, digest in await _fetchall(
+                self.conn, f"SELECT id, digest FROM blob_packs WHERE digest IN ({marks})", batch
+            ):
+                ids[bytes(digest)] = pack_id
+        await self.conn.executemany(
+            "INSERT OR REPLACE INTO packed_blobs"
+            " (digest, pack, frame_offset, frame_length, raw_size, codec)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (
+                    digest_of(row.key),
+                    ids[pack_digest(row.pack)],
+                    row.offset,
+                    row.length,
+                    row.raw_size,
+                    row.codec,
+                )
+                for row in rows
+            ],
         )
 
     async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
@@ -1090,6 +1133,59 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return await _fetchall(conn, "SELECT key FROM blob_missing ORDER BY key")
 
         return [key_from_bytes(bytes(row[0])) for row in await self._db.read(run)]
+
+    # ------------------------------------------------------------------ pack index
+
+    async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
+        """See ``base.PackIndex``: two indexed reads per batch of keys."""
+        wanted = digests_of(keys)
+
+        async def run(conn: aiosqlite.Connection) -> dict[str, PackedBlob | None]:
+            found: dict[str, PackedBlob | None] = {}
+            digests = builtins.list(wanted)
+            for batch in _batches(digests):
+                marks = ",".join("?" * len(batch))
+                for row in await _fetchall(
+                    conn,
+                    "SELECT b.digest, p.digest, b.frame_offset, b.frame_length, b.raw_size,"
+                    f" b.codec FROM packed_blobs b JOIN blob_packs p ON p.id = b.pack"
+                    f" WHERE b.digest IN ({marks})",
+                    batch,
+                ):
+                    packed = row_from_sql(bytes(row[0]), bytes(row[1]), *row[2:])
+                    found[packed.key] = packed
+            rest = [b"f" + digest for digest in digests if wanted[digest] not in found]
+            for batch in _batches(rest):
+                marks = ",".join("?" * len(batch))
+                for (key,) in await _fetchall(
+                    conn,
+                    f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})"
+                    f" UNION SELECT key FROM blob_runs WHERE key IN ({marks})",
+                    [*batch, *batch],
+                ):
+                    found[key_from_bytes(bytes(key))] = None
+            return found
+
+        return await self._db.read(run) if wanted else {}
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> builtins.list[PackedBlob]:
+        """See ``base.PackIndex``: in key order (the digests' byte order)."""
+        start = b"" if after is None else (digest_of(after) or b"")
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
+            return await _fetchall(
+                conn,
+                "SELECT b.digest, p.digest, b.frame_offset, b.frame_length, b.raw_size, b.codec"
+                " FROM packed_blobs b JOIN blob_packs p ON p.id = b.pack"
+                " WHERE b.digest > ? ORDER BY b.digest LIMIT ?",
+                (start, max(limit, 0)),
+            )
+
+        return [
+            row_from_sql(bytes(row[0]), bytes(row[1]), *row[2:]) for row in await self._db.read(run)
+        ]
 
 
 class SqliteInstanceStore:
