@@ -9,7 +9,6 @@ the next capture records the new bytes.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,30 +19,15 @@ from checkpointd import capture_checkpoint, open_blobs, open_store
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.model import FileEntry
 
+from ..fixtures.loopfs import coarse_ext4
+
 
 @pytest.fixture
 def coarse_workspace(tmp_path: Path) -> Iterator[Path]:
-    image = tmp_path / "ext4-128.img"
-    mount_point = tmp_path / "coarse"
-    mount_point.mkdir()
-    with image.open("wb") as handle:
-        handle.truncate(16 << 20)
-    made = subprocess.run(
-        ["mkfs.ext4", "-q", "-F", "-I", "128", str(image)], capture_output=True, text=True
-    )
-    if made.returncode != 0:
-        pytest.skip(f"mkfs.ext4 is not usable here: {made.stderr.strip()}")
-    mounted = subprocess.run(
-        ["mount", "-o", "loop", str(image), str(mount_point)], capture_output=True, text=True
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a loop file here: {mounted.stderr.strip()}")
-    try:
+    with coarse_ext4(tmp_path) as mount_point:
         workspace = mount_point / "ws"
         workspace.mkdir()
         yield workspace
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
 
 
 def _start_of_a_second() -> None:
