@@ -38,9 +38,11 @@ keys before it looks them up in the index and trusts a row it finds, so:
   capture that wrote it pins those keys until its append, so a condemned
   set means nobody can still point a row at the pack. Keys indexed in another
   pack are copies no one reads there. Before the delete the store retires the
-  pack (``retire_pack``, only while no row points at it), so a concurrent
-  repack that wrote a pack of the same bytes cannot switch rows to it. The
-  pack itself is in ``deleted``.
+  pack for the hold (``retire_pack``, only while no row points at it) and
+  deletes it within the hold, and a repack switches rows to its new pack only
+  within half the safety margin after the upload, so a concurrent repack that
+  wrote a pack of the same bytes cannot switch rows to the pack being deleted.
+  The pack itself is in ``deleted``.
 * A pack whose live bytes fall below ``repack_below`` (default 50%) of its
   frames is repacked: its live blobs are read (checked), written into a new
   pack with other repacked blobs, uploaded (durable), and the index switched in
@@ -435,17 +437,17 @@ async def iter_sweep_blobs(
 
     if index is None:
         return
-    repack = _Repacker(store, bucket, hold_ms) if not dry_run else None
+    repack = _Repacker(store, bucket, hold_ms, safety_margin_ms) if not dry_run else None
     kept = []
+    # Dead packs go after the repacks: a repack may rewrite a pack of the same
+    # bytes as one a killed sweep left behind, and then points rows at it.
+    dead_packs: list[tuple[str, BlobInfo]] = []
     for key, info in packs.items():
         tally = tallies.get(key, _PackTally())
         if cutoff - info.last_modified_ms < older_than_ms:
             kept.append((key, TOO_YOUNG))
         elif tally.rows <= 0:
-            if dry_run:
-                yield SweepBatch(deleted=(key,))
-            else:
-                yield await _delete_pack(store, bucket, key, info, hold_ms)
+            dead_packs.append((key, info))
         elif tally.live_bytes < repack_below * _frame_bytes(info.size, tally.seen):
             if repack is None:
                 kept.append((key, REPACKED))
@@ -462,6 +464,11 @@ async def iter_sweep_blobs(
     if repack is not None:
         async for result in repack.finish():
             yield result
+    for key, info in dead_packs:
+        if dry_run:
+            yield SweepBatch(deleted=(key,))
+        else:
+            yield await _delete_pack(store, bucket, key, info, hold_ms, safety_margin_ms)
 
     async for result in _sweep_staging(bucket, cutoff, older_than_ms, hold_ms, dry_run):
         yield result
@@ -540,7 +547,12 @@ async def _release(store: BlobGuard, keys: list[str]) -> None:
 
 
 async def _delete_pack(
-    store: CheckpointStore, bucket: BlobStore, pack: str, info: BlobInfo, hold_ms: int
+    store: CheckpointStore,
+    bucket: BlobStore,
+    pack: str,
+    info: BlobInfo,
+    hold_ms: int,
+    safety_margin_ms: int,
 ) -> SweepBatch:
     """Delete a pack no row points at, once the keys it holds that have no row
     anywhere are condemned (module docstring)."""
@@ -566,12 +578,24 @@ async def _delete_pack(
     try:
         if len(condemned) < len(unindexed):
             return SweepBatch(kept=((pack, IN_USE),))
-        # Retired: no row points at it, and no repack switch or migrate add can
-        # point one at it from now on; the writer of its unindexed keys would
-        # hold pins. So deleting it, even late, is harmless.
-        if not await store.retire_pack(pack):
+        # Retired: no row points at it, and while the retirement holds no
+        # repack switch or migrate add points one at it; the writer of its
+        # unindexed keys would hold pins. The delete must end within the hold.
+        started = time.monotonic()
+        if not await store.retire_pack(pack, hold_ms):
             return SweepBatch(kept=((pack, IN_USE),))
-        await bucket.delete(pack)
+        outcome = (
+            await _delete_before(
+                bucket,
+                [pack],
+                started + (hold_ms - safety_margin_ms) / 1000,
+                started + (hold_ms - safety_margin_ms / 2) / 1000,
+            )
+        )[0]
+        if outcome == HOLD_EXPIRING:
+            return SweepBatch(kept=((pack, HOLD_EXPIRING),))
+        if outcome is not None:
+            return SweepBatch(failures=((pack, outcome),))
         return SweepBatch(deleted=(pack,))
     except Exception as error:  # noqa: BLE001 - reported per pack
         return SweepBatch(failures=((pack, _describe(error)),))
@@ -590,9 +614,12 @@ class _Repacker:
     """Copies the live blobs of sparse packs into new packs (several old packs
     into one new pack up to PACK_TARGET_BYTES), then switches the index."""
 
-    def __init__(self, store: CheckpointStore, bucket: BlobStore, hold_ms: int) -> None:
+    def __init__(
+        self, store: CheckpointStore, bucket: BlobStore, hold_ms: int, safety_margin_ms: int
+    ) -> None:
         assert isinstance(store, PackIndex) and isinstance(store, PackMaintenance)
         self.store = store
+        self.switch_within_s = max(safety_margin_ms, 1) / 2000
         self.bucket = bucket
         self.reader = PackedBlobStore(bucket, store)
         self.writer = _native.PackWriter()
@@ -634,12 +661,18 @@ class _Repacker:
             digest, body = await asyncio.to_thread(writer.finish)
             new_pack = pack_key(digest)
             await put_many(self.bucket, [(new_pack, body)])  # durable before the switch
+            # A concurrent sweep may be deleting a pack of these very bytes: it
+            # retired it first, for a hold, so a switch soon after the upload
+            # is refused while it could land; a late one is not attempted.
+            switch_by = time.monotonic() + self.switch_within_s
             by_source: dict[str, list[PackedBlob]] = {}
             for row, (offset, length, raw_size, codec) in placed:
                 by_source.setdefault(row.pack, []).append(
                     PackedBlob(row.key, new_pack, offset, length, raw_size, codec)
                 )
             for source in sources:
+                if time.monotonic() >= switch_by:
+                    raise TimeoutError("the index switch came too late after the upload")
                 await self.store.switch_packed_blobs(source, by_source.get(source, []))
         except Exception as error:  # noqa: BLE001 - the old packs stay indexed and valid
             message = _describe(error)

@@ -429,7 +429,7 @@ async def test_a_killed_multipart_upload_is_aborted_by_the_sweep(
     assert await list_staging(blobs) == []
 
 
-async def test_a_retired_pack_never_gets_rows_again(
+async def test_a_retired_pack_gets_no_rows_while_retired(
     memory_store: Any, bucket: Any, workspace: Path, data_dir: Path
 ) -> None:
     """The race a concurrent repack could lose: it wrote a pack of the very
@@ -439,9 +439,9 @@ async def test_a_retired_pack_never_gets_rows_again(
     [pack] = await _packs(bucket)
     rows = await memory_store.list_packed_blobs()
     other = PACK_KEY_PREFIX + "0" * 64
-    assert not await memory_store.retire_pack(pack)  # rows point at it
-    assert await memory_store.retire_pack(other)
-    assert await memory_store.retire_pack(other)  # idempotent
+    assert not await memory_store.retire_pack(pack, 60_000)  # rows point at it
+    assert await memory_store.retire_pack(other, 60_000)
+    assert await memory_store.retire_pack(other, 60_000)  # again: a new hold
     moved = [PackedBlob(r.key, other, r.offset, r.length, r.raw_size, r.codec) for r in rows]
     assert await memory_store.switch_packed_blobs(pack, moved) == []
     assert {r.pack for r in await memory_store.list_packed_blobs()} == {pack}

@@ -249,6 +249,7 @@ async def test_a_version_3_postgres_database_migrates_without_changing_a_count(
             " ALTER TABLE checkpointd_threads DROP COLUMN head_ordinal;"
             " DROP TABLE checkpointd_spent_checkpoints;"
             " DROP TABLE checkpointd_packed_blobs; DROP TABLE checkpointd_packs;"
+            " DROP TABLE checkpointd_retired_packs;"
             " UPDATE checkpointd_schema SET version = 3"
         )
         await conn.execute(

@@ -286,20 +286,22 @@ class PackMaintenance(Protocol):
     * ``add_packed_blobs``: migrate records rows for referenced keys that have
       none (their single objects stay readable until a sweep removes them).
     * ``retire_pack``: before a sweep deletes a pack no row points at, it
-      retires it; no switch or add ever points a row at a retired pack, so a
-      concurrent repack that wrote a pack of the same bytes cannot switch rows
-      to the pack being deleted.
+      retires it for ``hold_ms`` and deletes it within that time; no switch or
+      add points a row at a pack while it is retired, so a concurrent repack
+      that wrote a pack of the same bytes cannot switch rows to the pack being
+      deleted (a repack switches right after its upload, well within a hold).
+      Appends are not affected: a capture's pins protect its own packs.
     """
 
-    async def retire_pack(self, pack: str) -> bool:
-        """When no row points at ``pack``, mark it retired and return True
-        (idempotent); else False."""
+    async def retire_pack(self, pack: str, hold_ms: int) -> bool:
+        """When no row points at ``pack``, mark it retired until now +
+        ``hold_ms`` and return True; else False."""
         ...
 
     async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """Remove each row that is still the key's row (same pack and offset)
         when the key is condemned right now and has no reference; returns the
-        keys whose rows went, in the order given."""
+        keys whose rows went, sorted."""
         ...
 
     async def switch_packed_blobs(
@@ -307,10 +309,11 @@ class PackMaintenance(Protocol):
     ) -> builtins.list[str]:
         """For each new row whose key's row is in ``old_pack``, make it the
         key's row; keys whose row is elsewhere (or gone) and rows naming a
-        retired pack are left alone. Returns the keys switched, in order."""
+        pack retired right now are left alone. Returns the keys switched, sorted."""
         ...
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """Record each row whose key a checkpoint references and has no row yet
-        (rows naming a retired pack are left out); returns the keys recorded."""
+        (rows naming a pack retired right now are left out); returns the keys
+        recorded, sorted."""
         ...

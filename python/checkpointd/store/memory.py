@@ -136,7 +136,7 @@ class InMemoryCheckpointStore:
         self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
         self._spent: set[str] = set()  # deleted request_id checkpoints (``_core``)
         self._packed: dict[str, PackedBlob] = {}  # the pack index (store.base.PackIndex)
-        self._retired_packs: set[str] = set()  # PackMaintenance.retire_pack
+        self._retired_packs: dict[str, int] = {}  # pack -> retired until (ms)
         self._closed = False
 
     @property
@@ -265,18 +265,22 @@ class InMemoryCheckpointStore:
                 current is not None
                 and current.pack == old_pack
                 and row.pack != old_pack
-                and row.pack not in self._retired_packs
+                and not self._pack_retired(row.pack)
             ):
                 self._packed[row.key] = row
                 switched.append(row.key)
         return switched
 
-    async def retire_pack(self, pack: str) -> bool:
+    def _pack_retired(self, pack: str) -> bool:
+        return self._retired_packs.get(pack, 0) > self._now()
+
+    async def retire_pack(self, pack: str, hold_ms: int) -> bool:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
+        hold = check_hold_ms(hold_ms)
         if any(row.pack == pack for row in self._packed.values()):
             return False
-        self._retired_packs.add(pack)
+        self._retired_packs[pack] = self._now() + hold
         return True
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
@@ -287,7 +291,7 @@ class InMemoryCheckpointStore:
             if (
                 row.key not in self._packed
                 and self._references.get(row.key, 0) > 0
-                and row.pack not in self._retired_packs
+                and not self._pack_retired(row.pack)
             ):
                 self._packed[row.key] = row
                 added.append(row.key)

@@ -98,7 +98,7 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
-from ._packindex import digest_of, digests_of, pack_digest, row_from_sql
+from ._packindex import check_packed_blobs, digest_of, digests_of, pack_digest, row_from_sql
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -216,6 +216,11 @@ _MIGRATIONS: tuple[str, ...] = (
         raw_size     integer NOT NULL,
         codec        smallint NOT NULL
     );
+    """,
+    # 6: packs a sweep retired before deleting them (PackMaintenance.retire_pack):
+    # no row may point at one again.
+    """
+    CREATE TABLE checkpointd_retired_packs (digest bytea PRIMARY KEY, until bigint NOT NULL);
     """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -1319,6 +1324,220 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             " WHERE key = ANY($1::bytea[]) AND condemned_until IS NULL",
             list(keys),
         )
+
+    # ------------------------------------------------------------ pack maintenance
+
+    @staticmethod
+    async def _pack_ids(conn: asyncpg.Connection, packs: builtins.list[bytes]) -> dict[bytes, int]:
+        await conn.execute(
+            "INSERT INTO checkpointd_packs (digest) SELECT unnest($1::bytea[])"
+            " ON CONFLICT DO NOTHING",
+            packs,
+        )
+        return {
+            bytes(r["digest"]): r["id"]
+            for r in await conn.fetch(
+                "SELECT id, digest FROM checkpointd_packs WHERE digest = ANY($1::bytea[])", packs
+            )
+        }
+
+    async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one transaction; the keys' mark rows
+        are locked first, so a pin in flight finishes before we judge."""
+        self._check_open()
+        checked = check_packed_blobs(rows, None)
+        if not checked:
+            return []
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            binary = sorted({key_to_bytes(row.key) for row in checked})
+            marks = await _lock_marks(conn, binary, "UPDATE")
+            now = await self._now(conn)
+            used = {
+                bytes(r["key"])
+                for r in await conn.fetch(
+                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
+                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
+                    binary,
+                )
+            }
+            doomed = [
+                row
+                for row in checked
+                if key_to_bytes(row.key) not in used
+                and (until := marks.get(key_to_bytes(row.key))) is not None
+                and now < until
+            ]
+            gone: set[bytes] = set()
+            if doomed:
+                gone = {
+                    bytes(r["digest"])
+                    for r in await conn.fetch(
+                        "DELETE FROM checkpointd_packed_blobs b USING checkpointd_packs p,"
+                        " unnest($1::bytea[], $2::bytea[], $3::integer[]) AS d(digest, pack, off)"
+                        " WHERE b.digest = d.digest AND p.id = b.pack AND p.digest = d.pack"
+                        " AND b.frame_offset = d.off RETURNING b.digest",
+                        [digest_of(row.key) for row in doomed],
+                        [pack_digest(row.pack) for row in doomed],
+                        [row.offset for row in doomed],
+                    )
+                }
+            await self._forget_unmarked(conn, binary)
+            return [row.key for row in checked if digest_of(row.key) in gone]
+
+        return await self._transaction("drop_packed_blobs", body)
+
+    async def switch_packed_blobs(
+        self, old_pack: str, rows: builtins.list[PackedBlob]
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one transaction."""
+        self._check_open()
+        checked = check_packed_blobs(rows, None)
+        if not checked:
+            return []
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            live = await _live_packs(conn, checked, await self._now(conn))
+            if not live:
+                return []
+            ids = await self._pack_ids(
+                conn, builtins.list(dict.fromkeys(pack_digest(row.pack) for row in live))
+            )
+            moved = {
+                bytes(r["digest"])
+                for r in await conn.fetch(
+                    "UPDATE checkpointd_packed_blobs b SET pack = d.pack, frame_offset = d.off,"
+                    " frame_length = d.len, raw_size = d.raw, codec = d.codec"
+                    " FROM unnest($1::bytea[], $2::bigint[], $3::integer[], $4::integer[],"
+                    " $5::integer[], $6::smallint[]) AS d(digest, pack, off, len, raw, codec)"
+                    " WHERE b.digest = d.digest AND b.pack ="
+                    " (SELECT id FROM checkpointd_packs WHERE digest = $7) RETURNING b.digest",
+                    [digest_of(row.key) for row in live],
+                    [ids[pack_digest(row.pack)] for row in live],
+                    [row.offset for row in live],
+                    [row.length for row in live],
+                    [row.raw_size for row in live],
+                    [row.codec for row in live],
+                    pack_digest(old_pack),
+                )
+            }
+            return [row.key for row in live if digest_of(row.key) in moved]
+
+        return await self._transaction("switch_packed_blobs", body)
+
+    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one transaction."""
+        self._check_open()
+        checked = check_packed_blobs(rows, None)
+        if not checked:
+            return []
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            live = await _live_packs(conn, checked, await self._now(conn))
+            used = {
+                bytes(r["key"])
+                for r in await conn.fetch(
+                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
+                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
+                    [key_to_bytes(row.key) for row in live],
+                )
+            }
+            live = [row for row in live if key_to_bytes(row.key) in used]
+            if not live:
+                return []
+            ids = await self._pack_ids(
+                conn, builtins.list(dict.fromkeys(pack_digest(row.pack) for row in live))
+            )
+            added = {
+                bytes(r["digest"])
+                for r in await conn.fetch(
+                    "INSERT INTO checkpointd_packed_blobs"
+                    " (digest, pack, frame_offset, frame_length, raw_size, codec)"
+                    " SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[],"
+                    " $4::integer[], $5::integer[], $6::smallint[])"
+                    " ON CONFLICT DO NOTHING RETURNING digest",
+                    [digest_of(row.key) for row in live],
+                    [ids[pack_digest(row.pack)] for row in live],
+                    [row.offset for row in live],
+                    [row.length for row in live],
+                    [row.raw_size for row in live],
+                    [row.codec for row in live],
+                )
+            }
+            return [row.key for row in live if digest_of(row.key) in added]
+
+        return await self._transaction("add_packed_blobs", body)
+
+    async def retire_pack(self, pack: str, hold_ms: int) -> bool:
+        """See ``base.PackMaintenance``: one transaction, under the pack's lock
+        (a switch or add naming it waits, then sees it retired)."""
+        self._check_open()
+        digest = pack_digest(pack)
+        hold = check_hold_ms(hold_ms)
+
+        async def body(conn: asyncpg.Connection) -> bool:
+            await _lock_packs(conn, [digest], exclusive=True)
+            pointed = await conn.fetchval(
+                "SELECT 1 FROM checkpointd_packed_blobs b JOIN checkpointd_packs p"
+                " ON p.id = b.pack WHERE p.digest = $1 LIMIT 1",
+                digest,
+            )
+            if pointed:
+                return False
+            await conn.execute(
+                "INSERT INTO checkpointd_retired_packs (digest, until) VALUES ($1, $2)"
+                " ON CONFLICT (digest) DO UPDATE SET until = EXCLUDED.until",
+                digest,
+                await self._now(conn) + hold,
+            )
+            return True
+
+        return await self._transaction("retire_pack", body)
+
+
+# ------------------------------------------------------------------ pack maintenance
+# Class 'cpkp' of the transaction advisory locks on pack digests.
+_PACK_LOCK_CLASS = 0x63706B70
+
+
+async def _lock_packs(
+    conn: asyncpg.Connection, packs: Sequence[bytes], *, exclusive: bool = False
+) -> None:
+    """Transaction locks on these packs' digests (sorted: no deadlock), the one
+    point where retiring a pack (exclusive) and pointing rows at it (shared:
+    appends, switches, adds) are ordered."""
+    function = "pg_advisory_xact_lock" if exclusive else "pg_advisory_xact_lock_shared"
+    for digest in sorted(set(packs)):
+        await conn.execute(
+            f"SELECT {function}($1, hashtext(encode($2::bytea, 'hex')))",
+            _PACK_LOCK_CLASS,
+            digest,
+        )
+
+
+async def _retired_packs(conn: asyncpg.Connection, packs: Sequence[bytes], now: int) -> set[bytes]:
+    """Those of ``packs`` retired right now; locks them shared first, so a
+    retire in flight has committed or waits for this transaction."""
+    await _lock_packs(conn, packs)
+    return {
+        bytes(r["digest"])
+        for r in await conn.fetch(
+            "SELECT digest FROM checkpointd_retired_packs"
+            " WHERE digest = ANY($1::bytea[]) AND until > $2",
+            builtins.list(packs),
+            now,
+        )
+    }
+
+
+async def _live_packs(
+    conn: asyncpg.Connection, rows: builtins.list[PackedBlob], now: int
+) -> builtins.list[PackedBlob]:
+    """``rows`` less those naming a pack retired right now."""
+    retired = await _retired_packs(
+        conn, builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows)), now
+    )
+    return [row for row in rows if pack_digest(row.pack) not in retired]
 
 
 # ---------------------------------------------------------------------------- instances

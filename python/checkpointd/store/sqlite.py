@@ -92,7 +92,7 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
-from ._packindex import digest_of, digests_of, pack_digest, row_from_sql
+from ._packindex import check_packed_blobs, digest_of, digests_of, pack_digest, row_from_sql
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -205,6 +205,10 @@ _SCHEMA = [
         updated_at NOT NULL,
         latest_snapshot_id TEXT,
         latest_run_id TEXT) WITHOUT ROWID""",
+    # Packs a sweep retired before deleting them (``PackMaintenance.retire_pack``):
+    # no row may point at one again.
+    """CREATE TABLE IF NOT EXISTS retired_packs (
+        digest BLOB PRIMARY KEY, until INTEGER NOT NULL) WITHOUT ROWID""",
 ]
 
 
@@ -1056,6 +1060,177 @@ class SqliteCheckpointStore(SqlCheckpointStore):
                 [(raw, now + hold) for _, raw in chosen],
             )
             return [key for key, _ in chosen]
+
+        return await self._db.write(run)
+
+    # ------------------------------------------------------------ pack maintenance
+
+    async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one write transaction."""
+        checked = check_packed_blobs(rows, None)
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
+            now = self._now()
+            dropped: builtins.list[str] = []
+            for row in checked:
+                digest = digest_of(row.key)
+                raw = key_to_bytes(row.key)
+                current = await _fetchall(
+                    conn,
+                    "SELECT p.digest, b.frame_offset FROM packed_blobs b"
+                    " JOIN blob_packs p ON p.id = b.pack WHERE b.digest = ?",
+                    (digest,),
+                )
+                if not current or (bytes(current[0][0]), current[0][1]) != (
+                    pack_digest(row.pack),
+                    row.offset,
+                ):
+                    continue
+                blocked = await _fetchall(
+                    conn,
+                    "SELECT 1 FROM blob_references WHERE key = ? AND refs > 0"
+                    " UNION ALL SELECT 1 FROM blob_runs WHERE key = ?"
+                    " UNION ALL SELECT 1 WHERE NOT EXISTS"
+                    " (SELECT 1 FROM blob_condemned WHERE key = ? AND until > ?)",
+                    (raw, raw, raw, now),
+                )
+                if blocked:
+                    continue
+                await conn.execute("DELETE FROM packed_blobs WHERE digest = ?", (digest,))
+                dropped.append(row.key)
+            return dropped
+
+        return await self._db.write(run) if checked else []
+
+    async def _pack_ids(
+        self, conn: aiosqlite.Connection, packs: builtins.list[bytes]
+    ) -> dict[bytes, int]:
+        await conn.executemany(
+            "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
+        )
+        ids: dict[bytes, int] = {}
+        for batch in _batches(packs):
+            marks = ",".join("?" * len(batch))
+            for pack_id, digest in await _fetchall(
+                conn, f"SELECT id, digest FROM blob_packs WHERE digest IN ({marks})", batch
+            ):
+                ids[bytes(digest)] = pack_id
+        return ids
+
+    async def _retired(self, conn: aiosqlite.Connection, packs: builtins.list[bytes]) -> set[bytes]:
+        """Those of ``packs`` retired right now."""
+        now = self._now()
+        found: set[bytes] = set()
+        for batch in _batches(packs):
+            marks = ",".join("?" * len(batch))
+            found.update(
+                bytes(row[0])
+                for row in await _fetchall(
+                    conn,
+                    f"SELECT digest FROM retired_packs WHERE until > ? AND digest IN ({marks})",
+                    (now, *batch),
+                )
+            )
+        return found
+
+    async def switch_packed_blobs(
+        self, old_pack: str, rows: builtins.list[PackedBlob]
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one write transaction."""
+        checked = check_packed_blobs(rows, None)
+        old = pack_digest(old_pack)
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
+            wanted = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in checked))
+            retired = await self._retired(conn, wanted)
+            live = [row for row in checked if pack_digest(row.pack) not in retired]
+            if not live:
+                return []
+            ids = await self._pack_ids(conn, [d for d in wanted if d not in retired])
+            old_id = await _fetchall(conn, "SELECT id FROM blob_packs WHERE digest = ?", (old,))
+            if not old_id:
+                return []
+            switched: builtins.list[str] = []
+            for row in live:
+                cursor = await conn.execute(
+                    "UPDATE packed_blobs SET pack = ?, frame_offset = ?, frame_length = ?,"
+                    " raw_size = ?, codec = ? WHERE digest = ? AND pack = ?",
+                    (
+                        ids[pack_digest(row.pack)],
+                        row.offset,
+                        row.length,
+                        row.raw_size,
+                        row.codec,
+                        digest_of(row.key),
+                        old_id[0][0],
+                    ),
+                )
+                if cursor.rowcount:
+                    switched.append(row.key)
+            return switched
+
+        return await self._db.write(run) if checked else []
+
+    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one write transaction."""
+        checked = check_packed_blobs(rows, None)
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
+            wanted = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in checked))
+            retired = await self._retired(conn, wanted)
+            live = [row for row in checked if pack_digest(row.pack) not in retired]
+            if not live:
+                return []
+            ids = await self._pack_ids(conn, [d for d in wanted if d not in retired])
+            added: builtins.list[str] = []
+            for row in live:
+                raw = key_to_bytes(row.key)
+                used = await _fetchall(
+                    conn,
+                    "SELECT 1 FROM blob_references WHERE key = ? AND refs > 0"
+                    " UNION ALL SELECT 1 FROM blob_runs WHERE key = ? LIMIT 1",
+                    (raw, raw),
+                )
+                if not used:
+                    continue
+                cursor = await conn.execute(
+                    "INSERT OR IGNORE INTO packed_blobs"
+                    " (digest, pack, frame_offset, frame_length, raw_size, codec)"
+                    " VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        digest_of(row.key),
+                        ids[pack_digest(row.pack)],
+                        row.offset,
+                        row.length,
+                        row.raw_size,
+                        row.codec,
+                    ),
+                )
+                if cursor.rowcount:
+                    added.append(row.key)
+            return added
+
+        return await self._db.write(run) if checked else []
+
+    async def retire_pack(self, pack: str, hold_ms: int) -> bool:
+        """See ``base.PackMaintenance``: one write transaction."""
+        digest = pack_digest(pack)
+        hold = check_hold_ms(hold_ms)
+
+        async def run(conn: aiosqlite.Connection) -> bool:
+            pointed = await _fetchall(
+                conn,
+                "SELECT 1 FROM packed_blobs b JOIN blob_packs p ON p.id = b.pack"
+                " WHERE p.digest = ? LIMIT 1",
+                (digest,),
+            )
+            if pointed:
+                return False
+            await conn.execute(
+                "INSERT OR REPLACE INTO retired_packs (digest, until) VALUES (?, ?)",
+                (digest, self._now() + hold),
+            )
+            return True
 
         return await self._db.write(run)
 
