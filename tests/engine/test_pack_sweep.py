@@ -535,3 +535,37 @@ async def test_a_reader_holding_rows_of_a_repacked_pack_reads_the_new_one(
     assert old_pack not in await _packs(bucket)
     reader = PackedBlobStore(bucket, _StaleOnce(memory_store, before))
     assert await reader.get_many(live) == [files[f"f{n}"] for n in range(15, 20)]
+
+
+async def test_checkpointd_migrate_on_a_sqlite_store_packs_once(
+    tmp_path: Path, workspace: Path, data_dir: Path
+) -> None:
+    import json
+
+    from checkpointd.store import open_store
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    blobs_url = f"file://{tmp_path / 'blobs'}"
+    blobs = open_blobs(blobs_url)
+    files = {f"f{n}.txt": _text(n) for n in range(30)}
+    write_tree(workspace, files)
+    async with await open_store(store_url) as store:
+        await capture_checkpoint(workspace, _StoreBeforePacks(store), blobs, "t", data_dir=data_dir)
+    command = [sys.executable, "-m", "checkpointd", "migrate", "--store", store_url,
+               "--blobs", blobs_url, "--json"]  # fmt: skip
+
+    def run() -> dict[str, Any]:
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.strip().splitlines()[-1])["MigrateSummary"]
+
+    first = await asyncio.to_thread(run)
+    assert (first["candidates"], first["packed"], first["packs_written"]) == (30, 30, 1)
+    again = await asyncio.to_thread(run)
+    assert (again["candidates"], again["packed"], again["already_packed"]) == (0, 0, 30)
+    async with await open_store(store_url) as store:
+        report = await check_store(store, blobs, read_data=True)
+        assert report.summary is not None and report.summary.ok, report.findings
+        target = tmp_path / "restored"
+        await restore_checkpoint(target, store, blobs, "t", data_dir=tmp_path / "rd")
+        assert snapshot_tree(target, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
