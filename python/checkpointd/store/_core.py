@@ -114,7 +114,7 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from ._packindex import check_packed_blobs, digest_of
+from ._packindex import check_packed_blobs, checked_digest
 
 T = TypeVar("T")
 
@@ -259,7 +259,7 @@ def count_change(
 def packed_rows(rows: Iterable[Any], content: documents.Content) -> builtins.list[Any]:
     """The pack index rows an append records (``_packindex.check_packed_blobs``)."""
     digests = set(split_digests(content.digests()))
-    return check_packed_blobs(rows, lambda key: digest_of(key) in digests)
+    return check_packed_blobs(rows, lambda key: checked_digest(key) in digests)
 
 
 def is_request_derived(checkpoint_id: str) -> bool:

@@ -92,7 +92,14 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
-from ._packindex import check_packed_blobs, digest_of, digests_of, pack_digest, row_from_sql
+from ._packindex import (
+    check_packed_blobs,
+    checked_digest,
+    digest_of,
+    digests_of,
+    pack_digest,
+    row_from_sql,
+)
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -710,7 +717,10 @@ class _SqliteTx:
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
         """Record where each (checked) row's blob is; the newest row of a key
         wins (see ``base.PackIndex``)."""
-        packs = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows))
+        # A cold capture appends ~100,000 rows in a handful of packs: each pack
+        # name is decoded once.
+        digest_by_pack = {pack: pack_digest(pack) for pack in dict.fromkeys(r.pack for r in rows)}
+        packs = builtins.list(digest_by_pack.values())
         await self.conn.executemany(
             "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
         )
@@ -721,14 +731,15 @@ class _SqliteTx:
                 self.conn, f"SELECT id, digest FROM blob_packs WHERE digest IN ({marks})", batch
             ):
                 ids[bytes(digest)] = pack_id
+        id_by_pack = {pack: ids[digest] for pack, digest in digest_by_pack.items()}
         await self.conn.executemany(
             "INSERT OR REPLACE INTO packed_blobs"
             " (digest, pack, frame_offset, frame_length, raw_size, codec)"
             " VALUES (?, ?, ?, ?, ?, ?)",
             [
                 (
-                    digest_of(row.key),
-                    ids[pack_digest(row.pack)],
+                    checked_digest(row.key),
+                    id_by_pack[row.pack],
                     row.offset,
                     row.length,
                     row.raw_size,
