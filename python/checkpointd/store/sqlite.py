@@ -38,7 +38,12 @@ SandboxCheckpointError with code ``SANDBOX_SNAPSHOT_STORE_UNAVAILABLE`` — a ra
 ``sqlite3.OperationalError`` never escapes.
 
 Durability: WAL with ``synchronous=FULL`` (SQLite's default): a committed append
-survives a power cut, which is what a checkpoint is for.
+survives a power cut, which is what a checkpoint is for. The WAL is copied
+back into the database every ``WAL_AUTOCHECKPOINT_PAGES`` pages (SQLite's
+default is 1,000): a cold capture of 100,000 small files writes ~100,000 pins
+and index rows to B-tree pages that are rewritten batch after batch, and a
+checkpoint every 4 MiB wrote the same pages again and again (pinning took
+3.5 s, 1.7 s with this). Durability is the WAL's, not the checkpoint's.
 """
 
 from __future__ import annotations
@@ -117,6 +122,9 @@ T = TypeVar("T")
 # 3: the pack index (``blob_packs``, ``packed_blobs``; blobs/packs.py).
 SCHEMA_VERSION = 3
 BUSY_TIMEOUT_MS = 5_000
+# Pages of WAL before SQLite copies them into the database (32 MiB of 4 KiB pages;
+# see the module docstring).
+WAL_AUTOCHECKPOINT_PAGES = 8_000
 # How long a transaction keeps retrying "database is locked" before giving up. Long
 # enough for another process's largest append (a 100k-entry manifest commits in
 # well under a second), short enough that a wedged peer becomes a clear error.
@@ -310,6 +318,7 @@ class SqliteDatabase:
 
         await self._retrying(set_wal)
         await connection.execute("PRAGMA synchronous = FULL")
+        await connection.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
 
         async def create(conn: aiosqlite.Connection) -> None:
             for statement in _SCHEMA:
