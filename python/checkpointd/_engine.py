@@ -31,7 +31,20 @@ from .progress import Progress, ProgressCallback
 
 T = TypeVar("T")
 
-_REPORT_INTERVAL_S = 0.1
+
+def _report_interval_s() -> float:
+    """How often running phases report (and the native scan is polled):
+    ``CHECKPOINTD_PROGRESS_INTERVAL_MS`` (1..60000), else 100 ms. An orchestrator
+    that draws its own bar may want it finer or coarser; a value that is not
+    such an integer is ignored (the default stays), never fatal."""
+    raw = os.environ.get("CHECKPOINTD_PROGRESS_INTERVAL_MS", "")
+    if raw.isdigit() and 1 <= int(raw) <= 60_000:
+        return int(raw) / 1000
+    return 0.1
+
+
+REPORT_INTERVAL_S = _report_interval_s()
+
 E = TypeVar("E", bound=Callable[..., Coroutine[Any, Any, Any]])
 
 
@@ -241,7 +254,7 @@ class PhaseReporter:
         with self._lock:
             self._files_done += files
             self._bytes_done += nbytes
-            if self._callback is None or now - self._last_report < _REPORT_INTERVAL_S:
+            if self._callback is None or now - self._last_report < REPORT_INTERVAL_S:
                 return
             self._last_report = now
             report = self._snapshot()
@@ -262,7 +275,7 @@ class PhaseReporter:
             if final:
                 self._files_total, self._bytes_total = files_done, bytes_done
                 return
-            if self._callback is None or now - self._last_report < _REPORT_INTERVAL_S:
+            if self._callback is None or now - self._last_report < REPORT_INTERVAL_S:
                 return
             self._last_report = now
             report = self._snapshot()

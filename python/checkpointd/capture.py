@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 
 from . import _native
 from ._engine import (
+    REPORT_INTERVAL_S,
     LeaseKeeper,
     PhaseReporter,
     StopFlag,
@@ -108,8 +109,6 @@ SMALL_FILE_BYTES = 1 << 20
 FEED_BYTES = 64 << 20
 # Batches of the feed uploaded at once.
 FEED_CONSUMERS = 2
-# How often a capture reports the running scan's counters (issue 12).
-SCAN_POLL_S = 0.1
 # Small files per batch (one worker-thread trip to read them, one ``put_many``;
 # a batch ends at whichever limit comes first), and batches in flight.
 BATCH_FILES = 1024
@@ -538,9 +537,9 @@ async def _report_scan(
     counts: _native.ScanProgress, reporter: PhaseReporter, scanning: asyncio.Future[Any]
 ) -> None:
     """While the native scan runs (GIL released), report its counters every
-    SCAN_POLL_S: entries found, files and bytes hashed so far."""
+    REPORT_INTERVAL_S: entries found, files and bytes hashed so far."""
     while not scanning.done():
-        await asyncio.wait({scanning}, timeout=SCAN_POLL_S)
+        await asyncio.wait({scanning}, timeout=REPORT_INTERVAL_S)
         if scanning.done():
             return  # the caller reports the final counts
         entries, hashed, nbytes = counts.snapshot()

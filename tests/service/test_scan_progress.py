@@ -8,16 +8,19 @@ import time
 
 from checkpointd.v1 import checkpointd_pb2 as pb
 
-from .conftest import Daemon
+from .conftest import DaemonFactory
 
-# A cold scan reads and hashes every file: 12,000 files of 64 KiB take several
-# 100 ms poll intervals. One content for all, so the upload (and the teardown)
+# A cold scan reads and hashes every file: 12,000 files of 64 KiB take tens of
+# ms even on an idle machine, many 5 ms report intervals (the daemon's
+# CHECKPOINTD_PROGRESS_INTERVAL_MS; at the default 100 ms an idle machine can
+# finish the scan inside one interval). One content for all, so the upload (and the teardown)
 # stays cheap: the bucket gets one blob.
 FILES = 12_000
 CONTENT = bytes(range(256)) * 256
 
 
-async def test_scan_progress_arrives_while_the_scan_runs(daemon: Daemon) -> None:
+async def test_scan_progress_arrives_while_the_scan_runs(daemons: DaemonFactory) -> None:
+    daemon = daemons.start(env={"CHECKPOINTD_PROGRESS_INTERVAL_MS": "5"})
     for d in range(60):
         directory = daemon.workspace / f"d{d:02}"
         directory.mkdir()
