@@ -254,19 +254,16 @@ class PhaseReporter:
         with self._lock:
             self._files_done += files
             self._bytes_done += nbytes
-            if self._callback is None or now - self._last_report < REPORT_INTERVAL_S:
-                return
-            self._last_report = now
-            report = self._snapshot()
-            generation = self._generation
-        self._deliver(report, generation)
+            due = self._due_report(now)
+        if due is not None:
+            self._deliver(*due)
 
     def update(
         self, *, files_done: int, bytes_done: int, files_hashed: int = 0, final: bool = False
     ) -> None:
         """Set the current phase's counts to these values (a phase whose
         counts are polled, like the native scan's); reports at most every
-        100 ms, except ``final``, which fixes the phase's totals (its closing
+        REPORT_INTERVAL_S, except ``final``, which fixes the phase's totals (its closing
         report then says exactly these counts)."""
         now = time.monotonic()
         with self._lock:
@@ -275,12 +272,17 @@ class PhaseReporter:
             if final:
                 self._files_total, self._bytes_total = files_done, bytes_done
                 return
-            if self._callback is None or now - self._last_report < REPORT_INTERVAL_S:
-                return
-            self._last_report = now
-            report = self._snapshot()
-            generation = self._generation
-        self._deliver(report, generation)
+            due = self._due_report(now)
+        if due is not None:
+            self._deliver(*due)
+
+    def _due_report(self, now: float) -> tuple[Progress, int] | None:
+        """Under the lock: the report to deliver now (and its phase's
+        generation), or None within REPORT_INTERVAL_S of the last one."""
+        if self._callback is None or now - self._last_report < REPORT_INTERVAL_S:
+            return None
+        self._last_report = now
+        return self._snapshot(), self._generation
 
     def finish(self) -> int:
         """Close the current phase (its last report reaches the totals);

@@ -700,18 +700,7 @@ class _PostgresTx:
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
         """Record where each (checked) row's blob is; the newest row of a key
         wins (a racing append's upsert waits for ours; see ``base.PackIndex``)."""
-        packs = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows))
-        await self.conn.execute(
-            "INSERT INTO checkpointd_packs (digest) SELECT unnest($1::bytea[])"
-            " ON CONFLICT DO NOTHING",
-            packs,
-        )
-        ids = {
-            bytes(r["digest"]): r["id"]
-            for r in await self.conn.fetch(
-                "SELECT id, digest FROM checkpointd_packs WHERE digest = ANY($1::bytea[])", packs
-            )
-        }
+        ids = await _pack_ids(self.conn, rows)
         await self.conn.execute(
             "INSERT INTO checkpointd_packed_blobs"
             " (digest, pack, frame_offset, frame_length, raw_size, codec)"
@@ -720,12 +709,7 @@ class _PostgresTx:
             " pack = excluded.pack, frame_offset = excluded.frame_offset,"
             " frame_length = excluded.frame_length, raw_size = excluded.raw_size,"
             " codec = excluded.codec",
-            [digest_of(row.key) for row in rows],
-            [ids[pack_digest(row.pack)] for row in rows],
-            [row.offset for row in rows],
-            [row.length for row in rows],
-            [row.raw_size for row in rows],
-            [row.codec for row in rows],
+            *_packed_columns(rows, ids),
         )
 
     async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
@@ -1327,20 +1311,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
     # ------------------------------------------------------------ pack maintenance
 
-    @staticmethod
-    async def _pack_ids(conn: asyncpg.Connection, packs: builtins.list[bytes]) -> dict[bytes, int]:
-        await conn.execute(
-            "INSERT INTO checkpointd_packs (digest) SELECT unnest($1::bytea[])"
-            " ON CONFLICT DO NOTHING",
-            packs,
-        )
-        return {
-            bytes(r["digest"]): r["id"]
-            for r in await conn.fetch(
-                "SELECT id, digest FROM checkpointd_packs WHERE digest = ANY($1::bytea[])", packs
-            )
-        }
-
     async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``base.PackMaintenance``: one transaction; the keys' mark rows
         are locked first, so a pin in flight finishes before we judge."""
@@ -1400,9 +1370,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             live = await _live_packs(conn, checked, await self._now(conn))
             if not live:
                 return []
-            ids = await self._pack_ids(
-                conn, builtins.list(dict.fromkeys(pack_digest(row.pack) for row in live))
-            )
+            ids = await _pack_ids(conn, live)
             moved = {
                 bytes(r["digest"])
                 for r in await conn.fetch(
@@ -1412,12 +1380,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
                     " $5::integer[], $6::smallint[]) AS d(digest, pack, off, len, raw, codec)"
                     " WHERE b.digest = d.digest AND b.pack ="
                     " (SELECT id FROM checkpointd_packs WHERE digest = $7) RETURNING b.digest",
-                    [digest_of(row.key) for row in live],
-                    [ids[pack_digest(row.pack)] for row in live],
-                    [row.offset for row in live],
-                    [row.length for row in live],
-                    [row.raw_size for row in live],
-                    [row.codec for row in live],
+                    *_packed_columns(live, ids),
                     pack_digest(old_pack),
                 )
             }
@@ -1445,9 +1408,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             live = [row for row in live if key_to_bytes(row.key) in used]
             if not live:
                 return []
-            ids = await self._pack_ids(
-                conn, builtins.list(dict.fromkeys(pack_digest(row.pack) for row in live))
-            )
+            ids = await _pack_ids(conn, live)
             added = {
                 bytes(r["digest"])
                 for r in await conn.fetch(
@@ -1456,12 +1417,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
                     " SELECT * FROM unnest($1::bytea[], $2::bigint[], $3::integer[],"
                     " $4::integer[], $5::integer[], $6::smallint[])"
                     " ON CONFLICT DO NOTHING RETURNING digest",
-                    [digest_of(row.key) for row in live],
-                    [ids[pack_digest(row.pack)] for row in live],
-                    [row.offset for row in live],
-                    [row.length for row in live],
-                    [row.raw_size for row in live],
-                    [row.codec for row in live],
+                    *_packed_columns(live, ids),
                 )
             }
             return [row.key for row in live if digest_of(row.key) in added]
@@ -1528,6 +1484,37 @@ async def _retired_packs(conn: asyncpg.Connection, packs: Sequence[bytes], now: 
             now,
         )
     }
+
+
+async def _pack_ids(conn: asyncpg.Connection, rows: Sequence[PackedBlob]) -> dict[bytes, int]:
+    """The id of each pack the rows name (created when new)."""
+    packs = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in rows))
+    await conn.execute(
+        "INSERT INTO checkpointd_packs (digest) SELECT unnest($1::bytea[]) ON CONFLICT DO NOTHING",
+        packs,
+    )
+    return {
+        bytes(r["digest"]): r["id"]
+        for r in await conn.fetch(
+            "SELECT id, digest FROM checkpointd_packs WHERE digest = ANY($1::bytea[])", packs
+        )
+    }
+
+
+def _packed_columns(
+    rows: Sequence[PackedBlob], ids: dict[bytes, int]
+) -> tuple[builtins.list[Any], ...]:
+    """The rows as the six arrays of ``unnest($1::bytea[], $2::bigint[],
+    $3::integer[], $4::integer[], $5::integer[], $6::smallint[])``: digest,
+    pack id, frame offset, frame length, raw size, codec."""
+    return (
+        [digest_of(row.key) for row in rows],
+        [ids[pack_digest(row.pack)] for row in rows],
+        [row.offset for row in rows],
+        [row.length for row in rows],
+        [row.raw_size for row in rows],
+        [row.codec for row in rows],
+    )
 
 
 async def _live_packs(
