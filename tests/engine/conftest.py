@@ -97,6 +97,14 @@ def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAS
         else:
             path.write_bytes(content)
             os.utime(path, ns=(mtime_ns, mtime_ns))
+    wait_out_racy_window()
+
+
+def wait_out_racy_window() -> None:
+    """Return once inodes changed until now have ctimes older than the stat
+    cache's racy window (a fine filesystem's 10 ms and a clock tick or two):
+    a capture right after trusts what its cache recorded, rather than hashing
+    again files it cannot tell from a same-tick rewrite."""
     time.sleep(0.03)
 
 

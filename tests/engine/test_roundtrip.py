@@ -19,7 +19,7 @@ from checkpointd.model import Policy
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
-from .conftest import PAST_NS, snapshot_tree, write_tree
+from .conftest import PAST_NS, snapshot_tree, wait_out_racy_window, write_tree
 
 SEED_FILES: dict[str, bytes | str] = {
     "README.md": b"# project\n",
@@ -60,6 +60,7 @@ async def test_seed_scenario_capture_throw_away_restore(
 
     # No change since the restore: nothing to hash (the restore filled the stat
     # cache) and nothing to upload.
+    wait_out_racy_window()
     second = await capture_checkpoint(fresh, store, blobs, "thread-1", data_dir=data_dir)
     assert second.stats.blobs_uploaded == 0
     assert second.stats.bytes_uploaded == 0
