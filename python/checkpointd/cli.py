@@ -341,6 +341,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("--dry-run", action="store_true")
     sweep.add_argument(
+        "--repack-below",
+        default=None,
+        metavar="PERCENT",
+        help="repack a pack whose live blobs fill less than PERCENT of it: 0-100, 0 never "
+        "(default: 50)",
+    )
+    sweep.add_argument(
         "--keys",
         action="store_true",
         help="print every key as it is deleted or kept (with --json: one JSON object a line)",
@@ -651,6 +658,23 @@ def _parse_ms(text: str) -> int:
         raise UsageError(str(error)) from None
 
 
+def _parse_percent(text: str | None) -> int | None:
+    """``--repack-below 30`` (or ``30%``); the range rule is the sweep's."""
+    from .errors import SandboxCheckpointInvalidArgumentError
+    from .sweep import repack_below_percent
+
+    if text is None:
+        return None
+    digits = text.strip().removesuffix("%").strip()
+    if not digits.isdecimal():
+        raise UsageError(f"--repack-below: not a percentage: {text!r} (0-100, e.g. 30)")
+    try:
+        repack_below_percent(int(digits))
+    except SandboxCheckpointInvalidArgumentError as error:
+        raise UsageError(f"--repack-below: {error}") from None
+    return int(digits)
+
+
 async def _run_client(args: argparse.Namespace) -> int:
     from .service.client import Client, RpcError
 
@@ -957,7 +981,12 @@ async def _sweep(client: Any, args: argparse.Namespace, out: Output) -> int:
                 print(f"{kind:<7} {key}" + (f"  ({why})" if why else ""))
 
     try:
-        summary = await client.sweep(older_than_ms, dry_run=args.dry_run, on_batch=on_batch)
+        summary = await client.sweep(
+            older_than_ms,
+            dry_run=args.dry_run,
+            repack_below_percent=_parse_percent(args.repack_below),
+            on_batch=on_batch,
+        )
     except RpcError as error:
         # What the stream already reported as deleted is gone: say so with the error.
         error.metadata["deleted_before_failure"] = str(deleted)

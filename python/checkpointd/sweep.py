@@ -155,6 +155,21 @@ class SweepBatch:
     listed: int = 0
 
 
+def repack_below_percent(percent: int | None) -> float:
+    """The ``repack_below`` fraction of a percentage (SweepBlobs'
+    ``repack_below_percent``, ``checkpointd sweep --repack-below``): None gives
+    the default, 50%. Outside 0-100: SandboxCheckpointInvalidArgumentError
+    naming the field."""
+    if percent is None:
+        return DEFAULT_REPACK_BELOW
+    if not is_int(percent) or not 0 <= percent <= 100:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"repack_below_percent must be an integer in [0, 100], got {percent!r}",
+            details={"field": "repack_below_percent", "value": str(percent)},
+        )
+    return percent / 100
+
+
 def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -187,7 +202,8 @@ def _check_arguments(
         or not 0 <= repack_below <= 1
     ):
         raise SandboxCheckpointInvalidArgumentError(
-            f"repack_below must be a fraction in [0, 1], got {repack_below!r}"
+            f"repack_below must be a fraction in [0, 1], got {repack_below!r}",
+            details={"field": "repack_below", "value": str(repack_below)},
         )
     if not dry_run and not isinstance(store, BlobGuard):
         raise SandboxCheckpointInvalidArgumentError(
@@ -836,5 +852,6 @@ __all__ = [
     "SweepReport",
     "iter_sweep_blobs",
     "prune",
+    "repack_below_percent",
     "sweep_blobs",
 ]

@@ -351,6 +351,26 @@ async def test_the_gateways_sweep_deletes_only_what_no_thread_uses(world: Any) -
     assert await blobs.get(_key(secret)) == secret  # tenant B's checkpoint uses it
 
 
+def test_the_gateways_sweep_repack_threshold_is_checked_at_start(tmp_path: Path) -> None:
+    from checkpointd.gateway.server import GatewayConfig
+
+    def config(percent: int) -> GatewayConfig:
+        return GatewayConfig(
+            listen="127.0.0.1:0",
+            store=f"sqlite://{tmp_path / 'db'}",
+            blobs=f"file://{tmp_path / 'blobs'}",
+            token_key=tmp_path / "key.pub",
+            sweep_repack_below=percent,
+        )
+
+    for good in (0, 50, 100):
+        config(good).check()
+    for bad in (-1, 101):
+        with pytest.raises(SandboxCheckpointError, match="repack_below_percent") as caught:
+            config(bad).check()
+        assert caught.value.details["field"] == "repack_below_percent"
+
+
 async def test_missing_marks_are_seen_and_cleared_only_for_the_tokens_keys(world: Any) -> None:
     gateway, keys, secret = world
     mine = b"my file, marked missing by a check"

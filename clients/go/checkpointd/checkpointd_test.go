@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"checkpointd.dev/clients/go/checkpointd"
 	pb "checkpointd.dev/clients/go/checkpointdv1"
@@ -210,8 +211,28 @@ func TestPruneAndSweep(t *testing.T) {
 		t.Fatalf("sweep %+v, %v", swept, err)
 	}
 	defaults, err := checkpointd.SweepSandboxBlobs(ctx(t), client, checkpointd.SweepOptions{DryRun: true})
-	if err != nil || defaults.Summary.GetOlderThanMs() != 3_600_000 || len(defaults.Deleted) != 0 {
+	if err != nil || defaults.Summary.GetOlderThanMs() != 3_600_000 || len(defaults.Deleted) != 0 ||
+		defaults.Summary.GetRepackBelowPercent() != 50 {
 		t.Fatalf("default sweep %+v, %v", defaults, err)
+	}
+	never, err := checkpointd.SweepSandboxBlobs(ctx(t), client, checkpointd.SweepOptions{DryRun: true, NeverRepack: true})
+	if err != nil || never.Summary.GetRepackBelowPercent() != 0 {
+		t.Fatalf("never repack %+v, %v", never, err)
+	}
+	chosen, err := checkpointd.SweepSandboxBlobs(ctx(t), client, checkpointd.SweepOptions{DryRun: true, RepackBelowPercent: 30})
+	if err != nil || chosen.Summary.GetRepackBelowPercent() != 30 {
+		t.Fatalf("repack below 30 %+v, %v", chosen, err)
+	}
+	if _, err := checkpointd.SweepSandboxBlobs(ctx(t), client, checkpointd.SweepOptions{RepackBelowPercent: 101}); !errors.As(err, &checkpointd.InvalidArgumentError{}) {
+		t.Fatalf("repack below 101: %v", err)
+	}
+	// The daemon's own check (a raw request past the SDK's).
+	raw, err := client.SweepBlobs(ctx(t), &pb.SweepBlobsRequest{DryRun: true, RepackBelowPercent: proto.Uint32(101)})
+	if err == nil {
+		_, err = raw.Recv()
+	}
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("raw repack below 101: %v", err)
 	}
 }
 

@@ -243,6 +243,11 @@ type SweepOptions struct {
 	// AnyAge deletes unused blobs of any age (OlderThan is then ignored).
 	AnyAge bool
 	DryRun bool
+	// RepackBelowPercent: repack a pack whose live blobs fill less than this
+	// percentage of it (1-100). Zero: the daemon's default (50).
+	RepackBelowPercent int
+	// NeverRepack: no pack is repacked (RepackBelowPercent is then ignored).
+	NeverRepack bool
 }
 
 // SweepResult gathers a sweep's batches.
@@ -266,6 +271,16 @@ func SweepSandboxBlobs(ctx context.Context, c *Client, o SweepOptions) (*SweepRe
 			map[string]string{"older_than_ms": fmt.Sprint(o.OlderThan.Milliseconds())})
 	case o.OlderThan > 0:
 		req.OlderThanMs = proto.Uint64(uint64(o.OlderThan.Milliseconds()))
+	}
+	switch {
+	case o.NeverRepack:
+		req.RepackBelowPercent = proto.Uint32(0)
+	case o.RepackBelowPercent < 0 || o.RepackBelowPercent > 100:
+		return nil, invalidArgument(
+			fmt.Sprintf("RepackBelowPercent must be in [0, 100], not %d", o.RepackBelowPercent),
+			map[string]string{"field": "repack_below_percent", "value": fmt.Sprint(o.RepackBelowPercent)})
+	case o.RepackBelowPercent > 0:
+		req.RepackBelowPercent = proto.Uint32(uint32(o.RepackBelowPercent))
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -3447,10 +3447,15 @@ type SweepBlobsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only blobs uploaded at least this long ago are deleted. Unset: the server's
 	// default (1 hour); 0 means any age.
-	OlderThanMs   *uint64 `protobuf:"varint,1,opt,name=older_than_ms,json=olderThanMs,proto3,oneof" json:"older_than_ms,omitempty"`
-	DryRun        bool    `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OlderThanMs *uint64 `protobuf:"varint,1,opt,name=older_than_ms,json=olderThanMs,proto3,oneof" json:"older_than_ms,omitempty"`
+	DryRun      bool    `protobuf:"varint,2,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	// Repack a pack whose live blobs fill less than this percentage of its frames
+	// (their live blobs are copied into a new pack, the old one deleted by a later
+	// sweep). Unset: 50. 0 never repacks; 100 repacks any pack with a dead blob.
+	// Above 100: INVALID_ARGUMENT (metadata field = "repack_below_percent").
+	RepackBelowPercent *uint32 `protobuf:"varint,3,opt,name=repack_below_percent,json=repackBelowPercent,proto3,oneof" json:"repack_below_percent,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SweepBlobsRequest) Reset() {
@@ -3497,11 +3502,19 @@ func (x *SweepBlobsRequest) GetDryRun() bool {
 	return false
 }
 
+func (x *SweepBlobsRequest) GetRepackBelowPercent() uint32 {
+	if x != nil && x.RepackBelowPercent != nil {
+		return *x.RepackBelowPercent
+	}
+	return 0
+}
+
 type KeptBlob struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// "referenced", "too-young", "not-a-blob-key", "in-use", "hold-expiring" or
-	// "count-mismatch" (the stored count and the manifests disagree).
+	// "referenced", "too-young", "not-a-blob-key", "in-use", "hold-expiring",
+	// "count-mismatch" (the stored count and the manifests disagree) or, for a
+	// pack, "repacked" (its live blobs were copied into a new pack).
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3683,9 +3696,11 @@ type SweepBlobsSummary struct {
 	KeptByReason map[string]uint64 `protobuf:"bytes,6,rep,name=kept_by_reason,json=keptByReason,proto3" json:"kept_by_reason,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	DurationMs   uint64            `protobuf:"varint,7,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	// The older_than_ms the sweep used (the server default when unset).
-	OlderThanMs   uint64 `protobuf:"varint,8,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	OlderThanMs uint64 `protobuf:"varint,8,opt,name=older_than_ms,json=olderThanMs,proto3" json:"older_than_ms,omitempty"`
+	// The repack_below_percent the sweep used (50 when unset).
+	RepackBelowPercent uint32 `protobuf:"varint,9,opt,name=repack_below_percent,json=repackBelowPercent,proto3" json:"repack_below_percent,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *SweepBlobsSummary) Reset() {
@@ -3770,6 +3785,13 @@ func (x *SweepBlobsSummary) GetDurationMs() uint64 {
 func (x *SweepBlobsSummary) GetOlderThanMs() uint64 {
 	if x != nil {
 		return x.OlderThanMs
+	}
+	return 0
+}
+
+func (x *SweepBlobsSummary) GetRepackBelowPercent() uint32 {
+	if x != nil {
+		return x.RepackBelowPercent
 	}
 	return 0
 }
@@ -4794,11 +4816,13 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x16deleted_checkpoint_ids\x18\x01 \x03(\tR\x14deletedCheckpointIds\x12\x17\n" +
 	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x12#\n" +
 	"\rdeleted_count\x18\x03 \x01(\x04R\fdeletedCount\x12#\n" +
-	"\rids_truncated\x18\x04 \x01(\bR\fidsTruncated\"g\n" +
+	"\rids_truncated\x18\x04 \x01(\bR\fidsTruncated\"\xb7\x01\n" +
 	"\x11SweepBlobsRequest\x12'\n" +
 	"\rolder_than_ms\x18\x01 \x01(\x04H\x00R\volderThanMs\x88\x01\x01\x12\x17\n" +
-	"\adry_run\x18\x02 \x01(\bR\x06dryRunB\x10\n" +
-	"\x0e_older_than_ms\"4\n" +
+	"\adry_run\x18\x02 \x01(\bR\x06dryRun\x125\n" +
+	"\x14repack_below_percent\x18\x03 \x01(\rH\x01R\x12repackBelowPercent\x88\x01\x01B\x10\n" +
+	"\x0e_older_than_msB\x17\n" +
+	"\x15_repack_below_percent\"4\n" +
 	"\bKeptBlob\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\":\n" +
@@ -4808,7 +4832,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0fSweepBlobsBatch\x12\x18\n" +
 	"\adeleted\x18\x01 \x03(\tR\adeleted\x12,\n" +
 	"\x04kept\x18\x02 \x03(\v2\x18.checkpointd.v1.KeptBlobR\x04kept\x128\n" +
-	"\bfailures\x18\x03 \x03(\v2\x1c.checkpointd.v1.SweepFailureR\bfailures\"\x97\x03\n" +
+	"\bfailures\x18\x03 \x03(\v2\x1c.checkpointd.v1.SweepFailureR\bfailures\"\xc9\x03\n" +
 	"\x11SweepBlobsSummary\x12!\n" +
 	"\flisted_count\x18\x01 \x01(\x04R\vlistedCount\x12#\n" +
 	"\rdeleted_count\x18\x02 \x01(\x04R\fdeletedCount\x12\x1d\n" +
@@ -4819,7 +4843,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0ekept_by_reason\x18\x06 \x03(\v23.checkpointd.v1.SweepBlobsSummary.KeptByReasonEntryR\fkeptByReason\x12\x1f\n" +
 	"\vduration_ms\x18\a \x01(\x04R\n" +
 	"durationMs\x12\"\n" +
-	"\rolder_than_ms\x18\b \x01(\x04R\volderThanMs\x1a?\n" +
+	"\rolder_than_ms\x18\b \x01(\x04R\volderThanMs\x120\n" +
+	"\x14repack_below_percent\x18\t \x01(\rR\x12repackBelowPercent\x1a?\n" +
 	"\x11KeptByReasonEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"\x92\x01\n" +

@@ -199,6 +199,11 @@ export interface SweepSandboxBlobsOptions extends CallOptions {
    */
   olderThanMs?: number;
   dryRun?: boolean;
+  /**
+   * Repack a pack whose live blobs fill less than this percentage of it (0-100;
+   * 0 never repacks). Unset: the daemon's default, 50.
+   */
+  repackBelowPercent?: number;
 }
 
 /** The deleted keys (as in the seeds), with what was kept and why, failures and the daemon's summary. */
@@ -222,11 +227,24 @@ export async function sweepSandboxBlobs(options: SweepSandboxBlobsOptions): Prom
       { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { older_than_ms: String(olderThanMs) } },
     );
   }
+  const repackBelowPercent = options.repackBelowPercent;
+  if (
+    repackBelowPercent !== undefined &&
+    (!Number.isSafeInteger(repackBelowPercent) || repackBelowPercent < 0 || repackBelowPercent > 100)
+  ) {
+    throw new SandboxCheckpointInvalidArgumentError(
+      `repackBelowPercent must be an integer in [0, 100], not ${repackBelowPercent}`,
+      {
+        code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+        metadata: { field: "repack_below_percent", value: String(repackBelowPercent) },
+      },
+    );
+  }
   const deleted: string[] = [];
   const kept: KeptBlob[] = [];
   const failures: SweepFailure[] = [];
   const events = options.client.sweepBlobs(
-    { olderThanMs, dryRun: options.dryRun ?? false },
+    { olderThanMs, dryRun: options.dryRun ?? false, repackBelowPercent },
     callOptions(options),
   );
   for await (const { event } of events) {

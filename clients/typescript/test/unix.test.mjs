@@ -198,6 +198,22 @@ test("deleteCheckpoints keeps the newest, sweepSandboxBlobs reports", async () =
   const defaults = await sweepSandboxBlobs({ client, dryRun: true });
   assert.equal(defaults.summary.olderThanMs, 3_600_000n, "unset is the daemon's default");
   assert.equal(defaults.length, 0, "nothing is an hour old yet");
+  assert.equal(defaults.summary.repackBelowPercent, 50, "unset repacks below 50%");
+  const never = await sweepSandboxBlobs({ client, dryRun: true, repackBelowPercent: 0 });
+  assert.equal(never.summary.repackBelowPercent, 0);
+  await assert.rejects(
+    sweepSandboxBlobs({ client, dryRun: true, repackBelowPercent: 101 }),
+    SandboxCheckpointInvalidArgumentError,
+  );
+  await assert.rejects(
+    (async () => {
+      for await (const _ of client.sweepBlobs({ dryRun: true, repackBelowPercent: 101 })) {
+        // the daemon refuses before the first message
+      }
+    })(),
+    (error) => error.code === "SANDBOX_SNAPSHOT_INVALID_ARGUMENT" &&
+      error.metadata.field === "repack_below_percent",
+  );
 });
 
 test("bad input is a typed INVALID_ARGUMENT error from the daemon", async () => {

@@ -62,6 +62,13 @@ def add_commands(commands: Any) -> None:
     gateway.add_argument(
         "--sweep-older-than", default="24h", help="the sweep keeps blobs younger than this"
     )
+    gateway.add_argument(
+        "--sweep-repack-below",
+        type=int,
+        default=50,
+        metavar="PERCENT",
+        help="the sweep repacks packs whose live blobs fill less than PERCENT (0-100, 0 never)",
+    )
     gateway.add_argument("--log-level", default="INFO")
 
     token = commands.add_parser("token", help="make signing keys and mint scoped gateway tokens")
@@ -148,6 +155,7 @@ def run_gateway(args: argparse.Namespace) -> int:
             metrics_listen=args.metrics_listen,
             sweep_every=parse_duration(args.sweep_every) if args.sweep_every else None,
             sweep_older_than=parse_duration(args.sweep_older_than),
+            sweep_repack_below=args.sweep_repack_below,
         )
         config.check()
         return asyncio.run(run(config))

@@ -56,6 +56,8 @@ class GatewayConfig:
     # delete unreferenced blobs uploaded at least sweep_older_than seconds ago.
     sweep_every: float | None = None
     sweep_older_than: float = 24 * 3600.0
+    # ... and repack packs whose live blobs fill less than this percentage.
+    sweep_repack_below: int = 50
 
     @property
     def address(self) -> str:
@@ -76,6 +78,9 @@ class GatewayConfig:
             raise SandboxCheckpointInvalidArgumentError("--sweep-every must be positive")
         if not self.sweep_older_than >= 0:
             raise SandboxCheckpointInvalidArgumentError("--sweep-older-than must be >= 0")
+        from ..sweep import repack_below_percent
+
+        repack_below_percent(self.sweep_repack_below)
         if self.insecure_plaintext and self.tls_cert is not None:
             raise SandboxCheckpointInvalidArgumentError(
                 "--insecure-plaintext and --tls-cert contradict each other"
@@ -135,7 +140,11 @@ async def open_backends(config: GatewayConfig) -> tuple[CheckpointStore, Any]:
 
 
 async def sweep_periodically(
-    store: CheckpointStore, blobs: Any, every_s: float, older_than_s: float
+    store: CheckpointStore,
+    blobs: Any,
+    every_s: float,
+    older_than_s: float,
+    repack_below_percent: int = 50,
 ) -> None:
     """The gateway's sweep job: the safe sweep of ``sweep.py`` (pins and
     condemnations in the store, so several gateways may run it at once), first
@@ -145,7 +154,9 @@ async def sweep_periodically(
     while True:
         await asyncio.sleep(every_s)
         try:
-            report = await sweep_blobs(store, blobs, int(older_than_s * 1000))
+            report = await sweep_blobs(
+                store, blobs, int(older_than_s * 1000), repack_below=repack_below_percent / 100
+            )
         except Exception:  # noqa: BLE001 - the next round tries again
             _log.exception("sweep failed")
             continue
@@ -187,7 +198,13 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
     await server.start()
     sweeper = (
         asyncio.ensure_future(
-            sweep_periodically(store, blobs, config.sweep_every, config.sweep_older_than)
+            sweep_periodically(
+                store,
+                blobs,
+                config.sweep_every,
+                config.sweep_older_than,
+                config.sweep_repack_below,
+            )
         )
         if config.sweep_every
         else None

@@ -351,15 +351,18 @@ class Client:
         older_than_ms: int | None = None,
         *,
         dry_run: bool = False,
+        repack_below_percent: int | None = None,
         on_batch: Callable[[pb.SweepBlobsBatch], None] | None = None,
     ) -> pb.SweepBlobsSummary:
-        """Sweep (``older_than_ms`` None: the server default); ``on_batch`` sees
-        every batch of keys as it arrives. Returns the summary. A sweep that
-        fails part-way raises RpcError after ``on_batch`` saw every key it deleted
-        (``metadata["deleted_count"]`` says how many)."""
+        """Sweep (``older_than_ms`` None: the server default; ``repack_below_percent``
+        None: 50); ``on_batch`` sees every batch of keys as it arrives. Returns the
+        summary. A sweep that fails part-way raises RpcError after ``on_batch`` saw
+        every key it deleted (``metadata["deleted_count"]`` says how many)."""
         request = pb.SweepBlobsRequest(dry_run=dry_run)
         if older_than_ms is not None:
             request.older_than_ms = older_than_ms
+        if repack_below_percent is not None:
+            request.repack_below_percent = repack_below_percent
         async for event in self._stream(self.stub.SweepBlobs, request):
             if event.HasField("batch"):
                 if on_batch is not None:

@@ -1006,7 +1006,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     async def SweepBlobs(
         self, request: pb.SweepBlobsRequest, context: Context
     ) -> AsyncIterator[pb.SweepBlobsEvent]:
-        from ..sweep import iter_sweep_blobs
+        from ..sweep import iter_sweep_blobs, repack_below_percent
 
         store, blobs = self.state.stores()
         if self.state.store_backend == "gateway":
@@ -1020,11 +1020,17 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             if request.HasField("older_than_ms")
             else DEFAULT_SWEEP_OLDER_THAN_MS
         )
+        percent = request.repack_below_percent if request.HasField("repack_below_percent") else None
+        repack_below = repack_below_percent(percent)
         began = time.monotonic()
-        summary = pb.SweepBlobsSummary(dry_run=request.dry_run, older_than_ms=older_than_ms)
+        summary = pb.SweepBlobsSummary(
+            dry_run=request.dry_run,
+            older_than_ms=older_than_ms,
+            repack_below_percent=round(repack_below * 100),
+        )
         try:
             async for batch in iter_sweep_blobs(
-                store, blobs, older_than_ms, dry_run=request.dry_run
+                store, blobs, older_than_ms, dry_run=request.dry_run, repack_below=repack_below
             ):
                 summary.listed_count += batch.listed
                 summary.deleted_count += len(batch.deleted)

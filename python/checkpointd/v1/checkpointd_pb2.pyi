@@ -621,12 +621,14 @@ class PruneResponse(_message.Message):
     def __init__(self, deleted_checkpoint_ids: _Optional[_Iterable[str]] = ..., dry_run: _Optional[bool] = ..., deleted_count: _Optional[int] = ..., ids_truncated: _Optional[bool] = ...) -> None: ...
 
 class SweepBlobsRequest(_message.Message):
-    __slots__ = ("older_than_ms", "dry_run")
+    __slots__ = ("older_than_ms", "dry_run", "repack_below_percent")
     OLDER_THAN_MS_FIELD_NUMBER: _ClassVar[int]
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    REPACK_BELOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
     older_than_ms: int
     dry_run: bool
-    def __init__(self, older_than_ms: _Optional[int] = ..., dry_run: _Optional[bool] = ...) -> None: ...
+    repack_below_percent: int
+    def __init__(self, older_than_ms: _Optional[int] = ..., dry_run: _Optional[bool] = ..., repack_below_percent: _Optional[int] = ...) -> None: ...
 
 class KeptBlob(_message.Message):
     __slots__ = ("key", "reason")
@@ -655,7 +657,7 @@ class SweepBlobsBatch(_message.Message):
     def __init__(self, deleted: _Optional[_Iterable[str]] = ..., kept: _Optional[_Iterable[_Union[KeptBlob, _Mapping]]] = ..., failures: _Optional[_Iterable[_Union[SweepFailure, _Mapping]]] = ...) -> None: ...
 
 class SweepBlobsSummary(_message.Message):
-    __slots__ = ("listed_count", "deleted_count", "kept_count", "failed_count", "dry_run", "kept_by_reason", "duration_ms", "older_than_ms")
+    __slots__ = ("listed_count", "deleted_count", "kept_count", "failed_count", "dry_run", "kept_by_reason", "duration_ms", "older_than_ms", "repack_below_percent")
     class KeptByReasonEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -671,6 +673,7 @@ class SweepBlobsSummary(_message.Message):
     KEPT_BY_REASON_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     OLDER_THAN_MS_FIELD_NUMBER: _ClassVar[int]
+    REPACK_BELOW_PERCENT_FIELD_NUMBER: _ClassVar[int]
     listed_count: int
     deleted_count: int
     kept_count: int
@@ -679,7 +682,8 @@ class SweepBlobsSummary(_message.Message):
     kept_by_reason: _containers.ScalarMap[str, int]
     duration_ms: int
     older_than_ms: int
-    def __init__(self, listed_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., kept_count: _Optional[int] = ..., failed_count: _Optional[int] = ..., dry_run: _Optional[bool] = ..., kept_by_reason: _Optional[_Mapping[str, int]] = ..., duration_ms: _Optional[int] = ..., older_than_ms: _Optional[int] = ...) -> None: ...
+    repack_below_percent: int
+    def __init__(self, listed_count: _Optional[int] = ..., deleted_count: _Optional[int] = ..., kept_count: _Optional[int] = ..., failed_count: _Optional[int] = ..., dry_run: _Optional[bool] = ..., kept_by_reason: _Optional[_Mapping[str, int]] = ..., duration_ms: _Optional[int] = ..., older_than_ms: _Optional[int] = ..., repack_below_percent: _Optional[int] = ...) -> None: ...
 
 class SweepBlobsEvent(_message.Message):
     __slots__ = ("batch", "summary")
