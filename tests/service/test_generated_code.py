@@ -72,6 +72,7 @@ def test_the_gateway_serves_every_store_and_blob_method() -> None:
         "clear_missing_blobs": "ClearMissingBlobs",
         "list_missing_blobs": "ListMissingBlobs",
         "list_threads": "ListThreads",
+        "spent_checkpoint_ids": "SpentCheckpointIds",
     }
     for method, rpc in store_methods.items():
         assert callable(getattr(RemoteCheckpointStore, method)), method

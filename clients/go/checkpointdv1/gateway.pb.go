@@ -2154,7 +2154,7 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"expiresInS\"C\n" +
 	"\x0fGatewayBlobUrls\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x12\n" +
-	"\x04urls\x18\x02 \x03(\tR\x04urls2\x84\x14\n" +
+	"\x04urls\x18\x02 \x03(\tR\x04urls2\xe6\x14\n" +
 	"\aGateway\x12Y\n" +
 	"\fGetStoreInfo\x12'.checkpointd.v1.GatewayStoreInfoRequest\x1a .checkpointd.v1.GatewayStoreInfo\x12K\n" +
 	"\x03Get\x12!.checkpointd.v1.GatewayGetRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12Q\n" +
@@ -2168,7 +2168,8 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\rReleaseWriter\x12\x1d.checkpointd.v1.GatewayWriter\x1a\x1c.checkpointd.v1.GatewayEmpty\x12j\n" +
 	"\x11DeleteCheckpoints\x12/.checkpointd.v1.GatewayDeleteCheckpointsRequest\x1a$.checkpointd.v1.GatewayCheckpointIds\x12[\n" +
 	"\x12ForkFromCheckpoint\x12\".checkpointd.v1.GatewayForkRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12X\n" +
-	"\vListThreads\x12).checkpointd.v1.GatewayListThreadsRequest\x1a\x1e.checkpointd.v1.GatewayThreads\x12J\n" +
+	"\vListThreads\x12).checkpointd.v1.GatewayListThreadsRequest\x1a\x1e.checkpointd.v1.GatewayThreads\x12`\n" +
+	"\x12SpentCheckpointIds\x12$.checkpointd.v1.GatewayCheckpointIds\x1a$.checkpointd.v1.GatewayCheckpointIds\x12J\n" +
 	"\bPinBlobs\x12!.checkpointd.v1.GatewayPinRequest\x1a\x1b.checkpointd.v1.GatewayKeys\x12R\n" +
 	"\fCondemnBlobs\x12%.checkpointd.v1.GatewayCondemnRequest\x1a\x1b.checkpointd.v1.GatewayKeys\x12M\n" +
 	"\x10ReleaseCondemned\x12\x1b.checkpointd.v1.GatewayKeys\x1a\x1c.checkpointd.v1.GatewayEmpty\x12[\n" +
@@ -2265,56 +2266,58 @@ var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	14, // 19: checkpointd.v1.Gateway.DeleteCheckpoints:input_type -> checkpointd.v1.GatewayDeleteCheckpointsRequest
 	16, // 20: checkpointd.v1.Gateway.ForkFromCheckpoint:input_type -> checkpointd.v1.GatewayForkRequest
 	33, // 21: checkpointd.v1.Gateway.ListThreads:input_type -> checkpointd.v1.GatewayListThreadsRequest
-	18, // 22: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
-	19, // 23: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
-	17, // 24: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 25: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	22, // 26: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
-	0,  // 27: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	17, // 28: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
-	17, // 29: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 30: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
-	25, // 31: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
-	17, // 32: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
-	28, // 33: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
-	17, // 34: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
-	29, // 35: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 36: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
-	36, // 37: checkpointd.v1.Gateway.BlobSignGet:input_type -> checkpointd.v1.GatewayBlobSignRequest
-	32, // 38: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
-	25, // 39: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
-	2,  // 40: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
-	5,  // 41: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
-	5,  // 42: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
-	6,  // 43: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
-	9,  // 44: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
-	0,  // 45: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
-	12, // 46: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
-	13, // 47: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
-	0,  // 48: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
-	15, // 49: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
-	5,  // 50: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
-	35, // 51: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
-	17, // 52: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
-	17, // 53: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
-	0,  // 54: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
-	21, // 55: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
-	24, // 56: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	24, // 57: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	0,  // 58: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
-	0,  // 59: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
-	17, // 60: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
-	26, // 61: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
-	17, // 62: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
-	29, // 63: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 64: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
-	30, // 65: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
-	31, // 66: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
-	37, // 67: checkpointd.v1.Gateway.BlobSignGet:output_type -> checkpointd.v1.GatewayBlobUrls
-	27, // 68: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
-	0,  // 69: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
-	40, // [40:70] is the sub-list for method output_type
-	10, // [10:40] is the sub-list for method input_type
+	15, // 22: checkpointd.v1.Gateway.SpentCheckpointIds:input_type -> checkpointd.v1.GatewayCheckpointIds
+	18, // 23: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
+	19, // 24: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
+	17, // 25: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 26: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	22, // 27: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
+	0,  // 28: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	17, // 29: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
+	17, // 30: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 31: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
+	25, // 32: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
+	17, // 33: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
+	28, // 34: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
+	17, // 35: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
+	29, // 36: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
+	29, // 37: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
+	36, // 38: checkpointd.v1.Gateway.BlobSignGet:input_type -> checkpointd.v1.GatewayBlobSignRequest
+	32, // 39: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
+	25, // 40: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
+	2,  // 41: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
+	5,  // 42: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
+	5,  // 43: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
+	6,  // 44: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
+	9,  // 45: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
+	0,  // 46: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
+	12, // 47: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
+	13, // 48: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
+	0,  // 49: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
+	15, // 50: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
+	5,  // 51: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
+	35, // 52: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
+	15, // 53: checkpointd.v1.Gateway.SpentCheckpointIds:output_type -> checkpointd.v1.GatewayCheckpointIds
+	17, // 54: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
+	17, // 55: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
+	0,  // 56: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
+	21, // 57: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
+	24, // 58: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	24, // 59: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	0,  // 60: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
+	0,  // 61: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
+	17, // 62: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
+	26, // 63: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
+	17, // 64: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
+	29, // 65: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
+	29, // 66: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
+	30, // 67: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
+	31, // 68: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
+	37, // 69: checkpointd.v1.Gateway.BlobSignGet:output_type -> checkpointd.v1.GatewayBlobUrls
+	27, // 70: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
+	0,  // 71: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
+	41, // [41:72] is the sub-list for method output_type
+	10, // [10:41] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name

@@ -48,6 +48,7 @@ const (
 	Gateway_DeleteCheckpoints_FullMethodName    = "/checkpointd.v1.Gateway/DeleteCheckpoints"
 	Gateway_ForkFromCheckpoint_FullMethodName   = "/checkpointd.v1.Gateway/ForkFromCheckpoint"
 	Gateway_ListThreads_FullMethodName          = "/checkpointd.v1.Gateway/ListThreads"
+	Gateway_SpentCheckpointIds_FullMethodName   = "/checkpointd.v1.Gateway/SpentCheckpointIds"
 	Gateway_PinBlobs_FullMethodName             = "/checkpointd.v1.Gateway/PinBlobs"
 	Gateway_CondemnBlobs_FullMethodName         = "/checkpointd.v1.Gateway/CondemnBlobs"
 	Gateway_ReleaseCondemned_FullMethodName     = "/checkpointd.v1.Gateway/ReleaseCondemned"
@@ -87,6 +88,10 @@ type GatewayClient interface {
 	ForkFromCheckpoint(ctx context.Context, in *GatewayForkRequest, opts ...grpc.CallOption) (*GatewayCheckpoint, error)
 	// ThreadListing: only the threads the token covers (admin: all).
 	ListThreads(ctx context.Context, in *GatewayListThreadsRequest, opts ...grpc.CallOption) (*GatewayThreads, error)
+	// SpentCheckpointIds (store.base): which of these ids named request_id
+	// checkpoints deleted since, so a retried Capture never reuses one (capture,
+	// admin). Request and reply list ids; the reply keeps the request's order.
+	SpentCheckpointIds(ctx context.Context, in *GatewayCheckpointIds, opts ...grpc.CallOption) (*GatewayCheckpointIds, error)
 	// BlobGuard: a capture pins; condemning is the sweep's (admin tokens only).
 	PinBlobs(ctx context.Context, in *GatewayPinRequest, opts ...grpc.CallOption) (*GatewayKeys, error)
 	CondemnBlobs(ctx context.Context, in *GatewayCondemnRequest, opts ...grpc.CallOption) (*GatewayKeys, error)
@@ -248,6 +253,16 @@ func (c *gatewayClient) ListThreads(ctx context.Context, in *GatewayListThreadsR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GatewayThreads)
 	err := c.cc.Invoke(ctx, Gateway_ListThreads_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayClient) SpentCheckpointIds(ctx context.Context, in *GatewayCheckpointIds, opts ...grpc.CallOption) (*GatewayCheckpointIds, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GatewayCheckpointIds)
+	err := c.cc.Invoke(ctx, Gateway_SpentCheckpointIds_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -513,6 +528,10 @@ type GatewayServer interface {
 	ForkFromCheckpoint(context.Context, *GatewayForkRequest) (*GatewayCheckpoint, error)
 	// ThreadListing: only the threads the token covers (admin: all).
 	ListThreads(context.Context, *GatewayListThreadsRequest) (*GatewayThreads, error)
+	// SpentCheckpointIds (store.base): which of these ids named request_id
+	// checkpoints deleted since, so a retried Capture never reuses one (capture,
+	// admin). Request and reply list ids; the reply keeps the request's order.
+	SpentCheckpointIds(context.Context, *GatewayCheckpointIds) (*GatewayCheckpointIds, error)
 	// BlobGuard: a capture pins; condemning is the sweep's (admin tokens only).
 	PinBlobs(context.Context, *GatewayPinRequest) (*GatewayKeys, error)
 	CondemnBlobs(context.Context, *GatewayCondemnRequest) (*GatewayKeys, error)
@@ -586,6 +605,9 @@ func (UnimplementedGatewayServer) ForkFromCheckpoint(context.Context, *GatewayFo
 }
 func (UnimplementedGatewayServer) ListThreads(context.Context, *GatewayListThreadsRequest) (*GatewayThreads, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListThreads not implemented")
+}
+func (UnimplementedGatewayServer) SpentCheckpointIds(context.Context, *GatewayCheckpointIds) (*GatewayCheckpointIds, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method SpentCheckpointIds not implemented")
 }
 func (UnimplementedGatewayServer) PinBlobs(context.Context, *GatewayPinRequest) (*GatewayKeys, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method PinBlobs not implemented")
@@ -867,6 +889,24 @@ func _Gateway_ListThreads_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(GatewayServer).ListThreads(ctx, req.(*GatewayListThreadsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Gateway_SpentCheckpointIds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GatewayCheckpointIds)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServer).SpentCheckpointIds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gateway_SpentCheckpointIds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServer).SpentCheckpointIds(ctx, req.(*GatewayCheckpointIds))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1181,6 +1221,10 @@ var Gateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListThreads",
 			Handler:    _Gateway_ListThreads_Handler,
+		},
+		{
+			MethodName: "SpentCheckpointIds",
+			Handler:    _Gateway_SpentCheckpointIds_Handler,
 		},
 		{
 			MethodName: "PinBlobs",

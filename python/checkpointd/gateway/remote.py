@@ -447,6 +447,17 @@ class RemoteCheckpointStore:
             for t in reply.threads
         ]
 
+    async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
+        """The given ids that are spent (``store.base.SpentCheckpointIds``), asked
+        of the gateway's store, so a request_id deleted by any path (the daemon,
+        another sidecar, the Python API on the store) is refused here too."""
+        wanted = [i for i in dict.fromkeys(checkpoint_ids) if isinstance(i, str)]
+        if not wanted:
+            return []
+        request = gpb.GatewayCheckpointIds(checkpoint_ids=wanted)
+        reply = await self._connection.call("SpentCheckpointIds", request, repeatable=True)
+        return list(reply.checkpoint_ids)
+
     # ------------------------------------------------------------ BlobGuard
 
     async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:

@@ -10,6 +10,7 @@ scope before touching the store:
 | Append, PinBlobs | capture | the checkpoint's / the writer's |
 | DeleteHead, DeleteCheckpoints | prune | the thread |
 | ForkFromCheckpoint | fork | source and destination |
+| SpentCheckpointIds | capture, admin | — (a deleted id names no thread) |
 | ClearMissingBlobs, ListMissingBlobs | capture, admin | only keys the token may read |
 | BlobHead, BlobMissing, BlobPut* | capture, admin (head, missing: any op) | — |
 | BlobGet* | any op | the key must be referenced by a checkpoint of a granted thread |
@@ -55,7 +56,7 @@ from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLeas
 from ..service import status
 from ..service.auth import AUTHORIZATION
 from ..service.servicer import SPENT_REQUEST_PREFIX
-from ..store.base import BlobCount, CheckpointStore, ThreadSummary
+from ..store.base import BlobCount, CheckpointStore, SpentCheckpointIds, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from . import wire
@@ -454,6 +455,23 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             )
 
         return await self._unary("ListThreads", context, work)
+
+    async def SpentCheckpointIds(
+        self, request: gpb.GatewayCheckpointIds, context: Any
+    ) -> gpb.GatewayCheckpointIds:
+        async def work(scope: TokenScope) -> gpb.GatewayCheckpointIds:
+            # A spent id is a deleted UUIDv5 of (thread, request_id): asking
+            # reveals no more than a blob head does, so any capturing token may.
+            scope.require(UPLOAD_OPS)
+            ids = list(request.checkpoint_ids)
+            spent = (
+                await self.store.spent_checkpoint_ids(ids)
+                if isinstance(self.store, SpentCheckpointIds)
+                else []  # a store that cannot say: the daemon's bucket markers remain
+            )
+            return gpb.GatewayCheckpointIds(checkpoint_ids=spent)
+
+        return await self._unary("SpentCheckpointIds", context, work)
 
     # ------------------------------------------------------------ guard and audit
 

@@ -281,8 +281,9 @@ async def _refuse_spent_request_id(
     state: ServiceState, thread_id: str, request_id: str, checkpoint_id: str
 ) -> None:
     store, blobs = state.stores()
-    # The store records the spent ids it deleted, by any path (store._core); the
-    # bucket markers cover stores that cannot say (the gateway's remote store).
+    # The store records the spent ids it deleted, by any path (store._core; the
+    # gateway's remote store asks its store); the bucket markers cover stores
+    # that cannot say (a user's own) and deletions from before stores kept them.
     spent = isinstance(store, SpentCheckpointIds) and bool(
         await store.spent_checkpoint_ids([checkpoint_id])
     )

@@ -94,6 +94,11 @@ class GatewayStub:
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.FromString,
                 _registered_method=True)
+        self.SpentCheckpointIds = channel.unary_unary(
+                '/checkpointd.v1.Gateway/SpentCheckpointIds',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.FromString,
+                _registered_method=True)
         self.PinBlobs = channel.unary_unary(
                 '/checkpointd.v1.Gateway/PinBlobs',
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPinRequest.SerializeToString,
@@ -259,6 +264,15 @@ class GatewayServicer:
 
     def ListThreads(self, request, context):
         """ThreadListing: only the threads the token covers (admin: all).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SpentCheckpointIds(self, request, context):
+        """SpentCheckpointIds (store.base): which of these ids named request_id
+        checkpoints deleted since, so a retried Capture never reuses one (capture,
+        admin). Request and reply list ids; the reply keeps the request's order.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -444,6 +458,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.ListThreads,
                     request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.SerializeToString,
+            ),
+            'SpentCheckpointIds': grpc.unary_unary_rpc_method_handler(
+                    servicer.SpentCheckpointIds,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.SerializeToString,
             ),
             'PinBlobs': grpc.unary_unary_rpc_method_handler(
                     servicer.PinBlobs,
@@ -860,6 +879,33 @@ class Gateway:
             '/checkpointd.v1.Gateway/ListThreads',
             checkpointd_dot_v1_dot_gateway__pb2.GatewayListThreadsRequest.SerializeToString,
             checkpointd_dot_v1_dot_gateway__pb2.GatewayThreads.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SpentCheckpointIds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/SpentCheckpointIds',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayCheckpointIds.FromString,
             options,
             channel_credentials,
             insecure,
