@@ -16,9 +16,20 @@ What it does, in batches (``migrate_to_packs``):
    (durable) before ``add_packed_blobs`` records its rows, which the store does
    only for keys still referenced and still without a row.
 
+Its packs are protected from the sweep as a capture's are, by pins: migrate
+holds a writer lease of its own (thread ``MIGRATE_THREAD``, one per store: a
+second migrate meanwhile is WRITER_CONFLICT) and pins each key before it reads
+the key's single object, so before the pack holding it is uploaded; a sweep
+deletes a pack no row points at only once it could condemn every key in it
+(``PackMaintenance.condemn_unpinned_blobs``), which a live pin refuses, and a
+key the sweep holds is waited for before it is read. The lease is renewed
+while the pack is built and right before its rows are recorded; each pack
+takes the lease again (a new fence), which drops the previous pack's pins.
+
 So it is idempotent (a rerun skips keys that have a row) and safe to kill at
 any point: a pack uploaded whose rows were never recorded is a pack no row
-points at, which a sweep deletes; nothing else changed. Nothing is rewritten
+points at, which a sweep deletes once the killed run's lease (and its pins)
+expired; nothing else changed. Nothing is rewritten
 without need: a blob that is already packed, large, or an artifact stays as
 it is, and single objects are not deleted here. A sweep deletes the single
 object of a key that has a row once it is older than ``older_than_ms``
@@ -31,9 +42,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import sys
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -42,13 +55,15 @@ from typing import Any
 import blake3
 
 from . import _native
+from ._engine import LeaseKeeper
 from .blobs.base import BlobNotFoundError, BlobStore, get_many, put_many
 from .blobs.packs import DEFAULT_PACK_THRESHOLD, PACK_TARGET_BYTES, PackedBlobStore, pack_key
-from .errors import SandboxCheckpointInvalidArgumentError
-from .model import FILE_KEY_PREFIX
+from .errors import SandboxCheckpointInvalidArgumentError, SandboxCheckpointWriterConflictError
+from .model import FILE_KEY_PREFIX, WriterLease
 from .store.base import (
     BlobAudit,
     BlobCount,
+    BlobGuard,
     CheckpointStore,
     PackedBlob,
     PackIndex,
@@ -58,6 +73,12 @@ from .store.base import (
 # Keys looked up and read per batch (small blobs: a batch is at most ~1 GiB
 # only in theory; PACK_TARGET_BYTES bounds what is held in practice).
 MIGRATE_BATCH = 256
+# The thread whose writer lease migrate's pins live under (it never holds a
+# checkpoint; one migrate per store at a time).
+MIGRATE_THREAD = "checkpointd-migrate"
+# Waits between pins of keys a sweep holds (as a capture's).
+_PIN_RETRY_FIRST_S = 0.05
+_PIN_RETRY_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +120,71 @@ def _check(store: CheckpointStore, blobs: BlobStore, dry_run: bool) -> BlobStore
         raise SandboxCheckpointInvalidArgumentError(
             f"{type(store).__name__} keeps no pack index; there is nothing to migrate to"
         )
-    if not dry_run and not isinstance(store, PackMaintenance):
+    if not dry_run and not (isinstance(store, PackMaintenance) and isinstance(store, BlobGuard)):
         raise SandboxCheckpointInvalidArgumentError(
-            f"{type(store).__name__} does not implement add_packed_blobs"
+            f"{type(store).__name__} does not implement add_packed_blobs and pin_blobs"
         )
     return blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
+
+
+class _PackPins:
+    """The writer lease migrate's pins live under (module docstring): taken
+    again for each pack (``next_pack``), renewed in the background meanwhile."""
+
+    def __init__(self, store: CheckpointStore) -> None:
+        self.store = store
+        self.owner = f"checkpointd-migrate-{uuid.uuid4()}"
+        self.lease: WriterLease | None = None
+        self.keeper: LeaseKeeper | None = None
+
+    async def next_pack(self) -> None:
+        """A new fence: the previous pack's pins go."""
+        await self._stop_keeper()
+        try:
+            self.lease = await self.store.acquire_writer(MIGRATE_THREAD, owner=self.owner)
+        except SandboxCheckpointWriterConflictError as error:
+            raise SandboxCheckpointWriterConflictError(
+                "another checkpointd migrate is running on this store (or was killed less "
+                f"than a lease ago): {error}",
+                details=error.details,
+            ) from None
+        self.keeper = LeaseKeeper(self.lease)
+        await self.keeper.__aenter__()
+
+    async def pin(self, keys: list[str]) -> None:
+        """Pin ``keys``; wait while a sweep holds any of them (it may be deleting
+        a pack of them: once it lets go, the pin holds)."""
+        assert isinstance(self.store, BlobGuard) and self.lease is not None
+        condemned = await self.store.pin_blobs(keys, self.lease)
+        delay = _PIN_RETRY_FIRST_S
+        while condemned:
+            self.check()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _PIN_RETRY_MAX_S)
+            condemned = await self.store.pin_blobs(condemned, self.lease)
+
+    def check(self) -> None:
+        """WRITER_LOST once renewing found the lease lost."""
+        if self.keeper is not None:
+            self.keeper.check()
+
+    async def renew(self) -> None:
+        """Right before rows are recorded: the pins hold a full lease from here."""
+        assert self.lease is not None
+        self.check()
+        await self.lease.renew()
+
+    async def _stop_keeper(self) -> None:
+        if self.keeper is not None:
+            keeper, self.keeper = self.keeper, None
+            await keeper.__aexit__(None, None, None)
+
+    async def release(self) -> None:
+        await self._stop_keeper()
+        if self.lease is not None:
+            lease, self.lease = self.lease, None
+            with contextlib.suppress(Exception):  # it expires on its own
+                await asyncio.shield(lease.release())
 
 
 async def iter_migrate(
@@ -140,6 +221,7 @@ async def iter_migrate(
     packed = problems = packs_written = raw_total = stored_total = 0
     writer = _native.PackWriter()
     placed: list[tuple[str, tuple[int, int, int, int]]] = []
+    pins = None if dry_run else _PackPins(store)
 
     async def flush() -> MigrateProgress | None:
         nonlocal writer, placed, packed, packs_written, raw_total, stored_total
@@ -150,7 +232,7 @@ async def iter_migrate(
         digest, body = await asyncio.to_thread(done.finish)
         name = pack_key(digest)
         raw = sum(p[1][2] for p in rows_placed)
-        if dry_run:
+        if pins is None:
             packed += len(rows_placed)
             raw_total += raw
             stored_total += len(body)
@@ -161,6 +243,7 @@ async def iter_migrate(
             PackedBlob(key, name, offset, length, raw_size, codec)
             for key, (offset, length, raw_size, codec) in rows_placed
         ]
+        await pins.renew()
         added = await store.add_packed_blobs(rows)
         packed += len(added)
         packs_written += 1
@@ -168,38 +251,46 @@ async def iter_migrate(
         stored_total += len(body)
         return MigrateProgress(name, len(added), raw, len(body))
 
-    for start in range(0, len(candidates), MIGRATE_BATCH):
-        keys = candidates[start : start + MIGRATE_BATCH]
-        good: list[tuple[str, bytes]] = []
-        try:
-            found = await get_many(bucket, keys)
-            pairs = list(zip(keys, found, strict=True))
-        except BlobNotFoundError:
-            pairs = []
-            for key in keys:  # find which: one at a time
-                try:
-                    pairs.append((key, await bucket.get(key)))
-                except BlobNotFoundError:
+    try:
+        for start in range(0, len(candidates), MIGRATE_BATCH):
+            keys = candidates[start : start + MIGRATE_BATCH]
+            if pins is not None:
+                if not placed:
+                    await pins.next_pack()
+                await pins.pin(keys)  # before the read, so before the pack's upload
+            good: list[tuple[str, bytes]] = []
+            try:
+                found = await get_many(bucket, keys)
+                pairs = list(zip(keys, found, strict=True))
+            except BlobNotFoundError:
+                pairs = []
+                for key in keys:  # find which: one at a time
+                    try:
+                        pairs.append((key, await bucket.get(key)))
+                    except BlobNotFoundError:
+                        problems += 1
+                        yield MigrateProblem(key, "its single object is not in the bucket")
+            for key, data in pairs:
+                if blake3.blake3(data).hexdigest() != key[len(FILE_KEY_PREFIX) :]:
                     problems += 1
-                    yield MigrateProblem(key, "its single object is not in the bucket")
-        for key, data in pairs:
-            if blake3.blake3(data).hexdigest() != key[len(FILE_KEY_PREFIX) :]:
-                problems += 1
-                yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
-            else:
-                good.append((key, data))
-        if not good:
-            continue
-        items = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in good]
-        result = await asyncio.to_thread(writer.add_many, items)
-        placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
-        if writer.size >= PACK_TARGET_BYTES:
-            progress = await flush()
-            if progress is not None:
-                yield progress
-    progress = await flush()
-    if progress is not None:
-        yield progress
+                    yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
+                else:
+                    good.append((key, data))
+            if not good:
+                continue
+            items = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in good]
+            result = await asyncio.to_thread(writer.add_many, items)
+            placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
+            if writer.size >= PACK_TARGET_BYTES:
+                progress = await flush()
+                if progress is not None:
+                    yield progress
+        progress = await flush()
+        if progress is not None:
+            yield progress
+    finally:
+        if pins is not None:
+            await pins.release()
     yield MigrateSummary(
         candidates=len(candidates),
         packed=packed,
@@ -313,6 +404,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 __all__ = [
+    "MIGRATE_THREAD",
     "MigrateEvent",
     "MigrateProblem",
     "MigrateProgress",

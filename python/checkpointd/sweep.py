@@ -33,16 +33,18 @@ keys before it looks them up in the index and trusts a row it finds, so:
   does only while the key is condemned and unreferenced: a capture that pins it
   afterwards is told it is condemned, waits, finds no row and packs the bytes
   again. The report lists it in ``deleted`` like a single object.
-* A pack no row points at is deleted once the keys it holds that have no row
-  anywhere (an unfinished or killed capture's blobs) are condemned too: the
-  capture that wrote it pins those keys until its append, so a condemned
-  set means nobody can still point a row at the pack. Keys indexed in another
-  pack are copies no one reads there. Before the delete the store retires the
-  pack for the hold (``retire_pack``, only while no row points at it) and
-  deletes it within the hold, and a repack switches rows to its new pack only
-  within half the safety margin after the upload, so a concurrent repack that
-  wrote a pack of the same bytes cannot switch rows to the pack being deleted.
-  The pack itself is in ``deleted``.
+* A pack no row points at (an unfinished or killed capture's, or a killed
+  ``checkpointd migrate``'s) is deleted once every key it holds is condemned
+  (``PackMaintenance.condemn_unpinned_blobs``: references aside, only live
+  pins and condemnations refuse): the writer of a pack, capture or migrate,
+  pins its keys before the upload and until its rows are recorded, so a
+  condemned set means nobody can still point a row at the pack, and a writer
+  that pins one of the keys meanwhile waits until the delete is done. Before
+  the delete the store retires the pack for the hold (``retire_pack``, only
+  while no row points at it) and deletes it within the hold, and a repack
+  switches rows to its new pack only within half the safety margin after the
+  upload, so a concurrent repack that wrote a pack of the same bytes cannot
+  switch rows to the pack being deleted. The pack itself is in ``deleted``.
 * A pack whose live bytes fall below ``repack_below`` (default 50%) of its
   frames is repacked: its live blobs are read (checked), written into a new
   pack with other repacked blobs, uploaded (durable), and the index switched in
@@ -570,9 +572,10 @@ async def _delete_pack(
     hold_ms: int,
     safety_margin_ms: int,
 ) -> SweepBatch:
-    """Delete a pack no row points at, once the keys it holds that have no row
-    anywhere are condemned (module docstring)."""
+    """Delete a pack no row points at, once every key it holds is condemned
+    and the pack retired (module docstring)."""
     assert isinstance(store, BlobGuard) and isinstance(store, PackIndex)
+    assert isinstance(store, PackMaintenance)
     try:
         entries = await read_pack_entries(bucket, pack, info.size)
     except BlobNotFoundError:
@@ -582,22 +585,28 @@ async def _delete_pack(
     except Exception as error:  # noqa: BLE001 - reported
         return SweepBatch(failures=((pack, _describe(error)),))
     keys = list(dict.fromkeys(entry.key for entry in entries))
+    # Started before the condemnation: its hold ends at or after started + hold_ms.
+    started = time.monotonic()
+    condemned: list[str] = []
     try:
         located = await _locate(store, keys)
         if any(row is not None and row.pack == pack for row in located.values()):
             return SweepBatch(kept=((pack, IN_USE),))  # a capture indexed it since
-        unindexed = [key for key in keys if located.get(key) is None]
-        condemned = await store.condemn_blobs(unindexed, hold_ms) if unindexed else []
+        # Every key, referenced or not: the writer of the pack (a capture, or
+        # migrate, whose keys a checkpoint references already) pins them until
+        # its rows are recorded, and a key with a row in another pack may still
+        # get one here (the newest row wins).
+        condemned = await store.condemn_unpinned_blobs(keys, hold_ms)
     except Exception as error:  # noqa: BLE001 - reported; nothing deleted
+        await _release(store, condemned)
         return SweepBatch(failures=((pack, _describe(error)),))
-    assert isinstance(store, PackMaintenance)
     try:
-        if len(condemned) < len(unindexed):
+        if len(condemned) < len(keys):
             return SweepBatch(kept=((pack, IN_USE),))
         # Retired: no row points at it, and while the retirement holds no
-        # repack switch or migrate add points one at it; the writer of its
-        # unindexed keys would hold pins. The delete must end within the hold.
-        started = time.monotonic()
+        # repack switch points one at it; a writer that would append or add
+        # rows for it holds pins, which the condemnation saw. The delete must
+        # end within both holds (the retirement's began later).
         if not await store.retire_pack(pack, hold_ms):
             return SweepBatch(kept=((pack, IN_USE),))
         outcome = (

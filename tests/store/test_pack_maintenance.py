@@ -126,14 +126,14 @@ async def test_a_retired_pack_gets_no_rows_while_retired(store: Any) -> None:
     assert await store.retire_pack(PACK_C, 60_000)
     assert await store.retire_pack(PACK_C, 60_000)
     assert await store.switch_packed_blobs(PACK_A, [_row(1, PACK_C)]) == []
-    assert await store.add_packed_blobs([_row(2, PACK_C)]) == []
-    assert await store.add_packed_blobs([_row(2, PACK_B)]) == [file_key(2)]
-    assert {row.pack for row in (await _rows(store)).values()} == {PACK_A, PACK_B}
-    # A capture's append is not refused (its pins protect its own packs).
+    assert {row.pack for row in (await _rows(store)).values()} == {PACK_A}
+    # Migrate's add and a capture's append are not refused: their writers pin
+    # the keys before the upload, which the sweep's condemnation respects.
+    assert await store.add_packed_blobs([_row(2, PACK_C)]) == [file_key(2)]
     await _append(store, "u", [3], [_row(3, PACK_C)])
     assert (await _rows(store))[file_key(3)].pack == PACK_C
     # Once the retirement is over, a pack of those bytes may be pointed at again.
-    assert await store.retire_pack(PACK_B + "x"[:0], 60_000) is False  # rows point at B
+    assert await store.retire_pack(PACK_C, 60_000) is False  # rows point at C now
     fresh = "sandbox-packs/blake3/" + "d" * 64
     assert await store.retire_pack(fresh, 1)
     await asyncio.sleep(0.05)
@@ -149,3 +149,36 @@ async def test_invalid_rows_are_refused_naming_the_row(store: Any) -> None:
             await method([bad])
     with pytest.raises(SandboxCheckpointInvalidEntryError, match="nothex"):
         await store.switch_packed_blobs(PACK_A, [bad])
+
+
+async def test_condemn_unpinned_skips_only_pins_and_condemnations(store: Any) -> None:
+    """What a sweep asks before it deletes a pack no row points at: every key
+    it holds, referenced or not, condemned unless a live pin or another
+    condemnation holds it; a writer that pins a held key is told so."""
+    await _append(store, "t", [1, 2], [_row(1)])  # 1 packed, 2 a single object
+    writer = await store.acquire_writer("w")
+    await store.pin_blobs([file_key(3)], writer)
+    assert await store.condemn_blobs([file_key(1), file_key(2)], 60_000) == []  # referenced
+    got = await store.condemn_unpinned_blobs(
+        [file_key(2), file_key(1), file_key(3), file_key(4), "not-a-key"], 60_000
+    )
+    assert got == [file_key(2), file_key(1), file_key(4)]  # 3 is pinned
+    assert await store.condemn_unpinned_blobs([file_key(4)], 60_000) == []  # held already
+    assert await store.condemn_blobs([file_key(4)], 60_000) == []
+    # A pin of a held key, referenced or not, is told it is condemned.
+    assert await store.pin_blobs([file_key(2), file_key(4)], writer) == [
+        file_key(2),
+        file_key(4),
+    ]
+    # References and rows are untouched: a referenced key's row never drops.
+    assert await store.drop_packed_blobs([_row(1)]) == []
+    assert set(await _rows(store)) == {file_key(1)}
+    await store.release_condemned([file_key(1), file_key(2), file_key(4)])
+    assert await store.pin_blobs([file_key(2), file_key(4)], writer) == []
+    # Pinned now: no longer condemnable; the pins go with the lease.
+    assert await store.condemn_unpinned_blobs([file_key(2), file_key(4)], 60_000) == []
+    await writer.release()
+    assert await store.condemn_unpinned_blobs([file_key(3), file_key(4)], 60_000) == [
+        file_key(3),
+        file_key(4),
+    ]

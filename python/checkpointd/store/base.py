@@ -285,13 +285,33 @@ class PackMaintenance(Protocol):
       read correct bytes until the old pack goes (a later sweep).
     * ``add_packed_blobs``: migrate records rows for referenced keys that have
       none (their single objects stay readable until a sweep removes them).
+      Like an append it is protected by pins: migrate pins the keys before it
+      uploads their pack and renews its lease right before the add.
     * ``retire_pack``: before a sweep deletes a pack no row points at, it
-      retires it for ``hold_ms`` and deletes it within that time; no switch or
-      add points a row at a pack while it is retired, so a concurrent repack
-      that wrote a pack of the same bytes cannot switch rows to the pack being
+      retires it for ``hold_ms`` and deletes it within that time; no switch
+      points a row at a pack while it is retired, so a concurrent repack that
+      wrote a pack of the same bytes cannot switch rows to the pack being
       deleted (a repack switches right after its upload, well within a hold).
-      Appends are not affected: a capture's pins protect its own packs.
+      Appends and adds are not affected: their writers' pins protect their packs.
+    * ``condemn_unpinned_blobs``: before a sweep deletes a pack no row points
+      at, it condemns every key the pack holds, referenced or not, unless a
+      live pin or another condemnation holds it. A writer (a capture, or
+      ``checkpointd migrate``) pins the keys it packs before it uploads the
+      pack and keeps the pins until its rows are recorded, so a pack a live
+      writer is about to point rows at is never deleted; a writer that pins a
+      key while the sweep holds it is told it is condemned and waits, as with
+      ``condemn_blobs``. A referenced key's condemnation only delays pins of it:
+      rows of referenced keys are never dropped.
     """
+
+    async def condemn_unpinned_blobs(
+        self, keys: builtins.list[str], hold_ms: int
+    ) -> builtins.list[str]:
+        """Condemn each key with no live pin and no live condemnation (whether or
+        not a checkpoint references it) until now + ``hold_ms``; returns the
+        condemned keys in the given order. Keys of another shape are never
+        condemned."""
+        ...
 
     async def retire_pack(self, pack: str, hold_ms: int) -> bool:
         """When no row points at ``pack``, mark it retired until now +
@@ -313,7 +333,8 @@ class PackMaintenance(Protocol):
         ...
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
-        """Record each row whose key a checkpoint references and has no row yet
-        (rows naming a pack retired right now are left out); returns the keys
-        recorded, sorted."""
+        """Record each row whose key a checkpoint references and has no row yet;
+        returns the keys recorded, sorted. The caller pins the keys (under a
+        current lease) before it uploads their pack, and keeps the pins until
+        this returns."""
         ...

@@ -288,11 +288,7 @@ class InMemoryCheckpointStore:
         self._check_open()
         added: builtins.list[str] = []
         for row in check_packed_blobs(rows, None):
-            if (
-                row.key not in self._packed
-                and self._references.get(row.key, 0) > 0
-                and not self._pack_retired(row.pack)
-            ):
+            if row.key not in self._packed and self._references.get(row.key, 0) > 0:
                 self._packed[row.key] = row
                 added.append(row.key)
         return added
@@ -537,13 +533,24 @@ class InMemoryCheckpointStore:
 
     async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms."""
+        return self._condemn(keys, hold_ms, referenced_too=False)
+
+    async def condemn_unpinned_blobs(
+        self, keys: builtins.list[str], hold_ms: int
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
+        return self._condemn(keys, hold_ms, referenced_too=True)
+
+    def _condemn(
+        self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
+    ) -> builtins.list[str]:
         self._check_open()
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
         now = self._now()
         condemned: builtins.list[str] = []
         for key in candidates:
-            if self._references.get(key, 0) > 0:
+            if not referenced_too and self._references.get(key, 0) > 0:
                 continue
             if self._live_pin(key, now) or self._live_condemned(key, now):
                 continue

@@ -1226,6 +1226,17 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         Raises InvalidArgument (hold_ms, keys not a list), STORE_UNAVAILABLE.
         """
+        return await self._condemn(keys, hold_ms, referenced_too=False)
+
+    async def condemn_unpinned_blobs(
+        self, keys: builtins.list[str], hold_ms: int
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
+        return await self._condemn(keys, hold_ms, referenced_too=True)
+
+    async def _condemn(
+        self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
+    ) -> builtins.list[str]:
         self._check_open()
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
@@ -1273,15 +1284,16 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
                     list(locked_threads),
                 )
             }
-            blocked.update(
-                bytes(r["key"])
-                for r in await conn.fetch(
-                    # An open run means a head uses the key, whatever refs says.
-                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
-                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                    binary,
+            if not referenced_too:
+                blocked.update(
+                    bytes(r["key"])
+                    for r in await conn.fetch(
+                        # An open run means a head uses the key, whatever refs says.
+                        "SELECT DISTINCT key FROM checkpointd_blob_counts"
+                        " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
+                        binary,
+                    )
                 )
-            )
             chosen = [
                 key
                 for key, until in marks.items()
@@ -1396,7 +1408,8 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             return []
 
         async def body(conn: asyncpg.Connection) -> builtins.list[str]:
-            live = await _live_packs(conn, checked, await self._now(conn))
+            # Not refused for a retired pack: migrate pins its keys (base.PackMaintenance).
+            live = checked
             used = {
                 bytes(r["key"])
                 for r in await conn.fetch(

@@ -1043,6 +1043,17 @@ class SqliteCheckpointStore(SqlCheckpointStore):
     async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms;
         returns them in the given order. Keys of another shape are never condemned."""
+        return await self._condemn(keys, hold_ms, referenced_too=False)
+
+    async def condemn_unpinned_blobs(
+        self, keys: builtins.list[str], hold_ms: int
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
+        return await self._condemn(keys, hold_ms, referenced_too=True)
+
+    async def _condemn(
+        self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
+    ) -> builtins.list[str]:
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
 
@@ -1052,10 +1063,13 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             binary = [key_to_bytes(key) for key in candidates]
             for batch in _batches(binary):
                 marks = ",".join("?" * len(batch))
-                for sql, extra in (
+                referenced = (
                     (f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})", ()),
                     # A key with an open run is in a head, whatever its refs say.
                     (f"SELECT DISTINCT key FROM blob_runs WHERE key IN ({marks})", ()),
+                )
+                for sql, extra in (
+                    *(() if referenced_too else referenced),
                     (
                         f"SELECT key FROM blob_condemned WHERE until > ? AND key IN ({marks})",
                         (now,),
@@ -1196,14 +1210,11 @@ class SqliteCheckpointStore(SqlCheckpointStore):
         checked = check_packed_blobs(rows, None)
 
         async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
+            # Not refused for a retired pack: migrate pins its keys (base.PackMaintenance).
             wanted = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in checked))
-            retired = await self._retired(conn, wanted)
-            live = [row for row in checked if pack_digest(row.pack) not in retired]
-            if not live:
-                return []
-            ids = await self._pack_ids(conn, [d for d in wanted if d not in retired])
+            ids = await self._pack_ids(conn, wanted)
             added: builtins.list[str] = []
-            for row in live:
+            for row in checked:
                 raw = key_to_bytes(row.key)
                 used = await _fetchall(
                     conn,
