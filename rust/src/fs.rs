@@ -101,6 +101,84 @@ pub fn fstat(fd: RawFd) -> io::Result<Stat> {
     Ok(Stat::from_raw(unsafe { &st.assume_init() }))
 }
 
+/// Set once the kernel (or a seccomp filter) refuses `statx`.
+static NO_STATX: AtomicBool = AtomicBool::new(false);
+
+/// Whether `name` in `dir` (not followed; `name` empty: `dir` itself) is the
+/// root of a mount: `statx`'s `STATX_ATTR_MOUNT_ROOT` (Linux 5.8+). `None` when
+/// the kernel does not say (no `statx`, or the attribute is missing from
+/// `stx_attributes_mask`): callers then have only the `st_dev` comparison, which
+/// misses a bind mount of a directory of the same filesystem.
+///
+/// The raw syscall, not glibc's wrapper: the wheels target glibc 2.17, which
+/// has none (it came in 2.28).
+pub fn is_mount_root_at(dir: RawFd, name: &CStr) -> io::Result<Option<bool>> {
+    if NO_STATX.load(Ordering::Relaxed) {
+        return Ok(None);
+    }
+    let mut flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC;
+    if name.to_bytes().is_empty() {
+        flags |= libc::AT_EMPTY_PATH;
+    }
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid fd, C string and writable statx storage of the kernel's
+    // layout; the mask asks for the type only (the attributes always come).
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            dir,
+            name.as_ptr(),
+            flags,
+            libc::STATX_TYPE,
+            stx.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EPERM) => {
+                NO_STATX.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            _ => Err(e),
+        };
+    }
+    // SAFETY: zero-initialised, and statx succeeded.
+    let stx = unsafe { stx.assume_init() };
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    if stx.stx_attributes_mask & bit == 0 {
+        return Ok(None);
+    }
+    Ok(Some(stx.stx_attributes & bit != 0))
+}
+
+/// The rule both walks keep (the scan's and restore's deletion): a directory
+/// entry is a mount point, never entered, when it lies on another device than
+/// the workspace or (same device: a bind mount) the kernel says it is a mount's
+/// root. `stat` is the entry's lstat; only directories are judged (overlayfs
+/// reports a non-directory's `st_dev` from its lower layer).
+pub fn is_mount_point(dir: RawFd, name: &CStr, stat: &Stat, workspace_dev: u64) -> bool {
+    if !stat.is_dir() {
+        return false;
+    }
+    if stat.dev != workspace_dev {
+        return true;
+    }
+    // An entry gone or unreadable since its lstat is judged by its device alone;
+    // whoever opens it next sees what it is then.
+    matches!(is_mount_root_at(dir, name), Ok(Some(true)))
+}
+
+/// [`is_mount_point`] of an open directory itself (its `fstat` in `stat`): the
+/// check that no swap between a parent's lstat and the open can slip past.
+pub fn is_mount_point_fd(fd: RawFd, stat: &Stat, workspace_dev: u64) -> bool {
+    const ITSELF: &CStr = match CStr::from_bytes_with_nul(b"\0") {
+        Ok(name) => name,
+        Err(_) => panic!("a NUL alone is a C string"),
+    };
+    is_mount_point(fd, ITSELF, stat, workspace_dev)
+}
+
 /// `readlinkat(dir, name)`: the target bytes exactly as stored.
 pub fn readlink_at(dir: RawFd, name: &CStr) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; 256];

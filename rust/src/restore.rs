@@ -10,8 +10,9 @@
 //! - the restore root (a sub-root too) is opened from the workspace fd one
 //!   component at a time with `O_NOFOLLOW` ([`Workspace::open`]); every later
 //!   operation starts from that fd, one name per call, never a path string;
-//! - a directory on another device (a mount point) is never entered, neither
-//!   to delete nor to write: its paths are reported in [`Applied::skipped`];
+//! - a mount point (a directory on another device, or a mount's root on this
+//!   one: a bind mount, `fs::is_mount_point`) is never entered, neither to
+//!   delete nor to write: its paths are reported in [`Applied::skipped`];
 //! - in-place metadata changes (mode, mtime) only touch an inode with one link;
 //!   a file that shares its inode with another name is replaced from its blob
 //!   instead, so a hard link to an outside file never changes that file;
@@ -542,7 +543,7 @@ impl<'w> DirStack<'w> {
             };
             let stat = fs::fstat(fd.as_raw_fd())
                 .map_err(|e| RestoreError::io(self.shown(&here()), "fstat", e))?;
-            if stat.dev != self.ws.dev {
+            if fs::is_mount_point_fd(fd.as_raw_fd(), &stat, self.ws.dev) {
                 return Ok(Reached::OtherDevice(here()));
             }
             self.parts.push((wanted[depth].to_vec(), fd));
@@ -617,7 +618,7 @@ fn remove_tree(
             _ => Ok(()),
         };
     }
-    if stat.dev != ws.dev {
+    if fs::is_mount_point(parent, name, &stat, ws.dev) {
         skipped.push(rel.to_vec());
         return Ok(());
     }
@@ -628,7 +629,7 @@ fn remove_tree(
     };
     let inner =
         fs::fstat(fd.as_raw_fd()).map_err(|e| RestoreError::io(ws.shown(rel), "fstat", e))?;
-    if inner.dev != ws.dev {
+    if fs::is_mount_point_fd(fd.as_raw_fd(), &inner, ws.dev) {
         skipped.push(rel.to_vec());
         return Ok(());
     }
@@ -1281,7 +1282,8 @@ impl Restore {
                     .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))?;
                 return Ok(true);
             }
-            Err(e) if is_errno(&e, &[libc::ENOTEMPTY, libc::EEXIST]) => {}
+            // EBUSY: a mount point stands there (judged below, and skipped).
+            Err(e) if is_errno(&e, &[libc::ENOTEMPTY, libc::EEXIST, libc::EBUSY]) => {}
             Err(e) => return Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
         }
         let source = fs::open_dir_at(from, leaf)
@@ -1290,7 +1292,7 @@ impl Restore {
             .map_err(|e| RestoreError::io(self.ws.shown(path), "open", e))?;
         let stat = fs::fstat(target.as_raw_fd())
             .map_err(|e| RestoreError::io(self.ws.shown(path), "fstat", e))?;
-        if stat.dev != self.ws.dev {
+        if fs::is_mount_point_fd(target.as_raw_fd(), &stat, self.ws.dev) {
             self.skip(path.to_vec());
             return Ok(false);
         }

@@ -55,8 +55,9 @@ pub struct Walker<'a> {
     pub roots: &'a [&'a [u8]],
     pub policy: &'a PolicyMatcher,
     pub cancel: &'a Cancel,
-    /// The root's device: a directory on another one is a mount point, reported
-    /// and never entered.
+    /// The root's device: a directory on another one, or a mount's root on
+    /// this one (`fs::is_mount_point`), is a mount point, reported and never
+    /// entered.
     pub root_dev: u64,
     /// Last scan's directory listings (None: read every directory).
     pub cache: Option<&'a LoadedCache>,
@@ -261,9 +262,9 @@ impl Walker<'_> {
         // a change after it leaves another stat (or a racy one) for next time.
         let dir_stat =
             fs::fstat(fd.as_raw_fd()).map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
-        if !rel.is_empty() && dir_stat.dev != self.root_dev {
-            // Its parent's lstat saw the root's device: something was mounted
-            // or swapped in since. Never crossed.
+        if !rel.is_empty() && fs::is_mount_point_fd(fd.as_raw_fd(), &dir_stat, self.root_dev) {
+            // Its parent saw no mount point here: something was mounted or
+            // swapped in since. Never crossed.
             return Err(ScanError::Changed(abs(b"")));
         }
         let cached = self.cache.and_then(|c| c.dir_listing(rel, &dir_stat));
@@ -365,10 +366,9 @@ impl Walker<'_> {
                 });
                 continue;
             }
-            if stat.is_dir() && stat.dev != self.root_dev {
-                // Another filesystem mounted inside the workspace: never crossed.
-                // Directories only: overlayfs reports a non-directory's st_dev
-                // from its lower layer, so files would look like mount points.
+            if fs::is_mount_point(dir_fd, name, &stat, self.root_dev) {
+                // A filesystem (or a bind mount of a directory of this one)
+                // mounted inside the workspace: never crossed.
                 found.push(Found::Unsupported {
                     path: path_bytes,
                     kind: Unsupported::MountPoint,
