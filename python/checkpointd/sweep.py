@@ -71,8 +71,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import _native
 from .blobs.base import BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError, put_many
@@ -521,7 +522,7 @@ async def _drop_rows(
     started = time.monotonic()
     keys = [row.key for row in rows]
     try:
-        condemned = await store.condemn_blobs(keys, hold_ms)
+        condemned = await _condemned(store, store.condemn_blobs(keys, hold_ms))
     except Exception as error:  # noqa: BLE001 - reported per key; nothing dropped
         message = _describe(error)
         return SweepBatch(failures=tuple((key, message) for key in keys)), []
@@ -551,6 +552,34 @@ async def _drop_rows(
             kept.append((key, HOLD_EXPIRING))
     batch = SweepBatch(deleted=tuple(dropped), kept=tuple(kept), failures=tuple(failures))
     return batch, [row for row in rows if row.key in gone]
+
+
+# Condemnations that commit after their sweep was cancelled, and their
+# releases: held here so the loop does not drop the tasks half-way.
+_RELEASING_AFTER_CANCEL: set[asyncio.Future[Any]] = set()
+
+
+async def _condemned(store: BlobGuard, condemning: Awaitable[list[str]]) -> list[str]:
+    """The keys a condemn call condemned. A sweep cancelled while the store's
+    transaction runs (a client's deadline) cannot stop it committing: its keys
+    are released once it has, so no capture or later sweep waits out the hold
+    of a sweep that is gone (they would see the keys as in use)."""
+    condemn = asyncio.ensure_future(condemning)
+    try:
+        return await asyncio.shield(condemn)
+    except asyncio.CancelledError:
+        _RELEASING_AFTER_CANCEL.add(condemn)
+
+        def release(done: asyncio.Future[list[str]]) -> None:
+            _RELEASING_AFTER_CANCEL.discard(done)
+            if done.cancelled() or done.exception() is not None:
+                return
+            follow = asyncio.ensure_future(_release(store, done.result()))
+            _RELEASING_AFTER_CANCEL.add(follow)
+            follow.add_done_callback(_RELEASING_AFTER_CANCEL.discard)
+
+        condemn.add_done_callback(release)
+        raise
 
 
 async def _release(store: BlobGuard, keys: list[str]) -> None:
@@ -596,7 +625,7 @@ async def _delete_pack(
         # migrate, whose keys a checkpoint references already) pins them until
         # its rows are recorded, and a key with a row in another pack may still
         # get one here (the newest row wins).
-        condemned = await store.condemn_unpinned_blobs(keys, hold_ms)
+        condemned = await _condemned(store, store.condemn_unpinned_blobs(keys, hold_ms))
     except Exception as error:  # noqa: BLE001 - reported; nothing deleted
         await _release(store, condemned)
         return SweepBatch(failures=((pack, _describe(error)),))
@@ -744,7 +773,7 @@ async def _sweep_batch(
     # started + hold_ms, so stopping at started + hold_ms - margin is safe.
     started = time.monotonic()
     try:
-        condemned = await store.condemn_blobs(batch, hold_ms)
+        condemned = await _condemned(store, store.condemn_blobs(batch, hold_ms))
     except Exception as error:  # noqa: BLE001 - reported per key; nothing deleted
         message = _describe(error)
         return SweepBatch(failures=tuple((key, message) for key in batch))
