@@ -368,6 +368,14 @@ class RestoreSession:
     def deleted_paths(self) -> list[str]: ...
     def stage_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Verify (size, BLAKE3) then stage each (digest, bytes); InvalidBlob."""
+    def begin_range(self, items: Sequence[tuple[str, int, int, int, int]]) -> int:
+        """Start staging one ranged read of a pack: ``(digest, offset,
+        stored_len, raw_len, codec)`` of each frame it holds; returns a handle."""
+    def feed_range(self, handle: int, chunk: bytes) -> tuple[int, int]:
+        """The read's next bytes: frames completed by them are decoded, verified
+        and staged; (blobs, bytes) staged. Raises InvalidBlob."""
+    def end_range(self, handle: int, discard: bool = False) -> None:
+        """The read ended: InvalidBlob for a frame it did not hold whole."""
     def begin_blob(self, digest: str, size: int) -> None:
         """Start streaming a large blob into staging."""
     def write_blob(self, digest: str, chunk: bytes) -> None:

@@ -13,11 +13,14 @@ Read top to bottom, ``restore_checkpoint`` does:
    written, paths the policy selects that the checkpoint lacks are deleted,
    excluded paths stay, a file whose inode has other names (a hard link) is
    replaced rather than changed in place;
-4. fetch every needed blob in batches (``get_many``; large ones streamed) and
-   stage it, verified (size and BLAKE3) before its bytes are written, in a
-   private directory at the top of the root (same filesystem, so the final
-   renames are atomic), before the first change to the workspace:
-   MISSING_BLOB / INVALID_BLOB leave it as it was;
+4. fetch every needed blob and stage it, verified (size and BLAKE3) before
+   its bytes are written, in a private directory at the top of the root (same
+   filesystem, so the final renames are atomic), before the first change to
+   the workspace: MISSING_BLOB / INVALID_BLOB leave it as it was. Packed blobs
+   are grouped by pack across the whole plan, nearby frames merged into one
+   ranged GET (about one per pack), at most FETCH_CONCURRENCY in flight, each
+   streamed into staging natively frame by frame (memory: a chunk per read,
+   not the pack); other blobs in batches (``get_many``), large ones streamed;
 5. apply natively in batches: deletions (deepest first), directories, files by
    atomic rename, symlinks, file modes and mtimes, directory modes (deepest
    first); every operation is fd-relative with ``O_NOFOLLOW`` beneath the root
@@ -40,7 +43,7 @@ import functools
 import logging
 import os
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from . import _native
@@ -53,7 +56,7 @@ from ._engine import (
     run_in_thread,
 )
 from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
-from .blobs.packs import packed_blobs
+from .blobs.packs import PackedBlobStore, PackRead, packed_blobs, plan_pack_reads
 from .errors import (
     INVALID_BLOB,
     INVALID_PATH,
@@ -76,7 +79,7 @@ from .secrets import (
     write_fills,
 )
 from .statcache_paths import resolve_data_dir, stat_cache_path
-from .store.base import CheckpointStore
+from .store.base import CheckpointStore, PackedBlob
 from .validation import check_id, check_optional_id, entries_problem, path_problem
 
 _log = logging.getLogger("checkpointd.restore")
@@ -89,6 +92,8 @@ SMALL_BLOB_BYTES = 1 << 20
 FETCH_BATCH_FILES = 512
 FETCH_BATCH_BYTES = 16 << 20
 FETCH_CONCURRENCY = 3
+# A pack read arrives in chunks of about this size (each staged natively as it comes).
+FETCH_CHUNK_BYTES = 1 << 20
 # Operations per native apply call (between two progress reports and checks).
 APPLY_BATCH = 4096
 _RESERVED_TOP_LEVEL = ".checkpointd"
@@ -192,7 +197,7 @@ async def restore_checkpoint(
             spanned = _files_with_secrets(checkpoint, subdir)
             holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
             session = await _open_session(
-                root, subdir, checkpoint, policy, cache_path, given_secrets, holding
+                root, subdir, checkpoint, policy, cache_path, given_secrets, holding, spanned
             )
             try:
                 keeper.check()
@@ -287,6 +292,7 @@ async def preview_restore(
         cache_path,
         Secrets(),
         holding,
+        spanned,
         plan_only=True,
     )
     try:
@@ -471,6 +477,7 @@ async def _open_session(
     cache_path: str,
     secrets: Secrets,
     holding: list[str],
+    spanned: list[tuple[str, FileEntry]],
     *,
     plan_only: bool = False,
 ) -> _native.RestoreSession:
@@ -483,10 +490,9 @@ async def _open_session(
     prefix = f"{subdir}/" if subdir else ""
     keep = [path[len(prefix) :] for path in holding]
     # Files holding secrets never enter the stat cache (it keeps no spans, and
-    # restore fills them in after its own record).
-    uncached = [
-        entry.path for entry in checkpoint.files if isinstance(entry, FileEntry) and entry.secrets
-    ]
+    # restore fills them in after its own record). ``spanned`` lists them, so
+    # the manifest is never decoded into one Python object per entry here.
+    uncached = [entry.path for _rel, entry in spanned]
     target = manifest_of(checkpoint.files).data
     token = _native.CancelToken()
 
@@ -559,12 +565,28 @@ def _corrupt_blob(error: BlobCorruptError) -> SandboxSnapshotError:
 async def _fetch(
     blobs: BlobStore, session: _native.RestoreSession, reporter: PhaseReporter
 ) -> None:
-    """Fetch and stage every blob the plan needs: MISSING_BLOB / INVALID_BLOB."""
+    """Fetch and stage every blob the plan needs: MISSING_BLOB / INVALID_BLOB.
+
+    Packed blobs are grouped by pack across the whole plan and read with about
+    one ranged GET per pack (``plan_pack_reads``), streamed: each frame is
+    decoded, verified and staged natively once its bytes are in, so memory
+    holds FETCH_CONCURRENCY chunks, not the packs. Blobs without an index row
+    (single objects, or a store that keeps no index) are fetched in batches;
+    large ones are streamed one by one."""
     needed = session.blobs
     reporter.phase(
         "fetch", files_total=len(needed), bytes_total=sum(size for _digest, size in needed)
     )
+    small = [(digest, size) for digest, size in needed if size <= SMALL_BLOB_BYTES]
+    located: dict[str, PackedBlob] = {}
+    if isinstance(blobs, PackedBlobStore) and small:
+        located = await blobs.locate([FILE_KEY_PREFIX + digest for digest, _size in small])
     jobs: list[Callable[[], Awaitable[None]]] = []
+    if located:
+        assert isinstance(blobs, PackedBlobStore)
+        packed = blobs
+        for read in plan_pack_reads(list(located.values())):
+            jobs.append(functools.partial(_fetch_pack_read, packed, session, reporter, read))
     batch: list[tuple[str, int]] = []
     batch_bytes = 0
 
@@ -579,6 +601,8 @@ async def _fetch(
         if size > SMALL_BLOB_BYTES:
             jobs.append(functools.partial(_fetch_large, blobs, session, reporter, digest, size))
             continue
+        if FILE_KEY_PREFIX + digest in located:
+            continue
         batch.append((digest, size))
         batch_bytes += size
         if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
@@ -588,6 +612,57 @@ async def _fetch(
         await run_bounded(jobs, lambda job: job(), FETCH_CONCURRENCY)
     except _native.InvalidBlob as error:
         raise _invalid_blob(*error.args) from None
+
+
+async def _fetch_pack_read(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    read: PackRead,
+    *,
+    again: bool = True,
+) -> None:
+    """Stream one ranged read of a pack into staging. A pack gone from the
+    bucket is looked up once more (``again``): a sweep may have repacked its
+    blobs in between, and the index then names their new place (blobs staged
+    before are not staged twice)."""
+    items = [
+        (row.key[len(FILE_KEY_PREFIX) :], row.offset, row.length, row.raw_size, row.codec)
+        for row in read.rows
+    ]
+    handle = session.begin_range(items)
+    finished = False
+    try:
+        chunks = blobs.stream_pack_read(read, FETCH_CHUNK_BYTES)
+        if read.end <= read.start:  # empty blobs only: nothing to read
+            chunks = _one_chunk(b"")
+        async for chunk in chunks:
+            files, nbytes = await run_in_thread(
+                functools.partial(session.feed_range, handle, chunk)
+            )
+            reporter.advance(files=files, nbytes=nbytes)
+        finished = True
+        session.end_range(handle)
+    except BlobNotFoundError:
+        if not again:
+            raise _missing_blob(blobs, read.rows[0].key, read.pack) from None
+        moved = await blobs.locate([row.key for row in read.rows])
+        if any(row.key not in moved or moved[row.key].pack == read.pack for row in read.rows):
+            raise _missing_blob(blobs, read.rows[0].key, read.pack) from None
+        for other in plan_pack_reads(list(moved.values())):
+            await _fetch_pack_read(blobs, session, reporter, other, again=False)
+    except _native.InvalidBlob as error:
+        digest, reason = error.args
+        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
+    except BlobCorruptError as error:
+        raise _corrupt_blob(error) from None
+    finally:
+        if not finished:
+            session.end_range(handle, discard=True)
+
+
+async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def _fetch_batch(

@@ -43,6 +43,7 @@ use crate::error::ScanError;
 use crate::fs::{self, Stat};
 use crate::hash;
 use crate::manifest::ManifestRow;
+use crate::pack;
 use crate::statcache::{self, CacheEntry};
 
 /// Top-level names reserved for staging (never captured, never deleted).
@@ -708,6 +709,9 @@ pub struct Restore {
     sizes: HashMap<[u8; 32], u64>,
     /// The stat of each write's file as prepared in staging, by write index.
     prepared: Mutex<HashMap<usize, Written>>,
+    /// Blobs already staged: a pack range read again (its pack moved by a
+    /// repack mid-restore) skips them instead of creating their files twice.
+    staged: Mutex<std::collections::HashSet<[u8; 32]>>,
     step: Step,
     cursor: usize,
     recorded: Mutex<Vec<(String, CacheEntry)>>,
@@ -837,6 +841,7 @@ impl Restore {
             tree_dirs,
             uses_of,
             prepared: Mutex::new(HashMap::new()),
+            staged: Mutex::new(std::collections::HashSet::new()),
             step: Step::Deletions,
             cursor: 0,
             recorded: Mutex::new(Vec::new()),
@@ -945,12 +950,102 @@ impl Restore {
         data: &[u8],
     ) -> Result<(), RestoreError> {
         Self::verify(hash, self.expected(hash)?, data)?;
+        self.write_uses(dirs, hash, data)
+    }
+
+    /// Write verified bytes to every use of `hash` (once per blob: a blob
+    /// staged before is skipped).
+    fn write_uses(
+        &self,
+        dirs: &mut DirStack<'_>,
+        hash: &[u8; 32],
+        data: &[u8],
+    ) -> Result<(), RestoreError> {
+        if !self
+            .staged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(*hash)
+        {
+            return Ok(());
+        }
         for (index, fd) in self.create_uses(dirs, hash)? {
             fs::write_all(fd.as_raw_fd(), data)
                 .map_err(|e| RestoreError::io(self.shown_prepared(index), "write", e))?;
             self.finish_use(index, &fd)?;
         }
         Ok(())
+    }
+
+    /// Decode, verify and stage the complete frames `frames` of a pack read
+    /// (`data` holds the pack's bytes from offset `base` on), spread over a
+    /// few threads. Each frame is checked against its index row and the plan
+    /// (raw size, then decoded size and BLAKE3: one hash per blob) before a
+    /// byte of it is written. Returns (blobs, bytes) staged.
+    fn stage_frames(
+        &self,
+        base: u64,
+        data: &[u8],
+        frames: &[pack::Entry],
+        cancel: &Cancel,
+    ) -> Result<(u64, u64), RestoreError> {
+        if frames.is_empty() {
+            return Ok((0, 0));
+        }
+        let chunk = frames.len().div_ceil(self.threads).max(1);
+        let prefix = self.tree_prefix();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = frames
+                .chunks(chunk)
+                .map(|part| {
+                    let prefix = &prefix;
+                    scope.spawn(move || {
+                        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), prefix);
+                        for entry in part {
+                            if cancel.is_cancelled() {
+                                return Err(RestoreError::Cancelled);
+                            }
+                            let expected = self.expected(&entry.digest)?;
+                            if expected != u64::from(entry.raw_len) {
+                                return Err(RestoreError::InvalidBlob {
+                                    hash: entry.digest,
+                                    reason: format!(
+                                        "the pack index records {} bytes where the checkpoint \
+                                         records {expected}",
+                                        entry.raw_len
+                                    ),
+                                });
+                            }
+                            // Inside `data` by construction (RangeStager::feed).
+                            let start = entry.offset.saturating_sub(base) as usize;
+                            let stop = (start + entry.stored_len as usize).min(data.len());
+                            let stored = &data[start.min(stop)..stop];
+                            let raw = pack::decode_frame(entry, stored).map_err(|e| match e {
+                                pack::PackError::Blob { digest, reason } => {
+                                    RestoreError::InvalidBlob {
+                                        hash: digest,
+                                        reason,
+                                    }
+                                }
+                                other => RestoreError::InvalidBlob {
+                                    hash: entry.digest,
+                                    reason: other.to_string(),
+                                },
+                            })?;
+                            self.write_uses(&mut dirs, &entry.digest, &raw)?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(Err(RestoreError::Cancelled)))
+                .collect::<Result<Vec<()>, RestoreError>>()
+                .map(drop)
+        })?;
+        let bytes = frames.iter().map(|e| u64::from(e.raw_len)).sum();
+        Ok((frames.len() as u64, bytes))
     }
 
     fn shown_prepared(&self, index: usize) -> String {
@@ -1680,6 +1775,94 @@ impl StagedWriter {
             restore.finish_use(*index, fd)?;
         }
         Ok(())
+    }
+}
+
+/// One ranged read of a pack, staged as its bytes arrive: each frame is
+/// decoded, verified and written once it is complete, so memory holds one
+/// chunk and at most one partial frame, never the whole range.
+pub struct RangeStager {
+    /// The frames wanted, by offset (gaps between them are read and skipped).
+    entries: Vec<pack::Entry>,
+    /// The next frame to stage.
+    next: usize,
+    /// Bytes received but not yet consumed, starting at pack offset `at`.
+    pending: Vec<u8>,
+    at: u64,
+}
+
+impl RangeStager {
+    /// A read starting at the first entry's offset (after sorting by offset).
+    pub fn new(mut entries: Vec<pack::Entry>) -> RangeStager {
+        entries.sort_by_key(|e| e.offset);
+        let at = entries.first().map_or(0, |e| e.offset);
+        RangeStager {
+            entries,
+            next: 0,
+            pending: Vec::new(),
+            at,
+        }
+    }
+
+    /// The next bytes of the range. Returns (blobs, bytes) staged by this
+    /// chunk; InvalidBlob for a frame that does not decode to its key.
+    pub fn feed(
+        &mut self,
+        restore: &Restore,
+        chunk: &[u8],
+        cancel: &Cancel,
+    ) -> Result<(u64, u64), RestoreError> {
+        // Consume straight from the chunk when nothing is pending (no copy).
+        let mut held = std::mem::take(&mut self.pending);
+        let data: &[u8] = if held.is_empty() {
+            chunk
+        } else {
+            held.extend_from_slice(chunk);
+            &held
+        };
+        let end = self.at + data.len() as u64;
+        let first = self.next;
+        while self.next < self.entries.len() {
+            let e = &self.entries[self.next];
+            if e.offset + u64::from(e.stored_len) > end {
+                break;
+            }
+            self.next += 1;
+        }
+        let staged =
+            restore.stage_frames(self.at, data, &self.entries[first..self.next], cancel)?;
+        // Keep only what the next frame needs (gaps and staged frames go).
+        let keep_from = match self.entries.get(self.next) {
+            Some(e) => e.offset.clamp(self.at, end),
+            None => end,
+        };
+        let skip = (keep_from - self.at) as usize;
+        self.pending = if held.is_empty() {
+            chunk[skip..].to_vec()
+        } else {
+            held.drain(..skip);
+            held
+        };
+        self.at = keep_from;
+        Ok(staged)
+    }
+
+    /// The range ended: InvalidBlob naming the first frame it did not hold
+    /// whole (the pack is shorter than its index says).
+    pub fn finish(self) -> Result<(), RestoreError> {
+        match self.entries.get(self.next) {
+            None => Ok(()),
+            Some(e) => Err(RestoreError::InvalidBlob {
+                hash: e.digest,
+                reason: format!(
+                    "the pack holds {} of its {} stored bytes (truncated)",
+                    (self.at + self.pending.len() as u64)
+                        .saturating_sub(e.offset)
+                        .min(u64::from(e.stored_len)),
+                    e.stored_len
+                ),
+            }),
+        }
     }
 }
 

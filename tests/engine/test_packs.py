@@ -17,7 +17,7 @@ import pytest
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobCorruptError
-from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs
+from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs, plan_pack_reads
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
@@ -325,3 +325,85 @@ async def test_a_cold_capture_of_thousands_of_small_files_is_a_handful_of_reques
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     restoring = proxy.reset()
     assert 0 < sum(restoring.values()) < 100, restoring
+
+
+@pytest.mark.s3
+async def test_a_restore_reads_each_pack_about_once_whatever_its_file_count(
+    store: Any, counting_s3: tuple[CountingProxy, Any], tmp_path: Path, data_dir: Path
+) -> None:
+    """Restore groups the blobs of the whole plan by pack (it was one set of
+    ranged GETs per batch of 512 files: 24+ GETs here, 453 for 100,000 files)."""
+    proxy, inner = counting_s3
+    blobs = PackedBlobStore(inner, store, threshold=4096, target=96 << 10)
+    workspace = tmp_path / "workspace"
+    files = {f"d{n % 60}/f{n}.txt": b"file %d " % n * (1 + n % 30) for n in range(12_000)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    packs = await inner.list(PACK_KEY_PREFIX)
+    assert len(packs) >= 3  # the plan spans several packs
+    proxy.reset()
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    restoring = proxy.reset()
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+    # About one ranged GET per pack, and nothing else asked of the bucket.
+    assert 0 < restoring.get("GET", 0) <= len(packs) + 1, restoring
+    assert sum(restoring.values()) == restoring["GET"], restoring
+
+
+class _TrickleBlobs(PackedBlobStore):
+    """A pack store whose ranged reads arrive in tiny chunks, splitting every
+    frame across chunk boundaries (a real bucket's stream may do the same)."""
+
+    async def stream_pack_read(self, read: Any, chunk_size: int = 1 << 20) -> AsyncIterator[bytes]:
+        async for chunk in super().stream_pack_read(read, chunk_size):
+            for start in range(0, len(chunk), 7):
+                yield chunk[start : start + 7]
+
+
+async def test_a_pack_read_is_staged_as_it_streams_in_whatever_its_chunks(
+    store: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    assert isinstance(store, PackIndex)
+    blobs = _TrickleBlobs(open_blobs(f"file://{tmp_path / 'blobs'}"), store)
+    workspace = tmp_path / "workspace"
+    tree = _mixed_tree()
+    tree.pop("below-threshold.bin")  # a megabyte in 7-byte chunks is slow, not harder
+    write_tree(workspace, tree)
+    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+
+
+async def test_a_corrupted_frame_inside_one_merged_read_fails_and_changes_nothing(
+    store: Any, bucket: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    """Blobs before the damaged frame in the same ranged read are staged, never
+    put in place: INVALID_BLOB names the blob and its pack, the workspace is as
+    it was, and nothing of the staging directory is left."""
+    assert isinstance(store, PackIndex)
+    workspace = tmp_path / "workspace"
+    files = {f"d{n % 4}/f{n:03}.txt": b"content of file %d\n" % n * 30 for n in range(300)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    [pack_info] = await bucket.list(PACK_KEY_PREFIX)
+    rows = await store.locate_blobs([_key(data) for data in files.values()])
+    located = [row for row in rows.values() if row is not None]
+    [read] = plan_pack_reads(located)  # one merged ranged read for all 300 blobs
+    victim = sorted(located, key=lambda row: row.offset)[len(located) // 2]
+    pack = await bucket.get(pack_info.key)
+    at = victim.offset + victim.length // 2
+    await bucket.put(
+        pack_info.key, pack[:at] + bytes([pack[at] ^ 0x55]) + pack[at + 1 :], if_absent=False
+    )
+    target = tmp_path / "target"
+    write_tree(target, {"d1/f001.txt": b"the live version", "keep.txt": b"untouched"})
+    before = snapshot_tree(target)
+    with pytest.raises(SandboxSnapshotError) as caught:
+        await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+    assert caught.value.code == INVALID_BLOB
+    assert caught.value.details == {"key": victim.key, "pack": pack_info.key}
+    assert victim.key in str(caught.value) and pack_info.key in str(caught.value)
+    assert snapshot_tree(target) == before
+    assert read.start <= victim.offset < read.end

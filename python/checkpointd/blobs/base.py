@@ -187,6 +187,27 @@ async def get_ranges(blobs: BlobStore, key: str, ranges: Sequence[tuple[int, int
     return [data[start:end] for start, end in ranges]
 
 
+def get_range_stream(
+    blobs: BlobStore, key: str, start: int, end: int, chunk_size: int = 1 << 20
+) -> AsyncIterator[bytes]:
+    """The bytes ``[start, end)`` of ``key`` as they arrive (one ranged request;
+    fewer bytes when the object ends first): ``blobs.get_range_stream`` where the
+    store has it, else ``get_ranges`` of that one range. Raises BlobNotFoundError
+    (on the first iteration), BlobStoreError."""
+    if getattr(type(blobs), "get_range_stream", None) is not None:
+        stream: AsyncIterator[bytes] = blobs.get_range_stream(  # type: ignore[attr-defined]
+            key, start, end, chunk_size
+        )
+        return stream
+    return _one_range(blobs, key, start, end)
+
+
+async def _one_range(blobs: BlobStore, key: str, start: int, end: int) -> AsyncIterator[bytes]:
+    [data] = await get_ranges(blobs, key, [(start, end)])
+    if data:
+        yield data
+
+
 async def default_put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list[bool]:
     """``put_many`` over ``put(key, data, if_absent=True)``."""
     return await _gather_bounded(items, lambda item: blobs.put(item[0], item[1], if_absent=True))

@@ -212,6 +212,31 @@ class ObjectBlobStore(BlobStore):
             async for chunk in result.stream(min_chunk_size=chunk_size):
                 yield chunk
 
+    async def get_range_stream(
+        self, key: str, start: int, end: int, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        """The bytes ``[start, end)`` of the blob in chunks (at least
+        ``chunk_size`` bytes but the last), with one ranged request; fewer when
+        the object ends first. Raises BlobNotFoundError on the first iteration
+        when the key is missing, BlobStoreError."""
+        if end <= start:
+            return
+        with self._errors("get", key):
+            try:
+                result = await obstore.get_async(self._store, key, options={"range": (start, end)})
+            except FileNotFoundError:
+                raise
+            except _BACKEND_ERRORS:
+                # A range starting past the end (a truncated object) is refused.
+                size = int((await obstore.head_async(self._store, key))["size"])
+                if start >= min(end, size):
+                    return
+                result = await obstore.get_async(
+                    self._store, key, options={"range": (start, min(end, size))}
+                )
+            async for chunk in result.stream(min_chunk_size=chunk_size):
+                yield chunk
+
     async def get_ranges(self, key: str, ranges: Sequence[tuple[int, int]]) -> builtins.list[bytes]:
         """The bytes ``[start, end)`` of each range, in one call (obstore fetches
         the ranges concurrently and merges close ones). A range past the end of

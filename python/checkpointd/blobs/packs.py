@@ -32,7 +32,9 @@ use over any ``BlobStore`` and a store that keeps the index:
 * reads (``get``, ``get_stream``, ``get_many``, ``head``, ``missing``) look the
   key up in the index: a packed key is read with one ranged GET per group of
   nearby blobs (``MERGE_GAP_BYTES``), decoded and checked (size and BLAKE3) in
-  Rust; a key with no row falls back to its single object (old stores stay
+  Rust (a restore instead plans the reads of its whole plan with
+  ``plan_pack_reads`` and streams each one, ``stream_pack_read``, into its
+  staging frame by frame); a key with no row falls back to its single object (old stores stay
   readable, nothing is rewritten). A frame that does not decode to its key, or
   lies past the end of a truncated pack, is ``BlobCorruptError`` naming the
   blob and the pack;
@@ -76,6 +78,7 @@ from .base import (
     VerifiedFile,
     _gather_bounded,
     get_many,
+    get_range_stream,
     get_ranges,
     missing,
     put_many,
@@ -125,8 +128,8 @@ async def _locate(index: PackIndex, keys: Sequence[str]) -> dict[str, PackedBlob
 
 
 @dataclass(slots=True)
-class _Range:
-    """One ranged GET of a pack and the blobs it holds."""
+class PackRead:
+    """One ranged GET of a pack, ``[start, end)``, and the blobs it holds."""
 
     pack: str
     start: int
@@ -134,15 +137,17 @@ class _Range:
     rows: list[PackedBlob]
 
 
-def _ranges(rows: Sequence[PackedBlob]) -> list[_Range]:
-    """Group rows by pack and merge nearby frames into few ranged reads."""
+def plan_pack_reads(rows: Sequence[PackedBlob]) -> list[PackRead]:
+    """Group rows by pack and merge nearby frames into few ranged reads (at
+    most ``MERGE_GAP_BYTES`` apart, at most ``MAX_RANGE_BYTES`` each), in pack
+    order. Given every row a restore needs, that is about one GET per pack."""
     by_pack: dict[str, list[PackedBlob]] = {}
     for row in rows:
         by_pack.setdefault(row.pack, []).append(row)
-    out: list[_Range] = []
+    out: list[PackRead] = []
     for pack, group in by_pack.items():
         group.sort(key=lambda row: row.offset)
-        current: _Range | None = None
+        current: PackRead | None = None
         for row in group:
             end = row.offset + row.length
             if (
@@ -153,7 +158,7 @@ def _ranges(rows: Sequence[PackedBlob]) -> list[_Range]:
                 current.end = max(current.end, end)
                 current.rows.append(row)
                 continue
-            current = _Range(pack, row.offset, end, [row])
+            current = PackRead(pack, row.offset, end, [row])
             out.append(current)
     return out
 
@@ -223,8 +228,8 @@ class PackedBlobStore(BlobStore):
         does not decode to its key or lies past the end of its pack,
         BlobNotFoundError when the pack itself is gone, BlobStoreError."""
         out: dict[str, bytes] = {}
-        ranges = _ranges(rows)
-        by_pack: dict[str, list[_Range]] = {}
+        ranges = plan_pack_reads(rows)
+        by_pack: dict[str, list[PackRead]] = {}
         for one in ranges:
             if one.end > one.start:
                 by_pack.setdefault(one.pack, []).append(one)
@@ -261,6 +266,23 @@ class PackedBlobStore(BlobStore):
 
         await _gather_bounded(list(by_pack), fetch)
         return [out[row.key] for row in rows]
+
+    async def stream_pack_read(
+        self, read: PackRead, chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        """The bytes of ``read`` as they arrive (one ranged GET, streamed: the
+        caller decodes frames as they complete, so memory holds a chunk, not the
+        range); fewer bytes when the pack is truncated. Raises BlobNotFoundError
+        (its ``pack`` set) when the pack is gone, BlobStoreError."""
+        try:
+            async for chunk in get_range_stream(
+                self.inner, read.pack, read.start, read.end, chunk_size
+            ):
+                yield chunk
+        except BlobNotFoundError:
+            error = BlobNotFoundError(read.rows[0].key)
+            error.pack = read.pack  # type: ignore[attr-defined]
+            raise error from None
 
     async def get(self, key: str) -> bytes:
         return (await self.get_many([key]))[0]
@@ -483,8 +505,10 @@ __all__ = [
     "DEFAULT_PACK_THRESHOLD",
     "PACK_KEY_PREFIX",
     "PACK_TARGET_BYTES",
+    "PackRead",
     "PackSession",
     "PackedBlobStore",
     "pack_key",
     "packed_blobs",
+    "plan_pack_reads",
 ]

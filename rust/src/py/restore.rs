@@ -19,9 +19,10 @@ use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex};
 use crate::manifest;
+use crate::pack::{Entry, KIND_FILE};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
-use crate::restore::{self as core, Restore, RestoreError, StagedWriter, Workspace};
+use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter, Workspace};
 use crate::scan::{self, Root, ScanRequest};
 use crate::statcache::secrets_fingerprint;
 
@@ -106,6 +107,9 @@ pub struct RestoreSession {
     cache_path: Option<PathBuf>,
     cancel: Cancel,
     writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
+    /// Pack reads being staged, by the handle `begin_range` gave.
+    ranges: Mutex<HashMap<u64, RangeStager>>,
+    next_range: std::sync::atomic::AtomicU64,
 }
 
 #[pymethods]
@@ -183,6 +187,8 @@ impl RestoreSession {
             cache_path,
             cancel,
             writers: Mutex::new(HashMap::new()),
+            ranges: Mutex::new(HashMap::new()),
+            next_range: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -272,6 +278,65 @@ impl RestoreSession {
         .map_err(restore_to_py)
     }
 
+    /// Start staging one ranged read of a pack: ``items`` are the frames it
+    /// holds, ``(hex digest, offset, stored_len, raw_len, codec)`` as the
+    /// index records them; the read starts at the smallest offset. Returns a
+    /// handle for ``feed_range`` / ``end_range``.
+    fn begin_range(&self, items: Vec<(String, u64, u32, u32, u8)>) -> PyResult<u64> {
+        let mut entries = Vec::with_capacity(items.len());
+        for (hex, offset, stored_len, raw_len, codec) in &items {
+            entries.push(Entry {
+                digest: digest(hex)?,
+                offset: *offset,
+                stored_len: *stored_len,
+                raw_len: *raw_len,
+                codec: *codec,
+                kind: KIND_FILE,
+            });
+        }
+        self.inner()?;
+        let handle = self
+            .next_range
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, RangeStager::new(entries));
+        Ok(handle)
+    }
+
+    /// The next bytes of a pack read: every frame completed by them is
+    /// decoded, verified (size and BLAKE3) and staged. Returns (blobs, bytes)
+    /// staged; InvalidBlob for a frame that does not decode to its key.
+    fn feed_range(
+        &self,
+        py: Python<'_>,
+        handle: u64,
+        chunk: PyBackedBytes,
+    ) -> PyResult<(u64, u64)> {
+        let mut stager = self.take_range(handle)?;
+        let inner = self.inner()?;
+        let cancel = &self.cancel;
+        let result = py.allow_threads(|| stager.feed(inner, &chunk, cancel));
+        self.ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(handle, stager);
+        result.map_err(restore_to_py)
+    }
+
+    /// The read ended: InvalidBlob naming the first frame it did not hold
+    /// whole. The handle is released; ``discard`` releases it without that
+    /// check (the read failed).
+    #[pyo3(signature = (handle, discard=false))]
+    fn end_range(&self, handle: u64, discard: bool) -> PyResult<()> {
+        let stager = self.take_range(handle)?;
+        if discard {
+            return Ok(());
+        }
+        stager.finish().map_err(restore_to_py)
+    }
+
     /// Start streaming a (large) blob into staging.
     fn begin_blob(&self, py: Python<'_>, hex: &str, size: u64) -> PyResult<()> {
         let hash = digest(hex)?;
@@ -354,6 +419,10 @@ impl RestoreSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         self.preview = None;
         let Some(inner) = self.inner.take() else {
             return Ok(());
@@ -384,6 +453,14 @@ impl RestoreSession {
             (None, Some(plan)) => Ok(plan),
             (None, None) => Err(closed()),
         }
+    }
+
+    fn take_range(&self, handle: u64) -> PyResult<RangeStager> {
+        self.ranges
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle)
+            .ok_or_else(|| PyValueError::new_err(format!("no pack read {handle} being staged")))
     }
 
     fn take_writer(&self, hash: &[u8; 32]) -> PyResult<StagedWriter> {
