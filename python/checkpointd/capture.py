@@ -354,6 +354,7 @@ async def capture_checkpoint(
                 token,
             )
             try:
+                await engine.distrust_marked()
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_digests = manifest_of(parent.files).digests() if parent else b""
@@ -616,11 +617,20 @@ class _Uploader:
         # Paths whose handed-over file was no longer what the scan hashed: the
         # upload hashes them again instead of reading them to find that out.
         self.fed_changed: set[str] = set()
+        self.rechecked: set[str] = set()  # keys check marked missing (distrust_marked)
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
         self.batch_slots = asyncio.Semaphore(BATCH_CONCURRENCY)
 
     def close(self) -> None:
         """Nothing of its own to free: the capture holds the root fd."""
+
+    async def distrust_marked(self) -> None:
+        """Keys `checkpointd check` found gone from the bucket are not trusted:
+        neither from the parent (store_blobs looks them up like new ones) nor
+        from their counts (the feed asks the bucket). Before the feed starts."""
+        self.rechecked = await missing_marks(self.store)
+        if isinstance(self.blobs, PackSession):
+            self.blobs.distrust(self.rechecked)
 
     async def _in_thread(self, work: Callable[[StopFlag], T]) -> T:
         """Run ``work`` in a worker thread; a cancellation stops it and waits
@@ -718,11 +728,6 @@ class _Uploader:
         Works on the manifest's bytes: only files whose content the parent does
         not reference become Python objects (none when nothing changed)."""
         parent_digests = manifest_of(parent.files).digests() if parent is not None else b""
-        # Keys `checkpointd check` found gone from the bucket are not trusted
-        # from the parent: they are looked up (and uploaded again) like new ones.
-        self.rechecked = await missing_marks(self.store) if parent is not None else set()
-        if isinstance(self.blobs, PackSession):
-            self.blobs.distrust(self.rechecked)  # their packs may be gone: ask the bucket
         parent_digests = without_marked(parent_digests, self.rechecked)
         new_digests = _native.digest_difference(manifest.digests(), parent_digests)
         pending = [

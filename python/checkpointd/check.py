@@ -23,7 +23,14 @@ readable and list each row's blob at the row's offset, length, size and codec
 (else ``corrupt``, naming the blob and the pack); with ``read_data`` each
 packed blob is read with ranged GETs, decoded and hashed (``corrupt`` naming
 blob and pack when it does not decode to its key). Keys without a row are
-single objects, checked as before.
+single objects, checked as before. The rows of a pack that is gone (not
+listed, and a HEAD confirms it) are removed in the transaction that marks their
+keys missing (``PackMaintenance.forget_lost_packed_blobs``): a row that stayed
+would keep telling captures the blob is present, and a capture would then
+commit a checkpoint naming bytes that no longer exist. Without the row the key
+is a lost single object: marked, so the next capture that still has the bytes
+uploads them again (into a new pack, with a new row). A damaged pack keeps its
+rows (``corrupt``): its other blobs may still read, and check never deletes.
 
 Findings are yielded as they are known and the summary comes last, so a caller
 (the daemon's Check stream) never holds them all. Check never deletes a blob: a
@@ -47,7 +54,14 @@ from .blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from .errors import SandboxCheckpointInvalidArgumentError
 from .manifest import manifest_of, split_digests
 from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
-from .store.base import BlobAudit, BlobCount, CheckpointStore, PackedBlob, PackIndex
+from .store.base import (
+    BlobAudit,
+    BlobCount,
+    CheckpointStore,
+    PackedBlob,
+    PackIndex,
+    PackMaintenance,
+)
 
 # Finding kinds.
 COUNT_MISMATCH = "count-mismatch"  # stored count != manifests using the key
@@ -58,6 +72,8 @@ REPAIRED = "repaired"  # repair set the stored count to the manifests'
 
 # Keys per existence batch (also the progress step), blobs read at once.
 EXISTS_BATCH = 1024
+# Rows of lost packs forgotten per store transaction.
+FORGET_BATCH = 10_000
 READ_CONCURRENCY = 8
 READ_CHUNK_BYTES = 1 << 20
 
@@ -186,12 +202,17 @@ async def iter_check(
         checked += len(batch)
         yield CheckProgress(checked, total, bytes_read)
 
+    # Rows of referenced keys whose pack is gone from the bucket.
+    lost: list[PackedBlob] = []
     if by_pack:
         sizes: dict[str, BlobInfo] = {}
         async for page in bucket.list_pages(PACK_KEY_PREFIX):
             sizes.update((info.key, info) for info in page)
         for pack, rows in by_pack.items():
-            async for finding, size in _check_pack(bucket, pack, sizes.get(pack), rows, read_data):
+            info = sizes.get(pack)
+            if info is None:
+                info = await bucket.head(pack)  # not listed: gone, or written since
+            async for finding, size in _check_pack(bucket, pack, info, rows, read_data, lost):
                 bytes_read += size
                 if finding is None:
                     continue
@@ -207,8 +228,17 @@ async def iter_check(
     marked: Iterable[str] = await store.list_missing_blobs()
     missing_now = set(gone)
     cleared = [key for key in marked if key not in missing_now]
-    if gone:
-        await store.mark_blobs_missing(gone)
+    if lost and isinstance(store, PackMaintenance):
+        # The rows go with their marks, in one transaction each batch: a row
+        # of a lost pack would keep telling captures the blob is there.
+        forgotten = {row.key for row in lost}
+        for start in range(0, len(lost), FORGET_BATCH):
+            await store.forget_lost_packed_blobs(lost[start : start + FORGET_BATCH])
+    else:
+        forgotten = set()
+    unmarked = [key for key in gone if key not in forgotten]
+    if unmarked:
+        await store.mark_blobs_missing(unmarked)
     if cleared:
         await store.clear_missing_blobs(cleared)
         for key in cleared:
@@ -283,15 +313,19 @@ async def _check_pack(
     info: BlobInfo | None,
     rows: list[PackedBlob],
     read_data: bool,
+    lost: list[PackedBlob],
 ) -> AsyncIterator[tuple[CheckFinding | None, int]]:
-    """Findings for the referenced rows of one pack, with the bytes read."""
+    """Findings for the referenced rows of one pack, with the bytes read; the
+    rows of a pack that is gone are added to ``lost``."""
     if info is None:
+        lost.extend(rows)
         for row in rows:
             yield CheckFinding(MISSING, row.key, message=f"its pack {pack} is not in the bucket"), 0
         return
     try:
         entries = await read_pack_entries(bucket, pack, info.size)
     except BlobNotFoundError:
+        lost.extend(rows)
         for row in rows:
             yield CheckFinding(MISSING, row.key, message=f"its pack {pack} is not in the bucket"), 0
         return

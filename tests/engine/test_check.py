@@ -247,3 +247,101 @@ async def test_read_data_finds_changed_bytes(tmp_path: Path) -> None:
         assert not report.summary.ok
     finally:
         await store.aclose()
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("memory", "file"), id="memory-file"),
+        pytest.param(("sqlite", "file"), id="sqlite-file"),
+        pytest.param(("sqlite", "s3"), id="sqlite-s3", marks=pytest.mark.s3),
+        pytest.param(
+            ("postgres", "s3"), id="postgres-s3", marks=[pytest.mark.postgres, pytest.mark.s3]
+        ),
+    ]
+)
+async def store_and_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    store_kind, blob_kind = request.param
+    url = {
+        "memory": lambda: "memory://",
+        "sqlite": lambda: f"sqlite://{tmp_path / 'store.db'}",
+        "postgres": lambda: request.getfixturevalue("postgres_url"),
+    }[store_kind]()
+    blobs = (
+        open_blobs(f"file://{tmp_path / 'blobs'}")
+        if blob_kind == "file"
+        else request.getfixturevalue("s3_server").open(f"check-{uuid.uuid4().hex}")
+    )
+    store = await open_store(url)
+    try:
+        yield store, blobs
+    finally:
+        await store.aclose()
+
+
+async def test_check_drops_the_rows_of_a_lost_pack_so_a_new_capture_uploads_again(
+    tmp_path: Path, store_and_bucket: Any
+) -> None:
+    """A lost pack's rows must not keep claiming its blobs: a capture of the same
+    tree, even on a new thread (no parent to distrust), uploads them again and
+    its checkpoint restores."""
+    store, blobs = store_and_bucket
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    for n in range(20):
+        (workspace / "src" / f"m{n}.py").write_text(f"def f{n}():\n    return {n}\n" * 20)
+    data_dir = tmp_path / "data"
+    first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    keys = sorted({e.blob_key for e in first.checkpoint.files if getattr(e, "blob_key", None)})
+    [pack] = {row.pack for row in (await store.locate_blobs(keys)).values() if row is not None}
+    await blobs.delete(pack)
+
+    report = await check_store(store, blobs)
+    assert _kinds(report) == {MISSING: set(keys)}
+    # The rows went with the marks: the keys are lost single objects now.
+    assert await store.locate_blobs(keys) == dict.fromkeys(keys)
+    assert await store.list_packed_blobs() == []
+    assert await store.list_missing_blobs() == keys
+    again = await check_store(store, blobs)  # the same findings, nothing else to drop
+    assert _kinds(again) == {MISSING: set(keys)}
+
+    second = await capture_checkpoint(workspace, store, blobs, "u", data_dir=data_dir)
+    assert second.stats.blobs_uploaded == len(keys)
+    assert await store.list_missing_blobs() == []
+    after = await check_store(store, blobs, read_data=True)
+    assert after.summary is not None and after.summary.ok, after.findings
+    for thread, done in (("u", second), ("t", first)):  # the old one reads the new pack
+        target = tmp_path / f"restored-{thread}"
+        await restore_checkpoint(
+            target, store, blobs, thread, checkpoint_id=done.checkpoint.id, data_dir=data_dir
+        )
+        assert snapshot_tree(target) == snapshot_tree(workspace)
+
+
+async def test_a_row_moved_to_a_new_pack_is_not_forgotten(store_and_bucket: Any) -> None:
+    """forget_lost_packed_blobs removes a row only while it still names the lost
+    pack (a capture may have uploaded the blob again meanwhile)."""
+    from checkpointd.store.base import PackedBlob
+
+    store, _blobs = store_and_bucket
+    key = "sandbox-files/blake3/" + "12" * 32
+    lost_pack, new_pack = ("sandbox-packs/blake3/" + c * 64 for c in "ef")
+    lease = await store.acquire_writer("t")
+    from checkpointd.ids import new_uuid7
+    from checkpointd.model import Checkpoint, FileEntry
+
+    checkpoint = Checkpoint(
+        id=new_uuid7(), thread_id="t", parent_checkpoint_id=None, created_at=1,
+        files=(FileEntry("a", key, 10),),
+    )  # fmt: skip
+    await store.append(
+        checkpoint, None, lease, packed_blobs=[PackedBlob(key, new_pack, 8, 5, 10, 1)]
+    )
+    await lease.release()
+    stale = PackedBlob(key, lost_pack, 8, 5, 10, 1)
+    assert await store.forget_lost_packed_blobs([stale]) == []
+    assert (await store.locate_blobs([key]))[key].pack == new_pack
+    assert await store.list_missing_blobs() == []
+    current = PackedBlob(key, new_pack, 8, 5, 10, 1)
+    assert await store.forget_lost_packed_blobs([current]) == [key]
+    assert await store.locate_blobs([key]) == {key: None}
+    assert await store.list_missing_blobs() == [key]

@@ -293,6 +293,8 @@ class PackMaintenance(Protocol):
       wrote a pack of the same bytes cannot switch rows to the pack being
       deleted (a repack switches right after its upload, well within a hold).
       Appends and adds are not affected: their writers' pins protect their packs.
+    * ``forget_lost_packed_blobs``: ``check`` drops the rows of a pack that is
+      gone, together with the missing marks of their keys.
     * ``condemn_unpinned_blobs``: before a sweep deletes a pack no row points
       at, it condemns every key the pack holds, referenced or not, unless a
       live pin or another condemnation holds it. A writer (a capture, or
@@ -303,6 +305,15 @@ class PackMaintenance(Protocol):
       ``condemn_blobs``. A referenced key's condemnation only delays pins of it:
       rows of referenced keys are never dropped.
     """
+
+    async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """``check`` found these rows' pack gone from the bucket: in one
+        transaction remove each row that is still the key's row (same pack and
+        offset) and mark its key missing, so no capture dedups against a blob
+        that is gone (the next one that has the bytes uploads them again; the
+        key is a lost single object until then). Returns the keys whose rows
+        went, sorted."""
+        ...
 
     async def condemn_unpinned_blobs(
         self, keys: builtins.list[str], hold_ms: int

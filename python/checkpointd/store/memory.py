@@ -283,6 +283,18 @@ class InMemoryCheckpointStore:
         self._retired_packs[pack] = self._now() + hold
         return True
 
+    async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``store.base.PackMaintenance``."""
+        self._check_open()
+        gone: builtins.list[str] = []
+        for row in check_packed_blobs(rows, None):
+            current = self._packed.get(row.key)
+            if current is not None and (current.pack, current.offset) == (row.pack, row.offset):
+                del self._packed[row.key]
+                gone.append(row.key)
+        self._missing.update(gone)
+        return sorted(gone)
+
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()

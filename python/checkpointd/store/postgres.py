@@ -1400,6 +1400,38 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         return await self._transaction("switch_packed_blobs", body)
 
+    async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one transaction (a row an append moved
+        to another pack meanwhile no longer matches, and stays)."""
+        self._check_open()
+        checked = check_packed_blobs(rows, None)
+        if not checked:
+            return []
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[str]:
+            gone = {
+                bytes(r["digest"])
+                for r in await conn.fetch(
+                    "DELETE FROM checkpointd_packed_blobs b USING checkpointd_packs p,"
+                    " unnest($1::bytea[], $2::bytea[], $3::integer[]) AS d(digest, pack, off)"
+                    " WHERE b.digest = d.digest AND p.id = b.pack AND p.digest = d.pack"
+                    " AND b.frame_offset = d.off RETURNING b.digest",
+                    [digest_of(row.key) for row in checked],
+                    [pack_digest(row.pack) for row in checked],
+                    [row.offset for row in checked],
+                )
+            }
+            keys = sorted({row.key for row in checked if digest_of(row.key) in gone})
+            await conn.execute(
+                "INSERT INTO checkpointd_blob_missing (key, marked_at)"
+                " SELECT k, $2 FROM unnest($1::bytea[]) AS k ON CONFLICT DO NOTHING",
+                [key_to_bytes(key) for key in keys],
+                await self._now(conn),
+            )
+            return keys
+
+        return await self._transaction("forget_lost_packed_blobs", body)
+
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``base.PackMaintenance``: one transaction."""
         self._check_open()

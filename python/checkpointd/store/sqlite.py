@@ -1136,6 +1136,29 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
         return await self._db.write(run) if checked else []
 
+    async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: one write transaction."""
+        checked = check_packed_blobs(rows, None)
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
+            now = self._now()
+            gone: builtins.list[str] = []
+            for row in checked:
+                cursor = await conn.execute(
+                    "DELETE FROM packed_blobs WHERE digest = ? AND frame_offset = ?"
+                    " AND pack = (SELECT id FROM blob_packs WHERE digest = ?)",
+                    (digest_of(row.key), row.offset, pack_digest(row.pack)),
+                )
+                if cursor.rowcount:
+                    gone.append(row.key)
+            await conn.executemany(
+                "INSERT OR IGNORE INTO blob_missing (key, marked_at) VALUES (?, ?)",
+                [(key_to_bytes(key), now) for key in gone],
+            )
+            return sorted(gone)
+
+        return await self._db.write(run) if checked else []
+
     async def _pack_ids(
         self, conn: aiosqlite.Connection, packs: builtins.list[bytes]
     ) -> dict[bytes, int]:
