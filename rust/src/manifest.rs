@@ -6,87 +6,87 @@
 
 use crate::redact::SecretMatch;
 
-/// Appends rows to one growing buffer; `finish` closes the array.
-pub struct ManifestWriter {
-    out: Vec<u8>,
+/// Where encoded bytes go: a growing `Vec`, a [`Counter`] that only adds up
+/// lengths (so a buffer can be sized exactly before anything is written), or a
+/// [`SliceWriter`] filling a buffer allocated once. One encoder over all
+/// three, so the length computed is the length written.
+pub trait Sink {
+    fn bytes(&mut self, bytes: &[u8]);
+
+    fn byte(&mut self, byte: u8) {
+        self.bytes(&[byte]);
+    }
+
+    /// A decimal integer (i128 so that every u64 and i64 fits).
+    fn int(&mut self, value: i128) {
+        let (digits, at) = format_int(value);
+        self.bytes(&digits[at..]);
+    }
+}
+
+impl Sink for Vec<u8> {
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn byte(&mut self, byte: u8) {
+        self.push(byte);
+    }
+}
+
+/// Counts the bytes an encoding takes, writing nothing.
+#[derive(Default)]
+pub struct Counter(pub usize);
+
+impl Sink for Counter {
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+
+    fn byte(&mut self, _byte: u8) {
+        self.0 += 1;
+    }
+
+    fn int(&mut self, value: i128) {
+        let mut n = value.unsigned_abs();
+        let mut digits = 1;
+        while n >= 10 {
+            n /= 10;
+            digits += 1;
+        }
+        self.0 += digits + usize::from(value < 0);
+    }
+}
+
+/// Fills a buffer of the exact size from its start.
+pub struct SliceWriter<'a> {
+    pub buf: &'a mut [u8],
+    pub at: usize,
+}
+
+impl Sink for SliceWriter<'_> {
+    fn bytes(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+
+    fn byte(&mut self, byte: u8) {
+        self.buf[self.at] = byte;
+        self.at += 1;
+    }
+}
+
+/// Appends rows to a sink; `finish` closes the array.
+pub struct ManifestWriter<S: Sink = Vec<u8>> {
+    out: S,
     rows: usize,
 }
 
-impl ManifestWriter {
+impl ManifestWriter<Vec<u8>> {
     pub fn with_capacity(bytes: usize) -> ManifestWriter {
         let mut out = Vec::with_capacity(bytes.max(2));
         out.push(b'[');
         ManifestWriter { out, rows: 0 }
-    }
-
-    fn begin_row(&mut self, tag: u8) {
-        if self.rows > 0 {
-            self.out.push(b',');
-        }
-        self.rows += 1;
-        self.out.extend_from_slice(&[b'[', b'"', tag, b'"', b',']);
-    }
-
-    pub fn file(&mut self, path: &str, hash: &[u8; 32], size: u64, mode: u32, mtime_ns: i64) {
-        self.begin_row(b'f');
-        write_json_string(&mut self.out, path);
-        self.out.extend_from_slice(b",\"");
-        write_hex(&mut self.out, hash);
-        self.out.extend_from_slice(b"\",");
-        write_int(&mut self.out, size as i128);
-        self.out.push(b',');
-        write_int(&mut self.out, mode as i128);
-        self.out.push(b',');
-        write_int(&mut self.out, mtime_ns as i128);
-        self.out.push(b']');
-    }
-
-    /// A file row followed, when secrets were zeroed in it, by one flat
-    /// `offset, length, secret index` triple per match (rows stay flat arrays:
-    /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`).
-    pub fn file_with_secrets(
-        &mut self,
-        path: &str,
-        hash: &[u8; 32],
-        size: u64,
-        mode: u32,
-        mtime_ns: i64,
-        secrets: &[SecretMatch],
-    ) {
-        self.file(path, hash, size, mode, mtime_ns);
-        if secrets.is_empty() {
-            return;
-        }
-        self.out.pop(); // the row's closing ']'
-        for m in secrets {
-            self.out.push(b',');
-            write_int(&mut self.out, m.offset as i128);
-            self.out.push(b',');
-            write_int(&mut self.out, m.len as i128);
-            self.out.push(b',');
-            write_int(&mut self.out, m.secret as i128);
-        }
-        self.out.push(b']');
-    }
-
-    pub fn dir(&mut self, path: &str, mode: u32) {
-        self.begin_row(b'd');
-        write_json_string(&mut self.out, path);
-        self.out.push(b',');
-        write_int(&mut self.out, mode as i128);
-        self.out.push(b']');
-    }
-
-    pub fn symlink(&mut self, path: &str, target: &str) {
-        self.begin_row(b'l');
-        write_json_string(&mut self.out, path);
-        self.out.push(b',');
-        write_json_string(&mut self.out, target);
-        self.out.push(b']');
-    }
-
-    pub fn rows(&self) -> usize {
-        self.rows
     }
 
     pub fn finish(mut self) -> Vec<u8> {
@@ -97,10 +97,7 @@ impl ManifestWriter {
     /// A writer of rows for the middle of a manifest (no brackets), so that
     /// runs of rows can be encoded apart and joined in order by [`ManifestWriter::join`].
     pub fn fragment(bytes: usize) -> ManifestWriter {
-        ManifestWriter {
-            out: Vec::with_capacity(bytes),
-            rows: 0,
-        }
+        ManifestWriter::rows_into(Vec::with_capacity(bytes))
     }
 
     /// The fragment's bytes (rows separated by commas, none around them).
@@ -127,26 +124,108 @@ impl ManifestWriter {
     }
 }
 
-/// Lowercase hex, straight into the buffer (no temporary String per row).
-fn write_hex(out: &mut Vec<u8>, digest: &[u8; 32]) {
+impl<S: Sink> ManifestWriter<S> {
+    /// Rows (comma-separated, no brackets) into `out`.
+    pub fn rows_into(out: S) -> ManifestWriter<S> {
+        ManifestWriter { out, rows: 0 }
+    }
+
+    /// The sink, once the rows are written.
+    pub fn into_sink(self) -> S {
+        self.out
+    }
+
+    fn begin_row(&mut self, tag: u8) {
+        if self.rows > 0 {
+            self.out.byte(b',');
+        }
+        self.rows += 1;
+        self.out.bytes(&[b'[', b'"', tag, b'"', b',']);
+    }
+
+    fn file_fields(&mut self, path: &str, hash: &[u8; 32], size: u64, mode: u32, mtime_ns: i64) {
+        self.begin_row(b'f');
+        write_json_string(&mut self.out, path);
+        self.out.bytes(b",\"");
+        self.out.bytes(&hex_text(hash));
+        self.out.bytes(b"\",");
+        self.out.int(size as i128);
+        self.out.byte(b',');
+        self.out.int(mode as i128);
+        self.out.byte(b',');
+        self.out.int(mtime_ns as i128);
+    }
+
+    pub fn file(&mut self, path: &str, hash: &[u8; 32], size: u64, mode: u32, mtime_ns: i64) {
+        self.file_fields(path, hash, size, mode, mtime_ns);
+        self.out.byte(b']');
+    }
+
+    /// A file row followed, when secrets were zeroed in it, by one flat
+    /// `offset, length, secret index` triple per match (rows stay flat arrays:
+    /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`).
+    pub fn file_with_secrets(
+        &mut self,
+        path: &str,
+        hash: &[u8; 32],
+        size: u64,
+        mode: u32,
+        mtime_ns: i64,
+        secrets: &[SecretMatch],
+    ) {
+        self.file_fields(path, hash, size, mode, mtime_ns);
+        for m in secrets {
+            self.out.byte(b',');
+            self.out.int(m.offset as i128);
+            self.out.byte(b',');
+            self.out.int(m.len as i128);
+            self.out.byte(b',');
+            self.out.int(m.secret as i128);
+        }
+        self.out.byte(b']');
+    }
+
+    pub fn dir(&mut self, path: &str, mode: u32) {
+        self.begin_row(b'd');
+        write_json_string(&mut self.out, path);
+        self.out.byte(b',');
+        self.out.int(mode as i128);
+        self.out.byte(b']');
+    }
+
+    pub fn symlink(&mut self, path: &str, target: &str) {
+        self.begin_row(b'l');
+        write_json_string(&mut self.out, path);
+        self.out.byte(b',');
+        write_json_string(&mut self.out, target);
+        self.out.byte(b']');
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+}
+
+/// Lowercase hex of a digest (no temporary String per row).
+fn hex_text(digest: &[u8; 32]) -> [u8; 64] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut text = [0u8; 64];
     for (i, b) in digest.iter().enumerate() {
         text[2 * i] = HEX[(b >> 4) as usize];
         text[2 * i + 1] = HEX[(b & 15) as usize];
     }
-    out.extend_from_slice(&text);
+    text
 }
 
-/// A decimal integer, straight into the buffer. Takes i128 so that every
-/// u64 and i64 fits, but converts in 64-bit arithmetic (a 128-bit division
-/// per digit made this the manifest's hot spot: 19 digits per mtime).
-fn write_int(out: &mut Vec<u8>, value: i128) {
-    let negative = value < 0;
+/// A decimal integer's digits (with its sign) in `digits[at..]`. Takes i128
+/// so that every u64 and i64 fits, but converts in 64-bit arithmetic (a
+/// 128-bit division per digit made this the manifest's hot spot: 19 digits
+/// per mtime).
+fn format_int(value: i128) -> ([u8; 21], usize) {
     let magnitude = value.unsigned_abs();
     let mut n = u64::try_from(magnitude).unwrap_or(u64::MAX);
     debug_assert_eq!(u128::from(n), magnitude, "manifest integers fit in 64 bits");
-    let mut digits = [0u8; 20];
+    let mut digits = [0u8; 21];
     let mut at = digits.len();
     loop {
         at -= 1;
@@ -156,43 +235,44 @@ fn write_int(out: &mut Vec<u8>, value: i128) {
             break;
         }
     }
-    if negative {
-        out.push(b'-');
+    if value < 0 {
+        at -= 1;
+        digits[at] = b'-';
     }
-    out.extend_from_slice(&digits[at..]);
+    (digits, at)
 }
 
 /// A JSON string as Python's `json` module writes it with `ensure_ascii=False`:
 /// `"` and `\` escaped, `\n \r \t \b \f` short forms, other control characters
 /// below U+0020 as `\u00xx` (lowercase hex), everything else verbatim.
-pub fn write_json_string(out: &mut Vec<u8>, text: &str) {
-    out.push(b'"');
+pub fn write_json_string<S: Sink>(out: &mut S, text: &str) {
+    out.byte(b'"');
     let bytes = text.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
         if !NEEDS_ESCAPE[b as usize] {
             continue;
         }
-        out.extend_from_slice(&bytes[start..i]);
+        out.bytes(&bytes[start..i]);
         match b {
-            b'"' => out.extend_from_slice(b"\\\""),
-            b'\\' => out.extend_from_slice(b"\\\\"),
-            b'\n' => out.extend_from_slice(b"\\n"),
-            b'\r' => out.extend_from_slice(b"\\r"),
-            b'\t' => out.extend_from_slice(b"\\t"),
-            0x08 => out.extend_from_slice(b"\\b"),
-            0x0c => out.extend_from_slice(b"\\f"),
+            b'"' => out.bytes(b"\\\""),
+            b'\\' => out.bytes(b"\\\\"),
+            b'\n' => out.bytes(b"\\n"),
+            b'\r' => out.bytes(b"\\r"),
+            b'\t' => out.bytes(b"\\t"),
+            0x08 => out.bytes(b"\\b"),
+            0x0c => out.bytes(b"\\f"),
             _ => {
                 const HEX: &[u8; 16] = b"0123456789abcdef";
-                out.extend_from_slice(b"\\u00");
-                out.push(HEX[(b >> 4) as usize]);
-                out.push(HEX[(b & 15) as usize]);
+                out.bytes(b"\\u00");
+                out.byte(HEX[(b >> 4) as usize]);
+                out.byte(HEX[(b & 15) as usize]);
             }
         }
         start = i + 1;
     }
-    out.extend_from_slice(&bytes[start..]);
-    out.push(b'"');
+    out.bytes(&bytes[start..]);
+    out.byte(b'"');
 }
 
 /// Bytes that JSON (as Python writes it) escapes: `"`, `\`, and below U+0020.

@@ -16,7 +16,7 @@ use crate::error::ScanError;
 use crate::feed::{BlobFeed, CloseOnDrop};
 use crate::fs::{self, Stat};
 use crate::hash::{self, HashError};
-use crate::manifest::ManifestWriter;
+use crate::manifest::{Counter, ManifestWriter, Sink, SliceWriter};
 use crate::policy::PolicyMatcher;
 use crate::redact::{SecretMatch, SecretSet};
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
@@ -41,7 +41,8 @@ pub struct ScanRequest {
 
 #[derive(Debug, Default)]
 pub struct ScanOutput {
-    /// The codec's JSON rows, sorted by path bytes.
+    /// The codec's JSON rows, sorted by path bytes ([`scan`], [`scan_root`];
+    /// [`scan_into`] writes them into its buffer instead).
     pub manifest: Vec<u8>,
     /// Sorted by path bytes.
     pub unsupported: Vec<(Vec<u8>, Unsupported)>,
@@ -173,6 +174,20 @@ enum Row {
     Symlink { target: String },
 }
 
+/// Where a scan writes its manifest: one buffer of exactly the length asked
+/// for, allocated once when the length is known and written once.
+pub trait ManifestBuffer {
+    fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]>;
+}
+
+impl ManifestBuffer for Vec<u8> {
+    fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
+        self.clear();
+        self.resize(len, 0);
+        Ok(self.as_mut_slice())
+    }
+}
+
 /// Run a scan. Errors: see [`ScanError`].
 pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
     scan_root(request, Root::open(&request.root)?)
@@ -180,6 +195,19 @@ pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
 
 /// [`scan`] of a root the caller opened (`request.root` only names it).
 pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanError> {
+    let mut manifest = Vec::new();
+    let mut out = scan_into(request, root, &mut manifest)?;
+    out.manifest = manifest;
+    Ok(out)
+}
+
+/// [`scan_root`] with the manifest written into `manifest` (untouched when
+/// the scan returns early for unsupported entries; `ScanOutput::manifest` stays empty).
+pub fn scan_into(
+    request: &ScanRequest,
+    root: Root,
+    manifest: &mut dyn ManifestBuffer,
+) -> Result<ScanOutput, ScanError> {
     let mut phases = Phases::start();
     // However the scan ends, the consumer of the feed learns it.
     let _close_feed = CloseOnDrop(request.feed.as_deref());
@@ -191,7 +219,7 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     // timestamps may be coarser than the data dir's) and moved back by one of
     // its timestamp ticks: a file stat'ed in a tick that could still change
     // carries an mtime at or after it and is not trusted next time.
-    let (old_cache, reference_ns) = match &request.cache_path {
+    let (mut old_cache, reference_ns) = match &request.cache_path {
         Some(path) => {
             let dir = cache_dir(path)?;
             let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
@@ -245,25 +273,44 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
         });
     }
 
-    // Reuse what the cache vouches for; collect the rest.
+    // Reuse what the cache vouches for. Rows and the cache's entries are
+    // both sorted by path: one merge pass over the entries as they are read
+    // from the file, no searching, no copy of the cache in memory.
     let mut files_reused = 0u64;
-    let mut to_hash: Vec<(&str, &mut FileSlot)> = Vec::new();
-    // Rows and cache are both sorted by path: one merge pass, no searching.
-    let mut cursor = 0;
-    for (path, row, _) in rows.iter_mut() {
-        if let Row::File(slot) = row {
-            let cached = old_cache
-                .as_ref()
-                .and_then(|c| c.reusable_in_order(&mut cursor, path, &slot.stat, &fingerprint));
-            match cached {
-                Some(h) => {
+    let mut cache_verified = true;
+    let mut old_entries = old_cache
+        .as_mut()
+        .filter(|c| c.fingerprint == fingerprint)
+        .and_then(|c| c.take_entries());
+    if let Some(entries) = old_entries.as_mut() {
+        for (path, row, _) in rows.iter_mut() {
+            if let Row::File(slot) = row {
+                if let Some(h) = entries.reusable(path.as_bytes(), &slot.stat, &fingerprint) {
                     slot.hash = Some(h);
                     files_reused += 1;
                 }
-                None => to_hash.push((path.as_str(), slot)),
             }
         }
     }
+    if let Some(entries) = old_entries {
+        // Nothing read from the entries counts unless all of them verify.
+        cache_verified = entries.verify();
+        if !cache_verified {
+            for (_, row, _) in rows.iter_mut() {
+                if let Row::File(slot) = row {
+                    slot.hash = None;
+                }
+            }
+            files_reused = 0;
+        }
+    }
+    let mut to_hash: Vec<(&str, &mut FileSlot)> = rows
+        .iter_mut()
+        .filter_map(|(path, row, _)| match row {
+            Row::File(slot) if slot.hash.is_none() => Some((path.as_str(), slot)),
+            _ => None,
+        })
+        .collect();
     let files_hashed = to_hash.len() as u64;
     let root_fd = root.fd.as_raw_fd();
     // Collecting into a Result stops the other workers at the first error.
@@ -305,7 +352,8 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
     // valid under its own (older) reference time.
     // (Directories: every listing came from the cache, and it holds no others.)
     let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
-        hashed_for_cache == 0
+        cache_verified
+            && hashed_for_cache == 0
             && old.fingerprint == fingerprint
             && old.len() as u64 == files_reused
             && dirs_reused == dirs_listed
@@ -330,30 +378,64 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
             let listed = dirs
                 .iter()
                 .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice()));
-            // Saved (and freed) before the manifest is built: peak memory holds one, not both.
-            let bytes = statcache::encode_entries(&fingerprint, reference_ns, files, listed);
-            statcache::write_atomically(path, &bytes)
+            // Streamed to the file from the rows: no copy of the cache in memory.
+            statcache::write_cache(path, &fingerprint, reference_ns, files, listed)
                 .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
     drop(dirs);
     phases.end("save_cache");
 
-    // Encode: chunks of rows on every core, joined in order.
+    // Encode on every core, in chunks of rows: sized first, then written
+    // once into the buffer `manifest` hands out (the binding's is the buffer
+    // of a Python bytes object), so the manifest is never copied or joined.
     let chunk_rows = (rows.len() / (pool.current_num_threads() * 4)).max(8192);
-    let parts: Vec<Encoded> =
-        pool.install(|| rows.par_chunks(chunk_rows).map(encode_rows).collect());
-    let total: Encoded = parts.iter().fold(Encoded::default(), |sum, part| Encoded {
-        bytes: Vec::new(),
-        rows: sum.rows + part.rows,
-        files_with_secrets: sum.files_with_secrets + part.files_with_secrets,
-        file_count: sum.file_count + part.file_count,
-        file_bytes: sum.file_bytes + part.file_bytes,
+    let sized: Vec<(Encoded, Counter)> = pool.install(|| {
+        rows.par_chunks(chunk_rows)
+            .map(|chunk| encode_rows(chunk, Counter::default()))
+            .collect()
+    });
+    let total = sized
+        .iter()
+        .fold(Encoded::default(), |sum, (part, _)| Encoded {
+            rows: sum.rows + part.rows,
+            files_with_secrets: sum.files_with_secrets + part.files_with_secrets,
+            file_count: sum.file_count + part.file_count,
+            file_bytes: sum.file_bytes + part.file_bytes,
+        });
+    let lengths: Vec<usize> = sized.iter().map(|(_, counted)| counted.0).collect();
+    let commas = lengths.iter().filter(|&&n| n > 0).count().saturating_sub(1);
+    let manifest_len = 2 + lengths.iter().sum::<usize>() + commas;
+    let buffer = manifest
+        .allocate(manifest_len)
+        .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
+    buffer[0] = b'[';
+    buffer[manifest_len - 1] = b']';
+    let mut rest = &mut buffer[1..manifest_len - 1];
+    let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(lengths.len());
+    let mut first = true;
+    for &length in &lengths {
+        if length > 0 && !std::mem::take(&mut first) {
+            let (comma, after) = std::mem::take(&mut rest).split_at_mut(1);
+            comma[0] = b',';
+            rest = after;
+        }
+        let (piece, after) = std::mem::take(&mut rest).split_at_mut(length);
+        pieces.push(piece);
+        rest = after;
+    }
+    pool.install(|| {
+        rows.par_chunks(chunk_rows)
+            .zip(pieces.into_par_iter())
+            .for_each(|(chunk, piece)| {
+                let length = piece.len();
+                let (_, written) = encode_rows(chunk, SliceWriter { buf: piece, at: 0 });
+                assert_eq!(written.at, length, "a chunk is written as it was sized");
+            })
     });
     let (files_with_secrets, file_count, file_bytes) =
         (total.files_with_secrets, total.file_count, total.file_bytes);
     let entries = total.rows;
-    let manifest = ManifestWriter::join(parts.into_iter().map(|part| part.bytes));
     let mut digests: Vec<[u8; 32]> = rows
         .iter()
         .filter_map(|(_, row, _)| match row {
@@ -368,7 +450,7 @@ pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanEr
 
     Ok(ScanOutput {
         phases_ms: phases.done,
-        manifest,
+        manifest: Vec::new(),
         unsupported,
         entries,
         files_hashed,
@@ -491,22 +573,18 @@ fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8
     (rows, unsupported)
 }
 
-/// Some manifest rows, encoded, with what they count.
+/// What a run of manifest rows counts.
 #[derive(Default)]
 struct Encoded {
-    bytes: Vec<u8>,
     rows: u64,
     files_with_secrets: u64,
     file_count: u64,
     file_bytes: u64,
 }
 
-/// Encode `rows` (a run of the sorted rows) as a fragment for `ManifestWriter::join`.
-fn encode_rows(rows: &[RowOf]) -> Encoded {
-    // Rows are ~100 bytes beside their path (a file's hash alone is 64):
-    // sized once, so the buffer is never copied to grow.
-    let capacity = rows.iter().map(|(path, _, _)| path.len() + 112).sum();
-    let mut writer = ManifestWriter::fragment(capacity);
+/// Encode `rows` (a run of the sorted rows, without brackets) into `sink`.
+fn encode_rows<S: Sink>(rows: &[RowOf], sink: S) -> (Encoded, S) {
+    let mut writer = ManifestWriter::rows_into(sink);
     let mut out = Encoded::default();
     for (path, row, _) in rows {
         match row {
@@ -530,8 +608,7 @@ fn encode_rows(rows: &[RowOf]) -> Encoded {
         }
     }
     out.rows = writer.rows() as u64;
-    out.bytes = writer.into_fragment();
-    out
+    (out, writer.into_sink())
 }
 
 fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {

@@ -34,30 +34,29 @@
 //! entries change (some network and FUSE filesystems), and a host clock set
 //! back so that a new ctime equals the recorded one to the nanosecond.
 //!
-//! File format (little-endian), replaced atomically by rename:
-//! `"CKPDSTC2"`, fingerprint[32], reference_ns i64, count u64, then per entry
-//! `path_len u32, path, dev u64, ino u64, size u64, mtime_ns i64, ctime_ns i64,
-//! mode u32, hash[32]`, sorted by path bytes; then `dir_count u64` and per
-//! directory `path_len u32, path, dev u64, ino u64, mtime_ns i64, ctime_ns i64,
-//! listing_len u32, listing` (sorted by path; the listing is per name
-//! `d_type u8, name_len u16, name, NUL`), then BLAKE3 of everything before.
-//! A `"CKPDSTC1"` file (no directory part) is still read.
-//! A missing, truncated or corrupt file is an empty cache (so no fsync: a torn
-//! write after a crash only costs one re-hash). Secrets are never stored.
+//! File format: see [`write_cache`] (`"CKPDSTC3"`, replaced atomically by
+//! rename). The header and the directories come first, checksummed together,
+//! and are read whole; the file entries follow, paths prefix-compressed
+//! against the previous entry and fixed-width records after them, with their
+//! own checksum at the end, and are read once in path order in blocks. A file
+//! of an older version (`CKPDSTC1`, `CKPDSTC2`) is not read: the next scan
+//! hashes everything once and writes the new format. A missing, truncated or
+//! corrupt file is an empty cache (so no fsync: a torn write after a crash
+//! only costs one re-hash); entries used before their checksum is checked are
+//! taken back when it does not match. Secrets are never stored.
 //!
-//! [`StatCache`] is the owned form a scan builds and saves; [`LoadedCache`]
-//! keeps the file's bytes as read and parses an entry only when it is looked
-//! at, so a 100,000-entry cache costs its file size in memory, once.
+//! [`LoadedCache`] is a cache opened for a scan: its directories in memory
+//! (a few bytes per directory) and its entries left in the file, streamed by
+//! [`CacheEntries`], so a million-entry cache costs a scan one read block, not
+//! its size. [`StatCache`] is the owned form a restore merges its writes into.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 
 use crate::fs::Stat;
 
-const MAGIC: &[u8; 8] = b"CKPDSTC2";
-/// The format before directories were kept (read, never written).
-const MAGIC_V1: &[u8; 8] = b"CKPDSTC1";
+const MAGIC: &[u8; 8] = b"CKPDSTC3";
 
 /// One timestamp tick of a filesystem whose clock reading had no sub-second
 /// part (ext4 with 128-byte inodes, ext3, FAT, overlays on those: 1 s), and of
@@ -243,6 +242,9 @@ fn valid_listing(bytes: &[u8]) -> bool {
     true
 }
 
+/// A cache in its owned form: what a restore merges its writes into, and what
+/// tests build. (A scan never builds one: it streams its rows to
+/// [`write_cache`] and reads the old cache through [`CacheEntries`].)
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatCache {
     pub fingerprint: [u8; 32],
@@ -256,7 +258,12 @@ pub struct StatCache {
 impl StatCache {
     /// Write atomically (temp file next to it, then rename). Creates the parent.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        write_atomically(path, &encode(self))
+        let entries = self.entries.iter().map(|(p, e)| (p.as_str(), *e));
+        let dirs = self
+            .dirs
+            .iter()
+            .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
+        write_cache(path, &self.fingerprint, self.reference_ns, entries, dirs)
     }
 
     /// Drop entries the racy rule already distrusts (used before moving the
@@ -274,23 +281,24 @@ impl StatCache {
 /// Record what a restore wrote: each `(path, entry)` is the stat of an inode
 /// the restore itself created and renamed in (never a fresh `stat(path)`
 /// paired with a hash it did not see written). Merged into the cache at
-/// `path` (a cache made with other secrets is started afresh), with the
-/// reference time moved to `reference_ns` (read on the workspace's
-/// filesystem after the last write); entries the old reference already
-/// distrusted are dropped first, as they would look clean under the new one.
+/// `path` (a cache made with other secrets, or one that does not verify, is
+/// started afresh), with the reference time moved to `reference_ns` (read on
+/// the workspace's filesystem after the last write); entries the old
+/// reference already distrusted are dropped first, as they would look clean
+/// under the new one.
 pub fn record_written(
     path: &Path,
     fingerprint: [u8; 32],
     reference_ns: i64,
     mut updates: Vec<(String, CacheEntry)>,
 ) -> io::Result<()> {
-    let mut cache = match LoadedCache::load(path) {
-        Some(c) if c.fingerprint == fingerprint => c.into_owned(),
-        _ => StatCache {
-            fingerprint,
-            ..StatCache::default()
-        },
-    };
+    let old = LoadedCache::load(path)
+        .filter(|c| c.fingerprint == fingerprint)
+        .and_then(LoadedCache::into_owned);
+    let mut cache = old.unwrap_or(StatCache {
+        fingerprint,
+        ..StatCache::default()
+    });
     cache.forget_racy();
     cache.reference_ns = cache.reference_ns.max(reference_ns);
     updates.sort_by(|a, b| a.0.cmp(&b.0));
@@ -312,6 +320,15 @@ pub fn record_written(
 /// Write `bytes` to `path` through a temp file next to it and a rename, so a
 /// reader sees the old file or the new one. Creates the parent directory.
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_streamed(path, |file| file.write_all(bytes))
+}
+
+/// Like [`write_atomically`], with the bytes written by `write` into the
+/// temp file as they are made (no copy of the whole file in memory).
+fn write_streamed(
+    path: &Path,
+    write: impl FnOnce(&mut fs::File) -> io::Result<()>,
+) -> io::Result<()> {
     if let Some(parent) = path.parent() {
         if !parent.as_os_str().is_empty() {
             fs::create_dir_all(parent)?;
@@ -320,7 +337,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let tmp = temp_path(path);
     let result = (|| {
         let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
+        write(&mut file)?;
         drop(file);
         fs::rename(&tmp, path)
     })();
@@ -341,206 +358,225 @@ fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
-pub fn encode(cache: &StatCache) -> Vec<u8> {
-    let entries = cache.entries.iter().map(|(p, e)| (p.as_str(), *e));
-    let dirs = cache
-        .dirs
-        .iter()
-        .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
-    encode_entries(&cache.fingerprint, cache.reference_ns, entries, dirs)
+/// Bytes of the fixed part of an entry after its path.
+const FIXED: usize = 8 * 5 + 4 + 32;
+/// Bytes before an entry's path suffix: shared prefix length, suffix length (u16 each).
+const ENTRY_HEAD: usize = 4;
+/// Bytes of the fixed part of a directory after its path (stat, listing length).
+const DIR_FIXED: usize = 8 * 4 + 4;
+/// magic, fingerprint, reference, entry count, directory count, directory bytes.
+const HEADER: usize = 8 + 32 + 8 + 8 + 8 + 8;
+/// The entries are written and read in blocks of this size (each hashed whole).
+const BLOCK: usize = 1 << 20;
+/// A path longer than this is not cached (its file is hashed every time);
+/// the walk cannot open one anyway (PATH_MAX is 4096).
+const MAX_PATH: usize = u16::MAX as usize;
+
+/// Writes a section in blocks through a BLAKE3 of everything written.
+struct SectionWriter<'f> {
+    file: &'f mut fs::File,
+    block: Vec<u8>,
+    hasher: blake3::Hasher,
 }
 
-/// The file bytes for `entries` and `dirs` (each sorted by path, unique),
-/// written straight from the caller's data: no owned copy of the cache is
-/// needed to save it.
-pub fn encode_entries<'a, 'b, I, D>(
+impl<'f> SectionWriter<'f> {
+    fn new(file: &'f mut fs::File) -> Self {
+        SectionWriter {
+            file,
+            block: Vec::with_capacity(BLOCK + 4096),
+            hasher: blake3::Hasher::new(),
+        }
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.block.extend_from_slice(bytes);
+        if self.block.len() >= BLOCK {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    fn flush_block(&mut self) -> io::Result<()> {
+        self.hasher.update(&self.block);
+        self.file.write_all(&self.block)?;
+        self.block.clear();
+        Ok(())
+    }
+
+    /// Write what is left, then the section's checksum (not itself hashed).
+    fn end_section(&mut self) -> io::Result<()> {
+        self.flush_block()?;
+        let checksum = self.hasher.finalize();
+        self.hasher.reset();
+        self.file.write_all(checksum.as_bytes())
+    }
+}
+
+/// Save a cache of `entries` and `dirs` (each sorted by path bytes, unique)
+/// at `path`, atomically, streamed from the caller's data: no copy of the
+/// cache is built in memory.
+///
+/// Layout (little-endian, `"CKPDSTC3"`): a header (magic, fingerprint[32],
+/// reference_ns i64, entry count u64, directory count u64, directory bytes
+/// u64), the directories (per directory `path_len u32, path, dev u64, ino
+/// u64, mtime_ns i64, ctime_ns i64, listing_len u32, listing`), BLAKE3 of the
+/// header and directories; then the entries (per entry `shared u16,
+/// suffix_len u16, suffix, dev, ino, size u64, mtime_ns, ctime_ns i64, mode
+/// u32, hash[32]`, the path being the previous entry's first `shared` bytes
+/// followed by `suffix`), BLAKE3 of the entries.
+pub fn write_cache<'a, 'b, I, D>(
+    path: &Path,
     fingerprint: &[u8; 32],
     reference_ns: i64,
     entries: I,
     dirs: D,
-) -> Vec<u8>
+) -> io::Result<()>
 where
     I: Iterator<Item = (&'a str, CacheEntry)> + Clone,
     D: Iterator<Item = (&'b str, DirStat, &'b [u8])> + Clone,
 {
-    let (count, bytes) = entries.clone().fold((0usize, 0usize), |(n, b), (p, _)| {
-        (n + 1, b + 4 + p.len() + FIXED)
+    let entries = entries.filter(|(p, _)| p.len() <= MAX_PATH);
+    let entry_count = entries.clone().count() as u64;
+    let (dir_count, dir_bytes) = dirs.clone().fold((0u64, 0u64), |(n, b), (p, _, l)| {
+        (n + 1, b + (4 + p.len() + DIR_FIXED + l.len()) as u64)
     });
-    let dir_bytes: usize = dirs
-        .clone()
-        .map(|(p, _, l)| 4 + p.len() + DIR_FIXED + l.len())
-        .sum();
-    let mut out = Vec::with_capacity(HEADER + bytes + 8 + dir_bytes + 32);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(fingerprint);
-    out.extend_from_slice(&reference_ns.to_le_bytes());
-    out.extend_from_slice(&(count as u64).to_le_bytes());
-    for (path, e) in entries {
-        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
-        out.extend_from_slice(path.as_bytes());
-        out.extend_from_slice(&e.dev.to_le_bytes());
-        out.extend_from_slice(&e.ino.to_le_bytes());
-        out.extend_from_slice(&e.size.to_le_bytes());
-        out.extend_from_slice(&e.mtime_ns.to_le_bytes());
-        out.extend_from_slice(&e.ctime_ns.to_le_bytes());
-        out.extend_from_slice(&e.mode.to_le_bytes());
-        out.extend_from_slice(&e.hash);
-    }
-    let count_at = out.len();
-    out.extend_from_slice(&0u64.to_le_bytes());
-    let mut dir_count = 0u64;
-    for (path, stat, listing) in dirs {
-        dir_count += 1;
-        out.extend_from_slice(&(path.len() as u32).to_le_bytes());
-        out.extend_from_slice(path.as_bytes());
-        out.extend_from_slice(&stat.dev.to_le_bytes());
-        out.extend_from_slice(&stat.ino.to_le_bytes());
-        out.extend_from_slice(&stat.mtime_ns.to_le_bytes());
-        out.extend_from_slice(&stat.ctime_ns.to_le_bytes());
-        out.extend_from_slice(&(listing.len() as u32).to_le_bytes());
-        out.extend_from_slice(listing);
-    }
-    out[count_at..count_at + 8].copy_from_slice(&dir_count.to_le_bytes());
-    let checksum = blake3::hash(&out);
-    out.extend_from_slice(checksum.as_bytes());
-    out
+    write_streamed(path, |file| {
+        let mut out = SectionWriter::new(file);
+        out.put(MAGIC)?;
+        out.put(fingerprint)?;
+        out.put(&reference_ns.to_le_bytes())?;
+        out.put(&entry_count.to_le_bytes())?;
+        out.put(&dir_count.to_le_bytes())?;
+        out.put(&dir_bytes.to_le_bytes())?;
+        for (path, stat, listing) in dirs {
+            out.put(&(path.len() as u32).to_le_bytes())?;
+            out.put(path.as_bytes())?;
+            out.put(&stat.dev.to_le_bytes())?;
+            out.put(&stat.ino.to_le_bytes())?;
+            out.put(&stat.mtime_ns.to_le_bytes())?;
+            out.put(&stat.ctime_ns.to_le_bytes())?;
+            out.put(&(listing.len() as u32).to_le_bytes())?;
+            out.put(listing)?;
+        }
+        out.end_section()?;
+        let mut previous: &[u8] = &[];
+        let mut record = [0u8; FIXED];
+        for (path, e) in entries {
+            let path = path.as_bytes();
+            let shared = previous
+                .iter()
+                .zip(path)
+                .take_while(|(a, b)| a == b)
+                .count();
+            let suffix = &path[shared..];
+            out.put(&(shared as u16).to_le_bytes())?;
+            out.put(&(suffix.len() as u16).to_le_bytes())?;
+            out.put(suffix)?;
+            record[0..8].copy_from_slice(&e.dev.to_le_bytes());
+            record[8..16].copy_from_slice(&e.ino.to_le_bytes());
+            record[16..24].copy_from_slice(&e.size.to_le_bytes());
+            record[24..32].copy_from_slice(&e.mtime_ns.to_le_bytes());
+            record[32..40].copy_from_slice(&e.ctime_ns.to_le_bytes());
+            record[40..44].copy_from_slice(&e.mode.to_le_bytes());
+            record[44..76].copy_from_slice(&e.hash);
+            out.put(&record)?;
+            previous = path;
+        }
+        out.end_section()
+    })
 }
 
-struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
+fn le_u64(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
 }
 
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.pos.checked_add(n)?;
-        let slice = self.data.get(self.pos..end)?;
-        self.pos = end;
-        Some(slice)
-    }
+fn le_i64(bytes: &[u8]) -> i64 {
+    i64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"))
+}
 
-    fn array<const N: usize>(&mut self) -> Option<[u8; N]> {
-        self.take(N)?.try_into().ok()
-    }
+fn le_u32(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes[..4].try_into().expect("4 bytes"))
+}
 
-    fn u64(&mut self) -> Option<u64> {
-        self.array::<8>().map(u64::from_le_bytes)
-    }
+fn le_u16(bytes: &[u8]) -> u16 {
+    u16::from_le_bytes(bytes[..2].try_into().expect("2 bytes"))
+}
 
-    fn i64(&mut self) -> Option<i64> {
-        self.array::<8>().map(i64::from_le_bytes)
-    }
-
-    fn u32(&mut self) -> Option<u32> {
-        self.array::<4>().map(u32::from_le_bytes)
+fn parse_fixed(r: &[u8]) -> CacheEntry {
+    CacheEntry {
+        dev: le_u64(&r[0..]),
+        ino: le_u64(&r[8..]),
+        size: le_u64(&r[16..]),
+        mtime_ns: le_i64(&r[24..]),
+        ctime_ns: le_i64(&r[32..]),
+        mode: le_u32(&r[40..]),
+        hash: r[44..76].try_into().expect("32 bytes"),
     }
 }
 
-/// Bytes of the fixed part of an entry after its path.
-const FIXED: usize = 8 * 5 + 4 + 32;
-/// Bytes of the fixed part of a directory after its path (stat, listing length).
-const DIR_FIXED: usize = 8 * 4 + 4;
-const HEADER: usize = 8 + 32 + 8 + 8;
-
-/// A cache as read from disk: the validated bytes plus where each entry starts.
+/// A cache as opened from disk: the header and the directories, read and
+/// verified whole (a few bytes per directory), and the entries left in the
+/// file, read once in path order through [`CacheEntries`] by whoever takes
+/// them. So a million-entry cache costs a scan one read block of memory, not
+/// its file size, and its paths are never turned into objects.
 #[derive(Debug)]
 pub struct LoadedCache {
-    data: Vec<u8>,
     pub fingerprint: [u8; 32],
     pub reference_ns: i64,
-    /// Offset of each entry's path bytes, and the path length.
-    paths: Vec<(u32, u32)>,
-    /// Offset of each directory's path bytes, and the path length.
+    entry_count: u64,
+    /// The directory section as read (validated).
+    dir_data: Vec<u8>,
+    /// Offset of each directory's path bytes in `dir_data`, and the path length.
     dirs: Vec<(u32, u32)>,
+    /// The open file, positioned at the entries, and how many bytes they span.
+    entries: Option<(fs::File, u64)>,
 }
 
 impl LoadedCache {
-    /// Read the cache at `path`; None when missing or not a valid cache.
+    /// Open the cache at `path`; None when missing, of another version, or
+    /// when its header or directories do not verify (the entries are verified
+    /// by [`CacheEntries::verify`] as they are read).
     pub fn load(path: &Path) -> Option<LoadedCache> {
-        LoadedCache::decode(fs::read(path).ok()?)
-    }
-
-    /// Validate `data` (checksum, layout, UTF-8, strictly sorted paths).
-    pub fn decode(mut data: Vec<u8>) -> Option<LoadedCache> {
-        if data.len() < HEADER + 32 || data.len() > u32::MAX as usize {
+        let mut file = fs::File::open(path).ok()?;
+        let len = file.metadata().ok()?.len();
+        if len < (HEADER + 64) as u64 {
             return None;
         }
-        let body_len = data.len() - 32;
-        // Big caches are checked on every core (a million entries: ~180 MB).
+        let mut header = [0u8; HEADER];
+        file.read_exact(&mut header).ok()?;
+        if &header[..8] != MAGIC {
+            return None;
+        }
+        let fingerprint: [u8; 32] = header[8..40].try_into().ok()?;
+        let reference_ns = le_i64(&header[40..]);
+        let entry_count = le_u64(&header[48..]);
+        let dir_count = le_u64(&header[56..]);
+        let dir_bytes = le_u64(&header[64..]);
+        let rest = len - (HEADER + 64) as u64;
+        // Refuse sizes the file cannot hold before allocating for them.
+        if dir_bytes > rest
+            || dir_count > dir_bytes / (4 + DIR_FIXED) as u64
+            || entry_count > (rest - dir_bytes) / (ENTRY_HEAD + FIXED) as u64
+        {
+            return None;
+        }
+        let mut dir_data = vec![0u8; dir_bytes as usize + 32];
+        file.read_exact(&mut dir_data).ok()?;
+        let checksum = dir_data.split_off(dir_bytes as usize);
         let mut hasher = blake3::Hasher::new();
-        if body_len >= 1 << 20 {
-            hasher.update_rayon(&data[..body_len]);
-        } else {
-            hasher.update(&data[..body_len]);
-        }
-        if hasher.finalize().as_bytes() != &data[body_len..] {
+        hasher.update(&header);
+        hasher.update(&dir_data);
+        if hasher.finalize().as_bytes() != checksum.as_slice() {
             return None;
         }
-        data.truncate(body_len);
-        let mut r = Reader {
-            data: &data,
-            pos: 0,
-        };
-        let version = r.take(MAGIC.len())?;
-        let has_dirs = version == MAGIC;
-        if !has_dirs && version != MAGIC_V1 {
-            return None;
-        }
-        let fingerprint = r.array::<32>()?;
-        let reference_ns = r.i64()?;
-        let count = r.u64()?;
-        // Refuse counts the body cannot hold before allocating for them.
-        if count > (body_len / (4 + FIXED)) as u64 {
-            return None;
-        }
-        let mut paths: Vec<(u32, u32)> = Vec::with_capacity(count as usize);
-        let mut previous: &[u8] = &[];
-        for index in 0..count {
-            let len = r.u32()? as usize;
-            let start = r.pos;
-            let path = r.take(len)?;
-            std::str::from_utf8(path).ok()?;
-            if index > 0 && previous >= path {
-                return None;
-            }
-            previous = path;
-            r.take(FIXED)?;
-            paths.push((start as u32, len as u32));
-        }
-        let mut dirs: Vec<(u32, u32)> = Vec::new();
-        if has_dirs {
-            let dir_count = r.u64()?;
-            if dir_count > (body_len / (4 + DIR_FIXED)) as u64 {
-                return None;
-            }
-            dirs.reserve(dir_count as usize);
-            let mut previous: &[u8] = &[];
-            for index in 0..dir_count {
-                let len = r.u32()? as usize;
-                let start = r.pos;
-                let path = r.take(len)?;
-                std::str::from_utf8(path).ok()?;
-                if index > 0 && previous >= path {
-                    return None;
-                }
-                previous = path;
-                r.take(DIR_FIXED - 4)?;
-                let listing_len = r.u32()? as usize;
-                if !valid_listing(r.take(listing_len)?) {
-                    return None;
-                }
-                dirs.push((start as u32, len as u32));
-            }
-        }
-        if r.pos != body_len {
-            return None;
-        }
+        let dirs = parse_dirs(&dir_data, dir_count)?;
         Some(LoadedCache {
-            data,
             fingerprint,
             reference_ns,
-            paths,
+            entry_count,
+            dir_data,
             dirs,
+            entries: Some((file, rest - dir_bytes)),
         })
     }
 
@@ -549,27 +585,30 @@ impl LoadedCache {
         self.dirs.len()
     }
 
+    /// How many file entries the header announces.
+    pub fn len(&self) -> usize {
+        self.entry_count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entry_count == 0
+    }
+
     /// Directory `index`: its path, recorded stat and listing bytes.
     fn dir(&self, index: usize) -> (&str, DirStat, &[u8]) {
         let (start, len) = self.dirs[index];
-        let path = &self.data[start as usize..(start + len) as usize];
-        let at = (start + len) as usize;
-        let mut r = Reader {
-            data: &self.data[at..],
-            pos: 0,
+        let (start, end) = (start as usize, (start + len) as usize);
+        let path = std::str::from_utf8(&self.dir_data[start..end]).unwrap_or_default();
+        let fixed = &self.dir_data[end..end + DIR_FIXED];
+        let stat = DirStat {
+            dev: le_u64(&fixed[0..]),
+            ino: le_u64(&fixed[8..]),
+            mtime_ns: le_i64(&fixed[16..]),
+            ctime_ns: le_i64(&fixed[24..]),
         };
-        let parsed = (|| {
-            let stat = DirStat {
-                dev: r.u64()?,
-                ino: r.u64()?,
-                mtime_ns: r.i64()?,
-                ctime_ns: r.i64()?,
-            };
-            let listing_len = r.u32()? as usize;
-            Some((stat, r.take(listing_len)?))
-        })();
-        let (stat, listing) = parsed.expect("decode checked every directory's layout");
-        (std::str::from_utf8(path).unwrap_or_default(), stat, listing)
+        let listing_len = le_u32(&fixed[32..]) as usize;
+        let at = end + DIR_FIXED;
+        (path, stat, &self.dir_data[at..at + listing_len])
     }
 
     /// The recorded listing of the directory at `path` when it may be reused
@@ -580,105 +619,46 @@ impl LoadedCache {
         let index = self
             .dirs
             .binary_search_by(|&(start, len)| {
-                self.data[start as usize..(start + len) as usize].cmp(path.as_bytes())
+                self.dir_data[start as usize..(start + len) as usize].cmp(path.as_bytes())
             })
             .ok()?;
         let (_, recorded, listing) = self.dir(index);
-        (recorded == DirStat::of(stat) && self.settled(recorded.mtime_ns, recorded.ctime_ns))
-            .then_some(listing)
+        (recorded == DirStat::of(stat)
+            && settled(self.reference_ns, recorded.mtime_ns, recorded.ctime_ns))
+        .then_some(listing)
     }
 
-    /// Not racily clean: both times strictly before the reference (see the
-    /// module docs for why ctime counts too).
-    fn settled(&self, mtime_ns: i64, ctime_ns: i64) -> bool {
-        mtime_ns < self.reference_ns && ctime_ns < self.reference_ns
-    }
-
-    pub fn len(&self) -> usize {
-        self.paths.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.paths.is_empty()
-    }
-
-    fn path_bytes(&self, index: usize) -> &[u8] {
-        let (start, len) = self.paths[index];
-        &self.data[start as usize..(start + len) as usize]
-    }
-
-    /// The path of entry `index` (validated as UTF-8 by `decode`).
-    pub fn path(&self, index: usize) -> &str {
-        std::str::from_utf8(self.path_bytes(index)).unwrap_or_default()
-    }
-
-    /// Entry `index`, parsed from the bytes.
-    pub fn entry(&self, index: usize) -> CacheEntry {
-        let (start, len) = self.paths[index];
-        let at = (start + len) as usize;
-        let mut r = Reader {
-            data: &self.data[at..at + FIXED],
+    /// The file entries, to be read once in path order (None once taken).
+    pub fn take_entries(&mut self) -> Option<CacheEntries> {
+        let (file, bytes) = self.entries.take()?;
+        Some(CacheEntries {
+            file,
+            unread: bytes,
+            buf: Vec::new(),
             pos: 0,
-        };
-        let parsed = (|| {
-            Some(CacheEntry {
-                dev: r.u64()?,
-                ino: r.u64()?,
-                size: r.u64()?,
-                mtime_ns: r.i64()?,
-                ctime_ns: r.i64()?,
-                mode: r.u32()?,
-                hash: r.array::<32>()?,
-            })
-        })();
-        parsed.expect("decode checked every entry's length")
+            hasher: blake3::Hasher::new(),
+            left: self.entry_count,
+            path: Vec::new(),
+            current: None,
+            started: false,
+            bad: false,
+            fingerprint: self.fingerprint,
+            reference_ns: self.reference_ns,
+        })
     }
 
-    /// The cached hash of `path` if the cache may be trusted for `stat` under
-    /// the secret set `fingerprint`: same stat, and not racily clean (mtime
-    /// and ctime strictly before the reference time).
-    pub fn reusable(&self, path: &str, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
-        let index = self
-            .paths
-            .binary_search_by(|&(start, len)| {
-                self.data[start as usize..(start + len) as usize].cmp(path.as_bytes())
-            })
-            .ok()?;
-        self.trusted(index, stat, fingerprint)
-    }
-
-    /// Like [`LoadedCache::reusable`] for callers visiting paths in ascending
-    /// order: `cursor` remembers where the last lookup ended (a merge, not a search).
-    pub fn reusable_in_order(
-        &self,
-        cursor: &mut usize,
-        path: &str,
-        stat: &Stat,
-        fingerprint: &[u8; 32],
-    ) -> Option<[u8; 32]> {
-        while *cursor < self.paths.len() && self.path_bytes(*cursor) < path.as_bytes() {
-            *cursor += 1;
+    /// The owned form (for merging updates into it); None when the entries
+    /// do not verify.
+    pub fn into_owned(mut self) -> Option<StatCache> {
+        let mut stream = self.take_entries()?;
+        let mut entries = Vec::with_capacity(self.len().min(1 << 20));
+        while stream.advance() {
+            let path = String::from_utf8(stream.path.clone()).ok()?;
+            entries.push((path, stream.current.take().expect("just read")));
         }
-        if *cursor < self.paths.len() && self.path_bytes(*cursor) == path.as_bytes() {
-            return self.trusted(*cursor, stat, fingerprint);
-        }
-        None
-    }
-
-    fn trusted(&self, index: usize, stat: &Stat, fingerprint: &[u8; 32]) -> Option<[u8; 32]> {
-        if &self.fingerprint != fingerprint {
+        if !stream.verify() {
             return None;
         }
-        let entry = self.entry(index);
-        (entry.same_stat(stat) && self.settled(entry.mtime_ns, entry.ctime_ns))
-            .then_some(entry.hash)
-    }
-
-    /// The owned form (for merging updates into it).
-    pub fn into_owned(self) -> StatCache {
-        let entries = (0..self.len())
-            .map(|i| (self.path(i).to_string(), self.entry(i)))
-            .collect();
         let dirs = (0..self.dirs.len())
             .map(|i| {
                 let (path, stat, listing) = self.dir(i);
@@ -691,12 +671,178 @@ impl LoadedCache {
                 )
             })
             .collect();
-        StatCache {
+        Some(StatCache {
             fingerprint: self.fingerprint,
             reference_ns: self.reference_ns,
             entries,
             dirs,
+        })
+    }
+}
+
+/// The directories of a verified directory section: where each path starts
+/// and its length. None unless exactly `count` well-formed directories with
+/// UTF-8, strictly increasing paths and valid listings fill `data`.
+fn parse_dirs(data: &[u8], count: u64) -> Option<Vec<(u32, u32)>> {
+    let mut dirs = Vec::with_capacity(count as usize);
+    let mut at = 0usize;
+    let mut previous: &[u8] = &[];
+    for index in 0..count {
+        let len = le_u32(data.get(at..at + 4)?) as usize;
+        let start = at + 4;
+        let path = data.get(start..start + len)?;
+        std::str::from_utf8(path).ok()?;
+        if index > 0 && previous >= path {
+            return None;
         }
+        previous = path;
+        let fixed = data.get(start + len..start + len + DIR_FIXED)?;
+        let listing_len = le_u32(&fixed[32..]) as usize;
+        let listing_at = start + len + DIR_FIXED;
+        if !valid_listing(data.get(listing_at..listing_at + listing_len)?) {
+            return None;
+        }
+        dirs.push((start as u32, len as u32));
+        at = listing_at + listing_len;
+    }
+    (at == data.len()).then_some(dirs)
+}
+
+/// Not racily clean under `reference_ns`: both times strictly before it (see
+/// the module docs for why ctime counts too).
+fn settled(reference_ns: i64, mtime_ns: i64, ctime_ns: i64) -> bool {
+    mtime_ns < reference_ns && ctime_ns < reference_ns
+}
+
+/// A cache's file entries, read from its file in blocks, in path order, each
+/// block hashed as it is read. An entry is looked up by [`CacheEntries::find`]
+/// (a merge with the caller's sorted paths, not a search), and nothing read is
+/// to be relied on until [`CacheEntries::verify`] says the whole section was
+/// well-formed and its checksum matches: a scan takes reused hashes back when
+/// it does not.
+pub struct CacheEntries {
+    file: fs::File,
+    /// Bytes of the entry section not yet read into `buf`.
+    unread: u64,
+    buf: Vec<u8>,
+    /// Start of the unparsed bytes of `buf`.
+    pos: usize,
+    hasher: blake3::Hasher,
+    /// Entries not yet parsed.
+    left: u64,
+    /// The path of the last entry parsed.
+    path: Vec<u8>,
+    /// That entry, until it is passed or taken.
+    current: Option<CacheEntry>,
+    /// An entry was parsed (the next one has a previous path).
+    started: bool,
+    bad: bool,
+    fingerprint: [u8; 32],
+    reference_ns: i64,
+}
+
+impl CacheEntries {
+    /// Make at least `n` unparsed bytes available; false at the end of the section.
+    fn fill(&mut self, n: usize) -> bool {
+        while self.buf.len() - self.pos < n {
+            if self.unread == 0 {
+                return false;
+            }
+            self.buf.drain(..self.pos);
+            self.pos = 0;
+            let old = self.buf.len();
+            let want = (self.unread as usize).min(BLOCK);
+            self.buf.resize(old + want, 0);
+            if self.file.read_exact(&mut self.buf[old..]).is_err() {
+                return false;
+            }
+            self.hasher.update(&self.buf[old..]);
+            self.unread -= want as u64;
+        }
+        true
+    }
+
+    /// Parse the next entry into `path`/`current`; false at the end or on a
+    /// malformed entry (then `bad`).
+    fn advance(&mut self) -> bool {
+        self.current = None;
+        if self.bad || self.left == 0 {
+            return false;
+        }
+        if !self.fill(ENTRY_HEAD) {
+            self.bad = true;
+            return false;
+        }
+        let head = &self.buf[self.pos..self.pos + ENTRY_HEAD];
+        let shared = le_u16(head) as usize;
+        let suffix_len = le_u16(&head[2..]) as usize;
+        let first = !self.started;
+        if shared > self.path.len() || !self.fill(ENTRY_HEAD + suffix_len + FIXED) {
+            self.bad = true;
+            return false;
+        }
+        let at = self.pos + ENTRY_HEAD;
+        let suffix = &self.buf[at..at + suffix_len];
+        // Strictly increasing, non-empty paths: the merge relies on the order.
+        if (first && suffix.is_empty()) || (!first && suffix <= &self.path[shared..]) {
+            self.bad = true;
+            return false;
+        }
+        self.path.truncate(shared);
+        self.path.extend_from_slice(suffix);
+        self.current = Some(parse_fixed(&self.buf[at + suffix_len..]));
+        self.pos = at + suffix_len + FIXED;
+        self.left -= 1;
+        self.started = true;
+        true
+    }
+
+    /// The cached hash of `path` if the cache may be trusted for `stat` under
+    /// the secret set `fingerprint`: same stat, and not racily clean (mtime
+    /// and ctime strictly before the reference time). Paths must be asked in
+    /// ascending byte order.
+    pub fn reusable(
+        &mut self,
+        path: &[u8],
+        stat: &Stat,
+        fingerprint: &[u8; 32],
+    ) -> Option<[u8; 32]> {
+        if &self.fingerprint != fingerprint {
+            return None;
+        }
+        let entry = self.find(path)?;
+        (entry.same_stat(stat) && settled(self.reference_ns, entry.mtime_ns, entry.ctime_ns))
+            .then_some(entry.hash)
+    }
+
+    /// The entry at `path`, if the cache holds one (ascending order of asking).
+    fn find(&mut self, path: &[u8]) -> Option<CacheEntry> {
+        loop {
+            if self.current.is_none() && !self.advance() {
+                return None;
+            }
+            match self.path.as_slice().cmp(path) {
+                std::cmp::Ordering::Less => self.current = None,
+                std::cmp::Ordering::Equal => return self.current.take(),
+                std::cmp::Ordering::Greater => return None,
+            }
+        }
+    }
+
+    /// Read the rest; true when every entry was well-formed, the section ends
+    /// where the header said, and its checksum matches.
+    pub fn verify(mut self) -> bool {
+        while self.advance() {}
+        if self.bad || self.pos != self.buf.len() || self.unread != 0 {
+            return false;
+        }
+        let mut checksum = [0u8; 32];
+        if self.file.read_exact(&mut checksum).is_err() {
+            return false;
+        }
+        let mut rest = [0u8; 1];
+        // Nothing may follow the checksum.
+        matches!(self.file.read(&mut rest), Ok(0)) && self.hasher.finalize().as_bytes() == &checksum
     }
 }
 
@@ -740,8 +886,8 @@ mod tests {
         }
     }
 
-    fn sample() -> StatCache {
-        let e = |n: u8| CacheEntry {
+    fn entry(n: u8) -> CacheEntry {
+        CacheEntry {
             dev: 1,
             ino: n as u64,
             size: 10,
@@ -749,11 +895,19 @@ mod tests {
             ctime_ns: 1 << 40,
             mode: 0o100644,
             hash: [n; 32],
-        };
+        }
+    }
+
+    fn sample() -> StatCache {
         StatCache {
             fingerprint: secrets_fingerprint::<&[u8]>(&[]),
             reference_ns: 1_700_000_000_000_000_000,
-            entries: vec![("a".into(), e(1)), ("a/é".into(), e(2)), ("b".into(), e(3))],
+            entries: vec![
+                ("a".into(), entry(1)),
+                ("a/é".into(), entry(2)),
+                ("a/éz".into(), entry(3)),
+                ("b".into(), entry(4)),
+            ],
             dirs: vec![
                 ("".into(), dir(1, &[b"a", b"b"])),
                 ("a".into(), dir(2, &[b"\xff"])),
@@ -761,48 +915,116 @@ mod tests {
         }
     }
 
+    fn saved(cache: &StatCache) -> (tempfile::TempDir, PathBuf, Vec<u8>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/cache.bin");
+        cache.save(&path).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        (dir, path, bytes)
+    }
+
+    fn load_owned(path: &Path) -> Option<StatCache> {
+        LoadedCache::load(path).and_then(LoadedCache::into_owned)
+    }
+
     #[test]
     fn roundtrip_and_corruption() {
         let cache = sample();
-        let bytes = encode(&cache);
-        let decode = |b: &[u8]| LoadedCache::decode(b.to_vec()).map(LoadedCache::into_owned);
-        assert_eq!(decode(&bytes), Some(cache.clone()));
-        for i in [0, 9, 50, bytes.len() - 1] {
+        let (_dir, path, bytes) = saved(&cache);
+        assert_eq!(load_owned(&path), Some(cache.clone()));
+        // Every flipped byte, in the header, the directories, the entries or
+        // either checksum, makes the file a cache that is not used.
+        for i in 0..bytes.len() {
             let mut bad = bytes.clone();
             bad[i] ^= 1;
-            assert_eq!(decode(&bad), None, "flip at {i}");
+            std::fs::write(&path, &bad).unwrap();
+            assert_eq!(load_owned(&path), None, "flip at {i}");
         }
-        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
-        assert_eq!(decode(b""), None);
-        // Unsorted paths are refused even with a valid checksum.
+        for cut in [0, 1, HEADER, bytes.len() - 33, bytes.len() - 1] {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            assert_eq!(load_owned(&path), None, "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        std::fs::write(&path, &longer).unwrap();
+        assert_eq!(load_owned(&path), None);
+        // The previous versions are not read (their file is rebuilt).
+        let mut old = bytes.clone();
+        old[..8].copy_from_slice(b"CKPDSTC2");
+        std::fs::write(&path, &old).unwrap();
+        assert!(LoadedCache::load(&path).is_none());
+        // Unsorted paths are refused even with valid checksums.
         let mut unsorted = cache.clone();
-        unsorted.entries.swap(0, 2);
-        assert_eq!(decode(&encode(&unsorted)), None);
+        unsorted.entries.swap(0, 3);
+        unsorted.save(&path).unwrap();
+        assert_eq!(load_owned(&path), None);
+        let mut unsorted = cache.clone();
+        unsorted.dirs.swap(0, 1);
+        unsorted.save(&path).unwrap();
+        assert!(LoadedCache::load(&path).is_none());
     }
 
     #[test]
     fn save_and_load() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sub/cache.bin");
         let cache = sample();
-        cache.save(&path).unwrap();
-        assert_eq!(
-            LoadedCache::load(&path).map(LoadedCache::into_owned),
-            Some(cache)
-        );
+        let (dir, path, _) = saved(&cache);
+        assert_eq!(load_owned(&path), Some(cache));
         assert_eq!(
             std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
             1
         );
         assert!(LoadedCache::load(&dir.path().join("missing")).is_none());
+        let empty = StatCache::default();
+        empty.save(&path).unwrap();
+        assert_eq!(load_owned(&path), Some(empty));
+    }
+
+    #[test]
+    fn entries_stream_across_blocks() {
+        // Enough entries for several read blocks, sharing long prefixes.
+        let entries: Vec<(String, CacheEntry)> = (0..40_000u32)
+            .map(|i| {
+                (
+                    format!("dir{:03}/sub/file-{i:08}", i / 1000),
+                    entry(i as u8),
+                )
+            })
+            .collect();
+        let cache = StatCache {
+            entries,
+            ..sample()
+        };
+        let (_dir, path, _) = saved(&cache);
+        assert_eq!(load_owned(&path), Some(cache.clone()));
+        let mut loaded = LoadedCache::load(&path).unwrap();
+        let mut stream = loaded.take_entries().unwrap();
+        assert!(loaded.take_entries().is_none());
+        let fp = cache.fingerprint;
+        for (path, e) in cache.entries.iter().step_by(7) {
+            let stat = Stat {
+                dev: e.dev,
+                ino: e.ino,
+                mode: e.mode,
+                size: e.size,
+                mtime_ns: e.mtime_ns,
+                ctime_ns: e.ctime_ns,
+            };
+            assert_eq!(stream.reusable(path.as_bytes(), &stat, &fp), Some(e.hash));
+            // Between this entry and the next: not in the cache.
+            assert_eq!(
+                stream.reusable(format!("{path}-").as_bytes(), &stat, &fp),
+                None
+            );
+        }
+        assert!(stream.verify());
     }
 
     #[test]
     fn reuse_rules() {
         let owned = sample();
-        let cache = LoadedCache::decode(encode(&owned)).unwrap();
-        let fp = cache.fingerprint;
-        let (path, e) = &owned.entries[1];
+        let (_dir, path, _) = saved(&owned);
+        let fp = owned.fingerprint;
+        let (name, e) = &owned.entries[1];
         let stat = Stat {
             dev: e.dev,
             ino: e.ino,
@@ -811,37 +1033,77 @@ mod tests {
             mtime_ns: e.mtime_ns,
             ctime_ns: e.ctime_ns,
         };
-        assert_eq!(cache.reusable(path, &stat, &fp), Some(e.hash));
-        let mut cursor = 0;
-        assert_eq!(cache.reusable_in_order(&mut cursor, "a", &stat, &fp), None);
+        let mut stream = LoadedCache::load(&path).unwrap().take_entries().unwrap();
+        assert_eq!(stream.reusable(b"a", &stat, &fp), None);
+        assert_eq!(stream.reusable(name.as_bytes(), &stat, &fp), Some(e.hash));
+        let changed = Stat {
+            ctime_ns: 5,
+            ..stat
+        };
+        assert_eq!(stream.reusable("a/éz".as_bytes(), &changed, &fp), None);
+        assert_eq!(stream.reusable(b"zz", &stat, &fp), None);
+        assert!(stream.verify());
+        let mut stream = LoadedCache::load(&path).unwrap().take_entries().unwrap();
         assert_eq!(
-            cache.reusable_in_order(&mut cursor, path, &stat, &fp),
-            Some(e.hash)
-        );
-        assert_eq!(cache.reusable_in_order(&mut cursor, "az", &stat, &fp), None);
-        assert_eq!(cursor, 2);
-        assert_eq!(
-            cache.reusable(
-                path,
-                &Stat {
-                    ctime_ns: 5,
-                    ..stat
-                },
-                &fp
-            ),
-            None
-        );
-        assert_eq!(cache.reusable("zz", &stat, &fp), None);
-        assert_eq!(
-            cache.reusable(path, &stat, &secrets_fingerprint(&[b"abcd"])),
+            stream.reusable(name.as_bytes(), &stat, &secrets_fingerprint(&[b"abcd"])),
             None
         );
         let racy = StatCache {
             reference_ns: e.mtime_ns,
             ..owned.clone()
         };
-        let racy = LoadedCache::decode(encode(&racy)).unwrap();
-        assert_eq!(racy.reusable(path, &stat, &fp), None);
+        racy.save(&path).unwrap();
+        let mut racy = LoadedCache::load(&path).unwrap();
+        assert_eq!(
+            racy.take_entries()
+                .unwrap()
+                .reusable(name.as_bytes(), &stat, &fp),
+            None
+        );
+        let root = Stat {
+            dev: 1,
+            ino: 1,
+            mtime_ns: 5,
+            ctime_ns: 6,
+            ..Stat::default()
+        };
+        // The directories' own racy rule: under the racy reference, none is reused.
+        assert!(racy.dir_listing("", &root).is_none());
+        owned.save(&path).unwrap();
+        let settled = LoadedCache::load(&path).unwrap();
+        assert!(settled.dir_listing("", &root).is_some());
+        assert!(settled.dir_listing("", &Stat { ino: 9, ..root }).is_none());
+        assert!(settled.dir_listing("b", &root).is_none());
+    }
+
+    #[test]
+    fn record_written_merges_and_starts_afresh_on_a_bad_cache() {
+        let cache = sample();
+        let (_dir, path, bytes) = saved(&cache);
+        record_written(
+            &path,
+            cache.fingerprint,
+            cache.reference_ns,
+            vec![("a/b".into(), entry(9))],
+        )
+        .unwrap();
+        let merged = load_owned(&path).unwrap();
+        let paths: Vec<&str> = merged.entries.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(paths, ["a", "a/b", "a/é", "a/éz", "b"]);
+        let mut bad = bytes.clone();
+        let last = bad.len() - 40;
+        bad[last] ^= 1;
+        std::fs::write(&path, &bad).unwrap();
+        record_written(
+            &path,
+            cache.fingerprint,
+            cache.reference_ns,
+            vec![("a/b".into(), entry(9))],
+        )
+        .unwrap();
+        let fresh = load_owned(&path).unwrap();
+        assert_eq!(fresh.entries, vec![("a/b".to_string(), entry(9))]);
+        assert!(fresh.dirs.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -234,15 +234,49 @@ def test_policy_change_uses_the_raw_listing(root: Path, tmp_path: Path) -> None:
     assert_same_as_fresh(root, widened)
 
 
-def test_corrupt_or_old_cache_is_an_empty_one(root: Path, tmp_path: Path) -> None:
+def _flip_in_directories(data: bytearray) -> None:
+    data[100] ^= 0xFF  # past the 72-byte header: the directory section
+
+
+def _flip_in_entries(data: bytearray) -> None:
+    data[-40] ^= 0xFF  # the last entry's hash, before the entries' checksum
+
+
+def _old_version(data: bytearray) -> None:
+    data[:8] = b"CKPDSTC2"
+
+
+def _truncated(data: bytearray) -> None:
+    del data[-1]
+
+
+@pytest.mark.parametrize(
+    ("damage", "dirs_kept"),
+    [
+        pytest.param(_flip_in_directories, False, id="directories-corrupt"),
+        pytest.param(_flip_in_entries, True, id="entries-corrupt"),
+        pytest.param(_old_version, False, id="old-version"),
+        pytest.param(_truncated, True, id="truncated"),
+    ],
+)
+def test_corrupt_or_old_cache_is_an_empty_one(
+    root: Path, tmp_path: Path, damage: Callable[[bytearray], None], dirs_kept: bool
+) -> None:
+    """A damaged or old cache is never trusted: no file hash is reused (the
+    entries are checked as a whole; those read before the check are taken
+    back), and the directory listings only when their own checksum holds. The
+    next scan writes a sound cache again."""
     cache = tmp_path / "cache.bin"
     primed(root, str(cache))
     data = bytearray(cache.read_bytes())
-    data[len(data) // 2] ^= 0xFF
+    damage(data)
     cache.write_bytes(bytes(data))
     again = scan(root, str(cache))
-    assert again.dirs_reused == 0 and again.files_reused == 0
+    assert again.files_reused == 0 and again.files_hashed > 0
+    assert (again.dirs_reused > 0) == dirs_kept
     assert_same_as_fresh(root, again)
+    healed = scan(root, str(cache))
+    assert healed.files_hashed == 0 and healed.dirs_reused == healed.dirs_listed
 
 
 # ----------------------------------------------------------- random mutations

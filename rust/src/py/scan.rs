@@ -84,9 +84,43 @@ impl ScanResult {
     }
 }
 
+/// The scan's manifest buffer: the buffer of a new Python bytes object of the
+/// exact length, written by the scan's threads without the GIL and handed to
+/// Python as is (a million entries are ~170 MB: no second copy is made).
+#[derive(Default)]
+struct PyBytesBuffer {
+    object: Option<Py<PyBytes>>,
+}
+
+impl core::ManifestBuffer for PyBytesBuffer {
+    fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
+        let size = pyo3::ffi::Py_ssize_t::try_from(len)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        let (object, data) = Python::with_gil(|py| {
+            // SAFETY: a new bytes object of `size` bytes (left uninitialised
+            // by the NULL source: the scan writes every byte), owned here.
+            let raw = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size) };
+            if raw.is_null() {
+                drop(PyErr::take(py));
+                return Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+            }
+            // SAFETY: `raw` is a bytes object; its buffer lives as long as it does.
+            let data = unsafe { pyo3::ffi::PyBytes_AsString(raw) }.cast::<u8>();
+            // SAFETY: `raw` is a new (owned) reference.
+            Ok((unsafe { Py::<PyBytes>::from_owned_ptr(py, raw) }, data))
+        })?;
+        self.object = Some(object);
+        // SAFETY: the buffer of the bytes object held in `self.object` (alive
+        // while `self` is borrowed); no Python code sees that object until
+        // the scan has returned, so this is its only writer and reader.
+        Ok(unsafe { std::slice::from_raw_parts_mut(data, len) })
+    }
+}
+
 fn to_result(
     py: Python<'_>,
     out: ScanOutput,
+    manifest: PyBytesBuffer,
     policy_warnings: Vec<(&'static str, String, String)>,
 ) -> PyResult<ScanResult> {
     let unsupported = PyList::empty(py);
@@ -103,7 +137,10 @@ fn to_result(
     }
     Ok(ScanResult {
         phases_ms: phases_ms.unbind(),
-        manifest: PyBytes::new(py, &out.manifest).unbind(),
+        manifest: match manifest.object {
+            Some(object) => object,
+            None => PyBytes::new(py, &out.manifest).unbind(),
+        },
         digests: PyBytes::new(py, &out.digests).unbind(),
         file_count: out.file_count,
         file_bytes: out.file_bytes,
@@ -170,10 +207,14 @@ pub fn scan(
         feed: feed.map(|f| f.get().inner.clone()),
         progress: progress.map(|p| p.get().inner.clone()),
     };
-    let out = run_released(py, &cancel, move || match held {
-        Some(fd) => core::scan_root(&request, core::Root::from_fd(fd, request.root.clone())),
-        None => core::scan(&request),
-    })?
-    .map_err(to_py)?;
-    to_result(py, out, policy_warnings)
+    let (out, manifest) = run_released(py, &cancel, move || {
+        let mut manifest = PyBytesBuffer::default();
+        let root = match held {
+            Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
+            None => core::Root::open(&request.root),
+        };
+        let out = root.and_then(|root| core::scan_into(&request, root, &mut manifest));
+        (out, manifest)
+    })?;
+    to_result(py, out.map_err(to_py)?, manifest, policy_warnings)
 }
