@@ -4,14 +4,24 @@
   fallback when ``O_TMPFILE`` is missing, and obstore's ``LocalStore``), which
   obstore's listings hide. Their mtime is when the write began.
 * An S3 bucket: unfinished multipart uploads under the store's prefix (a large
-  blob's upload that never completed). obstore has no call for these, so they
-  are listed (ListMultipartUploads) and aborted (AbortMultipartUpload) with
-  requests signed here (AWS Signature V4 over ``urllib``), with the store's own
-  endpoint, region and static credentials (its config, else the ``AWS_*``
-  variables). Credentials only a provider chain knows (instance roles, SSO)
-  are not reachable from here: then the bucket's lifecycle rule
-  (AbortIncompleteMultipartUpload) must do it, and the sweep reports why it
-  could not.
+  blob's upload that never completed). obstore has no call for these (and its
+  signed URLs cannot carry the ``?uploads`` / ``?uploadId=`` queries these
+  calls need), so they are listed (ListMultipartUploads) and aborted
+  (AbortMultipartUpload) with requests signed here (AWS Signature V4 over
+  ``urllib``), with the store's own endpoint and region, and credentials found
+  the way obstore finds them (``_credentials``): the store's
+  ``credential_provider`` when it has one; else static keys (its config, else
+  ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, with ``AWS_SESSION_TOKEN``);
+  else a web identity (``AWS_WEB_IDENTITY_TOKEN_FILE`` + ``AWS_ROLE_ARN``,
+  STS AssumeRoleWithWebIdentity); else the container endpoint
+  (``AWS_CONTAINER_CREDENTIALS_RELATIVE_URI``, or ``..._FULL_URI`` with
+  ``AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE``); else the instance metadata
+  service (IMDSv2 at ``AWS_METADATA_ENDPOINT``, default 169.254.169.254; v1
+  only with ``AWS_IMDSV1_FALLBACK``). Each setting is read from the store's
+  config first, then from its variable, as obstore does. Profiles and SSO are
+  not part of obstore's chain and are not here either. When no source answers,
+  the sweep reports why, and the bucket's lifecycle rule
+  (AbortIncompleteMultipartUpload) must do it.
 * Any other store: nothing to do.
 """
 
@@ -21,13 +31,14 @@ import asyncio
 import datetime as dt
 import hashlib
 import hmac
+import json
 import os
 import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, urlencode, urlsplit
 from xml.etree import ElementTree
 
 from .base import BlobStore, BlobStoreError
@@ -60,7 +71,7 @@ async def list_staging(blobs: BlobStore) -> list[StagingLeftover]:
         return []
     if blobs.local_dir is not None:
         return await asyncio.to_thread(_local_leftovers, blobs.local_dir.root)
-    s3 = _S3Access.of(blobs)
+    s3 = await _S3Access.of(blobs)
     if s3 is None:
         return []
     return await asyncio.to_thread(s3.list_uploads)
@@ -75,7 +86,7 @@ async def remove_staging(blobs: BlobStore, leftover: StagingLeftover) -> None:
             pass
         return
     assert isinstance(blobs, ObjectBlobStore) and leftover.key and leftover.upload_id
-    s3 = _S3Access.of(blobs)
+    s3 = await _S3Access.of(blobs)
     if s3 is None:
         raise StagingUnavailableError(f"{blobs.url}: not an S3 store")
     await asyncio.to_thread(s3.abort, leftover.key, leftover.upload_id)
@@ -124,27 +135,27 @@ class _S3Access:
         self.path_style = path_style
 
     @classmethod
-    def of(cls, blobs: ObjectBlobStore) -> _S3Access | None:
+    async def of(cls, blobs: ObjectBlobStore) -> _S3Access | None:
         from obstore.store import S3Store
 
         store = blobs.object_store
         if not isinstance(store, S3Store):
             return None
         config: dict[str, Any] = dict(store.config)
-        key_id = config.get("access_key_id") or os.environ.get("AWS_ACCESS_KEY_ID")
-        secret = config.get("secret_access_key") or os.environ.get("AWS_SECRET_ACCESS_KEY")
-        if not key_id or not secret:
-            raise StagingUnavailableError(
-                f"unfinished multipart uploads on {blobs.url} were not listed: no static "
-                "credentials (set a lifecycle rule AbortIncompleteMultipartUpload)"
-            )
-        token = config.get("session_token") or os.environ.get("AWS_SESSION_TOKEN")
         region = (
             config.get("region")
             or os.environ.get("AWS_REGION")
             or os.environ.get("AWS_DEFAULT_REGION")
             or "us-east-1"
         )
+        try:
+            credentials = await _credentials(store, config, region)
+        except (OSError, ValueError, KeyError, ElementTree.ParseError) as error:
+            raise StagingUnavailableError(
+                f"unfinished multipart uploads on {blobs.url} were not listed: no credentials "
+                f"({error}; set a lifecycle rule AbortIncompleteMultipartUpload)"
+            ) from None
+        key_id, secret, token = credentials
         bucket = str(config.get("bucket") or "")
         endpoint = config.get("endpoint")
         path_style = bool(endpoint) and str(
@@ -249,6 +260,135 @@ class _S3Access:
 
     def abort(self, key: str, upload_id: str) -> None:
         self._request("DELETE", self._object_path(key), {"uploadId": upload_id})
+
+
+# --------------------------------------------------------------------- credentials
+
+_Credentials = tuple[str, str, str | None]  # key id, secret, session token
+_STS_NS = "{https://sts.amazonaws.com/doc/2011-06-15/}"
+_ECS_HOST = "http://169.254.170.2"
+_IMDS_ENDPOINT = "http://169.254.169.254"
+_CREDENTIAL_TIMEOUT_S = 5
+
+
+def _setting(config: dict[str, Any], name: str, *variables: str) -> str | None:
+    """A store setting as obstore reads it: its config, then its variables."""
+    value = config.get(name)
+    if value:
+        return str(value)
+    for variable in variables:
+        if os.environ.get(variable):
+            return os.environ[variable]
+    return None
+
+
+async def _credentials(store: Any, config: dict[str, Any], region: str) -> _Credentials:
+    """The store's credentials, from the first source of obstore's chain that
+    is configured (module docstring). Raises OSError/ValueError when none is,
+    or the one configured does not answer."""
+    provider = getattr(store, "credential_provider", None)
+    if provider is not None:
+        given = provider()
+        if asyncio.iscoroutine(given):
+            given = await given
+        return (str(given["access_key_id"]), str(given["secret_access_key"]), given.get("token"))
+    key_id = _setting(config, "access_key_id", "AWS_ACCESS_KEY_ID")
+    secret = _setting(config, "secret_access_key", "AWS_SECRET_ACCESS_KEY")
+    token = _setting(config, "session_token", "AWS_SESSION_TOKEN", "AWS_TOKEN") or _setting(
+        config, "token"
+    )
+    if key_id or secret:
+        if not (key_id and secret):
+            raise ValueError("an access key id without its secret, or a secret without its id")
+        return key_id, secret, token
+    return await asyncio.to_thread(_credentials_from_services, config, region)
+
+
+def _credentials_from_services(config: dict[str, Any], region: str) -> _Credentials:
+    token_file = _setting(config, "web_identity_token_file", "AWS_WEB_IDENTITY_TOKEN_FILE")
+    role_arn = _setting(config, "role_arn", "AWS_ROLE_ARN")
+    if token_file and role_arn:
+        return _web_identity(config, token_file, role_arn, region)
+    relative = _setting(
+        config, "container_credentials_relative_uri", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI"
+    )
+    if relative:
+        return _from_json(_http("GET", _ECS_HOST + relative, {}))
+    full = _setting(config, "container_credentials_full_uri", "AWS_CONTAINER_CREDENTIALS_FULL_URI")
+    auth_file = _setting(
+        config, "container_authorization_token_file", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE"
+    )
+    if full and auth_file:
+        with open(auth_file, encoding="utf-8") as file:
+            authorization = file.read().strip()
+        return _from_json(_http("GET", full, {"Authorization": authorization}))
+    return _instance_credentials(config)
+
+
+def _web_identity(
+    config: dict[str, Any], token_file: str, role_arn: str, region: str
+) -> _Credentials:
+    with open(token_file, encoding="utf-8") as file:
+        web_token = file.read().strip()
+    session = os.environ.get("AWS_ROLE_SESSION_NAME") or "WebIdentitySession"
+    endpoint = _setting(config, "sts_endpoint", "AWS_ENDPOINT_URL_STS") or (
+        f"https://sts.{region}.amazonaws.com"
+    )
+    query = urlencode(
+        {
+            "Action": "AssumeRoleWithWebIdentity",
+            "DurationSeconds": "3600",
+            "RoleArn": role_arn,
+            "RoleSessionName": session,
+            "Version": "2011-06-15",
+            "WebIdentityToken": web_token,
+        }
+    )
+    root = ElementTree.fromstring(_http("POST", f"{endpoint.rstrip('/')}/?{query}", {}))
+    found = root.find(f".//{_STS_NS}Credentials")
+    if found is None:
+        raise ValueError("the STS answer holds no credentials")
+    return (
+        found.findtext(f"{_STS_NS}AccessKeyId") or "",
+        found.findtext(f"{_STS_NS}SecretAccessKey") or "",
+        found.findtext(f"{_STS_NS}SessionToken"),
+    )
+
+
+def _instance_credentials(config: dict[str, Any]) -> _Credentials:
+    endpoint = (
+        _setting(config, "metadata_endpoint", "AWS_METADATA_ENDPOINT") or _IMDS_ENDPOINT
+    ).rstrip("/")
+    fallback = (_setting(config, "imdsv1_fallback", "AWS_IMDSV1_FALLBACK") or "").lower() in (
+        "true",
+        "1",
+    )
+    headers: dict[str, str] = {}
+    try:
+        session = _http(
+            "PUT",
+            f"{endpoint}/latest/api/token",
+            {"X-aws-ec2-metadata-token-ttl-seconds": "21600"},
+        )
+        headers["X-aws-ec2-metadata-token"] = session.decode()
+    except urllib.error.HTTPError as error:
+        if not (fallback and error.code == 403):
+            raise
+    base = f"{endpoint}/latest/meta-data/iam/security-credentials/"
+    role = _http("GET", base, headers).decode().strip().splitlines()[0]
+    return _from_json(_http("GET", base + role, headers))
+
+
+def _from_json(body: bytes) -> _Credentials:
+    given = json.loads(body)
+    return str(given["AccessKeyId"]), str(given["SecretAccessKey"]), given.get("Token")
+
+
+def _http(method: str, url: str, headers: dict[str, str]) -> bytes:
+    request = urllib.request.Request(url, method=method, headers=headers)
+    with urllib.request.urlopen(request, timeout=_CREDENTIAL_TIMEOUT_S) as response:  # noqa: S310
+        body: bytes = response.read()
+        return body
 
 
 def _parse_time(text: str) -> int | None:
