@@ -193,17 +193,27 @@ class VerifyingReader:
         chunk (it raises ScanCancelled); later reads raise it too."""
     def close(self) -> None: ...
 
+# (dev, ino, st_mode, size, mtime_ns, ctime_ns) of an fstat.
+Stamp = tuple[int, int, int, int, int, int]
+
 def rehash_beneath(
     root_fd: int,
     path: str,
     secrets: Sequence[bytes] = (),
     cancel: CancelToken | None = None,
-) -> tuple[str, int, list[tuple[int, int, int]], int, int] | None:
+    keep_small: bool = False,
+) -> tuple[str, int, list[tuple[int, int, int]], int, int, tuple[bytes, Stamp] | None] | None:
     """Hash ``path`` again, opened beneath ``root_fd`` (no symlink in any
     component; fstat equal before and after the read): (64-hex digest, size,
-    secret spans, st_mode, mtime_ns); the digest is "" when it is no longer a
-    regular file; None when it is gone. Raises FileChangedError when it kept
-    changing, OSError (ELOOP: now a symlink)."""
+    secret spans, st_mode, mtime_ns, kept); the digest is "" when it is no
+    longer a regular file; None when it is gone. ``kept`` is (the zeroed bytes
+    hashed, the fstat they were read under) when ``keep_small`` and the file is
+    under 1 MiB (read whole in that same pass), else None. Raises
+    FileChangedError when it kept changing, OSError (ELOOP: now a symlink)."""
+
+def stat_beneath(root_fd: int, path: str) -> Stamp | None:
+    """The fstat of ``path`` opened beneath ``root_fd`` (no symlink in any
+    component), None when it is gone or no longer reachable that way."""
 
 def zero_secrets(data: bytes, secrets: Sequence[bytes]) -> bytes:
     """Every occurrence (overlapping too) of each secret replaced by zero bytes."""

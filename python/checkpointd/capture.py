@@ -27,8 +27,15 @@ Read top to bottom, ``capture_checkpoint`` does:
    Such a file is hashed again and its entry updated (a few rounds at most),
    or dropped when it vanished. Files the scan did not hand over (a hash the
    stat cache vouched for, a re-hashed file) are opened beneath the held root
-   fd (no symlink in any component) and go through the same reader; nothing
-   is re-opened by a path through the sandbox or ``/proc``. Small files go in
+   fd (no symlink in any component); nothing is re-opened by a path through
+   the sandbox or ``/proc``. A large one goes through the same reader. A small
+   one is hashed as it is now in one pass that keeps its zeroed bytes: sent when
+   they have the manifest's hash, else kept for the next round under the new
+   hash and sent then without another read while the file's fstat is still the
+   one they were read under. So a changed small file is read once after the
+   scan, not once to hash it again and once more to upload it; a large one is
+   hashed, then streamed (its key must be known before its first byte goes up,
+   and it is never held in memory). Small files go in
    batches (``put_many``); every ``put`` is durable on return (see
    ``blobs/object_store.py``), and every upload has finished before step 6;
 6. append with ``expected_head_id`` = the head read in step 1, then release the
@@ -120,6 +127,9 @@ BATCH_CONCURRENCY = 2
 HELD_FILES = 16
 # Rounds of "hash again and upload" for files that change under the capture.
 CHANGED_FILE_ROUNDS = 3
+# Zeroed bytes of changed small files held from the pass that hashed them again
+# to their upload next round (past this, such a file is read again instead).
+KEPT_BYTES = 64 << 20
 # Offending paths named in an error message (all are in its details).
 _LISTED_IN_MESSAGE = 20
 # Waiting for a sweep to release a condemned key: first and longest pause.
@@ -165,6 +175,18 @@ class _BatchOutcome:
 
     items: list[tuple[str, bytes]] = field(default_factory=list)  # (key, verified bytes)
     replaced: list[tuple[str, FileEntry | None]] = field(default_factory=list)
+    kept: list[tuple[str, _Kept]] = field(default_factory=list)  # path -> its new bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """A changed small file's zeroed bytes, from the pass that hashed it again,
+    and the fstat they were read under: next round they are uploaded as they
+    are while the file's fstat is still ``stamp`` (a look, not a read)."""
+
+    key: str
+    data: bytes
+    stamp: _native.Stamp
 
 
 def _now_ms() -> int:
@@ -618,6 +640,9 @@ class _Uploader:
         # upload hashes them again instead of reading them to find that out.
         self.fed_changed: set[str] = set()
         self.rechecked: set[str] = set()  # keys check marked missing (distrust_marked)
+        # Changed small files' bytes for the next round's upload (``_Kept``).
+        self.kept: dict[str, _Kept] = {}
+        self.kept_bytes = 0
         self.large_slots = asyncio.Semaphore(LARGE_UPLOAD_CONCURRENCY)
         self.batch_slots = asyncio.Semaphore(BATCH_CONCURRENCY)
 
@@ -837,8 +862,14 @@ class _Uploader:
     ) -> None:
         """Read a batch of small files in one worker-thread trip, then put them
         with one ``put_many``."""
+        kept = {
+            entry.path: self._unkeep(entry.path)
+            for group in groups
+            for entry in group
+            if entry.path in self.kept
+        }
         async with self.batch_slots:
-            outcome = await self._in_thread(lambda stop: self._read_batch_now(stop, groups))
+            outcome = await self._in_thread(lambda stop: self._read_batch_now(stop, groups, kept))
             written = await blob_batches.put_many(self.blobs, outcome.items)
         for (_key, data), was_written in zip(outcome.items, written, strict=True):
             if was_written:
@@ -848,21 +879,55 @@ class _Uploader:
             replaced[path] = fresh
             if fresh is not None:
                 changed.append(fresh)
+        for path, bytes_now in outcome.kept:
+            self._keep(path, bytes_now)
 
-    def _read_batch_now(self, stop: StopFlag, groups: list[list[FileEntry]]) -> _BatchOutcome:
+    def _keep(self, path: str, kept: _Kept) -> None:
+        if self.kept_bytes + len(kept.data) <= KEPT_BYTES:
+            self.kept[path] = kept
+            self.kept_bytes += len(kept.data)
+
+    def _unkeep(self, path: str) -> _Kept:
+        kept = self.kept.pop(path)
+        self.kept_bytes -= len(kept.data)
+        return kept
+
+    def _read_batch_now(
+        self, stop: StopFlag, groups: list[list[FileEntry]], kept: dict[str, _Kept]
+    ) -> _BatchOutcome:
         """The batch's reads, in a worker thread: per group, the bytes of the
-        first file that still holds them (checked against the scan's hash)."""
+        first file that still holds them. Each file is read once: hashed as it
+        is now with its zeroed bytes kept, which are sent when they still have
+        the manifest's hash, else kept for the next round under the new hash
+        (and sent then without a read while the file's fstat is unchanged)."""
         outcome = _BatchOutcome()
         for group in groups:
             for entry in group:
                 stop.raise_if_set()
                 self._check_running()
-                try:
-                    data = _read_verified(self.root_fd, entry, self.secrets, self.token)
-                except _FileChanged:
-                    fresh = _rehash_in(self.root_fd, entry, self.secrets, self.token)
-                    outcome.replaced.append((entry.path, fresh))
-                    continue
+                held = kept.get(entry.path)
+                if (
+                    held is not None
+                    and held.key == entry.blob_key
+                    and _native.stat_beneath(self.root_fd, entry.path) == held.stamp
+                ):
+                    data = held.data
+                else:
+                    fresh, now = _rehash_in(
+                        self.root_fd, entry, self.secrets, self.token, keep_small=True
+                    )
+                    if fresh is None or fresh.blob_key != entry.blob_key:
+                        outcome.replaced.append((entry.path, fresh))
+                        if now is not None:
+                            outcome.kept.append((entry.path, now))
+                        continue
+                    # The manifest's bytes (read whole when under 1 MiB; a file
+                    # of exactly 1 MiB is not kept by the hash pass: read again).
+                    data = (
+                        now.data
+                        if now is not None
+                        else _read_verified(self.root_fd, entry, self.secrets, self.token)
+                    )
                 outcome.items.append((entry.blob_key, data))
                 self.reporter.advance(files=1, nbytes=len(data))
                 break
@@ -885,10 +950,16 @@ class _Uploader:
                     raise _FileChanged(entry.path)
                 written = await self._upload(entry)
             except _FileChanged:
-                fresh = await self._rehash(entry)
+                # Hashed again; next round a small file's kept bytes go up as
+                # they are, a large one streams through a new verifying reader
+                # (an upload needs its key before its first byte, and a large
+                # file is never held in memory).
+                fresh, now = await self._rehash(entry)
                 replaced[entry.path] = fresh
                 if fresh is not None:
                     changed.append(fresh)
+                if now is not None:
+                    self._keep(entry.path, now)
                 continue
             if written:
                 self.uploads.blobs += 1
@@ -896,6 +967,12 @@ class _Uploader:
             self.reporter.advance(files=1)
             return
         # Every file with these bytes changed: nothing references the key any more.
+
+    async def _rehash(self, entry: FileEntry) -> tuple[FileEntry | None, _Kept | None]:
+        """``_rehash_in`` (bytes kept when small) in a worker thread."""
+        return await self._in_thread(
+            lambda _stop: _rehash_in(self.root_fd, entry, self.secrets, self.token, keep_small=True)
+        )
 
     async def _upload(self, entry: FileEntry) -> bool:
         if entry.size <= SMALL_FILE_BYTES:
@@ -914,12 +991,6 @@ class _Uploader:
                 )
             finally:
                 await asyncio.to_thread(reader.close)
-
-    async def _rehash(self, entry: FileEntry) -> FileEntry | None:
-        """The file's entry as it is now, or None when it is gone."""
-        return await self._in_thread(
-            lambda _stop: _rehash_in(self.root_fd, entry, self.secrets, self.token)
-        )
 
 
 def _open_verified(
@@ -953,15 +1024,22 @@ def _read_verified(
 
 
 def _rehash_in(
-    root_fd: int, entry: FileEntry, secrets: tuple[bytes, ...], token: _native.CancelToken
-) -> FileEntry | None:
-    """The file's entry as it is now, or None when it is gone (blocks: call it in
-    a worker thread). Opened beneath the held root fd like every upload read.
-    Raises SandboxSnapshotError(FILE_CHANGED) when the file can no longer be
-    read (a symlink now, unreadable, changing on every read) or stopped being a
-    regular file."""
+    root_fd: int,
+    entry: FileEntry,
+    secrets: tuple[bytes, ...],
+    token: _native.CancelToken,
+    *,
+    keep_small: bool = False,
+) -> tuple[FileEntry | None, _Kept | None]:
+    """The file's entry as it is now (None when it is gone) and, with
+    ``keep_small``, the zeroed bytes that pass hashed when the file is under
+    1 MiB (else None), so a changed small file is read once more in all (blocks:
+    call it in a worker thread). Opened beneath the held root fd like every upload
+    read. Raises SandboxSnapshotError(FILE_CHANGED) when the file can no longer
+    be read (a symlink now, unreadable, changing on every read) or stopped being
+    a regular file."""
     try:
-        found = _native.rehash_beneath(root_fd, entry.path, secrets, token)
+        found = _native.rehash_beneath(root_fd, entry.path, secrets, token, keep_small)
     except _native.ScanCancelled:
         raise
     except OSError as error:
@@ -971,15 +1049,15 @@ def _rehash_in(
             details={"path": entry.path},
         ) from None
     if found is None:
-        return None
-    hex_hash, size, spans, mode, mtime_ns = found
+        return None, None
+    hex_hash, size, spans, mode, mtime_ns, kept = found
     if not stat.S_ISREG(mode):
         raise SandboxSnapshotError(
             FILE_CHANGED,
             f"{entry.path} stopped being a regular file while it was captured",
             details={"path": entry.path},
         )
-    return FileEntry(
+    fresh = FileEntry(
         entry.path,
         FILE_KEY_PREFIX + hex_hash,
         size,
@@ -987,6 +1065,7 @@ def _rehash_in(
         mtime_ns,
         tuple(SecretSpan(*span) for span in spans),
     )
+    return fresh, None if kept is None else _Kept(fresh.blob_key, *kept)
 
 
 def _name_secret_spans(manifest: Manifest, secrets: Secrets, named: bool) -> Manifest:

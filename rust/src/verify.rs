@@ -346,8 +346,27 @@ pub enum Rehash {
     /// There, but no longer a regular file (its stat).
     NotRegular(Stat),
     /// Hashed: the digest of the zeroed bytes, the fstat they were read under,
-    /// and where secrets were zeroed.
-    Hashed([u8; 32], Stat, Vec<SecretMatch>),
+    /// where secrets were zeroed, and (`keep_small`, a file under
+    /// `hash::WHOLE_READ_LIMIT`) those very zeroed bytes, for the upload.
+    Hashed([u8; 32], Stat, Vec<SecretMatch>, Option<Vec<u8>>),
+}
+
+/// The fstat of `rel` beneath `root_fd` (no symlink in any component), None
+/// when it is gone or no longer reachable that way: to tell, without reading
+/// it, whether a file is still the one a [`rehash_beneath`] read.
+pub fn stat_beneath(root_fd: RawFd, rel: &str) -> io::Result<Option<Stat>> {
+    match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
+        Ok(fd) => fs::fstat(fd.as_raw_fd()).map(Some),
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT) | Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
+            ) =>
+        {
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// How often a file that changes while it is hashed again is retried.
@@ -357,11 +376,16 @@ const REHASH_ATTEMPTS: usize = 3;
 /// before and after the read must match), for a file that changed after the
 /// scan. `Changed` when it kept changing; `Io` for ELOOP (now a symlink) and
 /// other failures to read it.
+///
+/// `keep_small`: a file small enough to be read whole also hands back the
+/// zeroed bytes it hashed, so the upload sends them as they are: a changed
+/// small file is read once more, not once to hash and once again to upload.
 pub fn rehash_beneath(
     root_fd: RawFd,
     rel: &str,
     secrets: &SecretSet,
     cancel: &Cancel,
+    keep_small: bool,
 ) -> Result<Rehash, ReadError> {
     let fd = match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
         Ok(fd) => fd,
@@ -397,7 +421,11 @@ pub fn rehash_beneath(
         })?;
         let after = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
         if after == before && size == before.size {
-            return Ok(Rehash::Hashed(digest, before, found));
+            // Read whole (under the limit): the scratch holds exactly the
+            // zeroed bytes just hashed (see `hash::hash_reader_recording`).
+            let kept = (keep_small && (size as usize) < hash::WHOLE_READ_LIMIT)
+                .then(|| scratch[..size as usize].to_vec());
+            return Ok(Rehash::Hashed(digest, before, found, kept));
         }
     }
     Err(ReadError::Changed)

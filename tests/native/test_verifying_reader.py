@@ -120,16 +120,33 @@ def test_rehash_beneath(root: tuple[Path, int], tmp_path: Path) -> None:
     (place / "f.bin").write_bytes(data)
     found = _native.rehash_beneath(fd, "f.bin", (SECRET,))
     assert found is not None
-    hex_digest, size, spans, mode, mtime_ns = found
+    hex_digest, size, spans, mode, mtime_ns, kept = found
     assert hex_digest == blake3.blake3(_zeroed(data)).hexdigest()
     assert (size, spans) == (len(data), [(100, len(SECRET), 0)])
     assert stat.S_ISREG(mode) and mtime_ns == os.stat(place / "f.bin").st_mtime_ns
+    assert kept is None  # only asked for with keep_small
+    # keep_small: the zeroed bytes that very pass hashed, with the fstat they
+    # were read under (what stat_beneath says while the file is unchanged).
+    *_, kept = _native.rehash_beneath(fd, "f.bin", (SECRET,), keep_small=True) or (None,)
+    assert kept is not None
+    zeroed, stamp = kept
+    assert zeroed == _zeroed(data) and stamp == _native.stat_beneath(fd, "f.bin")
+    assert stamp[3] == len(data) and stamp[4] == mtime_ns
+    (place / "f.bin").write_bytes(data + b"more")
+    assert _native.stat_beneath(fd, "f.bin") != stamp
+    assert _native.stat_beneath(fd, "gone.bin") is None
+    big = os.urandom(CHUNK + 1)  # not read whole: hashed, never kept
+    (place / "big.bin").write_bytes(big)
+    *_, kept = _native.rehash_beneath(fd, "big.bin", keep_small=True) or (None,)
+    assert kept is None
     assert _native.rehash_beneath(fd, "gone.bin") is None
     (place / "link").symlink_to(place / "f.bin")
     with pytest.raises(OSError):
         _native.rehash_beneath(fd, "link")
     os.mkfifo(place / "fifo")
-    hex_digest, _size, _spans, mode, _mtime = _native.rehash_beneath(fd, "fifo") or ("x",) * 5
+    hex_digest, _size, _spans, mode, _mtime, _kept = _native.rehash_beneath(fd, "fifo") or (
+        ("x",) * 6
+    )
     assert hex_digest == "" and stat.S_ISFIFO(int(mode))
 
 

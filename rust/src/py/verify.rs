@@ -141,23 +141,56 @@ impl PyVerifyingReader {
     }
 }
 
-/// (64-hex digest or "" when not a regular file, size, spans, st_mode, mtime_ns).
-type Rehashed = (String, u64, Vec<(u64, u32, u32)>, u32, i64);
+/// An fstat as Python compares it: (dev, ino, mode, size, mtime_ns, ctime_ns).
+type Stamp = (u64, u64, u32, u64, i64, i64);
+
+fn stamp(stat: &crate::fs::Stat) -> Stamp {
+    (
+        stat.dev,
+        stat.ino,
+        stat.mode,
+        stat.size,
+        stat.mtime_ns,
+        stat.ctime_ns,
+    )
+}
+
+/// (64-hex digest or "" when not a regular file, size, spans, st_mode,
+/// mtime_ns, (the zeroed bytes, the fstat they were read under) when kept).
+type Rehashed = (
+    String,
+    u64,
+    Vec<(u64, u32, u32)>,
+    u32,
+    i64,
+    Option<(Py<PyBytes>, Stamp)>,
+);
 
 /// See `_native.pyi`.
 #[pyfunction]
-#[pyo3(signature = (root_fd, path, secrets=None, cancel=None))]
+pub fn stat_beneath(py: Python<'_>, root_fd: RawFd, path: String) -> PyResult<Option<Stamp>> {
+    let found = py.allow_threads(|| core::stat_beneath(root_fd, &path));
+    Ok(found
+        .map_err(|e| io_to_py(&path, "open", e))?
+        .map(|stat| stamp(&stat)))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+#[pyo3(signature = (root_fd, path, secrets=None, cancel=None, keep_small=false))]
 pub fn rehash_beneath(
     py: Python<'_>,
     root_fd: RawFd,
     path: String,
     secrets: Option<&Bound<'_, PyAny>>,
     cancel: Option<&Bound<'_, CancelToken>>,
+    keep_small: bool,
 ) -> PyResult<Option<Rehashed>> {
     let secrets =
         SecretSet::new(&args::secrets(secrets)?).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
     let cancel = cancel_of(cancel);
-    let found = py.allow_threads(|| core::rehash_beneath(root_fd, &path, &secrets, &cancel));
+    let found =
+        py.allow_threads(|| core::rehash_beneath(root_fd, &path, &secrets, &cancel, keep_small));
     match found.map_err(|e| read_error(&path, e))? {
         Rehash::Gone => Ok(None),
         Rehash::NotRegular(stat) => Ok(Some((
@@ -166,13 +199,15 @@ pub fn rehash_beneath(
             Vec::new(),
             stat.mode,
             stat.mtime_ns,
+            None,
         ))),
-        Rehash::Hashed(digest, stat, spans) => Ok(Some((
+        Rehash::Hashed(digest, stat, spans, kept) => Ok(Some((
             hash::to_hex(&digest),
             stat.size,
             spans.iter().map(|m| (m.offset, m.len, m.secret)).collect(),
             stat.mode,
             stat.mtime_ns,
+            kept.map(|data| (PyBytes::new(py, &data).unbind(), stamp(&stat))),
         ))),
     }
 }
