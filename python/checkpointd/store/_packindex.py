@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from ..errors import SandboxCheckpointInvalidEntryError
 from ..model import FILE_KEY_PREFIX
@@ -128,10 +129,32 @@ def row_from_sql(
 
 
 def digests_of(keys: Sequence[str]) -> dict[bytes, str]:
-    """digest → key for the file keys among ``keys``."""
+    """digest → key for the file keys among ``keys`` (a restore asks for
+    100,000 at once: one compiled match and one ``fromhex`` per key)."""
     out: dict[bytes, str] = {}
+    is_file_key = _FILE_KEY.fullmatch
+    fromhex = bytes.fromhex
+    start = len(FILE_KEY_PREFIX)
     for key in keys:
-        digest = digest_of(key)
-        if digest is not None:
-            out[digest] = key
+        if type(key) is str and is_file_key(key):
+            out[fromhex(key[start:])] = key
     return out
+
+
+def located_rows(
+    wanted: dict[bytes, str], rows: Iterable[Sequence[Any]], found: dict[str, PackedBlob | None]
+) -> None:
+    """Add to ``found`` the index rows a SQL store read for ``wanted`` (from
+    ``digests_of``): each ``(digest, pack digest, offset, length, raw_size,
+    codec)``. The key is the caller's own string and each pack's key is made
+    once, so a read of 100,000 rows builds no string twice."""
+    packs: dict[bytes, str] = {}
+    for digest, pack, offset, length, raw_size, codec in rows:
+        key = wanted.get(bytes(digest))
+        if key is None:
+            continue
+        pack = bytes(pack)
+        pack_name = packs.get(pack)
+        if pack_name is None:
+            pack_name = packs[pack] = pack_key(pack)
+        found[key] = PackedBlob(key, pack_name, offset, length, raw_size, codec)

@@ -98,7 +98,14 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
-from ._packindex import check_packed_blobs, digest_of, digests_of, pack_digest, row_from_sql
+from ._packindex import (
+    check_packed_blobs,
+    digest_of,
+    digests_of,
+    located_rows,
+    pack_digest,
+    row_from_sql,
+)
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -1176,14 +1183,13 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         async def body(conn: asyncpg.Connection) -> dict[str, PackedBlob | None]:
             found: dict[str, PackedBlob | None] = {}
-            for r in await conn.fetch(
+            rows = await conn.fetch(
                 "SELECT b.digest, p.digest AS pack, b.frame_offset, b.frame_length,"
                 " b.raw_size, b.codec FROM checkpointd_packed_blobs b"
                 " JOIN checkpointd_packs p ON p.id = b.pack WHERE b.digest = ANY($1::bytea[])",
                 builtins.list(wanted),
-            ):
-                row = row_from_sql(bytes(r["digest"]), bytes(r["pack"]), *builtins.list(r)[2:])
-                found[row.key] = row
+            )
+            located_rows(wanted, rows, found)
             rest = [b"f" + digest for digest, key in wanted.items() if key not in found]
             if rest:
                 for r in await conn.fetch(

@@ -102,6 +102,7 @@ from ._packindex import (
     checked_digest,
     digest_of,
     digests_of,
+    located_rows,
     pack_digest,
     row_from_sql,
 )
@@ -1374,15 +1375,14 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             digests = builtins.list(wanted)
             for batch in _batches(digests):
                 marks = ",".join("?" * len(batch))
-                for row in await _fetchall(
+                rows = await _fetchall(
                     conn,
                     "SELECT b.digest, p.digest, b.frame_offset, b.frame_length, b.raw_size,"
                     f" b.codec FROM packed_blobs b JOIN blob_packs p ON p.id = b.pack"
                     f" WHERE b.digest IN ({marks})",
                     batch,
-                ):
-                    packed = row_from_sql(bytes(row[0]), bytes(row[1]), *row[2:])
-                    found[packed.key] = packed
+                )
+                located_rows(wanted, rows, found)
             rest = [b"f" + digest for digest in digests if wanted[digest] not in found]
             for batch in _batches(rest):
                 marks = ",".join("?" * len(batch))
