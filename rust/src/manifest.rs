@@ -143,9 +143,16 @@ impl<S: Sink> ManifestWriter<S> {
         self.out.bytes(&[b'[', b'"', tag, b'"', b',']);
     }
 
-    fn file_fields(&mut self, path: &str, hash: &[u8; 32], size: u64, mode: u32, mtime_ns: i64) {
+    fn file_fields(
+        &mut self,
+        path: impl JsonPath,
+        hash: &[u8; 32],
+        size: u64,
+        mode: u32,
+        mtime_ns: i64,
+    ) {
         self.begin_row(b'f');
-        write_json_string(&mut self.out, path);
+        path.write_json(&mut self.out);
         self.out.bytes(b",\"");
         self.out.bytes(&hex_text(hash));
         self.out.bytes(b"\",");
@@ -156,7 +163,14 @@ impl<S: Sink> ManifestWriter<S> {
         self.out.int(mtime_ns as i128);
     }
 
-    pub fn file(&mut self, path: &str, hash: &[u8; 32], size: u64, mode: u32, mtime_ns: i64) {
+    pub fn file(
+        &mut self,
+        path: impl JsonPath,
+        hash: &[u8; 32],
+        size: u64,
+        mode: u32,
+        mtime_ns: i64,
+    ) {
         self.file_fields(path, hash, size, mode, mtime_ns);
         self.out.byte(b']');
     }
@@ -166,7 +180,7 @@ impl<S: Sink> ManifestWriter<S> {
     /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`).
     pub fn file_with_secrets(
         &mut self,
-        path: &str,
+        path: impl JsonPath,
         hash: &[u8; 32],
         size: u64,
         mode: u32,
@@ -185,17 +199,17 @@ impl<S: Sink> ManifestWriter<S> {
         self.out.byte(b']');
     }
 
-    pub fn dir(&mut self, path: &str, mode: u32) {
+    pub fn dir(&mut self, path: impl JsonPath, mode: u32) {
         self.begin_row(b'd');
-        write_json_string(&mut self.out, path);
+        path.write_json(&mut self.out);
         self.out.byte(b',');
         self.out.int(mode as i128);
         self.out.byte(b']');
     }
 
-    pub fn symlink(&mut self, path: &str, target: &str) {
+    pub fn symlink(&mut self, path: impl JsonPath, target: &str) {
         self.begin_row(b'l');
-        write_json_string(&mut self.out, path);
+        path.write_json(&mut self.out);
         self.out.byte(b',');
         write_json_string(&mut self.out, target);
         self.out.byte(b']');
@@ -243,10 +257,17 @@ fn format_int(value: i128) -> ([u8; 21], usize) {
 }
 
 /// A JSON string as Python's `json` module writes it with `ensure_ascii=False`:
-/// `"` and `\` escaped, `\n \r \t \b \f` short forms, other control characters
+/// `"` and `\\` escaped, `\n \r \t \b \f` short forms, other control characters
 /// below U+0020 as `\u00xx` (lowercase hex), everything else verbatim.
 pub fn write_json_string<S: Sink>(out: &mut S, text: &str) {
     out.byte(b'"');
+    write_escaped(out, text);
+    out.byte(b'"');
+}
+
+/// The inside of [`write_json_string`] (escaping is per byte, so the
+/// escaping of a concatenation is the concatenation of the escapings).
+fn write_escaped<S: Sink>(out: &mut S, text: &str) {
     let bytes = text.as_bytes();
     let mut start = 0;
     for (i, &b) in bytes.iter().enumerate() {
@@ -272,7 +293,31 @@ pub fn write_json_string<S: Sink>(out: &mut S, text: &str) {
         start = i + 1;
     }
     out.bytes(&bytes[start..]);
-    out.byte(b'"');
+}
+
+/// A manifest path, written as one JSON string: a whole path, or a
+/// directory and a name within it (`dir/name`, or `name` in the root), so
+/// a scan never joins them into a String of its own.
+pub trait JsonPath {
+    fn write_json<S: Sink>(&self, out: &mut S);
+}
+
+impl JsonPath for &str {
+    fn write_json<S: Sink>(&self, out: &mut S) {
+        write_json_string(out, self);
+    }
+}
+
+impl JsonPath for (&str, &str) {
+    fn write_json<S: Sink>(&self, out: &mut S) {
+        out.byte(b'"');
+        if !self.0.is_empty() {
+            write_escaped(out, self.0);
+            out.byte(b'/');
+        }
+        write_escaped(out, self.1);
+        out.byte(b'"');
+    }
 }
 
 /// Bytes that JSON (as Python writes it) escapes: `"`, `\`, and below U+0020.
@@ -892,8 +937,14 @@ mod tests {
     #[test]
     fn fragments_join_into_the_same_bytes() {
         let write = |w: &mut ManifestWriter, i: u64| {
-            w.file(&format!("f{i}"), &[i as u8; 32], i, 0o644, -(i as i64));
-            w.dir(&format!("d{i}"), 0o755);
+            w.file(
+                format!("f{i}").as_str(),
+                &[i as u8; 32],
+                i,
+                0o644,
+                -(i as i64),
+            );
+            w.dir(format!("d{i}").as_str(), 0o755);
         };
         let mut whole = ManifestWriter::with_capacity(0);
         (0..7).for_each(|i| write(&mut whole, i));
@@ -944,6 +995,40 @@ mod tests {
             "é😀\n"
         );
         assert!(rows(b"[[\"d\",\"a\",1]").is_err());
+    }
+
+    #[test]
+    fn counted_sliced_and_grown_encodings_agree() {
+        fn rows<S: Sink>(sink: S) -> S {
+            let mut w = ManifestWriter::rows_into(sink);
+            w.dir(("", "d\"q"), 0o755);
+            w.file(("d\"q", "f\n\u{1}é"), &[9u8; 32], 0, 0o644, i64::MIN + 1);
+            let found = [SecretMatch {
+                offset: 10,
+                len: 4,
+                secret: 1,
+            }];
+            w.file_with_secrets("d/s", &[1u8; 32], u64::MAX, 0o600, -1, &found);
+            w.symlink(("a/b", "l"), "../t\\x");
+            w.into_sink()
+        }
+        let grown = rows(Vec::new());
+        assert_eq!(rows(Counter::default()).0, grown.len());
+        let mut buf = vec![0u8; grown.len()];
+        let written = rows(SliceWriter {
+            buf: &mut buf,
+            at: 0,
+        })
+        .at;
+        assert_eq!((written, &buf), (grown.len(), &grown));
+        let text = String::from_utf8(grown).unwrap();
+        assert!(text.starts_with("[\"d\",\"d\\\"q\",493],[\"f\",\"d\\\"q/f\\n\\u0001é\""));
+        assert!(text.contains(",-9223372036854775807]"), "{text}");
+        assert!(
+            text.contains(",18446744073709551615,384,-1,10,4,1]"),
+            "{text}"
+        );
+        assert!(text.ends_with("[\"l\",\"a/b/l\",\"../t\\\\x\"]"), "{text}");
     }
 
     #[test]

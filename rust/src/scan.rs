@@ -14,14 +14,14 @@ use crate::cancel::Cancel;
 use crate::classify::Unsupported;
 use crate::error::ScanError;
 use crate::feed::{BlobFeed, CloseOnDrop};
-use crate::fs::{self, Stat};
+use crate::fs;
 use crate::hash::{self, HashError};
 use crate::manifest::{Counter, ManifestWriter, Sink, SliceWriter};
 use crate::policy::PolicyMatcher;
-use crate::redact::{SecretMatch, SecretSet};
+use crate::redact::SecretSet;
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
 use crate::verify::HeldFile;
-use crate::walk::{Found, ScanProgress, Walker};
+use crate::walk::{Batch, FileSlot, Kind, ScanProgress, Walker};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
 pub struct ScanRequest {
@@ -159,21 +159,6 @@ pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
         .map_err(|e| ScanError::io("<thread pool>", "start threads", std::io::Error::other(e)))
 }
 
-/// A file to put in the manifest: its stat and, once known, its hash.
-struct FileSlot {
-    stat: Stat,
-    hash: Option<[u8; 32]>,
-    vanished: bool,
-    /// Where secrets were zeroed (empty for almost every file: no allocation).
-    secrets: Box<[SecretMatch]>,
-}
-
-enum Row {
-    File(FileSlot),
-    Dir { mode: u32 },
-    Symlink { target: String },
-}
-
 /// Where a scan writes its manifest: one buffer of exactly the length asked
 /// for, allocated once when the length is known and written once.
 pub trait ManifestBuffer {
@@ -247,14 +232,16 @@ pub fn scan_into(
         progress,
     }
     .walk(&pool)?;
-    let batches = walked.found;
+    let mut unsupported = walked.unsupported;
     let mut dirs = walked.dirs;
     let dirs_listed = dirs.len() as u64;
     let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
     phases.end("walk");
 
     // In path order without a global sort (see `in_path_order`).
-    let (mut rows, unsupported) = in_path_order(batches);
+    let mut rows = pool.install(|| in_path_order(walked.found));
+    // Unsupported entries are never entered, so they are few: a plain sort.
+    unsupported.sort();
     pool.install(|| dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
     if request.policy.has_include() {
         keep_dirs_holding_entries(&mut rows);
@@ -283,8 +270,16 @@ pub fn scan_into(
         .filter(|c| c.fingerprint == fingerprint)
         .and_then(|c| c.take_entries());
     if let Some(entries) = old_entries.as_mut() {
-        for (path, row, _) in rows.iter_mut() {
-            if let Row::File(slot) = row {
+        let mut path = String::new();
+        let Rows { batches, order } = &mut rows;
+        for r in order.iter() {
+            let batch = &mut batches[r.batch as usize];
+            let entry = &batch.entries[r.entry as usize];
+            if !matches!(entry.kind, Kind::File(_)) {
+                continue;
+            }
+            join_path(&batch.dir, batch.name(entry), &mut path);
+            if let Kind::File(slot) = &mut batch.entries[r.entry as usize].kind {
                 if let Some(h) = entries.reusable(path.as_bytes(), &slot.stat, &fingerprint) {
                     slot.hash = Some(h);
                     files_reused += 1;
@@ -296,21 +291,31 @@ pub fn scan_into(
         // Nothing read from the entries counts unless all of them verify.
         cache_verified = entries.verify();
         if !cache_verified {
-            for (_, row, _) in rows.iter_mut() {
-                if let Row::File(slot) = row {
-                    slot.hash = None;
-                }
+            for slot in rows.files_mut() {
+                slot.hash = None;
             }
             files_reused = 0;
         }
     }
-    let mut to_hash: Vec<(&str, &mut FileSlot)> = rows
-        .iter_mut()
-        .filter_map(|(path, row, _)| match row {
-            Row::File(slot) if slot.hash.is_none() => Some((path.as_str(), slot)),
-            _ => None,
-        })
-        .collect();
+    // (In the walk's order: which file is hashed first does not matter.)
+    let mut to_hash: Vec<(String, &mut FileSlot)> = Vec::new();
+    for batch in rows.batches.iter_mut() {
+        let Batch {
+            dir,
+            names,
+            entries,
+        } = batch;
+        for entry in entries.iter_mut() {
+            if let Kind::File(slot) = &mut entry.kind {
+                if slot.hash.is_none() {
+                    let at = entry.name_at as usize;
+                    let mut path = String::new();
+                    join_path(dir, &names[at..at + entry.name_len as usize], &mut path);
+                    to_hash.push((path, slot));
+                }
+            }
+        }
+    }
     let files_hashed = to_hash.len() as u64;
     let root_fd = root.fd.as_raw_fd();
     // Collecting into a Result stops the other workers at the first error.
@@ -365,21 +370,29 @@ pub fn scan_into(
 
     if let Some(path) = &request.cache_path {
         if !cache_unchanged {
-            let files = rows.iter().filter_map(|(path, row, _)| match row {
-                // A file holding secrets is hashed every time: the cache keeps
-                // no secret positions, and a reused hash without them would
-                // lose the secrets on restore.
-                Row::File(slot) if !slot.vanished && slot.secrets.is_empty() => {
-                    let hash = slot.hash.expect("every kept file was hashed or reused");
-                    Some((path.as_str(), CacheEntry::new(&slot.stat, hash)))
+            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| {
+                let mut path = String::new();
+                for r in &rows.order {
+                    let batch = &rows.batches[r.batch as usize];
+                    let entry = &batch.entries[r.entry as usize];
+                    match &entry.kind {
+                        // A file holding secrets is hashed every time: the cache keeps
+                        // no secret positions, and a reused hash without them would
+                        // lose the secrets on restore.
+                        Kind::File(slot) if !slot.vanished && slot.secrets.is_empty() => {
+                            let hash = slot.hash.expect("every kept file was hashed or reused");
+                            join_path(&batch.dir, batch.name(entry), &mut path);
+                            visit(&path, CacheEntry::new(&slot.stat, hash));
+                        }
+                        _ => {}
+                    }
                 }
-                _ => None,
-            });
+            };
             let listed = dirs
                 .iter()
                 .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice()));
             // Streamed to the file from the rows: no copy of the cache in memory.
-            statcache::write_cache(path, &fingerprint, reference_ns, files, listed)
+            statcache::write_cache(path, &fingerprint, reference_ns, &files, listed)
                 .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
@@ -389,10 +402,11 @@ pub fn scan_into(
     // Encode on every core, in chunks of rows: sized first, then written
     // once into the buffer `manifest` hands out (the binding's is the buffer
     // of a Python bytes object), so the manifest is never copied or joined.
-    let chunk_rows = (rows.len() / (pool.current_num_threads() * 4)).max(8192);
+    let chunk_rows = (rows.order.len() / (pool.current_num_threads() * 4)).max(8192);
     let sized: Vec<(Encoded, Counter)> = pool.install(|| {
-        rows.par_chunks(chunk_rows)
-            .map(|chunk| encode_rows(chunk, Counter::default()))
+        rows.order
+            .par_chunks(chunk_rows)
+            .map(|chunk| encode_rows(&rows.batches, chunk, Counter::default()))
             .collect()
     });
     let total = sized
@@ -425,27 +439,32 @@ pub fn scan_into(
         rest = after;
     }
     pool.install(|| {
-        rows.par_chunks(chunk_rows)
+        rows.order
+            .par_chunks(chunk_rows)
             .zip(pieces.into_par_iter())
             .for_each(|(chunk, piece)| {
                 let length = piece.len();
-                let (_, written) = encode_rows(chunk, SliceWriter { buf: piece, at: 0 });
+                let (_, written) =
+                    encode_rows(&rows.batches, chunk, SliceWriter { buf: piece, at: 0 });
                 assert_eq!(written.at, length, "a chunk is written as it was sized");
             })
     });
     let (files_with_secrets, file_count, file_bytes) =
         (total.files_with_secrets, total.file_count, total.file_bytes);
     let entries = total.rows;
-    let mut digests: Vec<[u8; 32]> = rows
-        .iter()
-        .filter_map(|(_, row, _)| match row {
-            Row::File(slot) if !slot.vanished => slot.hash,
-            _ => None,
-        })
-        .collect();
+    // (Every file is in the order: only directories leave it.)
+    let mut digests: Vec<[u8; 32]> = Vec::with_capacity(file_count as usize);
+    digests.extend(
+        rows.files_mut()
+            .filter(|slot| !slot.vanished)
+            .filter_map(|slot| slot.hash),
+    );
+    drop(rows);
     pool.install(|| digests.par_sort_unstable());
     digests.dedup();
     let digests = digests.concat();
+    drop(pool);
+    release_freed_memory();
     phases.end("encode");
 
     Ok(ScanOutput {
@@ -465,34 +484,74 @@ pub fn scan_into(
     })
 }
 
-/// One manifest row in the making: path, what it is, and (directories)
-/// whether the include list takes it.
-type RowOf = (String, Row, bool);
+/// Give the heap the scan freed back to the system. The walk's batches are
+/// ~100 bytes per entry in many small allocations, made on the pool's
+/// threads; glibc keeps freed small chunks mapped in each thread's arena, so
+/// a daemon would otherwise keep a large scan's whole peak (hundreds of MB at
+/// a million files) resident between captures, under whatever comes next.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free memory of the allocator's own
+    // arenas to the kernel; it is safe to call at any time from any thread.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
-/// The walk's per-directory batches as rows sorted by path bytes (and the
-/// unsupported entries, sorted), without comparing whole paths: each
-/// directory's children are sorted by name, a subdirectory taking two places,
-/// its own row at `name` and its subtree at `name/` (every path below it
-/// starts with `name/`, and `/` sorts where it sorts in the full paths), and
-/// the subtrees are expanded depth first. A global sort of 100k deep paths
-/// spent most of its time in `memcmp` over their shared prefixes.
-fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8>, Unsupported)>) {
-    enum Item {
-        Row(Found),
-        Subtree(String),
+/// A manifest row in the making: an entry of a walk batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowRef {
+    batch: u32,
+    entry: u32,
+}
+
+/// The walk's batches, and their entries in the order of their full paths.
+struct Rows {
+    batches: Vec<Batch>,
+    order: Vec<RowRef>,
+}
+
+impl Rows {
+    /// Every file slot, in no particular order.
+    fn files_mut(&mut self) -> impl Iterator<Item = &mut FileSlot> {
+        self.batches
+            .iter_mut()
+            .flat_map(|b| b.entries.iter_mut())
+            .filter_map(|e| match &mut e.kind {
+                Kind::File(slot) => Some(slot),
+                _ => None,
+            })
     }
-    fn name_of(path: &[u8]) -> &[u8] {
-        path.rsplit(|&b| b == b'/').next().unwrap_or(path)
+
+    fn path(&self, r: RowRef, out: &mut String) {
+        let batch = &self.batches[r.batch as usize];
+        join_path(
+            &batch.dir,
+            batch.name(&batch.entries[r.entry as usize]),
+            out,
+        );
     }
-    fn key(item: &Item) -> (&[u8], bool) {
-        match item {
-            Item::Subtree(path) => (name_of(path.as_bytes()), true),
-            Item::Row(Found::File { path, .. })
-            | Item::Row(Found::Dir { path, .. })
-            | Item::Row(Found::Symlink { path, .. }) => (name_of(path.as_bytes()), false),
-            Item::Row(Found::Unsupported { path, .. }) => (name_of(path), false),
-        }
+}
+
+/// `dir/name` (`name` in the root) into `out`.
+fn join_path(dir: &str, name: &str, out: &mut String) {
+    out.clear();
+    if !dir.is_empty() {
+        out.push_str(dir);
+        out.push('/');
     }
+    out.push_str(name);
+}
+
+/// The walk's per-directory batches with the order of their entries by
+/// full path bytes, without comparing whole paths: each directory's children
+/// are sorted by name, a subdirectory taking two places, its own row at
+/// `name` and its subtree at `name/` (every path below it starts with
+/// `name/`, and `/` sorts where it sorts in the full paths), and the subtrees
+/// are expanded depth first. (A global sort of 100k deep paths spent most of
+/// its time in `memcmp` over their shared prefixes.) No entry moves: the
+/// order is a list of indexes.
+fn in_path_order(mut batches: Vec<Batch>) -> Rows {
     // `name` (+ "/" for a subtree) compared as bytes.
     fn cmp_keys(a: (&[u8], bool), b: (&[u8], bool)) -> std::cmp::Ordering {
         use std::cmp::Ordering::{Equal, Greater, Less};
@@ -511,66 +570,70 @@ fn in_path_order(batches: Vec<(String, Vec<Found>)>) -> (Vec<RowOf>, Vec<(Vec<u8
             Greater => Greater,
         }
     }
-    fn sorted(batch: Vec<Found>) -> std::vec::IntoIter<Item> {
-        let mut items = Vec::with_capacity(batch.len() + batch.len() / 8);
-        for found in batch {
-            if let Found::Dir { path, .. } = &found {
-                items.push(Item::Subtree(path.clone()));
+    /// A batch's rows and subtrees in order: (entry index, is the subtree).
+    fn sorted(batch: &Batch) -> std::vec::IntoIter<(u32, bool)> {
+        let mut items = Vec::with_capacity(batch.entries.len() + batch.entries.len() / 8);
+        for (i, entry) in batch.entries.iter().enumerate() {
+            if matches!(entry.kind, Kind::Dir { .. }) {
+                items.push((i as u32, true));
             }
-            items.push(Item::Row(found));
+            items.push((i as u32, false));
         }
+        let key = |&(i, subtree): &(u32, bool)| {
+            (batch.name(&batch.entries[i as usize]).as_bytes(), subtree)
+        };
         items.sort_unstable_by(|a, b| cmp_keys(key(a), key(b)));
         items.into_iter()
     }
 
-    let total = batches.iter().map(|(_, b)| b.len()).sum();
-    let mut rows: Vec<RowOf> = Vec::with_capacity(total);
-    let mut unsupported = Vec::new();
-    let mut index: std::collections::HashMap<String, usize> =
-        std::collections::HashMap::with_capacity(batches.len());
-    let mut held: Vec<Option<Vec<Found>>> = Vec::with_capacity(batches.len());
-    for (i, (path, batch)) in batches.into_iter().enumerate() {
-        index.insert(path, i);
-        held.push(Some(batch));
-    }
-    let mut take = |path: &str| index.get(path).and_then(|&i| held[i].take());
-    let mut stack: Vec<std::vec::IntoIter<Item>> = take("").map(sorted).into_iter().collect();
-    while let Some(top) = stack.last_mut() {
-        match top.next() {
+    batches.par_sort_unstable_by(|a, b| a.dir.cmp(&b.dir));
+    let find = |dir: &str| {
+        batches
+            .binary_search_by(|b| b.dir.as_str().cmp(dir))
+            .ok()
+            .map(|i| i as u32)
+    };
+    let total = batches.iter().map(|b| b.entries.len()).sum();
+    let mut order: Vec<RowRef> = Vec::with_capacity(total);
+    let mut stack: Vec<(u32, std::vec::IntoIter<(u32, bool)>)> = find("")
+        .map(|b| (b, sorted(&batches[b as usize])))
+        .into_iter()
+        .collect();
+    let mut child = String::new();
+    while let Some((batch, items)) = stack.last_mut() {
+        let batch = *batch;
+        match items.next() {
             None => {
                 stack.pop();
             }
-            // An empty (or vanished) directory has no batch.
-            Some(Item::Subtree(path)) => stack.extend(take(&path).map(sorted)),
-            // Each batch is freed as soon as it is converted (keeps peak memory down).
-            Some(Item::Row(found)) => match found {
-                Found::File { path, stat } => rows.push((
-                    path,
-                    Row::File(FileSlot {
-                        stat,
-                        hash: None,
-                        vanished: false,
-                        secrets: Box::default(),
-                    }),
-                    true,
-                )),
-                Found::Dir {
-                    path,
-                    mode,
-                    included,
-                } => rows.push((path, Row::Dir { mode }, included)),
-                Found::Symlink { path, target } => rows.push((path, Row::Symlink { target }, true)),
-                Found::Unsupported { path, kind } => unsupported.push((path, kind)),
-            },
+            Some((entry, true)) => {
+                // An empty (or vanished) directory has no batch.
+                let parent = &batches[batch as usize];
+                join_path(
+                    &parent.dir,
+                    parent.name(&parent.entries[entry as usize]),
+                    &mut child,
+                );
+                if let Some(below) = find(&child) {
+                    stack.push((below, sorted(&batches[below as usize])));
+                }
+            }
+            Some((entry, false)) => order.push(RowRef { batch, entry }),
         }
     }
-    // Unsupported entries are never entered, so they are few: a plain sort.
-    unsupported.sort();
+    let rows = Rows { batches, order };
     debug_assert!(
-        rows.windows(2).all(|w| w[0].0 < w[1].0),
+        {
+            let (mut a, mut b) = (String::new(), String::new());
+            rows.order.windows(2).all(|w| {
+                rows.path(w[0], &mut a);
+                rows.path(w[1], &mut b);
+                a < b
+            })
+        },
         "rows in path order"
     );
-    (rows, unsupported)
+    rows
 }
 
 /// What a run of manifest rows counts.
@@ -582,14 +645,17 @@ struct Encoded {
     file_bytes: u64,
 }
 
-/// Encode `rows` (a run of the sorted rows, without brackets) into `sink`.
-fn encode_rows<S: Sink>(rows: &[RowOf], sink: S) -> (Encoded, S) {
+/// Encode the rows `order` (a run of the sorted rows, without brackets) into `sink`.
+fn encode_rows<S: Sink>(batches: &[Batch], order: &[RowRef], sink: S) -> (Encoded, S) {
     let mut writer = ManifestWriter::rows_into(sink);
     let mut out = Encoded::default();
-    for (path, row, _) in rows {
-        match row {
-            Row::File(slot) if slot.vanished => {}
-            Row::File(slot) => {
+    for r in order {
+        let batch = &batches[r.batch as usize];
+        let entry = &batch.entries[r.entry as usize];
+        let path = (batch.dir.as_str(), batch.name(entry));
+        match &entry.kind {
+            Kind::File(slot) if slot.vanished => {}
+            Kind::File(slot) => {
                 let hash = slot.hash.expect("every kept file was hashed or reused");
                 out.files_with_secrets += u64::from(!slot.secrets.is_empty());
                 out.file_count += 1;
@@ -603,8 +669,8 @@ fn encode_rows<S: Sink>(rows: &[RowOf], sink: S) -> (Encoded, S) {
                     &slot.secrets,
                 );
             }
-            Row::Dir { mode } => writer.dir(path, *mode),
-            Row::Symlink { target } => writer.symlink(path, target),
+            Kind::Dir { mode, .. } => writer.dir(path, *mode),
+            Kind::Symlink(target) => writer.symlink(path, target),
         }
     }
     out.rows = writer.rows() as u64;
@@ -622,16 +688,18 @@ fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {
 
 /// With a non-empty include list: keep a directory only if the list takes it
 /// or it holds a kept entry. `rows` is sorted, so a parent precedes its children.
-fn keep_dirs_holding_entries(rows: &mut Vec<(String, Row, bool)>) {
+fn keep_dirs_holding_entries(rows: &mut Rows) {
     let mut needed: HashSet<String> = HashSet::new();
-    for (path, row, included) in rows.iter() {
-        let keeps = match row {
-            Row::Dir { .. } => *included,
+    let mut path = String::new();
+    for &r in &rows.order {
+        let keeps = match rows.batches[r.batch as usize].entries[r.entry as usize].kind {
+            Kind::Dir { included, .. } => included,
             _ => true,
         };
         if !keeps {
             continue;
         }
+        rows.path(r, &mut path);
         let mut current = path.as_str();
         while let Some(slash) = current.rfind('/') {
             current = &current[..slash];
@@ -640,9 +708,18 @@ fn keep_dirs_holding_entries(rows: &mut Vec<(String, Row, bool)>) {
             }
         }
     }
-    rows.retain(|(path, row, included)| match row {
-        Row::Dir { .. } => *included || needed.contains(path),
-        _ => true,
+    let Rows { batches, order } = rows;
+    order.retain(|r| {
+        let batch = &batches[r.batch as usize];
+        let entry = &batch.entries[r.entry as usize];
+        match entry.kind {
+            Kind::Dir { included, .. } => {
+                let mut path = String::new();
+                join_path(&batch.dir, batch.name(entry), &mut path);
+                included || needed.contains(&path)
+            }
+            _ => true,
+        }
     });
 }
 
@@ -763,17 +840,21 @@ mod tests {
     /// `/` (0x2f), `0` after it, and a name can be a prefix of another.
     #[test]
     fn in_path_order_is_the_order_of_full_paths() {
+        use crate::fs::Stat;
         let dirs = ["", "a", "a/x", "a-b", "a0", "b", "a.b/c", "a.b"];
-        let file = |path: &str| Found::File {
-            path: path.to_string(),
-            stat: Stat::default(),
+        let file = || {
+            Kind::File(FileSlot {
+                stat: Stat::default(),
+                hash: None,
+                vanished: false,
+                secrets: Box::default(),
+            })
         };
-        let dir = |path: &str| Found::Dir {
-            path: path.to_string(),
+        let dir = || Kind::Dir {
             mode: 0o755,
             included: true,
         };
-        let mut batches: Vec<(String, Vec<Found>)> = Vec::new();
+        let mut batches: Vec<Batch> = Vec::new();
         let mut expected: Vec<String> = Vec::new();
         for parent in dirs {
             let prefix = if parent.is_empty() {
@@ -781,28 +862,47 @@ mod tests {
             } else {
                 format!("{parent}/")
             };
-            let mut batch = Vec::new();
+            let mut children: Vec<(String, Kind)> = Vec::new();
             for child in dirs.iter().filter(|d| {
                 !d.is_empty() && d.starts_with(&prefix) && !d[prefix.len()..].contains('/')
             }) {
-                batch.push(dir(child));
+                children.push((child[prefix.len()..].to_string(), dir()));
                 expected.push(child.to_string());
             }
             for name in ["a", "a-", "a0", "a.", "z", "é"] {
                 let path = format!("{prefix}{name}");
                 if !dirs.contains(&path.as_str()) {
-                    batch.push(file(&path));
+                    children.push((name.to_string(), file()));
                     expected.push(path);
                 }
             }
-            batch.reverse(); // the walk's order is arbitrary
-            batches.push((parent.to_string(), batch));
+            children.reverse(); // the walk's order is arbitrary
+            let mut batch = Batch {
+                dir: parent.to_string(),
+                ..Batch::default()
+            };
+            for (name, kind) in children {
+                batch.entries.push(crate::walk::Entry {
+                    name_at: batch.names.len() as u32,
+                    name_len: name.len() as u16,
+                    kind,
+                });
+                batch.names.push_str(&name);
+            }
+            batches.push(batch);
         }
         batches.reverse();
         expected.sort();
-        let (rows, unsupported) = in_path_order(batches);
-        let got: Vec<String> = rows.into_iter().map(|(path, _, _)| path).collect();
+        let rows = in_path_order(batches);
+        let mut path = String::new();
+        let got: Vec<String> = rows
+            .order
+            .iter()
+            .map(|&r| {
+                rows.path(r, &mut path);
+                path.clone()
+            })
+            .collect();
         assert_eq!(got, expected);
-        assert!(unsupported.is_empty());
     }
 }

@@ -258,12 +258,16 @@ pub struct StatCache {
 impl StatCache {
     /// Write atomically (temp file next to it, then rename). Creates the parent.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        let entries = self.entries.iter().map(|(p, e)| (p.as_str(), *e));
+        let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| {
+            for (p, e) in &self.entries {
+                visit(p, *e);
+            }
+        };
         let dirs = self
             .dirs
             .iter()
             .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
-        write_cache(path, &self.fingerprint, self.reference_ns, entries, dirs)
+        write_cache(path, &self.fingerprint, self.reference_ns, &entries, dirs)
     }
 
     /// Drop entries the racy rule already distrusts (used before moving the
@@ -412,9 +416,14 @@ impl<'f> SectionWriter<'f> {
     }
 }
 
+/// Calls its argument with each cache entry, in path order.
+pub type EntryVisitor<'a> = dyn Fn(&mut dyn FnMut(&str, CacheEntry)) + 'a;
+
 /// Save a cache of `entries` and `dirs` (each sorted by path bytes, unique)
 /// at `path`, atomically, streamed from the caller's data: no copy of the
-/// cache is built in memory.
+/// cache is built in memory. `entries` calls its argument with each entry in
+/// order, and is called twice (to count, then to write), so the caller can
+/// make each path in a buffer of its own.
 ///
 /// Layout (little-endian, `"CKPDSTC3"`): a header (magic, fingerprint[32],
 /// reference_ns i64, entry count u64, directory count u64, directory bytes
@@ -424,19 +433,18 @@ impl<'f> SectionWriter<'f> {
 /// suffix_len u16, suffix, dev, ino, size u64, mtime_ns, ctime_ns i64, mode
 /// u32, hash[32]`, the path being the previous entry's first `shared` bytes
 /// followed by `suffix`), BLAKE3 of the entries.
-pub fn write_cache<'a, 'b, I, D>(
+pub fn write_cache<'b, D>(
     path: &Path,
     fingerprint: &[u8; 32],
     reference_ns: i64,
-    entries: I,
+    entries: &EntryVisitor<'_>,
     dirs: D,
 ) -> io::Result<()>
 where
-    I: Iterator<Item = (&'a str, CacheEntry)> + Clone,
     D: Iterator<Item = (&'b str, DirStat, &'b [u8])> + Clone,
 {
-    let entries = entries.filter(|(p, _)| p.len() <= MAX_PATH);
-    let entry_count = entries.clone().count() as u64;
+    let mut entry_count = 0u64;
+    entries(&mut |p, _| entry_count += u64::from(p.len() <= MAX_PATH));
     let (dir_count, dir_bytes) = dirs.clone().fold((0u64, 0u64), |(n, b), (p, _, l)| {
         (n + 1, b + (4 + p.len() + DIR_FIXED + l.len()) as u64)
     });
@@ -459,19 +467,20 @@ where
             out.put(listing)?;
         }
         out.end_section()?;
-        let mut previous: &[u8] = &[];
+        let mut previous: Vec<u8> = Vec::new();
         let mut record = [0u8; FIXED];
-        for (path, e) in entries {
+        let mut failed: Option<io::Error> = None;
+        entries(&mut |path, e| {
             let path = path.as_bytes();
+            if failed.is_some() || path.len() > MAX_PATH {
+                return;
+            }
             let shared = previous
                 .iter()
                 .zip(path)
                 .take_while(|(a, b)| a == b)
                 .count();
             let suffix = &path[shared..];
-            out.put(&(shared as u16).to_le_bytes())?;
-            out.put(&(suffix.len() as u16).to_le_bytes())?;
-            out.put(suffix)?;
             record[0..8].copy_from_slice(&e.dev.to_le_bytes());
             record[8..16].copy_from_slice(&e.ino.to_le_bytes());
             record[16..24].copy_from_slice(&e.size.to_le_bytes());
@@ -479,8 +488,17 @@ where
             record[32..40].copy_from_slice(&e.ctime_ns.to_le_bytes());
             record[40..44].copy_from_slice(&e.mode.to_le_bytes());
             record[44..76].copy_from_slice(&e.hash);
-            out.put(&record)?;
-            previous = path;
+            let written = out
+                .put(&(shared as u16).to_le_bytes())
+                .and_then(|()| out.put(&(suffix.len() as u16).to_le_bytes()))
+                .and_then(|()| out.put(suffix))
+                .and_then(|()| out.put(&record));
+            failed = written.err();
+            previous.truncate(shared);
+            previous.extend_from_slice(suffix);
+        });
+        if let Some(error) = failed {
+            return Err(error);
         }
         out.end_section()
     })

@@ -21,31 +21,70 @@ use crate::classify::{symlink_stays_inside, Unsupported};
 use crate::error::ScanError;
 use crate::fs::{self, DirReader, DirentType, Stat};
 use crate::policy::PolicyMatcher;
+use crate::redact::SecretMatch;
 use crate::statcache::{self, DirStat, Listing, LoadedCache};
 
-/// One kept entry.
+/// A regular file as the walk found it, and what the scan learns of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Found {
-    File {
-        path: String,
-        stat: Stat,
-    },
+pub struct FileSlot {
+    pub stat: Stat,
+    /// The content digest, once reused from the cache or hashed.
+    pub hash: Option<[u8; 32]>,
+    /// Deleted before it could be hashed: not part of the checkpoint.
+    pub vanished: bool,
+    /// Where secrets were zeroed (empty for almost every file: no allocation).
+    pub secrets: Box<[SecretMatch]>,
+}
+
+/// What a kept entry is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    File(FileSlot),
     /// `included`: the include list takes it (or the list is empty); a
     /// directory that is not included is recorded only if it holds a recorded entry.
     Dir {
-        path: String,
         mode: u32,
         included: bool,
     },
-    Symlink {
-        path: String,
-        target: String,
-    },
-    Unsupported {
-        path: Vec<u8>,
-        kind: Unsupported,
-    },
+    Symlink(Box<str>),
 }
+
+/// One kept entry of a [`Batch`]: where its name is in the batch's `names`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub name_at: u32,
+    pub name_len: u16,
+    pub kind: Kind,
+}
+
+/// What one directory holds: its path ("" is the root) and its kept
+/// entries, whose names share one string (no allocation per entry: a
+/// million-entry workspace is ~50,000 batches, not a million paths).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub dir: String,
+    pub names: String,
+    pub entries: Vec<Entry>,
+}
+
+impl Batch {
+    pub fn name(&self, entry: &Entry) -> &str {
+        let at = entry.name_at as usize;
+        &self.names[at..at + entry.name_len as usize]
+    }
+
+    fn push(&mut self, name: &str, kind: Kind) {
+        self.entries.push(Entry {
+            name_at: self.names.len() as u32,
+            name_len: name.len() as u16,
+            kind,
+        });
+        self.names.push_str(name);
+    }
+}
+
+/// Entries a checkpoint cannot hold: path and why.
+pub type Refused = Vec<(Vec<u8>, Unsupported)>;
 
 /// What every directory task needs.
 pub struct Walker<'a> {
@@ -104,9 +143,10 @@ pub struct ListedDir {
 
 /// What a walk found.
 pub struct WalkOutput {
-    /// One batch per directory listed (unordered): the directory's path ("" is
-    /// the root) and what it holds.
-    pub found: Vec<(String, Vec<Found>)>,
+    /// One batch per directory listed that holds kept entries (unordered).
+    pub found: Vec<Batch>,
+    /// Entries a checkpoint cannot hold (unordered): path and why.
+    pub unsupported: Vec<(Vec<u8>, Unsupported)>,
     /// Every directory entered, unordered.
     pub dirs: Vec<ListedDir>,
 }
@@ -127,7 +167,8 @@ impl Held {
 }
 
 struct Shared {
-    found: Mutex<Vec<(String, Vec<Found>)>>,
+    found: Mutex<Vec<Batch>>,
+    unsupported: Mutex<Vec<(Vec<u8>, Unsupported)>>,
     dirs: Mutex<Vec<ListedDir>>,
     error: Mutex<Option<ScanError>>,
 }
@@ -153,6 +194,7 @@ impl Walker<'_> {
     pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<WalkOutput, ScanError> {
         let shared = Shared {
             found: Mutex::new(Vec::new()),
+            unsupported: Mutex::new(Vec::new()),
             dirs: Mutex::new(Vec::new()),
             error: Mutex::new(None),
         };
@@ -168,6 +210,10 @@ impl Walker<'_> {
         }
         Ok(WalkOutput {
             found: shared.found.into_inner().unwrap_or_else(|e| e.into_inner()),
+            unsupported: shared
+                .unsupported
+                .into_inner()
+                .unwrap_or_else(|e| e.into_inner()),
             dirs: shared.dirs.into_inner().unwrap_or_else(|e| e.into_inner()),
         })
     }
@@ -200,27 +246,36 @@ impl Walker<'_> {
             return;
         }
         match self.list(scope, shared, &rel, included) {
-            Ok(found) => {
+            Ok((batch, unsupported)) => {
                 // What will be manifest entries (a directory outside the include
                 // list may still join them later, so the final count is higher).
-                let entries = found
+                let entries = batch
+                    .entries
                     .iter()
-                    .filter(|f| {
-                        matches!(
-                            f,
-                            Found::File { .. }
-                                | Found::Symlink { .. }
-                                | Found::Dir { included: true, .. }
+                    .filter(|e| {
+                        !matches!(
+                            e.kind,
+                            Kind::Dir {
+                                included: false,
+                                ..
+                            }
                         )
                     })
                     .count();
                 ScanProgress::add(&self.progress.entries_seen, entries as u64);
-                if !found.is_empty() {
+                if !batch.entries.is_empty() {
                     shared
                         .found
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push((rel, found));
+                        .push(batch);
+                }
+                if !unsupported.is_empty() {
+                    shared
+                        .unsupported
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .extend(unsupported);
                 }
             }
             Err(error) => shared.fail(error),
@@ -233,7 +288,7 @@ impl Walker<'_> {
         shared: &'s Shared,
         rel: &str,
         parent_included: bool,
-    ) -> Result<Vec<Found>, ScanError> {
+    ) -> Result<(Batch, Refused), ScanError> {
         let abs = |name: &[u8]| -> std::path::PathBuf {
             use std::os::unix::ffi::OsStrExt;
             let mut p = self.root_path.to_path_buf();
@@ -248,7 +303,7 @@ impl Walker<'_> {
         let fd = match self.open_dir(rel) {
             Ok(fd) => fd,
             // Removed since its parent was listed: nothing to capture.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Vec::new()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Default::default()),
             // Replaced by a symlink or a file since it was listed.
             Err(e)
                 if !rel.is_empty()
@@ -286,7 +341,15 @@ impl Walker<'_> {
         };
         let dir_fd = held.fd();
         let parent_segments: Vec<&str> = rel.split('/').filter(|s| !s.is_empty()).collect();
-        let mut found = Vec::new();
+        // Sized from the listing once (names and entries of a directory are
+        // kept for the whole scan: no room left over from growing them).
+        let listed = statcache::listing_names(&listing).count();
+        let mut batch = Batch {
+            dir: rel.to_string(),
+            names: String::with_capacity(listing.len().saturating_sub(4 * listed)),
+            entries: Vec::with_capacity(listed),
+        };
+        let mut found: Refused = Vec::new();
         for (name, d_type) in statcache::listing_names(&listing) {
             if self.cancel.is_cancelled() {
                 return Err(ScanError::Cancelled);
@@ -343,48 +406,56 @@ impl Walker<'_> {
             if !is_dir && !included {
                 continue;
             }
-            let mut path_bytes = Vec::with_capacity(rel.len() + 1 + name_bytes.len());
-            if !rel.is_empty() {
-                path_bytes.extend_from_slice(rel.as_bytes());
-                path_bytes.push(b'/');
-            }
-            path_bytes.extend_from_slice(name_bytes);
+            // The entry's full path, built only where it is needed (directories,
+            // links, refusals): a file is its batch's directory and its name.
+            let path_of = || {
+                let mut path = Vec::with_capacity(rel.len() + 1 + name_bytes.len());
+                if !rel.is_empty() {
+                    path.extend_from_slice(rel.as_bytes());
+                    path.push(b'/');
+                }
+                path.extend_from_slice(name_bytes);
+                path
+            };
             if !utf8 {
                 // Its children would have non-UTF-8 paths too: report it, do not enter.
-                found.push(Found::Unsupported {
-                    path: path_bytes,
-                    kind: Unsupported::NonUtf8Name,
-                });
+                found.push((path_of(), Unsupported::NonUtf8Name));
                 continue;
             }
             if name_bytes.contains(&b'\\') {
                 // SPEC §2 refuses `\` in a path: refused here, before any upload,
                 // so every path the scan emits is valid by construction.
-                found.push(Found::Unsupported {
-                    path: path_bytes,
-                    kind: Unsupported::BackslashName,
-                });
+                found.push((path_of(), Unsupported::BackslashName));
                 continue;
             }
             if fs::is_mount_point(dir_fd, name, &stat, self.root_dev) {
                 // A filesystem (or a bind mount of a directory of this one)
                 // mounted inside the workspace: never crossed.
-                found.push(Found::Unsupported {
-                    path: path_bytes,
-                    kind: Unsupported::MountPoint,
-                });
+                found.push((path_of(), Unsupported::MountPoint));
                 continue;
             }
-            let path = String::from_utf8(path_bytes).expect("joined UTF-8 parts");
+            if stat.is_file() {
+                batch.push(
+                    name_str,
+                    Kind::File(FileSlot {
+                        stat,
+                        hash: None,
+                        vanished: false,
+                        secrets: Box::default(),
+                    }),
+                );
+                continue;
+            }
+            let path = String::from_utf8(path_of()).expect("joined UTF-8 parts");
             if stat.is_dir() {
-                found.push(Found::Dir {
-                    path: path.clone(),
-                    mode: stat.mode & 0o777,
-                    included,
-                });
+                batch.push(
+                    name_str,
+                    Kind::Dir {
+                        mode: stat.mode & 0o777,
+                        included,
+                    },
+                );
                 scope.spawn(move |s| self.visit(s, shared, path, included));
-            } else if stat.is_file() {
-                found.push(Found::File { path, stat });
             } else if stat.is_symlink() {
                 let target = match fs::readlink_at(dir_fd, name) {
                     Ok(t) => t,
@@ -392,26 +463,17 @@ impl Walker<'_> {
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
                 };
                 if !symlink_stays_inside(&path, &target, self.roots) {
-                    found.push(Found::Unsupported {
-                        path: path.into_bytes(),
-                        kind: Unsupported::SymlinkEscapes,
-                    });
+                    found.push((path.into_bytes(), Unsupported::SymlinkEscapes));
                     continue;
                 }
                 match String::from_utf8(target) {
-                    Ok(target) => found.push(Found::Symlink { path, target }),
+                    Ok(target) => batch.push(name_str, Kind::Symlink(target.into_boxed_str())),
                     // The manifest stores targets as text; a non-UTF-8 one cannot be kept.
-                    Err(_) => found.push(Found::Unsupported {
-                        path: path.into_bytes(),
-                        kind: Unsupported::NonUtf8Name,
-                    }),
+                    Err(_) => found.push((path.into_bytes(), Unsupported::NonUtf8Name)),
                 }
             } else {
                 let kind = Unsupported::from_mode(stat.mode).unwrap_or(Unsupported::Unknown);
-                found.push(Found::Unsupported {
-                    path: path.into_bytes(),
-                    kind,
-                });
+                found.push((path.into_bytes(), kind));
             }
         }
         drop(held);
@@ -425,7 +487,7 @@ impl Walker<'_> {
                 listing,
                 reused,
             });
-        Ok(found)
+        Ok((batch, found))
     }
 
     /// None when the policy excludes the entry, else whether it is included.
