@@ -180,6 +180,9 @@ class VerifyingReader:
     path: str
     size: int
     digest_hex: str
+    # Verified bytes handed out so far, a native copy in another thread
+    # included (progress reports poll it while ``BlobDir.put_verified`` runs).
+    bytes_verified: int
     @staticmethod
     def open(
         root_fd: int, path: str, digest_hex: str, size: int, secrets: Sequence[bytes] = ()

@@ -26,6 +26,7 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -146,6 +147,9 @@ pub struct VerifyingReader {
     finished: bool,
     /// Set from another thread to stop at the next chunk (`Cancelled`).
     pub stop: Cancel,
+    /// Bytes handed out so far, readable from another thread while a copy
+    /// runs (progress reports; relaxed: a monotone count of its own).
+    pub progress: Arc<AtomicU64>,
     _slot: Option<FdSlot>,
 }
 
@@ -240,6 +244,7 @@ impl VerifyingReader {
             started: false,
             finished: false,
             stop: Cancel::new(),
+            progress: Arc::new(AtomicU64::new(0)),
             _slot: slot,
         }
     }
@@ -273,6 +278,9 @@ impl VerifyingReader {
         match result {
             Ok(Some(_)) if self.emitted < self.size => {}
             _ => self.finished = true,
+        }
+        if result.is_ok() {
+            self.progress.store(self.emitted, Ordering::Relaxed);
         }
         result
     }

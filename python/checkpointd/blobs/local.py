@@ -98,7 +98,9 @@ class LocalBlobDir:
 
     def put_verified(self, key: str, source: VerifiedFile) -> bool:
         """Stream a verified file into the plain ``key`` natively (unless it
-        exists: False); durable on return. Raises the reader's
+        exists: False); durable on return. ``source.on_bytes`` is the caller's
+        to drive (``object_store._copy_natively`` polls the reader's
+        ``bytes_verified`` while this runs). Raises the reader's
         FileChangedError (nothing stored; ``source.changed`` set),
         ScanCancelled, or BlobStoreError."""
         try:
@@ -108,8 +110,6 @@ class LocalBlobDir:
             raise
         except OSError as error:
             raise self._batch_error(error) from error
-        if source.on_bytes is not None:
-            source.on_bytes(source.reader.size)
         return written
 
     def put_durably(self, key: str, data: bytes | memoryview) -> bool:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotSupportedError
 
+from .._engine import REPORT_INTERVAL_S
 from .base import (
     BlobInfo,
     BlobNotFoundError,
@@ -377,12 +378,31 @@ class ObjectBlobStore(BlobStore):
 
 
 async def _copy_natively(local: LocalBlobDir, key: str, source: VerifiedFile) -> bool:
-    """``local.put_verified`` in a worker thread. A cancelled caller stops the
-    copy at its next chunk and waits for it: no write to the blob directory,
-    and no read of the workspace file, outlives the put (nor the capture)."""
+    """``local.put_verified`` in a worker thread. ``source.on_bytes`` hears of
+    the verified bytes while the copy runs (the reader's ``bytes_verified``,
+    polled every progress interval), not only at its end. A cancelled caller
+    stops the copy at its next chunk and waits for it: no write to the blob
+    directory, and no read of the workspace file, outlives the put (nor the
+    capture)."""
     copying = asyncio.ensure_future(asyncio.to_thread(local.put_verified, key, source))
+    reported = 0
+
+    def report() -> None:
+        nonlocal reported
+        done = source.reader.bytes_verified
+        if source.on_bytes is not None and done > reported:
+            source.on_bytes(done - reported)
+        reported = max(reported, done)
+
     try:
-        return await asyncio.shield(copying)
+        # asyncio.wait never cancels what it waits for: the copy runs on.
+        while not (await asyncio.wait({copying}, timeout=REPORT_INTERVAL_S))[0]:
+            report()
+        written = copying.result()
+        # Done: the whole size (also when the key was there and nothing was read).
+        if source.on_bytes is not None and source.reader.size > reported:
+            source.on_bytes(source.reader.size - reported)
+        return written
     except asyncio.CancelledError:
         source.reader.stop()
         with contextlib.suppress(BaseException):

@@ -2,7 +2,8 @@
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -48,6 +49,8 @@ pub struct PyVerifyingReader {
     digest: [u8; 32],
     /// The reader's stop flag, reachable without its lock.
     stop: Cancel,
+    /// Its count of bytes handed out, reachable without its lock.
+    progress: Arc<AtomicU64>,
 }
 
 impl PyVerifyingReader {
@@ -57,6 +60,7 @@ impl PyVerifyingReader {
             size: reader.size,
             digest: reader.digest,
             stop: reader.stop.clone(),
+            progress: reader.progress.clone(),
             inner: Mutex::new(Some(reader)),
         }
     }
@@ -100,6 +104,13 @@ impl PyVerifyingReader {
         let opened =
             py.allow_threads(|| VerifyingReader::open(root_fd, &path, digest, size, secrets));
         opened.map(Self::new).map_err(|e| read_error(&path, e))
+    }
+
+    /// Verified bytes handed out so far (a copy in another thread included):
+    /// what a progress report polls while a native copy runs.
+    #[getter]
+    fn bytes_verified(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
     }
 
     /// 64-hex digest the bytes must have.
