@@ -55,6 +55,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import blake3
+
 from . import _native
 from ._engine import (
     REPORT_INTERVAL_S,
@@ -66,7 +68,7 @@ from ._engine import (
     run_in_thread,
 )
 from .blobs import base as blob_batches
-from .blobs.base import BlobStore, VerifiedFile
+from .blobs.base import BlobNotFoundError, BlobStore, VerifiedFile
 from .blobs.packs import PackedBlobStore, PackSession, packed_blobs
 from .check import forget_found_keys, missing_marks, without_marked
 from .codec import encode_entries
@@ -83,6 +85,7 @@ from .errors import (
 from .ids import new_uuid7
 from .manifest import Manifest, manifest_of
 from .model import (
+    ARTIFACT_KEY_PREFIX,
     FILE_KEY_PREFIX,
     Artifact,
     Checkpoint,
@@ -96,6 +99,7 @@ from .progress import ProgressCallback
 from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
+from .store._packindex import row_key
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id, path_problem
 
@@ -773,7 +777,10 @@ class _Uploader:
             # and are then simply checked again).
             keys = list(dict.fromkeys(entry.blob_key for entry in pending))
             self.reporter.phase("pin", files_total=len(keys))
-            await self._pin(keys + (artifact_keys if first_round else []))
+            # An artifact's packed copy is the row of its digest's file form
+            # (store._packindex.row_key): pinned too, so no sweep drops it.
+            artifact_pins = [*artifact_keys, *map(row_key, artifact_keys)]
+            await self._pin(keys + (artifact_pins if first_round else []))
             if first_round:
                 await self._require_artifacts(artifact_keys)
                 first_round = False
@@ -819,14 +826,38 @@ class _Uploader:
             condemned = await self.store.pin_blobs(condemned, self.lease)
 
     async def _require_artifacts(self, keys: list[str]) -> None:
+        """Every artifact must be in the bucket (pinned first). With packs, a
+        small one still a single object (UploadArtifact's) is read, checked
+        against its key and packed with this capture's files: its row goes in
+        with the append, and a later sweep deletes the single object."""
+        session = self.blobs if isinstance(self.blobs, PackSession) else None
+        packed = await session.packed.locate(keys) if session is not None else {}
+
+        def absent(key: str) -> SandboxSnapshotError:
+            return SandboxSnapshotError(
+                ARTIFACT_NOT_UPLOADED,
+                f"artifact blob {key} is not in {self.blobs.url}: upload the artifact "
+                "(UploadArtifact) before the capture that names it",
+                details={"key": key},
+            )
+
         async def check(key: str) -> None:
-            if await self.blobs.head(key) is None:
-                raise SandboxSnapshotError(
-                    ARTIFACT_NOT_UPLOADED,
-                    f"artifact blob {key} is not in {self.blobs.url}: upload the artifact "
-                    "(UploadArtifact) before the capture that names it",
-                    details={"key": key},
-                )
+            if session is None or key in packed:
+                if await self.blobs.head(key) is None:
+                    raise absent(key)
+                return
+            info = await session.packed.inner.head(key)
+            if info is None:
+                raise absent(key)
+            if info.size >= session.packed.threshold:
+                return
+            try:
+                data = await session.packed.inner.get(key)
+            except BlobNotFoundError:
+                raise absent(key) from None
+            if blake3.blake3(data).hexdigest() == key[len(ARTIFACT_KEY_PREFIX) :]:
+                await session.put_many([(row_key(key), data)])
+            # (Bytes that are not the key's stay a single object for check to report.)
 
         await run_bounded(keys, check, HEAD_CONCURRENCY)
 

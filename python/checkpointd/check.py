@@ -54,6 +54,7 @@ from .blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from .errors import SandboxCheckpointInvalidArgumentError
 from .manifest import manifest_of, split_digests
 from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
+from .store._packindex import row_key
 from .store.base import (
     BlobAudit,
     BlobCount,
@@ -177,9 +178,12 @@ async def iter_check(
     for start in range(0, total, EXISTS_BATCH):
         batch = referenced[start : start + EXISTS_BATCH]
         if index is not None:
-            located = await index.locate_blobs([count.key for count in batch])
-            packed = {key: row for key, row in located.items() if row is not None}
-            for row in packed.values():
+            # An artifact's packed copy is its digest's row (row_key), which a
+            # file of those bytes shares: each row is checked once.
+            forms = {count.key: row_key(count.key) for count in batch}
+            located = await index.locate_blobs(list(dict.fromkeys(forms.values())))
+            packed = {key: row for key, form in forms.items() if (row := located.get(form))}
+            for row in {row.key: row for row in packed.values()}.values():
                 by_pack.setdefault(row.pack, []).append(row)
             batch = [count for count in batch if count.key not in packed]
             checked += len(packed)

@@ -55,9 +55,11 @@ keys before it looks them up in the index and trusts a row it finds, so:
 * A damaged pack (unreadable trailer) is never deleted or repacked by a sweep:
   it is a failure for ``checkpointd check`` to explain.
 * The single object of a used key that also has a row (``checkpointd
-  migrate`` packed it) is deleted once older than ``older_than_ms``: readers
-  take the row, which stays while the key is used. That is storage, not a key:
-  the key is reported kept, as the index walk finds it.
+  migrate`` packed it, or the first capture naming a small artifact did) is
+  deleted once older than ``older_than_ms``: readers take the row, which stays
+  while the key is used. That is storage, not a key: the key is reported kept,
+  as the index walk finds it. One row serves a digest's file and artifact keys
+  (``store._packindex.row_key``): it is live while either is referenced.
 
 Staging leftovers: a blob directory's staging files (``<file>#<digits>``, a
 killed writer's) and an S3 bucket's unfinished multipart uploads under the
@@ -88,6 +90,7 @@ from .blobs.staging import StagingLeftover, list_staging, remove_staging
 from .errors import SandboxCheckpointInvalidArgumentError
 from .model import FILE_KEY_PREFIX
 from .store._options import check_hold_ms, check_keep, list_order, plan_prune, valid_blob_key
+from .store._packindex import artifact_twin, row_key
 from .store.base import (
     BlobAudit,
     BlobCount,
@@ -351,12 +354,14 @@ async def iter_sweep_blobs(
                         candidates.append(info.key)
                 if used:
                     assert index is not None
-                    located = await index.locate_blobs([info.key for info in used])
+                    # An artifact's packed copy is its digest's row (row_key).
+                    located = await index.locate_blobs([row_key(info.key) for info in used])
                     for info in used:
-                        row = located.get(info.key)
-                        if row is None:
+                        row = located.get(row_key(info.key))
+                        if row is None or row.key != info.key:
+                            # (An artifact: the index walk names its row's file form.)
                             kept.append((info.key, referenced[info.key]))
-                        elif cutoff - info.last_modified_ms >= older_than_ms:
+                        if row is not None and cutoff - info.last_modified_ms >= older_than_ms:
                             maybe_superseded.append((info.key, row.pack))
                         # else: also packed, and the index walk reports it
                 yield SweepBatch(kept=tuple(kept), listed=len(page))
@@ -395,8 +400,10 @@ async def iter_sweep_blobs(
                     tally.seen += 1
                     tally.live_bytes += row.length
                     pack = packs.get(row.pack)
-                    if row.key in referenced:
-                        kept.append((row.key, referenced[row.key]))
+                    # The row serves the digest's artifact key too (row_key).
+                    why = referenced.get(row.key) or referenced.get(artifact_twin(row.key))
+                    if why is not None:
+                        kept.append((row.key, why))
                     elif pack is not None and cutoff - pack.last_modified_ms < older_than_ms:
                         kept.append((row.key, TOO_YOUNG))
                     else:

@@ -40,13 +40,16 @@ async def test_all_default_sweep_keeps_a_blob_uploaded_seconds_ago(daemon: Daemo
         # Explicit 0: any age; the artifact is referenced now, so it stays.
         explicit = await client.sweep(0)
         assert explicit.older_than_ms == 0 and explicit.deleted_count == 0
-        # The artifact, a.txt's blob (in a pack) and that pack.
-        assert explicit.kept_by_reason["referenced"] == 3
+        # The artifact, its packed copy's row (the capture packed it with a.txt),
+        # a.txt's row and that pack; the artifact's single object went (storage).
+        assert explicit.kept_by_reason["referenced"] == 4
+        assert not blob.exists()
+        assert await client.read_artifact(artifact.blob_key) == b"fresh report"
         orphan = await client.upload_artifact("orphan.txt", "text/plain", b"nobody uses me")
         gone = await client.sweep(0)
         assert gone.deleted_count == 1
         assert not (blob.parent / orphan.blob_key.rsplit("/", 1)[1]).exists()
-        assert blob.exists()
+        assert await client.read_artifact(artifact.blob_key) == b"fresh report"
 
 
 def _sparse_pack_tree(workspace: Path, generation: int, changed: int) -> None:

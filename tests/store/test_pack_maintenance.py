@@ -182,3 +182,32 @@ async def test_condemn_unpinned_skips_only_pins_and_condemnations(store: Any) ->
         file_key(3),
         file_key(4),
     ]
+
+
+async def test_a_row_lives_while_its_digests_artifact_key_is_referenced(store: Any) -> None:
+    """One row serves a digest's file and artifact keys (_packindex.row_key):
+    an append naming only the artifact records it, and it is not dropped while
+    the artifact is referenced."""
+    from checkpointd.model import ARTIFACT_KEY_PREFIX, Artifact
+    from checkpointd.store._packindex import artifact_twin
+
+    artifact_key = artifact_twin(file_key(5))
+    assert artifact_key.startswith(ARTIFACT_KEY_PREFIX)
+    async with await store.acquire_writer("t") as lease:
+        checkpoint = Checkpoint(
+            id=new_uuid7(),
+            thread_id="t",
+            parent_checkpoint_id=None,
+            created_at=1_000,
+            files=(FileEntry("f1", file_key(1), 60),),
+            artifacts=(Artifact("a1", "report.txt", "text/plain", 60, artifact_key, 1),),
+        )
+        # Rows of keys it does not name (9) are left out, as before.
+        await store.append(checkpoint, None, lease, packed_blobs=[_row(5), _row(1), _row(9)])
+    assert set(await _rows(store)) == {file_key(1), file_key(5)}
+    assert await store.condemn_blobs([file_key(5)], 60_000) == [file_key(5)]
+    assert await store.drop_packed_blobs([_row(5)]) == []  # the artifact uses it
+    await store.release_condemned([file_key(5)])
+    await _drop_thread(store, "t")
+    assert await store.condemn_blobs([file_key(5)], 60_000) == [file_key(5)]
+    assert await store.drop_packed_blobs([_row(5)]) == [file_key(5)]

@@ -53,9 +53,13 @@ sweep of this version lists ``sandbox-files/`` only, so it never deletes a pack;
 a pack-aware sweep must condemn a key and drop its index row in one transaction
 before it deletes or repacks the pack.
 
-Decisions where SPEC is silent: only file blobs are packed (artifacts are
-uploaded on their own before the capture that names them, and stay single
-objects); a blob is packed when it is smaller than the threshold; a store
+Decisions where SPEC is silent: an artifact is uploaded as a single object
+(durable before the capture that names it, which has no lease or append to
+record a row in yet); the first capture that names a small one reads it
+(checked against its key), packs it with its files and records its row in its
+append, and a later sweep deletes the single object. One row serves a digest's
+file and artifact keys (the same bytes, ``store._packindex.row_key``). A blob
+is packed when it is smaller than the threshold; a store
 without a pack index (a user's own store, the gateway's remote store for now)
 keeps the one-object-per-key layout.
 """
@@ -69,6 +73,7 @@ from dataclasses import dataclass
 
 from .. import _native
 from ..model import FILE_KEY_PREFIX
+from ..store._packindex import row_key
 from ..store.base import PackedBlob, PackIndex
 from .base import (
     BlobCorruptError,
@@ -217,10 +222,11 @@ class PackedBlobStore(BlobStore):
     # ------------------------------------------------------------------ reads
 
     async def locate(self, keys: Sequence[str]) -> dict[str, PackedBlob]:
-        """The pack rows of those of ``keys`` that are packed."""
-        return {
-            key: row for key, row in (await _locate(self.index, keys)).items() if row is not None
-        }
+        """The pack rows of those of ``keys`` that are packed (an artifact key
+        through the row of its digest, ``store._packindex.row_key``)."""
+        forms = {key: row_key(key) for key in keys}
+        rows = await _locate(self.index, list(forms.values()))
+        return {key: row for key, form in forms.items() if (row := rows.get(form)) is not None}
 
     async def read_packed(self, rows: Sequence[PackedBlob]) -> builtins.list[bytes]:
         """The raw bytes of each packed blob, checked (size and BLAKE3), in
@@ -301,12 +307,14 @@ class PackedBlobStore(BlobStore):
 
     async def _get_many_once(self, keys: Sequence[str]) -> builtins.list[bytes]:
         located = await self.locate(keys)
-        packed = [located[key] for key in keys if key in located]
+        packed = list(dict.fromkeys(key for key in keys if key in located))
         single = [key for key in keys if key not in located]
         found: dict[str, bytes] = {}
         if packed:
-            for row, data in zip(packed, await self.read_packed(packed), strict=True):
-                found[row.key] = data
+            # By the asked key: an artifact's row names its digest's file form.
+            rows = [located[key] for key in packed]
+            for key, data in zip(packed, await self.read_packed(rows), strict=True):
+                found[key] = data
         if single:
             for key, data in zip(single, await get_many(self.inner, single), strict=True):
                 found[key] = data

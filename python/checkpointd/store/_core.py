@@ -257,8 +257,11 @@ def count_change(
 
 
 def packed_rows(rows: Iterable[Any], content: documents.Content) -> builtins.list[Any]:
-    """The pack index rows an append records (``_packindex.check_packed_blobs``)."""
+    """The pack index rows an append records (``_packindex.check_packed_blobs``):
+    rows of the files' digests and of the artifacts' (one row serves both keys
+    of a digest, ``_packindex.row_key``)."""
     digests = set(split_digests(content.digests()))
+    digests.update(bytes(key[1:]) for key in content.artifact_keys())
     return check_packed_blobs(rows, lambda key: checked_digest(key) in digests)
 
 

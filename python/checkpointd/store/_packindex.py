@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..errors import SandboxCheckpointInvalidEntryError
-from ..model import FILE_KEY_PREFIX
+from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX
 from .base import PackedBlob
 
 PACK_KEY_PREFIX = "sandbox-packs/blake3/"
@@ -97,6 +97,24 @@ def _pack_ok(pack: str, good_packs: set[str]) -> bool:
         good_packs.add(pack)
         return True
     return False
+
+
+def row_key(key: str) -> str:
+    """The key a pack index row holds for the blob of ``key``.
+
+    A row is per digest: an artifact's key (``sandbox-artifacts/blake3/<hex>``)
+    is the BLAKE3 of its bytes, as a file blob's key is of the bytes stored, so
+    an artifact and a file blob of one hash are the same bytes and one row
+    serves both, under the file form. Its lifetime counts both: a row goes only
+    when neither key is referenced (``artifact_twin``)."""
+    if key.startswith(ARTIFACT_KEY_PREFIX):
+        return FILE_KEY_PREFIX + key[len(ARTIFACT_KEY_PREFIX) :]
+    return key
+
+
+def artifact_twin(key: str) -> str:
+    """The artifact key of a row's (file-form) key: the other key it serves."""
+    return ARTIFACT_KEY_PREFIX + key[len(FILE_KEY_PREFIX) :]
 
 
 def checked_digest(key: str) -> bytes:

@@ -57,7 +57,7 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from ._packindex import check_packed_blobs
+from ._packindex import artifact_twin, check_packed_blobs
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -248,6 +248,7 @@ class InMemoryCheckpointStore:
                 self._packed.get(row.key) == row
                 and self._live_condemned(row.key, now)
                 and self._references.get(row.key, 0) <= 0
+                and self._references.get(artifact_twin(row.key), 0) <= 0
             ):
                 del self._packed[row.key]
                 dropped.append(row.key)
@@ -342,8 +343,12 @@ class InMemoryCheckpointStore:
             head_id=self._heads.get(thread_id),
         )
         stored = _freeze(checkpoint)
+        used = set(stored.keys) if packed_blobs else set()
+        # One row serves a digest's file and artifact keys (_packindex.row_key).
         rows = (
-            check_packed_blobs(packed_blobs, set(stored.keys).__contains__) if packed_blobs else []
+            check_packed_blobs(packed_blobs, lambda key: key in used or artifact_twin(key) in used)
+            if packed_blobs
+            else []
         )
         self._publish(stored)
         for row in rows:

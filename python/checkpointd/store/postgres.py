@@ -99,6 +99,7 @@ from ._options import (
     validate_store_options,
 )
 from ._packindex import (
+    artifact_twin,
     check_packed_blobs,
     digest_of,
     digests_of,
@@ -1341,19 +1342,22 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             binary = sorted({key_to_bytes(row.key) for row in checked})
             marks = await _lock_marks(conn, binary, "UPDATE")
             now = await self._now(conn)
+            # A row serves the digest's artifact key too (_packindex.row_key).
+            twins = {key_to_bytes(row.key): key_to_bytes(artifact_twin(row.key)) for row in checked}
             used = {
                 bytes(r["key"])
                 for r in await conn.fetch(
                     "SELECT DISTINCT key FROM checkpointd_blob_counts"
                     " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                    binary,
+                    [*binary, *twins.values()],
                 )
             }
             doomed = [
                 row
                 for row in checked
-                if key_to_bytes(row.key) not in used
-                and (until := marks.get(key_to_bytes(row.key))) is not None
+                if (raw := key_to_bytes(row.key)) not in used
+                and twins[raw] not in used
+                and (until := marks.get(raw)) is not None
                 and now < until
             ]
             gone: set[bytes] = set()

@@ -98,6 +98,7 @@ from ._options import (
     validate_store_options,
 )
 from ._packindex import (
+    artifact_twin,
     check_packed_blobs,
     checked_digest,
     digest_of,
@@ -1121,13 +1122,15 @@ class SqliteCheckpointStore(SqlCheckpointStore):
                     row.offset,
                 ):
                     continue
+                # The row serves the digest's artifact key too (_packindex.row_key).
+                twin = key_to_bytes(artifact_twin(row.key))
                 blocked = await _fetchall(
                     conn,
-                    "SELECT 1 FROM blob_references WHERE key = ? AND refs > 0"
-                    " UNION ALL SELECT 1 FROM blob_runs WHERE key = ?"
+                    "SELECT 1 FROM blob_references WHERE key IN (?, ?) AND refs > 0"
+                    " UNION ALL SELECT 1 FROM blob_runs WHERE key IN (?, ?)"
                     " UNION ALL SELECT 1 WHERE NOT EXISTS"
                     " (SELECT 1 FROM blob_condemned WHERE key = ? AND until > ?)",
-                    (raw, raw, raw, now),
+                    (raw, twin, raw, twin, raw, now),
                 )
                 if blocked:
                     continue

@@ -1,0 +1,158 @@
+"""Small artifacts rest in packs: the first capture that names one packs it with
+its files (its row in the append), reads take the pack, the sweep frees the
+single object and keeps the row while any checkpoint uses the artifact; large
+artifacts stay single objects. Real stores (memory, SQLite, PostgreSQL), a
+real local dir and SeaweedFS S3."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from checkpointd.artifacts import upload_artifact
+from checkpointd.blobs import open_blobs
+from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
+from checkpointd.capture import capture_checkpoint
+from checkpointd.check import check_store
+from checkpointd.store import open_store
+from checkpointd.store._packindex import row_key
+from checkpointd.sweep import REFERENCED, sweep_blobs
+
+from .conftest import write_tree
+
+HOUR_MS = 3_600_000
+
+
+def _later() -> int:
+    return time.time_ns() // 1_000_000 + HOUR_MS
+
+
+@pytest.fixture(
+    params=[
+        pytest.param("memory", id="memory-store"),
+        pytest.param("sqlite", id="sqlite-store"),
+        pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres),
+    ]
+)
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    opened = await open_store(url)
+    try:
+        yield opened
+    finally:
+        await opened.aclose()
+
+
+@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
+def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    if request.param == "file":
+        return open_blobs(f"file://{tmp_path / 'blobs'}")
+    return request.getfixturevalue("s3_blobs")
+
+
+async def _single_objects(bucket: Any) -> set[str]:
+    return {info.key for info in await bucket.list("sandbox-artifacts/")}
+
+
+async def _drop_head(store: Any, thread: str) -> None:
+    async with await store.acquire_writer(thread) as lease:
+        await store.delete_head(thread, await store.get_head(thread), lease)
+
+
+async def test_small_artifacts_are_packed_large_ones_stay_single(
+    store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    report = b"a small report\n" * 200
+    same_as_a_file = b"these bytes are also a file in the workspace\n" * 10
+    screenshot = os.urandom((1 << 20) + 4096)  # above the pack threshold
+    small = await upload_artifact(bucket, "report.txt", "text/plain", report)
+    twin = await upload_artifact(bucket, "twin.txt", "text/plain", same_as_a_file)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for start in range(0, len(screenshot), 300_000):
+            yield screenshot[start : start + 300_000]
+
+    large = await upload_artifact(bucket, "shot.png", "image/png", chunks())
+    assert await _single_objects(bucket) == {small.blob_key, twin.blob_key, large.blob_key}
+
+    write_tree(workspace, {"src/a.py": b"print('a')\n", "copy.txt": same_as_a_file})
+    first = await capture_checkpoint(
+        workspace, store, bucket, "t", data_dir=data_dir, artifacts=[small, twin, large]
+    )
+    assert first.stats.blobs_uploaded >= 2
+    packed = PackedBlobStore(bucket, store)
+    rows = await packed.locate([small.blob_key, twin.blob_key, large.blob_key])
+    assert set(rows) == {small.blob_key, twin.blob_key}  # the large one has no row
+    [pack] = {row.pack for row in rows.values()}
+    # One row serves the artifact and the file of the same bytes.
+    assert rows[twin.blob_key].key == row_key(twin.blob_key)
+    both = await packed.get_many([twin.blob_key, row_key(twin.blob_key), small.blob_key])
+    assert both == [same_as_a_file, same_as_a_file, report]
+    for artifact, data in ((small, report), (twin, same_as_a_file), (large, screenshot)):
+        assert await packed.get(artifact.blob_key) == data
+        streamed = b"".join([c async for c in packed.get_stream(artifact.blob_key, 64 << 10)])
+        assert streamed == data
+        assert (await packed.head(artifact.blob_key)).size == len(data)
+
+    # A sweep frees the small ones' single objects (their rows stay: referenced).
+    young = await sweep_blobs(store, bucket, 2 * HOUR_MS, now=_later)
+    assert young.failures == [] and len(await _single_objects(bucket)) == 3
+    swept = await sweep_blobs(store, bucket, 0, now=_later)
+    assert swept.failures == [] and swept.deleted == []
+    assert (small.blob_key, REFERENCED) in swept.kept
+    assert (row_key(small.blob_key), REFERENCED) in swept.kept
+    assert await _single_objects(bucket) == {large.blob_key}
+    for artifact, data in ((small, report), (twin, same_as_a_file), (large, screenshot)):
+        assert await packed.get(artifact.blob_key) == data
+    checked = await check_store(store, bucket, read_data=True)
+    assert checked.summary is not None and checked.summary.ok, checked.findings
+
+    # Another thread names the small artifact (already packed: nothing uploaded)
+    # and holds the file; the first thread goes. The rows stay while used.
+    write_tree(workspace, {"copy.txt": b"changed\n"})
+    second = await capture_checkpoint(
+        workspace, store, bucket, "u", data_dir=data_dir, artifacts=[small, twin]
+    )
+    assert second.stats.blobs_uploaded == 1  # the changed copy.txt only
+    await _drop_head(store, "t")
+    kept = await sweep_blobs(store, bucket, 0, now=_later)
+    assert kept.failures == []
+    assert large.blob_key in kept.deleted  # nothing names the screenshot now
+    assert set(await packed.locate([small.blob_key, twin.blob_key])) == {
+        small.blob_key,
+        twin.blob_key,
+    }
+    assert await packed.get(twin.blob_key) == same_as_a_file
+    assert pack in {info.key for info in await bucket.list(PACK_KEY_PREFIX)}
+
+    # Nothing uses them: their rows go, then the packs no row points at.
+    await _drop_head(store, "u")
+    for _ in range(2):
+        report_ = await sweep_blobs(store, bucket, 0, now=_later)
+        assert report_.failures == []
+    assert await packed.locate([small.blob_key, twin.blob_key]) == {}
+    assert await bucket.list(PACK_KEY_PREFIX) == []
+    assert await _single_objects(bucket) == set()
+
+
+async def test_an_artifact_whose_bytes_are_not_its_key_is_not_packed(
+    store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    artifact = await upload_artifact(bucket, "note.txt", "text/plain", b"the real bytes")
+    await bucket.delete(artifact.blob_key)
+    await bucket.put(artifact.blob_key, b"other bytes", if_absent=False)
+    write_tree(workspace, {"a.txt": b"a"})
+    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir, artifacts=[artifact])
+    assert await PackedBlobStore(bucket, store).locate([artifact.blob_key]) == {}
+    report = await check_store(store, bucket, read_data=True)
+    assert {f.key for f in report.findings} == {artifact.blob_key}
