@@ -488,13 +488,23 @@ class WriteTx(Protocol):
 # ------------------------------------------------------------------------ contents cache
 
 
+# Manifest bytes RecentContents may hold beyond the newest content (100k
+# entries are ~17 MB each, 1M entries ~170 MB).
+RECENT_CONTENTS_BUDGET = 256 << 20
+
+
 class RecentContents:
     """Contents of recently appended or read checkpoints by (id, row version), so
     the next append of a thread makes its delta and key diff without reading its
-    parent back. A 100k-entry content is ~30 MB of Python lists: keep few."""
+    parent back. At most ``size`` of them, and more than one only while their
+    manifests total at most ``budget_bytes``: a million-entry manifest is
+    ~170 MB, and a daemon holding the one before its head as well would keep
+    twice that resident between captures (the newest is always kept: it is the
+    head the next append is based on)."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, budget_bytes: int = RECENT_CONTENTS_BUDGET) -> None:
         self._size = size
+        self._budget = budget_bytes
         self._items: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
 
     def get(self, checkpoint_id: str, version: int) -> documents.Content | None:
@@ -504,8 +514,10 @@ class RecentContents:
         row = (checkpoint_id, version)
         self._items[row] = content
         self._items.move_to_end(row)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
+        held = sum(len(item.manifest.data) for item in self._items.values())
+        while len(self._items) > self._size or (len(self._items) > 1 and held > self._budget):
+            _, dropped = self._items.popitem(last=False)
+            held -= len(dropped.manifest.data)
 
 
 # ------------------------------------------------------------------------ the store

@@ -165,6 +165,17 @@ def _copy_all(rows: int) -> bytes:
     return _COPY.pack(b"C", 0, rows) if rows else b""
 
 
+def _copies_all(files_section: bytes, base: Manifest) -> bool:
+    """Whether the native delta ``files_section`` rebuilds ``base`` unchanged
+    (what ``_copy_all`` writes; only then is the base's row count needed)."""
+    if not files_section:
+        return not base
+    if len(files_section) != _COPY.size:
+        return False
+    tag, start, count = _COPY.unpack(files_section)
+    return tag == b"C" and start == 0 and count == len(base)
+
+
 def _compress(document: dict[str, Any], files_section: bytes) -> bytes:
     raw = json.dumps(document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
     compressor = zlib.compressobj(ZLIB_LEVEL)
@@ -213,17 +224,24 @@ def materialize(
         current = base_id
     for current_id, base_id, document, files in reversed(chain):
         if base_id is None:
-            manifest = _manifest_bytes(files)
+            manifest = Manifest(_manifest_bytes(files), trusted=True)
         else:
             base = memo[base_id]
-            if isinstance(files, bytes):
-                manifest = _native.manifest_apply(base.manifest.data, files)
+            if isinstance(files, bytes) and _copies_all(files, base.manifest):
+                # A capture that changed nothing: the base's (immutable) manifest
+                # itself, not a copy, so a head after N such captures is one
+                # manifest in memory, not N + 1 (~170 MB each at a million entries).
+                manifest = base.manifest
+            elif isinstance(files, bytes):
+                manifest = Manifest(_native.manifest_apply(base.manifest.data, files), trusted=True)
             else:  # the old layout: row operations on the base's rows
-                manifest = _rows_bytes(_apply(files, json.loads(base.manifest.data)))
+                manifest = Manifest(
+                    _rows_bytes(_apply(files, json.loads(base.manifest.data))), trusted=True
+                )
             document["conversation"] = _apply(
                 document["conversation"], base.document["conversation"]
             )
-        memo[current_id] = Content(document, Manifest(manifest, trusted=True))
+        memo[current_id] = Content(document, manifest)
     return memo[checkpoint_id]
 
 

@@ -1,0 +1,74 @@
+"""How SQL stores hold parents' manifests: RecentContents keeps the newest
+content always, more only within its byte budget, and materializing a chain
+of no-change deltas shares one manifest (a million-entry manifest is ~170 MB:
+it must not be held twice between captures, nor once per delta)."""
+
+from __future__ import annotations
+
+from checkpointd.manifest import Manifest
+from checkpointd.store import _documents
+from checkpointd.store._core import RecentContents
+from checkpointd.store._documents import Content
+
+
+def _content(manifest_bytes: int) -> Content:
+    return Content({}, Manifest(b"[" + b" " * (manifest_bytes - 2) + b"]"))
+
+
+def test_count_bound_and_order() -> None:
+    recent = RecentContents(2, budget_bytes=1 << 20)
+    for name in ("a", "b", "c"):
+        recent.put(name, 1, _content(100))
+    assert recent.get("a", 1) is None
+    assert recent.get("b", 1) is not None and recent.get("c", 1) is not None
+    assert recent.get("c", 2) is None  # another row version is another content
+
+
+def test_over_budget_keeps_only_the_newest() -> None:
+    recent = RecentContents(8, budget_bytes=1000)
+    recent.put("small-1", 1, _content(300))
+    recent.put("small-2", 1, _content(300))
+    assert recent.get("small-1", 1) is not None
+    recent.put("big", 1, _content(5000))  # alone over the budget: still kept
+    assert recent.get("big", 1) is not None
+    assert recent.get("small-1", 1) is None and recent.get("small-2", 1) is None
+    recent.put("next", 1, _content(300))
+    assert recent.get("big", 1) is None and recent.get("next", 1) is not None
+
+
+def test_a_chain_of_no_change_deltas_shares_one_manifest() -> None:
+    """Materializing a head after captures that changed nothing holds the
+    keyframe's manifest once: each no-change delta reuses its base's."""
+    from checkpointd.model import Checkpoint, FileEntry
+
+    files = tuple(FileEntry(f"f{n:03d}", f"sandbox-files/blake3/{n:064x}", n) for n in range(50))
+    rows: dict[str, tuple[str | None, bytes]] = {}
+    previous: Content | None = None
+    previous_id: str | None = None
+    for index in range(5):
+        checkpoint = Checkpoint(
+            id=f"c{index}",
+            thread_id="t",
+            parent_checkpoint_id=previous_id,
+            created_at=index + 1,
+            files=files,
+            conversation=("hello", index),
+        )
+        content = Content.of(checkpoint)
+        stored = _documents.encode(content, previous_id, previous, index - 1 if index else 0)
+        assert (stored.base_id is None) == (index == 0)
+        rows[checkpoint.id] = (stored.base_id, stored.data)
+        previous, previous_id = content, checkpoint.id
+    memo: dict[str, Content] = {}
+    head = _documents.materialize("c4", rows, memo)
+    assert head.manifest is memo["c0"].manifest
+    assert head.checkpoint().files == files
+    assert list(head.checkpoint().conversation) == ["hello", 4]
+    # A delta that changes something is applied, not shared.
+    changed = Content.of(
+        Checkpoint(id="c5", thread_id="t", parent_checkpoint_id="c4", created_at=9, files=files[1:])
+    )
+    stored = _documents.encode(changed, "c4", head, 4)
+    rows["c5"] = (stored.base_id, stored.data)
+    again = _documents.materialize("c5", rows, memo)
+    assert again.manifest is not head.manifest and again.checkpoint().files == files[1:]
