@@ -119,7 +119,14 @@ def _time(
     if stats != expected:
         problems.append(f"{tool}: restored {stats}, expected {expected}")
     times[tool].append(result.seconds)
-    print(f"   {tool:<22} {result.seconds:7.3f} s", flush=True)
+    engine = ""
+    if tool == DAEMON:
+        try:
+            done = json.loads(result.stdout)
+            engine = f"  (daemon's engine {int((done.get('stats') or done)['duration_ms']) / 1000:.3f} s)"
+        except (ValueError, KeyError, TypeError):
+            pass
+    print(f"   {tool:<22} {result.seconds:7.3f} s{engine}", flush=True)
 
 
 def _restic_backup(ctx: CorpusRun) -> dict[str, str] | None:

@@ -45,6 +45,7 @@ use crate::hash;
 use crate::manifest::ManifestRow;
 use crate::pack;
 use crate::statcache::{self, CacheEntry};
+use rayon::prelude::*;
 
 /// Top-level names reserved for staging (never captured, never deleted).
 pub const STAGING_PREFIX: &str = ".checkpointd-staging-";
@@ -977,6 +978,42 @@ impl Restore {
         Ok(())
     }
 
+    /// One complete frame of `data` (the pack's bytes from `base` on):
+    /// checked against the plan's size, decoded and verified, then staged.
+    fn stage_frame(
+        &self,
+        dirs: &mut DirStack<'_>,
+        base: u64,
+        data: &[u8],
+        entry: &pack::Entry,
+    ) -> Result<(), RestoreError> {
+        let expected = self.expected(&entry.digest)?;
+        if expected != u64::from(entry.raw_len) {
+            return Err(RestoreError::InvalidBlob {
+                hash: entry.digest,
+                reason: format!(
+                    "the pack index records {} bytes where the checkpoint records {expected}",
+                    entry.raw_len
+                ),
+            });
+        }
+        // Inside `data` by construction (RangeStager::feed).
+        let start = entry.offset.saturating_sub(base) as usize;
+        let stop = (start + entry.stored_len as usize).min(data.len());
+        let stored = &data[start.min(stop)..stop];
+        let raw = pack::decode_frame(entry, stored).map_err(|e| match e {
+            pack::PackError::Blob { digest, reason } => RestoreError::InvalidBlob {
+                hash: digest,
+                reason,
+            },
+            other => RestoreError::InvalidBlob {
+                hash: entry.digest,
+                reason: other.to_string(),
+            },
+        })?;
+        self.write_uses(dirs, &entry.digest, &raw)
+    }
+
     /// Decode, verify and stage the complete frames `frames` of a pack read
     /// (`data` holds the pack's bytes from offset `base` on), spread over a
     /// few threads. Each frame is checked against its index row and the plan
@@ -992,57 +1029,20 @@ impl Restore {
         if frames.is_empty() {
             return Ok((0, 0));
         }
-        let chunk = frames.len().div_ceil(self.threads).max(1);
+        // On rayon's pool, shared by every pack read in flight: as many
+        // threads create files as there are cores, however many reads run
+        // (more would only contend for the filesystem's locks).
+        let chunk = frames.len().div_ceil(self.threads * 2).max(1);
         let prefix = self.tree_prefix();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = frames
-                .chunks(chunk)
-                .map(|part| {
-                    let prefix = &prefix;
-                    scope.spawn(move || {
-                        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), prefix);
-                        for entry in part {
-                            if cancel.is_cancelled() {
-                                return Err(RestoreError::Cancelled);
-                            }
-                            let expected = self.expected(&entry.digest)?;
-                            if expected != u64::from(entry.raw_len) {
-                                return Err(RestoreError::InvalidBlob {
-                                    hash: entry.digest,
-                                    reason: format!(
-                                        "the pack index records {} bytes where the checkpoint \
-                                         records {expected}",
-                                        entry.raw_len
-                                    ),
-                                });
-                            }
-                            // Inside `data` by construction (RangeStager::feed).
-                            let start = entry.offset.saturating_sub(base) as usize;
-                            let stop = (start + entry.stored_len as usize).min(data.len());
-                            let stored = &data[start.min(stop)..stop];
-                            let raw = pack::decode_frame(entry, stored).map_err(|e| match e {
-                                pack::PackError::Blob { digest, reason } => {
-                                    RestoreError::InvalidBlob {
-                                        hash: digest,
-                                        reason,
-                                    }
-                                }
-                                other => RestoreError::InvalidBlob {
-                                    hash: entry.digest,
-                                    reason: other.to_string(),
-                                },
-                            })?;
-                            self.write_uses(&mut dirs, &entry.digest, &raw)?;
-                        }
-                        Ok(())
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or(Err(RestoreError::Cancelled)))
-                .collect::<Result<Vec<()>, RestoreError>>()
-                .map(drop)
+        frames.par_chunks(chunk).try_for_each(|part| {
+            let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
+            for entry in part {
+                if cancel.is_cancelled() {
+                    return Err(RestoreError::Cancelled);
+                }
+                self.stage_frame(&mut dirs, base, data, entry)?;
+            }
+            Ok(())
         })?;
         let bytes = frames.iter().map(|e| u64::from(e.raw_len)).sum();
         Ok((frames.len() as u64, bytes))
