@@ -250,6 +250,10 @@ async def test_a_version_3_postgres_database_migrates_without_changing_a_count(
             " DROP TABLE checkpointd_spent_checkpoints;"
             " DROP TABLE checkpointd_packed_blobs; DROP TABLE checkpointd_packs;"
             " DROP TABLE checkpointd_retired_packs;"
+            " DROP TABLE checkpointd_lease_pins; DROP TABLE checkpointd_leases;"
+            " CREATE TABLE checkpointd_blob_pins (thread_id bytea NOT NULL,"
+            " owner_token text NOT NULL, fence bigint NOT NULL, key bytea NOT NULL,"
+            " PRIMARY KEY (thread_id, owner_token, fence, key));"
             " UPDATE checkpointd_schema SET version = 3"
         )
         await conn.execute(

@@ -230,6 +230,31 @@ _MIGRATIONS: tuple[str, ...] = (
     """
     CREATE TABLE checkpointd_retired_packs (digest bytea PRIMARY KEY, until bigint NOT NULL);
     """,
+    # 7: pins by lease id, as in SQLite schema 4: each lease that pinned gets a
+    # small integer id once, and a pin row is (lease id, key) instead of the
+    # thread, the owner token text and the fence again in every row. Every pin
+    # moves over (a dead lease's too: it stays as dead as it was).
+    """
+    CREATE TABLE checkpointd_leases (
+        id          bigserial PRIMARY KEY,
+        thread_id   bytea NOT NULL,
+        owner_token text NOT NULL,
+        fence       bigint NOT NULL,
+        UNIQUE (thread_id, owner_token, fence)
+    );
+    CREATE TABLE checkpointd_lease_pins (
+        lease_id bigint NOT NULL,
+        key      bytea NOT NULL,
+        PRIMARY KEY (lease_id, key)
+    );
+    CREATE INDEX checkpointd_lease_pins_key ON checkpointd_lease_pins (key);
+    INSERT INTO checkpointd_leases (thread_id, owner_token, fence)
+        SELECT DISTINCT thread_id, owner_token, fence FROM checkpointd_blob_pins;
+    INSERT INTO checkpointd_lease_pins (lease_id, key)
+        SELECT l.id, p.key FROM checkpointd_blob_pins p JOIN checkpointd_leases l
+        USING (thread_id, owner_token, fence);
+    DROP TABLE checkpointd_blob_pins;
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # pg_advisory_xact_lock(classid, objid): 'cpkd' and 1 — serialises concurrent opens.
@@ -762,8 +787,9 @@ class _PostgresTx:
 
     async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
         await self.conn.execute(
-            "DELETE FROM checkpointd_blob_pins"
-            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3",
+            "WITH gone AS (DELETE FROM checkpointd_leases"
+            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3 RETURNING id)"
+            " DELETE FROM checkpointd_lease_pins WHERE lease_id IN (SELECT id FROM gone)",
             _b(thread_id),
             token,
             fence,
@@ -772,12 +798,24 @@ class _PostgresTx:
     async def pin(
         self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
     ) -> set[bytes]:
+        # The lease's id, made by its first pin (under the thread's row lock:
+        # no other pin of the thread runs meanwhile).
+        lease = (_b(thread_id), token, fence)
+        lease_id = await self.conn.fetchval(
+            "SELECT id FROM checkpointd_leases"
+            " WHERE thread_id = $1 AND owner_token = $2 AND fence = $3",
+            *lease,
+        )
+        if lease_id is None:
+            lease_id = await self.conn.fetchval(
+                "INSERT INTO checkpointd_leases (thread_id, owner_token, fence)"
+                " VALUES ($1, $2, $3) RETURNING id",
+                *lease,
+            )
         await self.conn.execute(
-            "INSERT INTO checkpointd_blob_pins (thread_id, owner_token, fence, key)"
-            " SELECT $1, $2, $3, k FROM unnest($4::bytea[]) AS k ON CONFLICT DO NOTHING",
-            _b(thread_id),
-            token,
-            fence,
+            "INSERT INTO checkpointd_lease_pins (lease_id, key)"
+            " SELECT $1, k FROM unnest($2::bytea[]) AS k ON CONFLICT DO NOTHING",
+            lease_id,
             builtins.list(keys),
         )
         # Share locks: pins never wait for each other, only for a condemnation.
@@ -1260,8 +1298,9 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             pin_threads = [
                 bytes(r["thread_id"])
                 for r in await conn.fetch(
-                    "SELECT DISTINCT thread_id FROM checkpointd_blob_pins"
-                    " WHERE key = ANY($1::bytea[])",
+                    "SELECT DISTINCT s.thread_id FROM checkpointd_lease_pins p"
+                    " JOIN checkpointd_leases s ON s.id = p.lease_id"
+                    " WHERE p.key = ANY($1::bytea[])",
                     binary,
                 )
             ]
@@ -1281,11 +1320,12 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             blocked = {
                 bytes(r["key"])
                 for r in await conn.fetch(
-                    "SELECT p.key, p.thread_id FROM checkpointd_blob_pins AS p"
-                    " LEFT JOIN checkpointd_threads AS t ON t.thread_id = p.thread_id"
-                    " AND t.lease_owner = p.owner_token AND t.lease_fence = p.fence"
+                    "SELECT p.key FROM checkpointd_lease_pins AS p"
+                    " JOIN checkpointd_leases AS s ON s.id = p.lease_id"
+                    " LEFT JOIN checkpointd_threads AS t ON t.thread_id = s.thread_id"
+                    " AND t.lease_owner = s.owner_token AND t.lease_fence = s.fence"
                     " WHERE p.key = ANY($1::bytea[])"
-                    " AND (NOT (p.thread_id = ANY($3::bytea[])) OR $2 < t.lease_expires_at)",
+                    " AND (NOT (s.thread_id = ANY($3::bytea[])) OR $2 < t.lease_expires_at)",
                     binary,
                     now,
                     list(locked_threads),

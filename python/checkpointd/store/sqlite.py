@@ -24,7 +24,8 @@ Layout (schema version 2, created or migrated on open, idempotent):
   like the UTF-8 text keys. Version 1 files (plain counts) are migrated on open
   without changing any count.
 * ``spent_checkpoints`` — ids of deleted request_id checkpoints (``_core``).
-* ``blob_pins``, ``blob_condemned`` — the BlobGuard records of a safe sweep.
+* ``leases`` (an integer id per lease that pinned), ``lease_pins`` (lease id,
+  key), ``blob_condemned`` — the BlobGuard records of a safe sweep.
 * ``instances`` — the instance store's records.
 
 Concurrency: every check-then-write runs inside ``BEGIN IMMEDIATE`` … ``COMMIT``,
@@ -122,7 +123,8 @@ T = TypeVar("T")
 
 # 2: count runs (``blob_runs``, ``heads.head_ordinal``) and spent request ids.
 # 3: the pack index (``blob_packs``, ``packed_blobs``; blobs/packs.py).
-SCHEMA_VERSION = 3
+# 4: pins by lease id (``leases``, ``lease_pins``; ``blob_pins`` migrated, dropped).
+SCHEMA_VERSION = 4
 BUSY_TIMEOUT_MS = 5_000
 # Pages of WAL before SQLite copies them into the database (32 MiB of 4 KiB pages;
 # see the module docstring).
@@ -190,14 +192,21 @@ _SCHEMA = [
     """DROP INDEX IF EXISTS blob_runs_by_thread""",
     # Ids of deleted request_id checkpoints: never used again (``_core``).
     """CREATE TABLE IF NOT EXISTS spent_checkpoints (id TEXT PRIMARY KEY) WITHOUT ROWID""",
-    """CREATE TABLE IF NOT EXISTS blob_pins (
-        key BLOB NOT NULL,
+    # Each lease that pinned keys, once, under a small integer id (never reused),
+    # and its pins keyed by (lease id, key): a pin row is the key and one
+    # integer, so a cold capture's 100,000 pins stay small and are dropped
+    # with one range delete. (Schema 3's ``blob_pins`` repeated the thread and
+    # the owner token as text in every row and in a second index.)
+    """CREATE TABLE IF NOT EXISTS leases (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
         thread_id TEXT NOT NULL,
         owner_token TEXT NOT NULL,
         fence INTEGER NOT NULL,
-        PRIMARY KEY (key, thread_id, owner_token, fence)) WITHOUT ROWID""",
-    """CREATE INDEX IF NOT EXISTS blob_pins_by_lease
-        ON blob_pins (thread_id, owner_token, fence)""",
+        UNIQUE (thread_id, owner_token, fence))""",
+    """CREATE TABLE IF NOT EXISTS lease_pins (
+        lease_id INTEGER NOT NULL,
+        key BLOB NOT NULL,
+        PRIMARY KEY (lease_id, key)) WITHOUT ROWID""",
     """CREATE TABLE IF NOT EXISTS blob_condemned (
         key BLOB PRIMARY KEY, until INTEGER NOT NULL) WITHOUT ROWID""",
     # Keys ``checkpointd check`` found referenced but gone from the bucket.
@@ -351,6 +360,8 @@ class SqliteDatabase:
                     await _open_head_runs(conn)
                 # 2 -> 3: the pack index tables (created above, empty: blobs
                 # written before packs stay single objects).
+                # 3 -> 4: every pin moves to its lease's id.
+                await _pins_by_lease_id(conn)
                 await conn.execute(
                     "UPDATE checkpointd_meta SET value = ? WHERE name = 'schema_version'",
                     (str(SCHEMA_VERSION),),
@@ -448,7 +459,9 @@ async def _fetchone(
 
 
 async def _fetchall(
-    connection: aiosqlite.Connection, sql: str, parameters: Sequence[Any] = ()
+    connection: aiosqlite.Connection,
+    sql: str,
+    parameters: Sequence[Any] | Mapping[str, Any] = (),
 ) -> builtins.list[Any]:
     return list(await connection.execute_fetchall(sql, parameters))
 
@@ -790,25 +803,43 @@ class _SqliteTx:
             (thread_id, token, fence),
         )
 
-    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
-        await self.conn.execute(
-            "DELETE FROM blob_pins WHERE thread_id = ? AND owner_token = ? AND fence = ?",
+    async def _lease_id(self, thread_id: str, token: str, fence: int) -> int | None:
+        row = await _fetchone(
+            self.conn,
+            "SELECT id FROM leases WHERE thread_id = ? AND owner_token = ? AND fence = ?",
             (thread_id, token, fence),
         )
+        return None if row is None else int(row[0])
+
+    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
+        lease_id = await self._lease_id(thread_id, token, fence)
+        if lease_id is not None:
+            await self.conn.execute("DELETE FROM lease_pins WHERE lease_id = ?", (lease_id,))
+            await self.conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
 
     async def pin(
         self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
     ) -> set[bytes]:
-        await self.conn.executemany(
-            "INSERT OR IGNORE INTO blob_pins (key, thread_id, owner_token, fence) "
-            "VALUES (?, ?, ?, ?)",
-            [(key, thread_id, token, fence) for key in keys],
+        lease_id = await self._lease_id(thread_id, token, fence)
+        if lease_id is None:
+            cursor = await self.conn.execute(
+                "INSERT INTO leases (thread_id, owner_token, fence) VALUES (?, ?, ?)",
+                (thread_id, token, fence),
+            )
+            lease_id = cursor.lastrowid
+            await cursor.close()
+        keyset = KeySet.of(keys)
+        await self.conn.execute(
+            _KEYS + "INSERT OR IGNORE INTO lease_pins (lease_id, key) SELECT :lease, key FROM ks",
+            _keys(keyset, lease=lease_id),
         )
-        now = read_clock(self._options)
         return {
             bytes(row[0])
             for row in await _fetchall(
-                self.conn, "SELECT key FROM blob_condemned WHERE until > ?", (now,)
+                self.conn,
+                _KEYS + "SELECT c.key FROM ks JOIN blob_condemned c ON c.key = ks.key"
+                " WHERE c.until > :now",
+                _keys(keyset, now=read_clock(self._options)),
             )
         }
 
@@ -849,6 +880,26 @@ async def _fetch_chains(
             batch,
         ):
             rows[checkpoint_id] = (base_id, data)
+
+
+async def _pins_by_lease_id(conn: aiosqlite.Connection) -> None:
+    """Schema 3 -> 4: each (thread, owner token, fence) that pinned gets a lease
+    id and its pins move to ``lease_pins``, every one of them (a dead lease's
+    pins too: they stay as dead as they were)."""
+    if not await _fetchall(
+        conn, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'blob_pins'"
+    ):
+        return
+    await conn.execute(
+        "INSERT OR IGNORE INTO leases (thread_id, owner_token, fence)"
+        " SELECT DISTINCT thread_id, owner_token, fence FROM blob_pins"
+    )
+    await conn.execute(
+        "INSERT OR IGNORE INTO lease_pins (lease_id, key)"
+        " SELECT l.id, p.key FROM blob_pins p JOIN leases l ON l.thread_id = p.thread_id"
+        " AND l.owner_token = p.owner_token AND l.fence = p.fence"
+    )
+    await conn.execute("DROP TABLE blob_pins")
 
 
 async def _open_head_runs(conn: aiosqlite.Connection) -> None:
@@ -1077,10 +1128,12 @@ class SqliteCheckpointStore(SqlCheckpointStore):
                         (now,),
                     ),
                     (
-                        "SELECT p.key FROM blob_pins p JOIN writer_leases l "
-                        "ON l.thread_id = p.thread_id AND l.owner_token = p.owner_token "
-                        "AND l.fence = p.fence "
-                        f"WHERE l.expires_at > ? AND p.key IN ({marks})",
+                        # From the few live leases to their pins of these keys
+                        # (CROSS JOIN keeps that order: lease_pins is keyed by lease).
+                        "SELECT p.key FROM writer_leases l CROSS JOIN leases s"
+                        " CROSS JOIN lease_pins p WHERE l.expires_at > ?"
+                        " AND s.thread_id = l.thread_id AND s.owner_token = l.owner_token"
+                        f" AND s.fence = l.fence AND p.lease_id = s.id AND p.key IN ({marks})",
                         (now,),
                     ),
                 ):
