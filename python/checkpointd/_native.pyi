@@ -270,8 +270,22 @@ class PackWriter:
         """Bytes of the pack if finished now."""
     @property
     def count(self) -> int: ...
+    def extend(self, items: Sequence[tuple[str, bytes]]) -> int:
+        """``add_many`` without the per-item answer; the number of items added."""
     def finish(self) -> tuple[str, bytes]:
         """``(BLAKE3 hex of the pack, the pack object)``; the writer is spent."""
+    def finish_with_rows(self) -> tuple[str, bytes, bytes, bytes, bytes, bytes, bytes]:
+        """``finish`` and the pack's index rows as columns, one row per distinct
+        digest in digest order: ``(hex, pack, digests, offsets, lengths,
+        raw_sizes, codecs)``, the integer columns native-endian u32, the codecs
+        one byte each."""
+
+def decimal_rows(columns: Sequence[bytes], codecs: bytes) -> bytes:
+    """Per row, each column's native-endian u32 as 10 ASCII digits, then the
+    row's codec as one digit (columns of 4 bytes per codec)."""
+
+def digests_sorted_distinct(digests: bytes) -> bool:
+    """Whether the concatenated 32-byte digests are in strictly rising order."""
 
 def unpack_many(
     data: bytes, base: int, items: Sequence[tuple[str, int, int, int, int]]

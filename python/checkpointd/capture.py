@@ -637,8 +637,10 @@ class _Uploader:
         self.reporter = reporter
         self.token = token
         self.uploads = _Uploads()
-        # Keys the feed saw pinned and present (or put): no second look needed.
-        self.present: set[str] = set()
+        # Digests the feed saw pinned and present (or put): no second look
+        # needed. Raw digests, so the upload phase leaves them out natively
+        # (a cold capture feeds every file: no Python object per file there).
+        self.present: list[bytes] = []
         self.fed = _Uploads()  # blobs the feed put (or found put by a racing capture)
         # Paths whose handed-over file was no longer what the scan hashed: the
         # upload hashes them again instead of reading them to find that out.
@@ -705,7 +707,7 @@ class _Uploader:
                 # Counted in the upload phase's progress when it starts.
                 self.fed.blobs += len(todo)
                 self.fed.bytes += sum(len(data) for _, data in todo)
-                self.present.update(keys)
+                self.present.extend(digest for digest, _ in batch)
 
         consumers = [consume] * FEED_CONSUMERS + [consume_files] * LARGE_UPLOAD_CONCURRENCY
         await run_bounded(consumers, lambda work: work(), len(consumers))
@@ -727,7 +729,7 @@ class _Uploader:
                 self.uploads.bytes += reader.size
             self.fed.blobs += 1
             self.fed.bytes += reader.size
-        self.present.add(key)
+        self.present.append(bytes.fromhex(reader.digest_hex))
 
     async def _put_verified(
         self,
@@ -759,12 +761,14 @@ class _Uploader:
         parent_digests = manifest_of(parent.files).digests() if parent is not None else b""
         parent_digests = without_marked(parent_digests, self.rechecked)
         new_digests = _native.digest_difference(manifest.digests(), parent_digests)
+        if self.present:
+            fed = b"".join(sorted(self.present))
+            new_digests = _native.digest_difference(new_digests, fed)
         pending = [
-            FileEntry(path, key, size)
+            FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
             for path, digest, size in _native.manifest_files_with_digests(
                 manifest.data, new_digests
             )
-            if (key := FILE_KEY_PREFIX + digest.hex()) not in self.present
         ]
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished

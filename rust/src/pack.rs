@@ -277,6 +277,42 @@ impl PackBuilder {
     }
 }
 
+/// A pack's index rows in columns, one row per distinct digest, in digest
+/// order: what an append records, handed to Python as a few byte strings
+/// instead of one object per blob. Integers are native-endian `u32`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct IndexColumns {
+    pub digests: Vec<u8>,
+    pub offsets: Vec<u8>,
+    pub lengths: Vec<u8>,
+    pub raw_sizes: Vec<u8>,
+    pub codecs: Vec<u8>,
+}
+
+/// The index columns of `entries` (a blob listed twice keeps its first frame).
+pub fn index_columns(entries: &[Entry]) -> IndexColumns {
+    let mut sorted: Vec<&Entry> = entries.iter().collect();
+    sorted.sort_by_key(|e| e.digest); // stable: the first frame first
+    sorted.dedup_by(|later, first| later.digest == first.digest);
+    let mut out = IndexColumns {
+        digests: Vec::with_capacity(sorted.len() * 32),
+        offsets: Vec::with_capacity(sorted.len() * 4),
+        lengths: Vec::with_capacity(sorted.len() * 4),
+        raw_sizes: Vec::with_capacity(sorted.len() * 4),
+        codecs: Vec::with_capacity(sorted.len()),
+    };
+    for e in sorted {
+        out.digests.extend_from_slice(&e.digest);
+        // A pack is far below 4 GiB (its writer keeps it near its target).
+        out.offsets
+            .extend_from_slice(&(e.offset as u32).to_ne_bytes());
+        out.lengths.extend_from_slice(&e.stored_len.to_ne_bytes());
+        out.raw_sizes.extend_from_slice(&e.raw_len.to_ne_bytes());
+        out.codecs.push(e.codec);
+    }
+    out
+}
+
 fn u32_at(data: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(data[at..at + 4].try_into().expect("4 bytes"))
 }
@@ -403,6 +439,26 @@ mod tests {
         let e = entries[2];
         let frame = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
         assert_eq!(decode_frame(&e, frame).unwrap(), blobs[2].1);
+    }
+
+    #[test]
+    fn index_columns_are_sorted_and_distinct() {
+        let (a, raw_a) = blob(b"alpha alpha alpha alpha alpha alpha alpha");
+        let (b, raw_b) = blob(b"b");
+        let mut builder = PackBuilder::new();
+        builder
+            .add_many(&[(a, &raw_a), (b, &raw_b), (a, &raw_a)])
+            .unwrap();
+        let entries = builder.entries().to_vec();
+        let columns = index_columns(&entries);
+        let (first, second) = if a < b { (a, b) } else { (b, a) };
+        assert_eq!(columns.digests, [first, second].concat());
+        assert_eq!(columns.codecs.len(), 2);
+        let of_a = entries[0];
+        let at = if a < b { 0 } else { 4 };
+        let offset = u32::from_ne_bytes(columns.offsets[at..at + 4].try_into().unwrap());
+        let length = u32::from_ne_bytes(columns.lengths[at..at + 4].try_into().unwrap());
+        assert_eq!((offset as u64, length), (of_a.offset, of_a.stored_len));
     }
 
     #[test]

@@ -68,12 +68,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from array import array
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .. import _native
 from ..model import FILE_KEY_PREFIX
-from ..store._packindex import row_key
+from ..store._packindex import PackColumns, PackedRows, row_key
 from ..store.base import PackedBlob, PackIndex
 from .base import (
     BlobCorruptError,
@@ -358,8 +359,6 @@ class PackedBlobStore(BlobStore):
 @dataclass(slots=True)
 class _OpenPack:
     writer: _native.PackWriter
-    # (key, offset, length, raw_size, codec) of each blob, pack key unknown yet
-    placed: builtins.list[tuple[str, int, int, int, int]]
 
 
 class PackSession(BlobStore):
@@ -373,11 +372,11 @@ class PackSession(BlobStore):
     def __init__(self, packed: PackedBlobStore) -> None:
         self.packed = packed
         self.url = packed.url
-        self.rows: builtins.list[PackedBlob] = []
+        self._columns: builtins.list[PackColumns] = []  # of each uploaded pack
         self.packs_written = 0
         self._pending: set[str] = set()  # keys in an open or uploading pack, or uploaded
         self._distrusted: set[str] = set()  # keys ``check`` found gone: ask the bucket
-        self._open = _OpenPack(_native.PackWriter(), [])
+        self._open = _OpenPack(_native.PackWriter())
         self._adding = asyncio.Lock()  # one add at a time on the open writer
         self._uploads: set[asyncio.Task[None]] = set()
 
@@ -457,14 +456,10 @@ class PackSession(BlobStore):
                 for chunk in self._chunks(list(small.items())):
                     pack = self._open
                     batch = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in chunk]
-                    placed = await asyncio.to_thread(pack.writer.add_many, batch)
-                    for (key, _), (offset, length, raw_size, codec) in zip(
-                        chunk, placed, strict=True
-                    ):
-                        pack.placed.append((key, offset, length, raw_size, codec))
+                    await asyncio.to_thread(pack.writer.extend, batch)
                     if pack.writer.size >= self.packed.target:
                         full.append(pack)
-                        self._open = _OpenPack(_native.PackWriter(), [])
+                        self._open = _OpenPack(_native.PackWriter())
             for pack in full:
                 await self._upload(pack)
         return [
@@ -490,23 +485,37 @@ class PackSession(BlobStore):
         if chunk:
             yield chunk
 
+    @property
+    def rows(self) -> PackedRows:
+        """The index rows of every blob this session uploaded (in columns, one
+        ``PackColumns`` per pack: no Python object per blob)."""
+        return PackedRows(self._columns)
+
     async def _upload(self, pack: _OpenPack) -> None:
-        hex_digest, data = await asyncio.to_thread(pack.writer.finish)
+        hex_digest, data, digests, offsets, lengths, raw_sizes, codecs = await asyncio.to_thread(
+            pack.writer.finish_with_rows
+        )
         key = pack_key(hex_digest)
         await put_many(self.packed.inner, [(key, data)])  # durable on return
         self.packs_written += 1
-        self.rows.extend(
-            PackedBlob(blob, key, offset, length, raw_size, codec)
-            for blob, offset, length, raw_size, codec in pack.placed
+        self._columns.append(
+            PackColumns(key, digests, _u32s(offsets), _u32s(lengths), _u32s(raw_sizes), codecs)
         )
 
     async def flush(self) -> None:
         """Upload the open pack (if it holds anything): every blob this session
         took is durable on return, and ``rows`` lists where each one is."""
         async with self._adding:
-            pack, self._open = self._open, _OpenPack(_native.PackWriter(), [])
-        if pack.placed:
+            pack, self._open = self._open, _OpenPack(_native.PackWriter())
+        if pack.writer.count:
             await self._upload(pack)
+
+
+def _u32s(data: bytes) -> array[int]:
+    """A native-endian u32 column of ``PackWriter.finish_with_rows``."""
+    column = array("I")
+    column.frombytes(data)
+    return column
 
 
 __all__ = [

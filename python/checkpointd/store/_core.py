@@ -114,7 +114,7 @@ from ._options import (
     writer_conflict,
     writer_fields,
 )
-from ._packindex import check_packed_blobs, checked_digest
+from ._packindex import PackedRows, check_packed_blobs, check_packed_columns, checked_digest
 
 T = TypeVar("T")
 
@@ -256,12 +256,19 @@ def count_change(
 # ------------------------------------------------------------------------ spent ids
 
 
-def packed_rows(rows: Iterable[Any], content: documents.Content) -> builtins.list[Any]:
+def packed_rows(rows: Iterable[Any], content: documents.Content) -> Sequence[Any]:
     """The pack index rows an append records (``_packindex.check_packed_blobs``):
     rows of the files' digests and of the artifacts' (one row serves both keys
-    of a digest, ``_packindex.row_key``)."""
+    of a digest, ``_packindex.row_key``). A pack session's rows in columns stay
+    columns (``check_packed_columns``)."""
+    artifacts = {bytes(key[1:]) for key in content.artifact_keys()}
+    if isinstance(rows, PackedRows):
+        referenced = content.digests()
+        if artifacts:
+            referenced = b"".join(sorted(artifacts.union(split_digests(referenced))))
+        return check_packed_columns(rows, referenced)
     digests = set(split_digests(content.digests()))
-    digests.update(bytes(key[1:]) for key in content.artifact_keys())
+    digests.update(artifacts)
     return check_packed_blobs(rows, lambda key: checked_digest(key) in digests)
 
 

@@ -9,10 +9,14 @@ once, in a second table) and four integers, never the key or pack text.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
 
+from .. import _native
 from ..errors import SandboxCheckpointInvalidEntryError
+from ..manifest import split_digests
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX
 from .base import PackedBlob
 
@@ -176,3 +180,156 @@ def located_rows(
         if pack_name is None:
             pack_name = packs[pack] = pack_key(pack)
         found[key] = PackedBlob(key, pack_name, offset, length, raw_size, codec)
+
+
+# ------------------------------------------------------------------------ columns
+
+
+@dataclass(frozen=True, slots=True)
+class PackColumns:
+    """One pack's index rows in columns, as its writer reports them
+    (``_native.PackWriter.finish_with_rows``): the digests sorted, distinct and
+    concatenated (32 bytes each), then per row the frame offset, stored length
+    and raw size (``array('I')``) and the codec (one byte). A cold capture of
+    100,000 small files appends 100,000 rows in a handful of packs: as columns
+    they are checked and written per pack, with no Python object per row."""
+
+    pack: str
+    digests: bytes
+    offsets: array[int]
+    lengths: array[int]
+    raw_sizes: array[int]
+    codecs: bytes
+
+    def __post_init__(self) -> None:
+        """Columns of one length or none at all (INVALID_ENTRY naming the pack)."""
+        problem = self._shape_problem()
+        if problem is not None:
+            raise SandboxCheckpointInvalidEntryError(
+                f"invalid pack index rows of {self.pack!r}: {problem}",
+                details={"key": str(self.pack)},
+            )
+
+    def _shape_problem(self) -> str | None:
+        n = len(self.codecs) if isinstance(self.codecs, bytes) else -1
+        if n < 0:
+            return "codecs must be bytes"
+        if not isinstance(self.digests, bytes) or len(self.digests) != 32 * n:
+            return f"{n} rows need {32 * n} digest bytes"
+        if any(
+            not isinstance(column, array) or column.typecode != "I" or len(column) != n
+            for column in (self.offsets, self.lengths, self.raw_sizes)
+        ):
+            return f"offsets, lengths and raw sizes must be {n} unsigned ints each"
+        return None
+
+    def __len__(self) -> int:
+        return len(self.codecs)
+
+    def row(self, i: int) -> PackedBlob:
+        return PackedBlob(
+            file_key(self.digests[32 * i : 32 * i + 32]),
+            self.pack,
+            self.offsets[i],
+            self.lengths[i],
+            self.raw_sizes[i],
+            self.codecs[i],
+        )
+
+    def problem(self) -> str | None:
+        """What is wrong with the columns (``_row_problem``'s rules, whole
+        columns at a time), None when nothing is."""
+        if _hex_of(self.pack, PACK_KEY_PREFIX) is None:
+            return f"pack {self.pack!r} is not a {PACK_KEY_PREFIX}<hex> key"
+        if not len(self):
+            return None
+        if not _FIRST_FRAME <= min(self.offsets) or max(self.offsets) > _MAX_LENGTH:
+            return "an offset is out of range"
+        if max(self.lengths) > _MAX_LENGTH or max(self.raw_sizes) > _MAX_LENGTH:
+            return "a length or raw size is out of range"
+        if not set(self.codecs) <= set(CODECS):
+            return "a codec is unknown"
+        return None
+
+    def only(self, unwanted: bytes) -> PackColumns:
+        """These columns without the rows of ``unwanted`` (sorted digests)."""
+        drop = set(split_digests(unwanted))
+        keep = [i for i in range(len(self)) if self.digests[32 * i : 32 * i + 32] not in drop]
+        return PackColumns(
+            self.pack,
+            b"".join(self.digests[32 * i : 32 * i + 32] for i in keep),
+            array("I", (self.offsets[i] for i in keep)),
+            array("I", (self.lengths[i] for i in keep)),
+            array("I", (self.raw_sizes[i] for i in keep)),
+            bytes(self.codecs[i] for i in keep),
+        )
+
+
+class PackedRows(Sequence[PackedBlob]):
+    """Index rows of one or more packs (``PackColumns`` each): what a capture's
+    pack session hands to ``append(..., packed_blobs=)``. Any reader may take it
+    as the sequence of ``PackedBlob`` it stands for; ``check_packed_columns``
+    and the SQLite store take the columns as they are."""
+
+    __slots__ = ("groups", "_starts")
+
+    def __init__(self, groups: Iterable[PackColumns] = ()) -> None:
+        self.groups = tuple(group for group in groups if len(group))
+        starts, total = [], 0
+        for group in self.groups:
+            starts.append(total)
+            total += len(group)
+        self._starts = (*starts, total)
+
+    def __len__(self) -> int:
+        return self._starts[-1]
+
+    @overload
+    def __getitem__(self, index: int) -> PackedBlob: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[PackedBlob]: ...
+    def __getitem__(self, index: int | slice) -> PackedBlob | list[PackedBlob]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        for group, start in zip(self.groups, self._starts, strict=False):
+            if index < start + len(group):
+                return group.row(index - start)
+        raise IndexError(index)  # pragma: no cover - the bounds were checked
+
+    def __iter__(self) -> Iterator[PackedBlob]:
+        for group in self.groups:
+            for i in range(len(group)):
+                yield group.row(i)
+
+
+def check_packed_columns(rows: PackedRows, referenced: bytes) -> PackedRows | list[PackedBlob]:
+    """``check_packed_blobs`` for rows in columns: each pack's columns checked
+    at once (INVALID_ENTRY naming the pack otherwise), keeping only the digests
+    in ``referenced`` (the checkpoint's, sorted). Columns whose digests are not
+    sorted and distinct (a writer's always are), or packs that list a key twice
+    between them, take ``check_packed_blobs``'s row-by-row path (one row per key)."""
+    for group in rows.groups:
+        problem = group.problem()
+        if problem is not None:
+            raise SandboxCheckpointInvalidEntryError(
+                f"invalid pack index rows of {group.pack!r}: {problem}",
+                details={"key": str(group.pack)},
+            )
+    distinct = all(_native.digests_sorted_distinct(group.digests) for group in rows.groups)
+    if distinct and len(rows.groups) > 1:
+        seen: set[bytes] = set()
+        for group in rows.groups:
+            seen.update(split_digests(group.digests))
+        distinct = len(seen) == len(rows)
+    if not distinct:
+        digests = set(split_digests(referenced))
+        return check_packed_blobs(rows, lambda key: checked_digest(key) in digests)
+    kept = []
+    for group in rows.groups:
+        unreferenced = _native.digest_difference(group.digests, referenced)
+        kept.append(group.only(unreferenced) if unreferenced else group)
+    return PackedRows(kept)

@@ -99,6 +99,7 @@ from ._options import (
     validate_store_options,
 )
 from ._packindex import (
+    PackedRows,
     artifact_twin,
     check_packed_blobs,
     digest_of,
@@ -733,6 +734,8 @@ class _PostgresTx:
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
         """Record where each (checked) row's blob is; the newest row of a key
         wins (a racing append's upsert waits for ours; see ``base.PackIndex``)."""
+        if isinstance(rows, PackedRows):  # several packs: one key order for the locks
+            rows = sorted(rows, key=lambda row: row.key)
         ids = await _pack_ids(self.conn, rows)
         await self.conn.execute(
             "INSERT INTO checkpointd_packed_blobs"

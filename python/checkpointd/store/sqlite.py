@@ -61,6 +61,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from .. import _native
 from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointError,
@@ -99,6 +100,8 @@ from ._options import (
     validate_store_options,
 )
 from ._packindex import (
+    PackColumns,
+    PackedRows,
     artifact_twin,
     check_packed_blobs,
     checked_digest,
@@ -505,6 +508,11 @@ _COUNTS = (
 )
 
 
+# Characters per row of ``_SqliteTx._index_columns``'s integers: offset, length
+# and raw size as 10 decimal digits each (< 2**31), then the codec's digit.
+_ROW_CHARS = 31
+
+
 def _keys(keys: KeySet, **extra: Any) -> dict[str, Any]:
     return {"digests": keys.digests, "artifacts": keys.artifact_blob(), **extra}
 
@@ -741,6 +749,10 @@ class _SqliteTx:
     async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
         """Record where each (checked) row's blob is; the newest row of a key
         wins (see ``base.PackIndex``)."""
+        if isinstance(rows, PackedRows):
+            for group in rows.groups:
+                await self._index_columns(group)
+            return
         # A cold capture appends ~100,000 rows in a handful of packs: each pack
         # name is decoded once.
         digest_by_pack = {pack: pack_digest(pack) for pack in dict.fromkeys(r.pack for r in rows)}
@@ -771,6 +783,34 @@ class _SqliteTx:
                 )
                 for row in rows
             ],
+        )
+
+    async def _index_columns(self, group: PackColumns) -> None:
+        """One pack's rows in one statement: the digests as one parameter, the
+        integers as one string of fixed-width decimals per row (SQLite cannot
+        read integers out of a blob), no Python tuple per row."""
+        digest = pack_digest(group.pack)
+        await self.conn.execute("INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", (digest,))
+        (pack_id,) = await _fetchone(
+            self.conn, "SELECT id FROM blob_packs WHERE digest = ?", (digest,)
+        )
+        # ASCII bytes, not text: substr of a blob is found by offset, of text by
+        # counting characters from the start (quadratic over 100,000 rows).
+        columns = _native.decimal_rows(
+            [group.offsets.tobytes(), group.lengths.tobytes(), group.raw_sizes.tobytes()],
+            group.codecs,
+        )
+        await self.conn.execute(
+            "WITH RECURSIVE r (i) AS (SELECT 0 WHERE :n > 0"
+            " UNION ALL SELECT i + 1 FROM r WHERE i + 1 < :n)"
+            " INSERT OR REPLACE INTO packed_blobs"
+            " (digest, pack, frame_offset, frame_length, raw_size, codec)"
+            " SELECT substr(:digests, 32 * i + 1, 32), :pack,"
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 1, 10) AS INTEGER),"
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 11, 10) AS INTEGER),"
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 21, 10) AS INTEGER),"
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 31, 1) AS INTEGER) FROM r",
+            {"n": len(group), "digests": group.digests, "pack": pack_id, "columns": columns},
         )
 
     async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:

@@ -69,6 +69,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PackInvalid", m.py().get_type::<pack::PackInvalid>())?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
     m.add_function(wrap_pyfunction!(pack::unpack_many, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::digests_sorted_distinct, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::decimal_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_trailer_len, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;

@@ -89,6 +89,21 @@ impl PyPackWriter {
         Ok(entries.map_err(pack_to_py)?.iter().map(placed).collect())
     }
 
+    /// ``add_many`` without the per-blob answer (the index rows come from
+    /// ``finish_with_rows``); returns the number of blobs added.
+    fn extend(&self, py: Python<'_>, items: Vec<(String, PyBackedBytes)>) -> PyResult<usize> {
+        let mut parsed = Vec::with_capacity(items.len());
+        for (hex, data) in &items {
+            parsed.push((digest(hex)?, data));
+        }
+        let entries = py.allow_threads(|| {
+            let views: Vec<([u8; 32], &[u8])> =
+                parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
+            self.with(|builder| builder.add_many(&views))
+        })?;
+        Ok(entries.map_err(pack_to_py)?.len())
+    }
+
     /// Bytes the pack would have if finished now.
     #[getter]
     fn size(&self) -> PyResult<usize> {
@@ -116,6 +131,83 @@ impl PyPackWriter {
         });
         Ok((hex, PyBytes::new(py, &bytes)))
     }
+
+    /// ``finish`` and the pack's index rows as columns (``crate::pack::index_columns``):
+    /// ``(hex, pack, digests, offsets, lengths, raw_sizes, codecs)``.
+    #[allow(clippy::type_complexity)]
+    fn finish_with_rows<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        String,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+        Bound<'py, PyBytes>,
+    )> {
+        let builder = self
+            .inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .ok_or_else(|| PyValueError::new_err("the pack was already finished"))?;
+        let (hex, bytes, columns) = py.allow_threads(|| {
+            let columns = core::index_columns(builder.entries());
+            let bytes = builder.finish();
+            (blake3::hash(&bytes).to_hex().to_string(), bytes, columns)
+        });
+        Ok((
+            hex,
+            PyBytes::new(py, &bytes),
+            PyBytes::new(py, &columns.digests),
+            PyBytes::new(py, &columns.offsets),
+            PyBytes::new(py, &columns.lengths),
+            PyBytes::new(py, &columns.raw_sizes),
+            PyBytes::new(py, &columns.codecs),
+        ))
+    }
+}
+
+/// Rows of fixed-width decimals for SQL that reads integers out of text: per
+/// row each column's native-endian u32 as 10 digits, then the row's codec as
+/// one digit (see ``_native.pyi``). Raises ValueError for columns of unequal length.
+#[pyfunction]
+pub fn decimal_rows<'py>(
+    py: Python<'py>,
+    columns: Vec<PyBackedBytes>,
+    codecs: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    let n = codecs.len();
+    if columns.iter().any(|c| c.len() != 4 * n) || codecs.iter().any(|&c| c > 9) {
+        return Err(PyValueError::new_err(
+            "columns of 4-byte integers, one per codec (0-9), are needed",
+        ));
+    }
+    let out = py.allow_threads(|| {
+        let mut out = Vec::with_capacity(n * (10 * columns.len() + 1));
+        for (i, codec) in codecs.iter().enumerate() {
+            for column in &columns {
+                let value = u32::from_ne_bytes(column[4 * i..4 * i + 4].try_into().unwrap());
+                out.extend_from_slice(format!("{value:010}").as_bytes());
+            }
+            out.push(b'0' + codec);
+        }
+        out
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Whether ``digests`` (32 bytes each, concatenated) are in strictly rising
+/// order: the shape of a pack's index columns (see ``_native.pyi``).
+#[pyfunction]
+pub fn digests_sorted_distinct(digests: &[u8]) -> bool {
+    digests.len() % 32 == 0
+        && digests
+            .chunks_exact(32)
+            .zip(digests.chunks_exact(32).skip(1))
+            .all(|(a, b)| a < b)
 }
 
 /// Decode blobs from ``data``, the pack's bytes from offset ``base`` on:
