@@ -67,6 +67,10 @@ references it. Each dialect adds its table (a schema step: SQLite
 present, where") are plain reads of the dialect, and a repack's atomic switch is
 one more ``_write`` body. ``count_change`` is the one place that decides which
 keys an append adds: the keys that need an index row are a subset of ``added``.
+A capture's pack session hands its rows over in columns (``_packindex.PackedRows``,
+one ``PackColumns`` per pack): ``packed_rows`` checks each pack's columns at once
+and keeps them as columns, which the SQLite dialect writes with one statement per
+pack; any other reader takes them as the ``PackedBlob`` sequence they stand for.
 """
 
 from __future__ import annotations
