@@ -40,7 +40,7 @@ _BROKEN = textwrap.dedent(
 
     async def _forgetful_release(self, lease):
         await _release(self, lease)
-        self._fences.pop(lease.thread_id, None)
+        self._tables.fences.pop(lease.thread_id, None)
 
     InMemoryCheckpointStore._release = _forgetful_release
     """

@@ -1,61 +1,64 @@
-"""In-memory checkpoint and instance stores: the reference for every rule of SPEC §3.
+"""In-memory checkpoint and instance stores, on the one store core.
 
-State lives in dicts owned by one store object. The rules are the SQL stores'
-(``_core``: ``check_append_state``, ``spent_ids``; ``_options``: leases, prune,
-fork); the counts are plain per-key integers, since +1 on a dict costs nothing
-like a database row does. Every method does its checks and
-its writes without an ``await`` in between, so each call is atomic on the event
-loop and a failed check changes nothing.
+``InMemoryCheckpointStore`` is a ``_core.SqlCheckpointStore`` like the SQLite
+and PostgreSQL stores: the writes of SPEC §3 (the append check order, deltas
+and keyframes, delete_head, prune, fork), the count runs, spent ids, leases,
+pins, ``release_condemned`` and the missing marks are the core's code, run over
+``_MemoryTx``, a ``WriteTx`` on dicts. Its "dialect" is what the others' SQL
+is: the tables (``_Tables``), one ``asyncio.Lock`` around every write and read
+(the lock a database gives; a body may await a worker thread), and an undo
+journal that puts back every change of a body that raises, so a failed check
+changes nothing. Its reads, ``condemn_blobs``, the audit and the pack index are
+its own, as they are each SQL store's.
 
-Immutability: checkpoints are frozen dataclasses whose entries and artifacts are
-frozen too; the one mutable part, the conversation (JSON values), is kept as a
-JSON string and decoded afresh for every read, so neither the caller's input nor a
-returned value can reach the stored state.
+Immutability: a checkpoint is kept as the core's stored document (bytes) and
+rebuilt on every read (``documents.Content.checkpoint``), so neither the
+caller's input nor a returned value can reach the stored state.
 """
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import dataclasses
-import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Any, TypeVar
 
 from ..errors import STORE_UNAVAILABLE, SandboxCheckpointError
-from ..manifest import Manifest, manifest_of
-from ..model import BlobReference, Checkpoint, Entry, FileEntry, WriterLease, WriterLike
-from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id, utf8_key
-from ._core import check_append_state, not_head, spent_ids
+from ..model import BlobReference, Checkpoint
+from ..validation import check_id, utf8_key
+from . import _documents as documents
+from ._core import (
+    AppendFacts,
+    IdTaken,
+    KeySet,
+    RecentContents,
+    Rows,
+    RunChange,
+    SqlCheckpointStore,
+    StoredRow,
+    ThreadState,
+    checkpoints_of,
+    head_key_sets,
+    offload,
+    paused,
+)
 from ._options import (
     LeaseRecord,
     StoreOptions,
-    audit_keys,
     blob_counts,
-    check_fork_arguments,
-    check_fork_source,
     check_hold_ms,
     check_instance_record,
-    check_keep,
-    check_pin_keys,
     check_thread_page,
-    check_writer,
-    checkpoint_blob_keys,
     condemnable_keys,
-    destination_not_empty,
-    fork_checkpoint,
+    key_from_bytes,
     key_to_bytes,
-    lease_holder,
     lease_is_current,
-    list_order,
-    may_take_over,
-    new_owner_token,
-    plan_prune,
     read_clock,
-    renew_lost,
     validate_store_options,
-    writer_conflict,
-    writer_fields,
 )
 from ._packindex import artifact_twin, check_packed_blobs
 from .base import (
@@ -69,47 +72,337 @@ from .base import (
     ThreadSummary,
 )
 
+T = TypeVar("T")
 
-@dataclass(frozen=True, slots=True)
-class _Stored:
-    checkpoint: Checkpoint  # conversation=() — the real one is in ``conversation_json``
-    conversation_json: str
-    keys: tuple[str, ...]
-
-
-def _trusted_manifest(files: Sequence[Entry]) -> Manifest:
-    """The validated entries as an immutable Manifest (bytes, decoded on demand)."""
-    manifest = manifest_of(files)
-    return (
-        manifest
-        if manifest.trusted
-        else Manifest(manifest.data, length=len(manifest), trusted=True)
-    )
-
-
-def _freeze(checkpoint: Checkpoint) -> _Stored:
-    conversation_json = json.dumps(
-        list(checkpoint.conversation), ensure_ascii=False, allow_nan=False
-    )
-    frozen = dataclasses.replace(
-        checkpoint,
-        files=_trusted_manifest(checkpoint.files),
-        artifacts=tuple(checkpoint.artifacts),
-        conversation=(),
-    )
-    return _Stored(frozen, conversation_json, tuple(checkpoint_blob_keys(frozen)))
-
-
-def _thaw(stored: _Stored) -> Checkpoint:
-    return dataclasses.replace(
-        stored.checkpoint, conversation=tuple(json.loads(stored.conversation_json))
-    )
-
+# Contents kept decoded for the next append's delta (as the SQL stores do).
+RECENT_CONTENTS = 4
 
 _LeaseId = tuple[str, str, int]  # (thread_id, owner_token, fence)
+_ABSENT = object()
 
 
-class InMemoryCheckpointStore:
+@dataclass(frozen=True, slots=True)
+class _Row:
+    """One stored checkpoint: the columns of the SQL stores' row."""
+
+    thread_id: str
+    parent_id: str | None
+    created_at: Any
+    base_id: str | None
+    depth: int
+    data: bytes
+    version: int
+
+
+@dataclass
+class _Tables:
+    """The store's state, one dict per SQL table (keys in the 33-byte form)."""
+
+    rows: dict[str, _Row] = field(default_factory=dict)
+    thread_rows: dict[str, dict[str, None]] = field(default_factory=dict)
+    heads: dict[str, tuple[str, int]] = field(default_factory=dict)  # (head id, ordinal)
+    refs: dict[bytes, int] = field(default_factory=dict)
+    runs: dict[str, dict[bytes, int]] = field(default_factory=dict)  # thread -> open_since
+    spent: dict[str, None] = field(default_factory=dict)
+    leases: dict[str, LeaseRecord] = field(default_factory=dict)
+    fences: dict[str, int] = field(default_factory=dict)  # last fence handed out
+    pins: dict[_LeaseId, dict[bytes, None]] = field(default_factory=dict)
+    pinned_by: dict[bytes, dict[_LeaseId, None]] = field(default_factory=dict)
+    condemned: dict[bytes, int] = field(default_factory=dict)  # until (ms)
+    missing: dict[bytes, int] = field(default_factory=dict)  # marked at (ms)
+    packed: dict[str, PackedBlob] = field(default_factory=dict)  # store.base.PackIndex
+    retired_packs: dict[str, int] = field(default_factory=dict)  # until (ms)
+    serial: int = 0  # the next row version
+
+    def count(self, key: bytes) -> int:
+        """SPEC's count of a key: its refs plus each open run's length beyond one."""
+        total = self.refs.get(key, 0)
+        for thread_id, runs in self.runs.items():
+            open_since = runs.get(key)
+            if open_since is not None:
+                total += self.heads[thread_id][1] - open_since
+        return total
+
+    def counts(self) -> dict[bytes, int]:
+        counts = dict(self.refs)
+        for thread_id, runs in self.runs.items():
+            ordinal = self.heads[thread_id][1]
+            for key, open_since in runs.items():
+                counts[key] = counts.get(key, 0) + ordinal - open_since
+        return counts
+
+    def referenced(self, key: bytes) -> bool:
+        return self.refs.get(key, 0) > 0 or any(key in runs for runs in self.runs.values())
+
+    def chains(self, checkpoint_ids: Iterable[str], rows: Rows) -> None:
+        """Add each checkpoint and its bases down to a keyframe to ``rows``."""
+        for checkpoint_id in checkpoint_ids:
+            current: str | None = checkpoint_id
+            while current is not None and current not in rows and current in self.rows:
+                row = self.rows[current]
+                rows[current] = (row.base_id, row.data)
+                current = row.base_id
+
+    def live_pin(self, key: bytes, now: int) -> bool:
+        return any(
+            lease_is_current(self.leases.get(thread_id), token, fence, now)
+            for thread_id, token, fence in self.pinned_by.get(key, ())
+        )
+
+    def live_condemned(self, key: bytes, now: int) -> bool:
+        until = self.condemned.get(key)
+        return until is not None and now < until
+
+
+class _MemoryTx:
+    """``_core.WriteTx`` on the tables, each change journaled so that
+    ``rollback`` puts everything back (the store holds its lock throughout)."""
+
+    def __init__(self, tables: _Tables, options: StoreOptions) -> None:
+        self.t = tables
+        self._options = options
+        self._undo: list[tuple[dict[Any, Any], Any, Any]] = []
+
+    # journaled changes -------------------------------------------------------
+
+    def _set(self, table: dict[Any, Any], key: Any, value: Any) -> None:
+        self._undo.append((table, key, table.get(key, _ABSENT)))
+        table[key] = value
+
+    def _delete(self, table: dict[Any, Any], key: Any) -> None:
+        if key in table:
+            self._undo.append((table, key, table[key]))
+            del table[key]
+
+    def _inner(self, table: dict[Any, dict[Any, Any]], key: Any) -> dict[Any, Any]:
+        inner = table.get(key)
+        if inner is None:
+            inner = {}
+            self._set(table, key, inner)
+        return inner
+
+    def _drop_if_empty(self, table: dict[Any, dict[Any, Any]], key: Any) -> None:
+        if key in table and not table[key]:
+            self._delete(table, key)
+
+    def rollback(self) -> None:
+        for table, key, value in reversed(self._undo):
+            if value is _ABSENT:
+                table.pop(key, None)
+            else:
+                table[key] = value
+        self._undo.clear()
+
+    # the WriteTx interface ------------------------------------------------------
+
+    async def lock_thread(self, thread_id: str) -> ThreadState:
+        head = self.t.heads.get(thread_id)
+        return ThreadState(
+            None if head is None else head[0],
+            0 if head is None else head[1],
+            self.t.leases.get(thread_id),
+        )
+
+    async def now(self) -> int:
+        return read_clock(self._options)
+
+    async def id_used(self, checkpoint_id: str) -> bool:
+        return checkpoint_id in self.t.rows or checkpoint_id in self.t.spent
+
+    async def row(self, checkpoint_id: str) -> StoredRow | None:
+        row = self.t.rows.get(checkpoint_id)
+        if row is None:
+            return None
+        return StoredRow(row.thread_id, row.parent_id, row.depth, row.version)
+
+    async def append_facts(self, checkpoint_id: str, head_id: str | None) -> AppendFacts:
+        return AppendFacts(
+            await self.now(),
+            await self.id_used(checkpoint_id),
+            None if head_id is None else await self.row(head_id),
+        )
+
+    async def fork_source(self, checkpoint_id: str) -> StoredRow | None:
+        return await self.row(checkpoint_id)
+
+    async def thread_has_checkpoints(self, thread_id: str) -> bool:
+        return bool(self.t.thread_rows.get(thread_id))
+
+    async def fetch_chains(self, checkpoint_ids: Sequence[str], rows: Rows) -> None:
+        self.t.chains(checkpoint_ids, rows)
+
+    async def thread_checkpoints(
+        self, thread_id: str
+    ) -> builtins.list[tuple[str, str | None, Any]]:
+        return [
+            (i, self.t.rows[i].parent_id, self.t.rows[i].created_at)
+            for i in self.t.thread_rows.get(thread_id, ())
+        ]
+
+    async def publish(
+        self, content: documents.Content, stored: documents.Stored, change: RunChange
+    ) -> int:
+        document = content.document
+        checkpoint_id, thread_id = document["id"], document["thread_id"]
+        if checkpoint_id in self.t.rows:
+            raise IdTaken
+        version = self.t.serial
+        self.t.serial += 1  # never reused, rolled back or not
+        row = _Row(
+            thread_id,
+            document["parent_checkpoint_id"],
+            document["created_at"],
+            stored.base_id,
+            stored.depth,
+            stored.data,
+            version,
+        )
+        self._set(self.t.rows, checkpoint_id, row)
+        self._set(self._inner(self.t.thread_rows, thread_id), checkpoint_id, None)
+        await self.set_head(thread_id, checkpoint_id, change.new_ordinal)
+        if change.close:
+            self._close(thread_id, change.close, change.old_ordinal)
+        if change.open:
+            runs = self._inner(self.t.runs, thread_id)
+            for key in change.open.keys():
+                self._set(self.t.refs, key, self.t.refs.get(key, 0) + 1)
+                self._set(runs, key, change.new_ordinal)
+        return version
+
+    def _close(self, thread_id: str, keys: KeySet, ordinal: int, extra: int = 0) -> None:
+        """refs += ordinal - open_since + extra for each key's run, then drop the runs."""
+        runs = self.t.runs.get(thread_id, {})
+        for key in keys.keys():
+            open_since = runs.get(key)
+            ran = 0 if open_since is None else ordinal - open_since
+            self._set(self.t.refs, key, self.t.refs.get(key, 0) + ran + extra)
+            self._delete(runs, key)
+        self._drop_if_empty(self.t.runs, thread_id)
+
+    async def delete_rows(self, checkpoint_ids: Sequence[str]) -> Rows:
+        rows: Rows = {}
+        for checkpoint_id in checkpoint_ids:
+            row = self.t.rows.get(checkpoint_id)
+            if row is None:
+                continue
+            rows[checkpoint_id] = (row.base_id, row.data)
+            self._delete(self.t.rows, checkpoint_id)
+            self._delete(self.t.thread_rows[row.thread_id], checkpoint_id)
+            self._drop_if_empty(self.t.thread_rows, row.thread_id)
+        return rows
+
+    async def dependents(self, removed: Sequence[str]) -> Rows:
+        gone = set(removed)
+        return {i: (row.base_id, row.data) for i, row in self.t.rows.items() if row.base_id in gone}
+
+    async def rewrite_keyframe(self, checkpoint_id: str, data: bytes) -> None:
+        row = self.t.rows[checkpoint_id]
+        self._set(
+            self.t.rows,
+            checkpoint_id,
+            dataclasses.replace(row, base_id=None, depth=0, data=data),
+        )
+
+    async def set_head(self, thread_id: str, head_id: str | None, ordinal: int) -> None:
+        if head_id is None:
+            self._delete(self.t.heads, thread_id)
+        else:
+            self._set(self.t.heads, thread_id, (head_id, ordinal))
+
+    async def drop_runs(self, thread_id: str, keys: KeySet, ordinal: int) -> None:
+        if keys:
+            self._close(thread_id, keys, ordinal, -1)
+
+    async def close_all_runs(self, thread_id: str, ordinal: int) -> None:
+        runs = self.t.runs.get(thread_id)
+        if runs:
+            self._close(thread_id, KeySet.of(builtins.list(runs)), ordinal)
+
+    async def reopen_runs(self, thread_id: str, keys: KeySet, old: int, new: int) -> None:
+        if not keys:
+            return
+        self._close(thread_id, keys, old)
+        runs = self._inner(self.t.runs, thread_id)
+        for key in keys.keys():
+            self._set(runs, key, new)
+
+    async def subtract_counts(
+        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
+    ) -> None:
+        runs = self.t.runs.get(thread_id, {})
+        for key, n in counts.items():
+            open_since = runs.get(key)
+            moved = 0 if open_since is None else max(cutoff - open_since, 0)
+            if key in self.t.refs:
+                self._set(self.t.refs, key, self.t.refs[key] - n + moved)
+            if open_since is not None and open_since < cutoff:
+                self._set(runs, key, cutoff)
+
+    async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:
+        for key in keys.keys():
+            if self.t.refs.get(key, 1) <= 0 and not any(
+                key in runs for runs in self.t.runs.values()
+            ):
+                self._delete(self.t.refs, key)
+
+    async def mark_spent(self, checkpoint_ids: Sequence[str]) -> None:
+        for checkpoint_id in checkpoint_ids:
+            self._set(self.t.spent, checkpoint_id, None)
+
+    async def index_packed_blobs(self, rows: Sequence[Any]) -> None:
+        for row in rows:
+            self._set(self.t.packed, row.key, row)  # the newest upload of the key wins
+
+    async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:
+        return self.t.leases.get(thread_id), self.t.fences.get(thread_id, 0)
+
+    async def write_lease(self, thread_id: str, record: LeaseRecord) -> None:
+        self._set(self.t.fences, thread_id, record.fence)
+        self._set(self.t.leases, thread_id, record)
+
+    async def set_lease_expiry(self, thread_id: str, expires_at: int) -> None:
+        record = self.t.leases[thread_id]
+        self._set(self.t.leases, thread_id, dataclasses.replace(record, expires_at=expires_at))
+
+    async def remove_lease(self, thread_id: str, token: str, fence: int) -> None:
+        record = self.t.leases.get(thread_id)
+        if record is not None and (record.owner_token, record.fence) == (token, fence):
+            self._delete(self.t.leases, thread_id)
+
+    async def drop_pins(self, thread_id: str, token: str, fence: int) -> None:
+        lease_id = (thread_id, token, fence)
+        for key in builtins.list(self.t.pins.get(lease_id, ())):
+            holders = self.t.pinned_by[key]
+            self._delete(holders, lease_id)
+            self._drop_if_empty(self.t.pinned_by, key)
+        self._delete(self.t.pins, lease_id)
+
+    async def pin(
+        self, thread_id: str, token: str, fence: int, keys: Sequence[bytes]
+    ) -> set[bytes]:
+        lease_id = (thread_id, token, fence)
+        mine = self._inner(self.t.pins, lease_id)
+        for key in keys:
+            self._set(mine, key, None)
+            self._set(self._inner(self.t.pinned_by, key), lease_id, None)
+        now = read_clock(self._options)
+        return {key for key in keys if self.t.live_condemned(key, now)}
+
+    async def release_condemned(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._delete(self.t.condemned, key)
+
+    async def mark_missing(self, keys: Sequence[bytes], now: int) -> None:
+        for key in keys:
+            if key not in self.t.missing:
+                self._set(self.t.missing, key, now)
+
+    async def clear_missing(self, keys: Sequence[bytes]) -> None:
+        for key in keys:
+            self._delete(self.t.missing, key)
+
+
+class InMemoryCheckpointStore(SqlCheckpointStore):
     """A checkpoint store in process memory (tests, the daemon's ``memory://``).
 
     Options as SPEC §3: ``now`` (callable returning ms), ``lease_duration_ms``,
@@ -124,28 +417,10 @@ class InMemoryCheckpointStore:
         renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
     ) -> None:
         self._options: StoreOptions = validate_store_options(now, lease_duration_ms, renew_after_ms)
-        self._checkpoints: dict[str, _Stored] = {}
-        self._threads: dict[str, dict[str, None]] = {}  # thread -> its checkpoint ids
-        self._heads: dict[str, str] = {}
-        self._leases: dict[str, LeaseRecord] = {}
-        self._fences: dict[str, int] = {}  # last fence handed out per thread
-        self._references: dict[str, int] = {}
-        self._pins: dict[str, set[_LeaseId]] = {}  # key -> leases pinning it
-        self._pins_by_lease: dict[_LeaseId, set[str]] = {}
-        self._condemned: dict[str, int] = {}  # key -> condemned until (ms)
-        self._missing: set[str] = set()  # keys ``check`` found gone from the bucket
-        self._spent: set[str] = set()  # deleted request_id checkpoints (``_core``)
-        self._packed: dict[str, PackedBlob] = {}  # the pack index (store.base.PackIndex)
-        self._retired_packs: dict[str, int] = {}  # pack -> retired until (ms)
+        self._recent = RecentContents(RECENT_CONTENTS)
+        self._tables = _Tables()
+        self._lock = asyncio.Lock()
         self._closed = False
-
-    @property
-    def lease_duration_ms(self) -> int:
-        return self._options.lease_duration_ms
-
-    @property
-    def renew_after_ms(self) -> int:
-        return self._options.renew_after_ms
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -167,30 +442,62 @@ class InMemoryCheckpointStore:
         if self._closed:
             raise SandboxCheckpointError("the checkpoint store is closed", code=STORE_UNAVAILABLE)
 
+    def _is_closed(self) -> bool:
+        return self._closed
+
     def _now(self) -> int:
         return read_clock(self._options)
 
+    async def _write(self, operation: str, body: Callable[[Any], Awaitable[T]]) -> T:
+        """Run ``body`` on a journaled transaction under the store's lock; undo
+        everything it changed when it raises."""
+        self._check_open()
+        async with self._lock:
+            tx = _MemoryTx(self._tables, self._options)
+            try:
+                return await body(tx)
+            except BaseException:
+                tx.rollback()
+                raise
+
     # ------------------------------------------------------------------ reads
+
+    async def _checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
+        row = self._tables.rows.get(checkpoint_id)
+        if row is None:
+            return None
+        cached = self._recent.get(checkpoint_id, row.version)
+        if cached is not None:
+            return await offload(cached.entry_count(), cached.checkpoint)
+        rows: Rows = {}
+        self._tables.chains([checkpoint_id], rows)
+
+        def build() -> Checkpoint:
+            return documents.materialize(checkpoint_id, rows, {}).checkpoint()
+
+        return await offload(sum(len(data) for _, data in rows.values()) // 16, paused, build)
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         self._check_open()
         check_id(checkpoint_id, "checkpoint id")
-        stored = self._checkpoints.get(checkpoint_id)
-        return None if stored is None else _thaw(stored)
+        async with self._lock:
+            return await self._checkpoint(checkpoint_id)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
         self._check_open()
         check_id(thread_id, "thread id")
-        stored = [self._checkpoints[i] for i in self._threads.get(thread_id, ())]
-        stored.sort(key=lambda s: list_order(s.checkpoint.created_at, s.checkpoint.id))
-        return [_thaw(s) for s in stored]
+        async with self._lock:
+            rows: Rows = {}
+            self._tables.chains(self._tables.thread_rows.get(thread_id, ()), rows)
+            return await checkpoints_of(rows)
 
     async def get_head(self, thread_id: str) -> str | None:
         self._check_open()
         check_id(thread_id, "thread id")
-        return self._heads.get(thread_id)
+        head = self._tables.heads.get(thread_id)
+        return None if head is None else head[0]
 
     async def list_threads(
         self, *, after: str | None = None, limit: int = DEFAULT_THREAD_PAGE
@@ -198,17 +505,16 @@ class InMemoryCheckpointStore:
         """See ``base.ThreadListing``."""
         self._check_open()
         after, limit = check_thread_page(after, limit)
-        names = sorted(self._threads, key=utf8_key)
+        tables = self._tables
+        names = sorted(tables.thread_rows, key=utf8_key)
         if after is not None:
             names = [name for name in names if utf8_key(name) > utf8_key(after)]
         return [
             ThreadSummary(
                 thread_id=name,
-                head_checkpoint_id=self._heads.get(name),
-                checkpoint_count=len(self._threads[name]),
-                newest_created_at=max(
-                    self._checkpoints[i].checkpoint.created_at for i in self._threads[name]
-                ),
+                head_checkpoint_id=tables.heads[name][0] if name in tables.heads else None,
+                checkpoint_count=len(tables.thread_rows[name]),
+                newest_created_at=max(tables.rows[i].created_at for i in tables.thread_rows[name]),
             )
             for name in names[:limit]
         ]
@@ -216,17 +522,31 @@ class InMemoryCheckpointStore:
     async def spent_checkpoint_ids(self, checkpoint_ids: builtins.list[str]) -> builtins.list[str]:
         """Which of these ids belonged to deleted request_id checkpoints (``_core``)."""
         self._check_open()
-        return [i for i in dict.fromkeys(checkpoint_ids) if i in self._spent]
+        return [i for i in dict.fromkeys(checkpoint_ids) if i in self._tables.spent]
+
+    async def list_blob_references(self) -> builtins.list[BlobReference]:
+        self._check_open()
+        async with self._lock:
+            counts = self._tables.counts()
+        return [BlobReference(key_from_bytes(k), n) for k, n in sorted(counts.items()) if n > 0]
+
+    # ------------------------------------------------------------------ pack index
+
+    def _referenced(self, key: str) -> bool:
+        return self._tables.referenced(key_to_bytes(key))
+
+    def _live_condemned(self, key: str, now: int) -> bool:
+        return self._tables.live_condemned(key_to_bytes(key), now)
 
     async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
         """See ``store.base.PackIndex``."""
         self._check_open()
         found: dict[str, PackedBlob | None] = {}
         for key in keys:
-            row = self._packed.get(key)
+            row = self._tables.packed.get(key)
             if row is not None:
                 found[key] = row
-            elif self._references.get(key, 0) > 0:
+            elif self._referenced(key):
                 found[key] = None
         return found
 
@@ -235,398 +555,159 @@ class InMemoryCheckpointStore:
     ) -> builtins.list[PackedBlob]:
         """See ``store.base.PackIndex``."""
         self._check_open()
-        keys = sorted(key for key in self._packed if after is None or key > after)
-        return [self._packed[key] for key in keys[: max(limit, 0)]]
+        packed = self._tables.packed
+        keys = sorted(key for key in packed if after is None or key > after)
+        return [packed[key] for key in keys[: max(limit, 0)]]
 
     async def drop_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
-        now = self._now()
-        dropped: builtins.list[str] = []
-        for row in check_packed_blobs(rows, None):
-            if (
-                self._packed.get(row.key) == row
-                and self._live_condemned(row.key, now)
-                and self._references.get(row.key, 0) <= 0
-                and self._references.get(artifact_twin(row.key), 0) <= 0
-            ):
-                del self._packed[row.key]
-                dropped.append(row.key)
-        return dropped
+        async with self._lock:
+            now = self._now()
+            packed = self._tables.packed
+            dropped: builtins.list[str] = []
+            for row in check_packed_blobs(rows, None):
+                if (
+                    packed.get(row.key) == row
+                    and self._live_condemned(row.key, now)
+                    and not self._referenced(row.key)
+                    # One row serves a digest's file and artifact keys (row_key).
+                    and not self._referenced(artifact_twin(row.key))
+                ):
+                    del packed[row.key]
+                    dropped.append(row.key)
+            return dropped
 
     async def switch_packed_blobs(
         self, old_pack: str, rows: builtins.list[PackedBlob]
     ) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
-        switched: builtins.list[str] = []
-        for row in check_packed_blobs(rows, None):
-            current = self._packed.get(row.key)
-            if (
-                current is not None
-                and current.pack == old_pack
-                and row.pack != old_pack
-                and not self._pack_retired(row.pack)
-            ):
-                self._packed[row.key] = row
-                switched.append(row.key)
-        return switched
+        async with self._lock:
+            packed = self._tables.packed
+            switched: builtins.list[str] = []
+            for row in check_packed_blobs(rows, None):
+                current = packed.get(row.key)
+                if (
+                    current is not None
+                    and current.pack == old_pack
+                    and row.pack != old_pack
+                    and not self._pack_retired(row.pack)
+                ):
+                    packed[row.key] = row
+                    switched.append(row.key)
+            return switched
 
     def _pack_retired(self, pack: str) -> bool:
-        return self._retired_packs.get(pack, 0) > self._now()
+        return self._tables.retired_packs.get(pack, 0) > self._now()
 
     async def retire_pack(self, pack: str, hold_ms: int) -> bool:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
         hold = check_hold_ms(hold_ms)
-        if any(row.pack == pack for row in self._packed.values()):
-            return False
-        self._retired_packs[pack] = self._now() + hold
-        return True
+        async with self._lock:
+            if any(row.pack == pack for row in self._tables.packed.values()):
+                return False
+            self._tables.retired_packs[pack] = self._now() + hold
+            return True
 
     async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
-        gone: builtins.list[str] = []
-        for row in check_packed_blobs(rows, None):
-            current = self._packed.get(row.key)
-            if current is not None and (current.pack, current.offset) == (row.pack, row.offset):
-                del self._packed[row.key]
-                gone.append(row.key)
-        self._missing.update(gone)
-        return sorted(gone)
+        async with self._lock:
+            packed = self._tables.packed
+            gone: builtins.list[str] = []
+            for row in check_packed_blobs(rows, None):
+                current = packed.get(row.key)
+                if current is not None and (current.pack, current.offset) == (row.pack, row.offset):
+                    del packed[row.key]
+                    gone.append(row.key)
+            now = self._now()
+            for key in gone:
+                self._tables.missing.setdefault(key_to_bytes(key), now)
+            return sorted(gone)
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
-        added: builtins.list[str] = []
-        for row in check_packed_blobs(rows, None):
-            if row.key not in self._packed and self._references.get(row.key, 0) > 0:
-                self._packed[row.key] = row
-                added.append(row.key)
-        return added
-
-    async def list_blob_references(self) -> builtins.list[BlobReference]:
-        self._check_open()
-        return [
-            BlobReference(key, count)
-            for key, count in sorted(self._references.items(), key=lambda kv: utf8_key(kv[0]))
-            if count > 0
-        ]
-
-    # ------------------------------------------------------------------ writes
-
-    def _lease(self, thread_id: str) -> LeaseRecord | None:
-        return self._leases.get(thread_id)
-
-    async def append(
-        self,
-        checkpoint: Checkpoint,
-        expected_head_id: str | None,
-        writer: WriterLike,
-        *,
-        packed_blobs: Sequence[PackedBlob] = (),
-    ) -> str:
-        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6);
-        ``packed_blobs``: pack index rows for keys it references (PackIndex)."""
-        self._check_open()
-        check_checkpoint_ids(checkpoint, expected_head_id)
-        check_checkpoint_body(checkpoint)
-        thread_id = checkpoint.thread_id
-        check_append_state(
-            checkpoint,
-            expected_head_id,
-            writer,
-            lease=self._lease(thread_id),
-            now=self._now(),
-            id_used=self._id_used(checkpoint.id),
-            head_id=self._heads.get(thread_id),
-        )
-        stored = _freeze(checkpoint)
-        used = set(stored.keys) if packed_blobs else set()
-        # One row serves a digest's file and artifact keys (_packindex.row_key).
-        rows = (
-            check_packed_blobs(packed_blobs, lambda key: key in used or artifact_twin(key) in used)
-            if packed_blobs
-            else []
-        )
-        self._publish(stored)
-        for row in rows:
-            self._packed[row.key] = row  # the newest upload of the key wins
-        return checkpoint.id
-
-    def _id_used(self, checkpoint_id: str) -> bool:
-        return checkpoint_id in self._checkpoints or checkpoint_id in self._spent
-
-    def _publish(self, stored: _Stored) -> None:
-        checkpoint = stored.checkpoint
-        self._checkpoints[checkpoint.id] = stored
-        self._threads.setdefault(checkpoint.thread_id, {})[checkpoint.id] = None
-        self._heads[checkpoint.thread_id] = checkpoint.id
-        for key in stored.keys:
-            self._references[key] = self._references.get(key, 0) + 1
-
-    def _forget(self, checkpoint_id: str) -> None:
-        stored = self._checkpoints.pop(checkpoint_id)
-        thread = self._threads[stored.checkpoint.thread_id]
-        del thread[checkpoint_id]
-        if not thread:
-            del self._threads[stored.checkpoint.thread_id]
-        for key in stored.keys:
-            count = self._references.get(key, 0) - 1
-            if count > 0:
-                self._references[key] = count
-            else:
-                self._references.pop(key, None)
-
-    async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
-        """Remove the head; the head moves to its parent (None when the parent is gone)."""
-        self._check_open()
-        check_id(thread_id, "thread id")
-        check_id(checkpoint_id, "checkpoint id")
-        check_writer(writer, thread_id, self._lease(thread_id), self._now())
-        if self._heads.get(thread_id) != checkpoint_id:
-            raise not_head(thread_id, checkpoint_id)
-        parent = self._checkpoints[checkpoint_id].checkpoint.parent_checkpoint_id
-        self._forget(checkpoint_id)
-        self._spent.update(spent_ids([checkpoint_id]))
-        if parent is not None and parent in self._threads.get(thread_id, {}):
-            self._heads[thread_id] = parent
-        else:
-            del self._heads[thread_id]
-
-    async def delete_checkpoints(
-        self, thread_id: str, keep: int, writer: WriterLike
-    ) -> builtins.list[str]:
-        """Keep the head and its ``keep - 1`` nearest ancestors; delete the rest.
-
-        Returns the deleted ids in list order.
-        """
-        self._check_open()
-        check_id(thread_id, "thread id")
-        check_keep(keep)
-        check_writer(writer, thread_id, self._lease(thread_id), self._now())
-        ids = self._threads.get(thread_id, {})
-        pairs = [(i, self._checkpoints[i].checkpoint.parent_checkpoint_id) for i in ids]
-        doomed = plan_prune(pairs, self._heads.get(thread_id), keep)
-        ordered = sorted(
-            (self._checkpoints[i].checkpoint for i in doomed),
-            key=lambda c: list_order(c.created_at, c.id),
-        )
-        for checkpoint in ordered:
-            self._forget(checkpoint.id)
-        self._spent.update(spent_ids(c.id for c in ordered))
-        return [c.id for c in ordered]
-
-    async def fork_from_checkpoint(
-        self,
-        source_thread_id: str,
-        source_checkpoint_id: str,
-        destination_thread_id: str,
-        destination_checkpoint_id: str,
-        created_at: int,
-        writer: WriterLike,
-    ) -> Checkpoint:
-        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork checks)."""
-        self._check_open()
-        check_fork_arguments(
-            source_thread_id,
-            source_checkpoint_id,
-            destination_thread_id,
-            destination_checkpoint_id,
-            created_at,
-        )
-        stored = self._checkpoints.get(source_checkpoint_id)
-        check_fork_source(
-            None if stored is None else stored.checkpoint.thread_id,
-            source_thread_id,
-            source_checkpoint_id,
-        )
-        assert stored is not None
-        check_writer(writer, destination_thread_id, self._lease(destination_thread_id), self._now())
-        if self._threads.get(destination_thread_id) or destination_thread_id in self._heads:
-            raise destination_not_empty(
-                destination_thread_id, destination_checkpoint_id, "the thread has checkpoints"
-            )
-        if self._id_used(destination_checkpoint_id):
-            raise destination_not_empty(
-                destination_thread_id, destination_checkpoint_id, "the id is already used"
-            )
-        root = fork_checkpoint(
-            _thaw(stored), destination_thread_id, destination_checkpoint_id, created_at
-        )
-        self._publish(_freeze(root))
-        return _thaw(self._checkpoints[root.id])
-
-    # ------------------------------------------------------------------ leases
-
-    async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
-        """Take the thread's writer lease without waiting.
-
-        A live lease raises WRITER_CONFLICT (with ``expires_at_ms`` and
-        ``retry_after_ms`` in its details) unless ``owner`` acquired it: the same
-        owner takes it back with a new fence, and the old writer is lost.
-        """
-        self._check_open()
-        check_id(thread_id, "thread id")
-        holder = lease_holder(owner)
-        now = self._now()
-        record = self._leases.get(thread_id)
-        if not may_take_over(record, holder, now):
-            assert record is not None
-            raise writer_conflict(thread_id, record, now)
-        if record is not None:
-            self._drop_pins((thread_id, record.owner_token, record.fence))
-        fence = self._fences.get(thread_id, 0) + 1
-        self._fences[thread_id] = fence
-        record = LeaseRecord(
-            new_owner_token(), fence, now + self._options.lease_duration_ms, holder
-        )
-        self._leases[thread_id] = record
-        return WriterLease(
-            thread_id=thread_id,
-            owner_token=record.owner_token,
-            fence=fence,
-            expires_at=record.expires_at,
-            renew_after_ms=self._options.renew_after_ms,
-            renew=self._renew,
-            release=self._release,
-        )
-
-    async def _renew(self, lease: WriterLease) -> int:
-        self._check_open()
-        thread_id, token, fence = writer_fields(lease)
-        now = self._now()
-        record = self._leases.get(thread_id)
-        if not lease_is_current(record, token, fence, now):
-            raise renew_lost(thread_id, fence, record, now)
-        assert record is not None
-        expires_at = now + self._options.lease_duration_ms
-        self._leases[thread_id] = dataclasses.replace(record, expires_at=expires_at)
-        return expires_at
-
-    async def _release(self, lease: WriterLease) -> None:
-        if self._closed:
-            return
-        thread_id, token, fence = writer_fields(lease)
-        record = self._leases.get(thread_id)
-        if record is not None and record.owner_token == token and record.fence == fence:
-            del self._leases[thread_id]
-        self._drop_pins((thread_id, token, fence))
+        async with self._lock:
+            packed = self._tables.packed
+            added: builtins.list[str] = []
+            for row in check_packed_blobs(rows, None):
+                if row.key not in packed and self._referenced(row.key):
+                    packed[row.key] = row
+                    added.append(row.key)
+            return added
 
     # ------------------------------------------------------------------ blob guard
 
-    def _drop_pins(self, lease_id: _LeaseId) -> None:
-        for key in self._pins_by_lease.pop(lease_id, ()):
-            holders = self._pins.get(key)
-            if holders is not None:
-                holders.discard(lease_id)
-                if not holders:
-                    del self._pins[key]
-
-    def _live_pin(self, key: str, now: int) -> bool:
-        for thread_id, token, fence in self._pins.get(key, ()):
-            if lease_is_current(self._leases.get(thread_id), token, fence, now):
-                return True
-        return False
-
-    def _live_condemned(self, key: str, now: int) -> bool:
-        until = self._condemned.get(key)
-        return until is not None and now < until
-
-    async def pin_blobs(self, keys: builtins.list[str], writer: WriterLike) -> builtins.list[str]:
-        """Pin ``keys`` for the writer's lease; returns those condemned right now."""
-        self._check_open()
-        thread_id, token, fence = writer_fields(writer)
-        now = self._now()
-        check_writer(writer, thread_id, self._lease(thread_id), now)
-        wanted = check_pin_keys(keys)
-        lease_id = (thread_id, token, fence)
-        mine = self._pins_by_lease.setdefault(lease_id, set())
-        for key in wanted:
-            mine.add(key)
-            self._pins.setdefault(key, set()).add(lease_id)
-        return [key for key in wanted if self._live_condemned(key, now)]
-
     async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
         """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms."""
-        return self._condemn(keys, hold_ms, referenced_too=False)
+        return await self._condemn(keys, hold_ms, referenced_too=False)
 
     async def condemn_unpinned_blobs(
         self, keys: builtins.list[str], hold_ms: int
     ) -> builtins.list[str]:
         """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
-        return self._condemn(keys, hold_ms, referenced_too=True)
+        return await self._condemn(keys, hold_ms, referenced_too=True)
 
-    def _condemn(
+    async def _condemn(
         self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
     ) -> builtins.list[str]:
         self._check_open()
         hold = check_hold_ms(hold_ms)
         candidates = condemnable_keys(keys)
-        now = self._now()
-        condemned: builtins.list[str] = []
-        for key in candidates:
-            if not referenced_too and self._references.get(key, 0) > 0:
-                continue
-            if self._live_pin(key, now) or self._live_condemned(key, now):
-                continue
-            self._condemned[key] = now + hold
-            condemned.append(key)
-        return condemned
-
-    async def release_condemned(self, keys: builtins.list[str]) -> None:
-        self._check_open()
-        for key in keys:
-            self._condemned.pop(key, None)
+        async with self._lock:
+            tables = self._tables
+            now = self._now()
+            condemned: builtins.list[str] = []
+            for key in candidates:
+                raw = key_to_bytes(key)
+                if not referenced_too and tables.referenced(raw):
+                    continue
+                if tables.live_pin(raw, now) or tables.live_condemned(raw, now):
+                    continue
+                tables.condemned[raw] = now + hold
+                condemned.append(key)
+            return condemned
 
     # ------------------------------------------------------------------ blob audit
+
+    def _all_rows(self) -> Rows:
+        return {i: (row.base_id, row.data) for i, row in self._tables.rows.items()}
 
     async def audit_blob_references(self, *, with_sizes: bool = False) -> builtins.list[BlobCount]:
         """Stored counts beside the counts the manifests give (BlobAudit)."""
         self._check_open()
-        manifests: dict[bytes, int] = {}
-        sizes: dict[bytes, int] = {}
-        for stored in self._checkpoints.values():
-            for key in stored.keys:
-                raw = key_to_bytes(key)
-                manifests[raw] = manifests.get(raw, 0) + 1
-            if with_sizes:
-                for key, size in _key_sizes(stored.checkpoint).items():
-                    sizes.setdefault(key_to_bytes(key), size)
-        counts = {key_to_bytes(key): n for key, n in self._references.items()}
-        return blob_counts(counts, manifests, sizes)
+        async with self._lock:
+            rows, stored = self._all_rows(), self._tables.counts()
+        count = functools.partial(documents.count_manifest_keys, with_sizes=with_sizes)
+        manifests, sizes = await asyncio.to_thread(paused, count, rows)
+        return blob_counts(stored, manifests, sizes)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
-        """Set every count to the manifests' (atomic: no await in between)."""
-        wrong = [count for count in await self.audit_blob_references() if not count.agrees]
-        for count in wrong:
-            if count.manifests:
-                self._references[count.key] = count.manifests
-            else:
-                self._references.pop(count.key, None)
-        return wrong
-
-    async def mark_blobs_missing(self, keys: builtins.list[str]) -> None:
+        """Set every count to the manifests' (as the SQL stores do: one run per
+        head key at its thread's ordinal, so each key's ``refs`` is its count);
+        returns the keys that were wrong. Writers wait for it."""
         self._check_open()
-        self._missing.update(audit_keys(keys))
-
-    async def clear_missing_blobs(self, keys: builtins.list[str]) -> None:
-        self._check_open()
-        self._missing.difference_update(audit_keys(keys))
+        async with self._lock:
+            tables = self._tables
+            rows = self._all_rows()
+            manifests, sizes = await asyncio.to_thread(paused, documents.count_manifest_keys, rows)
+            heads = {thread_id: head for thread_id, (head, _) in tables.heads.items()}
+            key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
+            wrong = [c for c in blob_counts(tables.counts(), manifests, sizes) if not c.agrees]
+            tables.runs = {
+                thread_id: dict.fromkeys(keys.keys(), tables.heads[thread_id][1])
+                for thread_id, keys in key_sets.items()
+                if keys
+            }
+            tables.refs = {key: n for key, n in manifests.items() if n > 0}
+            return wrong
 
     async def list_missing_blobs(self) -> builtins.list[str]:
         self._check_open()
-        return sorted(self._missing, key=utf8_key)
-
-
-def _key_sizes(checkpoint: Checkpoint) -> dict[str, int]:
-    """The checkpoint's distinct blob keys with the size its entries give them."""
-    sizes = {
-        entry.blob_key: entry.size for entry in checkpoint.files if isinstance(entry, FileEntry)
-    }
-    sizes.update((artifact.blob_key, artifact.size) for artifact in checkpoint.artifacts)
-    return sizes
+        return [key_from_bytes(key) for key in sorted(self._tables.missing)]
 
 
 class InMemoryInstanceStore:
