@@ -7,8 +7,9 @@ sweep free the single objects.
 
 What it does, in batches (``migrate_to_packs``):
 
-1. the keys the manifests use (``audit_blob_references`` with sizes), less
-   artifacts, blobs above the pack threshold and keys that already have a row;
+1. the keys the manifests use (``audit_blob_references`` with sizes), file
+   blobs and artifacts, less blobs above the pack threshold and keys that
+   already have a row (an artifact's row is its digest's, ``row_key``);
 2. each remaining blob's single object is read and checked (size and BLAKE3
    against its key): a missing or damaged one is reported and left alone
    (``checkpointd check`` tells the rest);
@@ -30,8 +31,8 @@ So it is idempotent (a rerun skips keys that have a row) and safe to kill at
 any point: a pack uploaded whose rows were never recorded is a pack no row
 points at, which a sweep deletes once the killed run's lease (and its pins)
 expired; nothing else changed. Nothing is rewritten
-without need: a blob that is already packed, large, or an artifact stays as
-it is, and single objects are not deleted here. A sweep deletes the single
+without need: a blob that is already packed or large stays as it is, and
+single objects are not deleted here. A sweep deletes the single
 object of a key that has a row once it is older than ``older_than_ms``
 (see ``sweep``), so readers that found no row before the migration
 finish first. Safe while captures run: it only adds rows for blobs whose bytes
@@ -60,6 +61,7 @@ from .blobs.base import BlobNotFoundError, BlobStore, get_many, put_many
 from .blobs.packs import DEFAULT_PACK_THRESHOLD, PACK_TARGET_BYTES, PackedBlobStore, pack_key
 from .errors import SandboxCheckpointInvalidArgumentError, SandboxCheckpointWriterConflictError
 from .model import FILE_KEY_PREFIX, WriterLease
+from .store._packindex import row_key
 from .store.base import (
     BlobAudit,
     BlobCount,
@@ -101,10 +103,10 @@ class MigrateProblem:
 
 @dataclass(frozen=True, slots=True)
 class MigrateSummary:
-    candidates: int  # referenced small file blobs without a row when the run began
+    candidates: int  # referenced small blobs (files, artifacts) without a row at the start
     packed: int  # of those, rows recorded now (a dry run: would be)
     already_packed: int  # referenced keys that had a row
-    skipped_large: int  # referenced file blobs above the threshold (stay single)
+    skipped_large: int  # referenced blobs above the threshold (stay single)
     problems: int
     packs_written: int
     raw_bytes: int
@@ -201,22 +203,25 @@ async def iter_migrate(
     bucket = _check(store, blobs, dry_run)
     assert isinstance(store, BlobAudit) and isinstance(store, PackIndex)
     audit: Sequence[BlobCount] = await store.audit_blob_references(with_sizes=True)
-    files = [c for c in audit if c.manifests > 0 and c.key.startswith(FILE_KEY_PREFIX)]
-    small = [c.key for c in files if c.size is not None and c.size <= threshold]
-    large = len(files) - len(small)
-    del audit, files
+    used = [c for c in audit if c.manifests > 0]  # file blobs and artifacts
+    small = [c.key for c in used if c.size is not None and c.size <= threshold]
+    large = len(used) - len(small)
+    del audit, used
 
+    # A digest's file and artifact keys share one row (row_key): one candidate each.
     candidates: list[str] = []
+    forms: set[str] = set()
     already = 0
     for start in range(0, len(small), MIGRATE_BATCH):
         keys = small[start : start + MIGRATE_BATCH]
-        located = await store.locate_blobs(keys)
+        located = await store.locate_blobs(list(dict.fromkeys(map(row_key, keys))))
         for key in keys:
-            if located.get(key) is not None:
+            if located.get(row_key(key)) is not None:
                 already += 1
-            else:
+            elif row_key(key) not in forms:
+                forms.add(row_key(key))
                 candidates.append(key)
-    del small
+    del small, forms
 
     packed = problems = packs_written = raw_total = stored_total = 0
     writer = _native.PackWriter()
@@ -240,7 +245,7 @@ async def iter_migrate(
         assert isinstance(store, PackMaintenance)
         await put_many(bucket, [(name, body)])  # durable before any row names it
         rows = [
-            PackedBlob(key, name, offset, length, raw_size, codec)
+            PackedBlob(row_key(key), name, offset, length, raw_size, codec)
             for key, (offset, length, raw_size, codec) in rows_placed
         ]
         await pins.renew()
@@ -257,7 +262,9 @@ async def iter_migrate(
             if pins is not None:
                 if not placed:
                     await pins.next_pack()
-                await pins.pin(keys)  # before the read, so before the pack's upload
+                # Before the read, so before the pack's upload (the pack holds
+                # the keys' digests: their file forms, row_key).
+                await pins.pin(list(dict.fromkeys(map(row_key, keys))))
             good: list[tuple[str, bytes]] = []
             try:
                 found = await get_many(bucket, keys)
@@ -271,14 +278,14 @@ async def iter_migrate(
                         problems += 1
                         yield MigrateProblem(key, "its single object is not in the bucket")
             for key, data in pairs:
-                if blake3.blake3(data).hexdigest() != key[len(FILE_KEY_PREFIX) :]:
+                if blake3.blake3(data).hexdigest() != _hex(key):
                     problems += 1
                     yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
                 else:
                     good.append((key, data))
             if not good:
                 continue
-            items = [(key[len(FILE_KEY_PREFIX) :], data) for key, data in good]
+            items = [(_hex(key), data) for key, data in good]
             result = await asyncio.to_thread(writer.add_many, items)
             placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
             if writer.size >= PACK_TARGET_BYTES:
@@ -302,6 +309,10 @@ async def iter_migrate(
         stored_bytes=stored_total,
         dry_run=dry_run,
     )
+
+
+def _hex(key: str) -> str:
+    return row_key(key)[len(FILE_KEY_PREFIX) :]
 
 
 async def migrate_to_packs(

@@ -156,3 +156,36 @@ async def test_an_artifact_whose_bytes_are_not_its_key_is_not_packed(
     assert await PackedBlobStore(bucket, store).locate([artifact.blob_key]) == {}
     report = await check_store(store, bucket, read_data=True)
     assert {f.key for f in report.findings} == {artifact.blob_key}
+
+
+async def test_migrate_packs_the_small_artifacts_of_an_old_store(
+    store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    from checkpointd.migrate import migrate_to_packs
+
+    from .test_pack_sweep import _StoreBeforePacks
+
+    note = await upload_artifact(bucket, "note.txt", "text/plain", b"an old note\n" * 30)
+    shared = b"bytes both a file and an artifact\n" * 20
+    twin = await upload_artifact(bucket, "twin.txt", "text/plain", shared)
+    write_tree(workspace, {"a.txt": b"a" * 100, "twin.txt": shared})
+    await capture_checkpoint(
+        workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir, artifacts=[note, twin]
+    )
+    packed = PackedBlobStore(bucket, store)
+    assert await packed.locate([note.blob_key, twin.blob_key]) == {}
+    summary = await migrate_to_packs(store, bucket)
+    # a.txt, the note and one row for the twin's digest (file and artifact).
+    assert (summary.candidates, summary.packed, summary.problems) == (3, 3, 0)
+    assert set(await packed.locate([note.blob_key, twin.blob_key])) == {
+        note.blob_key,
+        twin.blob_key,
+    }
+    again = await migrate_to_packs(store, bucket)
+    assert (again.candidates, again.packed) == (0, 0)
+    swept = await sweep_blobs(store, bucket, 0, now=_later)
+    assert swept.failures == [] and await _single_objects(bucket) == set()
+    assert await packed.get(note.blob_key) == b"an old note\n" * 30
+    assert await packed.get(twin.blob_key) == shared
+    checked = await check_store(store, bucket, read_data=True)
+    assert checked.summary is not None and checked.summary.ok, checked.findings

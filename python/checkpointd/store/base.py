@@ -344,7 +344,8 @@ class PackMaintenance(Protocol):
         ...
 
     async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
-        """Record each row whose key a checkpoint references and has no row yet;
+        """Record each row whose key (or its digest's artifact key,
+        ``_packindex.row_key``) a checkpoint references and has no row yet;
         returns the keys recorded, sorted. The caller pins the keys (under a
         current lease) before it uploads their pack, and keeps the pins until
         this returns."""

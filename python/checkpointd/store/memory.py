@@ -634,7 +634,10 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
             packed = self._tables.packed
             added: builtins.list[str] = []
             for row in check_packed_blobs(rows, None):
-                if row.key not in packed and self._referenced(row.key):
+                # Referenced as a file or as an artifact (_packindex.row_key).
+                if row.key not in packed and (
+                    self._referenced(row.key) or self._referenced(artifact_twin(row.key))
+                ):
                     packed[row.key] = row
                     added.append(row.key)
             return added

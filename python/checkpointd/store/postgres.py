@@ -1494,16 +1494,20 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         async def body(conn: asyncpg.Connection) -> builtins.list[str]:
             # Not refused for a retired pack: migrate pins its keys (base.PackMaintenance).
-            live = checked
+            # Referenced as a file or as an artifact (_packindex.row_key).
+            forms = {
+                row.key: (key_to_bytes(row.key), key_to_bytes(artifact_twin(row.key)))
+                for row in checked
+            }
             used = {
                 bytes(r["key"])
                 for r in await conn.fetch(
                     "SELECT DISTINCT key FROM checkpointd_blob_counts"
                     " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                    [key_to_bytes(row.key) for row in live],
+                    [raw for pair in forms.values() for raw in pair],
                 )
             }
-            live = [row for row in live if key_to_bytes(row.key) in used]
+            live = [row for row in checked if not used.isdisjoint(forms[row.key])]
             if not live:
                 return []
             ids = await _pack_ids(conn, live)

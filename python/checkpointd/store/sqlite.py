@@ -1335,12 +1335,13 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             ids = await self._pack_ids(conn, wanted)
             added: builtins.list[str] = []
             for row in checked:
-                raw = key_to_bytes(row.key)
+                # Referenced as a file or as an artifact (_packindex.row_key).
+                raw, twin = key_to_bytes(row.key), key_to_bytes(artifact_twin(row.key))
                 used = await _fetchall(
                     conn,
-                    "SELECT 1 FROM blob_references WHERE key = ? AND refs > 0"
-                    " UNION ALL SELECT 1 FROM blob_runs WHERE key = ? LIMIT 1",
-                    (raw, raw),
+                    "SELECT 1 FROM blob_references WHERE key IN (?, ?) AND refs > 0"
+                    " UNION ALL SELECT 1 FROM blob_runs WHERE key IN (?, ?) LIMIT 1",
+                    (raw, twin, raw, twin),
                 )
                 if not used:
                     continue
