@@ -5,6 +5,8 @@ it must not be held twice between captures, nor once per delta)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from checkpointd.manifest import Manifest
 from checkpointd.store import _documents
 from checkpointd.store._core import RecentContents
@@ -72,3 +74,36 @@ def test_a_chain_of_no_change_deltas_shares_one_manifest() -> None:
     rows["c5"] = (stored.base_id, stored.data)
     again = _documents.materialize("c5", rows, memo)
     assert again.manifest is not head.manifest and again.checkpoint().files == files[1:]
+
+
+async def test_a_fresh_sqlite_store_reads_the_head_once(tmp_path: Path) -> None:
+    """A fresh daemon's capture reads its head (``get``) and then appends on it:
+    the append finds the parent's content where ``get`` left it."""
+    from checkpointd.model import Checkpoint, FileEntry
+    from checkpointd.store import SqliteCheckpointStore
+
+    path = str(tmp_path / "store.db")
+    files = (FileEntry("f", f"sandbox-files/blake3/{1:064x}", 1),)
+    async with await SqliteCheckpointStore.open(path) as store:
+        async with await store.acquire_writer("t") as lease:
+            await store.append(
+                Checkpoint(
+                    id="c1", thread_id="t", parent_checkpoint_id=None, created_at=1, files=files
+                ),
+                None,
+                lease,
+            )
+    async with await SqliteCheckpointStore.open(path) as store:
+        head = await store.get("c1")
+        assert head is not None and head.files == files
+        (held,) = store._recent._items.values()
+        async with await store.acquire_writer("t") as lease:
+            await store.append(
+                Checkpoint(
+                    id="c2", thread_id="t", parent_checkpoint_id="c1", created_at=2, files=files
+                ),
+                "c1",
+                lease,
+            )
+        assert held in store._recent._items.values()  # the parent was not read again
+        assert (await store.get("c2")).files == files  # type: ignore[union-attr]

@@ -479,10 +479,6 @@ def _batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]
 _Rows = Rows
 
 
-def _keyframe_checkpoint(checkpoint_id: str, data: bytes) -> Checkpoint:
-    return documents.materialize(checkpoint_id, {checkpoint_id: (None, data)}, {}).checkpoint()
-
-
 # The keys of a KeySet as a table ``ks (key)``, from two parameters: the file
 # digests concatenated (:digests, 32 bytes each; the kind byte is added here) and
 # the artifact keys concatenated (:artifacts, 33 bytes each). One statement per
@@ -1043,11 +1039,23 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return None
         if cached is not None:
             return await offload(content_size(cached), cached.checkpoint)
-        _, base_id, data = row
+        serial, base_id, data = row
         if base_id is None:
             # A keyframe decodes straight from the codec document.
-            return await offload(len(data) // 16, _keyframe_checkpoint, checkpoint_id, data)
-        content = await asyncio.to_thread(paused, documents.materialize, checkpoint_id, rows, {})
+            content = await offload(
+                len(data) // 16,
+                documents.materialize,
+                checkpoint_id,
+                {checkpoint_id: (None, data)},
+                {},
+            )
+        else:
+            content = await asyncio.to_thread(
+                paused, documents.materialize, checkpoint_id, rows, {}
+            )
+        # Kept like an appended one: the head a capture reads is the parent its
+        # append diffs against next (a fresh daemon read a million-entry head twice).
+        self._recent.put(checkpoint_id, serial, content)
         return await offload(content_size(content), content.checkpoint)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
