@@ -208,3 +208,27 @@ async def test_a_version_6_postgres_database_keeps_every_pin_count_and_index_row
         await _check_after(store, live, counts, located, clock)
     finally:
         await store.aclose()
+
+
+async def test_a_large_append_leaves_no_large_wal_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The append checkpoints a WAL over the limit, the next write starts it over
+    cut back to WAL_KEPT_BYTES: the store's bytes on disk are not its pages twice."""
+    from checkpointd.store import sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "WAL_KEPT_BYTES", 64 << 10)
+    monkeypatch.setattr(sqlite_store, "WAL_CHECKPOINT_BYTES", 256 << 10)
+    path = tmp_path / "wal.db"
+    keys = range(1, 20_001)
+    async with await SqliteCheckpointStore.open(str(path)) as store:
+        lease = await store.acquire_writer("t")
+        await store.pin_blobs([file_key(n) for n in keys], lease)
+        await store.append(_checkpoint(keys), None, lease, packed_blobs=_rows(keys))
+        await lease.release()  # a write after the checkpoint: the WAL starts over
+        wal = (tmp_path / "wal.db-wal").stat().st_size
+        database = path.stat().st_size
+        # What is left is the release's own pages (its 20,000 pins gone), not the
+        # append's again.
+        assert wal < database / 3, (wal, database)
+        assert len(await store.list_blob_references()) == 20_000
