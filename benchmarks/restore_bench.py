@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Scratch(args.scratch / "restore-run")
     ctx = CorpusRun(spec, pristine, scratch, runs=1, warmups=0, timeout_s=1800, big_file=None)
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # A fresh store and restic repository (an earlier run's are renamed aside).
+    scratch.aside(ctx.tool_dir("checkpointd-daemon"), ctx.tool_dir("restic"))
     base = ctx.tool_dir("checkpointd-daemon")
     store_dir = base / "store"
     (store_dir / "blobs").mkdir(parents=True, exist_ok=True)
