@@ -951,42 +951,43 @@ impl Restore {
         data: &[u8],
     ) -> Result<(), RestoreError> {
         Self::verify(hash, self.expected(hash)?, data)?;
-        self.write_uses(dirs, hash, data)
+        self.write_uses(dirs, hash, data).map(drop)
     }
 
-    /// Write verified bytes to every use of `hash` (once per blob: a blob
-    /// staged before is skipped).
+    /// Write verified bytes to every use of `hash`, once per blob: false
+    /// when it was staged before (and is skipped).
     fn write_uses(
         &self,
         dirs: &mut DirStack<'_>,
         hash: &[u8; 32],
         data: &[u8],
-    ) -> Result<(), RestoreError> {
+    ) -> Result<bool, RestoreError> {
         if !self
             .staged
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(*hash)
         {
-            return Ok(());
+            return Ok(false);
         }
         for (index, fd) in self.create_uses(dirs, hash)? {
             fs::write_all(fd.as_raw_fd(), data)
                 .map_err(|e| RestoreError::io(self.shown_prepared(index), "write", e))?;
             self.finish_use(index, &fd)?;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// One complete frame of `data` (the pack's bytes from `base` on):
-    /// checked against the plan's size, decoded and verified, then staged.
+    /// checked against the plan's size, decoded and verified, then staged;
+    /// false when its blob was staged before.
     fn stage_frame(
         &self,
         dirs: &mut DirStack<'_>,
         base: u64,
         data: &[u8],
         entry: &pack::Entry,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<bool, RestoreError> {
         let expected = self.expected(&entry.digest)?;
         if expected != u64::from(entry.raw_len) {
             return Err(RestoreError::InvalidBlob {
@@ -1034,18 +1035,24 @@ impl Restore {
         // (more would only contend for the filesystem's locks).
         let chunk = frames.len().div_ceil(self.threads * 2).max(1);
         let prefix = self.tree_prefix();
-        frames.par_chunks(chunk).try_for_each(|part| {
-            let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
-            for entry in part {
-                if cancel.is_cancelled() {
-                    return Err(RestoreError::Cancelled);
+        // Only blobs staged now count (a read again after a repack skips some).
+        frames
+            .par_chunks(chunk)
+            .map(|part| {
+                let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
+                let (mut blobs, mut bytes) = (0, 0);
+                for entry in part {
+                    if cancel.is_cancelled() {
+                        return Err(RestoreError::Cancelled);
+                    }
+                    if self.stage_frame(&mut dirs, base, data, entry)? {
+                        blobs += 1;
+                        bytes += u64::from(entry.raw_len);
+                    }
                 }
-                self.stage_frame(&mut dirs, base, data, entry)?;
-            }
-            Ok(())
-        })?;
-        let bytes = frames.iter().map(|e| u64::from(e.raw_len)).sum();
-        Ok((frames.len() as u64, bytes))
+                Ok((blobs, bytes))
+            })
+            .try_reduce(|| (0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))
     }
 
     fn shown_prepared(&self, index: usize) -> String {
