@@ -116,8 +116,13 @@ def scan(
     feed: BlobFeed | None = None,
     root_fd: int | None = None,
     progress: ScanProgress | None = None,
+    previous_manifest: bytes | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
+
+    ``previous_manifest`` (the parent checkpoint's): when the scan's manifest is
+    byte for byte that one, ``ScanResult.manifest`` IS that object (compared
+    chunk by chunk as it is encoded; nothing is allocated for a second copy).
 
     Top-level names starting with ``.checkpointd`` are never captured. With
     ``cache_path``, loads the stat cache from there (a missing or corrupt file is

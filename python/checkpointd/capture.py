@@ -383,7 +383,8 @@ async def capture_checkpoint(
                 await engine.distrust_marked()
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
-                parent_digests = manifest_of(parent.files).digests() if parent else b""
+                parent_manifest = manifest_of(parent.files) if parent is not None else None
+                parent_digests = parent_manifest.digests() if parent_manifest is not None else b""
                 feed = _native.BlobFeed(
                     FEED_BYTES, SMALL_FILE_BYTES, parent_digests, max_held_files=HELD_FILES
                 )
@@ -407,6 +408,9 @@ async def capture_checkpoint(
                         subroot.fd,
                         executor=feed_threads,
                         progress=counts,
+                        previous_manifest=(
+                            parent_manifest.data if parent_manifest is not None else None
+                        ),
                     )
                 )
                 polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
@@ -430,11 +434,17 @@ async def capture_checkpoint(
                 )
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
+                # When nothing changed they are the parent's own bytes (the scan
+                # returns that very object), and its digests are the parent's too:
+                # no second copy of either is kept.
+                unchanged_files = (
+                    parent_manifest is not None and outcome.manifest is parent_manifest.data
+                )
                 manifest = Manifest(
                     outcome.manifest,
                     length=outcome.entries_count,
                     trusted=True,
-                    digests=outcome.digests,
+                    digests=parent_digests if unchanged_files else outcome.digests,
                     totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
                 )
                 keeper.check()
@@ -583,6 +593,7 @@ async def _scan(
     root_fd: int | None = None,
     executor: concurrent.futures.Executor | None = None,
     progress: _native.ScanProgress | None = None,
+    previous_manifest: bytes | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(
@@ -594,6 +605,7 @@ async def _scan(
             feed=feed,
             root_fd=root_fd,
             progress=progress,
+            previous_manifest=previous_manifest,
         ),
         token.cancel,
         executor,

@@ -140,12 +140,15 @@ def scan_workspace(
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
     progress: _native.ScanProgress | None = None,
+    previous_manifest: bytes | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
 
     ``progress`` receives the counts while the scan runs (poll its
-    ``snapshot()`` from another thread).
+    ``snapshot()`` from another thread). ``previous_manifest``: the parent's
+    manifest bytes; when nothing changed, ``ScanOutcome.manifest`` is that very
+    object (no second copy of a large manifest is made).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -166,6 +169,7 @@ def scan_workspace(
             feed=feed,
             root_fd=root_fd,
             progress=progress,
+            previous_manifest=previous_manifest,
         )
     except _native.ScanCancelled:
         raise

@@ -101,3 +101,28 @@ def test_cancel_passes_through(workspace: Path) -> None:
     token.cancel()
     with pytest.raises(_native.ScanCancelled):
         scan_workspace(workspace, None, (), None, cancel=token)
+
+
+@pytest.mark.parametrize("with_cache", [True, False], ids=["cached", "fresh"])
+def test_previous_manifest_is_returned_when_nothing_changed(
+    workspace: Path, cache_path: str, with_cache: bool
+) -> None:
+    """A scan given the parent's manifest returns that very object when its own
+    bytes are the same (nothing is allocated for a copy), and its own bytes
+    whenever one differs, even a change that keeps the length (a mode)."""
+    cache = cache_path if with_cache else None
+    (workspace / "src").mkdir()
+    (workspace / "src" / "util.py").write_bytes(b"print(1)\n")
+    (workspace / "src" / "other.py").write_bytes(b"x = 2\n")
+    (workspace / "README").write_bytes(b"hello\n")
+    age_tree(str(workspace))
+    first = _native.scan(str(workspace), cache_path=cache).manifest
+    again = _native.scan(str(workspace), cache_path=cache, previous_manifest=first)
+    assert again.manifest is first
+    assert _native.scan(str(workspace), previous_manifest=b"[]").manifest == first
+    (workspace / "src" / "util.py").chmod(0o600)  # 420 -> 384: same length
+    age_tree(str(workspace))
+    changed = _native.scan(str(workspace), cache_path=cache, previous_manifest=first)
+    assert changed.manifest is not first and len(changed.manifest) == len(first)
+    assert changed.manifest == _native.scan(str(workspace)).manifest
+    assert changed.manifest != first

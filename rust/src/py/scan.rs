@@ -90,9 +90,33 @@ impl ScanResult {
 #[derive(Default)]
 struct PyBytesBuffer {
     object: Option<Py<PyBytes>>,
+    previous: Option<PreviousManifest>,
 }
 
+/// The manifest the scan is expected to equal (the parent's): a Python bytes
+/// object held for the whole scan, read without the GIL.
+struct PreviousManifest {
+    object: Py<PyBytes>,
+    data: *const u8,
+    len: usize,
+}
+
+// SAFETY: `data` points into the buffer of the bytes object `object` keeps
+// alive; bytes objects are immutable, so any thread may read it.
+unsafe impl Send for PreviousManifest {}
+
 impl core::ManifestBuffer for PyBytesBuffer {
+    fn previous(&self) -> Option<&[u8]> {
+        // SAFETY: see `PreviousManifest`.
+        self.previous
+            .as_ref()
+            .map(|p| unsafe { std::slice::from_raw_parts(p.data, p.len) })
+    }
+
+    fn keep_previous(&mut self) {
+        self.object = self.previous.take().map(|p| p.object);
+    }
+
     fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
         let size = pyo3::ffi::Py_ssize_t::try_from(len)
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
@@ -160,7 +184,8 @@ fn to_result(
 #[pyfunction]
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
-    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None
+    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
+    previous_manifest=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -176,6 +201,7 @@ pub fn scan(
     feed: Option<&Bound<'_, PyBlobFeed>>,
     root_fd: Option<std::os::fd::RawFd>,
     progress: Option<&Bound<'_, PyScanProgress>>,
+    previous_manifest: Option<&Bound<'_, PyBytes>>,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -207,8 +233,16 @@ pub fn scan(
         feed: feed.map(|f| f.get().inner.clone()),
         progress: progress.map(|p| p.get().inner.clone()),
     };
+    let previous = previous_manifest.map(|bytes| PreviousManifest {
+        object: bytes.clone().unbind(),
+        data: bytes.as_bytes().as_ptr(),
+        len: bytes.as_bytes().len(),
+    });
     let (out, manifest) = run_released(py, &cancel, move || {
-        let mut manifest = PyBytesBuffer::default();
+        let mut manifest = PyBytesBuffer {
+            object: None,
+            previous,
+        };
         let root = match held {
             Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
             None => core::Root::open(&request.root),
