@@ -537,6 +537,41 @@ async def test_a_reader_holding_rows_of_a_repacked_pack_reads_the_new_one(
     assert await reader.get_many(live) == [files[f"f{n}"] for n in range(15, 20)]
 
 
+async def test_a_restore_planned_before_a_repack_reads_the_moved_blobs_from_the_new_pack(
+    memory_store: Any, bucket: Any, workspace: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """Restore locates its whole plan once; a pack a sweep repacked and deleted
+    after that lookup is looked up once more, and the blobs are read from
+    their new pack (nothing is missing, nothing is staged twice)."""
+    from checkpointd.blobs.packs import PackedBlobStore
+
+    files = {f"f{n}": _text(n) for n in range(20)}
+    write_tree(workspace, files)
+    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    write_tree(workspace, {f"f{n}": _text(500 + n) for n in range(15)})
+    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await prune(memory_store, "t", 1)
+    expected = snapshot_tree(workspace, with_mtime=False)
+    keys = [
+        _key(data)
+        for data in [_text(500 + n) for n in range(15)] + [files[f"f{n}"] for n in range(15, 20)]
+    ]
+    before = await memory_store.locate_blobs(keys)
+    for _ in range(2):  # repack, then delete the old pack
+        await sweep_blobs(memory_store, bucket, 0, now=_later)
+    old_pack = before[_key(files["f19"])].pack
+    assert old_pack not in await _packs(bucket)
+    reader = PackedBlobStore(bucket, _StaleOnce(memory_store, before))
+    target = tmp_path / "restored"
+    events: list[Any] = []
+    await restore_checkpoint(
+        target, memory_store, reader, "t", data_dir=tmp_path / "d2", progress=events.append
+    )
+    assert snapshot_tree(target, with_mtime=False) == expected
+    fetched = [event for event in events if event.phase == "fetch"]
+    assert fetched[-1].files_done == fetched[-1].files_total == len(set(keys))
+
+
 async def test_checkpointd_migrate_on_a_sqlite_store_packs_once(
     tmp_path: Path, workspace: Path, data_dir: Path
 ) -> None:
