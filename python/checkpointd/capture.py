@@ -471,6 +471,8 @@ async def capture_checkpoint(
                     await session.flush()  # the last pack, in the upload phase
             finally:
                 engine.close()
+                if session is not None:
+                    await session.abandon()  # (after a flush: nothing left to stop)
             # (A file re-hashed during the upload keeps indexes: a mapping's
             # order resolves those too.)
             manifest = _name_secret_spans(manifest, given_secrets, outcome.files_with_secrets > 0)

@@ -97,6 +97,10 @@ DEFAULT_PACK_THRESHOLD = 1 << 20
 # A pack is closed and uploaded once it holds this much: 8-32 MiB keeps the
 # request count low and one pack's upload short enough to retry.
 PACK_TARGET_BYTES = 16 << 20
+# Full packs a capture uploads at once while it goes on filling the next one:
+# the bucket's latency overlaps the scan and the compression, and a session holds
+# at most this many packs plus the open one in memory.
+PACK_UPLOADS = 2
 # Two blobs of one pack whose frames are at most this far apart are read with
 # one ranged GET (the bytes between them are cheaper than a request), up to
 # MAX_RANGE_BYTES per request.
@@ -378,7 +382,9 @@ class PackSession(BlobStore):
         self._distrusted: set[str] = set()  # keys ``check`` found gone: ask the bucket
         self._open = _OpenPack(_native.PackWriter())
         self._adding = asyncio.Lock()  # one add at a time on the open writer
-        self._uploads: set[asyncio.Task[None]] = set()
+        self._uploads: set[asyncio.Task[None]] = set()  # packs uploading (``_start_upload``)
+        self._upload_slots = asyncio.Semaphore(PACK_UPLOADS)
+        self._abandoned = False
 
     async def put(
         self, key: str, data: bytes | AsyncIterable[bytes], *, if_absent: bool = True
@@ -461,7 +467,7 @@ class PackSession(BlobStore):
                         full.append(pack)
                         self._open = _OpenPack(_native.PackWriter())
             for pack in full:
-                await self._upload(pack)
+                await self._start_upload(pack)
         return [
             written_large.get(key, False) if key in written_large else key in small
             for key, _ in items
@@ -502,13 +508,47 @@ class PackSession(BlobStore):
             PackColumns(key, digests, _u32s(offsets), _u32s(lengths), _u32s(raw_sizes), codecs)
         )
 
+    async def _start_upload(self, pack: _OpenPack) -> None:
+        """Upload ``pack`` in the background, once fewer than PACK_UPLOADS are
+        in flight; ``flush`` waits for it and raises what it raised."""
+        await self._upload_slots.acquire()
+        if self._abandoned:
+            self._upload_slots.release()
+            raise asyncio.CancelledError("the capture abandoned its pack uploads")
+
+        async def upload() -> None:
+            try:
+                await self._upload(pack)
+            finally:
+                self._upload_slots.release()
+
+        self._uploads.add(asyncio.ensure_future(upload()))
+
     async def flush(self) -> None:
-        """Upload the open pack (if it holds anything): every blob this session
-        took is durable on return, and ``rows`` lists where each one is."""
+        """Upload the open pack (if it holds anything) and wait for every upload:
+        every blob this session took is durable on return, and ``rows`` lists
+        where each one is. Raises what a failed upload raised."""
         async with self._adding:
             pack, self._open = self._open, _OpenPack(_native.PackWriter())
         if pack.writer.count:
-            await self._upload(pack)
+            await self._start_upload(pack)
+        uploads, self._uploads = list(self._uploads), set()
+        failures = [
+            outcome
+            for outcome in await asyncio.gather(*uploads, return_exceptions=True)
+            if isinstance(outcome, BaseException)
+        ]
+        if failures:
+            raise failures[0]
+
+    async def abandon(self) -> None:
+        """Stop the uploads still running (a failed or cancelled capture must not
+        leave them going) and wait until they have stopped."""
+        self._abandoned = True
+        uploads, self._uploads = list(self._uploads), set()
+        for upload in uploads:
+            upload.cancel()
+        await asyncio.gather(*uploads, return_exceptions=True)
 
 
 def _u32s(data: bytes) -> array[int]:
