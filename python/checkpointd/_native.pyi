@@ -122,7 +122,8 @@ def scan(
 
     ``previous_manifest`` (the parent checkpoint's): when the scan's manifest is
     byte for byte that one, ``ScanResult.manifest`` IS that object (compared
-    chunk by chunk as it is encoded; nothing is allocated for a second copy).
+    chunk by chunk as it is encoded; nothing is allocated for a second copy)
+    and ``ScanResult.digests`` is empty (they are that manifest's digests).
 
     Top-level names starting with ``.checkpointd`` are never captured. With
     ``cache_path``, loads the stat cache from there (a missing or corrupt file is

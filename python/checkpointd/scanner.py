@@ -58,7 +58,7 @@ class ScanOutcome:
     files_reused: int
     bytes_hashed: int
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
-    digests: bytes | None = None  # the manifest's distinct file digests, sorted
+    digests: bytes | None = None  # distinct file digests, sorted (b"" when it is previous_manifest)
     file_count: int = 0  # file rows in the manifest
     file_bytes: int = 0  # the sum of their sizes
     dirs_listed: int = 0  # directories entered

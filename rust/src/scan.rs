@@ -53,7 +53,9 @@ pub struct ScanOutput {
     /// Files in which secrets were zeroed (their rows carry the positions).
     pub files_with_secrets: u64,
     /// The distinct content digests of the manifest's files, sorted, 32
-    /// bytes each (what `manifest::digests` would compute from `manifest`).
+    /// bytes each (what `manifest::digests` would compute from `manifest`);
+    /// empty when the manifest is the buffer's previous one (whose digests
+    /// the caller has).
     pub digests: Vec<u8>,
     /// File rows in the manifest and the sum of their sizes.
     pub file_count: u64,
@@ -496,13 +498,17 @@ pub fn scan_into(
     let (files_with_secrets, file_count, file_bytes) =
         (total.files_with_secrets, total.file_count, total.file_bytes);
     let entries = total.rows;
-    // (Every file is in the order: only directories leave it.)
-    let mut digests: Vec<[u8; 32]> = Vec::with_capacity(file_count as usize);
-    digests.extend(
-        rows.files_mut()
-            .filter(|slot| !slot.vanished)
-            .filter_map(|slot| slot.hash),
-    );
+    // (Every file is in the order: only directories leave it.) A manifest
+    // that is the previous one has its digests already: none are collected.
+    let mut digests: Vec<[u8; 32]> = Vec::new();
+    if !same {
+        digests.reserve_exact(file_count as usize);
+        digests.extend(
+            rows.files_mut()
+                .filter(|slot| !slot.vanished)
+                .filter_map(|slot| slot.hash),
+        );
+    }
     drop(rows);
     pool.install(|| digests.par_sort_unstable());
     digests.dedup();

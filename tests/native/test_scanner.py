@@ -119,6 +119,7 @@ def test_previous_manifest_is_returned_when_nothing_changed(
     first = _native.scan(str(workspace), cache_path=cache).manifest
     again = _native.scan(str(workspace), cache_path=cache, previous_manifest=first)
     assert again.manifest is first
+    assert again.digests == b""  # the caller has the previous manifest's
     assert _native.scan(str(workspace), previous_manifest=b"[]").manifest == first
     (workspace / "src" / "util.py").chmod(0o600)  # 420 -> 384: same length
     age_tree(str(workspace))
@@ -126,3 +127,4 @@ def test_previous_manifest_is_returned_when_nothing_changed(
     assert changed.manifest is not first and len(changed.manifest) == len(first)
     assert changed.manifest == _native.scan(str(workspace)).manifest
     assert changed.manifest != first
+    assert changed.digests == _native.manifest_digests(changed.manifest)
