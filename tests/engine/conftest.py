@@ -20,14 +20,39 @@ BLOBS = [pytest.param("memory", id="memory-blobs"), pytest.param("file", id="fil
 PAST_NS = (int(time.time()) - 3600) * 1_000_000_000
 
 
-@pytest.fixture(params=STORES)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    url = "memory://" if request.param == "memory" else f"sqlite:///{tmp_path / 'store.db'}"
+# Every store we ship: for the tests of what each keeps (pack index, pins).
+EVERY_STORE = [*STORES, pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres)]
+# The pack-holding buckets: a local dir, and SeaweedFS S3.
+BUCKETS = ["file", pytest.param("s3", marks=pytest.mark.s3)]
+
+
+async def store_named_by_param(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[Any]:
+    """The store ``request.param`` names, open for the test (the body of the
+    ``store`` fixtures: a module picks its params, EVERY_STORE or STORES)."""
+    if request.param == "memory":
+        url = "memory://"
+    elif request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
     opened = await open_store(url)
     try:
         yield opened
     finally:
         await opened.aclose()
+
+
+def bucket_named_by_param(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+    """The blob store ``request.param`` names (the body of the ``bucket``
+    fixtures, over BUCKETS)."""
+    if request.param == "file":
+        return open_blobs(f"file://{tmp_path / 'blobs'}")
+    return request.getfixturevalue("s3_blobs")
+
+
+store = pytest.fixture(params=STORES, name="store")(store_named_by_param)
 
 
 @pytest.fixture(params=BLOBS)

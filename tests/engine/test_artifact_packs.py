@@ -15,15 +15,19 @@ from typing import Any
 import pytest
 
 from checkpointd.artifacts import upload_artifact
-from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
-from checkpointd.store import open_store
 from checkpointd.store._packindex import row_key
 from checkpointd.sweep import REFERENCED, sweep_blobs
 
-from .conftest import write_tree
+from .conftest import (
+    BUCKETS,
+    EVERY_STORE,
+    bucket_named_by_param,
+    store_named_by_param,
+    write_tree,
+)
 
 HOUR_MS = 3_600_000
 
@@ -32,32 +36,11 @@ def _later() -> int:
     return time.time_ns() // 1_000_000 + HOUR_MS
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="memory-store"),
-        pytest.param("sqlite", id="sqlite-store"),
-        pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres),
-    ]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    opened = await open_store(url)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
+# Every store we ship keeps the pack index.
+store = pytest.fixture(params=EVERY_STORE, name="store")(store_named_by_param)
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "file":
-        return open_blobs(f"file://{tmp_path / 'blobs'}")
-    return request.getfixturevalue("s3_blobs")
+bucket = pytest.fixture(params=BUCKETS, name="bucket")(bucket_named_by_param)
 
 
 async def _single_objects(bucket: Any) -> set[str]:

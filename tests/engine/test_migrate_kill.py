@@ -10,7 +10,6 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,14 @@ from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import IN_USE, sweep_blobs
 
-from .conftest import snapshot_tree, write_tree
+from .conftest import (
+    BUCKETS,
+    EVERY_STORE,
+    bucket_named_by_param,
+    snapshot_tree,
+    store_named_by_param,
+    write_tree,
+)
 from .test_pack_kill import _past_the_holds
 from .test_pack_sweep import FILE_PREFIX, _later, _packs, _StoreBeforePacks, _text
 
@@ -164,32 +170,11 @@ async def test_kill_9_after_a_migrate_pack_upload_the_sweep_deletes_the_leaked_p
 # ------------------------------------------------------------------ in-process, every store
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="memory-store"),
-        pytest.param("sqlite", id="sqlite-store"),
-        pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres),
-    ]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    opened = await open_store(url)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
+# Every store we ship keeps the pack index.
+store = pytest.fixture(params=EVERY_STORE, name="store")(store_named_by_param)
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "file":
-        return open_blobs(f"file://{tmp_path / 'blobs'}")
-    return request.getfixturevalue("s3_blobs")
+bucket = pytest.fixture(params=BUCKETS, name="bucket")(bucket_named_by_param)
 
 
 async def test_a_migrate_between_upload_and_rows_keeps_its_pack_through_sweeps(

@@ -27,7 +27,12 @@ from checkpointd.store.base import PackedBlob
 from checkpointd.sweep import IN_USE, REFERENCED, REPACKED, TOO_YOUNG, prune, sweep_blobs
 from tests.fixtures.bucket_counter import counted
 
-from .conftest import snapshot_tree, write_tree
+from .conftest import (
+    BUCKETS,
+    bucket_named_by_param,
+    snapshot_tree,
+    write_tree,
+)
 
 FILE_PREFIX = "sandbox-files/blake3/"
 HOUR_MS = 3_600_000
@@ -57,11 +62,7 @@ def _later() -> int:
     return time.time_ns() // 1_000_000 + HOUR_MS
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "file":
-        return open_blobs(f"file://{tmp_path / 'blobs'}")
-    return request.getfixturevalue("s3_blobs")
+bucket = pytest.fixture(params=BUCKETS, name="bucket")(bucket_named_by_param)
 
 
 async def _packs(blobs: Any) -> dict[str, int]:

@@ -22,35 +22,23 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import restore_checkpoint
-from checkpointd.store import open_store
 from checkpointd.store.base import PackIndex
 
 from ..fixtures.bucket_counter import CountingProxy, counted
-from .conftest import snapshot_tree, write_tree
+from .conftest import (
+    BUCKETS,
+    EVERY_STORE,
+    bucket_named_by_param,
+    snapshot_tree,
+    store_named_by_param,
+    write_tree,
+)
 
 FILE_PREFIX = "sandbox-files/blake3/"
 
 
-@pytest.fixture(
-    params=[
-        pytest.param("memory", id="memory-store"),
-        pytest.param("sqlite", id="sqlite-store"),
-        pytest.param("postgres", id="postgres-store", marks=pytest.mark.postgres),
-    ]
-)
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Any]:
-    """Every store we ship keeps the pack index."""
-    if request.param == "memory":
-        url = "memory://"
-    elif request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'store.db'}"
-    else:
-        url = request.getfixturevalue("postgres_url")
-    opened = await open_store(url)
-    try:
-        yield opened
-    finally:
-        await opened.aclose()
+# Every store we ship keeps the pack index.
+store = pytest.fixture(params=EVERY_STORE, name="store")(store_named_by_param)
 
 
 def _key(data: bytes) -> str:
@@ -109,11 +97,7 @@ def test_pack_format_round_trips_and_describes_itself() -> None:
 # ------------------------------------------------------------- round trips
 
 
-@pytest.fixture(params=["file", pytest.param("s3", marks=pytest.mark.s3)])
-def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
-    if request.param == "file":
-        return open_blobs(f"file://{tmp_path / 'blobs'}")
-    return request.getfixturevalue("s3_blobs")
+bucket = pytest.fixture(params=BUCKETS, name="bucket")(bucket_named_by_param)
 
 
 async def _objects(blobs: Any) -> dict[str, int]:
