@@ -545,7 +545,7 @@ class _Loaded:
 class SqlCheckpointStore:
     """The SPEC §3 writes of a SQL checkpoint store, its leases, pins and missing
     marks; a dialect subclasses it and provides ``_options``, ``_recent``,
-    ``_write`` and ``_is_closed`` (and its own reads, ``condemn_blobs`` and the
+    ``_write`` and ``_is_closed`` (and its own reads, ``_condemn`` and the
     audit, whose SQL is the whole of their logic)."""
 
     _options: StoreOptions
@@ -908,6 +908,27 @@ class SqlCheckpointStore:
             return [key for key in wanted if binary[key] in condemned]
 
         return await self._write("pin_blobs", body)
+
+    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
+        """Condemn each key with no reference, no live pin and no live
+        condemnation, until now + hold_ms; returns the condemned keys in the
+        given order. Keys of another shape are never condemned.
+
+        Raises InvalidArgument (hold_ms, keys not a list), STORE_UNAVAILABLE.
+        """
+        return await self._condemn(keys, hold_ms, referenced_too=False)
+
+    async def condemn_unpinned_blobs(
+        self, keys: builtins.list[str], hold_ms: int
+    ) -> builtins.list[str]:
+        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
+        return await self._condemn(keys, hold_ms, referenced_too=True)
+
+    async def _condemn(
+        self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
+    ) -> builtins.list[str]:
+        """The dialect's condemnation (its SQL is the whole of its logic)."""
+        raise NotImplementedError
 
     async def release_condemned(self, keys: builtins.list[str]) -> None:
         """Drop condemnations (after the sweep deleted or gave up on the keys)."""

@@ -644,16 +644,6 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
 
     # ------------------------------------------------------------------ blob guard
 
-    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
-        """Condemn unreferenced, unpinned, not-yet-condemned keys until now + hold_ms."""
-        return await self._condemn(keys, hold_ms, referenced_too=False)
-
-    async def condemn_unpinned_blobs(
-        self, keys: builtins.list[str], hold_ms: int
-    ) -> builtins.list[str]:
-        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
-        return await self._condemn(keys, hold_ms, referenced_too=True)
-
     async def _condemn(
         self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
     ) -> builtins.list[str]:

@@ -1268,20 +1268,6 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
     # ------------------------------------------------------------------ blob guard
 
-    async def condemn_blobs(self, keys: builtins.list[str], hold_ms: int) -> builtins.list[str]:
-        """Condemn each key with no reference, no live pin and no live condemnation,
-        until now + hold_ms; returns the condemned keys in the given order.
-
-        Raises InvalidArgument (hold_ms, keys not a list), STORE_UNAVAILABLE.
-        """
-        return await self._condemn(keys, hold_ms, referenced_too=False)
-
-    async def condemn_unpinned_blobs(
-        self, keys: builtins.list[str], hold_ms: int
-    ) -> builtins.list[str]:
-        """See ``base.PackMaintenance``: as condemn_blobs, references aside."""
-        return await self._condemn(keys, hold_ms, referenced_too=True)
-
     async def _condemn(
         self, keys: builtins.list[str], hold_ms: int, *, referenced_too: bool
     ) -> builtins.list[str]:
