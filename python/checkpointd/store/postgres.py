@@ -1391,18 +1391,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             ]
             gone: set[bytes] = set()
             if doomed:
-                gone = {
-                    bytes(r["digest"])
-                    for r in await conn.fetch(
-                        "DELETE FROM checkpointd_packed_blobs b USING checkpointd_packs p,"
-                        " unnest($1::bytea[], $2::bytea[], $3::integer[]) AS d(digest, pack, off)"
-                        " WHERE b.digest = d.digest AND p.id = b.pack AND p.digest = d.pack"
-                        " AND b.frame_offset = d.off RETURNING b.digest",
-                        [digest_of(row.key) for row in doomed],
-                        [pack_digest(row.pack) for row in doomed],
-                        [row.offset for row in doomed],
-                    )
-                }
+                gone = await _delete_packed_rows(conn, doomed)
             await self._forget_unmarked(conn, binary)
             return [row.key for row in checked if digest_of(row.key) in gone]
 
@@ -1448,18 +1437,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             return []
 
         async def body(conn: asyncpg.Connection) -> builtins.list[str]:
-            gone = {
-                bytes(r["digest"])
-                for r in await conn.fetch(
-                    "DELETE FROM checkpointd_packed_blobs b USING checkpointd_packs p,"
-                    " unnest($1::bytea[], $2::bytea[], $3::integer[]) AS d(digest, pack, off)"
-                    " WHERE b.digest = d.digest AND p.id = b.pack AND p.digest = d.pack"
-                    " AND b.frame_offset = d.off RETURNING b.digest",
-                    [digest_of(row.key) for row in checked],
-                    [pack_digest(row.pack) for row in checked],
-                    [row.offset for row in checked],
-                )
-            }
+            gone = await _delete_packed_rows(conn, checked)
             keys = sorted({row.key for row in checked if digest_of(row.key) in gone})
             await conn.execute(
                 "INSERT INTO checkpointd_blob_missing (key, marked_at)"
@@ -1570,6 +1548,24 @@ async def _retired_packs(conn: asyncpg.Connection, packs: Sequence[bytes], now: 
             " WHERE digest = ANY($1::bytea[]) AND until > $2",
             builtins.list(packs),
             now,
+        )
+    }
+
+
+async def _delete_packed_rows(conn: asyncpg.Connection, rows: Sequence[PackedBlob]) -> set[bytes]:
+    """Delete the index rows that still name exactly these frames (digest, pack
+    and offset: a row a repack switched since is left alone); returns the
+    digests whose row went."""
+    return {
+        bytes(r["digest"])
+        for r in await conn.fetch(
+            "DELETE FROM checkpointd_packed_blobs b USING checkpointd_packs p,"
+            " unnest($1::bytea[], $2::bytea[], $3::integer[]) AS d(digest, pack, off)"
+            " WHERE b.digest = d.digest AND p.id = b.pack AND p.digest = d.pack"
+            " AND b.frame_offset = d.off RETURNING b.digest",
+            [digest_of(row.key) for row in rows],
+            [pack_digest(row.pack) for row in rows],
+            [row.offset for row in rows],
         )
     }
 

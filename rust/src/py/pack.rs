@@ -52,6 +52,21 @@ pub struct PyPackWriter {
 }
 
 impl PyPackWriter {
+    /// Compress and append the blobs (digests checked first, the work done
+    /// without the GIL): the body of ``add_many`` and ``extend``.
+    fn append(&self, py: Python<'_>, items: &[(String, PyBackedBytes)]) -> PyResult<Vec<Entry>> {
+        let mut parsed = Vec::with_capacity(items.len());
+        for (hex, data) in items {
+            parsed.push((digest(hex)?, data));
+        }
+        let entries = py.allow_threads(|| {
+            let views: Vec<([u8; 32], &[u8])> =
+                parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
+            self.with(|builder| builder.add_many(&views))
+        })?;
+        entries.map_err(pack_to_py)
+    }
+
     fn with<T>(&self, work: impl FnOnce(&mut PackBuilder) -> T) -> PyResult<T> {
         let mut guard = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         match guard.as_mut() {
@@ -77,31 +92,13 @@ impl PyPackWriter {
         py: Python<'_>,
         items: Vec<(String, PyBackedBytes)>,
     ) -> PyResult<Vec<Placed>> {
-        let mut parsed = Vec::with_capacity(items.len());
-        for (hex, data) in &items {
-            parsed.push((digest(hex)?, data));
-        }
-        let entries = py.allow_threads(|| {
-            let views: Vec<([u8; 32], &[u8])> =
-                parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
-            self.with(|builder| builder.add_many(&views))
-        })?;
-        Ok(entries.map_err(pack_to_py)?.iter().map(placed).collect())
+        Ok(self.append(py, &items)?.iter().map(placed).collect())
     }
 
     /// ``add_many`` without the per-blob answer (the index rows come from
     /// ``finish_with_rows``); returns the number of blobs added.
     fn extend(&self, py: Python<'_>, items: Vec<(String, PyBackedBytes)>) -> PyResult<usize> {
-        let mut parsed = Vec::with_capacity(items.len());
-        for (hex, data) in &items {
-            parsed.push((digest(hex)?, data));
-        }
-        let entries = py.allow_threads(|| {
-            let views: Vec<([u8; 32], &[u8])> =
-                parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
-            self.with(|builder| builder.add_many(&views))
-        })?;
-        Ok(entries.map_err(pack_to_py)?.len())
+        Ok(self.append(py, &items)?.len())
     }
 
     /// Bytes the pack would have if finished now.
