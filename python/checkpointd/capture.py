@@ -414,24 +414,31 @@ async def capture_checkpoint(
                     )
                 )
                 polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
+                uploading = asyncio.ensure_future(engine.upload_feed(feed, feed_threads))
+                scan_closed = False
                 try:
-                    await engine.upload_feed(feed, feed_threads)
+                    await asyncio.wait({scanning, uploading}, return_when=asyncio.FIRST_COMPLETED)
+                    if not uploading.done() and feed.held_files and _succeeded(scanning):
+                        # Large files the scan handed over are still being
+                        # copied: the scan phase ends now and their bytes are
+                        # the upload phase's while they go up (not one report
+                        # when the last copy ends).
+                        _close_scan_phase(reporter, scanning.result())
+                        scan_closed = True
+                        engine.report_feed_uploads()
+                    await uploading
                 except BaseException:
                     feed.abandon()
                     token.cancel()
-                    await asyncio.gather(scanning, polling, return_exceptions=True)
+                    uploading.cancel()
+                    await asyncio.gather(uploading, scanning, polling, return_exceptions=True)
                     raise
                 finally:
                     feed_threads.shutdown(wait=False)  # idle or ending: nothing to wait for
                 await asyncio.gather(scanning, polling, return_exceptions=True)
                 outcome = await scanning
-                # The phase's totals: what the scan found and hashed in the end.
-                reporter.update(
-                    files_done=outcome.entries_count,
-                    bytes_done=outcome.bytes_hashed,
-                    files_hashed=outcome.files_hashed,
-                    final=True,
-                )
+                if not scan_closed:
+                    _close_scan_phase(reporter, outcome)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
                 # When nothing changed they are the parent's own bytes (the scan
@@ -572,6 +579,20 @@ def _empty_stats(reporter: PhaseReporter) -> CaptureStats:
     return CaptureStats(0, 0, 0, 0, 0, 0, duration_ms, dict(reporter.phases_ms))
 
 
+def _succeeded(task: asyncio.Future[Any]) -> bool:
+    return task.done() and not task.cancelled() and task.exception() is None
+
+
+def _close_scan_phase(reporter: PhaseReporter, outcome: ScanOutcome) -> None:
+    """The scan phase's totals: what the scan found and hashed in the end."""
+    reporter.update(
+        files_done=outcome.entries_count,
+        bytes_done=outcome.bytes_hashed,
+        files_hashed=outcome.files_hashed,
+        final=True,
+    )
+
+
 async def _report_scan(
     counts: _native.ScanProgress, reporter: PhaseReporter, scanning: asyncio.Future[Any]
 ) -> None:
@@ -656,6 +677,10 @@ class _Uploader:
         # (a cold capture feeds every file: no Python object per file there).
         self.present: list[bytes] = []
         self.fed = _Uploads()  # blobs the feed put (or found put by a racing capture)
+        # Bytes of handed-over files copied so far whose copy has not ended, and
+        # whether those copies report in the upload phase (report_feed_uploads).
+        self.fed_copying = 0
+        self.feed_reports = False
         # Paths whose handed-over file was no longer what the scan hashed: the
         # upload hashes them again instead of reading them to find that out.
         self.fed_changed: set[str] = set()
@@ -726,23 +751,47 @@ class _Uploader:
         consumers = [consume] * FEED_CONSUMERS + [consume_files] * LARGE_UPLOAD_CONCURRENCY
         await run_bounded(consumers, lambda work: work(), len(consumers))
 
+    def report_feed_uploads(self) -> None:
+        """The scan is over but files it handed over are still going up: start
+        the upload phase (after an empty pin phase: the phases keep their
+        order) with what the feed did so far; the copies report their bytes
+        as they go, each file when it is done."""
+        self.reporter.phase("pin")
+        self.reporter.phase(
+            "upload", files_done=self.fed.blobs, bytes_done=self.fed.bytes + self.fed_copying
+        )
+        self.feed_reports = True
+
     async def _upload_fed_file(self, reader: _native.VerifyingReader) -> None:
         """Upload one file the scan handed over, unless the store holds it."""
         self._check_running()
         key = FILE_KEY_PREFIX + reader.digest_hex
         await self._pin([key])
         if await blob_batches.missing(self.blobs, [key]):
+            copied = 0
+
+            def on_bytes(count: int) -> None:
+                nonlocal copied
+                copied += count
+                self.fed_copying += count
+                if self.feed_reports:
+                    self.reporter.advance(nbytes=count)
+
             try:
-                written = await self._put_verified(key, reader)
+                written = await self._put_verified(key, reader, on_bytes)
             except _FileChanged:
                 # Hashed again by the upload phase (it is not in `present`).
                 self.fed_changed.add(reader.path)
                 return
+            finally:
+                self.fed_copying -= copied
             if written:
                 self.uploads.blobs += 1
                 self.uploads.bytes += reader.size
             self.fed.blobs += 1
             self.fed.bytes += reader.size
+            if self.feed_reports:
+                self.reporter.advance(files=1, nbytes=max(0, reader.size - copied))
         self.present.append(bytes.fromhex(reader.digest_hex))
 
     async def _put_verified(

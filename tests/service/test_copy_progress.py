@@ -52,3 +52,36 @@ async def test_a_large_copy_reports_bytes_before_it_ends(daemons: DaemonFactory)
     during = [p.bytes_done for p in upload if 0 < p.bytes_done < SIZE]
     assert during, [(p.bytes_done, p.bytes_total) for p in upload]
     assert during == sorted(during)
+
+
+async def test_a_file_handed_over_by_a_cold_scan_reports_its_copy_as_it_goes(
+    daemons: DaemonFactory,
+) -> None:
+    # One large file and nothing else: the scan hashes it, hands its open file
+    # to the upload and ends while the copy has barely started.
+    daemon = daemons.start(env={"CHECKPOINTD_PROGRESS_INTERVAL_MS": str(int(INTERVAL_S * 1000))})
+    _write_random(daemon.workspace / "big.bin", SIZE)
+    arrivals: list[pb.Progress] = []
+    async with daemon.client(timeout=300) as client:
+        done = await client.capture(
+            "t-handover",
+            on_event=lambda e: arrivals.append(e.progress) if e.HasField("progress") else None,
+        )
+    assert done.stats.files_hashed == 1
+    assert done.stats.bytes_uploaded == SIZE
+    # The phases keep their order, and each one's last event its totals.
+    assert list(dict.fromkeys(p.phase for p in arrivals)) == [
+        "lease",
+        "scan",
+        "pin",
+        "upload",
+        "append",
+    ]
+    scan = [p for p in arrivals if p.phase_kind == pb.PROGRESS_PHASE_SCAN]
+    assert scan[-1].bytes_done == done.stats.bytes_hashed == SIZE
+    upload = [p for p in arrivals if p.phase_kind == pb.PROGRESS_PHASE_UPLOAD]
+    assert upload[-1].bytes_done == upload[-1].bytes_total == SIZE
+    assert upload[-1].files_done == upload[-1].files_total == 1
+    during = [p.bytes_done for p in upload if 0 < p.bytes_done < SIZE]
+    assert len(set(during)) >= 2, [(p.bytes_done, p.bytes_total) for p in upload]
+    assert during == sorted(during)
