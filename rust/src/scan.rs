@@ -455,9 +455,10 @@ pub fn scan_into(
                         .par_chunks(chunk_rows)
                         .zip(offsets.par_iter().zip(lengths.par_iter()))
                         .all(|(chunk, (&offset, &length))| {
-                            let (_, written) =
-                                encode_rows(&rows.batches, chunk, Vec::with_capacity(length));
-                            written.as_slice() == &previous[offset..offset + length]
+                            let expected = &previous[offset..offset + length];
+                            let (_, compared) =
+                                encode_rows(&rows.batches, chunk, SameAs::new(expected));
+                            compared.matched()
                         })
                 })
         }
@@ -534,19 +535,28 @@ pub fn scan_into(
     })
 }
 
-/// Give the heap the scan freed back to the system. The walk's batches are
-/// ~100 bytes per entry in many small allocations, made on the pool's
-/// threads; glibc keeps freed small chunks mapped in each thread's arena, so
-/// a daemon would otherwise keep a large scan's whole peak (hundreds of MB at
-/// a million files) resident between captures, under whatever comes next.
+/// Give the heap the scan freed back to the system, when it is a lot. The
+/// walk's batches are ~100 bytes per entry in many small allocations, made on
+/// the pool's threads; glibc keeps freed small chunks mapped in each thread's
+/// arena, so a daemon would otherwise keep a large scan's whole peak (hundreds
+/// of MB at a million files) resident between captures. Below
+/// [`KEEP_FREED_HEAP`] the free heap is kept: the next scan reuses it instead
+/// of faulting every page in again (at 100k files that was a fault per
+/// ~20 entries, each scan), and a daemon never holds more than that extra.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only returns free memory of the allocator's own
-    // arenas to the kernel; it is safe to call at any time from any thread.
+    // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only
+    // returns free memory of its own arenas to the kernel. Both are safe to
+    // call at any time from any thread.
     unsafe {
-        libc::malloc_trim(0);
+        if libc::mallinfo2().fordblks > KEEP_FREED_HEAP {
+            libc::malloc_trim(0);
+        }
     }
 }
+
+/// Free heap (bytes, every arena) a scan leaves mapped for the next one.
+const KEEP_FREED_HEAP: usize = 48 << 20;
 
 /// A manifest row in the making: an entry of a walk batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -684,6 +694,43 @@ fn in_path_order(mut batches: Vec<Batch>) -> Rows {
         "rows in path order"
     );
     rows
+}
+
+/// A sink that writes nothing: it compares what would be written with
+/// `expected`, byte for byte, as it goes (no buffer per chunk to allocate,
+/// fault in and copy; after the first difference it only counts).
+struct SameAs<'a> {
+    expected: &'a [u8],
+    at: usize,
+    differs: bool,
+}
+
+impl<'a> SameAs<'a> {
+    fn new(expected: &'a [u8]) -> Self {
+        SameAs {
+            expected,
+            at: 0,
+            differs: false,
+        }
+    }
+
+    /// Everything written equals `expected`, whole.
+    fn matched(&self) -> bool {
+        !self.differs && self.at == self.expected.len()
+    }
+}
+
+impl Sink for SameAs<'_> {
+    fn bytes(&mut self, bytes: &[u8]) {
+        let end = self.at + bytes.len();
+        self.differs = self.differs || self.expected.get(self.at..end) != Some(bytes);
+        self.at = end;
+    }
+
+    fn byte(&mut self, byte: u8) {
+        self.differs = self.differs || self.expected.get(self.at) != Some(&byte);
+        self.at += 1;
+    }
 }
 
 /// What a run of manifest rows counts.
@@ -884,6 +931,26 @@ fn hash_slot(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The comparing sink says "same" only for exactly the expected bytes:
+    /// not a prefix, not a longer run, not one byte different anywhere.
+    #[test]
+    fn same_as_matches_only_the_whole_expected_bytes() {
+        let written = |expected: &[u8]| {
+            let mut sink = SameAs::new(expected);
+            sink.bytes(b"[\"f\",");
+            sink.byte(b'"');
+            sink.int(-1234);
+            sink.bytes(b"");
+            sink.matched()
+        };
+        assert!(written(b"[\"f\",\"-1234"));
+        assert!(!written(b"[\"f\",\"-123"));
+        assert!(!written(b"[\"f\",\"-12345"));
+        assert!(!written(b"[\"f\",\"-1235"));
+        assert!(!written(b"x\"f\",\"-1234"));
+        assert!(!written(b""));
+    }
 
     /// Names where the order of full paths differs from a depth-first walk
     /// with children sorted by name: `-` (0x2d) and `.` (0x2e) sort before
