@@ -10,7 +10,11 @@ Read top to bottom, ``capture_checkpoint`` does:
    listing every path;
 3. pin every blob key the checkpoint will reference in the store *before* asking
    the bucket about it, retrying keys that a concurrent sweep has condemned, so a
-   sweep can never delete a blob this capture counts on (store/base.py BlobGuard);
+   sweep can never delete a blob this capture counts on (store/base.py BlobGuard).
+   With packs the store is asked instead of the bucket, and only the keys it
+   has are pinned (then asked again); the blobs this capture packs are kept
+   safe by a pin of their pack's key, made before the pack is uploaded
+   (``_Uploader._absent``, blobs/packs.py "Safety");
 4. find the missing blobs: keys the parent checkpoint references are present
    (the parent cannot lose them while we hold the lease); the rest are asked
    of the store in one ``missing`` batch. The manifest stays bytes throughout:
@@ -367,18 +371,17 @@ async def capture_checkpoint(
             assert subroot.fd is not None
             # Small blobs go into packs when the store keeps a pack index
             # (blobs/packs.py): the session's index rows go in with the append.
-            packed = packed_blobs(blobs, store)
-            session = packed.capture_session() if isinstance(packed, PackedBlobStore) else None
             engine = _Uploader(
                 subroot.fd,
                 store,
-                session if session is not None else blobs,
+                packed_blobs(blobs, store),
                 lease,
                 keeper,
                 checked_secrets,
                 reporter,
                 token,
             )
+            session = engine.session
             try:
                 await engine.distrust_marked()
                 # Each new small file is read once: the scan hands the bytes it
@@ -665,7 +668,12 @@ class _Uploader:
     ) -> None:
         self.root_fd = root_fd  # the directory scanned, held by the capture
         self.store = store
-        self.blobs = blobs
+        # With a pack index, small blobs go into this capture's packs, each
+        # pack pinned before its upload (blobs/packs.py, "Safety").
+        self.session = (
+            blobs.capture_session(pin=self._pin) if isinstance(blobs, PackedBlobStore) else None
+        )
+        self.blobs: BlobStore = self.session if self.session is not None else blobs
         self.lease = lease
         self.keeper = keeper
         self.secrets = secrets
@@ -735,8 +743,7 @@ class _Uploader:
                 self._check_running()
                 items = [(FILE_KEY_PREFIX + digest.hex(), data) for digest, data in batch]
                 keys = [key for key, _ in items]
-                await self._pin(keys)
-                absent = set(await blob_batches.missing(self.blobs, keys))
+                absent = await self._absent(keys)
                 todo = [(key, data) for key, data in items if key in absent]
                 written = await blob_batches.put_many(self.blobs, todo) if todo else []
                 for (_key, data), was_written in zip(todo, written, strict=True):
@@ -878,6 +885,26 @@ class _Uploader:
             "nothing writes to them",
             details={"paths": [entry.path for entry in pending]},
         )
+
+    async def _absent(self, keys: list[str]) -> set[str]:
+        """Which of ``keys`` this capture must upload, every other one pinned.
+
+        Into packs (a pack session): look first, then pin only the keys the
+        store has and look at those again (a sweep may have dropped a row
+        between the two; it drops only condemned keys, and the pin waits out
+        a condemnation). A key absent goes into one of this capture's packs,
+        which the session pins before uploading it, so a cold capture pins a
+        handful of packs, not every key. Otherwise (single objects) pin every
+        key before the bucket is asked, as the blob guard says."""
+        if self.session is None:
+            await self._pin(keys)
+            return set(await blob_batches.missing(self.blobs, keys))
+        absent = set(await self.session.missing(keys))
+        present = [key for key in keys if key not in absent]
+        if present:
+            await self._pin(present)
+            absent.update(await self.session.missing(present))
+        return absent
 
     async def _pin(self, keys: list[str]) -> None:
         if not keys or not isinstance(self.store, BlobGuard):

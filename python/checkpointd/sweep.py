@@ -34,12 +34,13 @@ keys before it looks them up in the index and trusts a row it finds, so:
   afterwards is told it is condemned, waits, finds no row and packs the bytes
   again. The report lists it in ``deleted`` like a single object.
 * A pack no row points at (an unfinished or killed capture's, or a killed
-  ``checkpointd migrate``'s) is deleted once every key it holds is condemned
-  (``PackMaintenance.condemn_unpinned_blobs``: references aside, only live
-  pins and condemnations refuse): the writer of a pack, capture or migrate,
-  pins its keys before the upload and until its rows are recorded, so a
-  condemned set means nobody can still point a row at the pack, and a writer
-  that pins one of the keys meanwhile waits until the delete is done. Before
+  ``checkpointd migrate``'s) is deleted once its own key and every key it
+  holds are condemned (``PackMaintenance.condemn_unpinned_blobs``: references
+  aside, only live pins and condemnations refuse): the writer of a pack pins
+  before the upload and until its rows are recorded — a capture the pack's
+  key (one pin per pack), migrate the keys in it — so a condemned set means
+  nobody can still point a row at the pack, and a writer that pins the pack
+  or one of the keys meanwhile waits until the delete is done. Before
   the delete the store retires the pack for the hold (``retire_pack``, only
   while no row points at it) and deletes it within the hold, and a repack
   switches rows to its new pack only within half the safety margin after the
@@ -620,18 +621,21 @@ async def _delete_pack(
         return SweepBatch(failures=((pack, f"damaged pack, kept: {error}"),))
     except Exception as error:  # noqa: BLE001 - reported
         return SweepBatch(failures=((pack, _describe(error)),))
-    keys = list(dict.fromkeys(entry.key for entry in entries))
+    # The pack's own key first: a capture pins the pack it uploads (one pin
+    # per pack, blobs/packs.py "Safety"), migrate pins the keys in it.
+    keys = [pack, *dict.fromkeys(entry.key for entry in entries)]
     # Started before the condemnation: its hold ends at or after started + hold_ms.
     started = time.monotonic()
     condemned: list[str] = []
     try:
-        located = await _locate(store, keys)
+        located = await _locate(store, keys[1:])
         if any(row is not None and row.pack == pack for row in located.values()):
             return SweepBatch(kept=((pack, IN_USE),))  # a capture indexed it since
-        # Every key, referenced or not: the writer of the pack (a capture, or
-        # migrate, whose keys a checkpoint references already) pins them until
-        # its rows are recorded, and a key with a row in another pack may still
-        # get one here (the newest row wins).
+        # The pack and every key, referenced or not: the writer of the pack (a
+        # capture pins the pack, migrate, whose keys a checkpoint references
+        # already, its keys) holds its pins until its rows are recorded, and a
+        # key with a row in another pack may still get one here (the newest
+        # row wins).
         condemned = await _condemned(store, store.condemn_unpinned_blobs(keys, hold_ms))
     except Exception as error:  # noqa: BLE001 - reported; nothing deleted
         await _release(store, condemned)

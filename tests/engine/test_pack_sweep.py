@@ -29,8 +29,10 @@ from tests.fixtures.bucket_counter import counted
 
 from .conftest import (
     BUCKETS,
+    EVERY_STORE,
     bucket_named_by_param,
     snapshot_tree,
+    store_named_by_param,
     write_tree,
 )
 
@@ -239,6 +241,120 @@ async def test_a_pinned_key_keeps_its_row_and_its_pack(
         assert pinned not in report.deleted and pack not in report.deleted
         assert (await memory_store.locate_blobs([pinned]))[pinned] is not None
         assert pack in await _packs(bucket)
+
+
+every_store = pytest.fixture(params=EVERY_STORE, name="every_store")(store_named_by_param)
+
+
+class _SweepAfterPackUpload:
+    """The real bucket; right after each pack lands in it (the capture has not
+    appended, so no row points at the pack yet) ``hook(pack)`` runs."""
+
+    def __init__(self, inner: Any, hook: Any) -> None:
+        self._inner = inner
+        self._hook = hook
+        self.url = inner.url
+
+    async def put_many(self, items: Any) -> list[bool]:
+        written: list[bool] = await self._inner.put_many(items)
+        for key, _data in items:
+            if key.startswith(PACK_KEY_PREFIX):
+                await self._hook(key)
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_sweep_while_a_capture_uploads_keeps_the_pack_the_capture_pinned(
+    every_store: Any, bucket: Any, workspace: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    # A capture pins each pack it uploads (one pin), not every key in it: a
+    # sweep that lists the pack before the append (no row points at it, and
+    # everything is old enough) must find it in use and delete nothing of it.
+    files = {f"src/f{n}.py": _text(n) for n in range(50)}
+    write_tree(workspace, files)
+    sweeps: list[Any] = []
+    inside: list[str] = []
+
+    async def sweep_now(pack: str) -> None:
+        report = await sweep_blobs(every_store, bucket, 0, now=_later, hold_ms=5000,
+                                   safety_margin_ms=1000)  # fmt: skip
+        sweeps.append((pack, report))
+        # The granularity: the pack's key is pinned, a key in it is not.
+        assert await every_store.condemn_unpinned_blobs([pack], 5000) == []
+        key = _key(files["src/f7.py"])
+        inside.extend(await every_store.condemn_unpinned_blobs([key], 5000))
+        await every_store.release_condemned(inside)
+
+    result = await capture_checkpoint(
+        workspace, every_store, _SweepAfterPackUpload(bucket, sweep_now), "t", data_dir=data_dir
+    )
+    [pack] = await _packs(bucket)
+    assert [p for p, _ in sweeps] == [pack]
+    [(_, report)] = sweeps
+    assert report.failures == [] and pack not in report.deleted
+    assert (pack, IN_USE) in report.kept
+    assert inside == [_key(files["src/f7.py"])]
+    target = tmp_path / "restored"
+    tree = await _restores(every_store, bucket, result.checkpoint.id, target, tmp_path)
+    assert tree == snapshot_tree(workspace, with_mtime=False)
+    # The lease is gone, so is the pin: the pack is now kept by its rows alone.
+    after = await sweep_blobs(every_store, bucket, 0, now=_later)
+    assert (pack, REFERENCED) in after.kept and after.deleted == []
+
+
+class _SweepCondemnsFirst:
+    """The real store; the first time a capture pins a pack, a sweep (as if
+    deleting a pack of those very bytes) has just condemned it, and lets go
+    after ``hold_s``."""
+
+    def __init__(self, inner: Any, hold_s: float) -> None:
+        self._inner = inner
+        self._hold_s = hold_s
+        self.released_at: float | None = None
+        self._releasing: asyncio.Future[None] | None = None
+
+    async def pin_blobs(self, keys: list[str], writer: Any) -> list[str]:
+        packs = [key for key in keys if key.startswith(PACK_KEY_PREFIX)]
+        if packs and self._releasing is None:
+            assert await self._inner.condemn_unpinned_blobs(packs, 60_000) == packs
+
+            async def release() -> None:
+                await asyncio.sleep(self._hold_s)
+                self.released_at = time.monotonic()
+                await self._inner.release_condemned(packs)
+
+            self._releasing = asyncio.ensure_future(release())
+        condemned: list[str] = await self._inner.pin_blobs(keys, writer)
+        return condemned
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+async def test_a_capture_waits_while_a_sweep_holds_its_pack_condemned(
+    every_store: Any, bucket: Any, workspace: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    # A sweep deleting a pack of these very bytes has condemned its key: the
+    # capture's pin of it is refused until the sweep lets go, so its upload
+    # cannot land before the sweep's delete.
+    files = {f"src/f{n}.py": _text(n) for n in range(20)}
+    write_tree(workspace, files)
+    store = _SweepCondemnsFirst(every_store, 0.5)
+    uploaded_at: list[float] = []
+
+    async def note(_pack: str) -> None:
+        uploaded_at.append(time.monotonic())
+
+    result = await capture_checkpoint(
+        workspace, store, _SweepAfterPackUpload(bucket, note), "t", data_dir=data_dir
+    )
+    assert store.released_at is not None and len(uploaded_at) == 1
+    assert uploaded_at[0] > store.released_at
+    target = tmp_path / "restored"
+    tree = await _restores(every_store, bucket, result.checkpoint.id, target, tmp_path)
+    assert tree == snapshot_tree(workspace, with_mtime=False)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])

@@ -46,12 +46,25 @@ use over any ``BlobStore`` and a store that keeps the index:
   counts, never from the bucket; ``flush()`` uploads the last pack, after which
   ``rows`` are the index rows to pass to the append.
 
-Safety with the sweep (SPEC §6): a capture pins its keys before
-``PackSession.missing`` looks at the index, as before. A key referenced by a
-checkpoint but not packed is a single object its count and the pin protect. The
-sweep of this version lists ``sandbox-files/`` only, so it never deletes a pack;
-a pack-aware sweep must condemn a key and drop its index row in one transaction
-before it deletes or repacks the pack.
+Safety with the sweep (SPEC §6), pinned per pack, not per blob:
+
+* A blob the capture packs itself needs no pin of its key: what must survive
+  until the append is its pack, and the session pins the pack's key
+  (``sandbox-packs/blake3/<hex>``, through the capture's ``pin``) after the
+  pack is built and before it is uploaded. The sweep deletes a pack no row
+  points at only after condemning the pack's key and every key in it
+  (``sweep._delete_pack``); a live pin on the pack refuses that, and a pin
+  made while a sweep holds the pack condemned (a pack of these very bytes
+  being deleted) waits until the sweep lets go, so the delete is over before
+  the upload starts. A cold capture of 100,000 small files so writes a handful
+  of pins instead of 100,000.
+* A key the store already has (a row, or a count for a single object) is
+  pinned per key before the capture trusts it, then looked up again: a sweep
+  may have dropped its row between the look and the pin (it drops rows only of
+  condemned keys, and a pin waits out a condemnation), and a key that is gone
+  by then is packed again.
+* A key referenced by a checkpoint but not packed is a single object its
+  count and the pin protect.
 
 Decisions where SPEC is silent: an artifact is uploaded as a single object
 (durable before the capture that names it, which has no lease or append to
@@ -69,7 +82,15 @@ from __future__ import annotations
 import asyncio
 import builtins
 from array import array
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
 from dataclasses import dataclass
 
 from .. import _native
@@ -203,9 +224,9 @@ class PackedBlobStore(BlobStore):
     def __repr__(self) -> str:
         return f"PackedBlobStore({self.inner!r})"
 
-    def capture_session(self) -> PackSession:
-        """A writer for one capture (see ``PackSession``)."""
-        return PackSession(self)
+    def capture_session(self, pin: PinPacks | None = None) -> PackSession:
+        """A writer for one capture (see ``PackSession``; ``pin``: its pack pins)."""
+        return PackSession(self, pin)
 
     # ------------------------------------------------------------ single objects
 
@@ -360,6 +381,11 @@ class PackedBlobStore(BlobStore):
         return [key for key in keys if key in absent]
 
 
+# Pins pack keys for the capture's lease until they are not condemned (the
+# capture's ``_pin``): a PackSession calls it for each pack before its upload.
+PinPacks = Callable[[builtins.list[str]], Awaitable[None]]
+
+
 @dataclass(slots=True)
 class _OpenPack:
     writer: _native.PackWriter
@@ -373,8 +399,9 @@ class PackSession(BlobStore):
     event loop.
     """
 
-    def __init__(self, packed: PackedBlobStore) -> None:
+    def __init__(self, packed: PackedBlobStore, pin: PinPacks | None = None) -> None:
         self.packed = packed
+        self._pin = pin
         self.url = packed.url
         self._columns: builtins.list[PackColumns] = []  # of each uploaded pack
         self.packs_written = 0
@@ -502,6 +529,11 @@ class PackSession(BlobStore):
             pack.writer.finish_with_rows
         )
         key = pack_key(hex_digest)
+        if self._pin is not None:
+            # Before the pack exists: a sweep then finds it pinned (or had
+            # condemned a pack of these very bytes, and we wait until its
+            # delete is over). See the module docstring, "Safety".
+            await self._pin([key])
         await put_many(self.packed.inner, [(key, data)])  # durable on return
         self.packs_written += 1
         self._columns.append(

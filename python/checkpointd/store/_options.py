@@ -43,6 +43,7 @@ from ..errors import (
 )
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint
 from ..validation import check_id, is_finite_number, is_int, utf8_key
+from ._packindex import PACK_KEY_PREFIX
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -295,42 +296,65 @@ def valid_blob_key(key: object) -> bool:
     return isinstance(key, str) and _BLOB_KEY.fullmatch(key) is not None
 
 
+# A pack object's key (``blobs/packs.py``) is guarded like a blob key: a
+# capture pins the pack it is about to upload (one pin per pack, not one per
+# blob in it) and a sweep condemns a pack before it deletes it.
+_PACK_KEY = re.compile(f"{re.escape(PACK_KEY_PREFIX)}[0-9a-f]{{64}}")
+
+
+def valid_guard_key(key: object) -> bool:
+    """True for a key the blob guard pins and condemns: a blob key of either
+    SPEC §2 shape, or a pack key (``sandbox-packs/blake3/<64 hex>``)."""
+    return isinstance(key, str) and (
+        _BLOB_KEY.fullmatch(key) is not None or _PACK_KEY.fullmatch(key) is not None
+    )
+
+
 def check_pin_keys(keys: object) -> list[str]:
     """Validated, de-duplicated keys for ``pin_blobs`` (InvalidEntry on a bad key)."""
     if isinstance(keys, str) or not isinstance(keys, Iterable):
         raise SandboxCheckpointInvalidEntryError("keys must be a list of blob keys")
     out = list(keys)
     for key in out:
-        if not valid_blob_key(key):
+        if not valid_guard_key(key):
             raise SandboxCheckpointInvalidEntryError(f"invalid blob key: {key!r}")
     return distinct(out)
 
 
 def condemnable_keys(keys: object) -> list[str]:
-    """The keys ``condemn_blobs`` considers: well-shaped ones, de-duplicated.
+    """The keys ``condemn_blobs`` considers: well-shaped ones (blob or pack
+    keys), de-duplicated.
 
     A key of another shape is never condemned, so a sweep can never delete it.
     """
     if isinstance(keys, str) or not isinstance(keys, Iterable):
         raise SandboxCheckpointInvalidArgumentError("keys must be a list of blob keys")
-    return distinct(key for key in keys if valid_blob_key(key))
+    return distinct(key for key in keys if valid_guard_key(key))
 
 
 # --------------------------------------------------------------------------- keys as bytes
 
 _KIND_FILE = b"f"
 _KIND_ARTIFACT = b"a"
+_KIND_PACK = b"p"  # pins and condemnations only: never counted or referenced
+_PREFIX_OF_KIND = {
+    _KIND_FILE: FILE_KEY_PREFIX,
+    _KIND_ARTIFACT: ARTIFACT_KEY_PREFIX,
+    _KIND_PACK: PACK_KEY_PREFIX,
+}
 
 
 def key_to_bytes(key: str) -> bytes:
-    """33 bytes: kind (``a``/``f``) + raw hash. Only for validated keys."""
+    """33 bytes: kind (``a``/``f``, ``p`` for a pack) + raw hash. Only for validated keys."""
     if key.startswith(FILE_KEY_PREFIX):
         return _KIND_FILE + bytes.fromhex(key[len(FILE_KEY_PREFIX) :])
+    if key.startswith(PACK_KEY_PREFIX):
+        return _KIND_PACK + bytes.fromhex(key[len(PACK_KEY_PREFIX) :])
     return _KIND_ARTIFACT + bytes.fromhex(key[len(ARTIFACT_KEY_PREFIX) :])
 
 
 def key_from_bytes(data: bytes) -> str:
-    prefix = FILE_KEY_PREFIX if data[:1] == _KIND_FILE else ARTIFACT_KEY_PREFIX
+    prefix = _PREFIX_OF_KIND.get(bytes(data[:1]), ARTIFACT_KEY_PREFIX)
     return prefix + bytes(data[1:]).hex()
 
 

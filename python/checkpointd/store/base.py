@@ -296,13 +296,15 @@ class PackMaintenance(Protocol):
     * ``forget_lost_packed_blobs``: ``check`` drops the rows of a pack that is
       gone, together with the missing marks of their keys.
     * ``condemn_unpinned_blobs``: before a sweep deletes a pack no row points
-      at, it condemns every key the pack holds, referenced or not, unless a
-      live pin or another condemnation holds it. A writer (a capture, or
-      ``checkpointd migrate``) pins the keys it packs before it uploads the
-      pack and keeps the pins until its rows are recorded, so a pack a live
-      writer is about to point rows at is never deleted; a writer that pins a
-      key while the sweep holds it is told it is condemned and waits, as with
-      ``condemn_blobs``. A referenced key's condemnation only delays pins of it:
+      at, it condemns the pack's own key (``sandbox-packs/blake3/<hex>``) and
+      every key the pack holds, referenced or not, unless a live pin or
+      another condemnation holds it. A writer pins before it uploads the pack
+      and keeps the pins until its rows are recorded — a capture the pack's
+      key (one pin per pack), ``checkpointd migrate`` the keys it packs — so a
+      pack a live writer is about to point rows at is never deleted; a writer
+      that pins while the sweep holds the key is told it is condemned and
+      waits, as with ``condemn_blobs``. ``pin_blobs`` and the condemn calls
+      take pack keys beside blob keys (stored with kind ``p``; never counted). A referenced key's condemnation only delays pins of it:
       rows of referenced keys are never dropped.
     """
 

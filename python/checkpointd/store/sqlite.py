@@ -518,6 +518,14 @@ _KEYS = (
     " UNION ALL SELECT substr(:artifacts, i + 1, 33) FROM ad) "
 )
 
+# File digests as a table ``ds (digest)``, from one parameter: the raw digests
+# concatenated (:digests, 32 bytes each), like ``_KEYS``.
+_DIGESTS = (
+    "WITH RECURSIVE fd (i) AS (SELECT 0 WHERE length(:digests) > 0"
+    " UNION ALL SELECT i + 32 FROM fd WHERE i + 32 < length(:digests)),"
+    " ds (digest) AS (SELECT substr(:digests, i + 1, 32) FROM fd) "
+)
+
 # Every key's count: its refs plus, per thread with an open run, the run's length
 # beyond the one refs holds (see ``_core``).
 _COUNTS = (
@@ -1489,35 +1497,39 @@ class SqliteCheckpointStore(SqlCheckpointStore):
     # ------------------------------------------------------------------ pack index
 
     async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
-        """See ``base.PackIndex``: two indexed reads per batch of keys."""
+        """See ``base.PackIndex``: two statements for all of ``keys`` (their
+        digests as one parameter, ``_DIGESTS``), answering only for the keys
+        the store knows, so a cold capture asking about 100,000 keys binds no
+        parameter and reads no row per key. A key is referenced when its
+        ``refs`` say so (an open run counts one there): a damaged count can
+        only make a key look absent, and an absent key is packed again, never
+        trusted."""
         wanted = digests_of(keys)
+        if not wanted:
+            return {}
 
         async def run(conn: aiosqlite.Connection) -> dict[str, PackedBlob | None]:
             found: dict[str, PackedBlob | None] = {}
-            digests = builtins.list(wanted)
-            for batch in _batches(digests):
-                marks = ",".join("?" * len(batch))
-                rows = await _fetchall(
+            rows = await _fetchall(
+                conn,
+                _DIGESTS + "SELECT b.digest, p.digest, b.frame_offset, b.frame_length,"
+                " b.raw_size, b.codec FROM ds JOIN packed_blobs b ON b.digest = ds.digest"
+                " JOIN blob_packs p ON p.id = b.pack",
+                {"digests": b"".join(wanted)},
+            )
+            located_rows(wanted, rows, found)
+            rest = b"".join(digest for digest, key in wanted.items() if key not in found)
+            if rest:
+                for (digest,) in await _fetchall(
                     conn,
-                    "SELECT b.digest, p.digest, b.frame_offset, b.frame_length, b.raw_size,"
-                    f" b.codec FROM packed_blobs b JOIN blob_packs p ON p.id = b.pack"
-                    f" WHERE b.digest IN ({marks})",
-                    batch,
-                )
-                located_rows(wanted, rows, found)
-            rest = [b"f" + digest for digest in digests if wanted[digest] not in found]
-            for batch in _batches(rest):
-                marks = ",".join("?" * len(batch))
-                for (key,) in await _fetchall(
-                    conn,
-                    f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})"
-                    f" UNION SELECT key FROM blob_runs WHERE key IN ({marks})",
-                    [*batch, *batch],
+                    _DIGESTS + "SELECT ds.digest FROM ds JOIN blob_references r"
+                    " ON r.key = CAST(X'66' || ds.digest AS BLOB) WHERE r.refs > 0",
+                    {"digests": rest},
                 ):
-                    found[key_from_bytes(bytes(key))] = None
+                    found[wanted[bytes(digest)]] = None
             return found
 
-        return await self._db.read(run) if wanted else {}
+        return await self._db.read(run)
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000
