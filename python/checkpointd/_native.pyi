@@ -57,7 +57,7 @@ class ScanResult:
     files_reused: int  # files whose hash came from the stat cache
     bytes_hashed: int  # bytes read for hashing
     files_with_secrets: int  # files whose rows carry secret positions
-    # Wall milliseconds per phase, in order: setup, walk, sort, hash, save_cache, encode.
+    # Wall milliseconds per phase, in order: setup, walk, sort, hash, encode, save_cache, digests.
     phases_ms: dict[str, float]
     # The manifest's distinct file digests, sorted, 32 bytes each.
     digests: bytes
@@ -65,6 +65,9 @@ class ScanResult:
     file_bytes: int  # the sum of their sizes
     dirs_listed: int  # directories entered
     dirs_reused: int  # of which the stat cache gave the listing (not read again)
+    # The previous manifest was kept on the stat cache's word (its manifest
+    # witness), without encoding the rows to compare them.
+    manifest_witnessed: bool
     # The policy's warnings, as PolicyMatcher.warnings.
     policy_warnings: list[tuple[str, str, str]]
 

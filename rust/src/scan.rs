@@ -63,6 +63,9 @@ pub struct ScanOutput {
     /// Directories entered, and how many of their listings the cache gave.
     pub dirs_listed: u64,
     pub dirs_reused: u64,
+    /// The manifest is the previous one on the stat cache's word (its
+    /// manifest witness): no row was encoded or compared.
+    pub manifest_witnessed: bool,
     /// Wall milliseconds per phase, in order.
     pub phases_ms: Vec<(&'static str, f64)>,
 }
@@ -365,9 +368,9 @@ pub fn scan_into(
         .filter(|(_, slot)| slot.secrets.is_empty())
         .count();
     drop(to_hash);
-    // Rewrite the cache only when something changed; an untouched cache stays
-    // valid under its own (older) reference time.
-    // (Directories: every listing came from the cache, and it holds no others.)
+    // An untouched cache stays valid under its own (older) reference time:
+    // every listing came from it, it holds no others, and every file entry
+    // was reused.
     let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
         cache_verified
             && hashed_for_cache == 0
@@ -376,12 +379,66 @@ pub fn scan_into(
             && dirs_reused == dirs_listed
             && old.dir_count() as u64 == dirs_listed
     });
+    let key = outcome_key(&request.policy, &root.forms, &fingerprint);
+    let old_witness = old_cache.as_ref().and_then(|c| c.witness);
     // Not needed any more: free it before the manifest is built (peak memory).
     drop(old_cache);
     phases.end("hash");
 
+    // The manifest's digest, once known (the previous manifest's, or the one written).
+    let mut digest: Option<[u8; 32]> = None;
+    let digest_of = |bytes: &[u8]| -> [u8; 32] {
+        pool.install(|| {
+            *blake3::Hasher::new()
+                .update_rayon(bytes)
+                .finalize()
+                .as_bytes()
+        })
+    };
+    // The cache vouches for these rows (see statcache's "manifest witness"):
+    // it is unchanged, was written under this key, and every file row is one
+    // of its entries (none hashed: a file holding secrets is never cached).
+    // Then the manifest is the one whose digest it recorded, and when that is
+    // the previous manifest's, nothing is encoded or compared.
+    let witnessed = match (&old_witness, manifest.previous()) {
+        (Some(witness), Some(previous))
+            if cache_unchanged
+                && witness.key == key
+                && unsupported.is_empty()
+                && rows.file_rows() == files_reused =>
+        {
+            let previous_digest = digest_of(previous);
+            digest = Some(previous_digest);
+            previous_digest == witness.digest
+        }
+        _ => false,
+    };
+    let (total, same) = if witnessed {
+        manifest.keep_previous();
+        let mut total = Encoded {
+            rows: rows.order.len() as u64,
+            ..Encoded::default()
+        };
+        for slot in rows.files_mut() {
+            total.file_count += 1;
+            total.file_bytes += slot.stat.size;
+        }
+        (total, true)
+    } else {
+        let (total, same, written) = encode_manifest(&pool, &rows, manifest, digest)?;
+        digest = Some(written);
+        (total, same)
+    };
+    phases.end("encode");
+
+    let witness = statcache::ManifestWitness {
+        key,
+        digest: digest.expect("the manifest's digest is known"),
+    };
+    // Rewrite the cache when something changed, or to record the witness
+    // (the first scan after an upgrade or a restore, or under another policy).
     if let Some(path) = &request.cache_path {
-        if !cache_unchanged {
+        if !cache_unchanged || old_witness != Some(witness) {
             let files = |visit: &mut dyn FnMut(&str, CacheEntry)| {
                 let mut path = String::new();
                 for r in &rows.order {
@@ -404,13 +461,102 @@ pub fn scan_into(
                 .iter()
                 .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice()));
             // Streamed to the file from the rows: no copy of the cache in memory.
-            statcache::write_cache(path, &fingerprint, reference_ns, &files, listed)
-                .map_err(|e| ScanError::io(path, "save stat cache", e))?;
+            statcache::write_cache(
+                path,
+                &fingerprint,
+                reference_ns,
+                Some(&witness),
+                &files,
+                listed,
+            )
+            .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
     drop(dirs);
     phases.end("save_cache");
 
+    let (files_with_secrets, file_count, file_bytes) =
+        (total.files_with_secrets, total.file_count, total.file_bytes);
+    let entries = total.rows;
+    // (Every file is in the order: only directories leave it.) A manifest
+    // that is the previous one has its digests already: none are collected.
+    let mut digests: Vec<[u8; 32]> = Vec::new();
+    if !same {
+        digests.reserve_exact(file_count as usize);
+        digests.extend(
+            rows.files_mut()
+                .filter(|slot| !slot.vanished)
+                .filter_map(|slot| slot.hash),
+        );
+    }
+    drop(rows);
+    pool.install(|| digests.par_sort_unstable());
+    digests.dedup();
+    let digests = digests.concat();
+    drop(pool);
+    release_freed_memory();
+    phases.end("digests");
+
+    Ok(ScanOutput {
+        phases_ms: phases.done,
+        manifest: Vec::new(),
+        unsupported,
+        entries,
+        files_hashed,
+        files_reused,
+        bytes_hashed,
+        files_with_secrets,
+        digests,
+        file_count,
+        file_bytes,
+        dirs_listed,
+        dirs_reused,
+        manifest_witnessed: witnessed,
+    })
+}
+
+/// The key of how a scan is made, beside its manifest digest in the stat
+/// cache (statcache's "manifest witness"): rows equal to a recorded scan's
+/// encode to the same manifest only under the same policy (what is kept),
+/// roots (which symlinks stay inside), secret set (what is zeroed) and
+/// encoder (this code's version).
+fn outcome_key(policy: &PolicyMatcher, roots: &[Vec<u8>], secrets: &[u8; 32]) -> [u8; 32] {
+    let key = blake3::derive_key("checkpointd 2026-12 scan outcome key v1", b"");
+    let mut hasher = blake3::Hasher::new_keyed(&key);
+    let version = env!("CARGO_PKG_VERSION").as_bytes();
+    hasher.update(&(version.len() as u64).to_le_bytes());
+    hasher.update(version);
+    hasher.update(&policy.source_fingerprint());
+    hasher.update(secrets);
+    hasher.update(&(roots.len() as u64).to_le_bytes());
+    for root in roots {
+        hasher.update(&(root.len() as u64).to_le_bytes());
+        hasher.update(root);
+    }
+    *hasher.finalize().as_bytes()
+}
+
+/// Encode the rows into `manifest`: sized on every core, in chunks, then
+/// written once into the buffer it hands out (the binding's is the buffer of
+/// a Python bytes object), so the manifest is never copied or joined; or,
+/// when every byte would be its previous manifest's, nothing is allocated and
+/// the previous one is kept. Returns the totals, whether the previous one
+/// was kept, and the manifest's digest (`previous_digest`, when the caller
+/// already has the previous manifest's, is not computed again).
+fn encode_manifest(
+    pool: &rayon::ThreadPool,
+    rows: &Rows,
+    manifest: &mut dyn ManifestBuffer,
+    previous_digest: Option<[u8; 32]>,
+) -> Result<(Encoded, bool, [u8; 32]), ScanError> {
+    let digest_of = |bytes: &[u8]| {
+        pool.install(|| {
+            *blake3::Hasher::new()
+                .update_rayon(bytes)
+                .finalize()
+                .as_bytes()
+        })
+    };
     // Encode on every core, in chunks of rows: sized first, then written
     // once into the buffer `manifest` hands out (the binding's is the buffer
     // of a Python bytes object), so the manifest is never copied or joined.
@@ -464,75 +610,46 @@ pub fn scan_into(
         }
     });
     if same {
+        let digest = previous_digest.unwrap_or_else(|| {
+            digest_of(
+                manifest
+                    .previous()
+                    .expect("compared with the previous manifest"),
+            )
+        });
         manifest.keep_previous();
-    } else {
-        let buffer = manifest
-            .allocate(manifest_len)
-            .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
-        buffer[0] = b'[';
-        buffer[manifest_len - 1] = b']';
-        let mut rest = &mut buffer[1..manifest_len - 1];
-        let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(lengths.len());
-        let mut first = true;
-        for &length in &lengths {
-            if length > 0 && !std::mem::take(&mut first) {
-                let (comma, after) = std::mem::take(&mut rest).split_at_mut(1);
-                comma[0] = b',';
-                rest = after;
-            }
-            let (piece, after) = std::mem::take(&mut rest).split_at_mut(length);
-            pieces.push(piece);
+        return Ok((total, true, digest));
+    }
+    let buffer = manifest
+        .allocate(manifest_len)
+        .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
+    buffer[0] = b'[';
+    buffer[manifest_len - 1] = b']';
+    let mut rest = &mut buffer[1..manifest_len - 1];
+    let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(lengths.len());
+    let mut first = true;
+    for &length in &lengths {
+        if length > 0 && !std::mem::take(&mut first) {
+            let (comma, after) = std::mem::take(&mut rest).split_at_mut(1);
+            comma[0] = b',';
             rest = after;
         }
-        pool.install(|| {
-            rows.order
-                .par_chunks(chunk_rows)
-                .zip(pieces.into_par_iter())
-                .for_each(|(chunk, piece)| {
-                    let length = piece.len();
-                    let (_, written) =
-                        encode_rows(&rows.batches, chunk, SliceWriter { buf: piece, at: 0 });
-                    assert_eq!(written.at, length, "a chunk is written as it was sized");
-                })
-        });
+        let (piece, after) = std::mem::take(&mut rest).split_at_mut(length);
+        pieces.push(piece);
+        rest = after;
     }
-    let (files_with_secrets, file_count, file_bytes) =
-        (total.files_with_secrets, total.file_count, total.file_bytes);
-    let entries = total.rows;
-    // (Every file is in the order: only directories leave it.) A manifest
-    // that is the previous one has its digests already: none are collected.
-    let mut digests: Vec<[u8; 32]> = Vec::new();
-    if !same {
-        digests.reserve_exact(file_count as usize);
-        digests.extend(
-            rows.files_mut()
-                .filter(|slot| !slot.vanished)
-                .filter_map(|slot| slot.hash),
-        );
-    }
-    drop(rows);
-    pool.install(|| digests.par_sort_unstable());
-    digests.dedup();
-    let digests = digests.concat();
-    drop(pool);
-    release_freed_memory();
-    phases.end("encode");
-
-    Ok(ScanOutput {
-        phases_ms: phases.done,
-        manifest: Vec::new(),
-        unsupported,
-        entries,
-        files_hashed,
-        files_reused,
-        bytes_hashed,
-        files_with_secrets,
-        digests,
-        file_count,
-        file_bytes,
-        dirs_listed,
-        dirs_reused,
-    })
+    pool.install(|| {
+        rows.order
+            .par_chunks(chunk_rows)
+            .zip(pieces.into_par_iter())
+            .for_each(|(chunk, piece)| {
+                let length = piece.len();
+                let (_, written) =
+                    encode_rows(&rows.batches, chunk, SliceWriter { buf: piece, at: 0 });
+                assert_eq!(written.at, length, "a chunk is written as it was sized");
+            })
+    });
+    Ok((total, false, digest_of(buffer)))
 }
 
 /// Give the heap the scan freed back to the system, when it is a lot. The
@@ -581,6 +698,15 @@ impl Rows {
                 Kind::File(slot) => Some(slot),
                 _ => None,
             })
+    }
+
+    /// File rows of the manifest (every kept file that did not vanish).
+    fn file_rows(&self) -> u64 {
+        self.batches
+            .iter()
+            .flat_map(|b| b.entries.iter())
+            .filter(|e| matches!(&e.kind, Kind::File(slot) if !slot.vanished))
+            .count() as u64
     }
 
     fn path(&self, r: RowRef, out: &mut String) {

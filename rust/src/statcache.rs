@@ -34,8 +34,20 @@
 //! entries change (some network and FUSE filesystems), and a host clock set
 //! back so that a new ctime equals the recorded one to the nanosecond.
 //!
-//! File format: see [`write_cache`] (`"CKPDSTC3"`, replaced atomically by
-//! rename). The header and the directories come first, checksummed together,
+//! **The manifest witness.** A scan that writes the cache also records the
+//! digest of the manifest its rows make, with the key of how it scanned
+//! (policy, roots, secret set, code version). A later scan under the same key
+//! that reuses every listing and every file entry, and hashes no file outside
+//! the cache, has the same rows: each file row is its cache entry's stat and
+//! hash, each directory's mode is covered by that directory's own listing
+//! stat (a chmod moves its ctime), and each symlink can only change by being
+//! replaced, which moves its directory's stat. So it knows its manifest's
+//! digest without encoding it, and a no-change capture compares digests
+//! instead of every byte (see `scan`). A restore, which merges entries it
+//! wrote into the cache, drops the witness.
+//!
+//! File format: see [`write_cache`] (`"CKPDSTC4"`, replaced atomically by
+//! rename; a `CKPDSTC3` file is read as one without a witness). The header and the directories come first, checksummed together,
 //! and are read whole; the file entries follow, paths prefix-compressed
 //! against the previous entry and fixed-width records after them, with their
 //! own checksum at the end, and are read once in path order in blocks. A file
@@ -56,7 +68,10 @@ use std::path::{Path, PathBuf};
 
 use crate::fs::Stat;
 
-const MAGIC: &[u8; 8] = b"CKPDSTC3";
+const MAGIC: &[u8; 8] = b"CKPDSTC4";
+/// The previous version: the same layout without the manifest witness, still
+/// read (its listings and hashes are as good; only the witness is missing).
+const MAGIC_V3: &[u8; 8] = b"CKPDSTC3";
 
 /// One timestamp tick of a filesystem whose clock reading had no sub-second
 /// part (ext4 with 128-byte inodes, ext3, FAT, overlays on those: 1 s), and of
@@ -178,6 +193,17 @@ impl DirStat {
     }
 }
 
+/// What the scan that wrote a cache produced: the manifest digest of its
+/// rows, and the key of how it scanned (policy, roots, secret set, code
+/// version; see `scan::outcome_key`). A later scan that reuses every
+/// listing and every file entry of that cache, under the same key, has
+/// the same rows, so its manifest has this digest without being encoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ManifestWitness {
+    pub key: [u8; 32],
+    pub digest: [u8; 32],
+}
+
 /// One listed directory: its stat and its raw listing (see [`Listing`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirRecord {
@@ -267,7 +293,16 @@ impl StatCache {
             .dirs
             .iter()
             .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
-        write_cache(path, &self.fingerprint, self.reference_ns, &entries, dirs)
+        // An owned cache is one a restore merged its writes into: the rows
+        // of no scan, so it vouches for no manifest.
+        write_cache(
+            path,
+            &self.fingerprint,
+            self.reference_ns,
+            None,
+            &entries,
+            dirs,
+        )
     }
 
     /// Drop entries the racy rule already distrusts (used before moving the
@@ -368,8 +403,11 @@ const FIXED: usize = 8 * 5 + 4 + 32;
 const ENTRY_HEAD: usize = 4;
 /// Bytes of the fixed part of a directory after its path (stat, listing length).
 const DIR_FIXED: usize = 8 * 4 + 4;
-/// magic, fingerprint, reference, entry count, directory count, directory bytes.
-const HEADER: usize = 8 + 32 + 8 + 8 + 8 + 8;
+/// magic, fingerprint, reference, entry count, directory count, directory
+/// bytes, then the manifest witness (key, digest; all zero for none).
+const HEADER: usize = HEADER_V3 + 32 + 32;
+/// The header of a `CKPDSTC3` file, which has no witness.
+const HEADER_V3: usize = 8 + 32 + 8 + 8 + 8 + 8;
 /// The entries are written and read in blocks of this size (each hashed whole).
 const BLOCK: usize = 1 << 20;
 /// A path longer than this is not cached (its file is hashed every time);
@@ -425,9 +463,10 @@ pub type EntryVisitor<'a> = dyn Fn(&mut dyn FnMut(&str, CacheEntry)) + 'a;
 /// order, and is called twice (to count, then to write), so the caller can
 /// make each path in a buffer of its own.
 ///
-/// Layout (little-endian, `"CKPDSTC3"`): a header (magic, fingerprint[32],
+/// Layout (little-endian, `"CKPDSTC4"`): a header (magic, fingerprint[32],
 /// reference_ns i64, entry count u64, directory count u64, directory bytes
-/// u64), the directories (per directory `path_len u32, path, dev u64, ino
+/// u64, witness key[32], witness digest[32], both zero for no witness; a
+/// `"CKPDSTC3"` header ends before the witness), the directories (per directory `path_len u32, path, dev u64, ino
 /// u64, mtime_ns i64, ctime_ns i64, listing_len u32, listing`), BLAKE3 of the
 /// header and directories; then the entries (per entry `shared u16,
 /// suffix_len u16, suffix, dev, ino, size u64, mtime_ns, ctime_ns i64, mode
@@ -437,6 +476,7 @@ pub fn write_cache<'b, D>(
     path: &Path,
     fingerprint: &[u8; 32],
     reference_ns: i64,
+    witness: Option<&ManifestWitness>,
     entries: &EntryVisitor<'_>,
     dirs: D,
 ) -> io::Result<()>
@@ -456,6 +496,13 @@ where
         out.put(&entry_count.to_le_bytes())?;
         out.put(&dir_count.to_le_bytes())?;
         out.put(&dir_bytes.to_le_bytes())?;
+        let none = ManifestWitness {
+            key: [0; 32],
+            digest: [0; 32],
+        };
+        let witness = witness.unwrap_or(&none);
+        out.put(&witness.key)?;
+        out.put(&witness.digest)?;
         for (path, stat, listing) in dirs {
             out.put(&(path.len() as u32).to_le_bytes())?;
             out.put(path.as_bytes())?;
@@ -541,6 +588,8 @@ fn parse_fixed(r: &[u8]) -> CacheEntry {
 pub struct LoadedCache {
     pub fingerprint: [u8; 32],
     pub reference_ns: i64,
+    /// None: the cache was written by a restore, or by an older version.
+    pub witness: Option<ManifestWitness>,
     entry_count: u64,
     /// The directory section as read (validated).
     dir_data: Vec<u8>,
@@ -557,20 +606,33 @@ impl LoadedCache {
     pub fn load(path: &Path) -> Option<LoadedCache> {
         let mut file = fs::File::open(path).ok()?;
         let len = file.metadata().ok()?.len();
-        if len < (HEADER + 64) as u64 {
+        let mut magic = [0u8; 8];
+        file.read_exact(&mut magic).ok()?;
+        let header_len = match &magic {
+            MAGIC => HEADER,
+            MAGIC_V3 => HEADER_V3,
+            _ => return None,
+        };
+        if len < (header_len + 64) as u64 {
             return None;
         }
-        let mut header = [0u8; HEADER];
-        file.read_exact(&mut header).ok()?;
-        if &header[..8] != MAGIC {
-            return None;
-        }
+        let mut header = vec![0u8; header_len];
+        header[..8].copy_from_slice(&magic);
+        file.read_exact(&mut header[8..]).ok()?;
         let fingerprint: [u8; 32] = header[8..40].try_into().ok()?;
         let reference_ns = le_i64(&header[40..]);
         let entry_count = le_u64(&header[48..]);
         let dir_count = le_u64(&header[56..]);
         let dir_bytes = le_u64(&header[64..]);
-        let rest = len - (HEADER + 64) as u64;
+        let witness = (header_len == HEADER)
+            .then(|| ManifestWitness {
+                key: header[HEADER_V3..HEADER_V3 + 32]
+                    .try_into()
+                    .expect("32 bytes"),
+                digest: header[HEADER_V3 + 32..HEADER].try_into().expect("32 bytes"),
+            })
+            .filter(|w| w.key != [0; 32]);
+        let rest = len - (header_len + 64) as u64;
         // Refuse sizes the file cannot hold before allocating for them.
         if dir_bytes > rest
             || dir_count > dir_bytes / (4 + DIR_FIXED) as u64
@@ -591,6 +653,7 @@ impl LoadedCache {
         Some(LoadedCache {
             fingerprint,
             reference_ns,
+            witness,
             entry_count,
             dir_data,
             dirs,
@@ -980,6 +1043,74 @@ mod tests {
         unsorted.dirs.swap(0, 1);
         unsorted.save(&path).unwrap();
         assert!(LoadedCache::load(&path).is_none());
+    }
+
+    /// The witness round-trips; an owned cache (what a restore saves) has
+    /// none; a `CKPDSTC3` file (no witness in its header) is read, listings
+    /// and entries alike, as one without a witness.
+    #[test]
+    fn manifest_witness_is_kept_dropped_and_absent_in_v3() {
+        let cache = sample();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache.bin");
+        let witness = ManifestWitness {
+            key: [7; 32],
+            digest: [9; 32],
+        };
+        let write = |witness: Option<&ManifestWitness>| {
+            let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| {
+                for (p, e) in &cache.entries {
+                    visit(p, *e);
+                }
+            };
+            let dirs = cache
+                .dirs
+                .iter()
+                .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
+            write_cache(
+                &path,
+                &cache.fingerprint,
+                cache.reference_ns,
+                witness,
+                &entries,
+                dirs,
+            )
+            .unwrap();
+        };
+        write(Some(&witness));
+        assert_eq!(LoadedCache::load(&path).unwrap().witness, Some(witness));
+        assert_eq!(load_owned(&path), Some(cache.clone()));
+        record_written(&path, cache.fingerprint, cache.reference_ns, Vec::new()).unwrap();
+        assert_eq!(LoadedCache::load(&path).unwrap().witness, None);
+        // The same cache in the previous layout: the header without the
+        // witness, its checksum over that header and the directories.
+        write(None);
+        let v4 = std::fs::read(&path).unwrap();
+        let dir_end = v4.len() - 32 * 2 - cache.entries.len() * FIXED - {
+            let mut suffixes = 0;
+            let mut previous = "";
+            for (p, _) in &cache.entries {
+                let shared = previous
+                    .bytes()
+                    .zip(p.bytes())
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                suffixes += ENTRY_HEAD + p.len() - shared;
+                previous = p;
+            }
+            suffixes
+        };
+        let mut v3 = b"CKPDSTC3".to_vec();
+        v3.extend_from_slice(&v4[8..HEADER_V3]);
+        v3.extend_from_slice(&v4[HEADER..dir_end]);
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&v3);
+        v3.extend_from_slice(hasher.finalize().as_bytes());
+        v3.extend_from_slice(&v4[dir_end + 32..]);
+        std::fs::write(&path, &v3).unwrap();
+        let loaded = LoadedCache::load(&path).unwrap();
+        assert_eq!(loaded.witness, None);
+        assert_eq!(loaded.into_owned(), Some(cache));
     }
 
     #[test]

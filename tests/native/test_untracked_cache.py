@@ -53,17 +53,31 @@ def make_tree(root: Path) -> None:
     os.symlink("a/1.txt", root / "link")
 
 
+# The manifest each cache's last scan returned: every cached scan is given it
+# as its previous manifest, as a capture gives the parent's, so each hostile
+# change below is also a test that the cache's manifest witness (a no-change
+# scan keeps the previous manifest without encoding one) never hides a change.
+_last_manifest: dict[str, bytes] = {}
+
+
 def scan(root: Path, cache: str | None) -> _native.ScanResult:
-    return _native.scan(str(root), cache_path=cache)
+    previous = _last_manifest.get(cache) if cache is not None else None
+    result = _native.scan(str(root), cache_path=cache, previous_manifest=previous)
+    if cache is not None:
+        _last_manifest[cache] = result.manifest
+    return result
 
 
 def assert_same_as_fresh(root: Path, cached: _native.ScanResult) -> None:
-    fresh = scan(root, None)
+    fresh = _native.scan(str(root))
     assert decode_entries(cached.manifest) == decode_entries(fresh.manifest)
+    assert cached.manifest == fresh.manifest
     assert cached.unsupported == fresh.unsupported
     # What the scan says of its manifest (the capture hands these to Manifest
-    # instead of parsing the bytes again) is what the bytes say.
-    assert cached.digests == _native.manifest_digests(cached.manifest)
+    # instead of parsing the bytes again) is what the bytes say; a scan that
+    # kept its previous manifest leaves its digests to the caller.
+    kept = cached.digests == b"" and cached.file_count > 0
+    assert kept or cached.digests == _native.manifest_digests(cached.manifest)
     totals = (cached.entries, cached.file_count, cached.file_bytes)
     assert totals == _native.manifest_totals(cached.manifest)
 
@@ -75,6 +89,8 @@ def primed(root: Path, cache: str) -> _native.ScanResult:
     scan(root, cache)
     again = scan(root, cache)
     assert again.dirs_reused == again.dirs_listed == 6  # root, a, a/x, a/x/deep, b, c
+    # Nothing changed: the previous manifest is kept on the cache's word.
+    assert again.manifest_witnessed and again.manifest is _last_manifest[cache]
     return again
 
 
@@ -96,7 +112,7 @@ def test_unchanged_tree_reuses_every_listing(root: Path, tmp_path: Path) -> None
     assert again.files_hashed == 0
     stamp = os.stat(cache).st_mtime_ns
     third = scan(root, cache)
-    assert third.dirs_reused == third.dirs_listed
+    assert third.dirs_reused == third.dirs_listed and third.manifest_witnessed
     assert os.stat(cache).st_mtime_ns == stamp  # nothing changed: not rewritten
 
 
@@ -218,6 +234,67 @@ def test_mount_over_a_listed_directory_is_still_a_mount_point(tmp_path: Path) ->
         assert_same_as_fresh(root, cached)
 
 
+def test_witness_vouches_only_for_the_manifest_it_recorded(root: Path, tmp_path: Path) -> None:
+    """The cache's witness is the digest of the manifest its scan made: a
+    previous manifest that is another one (an older head, a capture that
+    failed after its scan) is compared byte for byte and replaced."""
+    cache = str(tmp_path / "cache.bin")
+    first = primed(root, cache).manifest
+    for other in (b"[]", first.replace(b'"top.txt"', b'"top.txu"')):
+        got = _native.scan(str(root), cache_path=cache, previous_manifest=other)
+        assert not got.manifest_witnessed and got.manifest is not other
+        assert got.manifest == first
+    # The witness still holds for the manifest it recorded.
+    kept = _native.scan(str(root), cache_path=cache, previous_manifest=first)
+    assert kept.manifest_witnessed and kept.manifest is first
+
+
+def test_file_holding_a_secret_is_never_witnessed(root: Path, tmp_path: Path) -> None:
+    """A file holding a secret is not cached (it is hashed every time), so no
+    scan of a tree holding one keeps the previous manifest on the cache's
+    word: a same-size rewrite with the mtime set back is captured."""
+    cache = str(tmp_path / "cache.bin")
+    make_tree(root)
+    secret = b"hunter2-secret"
+    (root / "b" / "env").write_bytes(b"KEY=" + secret + b"\n")
+    age_tree(str(root))
+
+    def scan_secret(previous: bytes | None) -> _native.ScanResult:
+        return _native.scan(
+            str(root), cache_path=cache, secrets=[secret], previous_manifest=previous
+        )
+
+    first = scan_secret(None).manifest
+    again = scan_secret(first)
+    assert again.files_hashed == 1 and again.manifest is first
+    assert not again.manifest_witnessed  # compared byte for byte instead
+    stat = os.stat(root / "b" / "env")
+    (root / "b" / "env").write_bytes(b"K=" + secret + b"XY\n")  # same size, secret moved
+    os.utime(root / "b" / "env", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    changed = scan_secret(first)
+    assert not changed.manifest_witnessed and changed.manifest != first
+    assert changed.manifest == _native.scan(str(root), secrets=[secret]).manifest
+
+
+def test_policy_change_is_not_witnessed(root: Path, tmp_path: Path) -> None:
+    """The witness is recorded under the policy it was made with: a scan
+    under another policy, given the last manifest, encodes its own rows; once
+    it has recorded its own witness, the next one under it is kept."""
+    cache = str(tmp_path / "cache.bin")
+    full = primed(root, cache).manifest
+
+    def narrowed(previous: bytes) -> _native.ScanResult:
+        return _native.scan(str(root), cache_path=cache, exclude=["b/"], previous_manifest=previous)
+
+    first = narrowed(full)
+    assert not first.manifest_witnessed and first.manifest != full
+    assert first.manifest == _native.scan(str(root), exclude=["b/"]).manifest
+    again = narrowed(first.manifest)
+    assert again.manifest_witnessed and again.manifest is first.manifest
+    widened = _native.scan(str(root), cache_path=cache, previous_manifest=first.manifest)
+    assert not widened.manifest_witnessed and widened.manifest == full
+
+
 def test_policy_change_uses_the_raw_listing(root: Path, tmp_path: Path) -> None:
     """Listings are kept before the policy: a name the last scan excluded is
     found again from the reused listing of its directory. (Directories the
@@ -235,7 +312,11 @@ def test_policy_change_uses_the_raw_listing(root: Path, tmp_path: Path) -> None:
 
 
 def _flip_in_directories(data: bytearray) -> None:
-    data[100] ^= 0xFF  # past the 72-byte header: the directory section
+    data[150] ^= 0xFF  # past the 136-byte header: the directory section
+
+
+def _flip_in_witness(data: bytearray) -> None:
+    data[110] ^= 0xFF  # the header's manifest witness (checksummed with the directories)
 
 
 def _flip_in_entries(data: bytearray) -> None:
@@ -254,6 +335,7 @@ def _truncated(data: bytearray) -> None:
     ("damage", "dirs_kept"),
     [
         pytest.param(_flip_in_directories, False, id="directories-corrupt"),
+        pytest.param(_flip_in_witness, False, id="witness-corrupt"),
         pytest.param(_flip_in_entries, True, id="entries-corrupt"),
         pytest.param(_old_version, False, id="old-version"),
         pytest.param(_truncated, True, id="truncated"),

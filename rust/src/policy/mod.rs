@@ -129,6 +129,8 @@ pub struct PolicyMatcher {
     include: PatternList,
     default_excludes: bool,
     warnings: Vec<PatternWarning>,
+    /// A digest of the lists and flag this matcher was compiled from.
+    source_fingerprint: [u8; 32],
 }
 
 impl PolicyMatcher {
@@ -140,12 +142,31 @@ impl PolicyMatcher {
         default_excludes: bool,
     ) -> Result<PolicyMatcher, PatternError> {
         let mut warnings = Vec::new();
+        let key = blake3::derive_key("checkpointd 2026-12 policy source fingerprint v1", b"");
+        let mut source = blake3::Hasher::new_keyed(&key);
+        for list in [exclude, include] {
+            // Length-prefixed, so that lines cannot run into each other or across lists.
+            source.update(&(list.len() as u64).to_le_bytes());
+            for line in list {
+                source.update(&(line.as_ref().len() as u64).to_le_bytes());
+                source.update(line.as_ref().as_bytes());
+            }
+        }
+        source.update(&[u8::from(default_excludes)]);
         Ok(PolicyMatcher {
             exclude: PatternList::compile("exclude", exclude, &mut warnings)?,
             include: PatternList::compile("include", include, &mut warnings)?,
             default_excludes,
             warnings,
+            source_fingerprint: *source.finalize().as_bytes(),
         })
+    }
+
+    /// Equal for two matchers compiled from the same lists, in the same
+    /// order, with the same default-excludes flag (what a scan's stat cache
+    /// records so it can tell that a later scan applies the same policy).
+    pub fn source_fingerprint(&self) -> [u8; 32] {
+        self.source_fingerprint
     }
 
     /// Lines that git accepts but that never match or hold a reversed range,

@@ -67,6 +67,8 @@ pub struct ScanResult {
     #[pyo3(get)]
     dirs_reused: u64,
     #[pyo3(get)]
+    manifest_witnessed: bool,
+    #[pyo3(get)]
     policy_warnings: Vec<(&'static str, String, String)>,
 }
 
@@ -170,6 +172,7 @@ fn to_result(
         file_bytes: out.file_bytes,
         dirs_listed: out.dirs_listed,
         dirs_reused: out.dirs_reused,
+        manifest_witnessed: out.manifest_witnessed,
         unsupported: unsupported.unbind(),
         entries: out.entries,
         files_hashed: out.files_hashed,
