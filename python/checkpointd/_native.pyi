@@ -61,6 +61,8 @@ class ScanResult:
     phases_ms: dict[str, float]
     # The manifest's distinct file digests, sorted, 32 bytes each.
     digests: bytes
+    # The manifest is the one previous_length/previous_fingerprint name.
+    same_as_previous: bool
     file_count: int  # file rows in the manifest
     file_bytes: int  # the sum of their sizes
     dirs_listed: int  # directories entered
@@ -119,14 +121,17 @@ def scan(
     feed: BlobFeed | None = None,
     root_fd: int | None = None,
     progress: ScanProgress | None = None,
-    previous_manifest: bytes | None = None,
+    previous_length: int | None = None,
+    previous_fingerprint: bytes | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
-    ``previous_manifest`` (the parent checkpoint's): when the scan's manifest is
-    byte for byte that one, ``ScanResult.manifest`` IS that object (compared
-    chunk by chunk as it is encoded; nothing is allocated for a second copy)
-    and ``ScanResult.digests`` is empty (they are that manifest's digests).
+    ``previous_length``/``previous_fingerprint`` (given together: the parent
+    checkpoint's manifest length in bytes and its BLAKE3 hash): when the bytes
+    of the scan's manifest have that length and hash, nothing is allocated,
+    ``ScanResult.same_as_previous`` is True and ``manifest`` and ``digests``
+    are empty (they are the previous manifest's). The manifest is hashed in
+    small pieces as it is encoded, so the previous one is never needed.
 
     Top-level names starting with ``.checkpointd`` are never captured. With
     ``cache_path``, loads the stat cache from there (a missing or corrupt file is

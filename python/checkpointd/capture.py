@@ -387,7 +387,15 @@ async def capture_checkpoint(
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_manifest = manifest_of(parent.files) if parent is not None else None
-                parent_digests = parent_manifest.digests() if parent_manifest is not None else b""
+                # The feed skips the parent's digests when they are at hand (a
+                # parent its store has not loaded is not loaded for them: a
+                # no-change capture never needs them, and a file the feed
+                # hands over anyway is found present by the upload's lookup).
+                parent_digests = (
+                    parent_manifest.digests()
+                    if parent_manifest is not None and parent_manifest.loaded
+                    else b""
+                )
                 feed = _native.BlobFeed(
                     FEED_BYTES, SMALL_FILE_BYTES, parent_digests, max_held_files=HELD_FILES
                 )
@@ -411,9 +419,7 @@ async def capture_checkpoint(
                         subroot.fd,
                         executor=feed_threads,
                         progress=counts,
-                        previous_manifest=(
-                            parent_manifest.data if parent_manifest is not None else None
-                        ),
+                        previous=parent_manifest,
                     )
                 )
                 polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
@@ -444,19 +450,23 @@ async def capture_checkpoint(
                     _close_scan_phase(reporter, outcome)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
-                # When nothing changed they are the parent's own bytes (the scan
-                # returns that very object), and its digests are the parent's too:
-                # no second copy of either is kept.
-                unchanged_files = (
-                    parent_manifest is not None and outcome.manifest is parent_manifest.data
-                )
-                manifest = Manifest(
-                    outcome.manifest,
-                    length=outcome.entries_count,
-                    trusted=True,
-                    digests=parent_digests if unchanged_files else outcome.digests,
-                    totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
-                )
+                # When nothing changed they are the parent's (same length and
+                # fingerprint): the parent's manifest object is the new one, so
+                # no second copy is made and an unloaded one stays unloaded.
+                if parent_manifest is not None and outcome.same_as_previous:
+                    manifest = (
+                        parent_manifest
+                        if parent_manifest.trusted
+                        else Manifest(parent_manifest.data, trusted=True)
+                    )
+                else:
+                    manifest = Manifest(
+                        outcome.manifest,
+                        length=outcome.entries_count,
+                        trusted=True,
+                        digests=outcome.digests,
+                        totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
+                    )
                 keeper.check()
                 if (
                     skip_if_unchanged
@@ -557,7 +567,7 @@ def _nothing_new(
 
     if tuple(conversation) != tuple(head.conversation) or artifacts != tuple(head.artifacts):
         return False
-    if manifest_of(head.files).data == manifest.data:
+    if manifest_of(head.files).same_bytes(manifest):
         return True  # the same bytes: nothing to decode or compare entry by entry
     return next(iter(diff_entries(head.files, manifest)), None) is None
 
@@ -619,7 +629,7 @@ async def _scan(
     root_fd: int | None = None,
     executor: concurrent.futures.Executor | None = None,
     progress: _native.ScanProgress | None = None,
-    previous_manifest: bytes | None = None,
+    previous: Manifest | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(
@@ -631,7 +641,7 @@ async def _scan(
             feed=feed,
             root_fd=root_fd,
             progress=progress,
-            previous_manifest=previous_manifest,
+            previous=previous,
         ),
         token.cancel,
         executor,
@@ -828,18 +838,28 @@ class _Uploader:
 
         Works on the manifest's bytes: only files whose content the parent does
         not reference become Python objects (none when nothing changed)."""
-        parent_digests = manifest_of(parent.files).digests() if parent is not None else b""
-        parent_digests = without_marked(parent_digests, self.rechecked)
-        new_digests = _native.digest_difference(manifest.digests(), parent_digests)
-        if self.present:
+        parent_manifest = manifest_of(parent.files) if parent is not None else None
+        if parent_manifest is not None and not self.rechecked and parent_manifest.same_bytes(manifest):
+            # The parent's files: every key is present (see below), and neither
+            # manifest is loaded to find that out.
+            new_digests = b""
+        else:
+            parent_digests = parent_manifest.digests() if parent_manifest is not None else b""
+            parent_digests = without_marked(parent_digests, self.rechecked)
+            new_digests = _native.digest_difference(manifest.digests(), parent_digests)
+        if self.present and new_digests:
             fed = b"".join(sorted(self.present))
             new_digests = _native.digest_difference(new_digests, fed)
-        pending = [
-            FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
-            for path, digest, size in _native.manifest_files_with_digests(
-                manifest.data, new_digests
-            )
-        ]
+        pending = (
+            [
+                FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
+                for path, digest, size in _native.manifest_files_with_digests(
+                    manifest.data, new_digests
+                )
+            ]
+            if new_digests
+            else []
+        )
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
         first_round = True

@@ -14,13 +14,24 @@ A manifest is *trusted* when its bytes come from our own scan (valid by
 construction: the scan refuses every path SPEC §2 forbids) or from a store that
 validated them on append; stores skip the per-entry validation for trusted
 manifests. Entries given by a caller as a tuple are validated as before.
+
+A store may hand out a manifest it has not loaded (``Manifest.stored``): its
+``ManifestSummary`` (length in bytes, BLAKE3 fingerprint, entry and file
+totals) is known, its bytes are decompressed on first use. A no-change capture
+compares the scan's fingerprint with its parent's and appends the parent's
+manifest object again, so at a million files neither the capture nor the
+store ever holds the ~180 MB of a parent's manifest bytes.
 """
 
 from __future__ import annotations
 
+import struct
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
+
+import blake3
 
 from . import _native
 
@@ -29,12 +40,62 @@ if TYPE_CHECKING:
 
 _DIGEST = 32
 _decode_lock = threading.Lock()
+# Re-entrant: loading a delta's manifest loads its base's first.
+_load_lock = threading.RLock()
+
+
+def fingerprint_of(data: bytes) -> bytes:
+    """The fingerprint of manifest bytes: their BLAKE3 hash (32 bytes), on
+    every core and without the GIL (the scan computes the same, natively)."""
+    return blake3.blake3(data, max_threads=blake3.blake3.AUTO).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestSummary:
+    """What a store keeps beside a manifest so it can name it unloaded: its
+    length in bytes, its fingerprint (BLAKE3 of the bytes) and its totals."""
+
+    byte_length: int
+    fingerprint: bytes
+    entries: int
+    files: int
+    file_bytes: int
+
+    def to_json(self) -> list[Any]:
+        """``[byte_length, fingerprint hex, entries, files, file_bytes]`` (a list:
+        it is stored in every row, keys would cost more than the values)."""
+        return [self.byte_length, self.fingerprint.hex(), self.entries, self.files, self.file_bytes]
+
+    @classmethod
+    def from_json(cls, value: Any) -> ManifestSummary | None:
+        """The summary a store wrote (None for anything else: the manifest's
+        summary is then computed from its bytes when needed)."""
+        try:
+            byte_length, fingerprint, entries, files, file_bytes = value
+            summary = cls(
+                int(byte_length), bytes.fromhex(fingerprint), int(entries), int(files), int(file_bytes)
+            )
+        except (TypeError, ValueError):
+            return None
+        return summary if len(summary.fingerprint) == _DIGEST else None
 
 
 class Manifest(Sequence["Entry"]):
-    """An immutable, lazily decoded sequence of entries over the codec's bytes."""
+    """An immutable, lazily decoded sequence of entries over the codec's bytes
+    (loaded on first use too when a store made it with :meth:`stored`)."""
 
-    __slots__ = ("_data", "_decoded", "_digests", "_len", "_totals", "_trusted")
+    __slots__ = (
+        "_byte_length",
+        "_data",
+        "_decoded",
+        "_digests",
+        "_fingerprint",
+        "_held",
+        "_len",
+        "_load",
+        "_totals",
+        "_trusted",
+    )
 
     def __init__(
         self,
@@ -48,12 +109,44 @@ class Manifest(Sequence["Entry"]):
         """``digests`` and ``totals``: what :meth:`digests` and :meth:`totals`
         return, when the maker of ``data`` already knows them (the scan does);
         only for bytes that same code made."""
-        self._data = bytes(data)
+        self._data: bytes | None = bytes(data)
+        self._load: Callable[[], bytes] | None = None
+        self._held = 0
+        self._byte_length = len(self._data)
+        self._fingerprint: bytes | None = None
         self._len = length
         self._decoded: tuple[Entry, ...] | None = None
         self._trusted = trusted
         self._digests = digests
         self._totals = totals
+
+    @classmethod
+    def stored(
+        cls, load: Callable[[], bytes], summary: ManifestSummary | None, held_bytes: int
+    ) -> Manifest:
+        """A trusted manifest a store has not loaded: ``load()`` returns its bytes
+        on first use (once; they must match ``summary``, else ValueError), and
+        ``held_bytes`` is what ``load`` keeps meanwhile (its compressed row).
+        Without a summary (rows written before summaries) every property is
+        computed from the loaded bytes."""
+        manifest = cls.__new__(cls)
+        manifest._data = None
+        manifest._load = load
+        manifest._held = held_bytes
+        manifest._decoded = None
+        manifest._trusted = True
+        manifest._digests = None
+        if summary is None:
+            manifest._byte_length = -1
+            manifest._fingerprint = None
+            manifest._len = None
+            manifest._totals = None
+        else:
+            manifest._byte_length = summary.byte_length
+            manifest._fingerprint = summary.fingerprint
+            manifest._len = summary.entries
+            manifest._totals = (summary.entries, summary.files, summary.file_bytes)
+        return manifest
 
     @classmethod
     def of(cls, entries: Iterable[Entry]) -> Manifest:
@@ -71,8 +164,88 @@ class Manifest(Sequence["Entry"]):
 
     @property
     def data(self) -> bytes:
-        """The codec's JSON rows."""
-        return self._data
+        """The codec's JSON rows (loaded now when the store has not yet)."""
+        data = self._data
+        if data is None:
+            with _load_lock:
+                if self._data is None:
+                    self._data = self._loaded()
+                data = self._data
+        return data
+
+    def _loaded(self) -> bytes:
+        assert self._load is not None
+        data = self._load()
+        if self._byte_length >= 0 and (
+            len(data) != self._byte_length or fingerprint_of(data) != self._fingerprint
+        ):
+            raise ValueError("a stored manifest's bytes do not match its summary")
+        self._byte_length = len(data)
+        self._load = None  # (and whatever it held: the compressed row)
+        self._held = 0
+        return data
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the bytes are in memory (False for a store's unloaded manifest)."""
+        return self._data is not None
+
+    def held_bytes(self) -> int:
+        """Bytes this manifest keeps in memory: its own, or its store's row until loaded."""
+        return len(self._data) if self._data is not None else self._held
+
+    def byte_length(self) -> int:
+        """``len(data)``, without loading when the store's summary says it."""
+        if self._byte_length < 0:
+            self._summarize()
+        return self._byte_length
+
+    def fingerprint(self) -> bytes:
+        """BLAKE3 of the bytes (32 bytes; computed once, or the store's summary)."""
+        fingerprint = self._fingerprint
+        if fingerprint is None:
+            if self._data is None:
+                self._summarize()
+            else:
+                self._fingerprint = fingerprint_of(self._data)
+            fingerprint = self._fingerprint
+            assert fingerprint is not None
+        return fingerprint
+
+    def known_length(self) -> int | None:
+        """``len(self)`` when known without loading (None: a store's manifest
+        whose row has no summary, not loaded yet)."""
+        if self._len is None and (self._totals is not None or self._data is not None):
+            return len(self)
+        return self._len
+
+    def _summarize(self) -> None:
+        """Length, fingerprint and totals of a store's unloaded manifest whose
+        row has no summary (written before summaries): from its bytes, loaded
+        for this and let go again, so a no-change capture on such a parent
+        does not keep them either (its append stores the summary)."""
+        with _load_lock:
+            if self._data is not None or self._load is None:
+                data = self.data
+            else:
+                data = self._load()  # kept unloaded: only the summary is kept
+            if self._totals is None:
+                self._totals = _native.manifest_totals(data)
+            self._fingerprint = fingerprint_of(data)
+            self._byte_length = len(data)
+            del data
+
+    def summary(self) -> ManifestSummary:
+        """What a store keeps beside the bytes (see ``ManifestSummary``)."""
+        entries, files, file_bytes = self.totals()
+        return ManifestSummary(self.byte_length(), self.fingerprint(), entries, files, file_bytes)
+
+    def same_bytes(self, other: Manifest) -> bool:
+        """Whether the two hold the same bytes: by identity, else by length and
+        fingerprint (neither is loaded when their store's summaries say both)."""
+        return self is other or (
+            self.byte_length() == other.byte_length() and self.fingerprint() == other.fingerprint()
+        )
 
     @property
     def trusted(self) -> bool:
@@ -86,14 +259,19 @@ class Manifest(Sequence["Entry"]):
         files one computation is ~40 ms)."""
         digests = self._digests
         if digests is None:
-            digests = self._digests = _native.manifest_digests(self._data)
+            digests = self._digests = _native.manifest_digests(self.data)
         return digests
 
     def totals(self) -> tuple[int, int, int]:
         """(entries, files, total file bytes), without decoding (computed once)."""
         totals = self._totals
         if totals is None:
-            totals = self._totals = _native.manifest_totals(self._data)
+            if self._data is None:
+                self._summarize()
+            else:
+                self._totals = _native.manifest_totals(self._data)
+            totals = self._totals
+            assert totals is not None
         return totals
 
     # ------------------------------------------------------------ sequence side
@@ -106,7 +284,7 @@ class Manifest(Sequence["Entry"]):
 
             with _decode_lock:
                 if self._decoded is None:
-                    self._decoded = decode_entries(self._data)
+                    self._decoded = decode_entries(self.data)
                 decoded = self._decoded
         return decoded
 
@@ -132,12 +310,12 @@ class Manifest(Sequence["Entry"]):
         return value in self.entries()
 
     def __bool__(self) -> bool:
-        return len(self._data) > 2  # "[]" is the empty manifest
+        return self.byte_length() > 2  # "[]" is the empty manifest
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Manifest):
             # The encoding is canonical: equal entries give equal bytes.
-            return self._data == other._data
+            return self.same_bytes(other)
         if isinstance(other, tuple):
             return self.entries() == other
         return NotImplemented
@@ -155,7 +333,7 @@ class Manifest(Sequence["Entry"]):
         return repr(self.entries())
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (self._data, self._len, self._trusted))
+        return (_rebuild, (self.data, self._len, self._trusted))
 
 
 def _rebuild(data: bytes, length: int | None, trusted: bool) -> Manifest:
@@ -172,4 +350,4 @@ def split_digests(digests: bytes) -> list[bytes]:
     return [digests[i : i + _DIGEST] for i in range(0, len(digests), _DIGEST)]
 
 
-__all__ = ["Manifest", "manifest_of", "split_digests"]
+__all__ = ["Manifest", "ManifestSummary", "fingerprint_of", "manifest_of", "split_digests"]

@@ -33,6 +33,7 @@ from functools import cached_property
 from . import _native
 from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
+from .manifest import Manifest
 from .model import Entry, Policy
 from .validation import MIN_SECRET_LEN  # re-exported: one home for the rule
 
@@ -58,11 +59,13 @@ class ScanOutcome:
     files_reused: int
     bytes_hashed: int
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
-    digests: bytes | None = None  # distinct file digests, sorted (b"" when it is previous_manifest)
+    digests: bytes | None = None  # distinct file digests, sorted (b"" when same_as_previous)
     file_count: int = 0  # file rows in the manifest
     file_bytes: int = 0  # the sum of their sizes
     dirs_listed: int = 0  # directories entered
     dirs_reused: int = 0  # of which the stat cache gave the listing (not re-read)
+    # The manifest is ``previous`` (``manifest`` is then b""): see scan_workspace.
+    same_as_previous: bool = False
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -140,15 +143,17 @@ def scan_workspace(
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
     progress: _native.ScanProgress | None = None,
-    previous_manifest: bytes | None = None,
+    previous: Manifest | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
 
     ``progress`` receives the counts while the scan runs (poll its
-    ``snapshot()`` from another thread). ``previous_manifest``: the parent's
-    manifest bytes; when nothing changed, ``ScanOutcome.manifest`` is that very
-    object (no second copy of a large manifest is made).
+    ``snapshot()`` from another thread). ``previous``: the parent's manifest;
+    when the scan's manifest is byte for byte that one (same length and
+    fingerprint), ``ScanOutcome.same_as_previous`` is True and no second copy
+    is made (only ``previous``'s length and fingerprint are read, so a
+    manifest its store has not loaded stays unloaded).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -169,7 +174,8 @@ def scan_workspace(
             feed=feed,
             root_fd=root_fd,
             progress=progress,
-            previous_manifest=previous_manifest,
+            previous_length=None if previous is None else previous.byte_length(),
+            previous_fingerprint=None if previous is None else previous.fingerprint(),
         )
     except _native.ScanCancelled:
         raise
@@ -194,6 +200,7 @@ def scan_workspace(
         file_bytes=result.file_bytes,
         dirs_listed=result.dirs_listed,
         dirs_reused=result.dirs_reused,
+        same_as_previous=result.same_as_previous,
     )
 
 

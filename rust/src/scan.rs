@@ -169,15 +169,81 @@ pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
 pub trait ManifestBuffer {
     fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]>;
 
-    /// A manifest this scan is expected to equal (the parent checkpoint's):
-    /// when every byte the scan would write is that manifest's, nothing is
-    /// allocated and [`ManifestBuffer::keep_previous`] is called instead.
-    fn previous(&self) -> Option<&[u8]> {
+    /// The manifest this scan is expected to equal (the parent checkpoint's),
+    /// by its length and fingerprint: when the bytes the scan would write
+    /// have both, nothing is allocated and [`ManifestBuffer::keep_previous`]
+    /// is called instead. (The previous manifest itself is never needed.)
+    fn previous(&self) -> Option<Previous> {
         None
     }
 
-    /// The scan's manifest is byte for byte [`ManifestBuffer::previous`].
+    /// The scan's manifest is byte for byte the one [`ManifestBuffer::previous`] names.
     fn keep_previous(&mut self) {}
+}
+
+/// A manifest named by its length in bytes and its fingerprint: the BLAKE3
+/// hash of its bytes (what `checkpointd.manifest.Manifest.fingerprint` is).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Previous {
+    pub len: usize,
+    pub fingerprint: [u8; 32],
+}
+
+/// Rows per encoded piece while a manifest is only hashed: the pieces in
+/// flight (two windows of a few per thread) stay a few MB at any size.
+const HASHED_PIECE_ROWS: usize = 4096;
+
+/// Hashes encoded pieces in order, a comma between non-empty ones (the
+/// manifest's layout, as [`scan_into`] writes it).
+struct PieceHasher {
+    hasher: blake3::Hasher,
+    first: bool,
+}
+
+impl PieceHasher {
+    fn add(&mut self, pieces: &[Vec<u8>]) {
+        for piece in pieces.iter().filter(|p| !p.is_empty()) {
+            if !std::mem::take(&mut self.first) {
+                self.hasher.update(b",");
+            }
+            self.hasher.update(piece);
+        }
+    }
+}
+
+/// The fingerprint of the manifest of `order`'s rows, never holding more than
+/// two windows of small pieces: each window is encoded on every core while
+/// the one before it is hashed.
+fn fingerprint_rows(pool: &rayon::ThreadPool, batches: &[Batch], order: &[RowRef]) -> [u8; 32] {
+    let pieces: Vec<&[RowRef]> = order.chunks(HASHED_PIECE_ROWS).collect();
+    let window = (pool.current_num_threads() * 2).max(2);
+    // Two windows of buffers, reused: each grows to a piece's size once.
+    let encode = |group: &[&[RowRef]], buffers: &mut Vec<Vec<u8>>| {
+        buffers.resize_with(group.len(), Vec::new);
+        group
+            .par_iter()
+            .zip(buffers.par_iter_mut())
+            .for_each(|(rows, buffer)| {
+                buffer.clear();
+                let (_, written) = encode_rows(batches, rows, std::mem::take(buffer));
+                *buffer = written;
+            });
+    };
+    let mut hashing = PieceHasher {
+        hasher: blake3::Hasher::new(),
+        first: true,
+    };
+    hashing.hasher.update(b"[");
+    pool.install(|| {
+        let (mut encoded, mut next) = (Vec::new(), Vec::new());
+        for group in pieces.chunks(window) {
+            rayon::join(|| hashing.add(&encoded), || encode(group, &mut next));
+            std::mem::swap(&mut encoded, &mut next);
+        }
+        hashing.add(&encoded);
+    });
+    hashing.hasher.update(b"]");
+    *hashing.hasher.finalize().as_bytes()
 }
 
 impl ManifestBuffer for Vec<u8> {
@@ -578,36 +644,13 @@ fn encode_manifest(
     let lengths: Vec<usize> = sized.iter().map(|(_, counted)| counted.0).collect();
     let commas = lengths.iter().filter(|&&n| n > 0).count().saturating_sub(1);
     let manifest_len = 2 + lengths.iter().sum::<usize>() + commas;
-    // A scan that changed nothing writes the parent's manifest again: compared
-    // chunk by chunk in a scratch buffer at the offsets it would be written
-    // to, it is not allocated a second time (~170 MB at a million entries).
+    // A scan that changed nothing writes the parent's manifest again: its
+    // length and fingerprint say so (the manifest is hashed piece by piece as
+    // it is encoded), and it is not allocated a second time (~180 MB at a
+    // million entries), nor is the parent's needed in memory to compare with.
     let same = manifest.previous().is_some_and(|previous| {
-        previous.len() == manifest_len && {
-            let mut offsets = Vec::with_capacity(lengths.len());
-            let mut at = 1usize;
-            let mut separators_match = previous[0] == b'[' && previous[manifest_len - 1] == b']';
-            let mut first = true;
-            for &length in &lengths {
-                if length > 0 && !std::mem::take(&mut first) {
-                    separators_match &= previous[at] == b',';
-                    at += 1;
-                }
-                offsets.push(at);
-                at += length;
-            }
-            separators_match
-                && pool.install(|| {
-                    rows.order
-                        .par_chunks(chunk_rows)
-                        .zip(offsets.par_iter().zip(lengths.par_iter()))
-                        .all(|(chunk, (&offset, &length))| {
-                            let expected = &previous[offset..offset + length];
-                            let (_, compared) =
-                                encode_rows(&rows.batches, chunk, SameAs::new(expected));
-                            compared.matched()
-                        })
-                })
-        }
+        previous.len == manifest_len
+            && fingerprint_rows(&pool, &rows.batches, &rows.order) == previous.fingerprint
     });
     if same {
         let digest = previous_digest.unwrap_or_else(|| {
@@ -822,43 +865,6 @@ fn in_path_order(mut batches: Vec<Batch>) -> Rows {
     rows
 }
 
-/// A sink that writes nothing: it compares what would be written with
-/// `expected`, byte for byte, as it goes (no buffer per chunk to allocate,
-/// fault in and copy; after the first difference it only counts).
-struct SameAs<'a> {
-    expected: &'a [u8],
-    at: usize,
-    differs: bool,
-}
-
-impl<'a> SameAs<'a> {
-    fn new(expected: &'a [u8]) -> Self {
-        SameAs {
-            expected,
-            at: 0,
-            differs: false,
-        }
-    }
-
-    /// Everything written equals `expected`, whole.
-    fn matched(&self) -> bool {
-        !self.differs && self.at == self.expected.len()
-    }
-}
-
-impl Sink for SameAs<'_> {
-    fn bytes(&mut self, bytes: &[u8]) {
-        let end = self.at + bytes.len();
-        self.differs = self.differs || self.expected.get(self.at..end) != Some(bytes);
-        self.at = end;
-    }
-
-    fn byte(&mut self, byte: u8) {
-        self.differs = self.differs || self.expected.get(self.at) != Some(&byte);
-        self.at += 1;
-    }
-}
-
 /// What a run of manifest rows counts.
 #[derive(Default)]
 struct Encoded {
@@ -1057,26 +1063,6 @@ fn hash_slot(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// The comparing sink says "same" only for exactly the expected bytes:
-    /// not a prefix, not a longer run, not one byte different anywhere.
-    #[test]
-    fn same_as_matches_only_the_whole_expected_bytes() {
-        let written = |expected: &[u8]| {
-            let mut sink = SameAs::new(expected);
-            sink.bytes(b"[\"f\",");
-            sink.byte(b'"');
-            sink.int(-1234);
-            sink.bytes(b"");
-            sink.matched()
-        };
-        assert!(written(b"[\"f\",\"-1234"));
-        assert!(!written(b"[\"f\",\"-123"));
-        assert!(!written(b"[\"f\",\"-12345"));
-        assert!(!written(b"[\"f\",\"-1235"));
-        assert!(!written(b"x\"f\",\"-1234"));
-        assert!(!written(b""));
-    }
 
     /// Names where the order of full paths differs from a depth-first walk
     /// with children sorted by name: `-` (0x2d) and `.` (0x2e) sort before

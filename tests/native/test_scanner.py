@@ -103,28 +103,70 @@ def test_cancel_passes_through(workspace: Path) -> None:
         scan_workspace(workspace, None, (), None, cancel=token)
 
 
+def fingerprint_of(manifest: bytes) -> bytes:
+    """BLAKE3 of the bytes, from the reference library (not our code)."""
+    return blake3.blake3(manifest).digest()
+
+
 @pytest.mark.parametrize("with_cache", [True, False], ids=["cached", "fresh"])
-def test_previous_manifest_is_returned_when_nothing_changed(
+def test_previous_manifest_is_named_by_length_and_fingerprint(
     workspace: Path, cache_path: str, with_cache: bool
 ) -> None:
-    """A scan given the parent's manifest returns that very object when its own
-    bytes are the same (nothing is allocated for a copy), and its own bytes
-    whenever one differs, even a change that keeps the length (a mode)."""
+    """A scan told the parent's manifest length and fingerprint allocates
+    nothing when its own bytes have both (``same_as_previous``), and returns
+    its own bytes whenever one differs, even a change that keeps the length
+    (a mode) or a fingerprint that is not the bytes'."""
     cache = cache_path if with_cache else None
     (workspace / "src").mkdir()
     (workspace / "src" / "util.py").write_bytes(b"print(1)\n")
     (workspace / "src" / "other.py").write_bytes(b"x = 2\n")
     (workspace / "README").write_bytes(b"hello\n")
     age_tree(str(workspace))
-    first = _native.scan(str(workspace), cache_path=cache).manifest
-    again = _native.scan(str(workspace), cache_path=cache, previous_manifest=first)
-    assert again.manifest is first
-    assert again.digests == b""  # the caller has the previous manifest's
-    assert _native.scan(str(workspace), previous_manifest=b"[]").manifest == first
+    first = _native.scan(str(workspace), cache_path=cache)
+    assert not first.same_as_previous
+    previous = {"previous_length": len(first.manifest), "previous_fingerprint": fingerprint_of(first.manifest)}
+    again = _native.scan(str(workspace), cache_path=cache, **previous)
+    assert again.same_as_previous
+    assert again.manifest == b"" and again.digests == b""  # the caller has the previous ones
+    assert (again.entries, again.file_count, again.file_bytes) == (
+        first.entries,
+        first.file_count,
+        first.file_bytes,
+    )
+    # The same length under another fingerprint: the scan's own bytes.
+    other = _native.scan(
+        str(workspace), previous_length=len(first.manifest), previous_fingerprint=bytes(32)
+    )
+    assert not other.same_as_previous and other.manifest == first.manifest
     (workspace / "src" / "util.py").chmod(0o600)  # 420 -> 384: same length
     age_tree(str(workspace))
-    changed = _native.scan(str(workspace), cache_path=cache, previous_manifest=first)
-    assert changed.manifest is not first and len(changed.manifest) == len(first)
+    changed = _native.scan(str(workspace), cache_path=cache, **previous)
+    assert not changed.same_as_previous
+    assert len(changed.manifest) == len(first.manifest)
     assert changed.manifest == _native.scan(str(workspace)).manifest
-    assert changed.manifest != first
+    assert changed.manifest != first.manifest
     assert changed.digests == _native.manifest_digests(changed.manifest)
+    with pytest.raises(ValueError, match="together"):
+        _native.scan(str(workspace), previous_length=len(first.manifest))
+    with pytest.raises(ValueError, match="32 bytes"):
+        _native.scan(str(workspace), previous_length=2, previous_fingerprint=b"short")
+
+
+def test_a_fingerprint_spans_many_hashed_pieces(workspace: Path) -> None:
+    """More rows than one hashed piece (4,096) and empty directories between
+    files: the fingerprint the scan compares is BLAKE3 of exactly its bytes."""
+    for d in range(3):
+        sub = workspace / f"d{d}"
+        sub.mkdir()
+        (sub / "empty").mkdir()
+        for n in range(2_000):
+            (sub / f"f{n}").write_bytes(b"%d" % (n % 7))
+    age_tree(str(workspace))
+    first = _native.scan(str(workspace))
+    assert first.entries > 4_096
+    again = _native.scan(
+        str(workspace),
+        previous_length=len(first.manifest),
+        previous_fingerprint=fingerprint_of(first.manifest),
+    )
+    assert again.same_as_previous

@@ -78,13 +78,15 @@ def test_chains_of_deltas_materialize_to_the_same_checkpoints(
 
 
 def test_small_changes_are_deltas_and_big_ones_keyframes() -> None:
-    spec = [("f", n, 0) for n in range(100)]
+    # 200 entries: every row also carries its manifest's summary (~60 bytes
+    # compressed), a fixed cost that a 100-entry keyframe is too small to dwarf.
+    spec = [("f", n, 0) for n in range(200)]
     first = documents.Content.of(make("a", spec, []))
     small = documents.Content.of(make("b", [("f", 0, 1), *spec[1:]], [{"m": 1}]))
     stored = documents.encode(small, "a", first, 0)
     assert (stored.base_id, stored.depth) == ("a", 1)
     assert len(stored.data) * 3 < len(documents.keyframe(small).data)
-    big = documents.Content.of(make("c", [("f", n, 1) for n in range(100)], []))
+    big = documents.Content.of(make("c", [("f", n, 1) for n in range(200)], []))
     assert documents.encode(big, "a", first, 0).base_id is None
     too_deep = documents.encode(small, "a", first, documents.MAX_DEPTH)
     assert (too_deep.base_id, too_deep.depth) == (None, 0)

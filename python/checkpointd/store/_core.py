@@ -178,7 +178,10 @@ async def offload(size: int, function: Callable[..., T], *args: Any) -> T:
 
 
 def content_size(content: documents.Content) -> int:
-    return content.entry_count()
+    """About the entries a content's work touches, for ``offload``: from the
+    bytes its manifest holds (~180 per entry loaded, fewer compressed), so a
+    manifest its store has not loaded is never loaded to decide."""
+    return content.manifest.held_bytes() // 16
 
 
 # ------------------------------------------------------------------------ keys
@@ -204,6 +207,11 @@ class KeySet:
     @classmethod
     def of_content(cls, content: documents.Content) -> KeySet:
         return cls(content.digests(), tuple(sorted(content.artifact_keys())))
+
+    @classmethod
+    def of_artifacts(cls, content: documents.Content) -> KeySet:
+        """The content's artifact keys alone (its files' are left out)."""
+        return cls(b"", tuple(sorted(content.artifact_keys())))
 
     def __bool__(self) -> bool:
         return bool(self.digests or self.artifacts)
@@ -250,10 +258,14 @@ def count_change(
     parent: documents.Content | None, new: documents.Content, ordinal: int
 ) -> RunChange:
     """The run change of appending ``new`` on top of ``parent`` (the head, or None)."""
-    keys = KeySet.of_content(new)
     if parent is None:
-        return RunChange(ordinal, ordinal + 1, EMPTY, keys)
-    before = KeySet.of_content(parent)
+        return RunChange(ordinal, ordinal + 1, EMPTY, KeySet.of_content(new))
+    if new.manifest.same_bytes(parent.manifest):
+        # The same files (by fingerprint): only artifacts can differ, and
+        # neither manifest's digests (nor bytes) are needed.
+        keys, before = KeySet.of_artifacts(new), KeySet.of_artifacts(parent)
+    else:
+        keys, before = KeySet.of_content(new), KeySet.of_content(parent)
     return RunChange(ordinal, ordinal + 1, before.minus(keys), keys.minus(before))
 
 
@@ -500,7 +512,8 @@ class WriteTx(Protocol):
 
 
 # Manifest bytes RecentContents may hold beyond the newest content (100k
-# entries are ~17 MB each, 1M entries ~170 MB).
+# entries are ~17 MB each, 1M entries ~180 MB; a manifest its store has not
+# loaded counts its compressed row, ~60 MB at 1M).
 RECENT_CONTENTS_BUDGET = 256 << 20
 
 
@@ -508,10 +521,10 @@ class RecentContents:
     """Contents of recently appended or read checkpoints by (id, row version), so
     the next append of a thread makes its delta and key diff without reading its
     parent back. At most ``size`` of them, and more than one only while their
-    manifests total at most ``budget_bytes``: a million-entry manifest is
-    ~170 MB, and a daemon holding the one before its head as well would keep
-    twice that resident between captures (the newest is always kept: it is the
-    head the next append is based on)."""
+    manifests hold at most ``budget_bytes`` (``Manifest.held_bytes``): a
+    million-entry manifest is ~180 MB, and a daemon holding the one before its
+    head as well would keep twice that resident between captures (the newest
+    is always kept: it is the head the next append is based on)."""
 
     def __init__(self, size: int, budget_bytes: int = RECENT_CONTENTS_BUDGET) -> None:
         self._size = size
@@ -525,10 +538,10 @@ class RecentContents:
         row = (checkpoint_id, version)
         self._items[row] = content
         self._items.move_to_end(row)
-        held = sum(len(item.manifest.data) for item in self._items.values())
+        held = sum(item.manifest.held_bytes() for item in self._items.values())
         while len(self._items) > self._size or (len(self._items) > 1 and held > self._budget):
             _, dropped = self._items.popitem(last=False)
-            held -= len(dropped.manifest.data)
+            held -= dropped.manifest.held_bytes()
 
 
 # ------------------------------------------------------------------------ the store

@@ -15,10 +15,23 @@ checkpoint is stored as one of:
   nothing stores a delta of one copy run: its cost does not grow with the
   number of entries.
 
-Stored bytes: zlib of ``b"CKD2"``, the document's JSON length (4 bytes, little
-endian), the document JSON (without ``files``), then the manifest section.
-Documents written before this layout (zlib of the whole JSON document, with
-``files`` rows or row operations) are still read.
+Stored bytes (``CKD3``): ``b"CKD3"``, the compressed document's length (4
+bytes, little endian), zlib of the document JSON (without ``files``), then zlib
+of the manifest section: two streams, so a reader inflates the document alone
+and a keyframe's manifest straight into one buffer of its size. Documents
+written before this layout (zlib of ``b"CKD2"``, the JSON length, the JSON and
+the section; before that zlib of the whole JSON document, with ``files`` rows or
+row operations) are still read.
+
+The document JSON also carries the checkpoint's ``ManifestSummary`` under
+``"manifest"`` (length in bytes, BLAKE3 fingerprint, totals), so every store
+keeps it with the row (no column or migration of its own) and a reader names
+a manifest without decompressing it: ``materialize`` reads a keyframe's header
+and document only and gives a ``Manifest.stored`` whose bytes are inflated on
+first use, and a delta's manifest is applied to its base's on first use too.
+A no-change append compares fingerprints (``Manifest.same_bytes``), never
+bytes. Rows written before summaries compute theirs from the bytes when asked
+(once per loaded manifest).
 
 Still one document (one row) per checkpoint, never a row per file. A delta is
 used only while it is small (at most ``MAX_DELTA_RATIO`` of its items new) and the
@@ -32,6 +45,7 @@ Everything here is pure: bytes and dicts in, bytes and dicts out.
 
 from __future__ import annotations
 
+import functools
 import json
 import struct
 import zlib
@@ -44,7 +58,7 @@ from .. import _native
 
 # The codec's own row encoders, so a stored document is exactly the codec's format.
 from ..codec import checkpoint_fields, checkpoint_from_document
-from ..manifest import Manifest, manifest_of, split_digests
+from ..manifest import Manifest, ManifestSummary, manifest_of, split_digests
 from ..model import Checkpoint
 
 # Reading a checkpoint applies at most MAX_DEPTH deltas to a keyframe; each costs
@@ -60,7 +74,8 @@ ZLIB_LEVEL = 1
 _JSON = {"separators": (",", ":"), "ensure_ascii": False}
 
 
-_MAGIC = b"CKD2"
+_MAGIC = b"CKD3"
+_CKD2 = b"CKD2"  # the layout before: read, never written
 _HEADER = struct.Struct("<4sI")
 
 
@@ -134,7 +149,8 @@ class Stored:
 
 
 def keyframe(content: Content) -> Stored:
-    return Stored(_compress(content.document, content.manifest.data), None, 0)
+    manifest = content.manifest
+    return Stored(_compress(content.document, manifest.data, manifest.summary()), None, 0)
 
 
 def encode(content: Content, base_id: str | None, base: Content | None, base_depth: int) -> Stored:
@@ -142,10 +158,10 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
     if base_id is None or base is None or base_depth + 1 > MAX_DEPTH:
         return keyframe(content)
     document = dict(content.document)
-    if content.manifest.data == base.manifest.data:
+    if content.manifest.same_bytes(base.manifest):
         # A capture that changed nothing: the native delta would be one copy run
         # of every row. Say so from the row count instead of indexing every row
-        # (a million-entry manifest costs a memcmp, not a hash table).
+        # (by fingerprints: neither manifest needs to be in memory).
         files_ops, files_added = _copy_all(len(content.manifest)), 0
     else:
         files_ops, files_added = _native.manifest_delta(base.manifest.data, content.manifest.data)
@@ -154,7 +170,9 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
     if new_items > MAX_DELTA_RATIO * (content.entry_count() + len(document["conversation"])):
         return keyframe(content)
     document["conversation"] = conversation
-    return Stored(_compress(document, files_ops), base_id, base_depth + 1)
+    return Stored(
+        _compress(document, files_ops, content.manifest.summary()), base_id, base_depth + 1
+    )
 
 
 _COPY = struct.Struct("<cII")
@@ -167,38 +185,107 @@ def _copy_all(rows: int) -> bytes:
 
 def _copies_all(files_section: bytes, base: Manifest) -> bool:
     """Whether the native delta ``files_section`` rebuilds ``base`` unchanged
-    (what ``_copy_all`` writes; only then is the base's row count needed)."""
+    (what ``_copy_all`` writes; only then is the base's row count needed).
+    False when that count is unknown without loading ``base`` (a row written
+    before summaries): the delta is then applied when its bytes are needed."""
+    rows = base.known_length()
+    if rows is None:
+        return False
     if not files_section:
-        return not base
+        return rows == 0
     if len(files_section) != _COPY.size:
         return False
     tag, start, count = _COPY.unpack(files_section)
-    return tag == b"C" and start == 0 and count == len(base)
+    return tag == b"C" and start == 0 and count == rows
 
 
-def _compress(document: dict[str, Any], files_section: bytes) -> bytes:
-    raw = json.dumps(document, **_JSON).encode("utf-8")  # type: ignore[arg-type]
+def _compress(
+    document: dict[str, Any], files_section: bytes, summary: ManifestSummary
+) -> bytes:
+    """The ``CKD3`` layout: the magic and the compressed document's length
+    (uncompressed), the document, the files section (each its own zlib
+    stream), so a reader inflates the document alone and the section straight
+    into one buffer of its known size."""
+    raw = json.dumps({**document, _SUMMARY: summary.to_json()}, **_JSON).encode("utf-8")  # type: ignore[arg-type]
+    packed_document = zlib.compress(raw, ZLIB_LEVEL)
     compressor = zlib.compressobj(ZLIB_LEVEL)
-    parts = [
-        compressor.compress(_HEADER.pack(_MAGIC, len(raw))),
-        compressor.compress(raw),
-        compressor.compress(files_section),
-        compressor.flush(),
-    ]
-    return b"".join(parts)
+    return b"".join(
+        [
+            _HEADER.pack(_MAGIC, len(packed_document)),
+            packed_document,
+            compressor.compress(files_section),
+            compressor.flush(),
+        ]
+    )
 
 
-def _decompress(data: bytes) -> tuple[dict[str, Any], bytes | list[Any]]:
-    """(document without files, files section) — the section is bytes in the
-    current layout, the JSON rows or row operations in the old one."""
+# The stored document's key for the manifest's summary (never a codec field).
+_SUMMARY = "manifest"
+
+
+def _open(
+    data: bytes,
+) -> tuple[dict[str, Any], ManifestSummary | None, bytes | list[Any] | None]:
+    """(document without files, its summary, the files section) of a stored
+    row. In the ``CKD3`` and ``CKD2`` layouts only the document is inflated
+    and the section is None (``_section`` inflates it); the oldest layout (one
+    JSON document) is inflated whole and its ``files`` returned."""
+    if data[:4] == _MAGIC:
+        _, length = _HEADER.unpack_from(data)
+        view = memoryview(data)
+        document = json.loads(zlib.decompress(view[_HEADER.size : _HEADER.size + length]))
+        summary = ManifestSummary.from_json(document.pop(_SUMMARY, None))
+        return document, summary, None
+    head = _inflate_prefix(data, _HEADER.size)
+    if head[:4] == _CKD2:
+        _, length = _HEADER.unpack(head)
+        document = json.loads(_inflate_prefix(data, _HEADER.size + length)[_HEADER.size :])
+        return document, ManifestSummary.from_json(document.pop(_SUMMARY, None)), None
+    document = json.loads(zlib.decompress(data))
+    return document, None, document.pop("files")
+
+
+# Compressed bytes fed at a time while only a row's start is inflated.
+_PREFIX_SLICE = 64 << 10
+
+
+def _inflate_prefix(data: bytes, size: int) -> bytes:
+    """The first ``size`` bytes of the zlib stream ``data`` (fewer where it
+    ends), feeding it a slice at a time: neither the rest of the stream nor
+    a copy of it (``unconsumed_tail``) is ever inflated or made."""
+    decompressor = zlib.decompressobj()
+    view = memoryview(data)
+    out: list[bytes] = []
+    got = at = 0
+    while got < size:
+        if decompressor.unconsumed_tail:
+            chunk: bytes | memoryview = decompressor.unconsumed_tail
+        elif at < len(view) and not decompressor.eof:
+            chunk = view[at : at + _PREFIX_SLICE]
+            at += len(chunk)
+        else:
+            chunk = b""
+        piece = decompressor.decompress(chunk, size - got)
+        if not piece and not chunk:
+            break
+        out.append(piece)
+        got += len(piece)
+    return b"".join(out)
+
+
+def _section(data: bytes, size: int = -1) -> bytes:
+    """The files section of a stored row (``CKD3``: inflated into one buffer
+    of ``size`` bytes when that is known, so a keyframe's manifest is never
+    copied; ``CKD2``: the one stream inflated and sliced)."""
+    if data[:4] == _MAGIC:
+        _, length = _HEADER.unpack_from(data)
+        view = memoryview(data)[_HEADER.size + length :]
+        if size >= 0:
+            return zlib.decompress(view, bufsize=max(size, 1))
+        return zlib.decompress(view)
     raw = zlib.decompress(data)
-    if raw[:4] == _MAGIC:
-        _, length = _HEADER.unpack_from(raw)
-        start = _HEADER.size
-        document = json.loads(raw[start : start + length])
-        return document, raw[start + length :]
-    document = json.loads(raw)
-    return document, document.pop("files")
+    _, length = _HEADER.unpack_from(raw)
+    return raw[_HEADER.size + length :]
 
 
 def _added(operations: list[Any]) -> int:
@@ -216,24 +303,40 @@ def materialize(
     id already in ``memo``; results are added to ``memo``. Raises KeyError when a
     base is missing (the store never lets that happen).
     """
-    chain: list[tuple[str, str | None, dict[str, Any], bytes | list[Any]]] = []
+    chain: list[tuple[str, str | None, bytes]] = []
     current: str | None = checkpoint_id
     while current is not None and current not in memo:
         base_id, data = rows[current]
-        chain.append((current, base_id, *_decompress(data)))
+        chain.append((current, base_id, data))
         current = base_id
-    for current_id, base_id, document, files in reversed(chain):
+    for current_id, base_id, data in reversed(chain):
+        document, summary, files = _open(data)
+        manifest: Manifest
         if base_id is None:
-            manifest = Manifest(_manifest_bytes(files), trusted=True)
+            if files is None:
+                # Left compressed until someone reads it (a no-change capture
+                # on top of it never does): the row is what stays in memory.
+                size = -1 if summary is None else summary.byte_length
+                manifest = Manifest.stored(
+                    functools.partial(_section, data, size), summary, len(data)
+                )
+            else:  # an older layout
+                manifest = Manifest(_manifest_bytes(files), trusted=True)
         else:
             base = memo[base_id]
+            if files is None:
+                files = _section(data)  # a delta's section: small
             if isinstance(files, bytes) and _copies_all(files, base.manifest):
                 # A capture that changed nothing: the base's (immutable) manifest
                 # itself, not a copy, so a head after N such captures is one
-                # manifest in memory, not N + 1 (~170 MB each at a million entries).
+                # manifest in memory, not N + 1 (~180 MB each at a million entries).
                 manifest = base.manifest
             elif isinstance(files, bytes):
-                manifest = Manifest(_native.manifest_apply(base.manifest.data, files), trusted=True)
+                manifest = Manifest.stored(
+                    functools.partial(_applied, base.manifest, files),
+                    summary,
+                    len(files) + base.manifest.held_bytes(),
+                )
             else:  # the old layout: row operations on the base's rows
                 manifest = Manifest(
                     _rows_bytes(_apply(files, json.loads(base.manifest.data))), trusted=True
@@ -243,6 +346,16 @@ def materialize(
             )
         memo[current_id] = Content(document, manifest)
     return memo[checkpoint_id]
+
+
+def _applied(base: Manifest, files_section: bytes) -> bytes:
+    """A delta's manifest: its native delta applied to the base's bytes (the
+    base's very bytes object when the delta copies it whole: a chain of old
+    no-change deltas loads as one manifest, not one per delta)."""
+    data = base.data
+    if _copies_all(files_section, base):
+        return data
+    return _native.manifest_apply(data, files_section)
 
 
 def _rows_bytes(rows: list[Any]) -> bytes:

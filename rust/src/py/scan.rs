@@ -58,6 +58,9 @@ pub struct ScanResult {
     /// The distinct file digests, sorted, 32 bytes each.
     #[pyo3(get)]
     digests: Py<PyBytes>,
+    /// The manifest is the previous one (`manifest` and `digests` are empty).
+    #[pyo3(get)]
+    same_as_previous: bool,
     #[pyo3(get)]
     file_count: u64,
     #[pyo3(get)]
@@ -88,35 +91,22 @@ impl ScanResult {
 
 /// The scan's manifest buffer: the buffer of a new Python bytes object of the
 /// exact length, written by the scan's threads without the GIL and handed to
-/// Python as is (a million entries are ~170 MB: no second copy is made).
+/// Python as is (a million entries are ~180 MB: no second copy is made).
 #[derive(Default)]
 struct PyBytesBuffer {
     object: Option<Py<PyBytes>>,
-    previous: Option<PreviousManifest>,
+    previous: Option<core::Previous>,
+    /// The scan found the previous manifest: nothing was allocated.
+    kept_previous: bool,
 }
-
-/// The manifest the scan is expected to equal (the parent's): a Python bytes
-/// object held for the whole scan, read without the GIL.
-struct PreviousManifest {
-    object: Py<PyBytes>,
-    data: *const u8,
-    len: usize,
-}
-
-// SAFETY: `data` points into the buffer of the bytes object `object` keeps
-// alive; bytes objects are immutable, so any thread may read it.
-unsafe impl Send for PreviousManifest {}
 
 impl core::ManifestBuffer for PyBytesBuffer {
-    fn previous(&self) -> Option<&[u8]> {
-        // SAFETY: see `PreviousManifest`.
+    fn previous(&self) -> Option<core::Previous> {
         self.previous
-            .as_ref()
-            .map(|p| unsafe { std::slice::from_raw_parts(p.data, p.len) })
     }
 
     fn keep_previous(&mut self) {
-        self.object = self.previous.take().map(|p| p.object);
+        self.kept_previous = true;
     }
 
     fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
@@ -163,6 +153,7 @@ fn to_result(
     }
     Ok(ScanResult {
         phases_ms: phases_ms.unbind(),
+        same_as_previous: manifest.kept_previous,
         manifest: match manifest.object {
             Some(object) => object,
             None => PyBytes::new(py, &out.manifest).unbind(),
@@ -188,7 +179,7 @@ fn to_result(
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
     cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
-    previous_manifest=None
+    previous_length=None, previous_fingerprint=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -204,7 +195,8 @@ pub fn scan(
     feed: Option<&Bound<'_, PyBlobFeed>>,
     root_fd: Option<std::os::fd::RawFd>,
     progress: Option<&Bound<'_, PyScanProgress>>,
-    previous_manifest: Option<&Bound<'_, PyBytes>>,
+    previous_length: Option<usize>,
+    previous_fingerprint: Option<&[u8]>,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -236,15 +228,24 @@ pub fn scan(
         feed: feed.map(|f| f.get().inner.clone()),
         progress: progress.map(|p| p.get().inner.clone()),
     };
-    let previous = previous_manifest.map(|bytes| PreviousManifest {
-        object: bytes.clone().unbind(),
-        data: bytes.as_bytes().as_ptr(),
-        len: bytes.as_bytes().len(),
-    });
+    let previous = match (previous_length, previous_fingerprint) {
+        (Some(len), Some(fingerprint)) => Some(core::Previous {
+            len,
+            fingerprint: fingerprint.try_into().map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err("previous_fingerprint must be 32 bytes")
+            })?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "previous_length and previous_fingerprint go together",
+            ))
+        }
+    };
     let (out, manifest) = run_released(py, &cancel, move || {
         let mut manifest = PyBytesBuffer {
-            object: None,
             previous,
+            ..PyBytesBuffer::default()
         };
         let root = match held {
             Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
