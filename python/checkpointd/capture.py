@@ -839,7 +839,11 @@ class _Uploader:
         Works on the manifest's bytes: only files whose content the parent does
         not reference become Python objects (none when nothing changed)."""
         parent_manifest = manifest_of(parent.files) if parent is not None else None
-        if parent_manifest is not None and not self.rechecked and parent_manifest.same_bytes(manifest):
+        if (
+            parent_manifest is not None
+            and not self.rechecked
+            and parent_manifest.same_bytes(manifest)
+        ):
             # The parent's files: every key is present (see below), and neither
             # manifest is loaded to find that out.
             new_digests = b""

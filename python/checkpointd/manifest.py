@@ -25,7 +25,6 @@ store ever holds the ~180 MB of a parent's manifest bytes.
 
 from __future__ import annotations
 
-import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -73,7 +72,11 @@ class ManifestSummary:
         try:
             byte_length, fingerprint, entries, files, file_bytes = value
             summary = cls(
-                int(byte_length), bytes.fromhex(fingerprint), int(entries), int(files), int(file_bytes)
+                int(byte_length),
+                bytes.fromhex(fingerprint),
+                int(entries),
+                int(files),
+                int(file_bytes),
             )
         except (TypeError, ValueError):
             return None

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-import subprocess
 import struct
+import subprocess
 import zlib
 from collections.abc import Iterator
 from pathlib import Path

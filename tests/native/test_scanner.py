@@ -124,7 +124,10 @@ def test_previous_manifest_is_named_by_length_and_fingerprint(
     age_tree(str(workspace))
     first = _native.scan(str(workspace), cache_path=cache)
     assert not first.same_as_previous
-    previous = {"previous_length": len(first.manifest), "previous_fingerprint": fingerprint_of(first.manifest)}
+    previous = {
+        "previous_length": len(first.manifest),
+        "previous_fingerprint": fingerprint_of(first.manifest),
+    }
     again = _native.scan(str(workspace), cache_path=cache, **previous)
     assert again.same_as_previous
     assert again.manifest == b"" and again.digests == b""  # the caller has the previous ones

@@ -199,9 +199,7 @@ def _copies_all(files_section: bytes, base: Manifest) -> bool:
     return tag == b"C" and start == 0 and count == rows
 
 
-def _compress(
-    document: dict[str, Any], files_section: bytes, summary: ManifestSummary
-) -> bytes:
+def _compress(document: dict[str, Any], files_section: bytes, summary: ManifestSummary) -> bytes:
     """The ``CKD3`` layout: the magic and the compressed document's length
     (uncompressed), the document, the files section (each its own zlib
     stream), so a reader inflates the document alone and the section straight

@@ -1,0 +1,230 @@
+"""Manifest summaries (issue 11, 1M-file RSS): every stored row carries its
+manifest's length, BLAKE3 fingerprint and totals; a store hands a keyframe's
+manifest out unloaded, and a no-change capture compares fingerprints and
+appends its parent's manifest object again, so the parent's bytes are never
+loaded. A change that keeps the manifest's length is still caught, and rows
+written before summaries (the ``CKD2`` layout) are read and gain one with
+the next append. Real SQLite files and a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import struct
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import blake3
+import pytest
+
+from checkpointd.blobs import open_blobs
+from checkpointd.capture import capture_checkpoint
+from checkpointd.manifest import Manifest
+from checkpointd.model import FileEntry
+from checkpointd.store import open_store
+
+from .conftest import write_tree
+
+SQL_STORES = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(params=SQL_STORES)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
+
+
+def _tree() -> dict[str, bytes | str]:
+    files: dict[str, bytes | str] = {f"src/m{n}.py": b"x = %d\n" % n for n in range(300)}
+    files["docs/readme.md"] = b"hello\n"
+    files["link"] = "docs/readme.md"
+    return files
+
+
+def _fingerprint(data: bytes) -> bytes:
+    """BLAKE3 from the reference library (not our code)."""
+    return blake3.blake3(data).digest()
+
+
+async def _stored_rows(url: str) -> dict[str, bytes]:
+    """id -> the stored document bytes, straight from the database."""
+    if url.startswith("sqlite://"):
+        with sqlite3.connect(url.removeprefix("sqlite://")) as conn:
+            return dict(conn.execute("SELECT id, document FROM checkpoints").fetchall())
+    conn = await asyncpg.connect(url)
+    try:
+        rows = await conn.fetch("SELECT id, document FROM checkpointd_checkpoints")
+    finally:
+        await conn.close()
+    return {bytes(row["id"]).decode(): bytes(row["document"]) for row in rows}
+
+
+async def _rewrite_rows(url: str, rewrite: Callable[[bytes], bytes]) -> None:
+    """Replace every stored document by ``rewrite(document)``."""
+    if url.startswith("sqlite://"):
+        with sqlite3.connect(url.removeprefix("sqlite://")) as conn:
+            rows = conn.execute("SELECT id, document FROM checkpoints").fetchall()
+            for checkpoint_id, data in rows:
+                conn.execute(
+                    "UPDATE checkpoints SET document = ? WHERE id = ?",
+                    (rewrite(data), checkpoint_id),
+                )
+        return
+    conn = await asyncpg.connect(url)
+    try:
+        for row in await conn.fetch("SELECT id, document FROM checkpointd_checkpoints"):
+            await conn.execute(
+                "UPDATE checkpointd_checkpoints SET document = $1 WHERE id = $2",
+                rewrite(bytes(row["document"])),
+                row["id"],
+            )
+    finally:
+        await conn.close()
+
+
+def _as_ckd2(data: bytes) -> bytes:
+    """A current row as the previous release wrote it: one zlib stream of
+    ``CKD2``, the document's length, the document (no summary), the section."""
+    assert data[:4] == b"CKD3"
+    (packed,) = struct.unpack_from("<I", data, 4)
+    document = json.loads(zlib.decompress(data[8 : 8 + packed]))
+    assert len(document.pop("manifest")) == 5  # the summary this release adds
+    section = zlib.decompress(data[8 + packed :])
+    raw = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    return zlib.compress(struct.pack("<4sI", b"CKD2", len(raw)) + raw + section, 1)
+
+
+def _summary_of(data: bytes) -> list[Any] | None:
+    """The summary a stored row carries (None: none, or an older layout)."""
+    if data[:4] != b"CKD3":
+        return None
+    (packed,) = struct.unpack_from("<I", data, 4)
+    summary: list[Any] | None = json.loads(zlib.decompress(data[8 : 8 + packed])).get("manifest")
+    return summary
+
+
+def _mode_of(files: Any, path: str) -> int:
+    (entry,) = (e for e in files if e.path == path)
+    assert isinstance(entry, FileEntry)
+    return entry.mode
+
+
+async def test_a_no_change_capture_never_loads_its_parents_manifest(
+    tmp_path: Path, workspace: Path, data_dir: Path, store_url: str
+) -> None:
+    write_tree(workspace, _tree())
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    async with await open_store(store_url) as store:
+        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    data = first.checkpoint.files.data
+    rows = await _stored_rows(store_url)
+    assert _summary_of(rows[first.checkpoint.id]) == [
+        len(data),
+        _fingerprint(data).hex(),
+        len(first.checkpoint.files),
+        301,
+        sum(len(b"x = %d\n" % n) for n in range(300)) + len(b"hello\n"),
+    ]
+
+    # A fresh store object, as a restarted daemon has.
+    async with await open_store(store_url) as store:
+        head = await store.get(first.checkpoint.id)
+        assert head is not None
+        files = head.files
+        assert isinstance(files, Manifest) and not files.loaded
+        assert files.fingerprint() == _fingerprint(data) and files.byte_length() == len(data)
+        assert len(files) == len(first.checkpoint.files) and not files.loaded
+
+        again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert again.stats.files_hashed == 0 and again.stats.entries == len(first.checkpoint.files)
+        kept = again.checkpoint.files
+        assert isinstance(kept, Manifest) and not kept.loaded  # the parent's, never loaded
+        assert not files.loaded
+        # Its row: a copy of the parent's rows and a summary, whatever the size.
+        stored = (await _stored_rows(store_url))[again.checkpoint.id]
+        assert len(stored) < 700, len(stored)
+        assert _summary_of(stored) == _summary_of(rows[first.checkpoint.id])
+        # Read back, it is the first capture's manifest byte for byte.
+        assert kept.data == data and kept.loaded
+
+        # A change that keeps the manifest's length (a mode: 420 -> 384).
+        (workspace / "src" / "m7.py").chmod(0o600)
+        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    new_data = changed.checkpoint.files.data
+    assert len(new_data) == len(data) and new_data != data
+    assert _mode_of(changed.checkpoint.files, "src/m7.py") == 0o600
+    async with await open_store(store_url) as store:
+        read = await store.get(changed.checkpoint.id)
+        assert read is not None and not read.files.loaded
+        assert read.files.fingerprint() == _fingerprint(new_data)
+        assert _mode_of(read.files, "src/m7.py") == 0o600
+        assert read.files.data == new_data
+        parent = await store.get(again.checkpoint.id)
+        assert parent is not None and _mode_of(parent.files, "src/m7.py") == 0o644
+
+
+async def test_rows_written_before_summaries_are_read_and_the_next_append_has_one(
+    tmp_path: Path, workspace: Path, data_dir: Path, store_url: str
+) -> None:
+    """A store written by the previous release (every row ``CKD2``, no summary):
+    read as before, a no-change capture on it works (its parent's summary is
+    computed from the bytes, which are then let go), appends a small row that
+    carries the summary, and a same-length change is still caught."""
+    write_tree(workspace, _tree())
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    async with await open_store(store_url) as store:
+        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    data = first.checkpoint.files.data
+    await _rewrite_rows(store_url, _as_ckd2)
+    old = await _stored_rows(store_url)
+    assert all(_summary_of(row) is None for row in old.values())
+
+    async with await open_store(store_url) as store:
+        for checkpoint_id in (first.checkpoint.id, second.checkpoint.id):
+            read = await store.get(checkpoint_id)
+            assert read is not None and read.files.data == data
+    async with await open_store(store_url) as store:
+        head = await store.get(second.checkpoint.id)
+        assert head is not None and not head.files.loaded
+        third = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert third.stats.files_hashed == 0
+        assert not third.checkpoint.files.loaded  # summarized, not kept
+        stored = (await _stored_rows(store_url))[third.checkpoint.id]
+        assert len(stored) < 700 and _summary_of(stored) == [
+            len(data),
+            _fingerprint(data).hex(),
+            len(first.checkpoint.files),
+            301,
+            first.checkpoint.files.totals()[2],
+        ]
+        (workspace / "src" / "m3.py").chmod(0o600)
+        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert _mode_of(changed.checkpoint.files, "src/m3.py") == 0o600
+    async with await open_store(store_url) as store:
+        read = await store.get(third.checkpoint.id)
+        assert read is not None and read.files.data == data
+        read = await store.get(changed.checkpoint.id)
+        assert read is not None and _mode_of(read.files, "src/m3.py") == 0o600
+        assert [c.id for c in await store.list("t")] == [
+            first.checkpoint.id,
+            second.checkpoint.id,
+            third.checkpoint.id,
+            changed.checkpoint.id,
+        ]
+
+
+def test_a_summary_that_does_not_match_the_bytes_is_refused_on_load() -> None:
+    """A store's summary is checked when the bytes are loaded: a row whose
+    manifest is not what its summary says is an error, never used."""
+    good = Manifest(b'[["d","a",493]]', trusted=True)
+    other = Manifest(b'[["d","b",493]]', trusted=True)
+    stored = Manifest.stored(lambda: other.data, good.summary(), 0)
+    assert stored.same_bytes(good) and not stored.loaded  # by its summary
+    with pytest.raises(ValueError, match="summary"):
+        _ = stored.data
