@@ -822,34 +822,51 @@ fn in_path_order(mut batches: Vec<Batch>) -> Rows {
             .ok()
             .map(|i| i as u32)
     };
+    /// An item of a batch's plan: a row (its entry), or the subtree below a
+    /// directory entry (the batch listing it).
+    #[derive(Clone, Copy)]
+    enum Item {
+        Row(u32),
+        Below(u32),
+    }
+    // Every batch's plan, on every core: its rows and subtrees in order, each
+    // subtree with its batch found (an empty or vanished directory has none).
+    let plans: Vec<Vec<Item>> = batches
+        .par_iter()
+        .map(|batch| {
+            let mut child = String::new();
+            sorted(batch)
+                .filter_map(|(entry, subtree)| {
+                    if !subtree {
+                        return Some(Item::Row(entry));
+                    }
+                    join_path(
+                        &batch.dir,
+                        batch.name(&batch.entries[entry as usize]),
+                        &mut child,
+                    );
+                    find(&child).map(Item::Below)
+                })
+                .collect()
+        })
+        .collect();
+    // Then only the expansion, depth first, is sequential.
     let total = batches.iter().map(|b| b.entries.len()).sum();
     let mut order: Vec<RowRef> = Vec::with_capacity(total);
-    let mut stack: Vec<(u32, std::vec::IntoIter<(u32, bool)>)> = find("")
-        .map(|b| (b, sorted(&batches[b as usize])))
-        .into_iter()
-        .collect();
-    let mut child = String::new();
-    while let Some((batch, items)) = stack.last_mut() {
+    let mut stack: Vec<(u32, usize)> = find("").map(|b| (b, 0)).into_iter().collect();
+    while let Some((batch, at)) = stack.last_mut() {
         let batch = *batch;
-        match items.next() {
-            None => {
-                stack.pop();
-            }
-            Some((entry, true)) => {
-                // An empty (or vanished) directory has no batch.
-                let parent = &batches[batch as usize];
-                join_path(
-                    &parent.dir,
-                    parent.name(&parent.entries[entry as usize]),
-                    &mut child,
-                );
-                if let Some(below) = find(&child) {
-                    stack.push((below, sorted(&batches[below as usize])));
-                }
-            }
-            Some((entry, false)) => order.push(RowRef { batch, entry }),
+        let Some(&item) = plans[batch as usize].get(*at) else {
+            stack.pop();
+            continue;
+        };
+        *at += 1;
+        match item {
+            Item::Row(entry) => order.push(RowRef { batch, entry }),
+            Item::Below(below) => stack.push((below, 0)),
         }
     }
+    drop(plans);
     let rows = Rows { batches, order };
     debug_assert!(
         {
