@@ -315,6 +315,12 @@ def read_pack_trailer(tail: bytes, pack_len: int) -> list[tuple[str, int, int, i
     """The blobs a pack lists, from its tail (trailer + footer at least):
     ``(digest, offset, stored_len, raw_len, codec, kind)``; PackInvalid."""
 
+def verify_pack(data: bytes) -> tuple[str, bytes, bytes, bytes, bytes, bytes]:
+    """Check a whole pack (trailer, every frame decoded, its size and BLAKE3
+    compared) and return ``(BLAKE3 hex of the pack, digests, offsets, lengths,
+    raw_sizes, codecs)``: its index rows as ``PackWriter.finish_with_rows``
+    gives them. PackInvalid, PackedBlobInvalid."""
+
 # The manifest as bytes (the codec's compact JSON rows). Digests are raw 32-byte
 # BLAKE3 values, passed as one bytes object of concatenated, sorted, distinct
 # digests. Each raises ValueError for bytes that are not the codec's encoding.

@@ -269,15 +269,17 @@ async def _round_trip(fleet: Fleet, index: int) -> None:
 
 async def test_each_sidecar_captures_and_restores_its_own_thread(fleet: Fleet) -> None:
     await asyncio.gather(*(_round_trip(fleet, i) for i in range(len(fleet.sidecars))))
-    # Uploads stream through the gateways (hashed there); restores read the
-    # bucket through presigned URLs, so no blob byte goes back through a gateway.
+    # Uploads stream through the gateways (hashed, packs checked whole there).
+    # Restores read single objects through presigned URLs, and packed blobs
+    # frame by frame through the gateways (a presigned URL would open the whole
+    # pack): what comes out is the frames restored, no more than went in.
     uploaded = sum(
         g.metric('checkpointd_gateway_blob_bytes{direction="in"}') for g in fleet.gateways
     )
     read = sum(g.metric('checkpointd_gateway_blob_bytes{direction="out"}') for g in fleet.gateways)
     print(f"blob bytes through the gateways: {uploaded:.0f} in (uploads), {read:.0f} out (reads)")
     assert uploaded > 0
-    assert read == 0
+    assert 0 < read <= uploaded
 
 
 def test_no_sidecar_holds_a_database_or_bucket_secret(fleet: Fleet) -> None:

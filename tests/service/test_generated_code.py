@@ -48,7 +48,11 @@ def test_generated_imports_are_correct_without_fixes() -> None:
 def test_the_gateway_serves_every_store_and_blob_method() -> None:
     """Each CheckpointStore / BlobGuard / BlobAudit method a sidecar's remote
     store forwards has its Gateway call (and nothing else is served)."""
-    from checkpointd.gateway.remote import RemoteCheckpointStore
+    from checkpointd.gateway.remote import (
+        PackedRemoteCheckpointStore,
+        RemoteBlobStore,
+        RemoteCheckpointStore,
+    )
     from checkpointd.v1 import gateway_pb2
 
     service = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"]
@@ -81,7 +85,17 @@ def test_the_gateway_serves_every_store_and_blob_method() -> None:
     admin_blob_calls = {"BlobList", "BlobDelete"}
     blob_calls.add("BlobSignGet")  # presigned reads
     lease_calls = {"RenewWriter", "ReleaseWriter", "GetStoreInfo"}
-    assert names == set(store_methods.values()) | blob_calls | admin_blob_calls | lease_calls
+    # The pack index (store.base.PackIndex) and the frame reads of packed blobs.
+    pack_methods = {"locate_blobs": "LocateBlobs", "list_packed_blobs": "ListPackedBlobs"}
+    for method, rpc in pack_methods.items():
+        assert callable(getattr(PackedRemoteCheckpointStore, method)), method
+        assert rpc in names, rpc
+    pack_calls = {*pack_methods.values(), "ReadPackFrames"}
+    assert callable(RemoteBlobStore.read_pack_frames)
+    assert (
+        names
+        == set(store_methods.values()) | blob_calls | admin_blob_calls | lease_calls | pack_calls
+    )
 
 
 def test_every_message_is_named_in_the_service() -> None:

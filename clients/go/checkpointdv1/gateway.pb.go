@@ -116,8 +116,11 @@ type GatewayStoreInfo struct {
 	RenewAfterMs    int64                  `protobuf:"varint,2,opt,name=renew_after_ms,json=renewAfterMs,proto3" json:"renew_after_ms,omitempty"`
 	StoreBackend    string                 `protobuf:"bytes,3,opt,name=store_backend,json=storeBackend,proto3" json:"store_backend,omitempty"` // "postgresql", "sqlite"...
 	BlobBackend     string                 `protobuf:"bytes,4,opt,name=blob_backend,json=blobBackend,proto3" json:"blob_backend,omitempty"`    // "s3", "file"...
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The store keeps a pack index and this gateway serves the pack calls:
+	// sidecars pack their small blobs (older gateways leave it false).
+	Packs         bool `protobuf:"varint,5,opt,name=packs,proto3" json:"packs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GatewayStoreInfo) Reset() {
@@ -176,6 +179,13 @@ func (x *GatewayStoreInfo) GetBlobBackend() string {
 		return x.BlobBackend
 	}
 	return ""
+}
+
+func (x *GatewayStoreInfo) GetPacks() bool {
+	if x != nil {
+		return x.Packs
+	}
+	return false
 }
 
 type GatewayGetRequest struct {
@@ -429,8 +439,10 @@ type GatewayAppendRequest struct {
 	Document       []byte                 `protobuf:"bytes,1,opt,name=document,proto3" json:"document,omitempty"`
 	ExpectedHeadId *string                `protobuf:"bytes,2,opt,name=expected_head_id,json=expectedHeadId,proto3,oneof" json:"expected_head_id,omitempty"`
 	Writer         *GatewayWriter         `protobuf:"bytes,3,opt,name=writer,proto3" json:"writer,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The pack index rows of the capture's packs (append(..., packed_blobs=)).
+	PackedBlobs   []*GatewayPackRows `protobuf:"bytes,4,rep,name=packed_blobs,json=packedBlobs,proto3" json:"packed_blobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GatewayAppendRequest) Reset() {
@@ -484,6 +496,258 @@ func (x *GatewayAppendRequest) GetWriter() *GatewayWriter {
 	return nil
 }
 
+func (x *GatewayAppendRequest) GetPackedBlobs() []*GatewayPackRows {
+	if x != nil {
+		return x.PackedBlobs
+	}
+	return nil
+}
+
+// One pack's index rows in columns (store._packindex.PackColumns): per row the
+// blob's 32-byte BLAKE3 digest (its key is sandbox-files/blake3/<hex>), the
+// frame's offset and stored length in the pack, the raw size, the codec
+// (0 raw, 1 zstd; one byte per row).
+type GatewayPackRows struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Pack          string                 `protobuf:"bytes,1,opt,name=pack,proto3" json:"pack,omitempty"`
+	Digests       []byte                 `protobuf:"bytes,2,opt,name=digests,proto3" json:"digests,omitempty"`
+	Offsets       []uint32               `protobuf:"varint,3,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
+	Lengths       []uint32               `protobuf:"varint,4,rep,packed,name=lengths,proto3" json:"lengths,omitempty"`
+	RawSizes      []uint32               `protobuf:"varint,5,rep,packed,name=raw_sizes,json=rawSizes,proto3" json:"raw_sizes,omitempty"`
+	Codecs        []byte                 `protobuf:"bytes,6,opt,name=codecs,proto3" json:"codecs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayPackRows) Reset() {
+	*x = GatewayPackRows{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayPackRows) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayPackRows) ProtoMessage() {}
+
+func (x *GatewayPackRows) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayPackRows.ProtoReflect.Descriptor instead.
+func (*GatewayPackRows) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GatewayPackRows) GetPack() string {
+	if x != nil {
+		return x.Pack
+	}
+	return ""
+}
+
+func (x *GatewayPackRows) GetDigests() []byte {
+	if x != nil {
+		return x.Digests
+	}
+	return nil
+}
+
+func (x *GatewayPackRows) GetOffsets() []uint32 {
+	if x != nil {
+		return x.Offsets
+	}
+	return nil
+}
+
+func (x *GatewayPackRows) GetLengths() []uint32 {
+	if x != nil {
+		return x.Lengths
+	}
+	return nil
+}
+
+func (x *GatewayPackRows) GetRawSizes() []uint32 {
+	if x != nil {
+		return x.RawSizes
+	}
+	return nil
+}
+
+func (x *GatewayPackRows) GetCodecs() []byte {
+	if x != nil {
+		return x.Codecs
+	}
+	return nil
+}
+
+type GatewayLocated struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Packs         []*GatewayPackRows     `protobuf:"bytes,1,rep,name=packs,proto3" json:"packs,omitempty"`
+	Unpacked      []string               `protobuf:"bytes,2,rep,name=unpacked,proto3" json:"unpacked,omitempty"` // known keys with no row (single objects)
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayLocated) Reset() {
+	*x = GatewayLocated{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayLocated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayLocated) ProtoMessage() {}
+
+func (x *GatewayLocated) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayLocated.ProtoReflect.Descriptor instead.
+func (*GatewayLocated) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GatewayLocated) GetPacks() []*GatewayPackRows {
+	if x != nil {
+		return x.Packs
+	}
+	return nil
+}
+
+func (x *GatewayLocated) GetUnpacked() []string {
+	if x != nil {
+		return x.Unpacked
+	}
+	return nil
+}
+
+type GatewayListPackedRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	After         *string                `protobuf:"bytes,1,opt,name=after,proto3,oneof" json:"after,omitempty"`
+	Limit         int64                  `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayListPackedRequest) Reset() {
+	*x = GatewayListPackedRequest{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayListPackedRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayListPackedRequest) ProtoMessage() {}
+
+func (x *GatewayListPackedRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayListPackedRequest.ProtoReflect.Descriptor instead.
+func (*GatewayListPackedRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *GatewayListPackedRequest) GetAfter() string {
+	if x != nil && x.After != nil {
+		return *x.After
+	}
+	return ""
+}
+
+func (x *GatewayListPackedRequest) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+// Stored bytes of one or more adjacent frames starting at `offset` in the pack.
+type GatewayPackFrame struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Offset        uint64                 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GatewayPackFrame) Reset() {
+	*x = GatewayPackFrame{}
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GatewayPackFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GatewayPackFrame) ProtoMessage() {}
+
+func (x *GatewayPackFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GatewayPackFrame.ProtoReflect.Descriptor instead.
+func (*GatewayPackFrame) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GatewayPackFrame) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *GatewayPackFrame) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type GatewayAppendResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CheckpointId  string                 `protobuf:"bytes,1,opt,name=checkpoint_id,json=checkpointId,proto3" json:"checkpoint_id,omitempty"`
@@ -493,7 +757,7 @@ type GatewayAppendResponse struct {
 
 func (x *GatewayAppendResponse) Reset() {
 	*x = GatewayAppendResponse{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[9]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -505,7 +769,7 @@ func (x *GatewayAppendResponse) String() string {
 func (*GatewayAppendResponse) ProtoMessage() {}
 
 func (x *GatewayAppendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[9]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -518,7 +782,7 @@ func (x *GatewayAppendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayAppendResponse.ProtoReflect.Descriptor instead.
 func (*GatewayAppendResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{9}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GatewayAppendResponse) GetCheckpointId() string {
@@ -539,7 +803,7 @@ type GatewayDeleteHeadRequest struct {
 
 func (x *GatewayDeleteHeadRequest) Reset() {
 	*x = GatewayDeleteHeadRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[10]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -551,7 +815,7 @@ func (x *GatewayDeleteHeadRequest) String() string {
 func (*GatewayDeleteHeadRequest) ProtoMessage() {}
 
 func (x *GatewayDeleteHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[10]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -564,7 +828,7 @@ func (x *GatewayDeleteHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayDeleteHeadRequest.ProtoReflect.Descriptor instead.
 func (*GatewayDeleteHeadRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{10}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GatewayDeleteHeadRequest) GetThreadId() string {
@@ -598,7 +862,7 @@ type GatewayAcquireWriterRequest struct {
 
 func (x *GatewayAcquireWriterRequest) Reset() {
 	*x = GatewayAcquireWriterRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[11]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +874,7 @@ func (x *GatewayAcquireWriterRequest) String() string {
 func (*GatewayAcquireWriterRequest) ProtoMessage() {}
 
 func (x *GatewayAcquireWriterRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[11]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +887,7 @@ func (x *GatewayAcquireWriterRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayAcquireWriterRequest.ProtoReflect.Descriptor instead.
 func (*GatewayAcquireWriterRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{11}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GatewayAcquireWriterRequest) GetThreadId() string {
@@ -651,7 +915,7 @@ type GatewayLease struct {
 
 func (x *GatewayLease) Reset() {
 	*x = GatewayLease{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[12]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +927,7 @@ func (x *GatewayLease) String() string {
 func (*GatewayLease) ProtoMessage() {}
 
 func (x *GatewayLease) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[12]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +940,7 @@ func (x *GatewayLease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayLease.ProtoReflect.Descriptor instead.
 func (*GatewayLease) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{12}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GatewayLease) GetWriter() *GatewayWriter {
@@ -709,7 +973,7 @@ type GatewayRenewResponse struct {
 
 func (x *GatewayRenewResponse) Reset() {
 	*x = GatewayRenewResponse{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +985,7 @@ func (x *GatewayRenewResponse) String() string {
 func (*GatewayRenewResponse) ProtoMessage() {}
 
 func (x *GatewayRenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +998,7 @@ func (x *GatewayRenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayRenewResponse.ProtoReflect.Descriptor instead.
 func (*GatewayRenewResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{13}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GatewayRenewResponse) GetExpiresAt() int64 {
@@ -755,7 +1019,7 @@ type GatewayDeleteCheckpointsRequest struct {
 
 func (x *GatewayDeleteCheckpointsRequest) Reset() {
 	*x = GatewayDeleteCheckpointsRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -767,7 +1031,7 @@ func (x *GatewayDeleteCheckpointsRequest) String() string {
 func (*GatewayDeleteCheckpointsRequest) ProtoMessage() {}
 
 func (x *GatewayDeleteCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -780,7 +1044,7 @@ func (x *GatewayDeleteCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayDeleteCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*GatewayDeleteCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{14}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GatewayDeleteCheckpointsRequest) GetThreadId() string {
@@ -813,7 +1077,7 @@ type GatewayCheckpointIds struct {
 
 func (x *GatewayCheckpointIds) Reset() {
 	*x = GatewayCheckpointIds{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -825,7 +1089,7 @@ func (x *GatewayCheckpointIds) String() string {
 func (*GatewayCheckpointIds) ProtoMessage() {}
 
 func (x *GatewayCheckpointIds) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -838,7 +1102,7 @@ func (x *GatewayCheckpointIds) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayCheckpointIds.ProtoReflect.Descriptor instead.
 func (*GatewayCheckpointIds) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{15}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GatewayCheckpointIds) GetCheckpointIds() []string {
@@ -862,7 +1126,7 @@ type GatewayForkRequest struct {
 
 func (x *GatewayForkRequest) Reset() {
 	*x = GatewayForkRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -874,7 +1138,7 @@ func (x *GatewayForkRequest) String() string {
 func (*GatewayForkRequest) ProtoMessage() {}
 
 func (x *GatewayForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -887,7 +1151,7 @@ func (x *GatewayForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayForkRequest.ProtoReflect.Descriptor instead.
 func (*GatewayForkRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{16}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *GatewayForkRequest) GetSourceThreadId() string {
@@ -941,7 +1205,7 @@ type GatewayKeys struct {
 
 func (x *GatewayKeys) Reset() {
 	*x = GatewayKeys{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -953,7 +1217,7 @@ func (x *GatewayKeys) String() string {
 func (*GatewayKeys) ProtoMessage() {}
 
 func (x *GatewayKeys) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -966,7 +1230,7 @@ func (x *GatewayKeys) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayKeys.ProtoReflect.Descriptor instead.
 func (*GatewayKeys) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{17}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GatewayKeys) GetKeys() []string {
@@ -986,7 +1250,7 @@ type GatewayPinRequest struct {
 
 func (x *GatewayPinRequest) Reset() {
 	*x = GatewayPinRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1262,7 @@ func (x *GatewayPinRequest) String() string {
 func (*GatewayPinRequest) ProtoMessage() {}
 
 func (x *GatewayPinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1275,7 @@ func (x *GatewayPinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayPinRequest.ProtoReflect.Descriptor instead.
 func (*GatewayPinRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{18}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GatewayPinRequest) GetKeys() []string {
@@ -1038,7 +1302,7 @@ type GatewayCondemnRequest struct {
 
 func (x *GatewayCondemnRequest) Reset() {
 	*x = GatewayCondemnRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1050,7 +1314,7 @@ func (x *GatewayCondemnRequest) String() string {
 func (*GatewayCondemnRequest) ProtoMessage() {}
 
 func (x *GatewayCondemnRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1063,7 +1327,7 @@ func (x *GatewayCondemnRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayCondemnRequest.ProtoReflect.Descriptor instead.
 func (*GatewayCondemnRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{19}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GatewayCondemnRequest) GetKeys() []string {
@@ -1090,7 +1354,7 @@ type GatewayBlobReference struct {
 
 func (x *GatewayBlobReference) Reset() {
 	*x = GatewayBlobReference{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1102,7 +1366,7 @@ func (x *GatewayBlobReference) String() string {
 func (*GatewayBlobReference) ProtoMessage() {}
 
 func (x *GatewayBlobReference) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1115,7 +1379,7 @@ func (x *GatewayBlobReference) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobReference.ProtoReflect.Descriptor instead.
 func (*GatewayBlobReference) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{20}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GatewayBlobReference) GetKey() string {
@@ -1141,7 +1405,7 @@ type GatewayBlobReferences struct {
 
 func (x *GatewayBlobReferences) Reset() {
 	*x = GatewayBlobReferences{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1417,7 @@ func (x *GatewayBlobReferences) String() string {
 func (*GatewayBlobReferences) ProtoMessage() {}
 
 func (x *GatewayBlobReferences) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1430,7 @@ func (x *GatewayBlobReferences) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobReferences.ProtoReflect.Descriptor instead.
 func (*GatewayBlobReferences) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{21}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GatewayBlobReferences) GetReferences() []*GatewayBlobReference {
@@ -1185,7 +1449,7 @@ type GatewayAuditRequest struct {
 
 func (x *GatewayAuditRequest) Reset() {
 	*x = GatewayAuditRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1461,7 @@ func (x *GatewayAuditRequest) String() string {
 func (*GatewayAuditRequest) ProtoMessage() {}
 
 func (x *GatewayAuditRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1474,7 @@ func (x *GatewayAuditRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayAuditRequest.ProtoReflect.Descriptor instead.
 func (*GatewayAuditRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{22}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GatewayAuditRequest) GetWithSizes() bool {
@@ -1232,7 +1496,7 @@ type GatewayBlobCount struct {
 
 func (x *GatewayBlobCount) Reset() {
 	*x = GatewayBlobCount{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1244,7 +1508,7 @@ func (x *GatewayBlobCount) String() string {
 func (*GatewayBlobCount) ProtoMessage() {}
 
 func (x *GatewayBlobCount) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1257,7 +1521,7 @@ func (x *GatewayBlobCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobCount.ProtoReflect.Descriptor instead.
 func (*GatewayBlobCount) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{23}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *GatewayBlobCount) GetKey() string {
@@ -1297,7 +1561,7 @@ type GatewayBlobCounts struct {
 
 func (x *GatewayBlobCounts) Reset() {
 	*x = GatewayBlobCounts{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1573,7 @@ func (x *GatewayBlobCounts) String() string {
 func (*GatewayBlobCounts) ProtoMessage() {}
 
 func (x *GatewayBlobCounts) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1586,7 @@ func (x *GatewayBlobCounts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobCounts.ProtoReflect.Descriptor instead.
 func (*GatewayBlobCounts) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{24}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GatewayBlobCounts) GetCounts() []*GatewayBlobCount {
@@ -1341,7 +1605,7 @@ type GatewayBlobKey struct {
 
 func (x *GatewayBlobKey) Reset() {
 	*x = GatewayBlobKey{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1353,7 +1617,7 @@ func (x *GatewayBlobKey) String() string {
 func (*GatewayBlobKey) ProtoMessage() {}
 
 func (x *GatewayBlobKey) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1366,7 +1630,7 @@ func (x *GatewayBlobKey) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobKey.ProtoReflect.Descriptor instead.
 func (*GatewayBlobKey) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{25}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GatewayBlobKey) GetKey() string {
@@ -1388,7 +1652,7 @@ type GatewayBlobInfo struct {
 
 func (x *GatewayBlobInfo) Reset() {
 	*x = GatewayBlobInfo{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1400,7 +1664,7 @@ func (x *GatewayBlobInfo) String() string {
 func (*GatewayBlobInfo) ProtoMessage() {}
 
 func (x *GatewayBlobInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1413,7 +1677,7 @@ func (x *GatewayBlobInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobInfo.ProtoReflect.Descriptor instead.
 func (*GatewayBlobInfo) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{26}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *GatewayBlobInfo) GetFound() bool {
@@ -1453,7 +1717,7 @@ type GatewayBlobInfos struct {
 
 func (x *GatewayBlobInfos) Reset() {
 	*x = GatewayBlobInfos{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1729,7 @@ func (x *GatewayBlobInfos) String() string {
 func (*GatewayBlobInfos) ProtoMessage() {}
 
 func (x *GatewayBlobInfos) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1742,7 @@ func (x *GatewayBlobInfos) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobInfos.ProtoReflect.Descriptor instead.
 func (*GatewayBlobInfos) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{27}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *GatewayBlobInfos) GetBlobs() []*GatewayBlobInfo {
@@ -1498,7 +1762,7 @@ type GatewayBlobGetRequest struct {
 
 func (x *GatewayBlobGetRequest) Reset() {
 	*x = GatewayBlobGetRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1510,7 +1774,7 @@ func (x *GatewayBlobGetRequest) String() string {
 func (*GatewayBlobGetRequest) ProtoMessage() {}
 
 func (x *GatewayBlobGetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1523,7 +1787,7 @@ func (x *GatewayBlobGetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobGetRequest.ProtoReflect.Descriptor instead.
 func (*GatewayBlobGetRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{28}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *GatewayBlobGetRequest) GetKey() string {
@@ -1556,7 +1820,7 @@ type GatewayBlobChunk struct {
 
 func (x *GatewayBlobChunk) Reset() {
 	*x = GatewayBlobChunk{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1832,7 @@ func (x *GatewayBlobChunk) String() string {
 func (*GatewayBlobChunk) ProtoMessage() {}
 
 func (x *GatewayBlobChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1845,7 @@ func (x *GatewayBlobChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobChunk.ProtoReflect.Descriptor instead.
 func (*GatewayBlobChunk) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{29}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *GatewayBlobChunk) GetKey() string {
@@ -1628,7 +1892,7 @@ type GatewayBlobPutResponse struct {
 
 func (x *GatewayBlobPutResponse) Reset() {
 	*x = GatewayBlobPutResponse{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1904,7 @@ func (x *GatewayBlobPutResponse) String() string {
 func (*GatewayBlobPutResponse) ProtoMessage() {}
 
 func (x *GatewayBlobPutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1917,7 @@ func (x *GatewayBlobPutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobPutResponse.ProtoReflect.Descriptor instead.
 func (*GatewayBlobPutResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{30}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *GatewayBlobPutResponse) GetWritten() bool {
@@ -1672,7 +1936,7 @@ type GatewayBlobPutManyResponse struct {
 
 func (x *GatewayBlobPutManyResponse) Reset() {
 	*x = GatewayBlobPutManyResponse{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1684,7 +1948,7 @@ func (x *GatewayBlobPutManyResponse) String() string {
 func (*GatewayBlobPutManyResponse) ProtoMessage() {}
 
 func (x *GatewayBlobPutManyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1697,7 +1961,7 @@ func (x *GatewayBlobPutManyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobPutManyResponse.ProtoReflect.Descriptor instead.
 func (*GatewayBlobPutManyResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{31}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *GatewayBlobPutManyResponse) GetWritten() []bool {
@@ -1716,7 +1980,7 @@ type GatewayBlobListRequest struct {
 
 func (x *GatewayBlobListRequest) Reset() {
 	*x = GatewayBlobListRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1728,7 +1992,7 @@ func (x *GatewayBlobListRequest) String() string {
 func (*GatewayBlobListRequest) ProtoMessage() {}
 
 func (x *GatewayBlobListRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1741,7 +2005,7 @@ func (x *GatewayBlobListRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobListRequest.ProtoReflect.Descriptor instead.
 func (*GatewayBlobListRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{32}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GatewayBlobListRequest) GetPrefix() string {
@@ -1761,7 +2025,7 @@ type GatewayListThreadsRequest struct {
 
 func (x *GatewayListThreadsRequest) Reset() {
 	*x = GatewayListThreadsRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +2037,7 @@ func (x *GatewayListThreadsRequest) String() string {
 func (*GatewayListThreadsRequest) ProtoMessage() {}
 
 func (x *GatewayListThreadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +2050,7 @@ func (x *GatewayListThreadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayListThreadsRequest.ProtoReflect.Descriptor instead.
 func (*GatewayListThreadsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{33}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GatewayListThreadsRequest) GetAfter() string {
@@ -1815,7 +2079,7 @@ type GatewayThreadSummary struct {
 
 func (x *GatewayThreadSummary) Reset() {
 	*x = GatewayThreadSummary{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1827,7 +2091,7 @@ func (x *GatewayThreadSummary) String() string {
 func (*GatewayThreadSummary) ProtoMessage() {}
 
 func (x *GatewayThreadSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1840,7 +2104,7 @@ func (x *GatewayThreadSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayThreadSummary.ProtoReflect.Descriptor instead.
 func (*GatewayThreadSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{34}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *GatewayThreadSummary) GetThreadId() string {
@@ -1880,7 +2144,7 @@ type GatewayThreads struct {
 
 func (x *GatewayThreads) Reset() {
 	*x = GatewayThreads{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1892,7 +2156,7 @@ func (x *GatewayThreads) String() string {
 func (*GatewayThreads) ProtoMessage() {}
 
 func (x *GatewayThreads) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1905,7 +2169,7 @@ func (x *GatewayThreads) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayThreads.ProtoReflect.Descriptor instead.
 func (*GatewayThreads) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{35}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *GatewayThreads) GetThreads() []*GatewayThreadSummary {
@@ -1925,7 +2189,7 @@ type GatewayBlobSignRequest struct {
 
 func (x *GatewayBlobSignRequest) Reset() {
 	*x = GatewayBlobSignRequest{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1937,7 +2201,7 @@ func (x *GatewayBlobSignRequest) String() string {
 func (*GatewayBlobSignRequest) ProtoMessage() {}
 
 func (x *GatewayBlobSignRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1950,7 +2214,7 @@ func (x *GatewayBlobSignRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobSignRequest.ProtoReflect.Descriptor instead.
 func (*GatewayBlobSignRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{36}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *GatewayBlobSignRequest) GetKeys() []string {
@@ -1977,7 +2241,7 @@ type GatewayBlobUrls struct {
 
 func (x *GatewayBlobUrls) Reset() {
 	*x = GatewayBlobUrls{}
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2253,7 @@ func (x *GatewayBlobUrls) String() string {
 func (*GatewayBlobUrls) ProtoMessage() {}
 
 func (x *GatewayBlobUrls) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_gateway_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_gateway_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2266,7 @@ func (x *GatewayBlobUrls) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayBlobUrls.ProtoReflect.Descriptor instead.
 func (*GatewayBlobUrls) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{37}
+	return file_checkpointd_v1_gateway_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *GatewayBlobUrls) GetSupported() bool {
@@ -2025,12 +2289,13 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\n" +
 	"\x1ccheckpointd/v1/gateway.proto\x12\x0echeckpointd.v1\"\x0e\n" +
 	"\fGatewayEmpty\"\x19\n" +
-	"\x17GatewayStoreInfoRequest\"\xac\x01\n" +
+	"\x17GatewayStoreInfoRequest\"\xc2\x01\n" +
 	"\x10GatewayStoreInfo\x12*\n" +
 	"\x11lease_duration_ms\x18\x01 \x01(\x03R\x0fleaseDurationMs\x12$\n" +
 	"\x0erenew_after_ms\x18\x02 \x01(\x03R\frenewAfterMs\x12#\n" +
 	"\rstore_backend\x18\x03 \x01(\tR\fstoreBackend\x12!\n" +
-	"\fblob_backend\x18\x04 \x01(\tR\vblobBackend\"8\n" +
+	"\fblob_backend\x18\x04 \x01(\tR\vblobBackend\x12\x14\n" +
+	"\x05packs\x18\x05 \x01(\bR\x05packs\"8\n" +
 	"\x11GatewayGetRequest\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\"3\n" +
 	"\x14GatewayThreadRequest\x12\x1b\n" +
@@ -2045,12 +2310,30 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x1f\n" +
 	"\vowner_token\x18\x02 \x01(\tR\n" +
 	"ownerToken\x12\x14\n" +
-	"\x05fence\x18\x03 \x01(\x03R\x05fence\"\xad\x01\n" +
+	"\x05fence\x18\x03 \x01(\x03R\x05fence\"\xf1\x01\n" +
 	"\x14GatewayAppendRequest\x12\x1a\n" +
 	"\bdocument\x18\x01 \x01(\fR\bdocument\x12-\n" +
 	"\x10expected_head_id\x18\x02 \x01(\tH\x00R\x0eexpectedHeadId\x88\x01\x01\x125\n" +
-	"\x06writer\x18\x03 \x01(\v2\x1d.checkpointd.v1.GatewayWriterR\x06writerB\x13\n" +
-	"\x11_expected_head_id\"<\n" +
+	"\x06writer\x18\x03 \x01(\v2\x1d.checkpointd.v1.GatewayWriterR\x06writer\x12B\n" +
+	"\fpacked_blobs\x18\x04 \x03(\v2\x1f.checkpointd.v1.GatewayPackRowsR\vpackedBlobsB\x13\n" +
+	"\x11_expected_head_id\"\xa8\x01\n" +
+	"\x0fGatewayPackRows\x12\x12\n" +
+	"\x04pack\x18\x01 \x01(\tR\x04pack\x12\x18\n" +
+	"\adigests\x18\x02 \x01(\fR\adigests\x12\x18\n" +
+	"\aoffsets\x18\x03 \x03(\rR\aoffsets\x12\x18\n" +
+	"\alengths\x18\x04 \x03(\rR\alengths\x12\x1b\n" +
+	"\traw_sizes\x18\x05 \x03(\rR\brawSizes\x12\x16\n" +
+	"\x06codecs\x18\x06 \x01(\fR\x06codecs\"c\n" +
+	"\x0eGatewayLocated\x125\n" +
+	"\x05packs\x18\x01 \x03(\v2\x1f.checkpointd.v1.GatewayPackRowsR\x05packs\x12\x1a\n" +
+	"\bunpacked\x18\x02 \x03(\tR\bunpacked\"U\n" +
+	"\x18GatewayListPackedRequest\x12\x19\n" +
+	"\x05after\x18\x01 \x01(\tH\x00R\x05after\x88\x01\x01\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\x03R\x05limitB\b\n" +
+	"\x06_after\">\n" +
+	"\x10GatewayPackFrame\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x04R\x06offset\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"<\n" +
 	"\x15GatewayAppendResponse\x12#\n" +
 	"\rcheckpoint_id\x18\x01 \x01(\tR\fcheckpointId\"\x93\x01\n" +
 	"\x18GatewayDeleteHeadRequest\x12\x1b\n" +
@@ -2154,7 +2437,7 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"expiresInS\"C\n" +
 	"\x0fGatewayBlobUrls\x12\x1c\n" +
 	"\tsupported\x18\x01 \x01(\bR\tsupported\x12\x12\n" +
-	"\x04urls\x18\x02 \x03(\tR\x04urls2\xe6\x14\n" +
+	"\x04urls\x18\x02 \x03(\tR\x04urls2\xe6\x16\n" +
 	"\aGateway\x12Y\n" +
 	"\fGetStoreInfo\x12'.checkpointd.v1.GatewayStoreInfoRequest\x1a .checkpointd.v1.GatewayStoreInfo\x12K\n" +
 	"\x03Get\x12!.checkpointd.v1.GatewayGetRequest\x1a!.checkpointd.v1.GatewayCheckpoint\x12Q\n" +
@@ -2188,7 +2471,10 @@ const file_checkpointd_v1_gateway_proto_rawDesc = "" +
 	"\vBlobSignGet\x12&.checkpointd.v1.GatewayBlobSignRequest\x1a\x1f.checkpointd.v1.GatewayBlobUrls\x12V\n" +
 	"\bBlobList\x12&.checkpointd.v1.GatewayBlobListRequest\x1a .checkpointd.v1.GatewayBlobInfos0\x01\x12J\n" +
 	"\n" +
-	"BlobDelete\x12\x1e.checkpointd.v1.GatewayBlobKey\x1a\x1c.checkpointd.v1.GatewayEmptyB8Z6checkpointd.dev/clients/go/checkpointdv1;checkpointdv1b\x06proto3"
+	"BlobDelete\x12\x1e.checkpointd.v1.GatewayBlobKey\x1a\x1c.checkpointd.v1.GatewayEmpty\x12J\n" +
+	"\vLocateBlobs\x12\x1b.checkpointd.v1.GatewayKeys\x1a\x1e.checkpointd.v1.GatewayLocated\x12[\n" +
+	"\x0fListPackedBlobs\x12(.checkpointd.v1.GatewayListPackedRequest\x1a\x1e.checkpointd.v1.GatewayLocated\x12U\n" +
+	"\x0eReadPackFrames\x12\x1f.checkpointd.v1.GatewayPackRows\x1a .checkpointd.v1.GatewayPackFrame0\x01B8Z6checkpointd.dev/clients/go/checkpointdv1;checkpointdv1b\x06proto3"
 
 var (
 	file_checkpointd_v1_gateway_proto_rawDescOnce sync.Once
@@ -2202,7 +2488,7 @@ func file_checkpointd_v1_gateway_proto_rawDescGZIP() []byte {
 	return file_checkpointd_v1_gateway_proto_rawDescData
 }
 
-var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_checkpointd_v1_gateway_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayEmpty)(nil),                    // 0: checkpointd.v1.GatewayEmpty
 	(*GatewayStoreInfoRequest)(nil),         // 1: checkpointd.v1.GatewayStoreInfoRequest
@@ -2213,114 +2499,126 @@ var file_checkpointd_v1_gateway_proto_goTypes = []any{
 	(*GatewayHead)(nil),                     // 6: checkpointd.v1.GatewayHead
 	(*GatewayWriter)(nil),                   // 7: checkpointd.v1.GatewayWriter
 	(*GatewayAppendRequest)(nil),            // 8: checkpointd.v1.GatewayAppendRequest
-	(*GatewayAppendResponse)(nil),           // 9: checkpointd.v1.GatewayAppendResponse
-	(*GatewayDeleteHeadRequest)(nil),        // 10: checkpointd.v1.GatewayDeleteHeadRequest
-	(*GatewayAcquireWriterRequest)(nil),     // 11: checkpointd.v1.GatewayAcquireWriterRequest
-	(*GatewayLease)(nil),                    // 12: checkpointd.v1.GatewayLease
-	(*GatewayRenewResponse)(nil),            // 13: checkpointd.v1.GatewayRenewResponse
-	(*GatewayDeleteCheckpointsRequest)(nil), // 14: checkpointd.v1.GatewayDeleteCheckpointsRequest
-	(*GatewayCheckpointIds)(nil),            // 15: checkpointd.v1.GatewayCheckpointIds
-	(*GatewayForkRequest)(nil),              // 16: checkpointd.v1.GatewayForkRequest
-	(*GatewayKeys)(nil),                     // 17: checkpointd.v1.GatewayKeys
-	(*GatewayPinRequest)(nil),               // 18: checkpointd.v1.GatewayPinRequest
-	(*GatewayCondemnRequest)(nil),           // 19: checkpointd.v1.GatewayCondemnRequest
-	(*GatewayBlobReference)(nil),            // 20: checkpointd.v1.GatewayBlobReference
-	(*GatewayBlobReferences)(nil),           // 21: checkpointd.v1.GatewayBlobReferences
-	(*GatewayAuditRequest)(nil),             // 22: checkpointd.v1.GatewayAuditRequest
-	(*GatewayBlobCount)(nil),                // 23: checkpointd.v1.GatewayBlobCount
-	(*GatewayBlobCounts)(nil),               // 24: checkpointd.v1.GatewayBlobCounts
-	(*GatewayBlobKey)(nil),                  // 25: checkpointd.v1.GatewayBlobKey
-	(*GatewayBlobInfo)(nil),                 // 26: checkpointd.v1.GatewayBlobInfo
-	(*GatewayBlobInfos)(nil),                // 27: checkpointd.v1.GatewayBlobInfos
-	(*GatewayBlobGetRequest)(nil),           // 28: checkpointd.v1.GatewayBlobGetRequest
-	(*GatewayBlobChunk)(nil),                // 29: checkpointd.v1.GatewayBlobChunk
-	(*GatewayBlobPutResponse)(nil),          // 30: checkpointd.v1.GatewayBlobPutResponse
-	(*GatewayBlobPutManyResponse)(nil),      // 31: checkpointd.v1.GatewayBlobPutManyResponse
-	(*GatewayBlobListRequest)(nil),          // 32: checkpointd.v1.GatewayBlobListRequest
-	(*GatewayListThreadsRequest)(nil),       // 33: checkpointd.v1.GatewayListThreadsRequest
-	(*GatewayThreadSummary)(nil),            // 34: checkpointd.v1.GatewayThreadSummary
-	(*GatewayThreads)(nil),                  // 35: checkpointd.v1.GatewayThreads
-	(*GatewayBlobSignRequest)(nil),          // 36: checkpointd.v1.GatewayBlobSignRequest
-	(*GatewayBlobUrls)(nil),                 // 37: checkpointd.v1.GatewayBlobUrls
+	(*GatewayPackRows)(nil),                 // 9: checkpointd.v1.GatewayPackRows
+	(*GatewayLocated)(nil),                  // 10: checkpointd.v1.GatewayLocated
+	(*GatewayListPackedRequest)(nil),        // 11: checkpointd.v1.GatewayListPackedRequest
+	(*GatewayPackFrame)(nil),                // 12: checkpointd.v1.GatewayPackFrame
+	(*GatewayAppendResponse)(nil),           // 13: checkpointd.v1.GatewayAppendResponse
+	(*GatewayDeleteHeadRequest)(nil),        // 14: checkpointd.v1.GatewayDeleteHeadRequest
+	(*GatewayAcquireWriterRequest)(nil),     // 15: checkpointd.v1.GatewayAcquireWriterRequest
+	(*GatewayLease)(nil),                    // 16: checkpointd.v1.GatewayLease
+	(*GatewayRenewResponse)(nil),            // 17: checkpointd.v1.GatewayRenewResponse
+	(*GatewayDeleteCheckpointsRequest)(nil), // 18: checkpointd.v1.GatewayDeleteCheckpointsRequest
+	(*GatewayCheckpointIds)(nil),            // 19: checkpointd.v1.GatewayCheckpointIds
+	(*GatewayForkRequest)(nil),              // 20: checkpointd.v1.GatewayForkRequest
+	(*GatewayKeys)(nil),                     // 21: checkpointd.v1.GatewayKeys
+	(*GatewayPinRequest)(nil),               // 22: checkpointd.v1.GatewayPinRequest
+	(*GatewayCondemnRequest)(nil),           // 23: checkpointd.v1.GatewayCondemnRequest
+	(*GatewayBlobReference)(nil),            // 24: checkpointd.v1.GatewayBlobReference
+	(*GatewayBlobReferences)(nil),           // 25: checkpointd.v1.GatewayBlobReferences
+	(*GatewayAuditRequest)(nil),             // 26: checkpointd.v1.GatewayAuditRequest
+	(*GatewayBlobCount)(nil),                // 27: checkpointd.v1.GatewayBlobCount
+	(*GatewayBlobCounts)(nil),               // 28: checkpointd.v1.GatewayBlobCounts
+	(*GatewayBlobKey)(nil),                  // 29: checkpointd.v1.GatewayBlobKey
+	(*GatewayBlobInfo)(nil),                 // 30: checkpointd.v1.GatewayBlobInfo
+	(*GatewayBlobInfos)(nil),                // 31: checkpointd.v1.GatewayBlobInfos
+	(*GatewayBlobGetRequest)(nil),           // 32: checkpointd.v1.GatewayBlobGetRequest
+	(*GatewayBlobChunk)(nil),                // 33: checkpointd.v1.GatewayBlobChunk
+	(*GatewayBlobPutResponse)(nil),          // 34: checkpointd.v1.GatewayBlobPutResponse
+	(*GatewayBlobPutManyResponse)(nil),      // 35: checkpointd.v1.GatewayBlobPutManyResponse
+	(*GatewayBlobListRequest)(nil),          // 36: checkpointd.v1.GatewayBlobListRequest
+	(*GatewayListThreadsRequest)(nil),       // 37: checkpointd.v1.GatewayListThreadsRequest
+	(*GatewayThreadSummary)(nil),            // 38: checkpointd.v1.GatewayThreadSummary
+	(*GatewayThreads)(nil),                  // 39: checkpointd.v1.GatewayThreads
+	(*GatewayBlobSignRequest)(nil),          // 40: checkpointd.v1.GatewayBlobSignRequest
+	(*GatewayBlobUrls)(nil),                 // 41: checkpointd.v1.GatewayBlobUrls
 }
 var file_checkpointd_v1_gateway_proto_depIdxs = []int32{
 	7,  // 0: checkpointd.v1.GatewayAppendRequest.writer:type_name -> checkpointd.v1.GatewayWriter
-	7,  // 1: checkpointd.v1.GatewayDeleteHeadRequest.writer:type_name -> checkpointd.v1.GatewayWriter
-	7,  // 2: checkpointd.v1.GatewayLease.writer:type_name -> checkpointd.v1.GatewayWriter
-	7,  // 3: checkpointd.v1.GatewayDeleteCheckpointsRequest.writer:type_name -> checkpointd.v1.GatewayWriter
-	7,  // 4: checkpointd.v1.GatewayForkRequest.writer:type_name -> checkpointd.v1.GatewayWriter
-	7,  // 5: checkpointd.v1.GatewayPinRequest.writer:type_name -> checkpointd.v1.GatewayWriter
-	20, // 6: checkpointd.v1.GatewayBlobReferences.references:type_name -> checkpointd.v1.GatewayBlobReference
-	23, // 7: checkpointd.v1.GatewayBlobCounts.counts:type_name -> checkpointd.v1.GatewayBlobCount
-	26, // 8: checkpointd.v1.GatewayBlobInfos.blobs:type_name -> checkpointd.v1.GatewayBlobInfo
-	34, // 9: checkpointd.v1.GatewayThreads.threads:type_name -> checkpointd.v1.GatewayThreadSummary
-	1,  // 10: checkpointd.v1.Gateway.GetStoreInfo:input_type -> checkpointd.v1.GatewayStoreInfoRequest
-	3,  // 11: checkpointd.v1.Gateway.Get:input_type -> checkpointd.v1.GatewayGetRequest
-	4,  // 12: checkpointd.v1.Gateway.List:input_type -> checkpointd.v1.GatewayThreadRequest
-	4,  // 13: checkpointd.v1.Gateway.GetHead:input_type -> checkpointd.v1.GatewayThreadRequest
-	8,  // 14: checkpointd.v1.Gateway.Append:input_type -> checkpointd.v1.GatewayAppendRequest
-	10, // 15: checkpointd.v1.Gateway.DeleteHead:input_type -> checkpointd.v1.GatewayDeleteHeadRequest
-	11, // 16: checkpointd.v1.Gateway.AcquireWriter:input_type -> checkpointd.v1.GatewayAcquireWriterRequest
-	7,  // 17: checkpointd.v1.Gateway.RenewWriter:input_type -> checkpointd.v1.GatewayWriter
-	7,  // 18: checkpointd.v1.Gateway.ReleaseWriter:input_type -> checkpointd.v1.GatewayWriter
-	14, // 19: checkpointd.v1.Gateway.DeleteCheckpoints:input_type -> checkpointd.v1.GatewayDeleteCheckpointsRequest
-	16, // 20: checkpointd.v1.Gateway.ForkFromCheckpoint:input_type -> checkpointd.v1.GatewayForkRequest
-	33, // 21: checkpointd.v1.Gateway.ListThreads:input_type -> checkpointd.v1.GatewayListThreadsRequest
-	15, // 22: checkpointd.v1.Gateway.SpentCheckpointIds:input_type -> checkpointd.v1.GatewayCheckpointIds
-	18, // 23: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
-	19, // 24: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
-	17, // 25: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 26: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	22, // 27: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
-	0,  // 28: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
-	17, // 29: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
-	17, // 30: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
-	0,  // 31: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
-	25, // 32: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
-	17, // 33: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
-	28, // 34: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
-	17, // 35: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
-	29, // 36: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 37: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
-	36, // 38: checkpointd.v1.Gateway.BlobSignGet:input_type -> checkpointd.v1.GatewayBlobSignRequest
-	32, // 39: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
-	25, // 40: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
-	2,  // 41: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
-	5,  // 42: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
-	5,  // 43: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
-	6,  // 44: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
-	9,  // 45: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
-	0,  // 46: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
-	12, // 47: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
-	13, // 48: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
-	0,  // 49: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
-	15, // 50: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
-	5,  // 51: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
-	35, // 52: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
-	15, // 53: checkpointd.v1.Gateway.SpentCheckpointIds:output_type -> checkpointd.v1.GatewayCheckpointIds
-	17, // 54: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
-	17, // 55: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
-	0,  // 56: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
-	21, // 57: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
-	24, // 58: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	24, // 59: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
-	0,  // 60: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
-	0,  // 61: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
-	17, // 62: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
-	26, // 63: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
-	17, // 64: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
-	29, // 65: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
-	29, // 66: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
-	30, // 67: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
-	31, // 68: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
-	37, // 69: checkpointd.v1.Gateway.BlobSignGet:output_type -> checkpointd.v1.GatewayBlobUrls
-	27, // 70: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
-	0,  // 71: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
-	41, // [41:72] is the sub-list for method output_type
-	10, // [10:41] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 1: checkpointd.v1.GatewayAppendRequest.packed_blobs:type_name -> checkpointd.v1.GatewayPackRows
+	9,  // 2: checkpointd.v1.GatewayLocated.packs:type_name -> checkpointd.v1.GatewayPackRows
+	7,  // 3: checkpointd.v1.GatewayDeleteHeadRequest.writer:type_name -> checkpointd.v1.GatewayWriter
+	7,  // 4: checkpointd.v1.GatewayLease.writer:type_name -> checkpointd.v1.GatewayWriter
+	7,  // 5: checkpointd.v1.GatewayDeleteCheckpointsRequest.writer:type_name -> checkpointd.v1.GatewayWriter
+	7,  // 6: checkpointd.v1.GatewayForkRequest.writer:type_name -> checkpointd.v1.GatewayWriter
+	7,  // 7: checkpointd.v1.GatewayPinRequest.writer:type_name -> checkpointd.v1.GatewayWriter
+	24, // 8: checkpointd.v1.GatewayBlobReferences.references:type_name -> checkpointd.v1.GatewayBlobReference
+	27, // 9: checkpointd.v1.GatewayBlobCounts.counts:type_name -> checkpointd.v1.GatewayBlobCount
+	30, // 10: checkpointd.v1.GatewayBlobInfos.blobs:type_name -> checkpointd.v1.GatewayBlobInfo
+	38, // 11: checkpointd.v1.GatewayThreads.threads:type_name -> checkpointd.v1.GatewayThreadSummary
+	1,  // 12: checkpointd.v1.Gateway.GetStoreInfo:input_type -> checkpointd.v1.GatewayStoreInfoRequest
+	3,  // 13: checkpointd.v1.Gateway.Get:input_type -> checkpointd.v1.GatewayGetRequest
+	4,  // 14: checkpointd.v1.Gateway.List:input_type -> checkpointd.v1.GatewayThreadRequest
+	4,  // 15: checkpointd.v1.Gateway.GetHead:input_type -> checkpointd.v1.GatewayThreadRequest
+	8,  // 16: checkpointd.v1.Gateway.Append:input_type -> checkpointd.v1.GatewayAppendRequest
+	14, // 17: checkpointd.v1.Gateway.DeleteHead:input_type -> checkpointd.v1.GatewayDeleteHeadRequest
+	15, // 18: checkpointd.v1.Gateway.AcquireWriter:input_type -> checkpointd.v1.GatewayAcquireWriterRequest
+	7,  // 19: checkpointd.v1.Gateway.RenewWriter:input_type -> checkpointd.v1.GatewayWriter
+	7,  // 20: checkpointd.v1.Gateway.ReleaseWriter:input_type -> checkpointd.v1.GatewayWriter
+	18, // 21: checkpointd.v1.Gateway.DeleteCheckpoints:input_type -> checkpointd.v1.GatewayDeleteCheckpointsRequest
+	20, // 22: checkpointd.v1.Gateway.ForkFromCheckpoint:input_type -> checkpointd.v1.GatewayForkRequest
+	37, // 23: checkpointd.v1.Gateway.ListThreads:input_type -> checkpointd.v1.GatewayListThreadsRequest
+	19, // 24: checkpointd.v1.Gateway.SpentCheckpointIds:input_type -> checkpointd.v1.GatewayCheckpointIds
+	22, // 25: checkpointd.v1.Gateway.PinBlobs:input_type -> checkpointd.v1.GatewayPinRequest
+	23, // 26: checkpointd.v1.Gateway.CondemnBlobs:input_type -> checkpointd.v1.GatewayCondemnRequest
+	21, // 27: checkpointd.v1.Gateway.ReleaseCondemned:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 28: checkpointd.v1.Gateway.ListBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	26, // 29: checkpointd.v1.Gateway.AuditBlobReferences:input_type -> checkpointd.v1.GatewayAuditRequest
+	0,  // 30: checkpointd.v1.Gateway.RepairBlobReferences:input_type -> checkpointd.v1.GatewayEmpty
+	21, // 31: checkpointd.v1.Gateway.MarkBlobsMissing:input_type -> checkpointd.v1.GatewayKeys
+	21, // 32: checkpointd.v1.Gateway.ClearMissingBlobs:input_type -> checkpointd.v1.GatewayKeys
+	0,  // 33: checkpointd.v1.Gateway.ListMissingBlobs:input_type -> checkpointd.v1.GatewayEmpty
+	29, // 34: checkpointd.v1.Gateway.BlobHead:input_type -> checkpointd.v1.GatewayBlobKey
+	21, // 35: checkpointd.v1.Gateway.BlobMissing:input_type -> checkpointd.v1.GatewayKeys
+	32, // 36: checkpointd.v1.Gateway.BlobGet:input_type -> checkpointd.v1.GatewayBlobGetRequest
+	21, // 37: checkpointd.v1.Gateway.BlobGetMany:input_type -> checkpointd.v1.GatewayKeys
+	33, // 38: checkpointd.v1.Gateway.BlobPut:input_type -> checkpointd.v1.GatewayBlobChunk
+	33, // 39: checkpointd.v1.Gateway.BlobPutMany:input_type -> checkpointd.v1.GatewayBlobChunk
+	40, // 40: checkpointd.v1.Gateway.BlobSignGet:input_type -> checkpointd.v1.GatewayBlobSignRequest
+	36, // 41: checkpointd.v1.Gateway.BlobList:input_type -> checkpointd.v1.GatewayBlobListRequest
+	29, // 42: checkpointd.v1.Gateway.BlobDelete:input_type -> checkpointd.v1.GatewayBlobKey
+	21, // 43: checkpointd.v1.Gateway.LocateBlobs:input_type -> checkpointd.v1.GatewayKeys
+	11, // 44: checkpointd.v1.Gateway.ListPackedBlobs:input_type -> checkpointd.v1.GatewayListPackedRequest
+	9,  // 45: checkpointd.v1.Gateway.ReadPackFrames:input_type -> checkpointd.v1.GatewayPackRows
+	2,  // 46: checkpointd.v1.Gateway.GetStoreInfo:output_type -> checkpointd.v1.GatewayStoreInfo
+	5,  // 47: checkpointd.v1.Gateway.Get:output_type -> checkpointd.v1.GatewayCheckpoint
+	5,  // 48: checkpointd.v1.Gateway.List:output_type -> checkpointd.v1.GatewayCheckpoint
+	6,  // 49: checkpointd.v1.Gateway.GetHead:output_type -> checkpointd.v1.GatewayHead
+	13, // 50: checkpointd.v1.Gateway.Append:output_type -> checkpointd.v1.GatewayAppendResponse
+	0,  // 51: checkpointd.v1.Gateway.DeleteHead:output_type -> checkpointd.v1.GatewayEmpty
+	16, // 52: checkpointd.v1.Gateway.AcquireWriter:output_type -> checkpointd.v1.GatewayLease
+	17, // 53: checkpointd.v1.Gateway.RenewWriter:output_type -> checkpointd.v1.GatewayRenewResponse
+	0,  // 54: checkpointd.v1.Gateway.ReleaseWriter:output_type -> checkpointd.v1.GatewayEmpty
+	19, // 55: checkpointd.v1.Gateway.DeleteCheckpoints:output_type -> checkpointd.v1.GatewayCheckpointIds
+	5,  // 56: checkpointd.v1.Gateway.ForkFromCheckpoint:output_type -> checkpointd.v1.GatewayCheckpoint
+	39, // 57: checkpointd.v1.Gateway.ListThreads:output_type -> checkpointd.v1.GatewayThreads
+	19, // 58: checkpointd.v1.Gateway.SpentCheckpointIds:output_type -> checkpointd.v1.GatewayCheckpointIds
+	21, // 59: checkpointd.v1.Gateway.PinBlobs:output_type -> checkpointd.v1.GatewayKeys
+	21, // 60: checkpointd.v1.Gateway.CondemnBlobs:output_type -> checkpointd.v1.GatewayKeys
+	0,  // 61: checkpointd.v1.Gateway.ReleaseCondemned:output_type -> checkpointd.v1.GatewayEmpty
+	25, // 62: checkpointd.v1.Gateway.ListBlobReferences:output_type -> checkpointd.v1.GatewayBlobReferences
+	28, // 63: checkpointd.v1.Gateway.AuditBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	28, // 64: checkpointd.v1.Gateway.RepairBlobReferences:output_type -> checkpointd.v1.GatewayBlobCounts
+	0,  // 65: checkpointd.v1.Gateway.MarkBlobsMissing:output_type -> checkpointd.v1.GatewayEmpty
+	0,  // 66: checkpointd.v1.Gateway.ClearMissingBlobs:output_type -> checkpointd.v1.GatewayEmpty
+	21, // 67: checkpointd.v1.Gateway.ListMissingBlobs:output_type -> checkpointd.v1.GatewayKeys
+	30, // 68: checkpointd.v1.Gateway.BlobHead:output_type -> checkpointd.v1.GatewayBlobInfo
+	21, // 69: checkpointd.v1.Gateway.BlobMissing:output_type -> checkpointd.v1.GatewayKeys
+	33, // 70: checkpointd.v1.Gateway.BlobGet:output_type -> checkpointd.v1.GatewayBlobChunk
+	33, // 71: checkpointd.v1.Gateway.BlobGetMany:output_type -> checkpointd.v1.GatewayBlobChunk
+	34, // 72: checkpointd.v1.Gateway.BlobPut:output_type -> checkpointd.v1.GatewayBlobPutResponse
+	35, // 73: checkpointd.v1.Gateway.BlobPutMany:output_type -> checkpointd.v1.GatewayBlobPutManyResponse
+	41, // 74: checkpointd.v1.Gateway.BlobSignGet:output_type -> checkpointd.v1.GatewayBlobUrls
+	31, // 75: checkpointd.v1.Gateway.BlobList:output_type -> checkpointd.v1.GatewayBlobInfos
+	0,  // 76: checkpointd.v1.Gateway.BlobDelete:output_type -> checkpointd.v1.GatewayEmpty
+	10, // 77: checkpointd.v1.Gateway.LocateBlobs:output_type -> checkpointd.v1.GatewayLocated
+	10, // 78: checkpointd.v1.Gateway.ListPackedBlobs:output_type -> checkpointd.v1.GatewayLocated
+	12, // 79: checkpointd.v1.Gateway.ReadPackFrames:output_type -> checkpointd.v1.GatewayPackFrame
+	46, // [46:80] is the sub-list for method output_type
+	12, // [12:46] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_gateway_proto_init() }
@@ -2331,16 +2629,17 @@ func file_checkpointd_v1_gateway_proto_init() {
 	file_checkpointd_v1_gateway_proto_msgTypes[6].OneofWrappers = []any{}
 	file_checkpointd_v1_gateway_proto_msgTypes[8].OneofWrappers = []any{}
 	file_checkpointd_v1_gateway_proto_msgTypes[11].OneofWrappers = []any{}
-	file_checkpointd_v1_gateway_proto_msgTypes[23].OneofWrappers = []any{}
-	file_checkpointd_v1_gateway_proto_msgTypes[33].OneofWrappers = []any{}
-	file_checkpointd_v1_gateway_proto_msgTypes[34].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[15].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[27].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[37].OneofWrappers = []any{}
+	file_checkpointd_v1_gateway_proto_msgTypes[38].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_gateway_proto_rawDesc), len(file_checkpointd_v1_gateway_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   38,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -67,6 +67,9 @@ const (
 	Gateway_BlobSignGet_FullMethodName          = "/checkpointd.v1.Gateway/BlobSignGet"
 	Gateway_BlobList_FullMethodName             = "/checkpointd.v1.Gateway/BlobList"
 	Gateway_BlobDelete_FullMethodName           = "/checkpointd.v1.Gateway/BlobDelete"
+	Gateway_LocateBlobs_FullMethodName          = "/checkpointd.v1.Gateway/LocateBlobs"
+	Gateway_ListPackedBlobs_FullMethodName      = "/checkpointd.v1.Gateway/ListPackedBlobs"
+	Gateway_ReadPackFrames_FullMethodName       = "/checkpointd.v1.Gateway/ReadPackFrames"
 )
 
 // GatewayClient is the client API for Gateway service.
@@ -120,6 +123,25 @@ type GatewayClient interface {
 	BlobSignGet(ctx context.Context, in *GatewayBlobSignRequest, opts ...grpc.CallOption) (*GatewayBlobUrls, error)
 	BlobList(ctx context.Context, in *GatewayBlobListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayBlobInfos], error)
 	BlobDelete(ctx context.Context, in *GatewayBlobKey, opts ...grpc.CallOption) (*GatewayEmpty, error)
+	// Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+	// tenants' blobs once captures deduplicate across them, so each call answers
+	// only for keys the token may read (BlobGet's rule) or pinned through this
+	// gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with
+	// BlobPut/BlobPutMany like blobs: the gateway checks the whole pack (its
+	// BLAKE3 is its key, its trailer reads, every frame decodes to its digest)
+	// before storing it, and Append's `packed_blobs` rows must each be an entry of
+	// such a pack's trailer.
+	//
+	// LocateBlobs: the index rows of those keys the token may locate (keys
+	// known without a row are listed in `unpacked`; others are left out).
+	LocateBlobs(ctx context.Context, in *GatewayKeys, opts ...grpc.CallOption) (*GatewayLocated, error)
+	// ListPackedBlobs: the index in key order (admin tokens only: check, sweep).
+	ListPackedBlobs(ctx context.Context, in *GatewayListPackedRequest, opts ...grpc.CallOption) (*GatewayLocated, error)
+	// ReadPackFrames: the stored bytes of exactly the frames named (one pack;
+	// each row must be the store's current row of a key the token may read),
+	// decoded and checked on the gateway first. Never a neighbour's bytes: there
+	// is no presigned pack read (a signed URL would open the whole pack).
+	ReadPackFrames(ctx context.Context, in *GatewayPackRows, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayPackFrame], error)
 }
 
 type gatewayClient struct {
@@ -509,6 +531,45 @@ func (c *gatewayClient) BlobDelete(ctx context.Context, in *GatewayBlobKey, opts
 	return out, nil
 }
 
+func (c *gatewayClient) LocateBlobs(ctx context.Context, in *GatewayKeys, opts ...grpc.CallOption) (*GatewayLocated, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GatewayLocated)
+	err := c.cc.Invoke(ctx, Gateway_LocateBlobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayClient) ListPackedBlobs(ctx context.Context, in *GatewayListPackedRequest, opts ...grpc.CallOption) (*GatewayLocated, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GatewayLocated)
+	err := c.cc.Invoke(ctx, Gateway_ListPackedBlobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayClient) ReadPackFrames(ctx context.Context, in *GatewayPackRows, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayPackFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Gateway_ServiceDesc.Streams[9], Gateway_ReadPackFrames_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[GatewayPackRows, GatewayPackFrame]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Gateway_ReadPackFramesClient = grpc.ServerStreamingClient[GatewayPackFrame]
+
 // GatewayServer is the server API for Gateway service.
 // All implementations must embed UnimplementedGatewayServer
 // for forward compatibility.
@@ -560,6 +621,25 @@ type GatewayServer interface {
 	BlobSignGet(context.Context, *GatewayBlobSignRequest) (*GatewayBlobUrls, error)
 	BlobList(*GatewayBlobListRequest, grpc.ServerStreamingServer[GatewayBlobInfos]) error
 	BlobDelete(context.Context, *GatewayBlobKey) (*GatewayEmpty, error)
+	// Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+	// tenants' blobs once captures deduplicate across them, so each call answers
+	// only for keys the token may read (BlobGet's rule) or pinned through this
+	// gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with
+	// BlobPut/BlobPutMany like blobs: the gateway checks the whole pack (its
+	// BLAKE3 is its key, its trailer reads, every frame decodes to its digest)
+	// before storing it, and Append's `packed_blobs` rows must each be an entry of
+	// such a pack's trailer.
+	//
+	// LocateBlobs: the index rows of those keys the token may locate (keys
+	// known without a row are listed in `unpacked`; others are left out).
+	LocateBlobs(context.Context, *GatewayKeys) (*GatewayLocated, error)
+	// ListPackedBlobs: the index in key order (admin tokens only: check, sweep).
+	ListPackedBlobs(context.Context, *GatewayListPackedRequest) (*GatewayLocated, error)
+	// ReadPackFrames: the stored bytes of exactly the frames named (one pack;
+	// each row must be the store's current row of a key the token may read),
+	// decoded and checked on the gateway first. Never a neighbour's bytes: there
+	// is no presigned pack read (a signed URL would open the whole pack).
+	ReadPackFrames(*GatewayPackRows, grpc.ServerStreamingServer[GatewayPackFrame]) error
 	mustEmbedUnimplementedGatewayServer()
 }
 
@@ -662,6 +742,15 @@ func (UnimplementedGatewayServer) BlobList(*GatewayBlobListRequest, grpc.ServerS
 }
 func (UnimplementedGatewayServer) BlobDelete(context.Context, *GatewayBlobKey) (*GatewayEmpty, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method BlobDelete not implemented")
+}
+func (UnimplementedGatewayServer) LocateBlobs(context.Context, *GatewayKeys) (*GatewayLocated, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LocateBlobs not implemented")
+}
+func (UnimplementedGatewayServer) ListPackedBlobs(context.Context, *GatewayListPackedRequest) (*GatewayLocated, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListPackedBlobs not implemented")
+}
+func (UnimplementedGatewayServer) ReadPackFrames(*GatewayPackRows, grpc.ServerStreamingServer[GatewayPackFrame]) error {
+	return status.Errorf(codes.Unimplemented, "method ReadPackFrames not implemented")
 }
 func (UnimplementedGatewayServer) mustEmbedUnimplementedGatewayServer() {}
 func (UnimplementedGatewayServer) testEmbeddedByValue()                 {}
@@ -1171,6 +1260,53 @@ func _Gateway_BlobDelete_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Gateway_LocateBlobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GatewayKeys)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServer).LocateBlobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gateway_LocateBlobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServer).LocateBlobs(ctx, req.(*GatewayKeys))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Gateway_ListPackedBlobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GatewayListPackedRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServer).ListPackedBlobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Gateway_ListPackedBlobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServer).ListPackedBlobs(ctx, req.(*GatewayListPackedRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Gateway_ReadPackFrames_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(GatewayPackRows)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GatewayServer).ReadPackFrames(m, &grpc.GenericServerStream[GatewayPackRows, GatewayPackFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Gateway_ReadPackFramesServer = grpc.ServerStreamingServer[GatewayPackFrame]
+
 // Gateway_ServiceDesc is the grpc.ServiceDesc for Gateway service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1266,6 +1402,14 @@ var Gateway_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "BlobDelete",
 			Handler:    _Gateway_BlobDelete_Handler,
 		},
+		{
+			MethodName: "LocateBlobs",
+			Handler:    _Gateway_LocateBlobs_Handler,
+		},
+		{
+			MethodName: "ListPackedBlobs",
+			Handler:    _Gateway_ListPackedBlobs_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -1311,6 +1455,11 @@ var Gateway_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "BlobList",
 			Handler:       _Gateway_BlobList_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadPackFrames",
+			Handler:       _Gateway_ReadPackFrames_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -73,8 +73,11 @@ record a row in yet); the first capture that names a small one reads it
 append, and a later sweep deletes the single object. One row serves a digest's
 file and artifact keys (the same bytes, ``store._packindex.row_key``). A blob
 is packed when it is smaller than the threshold; a store
-without a pack index (a user's own store, the gateway's remote store for now)
-keeps the one-object-per-key layout.
+without a pack index (a user's own store, the remote store of a gateway older
+than packs) keeps the one-object-per-key layout. Behind a gateway the rules that
+keep tenants apart are the gateway's (``gateway/packs.py``): it checks a pack
+whole before storing it, matches an append's rows against the pack's trailer,
+and serves reads frame by frame (``_read_stream``).
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ from collections.abc import (
     Sequence,
 )
 from dataclasses import dataclass
+from typing import Any
 
 from .. import _native
 from ..model import FILE_KEY_PREFIX
@@ -272,7 +276,15 @@ class PackedBlobStore(BlobStore):
         async def fetch(pack: str) -> None:
             wanted = by_pack[pack]
             try:
-                parts = await get_ranges(self.inner, pack, [(one.start, one.end) for one in wanted])
+                if _frame_reader(self.inner) is not None:
+                    parts = [
+                        b"".join([chunk async for chunk in _read_stream(self.inner, one, 1 << 20)])
+                        for one in wanted
+                    ]
+                else:
+                    parts = await get_ranges(
+                        self.inner, pack, [(one.start, one.end) for one in wanted]
+                    )
             except BlobNotFoundError:
                 error = BlobNotFoundError(wanted[0].rows[0].key)
                 error.pack = pack  # type: ignore[attr-defined]
@@ -307,9 +319,7 @@ class PackedBlobStore(BlobStore):
         range); fewer bytes when the pack is truncated. Raises BlobNotFoundError
         (its ``pack`` set) when the pack is gone, BlobStoreError."""
         try:
-            async for chunk in get_range_stream(
-                self.inner, read.pack, read.start, read.end, chunk_size
-            ):
+            async for chunk in _read_stream(self.inner, read, chunk_size):
                 yield chunk
         except BlobNotFoundError:
             error = BlobNotFoundError(read.rows[0].key)
@@ -379,6 +389,26 @@ class PackedBlobStore(BlobStore):
         absent = set(await missing(self.inner, rest)) if rest else set()
         absent.update(key for key, row in located.items() if row.pack in gone)
         return [key for key in keys if key in absent]
+
+
+def _frame_reader(inner: BlobStore) -> Any:
+    """A store's ``read_pack_frames``, when it serves packs only frame by frame:
+    the gateway's (``gateway/remote.py``), which must never hand a sidecar the
+    bytes of another tenant's frames that lie between or around its own."""
+    return getattr(inner, "read_pack_frames", None)
+
+
+def _read_stream(inner: BlobStore, read: PackRead, chunk_size: int) -> AsyncIterator[bytes]:
+    """The bytes of ``read`` from ``inner``: one ranged GET, or from a store that
+    serves packs frame by frame the frames of ``read.rows`` at their offsets
+    (the bytes between them zeros: only frames are ever decoded)."""
+    frames = _frame_reader(inner)
+    if frames is not None:
+        stream: AsyncIterator[bytes] = frames(
+            read.pack, read.start, read.end, read.rows, chunk_size
+        )
+        return stream
+    return get_range_stream(inner, read.pack, read.start, read.end, chunk_size)
 
 
 # Pins pack keys for the capture's lease until they are not condemned (the

@@ -17,6 +17,13 @@ checkpoint the first attempt may have stored, so nothing is lost or duplicated.
 
 The token is read from its file on every call whose file changed since the last
 read (the orchestrator may rotate it in place).
+
+Packs: against a gateway whose store keeps a pack index (``GetStoreInfo.packs``)
+``RemoteCheckpointStore.open`` gives a ``PackedRemoteCheckpointStore``, so the
+engines pack small blobs as with a local store (``blobs/packs.py``): packs are
+uploaded like blobs (the gateway checks each whole), the append carries the
+rows, ``locate_blobs`` is ``LocateBlobs`` and ``RemoteBlobStore.read_pack_frames``
+the ranged read, frame by frame (``gateway/packs.py`` has the gateway's rules).
 """
 
 from __future__ import annotations
@@ -33,9 +40,10 @@ from urllib.parse import parse_qs, urlsplit
 
 import grpc
 
-from ..blobs.base import BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError
+from ..blobs.base import BlobCorruptError, BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError
 from ..codec import decode_checkpoint, encode_checkpoint
 from ..errors import (
+    INVALID_BLOB,
     STORE_UNAVAILABLE,
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
@@ -53,7 +61,7 @@ from ..store._options import (
     condemnable_keys,
     lease_holder,
 )
-from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, ThreadSummary
+from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, PackedBlob, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
@@ -295,9 +303,12 @@ class RemoteCheckpointStore:
     async def open(
         cls, connection: GatewayConnection, *, owns_connection: bool = True
     ) -> RemoteCheckpointStore:
-        """Ask a gateway for the store's settings (checks the token too)."""
-        store = cls(connection, owns_connection=owns_connection)
+        """Ask a gateway for the store's settings (checks the token too). A
+        gateway whose store keeps a pack index gives a ``PackedRemoteCheckpointStore``
+        (the sidecar then packs its small blobs); an older gateway, this class."""
         info = await connection.call("GetStoreInfo", gpb.GatewayStoreInfoRequest(), repeatable=True)
+        kind = PackedRemoteCheckpointStore if info.packs and cls is RemoteCheckpointStore else cls
+        store = kind(connection, owns_connection=owns_connection)
         store.lease_duration_ms = info.lease_duration_ms
         store.renew_after_ms = info.renew_after_ms
         store.store_backend = info.store_backend
@@ -341,16 +352,34 @@ class RemoteCheckpointStore:
         return reply.checkpoint_id if reply.HasField("checkpoint_id") else None
 
     async def append(
-        self, checkpoint: Checkpoint, expected_head_id: str | None, writer: WriterLike
+        self,
+        checkpoint: Checkpoint,
+        expected_head_id: str | None,
+        writer: WriterLike,
+        *,
+        packed_blobs: Sequence[PackedBlob] = (),
     ) -> str:
+        """``packed_blobs``: the pack index rows of the capture's packs, which
+        the gateway matches against each pack's trailer (``gateway/packs.py``)."""
         check_checkpoint_ids(checkpoint, expected_head_id)
         check_checkpoint_body(checkpoint)
         request = gpb.GatewayAppendRequest(
             document=encode_checkpoint(checkpoint),
             expected_head_id=expected_head_id,
             writer=_writer(writer),
+            packed_blobs=wire.rows_to_proto(packed_blobs) if packed_blobs else (),
         )
-        reply = await self._connection.call("Append", request, repeatable=False)
+        try:
+            reply = await self._connection.call("Append", request, repeatable=False)
+        except SandboxCheckpointError as error:
+            if not packed_blobs or "unpinned" not in error.details:
+                raise
+            # This gateway did not see our pins (another took them): it refused
+            # before writing anything. Pin the rows' keys through it, once more.
+            keys = list(dict.fromkeys(row.key for row in packed_blobs))
+            if await self.pin_blobs(keys, writer):
+                raise
+            reply = await self._connection.call("Append", request, repeatable=False)
         return str(reply.checkpoint_id)
 
     async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None:
@@ -527,6 +556,30 @@ class RemoteCheckpointStore:
         return list(reply.keys)
 
 
+class PackedRemoteCheckpointStore(RemoteCheckpointStore):
+    """A remote store whose gateway keeps a pack index (``store.base.PackIndex``):
+    a sidecar's small blobs travel and rest in packs. The gateway answers only
+    for keys the token may read or pinned through it (others are left out, so a
+    capture uploads them again)."""
+
+    async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
+        wanted = [key for key in dict.fromkeys(keys) if isinstance(key, str)]
+        if not wanted:
+            return {}
+        reply = await self._connection.call(
+            "LocateBlobs", gpb.GatewayKeys(keys=wanted), repeatable=True
+        )
+        return wire.located_from_proto(reply)
+
+    async def list_packed_blobs(
+        self, *, after: str | None = None, limit: int = 1000
+    ) -> builtins.list[PackedBlob]:
+        request = gpb.GatewayListPackedRequest(after=after, limit=limit)
+        reply = await self._connection.call("ListPackedBlobs", request, repeatable=True)
+        rows = wire.located_from_proto(reply)
+        return sorted((row for row in rows.values() if row is not None), key=lambda r: r.key)
+
+
 def _blob_error(exc: Exception, key: str, url: str) -> Exception:
     """Bucket failures as the blob protocol says them (BlobStoreError naming the
     key); token and scope refusals stay what they are."""
@@ -696,6 +749,43 @@ class RemoteBlobStore(BlobStore):
         except Exception as exc:  # noqa: BLE001
             raise _blob_error(exc, items[0][0], self.url) from None
         return list(reply.written)
+
+    async def read_pack_frames(
+        self, pack: str, start: int, end: int, rows: Sequence[PackedBlob], chunk_size: int = 1 << 20
+    ) -> AsyncIterator[bytes]:
+        """The bytes ``[start, end)`` of ``pack`` as a ranged read gives them,
+        but holding only ``rows``' frames: the gateway sends exactly those
+        (checked), never a neighbour's, and the bytes between them are zeros
+        here (``blobs/packs.py`` decodes only the frames). Raises
+        BlobNotFoundError (``pack`` set) when the pack is gone or a row moved,
+        BlobCorruptError for a frame that does not check, BlobStoreError."""
+        [request] = wire.rows_to_proto([row for row in rows if row.pack == pack]) or [
+            gpb.GatewayPackRows(pack=pack)
+        ]
+        position = start
+        try:
+            async for message in self._connection.stream_iter("ReadPackFrames", request):
+                offset, data = message.offset, message.data
+                if offset < position or offset + len(data) > end:
+                    raise BlobStoreError(
+                        f"the gateway sent bytes {offset}..{offset + len(data)} of {pack!r},"
+                        f" not of {start}..{end} in order"
+                    )
+                while position < offset:
+                    gap = min(offset - position, chunk_size)
+                    yield bytes(gap)
+                    position += gap
+                yield data
+                position += len(data)
+        except BlobNotFoundError as error:
+            error.pack = pack  # type: ignore[attr-defined]
+            raise
+        except SandboxCheckpointError as error:
+            if error.code == INVALID_BLOB and "key" in error.details:
+                raise BlobCorruptError(
+                    str(error.details["key"]), str(error.details.get("pack", pack)), error.message
+                ) from None
+            raise _blob_error(error, pack, self.url) from None
 
     async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
         if not keys:

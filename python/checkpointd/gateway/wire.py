@@ -10,7 +10,8 @@ gateway did: the conformance suite checks them.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -20,6 +21,8 @@ from ..blobs.base import BlobNotFoundError
 from ..model import Writer
 from ..service import status
 from ..store._options import writer_fields
+from ..store._packindex import PackColumns, PackedRows, file_key
+from ..store.base import PackedBlob
 from ..v1 import gateway_pb2 as gpb
 
 DETAILS_JSON_KEY = "checkpointd-details-json-bin"
@@ -124,3 +127,74 @@ def writer_to_proto(writer: object) -> gpb.GatewayWriter:
 
 def writer_from_proto(message: gpb.GatewayWriter) -> Writer:
     return Writer(message.thread_id, message.owner_token, message.fence)
+
+
+# ------------------------------------------------------------------ pack rows
+
+
+def columns_to_proto(columns: PackColumns) -> gpb.GatewayPackRows:
+    return gpb.GatewayPackRows(
+        pack=columns.pack,
+        digests=columns.digests,
+        offsets=columns.offsets.tolist(),
+        lengths=columns.lengths.tolist(),
+        raw_sizes=columns.raw_sizes.tolist(),
+        codecs=columns.codecs,
+    )
+
+
+def rows_to_proto(rows: Sequence[PackedBlob]) -> list[gpb.GatewayPackRows]:
+    """Index rows as one message per pack: a pack session's columns as they
+    are, any other rows grouped by pack (one row per key, digest order)."""
+    if isinstance(rows, PackedRows):
+        return [columns_to_proto(group) for group in rows.groups]
+    by_pack: dict[str, dict[bytes, PackedBlob]] = {}
+    for row in rows:
+        by_pack.setdefault(row.pack, {})[bytes.fromhex(row.key[-64:])] = row
+    out = []
+    for pack, group in by_pack.items():
+        order = sorted(group)
+        out.append(
+            gpb.GatewayPackRows(
+                pack=pack,
+                digests=b"".join(order),
+                offsets=[group[d].offset for d in order],
+                lengths=[group[d].length for d in order],
+                raw_sizes=[group[d].raw_size for d in order],
+                codecs=bytes(group[d].codec for d in order),
+            )
+        )
+    return out
+
+
+def columns_from_proto(message: gpb.GatewayPackRows) -> PackColumns:
+    """The columns of a message (INVALID_ENTRY naming the pack when their
+    lengths disagree or a value is out of range)."""
+    columns = PackColumns(
+        message.pack,
+        bytes(message.digests),
+        array("I", message.offsets),
+        array("I", message.lengths),
+        array("I", message.raw_sizes),
+        bytes(message.codecs),
+    )
+    problem = columns.problem()
+    if problem is not None:
+        raise errors.SandboxCheckpointInvalidEntryError(
+            f"invalid pack index rows of {message.pack!r}: {problem}",
+            details={"key": message.pack},
+        )
+    return columns
+
+
+def located_from_proto(message: gpb.GatewayLocated) -> dict[str, PackedBlob | None]:
+    """key → row (None: known, no row) of a LocateBlobs or ListPackedBlobs reply."""
+    found: dict[str, PackedBlob | None] = {key: None for key in message.unpacked}
+    for group in message.packs:
+        digests = bytes(group.digests)
+        for i, codec in enumerate(bytes(group.codecs)):
+            key = file_key(digests[32 * i : 32 * i + 32])
+            found[key] = PackedBlob(
+                key, group.pack, group.offsets[i], group.lengths[i], group.raw_sizes[i], codec
+            )
+    return found

@@ -15,16 +15,18 @@ class GatewayStoreInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GatewayStoreInfo(_message.Message):
-    __slots__ = ("lease_duration_ms", "renew_after_ms", "store_backend", "blob_backend")
+    __slots__ = ("lease_duration_ms", "renew_after_ms", "store_backend", "blob_backend", "packs")
     LEASE_DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     RENEW_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
     STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     BLOB_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    PACKS_FIELD_NUMBER: _ClassVar[int]
     lease_duration_ms: int
     renew_after_ms: int
     store_backend: str
     blob_backend: str
-    def __init__(self, lease_duration_ms: _Optional[int] = ..., renew_after_ms: _Optional[int] = ..., store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ...) -> None: ...
+    packs: bool
+    def __init__(self, lease_duration_ms: _Optional[int] = ..., renew_after_ms: _Optional[int] = ..., store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., packs: _Optional[bool] = ...) -> None: ...
 
 class GatewayGetRequest(_message.Message):
     __slots__ = ("checkpoint_id",)
@@ -63,14 +65,56 @@ class GatewayWriter(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., owner_token: _Optional[str] = ..., fence: _Optional[int] = ...) -> None: ...
 
 class GatewayAppendRequest(_message.Message):
-    __slots__ = ("document", "expected_head_id", "writer")
+    __slots__ = ("document", "expected_head_id", "writer", "packed_blobs")
     DOCUMENT_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_HEAD_ID_FIELD_NUMBER: _ClassVar[int]
     WRITER_FIELD_NUMBER: _ClassVar[int]
+    PACKED_BLOBS_FIELD_NUMBER: _ClassVar[int]
     document: bytes
     expected_head_id: str
     writer: GatewayWriter
-    def __init__(self, document: _Optional[bytes] = ..., expected_head_id: _Optional[str] = ..., writer: _Optional[_Union[GatewayWriter, _Mapping]] = ...) -> None: ...
+    packed_blobs: _containers.RepeatedCompositeFieldContainer[GatewayPackRows]
+    def __init__(self, document: _Optional[bytes] = ..., expected_head_id: _Optional[str] = ..., writer: _Optional[_Union[GatewayWriter, _Mapping]] = ..., packed_blobs: _Optional[_Iterable[_Union[GatewayPackRows, _Mapping]]] = ...) -> None: ...
+
+class GatewayPackRows(_message.Message):
+    __slots__ = ("pack", "digests", "offsets", "lengths", "raw_sizes", "codecs")
+    PACK_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    LENGTHS_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZES_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
+    pack: str
+    digests: bytes
+    offsets: _containers.RepeatedScalarFieldContainer[int]
+    lengths: _containers.RepeatedScalarFieldContainer[int]
+    raw_sizes: _containers.RepeatedScalarFieldContainer[int]
+    codecs: bytes
+    def __init__(self, pack: _Optional[str] = ..., digests: _Optional[bytes] = ..., offsets: _Optional[_Iterable[int]] = ..., lengths: _Optional[_Iterable[int]] = ..., raw_sizes: _Optional[_Iterable[int]] = ..., codecs: _Optional[bytes] = ...) -> None: ...
+
+class GatewayLocated(_message.Message):
+    __slots__ = ("packs", "unpacked")
+    PACKS_FIELD_NUMBER: _ClassVar[int]
+    UNPACKED_FIELD_NUMBER: _ClassVar[int]
+    packs: _containers.RepeatedCompositeFieldContainer[GatewayPackRows]
+    unpacked: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, packs: _Optional[_Iterable[_Union[GatewayPackRows, _Mapping]]] = ..., unpacked: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GatewayListPackedRequest(_message.Message):
+    __slots__ = ("after", "limit")
+    AFTER_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    after: str
+    limit: int
+    def __init__(self, after: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class GatewayPackFrame(_message.Message):
+    __slots__ = ("offset", "data")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class GatewayAppendResponse(_message.Message):
     __slots__ = ("checkpoint_id",)

@@ -189,6 +189,21 @@ class GatewayStub:
                 request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobKey.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayEmpty.FromString,
                 _registered_method=True)
+        self.LocateBlobs = channel.unary_unary(
+                '/checkpointd.v1.Gateway/LocateBlobs',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayKeys.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.FromString,
+                _registered_method=True)
+        self.ListPackedBlobs = channel.unary_unary(
+                '/checkpointd.v1.Gateway/ListPackedBlobs',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListPackedRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.FromString,
+                _registered_method=True)
+        self.ReadPackFrames = channel.unary_stream(
+                '/checkpointd.v1.Gateway/ReadPackFrames',
+                request_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPackRows.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPackFrame.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -396,6 +411,40 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LocateBlobs(self, request, context):
+        """Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+        tenants' blobs once captures deduplicate across them, so each call answers
+        only for keys the token may read (BlobGet's rule) or pinned through this
+        gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with
+        BlobPut/BlobPutMany like blobs: the gateway checks the whole pack (its
+        BLAKE3 is its key, its trailer reads, every frame decodes to its digest)
+        before storing it, and Append's `packed_blobs` rows must each be an entry of
+        such a pack's trailer.
+
+        LocateBlobs: the index rows of those keys the token may locate (keys
+        known without a row are listed in `unpacked`; others are left out).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPackedBlobs(self, request, context):
+        """ListPackedBlobs: the index in key order (admin tokens only: check, sweep).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadPackFrames(self, request, context):
+        """ReadPackFrames: the stored bytes of exactly the frames named (one pack;
+        each row must be the store's current row of a key the token may read),
+        decoded and checked on the gateway first. Never a neighbour's bytes: there
+        is no presigned pack read (a signed URL would open the whole pack).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -553,6 +602,21 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.BlobDelete,
                     request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobKey.FromString,
                     response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayEmpty.SerializeToString,
+            ),
+            'LocateBlobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.LocateBlobs,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayKeys.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.SerializeToString,
+            ),
+            'ListPackedBlobs': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPackedBlobs,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayListPackedRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.SerializeToString,
+            ),
+            'ReadPackFrames': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadPackFrames,
+                    request_deserializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPackRows.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_gateway__pb2.GatewayPackFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1392,6 +1456,87 @@ class Gateway:
             '/checkpointd.v1.Gateway/BlobDelete',
             checkpointd_dot_v1_dot_gateway__pb2.GatewayBlobKey.SerializeToString,
             checkpointd_dot_v1_dot_gateway__pb2.GatewayEmpty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LocateBlobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/LocateBlobs',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayKeys.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPackedBlobs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/ListPackedBlobs',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayListPackedRequest.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayLocated.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadPackFrames(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/checkpointd.v1.Gateway/ReadPackFrames',
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayPackRows.SerializeToString,
+            checkpointd_dot_v1_dot_gateway__pb2.GatewayPackFrame.FromString,
             options,
             channel_credentials,
             insecure,

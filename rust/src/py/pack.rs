@@ -273,3 +273,40 @@ pub fn read_pack_trailer(
         })
         .collect())
 }
+
+/// Check a whole pack before anything may name it (``crate::pack::verify_pack``:
+/// trailer, every frame decoded and its BLAKE3 compared) and return the 64-hex
+/// BLAKE3 of the pack and its index rows as columns, exactly as
+/// ``PackWriter.finish_with_rows`` gives them: ``(hex, digests, offsets,
+/// lengths, raw_sizes, codecs)``. Raises PackInvalid, PackedBlobInvalid.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+pub fn verify_pack<'py>(
+    py: Python<'py>,
+    data: PyBackedBytes,
+) -> PyResult<(
+    String,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+)> {
+    let (hex, columns) = py
+        .allow_threads(|| -> Result<_, PackError> {
+            let entries = core::verify_pack(&data)?;
+            Ok((
+                blake3::hash(&data).to_hex().to_string(),
+                core::index_columns(&entries),
+            ))
+        })
+        .map_err(pack_to_py)?;
+    Ok((
+        hex,
+        PyBytes::new(py, &columns.digests),
+        PyBytes::new(py, &columns.offsets),
+        PyBytes::new(py, &columns.lengths),
+        PyBytes::new(py, &columns.raw_sizes),
+        PyBytes::new(py, &columns.codecs),
+    ))
+}
