@@ -91,7 +91,7 @@ def bucket(request: Any, tmp_path: Path) -> Any:
     return request.getfixturevalue("s3_server").open(f"gwpacks-{os.urandom(6).hex()}")
 
 
-async def test_sidecars_capture_into_packs_dedup_across_tenants_and_restore(
+async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     backing_store: Any, bucket: Any, keys: Keys, gateway_factory: Any, tmp_path: Path
 ) -> None:
     gateway = await gateway_factory(backing_store, bucket)
@@ -120,18 +120,24 @@ async def test_sidecars_capture_into_packs_dedup_across_tenants_and_restore(
     await restore_checkpoint(restored, store_a, blobs_a, "tenant-a", data_dir=tmp_path / "data-a")
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
-    # Tenant B captures the same contents: it pins them, the gateway locates them
-    # for it (pinned through it), nothing is uploaded, and B restores from A's pack.
+    # Tenant B captures the same contents: a capture asks before it pins, and
+    # the gateway does not reveal A's rows to B, so B packs its own copies; the
+    # newest row wins, and A now reads its blobs from B's pack, frame by frame.
     other = tmp_path / "b"
-    write_tree(other, tree)
+    write_tree(other, {**tree, "b-only.txt": b"only in B's workspace"})
+    expected = snapshot_tree(other)
     second = await capture_checkpoint(
         other, store_b, blobs_b, "tenant-b", data_dir=tmp_path / "data-b"
     )
-    assert second.stats.blobs_uploaded == 0
-    assert await _packs(bucket) == packs
+    # Each small blob again (the large single object is there: BlobMissing).
+    assert second.stats.blobs_uploaded == len(contents)
+    assert len(await _packs(bucket)) == 2
     shutil.rmtree(other)
     await restore_checkpoint(other, store_b, blobs_b, "tenant-b", data_dir=tmp_path / "data-b")
-    assert snapshot_tree(other) == snapshot_tree(workspace)
+    assert snapshot_tree(other) == expected
+    shutil.rmtree(restored)
+    await restore_checkpoint(restored, store_a, blobs_a, "tenant-a", data_dir=tmp_path / "data-a")
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
     # Reads by key (ReadFile, ReadArtifact) go through the frames too.
     from checkpointd.blobs.packs import packed_blobs
 
@@ -244,11 +250,11 @@ async def test_a_token_cannot_locate_read_or_name_another_tenants_frames(
         code, reason, _ = await _refused(lambda: stub.ReadPackFrames(message, metadata=metadata))
         assert (code, reason) == (grpc.StatusCode.DATA_LOSS, "SANDBOX_SNAPSHOT_MISSING_BLOB")
 
-        # Append: a row naming B's frame for B's key, which A never pinned, is
-        # refused (the key's BLAKE3 is the capability: a token that pins it may
-        # name its real frame, as it may reference the key); a row of A's key
-        # at a frame B's pack does not hold for it is refused, pinned or not.
-        # Nothing is appended, no row changes.
+        # Append: a row naming B's frame in B's pack, which A never pinned, is
+        # refused (a token that pins B's pack, knowing its name, may name its
+        # real frames, as it may reference a key it knows); a row of A's key at
+        # a frame B's pack does not hold for it, or B's key at another offset,
+        # is refused, pinned or not. Nothing is appended, no row changes.
         stolen = _checkpoint("a2", "tenant-a", mine, secret, parent="a1")
         request = gpb.GatewayAppendRequest(
             document=encode_checkpoint(stolen),
@@ -258,7 +264,7 @@ async def test_a_token_cannot_locate_read_or_name_another_tenants_frames(
         )
         code, reason, details = await _refused(lambda: stub.Append(request, metadata=metadata))
         assert reason == "SANDBOX_SNAPSHOT_INVALID_ENTRY", details
-        assert details["unpinned"] == secret_row.key and details["pack"] == pack
+        assert details["unpinned"] == pack and details["pack"] == pack
         with pytest.raises(SandboxCheckpointError) as caught:
             await remote.append(
                 _checkpoint("a2", "tenant-a", mine, parent="a1"), "a1", lease, packed_blobs=[lying]
@@ -329,10 +335,11 @@ async def test_rows_of_a_pack_stored_through_another_gateway_are_checked_in_the_
     remote_2, _ = await _sidecar(second.address, token)
     datas = [b"file %d of the capture\n" % n * 10 for n in range(20)]
     lease = await remote_1.acquire_writer("tenant-a")
-    assert await remote_1.pin_blobs([_key(d) for d in datas], lease) == []
     writer = _native.PackWriter()
     writer.extend([(_key(d)[-64:], d) for d in datas])
     hex_digest, pack, digests, offsets, lengths, raw_sizes, codecs = writer.finish_with_rows()
+    # As a capture does: the pack pinned, then uploaded (through the first gateway).
+    assert await remote_1.pin_blobs([PACK_KEY_PREFIX + hex_digest], lease) == []
     assert await blobs_1.put_many([(PACK_KEY_PREFIX + hex_digest, pack)]) == [True]
     from checkpointd.gateway.packs import u32s
 
@@ -354,7 +361,7 @@ async def test_rows_of_a_pack_stored_through_another_gateway_are_checked_in_the_
         PACK_KEY_PREFIX + hex_digest
     }
     assert len(located) == len(datas)
-    # Rows naming a pack that is not in the bucket are refused (keys pinned).
+    # Rows naming a pack that is not in the bucket are refused (even pinned).
     missing = PackedBlob(_key(datas[0]), PACK_KEY_PREFIX + "0" * 64, 8, 10, 10, 0)
     with pytest.raises(SandboxCheckpointError) as caught:
         await remote_2.append(

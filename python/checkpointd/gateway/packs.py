@@ -13,22 +13,25 @@ at a pack that is not there, or at a pack a sweep is deleting. The rules:
   or by the operator's own sweep and migrate) holds exactly what its trailer
   says. The gateway remembers each pack it stored (``VerifiedPacks``) with the
   time it was durable.
-* **Rows** (``Append``'s ``packed_blobs``): every row's key must have been
-  pinned through this gateway by the appending writer (``Pins``: a capture pins
-  every key before it uploads it), every row must be an entry of its pack's
-  trailer (``rows_problem``), and the pack must stay until the append commits.
-  A sweep deletes a pack only once every key it holds is condemned, and a live
-  pin refuses a condemnation; the append checks the writer's fence, so its
-  pins are still live, and a pack that existed after one of them was taken is
-  there at commit. Fast path: the gateway stored the pack after the writer
-  pinned a key of it. Else (another gateway took the upload) it reads the
-  pack's trailer from the bucket, which proves both the rows and that the pack
-  is there after the pins. A writer whose pins another gateway took is refused
-  with ``details.unpinned``: the remote store pins the rows' keys again through
-  this gateway and repeats the append once (nothing was written).
+* **Rows** (``Append``'s ``packed_blobs``): the pack's own key must have
+  been pinned through this gateway by the appending writer (``Pins``: a
+  capture pins each pack before it uploads it, ``blobs/packs.py`` "Safety"),
+  every row must be an entry of its pack's trailer (``rows_problem``), and the
+  pack must stay until the append commits. A sweep deletes a pack only once
+  its key (and every key in it) is condemned, and a live pin refuses a
+  condemnation; the append checks the writer's fence, so its pins are still
+  live, and a pack that existed after its pin was taken is there at commit.
+  Fast path: the gateway stored the pack after the writer pinned it. Else
+  (another gateway took the upload) it reads the pack's trailer from the
+  bucket, which proves both the rows and that the pack is there after the pin.
+  A writer whose pin another gateway took is refused with ``details.unpinned``:
+  the remote store pins the rows' packs again through this gateway and repeats
+  the append once (nothing was written).
 * **Locating** (``LocateBlobs``): only keys the token may read (BlobGet's
   rule) or that it pinned through this gateway; the others are left out, so a
-  capture uploads them again (safe, a duplicate a repack reclaims).
+  capture packs its own copy (a capture asks before it pins: another tenant's
+  copy of the same bytes is not revealed, the newest row wins and a repack
+  reclaims the older frame).
 * **Reading** (``ReadPackFrames``): only frames of keys the token may read,
   each the store's current row of its key, decoded and checked here before
   its stored bytes are sent; never the bytes between or around them.

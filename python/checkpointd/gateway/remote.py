@@ -61,6 +61,7 @@ from ..store._options import (
     condemnable_keys,
     lease_holder,
 )
+from ..store._packindex import PackedRows
 from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, PackedBlob, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
@@ -374,10 +375,11 @@ class RemoteCheckpointStore:
         except SandboxCheckpointError as error:
             if not packed_blobs or "unpinned" not in error.details:
                 raise
-            # This gateway did not see our pins (another took them): it refused
-            # before writing anything. Pin the rows' keys through it, once more.
-            keys = list(dict.fromkeys(row.key for row in packed_blobs))
-            if await self.pin_blobs(keys, writer):
+            # This gateway did not see our pack pins (another took them): it
+            # refused before writing anything. Pin the packs through it, once more.
+            groups = packed_blobs.groups if isinstance(packed_blobs, PackedRows) else packed_blobs
+            packs = list(dict.fromkeys(group.pack for group in groups))
+            if await self.pin_blobs(packs, writer):
                 raise
             reply = await self._connection.call("Append", request, repeatable=False)
         return str(reply.checkpoint_id)

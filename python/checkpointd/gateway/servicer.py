@@ -66,7 +66,7 @@ from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLeas
 from ..service import status
 from ..service.auth import AUTHORIZATION
 from ..service.servicer import SPENT_REQUEST_PREFIX
-from ..store._packindex import PACK_KEY_PREFIX, PackColumns, PackedRows, artifact_twin, file_key
+from ..store._packindex import PACK_KEY_PREFIX, PackColumns, PackedRows, artifact_twin
 from ..store.base import (
     BlobCount,
     CheckpointStore,
@@ -914,10 +914,10 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     async def _trusted_rows(
         self, messages: Iterable[gpb.GatewayPackRows], writer: Any
     ) -> PackedRows:
-        """An append's rows: each of a key this writer pinned through this
-        gateway, each an entry of its pack's trailer, in packs that stay until
-        the append commits (``gateway/packs.py``); INVALID_ENTRY naming the pack
-        otherwise (with ``unpinned`` naming a key not pinned here)."""
+        """An append's rows: in packs this writer pinned through this gateway,
+        each an entry of its pack's trailer, in packs that stay until the
+        append commits (``gateway/packs.py``); INVALID_ENTRY naming the pack
+        otherwise (with ``unpinned`` when its pin was not taken here)."""
         if not isinstance(self.store, PackIndex):
             raise SandboxCheckpointInvalidArgumentError(
                 f"{type(self.store).__name__} keeps no pack index: append without pack rows"
@@ -928,16 +928,15 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             sent = wire.columns_from_proto(message)
             if not len(sent):
                 continue
-            keys = (file_key(sent.digests[32 * i : 32 * i + 32]) for i in range(len(sent)))
-            unpinned, first_pin = self._pins.first_unpinned(keys, me)
+            unpinned, pinned_at = self._pins.first_unpinned([sent.pack], me)
             if unpinned is not None:
                 raise pack_rules.refuse_rows(
                     sent.pack,
-                    f"its blob {unpinned} was not pinned by this writer through this gateway",
+                    "the pack was not pinned by this writer through this gateway",
                     unpinned=unpinned,
                 )
             known = self._packs.get(sent.pack)
-            if known is None or known.seen_at < first_pin:
+            if known is None or known.seen_at < pinned_at:
                 known = await self._pack_in_bucket(sent.pack)
             problem = pack_rules.rows_problem(sent, known.columns)
             if problem is not None:
@@ -947,7 +946,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
     async def _pack_in_bucket(self, pack: str) -> pack_rules.VerifiedPack:
         """The pack's trailer, read from the bucket now (after the writer's
-        pins, so the pack stays): every pack in the bucket was checked whole
+        pin of it, so the pack stays): every pack in the bucket was checked whole
         when it was stored, so its trailer says where its frames are."""
         seen_at = time.monotonic()
         info = await self.blobs.head(pack)
