@@ -203,6 +203,19 @@ class VerifyingReader:
     ) -> VerifyingReader:
         """Raises FileChangedError (gone, a symlink in any component, not a
         regular file, not ``size`` bytes), OSError."""
+    @staticmethod
+    def open_unhashed(root_fd: int, path: str, secrets: Sequence[bytes] = ()) -> VerifyingReader:
+        """A reader of the file as it is now (for one that changed after the
+        scan): its bytes are zeroed and hashed on the way and the digest is
+        learned (``learned``), not checked; the fstat taken now must hold from
+        the first read to past the last, at exactly its size (else
+        FileChangedError, never a last chunk). ``digest_hex`` is meaningless.
+        Raises FileChangedError (gone, a symlink in any component, not a
+        regular file), OSError."""
+    def learned(self) -> tuple[str, list[tuple[int, int, int]], int, int] | None:
+        """Once every byte came out and passed the checks at the end: (64-hex
+        digest of the zeroed bytes, secret spans, st_mode, mtime_ns of the fstat
+        they were read under); None before."""
     def read_chunk(self) -> bytes | None: ...
     def read_all(self, cancel: CancelToken | None = None) -> bytes: ...
     def stop(self) -> None:
@@ -219,11 +232,13 @@ def rehash_beneath(
     secrets: Sequence[bytes] = (),
     cancel: CancelToken | None = None,
     keep_small: bool = False,
+    unread_above: int | None = None,
 ) -> tuple[str, int, list[tuple[int, int, int]], int, int, tuple[bytes, Stamp] | None] | None:
     """Hash ``path`` again, opened beneath ``root_fd`` (no symlink in any
     component; fstat equal before and after the read): (64-hex digest, size,
     secret spans, st_mode, mtime_ns, kept); the digest is "" when it is no
-    longer a regular file; None when it is gone. ``kept`` is (the zeroed bytes
+    longer a regular file, and for a regular file larger than ``unread_above``
+    (not read then); None when it is gone. ``kept`` is (the zeroed bytes
     hashed, the fstat they were read under) when ``keep_small`` and the file is
     under 1 MiB (read whole in that same pass), else None. Raises
     FileChangedError when it kept changing, OSError (ELOOP: now a symlink)."""
@@ -260,6 +275,19 @@ class BlobDir:
         unnamed file, ``fdatasync``ed, then linked, then the directory synced:
         durable and complete when it returns True). Raises FileChangedError
         (the file is not what was scanned: nothing stored), ScanCancelled, OSError."""
+    def put_learned(
+        self,
+        beside: str,
+        reader: VerifyingReader,
+        cancel: CancelToken | None = None,
+        unless_beside: bool = False,
+    ) -> tuple[str, bool]:
+        """Stream an unhashed reader's bytes (``VerifyingReader.open_unhashed``)
+        into the directory of the key ``beside``, named by the digest they had
+        once all are written: (that key, whether written; False when it
+        existed). With ``unless_beside``, when the blob ``beside`` exists
+        nothing is read: ``(beside, False)``. Durable on return, as
+        ``put_verified``; raises as it."""
 
 # Packs (rust/src/pack.rs; the format is in blobs/packs.py): small blobs
 # compressed one by one into one object. Digests are 64-hex strings.

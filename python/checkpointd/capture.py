@@ -37,9 +37,12 @@ Read top to bottom, ``capture_checkpoint`` does:
    they have the manifest's hash, else kept for the next round under the new
    hash and sent then without another read while the file's fstat is still the
    one they were read under. So a changed small file is read once after the
-   scan, not once to hash it again and once more to upload it; a large one is
-   hashed, then streamed (its key must be known before its first byte goes up,
-   and it is never held in memory). Small files go in
+   scan, not once to hash it again and once more to upload it. A large one is
+   never held in memory: it streams as it is now through a reader that hashes
+   on the way into a store that names the blob once its bytes are in (the
+   local directory links its unnamed file under the digest), so it too is read
+   once more; a store that names objects before their first byte (S3) gets it
+   hashed, then streamed (twice more). Small files go in
    batches (``put_many``); every ``put`` is durable on return (see
    ``blobs/object_store.py``), and every upload has finished before step 6;
 6. append with ``expected_head_id`` = the head read in step 1, then release the
@@ -57,7 +60,7 @@ import stat
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import blake3
 
@@ -171,6 +174,10 @@ class _FileChanged(Exception):
     """The file's bytes no longer match what the scan hashed."""
 
 
+class _NowLarge(Exception):
+    """A file the scan found small is large now (not read: it is streamed)."""
+
+
 @dataclass
 class _Uploads:
     blobs: int = 0
@@ -184,6 +191,7 @@ class _BatchOutcome:
     items: list[tuple[str, bytes]] = field(default_factory=list)  # (key, verified bytes)
     replaced: list[tuple[str, FileEntry | None]] = field(default_factory=list)
     kept: list[tuple[str, _Kept]] = field(default_factory=list)  # path -> its new bytes
+    grown: list[FileEntry] = field(default_factory=list)  # large now: not read
 
 
 @dataclass(frozen=True, slots=True)
@@ -1030,6 +1038,9 @@ class _Uploader:
                 changed.append(fresh)
         for path, bytes_now in outcome.kept:
             self._keep(path, bytes_now)
+        for entry in outcome.grown:
+            # (Large now, and the group's key is a small file's: never "same".)
+            await self._after_change(entry, changed, replaced)
 
     def _keep(self, path: str, kept: _Kept) -> None:
         if self.kept_bytes + len(kept.data) <= KEPT_BYTES:
@@ -1062,9 +1073,18 @@ class _Uploader:
                 ):
                     data = held.data
                 else:
-                    fresh, now = _rehash_in(
-                        self.root_fd, entry, self.secrets, self.token, keep_small=True
-                    )
+                    try:
+                        fresh, now = _rehash_in(
+                            self.root_fd,
+                            entry,
+                            self.secrets,
+                            self.token,
+                            keep_small=True,
+                            unread_above=SMALL_FILE_BYTES,
+                        )
+                    except _NowLarge:
+                        outcome.grown.append(entry)  # streamed as it is, in one read
+                        continue
                     if fresh is None or fresh.blob_key != entry.blob_key:
                         outcome.replaced.append((entry.path, fresh))
                         if now is not None:
@@ -1089,7 +1109,8 @@ class _Uploader:
         replaced: dict[str, FileEntry | None],
     ) -> None:
         """Upload the group's blob from the first of its files that still holds
-        those bytes; the others that changed get new entries for the next round."""
+        those bytes; the others that changed get new entries (uploaded with
+        them, where the store names a blob after its bytes, else next round)."""
         for entry in group:
             self._check_running()
             try:
@@ -1097,18 +1118,22 @@ class _Uploader:
                     # The scan's own fd already showed it changed.
                     self.fed_changed.discard(entry.path)
                     raise _FileChanged(entry.path)
-                written = await self._upload(entry)
+                if entry.size > SMALL_FILE_BYTES:
+                    # Read once, whatever it holds now (not verified first).
+                    found = await self._upload_as_it_is(entry, changed, replaced, first=True)
+                    if found == "unable":
+                        written = await self._upload(entry)
+                    elif found == "same":
+                        self.reporter.advance(files=1)
+                        return
+                    else:
+                        continue
+                else:
+                    written = await self._upload(entry)
             except _FileChanged:
-                # Hashed again; next round a small file's kept bytes go up as
-                # they are, a large one streams through a new verifying reader
-                # (an upload needs its key before its first byte, and a large
-                # file is never held in memory).
-                fresh, now = await self._rehash(entry)
-                replaced[entry.path] = fresh
-                if fresh is not None:
-                    changed.append(fresh)
-                if now is not None:
-                    self._keep(entry.path, now)
+                if await self._after_change(entry, changed, replaced) == "same":
+                    self.reporter.advance(files=1)
+                    return
                 continue
             if written:
                 self.uploads.blobs += 1
@@ -1116,6 +1141,105 @@ class _Uploader:
             self.reporter.advance(files=1)
             return
         # Every file with these bytes changed: nothing references the key any more.
+
+    async def _after_change(
+        self,
+        entry: FileEntry,
+        changed: list[FileEntry],
+        replaced: dict[str, FileEntry | None],
+    ) -> Literal["same", "other"]:
+        """A file no longer what the scan saw, read once more: a large one is
+        uploaded as it is now (``_upload_as_it_is``; "same" when it holds the
+        manifest's bytes after all) where the store allows; otherwise it is
+        hashed again, and next round a small file's kept bytes go up as they
+        are, a large one streams through a new verifying reader (a large file
+        is never held in memory)."""
+        found = await self._upload_as_it_is(entry, changed, replaced)
+        if found != "unable":
+            return found
+        fresh, now = await self._rehash(entry)
+        replaced[entry.path] = fresh
+        if fresh is not None:
+            changed.append(fresh)
+        if now is not None:
+            self._keep(entry.path, now)
+        return "other"
+
+    async def _upload_as_it_is(
+        self,
+        entry: FileEntry,
+        changed: list[FileEntry],
+        replaced: dict[str, FileEntry | None],
+        *,
+        first: bool = False,
+    ) -> Literal["same", "other", "unable"]:
+        """Upload a large file as it is now, in the one read that hashes it
+        (``blob_batches.put_learned``: the store names the blob once its bytes
+        are in): "same" when it holds the entry's bytes (uploaded, or there);
+        "other" when it holds other bytes, uploaded under their key with the new
+        entry in ``replaced``, or when it changed during the read (the entry
+        is back in ``changed`` for the next round; FILE_CHANGED after the
+        last). "unable", with nothing read, when the store cannot name a blob
+        after its bytes or the file is gone, not a regular file or small now
+        (the caller verifies or hashes it instead). ``first``: not known to have
+        changed, so when the entry's blob is there already, nothing is read
+        ("same"), as a put of that key would."""
+        async with self.large_slots:
+            try:
+                reader = await self._in_thread(
+                    lambda _stop: _native.VerifyingReader.open_unhashed(
+                        self.root_fd, entry.path, self.secrets
+                    )
+                )
+            except _native.FileChangedError:
+                return "unable"
+            try:
+                if reader.size <= SMALL_FILE_BYTES:
+                    return "unable"  # one read whose bytes are kept (_rehash)
+                try:
+                    put = await blob_batches.put_learned(
+                        self.blobs,
+                        entry.blob_key,
+                        VerifiedFile(
+                            reader,
+                            cancel=self.token,
+                            on_bytes=lambda n: self.reporter.advance(nbytes=n),
+                        ),
+                        unless_beside=first,
+                    )
+                except _native.FileChangedError:
+                    changed.append(entry)  # changing while read: another round
+                    return "other"
+                learned = reader.learned() if put is not None else None
+            finally:
+                await asyncio.to_thread(reader.close)
+        if put is None:
+            return "unable"
+        key, written = put
+        if learned is None:  # ``first``, and the blob is there: nothing read
+            return "same"
+        _hex, spans, mode, mtime_ns = learned
+        fresh = FileEntry(
+            entry.path,
+            key,
+            reader.size,
+            stat.S_IMODE(mode) & 0o777,
+            mtime_ns,
+            tuple(SecretSpan(*span) for span in spans),
+        )
+        # Named after the put: pinned now (the entry's own key is pinned
+        # already), and present once the pin holds; a sweep that condemned
+        # the key before may have deleted the blob: uploaded again next round.
+        if key != entry.blob_key:
+            replaced[entry.path] = fresh
+            await self._pin([key])
+        if await self.blobs.head(key) is None:
+            changed.append(fresh if key != entry.blob_key else entry)
+            return "other"
+        if written:
+            self.uploads.blobs += 1
+            self.uploads.bytes += fresh.size
+        return "same" if key == entry.blob_key else "other"
 
     async def _rehash(self, entry: FileEntry) -> tuple[FileEntry | None, _Kept | None]:
         """``_rehash_in`` (bytes kept when small) in a worker thread."""
@@ -1179,6 +1303,7 @@ def _rehash_in(
     token: _native.CancelToken,
     *,
     keep_small: bool = False,
+    unread_above: int | None = None,
 ) -> tuple[FileEntry | None, _Kept | None]:
     """The file's entry as it is now (None when it is gone) and, with
     ``keep_small``, the zeroed bytes that pass hashed when the file is under
@@ -1186,9 +1311,12 @@ def _rehash_in(
     call it in a worker thread). Opened beneath the held root fd like every upload
     read. Raises SandboxSnapshotError(FILE_CHANGED) when the file can no longer
     be read (a symlink now, unreadable, changing on every read) or stopped being
-    a regular file."""
+    a regular file. With ``unread_above``, a file larger than that is not read:
+    _NowLarge."""
     try:
-        found = _native.rehash_beneath(root_fd, entry.path, secrets, token, keep_small)
+        found = _native.rehash_beneath(
+            root_fd, entry.path, secrets, token, keep_small, unread_above
+        )
     except _native.ScanCancelled:
         raise
     except OSError as error:
@@ -1200,6 +1328,8 @@ def _rehash_in(
     if found is None:
         return None, None
     hex_hash, size, spans, mode, mtime_ns, kept = found
+    if not hex_hash and stat.S_ISREG(mode):
+        raise _NowLarge(entry.path)
     if not stat.S_ISREG(mode):
         raise SandboxSnapshotError(
             FILE_CHANGED,

@@ -318,24 +318,82 @@ impl BlobDir {
         reader: &mut VerifyingReader,
         cancel: &Cancel,
     ) -> Result<bool, PutFileError> {
-        let blob = |e| PutFileError::Blob(self.error(key, "put", e));
         let (dir, name) = split_key(key);
-        let dir_fd = self.open_dir(dir, true).map_err(blob)?;
-        let final_name = cstr(name).map_err(blob)?;
-        // SAFETY: zeroed stat is a valid out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: valid fd, C string and out-pointer.
-        let r = unsafe {
-            libc::fstatat(
-                dir_fd.as_raw_fd(),
-                final_name.as_ptr(),
-                &mut st,
-                libc::AT_SYMLINK_NOFOLLOW,
-            )
+        let final_name = cstr(name).map_err(|e| PutFileError::Blob(self.error(key, "put", e)))?;
+        let written = self.put_file(
+            key,
+            dir,
+            Some(&final_name),
+            Some(&final_name),
+            reader,
+            cancel,
+        )?;
+        Ok(written.unwrap_or(false))
+    }
+
+    /// As `put_verified` for a reader that learns its digest
+    /// ([`VerifyingReader::open_unhashed`]): the blob goes in the directory of
+    /// `beside` (a key of the same kind), named by the digest the bytes had,
+    /// which is known only once they are all written: the file is read once.
+    /// Returns that key and whether it was written (false: it existed).
+    /// `unless_beside`: when the blob `beside` exists, nothing is read and
+    /// `(beside, false)` comes back (the caller trusts the file holds its bytes).
+    pub fn put_learned(
+        &self,
+        beside: &str,
+        unless_beside: bool,
+        reader: &mut VerifyingReader,
+        cancel: &Cancel,
+    ) -> Result<(String, bool), PutFileError> {
+        let (dir, name) = split_key(beside);
+        let beside_name =
+            cstr(name).map_err(|e| PutFileError::Blob(self.error(beside, "put", e)))?;
+        let present = unless_beside.then_some(&beside_name);
+        let Some(written) = self.put_file(beside, dir, present, None, reader, cancel)? else {
+            return Ok((beside.to_string(), false));
         };
-        if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG {
-            return Ok(false); // content-addressed: already these bytes
+        let name = crate::hash::to_hex(&reader.digest);
+        let key = if dir.is_empty() {
+            name
+        } else {
+            format!("{dir}/{name}")
+        };
+        Ok((key, written))
+    }
+
+    /// The body of `put_verified` and `put_learned`: None, with nothing read,
+    /// when the blob `unless` exists; else whether the blob was written,
+    /// named `final_name` or, when None, by the reader's digest once the copy
+    /// is done (staging, where unnamed files are refused, is named after `key`).
+    fn put_file(
+        &self,
+        key: &str,
+        dir: &str,
+        unless: Option<&CString>,
+        final_name: Option<&CString>,
+        reader: &mut VerifyingReader,
+        cancel: &Cancel,
+    ) -> Result<Option<bool>, PutFileError> {
+        let blob = |e| PutFileError::Blob(self.error(key, "put", e));
+        let (_, staging_stem) = split_key(key);
+        let dir_fd = self.open_dir(dir, true).map_err(blob)?;
+        if let Some(existing) = unless {
+            // SAFETY: zeroed stat is a valid out-parameter.
+            let mut st: libc::stat = unsafe { std::mem::zeroed() };
+            // SAFETY: valid fd, C string and out-pointer.
+            let r = unsafe {
+                libc::fstatat(
+                    dir_fd.as_raw_fd(),
+                    existing.as_ptr(),
+                    &mut st,
+                    libc::AT_SYMLINK_NOFOLLOW,
+                )
+            };
+            if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG {
+                return Ok(None); // content-addressed: already these bytes
+            }
         }
+        let learned = std::cell::Cell::new(None::<[u8; 32]>);
         let mut failure: Option<ReadError> = None;
         let mut fill = |fd: RawFd| -> io::Result<()> {
             reader
@@ -344,9 +402,18 @@ impl BlobDir {
                     failure = Some(e);
                     io::Error::from_raw_os_error(libc::ECANCELED)
                 })??;
+            learned.set(Some(reader.digest));
             // SAFETY: a valid fd.
             check(unsafe { libc::fdatasync(fd) })?;
             Ok(())
+        };
+        // The blob's name, once `fill` has run (the reader's digest, unless given).
+        let name_now = || -> io::Result<CString> {
+            match (final_name, learned.get()) {
+                (Some(name), _) => Ok(name.clone()),
+                (None, Some(digest)) => cstr(&crate::hash::to_hex(&digest)),
+                (None, None) => Err(io::Error::from_raw_os_error(libc::ECANCELED)),
+            }
         };
         let mut staged = true;
         let mut result = Ok(false);
@@ -355,7 +422,7 @@ impl BlobDir {
                 Ok(file) => {
                     staged = false;
                     result = fill(file.as_raw_fd())
-                        .and_then(|()| link_unnamed(&file, dir_fd.as_raw_fd(), &final_name));
+                        .and_then(|()| link_unnamed(&file, dir_fd.as_raw_fd(), &name_now()?));
                 }
                 Err(e) if tmpfile_unsupported(&e) => {
                     self.use_tmpfile.store(false, Ordering::Relaxed)
@@ -364,7 +431,7 @@ impl BlobDir {
             }
         }
         if staged {
-            result = self.put_staged_with(dir_fd.as_raw_fd(), name, &final_name, &mut fill);
+            result = self.put_staged_with(dir_fd.as_raw_fd(), staging_stem, &name_now, &mut fill);
         }
         if let Some(read_error) = failure {
             return Err(PutFileError::Read(read_error));
@@ -374,7 +441,7 @@ impl BlobDir {
             // SAFETY: a valid fd.
             check(unsafe { libc::fsync(dir_fd.as_raw_fd()) }).map_err(blob)?;
         }
-        Ok(written)
+        Ok(Some(written))
     }
 
     fn put_staged(
@@ -384,14 +451,17 @@ impl BlobDir {
         final_name: &CString,
         data: &[u8],
     ) -> io::Result<bool> {
-        self.put_staged_with(dir_fd, name, final_name, &mut |fd| write_all(fd, data))
+        let final_name = || Ok(final_name.clone());
+        self.put_staged_with(dir_fd, name, &final_name, &mut |fd| write_all(fd, data))
     }
 
+    /// Fill a staging file `<name>#<digits>`, then hard-link it as
+    /// `final_name()` (asked after the fill) and remove it.
     fn put_staged_with(
         &self,
         dir_fd: RawFd,
         name: &str,
-        final_name: &CString,
+        final_name: &dyn Fn() -> io::Result<CString>,
         fill: &mut dyn FnMut(RawFd) -> io::Result<()>,
     ) -> io::Result<bool> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -425,6 +495,7 @@ impl BlobDir {
         };
         let result = (|| {
             fill(fd.as_raw_fd())?;
+            let final_name = final_name()?;
             // SAFETY: valid fds and C strings.
             let r =
                 unsafe { libc::linkat(dir_fd, staging.as_ptr(), dir_fd, final_name.as_ptr(), 0) };
@@ -500,5 +571,47 @@ mod tests {
         // Nothing but the blob is left in its directory.
         let names: Vec<_> = std::fs::read_dir(tmp.path().join("a/b")).unwrap().collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn a_learned_put_names_the_blob_by_the_bytes_it_streamed() {
+        use crate::redact::SecretSet;
+        let tmp = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let data = vec![3u8; (3 << 20) + 11];
+        std::fs::write(work.path().join("f"), &data).unwrap();
+        let root = std::fs::File::open(work.path()).unwrap();
+        let dir = BlobDir::open(tmp.path()).unwrap();
+        let hex = crate::hash::to_hex(blake3::hash(&data).as_bytes());
+        for fallback in [false, true] {
+            // Unnamed files, then (as where O_TMPFILE is refused) named staging.
+            dir.use_tmpfile.store(!fallback, Ordering::Relaxed);
+            let _ = std::fs::remove_file(tmp.path().join("k").join(&hex));
+            let mut reader =
+                VerifyingReader::open_unhashed(root.as_raw_fd(), "f", SecretSet::empty()).unwrap();
+            let (key, written) = dir
+                .put_learned("k/old", true, &mut reader, &Cancel::new())
+                .unwrap();
+            assert_eq!((key.as_str(), written), (format!("k/{hex}").as_str(), true));
+            assert_eq!(std::fs::read(tmp.path().join(&key)).unwrap(), data);
+            let mut again =
+                VerifyingReader::open_unhashed(root.as_raw_fd(), "f", SecretSet::empty()).unwrap();
+            let (_, written) = dir
+                .put_learned("k/old", false, &mut again, &Cancel::new())
+                .unwrap();
+            assert!(!written, "there already");
+            let names: Vec<_> = std::fs::read_dir(tmp.path().join("k")).unwrap().collect();
+            assert_eq!(names.len(), 1, "no staging file left");
+        }
+        // The blob `beside` names is there: trusted, nothing read.
+        let beside = format!("k/{hex}");
+        let mut unread =
+            VerifyingReader::open_unhashed(root.as_raw_fd(), "f", SecretSet::empty()).unwrap();
+        let found = dir
+            .put_learned(&beside, true, &mut unread, &Cancel::new())
+            .unwrap();
+        assert_eq!(found, (beside, false));
+        assert_eq!(unread.progress.load(Ordering::Relaxed), 0);
+        assert!(!unread.complete);
     }
 }

@@ -137,9 +137,17 @@ impl Read for PreadAt {
 pub struct VerifyingReader {
     file: Arc<File>,
     pub path: String,
+    /// The digest the bytes must have or, for a reader opened by
+    /// [`VerifyingReader::open_unhashed`], the one they had (once `complete`).
     pub digest: [u8; 32],
     pub size: u64,
     stat: Stat,
+    /// The digest is learned from the bytes, not checked against them.
+    learning: bool,
+    /// Every byte came out and every check at the end passed.
+    pub complete: bool,
+    /// Where secrets were zeroed, taken from the stream once `complete`.
+    found: Option<Vec<SecretMatch>>,
     stream: ZeroingStream<PreadAt>,
     hasher: blake3::Hasher,
     emitted: u64,
@@ -174,18 +182,34 @@ impl VerifyingReader {
         )
     }
 
-    /// Open `rel` beneath `root_fd` (no symlink in any component) to upload
-    /// the bytes the manifest records as `digest` and `size`: for a file whose
-    /// hash the stat cache vouched for, or one hashed again. The fstat taken
-    /// now must hold until the end. Changed when the file is gone, a symlink,
-    /// not a regular file, or not `size` bytes.
-    pub fn open(
+    /// Open `rel` beneath `root_fd` (no symlink in any component) to stream
+    /// it as it is now, for a file that changed after the scan: the bytes are
+    /// hashed on the way and the digest is learned, not checked, so the file is
+    /// read once to hash and upload it (the store names the blob when it has
+    /// the digest). The fstat taken now must hold from the first read to past
+    /// the last, at exactly its size: otherwise `Changed`, never a last chunk.
+    /// Changed also when the file is gone, a symlink or not a regular file.
+    pub fn open_unhashed(
         root_fd: RawFd,
         rel: &str,
-        digest: [u8; 32],
-        size: u64,
         secrets: SecretSet,
     ) -> Result<VerifyingReader, ReadError> {
+        let (file, stat) = Self::open_regular(root_fd, rel)?;
+        let mut reader = Self::new(
+            Arc::new(file),
+            rel.to_string(),
+            [0; 32],
+            stat,
+            secrets,
+            None,
+        );
+        reader.learning = true;
+        Ok(reader)
+    }
+
+    /// The regular file at `rel` beneath `root_fd` and its fstat; Changed when
+    /// it is gone, a symlink (in any component) or not a regular file.
+    fn open_regular(root_fd: RawFd, rel: &str) -> Result<(File, Stat), ReadError> {
         let fd = match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
             Ok(fd) => fd,
             Err(e)
@@ -203,7 +227,39 @@ impl VerifyingReader {
         };
         let file = File::from(fd);
         let stat = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
-        if !stat.is_file() || stat.size != size {
+        if !stat.is_file() {
+            return Err(ReadError::Changed);
+        }
+        Ok((file, stat))
+    }
+
+    /// The fstat the bytes are read under.
+    pub fn stat(&self) -> &Stat {
+        &self.stat
+    }
+
+    /// Where secrets were zeroed in the bytes (offset order), once `complete`.
+    pub fn secret_matches(&mut self) -> &[SecretMatch] {
+        if self.complete && self.found.is_none() {
+            self.found = Some(self.stream.matches());
+        }
+        self.found.as_deref().unwrap_or_default()
+    }
+
+    /// Open `rel` beneath `root_fd` (no symlink in any component) to upload
+    /// the bytes the manifest records as `digest` and `size`: for a file whose
+    /// hash the stat cache vouched for, or one hashed again. The fstat taken
+    /// now must hold until the end. Changed when the file is gone, a symlink,
+    /// not a regular file, or not `size` bytes.
+    pub fn open(
+        root_fd: RawFd,
+        rel: &str,
+        digest: [u8; 32],
+        size: u64,
+        secrets: SecretSet,
+    ) -> Result<VerifyingReader, ReadError> {
+        let (file, stat) = Self::open_regular(root_fd, rel)?;
+        if stat.size != size {
             return Err(ReadError::Changed);
         }
         Ok(Self::new(
@@ -238,6 +294,9 @@ impl VerifyingReader {
             digest,
             size: stat.size,
             stat,
+            learning: false,
+            complete: false,
+            found: None,
             stream,
             hasher: blake3::Hasher::new(),
             emitted: 0,
@@ -273,11 +332,16 @@ impl VerifyingReader {
             &mut self.emitted,
             &self.file,
             &self.stat,
-            &self.digest,
+            &mut self.digest,
+            self.learning,
         );
         match result {
             Ok(Some(_)) if self.emitted < self.size => {}
-            _ => self.finished = true,
+            Ok(_) => {
+                self.finished = true;
+                self.complete = true;
+            }
+            Err(_) => self.finished = true,
         }
         if result.is_ok() {
             self.progress.store(self.emitted, Ordering::Relaxed);
@@ -291,7 +355,8 @@ impl VerifyingReader {
         emitted: &mut u64,
         file: &File,
         stat: &Stat,
-        digest: &[u8; 32],
+        digest: &mut [u8; 32],
+        learning: bool,
     ) -> Result<Option<&'a [u8]>, ReadError> {
         let size = stat.size;
         let chunk = stream.next_chunk().map_err(ReadError::Io)?;
@@ -306,12 +371,15 @@ impl VerifyingReader {
         if *emitted == size {
             // The end: nothing past the scanned size, the digest, the stat.
             let mut probe = [0u8; 1];
-            if file.read_at(&mut probe, size).map_err(ReadError::Io)? != 0
-                || hasher.finalize().as_bytes() != digest
-            {
+            if file.read_at(&mut probe, size).map_err(ReadError::Io)? != 0 {
+                return Err(ReadError::Changed);
+            }
+            let found = *hasher.finalize().as_bytes();
+            if !learning && found != *digest {
                 return Err(ReadError::Changed);
             }
             stat_unchanged(file, stat)?;
+            *digest = found;
         }
         Ok(chunk)
     }
@@ -353,6 +421,8 @@ pub enum Rehash {
     Gone,
     /// There, but no longer a regular file (its stat).
     NotRegular(Stat),
+    /// A regular file larger than `unread_above`, not read (its stat).
+    Larger(Stat),
     /// Hashed: the digest of the zeroed bytes, the fstat they were read under,
     /// where secrets were zeroed, and (`keep_small`, a file under
     /// `hash::WHOLE_READ_LIMIT`) those very zeroed bytes, for the upload.
@@ -388,12 +458,15 @@ const REHASH_ATTEMPTS: usize = 3;
 /// `keep_small`: a file small enough to be read whole also hands back the
 /// zeroed bytes it hashed, so the upload sends them as they are: a changed
 /// small file is read once more, not once to hash and once again to upload.
+/// `unread_above`: a file larger than that is not read (`Larger`), so a caller
+/// that expected a small file can stream a large one instead, in its one read.
 pub fn rehash_beneath(
     root_fd: RawFd,
     rel: &str,
     secrets: &SecretSet,
     cancel: &Cancel,
     keep_small: bool,
+    unread_above: Option<u64>,
 ) -> Result<Rehash, ReadError> {
     let fd = match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
         Ok(fd) => fd,
@@ -408,6 +481,9 @@ pub fn rehash_beneath(
         let before = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
         if !before.is_file() {
             return Ok(Rehash::NotRegular(before));
+        }
+        if unread_above.is_some_and(|limit| before.size > limit) {
+            return Ok(Rehash::Larger(before));
         }
         let mut found = Vec::new();
         let reader = PreadAt {
@@ -537,6 +613,52 @@ mod tests {
         let mut reader = VerifyingReader::from_held(h);
         assert!(reader.next_chunk().unwrap().is_some()); // the first of two
         assert!(matches!(reader.next_chunk(), Err(ReadError::Changed)));
+    }
+
+    #[test]
+    fn an_unhashed_reader_learns_the_digest_and_spans_of_what_it_streamed() {
+        let dir = scratch();
+        let secrets = SecretSet::new(&[b"s3cr3t!"]).unwrap();
+        let mut data = vec![5u8; 2 * CHUNK + 9];
+        data[CHUNK - 2..CHUNK + 5].copy_from_slice(b"s3cr3t!");
+        std::fs::write(dir.join("d"), &data).unwrap();
+        let root = File::open(&*dir).unwrap();
+        let mut reader =
+            VerifyingReader::open_unhashed(root.as_raw_fd(), "d", secrets.clone()).unwrap();
+        assert!(!reader.complete);
+        let got = reader.read_all(&Cancel::new()).unwrap();
+        let zeroed = crate::redact::zero_all(&data, &secrets);
+        assert_eq!(got, zeroed);
+        assert!(reader.complete);
+        assert_eq!(reader.digest, *blake3::hash(&zeroed).as_bytes());
+        let spans: Vec<_> = reader
+            .secret_matches()
+            .iter()
+            .map(|m| (m.offset, m.len))
+            .collect();
+        assert_eq!(spans, [((CHUNK - 2) as u64, 7)]);
+    }
+
+    #[test]
+    fn an_unhashed_reader_of_a_file_that_grows_is_changed_never_complete() {
+        let dir = scratch();
+        std::fs::write(dir.join("e"), vec![1u8; CHUNK + 3]).unwrap();
+        let root = File::open(&*dir).unwrap();
+        let mut reader =
+            VerifyingReader::open_unhashed(root.as_raw_fd(), "e", SecretSet::empty()).unwrap();
+        assert!(reader.next_chunk().unwrap().is_some());
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(dir.join("e"))
+            .unwrap()
+            .write_all(b"more")
+            .unwrap();
+        assert!(matches!(reader.next_chunk(), Err(ReadError::Changed)));
+        assert!(!reader.complete);
+        assert!(matches!(
+            VerifyingReader::open_unhashed(root.as_raw_fd(), "gone", SecretSet::empty()),
+            Err(ReadError::Changed)
+        ));
     }
 
     #[test]

@@ -247,6 +247,28 @@ async def put_many(blobs: BlobStore, items: Sequence[tuple[str, bytes]]) -> list
     return result
 
 
+async def put_learned(
+    blobs: BlobStore, beside: str, source: VerifiedFile, *, unless_beside: bool = False
+) -> tuple[str, bool] | None:
+    """Store the bytes of ``source``, a reader opened by
+    ``VerifyingReader.open_unhashed`` (its digest learned from the bytes), as
+    the blob of the same kind as the key ``beside`` named by that digest,
+    reading the file once: (that key, whether written; False when it
+    existed), durable on return; with ``unless_beside``, ``(beside, False)``
+    and nothing read when the blob ``beside`` exists (the caller trusts that
+    the file still holds its bytes, as a put of ``beside`` would). None, with
+    nothing read, when the store cannot
+    name a blob after its bytes are in (an optional method: the local
+    directory can; the caller then hashes the file first and streams it
+    after). Raises FileChangedError (the file changed while it was read:
+    nothing stored), ScanCancelled, BlobStoreError."""
+    method = _batch_method(blobs, "put_learned")
+    if method is None:
+        return None
+    result: tuple[str, bool] | None = await method(beside, source, unless_beside=unless_beside)
+    return result
+
+
 async def missing(blobs: BlobStore, keys: Sequence[str]) -> list[str]:
     """``blobs.missing(keys)``, or the default when ``blobs`` lacks it."""
     method = _batch_method(blobs, "missing")

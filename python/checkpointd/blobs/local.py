@@ -112,6 +112,21 @@ class LocalBlobDir:
             raise self._batch_error(error) from error
         return written
 
+    def put_learned(
+        self, beside: str, source: VerifiedFile, unless_beside: bool = False
+    ) -> tuple[str, bool]:
+        """Stream an unhashed reader's file natively into the directory of the
+        plain key ``beside``, named by the digest its bytes had: (that key,
+        whether written); ``(beside, False)``, nothing read, when
+        ``unless_beside`` and that blob exists. Raises as ``put_verified``."""
+        try:
+            return self._batches().put_learned(beside, source.reader, source.cancel, unless_beside)
+        except _native.FileChangedError:
+            source.changed = True
+            raise
+        except OSError as error:
+            raise self._batch_error(error) from error
+
     def put_durably(self, key: str, data: bytes | memoryview) -> bool:
         """``put_if_absent``, then ``sync`` when written: durable on return
         (one file's sync, not the filesystem's). Raises BlobStoreError."""

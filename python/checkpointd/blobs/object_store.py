@@ -33,9 +33,10 @@ import asyncio
 import builtins
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Sequence
+import functools
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import obstore
 from obstore.exceptions import AlreadyExistsError, BaseError, NotSupportedError
@@ -72,6 +73,8 @@ LIST_PAGE_SIZE = 1000
 _BACKEND_ERRORS = (BaseError, OSError)
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+T = TypeVar("T")
 
 
 def _to_ms(moment: dt.datetime) -> int:
@@ -146,7 +149,7 @@ class ObjectBlobStore(BlobStore):
         if local is not None and local.path(key) is not None:
             # Our own writer: complete or absent, synced before we return.
             if isinstance(data, VerifiedFile):
-                return await _copy_natively(local, key, data)
+                return await _copy_natively(functools.partial(local.put_verified, key, data), data)
             if if_absent and isinstance(data, bytes | bytearray | memoryview):
                 return await asyncio.to_thread(local.put_durably, key, data)
         written = await self._put_obstore(key, data, if_absent)
@@ -276,6 +279,18 @@ class ObjectBlobStore(BlobStore):
                 out[i] = bytes(part)
         return out
 
+    async def put_learned(
+        self, beside: str, source: VerifiedFile, *, unless_beside: bool = False
+    ) -> tuple[str, bool] | None:
+        """See ``base.put_learned``: natively into a local directory; None
+        (not done, nothing read) for any other backend, whose objects are
+        named before their first byte goes up."""
+        local = self.local_dir
+        if local is None or local.path(beside) is None:
+            return None
+        copy = functools.partial(local.put_learned, beside, source, unless_beside)
+        return await _copy_natively(copy, source)
+
     async def head(self, key: str) -> BlobInfo | None:
         """Size and upload time of the blob, or None when it does not exist."""
         try:
@@ -377,14 +392,14 @@ class ObjectBlobStore(BlobStore):
         return out
 
 
-async def _copy_natively(local: LocalBlobDir, key: str, source: VerifiedFile) -> bool:
-    """``local.put_verified`` in a worker thread. ``source.on_bytes`` hears of
+async def _copy_natively(copy: Callable[[], T], source: VerifiedFile) -> T:
+    """``copy`` (a ``LocalBlobDir`` put of ``source``) in a worker thread. ``source.on_bytes`` hears of
     the verified bytes while the copy runs (the reader's ``bytes_verified``,
     polled every progress interval), not only at its end. A cancelled caller
     stops the copy at its next chunk and waits for it: no write to the blob
     directory, and no read of the workspace file, outlives the put (nor the
     capture)."""
-    copying = asyncio.ensure_future(asyncio.to_thread(local.put_verified, key, source))
+    copying = asyncio.ensure_future(asyncio.to_thread(copy))
     reported = 0
 
     def report() -> None:

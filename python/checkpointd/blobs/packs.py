@@ -112,6 +112,7 @@ from .base import (
     get_range_stream,
     get_ranges,
     missing,
+    put_learned,
     put_many,
 )
 
@@ -457,6 +458,12 @@ class PackSession(BlobStore):
             ):
                 return (await self.put_many([(key, bytes(data))]))[0]
         return await self.packed.put(key, data, if_absent=if_absent)
+
+    async def put_learned(
+        self, beside: str, source: VerifiedFile, *, unless_beside: bool = False
+    ) -> tuple[str, bool] | None:
+        """A large file named by its bytes (``base.put_learned``): a single object."""
+        return await put_learned(self.packed.inner, beside, source, unless_beside=unless_beside)
 
     async def get(self, key: str) -> bytes:
         return await self.packed.get(key)

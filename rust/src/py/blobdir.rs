@@ -9,6 +9,7 @@ use pyo3::types::PyBytes;
 use super::cancel::CancelToken;
 use super::verify::{cancel_of, PyVerifyingReader};
 use crate::blobdir::{self as core, BlobError, Fetched, PutFileError};
+use crate::verify::VerifyingReader;
 
 fn blob_error(e: BlobError) -> PyErr {
     let message = format!("{} {:?}: {}", e.op, e.key, e.source);
@@ -75,21 +76,28 @@ impl PyBlobDir {
         cancel: Option<&Bound<'_, CancelToken>>,
     ) -> PyResult<bool> {
         let cancel = cancel_of(cancel);
-        let mut failure = None;
-        let written =
-            reader.with_reader(py, |r| match self.inner.put_verified(&key, r, &cancel) {
-                Ok(written) => Ok(Some(written)),
-                Err(PutFileError::Read(e)) => Err(e),
-                Err(PutFileError::Blob(e)) => {
-                    failure = Some(e);
-                    Ok(None)
-                }
-            })?;
-        match (written, failure) {
-            (Some(written), _) => Ok(written),
-            (None, Some(e)) => Err(blob_error(e)),
-            (None, None) => unreachable!("a put either wrote, found, or failed"),
-        }
+        put_file(py, reader, |r| self.inner.put_verified(&key, r, &cancel))
+    }
+
+    /// Stream an unhashed reader's file (``VerifyingReader.open_unhashed``)
+    /// into the directory of the key ``beside``, named by the digest its bytes
+    /// had: (that key, whether written). Durable on return. Raises as
+    /// ``put_verified``.
+    /// ``unless_beside``: when ``beside`` exists, nothing is read and
+    /// ``(beside, False)`` comes back.
+    #[pyo3(signature = (beside, reader, cancel=None, unless_beside=false))]
+    fn put_learned(
+        &self,
+        py: Python<'_>,
+        beside: String,
+        reader: &PyVerifyingReader,
+        cancel: Option<&Bound<'_, CancelToken>>,
+        unless_beside: bool,
+    ) -> PyResult<(String, bool)> {
+        let cancel = cancel_of(cancel);
+        put_file(py, reader, |r| {
+            self.inner.put_learned(&beside, unless_beside, r, &cancel)
+        })
     }
 
     /// Each key's bytes, None for a missing key.
@@ -104,5 +112,28 @@ impl PyBlobDir {
                 Fetched::Missing => None,
             })
             .collect())
+    }
+}
+
+/// Run a put of the reader's file, GIL released: the reader's failure as its
+/// exception (FileChangedError...), the blob directory's as OSError.
+fn put_file<T: Send>(
+    py: Python<'_>,
+    reader: &PyVerifyingReader,
+    put: impl FnOnce(&mut VerifyingReader) -> Result<T, PutFileError> + Send,
+) -> PyResult<T> {
+    let mut failure = None;
+    let done = reader.with_reader(py, |r| match put(r) {
+        Ok(done) => Ok(Some(done)),
+        Err(PutFileError::Read(e)) => Err(e),
+        Err(PutFileError::Blob(e)) => {
+            failure = Some(e);
+            Ok(None)
+        }
+    })?;
+    match (done, failure) {
+        (Some(done), _) => Ok(done),
+        (None, Some(e)) => Err(blob_error(e)),
+        (None, None) => unreachable!("a put either wrote, found, or failed"),
     }
 }

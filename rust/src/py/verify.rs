@@ -106,6 +106,46 @@ impl PyVerifyingReader {
         opened.map(Self::new).map_err(|e| read_error(&path, e))
     }
 
+    /// Open `path` beneath `root_fd` to stream it as it is now, its digest
+    /// learned from the bytes (see `learned`). Raises FileChangedError (gone,
+    /// a symlink, not a regular file), OSError, ValueError.
+    #[staticmethod]
+    #[pyo3(signature = (root_fd, path, secrets=None))]
+    fn open_unhashed(
+        py: Python<'_>,
+        root_fd: RawFd,
+        path: String,
+        secrets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
+        let secrets = SecretSet::new(&args::secrets(secrets)?)
+            .map_err(|e| to_py(ScanError::ShortSecret(e)))?;
+        let opened = py.allow_threads(|| VerifyingReader::open_unhashed(root_fd, &path, secrets));
+        opened.map(Self::new).map_err(|e| read_error(&path, e))
+    }
+
+    /// Once every byte came out and passed the end checks: (64-hex digest
+    /// of the bytes, secret spans, st_mode, mtime_ns of the fstat they were
+    /// read under); None before.
+    fn learned(&self, py: Python<'_>) -> PyResult<Option<Learned>> {
+        self.with_reader(py, |r| {
+            if !r.complete {
+                return Ok(None);
+            }
+            let spans = r
+                .secret_matches()
+                .iter()
+                .map(|m| (m.offset, m.len, m.secret))
+                .collect();
+            let stat = r.stat();
+            Ok(Some((
+                hash::to_hex(&r.digest),
+                spans,
+                stat.mode,
+                stat.mtime_ns,
+            )))
+        })
+    }
+
     /// Verified bytes handed out so far (a copy in another thread included):
     /// what a progress report polls while a native copy runs.
     #[getter]
@@ -152,6 +192,9 @@ impl PyVerifyingReader {
     }
 }
 
+/// What an unhashed reader learned: (64-hex digest, spans, st_mode, mtime_ns).
+type Learned = (String, Vec<(u64, u32, u32)>, u32, i64);
+
 /// An fstat as Python compares it: (dev, ino, mode, size, mtime_ns, ctime_ns).
 type Stamp = (u64, u64, u32, u64, i64, i64);
 
@@ -188,7 +231,7 @@ pub fn stat_beneath(py: Python<'_>, root_fd: RawFd, path: String) -> PyResult<Op
 
 /// See `_native.pyi`.
 #[pyfunction]
-#[pyo3(signature = (root_fd, path, secrets=None, cancel=None, keep_small=false))]
+#[pyo3(signature = (root_fd, path, secrets=None, cancel=None, keep_small=false, unread_above=None))]
 pub fn rehash_beneath(
     py: Python<'_>,
     root_fd: RawFd,
@@ -196,17 +239,19 @@ pub fn rehash_beneath(
     secrets: Option<&Bound<'_, PyAny>>,
     cancel: Option<&Bound<'_, CancelToken>>,
     keep_small: bool,
+    unread_above: Option<u64>,
 ) -> PyResult<Option<Rehashed>> {
     let secrets =
         SecretSet::new(&args::secrets(secrets)?).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
     let cancel = cancel_of(cancel);
-    let found =
-        py.allow_threads(|| core::rehash_beneath(root_fd, &path, &secrets, &cancel, keep_small));
+    let found = py.allow_threads(|| {
+        core::rehash_beneath(root_fd, &path, &secrets, &cancel, keep_small, unread_above)
+    });
     match found.map_err(|e| read_error(&path, e))? {
         Rehash::Gone => Ok(None),
-        Rehash::NotRegular(stat) => Ok(Some((
+        Rehash::NotRegular(stat) | Rehash::Larger(stat) => Ok(Some((
             String::new(),
-            0,
+            stat.size,
             Vec::new(),
             stat.mode,
             stat.mtime_ns,
