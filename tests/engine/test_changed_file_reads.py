@@ -158,18 +158,19 @@ async def test_a_large_file_that_keeps_changing_is_reported_and_no_torn_blob_sta
     memory_store: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
-    write_tree(workspace, {"busy.bin": os.urandom(LARGE), "calm.txt": b"calm"})
+    write_tree(workspace, {"busy.bin": os.urandom(4 * LARGE), "calm.txt": b"calm"})
     _settle()
     await _warm_stat_cache(workspace, data_dir)
     stop = threading.Event()
 
     def keep_writing() -> None:
-        with open(workspace / "busy.bin", "r+b") as handle:
+        # Appends: every read that one lands in sees the size move (a rewrite
+        # in place within one timestamp tick would look unchanged).
+        with open(workspace / "busy.bin", "ab") as handle:
             while not stop.is_set():
-                handle.seek(0)
-                handle.write(os.urandom(64))
+                handle.write(b"more")
                 handle.flush()
-                time.sleep(0.0005)
+                time.sleep(0.0002)
 
     writer = threading.Thread(target=keep_writing)
 
