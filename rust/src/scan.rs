@@ -453,14 +453,6 @@ pub fn scan_into(
 
     // The manifest's digest, once known (the previous manifest's, or the one written).
     let mut digest: Option<[u8; 32]> = None;
-    let digest_of = |bytes: &[u8]| -> [u8; 32] {
-        pool.install(|| {
-            *blake3::Hasher::new()
-                .update_rayon(bytes)
-                .finalize()
-                .as_bytes()
-        })
-    };
     // The cache vouches for these rows (see statcache's "manifest witness"):
     // it is unchanged, was written under this key, and every file row is one
     // of its entries (none hashed: a file holding secrets is never cached).
@@ -473,9 +465,9 @@ pub fn scan_into(
                 && unsupported.is_empty()
                 && rows.file_rows() == files_reused =>
         {
-            let previous_digest = digest_of(previous);
-            digest = Some(previous_digest);
-            previous_digest == witness.digest
+            // (The previous manifest's digest is its fingerprint.)
+            digest = Some(previous.fingerprint);
+            previous.fingerprint == witness.digest
         }
         _ => false,
     };
@@ -650,15 +642,14 @@ fn encode_manifest(
     // million entries), nor is the parent's needed in memory to compare with.
     let same = manifest.previous().is_some_and(|previous| {
         previous.len == manifest_len
-            && fingerprint_rows(&pool, &rows.batches, &rows.order) == previous.fingerprint
+            && fingerprint_rows(pool, &rows.batches, &rows.order) == previous.fingerprint
     });
     if same {
         let digest = previous_digest.unwrap_or_else(|| {
-            digest_of(
-                manifest
-                    .previous()
-                    .expect("compared with the previous manifest"),
-            )
+            manifest
+                .previous()
+                .expect("compared with the previous manifest")
+                .fingerprint
         });
         manifest.keep_previous();
         return Ok((total, true, digest));

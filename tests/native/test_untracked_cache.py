@@ -18,7 +18,9 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import blake3
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -60,9 +62,41 @@ def make_tree(root: Path) -> None:
 _last_manifest: dict[str, bytes] = {}
 
 
-def scan(root: Path, cache: str | None) -> _native.ScanResult:
+def previous_of(manifest: bytes | None) -> dict[str, Any]:
+    """The scan's arguments naming ``manifest`` as its previous one, as a
+    capture names its parent's: length and fingerprint (BLAKE3)."""
+    if manifest is None:
+        return {}
+    return {
+        "previous_length": len(manifest),
+        "previous_fingerprint": blake3.blake3(manifest).digest(),
+    }
+
+
+class Kept:
+    """A scan result that kept its previous manifest (``same_as_previous``):
+    its manifest is those bytes, as the capture takes them."""
+
+    def __init__(self, result: _native.ScanResult, manifest: bytes) -> None:
+        self._result = result
+        self.manifest = manifest
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+
+def scan_given(root: Path, previous: bytes | None, **options: Any) -> Any:
+    """``_native.scan`` given ``previous`` (by length and fingerprint)."""
+    result = _native.scan(str(root), **options, **previous_of(previous))
+    if result.same_as_previous:
+        assert previous is not None and result.manifest == b""
+        return Kept(result, previous)
+    return result
+
+
+def scan(root: Path, cache: str | None) -> Any:
     previous = _last_manifest.get(cache) if cache is not None else None
-    result = _native.scan(str(root), cache_path=cache, previous_manifest=previous)
+    result = scan_given(root, previous, cache_path=cache)
     if cache is not None:
         _last_manifest[cache] = result.manifest
     return result
@@ -241,12 +275,12 @@ def test_witness_vouches_only_for_the_manifest_it_recorded(root: Path, tmp_path:
     cache = str(tmp_path / "cache.bin")
     first = primed(root, cache).manifest
     for other in (b"[]", first.replace(b'"top.txt"', b'"top.txu"')):
-        got = _native.scan(str(root), cache_path=cache, previous_manifest=other)
-        assert not got.manifest_witnessed and got.manifest is not other
+        got = scan_given(root, other, cache_path=cache)
+        assert not got.manifest_witnessed and not got.same_as_previous
         assert got.manifest == first
     # The witness still holds for the manifest it recorded.
-    kept = _native.scan(str(root), cache_path=cache, previous_manifest=first)
-    assert kept.manifest_witnessed and kept.manifest is first
+    kept = scan_given(root, first, cache_path=cache)
+    assert kept.manifest_witnessed and kept.same_as_previous and kept.manifest is first
 
 
 def test_file_holding_a_secret_is_never_witnessed(root: Path, tmp_path: Path) -> None:
@@ -259,14 +293,12 @@ def test_file_holding_a_secret_is_never_witnessed(root: Path, tmp_path: Path) ->
     (root / "b" / "env").write_bytes(b"KEY=" + secret + b"\n")
     age_tree(str(root))
 
-    def scan_secret(previous: bytes | None) -> _native.ScanResult:
-        return _native.scan(
-            str(root), cache_path=cache, secrets=[secret], previous_manifest=previous
-        )
+    def scan_secret(previous: bytes | None) -> Any:
+        return scan_given(root, previous, cache_path=cache, secrets=[secret])
 
     first = scan_secret(None).manifest
     again = scan_secret(first)
-    assert again.files_hashed == 1 and again.manifest is first
+    assert again.files_hashed == 1 and again.same_as_previous and again.manifest is first
     assert not again.manifest_witnessed  # compared byte for byte instead
     stat = os.stat(root / "b" / "env")
     (root / "b" / "env").write_bytes(b"K=" + secret + b"XY\n")  # same size, secret moved
@@ -283,15 +315,15 @@ def test_policy_change_is_not_witnessed(root: Path, tmp_path: Path) -> None:
     cache = str(tmp_path / "cache.bin")
     full = primed(root, cache).manifest
 
-    def narrowed(previous: bytes) -> _native.ScanResult:
-        return _native.scan(str(root), cache_path=cache, exclude=["b/"], previous_manifest=previous)
+    def narrowed(previous: bytes) -> Any:
+        return scan_given(root, previous, cache_path=cache, exclude=["b/"])
 
     first = narrowed(full)
     assert not first.manifest_witnessed and first.manifest != full
     assert first.manifest == _native.scan(str(root), exclude=["b/"]).manifest
     again = narrowed(first.manifest)
     assert again.manifest_witnessed and again.manifest is first.manifest
-    widened = _native.scan(str(root), cache_path=cache, previous_manifest=first.manifest)
+    widened = scan_given(root, first.manifest, cache_path=cache)
     assert not widened.manifest_witnessed and widened.manifest == full
 
 
