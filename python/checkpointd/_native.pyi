@@ -312,6 +312,13 @@ class PackWriter:
         """Bytes of the pack if finished now."""
     @property
     def count(self) -> int: ...
+    def extend_fed(
+        self, batch: FedBatch, start: int, wanted: bytes, target: int, below: int
+    ) -> tuple[int, int, int]:
+        """Pack the blobs of ``batch`` from ``start`` on whose digest is in
+        ``wanted`` (concatenated; each once) and whose size is below ``below``,
+        until the pack reaches ``target`` bytes by raw size; ``(next, added,
+        added_bytes)``. GIL released."""
     def extend(self, items: Sequence[tuple[str, bytes]]) -> int:
         """``add_many`` without the per-item answer; the number of items added."""
     def finish(self) -> tuple[str, bytes]:
@@ -325,6 +332,24 @@ class PackWriter:
 def decimal_rows(columns: Sequence[bytes], codecs: bytes) -> bytes:
     """Per row, each column's native-endian u32 as 10 ASCII digits, then the
     row's codec as one digit (columns of 4 bytes per codec)."""
+
+class DigestSet:
+    """32-byte digests kept natively."""
+
+    def __init__(self) -> None: ...
+    def take_new(self, digests: bytes) -> bytes:
+        """Those of ``digests`` (concatenated) not in the set yet, each once,
+        in order; they are in it from now on."""
+    def without(self, digests: bytes) -> bytes:
+        """Those of ``digests`` not in the set, each once, in order."""
+    def __contains__(self, digest: bytes) -> bool: ...
+    def __len__(self) -> int: ...
+
+def digests_without(a: bytes, b: bytes) -> bytes:
+    """The digests of ``a`` that ``b`` lacks (concatenated, unsorted), each once, in order."""
+
+def sort_digests(digests: bytes) -> bytes:
+    """The digests sorted, each once."""
 
 def digests_sorted_distinct(digests: bytes) -> bool:
     """Whether the concatenated 32-byte digests are in strictly rising order."""
@@ -474,6 +499,15 @@ class RestoreSession:
     def recorded(self) -> int: ...
     def close(self) -> None: ...
 
+class FedBatch:
+    """One feed batch, kept native: ``(digest, zeroed bytes)`` per small file."""
+
+    @property
+    def digests(self) -> bytes:
+        """The digests concatenated (32 bytes each), in the batch's order."""
+    def __len__(self) -> int: ...
+    def items(self) -> list[tuple[bytes, bytes]]: ...
+
 class BlobFeed:
     """Zeroed bytes of the small files a scan hashes, for the upload (read once).
 
@@ -495,6 +529,8 @@ class BlobFeed:
         skip: bytes | None = None,
         max_held_files: int = 16,
     ) -> None: ...
+    def next_fed(self) -> FedBatch | None:
+        """``next_batch`` kept native (blocks, GIL released)."""
     def next_batch(self) -> list[tuple[bytes, bytes]] | None:
         """The next ``(digest, bytes)`` batch, blocking (GIL released); None at the end."""
     def next_file(self) -> VerifyingReader | None:

@@ -14,7 +14,7 @@ Read top to bottom, ``capture_checkpoint`` does:
    With packs the store is asked instead of the bucket, and only the keys it
    has are pinned (then asked again); the blobs this capture packs are kept
    safe by a pin of their pack's key, made before the pack is uploaded
-   (``_Uploader._absent``, blobs/packs.py "Safety");
+   (``_Uploader._pack_fed``, blobs/packs.py "Safety");
 4. find the missing blobs: keys the parent checkpoint references are present
    (the parent cannot lose them while we hold the lease); the rest are asked
    of the store in one ``missing`` batch. The manifest stays bytes throughout:
@@ -90,7 +90,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .ids import new_uuid7
-from .manifest import Manifest, manifest_of
+from .manifest import Manifest, manifest_of, split_digests
 from .model import (
     ARTIFACT_KEY_PREFIX,
     FILE_KEY_PREFIX,
@@ -106,7 +106,7 @@ from .progress import ProgressCallback
 from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
-from .store._packindex import row_key
+from .store._packindex import file_key, row_key
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id, path_problem
 
@@ -699,8 +699,9 @@ class _Uploader:
         self.token = token
         self.uploads = _Uploads()
         # Digests the feed saw pinned and present (or put): no second look
-        # needed. Raw digests, so the upload phase leaves them out natively
-        # (a cold capture feeds every file: no Python object per file there).
+        # needed. Raw digests concatenated, a batch per item, so the upload
+        # phase leaves them out natively (a cold capture feeds every file: no
+        # Python object per file there).
         self.present: list[bytes] = []
         self.fed = _Uploads()  # blobs the feed put (or found put by a racing capture)
         # Bytes of handed-over files copied so far whose copy has not ended, and
@@ -757,21 +758,14 @@ class _Uploader:
                     await asyncio.to_thread(reader.close)
 
         async def consume() -> None:
-            while (batch := await loop.run_in_executor(waiters, feed.next_batch)) is not None:
+            while (batch := await loop.run_in_executor(waiters, feed.next_fed)) is not None:
                 self._check_running()
-                items = [(FILE_KEY_PREFIX + digest.hex(), data) for digest, data in batch]
-                keys = [key for key, _ in items]
-                absent = await self._absent(keys)
-                todo = [(key, data) for key, data in items if key in absent]
-                written = await blob_batches.put_many(self.blobs, todo) if todo else []
-                for (_key, data), was_written in zip(todo, written, strict=True):
-                    if was_written:
-                        self.uploads.blobs += 1
-                        self.uploads.bytes += len(data)
-                # Counted in the upload phase's progress when it starts.
-                self.fed.blobs += len(todo)
-                self.fed.bytes += sum(len(data) for _, data in todo)
-                self.present.extend(digest for digest, _ in batch)
+                if self.session is not None:
+                    await self._pack_fed(batch, self.session)
+                else:
+                    await self._put_fed(batch.items())
+                # Counted in the upload phase's progress: left out natively.
+                self.present.append(batch.digests)
 
         consumers = [consume] * FEED_CONSUMERS + [consume_files] * LARGE_UPLOAD_CONCURRENCY
         await run_bounded(consumers, lambda work: work(), len(consumers))
@@ -860,7 +854,7 @@ class _Uploader:
             parent_digests = without_marked(parent_digests, self.rechecked)
             new_digests = _native.digest_difference(manifest.digests(), parent_digests)
         if self.present and new_digests:
-            fed = b"".join(sorted(self.present))
+            fed = _native.sort_digests(b"".join(self.present))
             new_digests = _native.digest_difference(new_digests, fed)
         pending = (
             [
@@ -918,25 +912,42 @@ class _Uploader:
             details={"paths": [entry.path for entry in pending]},
         )
 
-    async def _absent(self, keys: list[str]) -> set[str]:
-        """Which of ``keys`` this capture must upload, every other one pinned.
-
-        Into packs (a pack session): look first, then pin only the keys the
-        store has and look at those again (a sweep may have dropped a row
-        between the two; it drops only condemned keys, and the pin waits out
-        a condemnation). A key absent goes into one of this capture's packs,
-        which the session pins before uploading it, so a cold capture pins a
-        handful of packs, not every key. Otherwise (single objects) pin every
-        key before the bucket is asked, as the blob guard says."""
-        if self.session is None:
-            await self._pin(keys)
-            return set(await blob_batches.missing(self.blobs, keys))
-        absent = set(await self.session.missing(keys))
-        present = [key for key in keys if key not in absent]
+    async def _pack_fed(self, batch: _native.FedBatch, session: PackSession) -> None:
+        """One batch of the feed into this capture's packs, kept native: the
+        store is asked which digests it lacks (no bucket request), only the
+        keys it has are pinned and then asked about again (a sweep may have
+        dropped a row between the two; it drops only condemned keys, and the
+        pin waits out a condemnation), and the rest are packed straight from
+        the batch. Their pack's key is pinned before its upload (PackSession),
+        so a cold capture pins a handful of packs, not every key, and makes
+        no Python object per file."""
+        digests = batch.digests
+        absent = await session.missing_digests(digests)
+        present = _native.digests_without(digests, absent)
         if present:
-            await self._pin(present)
-            absent.update(await self.session.missing(present))
-        return absent
+            await self._pin([file_key(digest) for digest in split_digests(present)])
+            absent += await session.missing_digests(present)
+        blobs, nbytes = await session.put_fed(batch, absent)
+        self.uploads.blobs += blobs
+        self.uploads.bytes += nbytes
+        self.fed.blobs += blobs
+        self.fed.bytes += nbytes
+
+    async def _put_fed(self, batch: list[tuple[bytes, bytes]]) -> None:
+        """One batch of the feed as single objects: every key pinned before
+        the bucket is asked about it, as the blob guard says."""
+        items = [(FILE_KEY_PREFIX + digest.hex(), data) for digest, data in batch]
+        keys = [key for key, _ in items]
+        await self._pin(keys)
+        absent = set(await blob_batches.missing(self.blobs, keys))
+        todo = [(key, data) for key, data in items if key in absent]
+        written = await blob_batches.put_many(self.blobs, todo) if todo else []
+        for (_key, data), was_written in zip(todo, written, strict=True):
+            if was_written:
+                self.uploads.blobs += 1
+                self.uploads.bytes += len(data)
+        self.fed.blobs += len(todo)
+        self.fed.bytes += sum(len(data) for _, data in todo)
 
     async def _pin(self, keys: list[str]) -> None:
         if not keys or not isinstance(self.store, BlobGuard):

@@ -171,6 +171,30 @@ async def test_a_capture_writes_packs_of_the_target_size(
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
 
+async def test_a_capture_packs_small_fed_files_and_puts_larger_ones_alone(
+    store: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    # The feed hands over files up to 1 MiB; with a lower threshold the ones
+    # at or above it go up as single objects, and repeated content once.
+    blobs = PackedBlobStore(
+        open_blobs(f"file://{tmp_path / 'blobs'}"), store, threshold=4096, target=64 << 10
+    )
+    workspace = tmp_path / "workspace"
+    small = {f"s/f{n}": os.urandom(1000) for n in range(200)}
+    large = {f"l/f{n}": os.urandom(4096 + n) for n in range(5)}
+    same = {"s/again": small["s/f3"], "l/again": large["l/f1"]}
+    write_tree(workspace, {**small, **large, **same})
+    result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    assert result.stats.blobs_uploaded == 205
+    singles = {info.key for info in await blobs.inner.list("sandbox-files/")}
+    assert singles == {_key(data) for data in large.values()}
+    located = await blobs.locate([_key(data) for data in small.values()])
+    assert len(located) == 200
+    restored = tmp_path / "restored"
+    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+
+
 # ---------------------------------------------------------------- migration
 
 

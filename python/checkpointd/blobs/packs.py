@@ -98,8 +98,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _native
+from ..manifest import split_digests
 from ..model import FILE_KEY_PREFIX
-from ..store._packindex import PackColumns, PackedRows, row_key
+from ..store._packindex import (
+    PackColumns,
+    PackedRows,
+    checked_digest,
+    digest_of,
+    file_key,
+    row_key,
+)
 from ..store.base import PackedBlob, PackIndex
 from .base import (
     BlobCorruptError,
@@ -436,7 +444,8 @@ class PackSession(BlobStore):
         self.url = packed.url
         self._columns: builtins.list[PackColumns] = []  # of each uploaded pack
         self.packs_written = 0
-        self._pending: set[str] = set()  # keys in an open or uploading pack, or uploaded
+        # Digests in an open or uploading pack, or uploaded (file keys' digests).
+        self._taken = _native.DigestSet()
         self._distrusted: set[str] = set()  # keys ``check`` found gone: ask the bucket
         self._open = _OpenPack(_native.PackWriter())
         self._adding = asyncio.Lock()  # one add at a time on the open writer
@@ -491,11 +500,15 @@ class PackSession(BlobStore):
         gone: their pack or object may be lost) instead of trusting the index."""
         self._distrusted.update(keys)
 
+    def _is_taken(self, key: str) -> bool:
+        digest = digest_of(key)
+        return digest is not None and digest in self._taken
+
     async def missing(self, keys: Sequence[str]) -> builtins.list[str]:
         """Keys neither packed, nor referenced by a checkpoint (a single object
         the count and the capture's pin protect), nor written by this session.
         Asks the store, never the bucket (but for distrusted keys)."""
-        asked = [k for k in keys if k not in self._pending]
+        asked = [k for k in keys if not self._is_taken(k)]
         doubted = [k for k in asked if k in self._distrusted]
         trusted = [k for k in asked if k not in self._distrusted]
         located = await _locate(self.packed.index, trusted) if trusted else {}
@@ -503,6 +516,63 @@ class PackSession(BlobStore):
         if doubted:
             absent.update(await self.packed.missing(doubted))
         return [key for key in keys if key in absent]
+
+    async def missing_digests(self, digests: bytes) -> bytes:
+        """``missing`` for file blobs by raw digest (32 bytes each,
+        concatenated, in and out): what a feed batch asks, with no Python
+        object per blob (``PackIndex.known_digests`` where the store has it)."""
+        asked = self._taken.without(digests)
+        if not asked:
+            return b""
+        if self._distrusted:  # rare: ``check`` marked keys gone; ask as keys
+            keys = [file_key(digest) for digest in split_digests(asked)]
+            return b"".join(checked_digest(key) for key in await self.missing(keys))
+        return _native.digests_without(asked, await known_digests(self.packed.index, asked))
+
+    async def put_fed(self, batch: _native.FedBatch, wanted: bytes) -> tuple[int, int]:
+        """Pack the blobs of a feed batch whose digests are in ``wanted``
+        (each once, and none this session took already) straight from the
+        batch (``PackWriter.extend_fed``); returns how many blobs and bytes it
+        took. A blob at or above the threshold goes up as a single object.
+        Durable at ``flush``."""
+        wanted = self._taken.take_new(wanted)
+        if not wanted:
+            return 0, 0
+        blobs = nbytes = 0
+        full: builtins.list[_OpenPack] = []
+        async with self._adding:
+            start = 0
+            while start < len(batch):
+                pack = self._open
+                start, added, added_bytes = await asyncio.to_thread(
+                    pack.writer.extend_fed, batch, start, wanted, self.packed.target,
+                    self.packed.threshold,
+                )  # fmt: skip
+                blobs += added
+                nbytes += added_bytes
+                if pack.writer.size >= self.packed.target:
+                    full.append(pack)
+                    self._open = _OpenPack(_native.PackWriter())
+        for pack in full:
+            await self._start_upload(pack)
+        if blobs < len(wanted) // 32:
+            # Blobs at or above the threshold (only when it is below the feed's
+            # largest file): single objects, as ``put_many`` does.
+            chosen = _native.DigestSet()
+            chosen.take_new(wanted)
+            large = [
+                (file_key(digest), data)
+                for digest, data in batch.items()
+                if len(data) >= self.packed.threshold and digest in chosen
+            ]
+            large = list(dict(large).items())
+            for (_key, data), done in zip(
+                large, await put_many(self.packed.inner, large), strict=True
+            ):
+                if done:
+                    blobs += 1
+                    nbytes += len(data)
+        return blobs, nbytes
 
     async def put_many(self, items: Sequence[tuple[str, bytes]]) -> builtins.list[bool]:
         """Small blobs into the open pack (uploaded once full), larger ones as
@@ -513,14 +583,14 @@ class PackSession(BlobStore):
         for key, data in items:
             if len(data) >= threshold or not key.startswith(FILE_KEY_PREFIX):
                 large.append((key, data))
-            elif key not in self._pending:
+            elif not self._is_taken(key):
                 small.setdefault(key, data)
         written_large: dict[str, bool] = {}
         if large:
             for (key, _), done in zip(large, await put_many(self.packed.inner, large), strict=True):
                 written_large[key] = done
         if small:
-            self._pending.update(small)
+            self._taken.take_new(b"".join(checked_digest(key) for key in small))
             full: builtins.list[_OpenPack] = []
             async with self._adding:
                 for chunk in self._chunks(list(small.items())):
@@ -618,6 +688,19 @@ class PackSession(BlobStore):
         for upload in uploads:
             upload.cancel()
         await asyncio.gather(*uploads, return_exceptions=True)
+
+
+async def known_digests(index: PackIndex, digests: bytes) -> bytes:
+    """Those of ``digests`` (raw file digests, concatenated) the index knows:
+    packed, or referenced as single objects. ``index.known_digests`` when the
+    store has it (SQLite: two statements, nothing per blob), else its
+    ``locate_blobs``."""
+    native = getattr(index, "known_digests", None)
+    if native is not None:
+        found: bytes = await native(digests)
+        return found
+    located = await _locate(index, [file_key(digest) for digest in split_digests(digests)])
+    return b"".join(checked_digest(key) for key in located)
 
 
 def _u32s(data: bytes) -> array[int]:

@@ -526,6 +526,14 @@ _DIGESTS = (
     " ds (digest) AS (SELECT substr(:digests, i + 1, 32) FROM fd) "
 )
 
+# Of ``_DIGESTS``, the file digests a checkpoint references, by their refs
+# alone (an open run counts one there): a damaged count can only make a key
+# look absent, and an absent key is packed again, never trusted.
+_REFERENCED_DIGESTS = (
+    _DIGESTS + "SELECT ds.digest FROM ds JOIN blob_references r"
+    " ON r.key = CAST(X'66' || ds.digest AS BLOB) WHERE r.refs > 0"
+)
+
 # Every key's count: its refs plus, per thread with an open run, the run's length
 # beyond the one refs holds (see ``_core``).
 _COUNTS = (
@@ -1499,11 +1507,8 @@ class SqliteCheckpointStore(SqlCheckpointStore):
     async def locate_blobs(self, keys: builtins.list[str]) -> dict[str, PackedBlob | None]:
         """See ``base.PackIndex``: two statements for all of ``keys`` (their
         digests as one parameter, ``_DIGESTS``), answering only for the keys
-        the store knows, so a cold capture asking about 100,000 keys binds no
-        parameter and reads no row per key. A key is referenced when its
-        ``refs`` say so (an open run counts one there): a damaged count can
-        only make a key look absent, and an absent key is packed again, never
-        trusted."""
+        the store knows (``_REFERENCED_DIGESTS`` says when a key counts as
+        referenced)."""
         wanted = digests_of(keys)
         if not wanted:
             return {}
@@ -1520,16 +1525,34 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             located_rows(wanted, rows, found)
             rest = b"".join(digest for digest, key in wanted.items() if key not in found)
             if rest:
-                for (digest,) in await _fetchall(
-                    conn,
-                    _DIGESTS + "SELECT ds.digest FROM ds JOIN blob_references r"
-                    " ON r.key = CAST(X'66' || ds.digest AS BLOB) WHERE r.refs > 0",
-                    {"digests": rest},
-                ):
+                for (digest,) in await _fetchall(conn, _REFERENCED_DIGESTS, {"digests": rest}):
                     found[wanted[bytes(digest)]] = None
             return found
 
         return await self._db.read(run)
+
+    async def known_digests(self, digests: bytes) -> bytes:
+        """``locate_blobs`` for a pack session's feed (``blobs.packs.known_digests``):
+        of ``digests`` (raw file digests, concatenated), those packed or
+        referenced, concatenated; nothing bound or returned per unknown blob."""
+
+        async def run(conn: aiosqlite.Connection) -> bytes:
+            packed = b"".join(
+                bytes(row[0])
+                for row in await _fetchall(
+                    conn,
+                    _DIGESTS + "SELECT ds.digest FROM ds JOIN packed_blobs b"
+                    " ON b.digest = ds.digest",
+                    {"digests": digests},
+                )
+            )
+            rest = _native.digests_without(digests, packed) if packed else digests
+            if not rest:
+                return packed
+            rows = await _fetchall(conn, _REFERENCED_DIGESTS, {"digests": rest})
+            return packed + b"".join(bytes(row[0]) for row in rows)
+
+        return await self._db.read(run) if digests else b""
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000

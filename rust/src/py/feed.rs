@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::verify::PyVerifyingReader;
-use crate::feed::{BlobFeed, Next, NextFile};
+use crate::feed::{Batch, BlobFeed, Next, NextFile};
 use crate::verify::VerifyingReader;
 
 /// `(digest, zeroed bytes)` pairs, as Python sees a batch.
@@ -18,6 +18,64 @@ type PyBatch = Vec<(Py<PyBytes>, Py<PyBytes>)>;
 #[pyclass(module = "checkpointd._native", name = "BlobFeed", frozen)]
 pub struct PyBlobFeed {
     pub inner: Arc<BlobFeed>,
+}
+
+impl PyBlobFeed {
+    fn next(&self, py: Python<'_>) -> PyResult<Option<FedBatch>> {
+        loop {
+            let inner = self.inner.clone();
+            match py.allow_threads(move || inner.next_batch(Duration::from_millis(100))) {
+                Next::Done => return Ok(None),
+                Next::Batch(items) => return Ok(Some(FedBatch::new(items))),
+                Next::Waiting => py.check_signals()?,
+            }
+        }
+    }
+}
+
+/// One batch of the feed as the scan made it: `(digest, zeroed bytes)` per
+/// small file, and the digests concatenated in that order (see `_native.pyi`).
+#[pyclass(module = "checkpointd._native", name = "FedBatch", frozen)]
+pub struct FedBatch {
+    pub items: Batch,
+    digests: Vec<u8>,
+}
+
+impl FedBatch {
+    fn new(items: Batch) -> FedBatch {
+        let digests = items.iter().flat_map(|(d, _)| d.iter().copied()).collect();
+        FedBatch { items, digests }
+    }
+
+    fn pairs(&self, py: Python<'_>) -> PyBatch {
+        self.items
+            .iter()
+            .map(|(digest, data)| {
+                (
+                    PyBytes::new(py, digest).unbind(),
+                    PyBytes::new(py, data).unbind(),
+                )
+            })
+            .collect()
+    }
+}
+
+#[pymethods]
+impl FedBatch {
+    /// The digests, 32 bytes each, in the batch's order.
+    #[getter]
+    fn digests<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.digests)
+    }
+
+    fn __len__(&self) -> usize {
+        self.items.len()
+    }
+
+    /// `[(digest, bytes), ...]`, as `next_batch` gives them.
+    fn items(&self, py: Python<'_>) -> PyBatch {
+        self.pairs(py)
+    }
 }
 
 #[pymethods]
@@ -53,26 +111,13 @@ impl PyBlobFeed {
     /// The next batch of `(digest, bytes)`; None once the scan ended and all
     /// batches were taken (or the feed was abandoned). Blocks, GIL released.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        loop {
-            let inner = self.inner.clone();
-            match py.allow_threads(move || inner.next_batch(Duration::from_millis(100))) {
-                Next::Done => return Ok(None),
-                Next::Batch(batch) => {
-                    return Ok(Some(
-                        batch
-                            .into_iter()
-                            .map(|(digest, data)| {
-                                (
-                                    PyBytes::new(py, &digest).unbind(),
-                                    PyBytes::new(py, &data).unbind(),
-                                )
-                            })
-                            .collect(),
-                    ))
-                }
-                Next::Waiting => py.check_signals()?,
-            }
-        }
+        Ok(self.next(py)?.map(|batch| batch.pairs(py)))
+    }
+
+    /// `next_batch` kept native (a `FedBatch`): its bytes never become Python
+    /// objects, and a `PackWriter` packs them straight from it.
+    fn next_fed(&self, py: Python<'_>) -> PyResult<Option<FedBatch>> {
+        self.next(py)
     }
 
     /// The next file too large to copy, open as the scan hashed it, as a

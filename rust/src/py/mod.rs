@@ -31,6 +31,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
     m.add_class::<blobdir::PyBlobDir>()?;
     m.add_class::<feed::PyBlobFeed>()?;
+    m.add_class::<feed::FedBatch>()?;
     m.add(
         "FileChangedError",
         m.py().get_type::<errors::FileChangedError>(),
@@ -62,6 +63,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify::stat_beneath, m)?)?;
     m.add_class::<restore::RestoreSession>()?;
     m.add_class::<pack::PyPackWriter>()?;
+    m.add_class::<pack::DigestSet>()?;
     m.add(
         "PackedBlobInvalid",
         m.py().get_type::<pack::PackedBlobInvalid>(),
@@ -70,6 +72,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
     m.add_function(wrap_pyfunction!(pack::unpack_many, m)?)?;
     m.add_function(wrap_pyfunction!(pack::digests_sorted_distinct, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::digests_without, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::sort_digests, m)?)?;
     m.add_function(wrap_pyfunction!(pack::decimal_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_trailer_len, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;

@@ -1,6 +1,7 @@
 //! Packs (see `crate::pack`): build a pack from batches of small blobs and
 //! decode blobs out of ranged reads, GIL released, in parallel.
 
+use std::collections::HashSet;
 use std::sync::Mutex;
 
 use pyo3::create_exception;
@@ -9,6 +10,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
+use super::feed::FedBatch;
 use crate::hash::{from_hex, to_hex};
 use crate::pack::{self as core, Entry, PackBuilder, PackError};
 
@@ -99,6 +101,51 @@ impl PyPackWriter {
     /// ``finish_with_rows``); returns the number of blobs added.
     fn extend(&self, py: Python<'_>, items: Vec<(String, PyBackedBytes)>) -> PyResult<usize> {
         Ok(self.append(py, &items)?.len())
+    }
+
+    /// Pack the blobs of ``batch`` (a ``FedBatch``) from index ``start`` on
+    /// whose digest is in ``wanted`` (concatenated 32-byte digests; each
+    /// wanted digest is packed once, at its first place) and whose size is
+    /// below ``below``, until the pack would reach ``target`` bytes by raw
+    /// size (so it overshoots by at most one blob). Returns ``(next, added,
+    /// added_bytes)``: call again from ``next`` with a new writer while
+    /// ``next < len(batch)``. GIL released.
+    fn extend_fed(
+        &self,
+        py: Python<'_>,
+        batch: &Bound<'_, FedBatch>,
+        start: usize,
+        wanted: &[u8],
+        target: usize,
+        below: usize,
+    ) -> PyResult<(usize, usize, u64)> {
+        if wanted.len() % 32 != 0 {
+            return Err(PyValueError::new_err(
+                "wanted must be concatenated 32-byte digests",
+            ));
+        }
+        let batch = batch.get();
+        let result = py.allow_threads(|| {
+            let mut wanted: HashSet<&[u8]> = wanted.chunks_exact(32).collect();
+            self.with(|builder| {
+                let mut room = target as i64 - builder.len() as i64;
+                let mut views: Vec<([u8; 32], &[u8])> = Vec::new();
+                let mut next = start.min(batch.items.len());
+                while next < batch.items.len() && room > 0 {
+                    let (digest, data) = &batch.items[next];
+                    next += 1;
+                    if data.len() < below && wanted.remove(&digest[..]) {
+                        views.push((*digest, data.as_slice()));
+                        room -= (data.len() + core::ENTRY_LEN) as i64;
+                    }
+                }
+                let added_bytes = views.iter().map(|(_, d)| d.len() as u64).sum();
+                builder
+                    .add_many(&views)
+                    .map(|entries| (next, entries.len(), added_bytes))
+            })
+        })?;
+        result.map_err(pack_to_py)
     }
 
     /// Bytes the pack would have if finished now.
@@ -198,6 +245,108 @@ pub fn decimal_rows<'py>(
 
 /// Whether ``digests`` (32 bytes each, concatenated) are in strictly rising
 /// order: the shape of a pack's index columns (see ``_native.pyi``).
+/// A set of 32-byte digests kept natively (see `_native.pyi`): what a pack
+/// session has taken, asked about a batch at a time.
+#[pyclass(module = "checkpointd._native", name = "DigestSet")]
+#[derive(Default)]
+pub struct DigestSet {
+    digests: HashSet<[u8; 32]>,
+}
+
+fn digest_chunks(digests: &[u8]) -> PyResult<impl Iterator<Item = [u8; 32]> + '_> {
+    if digests.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    Ok(digests
+        .chunks_exact(32)
+        .map(|c| c.try_into().expect("32 bytes")))
+}
+
+#[pymethods]
+impl DigestSet {
+    #[new]
+    fn new() -> Self {
+        DigestSet::default()
+    }
+
+    /// The digests of ``digests`` not in the set yet (each once, in order),
+    /// which are in it from now on.
+    fn take_new<'py>(&mut self, py: Python<'py>, digests: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let mut out = Vec::new();
+        for digest in digest_chunks(digests)? {
+            if self.digests.insert(digest) {
+                out.extend_from_slice(&digest);
+            }
+        }
+        Ok(PyBytes::new(py, &out))
+    }
+
+    /// The digests of ``digests`` not in the set (each once, in order).
+    fn without<'py>(&self, py: Python<'py>, digests: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+        let mut seen = HashSet::new();
+        let mut out = Vec::new();
+        for digest in digest_chunks(digests)? {
+            if !self.digests.contains(&digest) && seen.insert(digest) {
+                out.extend_from_slice(&digest);
+            }
+        }
+        Ok(PyBytes::new(py, &out))
+    }
+
+    fn __contains__(&self, digest: &[u8]) -> bool {
+        <[u8; 32]>::try_from(digest).is_ok_and(|d| self.digests.contains(&d))
+    }
+
+    fn __len__(&self) -> usize {
+        self.digests.len()
+    }
+}
+
+/// The digests of ``a`` (concatenated, 32 bytes each) that ``b`` lacks, in
+/// ``a``'s order, each once; neither needs to be sorted.
+#[pyfunction]
+pub fn digests_without<'py>(
+    py: Python<'py>,
+    a: &[u8],
+    b: &[u8],
+) -> PyResult<Bound<'py, PyBytes>> {
+    if a.len() % 32 != 0 || b.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    let out = py.allow_threads(|| {
+        let mut seen: HashSet<&[u8]> = b.chunks_exact(32).collect();
+        let mut out = Vec::with_capacity(a.len());
+        for digest in a.chunks_exact(32) {
+            if seen.insert(digest) {
+                out.extend_from_slice(digest);
+            }
+        }
+        out
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
+/// The digests (concatenated, 32 bytes each) sorted, each once.
+#[pyfunction]
+pub fn sort_digests<'py>(py: Python<'py>, digests: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
+    if digests.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    let out = py.allow_threads(|| {
+        let mut all: Vec<&[u8]> = digests.chunks_exact(32).collect();
+        all.sort_unstable();
+        all.dedup();
+        all.concat()
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
 #[pyfunction]
 pub fn digests_sorted_distinct(digests: &[u8]) -> bool {
     digests.len() % 32 == 0
