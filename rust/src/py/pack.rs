@@ -307,11 +307,7 @@ impl DigestSet {
 /// The digests of ``a`` (concatenated, 32 bytes each) that ``b`` lacks, in
 /// ``a``'s order, each once; neither needs to be sorted.
 #[pyfunction]
-pub fn digests_without<'py>(
-    py: Python<'py>,
-    a: &[u8],
-    b: &[u8],
-) -> PyResult<Bound<'py, PyBytes>> {
+pub fn digests_without<'py>(py: Python<'py>, a: &[u8], b: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
     if a.len() % 32 != 0 || b.len() % 32 != 0 {
         return Err(PyValueError::new_err(
             "digest list length is not a multiple of 32",
