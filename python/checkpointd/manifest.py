@@ -96,6 +96,7 @@ class Manifest(Sequence["Entry"]):
         "_held",
         "_len",
         "_load",
+        "_source",
         "_totals",
         "_trusted",
     )
@@ -114,6 +115,7 @@ class Manifest(Sequence["Entry"]):
         only for bytes that same code made."""
         self._data: bytes | None = bytes(data)
         self._load: Callable[[], bytes] | None = None
+        self._source: object = None
         self._held = 0
         self._byte_length = len(self._data)
         self._fingerprint: bytes | None = None
@@ -125,16 +127,22 @@ class Manifest(Sequence["Entry"]):
 
     @classmethod
     def stored(
-        cls, load: Callable[[], bytes], summary: ManifestSummary | None, held_bytes: int
+        cls,
+        load: Callable[[], bytes],
+        summary: ManifestSummary | None,
+        held_bytes: int,
+        source: object = None,
     ) -> Manifest:
         """A trusted manifest a store has not loaded: ``load()`` returns its bytes
         on first use (once; they must match ``summary``, else ValueError), and
         ``held_bytes`` is what ``load`` keeps meanwhile (its compressed row).
         Without a summary (rows written before summaries) every property is
-        computed from the loaded bytes."""
+        computed from the loaded bytes. ``source``: what the store made it
+        from, for that store's own use (:meth:`stored_source`)."""
         manifest = cls.__new__(cls)
         manifest._data = None
         manifest._load = load
+        manifest._source = source
         manifest._held = held_bytes
         manifest._decoded = None
         manifest._trusted = True
@@ -184,9 +192,13 @@ class Manifest(Sequence["Entry"]):
         ):
             raise ValueError("a stored manifest's bytes do not match its summary")
         self._byte_length = len(data)
-        self._load = None  # (and whatever it held: the compressed row)
+        self._load = self._source = None  # (and whatever they held: the compressed row)
         self._held = 0
         return data
+
+    def stored_source(self) -> object:
+        """The ``source`` a store gave :meth:`stored`, while unloaded (else None)."""
+        return self._source if self._data is None else None
 
     @property
     def loaded(self) -> bool:

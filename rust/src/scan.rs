@@ -313,6 +313,11 @@ pub fn scan_into(
         progress,
     }
     .walk(&pool)?;
+    // The listings were looked up by the walk alone (it kept copies of those
+    // it reused): freed before the scan's records are all built (peak memory).
+    if let Some(cache) = old_cache.as_mut() {
+        cache.forget_listings();
+    }
     let mut unsupported = walked.unsupported;
     let mut dirs = walked.dirs;
     let dirs_listed = dirs.len() as u64;
@@ -1045,7 +1050,7 @@ fn hash_slot(
         if after == before && size == before.size {
             slot.stat = before;
             slot.hash = Some(digest);
-            slot.secrets = found.into_boxed_slice();
+            slot.secrets = found.into();
             match (feed, kept) {
                 (Some(feed), Some(data)) => feed.push(digest, data, cancel),
                 // Too large to copy: the open file itself goes to the upload.
@@ -1084,7 +1089,7 @@ mod tests {
                 stat: Stat::default(),
                 hash: None,
                 vanished: false,
-                secrets: Box::default(),
+                secrets: crate::walk::SecretSpans::default(),
             })
         };
         let dir = || Kind::Dir {

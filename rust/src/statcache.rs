@@ -591,6 +591,8 @@ pub struct LoadedCache {
     /// None: the cache was written by a restore, or by an older version.
     pub witness: Option<ManifestWitness>,
     entry_count: u64,
+    /// How many directories the cache holds (kept by [`LoadedCache::forget_listings`]).
+    dir_count: usize,
     /// The directory section as read (validated).
     dir_data: Vec<u8>,
     /// Offset of each directory's path bytes in `dir_data`, and the path length.
@@ -655,6 +657,7 @@ impl LoadedCache {
             reference_ns,
             witness,
             entry_count,
+            dir_count: dirs.len(),
             dir_data,
             dirs,
             entries: Some((file, rest - dir_bytes)),
@@ -663,7 +666,15 @@ impl LoadedCache {
 
     /// How many directories' listings the cache holds.
     pub fn dir_count(&self) -> usize {
-        self.dirs.len()
+        self.dir_count
+    }
+
+    /// Free the directory listings once the walk that looked them up is over
+    /// (a million-file cache holds ~20 MB of them, and the walk copied what
+    /// it reused): from here on no listing is found; the count stays.
+    pub fn forget_listings(&mut self) {
+        self.dir_data = Vec::new();
+        self.dirs = Vec::new();
     }
 
     /// How many file entries the header announces.

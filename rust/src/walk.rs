@@ -33,7 +33,28 @@ pub struct FileSlot {
     /// Deleted before it could be hashed: not part of the checkpoint.
     pub vanished: bool,
     /// Where secrets were zeroed (empty for almost every file: no allocation).
-    pub secrets: Box<[SecretMatch]>,
+    pub secrets: SecretSpans,
+}
+
+/// A file's secret matches: none for almost every file, in one pointer (a
+/// million files' records are 8 MB smaller than with a boxed slice's 16 bytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+// The box is the point: a thin pointer, where a Vec or a boxed slice is wider.
+#[allow(clippy::box_collection)]
+pub struct SecretSpans(Option<Box<Vec<SecretMatch>>>);
+
+impl From<Vec<SecretMatch>> for SecretSpans {
+    fn from(found: Vec<SecretMatch>) -> SecretSpans {
+        SecretSpans((!found.is_empty()).then(|| Box::new(found)))
+    }
+}
+
+impl std::ops::Deref for SecretSpans {
+    type Target = [SecretMatch];
+
+    fn deref(&self) -> &[SecretMatch] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
 }
 
 /// What a kept entry is.
@@ -441,7 +462,7 @@ impl Walker<'_> {
                         stat,
                         hash: None,
                         vanished: false,
-                        secrets: Box::default(),
+                        secrets: SecretSpans::default(),
                     }),
                 );
                 continue;

@@ -228,3 +228,48 @@ def test_a_summary_that_does_not_match_the_bytes_is_refused_on_load() -> None:
     assert stored.same_bytes(good) and not stored.loaded  # by its summary
     with pytest.raises(ValueError, match="summary"):
         _ = stored.data
+
+
+def test_a_no_change_keyframe_past_max_depth_reuses_the_compressed_manifest() -> None:
+    """A no-change checkpoint whose chain is MAX_DEPTH deep is stored whole:
+    its manifest (its parent's, unloaded) goes in as the stream it was
+    stored in, neither inflated nor compressed again, and reads back the same."""
+    from checkpointd.store import _documents as documents
+
+    from ..store.test_postgres_documents import make
+
+    first = documents.Content.of(make("a", [("f", n, 0) for n in range(50)], []))
+    row = documents.keyframe(first).data
+    read = documents.materialize("a", {"a": (None, row)}, {})
+    assert not read.manifest.loaded
+    same = documents.Content({**read.document, "id": "b"}, read.manifest)
+    stored = documents.encode(same, "a", read, documents.MAX_DEPTH)
+    assert (stored.base_id, stored.depth) == (None, 0)
+    assert not read.manifest.loaded  # never inflated
+    (packed,) = struct.unpack_from("<I", row, 4)
+    (packed_again,) = struct.unpack_from("<I", stored.data, 4)
+    assert stored.data[8 + packed_again :] == row[8 + packed :]  # the very stream
+    again = documents.materialize("b", {"b": (None, stored.data)}, {})
+    assert again.manifest.data == first.manifest.data
+    assert _summary_of(stored.data) == _summary_of(row)
+
+
+async def test_a_large_appended_keyframe_is_cached_unloaded(
+    tmp_path: Path, workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the append of a keyframe above KEEP_LOADED_BYTES, the store keeps
+    it as its compressed row (a cold capture's 180 MB manifest at 1M files
+    is not held between captures); the next no-change capture uses it unloaded."""
+    from checkpointd.store import _documents as documents
+
+    monkeypatch.setattr(documents, "KEEP_LOADED_BYTES", 0)
+    write_tree(workspace, _tree())
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert first.checkpoint.files.loaded  # the caller's own
+        head = await store.get(first.checkpoint.id)
+        assert head is not None and not head.files.loaded
+        again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert again.stats.files_hashed == 0 and not again.checkpoint.files.loaded
+        assert again.checkpoint.files.data == first.checkpoint.files.data

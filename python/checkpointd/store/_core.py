@@ -627,7 +627,7 @@ class SqlCheckpointStore:
         # Rows for keys this checkpoint references, checked (INVALID_ENTRY).
         packed = packed_rows(packed_blobs, content) if packed_blobs else []
 
-        async def body(tx: WriteTx) -> int:
+        async def body(tx: WriteTx) -> tuple[int, documents.Stored]:
             state = await tx.lock_thread(thread_id)
             facts = await tx.append_facts(checkpoint.id, expected_head_id)
             check_append_state(
@@ -666,10 +666,11 @@ class SqlCheckpointStore:
                 raise duplicate_id(checkpoint.id) from None
             if packed:
                 await tx.index_packed_blobs(packed)
-            return version
+            return version, stored
 
-        version = await self._write("append", body)
-        self._recent.put(checkpoint.id, version, content)
+        version, stored = await self._write("append", body)
+        # (A keyframe is kept over its row: the caller keeps the manifest it gave.)
+        self._recent.put(checkpoint.id, version, documents.unloaded(content, stored))
         return checkpoint.id
 
     # ------------------------------------------------------------------ delete_head

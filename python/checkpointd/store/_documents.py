@@ -150,7 +150,56 @@ class Stored:
 
 def keyframe(content: Content) -> Stored:
     manifest = content.manifest
+    packed = manifest.stored_source()
+    if isinstance(packed, _PackedManifest):
+        # A manifest read from a keyframe and never loaded (a no-change capture
+        # past MAX_DEPTH): its compressed stream is taken as it is, so a
+        # million-entry keyframe is neither inflated nor compressed again.
+        return Stored(
+            _compress(content.document, packed.section(), manifest.summary(), packed=True), None, 0
+        )
     return Stored(_compress(content.document, manifest.data, manifest.summary()), None, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class _PackedManifest:
+    """A ``CKD3`` keyframe row, the source of its unloaded manifest."""
+
+    data: bytes
+
+    def section(self) -> memoryview:
+        """The manifest's zlib stream, as stored."""
+        _, length = _HEADER.unpack_from(self.data)
+        return memoryview(self.data)[_HEADER.size + length :]
+
+
+# Manifests up to this size stay loaded in a store's cache after an append (at
+# 100k entries, ~17 MB: the next changed capture diffs against them without
+# inflating them again); larger ones are kept as their compressed row.
+KEEP_LOADED_BYTES = 32 << 20
+
+
+def unloaded(content: Content, stored: Stored) -> Content:
+    """``content`` as a store keeps it once ``stored`` is its row: a large
+    keyframe's manifest unloaded over the row (the compressed bytes, ~1/3 of
+    the manifest's), so a daemon holds a million-entry head between captures
+    that way however it was made (a cold capture's own manifest included)."""
+    manifest = content.manifest
+    if (
+        stored.base_id is not None
+        or stored.data[:4] != _MAGIC
+        or not manifest.loaded
+        or manifest.byte_length() <= KEEP_LOADED_BYTES
+    ):
+        return content
+    summary = manifest.summary()
+    lazy = Manifest.stored(
+        functools.partial(_section, stored.data, summary.byte_length),
+        summary,
+        len(stored.data),
+        _PackedManifest(stored.data),
+    )
+    return Content(content.document, lazy)
 
 
 def encode(content: Content, base_id: str | None, base: Content | None, base_depth: int) -> Stored:
@@ -199,13 +248,23 @@ def _copies_all(files_section: bytes, base: Manifest) -> bool:
     return tag == b"C" and start == 0 and count == rows
 
 
-def _compress(document: dict[str, Any], files_section: bytes, summary: ManifestSummary) -> bytes:
+def _compress(
+    document: dict[str, Any],
+    files_section: bytes | memoryview,
+    summary: ManifestSummary,
+    *,
+    packed: bool = False,
+) -> bytes:
     """The ``CKD3`` layout: the magic and the compressed document's length
     (uncompressed), the document, the files section (each its own zlib
     stream), so a reader inflates the document alone and the section straight
     into one buffer of its known size."""
     raw = json.dumps({**document, _SUMMARY: summary.to_json()}, **_JSON).encode("utf-8")  # type: ignore[arg-type]
     packed_document = zlib.compress(raw, ZLIB_LEVEL)
+    if packed:  # ``files_section`` is a section's zlib stream already
+        return b"".join(
+            [_HEADER.pack(_MAGIC, len(packed_document)), packed_document, files_section]
+        )
     compressor = zlib.compressobj(ZLIB_LEVEL)
     return b"".join(
         [
@@ -316,7 +375,10 @@ def materialize(
                 # on top of it never does): the row is what stays in memory.
                 size = -1 if summary is None else summary.byte_length
                 manifest = Manifest.stored(
-                    functools.partial(_section, data, size), summary, len(data)
+                    functools.partial(_section, data, size),
+                    summary,
+                    len(data),
+                    _PackedManifest(data) if data[:4] == _MAGIC else None,
                 )
             else:  # an older layout
                 manifest = Manifest(_manifest_bytes(files), trusted=True)
