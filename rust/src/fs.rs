@@ -158,15 +158,100 @@ pub fn is_mount_root_at(dir: RawFd, name: &CStr) -> io::Result<Option<bool>> {
 /// root. `stat` is the entry's lstat; only directories are judged (overlayfs
 /// reports a non-directory's `st_dev` from its lower layer).
 pub fn is_mount_point(dir: RawFd, name: &CStr, stat: &Stat, workspace_dev: u64) -> bool {
+    // An entry gone or unreadable since its lstat is judged by its device alone;
+    // whoever opens it next sees what it is then.
+    judge_mount_point(stat, workspace_dev, || {
+        is_mount_root_at(dir, name).ok().flatten()
+    })
+}
+
+/// [`is_mount_point`]'s rule, with the kernel's word on the mount root
+/// asked of `mount_root` only when it decides (a directory on the workspace's
+/// device): from [`stat_entry`], which learnt it with the stat, or from a
+/// `statx` of its own.
+pub fn judge_mount_point(
+    stat: &Stat,
+    workspace_dev: u64,
+    mount_root: impl FnOnce() -> Option<bool>,
+) -> bool {
     if !stat.is_dir() {
         return false;
     }
     if stat.dev != workspace_dev {
         return true;
     }
-    // An entry gone or unreadable since its lstat is judged by its device alone;
-    // whoever opens it next sees what it is then.
-    matches!(is_mount_root_at(dir, name), Ok(Some(true)))
+    mount_root() == Some(true)
+}
+
+/// `statx(dir, name, AT_SYMLINK_NOFOLLOW)` (`name` empty: `dir` itself): the
+/// entry's lstat and, in the same call, whether it is a mount's root
+/// ([`is_mount_root_at`]'s answer, None when the kernel does not say). One
+/// system call where a walk made two for each directory (and the same stat
+/// as `fstatat`/`fstat` give, field for field, `st_dev` included). Without
+/// `statx` (or a filesystem that does not fill the basic fields), `fstatat`
+/// or `fstat`, with the mount root unknown.
+pub fn stat_entry(dir: RawFd, name: &CStr) -> io::Result<(Stat, Option<bool>)> {
+    const WANTED: u32 = libc::STATX_TYPE
+        | libc::STATX_MODE
+        | libc::STATX_INO
+        | libc::STATX_SIZE
+        | libc::STATX_MTIME
+        | libc::STATX_CTIME;
+    let itself = name.to_bytes().is_empty();
+    let fallback = || {
+        if itself {
+            fstat(dir)
+        } else {
+            lstat_at(dir, name)
+        }
+        .map(|stat| (stat, None))
+    };
+    if NO_STATX.load(Ordering::Relaxed) {
+        return fallback();
+    }
+    let mut flags = libc::AT_SYMLINK_NOFOLLOW;
+    if itself {
+        flags |= libc::AT_EMPTY_PATH;
+    }
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid fd, C string and writable statx storage of the kernel's layout.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_statx,
+            dir,
+            name.as_ptr(),
+            flags,
+            WANTED,
+            stx.as_mut_ptr(),
+        )
+    };
+    if ret < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENOSYS) | Some(libc::EPERM) => {
+                NO_STATX.store(true, Ordering::Relaxed);
+                fallback()
+            }
+            _ => Err(e),
+        };
+    }
+    // SAFETY: zero-initialised, and statx succeeded.
+    let stx = unsafe { stx.assume_init() };
+    if stx.stx_mask & WANTED != WANTED {
+        return fallback();
+    }
+    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
+    let mount_root = (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0);
+    let time = |t: libc::statx_timestamp| t.tv_sec * 1_000_000_000 + i64::from(t.tv_nsec);
+    let stat = Stat {
+        dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
+        ino: stx.stx_ino,
+        mode: u32::from(stx.stx_mode),
+        size: stx.stx_size,
+        mtime_ns: time(stx.stx_mtime),
+        ctime_ns: time(stx.stx_ctime),
+    };
+    Ok((stat, mount_root))
 }
 
 /// [`is_mount_point`] of an open directory itself (its `fstat` in `stat`): the
@@ -688,6 +773,41 @@ mod tests {
         let mut out = Vec::new();
         std::fs::File::from(fd).read_to_end(&mut out).unwrap();
         out
+    }
+
+    /// `stat_entry` gives what `fstatat` (or `fstat` of the fd itself)
+    /// gives, field for field (the stat cache compares them across both):
+    /// for a file, a directory, a symlink (not followed) and a fd; a gone
+    /// name is ENOENT; a plain directory is no mount root, `/` is one.
+    #[test]
+    fn stat_entry_is_lstat_with_the_mount_root() {
+        let (_dir, root) = setup();
+        let a = open_beneath(root.as_raw_fd(), b"a", DIR_FLAGS).unwrap();
+        for (dir, name) in [
+            (a.as_raw_fd(), c"b"),
+            (a.as_raw_fd(), c"link"),
+            (root.as_raw_fd(), c"out"),
+            (root.as_raw_fd(), c"a"),
+        ] {
+            let (stat, mount_root) = stat_entry(dir, name).unwrap();
+            assert_eq!(stat, lstat_at(dir, name).unwrap(), "{name:?}");
+            assert_ne!(mount_root, Some(true), "{name:?}");
+        }
+        let b = open_beneath(root.as_raw_fd(), b"a/b", DIR_FLAGS).unwrap();
+        let (stat, _) = stat_entry(b.as_raw_fd(), c"f").unwrap();
+        assert_eq!(
+            (stat, stat.size),
+            (lstat_at(b.as_raw_fd(), c"f").unwrap(), 4)
+        );
+        assert!(stat.is_file());
+        let (itself, _) = stat_entry(b.as_raw_fd(), c"").unwrap();
+        assert_eq!(itself, fstat(b.as_raw_fd()).unwrap());
+        assert!(itself.is_dir());
+        let gone = stat_entry(b.as_raw_fd(), c"gone").unwrap_err();
+        assert_eq!(gone.raw_os_error(), Some(libc::ENOENT));
+        let slash = open_dir_path(Path::new("/")).unwrap();
+        let (_, mount_root) = stat_entry(slash.as_raw_fd(), c"").unwrap();
+        assert_ne!(mount_root, Some(false), "/ is a mount's root");
     }
 
     #[test]

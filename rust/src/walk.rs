@@ -336,9 +336,10 @@ impl Walker<'_> {
         };
         // The stat of the inode about to be listed, taken before the listing:
         // a change after it leaves another stat (or a racy one) for next time.
-        let dir_stat =
-            fs::fstat(fd.as_raw_fd()).map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
-        if !rel.is_empty() && fs::is_mount_point_fd(fd.as_raw_fd(), &dir_stat, self.root_dev) {
+        // (With whether it is a mount's root, in the same call.)
+        let (dir_stat, mount_root) =
+            fs::stat_entry(fd.as_raw_fd(), c"").map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
+        if !rel.is_empty() && fs::judge_mount_point(&dir_stat, self.root_dev, || mount_root) {
             // Its parent saw no mount point here: something was mounted or
             // swapped in since. Never crossed.
             return Err(ScanError::Changed(abs(b"")));
@@ -386,12 +387,14 @@ impl Walker<'_> {
                 }
             };
             // The kind from readdir when it knows, so excluded entries cost no lstat.
-            let mut stat: Option<Stat> = None;
+            // The lstat, and for a directory the kernel's word on whether it
+            // is a mount's root when it came with the stat (see `lstat`).
+            let mut stat: Option<(Stat, Option<Option<bool>>)> = None;
             let mut is_dir = match dtype {
                 DirentType::Dir => true,
-                DirentType::Unknown => match self.lstat(dir_fd, name) {
+                DirentType::Unknown => match self.lstat(dir_fd, name, true) {
                     Ok(Some(st)) => {
-                        let d = st.is_dir();
+                        let d = st.0.is_dir();
                         stat = Some(st);
                         d
                     }
@@ -405,12 +408,12 @@ impl Walker<'_> {
                 continue;
             }
             if stat.is_none() {
-                stat = match self.lstat(dir_fd, name) {
+                stat = match self.lstat(dir_fd, name, is_dir) {
                     Ok(st) => st,
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "lstat", e)),
                 };
             }
-            let Some(stat) = stat else {
+            let Some((stat, mount_root)) = stat else {
                 // Vanished between readdir and lstat.
                 continue;
             };
@@ -449,7 +452,12 @@ impl Walker<'_> {
                 found.push((path_of(), Unsupported::BackslashName));
                 continue;
             }
-            if fs::is_mount_point(dir_fd, name, &stat, self.root_dev) {
+            let mount_root = || match mount_root {
+                Some(said) => said,
+                // A directory readdir called something else: asked now.
+                None => fs::is_mount_root_at(dir_fd, name).ok().flatten(),
+            };
+            if fs::judge_mount_point(&stat, self.root_dev, mount_root) {
                 // A filesystem (or a bind mount of a directory of this one)
                 // mounted inside the workspace: never crossed.
                 found.push((path_of(), Unsupported::MountPoint));
@@ -539,8 +547,23 @@ impl Walker<'_> {
     }
 
     /// lstat relative to the directory; Ok(None) when the entry vanished.
-    fn lstat(&self, dir_fd: RawFd, name: &CStr) -> std::io::Result<Option<Stat>> {
-        match fs::lstat_at(dir_fd, name) {
+    /// An entry that may be a directory is stat'ed with `statx`, which says
+    /// in the same call whether it is a mount's root (`Some(answer)`, see
+    /// `fs::stat_entry`): a directory needs that, and it saves a call each.
+    /// Anything else takes `fstatat` (`None`: not asked), which costs a file
+    /// a little less than `statx`.
+    fn lstat(
+        &self,
+        dir_fd: RawFd,
+        name: &CStr,
+        may_be_dir: bool,
+    ) -> std::io::Result<Option<(Stat, Option<Option<bool>>)>> {
+        let stat = if may_be_dir {
+            fs::stat_entry(dir_fd, name).map(|(stat, mount_root)| (stat, Some(mount_root)))
+        } else {
+            fs::lstat_at(dir_fd, name).map(|stat| (stat, None))
+        };
+        match stat {
             Ok(st) => Ok(Some(st)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
