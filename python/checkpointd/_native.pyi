@@ -351,6 +351,9 @@ def digests_without(a: bytes, b: bytes) -> bytes:
 def sort_digests(digests: bytes) -> bytes:
     """The digests sorted, each once."""
 
+def u32_bounds(column: bytes) -> tuple[int, int] | None:
+    """(smallest, largest) of a column of native-endian u32s; None when empty."""
+
 def digests_sorted_distinct(digests: bytes) -> bool:
     """Whether the concatenated 32-byte digests are in strictly rising order."""
 

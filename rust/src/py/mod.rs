@@ -74,6 +74,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::digests_sorted_distinct, m)?)?;
     m.add_function(wrap_pyfunction!(pack::digests_without, m)?)?;
     m.add_function(wrap_pyfunction!(pack::sort_digests, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::u32_bounds, m)?)?;
     m.add_function(wrap_pyfunction!(pack::decimal_rows, m)?)?;
     m.add_function(wrap_pyfunction!(pack::pack_trailer_len, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
