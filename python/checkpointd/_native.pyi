@@ -471,6 +471,13 @@ class RestoreSession:
     def deleted_paths(self) -> list[str]: ...
     def stage_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Verify (size, BLAKE3) then stage each (digest, bytes); InvalidBlob."""
+    def stage_ranges(
+        self, reads: Sequence[tuple[Sequence[tuple[str, int, int, int, int]], bytes]]
+    ) -> tuple[int, int]:
+        """Stage whole ranged reads of one pack: each (frames as ``begin_range``
+        takes them, the bytes from the first frame's offset on); (blobs, bytes)
+        staged. Raises InvalidBlob (a frame that does not decode to its key, or
+        is not held whole: a truncated pack)."""
     def begin_range(self, items: Sequence[tuple[str, int, int, int, int]]) -> int:
         """Start staging one ranged read of a pack: ``(digest, offset,
         stored_len, raw_len, codec)`` of each frame it holds; returns a handle."""

@@ -55,8 +55,8 @@ from ._engine import (
     run_bounded,
     run_in_thread,
 )
-from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
-from .blobs.packs import PackedBlobStore, PackRead, packed_blobs, plan_pack_reads
+from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many, get_ranges
+from .blobs.packs import PackedBlobStore, PackRead, packed_blobs
 from .errors import (
     INVALID_BLOB,
     INVALID_PATH,
@@ -568,11 +568,13 @@ async def _fetch(
     """Fetch and stage every blob the plan needs: MISSING_BLOB / INVALID_BLOB.
 
     Packed blobs are grouped by pack across the whole plan and read with about
-    one ranged GET per pack (``plan_pack_reads``), streamed: each frame is
-    decoded, verified and staged natively once its bytes are in, so memory
-    holds FETCH_CONCURRENCY chunks, not the packs. Blobs without an index row
-    (single objects, or a store that keeps no index) are fetched in batches;
-    large ones are streamed one by one."""
+    one ranged GET per group of nearby frames (``PackedBlobStore.plan_reads``):
+    a long read is streamed, each frame decoded, verified and staged natively
+    once its bytes are in, so memory holds FETCH_CONCURRENCY chunks, not the
+    packs; short reads of one pack (the few blobs a restore over a slightly
+    changed tree needs) go in batches, one ``get_ranges`` and one native call
+    each. Blobs without an index row (single objects, or a store that keeps no
+    index) are fetched in batches; large ones are streamed one by one."""
     needed = session.blobs
     reporter.phase(
         "fetch", files_total=len(needed), bytes_total=sum(size for _digest, size in needed)
@@ -584,9 +586,7 @@ async def _fetch(
     jobs: list[Callable[[], Awaitable[None]]] = []
     if located:
         assert isinstance(blobs, PackedBlobStore)
-        packed = blobs
-        for read in plan_pack_reads(list(located.values())):
-            jobs.append(functools.partial(_fetch_pack_read, packed, session, reporter, read))
+        jobs.extend(_pack_jobs(blobs, session, reporter, blobs.plan_reads(list(located.values()))))
     batch: list[tuple[str, int]] = []
     batch_bytes = 0
 
@@ -614,6 +614,98 @@ async def _fetch(
         raise _invalid_blob(*error.args) from None
 
 
+def _pack_jobs(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    reads: list[PackRead],
+    *,
+    again: bool = True,
+) -> list[Callable[[], Awaitable[None]]]:
+    """One job per streamed read, one per batch of short reads of a pack."""
+    jobs: list[Callable[[], Awaitable[None]]] = []
+    short: dict[str, list[PackRead]] = {}
+    for read in reads:
+        if read.end - read.start > FETCH_CHUNK_BYTES:
+            jobs.append(
+                functools.partial(_fetch_pack_read, blobs, session, reporter, read, again=again)
+            )
+        else:
+            short.setdefault(read.pack, []).append(read)
+    for pack_reads in short.values():
+        batch: list[PackRead] = []
+        batch_bytes = 0
+        for read in pack_reads:
+            batch.append(read)
+            batch_bytes += read.end - read.start
+            if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
+                jobs.append(
+                    functools.partial(_fetch_pack_reads, blobs, session, reporter, batch, again)
+                )
+                batch, batch_bytes = [], 0
+        if batch:
+            jobs.append(
+                functools.partial(_fetch_pack_reads, blobs, session, reporter, batch, again)
+            )
+    return jobs
+
+
+def _frames(read: PackRead) -> list[tuple[str, int, int, int, int]]:
+    """The frames of a read as the native session takes them."""
+    return [
+        (row.key[len(FILE_KEY_PREFIX) :], row.offset, row.length, row.raw_size, row.codec)
+        for row in read.rows
+    ]
+
+
+async def _fetch_moved(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    pack: str,
+    rows: list[PackedBlob],
+) -> None:
+    """A pack gone from the bucket: a sweep may have repacked its blobs in
+    between, and the index then names their new place; read them from there
+    once (blobs staged before are not staged twice), else MISSING_BLOB."""
+    moved = await blobs.locate([row.key for row in rows])
+    if any(row.key not in moved or moved[row.key].pack == pack for row in rows):
+        raise _missing_blob(blobs, rows[0].key, pack) from None
+    for job in _pack_jobs(
+        blobs, session, reporter, blobs.plan_reads(list(moved.values())), again=False
+    ):
+        await job()
+
+
+async def _fetch_pack_reads(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    reads: list[PackRead],
+    again: bool,
+) -> None:
+    """Short reads of one pack: one ``get_ranges``, then one native call that
+    decodes, verifies and stages every frame."""
+    pack = reads[0].pack
+    try:
+        wanted = [read for read in reads if read.end > read.start]  # else empty blobs only
+        datas = await get_ranges(blobs.inner, pack, [(read.start, read.end) for read in wanted])
+        found = {id(read): data for read, data in zip(wanted, datas, strict=True)}
+        staged = [(_frames(read), found.get(id(read), b"")) for read in reads]
+        files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))
+        reporter.advance(files=files, nbytes=nbytes)
+    except BlobNotFoundError:
+        rows = [row for read in reads for row in read.rows]
+        if not again:
+            raise _missing_blob(blobs, rows[0].key, pack) from None
+        await _fetch_moved(blobs, session, reporter, pack, rows)
+    except _native.InvalidBlob as error:
+        digest, reason = error.args
+        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason)) from None
+    except BlobCorruptError as error:
+        raise _corrupt_blob(error) from None
+
+
 async def _fetch_pack_read(
     blobs: PackedBlobStore,
     session: _native.RestoreSession,
@@ -623,14 +715,8 @@ async def _fetch_pack_read(
     again: bool = True,
 ) -> None:
     """Stream one ranged read of a pack into staging. A pack gone from the
-    bucket is looked up once more (``again``): a sweep may have repacked its
-    blobs in between, and the index then names their new place (blobs staged
-    before are not staged twice)."""
-    items = [
-        (row.key[len(FILE_KEY_PREFIX) :], row.offset, row.length, row.raw_size, row.codec)
-        for row in read.rows
-    ]
-    handle = session.begin_range(items)
+    bucket is looked up once more (``again``, ``_fetch_moved``)."""
+    handle = session.begin_range(_frames(read))
     finished = False
     try:
         chunks = blobs.stream_pack_read(read, FETCH_CHUNK_BYTES)
@@ -646,11 +732,7 @@ async def _fetch_pack_read(
     except BlobNotFoundError:
         if not again:
             raise _missing_blob(blobs, read.rows[0].key, read.pack) from None
-        moved = await blobs.locate([row.key for row in read.rows])
-        if any(row.key not in moved or moved[row.key].pack == read.pack for row in read.rows):
-            raise _missing_blob(blobs, read.rows[0].key, read.pack) from None
-        for other in plan_pack_reads(list(moved.values())):
-            await _fetch_pack_read(blobs, session, reporter, other, again=False)
+        await _fetch_moved(blobs, session, reporter, read.pack, read.rows)
     except _native.InvalidBlob as error:
         digest, reason = error.args
         raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None

@@ -465,6 +465,65 @@ pub fn file_row(row: &[u8]) -> Result<Option<FileRow<'_>>, ManifestError> {
     }))
 }
 
+/// The path of an encoded row (`["f",`, `["d",` or `["l",` then the path):
+/// borrowed from the row, decoded only when it holds an escape.
+pub fn row_path(row: &[u8]) -> Result<std::borrow::Cow<'_, str>, ManifestError> {
+    if !(row.starts_with(b"[\"f\",") || row.starts_with(b"[\"d\",") || row.starts_with(b"[\"l\","))
+    {
+        return Err(bad(0, "expected a row tag f, d or l"));
+    }
+    let end = string_end(row, 5)?;
+    let literal = &row[5..end];
+    if literal.contains(&b'\\') {
+        return json_string(literal).map(std::borrow::Cow::Owned);
+    }
+    std::str::from_utf8(&literal[1..literal.len() - 1])
+        .map(std::borrow::Cow::Borrowed)
+        .map_err(|_| bad(5, "not UTF-8"))
+}
+
+/// Whether a file row carries secret positions (fields after its mtime).
+fn row_has_secrets(row: &[u8]) -> Result<bool, ManifestError> {
+    if !row.starts_with(b"[\"f\",") {
+        return Ok(false);
+    }
+    // `,"<64 hex>",size,mode,mtime` follow the path; then `]` or `,` and the spans.
+    let mut at = string_end(row, 5)? + 2 + 64 + 1;
+    for _ in 0..3 {
+        if row.get(at) != Some(&b',') {
+            return Err(bad(at, "short file row"));
+        }
+        at += 1;
+        if row.get(at) == Some(&b'-') {
+            at += 1;
+        }
+        let digits = row[at.min(row.len())..]
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count();
+        if digits == 0 {
+            return Err(bad(at, "a number"));
+        }
+        at += digits;
+    }
+    match row.get(at) {
+        Some(b',') => Ok(true),
+        Some(b']') if at + 1 == row.len() => Ok(false),
+        _ => Err(bad(at, "expected ',' or ']' after the mtime")),
+    }
+}
+
+/// Whether any file row carries secret positions (a pass over the bytes; no
+/// row is decoded).
+pub fn has_secrets(data: &[u8]) -> Result<bool, ManifestError> {
+    for row in rows(data)? {
+        if row_has_secrets(row)? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// Entry count, file count and total file bytes.
 pub fn totals(data: &[u8]) -> Result<(u64, u64, u64), ManifestError> {
     let rows = rows(data)?;
@@ -932,6 +991,37 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn secrets_are_seen_without_decoding() {
+        let mut plain = ManifestWriter::with_capacity(0);
+        plain.file("a,]\"b", &[1; 32], 3, 0o644, -5);
+        plain.dir("d", 0o755);
+        plain.symlink("l", "x");
+        let plain = plain.finish();
+        assert_eq!(has_secrets(&plain), Ok(false));
+        let mut spanned = ManifestWriter::with_capacity(0);
+        spanned.file("a", &[1; 32], 3, 0o644, 5);
+        spanned.file_with_secrets(
+            "b",
+            &[2; 32],
+            9,
+            0o644,
+            5,
+            &[SecretMatch {
+                offset: 1,
+                len: 4,
+                secret: 0,
+            }],
+        );
+        let spanned = spanned.finish();
+        assert_eq!(has_secrets(&spanned), Ok(true));
+        assert!(has_secrets(b"[[\"f\",\"a\"]]").is_err());
+        assert_eq!(
+            row_path(br#"["d","a\"b\u00e9",493]"#).unwrap(),
+            "a\"b\u{e9}"
+        );
     }
 
     #[test]

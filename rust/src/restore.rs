@@ -42,7 +42,7 @@ use crate::classify::Unsupported;
 use crate::error::ScanError;
 use crate::fs::{self, Stat};
 use crate::hash;
-use crate::manifest::ManifestRow;
+use crate::manifest::{self, ManifestRow};
 use crate::pack;
 use crate::statcache::{self, CacheEntry};
 use rayon::prelude::*;
@@ -272,24 +272,128 @@ impl Plan {
 /// name (reserved for staging) or with a name longer than `name_max` bytes
 /// (better refused whole than half restored).
 pub fn check_target(target: &[ManifestRow], name_max: usize) -> Result<(), RestoreError> {
-    for row in target {
-        let path = row.path();
-        if path
-            .split('/')
-            .next()
-            .is_some_and(|top| top.starts_with(".checkpointd"))
-        {
-            return Err(RestoreError::InvalidPath {
-                path: path.to_string(),
-                reason: "top-level .checkpointd* names are reserved".into(),
-            });
+    target
+        .iter()
+        .try_for_each(|row| check_target_path(row.path(), name_max))
+}
+
+/// An encoded manifest row and its path.
+type KeyedRow<'a> = (std::borrow::Cow<'a, str>, &'a [u8]);
+
+/// Each encoded row of a manifest with its path, sorted by path bytes (a
+/// sort only when the manifest is not in that order already: ours always is).
+/// Err when the bytes are not the compact encoding, row by row.
+fn keyed_rows(data: &[u8]) -> Result<Vec<KeyedRow<'_>>, RestoreError> {
+    let shown = |e: manifest::ManifestError| RestoreError::Manifest(e.to_string());
+    let mut keyed = Vec::new();
+    for row in manifest::rows(data).map_err(shown)? {
+        keyed.push((manifest::row_path(row).map_err(shown)?, row));
+    }
+    if !keyed
+        .windows(2)
+        .all(|w| w[0].0.as_bytes() <= w[1].0.as_bytes())
+    {
+        keyed.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    }
+    Ok(keyed)
+}
+
+/// The rows of `rows` decoded (a manifest of just those rows).
+fn decode_rows(rows: &[&[u8]]) -> Result<Vec<ManifestRow>, RestoreError> {
+    let mut joined = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
+    joined.push(b'[');
+    for (i, row) in rows.iter().enumerate() {
+        if i > 0 {
+            joined.push(b',');
         }
-        if path.split('/').any(|part| part.len() > name_max) {
-            return Err(RestoreError::NameTooLong {
-                path: path.to_string(),
-                limit: name_max,
-            });
+        joined.extend_from_slice(row);
+    }
+    joined.push(b']');
+    manifest::decode(&joined).map_err(RestoreError::Manifest)
+}
+
+/// The target manifest, read for planning and checked ([`check_target`]'s
+/// refusals, before any change): its rows kept encoded, each with its path,
+/// or, for bytes that are not the compact encoding row by row, decoded.
+pub enum Target<'a> {
+    Encoded(Vec<KeyedRow<'a>>),
+    Decoded(Vec<ManifestRow>),
+}
+
+impl<'a> Target<'a> {
+    pub fn read(data: &'a [u8], name_max: usize) -> Result<Target<'a>, RestoreError> {
+        let Ok(rows) = keyed_rows(data) else {
+            let rows = manifest::decode(data).map_err(RestoreError::Manifest)?;
+            check_target(&rows, name_max)?;
+            return Ok(Target::Decoded(rows));
+        };
+        for (path, _) in &rows {
+            check_target_path(path, name_max)?;
         }
+        Ok(Target::Encoded(rows))
+    }
+}
+
+/// The plan of [`plan`] from the target and the encoded live scan, at a cost
+/// proportional to what differs: a row byte-identical in both (same path,
+/// kind, content, mode, mtime) needs nothing, so only the rows that differ
+/// are decoded and planned. (Paths are unique in each manifest, so a live row
+/// with no identical target row names a path whose target row, if any,
+/// differs too: deletions and comparisons come out as [`plan`] over every
+/// row would give them.)
+pub fn plan_encoded(
+    target: Target<'_>,
+    live: &[u8],
+    unsupported: &[(Vec<u8>, Unsupported)],
+) -> Result<Plan, RestoreError> {
+    let target_rows = match target {
+        Target::Encoded(rows) => rows,
+        Target::Decoded(rows) => {
+            let live = manifest::decode(live).map_err(RestoreError::Manifest)?;
+            return plan(rows, live, unsupported);
+        }
+    };
+    let live_rows = keyed_rows(live)?;
+    let (mut wanted, mut found) = (Vec::new(), Vec::new());
+    let (mut t, mut l) = (target_rows.iter().peekable(), live_rows.iter().peekable());
+    loop {
+        match (t.peek(), l.peek()) {
+            (Some(a), Some(b)) => match a.0.as_bytes().cmp(b.0.as_bytes()) {
+                std::cmp::Ordering::Less => wanted.push(t.next().expect("peeked").1),
+                std::cmp::Ordering::Greater => found.push(l.next().expect("peeked").1),
+                std::cmp::Ordering::Equal => {
+                    let (a, b) = (t.next().expect("peeked").1, l.next().expect("peeked").1);
+                    if a != b {
+                        wanted.push(a);
+                        found.push(b);
+                    }
+                }
+            },
+            (Some(_), None) => wanted.push(t.next().expect("peeked").1),
+            (None, Some(_)) => found.push(l.next().expect("peeked").1),
+            (None, None) => break,
+        }
+    }
+    plan(decode_rows(&wanted)?, decode_rows(&found)?, unsupported)
+}
+
+/// [`check_target`] of one path.
+fn check_target_path(path: &str, name_max: usize) -> Result<(), RestoreError> {
+    if path
+        .split('/')
+        .next()
+        .is_some_and(|top| top.starts_with(".checkpointd"))
+    {
+        return Err(RestoreError::InvalidPath {
+            path: path.to_string(),
+            reason: "top-level .checkpointd* names are reserved".into(),
+        });
+    }
+    if path.split('/').any(|part| part.len() > name_max) {
+        return Err(RestoreError::NameTooLong {
+            path: path.to_string(),
+            limit: name_max,
+        });
     }
     Ok(())
 }
@@ -1932,6 +2036,129 @@ mod tests {
         assert!(plan.dirs_to_make.is_empty() && plan.file_metadata.is_empty());
         assert_eq!(plan.links.len(), 1);
         assert_eq!(plan.blobs, vec![([1; 32], 1), ([2; 32], 2)]);
+    }
+
+    fn encode(rows: &[ManifestRow]) -> Vec<u8> {
+        let mut w = manifest::ManifestWriter::with_capacity(0);
+        for row in rows {
+            match row {
+                ManifestRow::File {
+                    path,
+                    hash,
+                    size,
+                    mode,
+                    mtime_ns,
+                    ..
+                } => w.file(path.as_str(), hash, *size, *mode, *mtime_ns),
+                ManifestRow::Dir { path, mode } => w.dir(path.as_str(), *mode),
+                ManifestRow::Symlink { path, target } => w.symlink(path.as_str(), target),
+            }
+        }
+        w.finish()
+    }
+
+    fn summary(plan: &Plan) -> String {
+        format!(
+            "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+            plan.deletions,
+            plan.dirs_to_make,
+            plan.writes,
+            plan.links,
+            plan.file_metadata,
+            plan.dir_modes,
+            plan.blobs
+        )
+    }
+
+    #[test]
+    fn plan_of_the_encoded_rows_equals_the_plan_of_every_row() {
+        let dir = |path: &str, mode| ManifestRow::Dir {
+            path: path.into(),
+            mode,
+        };
+        let link = |path: &str, target: &str| ManifestRow::Symlink {
+            path: path.into(),
+            target: target.into(),
+        };
+        let mut mode_only = file("m", 5, 5);
+        if let ManifestRow::File { mode, .. } = &mut mode_only {
+            *mode = 0o755;
+        }
+        let target = vec![
+            dir("a", 0o755),
+            file("a/same", 1, 1),
+            file("a/edited", 2, 4),
+            file("became-dir", 3, 3),
+            dir("d", 0o700),
+            file("d/x", 4, 4),
+            link("l", "a/same"),
+            mode_only,
+            file("new", 6, 6),
+            file("q\"uote", 7, 7),
+        ];
+        let live = vec![
+            dir("a", 0o755),
+            file("a/edited", 9, 4), // same size, other bytes
+            file("a/gone", 8, 8),
+            file("a/same", 1, 1),
+            dir("became-dir", 0o755),
+            file("became-dir/inner", 3, 3),
+            dir("d", 0o755), // mode only
+            file("d/x", 4, 4),
+            link("l", "elsewhere"),
+            file("m", 5, 5),
+            file("q\"uote", 7, 7),
+        ];
+        let unsupported = vec![(b"fifo".to_vec(), Unsupported::Fifo)];
+        let (t, l) = (encode(&target), encode(&live));
+        let whole = plan(target.clone(), live.clone(), &unsupported).unwrap();
+        let encoded = plan_encoded(Target::read(&t, 255).unwrap(), &l, &unsupported).unwrap();
+        assert_eq!(summary(&encoded), summary(&whole));
+        let written: Vec<&str> = encoded.writes.iter().map(|w| w.path.as_str()).collect();
+        assert_eq!(written, ["a/edited", "became-dir", "new"]);
+        assert_eq!(encoded.file_metadata.len(), 1);
+        assert_eq!(encoded.dir_modes, vec![("d".to_string(), 0o700)]);
+        // A target in another order is planned the same.
+        let mut shuffled = target.clone();
+        shuffled.reverse();
+        let encoded = plan_encoded(
+            Target::read(&encode(&shuffled), 255).unwrap(),
+            &l,
+            &unsupported,
+        )
+        .unwrap();
+        assert_eq!(summary(&encoded), summary(&whole));
+        // Nothing differs: nothing to do.
+        let same = plan_encoded(Target::read(&t, 255).unwrap(), &t, &[]).unwrap();
+        assert_eq!(same.operations(), 0);
+    }
+
+    #[test]
+    fn the_encoded_target_is_refused_as_the_decoded_one() {
+        let reserved = encode(&[file(".checkpointd-x/a", 1, 1)]);
+        assert!(matches!(
+            Target::read(&reserved, 255),
+            Err(RestoreError::InvalidPath { .. })
+        ));
+        // Escaped in the JSON, refused all the same.
+        let escaped = br#"[["f","\u002echeckpointd",""#.to_vec();
+        let mut escaped = escaped;
+        escaped.extend_from_slice(hash::to_hex(&[1; 32]).as_bytes());
+        escaped.extend_from_slice(br#"",1,420,1]]"#);
+        assert!(matches!(
+            Target::read(&escaped, 255),
+            Err(RestoreError::InvalidPath { .. })
+        ));
+        let long = encode(&[file(&"n".repeat(20), 1, 1)]);
+        assert!(matches!(
+            Target::read(&long, 16),
+            Err(RestoreError::NameTooLong { limit: 16, .. })
+        ));
+        // Not the compact encoding: read by the general decoder, same rules.
+        assert!(matches!(
+            Target::read(b"[ ]", 255),
+            Ok(Target::Decoded(rows)) if rows.is_empty()
+        ));
     }
 
     #[test]

@@ -15,6 +15,7 @@ import blake3
 import pytest
 
 from checkpointd import _native
+from checkpointd import restore as restore_module
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobCorruptError
 from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs, plan_pack_reads
@@ -370,9 +371,11 @@ class _TrickleBlobs(PackedBlobStore):
 
 
 async def test_a_pack_read_is_staged_as_it_streams_in_whatever_its_chunks(
-    store: Any, tmp_path: Path, data_dir: Path
+    store: Any, tmp_path: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert isinstance(store, PackIndex)
+    # Every read longer than 4 KiB streams (shorter ones are read whole, in batches).
+    monkeypatch.setattr(restore_module, "FETCH_CHUNK_BYTES", 4096)
     blobs = _TrickleBlobs(open_blobs(f"file://{tmp_path / 'blobs'}"), store)
     workspace = tmp_path / "workspace"
     tree = _mixed_tree()

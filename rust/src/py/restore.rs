@@ -79,12 +79,15 @@ fn restore_to_py(error: RestoreError) -> PyErr {
 /// See `_native.pyi`. Raises ValueError for bytes that are not a manifest.
 #[pyfunction]
 pub fn manifest_has_secrets(py: Python<'_>, data: &[u8]) -> PyResult<bool> {
-    let rows = py
-        .allow_threads(|| manifest::decode(data))
-        .map_err(PyValueError::new_err)?;
-    Ok(rows
-        .iter()
-        .any(|row| matches!(row, manifest::ManifestRow::File { secrets: true, .. })))
+    py.allow_threads(|| match manifest::has_secrets(data) {
+        Ok(found) => Ok(found),
+        // Not the compact encoding row by row: the general reader decides.
+        Err(_) => manifest::decode(data).map(|rows| {
+            rows.iter()
+                .any(|row| matches!(row, manifest::ManifestRow::File { secrets: true, .. }))
+        }),
+    })
+    .map_err(PyValueError::new_err)
 }
 
 fn digest(hex: &str) -> PyResult<[u8; 32]> {
@@ -155,9 +158,8 @@ impl RestoreSession {
         let scan_cache = cache_path.clone();
         let (inner, preview) = py
             .allow_threads(move || -> Result<Planned, RestoreError> {
-                let target = manifest::decode(&target).map_err(RestoreError::Manifest)?;
                 let ws = Workspace::open(&root, &subdir)?;
-                core::check_target(&target, core::name_max(ws.fd.as_raw_fd()))?;
+                let target = core::Target::read(&target, core::name_max(ws.fd.as_raw_fd()))?;
                 let request = ScanRequest {
                     root: ws.path.clone(),
                     policy,
@@ -170,8 +172,7 @@ impl RestoreSession {
                 };
                 let live = scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
                     .map_err(RestoreError::Scan)?;
-                let rows = manifest::decode(&live.manifest).map_err(RestoreError::Manifest)?;
-                let mut plan = core::plan(target, rows, &live.unsupported)?;
+                let mut plan = core::plan_encoded(target, &live.manifest, &live.unsupported)?;
                 core::leave_alone(&mut plan, &keep);
                 plan.uncached = uncached.unwrap_or_default().into_iter().collect();
                 core::replace_shared_inodes(&ws, &mut plan)?;
@@ -278,22 +279,44 @@ impl RestoreSession {
         .map_err(restore_to_py)
     }
 
+    /// Stage whole ranged reads of one pack at once: each ``(items, data)``
+    /// is a read's frames (as ``begin_range`` takes them) and the bytes read
+    /// from its first offset on. Every frame is decoded and verified before
+    /// a byte of it is written; InvalidBlob for one that does not decode to
+    /// its key or that ``data`` does not hold whole (a truncated pack).
+    /// Returns (blobs, bytes) staged.
+    fn stage_ranges(
+        &self,
+        py: Python<'_>,
+        reads: Vec<(Vec<FrameItem>, PyBackedBytes)>,
+    ) -> PyResult<(u64, u64)> {
+        let mut parsed = Vec::with_capacity(reads.len());
+        for (items, data) in &reads {
+            parsed.push((frames_of(items)?, data));
+        }
+        let inner = self.inner()?;
+        let cancel = &self.cancel;
+        py.allow_threads(|| {
+            use rayon::prelude::*;
+            parsed
+                .into_par_iter()
+                .map(|(frames, data)| {
+                    let mut stager = RangeStager::new(frames);
+                    let staged = stager.feed(inner, data, cancel)?;
+                    stager.finish()?;
+                    Ok(staged)
+                })
+                .try_reduce(|| (0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))
+        })
+        .map_err(restore_to_py)
+    }
+
     /// Start staging one ranged read of a pack: ``items`` are the frames it
     /// holds, ``(hex digest, offset, stored_len, raw_len, codec)`` as the
     /// index records them; the read starts at the smallest offset. Returns a
     /// handle for ``feed_range`` / ``end_range``.
-    fn begin_range(&self, items: Vec<(String, u64, u32, u32, u8)>) -> PyResult<u64> {
-        let mut entries = Vec::with_capacity(items.len());
-        for (hex, offset, stored_len, raw_len, codec) in &items {
-            entries.push(Entry {
-                digest: digest(hex)?,
-                offset: *offset,
-                stored_len: *stored_len,
-                raw_len: *raw_len,
-                codec: *codec,
-                kind: KIND_FILE,
-            });
-        }
+    fn begin_range(&self, items: Vec<FrameItem>) -> PyResult<u64> {
+        let entries = frames_of(&items)?;
         self.inner()?;
         let handle = self
             .next_range
@@ -430,6 +453,26 @@ impl RestoreSession {
         py.allow_threads(move || inner.remove_staging())
             .map_err(restore_to_py)
     }
+}
+
+/// A frame of a pack read as Python names it: (hex digest, offset, stored_len, raw_len, codec).
+type FrameItem = (String, u64, u32, u32, u8);
+
+/// The frames of a pack read.
+fn frames_of(items: &[FrameItem]) -> PyResult<Vec<Entry>> {
+    items
+        .iter()
+        .map(|(hex, offset, stored_len, raw_len, codec)| {
+            Ok(Entry {
+                digest: digest(hex)?,
+                offset: *offset,
+                stored_len: *stored_len,
+                raw_len: *raw_len,
+                codec: *codec,
+                kind: KIND_FILE,
+            })
+        })
+        .collect()
 }
 
 fn closed() -> PyErr {
