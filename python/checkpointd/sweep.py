@@ -417,6 +417,23 @@ async def iter_sweep_blobs(
     del referenced
     if listing_failed:
         return
+    # A row whose pack the listing did not show: its pack is gone, or it was
+    # uploaded since (UploadArtifact packs an artifact no checkpoint names yet
+    # and records its row at once). A HEAD tells which: a young one keeps its rows.
+    unlisted = list(dict.fromkeys(row.pack for row in dead_rows if row.pack not in packs))
+    young: set[str] = set()
+    for pack_name in unlisted:
+        try:
+            found = await bucket.head(pack_name)
+        except Exception as error:  # noqa: BLE001 - reported; its rows are kept
+            young.add(pack_name)
+            yield SweepBatch(failures=((pack_name, _describe(error)),))
+            continue
+        if found is not None and cutoff - found.last_modified_ms < older_than_ms:
+            young.add(pack_name)
+    if young:
+        yield SweepBatch(kept=tuple((row.key, TOO_YOUNG) for row in dead_rows if row.pack in young))
+        dead_rows = [row for row in dead_rows if row.pack not in young]
 
     # A key deleted as a single object is reported there, not again for its row.
     single = set(candidates) if dead_rows else set()

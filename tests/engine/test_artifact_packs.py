@@ -19,7 +19,7 @@ from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.store._packindex import row_key
-from checkpointd.sweep import REFERENCED, sweep_blobs
+from checkpointd.sweep import REFERENCED, iter_sweep_blobs, sweep_blobs
 
 from .conftest import (
     BUCKETS,
@@ -172,3 +172,70 @@ async def test_migrate_packs_the_small_artifacts_of_an_old_store(
     assert await packed.get(twin.blob_key) == shared
     checked = await check_store(store, bucket, read_data=True)
     assert checked.summary is not None and checked.summary.ok, checked.findings
+
+
+async def test_upload_artifact_given_the_store_packs_a_small_one_at_once(
+    store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    report = b"a report packed when it is uploaded\n" * 40
+    packed = PackedBlobStore(bucket, store)
+    artifact = await upload_artifact(bucket, "report.txt", "text/plain", report, index=store)
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield report[:100]
+        yield report[100:]
+
+    again = await upload_artifact(bucket, "again.txt", "text/plain", chunks(), index=store)
+    assert again.blob_key == artifact.blob_key
+    # No single object: one pack (the second upload found the row), read
+    # through the index as ReadArtifact reads.
+    assert await _single_objects(bucket) == set()
+    [pack] = await bucket.list(PACK_KEY_PREFIX)
+    assert (await packed.locate([artifact.blob_key]))[artifact.blob_key].pack == pack.key
+    assert await packed.get(artifact.blob_key) == report
+    # Large ones stay single objects.
+    large = await upload_artifact(
+        bucket, "shot.png", "image/png", os.urandom((1 << 20) + 1), index=store
+    )
+    assert await _single_objects(bucket) == {large.blob_key}
+
+    # Unused, it is kept while its pack is young, as its single object would be.
+    young = await sweep_blobs(store, bucket, 2 * HOUR_MS, now=_later)
+    assert young.failures == [] and await packed.get(artifact.blob_key) == report
+    # A capture that names it appends with it packed (nothing to read or pack).
+    write_tree(workspace, {"a.txt": b"a"})
+    done = await capture_checkpoint(
+        workspace, store, bucket, "t", data_dir=data_dir, artifacts=[artifact]
+    )
+    assert done.checkpoint.artifacts == (artifact,)
+    used = await sweep_blobs(store, bucket, 0, now=_later)
+    assert used.failures == [] and (row_key(artifact.blob_key), REFERENCED) in used.kept
+    assert await packed.get(artifact.blob_key) == report
+    # Once nothing names it and its pack is old, its row and pack go.
+    await _drop_head(store, "t")
+    for _ in range(2):  # rows first, then the pack no row points at
+        swept = await sweep_blobs(store, bucket, 0, now=_later)
+        assert swept.failures == []
+    assert await packed.locate([artifact.blob_key]) == {}
+    assert [info.key for info in await bucket.list(PACK_KEY_PREFIX)] == []
+
+
+async def test_a_sweep_that_listed_the_packs_before_an_artifact_was_packed_keeps_its_row(
+    store: Any, bucket: Any, workspace: Path, data_dir: Path
+) -> None:
+    # A capture of small files only: its pack is the one object in the bucket.
+    write_tree(workspace, {"a.txt": b"a" * 100, "b.txt": b"b" * 200})
+    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    packed = PackedBlobStore(bucket, store)
+    uploaded = None
+    # (Anything unused for a minute goes: the new pack is younger than that.)
+    async for batch in iter_sweep_blobs(store, bucket, 60_000):
+        if uploaded is None and batch.listed and not batch.kept:
+            # The packs are listed, the index not walked yet: the artifact's
+            # pack is not in the listing, its row will be in the walk.
+            uploaded = await upload_artifact(
+                bucket, "late.txt", "text/plain", b"uploaded mid-sweep\n" * 9, index=store
+            )
+        assert not batch.failures, batch.failures
+    assert uploaded is not None, "the pack listing came and went unseen"
+    assert await packed.get(uploaded.blob_key) == b"uploaded mid-sweep\n" * 9

@@ -914,7 +914,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     ) -> pb.UploadArtifactResponse:
         from ..artifacts import upload_artifact
 
-        _, blobs = self.state.stores()
+        store, blobs = self.state.stores()
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("part") != "metadata":
             raise SandboxCheckpointInvalidArgumentError(
@@ -928,7 +928,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 yield message.chunk
 
         artifact = await upload_artifact(
-            blobs, first.metadata.name, first.metadata.mime_type, chunks()
+            blobs, first.metadata.name, first.metadata.mime_type, chunks(), index=store
         )
         return pb.UploadArtifactResponse(artifact=convert.artifact_to_proto(artifact))
 

@@ -287,6 +287,10 @@ class PackMaintenance(Protocol):
       none (their single objects stay readable until a sweep removes them).
       Like an append it is protected by pins: migrate pins the keys before it
       uploads their pack and renews its lease right before the add.
+      ``unreferenced=True`` (UploadArtifact's small artifact, in a pack of its
+      own) records the row of a key no checkpoint uses yet: the row then
+      stands where the single object would, young as its pack is, and a sweep
+      drops it like any unreferenced row once its pack is old.
     * ``retire_pack``: before a sweep deletes a pack no row points at, it
       retires it for ``hold_ms`` and deletes it within that time; no switch
       points a row at a pack while it is retired, so a concurrent repack that
@@ -345,9 +349,12 @@ class PackMaintenance(Protocol):
         pack retired right now are left alone. Returns the keys switched, sorted."""
         ...
 
-    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+    async def add_packed_blobs(
+        self, rows: builtins.list[PackedBlob], *, unreferenced: bool = False
+    ) -> builtins.list[str]:
         """Record each row whose key (or its digest's artifact key,
-        ``_packindex.row_key``) a checkpoint references and has no row yet;
+        ``_packindex.row_key``) a checkpoint references (any key with
+        ``unreferenced``) and has no row yet;
         returns the keys recorded, sorted. The caller pins the keys (under a
         current lease) before it uploads their pack, and keeps the pins until
         this returns."""

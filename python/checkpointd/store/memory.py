@@ -627,7 +627,9 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
                 self._tables.missing.setdefault(key_to_bytes(key), now)
             return sorted(gone)
 
-    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+    async def add_packed_blobs(
+        self, rows: builtins.list[PackedBlob], *, unreferenced: bool = False
+    ) -> builtins.list[str]:
         """See ``store.base.PackMaintenance``."""
         self._check_open()
         async with self._lock:
@@ -636,7 +638,9 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
             for row in check_packed_blobs(rows, None):
                 # Referenced as a file or as an artifact (_packindex.row_key).
                 if row.key not in packed and (
-                    self._referenced(row.key) or self._referenced(artifact_twin(row.key))
+                    unreferenced
+                    or self._referenced(row.key)
+                    or self._referenced(artifact_twin(row.key))
                 ):
                     packed[row.key] = row
                     added.append(row.key)

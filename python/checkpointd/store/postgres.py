@@ -1449,7 +1449,9 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         return await self._transaction("forget_lost_packed_blobs", body)
 
-    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+    async def add_packed_blobs(
+        self, rows: builtins.list[PackedBlob], *, unreferenced: bool = False
+    ) -> builtins.list[str]:
         """See ``base.PackMaintenance``: one transaction."""
         self._check_open()
         checked = check_packed_blobs(rows, None)
@@ -1471,7 +1473,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
                     [raw for pair in forms.values() for raw in pair],
                 )
             }
-            live = [row for row in checked if not used.isdisjoint(forms[row.key])]
+            live = [row for row in checked if unreferenced or not used.isdisjoint(forms[row.key])]
             if not live:
                 return []
             ids = await _pack_ids(conn, live)

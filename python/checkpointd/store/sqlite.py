@@ -1366,7 +1366,9 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
         return await self._db.write(run) if checked else []
 
-    async def add_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
+    async def add_packed_blobs(
+        self, rows: builtins.list[PackedBlob], *, unreferenced: bool = False
+    ) -> builtins.list[str]:
         """See ``base.PackMaintenance``: one write transaction."""
         checked = check_packed_blobs(rows, None)
 
@@ -1378,7 +1380,7 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             for row in checked:
                 # Referenced as a file or as an artifact (_packindex.row_key).
                 raw, twin = key_to_bytes(row.key), key_to_bytes(artifact_twin(row.key))
-                used = await _fetchall(
+                used = unreferenced or await _fetchall(
                     conn,
                     "SELECT 1 FROM blob_references WHERE key IN (?, ?) AND refs > 0"
                     " UNION ALL SELECT 1 FROM blob_runs WHERE key IN (?, ?) LIMIT 1",
