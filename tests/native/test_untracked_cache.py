@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -491,3 +492,62 @@ def test_cache_holds_only_what_the_last_scan_saw(tmp_path: Path) -> None:
         shutil.rmtree(root / f"dir{d:02}")
     scan(root, str(cache))
     assert cache.stat().st_size < full * 0.6
+
+
+def test_file_swapped_for_a_symlink_while_no_change_scans_run(tmp_path: Path) -> None:
+    """A file swapped for a symlink (and back) by a sandbox loop while
+    cached no-change scans run: every scan, told of the last manifest, is the
+    tree as it was (the file), as it was mid-swap (the link, or nothing
+    there), or refuses with FileChangedError; never a mix, never the previous
+    manifest kept on the cache's word while the link is there. Once the loop
+    stops, a scan is a fresh scan's."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    for d in range(10):
+        (root / f"d{d}").mkdir()
+        for f in range(20):
+            (root / f"d{d}" / f"f{f}.txt").write_bytes(b"file %d %d\n" % (d, f))
+    age_tree(str(root))
+    cache = str(tmp_path / "cache.bin")
+    scan(root, cache)
+    assert scan(root, cache).manifest_witnessed
+    swapped = root / "d3" / "f7.txt"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink("f0.txt", outside / "link")
+    states = {_native.scan(str(root)).manifest}
+    os.rename(swapped, outside / "file")
+    states.add(_native.scan(str(root)).manifest)
+    os.rename(outside / "link", swapped)
+    states.add(_native.scan(str(root)).manifest)
+    os.rename(swapped, outside / "link")
+    os.rename(outside / "file", swapped)
+    assert len(states) == 3  # file, nothing, link
+
+    stop = threading.Event()
+
+    def swap_loop() -> None:
+        while not stop.is_set():
+            os.rename(swapped, outside / "file")
+            os.rename(outside / "link", swapped)
+            os.rename(swapped, outside / "link")
+            os.rename(outside / "file", swapped)
+
+    swapper = threading.Thread(target=swap_loop)
+    swapper.start()
+    seen = 0
+    try:
+        for _ in range(40):
+            try:
+                result = scan(root, cache)
+            except _native.FileChangedError:
+                continue
+            assert result.manifest in states
+            seen += 1
+    finally:
+        stop.set()
+        swapper.join()
+    assert seen > 0
+    time.sleep(0.02)  # past the racy tick of the last rename
+    assert_same_as_fresh(root, scan(root, cache))
+    assert_same_as_fresh(root, scan(root, cache))
