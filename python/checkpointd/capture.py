@@ -84,13 +84,14 @@ from .errors import (
     FILE_CHANGED,
     INVALID_PATH,
     UNSUPPORTED_ENTRY,
+    SandboxCheckpointConflictError,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointInvalidEntryError,
     SandboxSnapshotError,
 )
 from .ids import new_uuid7
-from .manifest import Manifest, manifest_of, split_digests
+from .manifest import Manifest, ManifestSummary, manifest_of, split_digests
 from .model import (
     ARTIFACT_KEY_PREFIX,
     FILE_KEY_PREFIX,
@@ -395,6 +396,11 @@ async def capture_checkpoint(
                 # Each new small file is read once: the scan hands the bytes it
                 # zeroed and hashed to the upload through the feed, while it goes on.
                 parent_manifest = manifest_of(parent.files) if parent is not None else None
+                # What the scan compares with: the parent's summary alone. The
+                # parent itself is let go for the scan and read again after it
+                # (a store keeps a large one by its summary: at 1M files its
+                # compressed row is ~60 MB, resident through the scan otherwise).
+                previous = parent_manifest.summary() if parent_manifest is not None else None
                 # The feed skips the parent's digests when they are at hand (a
                 # parent its store has not loaded is not loaded for them: a
                 # no-change capture never needs them, and a file the feed
@@ -407,6 +413,7 @@ async def capture_checkpoint(
                 feed = _native.BlobFeed(
                     FEED_BYTES, SMALL_FILE_BYTES, parent_digests, max_held_files=HELD_FILES
                 )
+                parent = parent_manifest = None
                 # The scan and the consumers blocked on the feed wait on each other:
                 # they get threads of their own, never the loop's small shared
                 # executor, where enough concurrent captures would fill every
@@ -427,7 +434,7 @@ async def capture_checkpoint(
                         subroot.fd,
                         executor=feed_threads,
                         progress=counts,
-                        previous=parent_manifest,
+                        previous=previous,
                     )
                 )
                 polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
@@ -458,6 +465,8 @@ async def capture_checkpoint(
                     _close_scan_phase(reporter, outcome)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
+                parent = await _parent_again(store, head_id, previous)
+                parent_manifest = manifest_of(parent.files) if parent is not None else None
                 # When nothing changed they are the parent's (same length and
                 # fingerprint): the parent's manifest object is the new one, so
                 # no second copy is made and an unloaded one stays unloaded.
@@ -544,6 +553,32 @@ async def capture_checkpoint(
         if subroot is not None:
             subroot.close()
         await lease.release()
+
+
+async def _parent_again(
+    store: CheckpointStore, head_id: str | None, previous: ManifestSummary | None
+) -> Checkpoint | None:
+    """The parent, read again after the scan: the head cannot have moved (we
+    hold the lease), and its manifest must still be the one the scan was
+    compared with."""
+    if head_id is None:
+        return None
+    parent = await store.get(head_id)
+    summary = manifest_of(parent.files).summary() if parent is not None else None
+    if (
+        summary is None
+        or previous is None
+        or (summary.byte_length, summary.fingerprint)
+        != (
+            previous.byte_length,
+            previous.fingerprint,
+        )
+    ):
+        raise SandboxCheckpointConflictError(
+            f"the head {head_id!r} changed while the workspace was scanned",
+            details={"checkpoint_id": head_id},
+        )
+    return parent
 
 
 async def _append(
@@ -637,7 +672,7 @@ async def _scan(
     root_fd: int | None = None,
     executor: concurrent.futures.Executor | None = None,
     progress: _native.ScanProgress | None = None,
-    previous: Manifest | None = None,
+    previous: ManifestSummary | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(

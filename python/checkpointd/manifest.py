@@ -250,6 +250,12 @@ class Manifest(Sequence["Entry"]):
             self._byte_length = len(data)
             del data
 
+    def known_summary(self) -> ManifestSummary | None:
+        """The summary when it is known without loading anything, else None."""
+        if self._byte_length < 0 or self._fingerprint is None or self._totals is None:
+            return None
+        return self.summary()
+
     def summary(self) -> ManifestSummary:
         """What a store keeps beside the bytes (see ``ManifestSummary``)."""
         entries, files, file_bytes = self.totals()

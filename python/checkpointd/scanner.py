@@ -33,7 +33,7 @@ from functools import cached_property
 from . import _native
 from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
-from .manifest import Manifest
+from .manifest import ManifestSummary
 from .model import Entry, Policy
 from .validation import MIN_SECRET_LEN  # re-exported: one home for the rule
 
@@ -143,17 +143,16 @@ def scan_workspace(
     feed: _native.BlobFeed | None = None,
     root_fd: int | None = None,
     progress: _native.ScanProgress | None = None,
-    previous: Manifest | None = None,
+    previous: ManifestSummary | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
 
     ``progress`` receives the counts while the scan runs (poll its
-    ``snapshot()`` from another thread). ``previous``: the parent's manifest;
-    when the scan's manifest is byte for byte that one (same length and
-    fingerprint), ``ScanOutcome.same_as_previous`` is True and no second copy
-    is made (only ``previous``'s length and fingerprint are read, so a
-    manifest its store has not loaded stays unloaded).
+    ``snapshot()`` from another thread). ``previous``: the parent's manifest
+    summary; when the scan's manifest is byte for byte that one (same length
+    and fingerprint), ``ScanOutcome.same_as_previous`` is True and no second
+    copy is made (the parent's manifest itself is never needed).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -174,8 +173,8 @@ def scan_workspace(
             feed=feed,
             root_fd=root_fd,
             progress=progress,
-            previous_length=None if previous is None else previous.byte_length(),
-            previous_fingerprint=None if previous is None else previous.fingerprint(),
+            previous_length=None if previous is None else previous.byte_length,
+            previous_fingerprint=None if previous is None else previous.fingerprint,
         )
     except _native.ScanCancelled:
         raise

@@ -257,9 +257,10 @@ def test_a_no_change_keyframe_past_max_depth_reuses_the_compressed_manifest() ->
 async def test_a_large_appended_keyframe_is_cached_unloaded(
     tmp_path: Path, workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After the append of a keyframe above KEEP_LOADED_BYTES, the store keeps
-    it as its compressed row (a cold capture's 180 MB manifest at 1M files
-    is not held between captures); the next no-change capture uses it unloaded."""
+    """Above KEEP_LOADED_BYTES a store's cache keeps a manifest by its summary
+    alone (a cold capture's 180 MB manifest at 1M files, or its 60 MB row, is
+    not held between captures); the next no-change capture uses it unloaded,
+    and a changed one reads the parent's row again for its delta."""
     from checkpointd.store import _documents as documents
 
     monkeypatch.setattr(documents, "KEEP_LOADED_BYTES", 0)
@@ -272,4 +273,16 @@ async def test_a_large_appended_keyframe_is_cached_unloaded(
         assert head is not None and not head.files.loaded
         again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
         assert again.stats.files_hashed == 0 and not again.checkpoint.files.loaded
+        # The cache keeps these by their summaries alone (not even the rows).
+        held = list(store._recent._items.values())
+        assert held and all(documents.is_summary_only(content) for content in held)
         assert again.checkpoint.files.data == first.checkpoint.files.data
+        # A change: the append reads its parent's row again for the delta.
+        (workspace / "src" / "m9.py").chmod(0o600)
+        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        assert _mode_of(changed.checkpoint.files, "src/m9.py") == 0o600
+    async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        read = await store.get(changed.checkpoint.id)
+        assert read is not None and read.files.data == changed.checkpoint.files.data
+        read = await store.get(again.checkpoint.id)
+        assert read is not None and read.files.data == first.checkpoint.files.data

@@ -531,12 +531,19 @@ class RecentContents:
         self._budget = budget_bytes
         self._items: OrderedDict[tuple[str, int], documents.Content] = OrderedDict()
 
-    def get(self, checkpoint_id: str, version: int) -> documents.Content | None:
-        return self._items.get((checkpoint_id, version))
+    def get(
+        self, checkpoint_id: str, version: int, *, summary_will_do: bool = False
+    ) -> documents.Content | None:
+        """The cached content; a large one kept by its summary alone
+        (``documents.held_lightly``) only when ``summary_will_do``."""
+        content = self._items.get((checkpoint_id, version))
+        if content is None or (not summary_will_do and documents.is_summary_only(content)):
+            return None
+        return content
 
     def put(self, checkpoint_id: str, version: int, content: documents.Content) -> None:
         row = (checkpoint_id, version)
-        self._items[row] = content
+        self._items[row] = documents.held_lightly(content)
         self._items.move_to_end(row)
         held = sum(item.manifest.held_bytes() for item in self._items.values())
         while len(self._items) > self._size or (len(self._items) > 1 and held > self._budget):
@@ -578,9 +585,12 @@ class SqlCheckpointStore:
     def _is_closed(self) -> bool:
         raise NotImplementedError
 
-    async def _content(self, tx: WriteTx, checkpoint_id: str, version: int) -> documents.Content:
-        """The content of a stored checkpoint (cached by its row version)."""
-        content = self._recent.get(checkpoint_id, version)
+    async def _content(
+        self, tx: WriteTx, checkpoint_id: str, version: int, *, summary_will_do: bool = False
+    ) -> documents.Content:
+        """The content of a stored checkpoint (cached by its row version; see
+        ``RecentContents.get`` for ``summary_will_do``)."""
+        content = self._recent.get(checkpoint_id, version, summary_will_do=summary_will_do)
         if content is None:
             rows: Rows = {}
             await tx.fetch_chains([checkpoint_id], rows)
@@ -644,7 +654,14 @@ class SqlCheckpointStore:
             if expected_head_id is not None:
                 row = facts.head_row
                 assert row is not None, "a head always names a stored checkpoint"
-                parent = await self._content(tx, expected_head_id, row.version)
+                parent = await self._content(
+                    tx, expected_head_id, row.version, summary_will_do=True
+                )
+                if documents.is_summary_only(parent) and not content.manifest.same_bytes(
+                    parent.manifest
+                ):
+                    # Not the parent's files: the delta needs the parent's bytes.
+                    parent = await self._content(tx, expected_head_id, row.version)
                 depth = row.depth
             if parent is None:
                 stored = await offload(content_size(content), documents.keyframe, content)

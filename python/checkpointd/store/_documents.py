@@ -179,6 +179,35 @@ class _PackedManifest:
 KEEP_LOADED_BYTES = 32 << 20
 
 
+class _SummaryOnly:
+    """The source of a cached manifest that keeps its summary alone."""
+
+
+_SUMMARY_ONLY = _SummaryOnly()
+
+
+def _never_loaded() -> bytes:
+    raise AssertionError("a store cache's summary-only manifest is never loaded")
+
+
+def held_lightly(content: Content) -> Content:
+    """``content`` as a store's cache keeps it: a large manifest its store has
+    not loaded keeps only its summary there (not even the compressed row,
+    ~60 MB at 1M entries), which is all a no-change append on top of it
+    needs; anything else reads the row again (``is_summary_only``)."""
+    manifest = content.manifest
+    summary = manifest.known_summary()
+    if manifest.loaded or summary is None or manifest.held_bytes() <= KEEP_LOADED_BYTES:
+        return content
+    return Content(content.document, Manifest.stored(_never_loaded, summary, 0, _SUMMARY_ONLY))
+
+
+def is_summary_only(content: Content) -> bool:
+    """Whether ``content`` is a cache's light form (``held_lightly``): its
+    manifest's bytes can only be had by reading its row again."""
+    return content.manifest.stored_source() is _SUMMARY_ONLY
+
+
 def unloaded(content: Content, stored: Stored) -> Content:
     """``content`` as a store keeps it once ``stored`` is its row: a large
     keyframe's manifest unloaded over the row (the compressed bytes, ~1/3 of
