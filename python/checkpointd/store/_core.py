@@ -100,6 +100,7 @@ from ._options import (
     LeaseRecord,
     StoreOptions,
     audit_keys,
+    blob_counts,
     check_fork_arguments,
     check_fork_source,
     check_keep,
@@ -119,6 +120,7 @@ from ._options import (
     writer_fields,
 )
 from ._packindex import PackedRows, check_packed_blobs, check_packed_columns, checked_digest
+from .base import BlobCount
 
 T = TypeVar("T")
 
@@ -1005,6 +1007,38 @@ async def checkpoints_of(rows: Rows) -> builtins.list[Checkpoint]:
 # ------------------------------------------------------------------------ audit and repair
 
 
+async def audited(
+    rows: Rows, stored: dict[bytes, int], *, with_sizes: bool = False
+) -> builtins.list[BlobCount]:
+    """``BlobAudit.audit_blob_references`` from one snapshot of every stored
+    document and every key's stored count (each dialect reads those its own
+    way): the manifests' counts, decoded in a worker thread, beside the stored."""
+    manifests, sizes = await asyncio.to_thread(
+        paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
+    )
+    return blob_counts(stored, manifests, sizes)
+
+
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """What ``repair_blob_references`` sets, from one snapshot (a dialect
+    writes it its own way): every key's count from the manifests, each
+    thread's head keys for its runs, and the keys whose stored count was wrong."""
+
+    wrong: builtins.list[BlobCount]
+    refs: dict[bytes, int]  # key -> count, keys counted at all
+    head_keys: dict[str, KeySet]  # thread -> its head's keys
+
+
+async def repair_of(rows: Rows, stored: dict[bytes, int], heads: Mapping[str, str]) -> Repair:
+    """The repair of a whole store's counts (see ``Repair``; decoded in a
+    worker thread)."""
+    manifests, sizes = await asyncio.to_thread(paused, documents.count_manifest_keys, rows)
+    key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
+    wrong = [c for c in blob_counts(stored, manifests, sizes) if not c.agrees]
+    return Repair(wrong, {key: n for key, n in manifests.items() if n > 0}, key_sets)
+
+
 def head_key_sets(heads: Mapping[str, str], rows: Rows) -> dict[str, KeySet]:
     """thread -> the keys of its head checkpoint (for runs: migration, repair)."""
     memo: dict[str, documents.Content] = {}
@@ -1030,12 +1064,14 @@ __all__ = [
     "IdTaken",
     "KeySet",
     "RecentContents",
+    "Repair",
     "Rows",
     "RunChange",
     "SqlCheckpointStore",
     "StoredRow",
     "ThreadState",
     "WriteTx",
+    "audited",
     "check_append_state",
     "checkpoints_of",
     "count_change",
@@ -1046,5 +1082,6 @@ __all__ = [
     "not_head",
     "offload",
     "paused",
+    "repair_of",
     "spent_ids",
 ]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-import functools
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -41,15 +40,15 @@ from ._core import (
     SqlCheckpointStore,
     StoredRow,
     ThreadState,
+    audited,
     checkpoints_of,
-    head_key_sets,
     offload,
     paused,
+    repair_of,
 )
 from ._options import (
     LeaseRecord,
     StoreOptions,
-    blob_counts,
     check_hold_ms,
     check_instance_record,
     check_thread_page,
@@ -678,9 +677,7 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
         self._check_open()
         async with self._lock:
             rows, stored = self._all_rows(), self._tables.counts()
-        count = functools.partial(documents.count_manifest_keys, with_sizes=with_sizes)
-        manifests, sizes = await asyncio.to_thread(paused, count, rows)
-        return blob_counts(stored, manifests, sizes)
+        return await audited(rows, stored, with_sizes=with_sizes)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every count to the manifests' (as the SQL stores do: one run per
@@ -689,18 +686,15 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
         self._check_open()
         async with self._lock:
             tables = self._tables
-            rows = self._all_rows()
-            manifests, sizes = await asyncio.to_thread(paused, documents.count_manifest_keys, rows)
             heads = {thread_id: head for thread_id, (head, _) in tables.heads.items()}
-            key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
-            wrong = [c for c in blob_counts(tables.counts(), manifests, sizes) if not c.agrees]
+            repair = await repair_of(self._all_rows(), tables.counts(), heads)
             tables.runs = {
                 thread_id: dict.fromkeys(keys.keys(), tables.heads[thread_id][1])
-                for thread_id, keys in key_sets.items()
+                for thread_id, keys in repair.head_keys.items()
                 if keys
             }
-            tables.refs = {key: n for key, n in manifests.items() if n > 0}
-            return wrong
+            tables.refs = repair.refs
+            return repair.wrong
 
     async def list_missing_blobs(self) -> builtins.list[str]:
         self._check_open()

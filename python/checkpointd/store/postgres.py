@@ -79,6 +79,7 @@ from ._core import (
     SqlCheckpointStore,
     StoredRow,
     ThreadState,
+    audited,
     checkpoints_of,
     content_size,
     head_key_sets,
@@ -1123,13 +1124,10 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         rows, stored = await self._transaction("audit_blob_references", body)
         merged: Rows = {i: row for thread_rows in rows.values() for i, row in thread_rows.items()}
-        manifests, sizes = await asyncio.to_thread(
-            paused, lambda: documents.count_manifest_keys(merged, with_sizes=with_sizes)
-        )
         totals: Counter[bytes] = Counter()
         for counts in stored.values():
             totals.update(counts)
-        return blob_counts(dict(totals), manifests, sizes)
+        return await audited(merged, dict(totals), with_sizes=with_sizes)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every thread's count rows to what its manifests say, in one

@@ -80,16 +80,17 @@ from ._core import (
     SqlCheckpointStore,
     StoredRow,
     ThreadState,
+    audited,
     checkpoints_of,
     content_size,
     head_key_sets,
     offload,
     paused,
+    repair_of,
 )
 from ._options import (
     LeaseRecord,
     StoreOptions,
-    blob_counts,
     check_hold_ms,
     check_instance_record,
     check_thread_page,
@@ -1456,10 +1457,7 @@ class SqliteCheckpointStore(SqlCheckpointStore):
                 await conn.execute("COMMIT")
 
         rows, stored = await self._db.read(run)
-        manifests, sizes = await asyncio.to_thread(
-            paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
-        )
-        return blob_counts(stored, manifests, sizes)
+        return await audited(rows, stored, with_sizes=with_sizes)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every count to the manifests' in one write transaction (writers of
@@ -1470,11 +1468,9 @@ class SqliteCheckpointStore(SqlCheckpointStore):
         async def run(conn: aiosqlite.Connection) -> builtins.list[BlobCount]:
             rows, stored = await self._audit_rows(conn)
             heads = {t: h for t, h in await _fetchall(conn, "SELECT thread_id, head_id FROM heads")}
-            manifests, sizes = await asyncio.to_thread(paused, documents.count_manifest_keys, rows)
-            key_sets = await asyncio.to_thread(paused, head_key_sets, heads, rows)
-            wrong = [c for c in blob_counts(stored, manifests, sizes) if not c.agrees]
+            repair = await repair_of(rows, stored, heads)
             await conn.execute("DELETE FROM blob_runs")
-            for thread_id, keys in key_sets.items():
+            for thread_id, keys in repair.head_keys.items():
                 await conn.execute(
                     _KEYS + "INSERT INTO blob_runs (key, thread_id, open_since)"
                     " SELECT key, :thread, (SELECT head_ordinal FROM heads"
@@ -1488,13 +1484,13 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             await conn.executemany(
                 "INSERT INTO blob_references (key, refs) VALUES (?, ?) "
                 "ON CONFLICT (key) DO UPDATE SET refs = excluded.refs",
-                sorted((k, n) for k, n in manifests.items() if n > 0 and refs.get(k) != n),
+                sorted((k, n) for k, n in repair.refs.items() if refs.get(k) != n),
             )
             await conn.executemany(
                 "DELETE FROM blob_references WHERE key = ?",
-                [(key,) for key in sorted(refs) if manifests.get(key, 0) <= 0],
+                [(key,) for key in sorted(refs) if key not in repair.refs],
             )
-            return wrong
+            return repair.wrong
 
         return await self._db.write(run)
 
