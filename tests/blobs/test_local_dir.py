@@ -4,6 +4,9 @@ obstore's LocalStore on every key, and a blob must only ever appear complete."""
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +130,53 @@ def test_a_refused_write_names_the_store_and_key(tmp_path: Path, unnamed: bool) 
 def test_keys_obstore_would_encode_take_the_async_path(tmp_path: Path, key: str) -> None:
     local = _local(open_blobs(f"file://{tmp_path}"))
     assert local.path(key) is None
+
+
+_PUT_SCRIPT = """
+import asyncio, os, sys
+from checkpointd.blobs import open_blobs
+
+async def main():
+    blobs = open_blobs("file://" + sys.argv[1])
+    first = [("sandbox-packs/blake3/" + "%064x" % 1, b"a pack")]
+    await blobs.put_many(first)  # creates the directories
+    print("--- one", flush=True)
+    await blobs.put_many([("sandbox-packs/blake3/" + "%064x" % 2, os.urandom(1 << 20))])
+    print("--- many", flush=True)
+    await blobs.put_many(
+        [("sandbox-files/blake3/" + "%064x" % n, b"small %d" % n) for n in range(20)]
+    )
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to watch the syscalls")
+def test_a_small_batch_syncs_its_own_files_and_a_large_one_the_filesystem(
+    tmp_path: Path,
+) -> None:
+    # A pack put alone must not wait for every dirty page of a shared disk
+    # (syncfs): its bytes are fdatasynced before it is named, its directory
+    # fsynced after. A batch of many small blobs, or one that made new
+    # directories, still ends with one syncfs.
+    trace = tmp_path / "trace.txt"
+    done = subprocess.run(
+        ["strace", "-f", "-qq", "--seccomp-bpf", "-e", "trace=syncfs,fdatasync,fsync,write"]
+        + ["-o", str(trace), sys.executable, "-c", _PUT_SCRIPT, str(tmp_path / "blobs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    calls = [line for line in trace.read_text().splitlines() if "resumed" not in line]
+    one = next(i for i, line in enumerate(calls) if "--- one" in line)
+    many = next(i for i, line in enumerate(calls) if "--- many" in line)
+
+    def syncs(lines: list[str]) -> list[str]:
+        return [
+            name for line in lines for name in ("syncfs(", "fdatasync(", "fsync(") if name in line
+        ]
+
+    assert syncs(calls[:one]) == ["syncfs("]  # new directories: the filesystem
+    assert syncs(calls[one:many]) == ["fdatasync(", "fsync("]
+    assert syncs(calls[many:]) == ["syncfs("]
