@@ -374,7 +374,15 @@ async def capture_checkpoint(
                 existing = await _existing(store, checkpoint_id, thread_id)
                 if existing is not None:
                     return CaptureResult(existing, _empty_stats(reporter))
-            parent = await store.get(head_id) if head_id is not None else None
+            # Before the scan only the parent's manifest summary is needed: a
+            # store whose cache knows it says so without reading the parent.
+            cached_summary = getattr(store, "cached_manifest_summary", None)
+            known = (
+                await cached_summary(head_id)
+                if head_id is not None and cached_summary is not None
+                else None
+            )
+            parent = await store.get(head_id) if head_id is not None and known is None else None
 
             reporter.phase("scan")
             assert subroot.fd is not None
@@ -400,7 +408,7 @@ async def capture_checkpoint(
                 # parent itself is let go for the scan and read again after it
                 # (a store keeps a large one by its summary: at 1M files its
                 # compressed row is ~60 MB, resident through the scan otherwise).
-                previous = parent_manifest.summary() if parent_manifest is not None else None
+                previous = parent_manifest.summary() if parent_manifest is not None else known
                 # The feed skips the parent's digests when they are at hand (a
                 # parent its store has not loaded is not loaded for them: a
                 # no-change capture never needs them, and a file the feed

@@ -276,12 +276,18 @@ async def test_a_large_appended_keyframe_is_cached_unloaded(
         # The cache keeps these by their summaries alone (not even the rows).
         held = list(store._recent._items.values())
         assert held and all(documents.is_summary_only(content) for content in held)
+        # What a capture asks before its scan: the cache's summary, no row read.
+        summary = await store.cached_manifest_summary(again.checkpoint.id)
+        assert summary == first.checkpoint.files.summary()
+        assert await store.cached_manifest_summary("missing") is None
         assert again.checkpoint.files.data == first.checkpoint.files.data
         # A change: the append reads its parent's row again for the delta.
         (workspace / "src" / "m9.py").chmod(0o600)
         changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
         assert _mode_of(changed.checkpoint.files, "src/m9.py") == 0o600
     async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        # A fresh store's cache knows nothing: the capture reads the parent.
+        assert await store.cached_manifest_summary(changed.checkpoint.id) is None
         read = await store.get(changed.checkpoint.id)
         assert read is not None and read.files.data == changed.checkpoint.files.data
         read = await store.get(again.checkpoint.id)

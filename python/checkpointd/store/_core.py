@@ -92,7 +92,7 @@ from ..errors import (
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
 )
-from ..manifest import split_digests
+from ..manifest import ManifestSummary, split_digests
 from ..model import Checkpoint, WriterLease, WriterLike
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
 from . import _documents as documents
@@ -586,6 +586,22 @@ class SqlCheckpointStore:
 
     def _is_closed(self) -> bool:
         raise NotImplementedError
+
+    async def _row_version(self, checkpoint_id: str) -> int | None:
+        """The stored row's version (None: no such row, or a dialect that does
+        not say; then ``cached_manifest_summary`` knows nothing)."""
+        return None
+
+    async def cached_manifest_summary(self, checkpoint_id: str) -> ManifestSummary | None:
+        """The manifest summary of a stored checkpoint when this store's cache
+        holds its current row's content (one small read of the row's version,
+        no document read), else None: ask ``get``. A capture compares its scan
+        with this before it needs the parent itself."""
+        version = await self._row_version(checkpoint_id)
+        if version is None:
+            return None
+        content = self._recent.get(checkpoint_id, version, summary_will_do=True)
+        return None if content is None else content.manifest.known_summary()
 
     async def _content(
         self, tx: WriteTx, checkpoint_id: str, version: int, *, summary_will_do: bool = False

@@ -461,6 +461,12 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
 
     # ------------------------------------------------------------------ reads
 
+    async def _row_version(self, checkpoint_id: str) -> int | None:
+        self._check_open()
+        check_id(checkpoint_id, "checkpoint id")
+        row = self._tables.rows.get(checkpoint_id)
+        return None if row is None else row.version
+
     async def _checkpoint(self, checkpoint_id: str) -> Checkpoint | None:
         row = self._tables.rows.get(checkpoint_id)
         if row is None:

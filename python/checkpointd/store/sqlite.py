@@ -1061,6 +1061,17 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
     # ------------------------------------------------------------------ reads
 
+    async def _row_version(self, checkpoint_id: str) -> int | None:
+        check_id(checkpoint_id, "checkpoint id")
+
+        async def run(conn: aiosqlite.Connection) -> Any:
+            return await _fetchone(
+                conn, "SELECT serial FROM checkpoints WHERE id = ?", (checkpoint_id,)
+            )
+
+        row = await self._db.read(run)
+        return None if row is None else int(row[0])
+
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
         check_id(checkpoint_id, "checkpoint id")
