@@ -309,6 +309,19 @@ async def test_a_token_cannot_locate_read_or_name_another_tenants_frames(
         # The good one is stored (checked whole).
         assert await blobs.put_many([(PACK_KEY_PREFIX + hex_digest, good)]) == [True]
 
+        # No whole-pack read: a pack key is no key a checkpoint references.
+        for call in (
+            lambda: stub.BlobGet(gpb.GatewayBlobGetRequest(key=pack), metadata=metadata),
+            lambda: stub.BlobGetMany(gpb.GatewayKeys(keys=[pack]), metadata=metadata),
+        ):
+            code, reason, _ = await _refused(call)
+            assert (code, reason) == (grpc.StatusCode.PERMISSION_DENIED, FORBIDDEN)
+
+        # A key's BLAKE3 is its capability: once A pins B's key (as a capture of
+        # the same bytes does), the gateway locates it for A.
+        assert await remote.pin_blobs([secret_row.key], lease) == []
+        assert await remote.locate_blobs([secret_row.key]) == {secret_row.key: secret_row}
+
         # The index listing is the operator's.
         code, reason, _ = await _refused(
             lambda: stub.ListPackedBlobs(gpb.GatewayListPackedRequest(), metadata=metadata)
@@ -318,6 +331,43 @@ async def test_a_token_cannot_locate_read_or_name_another_tenants_frames(
     finally:
         await channel.close()
         await remote.aclose()
+
+
+@pytest.mark.s3
+async def test_a_pack_is_never_presigned(
+    s3_server: Any, tmp_path: Path, keys: Keys, gateway_factory: Any
+) -> None:
+    """A presigned URL opens the whole object, whatever range it is used with:
+    the tenant's own pack is refused too; its reads go frame by frame."""
+    store = await SqliteCheckpointStore.open(str(tmp_path / "store.db"))
+    bucket = s3_server.open(f"gwpacks-{os.urandom(6).hex()}")
+    gateway = await gateway_factory(store, bucket)
+    token = keys.mint(threads=["tenant-a"], ops=OPS)
+    remote, blobs = await _sidecar(gateway.address, token)
+    workspace = tmp_path / "a"
+    write_tree(workspace, {f"f{n}.txt": b"small file %d\n" % n * 9 for n in range(50)})
+    await capture_checkpoint(workspace, remote, blobs, "tenant-a", data_dir=tmp_path / "d")
+    [pack] = await _packs(bucket)
+    channel = grpc.aio.insecure_channel(gateway.address)
+    metadata = (("authorization", f"Bearer {token}"),)
+    try:
+        stub = gpb_grpc.GatewayStub(channel)
+        code, reason, details = await _refused(
+            lambda: stub.BlobSignGet(gpb.GatewayBlobSignRequest(keys=[pack]), metadata=metadata)
+        )
+        assert (code, reason, details["key"]) == (
+            grpc.StatusCode.PERMISSION_DENIED,
+            FORBIDDEN,
+            pack,
+        )
+    finally:
+        await channel.close()
+    restored = tmp_path / "r"
+    await restore_checkpoint(restored, remote, blobs, "tenant-a", data_dir=tmp_path / "d")
+    assert snapshot_tree(restored) == snapshot_tree(workspace)
+    assert gateway.servicer.bytes_out > 0  # the frames came through the gateway
+    await remote.aclose()
+    await store.aclose()
 
 
 async def test_rows_of_a_pack_stored_through_another_gateway_are_checked_in_the_bucket(
