@@ -135,6 +135,47 @@ async def test_a_version_3_sqlite_file_keeps_every_pin_count_and_index_row(
         await store.aclose()
 
 
+PACK = "sandbox-packs/blake3/" + "ab" * 32
+
+
+async def _pins_a_pack(store: Any) -> None:
+    """A pack key pins and condemns like a blob key (kind p; schema 5 / 8)."""
+    lease = await store.acquire_writer("packer")
+    assert await store.pin_blobs([PACK], lease) == []
+    assert await store.condemn_unpinned_blobs([PACK], 1_000) == []
+    await lease.release()
+    assert await store.condemn_unpinned_blobs([PACK], 1_000) == [PACK]
+    await store.release_condemned([PACK])
+
+
+async def test_a_version_4_sqlite_file_opens_at_5_with_its_pins_and_pins_packs(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v4.db"
+    clock = ManualClock()
+    store = await SqliteCheckpointStore.open(str(path), now=clock, **OPTIONS)
+    live, counts, located = await _fill(store)
+    await store.aclose()
+    before = _sqlite_pins(path)
+    raw = sqlite3.connect(str(path))
+    with raw:
+        raw.execute("UPDATE checkpointd_meta SET value = '4' WHERE name = 'schema_version'")
+    raw.close()
+    store = await SqliteCheckpointStore.open(str(path), now=clock, **OPTIONS)
+    try:
+        raw = sqlite3.connect(str(path))
+        version = raw.execute(
+            "SELECT value FROM checkpointd_meta WHERE name = 'schema_version'"
+        ).fetchone()
+        raw.close()
+        assert version == (str(SQLITE_SCHEMA_VERSION),) == ("5",)
+        assert _sqlite_pins(path) == before
+        await _pins_a_pack(store)
+        await _check_after(store, live, counts, located, clock)
+    finally:
+        await store.aclose()
+
+
 async def test_pins_are_one_small_row_per_key(tmp_path: Path) -> None:
     """A pin row holds the key and the lease id, nothing else; the lease once."""
     path = tmp_path / "pins.db"
@@ -206,6 +247,39 @@ async def test_a_version_6_postgres_database_keeps_every_pin_count_and_index_row
         assert after == sorted([*before, dead])
         assert await store.condemn_blobs([file_key(40)], 1_000) == [file_key(40)]
         await _check_after(store, live, counts, located, clock)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.postgres
+async def test_a_version_7_postgres_database_opens_at_8_and_pins_packs(
+    postgres_url: str,
+) -> None:
+    import asyncpg
+
+    from checkpointd.store.postgres import SCHEMA_VERSION, open_postgres_store
+
+    store = await open_postgres_store(postgres_url, **OPTIONS)
+    await store.aclose()
+    conn = await asyncpg.connect(postgres_url)
+    try:
+        await conn.execute("COMMENT ON TABLE checkpointd_lease_pins IS NULL")
+        await conn.execute("UPDATE checkpointd_schema SET version = 7")
+    finally:
+        await conn.close()
+    store = await open_postgres_store(postgres_url, **OPTIONS)
+    try:
+        conn = await asyncpg.connect(postgres_url)
+        try:
+            assert await conn.fetchval("SELECT version FROM checkpointd_schema") == SCHEMA_VERSION
+            assert SCHEMA_VERSION == 8
+            comment = await conn.fetchval(
+                "SELECT obj_description('checkpointd_lease_pins'::regclass, 'pg_class')"
+            )
+            assert comment is not None and "p (pack)" in comment
+        finally:
+            await conn.close()
+        await _pins_a_pack(store)
     finally:
         await store.aclose()
 

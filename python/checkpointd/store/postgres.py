@@ -257,6 +257,13 @@ _MIGRATIONS: tuple[str, ...] = (
         USING (thread_id, owner_token, fence);
     DROP TABLE checkpointd_blob_pins;
     """,
+    # 8: pack keys are pinned and condemned too (kind p), as in SQLite schema
+    # 5: a capture pins per pack, which the sweep of an older checkpointd would
+    # not see, so the version keeps it out. No table changes.
+    """
+    COMMENT ON TABLE checkpointd_lease_pins IS
+        'pins by lease id; a key is f (file), a (artifact) or p (pack) + 32 digest bytes';
+    """,
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # pg_advisory_xact_lock(classid, objid): 'cpkd' and 1 — serialises concurrent opens.

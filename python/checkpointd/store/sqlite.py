@@ -128,7 +128,12 @@ T = TypeVar("T")
 # 2: count runs (``blob_runs``, ``heads.head_ordinal``) and spent request ids.
 # 3: the pack index (``blob_packs``, ``packed_blobs``; blobs/packs.py).
 # 4: pins by lease id (``leases``, ``lease_pins``; ``blob_pins`` migrated, dropped).
-SCHEMA_VERSION = 4
+# 5: pack keys are pinned and condemned too (kind ``p`` in ``lease_pins`` and
+#    ``blob_condemned``): a capture pins per pack, not per key (blobs/packs.py,
+#    "Safety"), which the sweep of a checkpointd before 5 would not see (it
+#    could delete a pack a capture is about to point rows at), so such a
+#    checkpointd must not open the file. No table changes.
+SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 5_000
 # Pages of WAL before SQLite copies them into the database (32 MiB of 4 KiB pages;
 # see the module docstring).
@@ -374,6 +379,7 @@ class SqliteDatabase:
                 # written before packs stay single objects).
                 # 3 -> 4: every pin moves to its lease's id.
                 await _pins_by_lease_id(conn)
+                # 4 -> 5: nothing to move (the version keeps older sweeps out).
                 await conn.execute(
                     "UPDATE checkpointd_meta SET value = ? WHERE name = 'schema_version'",
                     (str(SCHEMA_VERSION),),
