@@ -24,7 +24,9 @@ async def test_all_default_sweep_keeps_a_blob_uploaded_seconds_ago(daemon: Daemo
     async with daemon.client() as client:
         artifact = await client.upload_artifact("report.txt", "text/plain", b"fresh report")
         blob = Path(daemon.blobs.removeprefix("file://")) / artifact.blob_key
-        assert blob.exists()
+        # Packed at once (a pack of its own and its row), no single object.
+        assert not blob.exists()
+        assert await client.read_artifact(artifact.blob_key) == b"fresh report"
         summaries = [
             event.summary
             async for event in client.stub.SweepBlobs(pb.SweepBlobsRequest())
@@ -33,22 +35,23 @@ async def test_all_default_sweep_keeps_a_blob_uploaded_seconds_ago(daemon: Daemo
         assert len(summaries) == 1
         summary = summaries[0]
         assert not summary.dry_run and summary.older_than_ms == 3_600_000
-        assert summary.deleted_count == 0 and summary.kept_by_reason["too-young"] == 1
-        assert blob.exists()
+        # The artifact's row and its pack, both young.
+        assert summary.deleted_count == 0 and summary.kept_by_reason["too-young"] == 2
+        assert await client.read_artifact(artifact.blob_key) == b"fresh report"
         done = await client.capture("t-artifact", artifacts=[artifact])
         assert done.checkpoint.id
         # Explicit 0: any age; the artifact is referenced now, so it stays.
         explicit = await client.sweep(0)
         assert explicit.older_than_ms == 0 and explicit.deleted_count == 0
-        # The artifact, its packed copy's row (the capture packed it with a.txt),
-        # a.txt's row and that pack; the artifact's single object went (storage).
+        # The artifact's row (named by its file form) and its pack, a.txt's
+        # row and the capture's pack.
         assert explicit.kept_by_reason["referenced"] == 4
-        assert not blob.exists()
         assert await client.read_artifact(artifact.blob_key) == b"fresh report"
         orphan = await client.upload_artifact("orphan.txt", "text/plain", b"nobody uses me")
         gone = await client.sweep(0)
-        assert gone.deleted_count == 1
-        assert not (blob.parent / orphan.blob_key.rsplit("/", 1)[1]).exists()
+        assert gone.deleted_count == 2  # the orphan's row and its pack
+        with pytest.raises(RpcError):
+            await client.read_artifact(orphan.blob_key)
         assert await client.read_artifact(artifact.blob_key) == b"fresh report"
 
 
