@@ -55,7 +55,7 @@ from ._engine import (
     run_bounded,
     run_in_thread,
 )
-from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many, get_ranges
+from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
 from .blobs.packs import PackedBlobStore, PackRead, packed_blobs
 from .errors import (
     INVALID_BLOB,
@@ -684,12 +684,12 @@ async def _fetch_pack_reads(
     reads: list[PackRead],
     again: bool,
 ) -> None:
-    """Short reads of one pack: one ``get_ranges``, then one native call that
+    """Short reads of one pack: one ``read_pack_ranges``, then one native call that
     decodes, verifies and stages every frame."""
     pack = reads[0].pack
     try:
         wanted = [read for read in reads if read.end > read.start]  # else empty blobs only
-        datas = await get_ranges(blobs.inner, pack, [(read.start, read.end) for read in wanted])
+        datas = await blobs.read_pack_ranges(pack, wanted)
         found = {id(read): data for read, data in zip(wanted, datas, strict=True)}
         staged = [(_frames(read), found.get(id(read), b"")) for read in reads]
         files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))

@@ -296,15 +296,7 @@ class PackedBlobStore(BlobStore):
         async def fetch(pack: str) -> None:
             wanted = by_pack[pack]
             try:
-                if _frame_reader(self.inner) is not None:
-                    parts = [
-                        b"".join([chunk async for chunk in _read_stream(self.inner, one, 1 << 20)])
-                        for one in wanted
-                    ]
-                else:
-                    parts = await get_ranges(
-                        self.inner, pack, [(one.start, one.end) for one in wanted]
-                    )
+                parts = await self.read_pack_ranges(pack, wanted)
             except BlobNotFoundError:
                 error = BlobNotFoundError(wanted[0].rows[0].key)
                 error.pack = pack  # type: ignore[attr-defined]
@@ -330,6 +322,20 @@ class PackedBlobStore(BlobStore):
 
         await _gather_bounded(list(by_pack), fetch)
         return [out[row.key] for row in rows]
+
+    async def read_pack_ranges(self, pack: str, reads: Sequence[PackRead]) -> builtins.list[bytes]:
+        """The bytes of each read of ``pack`` (shorter when the pack ends
+        first): one ``get_ranges``, or from a store that serves packs frame by
+        frame (the gateway's) the frames of each read's rows at their offsets,
+        zeros between them (``_read_stream``). Raises BlobNotFoundError,
+        BlobCorruptError, BlobStoreError."""
+        if _frame_reader(self.inner) is None:
+            return await get_ranges(self.inner, pack, [(read.start, read.end) for read in reads])
+
+        async def one(read: PackRead) -> bytes:
+            return b"".join([chunk async for chunk in _read_stream(self.inner, read, 1 << 20)])
+
+        return await _gather_bounded(list(reads), one)
 
     async def stream_pack_read(
         self, read: PackRead, chunk_size: int = 1 << 20
