@@ -701,14 +701,35 @@ fn encode_manifest(
 /// ~20 entries, each scan), and a daemon never holds more than that extra.
 fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim only
-    // returns free memory of its own arenas to the kernel. Both are safe to
-    // call at any time from any thread.
-    unsafe {
-        if libc::mallinfo2().fordblks > KEEP_FREED_HEAP {
-            libc::malloc_trim(0);
+    {
+        // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim
+        // only returns free memory of its own arenas to the kernel. Both are
+        // safe to call at any time from any thread.
+        let keep = match mallinfo2() {
+            Some(mallinfo2) => (unsafe { mallinfo2() }).fordblks <= KEEP_FREED_HEAP,
+            None => false,
+        };
+        if !keep {
+            unsafe { libc::malloc_trim(0) };
         }
     }
+}
+
+/// glibc's `mallinfo2`, looked up when the process runs: it exists from glibc
+/// 2.33 on, and the wheel is built for manylinux2014 (glibc 2.17), so linking
+/// it would make the module fail to load on older systems (Debian bullseye has
+/// 2.31). Without it every scan trims, as before the threshold.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn mallinfo2() -> Option<unsafe extern "C" fn() -> libc::mallinfo2> {
+    static FOUND: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a
+    // symbol up; a non-null result is glibc's mallinfo2, of this signature.
+    let address = *FOUND.get_or_init(|| unsafe {
+        libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr()) as usize
+    });
+    (address != 0).then(|| unsafe {
+        std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::mallinfo2>(address)
+    })
 }
 
 /// Free heap (bytes, every arena) a scan leaves mapped for the next one.

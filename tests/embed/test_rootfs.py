@@ -86,9 +86,13 @@ class Daemon:
         if check and done.returncode != 0:
             raise AssertionError(
                 f"checkpointd {' '.join(args)} exited {done.returncode}:\n"
-                f"{done.stdout}{done.stderr}\n--- serve log:\n{self.log.read_text()}"
+                f"{done.stdout}{done.stderr}\n--- serve log:\n{self._serve_log()}"
             )
         return done
+
+    def _serve_log(self) -> str:
+        # A CLI call made before `serving` (such as --version) has no serve log yet.
+        return self.log.read_text() if self.log.exists() else "(not serving)"
 
     @contextlib.contextmanager
     def serving(self) -> Iterator[Daemon]:
