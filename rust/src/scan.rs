@@ -724,9 +724,8 @@ fn mallinfo2() -> Option<unsafe extern "C" fn() -> libc::mallinfo2> {
     static FOUND: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks a
     // symbol up; a non-null result is glibc's mallinfo2, of this signature.
-    let address = *FOUND.get_or_init(|| unsafe {
-        libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr()) as usize
-    });
+    let address = *FOUND
+        .get_or_init(|| unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"mallinfo2".as_ptr()) as usize });
     (address != 0).then(|| unsafe {
         std::mem::transmute::<usize, unsafe extern "C" fn() -> libc::mallinfo2>(address)
     })
