@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 from pathlib import Path
 
 from checkpointd import _native
@@ -10,10 +11,26 @@ from checkpointd import _native
 STUB = Path(_native.__file__).with_name("_native.pyi")
 
 
+def _parse(source: str) -> ast.Module:
+    # CPython 3.11.7 keeps the AST constructor's recursion counter in state
+    # shared by the interpreter's threads, and a garbage collection during the
+    # conversion runs finalizers, which may let another thread's parse move it:
+    # SystemError "AST constructor recursion depth mismatch" (python/cpython
+    # gh-106905), seen once after the whole engine suite had left threads
+    # behind. With collection paused, nothing else runs during the parse.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(source)
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def stub_names() -> dict[str, set[str]]:
     """Top-level names of the stub → the public member names of each class."""
     names: dict[str, set[str]] = {}
-    for node in ast.parse(STUB.read_text()).body:
+    for node in _parse(STUB.read_text()).body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             members: set[str] = set()
             if isinstance(node, ast.ClassDef):
