@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs import open_blobs
+from checkpointd.progress import Progress
 from checkpointd.store import open_store
 
 STORES = [pytest.param("memory", id="memory-store"), pytest.param("sqlite", id="sqlite-store")]
@@ -123,6 +124,16 @@ def write_tree(root: Path, files: dict[str, bytes | str], *, mtime_ns: int = PAS
             path.write_bytes(content)
             os.utime(path, ns=(mtime_ns, mtime_ns))
     wait_out_racy_window()
+
+
+def settle_before_record(report: Progress) -> None:
+    """A restore's progress hook: once its last file is in (the "record" phase,
+    before the stat cache learns what was written), wait out the racy window,
+    so the restore's reference time falls after every write's tick and the
+    cache may trust what it wrote. A restore quicker than a timestamp tick
+    rightly leaves its files racy (a capture hashes them again) otherwise."""
+    if report.phase == "record":
+        wait_out_racy_window()
 
 
 def wait_out_racy_window() -> None:

@@ -31,7 +31,13 @@ from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
 
-from .conftest import PAST_NS, snapshot_tree, write_tree
+from .conftest import (
+    PAST_NS,
+    settle_before_record,
+    snapshot_tree,
+    wait_out_racy_window,
+    write_tree,
+)
 
 
 def _blob_of(checkpoint: Any, path: str) -> str:
@@ -99,7 +105,10 @@ async def test_restored_files_are_recorded_from_the_restores_own_writes(
     write_tree(workspace, {f"d/{n}.txt": f"file {n}".encode() for n in range(30)})
     await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     fresh = tmp_path / "fresh"
-    await restore_checkpoint(fresh, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        fresh, memory_store, memory_blobs, "t", data_dir=data_dir, progress=settle_before_record
+    )
+    wait_out_racy_window()
     again = await capture_checkpoint(fresh, memory_store, memory_blobs, "t", data_dir=data_dir)
     assert (again.stats.files_hashed, again.stats.files_reused) == (0, 30)
 
@@ -291,9 +300,12 @@ async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
     shutil.rmtree(workspace / "new")
     shutil.rmtree(workspace / "locked")
     (workspace / "new").write_bytes(b"a file where a directory belongs")
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=settle_before_record
+    )
     assert snapshot_tree(workspace) == before
     assert not [n for n in os.listdir(workspace) if n.startswith(".checkpointd")]
+    wait_out_racy_window()
     again = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     # Every file restore wrote is known to the stat cache.
     assert again.stats.files_hashed == 0
