@@ -109,27 +109,37 @@ static NO_STATX: AtomicBool = AtomicBool::new(false);
 /// the kernel does not say (no `statx`, or the attribute is missing from
 /// `stx_attributes_mask`): callers then have only the `st_dev` comparison, which
 /// misses a bind mount of a directory of the same filesystem.
-///
-/// The raw syscall, not glibc's wrapper: the wheels target glibc 2.17, which
-/// has none (it came in 2.28).
 pub fn is_mount_root_at(dir: RawFd, name: &CStr) -> io::Result<Option<bool>> {
+    let found = statx_nofollow(dir, name, libc::AT_STATX_DONT_SYNC, libc::STATX_TYPE)?;
+    Ok(found.and_then(|stx| mount_root_of(&stx)))
+}
+
+/// The raw `statx(dir, name, AT_SYMLINK_NOFOLLOW | flags, mask)` (`name`
+/// empty: `dir` itself), or None once the kernel (or a seccomp filter) refuses
+/// `statx`. The raw syscall, not glibc's wrapper: the wheels target glibc 2.17,
+/// which has none (it came in 2.28).
+fn statx_nofollow(
+    dir: RawFd,
+    name: &CStr,
+    flags: libc::c_int,
+    mask: u32,
+) -> io::Result<Option<libc::statx>> {
     if NO_STATX.load(Ordering::Relaxed) {
         return Ok(None);
     }
-    let mut flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC;
+    let mut flags = flags | libc::AT_SYMLINK_NOFOLLOW;
     if name.to_bytes().is_empty() {
         flags |= libc::AT_EMPTY_PATH;
     }
     let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid fd, C string and writable statx storage of the kernel's
-    // layout; the mask asks for the type only (the attributes always come).
+    // SAFETY: valid fd, C string and writable statx storage of the kernel's layout.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_statx,
             dir,
             name.as_ptr(),
             flags,
-            libc::STATX_TYPE,
+            mask,
             stx.as_mut_ptr(),
         )
     };
@@ -144,12 +154,14 @@ pub fn is_mount_root_at(dir: RawFd, name: &CStr) -> io::Result<Option<bool>> {
         };
     }
     // SAFETY: zero-initialised, and statx succeeded.
-    let stx = unsafe { stx.assume_init() };
+    Ok(Some(unsafe { stx.assume_init() }))
+}
+
+/// `STATX_ATTR_MOUNT_ROOT` of a statx result, None when the kernel does not
+/// report the attribute (before Linux 5.8).
+fn mount_root_of(stx: &libc::statx) -> Option<bool> {
     let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    if stx.stx_attributes_mask & bit == 0 {
-        return Ok(None);
-    }
-    Ok(Some(stx.stx_attributes & bit != 0))
+    (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0)
 }
 
 /// The rule both walks keep (the scan's and restore's deletion): a directory
@@ -206,42 +218,11 @@ pub fn stat_entry(dir: RawFd, name: &CStr) -> io::Result<(Stat, Option<bool>)> {
         }
         .map(|stat| (stat, None))
     };
-    if NO_STATX.load(Ordering::Relaxed) {
-        return fallback();
-    }
-    let mut flags = libc::AT_SYMLINK_NOFOLLOW;
-    if itself {
-        flags |= libc::AT_EMPTY_PATH;
-    }
-    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid fd, C string and writable statx storage of the kernel's layout.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_statx,
-            dir,
-            name.as_ptr(),
-            flags,
-            WANTED,
-            stx.as_mut_ptr(),
-        )
+    let stx = match statx_nofollow(dir, name, 0, WANTED)? {
+        Some(stx) if stx.stx_mask & WANTED == WANTED => stx,
+        _ => return fallback(),
     };
-    if ret < 0 {
-        let e = io::Error::last_os_error();
-        return match e.raw_os_error() {
-            Some(libc::ENOSYS) | Some(libc::EPERM) => {
-                NO_STATX.store(true, Ordering::Relaxed);
-                fallback()
-            }
-            _ => Err(e),
-        };
-    }
-    // SAFETY: zero-initialised, and statx succeeded.
-    let stx = unsafe { stx.assume_init() };
-    if stx.stx_mask & WANTED != WANTED {
-        return fallback();
-    }
-    let bit = libc::STATX_ATTR_MOUNT_ROOT as u64;
-    let mount_root = (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0);
+    let mount_root = mount_root_of(&stx);
     let time = |t: libc::statx_timestamp| t.tv_sec * 1_000_000_000 + i64::from(t.tv_nsec);
     let stat = Stat {
         dev: libc::makedev(stx.stx_dev_major, stx.stx_dev_minor),
