@@ -19,7 +19,13 @@ from checkpointd.model import Policy
 from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 
-from .conftest import PAST_NS, snapshot_tree, wait_out_racy_window, write_tree
+from .conftest import (
+    PAST_NS,
+    settle_before_record,
+    snapshot_tree,
+    wait_out_racy_window,
+    write_tree,
+)
 
 SEED_FILES: dict[str, bytes | str] = {
     "README.md": b"# project\n",
@@ -54,7 +60,9 @@ async def test_seed_scenario_capture_throw_away_restore(
     shutil.rmtree(workspace)
     fresh = tmp_path / "fresh-sandbox" / "workspace"
     fresh.parent.mkdir()
-    restored = await restore_checkpoint(fresh, store, blobs, "thread-1", data_dir=data_dir)
+    restored = await restore_checkpoint(
+        fresh, store, blobs, "thread-1", data_dir=data_dir, progress=settle_before_record
+    )
     assert restored is not None and restored.id == first.checkpoint.id
     assert snapshot_tree(fresh) == before
 

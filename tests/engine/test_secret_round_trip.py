@@ -17,7 +17,7 @@ from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.model import FileEntry, SecretSpan
 from checkpointd.restore import restore_checkpoint
 
-from .conftest import snapshot_tree, wait_out_racy_window, write_tree
+from .conftest import settle_before_record, snapshot_tree, wait_out_racy_window, write_tree
 
 TOKEN = b"tok-3f9a7c1e55"
 PASSWORD = b"hunter2-hunter2"
@@ -213,7 +213,9 @@ async def test_filled_files_are_not_taken_from_the_stat_cache(
 
     fresh, data = tmp_path / "fresh", tmp_path / "fresh-data"
     secrets = {"TOKEN": TOKEN, "PASSWORD": PASSWORD}
-    await restore_checkpoint(fresh, store, blobs, "t", secrets=secrets, data_dir=data)
+    await restore_checkpoint(
+        fresh, store, blobs, "t", secrets=secrets, data_dir=data, progress=settle_before_record
+    )
     wait_out_racy_window()  # else plain.txt, restored just now, is racy and hashed again
     again = await capture_checkpoint(fresh, store, blobs, "t", data_dir=data)
     files = {e.path: e for e in again.checkpoint.files if isinstance(e, FileEntry)}
