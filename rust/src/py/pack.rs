@@ -202,14 +202,15 @@ impl PyPackWriter {
             let bytes = builder.finish();
             (blake3::hash(&bytes).to_hex().to_string(), bytes, columns)
         });
+        let (digests, offsets, lengths, raw_sizes, codecs) = columns_to_py(py, &columns);
         Ok((
             hex,
             PyBytes::new(py, &bytes),
-            PyBytes::new(py, &columns.digests),
-            PyBytes::new(py, &columns.offsets),
-            PyBytes::new(py, &columns.lengths),
-            PyBytes::new(py, &columns.raw_sizes),
-            PyBytes::new(py, &columns.codecs),
+            digests,
+            offsets,
+            lengths,
+            raw_sizes,
+            codecs,
         ))
     }
 }
@@ -467,12 +468,26 @@ pub fn verify_pack<'py>(
             ))
         })
         .map_err(pack_to_py)?;
-    Ok((
-        hex,
+    let (digests, offsets, lengths, raw_sizes, codecs) = columns_to_py(py, &columns);
+    Ok((hex, digests, offsets, lengths, raw_sizes, codecs))
+}
+
+/// A pack index's columns as Python sees them: digests, offsets, lengths,
+/// raw sizes, codecs, each one bytes object.
+type PyIndexColumns<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+    Bound<'py, PyBytes>,
+);
+
+fn columns_to_py<'py>(py: Python<'py>, columns: &core::IndexColumns) -> PyIndexColumns<'py> {
+    (
         PyBytes::new(py, &columns.digests),
         PyBytes::new(py, &columns.offsets),
         PyBytes::new(py, &columns.lengths),
         PyBytes::new(py, &columns.raw_sizes),
         PyBytes::new(py, &columns.codecs),
-    ))
+    )
 }
