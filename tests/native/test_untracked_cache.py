@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from checkpointd import _native
 from checkpointd.codec import decode_entries
+from checkpointd.model import FileEntry
 
 from ..fixtures.loopfs import coarse_ext4
 from ..fixtures.tmpfs import small_tmpfs
@@ -246,7 +247,9 @@ def test_same_tick_edit_hidden_by_touch_d_is_hashed_again(root: Path, tmp_path: 
         cached = scan(root, cache)
         by_path = {entry.path: entry for entry in decode_entries(cached.manifest)}
         before = {entry.path: entry for entry in decode_entries(first.manifest)}
-        assert by_path["b/4.txt"].blob_key != before["b/4.txt"].blob_key
+        now, then = by_path["b/4.txt"], before["b/4.txt"]
+        assert isinstance(now, FileEntry) and isinstance(then, FileEntry)
+        assert now.blob_key != then.blob_key
         assert_same_as_fresh(root, cached)
         return
     pytest.fail("could not edit within the scan's second in 5 tries")
