@@ -147,6 +147,43 @@ async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     await store_b.aclose()
 
 
+async def test_a_frame_damaged_in_the_bucket_fails_the_restore_through_the_gateway(
+    keys: Keys, gateway_factory: Any, tmp_path: Path
+) -> None:
+    """The gateway sends a row's stored bytes as the bucket holds them; the
+    sidecar decodes and checks every frame (size and BLAKE3), so a frame
+    damaged behind both of them is INVALID_BLOB naming the blob and its pack,
+    and the workspace is as it was."""
+    store = await SqliteCheckpointStore.open(str(tmp_path / "store.db"))
+    bucket = open_blobs(f"file://{tmp_path / 'bucket'}")
+    gateway = await gateway_factory(store, bucket)
+    remote, blobs = await _sidecar(gateway.address, keys.mint(threads=["tenant-a"], ops=OPS))
+    workspace = tmp_path / "workspace"
+    files = {f"d{n % 4}/f{n:03}.txt": b"content of file %d\n" % n * 30 for n in range(200)}
+    write_tree(workspace, files)  # type: ignore[arg-type]
+    await capture_checkpoint(workspace, remote, blobs, "tenant-a", data_dir=tmp_path / "data")
+    [pack] = await _packs(bucket)
+    rows = await store.locate_blobs([_key(data) for data in files.values()])
+    victim = sorted((row for row in rows.values() if row is not None), key=lambda r: r.offset)[50]
+    stored = await bucket.get(pack)
+    at = victim.offset + victim.length // 2
+    await bucket.put(
+        pack, stored[:at] + bytes([stored[at] ^ 0x55]) + stored[at + 1 :], if_absent=False
+    )
+    target = tmp_path / "target"
+    write_tree(target, {"d1/f001.txt": b"the live version", "keep.txt": b"untouched"})
+    before = snapshot_tree(target)
+    try:
+        with pytest.raises(SandboxCheckpointError) as caught:
+            await restore_checkpoint(target, remote, blobs, "tenant-a", data_dir=tmp_path / "data")
+        assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_BLOB", caught.value
+        assert caught.value.details == {"key": victim.key, "pack": pack}
+        assert snapshot_tree(target) == before
+    finally:
+        await remote.aclose()
+        await store.aclose()
+
+
 # ------------------------------------------------------------------ scope
 
 

@@ -33,8 +33,9 @@ at a pack that is not there, or at a pack a sweep is deleting. The rules:
   copy of the same bytes is not revealed, the newest row wins and a repack
   reclaims the older frame).
 * **Reading** (``ReadPackFrames``): only frames of keys the token may read,
-  each the store's current row of its key, decoded and checked here before
-  its stored bytes are sent; never the bytes between or around them.
+  each the store's current row of its key, sent as stored; never the bytes
+  between or around them. The sidecar decodes and checks each frame (size and
+  BLAKE3), as it does reading a bucket itself.
 """
 
 from __future__ import annotations

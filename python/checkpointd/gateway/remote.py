@@ -757,7 +757,7 @@ class RemoteBlobStore(BlobStore):
     ) -> AsyncIterator[bytes]:
         """The bytes ``[start, end)`` of ``pack`` as a ranged read gives them,
         but holding only ``rows``' frames: the gateway sends exactly those
-        (checked), never a neighbour's, and the bytes between them are zeros
+        (as stored), never a neighbour's, and the bytes between them are zeros
         here (``blobs/packs.py`` decodes only the frames). Raises
         BlobNotFoundError (``pack`` set) when the pack is gone or a row moved,
         BlobCorruptError for a frame that does not check, BlobStoreError."""
