@@ -543,6 +543,47 @@ pub fn open_dir_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
+/// The directory `rel` beneath `root` in one `openat2`, crossing no symlink
+/// and no mount point (`RESOLVE_NO_XDEV`: a bind mount of the same
+/// filesystem too), so it is what a component-by-component open that checks
+/// each directory for a mount point would reach. Any error (ENOSYS and EPERM
+/// where the kernel or a seccomp filter refuses openat2, EAGAIN after a
+/// racing rename, ELOOP, ENOTDIR, ENOENT, EXDEV) means: take the slow path,
+/// which tells those cases apart.
+pub fn open_dir_beneath_same_mount(root: RawFd, rel: &[u8]) -> io::Result<OwnedFd> {
+    if NO_OPENAT2.load(Ordering::Relaxed) {
+        return Err(io::Error::from_raw_os_error(libc::ENOSYS));
+    }
+    let c = cstring(rel)?;
+    let how = OpenHow {
+        flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH
+            | libc::RESOLVE_NO_SYMLINKS
+            | libc::RESOLVE_NO_MAGICLINKS
+            | libc::RESOLVE_NO_XDEV,
+    };
+    // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        if matches!(err.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
+            NO_OPENAT2.store(true, Ordering::Relaxed);
+        }
+        return Err(err);
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+}
+
 /// Open a leaf without following it (`O_NONBLOCK`: a fifo swapped in must not hang).
 pub fn open_leaf_at(dir: RawFd, name: &CStr, flags: libc::c_int) -> io::Result<OwnedFd> {
     let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK | libc::O_NOCTTY;

@@ -583,6 +583,10 @@ struct DirStack<'w> {
     /// `base`'s path relative to the root, for messages ("" = the root).
     prefix: Vec<u8>,
     parts: Vec<(Vec<u8>, OwnedFd)>,
+    /// The last directory reached in one `openat2` (its path and fd): the
+    /// fast path, one system call for a whole path, where the component walk
+    /// of `parts` takes three per component.
+    last: Option<(Vec<u8>, OwnedFd)>,
 }
 
 impl<'w> DirStack<'w> {
@@ -592,6 +596,7 @@ impl<'w> DirStack<'w> {
             base: ws.fd.as_raw_fd(),
             prefix: Vec::new(),
             parts: Vec::new(),
+            last: None,
         }
     }
 
@@ -602,6 +607,7 @@ impl<'w> DirStack<'w> {
             base,
             prefix: prefix.to_vec(),
             parts: Vec::new(),
+            last: None,
         }
     }
 
@@ -617,12 +623,28 @@ impl<'w> DirStack<'w> {
 
     fn forget(&mut self) {
         self.parts.clear();
+        self.last = None;
     }
 
     /// Reach directory `rel` ("" = the root). With `create`, missing
     /// directories are made (0755; a planned one gets its mode later) and a
     /// symlink or file in the way is unlinked first (the link, never its target).
     fn reach(&mut self, rel: &[u8], create: bool) -> Result<Reached, RestoreError> {
+        // Fast path: the whole path in one openat2 that crosses no symlink and
+        // no mount point; anything else (missing, a link or file in the way,
+        // a mount, no openat2) is the component walk's to judge.
+        if !rel.is_empty() {
+            if let Some((path, fd)) = &self.last {
+                if path.as_slice() == rel {
+                    return Ok(Reached::Dir(fd.as_raw_fd()));
+                }
+            }
+            if let Ok(fd) = fs::open_dir_beneath_same_mount(self.base, rel) {
+                let raw = fd.as_raw_fd();
+                self.last = Some((rel.to_vec(), fd));
+                return Ok(Reached::Dir(raw));
+            }
+        }
         let wanted: Vec<&[u8]> = if rel.is_empty() {
             Vec::new()
         } else {

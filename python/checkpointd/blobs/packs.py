@@ -31,7 +31,9 @@ use over any ``BlobStore`` and a store that keeps the index:
 
 * reads (``get``, ``get_stream``, ``get_many``, ``head``, ``missing``) look the
   key up in the index: a packed key is read with one ranged GET per group of
-  nearby blobs (``MERGE_GAP_BYTES``), decoded and checked (size and BLAKE3) in
+  nearby blobs (``MERGE_GAP_BYTES`` apart in a bucket, ``LOCAL_MERGE_GAP_BYTES``
+  in a local directory, where a read is a system call rather than a billed,
+  delayed request), decoded and checked (size and BLAKE3) in
   Rust (a restore instead plans the reads of its whole plan with
   ``plan_pack_reads`` and streams each one, ``stream_pack_read``, into its
   staging frame by frame); a key with no row falls back to its single object (old stores stay
