@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from checkpointd import _native
-from checkpointd.errors import SandboxCheckpointInvalidEntryError
+from checkpointd.errors import SandboxCheckpointDuplicateIdError, SandboxCheckpointInvalidEntryError
 from checkpointd.ids import new_uuid7
 from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.store import InMemoryCheckpointStore, SqliteCheckpointStore
+from checkpointd.store._core import OFFLOAD_ENTRIES
 from checkpointd.store._packindex import PackColumns, PackedRows
 from checkpointd.store.base import PackedBlob
 from checkpointd.testkit._support import file_key
@@ -107,6 +108,33 @@ async def test_columns_in_any_order_stand_for_their_rows(store: Any) -> None:
     await _append(store, [1, 3], PackedRows([unsorted]))
     listed = await store.list_packed_blobs()
     assert [(row.key, row.offset) for row in listed] == [(file_key(1), 108), (file_key(3), 208)]
+
+
+async def test_a_large_cold_append_records_its_rows_and_a_refused_one_none(store: Any) -> None:
+    """Above OFFLOAD_ENTRIES a parentless append encodes its keyframe while its
+    transaction writes the index rows: what it records is the same, and an
+    append refused there (its id taken) leaves no row and no stray error."""
+    many = list(range(1, OFFLOAD_ENTRIES + 500))
+    first = await _append(store, many, PackedRows([_columns(PACK_A, many)]))
+    assert [e.blob_key for e in (await store.get(first)).files] == [file_key(n) for n in many]
+    assert len(await store.list_packed_blobs(limit=10_000)) == len(many)
+    others = list(range(20_000, 20_000 + OFFLOAD_ENTRIES + 500))
+    async with await store.acquire_writer("u") as lease:
+        taken = Checkpoint(
+            id=first,
+            thread_id="u",
+            parent_checkpoint_id=None,
+            created_at=1_000,
+            files=tuple(FileEntry(f"f{n}", file_key(n), 60 + n) for n in others),
+        )
+        with pytest.raises(SandboxCheckpointDuplicateIdError):
+            await store.append(
+                taken, None, lease, packed_blobs=PackedRows([_columns(PACK_B, others)])
+            )
+    located = await store.locate_blobs([file_key(n) for n in others[:50]])
+    assert all(row is None for row in located.values())
+    assert len(await store.list_packed_blobs(limit=10_000)) == len(many)
+    assert await store.get_head("u") is None
 
 
 @pytest.mark.parametrize(

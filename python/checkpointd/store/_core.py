@@ -654,6 +654,15 @@ class SqlCheckpointStore:
         content = await offload(len(checkpoint.files), documents.Content.of, checkpoint)
         # Rows for keys this checkpoint references, checked (INVALID_ENTRY).
         packed = packed_rows(packed_blobs, content) if packed_blobs else []
+        # A checkpoint with no parent is a keyframe whatever the transaction
+        # finds, so a large one is encoded in a worker thread while the
+        # transaction writes its index rows (a cold capture: ~0.15 s of zlib
+        # beside ~0.2 s of SQL for 100,000 files, on two cores at once).
+        early: asyncio.Future[documents.Stored] | None = None
+        if expected_head_id is None and content_size(content) > OFFLOAD_ENTRIES:
+            early = asyncio.ensure_future(
+                offload(content_size(content), documents.keyframe, content)
+            )
 
         async def body(tx: WriteTx) -> tuple[int, documents.Stored]:
             state = await tx.lock_thread(thread_id)
@@ -681,7 +690,13 @@ class SqlCheckpointStore:
                     # Not the parent's files: the delta needs the parent's bytes.
                     parent = await self._content(tx, expected_head_id, row.version)
                 depth = row.depth
-            if parent is None:
+            if packed:
+                # Before the document (the same transaction either way): the
+                # early keyframe encodes meanwhile.
+                await tx.index_packed_blobs(packed)
+            if early is not None:
+                stored = await asyncio.shield(early)  # a retried body awaits it again
+            elif parent is None:
                 stored = await offload(content_size(content), documents.keyframe, content)
             else:
                 stored = await offload(
@@ -699,11 +714,14 @@ class SqlCheckpointStore:
                 version = await tx.publish(content, stored, change)
             except IdTaken:
                 raise duplicate_id(checkpoint.id) from None
-            if packed:
-                await tx.index_packed_blobs(packed)
             return version, stored
 
-        version, stored = await self._write("append", body)
+        try:
+            version, stored = await self._write("append", body)
+        finally:
+            if early is not None and not early.cancel() and not early.cancelled():
+                # Done: a failed append leaves no unretrieved error behind.
+                early.exception()
         # (A keyframe is kept over its row: the caller keeps the manifest it gave.)
         self._recent.put(checkpoint.id, version, documents.unloaded(content, stored))
         return checkpoint.id
