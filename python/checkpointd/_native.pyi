@@ -329,9 +329,14 @@ class PackWriter:
         raw_sizes, codecs)``, the integer columns native-endian u32, the codecs
         one byte each."""
 
-def decimal_rows(columns: Sequence[bytes], codecs: bytes) -> bytes:
-    """Per row, each column's native-endian u32 as 10 ASCII digits, then the
-    row's codec as one digit (columns of 4 bytes per codec)."""
+def decimal_rows(
+    groups: Sequence[tuple[int, bytes, bytes, bytes, bytes, bytes]],
+) -> tuple[bytes, bytes]:
+    """Packs' index rows, each group ``(pack_id, digests, offsets, lengths,
+    raw_sizes, codecs)``, merged into digest order (a digest's rows in group
+    order): the digests concatenated, and per row the pack id, offset, length
+    and raw size (native-endian u32s in) as 10 ASCII digits each, then the
+    codec as one digit."""
 
 class DigestSet:
     """32-byte digests kept natively."""

@@ -552,9 +552,10 @@ _COUNTS = (
 )
 
 
-# Characters per row of ``_SqliteTx._index_columns``'s integers: offset, length
-# and raw size as 10 decimal digits each (< 2**31), then the codec's digit.
-_ROW_CHARS = 31
+# Characters per row of ``_SqliteTx._index_columns``'s integers: pack id,
+# offset, length and raw size as 10 decimal digits each (< 2**32), then the
+# codec's digit (``_native.decimal_rows``).
+_ROW_CHARS = 41
 
 
 def _keys(keys: KeySet, **extra: Any) -> dict[str, Any]:
@@ -794,8 +795,7 @@ class _SqliteTx:
         """Record where each (checked) row's blob is; the newest row of a key
         wins (see ``base.PackIndex``)."""
         if isinstance(rows, PackedRows):
-            for group in rows.groups:
-                await self._index_columns(group)
+            await self._index_columns(rows.groups)
             return
         # A cold capture appends ~100,000 rows in a handful of packs: each pack
         # name is decoded once.
@@ -829,32 +829,48 @@ class _SqliteTx:
             ],
         )
 
-    async def _index_columns(self, group: PackColumns) -> None:
-        """One pack's rows in one statement: the digests as one parameter, the
-        integers as one string of fixed-width decimals per row (SQLite cannot
-        read integers out of a blob), no Python tuple per row."""
-        digest = pack_digest(group.pack)
-        await self.conn.execute("INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", (digest,))
-        (pack_id,) = await _fetchone(
-            self.conn, "SELECT id FROM blob_packs WHERE digest = ?", (digest,)
-        )
+    async def _index_columns(self, groups: Sequence[PackColumns]) -> None:
+        """Every pack's rows in one statement, in key order (so the B-tree fills
+        from left to right, not once per pack): the digests as one parameter,
+        the integers as one string of fixed-width decimals per row (SQLite
+        cannot read integers out of a blob), no Python tuple per row."""
+        ids: builtins.list[int] = []
+        for group in groups:
+            digest = pack_digest(group.pack)
+            await self.conn.execute(
+                "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", (digest,)
+            )
+            (pack_id,) = await _fetchone(
+                self.conn, "SELECT id FROM blob_packs WHERE digest = ?", (digest,)
+            )
+            ids.append(pack_id)
         # ASCII bytes, not text: substr of a blob is found by offset, of text by
         # counting characters from the start (quadratic over 100,000 rows).
-        columns = _native.decimal_rows(
-            [group.offsets.tobytes(), group.lengths.tobytes(), group.raw_sizes.tobytes()],
-            group.codecs,
+        digests, columns = _native.decimal_rows(
+            [
+                (
+                    pack_id,
+                    group.digests,
+                    group.offsets.tobytes(),
+                    group.lengths.tobytes(),
+                    group.raw_sizes.tobytes(),
+                    group.codecs,
+                )
+                for pack_id, group in zip(ids, groups, strict=True)
+            ]
         )
         await self.conn.execute(
             "WITH RECURSIVE r (i) AS (SELECT 0 WHERE :n > 0"
             " UNION ALL SELECT i + 1 FROM r WHERE i + 1 < :n)"
             " INSERT OR REPLACE INTO packed_blobs"
             " (digest, pack, frame_offset, frame_length, raw_size, codec)"
-            " SELECT substr(:digests, 32 * i + 1, 32), :pack,"
+            " SELECT substr(:digests, 32 * i + 1, 32),"
             f" CAST(substr(:columns, {_ROW_CHARS} * i + 1, 10) AS INTEGER),"
             f" CAST(substr(:columns, {_ROW_CHARS} * i + 11, 10) AS INTEGER),"
             f" CAST(substr(:columns, {_ROW_CHARS} * i + 21, 10) AS INTEGER),"
-            f" CAST(substr(:columns, {_ROW_CHARS} * i + 31, 1) AS INTEGER) FROM r",
-            {"n": len(group), "digests": group.digests, "pack": pack_id, "columns": columns},
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 31, 10) AS INTEGER),"
+            f" CAST(substr(:columns, {_ROW_CHARS} * i + 41, 1) AS INTEGER) FROM r",
+            {"n": len(digests) // 32, "digests": digests, "columns": columns},
         )
 
     async def lease_for_acquire(self, thread_id: str) -> tuple[LeaseRecord | None, int]:

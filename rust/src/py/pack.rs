@@ -236,34 +236,77 @@ pub fn u32_bounds(column: &[u8]) -> PyResult<Option<(u32, u32)>> {
     })))
 }
 
-/// Rows of fixed-width decimals for SQL that reads integers out of text: per
-/// row each column's native-endian u32 as 10 digits, then the row's codec as
-/// one digit (see ``_native.pyi``). Raises ValueError for columns of unequal length.
+/// One pack's index columns as ``decimal_rows`` takes them: the pack's id,
+/// its digests (32 bytes each) and its offsets, lengths and raw sizes
+/// (native-endian u32s) and codecs, one per digest.
+type PackGroup = (
+    u32,
+    PyBackedBytes,
+    PyBackedBytes,
+    PyBackedBytes,
+    PyBackedBytes,
+    PyBackedBytes,
+);
+
+/// Several packs' index rows merged into digest order, for SQL that reads
+/// integers out of text: the digests concatenated, and per row the pack id,
+/// offset, length and raw size as 10 ASCII digits each, then the codec as one
+/// digit (see ``_native.pyi``). Rows of one digest keep the order of their
+/// groups (the later one is the newer). One statement then inserts every row
+/// in key order, so the B-tree is filled from left to right instead of once
+/// per pack. Raises ValueError for columns of unequal length.
 #[pyfunction]
 pub fn decimal_rows<'py>(
     py: Python<'py>,
-    columns: Vec<PyBackedBytes>,
-    codecs: &[u8],
-) -> PyResult<Bound<'py, PyBytes>> {
-    let n = codecs.len();
-    if columns.iter().any(|c| c.len() != 4 * n) || codecs.iter().any(|&c| c > 9) {
-        return Err(PyValueError::new_err(
-            "columns of 4-byte integers, one per codec (0-9), are needed",
-        ));
-    }
-    let out = py.allow_threads(|| {
-        let mut out = Vec::with_capacity(n * (10 * columns.len() + 1));
-        for (i, codec) in codecs.iter().enumerate() {
-            for column in &columns {
-                let value = u32::from_ne_bytes(column[4 * i..4 * i + 4].try_into().unwrap());
-                out.extend_from_slice(format!("{value:010}").as_bytes());
-            }
-            out.push(b'0' + codec);
+    groups: Vec<PackGroup>,
+) -> PyResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)> {
+    for (_, digests, offsets, lengths, raw_sizes, codecs) in &groups {
+        let n = codecs.len();
+        if digests.len() != 32 * n
+            || [offsets, lengths, raw_sizes]
+                .iter()
+                .any(|c| c.len() != 4 * n)
+            || codecs.iter().any(|&c| c > 9)
+        {
+            return Err(PyValueError::new_err(
+                "per pack 32-byte digests and 4-byte integers, one per codec (0-9), are needed",
+            ));
         }
-        out
+    }
+    let (digests, columns) = py.allow_threads(|| {
+        let mut order: Vec<(&[u8], usize, usize)> = groups
+            .iter()
+            .enumerate()
+            .flat_map(|(g, group)| {
+                (0..group.5.len()).map(move |i| (&group.1[32 * i..32 * i + 32], g, i))
+            })
+            .collect();
+        order.sort_by(|a, b| a.0.cmp(b.0)); // stable: group order within a digest
+        let mut digests = Vec::with_capacity(order.len() * 32);
+        let mut columns = Vec::with_capacity(order.len() * ROW_CHARS);
+        let u32_at = |column: &[u8], i: usize| {
+            u32::from_ne_bytes(column[4 * i..4 * i + 4].try_into().expect("4 bytes"))
+        };
+        for (digest, g, i) in order {
+            let (pack, _, offsets, lengths, raw_sizes, codecs) = &groups[g];
+            digests.extend_from_slice(digest);
+            for value in [
+                *pack,
+                u32_at(offsets, i),
+                u32_at(lengths, i),
+                u32_at(raw_sizes, i),
+            ] {
+                columns.extend_from_slice(format!("{value:010}").as_bytes());
+            }
+            columns.push(b'0' + codecs[i]);
+        }
+        (digests, columns)
     });
-    Ok(PyBytes::new(py, &out))
+    Ok((PyBytes::new(py, &digests), PyBytes::new(py, &columns)))
 }
+
+/// Characters per row of ``decimal_rows``'s columns.
+const ROW_CHARS: usize = 41;
 
 /// Whether ``digests`` (32 bytes each, concatenated) are in strictly rising
 /// order: the shape of a pack's index columns (see ``_native.pyi``).
