@@ -44,6 +44,7 @@ use crate::fs::{self, Stat};
 use crate::hash;
 use crate::manifest::{self, ManifestRow};
 use crate::pack;
+use crate::scan::KeptCache;
 use crate::statcache::{self, CacheEntry};
 use rayon::prelude::*;
 
@@ -842,6 +843,9 @@ pub struct Restore {
     step: Step,
     cursor: usize,
     recorded: Mutex<Vec<(String, CacheEntry)>>,
+    /// The stat cache the live scan saw, saved once at `finish` with
+    /// `recorded` merged in (None: no cache path, or taken by `finish`).
+    kept_cache: Mutex<Option<KeptCache>>,
     skipped: Mutex<Vec<Vec<u8>>>,
     /// Files and symlinks put in place so far, and the bytes of those files
     /// (apply's progress; renames run on several threads).
@@ -881,7 +885,11 @@ impl Restore {
     /// Remove what an interrupted restore left (a workspace has one restore at
     /// a time: its lease), then make a fresh private staging directory with
     /// the plan's new directories in it.
-    pub fn new(ws: Workspace, plan: Plan) -> Result<Restore, RestoreError> {
+    pub fn new(
+        ws: Workspace,
+        plan: Plan,
+        kept_cache: Option<KeptCache>,
+    ) -> Result<Restore, RestoreError> {
         let mut leftovers = Vec::new();
         {
             let fd = ws.dup_fd()?;
@@ -972,6 +980,7 @@ impl Restore {
             step: Step::Deletions,
             cursor: 0,
             recorded: Mutex::new(Vec::new()),
+            kept_cache: Mutex::new(kept_cache),
             skipped: Mutex::new(skipped),
             files_written: AtomicU64::new(0),
             bytes_written: AtomicU64::new(0),
@@ -1772,8 +1781,17 @@ impl Restore {
             std::fs::create_dir_all(parent)
                 .map_err(|e| RestoreError::io(parent.to_string_lossy(), "create", e))?;
         }
-        statcache::record_written(cache_path, fingerprint, reference_ns, updates)
-            .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e))
+        let kept = self
+            .kept_cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        match kept {
+            Some(kept) => kept.save_with_written(cache_path, fingerprint, reference_ns, updates),
+            // (A live scan without a cache path kept none: merged into the file.)
+            None => statcache::record_written(cache_path, fingerprint, reference_ns, updates),
+        }
+        .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e))
     }
 
     /// The workspace filesystem's clock: the mtime of a new file in staging.

@@ -37,6 +37,10 @@ pub struct ScanRequest {
     pub feed: Option<std::sync::Arc<BlobFeed>>,
     /// Counters published while the scan runs (None: counted, not shared).
     pub progress: Option<std::sync::Arc<ScanProgress>>,
+    /// A restore's live scan: the stat cache is not saved but handed back
+    /// ([`ScanOutput::kept_cache`]), for the restore to save once with what
+    /// it wrote merged in; no digests are collected (nothing is uploaded).
+    pub keep_cache: bool,
 }
 
 #[derive(Debug, Default)]
@@ -68,6 +72,72 @@ pub struct ScanOutput {
     pub manifest_witnessed: bool,
     /// Wall milliseconds per phase, in order.
     pub phases_ms: Vec<(&'static str, f64)>,
+    /// With [`ScanRequest::keep_cache`] and a cache path: the cache this
+    /// scan would have saved.
+    pub kept_cache: Option<KeptCache>,
+}
+
+/// The stat cache a restore's live scan saw, kept in memory (its rows and
+/// listings as the scan made them) until the restore has written: then
+/// [`KeptCache::save_with_written`] saves it once, with the restore's own
+/// writes merged in, where saving it after the scan and merging into the
+/// file later wrote it twice.
+pub struct KeptCache {
+    fingerprint: [u8; 32],
+    reference_ns: i64,
+    rows: Rows,
+    dirs: Vec<crate::walk::ListedDir>,
+}
+
+impl std::fmt::Debug for KeptCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeptCache")
+            .field("entries", &self.rows.order.len())
+            .field("dirs", &self.dirs.len())
+            .finish()
+    }
+}
+
+impl KeptCache {
+    /// Save at `path`, as [`statcache::write_merged`] merges `updates`.
+    pub fn save_with_written(
+        &self,
+        path: &Path,
+        fingerprint: [u8; 32],
+        reference_ns: i64,
+        updates: Vec<(String, CacheEntry)>,
+    ) -> std::io::Result<()> {
+        let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| cache_entries(&self.rows, visit);
+        let base = statcache::Base {
+            fingerprint: self.fingerprint,
+            reference_ns: self.reference_ns,
+            entries: &entries,
+            dirs: self
+                .dirs
+                .iter()
+                .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice())),
+        };
+        statcache::write_merged(path, base, fingerprint, reference_ns, updates)
+    }
+}
+
+/// The stat cache's entries of a scan's rows, in path order: every kept
+/// file but those holding secrets (the cache keeps no secret positions, and a
+/// reused hash without them would lose the secrets on restore).
+fn cache_entries(rows: &Rows, visit: &mut dyn FnMut(&str, CacheEntry)) {
+    let mut path = String::new();
+    for r in &rows.order {
+        let batch = &rows.batches[r.batch as usize];
+        let entry = &batch.entries[r.entry as usize];
+        match &entry.kind {
+            Kind::File(slot) if !slot.vanished && slot.secrets.is_empty() => {
+                let hash = slot.hash.expect("every kept file was hashed or reused");
+                join_path(&batch.dir, batch.name(entry), &mut path);
+                visit(&path, CacheEntry::new(&slot.stat, hash));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Wall time per phase of a scan.
@@ -500,26 +570,9 @@ pub fn scan_into(
     };
     // Rewrite the cache when something changed, or to record the witness
     // (the first scan after an upgrade or a restore, or under another policy).
-    if let Some(path) = &request.cache_path {
+    if let Some(path) = request.cache_path.as_ref().filter(|_| !request.keep_cache) {
         if !cache_unchanged || old_witness != Some(witness) {
-            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| {
-                let mut path = String::new();
-                for r in &rows.order {
-                    let batch = &rows.batches[r.batch as usize];
-                    let entry = &batch.entries[r.entry as usize];
-                    match &entry.kind {
-                        // A file holding secrets is hashed every time: the cache keeps
-                        // no secret positions, and a reused hash without them would
-                        // lose the secrets on restore.
-                        Kind::File(slot) if !slot.vanished && slot.secrets.is_empty() => {
-                            let hash = slot.hash.expect("every kept file was hashed or reused");
-                            join_path(&batch.dir, batch.name(entry), &mut path);
-                            visit(&path, CacheEntry::new(&slot.stat, hash));
-                        }
-                        _ => {}
-                    }
-                }
-            };
+            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| cache_entries(&rows, visit);
             let listed = dirs
                 .iter()
                 .map(|d| (d.path.as_str(), d.stat, d.listing.as_slice()));
@@ -535,7 +588,8 @@ pub fn scan_into(
             .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
     }
-    drop(dirs);
+    // Kept for a restore's one save, else freed before the digests (peak memory).
+    let dirs = if request.keep_cache { dirs } else { Vec::new() };
     phases.end("save_cache");
 
     let (files_with_secrets, file_count, file_bytes) =
@@ -544,7 +598,7 @@ pub fn scan_into(
     // (Every file is in the order: only directories leave it.) A manifest
     // that is the previous one has its digests already: none are collected.
     let mut digests: Vec<[u8; 32]> = Vec::new();
-    if !same {
+    if !same && !request.keep_cache {
         digests.reserve_exact(file_count as usize);
         digests.extend(
             rows.files_mut()
@@ -552,7 +606,12 @@ pub fn scan_into(
                 .filter_map(|slot| slot.hash),
         );
     }
-    drop(rows);
+    let kept_cache = (request.keep_cache && request.cache_path.is_some()).then_some(KeptCache {
+        fingerprint,
+        reference_ns,
+        rows,
+        dirs,
+    });
     pool.install(|| digests.par_sort_unstable());
     digests.dedup();
     let digests = digests.concat();
@@ -575,6 +634,7 @@ pub fn scan_into(
         dirs_listed,
         dirs_reused,
         manifest_witnessed: witnessed,
+        kept_cache,
     })
 }
 

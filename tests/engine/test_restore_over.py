@@ -14,9 +14,18 @@ import pytest
 
 from checkpointd.blobs.packs import PACK_KEY_PREFIX
 from checkpointd.capture import capture_checkpoint
+from checkpointd.progress import Progress
 from checkpointd.restore import restore_checkpoint
+from checkpointd.statcache_paths import stat_cache_path
 
-from .conftest import BUCKETS, bucket_named_by_param, snapshot_tree, write_tree
+from .conftest import (
+    BUCKETS,
+    bucket_named_by_param,
+    settle_before_record,
+    snapshot_tree,
+    wait_out_racy_window,
+    write_tree,
+)
 
 bucket = pytest.fixture(params=BUCKETS, name="bucket")(bucket_named_by_param)
 
@@ -100,3 +109,45 @@ async def test_a_restore_over_an_identical_tree_changes_nothing(
     await restore_checkpoint(target, store, bucket, "t", data_dir=tmp_path / "restore-data")
     assert {path: os.lstat(path).st_ino for path in target.rglob("*")} == inodes
     assert snapshot_tree(target) == snapshot_tree(workspace)
+
+
+async def test_a_restore_over_a_changed_tree_saves_the_stat_cache_once_with_what_it_saw_and_wrote(
+    store: Any, bucket: Any, tmp_path: Path, data_dir: Path
+) -> None:
+    # The live scan keeps its stat cache in memory and the restore saves it
+    # once, after the last write, with the writes merged in: the file is
+    # untouched until then, and a capture right after trusts both the files
+    # the restore left alone (seen by its live scan) and those it wrote.
+    workspace = tmp_path / "workspace"
+    write_tree(workspace, _tree(300))
+    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    target = tmp_path / "target"
+    restore_data = tmp_path / "restore-data"
+    await restore_checkpoint(
+        target, store, bucket, "t", data_dir=restore_data, progress=settle_before_record
+    )
+    changed = sorted(target.glob("d*/sub*/f*.bin"))[::30]
+    for path in changed:
+        with path.open("ab") as appended:
+            appended.write(b"appended")
+    (target / "d3/extra.txt").write_bytes(b"not in the checkpoint")
+    wait_out_racy_window()
+    cache = stat_cache_path(restore_data, target)
+    before = os.stat(cache)
+    seen: dict[str, os.stat_result] = {}
+
+    def hook(report: Progress) -> None:
+        if report.phase in ("apply", "record") and report.phase not in seen:
+            seen[report.phase] = os.stat(cache)
+        settle_before_record(report)
+
+    await restore_checkpoint(target, store, bucket, "t", data_dir=restore_data, progress=hook)
+    assert snapshot_tree(target) == snapshot_tree(workspace)
+    for phase in ("apply", "record"):
+        kept = (seen[phase].st_ino, seen[phase].st_mtime_ns)
+        assert kept == (before.st_ino, before.st_mtime_ns), phase
+    assert os.stat(cache).st_ino != before.st_ino
+    wait_out_racy_window()
+    again = await capture_checkpoint(target, store, bucket, "t", data_dir=restore_data)
+    assert again.stats.files_hashed == 0
+    assert again.stats.files_reused == len(_tree(300)) - 1  # all but the symlink

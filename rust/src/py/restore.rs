@@ -169,17 +169,23 @@ impl RestoreSession {
                     cancel: scan_cancel,
                     feed: None,
                     progress: None,
+                    // A restore saves the cache once, with its writes, at
+                    // `finish`; a dry run's scan saves it as a capture's does.
+                    keep_cache: !plan_only,
                 };
-                let live = scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
-                    .map_err(RestoreError::Scan)?;
+                let mut live =
+                    scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
+                        .map_err(RestoreError::Scan)?;
                 let mut plan = core::plan_encoded(target, &live.manifest, &live.unsupported)?;
                 core::leave_alone(&mut plan, &keep);
                 plan.uncached = uncached.unwrap_or_default().into_iter().collect();
                 core::replace_shared_inodes(&ws, &mut plan)?;
+                let kept = live.kept_cache.take();
+                drop(live);
                 if plan_only {
                     return Ok((None, Some(plan)));
                 }
-                Ok((Some(Restore::new(ws, plan)?), None))
+                Ok((Some(Restore::new(ws, plan, kept)?), None))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {

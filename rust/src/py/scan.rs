@@ -227,6 +227,7 @@ pub fn scan(
         cancel: cancel.clone(),
         feed: feed.map(|f| f.get().inner.clone()),
         progress: progress.map(|p| p.get().inner.clone()),
+        keep_cache: false,
     };
     let previous = match (previous_length, previous_fingerprint) {
         (Some(len), Some(fingerprint)) => Some(core::Previous {
