@@ -97,6 +97,12 @@ FETCH_CHUNK_BYTES = 1 << 20
 # Operations per native apply call (between two progress reports and checks).
 APPLY_BATCH = 4096
 _RESERVED_TOP_LEVEL = ".checkpointd"
+# Fingerprints (BLAKE3 of the bytes) of the last manifests found to hold no
+# secret spans: a daemon restoring one checkpoint again (a rollback retried, a
+# sandbox reset to its start) does not read its 100k rows for that again.
+# (Emptied when full: a plain set, safe to share between threads.)
+_NO_SECRETS_KEPT = 64
+_no_secrets: set[bytes] = set()
 
 
 def validate_manifest(checkpoint: Checkpoint) -> None:
@@ -325,8 +331,16 @@ async def preview_restore(
 
 def _files_with_secrets(checkpoint: Checkpoint, subdir: str) -> list[tuple[str, FileEntry]]:
     """(path relative to the workspace root, entry) of each file with spans."""
-    if not _native.manifest_has_secrets(manifest_of(checkpoint.files).data):
-        return []  # the common case, without one Python object per entry
+    manifest = manifest_of(checkpoint.files)
+    fingerprint = manifest.fingerprint()
+    if fingerprint in _no_secrets:
+        return []
+    if not _native.manifest_has_secrets(manifest.data):
+        # The common case, without one Python object per entry.
+        if len(_no_secrets) >= _NO_SECRETS_KEPT:
+            _no_secrets.clear()
+        _no_secrets.add(fingerprint)
+        return []
     prefix = f"{subdir}/" if subdir else ""
     return [
         (prefix + entry.path, entry)
