@@ -52,7 +52,6 @@ from ._engine import (
     PhaseReporter,
     StopFlag,
     os_errors_mapped,
-    run_bounded,
     run_in_thread,
 )
 from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
@@ -92,6 +91,11 @@ SMALL_BLOB_BYTES = 1 << 20
 FETCH_BATCH_FILES = 512
 FETCH_BATCH_BYTES = 16 << 20
 FETCH_CONCURRENCY = 3
+# The pack index is asked for the plan's small blobs in slices (the first
+# LOCATE_FIRST, then 4x more each time, at most LOCATE_MOST): a slice's reads
+# start while the next is looked up (about 1 s of lookup for 100,000 keys).
+LOCATE_FIRST = 1024
+LOCATE_MOST = 65536
 # A pack read arrives in chunks of about this size (each staged natively as it comes).
 FETCH_CHUNK_BYTES = 1 << 20
 # Operations per native apply call (between two progress reports and checks).
@@ -581,51 +585,107 @@ async def _fetch(
 ) -> None:
     """Fetch and stage every blob the plan needs: MISSING_BLOB / INVALID_BLOB.
 
-    Packed blobs are grouped by pack across the whole plan and read with about
-    one ranged GET per group of nearby frames (``PackedBlobStore.plan_reads``):
-    a long read is streamed, each frame decoded, verified and staged natively
-    once its bytes are in, so memory holds FETCH_CONCURRENCY chunks, not the
-    packs; short reads of one pack (the few blobs a restore over a slightly
-    changed tree needs) go in batches, one ``get_ranges`` and one native call
-    each. Blobs without an index row (single objects, or a store that keeps no
-    index) are fetched in batches; large ones are streamed one by one."""
+    Small blobs are looked up in the store's pack index a slice of the plan
+    at a time (``_located_jobs``; one slice for a bucket), and each slice's
+    reads start as soon as it is located, so the lookup of the next slice runs
+    while this one's files are created. Packed blobs are grouped by pack within a slice and read with
+    about one ranged GET per group of nearby frames
+    (``PackedBlobStore.plan_reads``): a long read is streamed, each frame
+    decoded, verified and staged natively once its bytes are in, so memory
+    holds FETCH_CONCURRENCY chunks, not the packs; short reads of one pack
+    (the few blobs a restore over a slightly changed tree needs) go in
+    batches, one ``get_ranges`` and one native call each. Blobs without an
+    index row (single objects, or a store that keeps no index) are fetched in
+    batches; large ones are streamed one by one."""
     needed = session.blobs
     reporter.phase(
         "fetch", files_total=len(needed), bytes_total=sum(size for _digest, size in needed)
     )
     small = [(digest, size) for digest, size in needed if size <= SMALL_BLOB_BYTES]
-    located: dict[str, PackedBlob] = {}
-    if isinstance(blobs, PackedBlobStore) and small:
-        located = await blobs.locate([FILE_KEY_PREFIX + digest for digest, _size in small])
-    jobs: list[Callable[[], Awaitable[None]]] = []
-    if located:
-        assert isinstance(blobs, PackedBlobStore)
-        jobs.extend(_pack_jobs(blobs, session, reporter, blobs.plan_reads(list(located.values()))))
-    batch: list[tuple[str, int]] = []
-    batch_bytes = 0
-
-    def close_batch() -> None:
-        nonlocal batch, batch_bytes
-        if batch:
-            items = batch
-            jobs.append(lambda: _fetch_batch(blobs, session, reporter, items))
-        batch, batch_bytes = [], 0
-
-    for digest, size in needed:
-        if size > SMALL_BLOB_BYTES:
-            jobs.append(functools.partial(_fetch_large, blobs, session, reporter, digest, size))
-            continue
-        if FILE_KEY_PREFIX + digest in located:
-            continue
-        batch.append((digest, size))
-        batch_bytes += size
-        if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
-            close_batch()
-    close_batch()
+    large: list[Callable[[], Awaitable[None]]] = [
+        functools.partial(_fetch_large, blobs, session, reporter, digest, size)
+        for digest, size in needed
+        if size > SMALL_BLOB_BYTES
+    ]
     try:
-        await run_bounded(jobs, lambda job: job(), FETCH_CONCURRENCY)
+        await _run_fed(_located_jobs(blobs, session, reporter, small, large), FETCH_CONCURRENCY)
     except _native.InvalidBlob as error:
         raise _invalid_blob(*error.args) from None
+
+
+def _locate_slices(blobs: BlobStore, items: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """The plan's small blobs in slices growing from LOCATE_FIRST by 4x up to
+    LOCATE_MOST, so the first files are created after one short lookup; one
+    slice for a store that reads each pack about once (a bucket's GETs:
+    ``PackedBlobStore.locate_in_slices``)."""
+    if not (isinstance(blobs, PackedBlobStore) and blobs.locate_in_slices):
+        return [items] if items else []
+    slices, start, size = [], 0, LOCATE_FIRST
+    while start < len(items):
+        slices.append(items[start : start + size])
+        start += size
+        size = min(size * 4, LOCATE_MOST)
+    return slices
+
+
+async def _located_jobs(
+    blobs: BlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    small: list[tuple[str, int]],
+    large: list[Callable[[], Awaitable[None]]],
+) -> AsyncIterator[Callable[[], Awaitable[None]]]:
+    """The fetch jobs, a located slice at a time, then the large blobs."""
+    for part in _locate_slices(blobs, small):
+        located: dict[str, PackedBlob] = {}
+        if isinstance(blobs, PackedBlobStore):
+            located = await blobs.locate([FILE_KEY_PREFIX + digest for digest, _size in part])
+            reads = blobs.plan_reads(list(located.values())) if located else []
+            for job in _pack_jobs(blobs, session, reporter, reads):
+                yield job
+        batch: list[tuple[str, int]] = []
+        batch_bytes = 0
+        for digest, size in part:
+            if FILE_KEY_PREFIX + digest in located:
+                continue
+            batch.append((digest, size))
+            batch_bytes += size
+            if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
+                yield functools.partial(_fetch_batch, blobs, session, reporter, batch)
+                batch, batch_bytes = [], 0
+        if batch:
+            yield functools.partial(_fetch_batch, blobs, session, reporter, batch)
+    for job in large:
+        yield job
+
+
+async def _run_fed(jobs: AsyncIterator[Callable[[], Awaitable[None]]], limit: int) -> None:
+    """Await every job ``jobs`` yields, at most ``limit`` at a time, while it
+    is still yielding (``run_bounded`` over a source that awaits). The first
+    failure, of a job or of the source, cancels the rest and is raised as is."""
+    queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
+    workers = max(limit, 1)
+
+    async def feed() -> None:
+        try:
+            async for job in jobs:
+                queue.put_nowait(job)
+        finally:
+            for _ in range(workers):
+                queue.put_nowait(None)
+
+    async def work() -> None:
+        while (job := await queue.get()) is not None:
+            await job()
+
+    tasks = [asyncio.create_task(feed())] + [asyncio.create_task(work()) for _ in range(workers)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _pack_jobs(

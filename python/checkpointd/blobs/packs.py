@@ -242,6 +242,11 @@ class PackedBlobStore(BlobStore):
         # Bytes between two frames of a pack below which one read of both
         # costs less than two reads (``plan_reads``).
         self.merge_gap = MERGE_GAP_BYTES if local_dir_of(inner) is None else LOCAL_MERGE_GAP_BYTES
+        # Whether a restore may look its blobs up a slice of its plan at a time
+        # and read each slice at once: a local dir reads a range with one
+        # pread, so a pack read in a few pieces costs nothing; a bucket pays per
+        # GET, so the whole plan is looked up first and each pack read about once.
+        self.locate_in_slices = local_dir_of(inner) is not None
 
     def __repr__(self) -> str:
         return f"PackedBlobStore({self.inner!r})"
