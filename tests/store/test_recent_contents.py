@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from checkpointd.manifest import Manifest
+from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.store import _documents
 from checkpointd.store._core import RecentContents
 from checkpointd.store._documents import Content
@@ -41,8 +44,6 @@ def test_over_budget_keeps_only_the_newest() -> None:
 def test_a_chain_of_no_change_deltas_shares_one_manifest() -> None:
     """Materializing a head after captures that changed nothing holds the
     keyframe's manifest once: each no-change delta reuses its base's."""
-    from checkpointd.model import Checkpoint, FileEntry
-
     files = tuple(FileEntry(f"f{n:03d}", f"sandbox-files/blake3/{n:064x}", n) for n in range(50))
     rows: dict[str, tuple[str | None, bytes]] = {}
     previous: Content | None = None
@@ -76,34 +77,55 @@ def test_a_chain_of_no_change_deltas_shares_one_manifest() -> None:
     assert again.manifest is not head.manifest and again.checkpoint().files == files[1:]
 
 
-async def test_a_fresh_sqlite_store_reads_the_head_once(tmp_path: Path) -> None:
-    """A fresh daemon's capture reads its head (``get``) and then appends on it:
-    the append finds the parent's content where ``get`` left it."""
-    from checkpointd.model import Checkpoint, FileEntry
-    from checkpointd.store import SqliteCheckpointStore
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    url: str = request.getfixturevalue("postgres_url")
+    return url
 
-    path = str(tmp_path / "store.db")
-    files = (FileEntry("f", f"sandbox-files/blake3/{1:064x}", 1),)
-    async with await SqliteCheckpointStore.open(path) as store:
+
+def _checkpoint(checkpoint_id: str, parent: str | None, created_at: int, keys: range) -> Checkpoint:
+    files = tuple(FileEntry(f"f{n}", f"sandbox-files/blake3/{n:064x}", n) for n in keys)
+    return Checkpoint(
+        id=checkpoint_id,
+        thread_id="t",
+        parent_checkpoint_id=parent,
+        created_at=created_at,
+        files=files,
+    )
+
+
+async def test_a_fresh_store_reads_the_head_once(store_url: str) -> None:
+    """A fresh daemon's capture reads its head (``get``), reads it again after
+    its scan, and then appends on it: SQLite and PostgreSQL alike serve the
+    second read and the append from what the first read left in the store's
+    cache (PostgreSQL's ``get`` read the chain every time), and a row that
+    another store object replaced under the same id is read anew."""
+    from checkpointd.store import open_store
+
+    async with await open_store(store_url) as store:
         async with await store.acquire_writer("t") as lease:
-            await store.append(
-                Checkpoint(
-                    id="c1", thread_id="t", parent_checkpoint_id=None, created_at=1, files=files
-                ),
-                None,
-                lease,
-            )
-    async with await SqliteCheckpointStore.open(path) as store:
+            await store.append(_checkpoint("c1", None, 1, range(3)), None, lease)
+    async with await open_store(store_url) as store, await open_store(store_url) as other:
+        assert await store.cached_manifest_summary("c1") is None  # nothing read yet
         head = await store.get("c1")
-        assert head is not None and head.files == files
+        assert head is not None and head.files == _checkpoint("c1", None, 1, range(3)).files
         (held,) = store._recent._items.values()
+        again = await store.get("c1")
+        assert again is not None and again.files is head.files  # the cached content
+        assert await store.cached_manifest_summary("c1") == head.files.summary()
         async with await store.acquire_writer("t") as lease:
-            await store.append(
-                Checkpoint(
-                    id="c2", thread_id="t", parent_checkpoint_id="c1", created_at=2, files=files
-                ),
-                "c1",
-                lease,
-            )
+            await store.append(_checkpoint("c2", "c1", 2, range(3)), "c1", lease)
         assert held in store._recent._items.values()  # the parent was not read again
-        assert (await store.get("c2")).files == files  # type: ignore[union-attr]
+        assert (await store.get("c2")).files == head.files  # type: ignore[union-attr]
+        # Another store object replaces c2 (same id, new row): never the cached one.
+        async with await other.acquire_writer("t") as lease:
+            await other.delete_head("t", "c2", lease)
+            await other.append(_checkpoint("c2", "c1", 3, range(1, 4)), "c1", lease)
+        assert await store.cached_manifest_summary("c2") is None
+        replaced = await store.get("c2")
+        assert (
+            replaced is not None and replaced.files == _checkpoint("c2", "c1", 3, range(1, 4)).files
+        )
+        assert await store.get("missing") is None

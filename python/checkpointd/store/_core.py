@@ -588,9 +588,38 @@ class SqlCheckpointStore:
         raise NotImplementedError
 
     async def _row_version(self, checkpoint_id: str) -> int | None:
-        """The stored row's version (None: no such row, or a dialect that does
-        not say; then ``cached_manifest_summary`` knows nothing)."""
-        return None
+        """The stored row's version (None: no such row)."""
+        raise NotImplementedError
+
+    async def _read_chain(self, checkpoint_id: str) -> tuple[int, Rows] | None:
+        """The row's version and the rows of it and its bases down to a
+        keyframe, read together (None: no such row)."""
+        raise NotImplementedError
+
+    async def get(self, checkpoint_id: str) -> Checkpoint | None:
+        """The checkpoint or None (a missing id never raises; an invalid one is
+        INVALID_ID). Its content comes from the store's cache when that holds
+        its current row, and is kept there like an appended one: the head a
+        capture reads is the parent its append diffs against next."""
+        check_id(checkpoint_id, "checkpoint id")
+        version = await self._row_version(checkpoint_id)
+        if version is None:
+            return None
+        content = self._recent.get(checkpoint_id, version)
+        if content is None:
+            read = await self._read_chain(checkpoint_id)
+            if read is None:  # deleted since the version was read
+                return None
+            version, rows = read
+            content = await offload(
+                sum(len(data) for _, data in rows.values()) // 16,
+                documents.materialize,
+                checkpoint_id,
+                rows,
+                {},
+            )
+            self._recent.put(checkpoint_id, version, content)
+        return await offload(content_size(content), content.checkpoint)
 
     async def cached_manifest_summary(self, checkpoint_id: str) -> ManifestSummary | None:
         """The manifest summary of a stored checkpoint when this store's cache

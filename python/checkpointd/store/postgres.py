@@ -81,9 +81,7 @@ from ._core import (
     ThreadState,
     audited,
     checkpoints_of,
-    content_size,
     head_key_sets,
-    offload,
     paused,
 )
 from ._options import (
@@ -978,26 +976,38 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
     # ------------------------------------------------------------------ reads
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
-        """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
+    async def _row_version(self, checkpoint_id: str) -> int | None:
         check_id(checkpoint_id, "checkpoint id")
 
-        async def body(conn: asyncpg.Connection) -> Rows:
-            rows: Rows = {}
-            await _fetch_chains(conn, [checkpoint_id], rows)
-            return rows
+        async def body(conn: asyncpg.Connection) -> int | None:
+            version: int | None = await conn.fetchval(
+                "SELECT xmin::text::bigint FROM checkpointd_checkpoints WHERE id = $1",
+                _b(checkpoint_id),
+            )
+            return version
 
-        rows = await self._transaction("get", body, read_only=True)
-        if checkpoint_id not in rows:
-            return None
-        content = await offload(
-            sum(len(data) for _, data in rows.values()) // 16,
-            documents.materialize,
-            checkpoint_id,
-            rows,
-            {},
-        )
-        return await offload(content_size(content), content.checkpoint)
+        return await self._transaction("get", body, read_only=True)
+
+    async def _read_chain(self, checkpoint_id: str) -> tuple[int, Rows] | None:
+        async def body(conn: asyncpg.Connection) -> tuple[int, Rows] | None:
+            # One statement: the row's xmin comes with the chain it heads.
+            found = await conn.fetch(
+                "WITH RECURSIVE chain (id, base_id, document, version) AS ("
+                " SELECT id, base_id, document, xmin::text::bigint"
+                " FROM checkpointd_checkpoints WHERE id = $1"
+                " UNION ALL"
+                " SELECT c.id, c.base_id, c.document, c.xmin::text::bigint"
+                " FROM checkpointd_checkpoints AS c JOIN chain ON c.id = chain.base_id"
+                ") SELECT id, base_id, document, version FROM chain",
+                _b(checkpoint_id),
+            )
+            rows: Rows = {str(_s(r["id"])): (_s(r["base_id"]), r["document"]) for r in found}
+            versions = {str(_s(r["id"])): r["version"] for r in found}
+            if checkpoint_id not in versions:
+                return None
+            return int(versions[checkpoint_id]), rows
+
+        return await self._transaction("get", body, read_only=True)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""

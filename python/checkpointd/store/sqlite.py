@@ -82,9 +82,7 @@ from ._core import (
     ThreadState,
     audited,
     checkpoints_of,
-    content_size,
     head_key_sets,
-    offload,
     paused,
     repair_of,
 )
@@ -1094,47 +1092,22 @@ class SqliteCheckpointStore(SqlCheckpointStore):
         row = await self._db.read(run)
         return None if row is None else int(row[0])
 
-    async def get(self, checkpoint_id: str) -> Checkpoint | None:
-        """The checkpoint or None (a missing id never raises; an invalid one is INVALID_ID)."""
-        check_id(checkpoint_id, "checkpoint id")
-
-        async def run(
-            conn: aiosqlite.Connection,
-        ) -> tuple[Any, documents.Content | None, _Rows]:
+    async def _read_chain(self, checkpoint_id: str) -> tuple[int, _Rows] | None:
+        async def run(conn: aiosqlite.Connection) -> tuple[int, _Rows] | None:
             row = await _fetchone(
                 conn,
                 "SELECT serial, base_id, document FROM checkpoints WHERE id = ?",
                 (checkpoint_id,),
             )
-            rows: _Rows = {}
-            cached = None if row is None else self._recent.get(checkpoint_id, row[0])
-            if row is not None and cached is None and row[1] is not None:
+            if row is None:
+                return None
+            serial, base_id, data = row
+            rows: _Rows = {checkpoint_id: (base_id, data)}
+            if base_id is not None:
                 await _fetch_chains(conn, [checkpoint_id], rows)
-            return row, cached, rows
+            return int(serial), rows
 
-        row, cached, rows = await self._db.read(run)
-        if row is None:
-            return None
-        if cached is not None:
-            return await offload(content_size(cached), cached.checkpoint)
-        serial, base_id, data = row
-        if base_id is None:
-            # A keyframe decodes straight from the codec document.
-            content = await offload(
-                len(data) // 16,
-                documents.materialize,
-                checkpoint_id,
-                {checkpoint_id: (None, data)},
-                {},
-            )
-        else:
-            content = await asyncio.to_thread(
-                paused, documents.materialize, checkpoint_id, rows, {}
-            )
-        # Kept like an appended one: the head a capture reads is the parent its
-        # append diffs against next (a fresh daemon read a million-entry head twice).
-        self._recent.put(checkpoint_id, serial, content)
-        return await offload(content_size(content), content.checkpoint)
+        return await self._db.read(run)
 
     async def list(self, thread_id: str) -> builtins.list[Checkpoint]:
         """Every checkpoint of the thread by created_at, then UTF-8 bytes of the id."""
