@@ -421,6 +421,11 @@ pub fn scan_into(
     // from the file, no searching, no copy of the cache in memory.
     let mut files_reused = 0u64;
     let mut cache_verified = true;
+    // Files and their bytes met by the merge (every file row: none has been
+    // hashed, so none vanished yet), so that a scan reusing every file needs
+    // no further pass over the rows (each is a pass over ~10 MB of entries
+    // per 100k files, reached through the order: cache misses, one core).
+    let (mut files_merged, mut bytes_merged) = (0u64, 0u64);
     let mut old_entries = old_cache
         .as_mut()
         .filter(|c| c.fingerprint == fingerprint)
@@ -436,6 +441,8 @@ pub fn scan_into(
             }
             join_path(&batch.dir, batch.name(entry), &mut path);
             if let Kind::File(slot) = &mut batch.entries[r.entry as usize].kind {
+                files_merged += 1;
+                bytes_merged += slot.stat.size;
                 if let Some(h) = entries.reusable(path.as_bytes(), &slot.stat, &fingerprint) {
                     slot.hash = Some(h);
                     files_reused += 1;
@@ -443,6 +450,7 @@ pub fn scan_into(
             }
         }
     }
+    let old_entries_merged = old_entries.is_some();
     if let Some(entries) = old_entries {
         // Nothing read from the entries counts unless all of them verify.
         cache_verified = entries.verify();
@@ -453,9 +461,12 @@ pub fn scan_into(
             files_reused = 0;
         }
     }
+    // Every file reused from a verified cache: nothing to hash, and the
+    // totals are the merge's.
+    let all_reused = old_entries_merged && cache_verified && files_reused == files_merged;
     // (In the walk's order: which file is hashed first does not matter.)
     let mut to_hash: Vec<(String, &mut FileSlot)> = Vec::new();
-    for batch in rows.batches.iter_mut() {
+    for batch in rows.batches.iter_mut().filter(|_| !all_reused) {
         let Batch {
             dir,
             names,
@@ -538,7 +549,7 @@ pub fn scan_into(
             if cache_unchanged
                 && witness.key == key
                 && unsupported.is_empty()
-                && rows.file_rows() == files_reused =>
+                && (all_reused || rows.file_rows() == files_reused) =>
         {
             // (The previous manifest's digest is its fingerprint.)
             digest = Some(previous.fingerprint);
@@ -552,9 +563,13 @@ pub fn scan_into(
             rows: rows.order.len() as u64,
             ..Encoded::default()
         };
-        for slot in rows.files_mut() {
-            total.file_count += 1;
-            total.file_bytes += slot.stat.size;
+        if all_reused {
+            (total.file_count, total.file_bytes) = (files_merged, bytes_merged);
+        } else {
+            for slot in rows.files_mut() {
+                total.file_count += 1;
+                total.file_bytes += slot.stat.size;
+            }
         }
         (total, true)
     } else {
