@@ -171,7 +171,12 @@ async def run_bounded(
         for item in iterator:  # the workers share one iterator
             await worker(item)
 
-    tasks = [asyncio.create_task(drain()) for _ in range(max(limit, 1))]
+    await gather_or_cancel([asyncio.create_task(drain()) for _ in range(max(limit, 1))])
+
+
+async def gather_or_cancel(tasks: list[asyncio.Task[None]]) -> None:
+    """Await ``tasks``; the first failure (or a cancel of the caller) cancels
+    the others, waits until they have stopped, and is raised as is."""
     try:
         await asyncio.gather(*tasks)
     except BaseException:

@@ -51,6 +51,7 @@ from ._engine import (
     LeaseKeeper,
     PhaseReporter,
     StopFlag,
+    gather_or_cancel,
     os_errors_mapped,
     run_in_thread,
 )
@@ -678,14 +679,9 @@ async def _run_fed(jobs: AsyncIterator[Callable[[], Awaitable[None]]], limit: in
         while (job := await queue.get()) is not None:
             await job()
 
-    tasks = [asyncio.create_task(feed())] + [asyncio.create_task(work()) for _ in range(workers)]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await gather_or_cancel(
+        [asyncio.create_task(feed())] + [asyncio.create_task(work()) for _ in range(workers)]
+    )
 
 
 def _pack_jobs(

@@ -299,37 +299,58 @@ static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 pub fn open_beneath(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
     let flags = flags | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     if !NO_OPENAT2.load(Ordering::Relaxed) {
-        let c = cstring(rel)?;
-        let how = OpenHow {
-            flags: flags as u64,
-            mode: 0,
-            resolve: libc::RESOLVE_BENEATH
-                | libc::RESOLVE_NO_SYMLINKS
-                | libc::RESOLVE_NO_MAGICLINKS,
-        };
-        // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
-        let ret = unsafe {
-            libc::syscall(
-                libc::SYS_openat2,
-                root,
-                c.as_ptr(),
-                &how as *const OpenHow,
-                std::mem::size_of::<OpenHow>(),
-            )
-        };
-        if ret >= 0 {
-            // SAFETY: a fresh fd owned by nobody else.
-            return Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) });
-        }
-        let err = io::Error::last_os_error();
-        match err.raw_os_error() {
-            Some(libc::ENOSYS) | Some(libc::EPERM) => NO_OPENAT2.store(true, Ordering::Relaxed),
-            // EAGAIN: RESOLVE_* raced with a rename; fall through to the slow path.
-            Some(libc::EAGAIN) => {}
-            _ => return Err(err),
+        match openat2_beneath(root, rel, flags, 0) {
+            Ok(fd) => return Ok(fd),
+            // ENOSYS/EPERM: no openat2 here (latched); EAGAIN: RESOLVE_* raced
+            // with a rename. Either way the slow path decides.
+            Err(err)
+                if matches!(
+                    err.raw_os_error(),
+                    Some(libc::ENOSYS | libc::EPERM | libc::EAGAIN)
+                ) => {}
+            Err(err) => return Err(err),
         }
     }
     open_beneath_stepwise(root, rel, flags)
+}
+
+/// One `openat2` of `rel` beneath `root` crossing no symlink (nor magic
+/// link), with `extra_resolve` added to the RESOLVE_* flags. ENOSYS and EPERM
+/// (no openat2 in the kernel, or a seccomp filter) latch `NO_OPENAT2`.
+fn openat2_beneath(
+    root: RawFd,
+    rel: &[u8],
+    flags: libc::c_int,
+    extra_resolve: u64,
+) -> io::Result<OwnedFd> {
+    let c = cstring(rel)?;
+    let how = OpenHow {
+        flags: flags as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_BENEATH
+            | libc::RESOLVE_NO_SYMLINKS
+            | libc::RESOLVE_NO_MAGICLINKS
+            | extra_resolve,
+    };
+    // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root,
+            c.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if ret < 0 {
+        let err = io::Error::last_os_error();
+        if matches!(err.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+            NO_OPENAT2.store(true, Ordering::Relaxed);
+        }
+        return Err(err);
+    }
+    // SAFETY: a fresh fd owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
 }
 
 fn open_beneath_stepwise(root: RawFd, rel: &[u8], flags: libc::c_int) -> io::Result<OwnedFd> {
@@ -554,34 +575,12 @@ pub fn open_dir_beneath_same_mount(root: RawFd, rel: &[u8]) -> io::Result<OwnedF
     if NO_OPENAT2.load(Ordering::Relaxed) {
         return Err(io::Error::from_raw_os_error(libc::ENOSYS));
     }
-    let c = cstring(rel)?;
-    let how = OpenHow {
-        flags: (libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC) as u64,
-        mode: 0,
-        resolve: libc::RESOLVE_BENEATH
-            | libc::RESOLVE_NO_SYMLINKS
-            | libc::RESOLVE_NO_MAGICLINKS
-            | libc::RESOLVE_NO_XDEV,
-    };
-    // SAFETY: valid fd, C string and a properly laid-out open_how of the size passed.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_openat2,
-            root,
-            c.as_ptr(),
-            &how as *const OpenHow,
-            std::mem::size_of::<OpenHow>(),
-        )
-    };
-    if ret < 0 {
-        let err = io::Error::last_os_error();
-        if matches!(err.raw_os_error(), Some(libc::ENOSYS) | Some(libc::EPERM)) {
-            NO_OPENAT2.store(true, Ordering::Relaxed);
-        }
-        return Err(err);
-    }
-    // SAFETY: a fresh fd owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(ret as RawFd) })
+    openat2_beneath(
+        root,
+        rel,
+        libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        libc::RESOLVE_NO_XDEV,
+    )
 }
 
 /// Open a leaf without following it (`O_NONBLOCK`: a fifo swapped in must not hang).
