@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import time
@@ -384,11 +385,18 @@ async def test_sweeps_under_fire_never_delete_a_referenced_blob(store: Any) -> N
     async def sweep_loop() -> None:
         while not stop.is_set():
             sweeps.append(await sweep_blobs(store, blobs, 0))
+            if sweeps[-1].deleted:
+                swept.set()
             await asyncio.sleep(0)
 
+    swept = asyncio.Event()
     tasks = [asyncio.create_task(capture_loop(f"thread-{n}")) for n in range(3)]
     tasks += [asyncio.create_task(sweep_loop()) for _ in range(2)]
+    # At least a second of interleaving, and on until a sweep has deleted
+    # something (a loaded 2-core runner can take longer to get there).
     await asyncio.sleep(1.0)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(swept.wait(), 20.0)
     stop.set()
     await asyncio.gather(*tasks)
 
