@@ -714,13 +714,6 @@ pub fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-/// Start writing back a file's dirty pages now, without waiting: the final
-/// `syncfs` then finds most of the data already on its way to the disk.
-pub fn start_writeback(fd: RawFd) {
-    // SAFETY: valid fd; a hint whose failure changes nothing.
-    unsafe { libc::sync_file_range(fd, 0, 0, libc::SYNC_FILE_RANGE_WRITE) };
-}
-
 /// Flush the whole filesystem holding `fd` (one call for a batch of files).
 pub fn syncfs(fd: RawFd) -> io::Result<()> {
     // SAFETY: valid fd.

@@ -25,8 +25,9 @@
 //! filesystem, so every final rename is atomic); blobs are verified (size and
 //! BLAKE3) before their bytes are written there, and nothing in the workspace
 //! changes before every blob is staged. Data is made durable with one `syncfs`
-//! of the workspace's filesystem at the end (writeback is started per file as
-//! it is staged, so the sync finds little left to do).
+//! of the workspace's filesystem at the end. (A `sync_file_range` hint per
+//! staged file, to start the writeback early, made staging 100,000 small files
+//! about 1.8 s slower on two cores, more than the whole final sync.)
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -808,6 +809,9 @@ enum Dest {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Step {
+    /// Staging's directories that no staged file made (empty ones), before
+    /// the first change to the workspace.
+    TreeDirs,
     Deletions,
     Dirs,
     Trees,
@@ -824,7 +828,8 @@ pub struct Restore {
     pub plan: Plan,
     staging_name: CString,
     staging: OwnedFd,
-    /// `staging/t`: the new directories of the plan, filled before apply.
+    /// `staging/t`: the new directories of the plan, made and filled by
+    /// staging, the empty ones at the start of apply.
     tree: OwnedFd,
     dests: Vec<Dest>,
     /// The directories the workspace lacks whose parent it has (or that are
@@ -977,7 +982,7 @@ impl Restore {
             uses_of,
             prepared: Mutex::new(HashMap::new()),
             staged: Mutex::new(std::collections::HashSet::new()),
-            step: Step::Deletions,
+            step: Step::TreeDirs,
             cursor: 0,
             recorded: Mutex::new(Vec::new()),
             kept_cache: Mutex::new(kept_cache),
@@ -987,7 +992,6 @@ impl Restore {
             threads,
             umask: fs::current_umask().unwrap_or(0o777),
         };
-        restore.make_tree_dirs()?;
         Ok(restore)
     }
 
@@ -997,17 +1001,20 @@ impl Restore {
         prefix
     }
 
-    /// The planned directories beneath new roots, made in staging's tree
-    /// (their modes are set once they are in place).
-    fn make_tree_dirs(&self) -> Result<(), RestoreError> {
+    /// The planned directories of `range` beneath new roots, made in
+    /// staging's tree if staging has not made them yet (their modes are set
+    /// once they are in place). Staging makes the directories of the files
+    /// it writes as it goes, on all its threads, so what is left here are
+    /// the empty ones: a restore does not start with thousands of serial mkdirs.
+    fn make_tree_dirs(&self, range: std::ops::Range<usize>) -> Result<usize, RestoreError> {
         let prefix = self.tree_prefix();
         let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
-        for dir in &self.plan.dirs_to_make {
+        for dir in &self.plan.dirs_to_make[range] {
             if self.tree_dirs.contains(dir) {
                 dirs.reach(dir.as_bytes(), true)?;
             }
         }
-        Ok(())
+        Ok(0)
     }
 
     fn shown_staging(&self, name: &CStr) -> String {
@@ -1286,9 +1293,9 @@ impl Restore {
     }
 
     /// Apply up to `budget` operations of the current step (steps run in
-    /// order: deletions, directories, new directory trees moved in whole,
-    /// other files by atomic rename, symlinks, file modes and mtimes,
-    /// directory modes deepest first). Returns how many were done (files
+    /// order: staging's empty directories, deletions, directories, new
+    /// directory trees moved in whole, other files by atomic rename,
+    /// symlinks, file modes and mtimes, directory modes deepest first). Returns how many were done (files
     /// moved in with their directory count too); see [`Restore::done`].
     pub fn apply_some(&mut self, budget: usize, cancel: &Cancel) -> Result<usize, RestoreError> {
         let budget = budget.max(1);
@@ -1297,6 +1304,7 @@ impl Restore {
                 return Err(RestoreError::Cancelled);
             }
             let total = match self.step {
+                Step::TreeDirs => self.plan.dirs_to_make.len(),
                 Step::Deletions => self.plan.deletions.len(),
                 Step::Dirs => self.plan.dirs_to_make.len(),
                 Step::Trees => self.new_roots.len(),
@@ -1308,6 +1316,7 @@ impl Restore {
             };
             if self.cursor >= total {
                 self.step = match self.step {
+                    Step::TreeDirs => Step::Deletions,
                     Step::Deletions => Step::Dirs,
                     Step::Dirs => Step::Trees,
                     Step::Trees => Step::Writes,
@@ -1321,6 +1330,7 @@ impl Restore {
             }
             let range = self.cursor..(self.cursor + budget).min(total);
             let count = match self.step {
+                Step::TreeDirs => self.make_tree_dirs(range.clone())?,
                 Step::Deletions => self.delete(range.clone())?,
                 Step::Dirs => self.make_dirs(range.clone())?,
                 Step::Trees => self.move_trees(range.clone())?,
