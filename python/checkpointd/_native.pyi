@@ -108,6 +108,9 @@ class PolicyMatcher:
     # or it holds a recorded entry.
     def included(self, path: str, is_dir: bool) -> bool: ...
 
+def release_freed_memory() -> None:
+    """Return freed heap to the system when more than a few dozen MB are free."""
+
 def scan(
     root: str,
     *,

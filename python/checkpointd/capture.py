@@ -66,11 +66,13 @@ import blake3
 
 from . import _native
 from ._engine import (
+    RECLAIM_AFTER_ENTRIES,
     REPORT_INTERVAL_S,
     LeaseKeeper,
     PhaseReporter,
     StopFlag,
     os_errors_mapped,
+    reclaim_memory,
     run_bounded,
     run_in_thread,
 )
@@ -366,6 +368,7 @@ async def capture_checkpoint(
     reporter.phase("lease")
     lease = await store.acquire_writer(thread_id)
     subroot: _SubRoot | None = None
+    reclaim = False  # a large scan: give memory back (see reclaim_memory)
     try:
         subroot = _SubRoot.open(workspace, subdir)
         async with LeaseKeeper(lease) as keeper:
@@ -471,6 +474,12 @@ async def capture_checkpoint(
                 outcome = await scanning
                 if not scan_closed:
                     _close_scan_phase(reporter, outcome)
+                reclaim = outcome.entries_count >= RECLAIM_AFTER_ENTRIES
+                if reclaim:
+                    # The scan's records are freed but still mapped (~130 MB
+                    # at a million entries): handed back before the parent's
+                    # row (~60 MB) is read again, not kept under it.
+                    await run_in_thread(_native.release_freed_memory)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
                 parent = await _parent_again(store, head_id, previous)
@@ -561,6 +570,8 @@ async def capture_checkpoint(
         if subroot is not None:
             subroot.close()
         await lease.release()
+        if reclaim:
+            await run_in_thread(reclaim_memory)
 
 
 async def _parent_again(

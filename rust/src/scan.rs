@@ -774,7 +774,7 @@ fn encode_manifest(
 /// [`KEEP_FREED_HEAP`] the free heap is kept: the next scan reuses it instead
 /// of faulting every page in again (at 100k files that was a fault per
 /// ~20 entries, each scan), and a daemon never holds more than that extra.
-fn release_freed_memory() {
+pub fn release_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: mallinfo2 only reads the allocator's counters; malloc_trim

@@ -83,6 +83,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;
     m.add_function(wrap_pyfunction!(restore::manifest_has_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
+    m.add_function(wrap_pyfunction!(scan::release_freed_memory, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file_with_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
