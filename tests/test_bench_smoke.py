@@ -75,6 +75,33 @@ def test_floors_and_ratios_are_reported(tiny_run: dict[str, Path]) -> None:
         assert f"| {op} | **{API_TOOL}** |" in markdown
 
 
+@pytest.mark.timeout(300)
+def test_the_daemon_suite_times_every_operation_through_a_warm_client(tmp_path: Path) -> None:
+    from benchmarks.daemon import WARM_TOOL
+
+    config = Config(
+        size="tiny",
+        tools=("daemon",),
+        floors=(),
+        corpora=("many-small",),
+        out_dir=tmp_path / "results",
+        scratch=tmp_path / "scratch",
+        install=False,
+        use_shared_corpus_script=False,
+        pause_s=0,
+        delete_in_background=False,
+    )
+    report = json.loads(next(p for p in run(config) if p.suffix == ".json").read_text())
+    warm = {m["op"]: m for m in report["measurements"] if m["tool"] == WARM_TOOL}
+    # A cold capture and a restore into an empty dir too, each to a fresh daemon.
+    assert set(warm) == set(OPERATIONS) - {APPEND_1MIB}
+    for measurement in warm.values():
+        assert measurement["error"] is None, measurement["error"]
+        assert measurement["median_s"] > 0
+    for op in (RESTORE_EMPTY, RESTORE_OVER):
+        assert warm[op]["notes"]["verified"] is True
+
+
 def test_trash_shrinks_by_deleting_trees_of_few_big_files_first(tmp_path: Path) -> None:
     scratch = Scratch(tmp_path / "scratch", trash_max_bytes=3000, pause_s=0)
     big = scratch.path("big")
