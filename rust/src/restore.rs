@@ -1295,8 +1295,9 @@ impl Restore {
     /// Apply up to `budget` operations of the current step (steps run in
     /// order: staging's empty directories, deletions, directories, new
     /// directory trees moved in whole, other files by atomic rename,
-    /// symlinks, file modes and mtimes, directory modes deepest first). Returns how many were done (files
-    /// moved in with their directory count too); see [`Restore::done`].
+    /// symlinks, file modes and mtimes, directory modes deepest first).
+    /// Returns how many were done (files moved in with their directory count
+    /// too; the empty directories count none); see [`Restore::done`].
     pub fn apply_some(&mut self, budget: usize, cancel: &Cancel) -> Result<usize, RestoreError> {
         let budget = budget.max(1);
         while self.step != Step::Done {

@@ -258,10 +258,12 @@ pub fn scan(
     to_result(py, out.map_err(to_py)?, manifest, policy_warnings)
 }
 
-/// Give the heap freed since the last scan back to the system when it is a
-/// lot (`scan::release_freed_memory`): the engines call it once a capture or
-/// restore is done, after Python has dropped what it read (a million-entry
-/// parent's row), so a daemon does not carry that peak between operations.
+/// Give freed heap back to the system when it is a lot
+/// (`scan::release_freed_memory`): a capture of a large workspace calls it
+/// after its scan has returned (the scan's own trim comes before all of its
+/// records are freed) and again when it ends, after Python has dropped what
+/// it read (a million-entry parent's row), so a daemon does not carry either
+/// into the next scan.
 #[pyfunction]
 pub fn release_freed_memory(py: Python<'_>) {
     py.allow_threads(core::release_freed_memory)
