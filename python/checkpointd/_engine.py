@@ -5,8 +5,9 @@
   task is cancelled, tells the work to stop and waits for it: a cancelled capture
   must not release its lease while a thread still writes the stat cache or the
   workspace.
-* ``run_bounded`` runs a coroutine per item with bounded concurrency and stops
-  the others at the first failure.
+* ``run_bounded`` runs a coroutine per item (of an iterable, or of an async
+  source read ahead) with bounded concurrency and stops the others at the
+  first failure.
 * ``PhaseReporter`` turns work into ``Progress`` reports (every phase change, at
   most ~10 per second within a phase) and measures each phase.
 * ``os_errors_mapped`` makes an engine raise checkpointd errors, never a bare
@@ -23,7 +24,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from . import _native
@@ -175,23 +176,46 @@ async def run_in_thread(
 
 
 async def run_bounded(
-    items: Iterable[T], worker: Callable[[T], Awaitable[None]], limit: int
+    items: Iterable[T] | AsyncIterator[T], worker: Callable[[T], Awaitable[None]], limit: int
 ) -> None:
     """Await ``worker(item)`` for every item, at most ``limit`` at a time.
 
-    The first failure cancels the other workers and is raised as is (no
-    exception group), after they have stopped.
+    An async source is read by a task of its own, ahead of the workers, so
+    what it awaits (a restore's next index lookup) overlaps their work. The
+    first failure, of a worker or of the source, cancels the rest and is
+    raised as is (no exception group), after they have stopped.
     """
-    iterator = iter(items)
+    workers = max(limit, 1)
+    if not isinstance(items, AsyncIterator):
+        iterator = iter(items)
 
-    async def drain() -> None:
-        for item in iterator:  # the workers share one iterator
-            await worker(item)
+        async def drain() -> None:
+            for item in iterator:  # the workers share one iterator
+                await worker(item)
 
-    await gather_or_cancel([asyncio.create_task(drain()) for _ in range(max(limit, 1))])
+        await _gather_or_cancel([asyncio.create_task(drain()) for _ in range(workers)])
+        return
+    source = items
+    queue: asyncio.Queue[tuple[T] | None] = asyncio.Queue()
+
+    async def feed() -> None:
+        try:
+            async for item in source:
+                queue.put_nowait((item,))
+        finally:
+            for _ in range(workers):
+                queue.put_nowait(None)
+
+    async def work() -> None:
+        while (entry := await queue.get()) is not None:
+            await worker(entry[0])
+
+    await _gather_or_cancel(
+        [asyncio.create_task(feed())] + [asyncio.create_task(work()) for _ in range(workers)]
+    )
 
 
-async def gather_or_cancel(tasks: list[asyncio.Task[None]]) -> None:
+async def _gather_or_cancel(tasks: list[asyncio.Task[None]]) -> None:
     """Await ``tasks``; the first failure (or a cancel of the caller) cancels
     the others, waits until they have stopped, and is raised as is."""
     try:

@@ -475,11 +475,6 @@ async def capture_checkpoint(
                 if not scan_closed:
                     _close_scan_phase(reporter, outcome)
                 reclaim = outcome.entries_count >= RECLAIM_AFTER_ENTRIES
-                if reclaim:
-                    # The scan's records are freed but still mapped (~130 MB
-                    # at a million entries): handed back before the parent's
-                    # row (~60 MB) is read again, not kept under it.
-                    await run_in_thread(_native.release_freed_memory)
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path SPEC §2 forbids), decoded only if someone reads it.
                 parent = await _parent_again(store, head_id, previous)

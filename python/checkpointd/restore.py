@@ -51,8 +51,8 @@ from ._engine import (
     LeaseKeeper,
     PhaseReporter,
     StopFlag,
-    gather_or_cancel,
     os_errors_mapped,
+    run_bounded,
     run_in_thread,
 )
 from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
@@ -609,7 +609,11 @@ async def _fetch(
         if size > SMALL_BLOB_BYTES
     ]
     try:
-        await _run_fed(_located_jobs(blobs, session, reporter, small, large), FETCH_CONCURRENCY)
+        await run_bounded(
+            _located_jobs(blobs, session, reporter, small, large),
+            lambda job: job(),
+            FETCH_CONCURRENCY,
+        )
     except _native.InvalidBlob as error:
         raise _invalid_blob(*error.args) from None
 
@@ -658,30 +662,6 @@ async def _located_jobs(
             yield functools.partial(_fetch_batch, blobs, session, reporter, batch)
     for job in large:
         yield job
-
-
-async def _run_fed(jobs: AsyncIterator[Callable[[], Awaitable[None]]], limit: int) -> None:
-    """Await every job ``jobs`` yields, at most ``limit`` at a time, while it
-    is still yielding (``run_bounded`` over a source that awaits). The first
-    failure, of a job or of the source, cancels the rest and is raised as is."""
-    queue: asyncio.Queue[Callable[[], Awaitable[None]] | None] = asyncio.Queue()
-    workers = max(limit, 1)
-
-    async def feed() -> None:
-        try:
-            async for job in jobs:
-                queue.put_nowait(job)
-        finally:
-            for _ in range(workers):
-                queue.put_nowait(None)
-
-    async def work() -> None:
-        while (job := await queue.get()) is not None:
-            await job()
-
-    await gather_or_cancel(
-        [asyncio.create_task(feed())] + [asyncio.create_task(work()) for _ in range(workers)]
-    )
 
 
 def _pack_jobs(

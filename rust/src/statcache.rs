@@ -284,15 +284,7 @@ pub struct StatCache {
 impl StatCache {
     /// Write atomically (temp file next to it, then rename). Creates the parent.
     pub fn save(&self, path: &Path) -> io::Result<()> {
-        let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| {
-            for (p, e) in &self.entries {
-                visit(p, *e);
-            }
-        };
-        let dirs = self
-            .dirs
-            .iter()
-            .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
+        let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| self.visit_entries(visit);
         // An owned cache is one a restore merged its writes into: the rows
         // of no scan, so it vouches for no manifest.
         write_cache(
@@ -301,8 +293,22 @@ impl StatCache {
             self.reference_ns,
             None,
             &entries,
-            dirs,
+            self.listed(),
         )
+    }
+
+    /// Its file entries in path order, as `write_cache` visits them.
+    fn visit_entries(&self, visit: &mut dyn FnMut(&str, CacheEntry)) {
+        for (p, e) in &self.entries {
+            visit(p, *e);
+        }
+    }
+
+    /// Its listed directories in path order, as `write_cache` takes them.
+    fn listed(&self) -> impl Iterator<Item = (&str, DirStat, &[u8])> + Clone {
+        self.dirs
+            .iter()
+            .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()))
     }
 }
 
@@ -326,20 +332,12 @@ pub fn record_written(
             reference_ns: i64::MIN,
             ..StatCache::default()
         });
-    let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| {
-        for (p, e) in &old.entries {
-            visit(p, *e);
-        }
-    };
-    let dirs = old
-        .dirs
-        .iter()
-        .map(|(p, d)| (p.as_str(), d.stat, d.listing.as_slice()));
+    let entries = |visit: &mut dyn FnMut(&str, CacheEntry)| old.visit_entries(visit);
     let base = Base {
         fingerprint: old.fingerprint,
         reference_ns: old.reference_ns,
         entries: &entries,
-        dirs,
+        dirs: old.listed(),
     };
     write_merged(path, base, fingerprint, reference_ns, updates)
 }

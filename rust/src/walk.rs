@@ -162,6 +162,13 @@ pub struct ListedDir {
     pub reused: bool,
 }
 
+impl ListedDir {
+    /// As the stat cache's writers take a listed directory.
+    pub fn as_listed(&self) -> (&str, DirStat, &[u8]) {
+        (self.path.as_str(), self.stat, self.listing.as_slice())
+    }
+}
+
 /// What a walk found.
 pub struct WalkOutput {
     /// One batch per directory listed that holds kept entries (unordered).

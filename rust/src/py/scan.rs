@@ -255,15 +255,17 @@ pub fn scan(
         let out = root.and_then(|root| core::scan_into(&request, root, &mut manifest));
         (out, manifest)
     })?;
-    to_result(py, out.map_err(to_py)?, manifest, policy_warnings)
+    let result = to_result(py, out.map_err(to_py)?, manifest, policy_warnings);
+    // Its worker thread has been joined: what the scan freed can go back now.
+    py.allow_threads(core::release_freed_memory);
+    result
 }
 
 /// Give freed heap back to the system when it is a lot
-/// (`scan::release_freed_memory`): a capture of a large workspace calls it
-/// after its scan has returned (the scan's own trim comes before all of its
-/// records are freed) and again when it ends, after Python has dropped what
-/// it read (a million-entry parent's row), so a daemon does not carry either
-/// into the next scan.
+/// (`scan::release_freed_memory`, which every scan also calls when it ends):
+/// a capture of a large workspace calls it when it ends, after Python has
+/// dropped what it read (a million-entry parent's row), so a daemon does not
+/// carry it into the next scan.
 #[pyfunction]
 pub fn release_freed_memory(py: Python<'_>) {
     py.allow_threads(core::release_freed_memory)
