@@ -1,5 +1,7 @@
-//! One scan of a workspace: walk → sort → reuse cached hashes → hash the rest in
-//! parallel → encode the manifest → save the stat cache.
+//! One scan of a workspace: walk (reusing cached hashes as each directory is
+//! listed) → hash the rest in parallel → put the rows in path order (unless
+//! the stat cache vouches for the manifest) → encode the manifest → save the
+//! stat cache.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -367,6 +369,10 @@ pub fn scan_into(
     let progress = request.progress.as_deref().unwrap_or(&own_progress);
     phases.end("setup");
     let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+    // The cache's hashes were made with these secrets (else none is reused).
+    let reuse_hashes = old_cache
+        .as_ref()
+        .is_some_and(|c| c.fingerprint == fingerprint);
     let walked = Walker {
         root_fd: root.fd.as_raw_fd(),
         root_path: &root.path,
@@ -377,6 +383,7 @@ pub fn scan_into(
             .map_err(|e| ScanError::io(&root.path, "fstat", e))?
             .dev,
         cache: old_cache.as_ref(),
+        reuse_hashes,
         progress,
     }
     .walk(&pool)?;
@@ -387,22 +394,17 @@ pub fn scan_into(
     }
     let mut unsupported = walked.unsupported;
     let mut dirs = walked.dirs;
+    let mut batches = walked.found;
     let dirs_listed = dirs.len() as u64;
     let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
+    // Every file of the walk: none has been hashed, so none vanished yet.
+    let (files_found, bytes_found, files_reused) =
+        (walked.files, walked.file_bytes, walked.files_reused);
     phases.end("walk");
 
-    // In path order without a global sort (see `in_path_order`).
-    let mut rows = pool.install(|| in_path_order(walked.found));
     // Unsupported entries are never entered, so they are few: a plain sort.
     unsupported.sort();
     pool.install(|| dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
-    if request.policy.has_include() {
-        keep_dirs_holding_entries(&mut rows);
-    }
-    if cancel.is_cancelled() {
-        return Err(ScanError::Cancelled);
-    }
-    phases.end("sort");
     if !unsupported.is_empty() && request.feed.is_some() {
         // A capture (the one scan that feeds uploads) refuses these: hash and
         // upload nothing. A restore's live scan goes on: it plans around them.
@@ -412,58 +414,13 @@ pub fn scan_into(
             ..ScanOutput::default()
         });
     }
+    phases.end("sort");
 
-    // Reuse what the cache vouches for. Rows and the cache's entries are
-    // both sorted by path: one merge pass over the entries as they are read
-    // from the file, no searching, no copy of the cache in memory.
-    let mut files_reused = 0u64;
-    let mut cache_verified = true;
-    // Files and their bytes met by the merge (every file row: none has been
-    // hashed, so none vanished yet), so that a scan reusing every file needs
-    // no further pass over the rows (each is a pass over ~10 MB of entries
-    // per 100k files, reached through the order: cache misses, one core).
-    let (mut files_merged, mut bytes_merged) = (0u64, 0u64);
-    let mut old_entries = old_cache
-        .as_mut()
-        .filter(|c| c.fingerprint == fingerprint)
-        .and_then(|c| c.take_entries());
-    if let Some(entries) = old_entries.as_mut() {
-        let mut path = String::new();
-        let Rows { batches, order } = &mut rows;
-        for r in order.iter() {
-            let batch = &mut batches[r.batch as usize];
-            let entry = &batch.entries[r.entry as usize];
-            if !matches!(entry.kind, Kind::File(_)) {
-                continue;
-            }
-            join_path(&batch.dir, batch.name(entry), &mut path);
-            if let Kind::File(slot) = &mut batch.entries[r.entry as usize].kind {
-                files_merged += 1;
-                bytes_merged += slot.stat.size;
-                if let Some(h) = entries.reusable(path.as_bytes(), &slot.stat, &fingerprint) {
-                    slot.hash = Some(h);
-                    files_reused += 1;
-                }
-            }
-        }
-    }
-    let old_entries_merged = old_entries.is_some();
-    if let Some(entries) = old_entries {
-        // Nothing read from the entries counts unless all of them verify.
-        cache_verified = entries.verify();
-        if !cache_verified {
-            for slot in rows.files_mut() {
-                slot.hash = None;
-            }
-            files_reused = 0;
-        }
-    }
-    // Every file reused from a verified cache: nothing to hash, and the
-    // totals are the merge's.
-    let all_reused = old_entries_merged && cache_verified && files_reused == files_merged;
-    // (In the walk's order: which file is hashed first does not matter.)
+    // Hash what the cache did not vouch for (in the walk's order: which file
+    // is hashed first does not matter).
+    let all_reused = files_reused == files_found;
     let mut to_hash: Vec<(String, &mut FileSlot)> = Vec::new();
-    for batch in rows.batches.iter_mut().filter(|_| !all_reused) {
+    for batch in batches.iter_mut().filter(|_| !all_reused) {
         let Batch {
             dir,
             names,
@@ -521,9 +478,8 @@ pub fn scan_into(
     // every listing came from it, it holds no others, and every file entry
     // was reused.
     let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
-        cache_verified
+        reuse_hashes
             && hashed_for_cache == 0
-            && old.fingerprint == fingerprint
             && old.len() as u64 == files_reused
             && dirs_reused == dirs_listed
             && old.dir_count() as u64 == dirs_listed
@@ -546,7 +502,7 @@ pub fn scan_into(
             if cache_unchanged
                 && witness.key == key
                 && unsupported.is_empty()
-                && (all_reused || rows.file_rows() == files_reused) =>
+                && (all_reused || file_rows(&batches) == files_reused) =>
         {
             // (The previous manifest's digest is its fingerprint.)
             digest = Some(previous.fingerprint);
@@ -554,14 +510,36 @@ pub fn scan_into(
         }
         _ => false,
     };
+    // Rows in path order are for encoding them and for the cache; a
+    // witnessed manifest needs neither (unless an include list decides which
+    // directories are rows: that takes the order, see
+    // `keep_dirs_holding_entries`), so its rows are never put in order.
+    let in_order = !witnessed || request.policy.has_include() || request.keep_cache;
+    let mut rows = if in_order {
+        let mut rows = pool.install(|| in_path_order(batches));
+        if request.policy.has_include() {
+            keep_dirs_holding_entries(&mut rows);
+        }
+        rows
+    } else {
+        Rows::unordered(batches)
+    };
+    if cancel.is_cancelled() {
+        return Err(ScanError::Cancelled);
+    }
+    phases.end("order");
     let (total, same) = if witnessed {
         manifest.keep_previous();
         let mut total = Encoded {
-            rows: rows.order.len() as u64,
+            rows: match in_order {
+                true => rows.order.len() as u64,
+                // Without an include list every entry the walk kept is a row.
+                false => rows.batches.iter().map(|b| b.entries.len() as u64).sum(),
+            },
             ..Encoded::default()
         };
         if all_reused {
-            (total.file_count, total.file_bytes) = (files_merged, bytes_merged);
+            (total.file_count, total.file_bytes) = (files_found, bytes_found);
         } else {
             for slot in rows.files_mut() {
                 total.file_count += 1;
@@ -820,7 +798,25 @@ struct Rows {
     order: Vec<RowRef>,
 }
 
+/// File rows of the manifest (every kept file that did not vanish).
+fn file_rows(batches: &[Batch]) -> u64 {
+    batches
+        .iter()
+        .flat_map(|b| b.entries.iter())
+        .filter(|e| matches!(&e.kind, Kind::File(slot) if !slot.vanished))
+        .count() as u64
+}
+
 impl Rows {
+    /// Batches whose rows are never encoded nor cached (a witnessed scan's):
+    /// no order is made, so `order` stays empty.
+    fn unordered(batches: Vec<Batch>) -> Rows {
+        Rows {
+            batches,
+            order: Vec::new(),
+        }
+    }
+
     /// Every file slot, in no particular order.
     fn files_mut(&mut self) -> impl Iterator<Item = &mut FileSlot> {
         self.batches
@@ -830,15 +826,6 @@ impl Rows {
                 Kind::File(slot) => Some(slot),
                 _ => None,
             })
-    }
-
-    /// File rows of the manifest (every kept file that did not vanish).
-    fn file_rows(&self) -> u64 {
-        self.batches
-            .iter()
-            .flat_map(|b| b.entries.iter())
-            .filter(|e| matches!(&e.kind, Kind::File(slot) if !slot.vanished))
-            .count() as u64
     }
 
     fn path(&self, r: RowRef, out: &mut String) {

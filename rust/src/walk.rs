@@ -7,13 +7,18 @@
 //! last time (and is not racily clean) is not read again: its recorded raw
 //! listing is used (see `statcache`), and every entry the policy keeps is
 //! still lstat'ed. Each directory actually listed is recorded for the next
-//! scan: the fstat of the fd taken before reading it, and what it held.
+//! scan: the fstat of the fd taken before reading it, and what it held. The
+//! task that lists a directory also reads the cache's file entries of that
+//! directory and gives each file whose lstat matches its entry the entry's
+//! hash, so reusing hashes is spread over the walk's threads and needs the
+//! rows in no particular order.
 //!
 //! Output order is arbitrary; the scan sorts.
 
 use std::ffi::CStr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::cancel::Cancel;
@@ -119,8 +124,12 @@ pub struct Walker<'a> {
     /// this one (`fs::is_mount_point`), is a mount point, reported and never
     /// entered.
     pub root_dev: u64,
-    /// Last scan's directory listings (None: read every directory).
+    /// Last scan's directory listings and file entries (None: read every
+    /// directory, hash every file).
     pub cache: Option<&'a LoadedCache>,
+    /// The cache's hashes were made with this scan's secret set: a file
+    /// whose stat matches its entry takes the entry's hash (see `statcache`).
+    pub reuse_hashes: bool,
     /// Counts published while the walk runs (entries seen).
     pub progress: &'a ScanProgress,
 }
@@ -177,6 +186,18 @@ pub struct WalkOutput {
     pub unsupported: Vec<(Vec<u8>, Unsupported)>,
     /// Every directory entered, unordered.
     pub dirs: Vec<ListedDir>,
+    /// Files found, their bytes, and how many took their hash from the cache.
+    pub files: u64,
+    pub file_bytes: u64,
+    pub files_reused: u64,
+}
+
+/// What the walk's tasks count as they go.
+#[derive(Default)]
+struct FileCounts {
+    files: AtomicU64,
+    bytes: AtomicU64,
+    reused: AtomicU64,
 }
 
 /// A listed directory's open fd: plain, or inside the reader that listed it.
@@ -198,6 +219,7 @@ struct Shared {
     found: Mutex<Vec<Batch>>,
     unsupported: Mutex<Vec<(Vec<u8>, Unsupported)>>,
     dirs: Mutex<Vec<ListedDir>>,
+    counts: FileCounts,
     error: Mutex<Option<ScanError>>,
 }
 
@@ -224,6 +246,7 @@ impl Walker<'_> {
             found: Mutex::new(Vec::new()),
             unsupported: Mutex::new(Vec::new()),
             dirs: Mutex::new(Vec::new()),
+            counts: FileCounts::default(),
             error: Mutex::new(None),
         };
         // The root itself is "included" only when there is no include list.
@@ -243,6 +266,9 @@ impl Walker<'_> {
                 .into_inner()
                 .unwrap_or_else(|e| e.into_inner()),
             dirs: shared.dirs.into_inner().unwrap_or_else(|e| e.into_inner()),
+            files: shared.counts.files.into_inner(),
+            file_bytes: shared.counts.bytes.into_inner(),
+            files_reused: shared.counts.reused.into_inner(),
         })
     }
 
@@ -351,7 +377,8 @@ impl Walker<'_> {
             // swapped in since. Never crossed.
             return Err(ScanError::Changed(abs(b"")));
         }
-        let cached = self.cache.and_then(|c| c.dir_listing(rel, &dir_stat));
+        let recorded = self.cache.and_then(|c| Some((c, c.find_dir(rel)?)));
+        let cached = recorded.and_then(|(c, index)| c.settled_listing(index, &dir_stat));
         // Whichever holds the fd keeps it open while the entries are lstat'ed.
         let (held, listing, reused) = match cached {
             Some(listing) => (Held::Fd(fd), listing.to_vec(), true),
@@ -513,6 +540,7 @@ impl Walker<'_> {
             }
         }
         drop(held);
+        self.reuse_hashes_into(&mut batch, recorded, &shared.counts);
         shared
             .dirs
             .lock()
@@ -524,6 +552,47 @@ impl Walker<'_> {
                 reused,
             });
         Ok((batch, found))
+    }
+
+    /// Give the batch's files the hashes the cache vouches for (its entries of
+    /// this directory, read now, on this task's thread), and count them.
+    fn reuse_hashes_into(
+        &self,
+        batch: &mut Batch,
+        recorded: Option<(&LoadedCache, usize)>,
+        counts: &FileCounts,
+    ) {
+        let Batch { names, entries, .. } = batch;
+        let slots = entries
+            .iter_mut()
+            .filter_map(|entry| match &mut entry.kind {
+                Kind::File(slot) => {
+                    let at = entry.name_at as usize;
+                    Some((&names[at..at + entry.name_len as usize], slot))
+                }
+                _ => None,
+            });
+        let (mut files, mut bytes, mut reused) = (0u64, 0u64, 0u64);
+        let mut cached = None;
+        for (name, slot) in slots {
+            files += 1;
+            bytes += slot.stat.size;
+            if !self.reuse_hashes {
+                continue;
+            }
+            // Read once, at the directory's first file.
+            let cached = cached.get_or_insert_with(|| recorded.and_then(|(c, i)| c.dir_files(i)));
+            if let Some(hash) = cached
+                .as_ref()
+                .and_then(|c| c.reusable(name.as_bytes(), &slot.stat))
+            {
+                slot.hash = Some(hash);
+                reused += 1;
+            }
+        }
+        counts.files.fetch_add(files, Ordering::Relaxed);
+        counts.bytes.fetch_add(bytes, Ordering::Relaxed);
+        counts.reused.fetch_add(reused, Ordering::Relaxed);
     }
 
     /// None when the policy excludes the entry, else whether it is included.

@@ -347,20 +347,25 @@ def test_policy_change_uses_the_raw_listing(root: Path, tmp_path: Path) -> None:
     assert_same_as_fresh(root, widened)
 
 
+# The file ends with the directory section, a 136-byte trailer and a 32-byte
+# checksum of both; the file entries come first, one block per directory.
+_TRAILER = 136 + 32
+
+
 def _flip_in_directories(data: bytearray) -> None:
-    data[150] ^= 0xFF  # past the 136-byte header: the directory section
+    data[-_TRAILER - 40] ^= 0xFF  # the last directory's record
 
 
 def _flip_in_witness(data: bytearray) -> None:
-    data[110] ^= 0xFF  # the header's manifest witness (checksummed with the directories)
+    data[-_TRAILER + 80] ^= 0xFF  # the trailer's manifest witness
 
 
 def _flip_in_entries(data: bytearray) -> None:
-    data[-40] ^= 0xFF  # the last entry's hash, before the entries' checksum
+    data[8 + 3] ^= 0xFF  # the first block's first name, right after the magic
 
 
 def _old_version(data: bytearray) -> None:
-    data[:8] = b"CKPDSTC2"
+    data[:8] = b"CKPDSTC4"
 
 
 def _truncated(data: bytearray) -> None:
@@ -368,30 +373,35 @@ def _truncated(data: bytearray) -> None:
 
 
 @pytest.mark.parametrize(
-    ("damage", "dirs_kept"),
+    ("damage", "whole"),
     [
-        pytest.param(_flip_in_directories, False, id="directories-corrupt"),
-        pytest.param(_flip_in_witness, False, id="witness-corrupt"),
-        pytest.param(_flip_in_entries, True, id="entries-corrupt"),
-        pytest.param(_old_version, False, id="old-version"),
+        pytest.param(_flip_in_directories, True, id="directories-corrupt"),
+        pytest.param(_flip_in_witness, True, id="witness-corrupt"),
+        pytest.param(_flip_in_entries, False, id="entries-corrupt"),
+        pytest.param(_old_version, True, id="old-version"),
         pytest.param(_truncated, True, id="truncated"),
     ],
 )
 def test_corrupt_or_old_cache_is_an_empty_one(
-    root: Path, tmp_path: Path, damage: Callable[[bytearray], None], dirs_kept: bool
+    root: Path, tmp_path: Path, damage: Callable[[bytearray], None], whole: bool
 ) -> None:
-    """A damaged or old cache is never trusted: no file hash is reused (the
-    entries are checked as a whole; those read before the check are taken
-    back), and the directory listings only when their own checksum holds. The
-    next scan writes a sound cache again."""
+    """A damaged or old cache is never trusted where it is damaged. The
+    directories and the trailer are checked as a whole: damage there (or an
+    old version, or a cut) leaves no listing and no hash reused. Each
+    directory's block of file entries is checked on its own before any of its
+    entries is used: a damaged block costs its directory's files a re-hash,
+    and nothing else. The next scan writes a sound cache again."""
     cache = tmp_path / "cache.bin"
     primed(root, str(cache))
     data = bytearray(cache.read_bytes())
     damage(data)
     cache.write_bytes(bytes(data))
     again = scan(root, str(cache))
-    assert again.files_reused == 0 and again.files_hashed > 0
-    assert (again.dirs_reused > 0) == dirs_kept
+    assert again.files_hashed > 0
+    if whole:
+        assert again.files_reused == 0 and again.dirs_reused == 0
+    else:
+        assert again.files_reused > 0 and again.dirs_reused == again.dirs_listed
     assert_same_as_fresh(root, again)
     healed = scan(root, str(cache))
     assert healed.files_hashed == 0 and healed.dirs_reused == healed.dirs_listed
