@@ -605,7 +605,7 @@ where
                     return;
                 }
             }
-            if open.last().is_none_or(|b| b.dir != dir) {
+            if open.last().map_or(true, |b| b.dir != dir) {
                 open.push(OpenBlock {
                     dir: dir.to_string(),
                     bytes: Vec::new(),
@@ -633,7 +633,6 @@ where
         while let Some(done) = open.pop() {
             close(done, &mut out)?;
         }
-        drop(close);
         blocks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
 
         // The directories: the listed ones and those holding a block, merged.
@@ -689,7 +688,6 @@ where
         for (dir, block) in blocks {
             put_dir(&mut out, &dir, None, block)?;
         }
-        drop(put_dir);
         let none = ManifestWitness {
             key: [0; 32],
             digest: [0; 32],
