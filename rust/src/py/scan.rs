@@ -255,14 +255,13 @@ pub fn scan(
         let out = root.and_then(|root| core::scan_into(&request, root, &mut manifest));
         (out, manifest)
     })?;
-    let result = to_result(py, out.map_err(to_py)?, manifest, policy_warnings);
-    // Its worker thread has been joined: what the scan freed can go back now.
-    py.allow_threads(core::release_freed_memory);
-    result
+    // (What the scan freed goes back to the system once its records are
+    // freed, off this thread: see `scan::free_later`.)
+    to_result(py, out.map_err(to_py)?, manifest, policy_warnings)
 }
 
 /// Give freed heap back to the system when it is a lot
-/// (`scan::release_freed_memory`, which every scan also calls when it ends):
+/// (`scan::release_freed_memory`, which every scan also calls once its records are freed):
 /// a capture of a large workspace calls it when it ends, after Python has
 /// dropped what it read (a million-entry parent's row), so a daemon does not
 /// carry it into the next scan.
