@@ -582,7 +582,7 @@ pub fn scan_into(
     let dirs = if request.keep_cache {
         dirs
     } else {
-        free_later(dirs);
+        free_records(dirs, total.rows);
         Vec::new()
     };
     phases.end("save_cache");
@@ -609,7 +609,7 @@ pub fn scan_into(
             dirs,
         })
     } else {
-        free_later(rows);
+        free_records(rows, entries);
         None
     };
     pool.install(|| digests.par_sort_unstable());
@@ -767,11 +767,30 @@ fn freeing_here() -> &'static std::sync::atomic::AtomicUsize {
     &FREEING
 }
 
-/// Free a scan's records on a thread of their own, then give the heap back
-/// ([`release_freed_memory`]): off the scan's critical path (at 100k files
-/// the walk's batches are ~25,000 allocations, 2 ms of a 90 ms no-change
-/// scan), yet never beside the next scan's records, which waits for it
-/// ([`wait_for_freeing`]). When no thread can be started, freed here.
+/// Scans of more entries than this free their records before they return.
+/// Below it they are freed on a thread of their own, off the scan's critical
+/// path (at 100k files the walk's batches are ~25,000 allocations, 2 ms of a
+/// 90 ms no-change scan); above it the capture's next step (reading its
+/// parent again: ~60 MB at a million entries) would overlap the freeing and
+/// add to the peak (a million-file no-change capture peaked at up to 341 MB
+/// that way, 243-264 MB freeing first; the goal is 300 MB).
+const FREE_INLINE_ENTRIES: u64 = 250_000;
+
+/// Free a scan's `records` (of a scan of `entries` entries), then give the
+/// heap back ([`release_freed_memory`]): inline for a large scan, else on a
+/// thread of their own ([`free_later`]; see [`FREE_INLINE_ENTRIES`]).
+fn free_records<T: Send + 'static>(records: T, entries: u64) {
+    if entries > FREE_INLINE_ENTRIES {
+        drop(records);
+        release_freed_memory();
+    } else {
+        free_later(records);
+    }
+}
+
+/// Free `records` on a thread of their own, then give the heap back: never
+/// beside the next scan's records, which waits for it ([`wait_for_freeing`]).
+/// When no thread can be started, freed here.
 fn free_later<T: Send + 'static>(records: T) {
     use std::sync::atomic::Ordering::SeqCst;
     let count = freeing_here();
