@@ -894,11 +894,6 @@ impl LoadedCache {
         &self.dir_data[at..at + dir.listing_len as usize]
     }
 
-    /// [`LoadedCache::settled_listing`] of the directory at `path`.
-    pub fn dir_listing(&self, path: &str, stat: &Stat) -> Option<&[u8]> {
-        self.settled_listing(self.find_dir(path)?, stat)
-    }
-
     /// The file entries of directory `index`, read from the file and verified
     /// against the checksum its record holds; None when they cannot be read
     /// or do not verify (then none of them is trusted).
@@ -1225,6 +1220,13 @@ mod tests {
         let (_, e) = &cache.entries[0];
         assert_eq!(files.reusable(b"a", &stat_of(e)), Some(e.hash));
         assert!(loaded.dir_listing("a", &dir_stat(2)).is_some());
+    }
+
+    impl LoadedCache {
+        /// [`LoadedCache::settled_listing`] of the directory at `path`.
+        fn dir_listing(&self, path: &str, stat: &Stat) -> Option<&[u8]> {
+            self.settled_listing(self.find_dir(path)?, stat)
+        }
     }
 
     fn stat_of(e: &CacheEntry) -> Stat {
