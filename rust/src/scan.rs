@@ -1146,7 +1146,15 @@ fn hash_slot(
             slot.vanished = true;
             return Ok(0);
         }
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) => {
+        // A link or a file swapped in since the walk, or (EXDEV, from
+        // openat2's RESOLVE_BENEATH) the file renamed out of the workspace
+        // while it was being opened: it changed.
+        Err(e)
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
+            ) =>
+        {
             return Err(ScanError::Changed(abs()));
         }
         Err(e) => return Err(ScanError::io(abs(), "open", e)),
