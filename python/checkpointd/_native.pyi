@@ -372,6 +372,15 @@ def unpack_many(
     frame lies in ``data`` (the pack from offset ``base`` on), checked (size and
     BLAKE3); PackedBlobInvalid for the first that does not check."""
 
+def plan_pack_reads(
+    frames: Sequence[tuple[int, int, int]], merge_gap: int, max_range: int
+) -> list[tuple[int, int, int, list[int]]]:
+    """Frames ``(pack number, offset, stored_len)`` merged into ranged reads
+    ``(pack number, start, end, indices of its frames)``: by pack (in the
+    order of each pack's first frame), then offset; a frame joins the read
+    before it when at most ``merge_gap`` bytes after it and the read stays
+    within ``max_range`` bytes."""
+
 def pack_trailer_len(footer: bytes) -> int:
     """The trailer length a pack's last PACK_FOOTER_LEN bytes announce; PackInvalid."""
 
@@ -479,16 +488,32 @@ class RestoreSession:
     def deleted_paths(self) -> list[str]: ...
     def stage_many(self, items: Sequence[tuple[str, bytes]]) -> None:
         """Verify (size, BLAKE3) then stage each (digest, bytes); InvalidBlob."""
-    def stage_ranges(
-        self, reads: Sequence[tuple[Sequence[tuple[str, int, int, int, int]], bytes]]
-    ) -> tuple[int, int]:
-        """Stage whole ranged reads of one pack: each (frames as ``begin_range``
-        takes them, the bytes from the first frame's offset on); (blobs, bytes)
-        staged. Raises InvalidBlob (a frame that does not decode to its key, or
-        is not held whole: a truncated pack)."""
-    def begin_range(self, items: Sequence[tuple[str, int, int, int, int]]) -> int:
-        """Start staging one ranged read of a pack: ``(digest, offset,
-        stored_len, raw_len, codec)`` of each frame it holds; returns a handle."""
+    def needed(self, max_size: int) -> tuple[bytes, list[tuple[str, int]], int]:
+        """The blobs to fetch: the digests of those of at most ``max_size``
+        bytes concatenated (first-use order), the larger ones as (hex digest,
+        size), and the bytes of all of them."""
+    def plan_pack_reads(
+        self,
+        wanted: bytes,
+        rows: Sequence[tuple[bytes, bytes, int, int, int, int]],
+        merge_gap: int,
+        max_range: int,
+    ) -> tuple[list[tuple[int, bytes, int, int]], list[tuple[str, int]]]:
+        """The pack reads that stage ``wanted`` (concatenated digests) from
+        their index rows ``(digest, pack digest, offset, stored_len, raw_len,
+        codec)``: ``(read id, pack digest, start, end)`` each (frames at most
+        ``merge_gap`` apart merged, at most ``max_range`` bytes a read), and
+        the wanted blobs no row places, as (hex digest, size)."""
+    def read_frames(self, read: int) -> list[tuple[bytes, int, int, int, int]]:
+        """A planned read's frames, ``(digest, offset, stored_len, raw_len,
+        codec)`` by offset."""
+    def stage_ranges(self, reads: Sequence[tuple[int, bytes]]) -> tuple[int, int]:
+        """Stage whole planned reads of one pack: each (read id, the bytes from
+        the read's start on); (blobs, bytes) staged. Raises InvalidBlob (a
+        frame that does not decode to its key, or is not held whole: a
+        truncated pack)."""
+    def begin_range(self, read: int) -> None:
+        """Start staging a planned read as its bytes arrive."""
     def feed_range(self, handle: int, chunk: bytes) -> tuple[int, int]:
         """The read's next bytes: frames completed by them are decoded, verified
         and staged; (blobs, bytes) staged. Raises InvalidBlob."""

@@ -59,6 +59,7 @@ from .store.base import (
     BlobAudit,
     BlobCount,
     CheckpointStore,
+    IndexRow,
     PackedBlob,
     PackIndex,
     PackMaintenance,
@@ -397,6 +398,9 @@ class _NoIndex:
 
     async def locate_blobs(self, keys: list[str]) -> dict[str, PackedBlob | None]:
         return {}
+
+    async def locate_rows(self, digests: bytes) -> list[IndexRow]:
+        return []
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000

@@ -56,7 +56,7 @@ from ._engine import (
     run_in_thread,
 )
 from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
-from .blobs.packs import PackedBlobStore, PackRead, packed_blobs
+from .blobs.packs import MAX_RANGE_BYTES, PACK_KEY_PREFIX, PackedBlobStore, PackRead, packed_blobs
 from .errors import (
     INVALID_BLOB,
     INVALID_PATH,
@@ -79,7 +79,8 @@ from .secrets import (
     write_fills,
 )
 from .statcache_paths import resolve_data_dir, stat_cache_path
-from .store.base import CheckpointStore, PackedBlob
+from .store._packindex import file_key
+from .store.base import CheckpointStore, IndexRow, PackedBlob
 from .validation import check_id, check_optional_id, entries_problem, path_problem
 
 _log = logging.getLogger("checkpointd.restore")
@@ -589,28 +590,25 @@ async def _fetch(
     Small blobs are looked up in the store's pack index a slice of the plan
     at a time (``_located_jobs``; one slice for a bucket), and each slice's
     reads start as soon as it is located, so the lookup of the next slice runs
-    while this one's files are created. Packed blobs are grouped by pack within a slice and read with
-    about one ranged GET per group of nearby frames
-    (``PackedBlobStore.plan_reads``): a long read is streamed, each frame
-    decoded, verified and staged natively once its bytes are in, so memory
-    holds FETCH_CONCURRENCY chunks, not the packs; short reads of one pack
-    (the few blobs a restore over a slightly changed tree needs) go in
-    batches, one ``get_ranges`` and one native call each. Blobs without an
-    index row (single objects, or a store that keeps no index) are fetched in
-    batches; large ones are streamed one by one."""
-    needed = session.blobs
-    reporter.phase(
-        "fetch", files_total=len(needed), bytes_total=sum(size for _digest, size in needed)
-    )
-    small = [(digest, size) for digest, size in needed if size <= SMALL_BLOB_BYTES]
-    large: list[Callable[[], Awaitable[None]]] = [
+    while this one's files are created. The index rows go to the native
+    session as they come from the store, which groups them by pack and merges
+    nearby frames into about one ranged GET per group (``pack::plan_reads``):
+    no Python object per blob. A long read is streamed, each frame decoded,
+    verified and staged natively once its bytes are in, so memory holds
+    FETCH_CONCURRENCY chunks, not the packs; short reads of one pack (the few
+    blobs a restore over a slightly changed tree needs) go in batches, one
+    ``read_pack_ranges`` and one native call each. Blobs without an index row
+    (single objects, or a store that keeps no index) are fetched in batches;
+    large ones are streamed one by one."""
+    small, large, total_bytes = session.needed(SMALL_BLOB_BYTES)
+    reporter.phase("fetch", files_total=len(small) // 32 + len(large), bytes_total=total_bytes)
+    large_jobs: list[Callable[[], Awaitable[None]]] = [
         functools.partial(_fetch_large, blobs, session, reporter, digest, size)
-        for digest, size in needed
-        if size > SMALL_BLOB_BYTES
+        for digest, size in large
     ]
     try:
         await run_bounded(
-            _located_jobs(blobs, session, reporter, small, large),
+            _located_jobs(blobs, session, reporter, small, large_jobs),
             lambda job: job(),
             FETCH_CONCURRENCY,
         )
@@ -618,17 +616,17 @@ async def _fetch(
         raise _invalid_blob(*error.args) from None
 
 
-def _locate_slices(blobs: BlobStore, items: list[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    """The plan's small blobs in slices growing from LOCATE_FIRST by 4x up to
-    LOCATE_MOST, so the first files are created after one short lookup; one
-    slice for a store that reads each pack about once (a bucket's GETs:
-    ``PackedBlobStore.locate_in_slices``)."""
+def _locate_slices(blobs: BlobStore, digests: bytes) -> list[bytes]:
+    """The plan's small blobs (concatenated digests) in slices growing from
+    LOCATE_FIRST by 4x up to LOCATE_MOST, so the first files are created after
+    one short lookup; one slice for a store that reads each pack about once
+    (a bucket's GETs: ``PackedBlobStore.locate_in_slices``)."""
     if not (isinstance(blobs, PackedBlobStore) and blobs.locate_in_slices):
-        return [items] if items else []
+        return [digests] if digests else []
     slices, start, size = [], 0, LOCATE_FIRST
-    while start < len(items):
-        slices.append(items[start : start + size])
-        start += size
+    while start < len(digests):
+        slices.append(digests[start : start + size * 32])
+        start += size * 32
         size = min(size * 4, LOCATE_MOST)
     return slices
 
@@ -637,22 +635,20 @@ async def _located_jobs(
     blobs: BlobStore,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
-    small: list[tuple[str, int]],
+    small: bytes,
     large: list[Callable[[], Awaitable[None]]],
 ) -> AsyncIterator[Callable[[], Awaitable[None]]]:
     """The fetch jobs, a located slice at a time, then the large blobs."""
     for part in _locate_slices(blobs, small):
-        located: dict[str, PackedBlob] = {}
         if isinstance(blobs, PackedBlobStore):
-            located = await blobs.locate([FILE_KEY_PREFIX + digest for digest, _size in part])
-            reads = blobs.plan_reads(list(located.values())) if located else []
+            reads, unplaced = _plan_reads(blobs, session, part, await blobs.locate_rows(part))
             for job in _pack_jobs(blobs, session, reporter, reads):
                 yield job
+        else:
+            _none, unplaced = session.plan_pack_reads(part, [], 0, 0)
         batch: list[tuple[str, int]] = []
         batch_bytes = 0
-        for digest, size in part:
-            if FILE_KEY_PREFIX + digest in located:
-                continue
+        for digest, size in unplaced:
             batch.append((digest, size))
             batch_bytes += size
             if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
@@ -664,30 +660,60 @@ async def _located_jobs(
         yield job
 
 
+# A read the native session planned: its id (``begin_range`` and
+# ``stage_ranges`` take it) and what to read.
+_Planned = tuple[int, PackRead]
+
+
+def _plan_reads(
+    blobs: PackedBlobStore, session: _native.RestoreSession, digests: bytes, rows: list[IndexRow]
+) -> tuple[list[_Planned], list[tuple[str, int]]]:
+    """The pack reads that stage ``digests`` from their index ``rows``, and
+    the blobs no row places, as (hex digest, size). A read holds its rows
+    only for a store that serves packs frame by frame (the gateway's:
+    ``PackedBlobStore.reads_by_frame``), which must name each frame."""
+    planned, unplaced = session.plan_pack_reads(digests, rows, blobs.merge_gap, MAX_RANGE_BYTES)
+    by_frame = blobs.reads_by_frame
+    reads: list[_Planned] = []
+    for read_id, pack_digest, start, end in planned:
+        pack = PACK_KEY_PREFIX + pack_digest.hex()
+        held = (
+            [
+                PackedBlob(file_key(digest), pack, offset, length, raw_size, codec)
+                for digest, offset, length, raw_size, codec in session.read_frames(read_id)
+            ]
+            if by_frame
+            else []
+        )
+        reads.append((read_id, PackRead(pack, start, end, held)))
+    return reads, unplaced
+
+
 def _pack_jobs(
     blobs: PackedBlobStore,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
-    reads: list[PackRead],
+    reads: list[_Planned],
     *,
     again: bool = True,
 ) -> list[Callable[[], Awaitable[None]]]:
     """One job per streamed read, one per batch of short reads of a pack."""
     jobs: list[Callable[[], Awaitable[None]]] = []
-    short: dict[str, list[PackRead]] = {}
-    for read in reads:
+    short: dict[str, list[_Planned]] = {}
+    for planned in reads:
+        read = planned[1]
         if read.end - read.start > FETCH_CHUNK_BYTES:
             jobs.append(
-                functools.partial(_fetch_pack_read, blobs, session, reporter, read, again=again)
+                functools.partial(_fetch_pack_read, blobs, session, reporter, planned, again=again)
             )
         else:
-            short.setdefault(read.pack, []).append(read)
+            short.setdefault(read.pack, []).append(planned)
     for pack_reads in short.values():
-        batch: list[PackRead] = []
+        batch: list[_Planned] = []
         batch_bytes = 0
-        for read in pack_reads:
-            batch.append(read)
-            batch_bytes += read.end - read.start
+        for planned in pack_reads:
+            batch.append(planned)
+            batch_bytes += planned[1].end - planned[1].start
             if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
                 jobs.append(
                     functools.partial(_fetch_pack_reads, blobs, session, reporter, batch, again)
@@ -700,30 +726,25 @@ def _pack_jobs(
     return jobs
 
 
-def _frames(read: PackRead) -> list[tuple[str, int, int, int, int]]:
-    """The frames of a read as the native session takes them."""
-    return [
-        (row.key[len(FILE_KEY_PREFIX) :], row.offset, row.length, row.raw_size, row.codec)
-        for row in read.rows
-    ]
-
-
 async def _fetch_moved(
     blobs: PackedBlobStore,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
     pack: str,
-    rows: list[PackedBlob],
+    read_ids: list[int],
 ) -> None:
     """A pack gone from the bucket: a sweep may have repacked its blobs in
     between, and the index then names their new place; read them from there
     once (blobs staged before are not staged twice), else MISSING_BLOB."""
-    moved = await blobs.locate([row.key for row in rows])
-    if any(row.key not in moved or moved[row.key].pack == pack for row in rows):
-        raise _missing_blob(blobs, rows[0].key, pack) from None
-    for job in _pack_jobs(
-        blobs, session, reporter, blobs.plan_reads(list(moved.values())), again=False
-    ):
+    digests = [frame[0] for read_id in read_ids for frame in session.read_frames(read_id)]
+    rows = await blobs.locate_rows(b"".join(digests))
+    moved = {row[0]: row[1] for row in rows}
+    for digest in digests:
+        new_pack = moved.get(digest)
+        if new_pack is None or PACK_KEY_PREFIX + new_pack.hex() == pack:
+            raise _missing_blob(blobs, file_key(digest), pack) from None
+    reads, _unplaced = _plan_reads(blobs, session, b"".join(digests), rows)
+    for job in _pack_jobs(blobs, session, reporter, reads, again=False):
         await job()
 
 
@@ -731,24 +752,24 @@ async def _fetch_pack_reads(
     blobs: PackedBlobStore,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
-    reads: list[PackRead],
+    reads: list[_Planned],
     again: bool,
 ) -> None:
     """Short reads of one pack: one ``read_pack_ranges``, then one native call that
     decodes, verifies and stages every frame."""
-    pack = reads[0].pack
+    pack = reads[0][1].pack
     try:
-        wanted = [read for read in reads if read.end > read.start]  # else empty blobs only
-        datas = await blobs.read_pack_ranges(pack, wanted)
-        found = {id(read): data for read, data in zip(wanted, datas, strict=True)}
-        staged = [(_frames(read), found.get(id(read), b"")) for read in reads]
+        wanted = [planned for planned in reads if planned[1].end > planned[1].start]
+        datas = await blobs.read_pack_ranges(pack, [read for _id, read in wanted])
+        found = {read_id: data for (read_id, _read), data in zip(wanted, datas, strict=True)}
+        staged = [(read_id, found.get(read_id, b"")) for read_id, _read in reads]
         files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))
         reporter.advance(files=files, nbytes=nbytes)
     except BlobNotFoundError:
-        rows = [row for read in reads for row in read.rows]
+        read_ids = [read_id for read_id, _read in reads]
         if not again:
-            raise _missing_blob(blobs, rows[0].key, pack) from None
-        await _fetch_moved(blobs, session, reporter, pack, rows)
+            raise _missing_blob(blobs, _first_key(session, read_ids[0]), pack) from None
+        await _fetch_moved(blobs, session, reporter, pack, read_ids)
     except _native.InvalidBlob as error:
         digest, reason = error.args
         raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason)) from None
@@ -760,13 +781,14 @@ async def _fetch_pack_read(
     blobs: PackedBlobStore,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
-    read: PackRead,
+    planned: _Planned,
     *,
     again: bool = True,
 ) -> None:
     """Stream one ranged read of a pack into staging. A pack gone from the
     bucket is looked up once more (``again``, ``_fetch_moved``)."""
-    handle = session.begin_range(_frames(read))
+    read_id, read = planned
+    session.begin_range(read_id)
     finished = False
     try:
         chunks = blobs.stream_pack_read(read, FETCH_CHUNK_BYTES)
@@ -774,15 +796,15 @@ async def _fetch_pack_read(
             chunks = _one_chunk(b"")
         async for chunk in chunks:
             files, nbytes = await run_in_thread(
-                functools.partial(session.feed_range, handle, chunk)
+                functools.partial(session.feed_range, read_id, chunk)
             )
             reporter.advance(files=files, nbytes=nbytes)
         finished = True
-        session.end_range(handle)
+        session.end_range(read_id)
     except BlobNotFoundError:
         if not again:
-            raise _missing_blob(blobs, read.rows[0].key, read.pack) from None
-        await _fetch_moved(blobs, session, reporter, read.pack, read.rows)
+            raise _missing_blob(blobs, _first_key(session, read_id), read.pack) from None
+        await _fetch_moved(blobs, session, reporter, read.pack, [read_id])
     except _native.InvalidBlob as error:
         digest, reason = error.args
         raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
@@ -790,7 +812,12 @@ async def _fetch_pack_read(
         raise _corrupt_blob(error) from None
     finally:
         if not finished:
-            session.end_range(handle, discard=True)
+            session.end_range(read_id, discard=True)
+
+
+def _first_key(session: _native.RestoreSession, read_id: int) -> str:
+    """The key of a planned read's first blob (an error names it)."""
+    return file_key(session.read_frames(read_id)[0][0])
 
 
 async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:

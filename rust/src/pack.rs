@@ -39,6 +39,7 @@
 //! hand wrong bytes to a restore).
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::fmt;
 
 use rayon::prelude::*;
@@ -412,8 +413,106 @@ pub fn verify_pack(pack: &[u8]) -> Result<Vec<Entry>, PackError> {
     Ok(entries)
 }
 
+/// One ranged read of a pack: bytes `[start, end)` of pack `pack` (the
+/// caller's number for it) and the frames it holds (indices into the
+/// caller's list), by offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedRead {
+    pub pack: usize,
+    pub start: u64,
+    pub end: u64,
+    pub frames: Vec<usize>,
+}
+
+/// Group frames `(pack, offset, stored_len)` by pack and merge nearby ones
+/// into few ranged reads: a frame joins the read before it when it starts at
+/// most `merge_gap` bytes after that read's end and the read stays within
+/// `max_range` bytes. Packs come in the order of their first frame, each
+/// pack's reads in offset order; given every frame a restore needs, that is
+/// about one read per pack.
+pub fn plan_reads(
+    frames: &[(usize, u64, u64)],
+    merge_gap: u64,
+    max_range: u64,
+) -> Vec<PlannedRead> {
+    let mut order: Vec<usize> = (0..frames.len()).collect();
+    let mut first_seen: HashMap<usize, usize> = HashMap::new();
+    for (i, &(pack, _, _)) in frames.iter().enumerate() {
+        first_seen.entry(pack).or_insert(i);
+    }
+    order.sort_by_key(|&i| (first_seen[&frames[i].0], frames[i].1));
+    let mut out: Vec<PlannedRead> = Vec::new();
+    for i in order {
+        let (pack, offset, len) = frames[i];
+        let end = offset + len;
+        if let Some(read) = out.last_mut() {
+            if read.pack == pack
+                && offset.saturating_sub(read.end) <= merge_gap
+                && end.saturating_sub(read.start) <= max_range
+            {
+                read.end = read.end.max(end);
+                read.frames.push(i);
+                continue;
+            }
+        }
+        out.push(PlannedRead {
+            pack,
+            start: offset,
+            end,
+            frames: vec![i],
+        });
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn plan_reads_merges_near_frames_of_one_pack_in_offset_order() {
+        // pack 7 first (its first frame comes first), then pack 3.
+        let frames = [
+            (7, 100, 10),
+            (3, 0, 5),
+            (7, 0, 10),
+            (7, 5000, 10),
+            (3, 8, 2),
+        ];
+        let reads = plan_reads(&frames, 100, 1 << 20);
+        assert_eq!(
+            reads,
+            vec![
+                PlannedRead {
+                    pack: 7,
+                    start: 0,
+                    end: 110,
+                    frames: vec![2, 0]
+                },
+                PlannedRead {
+                    pack: 7,
+                    start: 5000,
+                    end: 5010,
+                    frames: vec![3]
+                },
+                PlannedRead {
+                    pack: 3,
+                    start: 0,
+                    end: 10,
+                    frames: vec![1, 4]
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn plan_reads_splits_a_read_at_the_range_limit() {
+        let frames = [(0, 0, 60), (0, 60, 60), (0, 120, 60)];
+        let reads = plan_reads(&frames, 0, 120);
+        assert_eq!(
+            reads.iter().map(|r| (r.start, r.end)).collect::<Vec<_>>(),
+            vec![(0, 120), (120, 180)]
+        );
+    }
+
     use super::*;
 
     fn blob(data: &[u8]) -> ([u8; 32], Vec<u8>) {

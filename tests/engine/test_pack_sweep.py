@@ -21,8 +21,10 @@ from checkpointd.blobs.packs import PACK_KEY_PREFIX
 from checkpointd.blobs.staging import list_staging
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import CORRUPT, check_store
+from checkpointd.manifest import split_digests
 from checkpointd.migrate import migrate_to_packs
 from checkpointd.restore import restore_checkpoint
+from checkpointd.store._packindex import file_key, index_rows
 from checkpointd.store.base import PackedBlob
 from checkpointd.sweep import IN_USE, REFERENCED, REPACKED, TOO_YOUNG, prune, sweep_blobs
 from tests.fixtures.bucket_counter import counted
@@ -628,6 +630,9 @@ class _StaleOnce:
             return {key: stale[key] for key in keys if key in stale}
         result: dict[str, Any] = await self.store.locate_blobs(keys)
         return result
+
+    async def locate_rows(self, digests: bytes) -> Any:
+        return index_rows(await self.locate_blobs([file_key(d) for d in split_digests(digests)]))
 
     async def list_packed_blobs(self, *, after: str | None = None, limit: int = 1000) -> Any:
         return await self.store.list_packed_blobs(after=after, limit=limit)

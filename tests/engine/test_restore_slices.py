@@ -35,14 +35,14 @@ def _key(data: bytes) -> str:
 def test_a_local_dir_is_looked_up_in_growing_slices_a_bucket_at_once(
     memory_store: Any, tmp_path: Path
 ) -> None:
-    items = [(f"{n:064x}", 10) for n in range(COUNT)]
+    digests = b"".join(n.to_bytes(32, "big") for n in range(COUNT))
     local = PackedBlobStore(open_blobs(f"file://{tmp_path / 'blobs'}"), memory_store)
-    slices = restore._locate_slices(local, items)
-    assert [len(part) for part in slices] == [1024, 4096, COUNT - 5120]
-    assert [item for part in slices for item in part] == items
+    slices = restore._locate_slices(local, digests)
+    assert [len(part) // 32 for part in slices] == [1024, 4096, COUNT - 5120]
+    assert b"".join(slices) == digests
     bucket = PackedBlobStore(open_blobs("memory://"), memory_store)
-    assert restore._locate_slices(bucket, items) == [items]
-    assert restore._locate_slices(local, []) == []
+    assert restore._locate_slices(bucket, digests) == [digests]
+    assert restore._locate_slices(local, b"") == []
 
 
 async def test_many_slices_round_trip_and_a_bad_frame_in_the_last_changes_nothing(

@@ -110,7 +110,7 @@ from ..store._packindex import (
     file_key,
     row_key,
 )
-from ..store.base import PackedBlob, PackIndex
+from ..store.base import IndexRow, PackedBlob, PackIndex
 from .base import (
     BlobCorruptError,
     BlobInfo,
@@ -191,26 +191,13 @@ def plan_pack_reads(rows: Sequence[PackedBlob], merge_gap: int = MERGE_GAP_BYTES
     """Group rows by pack and merge nearby frames into few ranged reads (at
     most ``merge_gap`` apart, at most ``MAX_RANGE_BYTES`` each), in pack
     order. Given every row a restore needs, that is about one GET per pack."""
-    by_pack: dict[str, list[PackedBlob]] = {}
-    for row in rows:
-        by_pack.setdefault(row.pack, []).append(row)
-    out: list[PackRead] = []
-    for pack, group in by_pack.items():
-        group.sort(key=lambda row: row.offset)
-        current: PackRead | None = None
-        for row in group:
-            end = row.offset + row.length
-            if (
-                current is not None
-                and row.offset - current.end <= merge_gap
-                and end - current.start <= MAX_RANGE_BYTES
-            ):
-                current.end = max(current.end, end)
-                current.rows.append(row)
-                continue
-            current = PackRead(pack, row.offset, end, [row])
-            out.append(current)
-    return out
+    numbers: dict[str, int] = {}
+    frames = [(numbers.setdefault(row.pack, len(numbers)), row.offset, row.length) for row in rows]
+    packs = list(numbers)
+    return [
+        PackRead(packs[pack], start, end, [rows[i] for i in held])
+        for pack, start, end, held in _native.plan_pack_reads(frames, merge_gap, MAX_RANGE_BYTES)
+    ]
 
 
 class PackedBlobStore(BlobStore):
@@ -247,6 +234,9 @@ class PackedBlobStore(BlobStore):
         # pread, so a pack read in a few pieces costs nothing; a bucket pays per
         # GET, so the whole plan is looked up first and each pack read about once.
         self.locate_in_slices = local_dir_of(inner) is not None
+        # A store that serves packs only frame by frame (``_frame_reader``):
+        # a read must name the frames it wants (``PackRead.rows``).
+        self.reads_by_frame = _frame_reader(inner) is not None
 
     def __repr__(self) -> str:
         return f"PackedBlobStore({self.inner!r})"
@@ -280,6 +270,15 @@ class PackedBlobStore(BlobStore):
         forms = {key: row_key(key) for key in keys}
         rows = await _locate(self.index, list(forms.values()))
         return {key: row for key, form in forms.items() if (row := rows.get(form)) is not None}
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        """The index rows of those of ``digests`` (concatenated file digests)
+        that are packed (``PackIndex.locate_rows``), LOCATE_BATCH at a time."""
+        step = LOCATE_BATCH * 32
+        rows: builtins.list[IndexRow] = []
+        for start in range(0, len(digests), step):
+            rows.extend(await self.index.locate_rows(digests[start : start + step]))
+        return rows
 
     def plan_reads(self, rows: Sequence[PackedBlob]) -> builtins.list[PackRead]:
         """``plan_pack_reads`` with this store's merge gap."""
@@ -355,7 +354,7 @@ class PackedBlobStore(BlobStore):
             async for chunk in _read_stream(self.inner, read, chunk_size):
                 yield chunk
         except BlobNotFoundError:
-            error = BlobNotFoundError(read.rows[0].key)
+            error = BlobNotFoundError(read.rows[0].key if read.rows else read.pack)
             error.pack = read.pack  # type: ignore[attr-defined]
             raise error from None
 

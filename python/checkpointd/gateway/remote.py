@@ -48,6 +48,7 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
 )
+from ..manifest import split_digests
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
 from ..service import status
 from ..service.auth import bearer_metadata
@@ -61,8 +62,8 @@ from ..store._options import (
     condemnable_keys,
     lease_holder,
 )
-from ..store._packindex import PackedRows
-from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, PackedBlob, ThreadSummary
+from ..store._packindex import PackedRows, file_key, index_rows
+from ..store.base import DEFAULT_THREAD_PAGE, BlobCount, IndexRow, PackedBlob, ThreadSummary
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from ..validation import check_checkpoint_body, check_checkpoint_ids, check_id
@@ -572,6 +573,9 @@ class PackedRemoteCheckpointStore(RemoteCheckpointStore):
             "LocateBlobs", gpb.GatewayKeys(keys=wanted), repeatable=True
         )
         return wire.located_from_proto(reply)
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        return index_rows(await self.locate_blobs([file_key(d) for d in split_digests(digests)]))
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000

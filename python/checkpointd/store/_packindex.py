@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from array import array
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -18,7 +18,7 @@ from .. import _native
 from ..errors import SandboxCheckpointInvalidEntryError
 from ..manifest import split_digests
 from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX
-from .base import PackedBlob
+from .base import IndexRow, PackedBlob
 
 PACK_KEY_PREFIX = "sandbox-packs/blake3/"
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -142,6 +142,23 @@ def file_key(digest: bytes) -> str:
 
 def pack_key(digest: bytes) -> str:
     return PACK_KEY_PREFIX + bytes(digest).hex()
+
+
+def index_rows(found: Mapping[str, PackedBlob | None]) -> list[IndexRow]:
+    """``PackIndex.locate_rows`` from a ``locate_blobs`` answer, for an index
+    without a query of its own for it."""
+    return [
+        (
+            checked_digest(row.key),
+            pack_digest(row.pack),
+            row.offset,
+            row.length,
+            row.raw_size,
+            row.codec,
+        )
+        for row in found.values()
+        if row is not None
+    ]
 
 
 def row_from_sql(

@@ -241,6 +241,12 @@ class PackedBlob:
     codec: int
 
 
+# A pack index row as a restore plans its reads from it (natively,
+# ``RestoreSession.plan_pack_reads``): (digest, pack digest, offset,
+# stored_len, raw_len, codec).
+IndexRow = tuple[bytes, bytes, int, int, int, int]
+
+
 @runtime_checkable
 class PackIndex(Protocol):
     """The pack index kept in the checkpoint store (the stores we ship).
@@ -262,6 +268,12 @@ class PackIndex(Protocol):
         """For each of ``keys`` the store knows: its pack row, or None when no
         pack holds it but a checkpoint references it (a single object: written
         before packs, or above the pack threshold). Unknown keys are absent."""
+        ...
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        """The pack rows of those file blobs of ``digests`` (32-byte digests,
+        concatenated) that a pack holds, as tuples: ``locate_blobs`` for the
+        100,000 blobs of a restore, without an object per row."""
         ...
 
     async def list_packed_blobs(

@@ -27,6 +27,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import STORE_UNAVAILABLE, SandboxCheckpointError
+from ..manifest import split_digests
 from ..model import BlobReference, Checkpoint
 from ..validation import check_id, utf8_key
 from . import _documents as documents
@@ -59,13 +60,14 @@ from ._options import (
     read_clock,
     validate_store_options,
 )
-from ._packindex import artifact_twin, check_packed_blobs
+from ._packindex import artifact_twin, check_packed_blobs, file_key, index_rows
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    IndexRow,
     InstanceRecord,
     PackedBlob,
     ThreadSummary,
@@ -554,6 +556,10 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
             elif self._referenced(key):
                 found[key] = None
         return found
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        """See ``store.base.PackIndex``."""
+        return index_rows(await self.locate_blobs([file_key(d) for d in split_digests(digests)]))
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000

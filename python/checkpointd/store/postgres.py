@@ -66,6 +66,7 @@ from ..errors import (
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
 )
+from ..manifest import split_digests
 from ..model import BlobReference, Checkpoint
 from ..validation import check_id, utf8_key
 from . import _documents as documents
@@ -113,6 +114,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    IndexRow,
     InstanceRecord,
     PackedBlob,
     ThreadSummary,
@@ -129,6 +131,12 @@ _RETRY_ATTEMPTS = 4
 # How many recently appended contents a store object keeps for the next delta.
 _RECENT_CONTENTS = 8
 
+# The pack rows of the digests $1 (those a pack holds).
+_LOCATE = (
+    "SELECT b.digest, p.digest AS pack, b.frame_offset, b.frame_length,"
+    " b.raw_size, b.codec FROM checkpointd_packed_blobs b"
+    " JOIN checkpointd_packs p ON p.id = b.pack WHERE b.digest = ANY($1::bytea[])"
+)
 _DB_NOW = "(extract(epoch from clock_timestamp()) * 1000)::bigint"
 
 # ---------------------------------------------------------------------------- schema
@@ -1240,12 +1248,7 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
 
         async def body(conn: asyncpg.Connection) -> dict[str, PackedBlob | None]:
             found: dict[str, PackedBlob | None] = {}
-            rows = await conn.fetch(
-                "SELECT b.digest, p.digest AS pack, b.frame_offset, b.frame_length,"
-                " b.raw_size, b.codec FROM checkpointd_packed_blobs b"
-                " JOIN checkpointd_packs p ON p.id = b.pack WHERE b.digest = ANY($1::bytea[])",
-                builtins.list(wanted),
-            )
+            rows = await conn.fetch(_LOCATE, builtins.list(wanted))
             located_rows(wanted, rows, found)
             rest = [b"f" + digest for digest, key in wanted.items() if key not in found]
             if rest:
@@ -1258,6 +1261,17 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
             return found
 
         return await self._transaction("locate_blobs", body, read_only=True)
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        """See ``base.PackIndex``: one indexed read."""
+        if not digests:
+            return []
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[IndexRow]:
+            rows = await conn.fetch(_LOCATE, split_digests(digests))
+            return [tuple(row) for row in rows]  # type: ignore[misc]
+
+        return await self._transaction("locate_rows", body, read_only=True)
 
     async def list_packed_blobs(
         self, *, after: str | None = None, limit: int = 1000

@@ -116,6 +116,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    IndexRow,
     InstanceRecord,
     PackedBlob,
     ThreadSummary,
@@ -535,6 +536,13 @@ _DIGESTS = (
     "WITH RECURSIVE fd (i) AS (SELECT 0 WHERE length(:digests) > 0"
     " UNION ALL SELECT i + 32 FROM fd WHERE i + 32 < length(:digests)),"
     " ds (digest) AS (SELECT substr(:digests, i + 1, 32) FROM fd) "
+)
+
+# The pack rows of ``_DIGESTS`` (those a pack holds).
+_LOCATE = (
+    _DIGESTS + "SELECT b.digest, p.digest, b.frame_offset, b.frame_length,"
+    " b.raw_size, b.codec FROM ds JOIN packed_blobs b ON b.digest = ds.digest"
+    " JOIN blob_packs p ON p.id = b.pack"
 )
 
 # Of ``_DIGESTS``, the file digests a checkpoint references, by their refs
@@ -1543,13 +1551,7 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
         async def run(conn: aiosqlite.Connection) -> dict[str, PackedBlob | None]:
             found: dict[str, PackedBlob | None] = {}
-            rows = await _fetchall(
-                conn,
-                _DIGESTS + "SELECT b.digest, p.digest, b.frame_offset, b.frame_length,"
-                " b.raw_size, b.codec FROM ds JOIN packed_blobs b ON b.digest = ds.digest"
-                " JOIN blob_packs p ON p.id = b.pack",
-                {"digests": b"".join(wanted)},
-            )
+            rows = await _fetchall(conn, _LOCATE, {"digests": b"".join(wanted)})
             located_rows(wanted, rows, found)
             rest = b"".join(digest for digest, key in wanted.items() if key not in found)
             if rest:
@@ -1558,6 +1560,14 @@ class SqliteCheckpointStore(SqlCheckpointStore):
             return found
 
         return await self._db.read(run)
+
+    async def locate_rows(self, digests: bytes) -> builtins.list[IndexRow]:
+        """See ``base.PackIndex``: one statement."""
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[IndexRow]:
+            return await _fetchall(conn, _LOCATE, {"digests": digests})
+
+        return await self._db.read(run) if digests else []
 
     async def known_digests(self, digests: bytes) -> bytes:
         """``locate_blobs`` for a pack session's feed (``blobs.packs.known_digests``):

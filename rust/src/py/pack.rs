@@ -447,6 +447,21 @@ pub fn unpack_many<'py>(
     Ok(out)
 }
 
+/// Group frames ``(pack number, offset, stored_len)`` by pack and merge
+/// nearby ones into ranged reads (``pack::plan_reads``): per read ``(pack
+/// number, start, end, indices of its frames)``.
+#[pyfunction]
+pub fn plan_pack_reads(
+    frames: Vec<(usize, u64, u64)>,
+    merge_gap: u64,
+    max_range: u64,
+) -> Vec<(usize, u64, u64, Vec<usize>)> {
+    core::plan_reads(&frames, merge_gap, max_range)
+        .into_iter()
+        .map(|read| (read.pack, read.start, read.end, read.frames))
+        .collect()
+}
+
 /// The trailer length announced by a pack's footer (its last
 /// ``PACK_FOOTER_LEN`` bytes). Raises PackInvalid.
 #[pyfunction]

@@ -19,7 +19,7 @@ use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex};
 use crate::manifest;
-use crate::pack::{Entry, KIND_FILE};
+use crate::pack::{self as pack_core, Entry, KIND_FILE};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter, Workspace};
@@ -110,9 +110,12 @@ pub struct RestoreSession {
     cache_path: Option<PathBuf>,
     cancel: Cancel,
     writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
-    /// Pack reads being staged, by the handle `begin_range` gave.
+    /// The frames of each pack read `plan_pack_reads` planned, by read id,
+    /// until the read is staged (or the session closes).
+    reads: Mutex<HashMap<u64, Vec<Entry>>>,
+    /// Pack reads being staged, by read id.
     ranges: Mutex<HashMap<u64, RangeStager>>,
-    next_range: std::sync::atomic::AtomicU64,
+    next_read: std::sync::atomic::AtomicU64,
 }
 
 #[pymethods]
@@ -194,8 +197,9 @@ impl RestoreSession {
             cache_path,
             cancel,
             writers: Mutex::new(HashMap::new()),
+            reads: Mutex::new(HashMap::new()),
             ranges: Mutex::new(HashMap::new()),
-            next_range: std::sync::atomic::AtomicU64::new(0),
+            next_read: std::sync::atomic::AtomicU64::new(0),
         })
     }
 
@@ -285,53 +289,169 @@ impl RestoreSession {
         .map_err(restore_to_py)
     }
 
-    /// Stage whole ranged reads of one pack at once: each ``(items, data)``
-    /// is a read's frames (as ``begin_range`` takes them) and the bytes read
-    /// from its first offset on. Every frame is decoded and verified before
-    /// a byte of it is written; InvalidBlob for one that does not decode to
-    /// its key or that ``data`` does not hold whole (a truncated pack).
-    /// Returns (blobs, bytes) staged.
+    /// The blobs to fetch, split at ``max_size`` bytes: the digests of the
+    /// smaller ones concatenated (32 bytes each, in first-use order), the
+    /// larger ones as (64-hex digest, size), and the bytes of all of them.
+    #[allow(clippy::type_complexity)]
+    fn needed<'py>(
+        &self,
+        py: Python<'py>,
+        max_size: u64,
+    ) -> PyResult<(Bound<'py, PyBytes>, Vec<(String, u64)>, u64)> {
+        let plan = self.plan()?;
+        let mut small = Vec::with_capacity(plan.blobs.len() * 32);
+        let mut large = Vec::new();
+        let mut total = 0;
+        for (hash, size) in &plan.blobs {
+            total += size;
+            if *size <= max_size {
+                small.extend_from_slice(hash);
+            } else {
+                large.push((to_hex(hash), *size));
+            }
+        }
+        Ok((PyBytes::new(py, &small), large, total))
+    }
+
+    /// Plan the ranged pack reads that stage the blobs ``wanted``
+    /// (concatenated digests) from the pack index rows found for them, each
+    /// ``(digest, pack digest, offset, stored_len, raw_len, codec)``
+    /// (``pack::plan_reads`` merges frames at most ``merge_gap`` apart, up to
+    /// ``max_range`` bytes a read). Returns the reads as ``(read id, pack
+    /// digest, start, end)``, which ``begin_range`` / ``stage_ranges`` /
+    /// ``read_frames`` take, and the wanted blobs no row places, as (64-hex
+    /// digest, size): they are fetched as objects of their own.
+    #[allow(clippy::type_complexity)]
+    fn plan_pack_reads<'py>(
+        &self,
+        py: Python<'py>,
+        wanted: &[u8],
+        rows: Vec<IndexRow>,
+        merge_gap: u64,
+        max_range: u64,
+    ) -> PyResult<(
+        Vec<(u64, Bound<'py, PyBytes>, u64, u64)>,
+        Vec<(String, u64)>,
+    )> {
+        let plan = self.plan()?;
+        let sizes: HashMap<[u8; 32], u64> = plan.blobs.iter().copied().collect();
+        let mut packs: Vec<&[u8]> = Vec::new();
+        let mut pack_numbers: HashMap<&[u8], usize> = HashMap::new();
+        let mut entries = Vec::with_capacity(rows.len());
+        let mut frames = Vec::with_capacity(rows.len());
+        let mut placed = std::collections::HashSet::with_capacity(rows.len());
+        for (hash, pack, offset, stored_len, raw_len, codec) in &rows {
+            let hash = digest_bytes(hash)?;
+            if !sizes.contains_key(&hash) || !placed.insert(hash) {
+                continue; // a blob this restore does not need, or a second row
+            }
+            let number = *pack_numbers.entry(pack.as_ref()).or_insert_with(|| {
+                packs.push(pack.as_ref());
+                packs.len() - 1
+            });
+            frames.push((number, *offset, u64::from(*stored_len)));
+            entries.push(Entry {
+                digest: hash,
+                offset: *offset,
+                stored_len: *stored_len,
+                raw_len: *raw_len,
+                codec: *codec,
+                kind: KIND_FILE,
+            });
+        }
+        let mut unplaced = Vec::new();
+        for hash in wanted.chunks(32) {
+            let hash = digest_bytes(hash)?;
+            if !placed.contains(&hash) {
+                let size = sizes.get(&hash).copied().ok_or_else(|| {
+                    PyValueError::new_err(format!(
+                        "blob {} is not one this restore needs",
+                        to_hex(&hash)
+                    ))
+                })?;
+                unplaced.push((to_hex(&hash), size));
+            }
+        }
+        let planned = pack_core::plan_reads(&frames, merge_gap, max_range);
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(planned.len());
+        for read in planned {
+            let id = self
+                .next_read
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            reads.insert(id, read.frames.iter().map(|&i| entries[i]).collect());
+            out.push((id, PyBytes::new(py, packs[read.pack]), read.start, read.end));
+        }
+        Ok((out, unplaced))
+    }
+
+    /// The frames of a planned read, ``(digest, offset, stored_len, raw_len,
+    /// codec)`` by offset: to look them up again when the pack is gone, or
+    /// for a store that serves a pack frame by frame.
+    fn read_frames<'py>(&self, py: Python<'py>, read: u64) -> PyResult<Vec<PlannedFrame<'py>>> {
+        let mut entries = self.planned(read)?;
+        entries.sort_by_key(|e| e.offset);
+        Ok(entries
+            .iter()
+            .map(|e| {
+                (
+                    PyBytes::new(py, &e.digest),
+                    e.offset,
+                    e.stored_len,
+                    e.raw_len,
+                    e.codec,
+                )
+            })
+            .collect())
+    }
+
+    /// Stage whole planned reads of one pack at once: each ``(read id,
+    /// data)`` holds the bytes read from the read's start on. Every frame is
+    /// decoded and verified before a byte of it is written; InvalidBlob for
+    /// one that does not decode to its key or that ``data`` does not hold
+    /// whole (a truncated pack). Returns (blobs, bytes) staged.
     fn stage_ranges(
         &self,
         py: Python<'_>,
-        reads: Vec<(Vec<FrameItem>, PyBackedBytes)>,
+        reads: Vec<(u64, PyBackedBytes)>,
     ) -> PyResult<(u64, u64)> {
         let mut parsed = Vec::with_capacity(reads.len());
-        for (items, data) in &reads {
-            parsed.push((frames_of(items)?, data));
+        for (read, data) in &reads {
+            parsed.push((self.planned(*read)?, data));
         }
         let inner = self.inner()?;
         let cancel = &self.cancel;
-        py.allow_threads(|| {
-            use rayon::prelude::*;
-            parsed
-                .into_par_iter()
-                .map(|(frames, data)| {
-                    let mut stager = RangeStager::new(frames);
-                    let staged = stager.feed(inner, data, cancel)?;
-                    stager.finish()?;
-                    Ok(staged)
-                })
-                .try_reduce(|| (0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))
-        })
-        .map_err(restore_to_py)
+        let staged = py
+            .allow_threads(|| {
+                use rayon::prelude::*;
+                parsed
+                    .into_par_iter()
+                    .map(|(frames, data)| {
+                        let mut stager = RangeStager::new(frames);
+                        let staged = stager.feed(inner, data, cancel)?;
+                        stager.finish()?;
+                        Ok(staged)
+                    })
+                    .try_reduce(|| (0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))
+            })
+            .map_err(restore_to_py)?;
+        let mut planned = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        for (read, _) in &reads {
+            planned.remove(read);
+        }
+        Ok(staged)
     }
 
-    /// Start staging one ranged read of a pack: ``items`` are the frames it
-    /// holds, ``(hex digest, offset, stored_len, raw_len, codec)`` as the
-    /// index records them; the read starts at the smallest offset. Returns a
-    /// handle for ``feed_range`` / ``end_range``.
-    fn begin_range(&self, items: Vec<FrameItem>) -> PyResult<u64> {
-        let entries = frames_of(&items)?;
+    /// Start staging one planned read as its bytes arrive (``feed_range``,
+    /// then ``end_range``).
+    fn begin_range(&self, read: u64) -> PyResult<()> {
+        let entries = self.planned(read)?;
         self.inner()?;
-        let handle = self
-            .next_range
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.ranges
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(handle, RangeStager::new(entries));
-        Ok(handle)
+            .insert(read, RangeStager::new(entries));
+        Ok(())
     }
 
     /// The next bytes of a pack read: every frame completed by them is
@@ -360,6 +480,10 @@ impl RestoreSession {
     #[pyo3(signature = (handle, discard=false))]
     fn end_range(&self, handle: u64, discard: bool) -> PyResult<()> {
         let stager = self.take_range(handle)?;
+        self.reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
         if discard {
             return Ok(());
         }
@@ -452,6 +576,7 @@ impl RestoreSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clear();
         self.preview = None;
         let Some(inner) = self.inner.take() else {
             return Ok(());
@@ -461,24 +586,17 @@ impl RestoreSession {
     }
 }
 
-/// A frame of a pack read as Python names it: (hex digest, offset, stored_len, raw_len, codec).
-type FrameItem = (String, u64, u32, u32, u8);
+/// A planned read's frame as Python sees it: (digest, offset, stored_len, raw_len, codec).
+type PlannedFrame<'py> = (Bound<'py, PyBytes>, u64, u32, u32, u8);
 
-/// The frames of a pack read.
-fn frames_of(items: &[FrameItem]) -> PyResult<Vec<Entry>> {
-    items
-        .iter()
-        .map(|(hex, offset, stored_len, raw_len, codec)| {
-            Ok(Entry {
-                digest: digest(hex)?,
-                offset: *offset,
-                stored_len: *stored_len,
-                raw_len: *raw_len,
-                codec: *codec,
-                kind: KIND_FILE,
-            })
-        })
-        .collect()
+/// A pack index row as the stores read it: (digest, pack digest, offset,
+/// stored_len, raw_len, codec).
+type IndexRow = (PyBackedBytes, PyBackedBytes, u64, u32, u32, u8);
+
+fn digest_bytes(bytes: &[u8]) -> PyResult<[u8; 32]> {
+    bytes
+        .try_into()
+        .map_err(|_| PyValueError::new_err(format!("a digest is 32 bytes, not {}", bytes.len())))
 }
 
 fn closed() -> PyErr {
@@ -502,6 +620,16 @@ impl RestoreSession {
             (None, Some(plan)) => Ok(plan),
             (None, None) => Err(closed()),
         }
+    }
+
+    /// A copy of a planned read's frames.
+    fn planned(&self, read: u64) -> PyResult<Vec<Entry>> {
+        self.reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&read)
+            .cloned()
+            .ok_or_else(|| PyValueError::new_err(format!("no pack read {read} planned")))
     }
 
     fn take_range(&self, handle: u64) -> PyResult<RangeStager> {
