@@ -1024,8 +1024,13 @@ impl Restore {
         self.ws.shown(&rel)
     }
 
+    /// Whether the plan needs the blob `hash`.
+    pub fn needs(&self, hash: &[u8; 32]) -> bool {
+        self.sizes.contains_key(hash)
+    }
+
     /// The size the plan expects for `hash`, or InvalidBlob for a blob it does not need.
-    fn expected(&self, hash: &[u8; 32]) -> Result<u64, RestoreError> {
+    pub fn expected(&self, hash: &[u8; 32]) -> Result<u64, RestoreError> {
         self.sizes
             .get(hash)
             .copied()

@@ -10,7 +10,7 @@ use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::args;
 use super::cancel::CancelToken;
@@ -326,61 +326,75 @@ impl RestoreSession {
         &self,
         py: Python<'py>,
         wanted: &[u8],
-        rows: Vec<IndexRow>,
+        rows: &Bound<'py, PyList>,
         merge_gap: u64,
         max_range: u64,
     ) -> PyResult<(
         Vec<(u64, Bound<'py, PyBytes>, u64, u64)>,
         Vec<(String, u64)>,
     )> {
-        let plan = self.plan()?;
-        let sizes: HashMap<[u8; 32], u64> = plan.blobs.iter().copied().collect();
-        let mut packs: Vec<&[u8]> = Vec::new();
-        let mut pack_numbers: HashMap<&[u8], usize> = HashMap::new();
-        let mut entries = Vec::with_capacity(rows.len());
-        let mut frames = Vec::with_capacity(rows.len());
-        let mut placed = std::collections::HashSet::with_capacity(rows.len());
-        for (hash, pack, offset, stored_len, raw_len, codec) in &rows {
-            let hash = digest_bytes(hash)?;
-            if !sizes.contains_key(&hash) || !placed.insert(hash) {
-                continue; // a blob this restore does not need, or a second row
-            }
-            let number = *pack_numbers.entry(pack.as_ref()).or_insert_with(|| {
-                packs.push(pack.as_ref());
-                packs.len() - 1
-            });
-            frames.push((number, *offset, u64::from(*stored_len)));
-            entries.push(Entry {
-                digest: hash,
-                offset: *offset,
-                stored_len: *stored_len,
-                raw_len: *raw_len,
-                codec: *codec,
-                kind: KIND_FILE,
-            });
+        let inner = self.inner()?;
+        // Read the rows in place (no copy of a digest into a Python object).
+        let mut located: Vec<([u8; 32], Entry)> = Vec::with_capacity(rows.len());
+        for row in rows.iter() {
+            let row = row.downcast::<PyTuple>()?;
+            let bytes_at = |i: usize| -> PyResult<[u8; 32]> {
+                digest_bytes(row.get_borrowed_item(i)?.downcast::<PyBytes>()?.as_bytes())
+            };
+            located.push((
+                bytes_at(1)?,
+                Entry {
+                    digest: bytes_at(0)?,
+                    offset: row.get_borrowed_item(2)?.extract()?,
+                    stored_len: row.get_borrowed_item(3)?.extract()?,
+                    raw_len: row.get_borrowed_item(4)?.extract()?,
+                    codec: row.get_borrowed_item(5)?.extract()?,
+                    kind: KIND_FILE,
+                },
+            ));
         }
-        let mut unplaced = Vec::new();
-        for hash in wanted.chunks(32) {
-            let hash = digest_bytes(hash)?;
-            if !placed.contains(&hash) {
-                let size = sizes.get(&hash).copied().ok_or_else(|| {
-                    PyValueError::new_err(format!(
-                        "blob {} is not one this restore needs",
-                        to_hex(&hash)
-                    ))
-                })?;
-                unplaced.push((to_hex(&hash), size));
+        let (packs, reads, unplaced) = py.allow_threads(|| {
+            let mut packs: Vec<[u8; 32]> = Vec::new();
+            let mut pack_numbers: HashMap<[u8; 32], usize> = HashMap::new();
+            let mut entries = Vec::with_capacity(located.len());
+            let mut frames = Vec::with_capacity(located.len());
+            let mut placed = std::collections::HashSet::with_capacity(located.len());
+            for (pack, entry) in located {
+                if !inner.needs(&entry.digest) || !placed.insert(entry.digest) {
+                    continue; // a blob this restore does not need, or a second row
+                }
+                let number = *pack_numbers.entry(pack).or_insert_with(|| {
+                    packs.push(pack);
+                    packs.len() - 1
+                });
+                frames.push((number, entry.offset, u64::from(entry.stored_len)));
+                entries.push(entry);
             }
-        }
-        let planned = pack_core::plan_reads(&frames, merge_gap, max_range);
-        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::with_capacity(planned.len());
-        for read in planned {
+            let mut unplaced = Vec::new();
+            for hash in wanted.chunks(32) {
+                let hash = digest_bytes(hash)?;
+                if !placed.contains(&hash) {
+                    unplaced.push((to_hex(&hash), inner.expected(&hash).map_err(restore_to_py)?));
+                }
+            }
+            let reads: Vec<(usize, u64, u64, Vec<Entry>)> =
+                pack_core::plan_reads(&frames, merge_gap, max_range)
+                    .into_iter()
+                    .map(|read| {
+                        let held = read.frames.iter().map(|&i| entries[i]).collect();
+                        (read.pack, read.start, read.end, held)
+                    })
+                    .collect();
+            PyResult::Ok((packs, reads, unplaced))
+        })?;
+        let mut planned = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(reads.len());
+        for (pack, start, end, held) in reads {
             let id = self
                 .next_read
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            reads.insert(id, read.frames.iter().map(|&i| entries[i]).collect());
-            out.push((id, PyBytes::new(py, packs[read.pack]), read.start, read.end));
+            planned.insert(id, held);
+            out.push((id, PyBytes::new(py, &packs[pack]), start, end));
         }
         Ok((out, unplaced))
     }
@@ -588,10 +602,6 @@ impl RestoreSession {
 
 /// A planned read's frame as Python sees it: (digest, offset, stored_len, raw_len, codec).
 type PlannedFrame<'py> = (Bound<'py, PyBytes>, u64, u32, u32, u8);
-
-/// A pack index row as the stores read it: (digest, pack digest, offset,
-/// stored_len, raw_len, codec).
-type IndexRow = (PyBackedBytes, PyBackedBytes, u64, u32, u32, u8);
 
 fn digest_bytes(bytes: &[u8]) -> PyResult<[u8; 32]> {
     bytes
