@@ -40,7 +40,6 @@ never touches what it names, and restore never follows one.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import logging
 import os
@@ -851,19 +850,23 @@ async def _fetch_large(
     digest: str,
     size: int,
 ) -> None:
-    """Stream one large blob into staging, chunk by chunk (fixed memory)."""
+    """Stream one large blob into staging, chunk by chunk (fixed memory).
+
+    Each native call runs through ``run_in_thread``: when another fetch job
+    fails and this one is cancelled, the call in flight finishes before the
+    cancel goes on, so the session is never closed under it."""
     key = FILE_KEY_PREFIX + digest
-    await asyncio.to_thread(session.begin_blob, digest, size)
+    await run_in_thread(functools.partial(session.begin_blob, digest, size))
     try:
         async for chunk in blobs.get_stream(key):
             # Rust stops as soon as it is longer than recorded (INVALID_BLOB).
-            await asyncio.to_thread(session.write_blob, digest, chunk)
+            await run_in_thread(functools.partial(session.write_blob, digest, chunk))
             reporter.advance(nbytes=len(chunk))
     except BlobNotFoundError as error:
         raise _missing_blob(blobs, key, getattr(error, "pack", None)) from None
     except BlobCorruptError as error:
         raise _corrupt_blob(error) from None
-    await asyncio.to_thread(session.end_blob, digest)
+    await run_in_thread(functools.partial(session.end_blob, digest))
     reporter.advance(files=1)
 
 
