@@ -872,11 +872,12 @@ pub struct Restore {
 /// [`Writeback::EVERY`] until dropped, so the disk writes what staging made
 /// while staging keeps the CPUs busy: the final `syncfs` of
 /// [`Restore::finish`] then waits for the last interval's data only. (The
-/// kernel itself would start only after `dirs_expire_centisecs`, 30 s, or once
+/// kernel itself would start only after `dirty_expire_centisecs`, 30 s, or once
 /// a tenth of memory is dirty, so without this every byte of a restore waits
 /// for the end.)
 struct Writeback {
-    stop: std::sync::Arc<(Mutex<bool>, std::sync::Condvar)>,
+    /// Dropping it wakes and ends the thread (its `recv_timeout` disconnects).
+    stop: Option<std::sync::mpsc::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -886,37 +887,28 @@ impl Writeback {
     const MIN_BYTES: u64 = 32 << 20;
 
     fn start(fd: OwnedFd) -> Writeback {
-        let stop = std::sync::Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let seen = std::sync::Arc::clone(&stop);
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
         let thread = std::thread::Builder::new()
             .name("restore-writeback".into())
             .spawn(move || {
-                let (flag, wake) = &*seen;
-                let mut stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
-                loop {
-                    let (now, _) = wake
-                        .wait_timeout(stopped, Writeback::EVERY)
-                        .unwrap_or_else(|e| e.into_inner());
-                    stopped = now;
-                    if *stopped {
-                        return;
-                    }
-                    drop(stopped);
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(Writeback::EVERY)
+                {
                     // An error here is the final sync's to report.
                     let _ = fs::syncfs(fd.as_raw_fd());
-                    stopped = flag.lock().unwrap_or_else(|e| e.into_inner());
                 }
             })
             .ok();
-        Writeback { stop, thread }
+        Writeback {
+            stop: Some(stop),
+            thread,
+        }
     }
 }
 
 impl Drop for Writeback {
     fn drop(&mut self) {
-        let (flag, wake) = &*self.stop;
-        *flag.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        wake.notify_all();
+        drop(self.stop.take());
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
