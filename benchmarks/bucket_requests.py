@@ -1,6 +1,6 @@
 """Bucket requests, time and stored bytes against a real S3 (issue 15).
 
-    .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,restic]
+    .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,daemon,restic]
 
 One many-small corpus (``--files`` files, generated on demand into the scratch
 dir, ``$CHECKPOINTD_BENCH_SCRATCH``, default ``/tmp/checkpointd-bench``), one
@@ -11,16 +11,22 @@ Each tool works on its own copy of the corpus, with the same seeded edits:
 
 - ``ours``: ``benchmarks.runner`` (``capture_checkpoint`` / ``restore_checkpoint``
   in a fresh process), SQLite store, blobs in ``s3://<bucket>/ours-…``;
+- ``daemon``: the same operations as RPCs to ``checkpointd serve`` (one daemon
+  on the work copy, one on the restore target, same store and bucket prefix
+  ``daemon-…``) from a client that has seen it SERVING, as ``benchmarks.daemon``
+  times issue 11's goals: start-up is neither timed nor counted;
 - ``restic``: ``restic backup`` / ``restic restore`` to ``s3:<proxy>/<bucket>/restic-…``
   (its ``init`` is not counted).
 
 Operations: a cold capture, a capture after 1% of the files changed, and a
-restore into an empty directory. For each: wall seconds (the whole process),
+restore into an empty directory. For each: wall seconds (the whole process, or
+the RPC),
 the requests by kind, and the 1-minute load average when it started. Stored
 bytes: the objects under the tool's prefix (listed beside the proxy, so not
 counted), plus, for ours, the SQLite file (the pack index and manifests live
-there). Goals (issue 15): a cold capture in at most 100 requests; stored bytes at
-most 1.1x restic's; a cold capture at least 3x faster than restic's.
+there). Goals (issue 15), for each of our rows: a cold capture in at most 100
+requests; stored bytes at most 1.1x restic's; a cold capture at least 3x faster
+than restic's.
 
 Writes ``benchmarks/results/bucket_requests.md`` and ``.json``.
 """
@@ -58,6 +64,11 @@ KINDS = ("PUT", "GET", "HEAD", "LIST", "DELETE", "MULTIPART")
 GOAL_COLD_REQUESTS = 100
 GOAL_STORED_RATIO = 1.1
 GOAL_COLD_SPEEDUP = 3.0
+
+# Our two ways of running (rows of the tables): see run_ours and run_ours_daemon.
+OURS_FRESH = "checkpointd"
+OURS_DAEMON = "checkpointd (daemon, warm)"
+OURS_TOOLS = {"ours": OURS_FRESH, "daemon": OURS_DAEMON}
 
 
 @dataclass
@@ -135,46 +146,127 @@ def _stored(server: Any, prefix: str) -> int:
     return asyncio.run(total())
 
 
+@dataclass
+class OursLayout:
+    """One run of ours: its work copy, restore target, data dirs, SQLite store
+    and bucket prefix, made fresh (``name`` keeps the runs apart)."""
+
+    work: Path
+    target: Path
+    data: Path
+    restore_data: Path
+    store: Path
+    prefix: str
+
+    @classmethod
+    def fresh(cls, corpus: Path, work_root: Path, name: str) -> OursLayout:
+        layout = cls(
+            work=work_root / f"{name}-work",
+            target=work_root / f"{name}-restore",
+            data=work_root / f"{name}-data",
+            restore_data=work_root / f"{name}-restore-data",
+            store=work_root / f"{name}-store.db",
+            prefix=f"{name}-{uuid.uuid4().hex[:12]}",
+        )
+        for path in (layout.data, layout.restore_data, layout.target):
+            shutil.rmtree(path, ignore_errors=True)
+        for leftover in work_root.glob(f"{name}-store.db*"):
+            leftover.unlink()
+        _copy_tree(corpus, layout.work)
+        layout.data.mkdir()
+        layout.restore_data.mkdir()
+        return layout
+
+    def stored(self, server: Any) -> dict[str, int]:
+        """The bucket's bytes and the SQLite store's (the pack index and manifests)."""
+        return {
+            "bucket": _stored(server, self.prefix),
+            "store_db": sum(
+                p.stat().st_size for p in self.store.parent.glob(f"{self.store.name}*")
+            ),
+        }
+
+
 def run_ours(
     result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
 ) -> None:
-    work, target = work_root / "ours-work", work_root / "ours-restore"
-    data, restore_data = work_root / "ours-data", work_root / "ours-restore-data"
-    store = work_root / "ours-store.db"
-    for path in (data, restore_data, target):
-        shutil.rmtree(path, ignore_errors=True)
-    store.unlink(missing_ok=True)
-    _copy_tree(corpus, work)
-    data.mkdir()
-    restore_data.mkdir()
-    prefix = f"ours-{uuid.uuid4().hex[:12]}"
+    """Each operation in a fresh process (``benchmarks.runner``), as restic runs."""
+    ours = OursLayout.fresh(corpus, work_root, "ours")
     env = {
         **os.environ,
         **via.env(),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    urls = ["--store", f"sqlite://{store}", "--blobs", via.url(prefix), "--thread", THREAD]
+    urls = ["--store", f"sqlite://{ours.store}", "--blobs", via.url(ours.prefix), "--thread", THREAD]  # fmt: skip
 
     def runner(operation: str, workspace: Path, data_dir: Path) -> list[str]:
         return [sys.executable, "-m", "benchmarks.runner", operation,
                 "--workspace", str(workspace), "--data-dir", str(data_dir), *urls]  # fmt: skip
 
     for operation, command, before in (
-        (COLD, runner("capture", work, data), None),
-        (CHANGED, runner("capture", work, data), lambda: mutate(work, fraction=0.01, seed=1)),
-        (RESTORE, runner("restore", target, restore_data), None),
+        (COLD, runner("capture", ours.work, ours.data), None),
+        (
+            CHANGED,
+            runner("capture", ours.work, ours.data),
+            lambda: mutate(ours.work, fraction=0.01, seed=1),
+        ),  # fmt: skip
+        (RESTORE, runner("restore", ours.target, ours.restore_data), None),
     ):
         if before is not None:
             before()
         seconds, requests, load, out = _timed(command, env, proxy)
         report = json.loads(out.strip().splitlines()[-1])
         note = f"engine {report['engine_seconds']:.2f} s"
-        result.rows.append(Row("checkpointd", operation, seconds, requests, load, note))
-        print(f"   checkpointd {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
-    result.stored_bytes["checkpointd"] = {
-        "bucket": _stored(server, prefix),
-        "store_db": sum(p.stat().st_size for p in work_root.glob("ours-store.db*")),
-    }
+        result.rows.append(Row(OURS_FRESH, operation, seconds, requests, load, note))
+        print(f"   {OURS_FRESH} {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+    result.stored_bytes[OURS_FRESH] = ours.stored(server)
+
+
+def run_ours_daemon(
+    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+) -> None:
+    """Each operation as an RPC to a running ``checkpointd serve`` (the sidecar
+    an orchestrator calls), from a client that has seen it SERVING: daemon and
+    client start-up are not timed, nor counted (the proxy is reset after), the
+    way ``benchmarks.daemon`` measures the goals of issue 11."""
+    from checkpointd.service.client import Client
+
+    from .daemon import START_TIMEOUT_S, Daemon
+
+    ours = OursLayout.fresh(corpus, work_root, "daemon")
+    env = {**os.environ, **via.env(), "PYTHONWARNINGS": "ignore"}
+    store, blobs = f"sqlite://{ours.store}", via.url(ours.prefix)
+    capturer = Daemon(ours.work, store, blobs, ours.data, work_root / "capture-daemon.log", env)
+    restorer = Daemon(ours.target, store, blobs, ours.restore_data, work_root / "restore-daemon.log", env)  # fmt: skip
+
+    async def timed_rpc(daemon: Daemon, operation: str) -> None:
+        async with Client(daemon.address, timeout=600) as client:
+            await client.wait_serving(within=START_TIMEOUT_S)
+            proxy.reset()
+            load = _load()
+            started = time.perf_counter()
+            if operation == RESTORE:
+                await client.restore(THREAD)
+            else:
+                await client.capture(THREAD)
+            seconds = time.perf_counter() - started
+            requests = proxy.reset()
+        result.rows.append(Row(OURS_DAEMON, operation, seconds, requests, load))
+        print(f"   {OURS_DAEMON} {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+
+    try:
+        capturer.start()
+        asyncio.run(timed_rpc(capturer, COLD))
+        mutate(ours.work, fraction=0.01, seed=1)
+        asyncio.run(timed_rpc(capturer, CHANGED))
+        capturer.stop()
+        ours.target.mkdir()  # a daemon serves an existing workspace root
+        restorer.start()
+        asyncio.run(timed_rpc(restorer, RESTORE))
+    finally:
+        capturer.close()
+        restorer.close()
+    result.stored_bytes[OURS_DAEMON] = ours.stored(server)
 
 
 def run_restic(
@@ -224,38 +316,42 @@ def _stored_total(result: Result, tool: str) -> int | None:
 
 
 def goals(result: Result) -> list[tuple[str, str, bool | None]]:
-    """(goal, what was measured, met?) for the issue's three goals."""
+    """(goal, what was measured, met?) for the issue's three goals, for each of
+    our ways of running that ran (the daemon's is the one issue 11 states its
+    goals for; the fresh process is restic's way)."""
     by = {(row.tool, row.operation): row for row in result.rows}
-    out: list[tuple[str, str, bool | None]] = []
-    cold = by.get(("checkpointd", COLD))
-    if cold is not None:
-        out.append(
-            (
-                f"cold capture in <= {GOAL_COLD_REQUESTS} requests",
-                f"{cold.total} requests",
-                cold.total <= GOAL_COLD_REQUESTS,
-            )
-        )
-    ours, theirs = _stored_total(result, "checkpointd"), _stored_total(result, "restic")
-    if ours is not None and theirs:
-        ratio = ours / theirs
-        out.append(
-            (
-                f"stored bytes <= {GOAL_STORED_RATIO}x restic's",
-                f"{ratio:.2f}x ({ours:,} vs {theirs:,} bytes)",
-                ratio <= GOAL_STORED_RATIO,
-            )
-        )
     restic_cold = by.get(("restic", COLD))
-    if cold is not None and restic_cold is not None:
-        speedup = restic_cold.seconds / cold.seconds
-        out.append(
-            (
-                f"cold capture >= {GOAL_COLD_SPEEDUP}x faster than restic (same S3)",
-                f"{speedup:.2f}x ({cold.seconds:.2f} s vs {restic_cold.seconds:.2f} s)",
-                speedup >= GOAL_COLD_SPEEDUP,
+    theirs = _stored_total(result, "restic")
+    out: list[tuple[str, str, bool | None]] = []
+    for tool in OURS_TOOLS.values():
+        cold = by.get((tool, COLD))
+        if cold is not None:
+            out.append(
+                (
+                    f"{tool}: cold capture in <= {GOAL_COLD_REQUESTS} requests",
+                    f"{cold.total} requests",
+                    cold.total <= GOAL_COLD_REQUESTS,
+                )
             )
-        )
+        ours = _stored_total(result, tool)
+        if ours is not None and theirs:
+            ratio = ours / theirs
+            out.append(
+                (
+                    f"{tool}: stored bytes <= {GOAL_STORED_RATIO}x restic's",
+                    f"{ratio:.2f}x ({ours:,} vs {theirs:,} bytes)",
+                    ratio <= GOAL_STORED_RATIO,
+                )
+            )
+        if cold is not None and restic_cold is not None:
+            speedup = restic_cold.seconds / cold.seconds
+            out.append(
+                (
+                    f"{tool}: cold capture >= {GOAL_COLD_SPEEDUP}x faster than restic (same S3)",
+                    f"{speedup:.2f}x ({cold.seconds:.2f} s vs {restic_cold.seconds:.2f} s)",
+                    speedup >= GOAL_COLD_SPEEDUP,
+                )
+            )
     return out
 
 
@@ -264,8 +360,9 @@ def render(result: Result) -> str:
         f"# Bucket requests: {result.files:,} small files, SeaweedFS S3 on loopback",
         "",
         "Written by `python -m benchmarks.bucket_requests`. Requests are counted exactly",
-        "by a proxy in front of the bucket; seconds are whole processes; `load` is the",
-        "1-minute load average when the operation started (2 cores, shared).",
+        "by a proxy in front of the bucket; seconds are whole processes (the daemon's",
+        "rows: the RPC to a running daemon); `load` is the 1-minute load average when",
+        "the operation started (2 cores, shared).",
         "",
         "| tool | operation | seconds | " + " | ".join(KINDS) + " | other | total | load | note |",
         "|---|---|---:|" + "---:|" * (len(KINDS) + 3) + "---|",
@@ -291,7 +388,7 @@ def render(result: Result) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bucket_requests")
     parser.add_argument("--files", type=int, default=100_000)
-    parser.add_argument("--tools", default="ours,restic")
+    parser.add_argument("--tools", default="ours,daemon,restic")
     parser.add_argument(
         "--scratch",
         type=Path,
@@ -316,6 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     with run_seaweedfs() as server, counted(server) as (via, proxy):
         if "ours" in tools:
             run_ours(result, corpus, work_root, server, via, proxy)
+        if "daemon" in tools:
+            run_ours_daemon(result, corpus, work_root, server, via, proxy)
         if "restic" in tools:
             run_restic(result, corpus, work_root, server, via, proxy)
     text = render(result)

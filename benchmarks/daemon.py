@@ -60,10 +60,20 @@ class DaemonError(RuntimeError):
 class Daemon:
     """One ``checkpointd serve`` process that we started, stopped by its pid."""
 
-    def __init__(self, workspace: Path, store: str, blobs: str, data_dir: Path, log: Path) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        store: str,
+        blobs: str,
+        data_dir: Path,
+        log: Path,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workspace, self.store, self.blobs, self.data_dir, self.log = (
             workspace, store, blobs, data_dir, log,
         )  # fmt: skip
+        # None: this process's environment (a bucket's credentials come this way).
+        self.env = env
         # Unix socket paths are limited to ~107 bytes: keep it short, outside the scratch.
         self._socket_dir = Path(tempfile.mkdtemp(prefix="cpb-"))
         self.address = f"unix://{self._socket_dir / 'd.sock'}"
@@ -79,7 +89,7 @@ class Daemon:
              "--data-dir", str(self.data_dir), "--store", self.store, "--blobs", self.blobs,
              "--listen", self.address, "--log-level", "WARNING"],
             stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True, env=self.env,
         )  # fmt: skip
         health = subprocess.run(
             [*CHECKPOINTD, "health", "--address", self.address, "--wait", str(START_TIMEOUT_S)],
