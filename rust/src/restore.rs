@@ -303,8 +303,21 @@ fn keyed_rows(data: &[u8]) -> Result<Vec<KeyedRow<'_>>, RestoreError> {
     Ok(keyed)
 }
 
-/// The rows of `rows` decoded (a manifest of just those rows).
+/// The rows of `rows` decoded, in order, a slice per thread.
 fn decode_rows(rows: &[&[u8]]) -> Result<Vec<ManifestRow>, RestoreError> {
+    const SLICE_ROWS: usize = 8192;
+    if rows.len() <= SLICE_ROWS {
+        return decode_slice(rows);
+    }
+    let slices: Vec<Vec<ManifestRow>> = rows
+        .par_chunks(SLICE_ROWS)
+        .map(decode_slice)
+        .collect::<Result<_, _>>()?;
+    Ok(slices.into_iter().flatten().collect())
+}
+
+/// The rows of `rows` decoded (a manifest of just those rows).
+fn decode_slice(rows: &[&[u8]]) -> Result<Vec<ManifestRow>, RestoreError> {
     let mut joined = Vec::with_capacity(rows.iter().map(|r| r.len() + 1).sum::<usize>() + 2);
     joined.push(b'[');
     for (i, row) in rows.iter().enumerate() {
@@ -416,27 +429,42 @@ pub fn name_max(fd: RawFd) -> usize {
 
 pub fn plan(
     mut target: Vec<ManifestRow>,
-    live: Vec<ManifestRow>,
+    mut live: Vec<ManifestRow>,
     unsupported: &[(Vec<u8>, Unsupported)],
 ) -> Result<Plan, RestoreError> {
+    // Both in path order, then one merge pairs each target row with the live
+    // row at its path (no hash set of 100,000 paths).
     target.sort_by(|a, b| a.path().as_bytes().cmp(b.path().as_bytes()));
-    let wanted: std::collections::HashSet<&str> = target.iter().map(|r| r.path()).collect();
+    live.sort_by(|a, b| a.path().as_bytes().cmp(b.path().as_bytes()));
     let mut plan = Plan::default();
     let mut doomed: Vec<(Vec<u8>, Doomed)> = Vec::new();
-    let mut live_by_path: HashMap<&str, &ManifestRow> = HashMap::with_capacity(live.len());
-    for row in &live {
-        if wanted.contains(row.path()) {
-            live_by_path.insert(row.path(), row);
-        } else {
-            let kind = match row {
-                ManifestRow::Dir { .. } => Doomed::Dir,
-                _ => Doomed::Leaf,
-            };
-            doomed.push((row.path().as_bytes().to_vec(), kind));
+    let mut current_of: Vec<Option<&ManifestRow>> = Vec::with_capacity(target.len());
+    let mut live_rows = live.iter().peekable();
+    for row in &target {
+        let mut current = None;
+        while let Some(found) = live_rows.peek() {
+            match found.path().as_bytes().cmp(row.path().as_bytes()) {
+                std::cmp::Ordering::Less => {
+                    doomed.push(doomed_row(found));
+                    live_rows.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    current = live_rows.next();
+                    break;
+                }
+                std::cmp::Ordering::Greater => break,
+            }
         }
+        current_of.push(current);
     }
+    doomed.extend(live_rows.map(doomed_row));
+    let wanted = |path: &str| {
+        target
+            .binary_search_by(|row| row.path().as_bytes().cmp(path.as_bytes()))
+            .is_ok()
+    };
     for (path, _kind) in unsupported {
-        let known = std::str::from_utf8(path).is_ok_and(|p| wanted.contains(p));
+        let known = std::str::from_utf8(path).is_ok_and(wanted);
         if !known {
             doomed.push((path.clone(), Doomed::Unsupported));
         }
@@ -446,8 +474,7 @@ pub fn plan(
     plan.deletions = doomed;
 
     let mut sizes: HashMap<[u8; 32], u64> = HashMap::new();
-    for row in &target {
-        let current = live_by_path.get(row.path()).copied();
+    for (row, current) in target.iter().zip(current_of) {
         match row {
             ManifestRow::File {
                 path,
@@ -502,6 +529,15 @@ pub fn plan(
         add_blob(&mut plan.blobs, &mut sizes, write)?;
     }
     Ok(plan)
+}
+
+/// A live row the target lacks: deleted.
+fn doomed_row(row: &ManifestRow) -> (Vec<u8>, Doomed) {
+    let kind = match row {
+        ManifestRow::Dir { .. } => Doomed::Dir,
+        _ => Doomed::Leaf,
+    };
+    (row.path().as_bytes().to_vec(), kind)
 }
 
 /// Drop from the writes the files at `paths` (a live file equal to the
@@ -840,9 +876,12 @@ pub struct Restore {
     new_roots: Vec<String>,
     /// Every planned directory at or beneath a new root (made in staging).
     tree_dirs: std::collections::HashSet<String>,
-    /// Write indexes per blob (every use gets its own prepared file).
-    uses_of: HashMap<[u8; 32], Vec<usize>>,
-    sizes: HashMap<[u8; 32], u64>,
+    /// Each needed blob: its size and its first write (every use gets its
+    /// own prepared file); `next_use` chains a blob's other writes.
+    blobs: HashMap<[u8; 32], BlobUses>,
+    /// By write index: the next write of the same blob (NO_USE after the last).
+    /// A chain, not a Vec per blob: 100,000 blobs are 100,000 allocations.
+    next_use: Vec<usize>,
     /// The stat of each write's file as prepared in staging, by write index.
     prepared: Mutex<HashMap<usize, Written>>,
     /// Blobs already staged: a pack range read again (its pack moved by a
@@ -935,6 +974,15 @@ fn random_token() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// A blob the plan needs: its size and its first write index.
+struct BlobUses {
+    size: u64,
+    first: usize,
+}
+
+/// The end of a `next_use` chain.
+const NO_USE: usize = usize::MAX;
+
 fn parent_of(path: &str) -> Option<&str> {
     path.rfind('/').map(|at| &path[..at])
 }
@@ -1005,28 +1053,54 @@ impl Restore {
             .filter(|d| under_root(d))
             .cloned()
             .collect();
+        // Writes come in path order, so most share the previous one's parent.
+        let mut last: Option<(&str, Dest)> = None;
         let dests: Vec<Dest> = plan
             .writes
             .iter()
-            .map(|w| match parent_of(&w.path) {
-                Some(parent) if under_root(parent) => Dest::Tree,
-                _ => Dest::Flat,
+            .map(|w| {
+                let parent = parent_of(&w.path);
+                let dest = match (parent, last) {
+                    (Some(parent), Some((seen, dest))) if parent == seen => dest,
+                    (Some(parent), _) if under_root(parent) => Dest::Tree,
+                    _ => Dest::Flat,
+                };
+                last = parent.map(|parent| (parent, dest));
+                dest
             })
             .collect();
-        let mut uses_of: HashMap<[u8; 32], Vec<usize>> = HashMap::new();
-        for (i, w) in plan.writes.iter().enumerate() {
-            uses_of.entry(w.hash).or_default().push(i);
+        let mut blobs: HashMap<[u8; 32], BlobUses> = plan
+            .blobs
+            .iter()
+            .map(|&(hash, size)| {
+                (
+                    hash,
+                    BlobUses {
+                        size,
+                        first: NO_USE,
+                    },
+                )
+            })
+            .collect();
+        // Linked from the last write back, so each chain runs in write order.
+        let mut next_use = vec![NO_USE; plan.writes.len()];
+        for (i, w) in plan.writes.iter().enumerate().rev() {
+            let uses = blobs
+                .get_mut(&w.hash)
+                .expect("plan.blobs lists every write's blob");
+            next_use[i] = uses.first;
+            uses.first = i;
         }
         let threads = std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(2)
             .clamp(2, 8);
-        let sizes = plan.blobs.iter().copied().collect();
         let writeback = (plan.bytes_to_write() >= Writeback::MIN_BYTES)
             .then(|| ws.dup_fd().map(Writeback::start))
             .transpose()?;
         let restore = Restore {
-            sizes,
+            blobs,
+            next_use,
             ws,
             plan,
             staging_name,
@@ -1035,7 +1109,6 @@ impl Restore {
             dests,
             new_roots,
             tree_dirs,
-            uses_of,
             prepared: Mutex::new(HashMap::new()),
             staged: Mutex::new(std::collections::HashSet::new()),
             step: Step::TreeDirs,
@@ -1083,14 +1156,14 @@ impl Restore {
 
     /// Whether the plan needs the blob `hash`.
     pub fn needs(&self, hash: &[u8; 32]) -> bool {
-        self.sizes.contains_key(hash)
+        self.blobs.contains_key(hash)
     }
 
     /// The size the plan expects for `hash`, or InvalidBlob for a blob it does not need.
     pub fn expected(&self, hash: &[u8; 32]) -> Result<u64, RestoreError> {
-        self.sizes
+        self.blobs
             .get(hash)
-            .copied()
+            .map(|uses| uses.size)
             .ok_or_else(|| RestoreError::InvalidBlob {
                 hash: *hash,
                 reason: "the restore did not ask for it".into(),
@@ -1277,9 +1350,9 @@ impl Restore {
         dirs: &mut DirStack<'_>,
         hash: &[u8; 32],
     ) -> Result<Vec<(usize, OwnedFd)>, RestoreError> {
-        let indexes = self.uses_of.get(hash).map(Vec::as_slice).unwrap_or(&[]);
-        let mut out = Vec::with_capacity(indexes.len());
-        for &index in indexes {
+        let mut out = Vec::new();
+        let mut index = self.blobs.get(hash).map_or(NO_USE, |uses| uses.first);
+        while index != NO_USE {
             // Created with its final mode: staging is private (0700), so
             // nobody else can reach the file before it moves in.
             let mode = self.plan.writes[index].mode & 0o777;
@@ -1304,6 +1377,7 @@ impl Restore {
             }
             .map_err(|e| RestoreError::io(self.shown_prepared(index), "create", e))?;
             out.push((index, fd));
+            index = self.next_use[index];
         }
         Ok(out)
     }
@@ -1865,12 +1939,13 @@ impl Restore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        match kept {
+        let r = match kept {
             Some(kept) => kept.save_with_written(cache_path, fingerprint, reference_ns, updates),
             // (A live scan without a cache path kept none: merged into the file.)
             None => statcache::record_written(cache_path, fingerprint, reference_ns, updates),
         }
-        .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e))
+        .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e));
+        r
     }
 
     /// The workspace filesystem's clock: the mtime of a new file in staging.
