@@ -1364,11 +1364,18 @@ mod tests {
         crate::fs::lstat_at(root.as_raw_fd(), &name).unwrap()
     }
 
+    /// A directory with the file `f` holding "hello", and the walk's lstat of it.
+    fn walked_file() -> (tempfile::TempDir, std::path::PathBuf, crate::fs::Stat) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"hello").unwrap();
+        let walked = lstat(dir.path(), "f");
+        (dir, path, walked)
+    }
+
     #[test]
     fn a_small_file_unchanged_since_the_walk_is_hashed_with_the_walks_stat() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("f"), b"hello").unwrap();
-        let walked = lstat(dir.path(), "f");
+        let (dir, _path, walked) = walked_file();
         let (done, slot) = hash_walked(dir.path(), "f", walked);
         assert_eq!(done.unwrap(), 5);
         assert_eq!(slot.hash, Some(*blake3::hash(b"hello").as_bytes()));
@@ -1377,22 +1384,12 @@ mod tests {
 
     #[test]
     fn a_small_file_rewritten_after_the_walk_is_hashed_as_it_is_now() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, b"hello").unwrap();
-        let walked = lstat(dir.path(), "f");
+        let (dir, path, walked) = walked_file();
         // Same size, other bytes, another mtime: the walk's stat no longer holds.
         std::fs::write(&path, b"HELLO").unwrap();
-        let past = libc::timespec {
-            tv_sec: 1_000_000,
-            tv_nsec: 0,
-        };
-        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
-        // SAFETY: valid C string and two timespecs.
-        assert_eq!(
-            unsafe { libc::utimensat(libc::AT_FDCWD, c.as_ptr(), [past, past].as_ptr(), 0) },
-            0
-        );
+        let past = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000);
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        file.set_modified(past).unwrap();
         let (done, slot) = hash_walked(dir.path(), "f", walked);
         assert!(done.is_ok());
         assert_eq!(slot.hash, Some(*blake3::hash(b"HELLO").as_bytes()));
@@ -1402,10 +1399,7 @@ mod tests {
 
     #[test]
     fn a_fifo_swapped_in_after_the_walk_is_a_change_even_with_a_writer() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("f");
-        std::fs::write(&path, b"hello").unwrap();
-        let walked = lstat(dir.path(), "f");
+        let (dir, path, walked) = walked_file();
         std::fs::remove_file(&path).unwrap();
         let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
         // SAFETY: valid C string.
