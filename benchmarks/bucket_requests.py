@@ -209,7 +209,7 @@ def run_ours(
             CHANGED,
             runner("capture", ours.work, ours.data),
             lambda: mutate(ours.work, fraction=0.01, seed=1),
-        ),  # fmt: skip
+        ),
         (RESTORE, runner("restore", ours.target, ours.restore_data), None),
     ):
         if before is not None:

@@ -303,14 +303,10 @@ fn keyed_rows(data: &[u8]) -> Result<Vec<KeyedRow<'_>>, RestoreError> {
     Ok(keyed)
 }
 
-/// The rows of `rows` decoded, in order, a slice per thread.
+/// The rows of `rows` decoded, in order, a slice of 8,192 per task.
 fn decode_rows(rows: &[&[u8]]) -> Result<Vec<ManifestRow>, RestoreError> {
-    const SLICE_ROWS: usize = 8192;
-    if rows.len() <= SLICE_ROWS {
-        return decode_slice(rows);
-    }
     let slices: Vec<Vec<ManifestRow>> = rows
-        .par_chunks(SLICE_ROWS)
+        .par_chunks(8192)
         .map(decode_slice)
         .collect::<Result<_, _>>()?;
     Ok(slices.into_iter().flatten().collect())
@@ -1939,13 +1935,12 @@ impl Restore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let r = match kept {
+        match kept {
             Some(kept) => kept.save_with_written(cache_path, fingerprint, reference_ns, updates),
             // (A live scan without a cache path kept none: merged into the file.)
             None => statcache::record_written(cache_path, fingerprint, reference_ns, updates),
         }
-        .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e));
-        r
+        .map_err(|e| RestoreError::io(cache_path.to_string_lossy(), "save stat cache", e))
     }
 
     /// The workspace filesystem's clock: the mtime of a new file in staging.
