@@ -22,12 +22,13 @@
 //! exceed that waits, so thousands of large files never exhaust the process's
 //! descriptors.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use crate::cancel::Cancel;
+use crate::hash::DigestSet;
 use crate::verify::{FdSlots, HeldFile};
 
 /// Files per batch, and bytes per batch: a batch ends at whichever comes first.
@@ -61,7 +62,7 @@ struct State {
     current: Batch,
     current_bytes: usize,
     files: VecDeque<HeldFile>,
-    seen: HashSet<[u8; 32]>,
+    seen: DigestSet,
     /// The scan finished (or failed): no more batches will come.
     closed: bool,
     /// The consumer gave up: never wait, drop what comes.

@@ -46,6 +46,7 @@ use crate::classify::Unsupported;
 use crate::error::ScanError;
 use crate::fs::{self, Stat};
 use crate::hash;
+use crate::hash::{DigestMap, DigestSet};
 use crate::manifest::{self, ManifestRow};
 use crate::pack;
 use crate::scan::KeptCache;
@@ -469,7 +470,7 @@ pub fn plan(
     doomed.sort_by(|a, b| b.0.cmp(&a.0));
     plan.deletions = doomed;
 
-    let mut sizes: HashMap<[u8; 32], u64> = HashMap::new();
+    let mut sizes: DigestMap<u64> = DigestMap::default();
     for (row, current) in target.iter().zip(current_of) {
         match row {
             ManifestRow::File {
@@ -544,13 +545,13 @@ pub fn leave_alone(plan: &mut Plan, paths: &std::collections::HashSet<String>) {
         return;
     }
     plan.writes.retain(|file| !paths.contains(&file.path));
-    let needed: std::collections::HashSet<[u8; 32]> = plan.writes.iter().map(|f| f.hash).collect();
+    let needed: DigestSet = plan.writes.iter().map(|f| f.hash).collect();
     plan.blobs.retain(|(hash, _)| needed.contains(hash));
 }
 
 fn add_blob(
     blobs: &mut Vec<([u8; 32], u64)>,
-    sizes: &mut HashMap<[u8; 32], u64>,
+    sizes: &mut DigestMap<u64>,
     file: &TargetFile,
 ) -> Result<(), RestoreError> {
     match sizes.get(&file.hash) {
@@ -592,7 +593,7 @@ pub fn replace_shared_inodes(ws: &Workspace, plan: &mut Plan) -> Result<(), Rest
     if shared.is_empty() {
         return Ok(());
     }
-    let mut sizes: HashMap<[u8; 32], u64> = plan.blobs.iter().copied().collect();
+    let mut sizes: DigestMap<u64> = plan.blobs.iter().copied().collect();
     for entry in &shared {
         add_blob(&mut plan.blobs, &mut sizes, entry)?;
     }
@@ -874,7 +875,7 @@ pub struct Restore {
     tree_dirs: std::collections::HashSet<String>,
     /// Each needed blob: its size and its first write (every use gets its
     /// own prepared file); `next_use` chains a blob's other writes.
-    blobs: HashMap<[u8; 32], BlobUses>,
+    blobs: DigestMap<BlobUses>,
     /// By write index: the next write of the same blob (NO_USE after the last).
     /// A chain, not a Vec per blob: 100,000 blobs are 100,000 allocations.
     next_use: Vec<usize>,
@@ -882,7 +883,7 @@ pub struct Restore {
     prepared: Mutex<HashMap<usize, Written>>,
     /// Blobs already staged: a pack range read again (its pack moved by a
     /// repack mid-restore) skips them instead of creating their files twice.
-    staged: Mutex<std::collections::HashSet<[u8; 32]>>,
+    staged: Mutex<DigestSet>,
     step: Step,
     cursor: usize,
     recorded: Mutex<Vec<(String, CacheEntry)>>,
@@ -1065,7 +1066,7 @@ impl Restore {
                 dest
             })
             .collect();
-        let mut blobs: HashMap<[u8; 32], BlobUses> = plan
+        let mut blobs: DigestMap<BlobUses> = plan
             .blobs
             .iter()
             .map(|&(hash, size)| {
@@ -1106,7 +1107,7 @@ impl Restore {
             new_roots,
             tree_dirs,
             prepared: Mutex::new(HashMap::new()),
-            staged: Mutex::new(std::collections::HashSet::new()),
+            staged: Mutex::new(DigestSet::default()),
             step: Step::TreeDirs,
             cursor: 0,
             recorded: Mutex::new(Vec::new()),

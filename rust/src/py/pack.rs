@@ -11,7 +11,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use super::feed::FedBatch;
-use crate::hash::{from_hex, to_hex};
+use crate::hash::{self, from_hex, to_hex, DigestBuild};
 use crate::pack::{self as core, Entry, PackBuilder, PackError};
 
 create_exception!(
@@ -126,7 +126,7 @@ impl PyPackWriter {
         }
         let batch = batch.get();
         let result = py.allow_threads(|| {
-            let mut wanted: HashSet<&[u8]> = wanted.chunks_exact(32).collect();
+            let mut wanted: HashSet<&[u8], DigestBuild> = wanted.chunks_exact(32).collect();
             self.with(|builder| {
                 let mut room = target as i64 - builder.len() as i64;
                 let mut views: Vec<([u8; 32], &[u8])> = Vec::new();
@@ -315,7 +315,7 @@ const ROW_CHARS: usize = 41;
 #[pyclass(module = "checkpointd._native", name = "DigestSet")]
 #[derive(Default)]
 pub struct DigestSet {
-    digests: HashSet<[u8; 32]>,
+    digests: hash::DigestSet,
 }
 
 fn digest_chunks(digests: &[u8]) -> PyResult<impl Iterator<Item = [u8; 32]> + '_> {
@@ -350,7 +350,7 @@ impl DigestSet {
 
     /// The digests of ``digests`` not in the set (each once, in order).
     fn without<'py>(&self, py: Python<'py>, digests: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
-        let mut seen = HashSet::new();
+        let mut seen = hash::DigestSet::default();
         let mut out = Vec::new();
         for digest in digest_chunks(digests)? {
             if !self.digests.contains(&digest) && seen.insert(digest) {
@@ -379,7 +379,7 @@ pub fn digests_without<'py>(py: Python<'py>, a: &[u8], b: &[u8]) -> PyResult<Bou
         ));
     }
     let out = py.allow_threads(|| {
-        let mut seen: HashSet<&[u8]> = b.chunks_exact(32).collect();
+        let mut seen: HashSet<&[u8], DigestBuild> = b.chunks_exact(32).collect();
         let mut out = Vec::with_capacity(a.len());
         for digest in a.chunks_exact(32) {
             if seen.insert(digest) {

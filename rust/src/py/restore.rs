@@ -17,7 +17,7 @@ use super::cancel::CancelToken;
 use super::errors::{to_py, ScanCancelled};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
-use crate::hash::{from_hex, to_hex};
+use crate::hash::{from_hex, to_hex, DigestMap};
 use crate::manifest;
 use crate::pack::{self as pack_core, Entry, KIND_FILE};
 use crate::policy::PolicyMatcher;
@@ -109,7 +109,7 @@ pub struct RestoreSession {
     preview: Option<core::Plan>,
     cache_path: Option<PathBuf>,
     cancel: Cancel,
-    writers: Mutex<HashMap<[u8; 32], StagedWriter>>,
+    writers: Mutex<DigestMap<StagedWriter>>,
     /// The frames of each pack read `plan_pack_reads` planned, by read id,
     /// until the read is staged (or the session closes).
     reads: Mutex<HashMap<u64, Vec<Entry>>>,
@@ -196,7 +196,7 @@ impl RestoreSession {
             preview,
             cache_path,
             cancel,
-            writers: Mutex::new(HashMap::new()),
+            writers: Mutex::new(DigestMap::default()),
             reads: Mutex::new(HashMap::new()),
             ranges: Mutex::new(HashMap::new()),
             next_read: std::sync::atomic::AtomicU64::new(0),
@@ -355,7 +355,7 @@ impl RestoreSession {
         }
         let (packs, reads, unplaced) = py.allow_threads(|| {
             let mut packs: Vec<[u8; 32]> = Vec::new();
-            let mut pack_numbers: HashMap<[u8; 32], usize> = HashMap::new();
+            let mut pack_numbers: DigestMap<usize> = DigestMap::default();
             let mut entries = Vec::with_capacity(located.len());
             let mut frames = Vec::with_capacity(located.len());
             let mut placed = std::collections::HashSet::with_capacity(located.len());
