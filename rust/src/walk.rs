@@ -215,7 +215,15 @@ impl Held {
     }
 }
 
+/// Directories opened by their parent's listing task and not yet listed, at
+/// most: each holds an fd until its task runs (a directory of 100,000
+/// subdirectories must not hold 100,000 fds). Past it a directory is opened
+/// by its path from the root when its task runs.
+const PREOPENED_DIRS_MAX: usize = 256;
+
 struct Shared {
+    /// Directories opened by their parent and waiting for their task.
+    preopened: std::sync::atomic::AtomicUsize,
     found: Mutex<Vec<Batch>>,
     unsupported: Mutex<Vec<(Vec<u8>, Unsupported)>>,
     dirs: Mutex<Vec<ListedDir>>,
@@ -243,6 +251,7 @@ impl Walker<'_> {
     /// first copying everything into one flat vector.
     pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<WalkOutput, ScanError> {
         let shared = Shared {
+            preopened: std::sync::atomic::AtomicUsize::new(0),
             found: Mutex::new(Vec::new()),
             unsupported: Mutex::new(Vec::new()),
             dirs: Mutex::new(Vec::new()),
@@ -251,7 +260,7 @@ impl Walker<'_> {
         };
         // The root itself is "included" only when there is no include list.
         let root_included = !self.policy.has_include();
-        pool.scope(|scope| self.visit(scope, &shared, String::new(), root_included));
+        pool.scope(|scope| self.visit(scope, &shared, String::new(), root_included, None));
         // A cancelled walk reports the cancel, whatever else failed meanwhile.
         if self.cancel.is_cancelled() {
             return Err(ScanError::Cancelled);
@@ -289,17 +298,39 @@ impl Walker<'_> {
         fs::open_beneath(self.root_fd, rel.as_bytes(), fs::DIR_FLAGS)
     }
 
+    /// A subdirectory `name` of the directory `dir_fd` being listed, opened
+    /// now beneath it (one component, no link followed) for its own task, so
+    /// the task need not resolve its whole path from the root again; None
+    /// when too many are held already or it cannot be opened (the task then
+    /// opens it by path, which says why).
+    fn preopen(&self, shared: &Shared, dir_fd: RawFd, name: &CStr) -> Option<OwnedFd> {
+        if shared.preopened.fetch_add(1, Ordering::Relaxed) >= PREOPENED_DIRS_MAX {
+            shared.preopened.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let fd = fs::open_beneath(dir_fd, name.to_bytes(), fs::DIR_FLAGS).ok();
+        if fd.is_none() {
+            shared.preopened.fetch_sub(1, Ordering::Relaxed);
+        }
+        fd
+    }
+
+    /// List the directory `rel` (`opened`: its fd, when its parent opened it).
     fn visit<'s>(
         &'s self,
         scope: &rayon::Scope<'s>,
         shared: &'s Shared,
         rel: String,
         included: bool,
+        opened: Option<OwnedFd>,
     ) {
+        if opened.is_some() {
+            shared.preopened.fetch_sub(1, Ordering::Relaxed);
+        }
         if shared.failed() {
             return;
         }
-        match self.list(scope, shared, &rel, included) {
+        match self.list(scope, shared, &rel, included, opened) {
             Ok((batch, unsupported)) => {
                 // What will be manifest entries (a directory outside the include
                 // list may still join them later, so the final count is higher).
@@ -342,6 +373,7 @@ impl Walker<'_> {
         shared: &'s Shared,
         rel: &str,
         parent_included: bool,
+        opened: Option<OwnedFd>,
     ) -> Result<(Batch, Refused), ScanError> {
         let abs = |name: &[u8]| -> std::path::PathBuf {
             use std::os::unix::ffi::OsStrExt;
@@ -354,7 +386,7 @@ impl Walker<'_> {
             }
             p
         };
-        let fd = match self.open_dir(rel) {
+        let fd = match opened.map_or_else(|| self.open_dir(rel), Ok) {
             Ok(fd) => fd,
             // Removed since its parent was listed: nothing to capture.
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Default::default()),
@@ -518,7 +550,8 @@ impl Walker<'_> {
                         included,
                     },
                 );
-                scope.spawn(move |s| self.visit(s, shared, path, included));
+                let opened = self.preopen(shared, dir_fd, name);
+                scope.spawn(move |s| self.visit(s, shared, path, included, opened));
             } else if stat.is_symlink() {
                 let target = match fs::readlink_at(dir_fd, name) {
                     Ok(t) => t,

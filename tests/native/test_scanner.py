@@ -173,3 +173,29 @@ def test_a_fingerprint_spans_many_hashed_pieces(workspace: Path) -> None:
         previous_fingerprint=fingerprint_of(first.manifest),
     )
     assert again.same_as_previous
+
+
+def test_wide_and_deep_trees_are_walked_whole(workspace: Path, cache_path: str) -> None:
+    """A directory is listed from the fd its parent opened for it, or by its
+    path when the walk holds its limit of such fds (256; a directory of 600
+    subdirectories may reach it). Every directory and file is found either
+    way, with the bytes it holds, 40 levels down too, and a second scan (the
+    stat cache's listings) finds the same."""
+    wide = workspace / "wide"
+    for n in range(600):
+        (wide / f"d{n:03}").mkdir(parents=True)
+        (wide / f"d{n:03}" / "f").write_bytes(b"%d" % n)
+    deep = workspace.joinpath(*(f"level{n}" for n in range(40)))
+    deep.mkdir(parents=True)
+    (deep / "bottom").write_bytes(b"bottom")
+    age_tree(str(workspace))
+    outcome = scan_workspace(workspace, Policy(), (), cache_path)
+    files = {e.path: e for e in outcome.entries if isinstance(e, FileEntry)}
+    assert len(files) == 601
+    assert files["wide/d599/f"].blob_key.endswith(blake3.blake3(b"599").hexdigest())
+    bottom = "/".join(f"level{n}" for n in range(40)) + "/bottom"
+    assert files[bottom].blob_key.endswith(blake3.blake3(b"bottom").hexdigest())
+    assert outcome.entries_count == 601 + 600 + 1 + 40
+    again = scan_workspace(workspace, Policy(), (), cache_path)
+    assert again.entries == outcome.entries
+    assert (again.files_hashed, again.files_reused) == (0, 601)
