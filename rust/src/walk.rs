@@ -221,8 +221,36 @@ impl Held {
 /// by its path from the root when its task runs.
 const PREOPENED_DIRS_MAX: usize = 256;
 
+/// A directory its parent's task opened (`Walker::preopen`), with its stat
+/// and whether it is a mount's root (as `fs::stat_entry` says).
+struct Opened<'s> {
+    fd: OwnedFd,
+    stat: Stat,
+    mount_root: Option<bool>,
+    _slot: PreopenSlot<'s>,
+}
+
+/// One of the PREOPENED_DIRS_MAX fds, given back when dropped.
+struct PreopenSlot<'s>(&'s std::sync::atomic::AtomicUsize);
+
+impl<'s> PreopenSlot<'s> {
+    fn take(held: &'s std::sync::atomic::AtomicUsize) -> Option<PreopenSlot<'s>> {
+        if held.fetch_add(1, Ordering::Relaxed) >= PREOPENED_DIRS_MAX {
+            held.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(PreopenSlot(held))
+    }
+}
+
+impl Drop for PreopenSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Shared {
-    /// Directories opened by their parent and waiting for their task.
+    /// Directories opened by their parent and not yet listed.
     preopened: std::sync::atomic::AtomicUsize,
     found: Mutex<Vec<Batch>>,
     unsupported: Mutex<Vec<(Vec<u8>, Unsupported)>>,
@@ -300,33 +328,33 @@ impl Walker<'_> {
 
     /// A subdirectory `name` of the directory `dir_fd` being listed, opened
     /// now beneath it (one component, no link followed) for its own task, so
-    /// the task need not resolve its whole path from the root again; None
-    /// when too many are held already or it cannot be opened (the task then
-    /// opens it by path, which says why).
-    fn preopen(&self, shared: &Shared, dir_fd: RawFd, name: &CStr) -> Option<OwnedFd> {
-        if shared.preopened.fetch_add(1, Ordering::Relaxed) >= PREOPENED_DIRS_MAX {
-            shared.preopened.fetch_sub(1, Ordering::Relaxed);
-            return None;
-        }
-        let fd = fs::open_beneath(dir_fd, name.to_bytes(), fs::DIR_FLAGS).ok();
-        if fd.is_none() {
-            shared.preopened.fetch_sub(1, Ordering::Relaxed);
-        }
-        fd
+    /// the task need not resolve its whole path from the root again, and
+    /// stat'ed through that fd: for a directory (never a link: the open does
+    /// not follow one) that is its lstat, which is then taken once, not by the
+    /// parent and again by its task. None when too many are held already or
+    /// it cannot be opened as a directory (the caller then lstats it, and its
+    /// task opens it by path).
+    fn preopen<'s>(&self, shared: &'s Shared, dir_fd: RawFd, name: &CStr) -> Option<Opened<'s>> {
+        let slot = PreopenSlot::take(&shared.preopened)?;
+        let fd = fs::open_beneath(dir_fd, name.to_bytes(), fs::DIR_FLAGS).ok()?;
+        let (stat, mount_root) = fs::stat_entry(fd.as_raw_fd(), c"").ok()?;
+        Some(Opened {
+            fd,
+            stat,
+            mount_root,
+            _slot: slot,
+        })
     }
 
-    /// List the directory `rel` (`opened`: its fd, when its parent opened it).
+    /// List the directory `rel` (`opened`: when its parent opened it).
     fn visit<'s>(
         &'s self,
         scope: &rayon::Scope<'s>,
         shared: &'s Shared,
         rel: String,
         included: bool,
-        opened: Option<OwnedFd>,
+        opened: Option<Opened<'s>>,
     ) {
-        if opened.is_some() {
-            shared.preopened.fetch_sub(1, Ordering::Relaxed);
-        }
         if shared.failed() {
             return;
         }
@@ -373,7 +401,7 @@ impl Walker<'_> {
         shared: &'s Shared,
         rel: &str,
         parent_included: bool,
-        opened: Option<OwnedFd>,
+        opened: Option<Opened<'s>>,
     ) -> Result<(Batch, Refused), ScanError> {
         let abs = |name: &[u8]| -> std::path::PathBuf {
             use std::os::unix::ffi::OsStrExt;
@@ -386,29 +414,47 @@ impl Walker<'_> {
             }
             p
         };
-        let fd = match opened.map_or_else(|| self.open_dir(rel), Ok) {
-            Ok(fd) => fd,
-            // Removed since its parent was listed: nothing to capture.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Default::default()),
-            // Replaced by a symlink or a file since it was listed.
-            Err(e)
-                if !rel.is_empty()
-                    && matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR)) =>
-            {
-                return Err(ScanError::Changed(abs(b"")))
-            }
-            Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
-        };
         // The stat of the inode about to be listed, taken before the listing:
         // a change after it leaves another stat (or a racy one) for next time.
-        // (With whether it is a mount's root, in the same call.)
-        let (dir_stat, mount_root) =
-            fs::stat_entry(fd.as_raw_fd(), c"").map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
-        if !rel.is_empty() && fs::judge_mount_point(&dir_stat, self.root_dev, || mount_root) {
-            // Its parent saw no mount point here: something was mounted or
-            // swapped in since. Never crossed.
-            return Err(ScanError::Changed(abs(b"")));
-        }
+        // (With whether it is a mount's root, in the same call.) Its parent
+        // took it when it opened it; else it is opened by path and taken now.
+        let (fd, dir_stat, _slot) = match opened {
+            Some(Opened {
+                fd,
+                stat,
+                mount_root: _, // the parent judged it: not a mount point
+                _slot,
+            }) => (fd, stat, Some(_slot)),
+            None => {
+                let fd = match self.open_dir(rel) {
+                    Ok(fd) => fd,
+                    // Removed since its parent was listed: nothing to capture.
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        return Ok(Default::default())
+                    }
+                    // Replaced by a symlink or a file since it was listed.
+                    Err(e)
+                        if !rel.is_empty()
+                            && matches!(
+                                e.raw_os_error(),
+                                Some(libc::ELOOP) | Some(libc::ENOTDIR)
+                            ) =>
+                    {
+                        return Err(ScanError::Changed(abs(b"")))
+                    }
+                    Err(e) => return Err(ScanError::io(abs(b""), "open directory", e)),
+                };
+                let (dir_stat, mount_root) = fs::stat_entry(fd.as_raw_fd(), c"")
+                    .map_err(|e| ScanError::io(abs(b""), "fstat", e))?;
+                if !rel.is_empty() && fs::judge_mount_point(&dir_stat, self.root_dev, || mount_root)
+                {
+                    // Its parent saw no mount point here: something was mounted or
+                    // swapped in since. Never crossed.
+                    return Err(ScanError::Changed(abs(b"")));
+                }
+                (fd, dir_stat, None)
+            }
+        };
         let recorded = self.cache.and_then(|c| Some((c, c.find_dir(rel)?)));
         let cached = recorded.and_then(|(c, index)| c.settled_listing(index, &dir_stat));
         // Whichever holds the fd keeps it open while the entries are lstat'ed.
@@ -472,6 +518,11 @@ impl Walker<'_> {
             let decision = self.decide(&parent_segments, name_str, is_dir, parent_included);
             if decision.is_none() {
                 continue;
+            }
+            let mut opened = None;
+            if stat.is_none() && is_dir {
+                opened = self.preopen(shared, dir_fd, name);
+                stat = opened.as_ref().map(|o| (o.stat, Some(o.mount_root)));
             }
             if stat.is_none() {
                 stat = match self.lstat(dir_fd, name, is_dir) {
@@ -550,7 +601,6 @@ impl Walker<'_> {
                         included,
                     },
                 );
-                let opened = self.preopen(shared, dir_fd, name);
                 scope.spawn(move |s| self.visit(s, shared, path, included, opened));
             } else if stat.is_symlink() {
                 let target = match fs::readlink_at(dir_fd, name) {
