@@ -1199,7 +1199,7 @@ fn hash_slot(
     if cancel.is_cancelled() {
         return Err(ScanError::Cancelled);
     }
-    let fd = match fs::open_beneath(at.0, at.1.as_bytes(), fs::READ_FLAGS) {
+    let fd = match fs::open_to_read(at.0, at.1.as_bytes()) {
         Ok(fd) => fd,
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
             // Deleted since the walk: it is simply not part of this checkpoint.

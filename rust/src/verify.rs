@@ -210,7 +210,7 @@ impl VerifyingReader {
     /// The regular file at `rel` beneath `root_fd` and its fstat; Changed when
     /// it is gone, a symlink (in any component) or not a regular file.
     fn open_regular(root_fd: RawFd, rel: &str) -> Result<(File, Stat), ReadError> {
-        let fd = match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
+        let fd = match fs::open_to_read(root_fd, rel.as_bytes()) {
             Ok(fd) => fd,
             Err(e)
                 if matches!(
@@ -468,7 +468,7 @@ pub fn rehash_beneath(
     keep_small: bool,
     unread_above: Option<u64>,
 ) -> Result<Rehash, ReadError> {
-    let fd = match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
+    let fd = match fs::open_to_read(root_fd, rel.as_bytes()) {
         Ok(fd) => fd,
         Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
             return Ok(Rehash::Gone)
