@@ -1,6 +1,7 @@
 """Bucket requests, time and stored bytes against a real S3 (issue 15).
 
     .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,daemon,restic]
+        [--cold-runs 3]
 
 One many-small corpus (``--files`` files, generated on demand into the scratch
 dir, ``$CHECKPOINTD_BENCH_SCRATCH``, default ``/tmp/checkpointd-bench``), one
@@ -20,8 +21,12 @@ Each tool works on its own copy of the corpus, with the same seeded edits:
 
 Operations: a cold capture, a capture after 1% of the files changed, and a
 restore into an empty directory. For each: wall seconds (the whole process, or
-the RPC),
-the requests by kind, and the 1-minute load average when it started. Stored
+the RPC), the requests by kind, and the 1-minute load average when it started.
+The cold capture runs ``--cold-runs`` times (default 3) per tool, each into a
+fresh store, bucket prefix and data dir (restic: a fresh repository and
+cache), and its row gives the median (BENCHMARKS.md: report medians; restic's
+own time moved between 7.0 and 9.5 s from one run to the next); the 1% change
+and the restore follow the last one. Stored
 bytes: the objects under the tool's prefix (listed beside the proxy, so not
 counted), plus, for ours, the SQLite file (the pack index and manifests live
 there). Goals (issue 15), for each of our rows: a cold capture in at most 100
@@ -39,6 +44,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -79,6 +85,9 @@ class Row:
     requests: dict[str, int]
     load_1min: float
     note: str = ""
+    # Every timed run's seconds when the operation ran more than once
+    # (``seconds`` is then their median).
+    runs: list[float] = field(default_factory=list)
 
     @property
     def total(self) -> int:
@@ -166,16 +175,22 @@ class OursLayout:
             data=work_root / f"{name}-data",
             restore_data=work_root / f"{name}-restore-data",
             store=work_root / f"{name}-store.db",
-            prefix=f"{name}-{uuid.uuid4().hex[:12]}",
+            prefix="",
         )
-        for path in (layout.data, layout.restore_data, layout.target):
-            shutil.rmtree(path, ignore_errors=True)
-        for leftover in work_root.glob(f"{name}-store.db*"):
-            leftover.unlink()
         _copy_tree(corpus, layout.work)
-        layout.data.mkdir()
-        layout.restore_data.mkdir()
-        return layout
+        return layout.again()
+
+    def again(self) -> OursLayout:
+        """This layout emptied for another cold capture of the same work copy:
+        no store, data dirs or restore target, and a new bucket prefix."""
+        for path in (self.data, self.restore_data, self.target):
+            shutil.rmtree(path, ignore_errors=True)
+        for leftover in self.store.parent.glob(f"{self.store.name}*"):
+            leftover.unlink()
+        self.data.mkdir()
+        self.restore_data.mkdir()
+        self.prefix = f"{self.work.name.removesuffix('-work')}-{uuid.uuid4().hex[:12]}"
+        return self
 
     def stored(self, server: Any) -> dict[str, int]:
         """The bucket's bytes and the SQLite store's (the pack index and manifests)."""
@@ -188,7 +203,13 @@ class OursLayout:
 
 
 def run_ours(
-    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+    result: Result,
+    corpus: Path,
+    work_root: Path,
+    server: Any,
+    via: Any,
+    proxy: Any,
+    cold_runs: int,
 ) -> None:
     """Each operation in a fresh process (``benchmarks.runner``), as restic runs."""
     ours = OursLayout.fresh(corpus, work_root, "ours")
@@ -197,33 +218,40 @@ def run_ours(
         **via.env(),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
     }
-    urls = ["--store", f"sqlite://{ours.store}", "--blobs", via.url(ours.prefix), "--thread", THREAD]  # fmt: skip
 
     def runner(operation: str, workspace: Path, data_dir: Path) -> list[str]:
+        urls = ["--store", f"sqlite://{ours.store}", "--blobs", via.url(ours.prefix), "--thread", THREAD]  # fmt: skip
         return [sys.executable, "-m", "benchmarks.runner", operation,
                 "--workspace", str(workspace), "--data-dir", str(data_dir), *urls]  # fmt: skip
 
-    for operation, command, before in (
-        (COLD, runner("capture", ours.work, ours.data), None),
-        (
-            CHANGED,
-            runner("capture", ours.work, ours.data),
-            lambda: mutate(ours.work, fraction=0.01, seed=1),
-        ),
-        (RESTORE, runner("restore", ours.target, ours.restore_data), None),
-    ):
-        if before is not None:
-            before()
+    def timed(operation: str, command: list[str]) -> Row:
         seconds, requests, load, out = _timed(command, env, proxy)
         report = json.loads(out.strip().splitlines()[-1])
         note = f"engine {report['engine_seconds']:.2f} s"
-        result.rows.append(Row(OURS_FRESH, operation, seconds, requests, load, note))
-        print(f"   {OURS_FRESH} {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+        return Row(OURS_FRESH, operation, seconds, requests, load, note)
+
+    colds = []
+    for run in range(cold_runs):
+        if run:
+            ours.again()
+        colds.append(timed(COLD, runner("capture", ours.work, ours.data)))
+    result.rows.append(_median_row(colds))
+    mutate(ours.work, fraction=0.01, seed=1)
+    result.rows.append(timed(CHANGED, runner("capture", ours.work, ours.data)))
+    result.rows.append(timed(RESTORE, runner("restore", ours.target, ours.restore_data)))
+    for row in result.rows[-3:]:
+        print(f"   {OURS_FRESH} {row.operation}: {row.seconds:.2f} s, {row.total} requests")
     result.stored_bytes[OURS_FRESH] = ours.stored(server)
 
 
 def run_ours_daemon(
-    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+    result: Result,
+    corpus: Path,
+    work_root: Path,
+    server: Any,
+    via: Any,
+    proxy: Any,
+    cold_runs: int,
 ) -> None:
     """Each operation as an RPC to a running ``checkpointd serve`` (the sidecar
     an orchestrator calls), from a client that has seen it SERVING: daemon and
@@ -235,11 +263,17 @@ def run_ours_daemon(
 
     ours = OursLayout.fresh(corpus, work_root, "daemon")
     env = {**os.environ, **via.env(), "PYTHONWARNINGS": "ignore"}
-    store, blobs = f"sqlite://{ours.store}", via.url(ours.prefix)
-    capturer = Daemon(ours.work, store, blobs, ours.data, work_root / "capture-daemon.log", env)
-    restorer = Daemon(ours.target, store, blobs, ours.restore_data, work_root / "restore-daemon.log", env)  # fmt: skip
 
-    async def timed_rpc(daemon: Daemon, operation: str) -> None:
+    def daemons() -> tuple[Daemon, Daemon]:
+        """A capturing and a restoring daemon on the layout's store and prefix."""
+        store, blobs = f"sqlite://{ours.store}", via.url(ours.prefix)
+        logs = work_root / "capture-daemon.log", work_root / "restore-daemon.log"
+        return (
+            Daemon(ours.work, store, blobs, ours.data, logs[0], env),
+            Daemon(ours.target, store, blobs, ours.restore_data, logs[1], env),
+        )
+
+    async def timed_rpc(daemon: Daemon, operation: str) -> Row:
         async with Client(daemon.address, timeout=600) as client:
             await client.wait_serving(within=START_TIMEOUT_S)
             proxy.reset()
@@ -251,63 +285,105 @@ def run_ours_daemon(
                 await client.capture(THREAD)
             seconds = time.perf_counter() - started
             requests = proxy.reset()
-        result.rows.append(Row(OURS_DAEMON, operation, seconds, requests, load))
         print(f"   {OURS_DAEMON} {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+        return Row(OURS_DAEMON, operation, seconds, requests, load)
 
+    capturer = restorer = None
     try:
-        capturer.start()
-        asyncio.run(timed_rpc(capturer, COLD))
+        colds = []
+        for _ in range(cold_runs):
+            if capturer is not None:
+                capturer.close()
+                ours.again()
+            capturer, restorer = daemons()
+            capturer.start()
+            colds.append(asyncio.run(timed_rpc(capturer, COLD)))
+        result.rows.append(_median_row(colds))
+        assert capturer is not None and restorer is not None
         mutate(ours.work, fraction=0.01, seed=1)
-        asyncio.run(timed_rpc(capturer, CHANGED))
+        result.rows.append(asyncio.run(timed_rpc(capturer, CHANGED)))
         capturer.stop()
         ours.target.mkdir()  # a daemon serves an existing workspace root
         restorer.start()
-        asyncio.run(timed_rpc(restorer, RESTORE))
+        result.rows.append(asyncio.run(timed_rpc(restorer, RESTORE)))
     finally:
-        capturer.close()
-        restorer.close()
+        for daemon in (capturer, restorer):
+            if daemon is not None:
+                daemon.close()
     result.stored_bytes[OURS_DAEMON] = ours.stored(server)
 
 
 def run_restic(
-    result: Result, corpus: Path, work_root: Path, server: Any, via: Any, proxy: Any
+    result: Result,
+    corpus: Path,
+    work_root: Path,
+    server: Any,
+    via: Any,
+    proxy: Any,
+    cold_runs: int,
 ) -> None:
     if shutil.which("restic") is None:
         print("   restic: skipped (not installed)")
         return
     work, target = work_root / "restic-work", work_root / "restic-restore"
     cache, password = work_root / "restic-cache", work_root / "restic-password"
-    for path in (target, cache):
-        shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(target, ignore_errors=True)
     _copy_tree(corpus, work)
     password.write_text(RESTIC_PASSWORD)
-    prefix = f"restic-{uuid.uuid4().hex[:12]}"
-    env = {
-        **os.environ,
-        "AWS_ACCESS_KEY_ID": via.access_key_id,
-        "AWS_SECRET_ACCESS_KEY": via.secret_access_key,
-        "RESTIC_REPOSITORY": f"s3:{via.endpoint}/{via.bucket}/{prefix}",
-        "RESTIC_PASSWORD_FILE": str(password),
-        "RESTIC_CACHE_DIR": str(cache),
-    }
-    _timed(["restic", "init", "-q"], env, proxy)
+
+    def fresh_repository() -> tuple[str, dict[str, str]]:
+        """A new repository (and cache), initialised: a backup into it is cold."""
+        shutil.rmtree(cache, ignore_errors=True)
+        prefix = f"restic-{uuid.uuid4().hex[:12]}"
+        env = {
+            **os.environ,
+            "AWS_ACCESS_KEY_ID": via.access_key_id,
+            "AWS_SECRET_ACCESS_KEY": via.secret_access_key,
+            "RESTIC_REPOSITORY": f"s3:{via.endpoint}/{via.bucket}/{prefix}",
+            "RESTIC_PASSWORD_FILE": str(password),
+            "RESTIC_CACHE_DIR": str(cache),
+        }
+        _timed(["restic", "init", "-q"], env, proxy)
+        return prefix, env
+
     # Relative paths (as ours records them): back up from inside the work tree.
-    for operation, command, before, cwd in (
-        (COLD, ["restic", "backup", "-q", "--host", "bench", "."], None, work),
-        (
-            CHANGED,
-            ["restic", "backup", "-q", "--host", "bench", "."],
-            lambda: mutate(work, fraction=0.01, seed=1),
-            work,
-        ),
-        (RESTORE, ["restic", "restore", "-q", "latest", "--target", str(target)], None, None),
-    ):
-        if before is not None:
-            before()
+    backup = ["restic", "backup", "-q", "--host", "bench", "."]
+
+    def timed(operation: str, command: list[str], env: dict[str, str], cwd: Path | None) -> Row:
         seconds, requests, load, _ = _timed(command, env, proxy, cwd=cwd)
-        result.rows.append(Row("restic", operation, seconds, requests, load))
         print(f"   restic {operation}: {seconds:.2f} s, {sum(requests.values())} requests")
+        return Row("restic", operation, seconds, requests, load)
+
+    colds = []
+    for _ in range(cold_runs):
+        prefix, env = fresh_repository()
+        colds.append(timed(COLD, backup, env, work))
+    result.rows.append(_median_row(colds))
+    mutate(work, fraction=0.01, seed=1)
+    result.rows.append(timed(CHANGED, backup, env, work))
+    restore = ["restic", "restore", "-q", "latest", "--target", str(target)]
+    result.rows.append(timed(RESTORE, restore, env, None))
     result.stored_bytes["restic"] = {"bucket": _stored(server, prefix)}
+
+
+def _median_row(rows: list[Row]) -> Row:
+    """One row for several timed runs of one operation: the median seconds
+    (the middle run's requests and load), every run's seconds in ``runs``."""
+    ordered = sorted(rows, key=lambda row: row.seconds)
+    middle = ordered[len(ordered) // 2]
+    runs = [row.seconds for row in rows]
+    if len(rows) == 1:
+        return middle
+    note = "; ".join(filter(None, [middle.note, f"median of {len(rows)}, min {ordered[0].seconds:.2f} s"]))  # fmt: skip
+    return Row(
+        middle.tool,
+        middle.operation,
+        statistics.median(runs),
+        middle.requests,
+        middle.load_1min,
+        note,
+        runs,
+    )
 
 
 def _stored_total(result: Result, tool: str) -> int | None:
@@ -361,8 +437,9 @@ def render(result: Result) -> str:
         "",
         "Written by `python -m benchmarks.bucket_requests`. Requests are counted exactly",
         "by a proxy in front of the bucket; seconds are whole processes (the daemon's",
-        "rows: the RPC to a running daemon); `load` is the 1-minute load average when",
-        "the operation started (2 cores, shared).",
+        "rows: the RPC to a running daemon), and for a cold capture the median of its",
+        "runs, each into a fresh store and prefix (every run's seconds are in the JSON);",
+        "`load` is the 1-minute load average when the operation started (2 cores, shared).",
         "",
         "| tool | operation | seconds | " + " | ".join(KINDS) + " | other | total | load | note |",
         "|---|---|---:|" + "---:|" * (len(KINDS) + 3) + "---|",
@@ -389,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bucket_requests")
     parser.add_argument("--files", type=int, default=100_000)
     parser.add_argument("--tools", default="ours,daemon,restic")
+    parser.add_argument("--cold-runs", type=int, default=3)
     parser.add_argument(
         "--scratch",
         type=Path,
@@ -411,12 +489,13 @@ def main(argv: list[str] | None = None) -> int:
     work_root.mkdir(parents=True, exist_ok=True)
     result = Result(files=args.files, machine={"nproc": os.cpu_count()})
     with run_seaweedfs() as server, counted(server) as (via, proxy):
+        runs = max(1, args.cold_runs)
         if "ours" in tools:
-            run_ours(result, corpus, work_root, server, via, proxy)
+            run_ours(result, corpus, work_root, server, via, proxy, runs)
         if "daemon" in tools:
-            run_ours_daemon(result, corpus, work_root, server, via, proxy)
+            run_ours_daemon(result, corpus, work_root, server, via, proxy, runs)
         if "restic" in tools:
-            run_restic(result, corpus, work_root, server, via, proxy)
+            run_restic(result, corpus, work_root, server, via, proxy, runs)
     text = render(result)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
