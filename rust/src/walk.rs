@@ -1,7 +1,10 @@
 //! The parallel walk: list every directory beneath the root on a rayon pool,
 //! apply the policy per entry (excluded directories are never opened), lstat
-//! what is kept and classify it. Nothing is followed: directories are opened
-//! beneath the root with `openat2(RESOLVE_NO_SYMLINKS)` (see `fs`).
+//! what is kept and classify it. Nothing is followed: a directory is opened
+//! by the task listing its parent, beneath the parent's fd, one component with
+//! `openat2(RESOLVE_NO_SYMLINKS)` (see `fs`), and listed from that fd by its
+//! own task (held fds, never a path resolved again; past PREOPENED_DIRS_MAX
+//! waiting fds, or when that open fails, its task opens it beneath the root).
 //!
 //! With a stat cache, a directory whose fstat matches the listing recorded
 //! last time (and is not racily clean) is not read again: its recorded raw
