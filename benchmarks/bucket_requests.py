@@ -156,6 +156,24 @@ def _stored(server: Any, prefix: str) -> int:
 
 
 @dataclass
+class Run:
+    """What each tool's run works with: the result it adds its rows to, the
+    corpus, the scratch dir, the S3 server, the way to it through the request
+    counter (``via``) and the counter, and how many cold captures to time."""
+
+    result: Result
+    corpus: Path
+    work_root: Path
+    server: Any
+    via: Any
+    proxy: Any
+    cold_runs: int
+
+    def fields(self) -> tuple[Result, Path, Path, Any, Any, Any]:
+        return self.result, self.corpus, self.work_root, self.server, self.via, self.proxy
+
+
+@dataclass
 class OursLayout:
     """One run of ours: its work copy, restore target, data dirs, SQLite store
     and bucket prefix, made fresh (``name`` keeps the runs apart)."""
@@ -202,16 +220,9 @@ class OursLayout:
         }
 
 
-def run_ours(
-    result: Result,
-    corpus: Path,
-    work_root: Path,
-    server: Any,
-    via: Any,
-    proxy: Any,
-    cold_runs: int,
-) -> None:
+def run_ours(run: Run) -> None:
     """Each operation in a fresh process (``benchmarks.runner``), as restic runs."""
+    result, corpus, work_root, server, via, proxy = run.fields()
     ours = OursLayout.fresh(corpus, work_root, "ours")
     env = {
         **os.environ,
@@ -231,8 +242,8 @@ def run_ours(
         return Row(OURS_FRESH, operation, seconds, requests, load, note)
 
     colds = []
-    for run in range(cold_runs):
-        if run:
+    for again in range(run.cold_runs):
+        if again:
             ours.again()
         colds.append(timed(COLD, runner("capture", ours.work, ours.data)))
     result.rows.append(_median_row(colds))
@@ -244,19 +255,12 @@ def run_ours(
     result.stored_bytes[OURS_FRESH] = ours.stored(server)
 
 
-def run_ours_daemon(
-    result: Result,
-    corpus: Path,
-    work_root: Path,
-    server: Any,
-    via: Any,
-    proxy: Any,
-    cold_runs: int,
-) -> None:
+def run_ours_daemon(run: Run) -> None:
     """Each operation as an RPC to a running ``checkpointd serve`` (the sidecar
     an orchestrator calls), from a client that has seen it SERVING: daemon and
     client start-up are not timed, nor counted (the proxy is reset after), the
     way ``benchmarks.daemon`` measures the goals of issue 11."""
+    result, corpus, work_root, server, via, proxy = run.fields()
     from checkpointd.service.client import Client
 
     from .daemon import START_TIMEOUT_S, Daemon
@@ -291,7 +295,7 @@ def run_ours_daemon(
     capturer = restorer = None
     try:
         colds = []
-        for _ in range(cold_runs):
+        for _ in range(run.cold_runs):
             if capturer is not None:
                 capturer.close()
                 ours.again()
@@ -313,15 +317,8 @@ def run_ours_daemon(
     result.stored_bytes[OURS_DAEMON] = ours.stored(server)
 
 
-def run_restic(
-    result: Result,
-    corpus: Path,
-    work_root: Path,
-    server: Any,
-    via: Any,
-    proxy: Any,
-    cold_runs: int,
-) -> None:
+def run_restic(run: Run) -> None:
+    result, corpus, work_root, server, via, proxy = run.fields()
     if shutil.which("restic") is None:
         print("   restic: skipped (not installed)")
         return
@@ -355,7 +352,7 @@ def run_restic(
         return Row("restic", operation, seconds, requests, load)
 
     colds = []
-    for _ in range(cold_runs):
+    for _ in range(run.cold_runs):
         prefix, env = fresh_repository()
         colds.append(timed(COLD, backup, env, work))
     result.rows.append(_median_row(colds))
@@ -489,13 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     work_root.mkdir(parents=True, exist_ok=True)
     result = Result(files=args.files, machine={"nproc": os.cpu_count()})
     with run_seaweedfs() as server, counted(server) as (via, proxy):
-        runs = max(1, args.cold_runs)
+        run = Run(result, corpus, work_root, server, via, proxy, max(1, args.cold_runs))
         if "ours" in tools:
-            run_ours(result, corpus, work_root, server, via, proxy, runs)
+            run_ours(run)
         if "daemon" in tools:
-            run_ours_daemon(result, corpus, work_root, server, via, proxy, runs)
+            run_ours_daemon(run)
         if "restic" in tools:
-            run_restic(result, corpus, work_root, server, via, proxy, runs)
+            run_restic(run)
     text = render(result)
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)

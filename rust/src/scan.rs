@@ -1392,14 +1392,14 @@ mod tests {
         assert_eq!(got, expected);
     }
 
-    /// `hash_slot` of `name` beneath `dir` as the walk left it: `stat` is
-    /// the walk's lstat.
-    fn hash_walked(
-        dir: &Path,
-        name: &str,
+    /// `hash_slot` of `path` (from `root`), opened as `at`, as the walk left
+    /// it: `stat` is the walk's lstat.
+    fn hash_at(
+        at: (RawFd, &str),
+        root: &Path,
+        path: &str,
         stat: crate::fs::Stat,
     ) -> (Result<u64, ScanError>, FileSlot) {
-        let root = crate::fs::open_dir_path(dir).unwrap();
         let mut slot = FileSlot {
             stat,
             hash: None,
@@ -1407,15 +1407,25 @@ mod tests {
             secrets: crate::walk::SecretSpans::default(),
         };
         let done = hash_slot(
-            (root.as_raw_fd(), name),
-            dir,
-            name,
+            at,
+            root,
+            path,
             &mut slot,
             &SecretSet::empty(),
             &Cancel::new(),
             None,
         );
         (done, slot)
+    }
+
+    /// [`hash_at`] of `name` beneath `dir`, by name from an fd of `dir`.
+    fn hash_walked(
+        dir: &Path,
+        name: &str,
+        stat: crate::fs::Stat,
+    ) -> (Result<u64, ScanError>, FileSlot) {
+        let root = crate::fs::open_dir_path(dir).unwrap();
+        hash_at((root.as_raw_fd(), name), dir, name, stat)
     }
 
     fn lstat(dir: &Path, name: &str) -> crate::fs::Stat {
@@ -1443,21 +1453,7 @@ mod tests {
         assert!(HashTask::new("").open_dir(root_fd.as_raw_fd()).is_none());
         let dir_fd = HashTask::new("a/b").open_dir(root_fd.as_raw_fd()).unwrap();
         for at in [(dir_fd.as_raw_fd(), "f"), (root_fd.as_raw_fd(), "a/b/f")] {
-            let mut slot = FileSlot {
-                stat: walked,
-                hash: None,
-                vanished: false,
-                secrets: crate::walk::SecretSpans::default(),
-            };
-            let done = hash_slot(
-                at,
-                root.path(),
-                "a/b/f",
-                &mut slot,
-                &SecretSet::empty(),
-                &Cancel::new(),
-                None,
-            );
+            let (done, slot) = hash_at(at, root.path(), "a/b/f", walked);
             assert_eq!(done.unwrap(), 5);
             assert_eq!(slot.hash, Some(*blake3::hash(b"hello").as_bytes()));
             assert_eq!(slot.stat, walked);
@@ -1477,21 +1473,7 @@ mod tests {
         let root_fd = crate::fs::open_dir_path(root.path()).unwrap();
         assert!(HashTask::new("d").open_dir(root_fd.as_raw_fd()).is_none());
         // So its files are opened by their whole path, which refuses the link.
-        let mut slot = FileSlot {
-            stat: walked,
-            hash: None,
-            vanished: false,
-            secrets: crate::walk::SecretSpans::default(),
-        };
-        let done = hash_slot(
-            (root_fd.as_raw_fd(), "d/f"),
-            root.path(),
-            "d/f",
-            &mut slot,
-            &SecretSet::empty(),
-            &Cancel::new(),
-            None,
-        );
+        let (done, slot) = hash_at((root_fd.as_raw_fd(), "d/f"), root.path(), "d/f", walked);
         assert!(matches!(done, Err(ScanError::Changed(_))), "{done:?}");
         assert_eq!(slot.hash, None);
     }
