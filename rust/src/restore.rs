@@ -304,10 +304,13 @@ fn keyed_rows(data: &[u8]) -> Result<Vec<KeyedRow<'_>>, RestoreError> {
     Ok(keyed)
 }
 
-/// The rows of `rows` decoded, in order, a slice of 8,192 per task.
+/// Rows decoded per task by `decode_rows`.
+const DECODE_SLICE_ROWS: usize = 8192;
+
+/// The rows of `rows` decoded, in order, [`DECODE_SLICE_ROWS`] per task.
 fn decode_rows(rows: &[&[u8]]) -> Result<Vec<ManifestRow>, RestoreError> {
     let slices: Vec<Vec<ManifestRow>> = rows
-        .par_chunks(8192)
+        .par_chunks(DECODE_SLICE_ROWS)
         .map(decode_slice)
         .collect::<Result<_, _>>()?;
     Ok(slices.into_iter().flatten().collect())

@@ -230,7 +230,8 @@ struct Opened<'s> {
     fd: OwnedFd,
     stat: Stat,
     mount_root: Option<bool>,
-    _slot: PreopenSlot<'s>,
+    /// Held until the directory is listed and its fd closed.
+    slot: PreopenSlot<'s>,
 }
 
 /// One of the PREOPENED_DIRS_MAX fds, given back when dropped.
@@ -345,7 +346,7 @@ impl Walker<'_> {
             fd,
             stat,
             mount_root,
-            _slot: slot,
+            slot,
         })
     }
 
@@ -421,13 +422,9 @@ impl Walker<'_> {
         // a change after it leaves another stat (or a racy one) for next time.
         // (With whether it is a mount's root, in the same call.) Its parent
         // took it when it opened it; else it is opened by path and taken now.
-        let (fd, dir_stat, _slot) = match opened {
-            Some(Opened {
-                fd,
-                stat,
-                mount_root: _, // the parent judged it: not a mount point
-                _slot,
-            }) => (fd, stat, Some(_slot)),
+        // (Its mount point check too: `opened` is never one.)
+        let (fd, dir_stat, _held) = match opened {
+            Some(opened) => (opened.fd, opened.stat, Some(opened.slot)),
             None => {
                 let fd = match self.open_dir(rel) {
                     Ok(fd) => fd,
