@@ -318,10 +318,10 @@ class PackWriter:
     def extend_fed(
         self, batch: FedBatch, start: int, wanted: bytes, target: int, below: int
     ) -> tuple[int, int, int]:
-        """Pack the blobs of ``batch`` from ``start`` on whose digest is in
-        ``wanted`` (concatenated; each once) and whose size is below ``below``,
-        until the pack reaches ``target`` bytes by raw size; ``(next, added,
-        added_bytes)``. GIL released."""
+        """Pack the blobs of ``batch`` (frames already made) from ``start`` on
+        whose digest is in ``wanted`` (concatenated; each once) and whose raw
+        size is below ``below``, until the pack reaches ``target`` bytes;
+        ``(next, added, added_raw_bytes)``. GIL released."""
     def extend(self, items: Sequence[tuple[str, bytes]]) -> int:
         """``add_many`` without the per-item answer; the number of items added."""
     def finish(self) -> tuple[str, bytes]:
@@ -543,7 +543,9 @@ class RestoreSession:
     def close(self) -> None: ...
 
 class FedBatch:
-    """One feed batch, kept native: ``(digest, zeroed bytes)`` per small file."""
+    """One feed batch, kept native: per small file its digest and its zeroed
+    bytes in their pack frame (compressed by the scan thread that read them);
+    ``items`` decodes them back to ``(digest, zeroed bytes)``."""
 
     @property
     def digests(self) -> bytes:
@@ -557,7 +559,8 @@ class BlobFeed:
     Pass it to ``scan(feed=...)``; consume with ``next_batch`` from another
     thread while the scan runs. Files larger than ``max_file_bytes``, digests in
     ``skip`` (concatenated 32-byte digests) and digests already fed are not
-    fed. At most ``capacity_bytes`` wait in the queue: the scan waits beyond.
+    fed. At most ``capacity_bytes`` (stored, i.e. compressed, bytes) wait in
+    the queue: the scan waits beyond.
 
     A file too large to copy (at least 1 MiB) is handed over as the open file
     the scan hashed (``next_file``); at most ``max_held_files`` such files are

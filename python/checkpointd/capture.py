@@ -125,8 +125,9 @@ LARGE_UPLOAD_CONCURRENCY = 4
 HEAD_CONCURRENCY = 32
 # Files this small are read whole, checked, then sent as one conditional PUT.
 SMALL_FILE_BYTES = 1 << 20
-# Zeroed bytes of small files waiting between the scan and the upload (the
-# scan waits when this is full): bounds a cold capture's memory.
+# Zeroed bytes of small files waiting between the scan and the upload, as
+# stored (compressed) in their frames; the scan waits when this is full:
+# bounds a cold capture's memory.
 FEED_BYTES = 64 << 20
 # Batches of the feed uploaded at once.
 FEED_CONSUMERS = 2

@@ -2,13 +2,15 @@
 //! the upload while the scan goes on, so a new file is read once.
 //!
 //! The scan reads a small file whole, zeroes its secrets and hashes that buffer;
-//! with a feed, it also hands a copy of exactly those bytes over (the digest was
-//! computed on them, and the fstat before and after the read matched, so what
-//! is uploaded is what the manifest names: nothing torn, nothing re-opened).
-//! Digests the parent checkpoint already references (`skip`) and digests
-//! already fed are not fed again.
+//! with a feed, it also hands exactly those bytes over, in their stored form
+//! (a [`Frame`], compressed by the scan thread while they are in its cache, so
+//! a pack only concatenates frames). The digest was computed on those bytes,
+//! and the fstat before and after the read matched, so what is uploaded is
+//! what the manifest names: nothing torn, nothing re-opened. Digests the
+//! parent checkpoint already references (`skip`) and digests already fed are
+//! not fed again.
 //!
-//! Memory is bounded: batches wait in a queue of at most `capacity` bytes; a
+//! Memory is bounded: batches wait in a queue of at most `capacity` stored bytes; a
 //! scan thread that would exceed it waits until the consumer takes a batch
 //! (back-pressure), unless the consumer abandoned the feed or the scan is
 //! cancelled, in which case bytes are dropped (their files then take the
@@ -29,15 +31,17 @@ use std::time::Duration;
 
 use crate::cancel::Cancel;
 use crate::hash::DigestSet;
+use crate::pack::Frame;
 use crate::verify::{FdSlots, HeldFile};
 
-/// Files per batch, and bytes per batch: a batch ends at whichever comes first.
-/// Each batch is one pin transaction (one WAL sync) and one index lookup for
-/// the upload, so small files go 4,096 at a time (about 8 MiB of source files).
+/// Files per batch, and stored bytes per batch: a batch ends at whichever
+/// comes first. Each batch is one index lookup (and at most one pin
+/// transaction) for the upload, so small files go 4,096 at a time (about
+/// 8 MiB of source files).
 pub const BATCH_FILES: usize = 4096;
 pub const BATCH_BYTES: usize = 8 << 20;
 
-pub type Batch = Vec<([u8; 32], Vec<u8>)>;
+pub type Batch = Vec<Frame>;
 
 /// What `next_batch` found.
 pub enum Next {
@@ -158,14 +162,14 @@ impl BlobFeed {
         self.skip.binary_search(digest).is_err() && !self.lock().seen.contains(digest)
     }
 
-    /// Feed one file's verified bytes (waits while the queue is full).
-    pub fn push(&self, digest: [u8; 32], data: Vec<u8>, cancel: &Cancel) {
+    /// Feed one file's verified bytes, as a frame (waits while the queue is full).
+    pub fn push(&self, frame: Frame, cancel: &Cancel) {
         let mut state = self.lock();
-        if state.abandoned || !state.seen.insert(digest) {
+        if state.abandoned || !state.seen.insert(frame.digest) {
             return;
         }
-        state.current_bytes += data.len();
-        state.current.push((digest, data));
+        state.current_bytes += frame.stored.len();
+        state.current.push(frame);
         if state.current.len() < BATCH_FILES && state.current_bytes < BATCH_BYTES {
             return;
         }
@@ -227,7 +231,7 @@ impl BlobFeed {
         let deadline = std::time::Instant::now() + timeout;
         loop {
             if let Some(batch) = state.queue.pop_front() {
-                state.queued_bytes -= batch.iter().map(|(_, d)| d.len()).sum::<usize>();
+                state.queued_bytes -= batch.iter().map(|f| f.stored.len()).sum::<usize>();
                 self.changed.notify_all();
                 return Next::Batch(batch);
             }
@@ -268,8 +272,8 @@ mod tests {
         let cancel = Cancel::new();
         assert!(!feed.wants(&[9u8; 32]));
         assert!(feed.wants(&[1u8; 32]));
-        feed.push([1u8; 32], b"a".to_vec(), &cancel);
-        feed.push([1u8; 32], b"a".to_vec(), &cancel);
+        feed.push(Frame::encode([1u8; 32], b"a"), &cancel);
+        feed.push(Frame::encode([1u8; 32], b"a"), &cancel);
         assert!(!feed.wants(&[1u8; 32]));
         assert!(matches!(
             feed.next_batch(Duration::from_millis(1)),

@@ -93,36 +93,84 @@ impl fmt::Display for PackError {
     }
 }
 
-/// The stored form of one blob: zstd when that is smaller, else the raw bytes.
-pub fn encode_frame(raw: &[u8]) -> (u8, Vec<u8>) {
-    if raw.len() >= MIN_COMPRESS {
-        if let Ok(compressed) = compress(raw) {
-            if compressed.len() < raw.len() {
-                return (CODEC_ZSTD, compressed);
-            }
+/// One blob in its stored form, ready to go into a pack: the zstd frame of
+/// its raw bytes when that is smaller, else the raw bytes themselves. The
+/// scan makes these while a small file's bytes are still in cache, so the
+/// feed carries (and bounds) stored bytes and a pack only concatenates them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    pub digest: [u8; 32],
+    pub raw_len: u32,
+    pub codec: u8,
+    pub stored: Vec<u8>,
+}
+
+impl Frame {
+    /// The frame of `raw`, whose key is `digest`. `raw` must fit a pack
+    /// (below 4 GiB: [`PackBuilder::add_many`] refuses larger blobs first).
+    pub fn encode(digest: [u8; 32], raw: &[u8]) -> Frame {
+        let raw_len = u32::try_from(raw.len()).expect("a packed blob is below 4 GiB");
+        let compressed = if raw.len() >= MIN_COMPRESS {
+            compress_smaller(raw)
+        } else {
+            None
+        };
+        let (codec, stored) = match compressed {
+            Some(stored) => (CODEC_ZSTD, stored),
+            None => (CODEC_RAW, raw.to_vec()),
+        };
+        Frame {
+            digest,
+            raw_len,
+            codec,
+            stored,
         }
     }
-    (CODEC_RAW, raw.to_vec())
+
+    /// The raw bytes back, checked against the key ([`decode_frame`]).
+    pub fn decode(&self) -> Result<Vec<u8>, PackError> {
+        let entry = Entry {
+            digest: self.digest,
+            offset: 0,
+            stored_len: self.stored.len() as u32,
+            raw_len: self.raw_len,
+            codec: self.codec,
+            kind: KIND_FILE,
+        };
+        decode_frame(&entry, &self.stored)
+    }
 }
 
 thread_local! {
     // One zstd context per thread, reused: making one costs more than
     // compressing a small file (a context is a few hundred KiB of tables).
     static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> = const { RefCell::new(None) };
+    // Where a frame is compressed before it is copied out at its exact size
+    // (a frame sized by the compression bound would hold twice its bytes).
+    static COMPRESSED: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
     static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-fn compress(raw: &[u8]) -> std::io::Result<Vec<u8>> {
+/// The zstd frame of `raw` when it is smaller than `raw` (None otherwise, or
+/// when zstd fails, which stores the blob raw).
+fn compress_smaller(raw: &[u8]) -> Option<Vec<u8>> {
     COMPRESSOR.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.is_none() {
-            let mut c = zstd::bulk::Compressor::new(LEVEL)?;
-            c.include_checksum(false)?;
-            c.include_contentsize(true)?;
-            c.include_dictid(false)?;
+            let mut c = zstd::bulk::Compressor::new(LEVEL).ok()?;
+            c.include_checksum(false).ok()?;
+            c.include_contentsize(true).ok()?;
+            c.include_dictid(false).ok()?;
             *slot = Some(c);
         }
-        slot.as_mut().expect("just set").compress(raw)
+        let compressor = slot.as_mut().expect("just set");
+        COMPRESSED.with(|out| {
+            let mut out = out.borrow_mut();
+            out.clear();
+            out.reserve(zstd::zstd_safe::compress_bound(raw.len()));
+            let n = compressor.compress_to_buffer(raw, &mut *out).ok()?;
+            (n < raw.len()).then(|| out[..n].to_vec())
+        })
     })
 }
 
@@ -236,23 +284,26 @@ impl PackBuilder {
         if let Some((_, raw)) = blobs.iter().find(|(_, raw)| raw.len() > u32::MAX as usize) {
             return Err(PackError::TooLarge(raw.len()));
         }
-        let frames: Vec<(u8, Vec<u8>)> =
-            blobs.par_iter().map(|(_, raw)| encode_frame(raw)).collect();
-        let mut added = Vec::with_capacity(blobs.len());
-        for ((digest, raw), (codec, stored)) in blobs.iter().zip(frames) {
-            let entry = Entry {
-                digest: *digest,
-                offset: self.buf.len() as u64,
-                stored_len: stored.len() as u32,
-                raw_len: raw.len() as u32,
-                codec,
-                kind: KIND_FILE,
-            };
-            self.buf.extend_from_slice(&stored);
-            self.entries.push(entry);
-            added.push(entry);
-        }
-        Ok(added)
+        let frames: Vec<Frame> = blobs
+            .par_iter()
+            .map(|(digest, raw)| Frame::encode(*digest, raw))
+            .collect();
+        Ok(frames.iter().map(|frame| self.push(frame)).collect())
+    }
+
+    /// Append one blob already in its stored form; its entry.
+    pub fn push(&mut self, frame: &Frame) -> Entry {
+        let entry = Entry {
+            digest: frame.digest,
+            offset: self.buf.len() as u64,
+            stored_len: frame.stored.len() as u32,
+            raw_len: frame.raw_len,
+            codec: frame.codec,
+            kind: KIND_FILE,
+        };
+        self.buf.extend_from_slice(&frame.stored);
+        self.entries.push(entry);
+        entry
     }
 
     /// The complete pack object.
@@ -560,6 +611,36 @@ mod tests {
         let e = entries[2];
         let frame = &bytes[e.offset as usize..(e.offset + e.stored_len as u64) as usize];
         assert_eq!(decode_frame(&e, frame).unwrap(), blobs[2].1);
+    }
+
+    #[test]
+    fn a_frame_made_apart_packs_like_an_added_blob() {
+        let (text, raw_text) = blob(&b"compressible text ".repeat(200));
+        let (noise, raw_noise) = blob(&pseudo_random(5000, 3));
+        let frames = [Frame::encode(text, &raw_text), Frame::encode(noise, &raw_noise)];
+        assert_eq!(frames[0].codec, CODEC_ZSTD);
+        assert!(frames[0].stored.len() < raw_text.len() / 10);
+        assert_eq!(
+            (frames[1].codec, frames[1].stored.as_slice()),
+            (CODEC_RAW, raw_noise.as_slice())
+        );
+        assert_eq!(frames[0].decode().unwrap(), raw_text);
+
+        let mut pushed = PackBuilder::new();
+        for frame in &frames {
+            pushed.push(frame);
+        }
+        let mut added = PackBuilder::new();
+        added
+            .add_many(&[(text, raw_text.as_slice()), (noise, raw_noise.as_slice())])
+            .unwrap();
+        assert_eq!(pushed.entries(), added.entries());
+        assert_eq!(pushed.finish(), added.finish());
+
+        // A frame whose bytes were damaged after it was made is refused.
+        let mut bad = frames[0].clone();
+        bad.stored[3] ^= 1;
+        assert!(matches!(bad.decode(), Err(PackError::Blob { digest, .. }) if digest == text));
     }
 
     #[test]

@@ -19,6 +19,7 @@ use crate::feed::{BlobFeed, CloseOnDrop};
 use crate::fs;
 use crate::hash::{self, HashError};
 use crate::manifest::{Counter, ManifestWriter, Sink, SliceWriter};
+use crate::pack::Frame;
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
@@ -1241,7 +1242,7 @@ fn hash_slot(
             return Err(ScanError::Changed(abs()));
         }
         let mut found = Vec::new();
-        let digest: std::io::Result<([u8; 32], u64, Option<Vec<u8>>)> = SCRATCH.with(|scratch| {
+        let digest: std::io::Result<([u8; 32], u64, Option<Frame>)> = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             if attempt > 0 {
                 let mut reader = &file;
@@ -1266,14 +1267,15 @@ fn hash_slot(
                 HashError::Cancelled => std::io::Error::from(std::io::ErrorKind::Interrupted),
             })?;
             // A small file was read whole: the scratch holds exactly the zeroed
-            // bytes just hashed. Keep a copy for the upload if it wants them.
+            // bytes just hashed. Keep their frame for the upload if it wants
+            // them, compressed now, while they are in this thread's cache.
             let kept = match feed {
                 Some(feed)
                     if (size as usize) < hash::WHOLE_READ_LIMIT
                         && size as usize <= feed.max_file
                         && feed.wants(&digest) =>
                 {
-                    Some(scratch[..size as usize].to_vec())
+                    Some(Frame::encode(digest, &scratch[..size as usize]))
                 }
                 _ => None,
             };
@@ -1296,7 +1298,7 @@ fn hash_slot(
             slot.hash = Some(digest);
             slot.secrets = found.into();
             match (feed, kept) {
-                (Some(feed), Some(data)) => feed.push(digest, data, cancel),
+                (Some(feed), Some(frame)) => feed.push(frame, cancel),
                 // Too large to copy: the open file itself goes to the upload.
                 (Some(feed), None) if feed.wants(&digest) => feed.push_file(
                     HeldFile {

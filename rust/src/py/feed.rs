@@ -8,6 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::pack::pack_to_py;
 use super::verify::PyVerifyingReader;
 use crate::feed::{Batch, BlobFeed, Next, NextFile};
 use crate::verify::VerifyingReader;
@@ -43,18 +44,21 @@ pub struct FedBatch {
 
 impl FedBatch {
     fn new(items: Batch) -> FedBatch {
-        let digests = items.iter().flat_map(|(d, _)| d.iter().copied()).collect();
+        let digests = items.iter().flat_map(|f| f.digest).collect();
         FedBatch { items, digests }
     }
 
-    fn pairs(&self, py: Python<'_>) -> PyBatch {
+    /// Each blob's digest and raw bytes (its frame decoded and checked):
+    /// for uploads that store blobs whole, not in packs.
+    fn pairs(&self, py: Python<'_>) -> PyResult<PyBatch> {
         self.items
             .iter()
-            .map(|(digest, data)| {
-                (
-                    PyBytes::new(py, digest).unbind(),
-                    PyBytes::new(py, data).unbind(),
-                )
+            .map(|frame| {
+                let raw = frame.decode().map_err(pack_to_py)?;
+                Ok((
+                    PyBytes::new(py, &frame.digest).unbind(),
+                    PyBytes::new(py, &raw).unbind(),
+                ))
             })
             .collect()
     }
@@ -73,7 +77,7 @@ impl FedBatch {
     }
 
     /// `[(digest, bytes), ...]`, as `next_batch` gives them.
-    fn items(&self, py: Python<'_>) -> PyBatch {
+    fn items(&self, py: Python<'_>) -> PyResult<PyBatch> {
         self.pairs(py)
     }
 }
@@ -111,7 +115,7 @@ impl PyBlobFeed {
     /// The next batch of `(digest, bytes)`; None once the scan ended and all
     /// batches were taken (or the feed was abandoned). Blocks, GIL released.
     fn next_batch(&self, py: Python<'_>) -> PyResult<Option<PyBatch>> {
-        Ok(self.next(py)?.map(|batch| batch.pairs(py)))
+        self.next(py)?.map(|batch| batch.pairs(py)).transpose()
     }
 
     /// `next_batch` kept native (a `FedBatch`): its bytes never become Python

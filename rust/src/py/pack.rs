@@ -28,7 +28,7 @@ create_exception!(
     "A pack object's header, trailer or footer is damaged: args are (reason,)."
 );
 
-fn pack_to_py(error: PackError) -> PyErr {
+pub(super) fn pack_to_py(error: PackError) -> PyErr {
     match error {
         PackError::Blob { digest, reason } => PackedBlobInvalid::new_err((to_hex(&digest), reason)),
         PackError::Pack(reason) => PackInvalid::new_err((reason,)),
@@ -103,12 +103,12 @@ impl PyPackWriter {
         Ok(self.append(py, &items)?.len())
     }
 
-    /// Pack the blobs of ``batch`` (a ``FedBatch``) from index ``start`` on
-    /// whose digest is in ``wanted`` (concatenated 32-byte digests; each
-    /// wanted digest is packed once, at its first place) and whose size is
-    /// below ``below``, until the pack would reach ``target`` bytes by raw
-    /// size (so it overshoots by at most one blob). Returns ``(next, added,
-    /// added_bytes)``: call again from ``next`` with a new writer while
+    /// Pack the blobs of ``batch`` (a ``FedBatch``, already compressed) from
+    /// index ``start`` on whose digest is in ``wanted`` (concatenated 32-byte
+    /// digests; each wanted digest is packed once, at its first place) and
+    /// whose raw size is below ``below``, until the pack reaches ``target``
+    /// bytes (so it overshoots by at most one frame). Returns ``(next, added,
+    /// added_raw_bytes)``: call again from ``next`` with a new writer while
     /// ``next < len(batch)``. GIL released.
     fn extend_fed(
         &self,
@@ -125,27 +125,23 @@ impl PyPackWriter {
             ));
         }
         let batch = batch.get();
-        let result = py.allow_threads(|| {
+        py.allow_threads(|| {
             let mut wanted: HashSet<&[u8], DigestBuild> = wanted.chunks_exact(32).collect();
             self.with(|builder| {
-                let mut room = target as i64 - builder.len() as i64;
-                let mut views: Vec<([u8; 32], &[u8])> = Vec::new();
+                let (mut added, mut added_bytes) = (0, 0);
                 let mut next = start.min(batch.items.len());
-                while next < batch.items.len() && room > 0 {
-                    let (digest, data) = &batch.items[next];
+                while next < batch.items.len() && builder.len() < target {
+                    let frame = &batch.items[next];
                     next += 1;
-                    if data.len() < below && wanted.remove(&digest[..]) {
-                        views.push((*digest, data.as_slice()));
-                        room -= (data.len() + core::ENTRY_LEN) as i64;
+                    if (frame.raw_len as usize) < below && wanted.remove(&frame.digest[..]) {
+                        builder.push(frame);
+                        added += 1;
+                        added_bytes += frame.raw_len as u64;
                     }
                 }
-                let added_bytes = views.iter().map(|(_, d)| d.len() as u64).sum();
-                builder
-                    .add_many(&views)
-                    .map(|entries| (next, entries.len(), added_bytes))
+                (next, added, added_bytes)
             })
-        })?;
-        result.map_err(pack_to_py)
+        })
     }
 
     /// Bytes the pack would have if finished now.
