@@ -617,7 +617,10 @@ mod tests {
     fn a_frame_made_apart_packs_like_an_added_blob() {
         let (text, raw_text) = blob(&b"compressible text ".repeat(200));
         let (noise, raw_noise) = blob(&pseudo_random(5000, 3));
-        let frames = [Frame::encode(text, &raw_text), Frame::encode(noise, &raw_noise)];
+        let frames = [
+            Frame::encode(text, &raw_text),
+            Frame::encode(noise, &raw_noise),
+        ];
         assert_eq!(frames[0].codec, CODEC_ZSTD);
         assert!(frames[0].stored.len() < raw_text.len() / 10);
         assert_eq!(
