@@ -1,7 +1,7 @@
 """Bucket requests, time and stored bytes against a real S3 (issue 15).
 
     .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,daemon,restic]
-        [--cold-runs 3]
+        [--cold-runs 3] [--no-install]
 
 One many-small corpus (``--files`` files, generated on demand into the scratch
 dir, ``$CHECKPOINTD_BENCH_SCRATCH``, default ``/tmp/checkpointd-bench``), one
@@ -17,7 +17,8 @@ Each tool works on its own copy of the corpus, with the same seeded edits:
   ``daemon-…``) from a client that has seen it SERVING, as ``benchmarks.daemon``
   times issue 11's goals: start-up is neither timed nor counted;
 - ``restic``: ``restic backup`` / ``restic restore`` to ``s3:<proxy>/<bucket>/restic-…``
-  (its ``init`` is not counted).
+  (its ``init`` is not counted); installed from Debian when missing, as
+  ``python -m benchmarks`` does (``--no-install``: skipped instead).
 
 Operations: a cold capture, a capture after 1% of the files changed, and a
 restore into an empty directory. For each: wall seconds (the whole process, or
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from .corpus import CorpusSpec, ensure_corpus, mutate
+from .peers import ensure_tools
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -159,7 +161,8 @@ def _stored(server: Any, prefix: str) -> int:
 class Run:
     """What each tool's run works with: the result it adds its rows to, the
     corpus, the scratch dir, the S3 server, the way to it through the request
-    counter (``via``) and the counter, and how many cold captures to time."""
+    counter (``via``) and the counter, how many cold captures to time, and
+    whether a missing restic may be installed."""
 
     result: Result
     corpus: Path
@@ -168,6 +171,7 @@ class Run:
     via: Any
     proxy: Any
     cold_runs: int
+    install: bool = True  # apt-get install restic when it is missing
 
     def fields(self) -> tuple[Result, Path, Path, Any, Any, Any]:
         return self.result, self.corpus, self.work_root, self.server, self.via, self.proxy
@@ -319,8 +323,9 @@ def run_ours_daemon(run: Run) -> None:
 
 def run_restic(run: Run) -> None:
     result, corpus, work_root, server, via, proxy = run.fields()
-    if shutil.which("restic") is None:
-        print("   restic: skipped (not installed)")
+    unavailable = ensure_tools({"restic"}, install=run.install).get("restic")
+    if unavailable:
+        print(f"   restic: skipped ({unavailable})")
         return
     work, target = work_root / "restic-work", work_root / "restic-restore"
     cache, password = work_root / "restic-cache", work_root / "restic-password"
@@ -470,6 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         default=Path(os.environ.get("CHECKPOINTD_BENCH_SCRATCH", "/tmp/checkpointd-bench")),
     )
     parser.add_argument("--out", type=Path, default=RESULTS / "bucket_requests")
+    parser.add_argument("--no-install", action="store_true", help="never apt-get install restic")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(REPO))
     from tests.fixtures.bucket_counter import counted
@@ -486,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     work_root.mkdir(parents=True, exist_ok=True)
     result = Result(files=args.files, machine={"nproc": os.cpu_count()})
     with run_seaweedfs() as server, counted(server) as (via, proxy):
-        run = Run(result, corpus, work_root, server, via, proxy, max(1, args.cold_runs))
+        cold_runs = max(1, args.cold_runs)
+        run = Run(result, corpus, work_root, server, via, proxy, cold_runs, not args.no_install)
         if "ours" in tools:
             run_ours(run)
         if "daemon" in tools:
