@@ -555,7 +555,7 @@ _IS_REFERENCED = (
 _REFERENCED_DIGESTS = _DIGESTS + "SELECT ds.digest FROM ds WHERE " + _IS_REFERENCED
 
 # Of ``_DIGESTS``, those the store knows: packed, or referenced as above. One
-# pass over the digests (a feed batch asks this of 4,096 at a time).
+# pass over the digests (a feed batch asks this of up to 4,096 at a time).
 _KNOWN_DIGESTS = (
     _DIGESTS + "SELECT ds.digest FROM ds WHERE EXISTS"
     " (SELECT 1 FROM packed_blobs b WHERE b.digest = ds.digest) OR " + _IS_REFERENCED
