@@ -16,13 +16,21 @@ $(PY):
 venv: $(PY)
 	$(PIP) install -q "maturin>=1.5,<2"
 
+# The package is installed editable: Python imports it from python/, and caches
+# no bytecode there when PYTHONDONTWRITEBYTECODE is set (as in many images).
+# Each short-lived process (a CLI call, an API capture) would then compile the
+# whole package again (~80 ms); compile it once after each build instead.
+COMPILE_PACKAGE := $(PY) -m compileall -q python/checkpointd
+
 # Release build of the native module, installed editable with every extra.
 build: venv
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev,mcp -q
+	$(COMPILE_PACKAGE)
 
 # The same release build with the runtime dependencies only (no test or dev extras).
 install-runtime: venv
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
+	$(COMPILE_PACKAGE)
 
 # Builds and starts the daemon on the embedded default: SQLite + a local blob dir
 # under $(DATA_DIR), serving $(WORKSPACE) on a Unix socket.

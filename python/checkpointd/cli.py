@@ -119,6 +119,26 @@ def _secrets(args: argparse.Namespace) -> tuple[list[bytes], list[str]]:
     return values, list(args.secret_env)
 
 
+def _add_migrate_command(commands: Any) -> None:
+    """``checkpointd migrate`` (``migrate.run``; it opens the store and the
+    bucket itself, like ``serve``: an operator's job, safe while daemons run).
+    Defined here, not in ``migrate``, so that building the parser for any
+    command does not import the store and the pack writer."""
+    migrate = commands.add_parser(
+        "migrate",
+        help="pack the small single-object blobs written before packs (optional, idempotent)",
+    )
+    migrate.add_argument(
+        "--data-dir",
+        default=None,
+        help="the daemon's data dir: its embedded store and blobs (CHECKPOINTD_DATA_DIR)",
+    )
+    migrate.add_argument("--store", default=None, help="store URL (default: the data dir's)")
+    migrate.add_argument("--blobs", default=None, help="blob store URL (default: the data dir's)")
+    migrate.add_argument("--dry-run", action="store_true", help="report, write nothing")
+    migrate.add_argument("--json", action="store_true", help="one JSON object a line")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="checkpointd",
@@ -231,9 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .gateway.cli import add_commands as add_gateway_commands
 
     add_gateway_commands(commands)
-    from .migrate import add_command as add_migrate_command
-
-    add_migrate_command(commands)
+    _add_migrate_command(commands)
 
     def client(name: str, help_text: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=help_text)

@@ -51,7 +51,6 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import blake3
 
@@ -332,24 +331,6 @@ async def migrate_to_packs(
 
 
 # --------------------------------------------------------------------------- command line
-
-
-def add_command(commands: Any) -> None:
-    """``checkpointd migrate`` (it opens the store and the bucket itself, like
-    ``serve``: an operator's job, safe while daemons run)."""
-    migrate = commands.add_parser(
-        "migrate",
-        help="pack the small single-object blobs written before packs (optional, idempotent)",
-    )
-    migrate.add_argument(
-        "--data-dir",
-        default=None,
-        help="the daemon's data dir: its embedded store and blobs (CHECKPOINTD_DATA_DIR)",
-    )
-    migrate.add_argument("--store", default=None, help="store URL (default: the data dir's)")
-    migrate.add_argument("--blobs", default=None, help="blob store URL (default: the data dir's)")
-    migrate.add_argument("--dry-run", action="store_true", help="report, write nothing")
-    migrate.add_argument("--json", action="store_true", help="one JSON object a line")
 
 
 def _urls(args: argparse.Namespace) -> tuple[str, str]:

@@ -18,8 +18,7 @@ EXIT_UNAVAILABLE = 3
 
 def add_commands(commands: Any) -> None:
     """Add ``gateway`` and ``token`` to the CLI's subcommands."""
-    from ..service.config import parse_duration  # noqa: F401 - imported for the help text
-    from .tokens import DEFAULT_AUDIENCE, DEFAULT_OPS, OPS
+    from .scopes import DEFAULT_AUDIENCE, DEFAULT_OPS, OPS
 
     gateway = commands.add_parser(
         "gateway",

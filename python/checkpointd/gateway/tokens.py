@@ -39,12 +39,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..service.status import FORBIDDEN, UNAUTHENTICATED, ServiceError
+from .scopes import DEFAULT_AUDIENCE as DEFAULT_AUDIENCE
+from .scopes import DEFAULT_OPS as DEFAULT_OPS
+from .scopes import OPS as OPS
 
 ALGORITHM = "EdDSA"
-DEFAULT_AUDIENCE = "checkpointd-gateway"
 ISSUER = "checkpointd"
-OPS = ("capture", "restore", "list", "fork", "prune", "admin")
-DEFAULT_OPS = ("capture", "restore", "list")
 LEEWAY_S = 60
 # A token is a few hundred bytes; anything far larger is not one of ours.
 MAX_TOKEN_BYTES = 16 * 1024
