@@ -34,6 +34,24 @@ def ok_json(daemon: Daemon, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+def test_building_the_parser_leaves_the_heavy_modules_unimported() -> None:
+    """Every command, a one-shot ``checkpointd capture`` client too, builds the
+    whole parser first: it must not pay for the token crypto, the store or the
+    pack writer, which only ``gateway``, ``token``, ``migrate`` and ``serve`` use."""
+    probe = (
+        "import sys\n"
+        "from checkpointd.cli import build_parser\n"
+        "build_parser().parse_args(['capture', 't'])\n"
+        "heavy = ('jwt', 'cryptography', 'checkpointd.store', 'checkpointd.blobs.packs',"
+        " 'checkpointd.migrate', 'checkpointd.gateway.tokens')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[]", result.stdout
+
+
 def test_help_documents_exit_codes() -> None:
     text = build_parser().format_help()
     for line in ("2  bad input", "3  not found", "4  conflict", "7  unavailable"):
