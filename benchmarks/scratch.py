@@ -41,12 +41,13 @@ class Scratch:
         root.mkdir(parents=True, exist_ok=True)
         self._last_flush = root / "last-mass-delete"
         # Trees an earlier run left (interrupted, or still being deleted in the
-        # background after it ended): delete them now, then wait out the pause.
-        for leftover in [self.trash, *root.glob("deleting-*")]:
-            if leftover.exists():
-                inodes = _size_of(leftover)[1]
-                shutil.rmtree(leftover, ignore_errors=True)
-                self._deleted(inodes)
+        # background after it ended, by this benchmark or a sibling under the
+        # same scratch dir): delete them now, then wait out the pause.
+        inodes = finish_background_deletes(root.parent)
+        if self.trash.exists():
+            inodes += _size_of(self.trash)[1]
+            shutil.rmtree(self.trash, ignore_errors=True)
+        self._deleted(inodes)
         self._wait_out_last_flush()
         self.trash.mkdir()
 
@@ -95,9 +96,11 @@ class Scratch:
         doomed = self.root / f"deleting-{time.time_ns()}"
         self.trash.rename(doomed)
         if background:
+            # At the lowest CPU priority: whatever runs next (another benchmark,
+            # ours or not) gets the cores first.
             subprocess.Popen(
-                ["rm", "-rf", str(doomed)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True,
+                ["nice", "-n", "19", "rm", "-rf", str(doomed)], stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         else:
             shutil.rmtree(doomed, ignore_errors=True)
@@ -120,6 +123,19 @@ class Scratch:
                 flush=True,
             )
             time.sleep(remaining)
+
+
+def finish_background_deletes(base: Path) -> int:
+    """Delete, now, the trees earlier runs of any benchmark under ``base`` left
+    to their background ``rm`` (``<root>/deleting-*``, see ``Scratch.close``),
+    and return how many inodes went. A run timed while such a delete goes on
+    measures it too: deleting a 100,000-file tree takes ~40 s of this
+    machine's CPU, and the kernel's discards more."""
+    inodes = 0
+    for leftover in sorted(base.glob("*/deleting-*")):
+        inodes += _size_of(leftover)[1]
+        shutil.rmtree(leftover, ignore_errors=True)
+    return inodes
 
 
 def _remove(path: Path) -> None:

@@ -123,6 +123,22 @@ def test_trash_shrinks_by_deleting_trees_of_few_big_files_first(tmp_path: Path) 
     assert not list(scratch.root.glob("deleting-*"))
 
 
+def test_a_new_scratch_finishes_what_any_earlier_run_left_deleting(tmp_path: Path) -> None:
+    """Another benchmark's background delete (a sibling root under the same
+    scratch dir) is finished before this one times anything; nothing else goes."""
+    base = tmp_path / "scratch"
+    leftover = base / "restore-run" / "deleting-1"
+    (leftover / "tree").mkdir(parents=True)
+    (leftover / "tree" / "f").write_bytes(b"z")
+    kept = base / "restore-run" / "work"
+    kept.mkdir()
+
+    scratch = Scratch(base / "bucket-requests", pause_s=0)
+
+    assert not leftover.exists()
+    assert kept.is_dir() and scratch.trash.is_dir()
+
+
 def _contents(root: Path) -> list[tuple[str, bytes]]:
     return [
         (rel, (root / rel).read_bytes()) for rel, _ in walk_regular_files(root, apply_excludes=True)
