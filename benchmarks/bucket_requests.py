@@ -43,7 +43,6 @@ import argparse
 import asyncio
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -142,9 +141,8 @@ def _timed(
     return seconds, requests, load, done.stdout
 
 
-def _copy_tree(source: Path, dest: Path) -> None:
-    if dest.exists():
-        shutil.rmtree(dest)
+def _copy_tree(source: Path, dest: Path, scratch: Scratch) -> None:
+    scratch.aside(dest)  # an earlier run's copy: renamed, deleted after the timings
     subprocess.run(["cp", "-a", str(source), str(dest)], check=True)
 
 
@@ -167,22 +165,24 @@ class Run:
 
     result: Result
     corpus: Path
-    work_root: Path
+    scratch: Scratch
     server: Any
     via: Any
     proxy: Any
     cold_runs: int
     install: bool = True  # apt-get install restic when it is missing
 
-    def fields(self) -> tuple[Result, Path, Path, Any, Any, Any]:
-        return self.result, self.corpus, self.work_root, self.server, self.via, self.proxy
+    def fields(self) -> tuple[Result, Path, Scratch, Any, Any, Any]:
+        return self.result, self.corpus, self.scratch, self.server, self.via, self.proxy
 
 
 @dataclass
 class OursLayout:
     """One run of ours: its work copy, restore target, data dirs, SQLite store
-    and bucket prefix, made fresh (``name`` keeps the runs apart)."""
+    and bucket prefix, made fresh (``name`` keeps the runs apart) in the
+    scratch, whose trash takes what a run is done with."""
 
+    scratch: Scratch
     work: Path
     target: Path
     data: Path
@@ -191,23 +191,23 @@ class OursLayout:
     prefix: str
 
     @classmethod
-    def fresh(cls, corpus: Path, work_root: Path, name: str) -> OursLayout:
+    def fresh(cls, corpus: Path, scratch: Scratch, name: str) -> OursLayout:
         layout = cls(
-            work=work_root / f"{name}-work",
-            target=work_root / f"{name}-restore",
-            data=work_root / f"{name}-data",
-            restore_data=work_root / f"{name}-restore-data",
-            store=work_root / f"{name}-store.db",
+            scratch=scratch,
+            work=scratch.path(f"{name}-work"),
+            target=scratch.path(f"{name}-restore"),
+            data=scratch.path(f"{name}-data"),
+            restore_data=scratch.path(f"{name}-restore-data"),
+            store=scratch.path(f"{name}-store.db"),
             prefix="",
         )
-        _copy_tree(corpus, layout.work)
+        _copy_tree(corpus, layout.work, scratch)
         return layout.again()
 
     def again(self) -> OursLayout:
         """This layout emptied for another cold capture of the same work copy:
         no store, data dirs or restore target, and a new bucket prefix."""
-        for path in (self.data, self.restore_data, self.target):
-            shutil.rmtree(path, ignore_errors=True)
+        self.scratch.aside(self.data, self.restore_data, self.target)
         for leftover in self.store.parent.glob(f"{self.store.name}*"):
             leftover.unlink()
         self.data.mkdir()
@@ -227,8 +227,8 @@ class OursLayout:
 
 def run_ours(run: Run) -> None:
     """Each operation in a fresh process (``benchmarks.runner``), as restic runs."""
-    result, corpus, work_root, server, via, proxy = run.fields()
-    ours = OursLayout.fresh(corpus, work_root, "ours")
+    result, corpus, scratch, server, via, proxy = run.fields()
+    ours = OursLayout.fresh(corpus, scratch, "ours")
     env = {
         **os.environ,
         **via.env(),
@@ -265,18 +265,18 @@ def run_ours_daemon(run: Run) -> None:
     an orchestrator calls), from a client that has seen it SERVING: daemon and
     client start-up are not timed, nor counted (the proxy is reset after), the
     way ``benchmarks.daemon`` measures the goals of issue 11."""
-    result, corpus, work_root, server, via, proxy = run.fields()
+    result, corpus, scratch, server, via, proxy = run.fields()
     from checkpointd.service.client import Client
 
     from .daemon import START_TIMEOUT_S, Daemon
 
-    ours = OursLayout.fresh(corpus, work_root, "daemon")
+    ours = OursLayout.fresh(corpus, scratch, "daemon")
     env = {**os.environ, **via.env(), "PYTHONWARNINGS": "ignore"}
 
     def daemons() -> tuple[Daemon, Daemon]:
         """A capturing and a restoring daemon on the layout's store and prefix."""
         store, blobs = f"sqlite://{ours.store}", via.url(ours.prefix)
-        logs = work_root / "capture-daemon.log", work_root / "restore-daemon.log"
+        logs = scratch.path("capture-daemon.log"), scratch.path("restore-daemon.log")
         return (
             Daemon(ours.work, store, blobs, ours.data, logs[0], env),
             Daemon(ours.target, store, blobs, ours.restore_data, logs[1], env),
@@ -323,20 +323,20 @@ def run_ours_daemon(run: Run) -> None:
 
 
 def run_restic(run: Run) -> None:
-    result, corpus, work_root, server, via, proxy = run.fields()
+    result, corpus, scratch, server, via, proxy = run.fields()
     unavailable = ensure_tools({"restic"}, install=run.install).get("restic")
     if unavailable:
         print(f"   restic: skipped ({unavailable})")
         return
-    work, target = work_root / "restic-work", work_root / "restic-restore"
-    cache, password = work_root / "restic-cache", work_root / "restic-password"
-    shutil.rmtree(target, ignore_errors=True)
-    _copy_tree(corpus, work)
+    work, target = scratch.path("restic-work"), scratch.path("restic-restore")
+    cache, password = scratch.path("restic-cache"), scratch.path("restic-password")
+    scratch.aside(target)
+    _copy_tree(corpus, work, scratch)
     password.write_text(RESTIC_PASSWORD)
 
     def fresh_repository() -> tuple[str, dict[str, str]]:
         """A new repository (and cache), initialised: a backup into it is cold."""
-        shutil.rmtree(cache, ignore_errors=True)
+        scratch.aside(cache)
         prefix = f"restic-{uuid.uuid4().hex[:12]}"
         env = {
             **os.environ,
@@ -489,13 +489,14 @@ def main(argv: list[str] | None = None) -> int:
         CorpusSpec("many-small", "many-small", {"files": args.files}),
         args.scratch / "corpora" / f"many-small-{args.files}",
     )
-    # A Scratch first finishes what earlier benchmark runs left deleting in the
-    # background under the same scratch dir, then waits out the pause.
-    work_root = Scratch(args.scratch / "bucket-requests").root
+    # The Scratch first finishes what earlier benchmark runs left deleting in
+    # the background under the same scratch dir, then waits out the pause; the
+    # trees this run is done with go to its trash, deleted after the timings.
+    scratch = Scratch(args.scratch / "bucket-requests")
     result = Result(files=args.files, machine={"nproc": os.cpu_count()})
     with run_seaweedfs() as server, counted(server) as (via, proxy):
         cold_runs = max(1, args.cold_runs)
-        run = Run(result, corpus, work_root, server, via, proxy, cold_runs, not args.no_install)
+        run = Run(result, corpus, scratch, server, via, proxy, cold_runs, not args.no_install)
         if "ours" in tools:
             run_ours(run)
         if "daemon" in tools:
@@ -509,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = asdict(result)
     payload["goals"] = [{"goal": g, "measured": m, "met": met} for g, m, met in goals(result)]
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=2) + "\n")
+    scratch.close()
     return 0
 
 
