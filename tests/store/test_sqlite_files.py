@@ -92,6 +92,31 @@ async def test_reopen_sees_the_same_state(tmp_path: Path) -> None:
         await reopened.aclose()
 
 
+def _page_size(path: Path) -> int:
+    with sqlite3.connect(path) as conn:
+        return int(conn.execute("PRAGMA page_size").fetchone()[0])
+
+
+async def test_a_new_file_gets_large_pages_and_an_older_file_keeps_its_own(
+    tmp_path: Path,
+) -> None:
+    new, old = tmp_path / "new.db", tmp_path / "old.db"
+    store = await _open(new)
+    await store.aclose()
+    assert _page_size(new) == sqlite_module.PAGE_BYTES != 4096
+    with sqlite3.connect(old) as conn:  # a store file written before PAGE_BYTES
+        conn.execute("PRAGMA page_size = 4096")
+        conn.execute("PRAGMA journal_mode = WAL")
+    store = await _open(old)
+    try:
+        lease = await store.acquire_writer("t")
+        await store.append(checkpoint("c1", "t", files=[fentry("a", 1)]), None, lease)
+        assert await store.get_head("t") == "c1"
+    finally:
+        await store.aclose()
+    assert _page_size(old) == 4096
+
+
 async def test_instance_store_shares_the_file(tmp_path: Path) -> None:
     path = tmp_path / "shared.db"
     checkpoints = await _open(path)

@@ -40,11 +40,19 @@ SandboxCheckpointError with code ``SANDBOX_SNAPSHOT_STORE_UNAVAILABLE`` — a ra
 
 Durability: WAL with ``synchronous=FULL`` (SQLite's default): a committed append
 survives a power cut, which is what a checkpoint is for. The WAL is copied
-back into the database every ``WAL_AUTOCHECKPOINT_PAGES`` pages (SQLite's
-default is 1,000): a cold capture of 100,000 small files writes ~100,000 pins
+back into the database every ``WAL_AUTOCHECKPOINT_BYTES`` (SQLite's default
+is 1,000 pages): a cold capture of 100,000 small files writes ~100,000 pins
 and index rows to B-tree pages that are rewritten batch after batch, and a
 checkpoint every 4 MiB wrote the same pages again and again (pinning took
 3.5 s, 1.7 s with this). Durability is the WAL's, not the checkpoint's.
+
+Pages: a store file is created with ``PAGE_BYTES`` (16 KiB) pages, not
+SQLite's 4 KiB. A cold capture's append writes ~300,000 rows of 32-byte keys
+into three B-trees and every page twice (WAL, then the database): with 16 KiB
+pages its inserts, commit and copy-back take ~385 ms instead of ~490 ms for
+100,000 keys, while a 1% capture's 1,000 keys cost the same. A file created
+with other pages keeps them (SQLite changes a WAL file's page size only by a
+rebuild, which nothing here needs).
 """
 
 from __future__ import annotations
@@ -134,9 +142,10 @@ T = TypeVar("T")
 #    checkpointd must not open the file. No table changes.
 SCHEMA_VERSION = 5
 BUSY_TIMEOUT_MS = 5_000
-# Pages of WAL before SQLite copies them into the database (32 MiB of 4 KiB pages;
-# see the module docstring).
-WAL_AUTOCHECKPOINT_PAGES = 8_000
+# WAL bytes before SQLite copies them into the database, and the page size of a
+# new store file (see the module docstring).
+WAL_AUTOCHECKPOINT_BYTES = 32 << 20
+PAGE_BYTES = 16 << 10
 # A WAL file larger than this is cut back to it when SQLite starts it over, and an
 # append that leaves a WAL of more than WAL_CHECKPOINT_BYTES copies it into the
 # database right away (a passive checkpoint, which never waits for a reader): a
@@ -338,6 +347,8 @@ class SqliteDatabase:
     async def _configure(self) -> None:
         connection = self._require()
         await connection.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        # Only a file with no pages yet takes it: before WAL mode writes the header.
+        await connection.execute(f"PRAGMA page_size = {PAGE_BYTES}")
 
         async def set_wal() -> None:
             cursor = await connection.execute("PRAGMA journal_mode = WAL")
@@ -350,7 +361,9 @@ class SqliteDatabase:
 
         await self._retrying(set_wal)
         await connection.execute("PRAGMA synchronous = FULL")
-        await connection.execute(f"PRAGMA wal_autocheckpoint = {WAL_AUTOCHECKPOINT_PAGES}")
+        (page_bytes,) = await _fetchone(connection, "PRAGMA page_size")
+        pages = max(WAL_AUTOCHECKPOINT_BYTES // page_bytes, 1)
+        await connection.execute(f"PRAGMA wal_autocheckpoint = {pages}")
         await connection.execute(f"PRAGMA journal_size_limit = {WAL_KEPT_BYTES}")
 
         async def create(conn: aiosqlite.Connection) -> None:
