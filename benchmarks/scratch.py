@@ -47,6 +47,10 @@ class Scratch:
         if self.trash.exists():
             inodes += _size_of(self.trash)[1]
             shutil.rmtree(self.trash, ignore_errors=True)
+        if inodes:
+            # As in ``flush``: ext4 skips a deleted inode for 60 s once its
+            # table block is written, for 360 s while that block is dirty.
+            os.sync()
         self._deleted(inodes)
         self._wait_out_last_flush()
         self.trash.mkdir()
