@@ -47,12 +47,7 @@ class Scratch:
         if self.trash.exists():
             inodes += _size_of(self.trash)[1]
             shutil.rmtree(self.trash, ignore_errors=True)
-        if inodes:
-            # As in ``flush``: ext4 skips a deleted inode for 60 s once its
-            # table block is written, for 360 s while that block is dirty.
-            os.sync()
-        self._deleted(inodes)
-        self._wait_out_last_flush()
+        self._settle(inodes)
         self.trash.mkdir()
 
     def path(self, *parts: str) -> Path:
@@ -86,9 +81,7 @@ class Scratch:
             _remove(path)
             used -= size
             inodes_deleted += inodes
-        os.sync()  # the frees must reach the disk before the next timed create
-        self._deleted(inodes_deleted)
-        self._wait_out_last_flush()
+        self._settle(inodes_deleted)
 
     def close(self, *, background: bool = True) -> None:
         """Empty the trash at the end: nothing timed follows in this run. With
@@ -109,6 +102,16 @@ class Scratch:
         else:
             shutil.rmtree(doomed, ignore_errors=True)
         self._deleted(inodes)
+
+    def _settle(self, inodes: int) -> None:
+        """After deleting ``inodes`` inodes, before the next timed create: the
+        frees reach the disk (ext4 without a journal skips a deleted inode for
+        60 s once its inode-table block is written, for 360 s while that block
+        is dirty), and after many, the pause is waited out."""
+        if inodes:
+            os.sync()
+        self._deleted(inodes)
+        self._wait_out_last_flush()
 
     def _deleted(self, inodes: int) -> None:
         if inodes > MANY_INODES:
