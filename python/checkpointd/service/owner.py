@@ -22,12 +22,12 @@ import builtins
 import errno
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxCheckpointInvalidArgumentError, SandboxCheckpointWriterConflictError
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
-from ..store._options import wall_clock_ms
 from ..store.base import CheckpointStore
 
 OWNER_FILE = "owner-id"
@@ -78,6 +78,42 @@ def _read_owner_id(path: Path) -> str:
     return text
 
 
+# A call of this daemon holding a thread runs for seconds, not for the lease's
+# two minutes: a second caller is told to come back after about as long as the
+# holder has run so far, within these bounds (the lease's expiry is in the
+# details too, for a holder that hangs).
+_RETRY_MIN_MS = 100
+_RETRY_MAX_MS = 5_000
+
+
+class _Holding:
+    """A thread this process is writing: when the call began, and its lease
+    once the store handed it out."""
+
+    __slots__ = ("started", "lease")
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.lease: WriterLease | None = None
+
+
+def _conflict(thread_id: str, holding: _Holding) -> SandboxCheckpointWriterConflictError:
+    running_ms = int((time.monotonic() - holding.started) * 1000)
+    details: dict[str, Any] = {
+        "thread_id": thread_id,
+        "retry_after_ms": min(max(running_ms, _RETRY_MIN_MS), _RETRY_MAX_MS),
+    }
+    fence = ""
+    if holding.lease is not None:
+        details["expires_at_ms"] = holding.lease.expires_at
+        fence = f" (fence {holding.lease.fence})"
+    return SandboxCheckpointWriterConflictError(
+        f"thread {thread_id!r} is being written by another call of this daemon{fence}, "
+        f"running for {running_ms} ms",
+        details=details,
+    )
+
+
 class OwnedStore:
     """A checkpoint store whose writer leases are all taken in one owner's name,
     at most one at a time per thread within this process.
@@ -89,7 +125,7 @@ class OwnedStore:
     def __init__(self, store: CheckpointStore, owner: str) -> None:
         self._store = store
         self._owner = owner
-        self._held: dict[str, WriterLease] = {}  # thread -> lease handed out here
+        self._held: dict[str, _Holding] = {}  # thread -> a call of this process writing it
 
     @property
     def inner(self) -> CheckpointStore:
@@ -101,32 +137,34 @@ class OwnedStore:
     async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
         """The thread's lease in this daemon's name (a lease the daemon's previous
         process left live is taken back). WRITER_CONFLICT while a call of this
-        process holds it, or another owner's lease is live."""
-        held = self._held.get(thread_id)
-        if held is not None:
-            retry_after_ms = max(held.expires_at - wall_clock_ms(), 0)
-            raise SandboxCheckpointWriterConflictError(
-                f"thread {thread_id!r} is being written by another call of this daemon "
-                f"(fence {held.fence})",
-                details={
-                    "thread_id": thread_id,
-                    "expires_at_ms": held.expires_at,
-                    "retry_after_ms": retry_after_ms,
-                },
+        process holds it or is taking it, or another owner's lease is live.
+
+        The thread is marked held before the store is asked: two calls that
+        arrive together must not both pass the check across the ``await`` (the
+        second would then fence the first, which fails with WRITER_LOST).
+        """
+        holding = self._held.get(thread_id)
+        if holding is not None:
+            raise _conflict(thread_id, holding)
+        holding = _Holding(time.monotonic())
+        self._held[thread_id] = holding
+        try:
+            inner = await self._store.acquire_writer(
+                thread_id, owner=self._owner if owner is None else owner
             )
-        inner = await self._store.acquire_writer(
-            thread_id, owner=self._owner if owner is None else owner
-        )
+        except BaseException:
+            del self._held[thread_id]
+            raise
 
         async def renew(lease: WriterLease) -> int:
             return await inner.renew()
 
         async def release(lease: WriterLease) -> None:
-            if self._held.get(thread_id) is lease:
+            if self._held.get(thread_id) is holding:
                 del self._held[thread_id]
             await inner.release()
 
-        lease = WriterLease(
+        holding.lease = WriterLease(
             thread_id=inner.thread_id,
             owner_token=inner.owner_token,
             fence=inner.fence,
@@ -135,8 +173,7 @@ class OwnedStore:
             renew=renew,
             release=release,
         )
-        self._held[thread_id] = lease
-        return lease
+        return holding.lease
 
     # The protocol's other methods, named so type checkers see a CheckpointStore.
 
