@@ -36,6 +36,19 @@ MIN_SECRET_LEN = 4
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_MODE = 0o777
 
+# Ids (threads, checkpoints, request ids, artifact ids) are at most this many
+# UTF-8 bytes: an id is echoed in errors, logs and gRPC trailers, and a client
+# library may refuse trailers beyond a few KiB (grpc-js stalls the connection).
+MAX_ID_BYTES = 512
+# How much of a refused value an error message shows.
+_SHOWN_CHARS = 64
+
+
+def shown(value: object) -> str:
+    """``repr(value)``, cut to a length any error message can carry."""
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 1] + "…"
+
 
 def is_well_formed_text(value: object) -> bool:
     """True for a ``str`` that encodes to UTF-8 (no lone surrogate)."""
@@ -52,8 +65,15 @@ def check_id(value: object, what: str = "id") -> str:
     """Raise SandboxCheckpointInvalidIdError unless ``value`` is a valid id."""
     if not isinstance(value, str) or value == "" or not is_well_formed_text(value):
         raise SandboxCheckpointInvalidIdError(
-            f"invalid {what}: {value!r} (ids are non-empty, well-formed Unicode strings)",
+            f"invalid {what}: {shown(value)} (ids are non-empty, well-formed Unicode strings)",
             details={"field": what},
+        )
+    size = len(value.encode("utf-8"))
+    if size > MAX_ID_BYTES:
+        raise SandboxCheckpointInvalidIdError(
+            f"invalid {what}: {shown(value)} is {size} bytes, over the {MAX_ID_BYTES}-byte "
+            "limit for ids",
+            details={"field": what, "limit_bytes": MAX_ID_BYTES, "size_bytes": size},
         )
     return value
 

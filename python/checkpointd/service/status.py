@@ -120,6 +120,14 @@ RETRYABLE_REASONS = (
 # Trailers share gRPC's default 8 KiB header budget: keep metadata small.
 _MAX_VALUE_CHARS = 512
 _MAX_LIST_ITEMS = 20
+# A status message travels in the grpc-message trailer: keep every one short
+# enough for any client library, whatever value an error echoes.
+MAX_MESSAGE_CHARS = 2048
+
+
+def _short_message(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…"
+
 
 _log = logging.getLogger(__name__)
 
@@ -156,11 +164,11 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str, dict[str, s
         return (
             STATUS_BY_REASON.get(exc.code, _C.INTERNAL),
             exc.code,
-            exc.message,
+            _short_message(exc.message),
             error_metadata(exc.details),
         )
     if isinstance(exc, BlobNotFoundError):
-        return _C.DATA_LOSS, errors.MISSING_BLOB, str(exc), {"key": exc.key}
+        return _C.DATA_LOSS, errors.MISSING_BLOB, _short_message(str(exc)), {"key": exc.key}
     if isinstance(exc, OSError):
         mapped = errors.from_os_error(exc)
         if mapped is not None:
@@ -171,7 +179,7 @@ def classify(exc: BaseException) -> tuple[grpc.StatusCode, str, str, dict[str, s
         if mapped is not None:
             return classify(mapped)
     if isinstance(exc, (BlobStoreError, ConnectionError, TimeoutError)):
-        return _C.UNAVAILABLE, errors.STORE_UNAVAILABLE, str(exc), {}
+        return _C.UNAVAILABLE, errors.STORE_UNAVAILABLE, _short_message(str(exc)), {}
     _log.exception("unexpected error in a call", exc_info=exc)
     return _C.INTERNAL, INTERNAL, f"internal error ({type(exc).__name__})", {}
 
