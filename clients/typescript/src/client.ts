@@ -292,10 +292,18 @@ export class CheckpointdClient {
           attempt === 1
             ? options
             : { ...options, metadata: { ...options?.metadata, [ATTEMPT_METADATA]: String(attempt) } };
-        for await (const event of this.#rpcs.capture(withId, marked)) {
-          yield event;
-          if (event.event?.$case === "done") return;
+        let done = false;
+        try {
+          for await (const event of this.#rpcs.capture(withId, marked)) {
+            done ||= event.event?.$case === "done";
+            yield event;
+          }
+        } catch (error) {
+          // The checkpoint is committed once done arrived; a broken trailer
+          // after it changes nothing.
+          if (!done) throw error;
         }
+        if (done) return;
         failure = new SandboxCheckpointError("the capture stream ended without its done event", {
           code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
           grpcCode: grpc.status.UNAVAILABLE,
@@ -420,13 +428,30 @@ export class CheckpointdClient {
       callOptions,
     );
     const release = cancelOnAbort(call, options?.signal);
+    const messages = call[Symbol.asyncIterator]();
+    let ended = false;
+    let last: unknown;
     try {
-      for await (const message of call) yield message;
+      for (;;) {
+        const next = await messages.next();
+        if (next.done) break;
+        last = next.value;
+        yield next.value;
+      }
+      ended = true;
     } catch (error) {
+      ended = true;
       throw toCheckpointdError(error);
     } finally {
       release();
-      call.cancel(); // a no-op after the end; stops the daemon's work when the caller breaks out
+      if (!ended) {
+        // The caller stopped reading. After the stream's last message (a
+        // capture's or restore's done, a sweep's summary) only the status is
+        // left: read it, so the daemon sees a call that succeeded. Anywhere
+        // else, cancel: that stops the daemon's work.
+        if (isFinalMessage(last)) await drain(messages);
+        else call.cancel();
+      }
     }
   }
 
@@ -463,6 +488,22 @@ export class CheckpointdClient {
 
 // Every RPC of the contract as a typed method (bound in the constructor).
 export interface CheckpointdClient extends Omit<CheckpointdRpcs, "capture"> {}
+
+/** The last message of its stream: `done` (capture, restore) or `summary` (sweep, check). */
+function isFinalMessage(message: unknown): boolean {
+  const kind = (message as { event?: { $case?: string } } | undefined)?.event?.$case;
+  return kind === "done" || kind === "summary";
+}
+
+async function drain(messages: AsyncIterator<unknown>): Promise<void> {
+  try {
+    while (!(await messages.next()).done) {
+      // nothing follows a final message but the status
+    }
+  } catch {
+    // the caller already has its result
+  }
+}
 
 function cancelOnAbort(call: { cancel(): void }, signal: AbortSignal | undefined): () => void {
   if (signal === undefined) return () => undefined;

@@ -4,11 +4,18 @@
  * Where the seeds take a sandbox handle and stores, these take a connected
  * `client`: the daemon holds the workspace, the checkpoint store and the blobs.
  */
+import { status as GrpcStatus } from "@grpc/grpc-js";
+
 import type { CallOptions, CheckpointdClient } from "./client.js";
-import { SandboxCheckpointError, SandboxCheckpointInvalidArgumentError } from "./errors.js";
+import {
+  SandboxCheckpointError,
+  SandboxCheckpointInvalidArgumentError,
+  SandboxSnapshotError,
+} from "./errors.js";
 import type {
   Artifact,
   CaptureDone,
+  RestoreDone,
   CheckpointSummary,
   KeptBlob,
   Progress,
@@ -30,8 +37,11 @@ export interface CaptureSandboxCheckpointOptions extends CallOptions {
   /** Names the checkpoint; its reason is then `named`. */
   label?: string;
   policy?: SandboxPolicy;
-  /** Secret values (at least 4 bytes each); stored files hold zero bytes instead. */
-  secrets?: Array<string | Uint8Array>;
+  /**
+   * Secret values (at least 4 bytes each); stored files hold zero bytes
+   * instead. Named (`{ NAME: value }`), a restore finds them by name.
+   */
+  secrets?: SandboxSecrets;
   /** Messages to keep with the files, any JSON values (default `[]`). */
   conversation?: unknown[];
   /** Records from `client.uploadArtifactBytes(...)`. */
@@ -98,7 +108,7 @@ export async function captureSandboxCheckpoint(
       threadId: options.threadId,
       label: options.label,
       policy: options.policy,
-      secrets: (options.secrets ?? []).map(secretBytes),
+      ...secretFields(options.secrets),
       conversation: conversationDocuments(options.conversation ?? []),
       artifacts: options.artifacts ?? [],
       workspaceSubdir: options.workspaceSubdir ?? "",
@@ -108,15 +118,39 @@ export async function captureSandboxCheckpoint(
     },
     callOptions(options),
   );
+  let done: CaptureDone | undefined;
+  // Read to the end of the stream (its status): never cancel after done.
   for await (const { event } of events) {
     if (event?.$case === "progress") options.onProgress?.(event.value);
-    if (event?.$case === "done" && event.value.checkpoint !== undefined) {
-      const { stats, replayed, unchanged } = event.value;
-      return { ...event.value.checkpoint, stats, replayed, unchanged };
-    }
+    else if (event?.$case === "done") done = event.value;
   }
-  // client.capture throws when the stream ends without its done event.
-  throw new Error("unreachable: capture ended without a done event");
+  if (done?.checkpoint === undefined) {
+    // client.capture throws when the stream ends without its done event.
+    throw new SandboxCheckpointError("the capture's done event names no checkpoint", {
+      code: "SANDBOX_SNAPSHOT_INTERNAL",
+      grpcCode: GrpcStatus.INTERNAL,
+    });
+  }
+  const { stats, replayed, unchanged } = done;
+  return { ...done.checkpoint, stats, replayed, unchanged };
+}
+
+/**
+ * Secret values: a list (matched by position with the capture's list) or an
+ * object of named values (`{ OPENAI_API_KEY: "sk-..." }`), matched by name, so
+ * a restore finds them whatever their order. Strings are sent as UTF-8.
+ */
+export type SandboxSecrets = Array<string | Uint8Array> | Record<string, string | Uint8Array>;
+
+/** The request fields of a list or of named secrets. */
+export function secretFields(secrets: SandboxSecrets | undefined): {
+  secrets: Uint8Array[];
+  secretNames: string[];
+} {
+  if (secrets === undefined) return { secrets: [], secretNames: [] };
+  if (Array.isArray(secrets)) return { secrets: secrets.map(secretBytes), secretNames: [] };
+  const names = Object.keys(secrets);
+  return { secrets: names.map((name) => secretBytes(secrets[name]!)), secretNames: names };
 }
 
 export interface RestoreSandboxCheckpointOptions extends CallOptions {
@@ -126,34 +160,160 @@ export interface RestoreSandboxCheckpointOptions extends CallOptions {
   checkpointId?: string;
   policy?: SandboxPolicy;
   workspaceSubdir?: string;
+  /**
+   * The values capture zeroed, to write back: the same list (by position) or
+   * the same names it was given. Never logged, stored or sent back.
+   */
+  secrets?: SandboxSecrets;
+  /**
+   * Plan only: nothing is fetched or changed, and no writer lease is taken.
+   * The result carries `plan`: the counts and the paths a restore would write
+   * and delete now.
+   */
+  dryRun?: boolean;
+  /**
+   * Throw `SANDBOX_SNAPSHOT_UNFILLED_SECRETS` when files were left holding
+   * zeros where capture found a secret this restore was not given. The
+   * restore has happened by then: give the secrets and restore again.
+   */
+  requireSecrets?: boolean;
   onProgress?: (progress: Progress) => void;
 }
+
+/** What a dry run would do: counts, and the paths it would write and delete. */
+export interface RestorePlanResult {
+  /** Files and symlinks whose content would be written. */
+  filesWritten: number;
+  /** Paths the policy manages that the checkpoint lacks. */
+  pathsDeleted: number;
+  /** Files already identical (at most their mode or mtime is set again). */
+  filesKept: number;
+  dirsCreated: number;
+  bytesToFetch: number;
+  blobsToFetch: number;
+  written: string[];
+  deleted: string[];
+}
+
+/** The restored checkpoint's summary, with what the restore could not fill. */
+export type RestoredCheckpoint = CheckpointSummary & {
+  dryRun: false;
+  /**
+   * Files left holding zeros where capture found a secret this restore was
+   * not given (at most the first 10 000; `unfilledSecretCount` counts all).
+   */
+  unfilledSecretPaths: string[];
+  unfilledSecretCount: number;
+  durationMs: number;
+};
+
+/** A dry run's result: the checkpoint it planned, and the plan. */
+export type PlannedRestore = CheckpointSummary & {
+  dryRun: true;
+  plan: RestorePlanResult;
+  durationMs: number;
+};
 
 /**
  * Restores the newest (or the given) checkpoint of `threadId` into the daemon's
  * workspace. Returns the checkpoint, or `null` when the thread has none (the
  * workspace stays as it is). An id not on the thread throws `SandboxSnapshotError`
- * with code `SANDBOX_SNAPSHOT_MISSING_CHECKPOINT`.
+ * with code `SANDBOX_SNAPSHOT_MISSING_CHECKPOINT`. With `dryRun`, changes
+ * nothing and returns the plan.
  */
 export async function restoreSandboxCheckpoint(
+  options: RestoreSandboxCheckpointOptions & { dryRun: true },
+): Promise<PlannedRestore | null>;
+export async function restoreSandboxCheckpoint(
+  options: RestoreSandboxCheckpointOptions & { dryRun?: false },
+): Promise<RestoredCheckpoint | null>;
+export async function restoreSandboxCheckpoint(
   options: RestoreSandboxCheckpointOptions,
-): Promise<CheckpointSummary | null> {
+): Promise<RestoredCheckpoint | PlannedRestore | null>;
+export async function restoreSandboxCheckpoint(
+  options: RestoreSandboxCheckpointOptions,
+): Promise<RestoredCheckpoint | PlannedRestore | null> {
+  const dryRun = options.dryRun ?? false;
   const events = options.client.restore(
     {
       threadId: options.threadId,
       checkpointId: options.checkpointId,
       policy: options.policy,
       workspaceSubdir: options.workspaceSubdir ?? "",
+      dryRun,
+      ...secretFields(options.secrets),
     },
     callOptions(options),
   );
+  const written: string[] = [];
+  const deleted: string[] = [];
+  let done: RestoreDone | undefined;
+  // Read to the end of the stream (its status), never cancel after done: the
+  // daemon would log a cancelled call for a restore that succeeded.
   for await (const { event } of events) {
     if (event?.$case === "progress") options.onProgress?.(event.value);
-    if (event?.$case === "done") {
-      return event.value.restored ? (event.value.checkpoint ?? null) : null;
-    }
+    else if (event?.$case === "planPaths") {
+      written.push(...event.value.written);
+      deleted.push(...event.value.deleted);
+    } else if (event?.$case === "done") done = event.value;
   }
-  throw new Error("the restore stream ended without its done event");
+  if (done === undefined) {
+    throw new SandboxCheckpointError("the restore stream ended without its done event", {
+      code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
+      grpcCode: GrpcStatus.UNAVAILABLE,
+    });
+  }
+  if (done.checkpoint === undefined) return null;
+  const durationMs = Number(done.durationMs);
+  if (dryRun) {
+    const plan = done.plan;
+    return {
+      ...done.checkpoint,
+      dryRun: true,
+      durationMs,
+      plan: {
+        filesWritten: Number(plan?.filesWritten ?? 0n),
+        pathsDeleted: Number(plan?.pathsDeleted ?? 0n),
+        filesKept: Number(plan?.filesKept ?? 0n),
+        dirsCreated: Number(plan?.dirsCreated ?? 0n),
+        bytesToFetch: Number(plan?.bytesToFetch ?? 0n),
+        blobsToFetch: Number(plan?.blobsToFetch ?? 0n),
+        written,
+        deleted,
+      },
+    };
+  }
+  if (!done.restored) return null;
+  const restored: RestoredCheckpoint = {
+    ...done.checkpoint,
+    dryRun: false,
+    durationMs,
+    unfilledSecretPaths: done.unfilledSecretPaths,
+    unfilledSecretCount: Number(done.unfilledSecretCount),
+  };
+  if (options.requireSecrets && restored.unfilledSecretCount > 0) {
+    throw unfilledSecretsError(restored);
+  }
+  return restored;
+}
+
+function unfilledSecretsError(restored: RestoredCheckpoint): SandboxSnapshotError {
+  const shown = restored.unfilledSecretPaths.slice(0, 5).join(", ");
+  const more = restored.unfilledSecretCount > 5 ? ", ..." : "";
+  return new SandboxSnapshotError(
+    `checkpoint ${restored.id} was restored, but ${restored.unfilledSecretCount} file(s) hold ` +
+      `zeros where capture found a secret this restore was not given (${shown}${more}); ` +
+      "restore again with those secrets",
+    {
+      code: "SANDBOX_SNAPSHOT_UNFILLED_SECRETS",
+      grpcCode: GrpcStatus.FAILED_PRECONDITION,
+      metadata: {
+        checkpoint_id: restored.id,
+        unfilled_secret_count: String(restored.unfilledSecretCount),
+        path: restored.unfilledSecretPaths[0] ?? "",
+      },
+    },
+  );
 }
 
 export interface DeleteCheckpointsOptions extends CallOptions {
