@@ -402,9 +402,9 @@ async def iter_sweep_blobs(
                     tally.live_bytes += row.length
                     pack = packs.get(row.pack)
                     # The row serves the digest's artifact key too (row_key).
-                    why = referenced.get(row.key) or referenced.get(artifact_twin(row.key))
-                    if why is not None:
-                        kept.append((row.key, why))
+                    names = _referenced_names(row.key, referenced)
+                    if names:
+                        kept.extend(names)
                     elif pack is not None and cutoff - pack.last_modified_ms < older_than_ms:
                         kept.append((row.key, TOO_YOUNG))
                     else:
@@ -534,6 +534,17 @@ def _frame_bytes(size: int, entries: int) -> int:
     """A pack's frame bytes: its size less header, footer and trailer (the
     trailer counted from the rows seen, so at most the true frame bytes)."""
     return max(1, size - _PACK_OVERHEAD - _PACK_ENTRY * entries)
+
+
+def _referenced_names(key: str, referenced: dict[str, str]) -> list[tuple[str, str]]:
+    """(key, kept reason) for each name of a pack row's digest that a
+    checkpoint uses: the file key, its artifact twin, or both."""
+    names = []
+    for name in (key, artifact_twin(key)):
+        why = referenced.get(name)
+        if why is not None:
+            names.append((name, why))
+    return names
 
 
 async def _drop_rows(
