@@ -81,6 +81,7 @@ from .blobs.base import BlobNotFoundError, BlobStore, VerifiedFile
 from .blobs.packs import PackedBlobStore, PackSession, packed_blobs
 from .check import forget_found_keys, missing_marks, without_marked
 from .codec import encode_entries
+from .diffing import diff_entries
 from .errors import (
     ARTIFACT_NOT_UPLOADED,
     FILE_CHANGED,
@@ -262,7 +263,7 @@ def _checked_subdir(subdir: str) -> str:
     return normal
 
 
-class _SubRoot:
+class SubRoot:
     """The directory scanned (the workspace root, or the sub-root opened from it
     one component at a time with O_NOFOLLOW), held by fd for the whole capture:
     the scan walks from that fd and uploads open files beneath it. Sandbox code
@@ -274,7 +275,7 @@ class _SubRoot:
         self.fd = fd
 
     @classmethod
-    def open(cls, workspace: str, subdir: str) -> _SubRoot:
+    def open(cls, workspace: str, subdir: str) -> SubRoot:
         """Raises SandboxCheckpointInvalidArgumentError when the workspace root
         is a symlink (as the scan of a root by path does), and
         SandboxSnapshotError(INVALID_PATH) when a sub-root component is missing,
@@ -385,7 +386,7 @@ async def capture_checkpoint(
     workspace = _workspace_path(workspace_root)
     subdir = _checked_subdir(workspace_subdir)
     # The directory scanned: the sub-root when one is given (named by its
-    # lexical path, reached only through fds; see _SubRoot).
+    # lexical path, reached only through fds; see SubRoot).
     root = os.path.join(workspace, subdir) if subdir else workspace
     cache_path = stat_cache_path(resolve_data_dir(workspace, data_dir), workspace, subdir)
     policy = policy if policy is not None else Policy()
@@ -396,10 +397,10 @@ async def capture_checkpoint(
 
     reporter.phase("lease")
     lease = await store.acquire_writer(thread_id)
-    subroot: _SubRoot | None = None
+    subroot: SubRoot | None = None
     reclaim = False  # a large scan: give memory back (see reclaim_memory)
     try:
-        subroot = _SubRoot.open(workspace, subdir)
+        subroot = SubRoot.open(workspace, subdir)
         async with LeaseKeeper(lease) as keeper:
             head_id = await store.get_head(thread_id)
             if checkpoint_id is not None:
@@ -640,8 +641,6 @@ def _nothing_new(
     artifacts: tuple[Artifact, ...],
 ) -> bool:
     """Whether a capture would record nothing the head does not hold already."""
-    from .service.diffing import diff_entries  # the one rule for "changed"
-
     if tuple(conversation) != tuple(head.conversation) or artifacts != tuple(head.artifacts):
         return False
     if manifest_of(head.files).same_bytes(manifest):

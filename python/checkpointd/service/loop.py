@@ -36,13 +36,13 @@ from collections.abc import Awaitable, Callable
 from .. import _native
 from .._engine import run_in_thread
 from ..blobs.base import BlobStore
+from ..diffing import diff_entries
 from ..errors import SandboxCheckpointError, SandboxCheckpointWriterConflictError
 from ..model import Checkpoint, Entry, Policy
 from ..scanner import ScanOutcome, scan_workspace
 from ..statcache_paths import stat_cache_path
 from ..store.base import CheckpointStore
 from .config import ServeConfig
-from .diffing import diff_entries
 from .servicer import ServiceState
 
 _log = logging.getLogger("checkpointd.loop")

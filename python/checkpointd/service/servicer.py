@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 import grpc
 
-from .. import __version__, validation
+from .. import __version__, diffing, validation
 from ..blobs.base import BlobNotFoundError, BlobStore
 from ..errors import (
     INVALID_PATH,
@@ -49,7 +49,7 @@ from ..secrets import parse_secrets
 from ..store.base import CheckpointStore, SpentCheckpointIds, ThreadListing
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
-from . import convert, diffing
+from . import convert, live
 from .guard import MAX_MESSAGE_BYTES
 from .status import (
     DRAINING,
@@ -846,7 +846,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 convert.policy_from_proto(request.policy, request.HasField("policy"))
             )
             secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
-            new_entries = await diffing.scan_live(
+            new_entries = await live.scan_live(
                 self.state.workspace_root,
                 normal_subdir(subdir),
                 policy,

@@ -1,4 +1,5 @@
-"""Diff two manifests, or a manifest and the live workspace (the Diff RPC).
+"""What changed between two manifests: the one rule, used by capture (is
+there anything new?), the Diff RPC and the serve loop.
 
 A change is one of: added, deleted, modified (content, entry kind or symlink
 target differ) or mode changed (only the mode differs). A file's mtime alone is
@@ -8,14 +9,11 @@ Changes come out sorted by the UTF-8 bytes of the path, like manifests.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
-from ..model import DirEntry, Entry, FileEntry, Policy, SymlinkEntry
-from ..statcache_paths import stat_cache_path
+from .model import DirEntry, Entry, FileEntry, SymlinkEntry
 
 ChangeKind = Literal["added", "deleted", "modified", "mode_changed"]
 
@@ -58,44 +56,3 @@ def diff_entries(old: Sequence[Entry], new: Sequence[Entry]) -> Iterator[Change]
             kind = _compare(was, now)
             if kind is not None:
                 yield Change(path, kind, was, now)
-
-
-async def scan_live(
-    workspace_root: Path,
-    subdir: str,
-    policy: Policy | None,
-    secrets: Sequence[bytes],
-    data_dir: Path,
-) -> tuple[Entry, ...]:
-    """The live manifest of ``subdir`` ("" for the whole workspace), scanned
-    natively off the event loop.
-
-    The sub-root is held by fd exactly as capture holds it (``capture._SubRoot``:
-    opened from the workspace root one component at a time with O_NOFOLLOW), so
-    sandbox code that swaps a component for a symlink gets INVALID_PATH or the
-    directory we opened, never an outside directory diffed in the workspace's
-    name. Shares capture's stat cache (so unchanged files are not read again).
-    Entries capture would refuse (fifos, escaping links...) are left out.
-    Cancelling the caller stops the scan. Raises what ``scanner.scan_workspace``
-    raises (SandboxCheckpointInvalidArgumentError for a bad secret, pattern or
-    root) and SandboxSnapshotError(INVALID_PATH) for a sub-root that is not a
-    real directory beneath the root.
-    """
-    from .. import _native
-    from .._engine import run_in_thread
-    from ..capture import _SubRoot
-    from ..scanner import scan_workspace
-
-    workspace = os.path.abspath(workspace_root)  # noqa: ASYNC240 - no I/O
-    root = os.path.join(workspace, subdir) if subdir else workspace
-    cache = stat_cache_path(data_dir, workspace, subdir)
-    token = _native.CancelToken()
-
-    def scan() -> tuple[Entry, ...]:
-        subroot = _SubRoot.open(workspace, subdir)
-        try:
-            return scan_workspace(root, policy, secrets, cache, token, root_fd=subroot.fd).entries
-        finally:
-            subroot.close()
-
-    return await run_in_thread(scan, token.cancel)
