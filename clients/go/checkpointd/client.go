@@ -1,19 +1,3 @@
-// Package checkpointd is the Go client of the checkpointd daemon, in the seeds'
-// words: Dial, then CaptureSandboxCheckpoint / RestoreSandboxCheckpoint /
-// DeleteCheckpoints / SweepSandboxBlobs, with typed errors (WriterConflictError,
-// SnapshotError with Code == CodeMissingBlob, ...) decoded from the status's
-// google.rpc.ErrorInfo.
-//
-//	client, err := checkpointd.Dial(ctx, "unix:///run/checkpointd/checkpointd.sock")
-//	saved, err := checkpointd.CaptureSandboxCheckpoint(ctx, client, checkpointd.CaptureOptions{ThreadID: "t1"})
-//	if errors.As(err, &checkpointd.WriterConflictError{}) { /* skip: the next capture saves the same files */ }
-//
-// Every RPC of the contract is a method of Client (the generated
-// checkpointdv1.CheckpointdClient, embedded), and its errors are the typed
-// errors too. Read-only RPCs are retried by grpc-go on UNAVAILABLE (a service
-// config retry policy); CaptureSandboxCheckpoint sends a request id (random
-// unless given) and retries with the same id after a lost reply, so the daemon
-// returns the checkpoint the lost attempt committed instead of making a second.
 package checkpointd
 
 import (
@@ -22,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
@@ -45,6 +28,7 @@ type Client struct {
 
 	conn           *grpc.ClientConn
 	address        string
+	workspace      string
 	retry          RetryPolicy
 	connectTimeout time.Duration
 }
@@ -58,35 +42,69 @@ type RetryPolicy struct {
 }
 
 type options struct {
-	token          string
+	token          *string
 	tls            *tls.Config
+	tlsFiles       *[3]string
 	connectTimeout time.Duration
+	waitForDaemon  time.Duration
 	retry          RetryPolicy
+	deadlines      Deadlines
+	workspace      string
 	dialOptions    []grpc.DialOption
 }
 
 // Option configures Dial.
 type Option func(*options)
 
-// WithToken sends "authorization: Bearer <token>" on every call (TCP needs one).
-func WithToken(token string) Option { return func(o *options) { o.token = token } }
+// WithToken sends "authorization: Bearer <token>" on every call (TCP needs one);
+// "" sends none. Without this option Dial reads CHECKPOINTD_TOKEN.
+func WithToken(token string) Option { return func(o *options) { o.token = &token } }
 
-// WithTLS dials with TLS (nil config: the system roots).
+// WithTLS dials with TLS (nil config: the system roots). Without this option
+// (or WithTLSFiles) Dial reads CHECKPOINTD_TLS_CA, CHECKPOINTD_TLS_CERT and
+// CHECKPOINTD_TLS_KEY for a tcp:// address.
+//
+// The name checked in the daemon's certificate is the address's host, or
+// config.ServerName. An IP address is checked against the certificate's IP
+// addresses and never sent as the TLS server name (SNI).
 func WithTLS(config *tls.Config) Option {
 	return func(o *options) {
 		if config == nil {
 			config = &tls.Config{MinVersion: tls.VersionTLS12}
 		}
-		o.tls = config
+		o.tls, o.tlsFiles = config, nil
 	}
 }
 
-// WithConnectTimeout bounds how long Dial (and a capture retry) waits for the
-// daemon to be SERVING (default 10 s).
+// WithTLSFiles dials with TLS from PEM files, as the checkpointd CLI's
+// --tls-ca, --tls-cert and --tls-key flags: ca verifies the daemon ("" for the
+// system roots); cert and key (both or neither) are a client certificate for
+// mutual TLS.
+func WithTLSFiles(ca, cert, key string) Option {
+	return func(o *options) { o.tls, o.tlsFiles = nil, &[3]string{ca, cert, key} }
+}
+
+// WithConnectTimeout bounds how long Dial (and a capture retry) waits for a
+// daemon that answers but is not SERVING yet (default 10 s).
 func WithConnectTimeout(d time.Duration) Option { return func(o *options) { o.connectTimeout = d } }
+
+// WithWaitForDaemon makes Dial wait up to d for a daemon that does not listen
+// yet (a sidecar starting beside the caller). Without it a missing socket or a
+// refused connection fails at once.
+func WithWaitForDaemon(d time.Duration) Option { return func(o *options) { o.waitForDaemon = d } }
 
 // WithRetry sets the retry policy.
 func WithRetry(p RetryPolicy) Option { return func(o *options) { o.retry = p } }
+
+// WithDeadlines sets the deadline of each kind of call whose context has none
+// (see Deadlines).
+func WithDeadlines(d Deadlines) Option { return func(o *options) { o.deadlines = d } }
+
+// WithWorkspace is where the caller sees the daemon's workspace (its
+// --workspace): the folder a WorkspaceRoot option must lie within. Without it,
+// CHECKPOINTD_WORKSPACE (what the daemon reads too), else /workspace (the
+// daemon's default).
+func WithWorkspace(path string) Option { return func(o *options) { o.workspace = path } }
 
 // WithDialOptions adds grpc-go dial options.
 func WithDialOptions(opts ...grpc.DialOption) Option {
@@ -139,44 +157,21 @@ func Target(address string) string {
 	return address
 }
 
-func typedUnary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
-	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	return FromError(invoker(ctx, method, req, reply, cc, opts...))
-}
-
-type typedStream struct{ grpc.ClientStream }
-
-func (s typedStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if errors.Is(err, io.EOF) {
-		return err
-	}
-	return FromError(err)
-}
-
-func (s typedStream) SendMsg(m any) error {
-	err := s.ClientStream.SendMsg(m)
-	if errors.Is(err, io.EOF) {
-		return err // the real status comes from RecvMsg
-	}
-	return FromError(err)
-}
-
-func (s typedStream) CloseSend() error { return FromError(s.ClientStream.CloseSend()) }
-
-func typedStreamer(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string,
-	streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	stream, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil {
-		return nil, FromError(err)
-	}
-	return typedStream{stream}, nil
+func isUnix(address string) bool {
+	return strings.HasPrefix(address, "unix:") || strings.HasPrefix(address, "/")
 }
 
 // Dial connects to the daemon at address ("unix:///abs/path.sock",
-// "unix:/abs/path.sock", "tcp://host:port" or "host:port") and waits until its
-// health check says SERVING. A missing or wrong token fails at once with an
-// Error whose Code is CodeUnauthenticated.
+// "unix:/abs/path.sock", "tcp://host:port" or "host:port"; "" reads
+// CHECKPOINTD_ADDRESS, else the socket in CHECKPOINTD_DATA_DIR or
+// DefaultDataDir, as the checkpointd CLI does) and checks that its health
+// check says SERVING and that it accepts the caller.
+//
+// It fails at once, with the cause in the message, when no daemon listens (a
+// missing socket, a refused connection: IsUnavailable), when TLS fails, and
+// when the token is missing or wrong (Code CodeUnauthenticated). A daemon that
+// answers NOT_SERVING (starting or draining) is waited for up to the connect
+// timeout.
 func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) {
 	o := options{
 		connectTimeout: 10 * time.Second,
@@ -185,44 +180,108 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 	for _, opt := range opts {
 		opt(&o)
 	}
+	address, err := fromEnvironment(address, &o)
+	if err != nil {
+		return nil, err
+	}
 	creds := insecure.NewCredentials()
 	if o.tls != nil {
 		creds = credentials.NewTLS(o.tls)
 	}
+	kinds := callKinds{o.deadlines.withDefaults()}
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultServiceConfig(serviceConfig(o.retry)),
-		grpc.WithChainUnaryInterceptor(typedUnary),
-		grpc.WithChainStreamInterceptor(typedStreamer),
+		grpc.WithChainUnaryInterceptor(kinds.unary),
+		grpc.WithChainStreamInterceptor(kinds.stream),
 	}
-	if o.token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearer{o.token}))
+	if o.token != nil && *o.token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{*o.token}))
 	}
 	conn, err := grpc.NewClient(Target(address), append(dial, o.dialOptions...)...)
 	if err != nil {
-		return nil, err
+		return nil, invalidArgument(fmt.Sprintf("address %q: %v", address, err), map[string]string{"address": address})
 	}
 	client := &Client{
 		CheckpointdClient: pb.NewCheckpointdClient(conn),
 		Health:            healthpb.NewHealthClient(conn),
 		conn:              conn,
 		address:           address,
+		workspace:         o.workspace,
 		retry:             o.retry,
 		connectTimeout:    o.connectTimeout,
 	}
-	if err := client.WaitServing(ctx, o.connectTimeout); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	// Health answers without a token (probes cannot send one); GetServerInfo is
-	// behind it, so a missing or wrong token is reported here.
-	infoCtx, cancel := context.WithTimeout(ctx, o.connectTimeout)
-	defer cancel()
-	if _, err := client.GetServerInfo(infoCtx, &pb.GetServerInfoRequest{}); err != nil {
+	if err := client.connect(ctx, &o); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return client, nil
+}
+
+// connect waits for SERVING, then asks GetServerInfo: health answers without a
+// token (probes cannot send one), GetServerInfo is behind it, so a missing or
+// wrong token is reported here.
+func (c *Client) connect(ctx context.Context, o *options) error {
+	ctx, cancel := context.WithTimeout(ctx, o.connectTimeout)
+	defer cancel()
+	waitUntil := time.Now().Add(o.waitForDaemon)
+	for {
+		reply, err := c.Health.Check(ctx, &healthpb.HealthCheckRequest{})
+		switch {
+		case err == nil && reply.GetStatus() == healthpb.HealthCheckResponse_SERVING:
+			_, err = c.GetServerInfo(ctx, &pb.GetServerInfoRequest{})
+			if IsUnavailable(err) {
+				return c.unreachable(err, o)
+			}
+			return err
+		case err == nil:
+			err = fmt.Errorf("it answers %s", reply.GetStatus())
+		case ctx.Err() != nil:
+			return FromError(ctx.Err())
+		case IsUnavailable(err) && time.Now().Before(waitUntil):
+			c.conn.ResetConnectBackoff()
+		default:
+			return c.unreachable(err, o)
+		}
+		select {
+		case <-ctx.Done():
+			if o.connectTimeout > 0 && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return newError(CodeUnavailable, codes.Unavailable,
+					fmt.Sprintf("the daemon at %s is not SERVING after %s: %v", c.address, o.connectTimeout, err),
+					map[string]string{"address": c.address})
+			}
+			return FromError(ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// unreachable says why a connection failed, from grpc-go's transport error,
+// and what to check.
+func (c *Client) unreachable(err error, o *options) error {
+	var e Error
+	if !errors.As(err, &e) || e.GRPCCode != codes.Unavailable || e.Code != CodeUnavailable {
+		return err
+	}
+	cause := e.Message
+	if i := strings.Index(cause, "transport: "); i >= 0 {
+		cause = strings.TrimSuffix(cause[i+len("transport: "):], `"`)
+	}
+	cause = strings.TrimPrefix(cause, "Error while dialing: ")
+	hint := ""
+	switch {
+	case strings.Contains(cause, "no such file or directory"):
+		hint = "; no socket there: is the daemon running? Point CHECKPOINTD_ADDRESS or CHECKPOINTD_DATA_DIR at it"
+	case strings.Contains(cause, "connection refused"):
+		hint = "; nothing listens there: is the daemon running, on this port?"
+	case strings.Contains(cause, "tls:") || strings.Contains(cause, "x509:"):
+		hint = "; TLS failed: the daemon's certificate must be signed by CHECKPOINTD_TLS_CA (WithTLS), for this host"
+	case o.tls == nil && !isUnix(c.address):
+		hint = "; does the daemon use TLS (--tls-cert)? Then set CHECKPOINTD_TLS_CA (WithTLS)"
+	}
+	return newError(CodeUnavailable, codes.Unavailable,
+		fmt.Sprintf("cannot reach the daemon at %s: %s%s", c.address, cause, hint),
+		map[string]string{"address": c.address})
 }
 
 // Close closes the connection.
@@ -231,8 +290,12 @@ func (c *Client) Close() error { return c.conn.Close() }
 // Conn is the underlying grpc-go connection.
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
+// Address is the daemon's address (after the environment was read).
+func (c *Client) Address() string { return c.address }
+
 // WaitServing waits (at most timeout) until the daemon answers its health check
-// with SERVING; a starting or draining daemon says NOT_SERVING.
+// with SERVING; a starting or draining daemon says NOT_SERVING, and an
+// unreachable one is dialled again.
 func (c *Client) WaitServing(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -253,13 +316,9 @@ func (c *Client) WaitServing(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-ctx.Done():
-			return Error{&Details{
-				Code:     "SANDBOX_SNAPSHOT_UNAVAILABLE",
-				Message:  fmt.Sprintf("daemon at %s not SERVING after %s: %v", c.address, timeout, last),
-				Metadata: map[string]string{"address": c.address},
-				GRPCCode: codes.Unavailable,
-				Status:   status.New(codes.Unavailable, last.Error()),
-			}}
+			return newError(CodeUnavailable, codes.Unavailable,
+				fmt.Sprintf("daemon at %s not SERVING after %s: %v", c.address, timeout, last),
+				map[string]string{"address": c.address})
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

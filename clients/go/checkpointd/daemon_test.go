@@ -95,7 +95,7 @@ func startDaemon(tcp bool, token string, extra []string, dial ...checkpointd.Opt
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 	client, err := checkpointd.Dial(ctx, d.address, append([]checkpointd.Option{checkpointd.WithToken(token),
-		checkpointd.WithConnectTimeout(30 * time.Second)}, dial...)...)
+		checkpointd.WithConnectTimeout(30 * time.Second), checkpointd.WithWaitForDaemon(30 * time.Second)}, dial...)...)
 	if err != nil {
 		d.stop()
 		return nil, fmt.Errorf("daemon did not start: %w\n%s", err, d.log.String())
