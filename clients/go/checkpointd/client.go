@@ -264,9 +264,10 @@ func (c *Client) unreachable(err error, o *options) error {
 		return err
 	}
 	cause := e.Message
-	if i := strings.Index(cause, "transport: "); i >= 0 {
-		cause = strings.TrimSuffix(cause[i+len("transport: "):], `"`)
+	if i := strings.LastIndex(cause, `desc = "`); i >= 0 {
+		cause = strings.TrimSuffix(cause[i+len(`desc = "`):], `"`)
 	}
+	cause = strings.TrimPrefix(cause, "transport: ")
 	cause = strings.TrimPrefix(cause, "Error while dialing: ")
 	hint := ""
 	switch {
@@ -274,10 +275,13 @@ func (c *Client) unreachable(err error, o *options) error {
 		hint = "; no socket there: is the daemon running? Point CHECKPOINTD_ADDRESS or CHECKPOINTD_DATA_DIR at it"
 	case strings.Contains(cause, "connection refused"):
 		hint = "; nothing listens there: is the daemon running, on this port?"
+	case strings.Contains(cause, "first record does not look like a TLS handshake"):
+		hint = "; the daemon does not use TLS there: drop WithTLS / CHECKPOINTD_TLS_CA, or start it with --tls-cert"
 	case strings.Contains(cause, "tls:") || strings.Contains(cause, "x509:"):
-		hint = "; TLS failed: the daemon's certificate must be signed by CHECKPOINTD_TLS_CA (WithTLS), for this host"
+		hint = "; TLS failed: the daemon's certificate (--tls-cert) must be signed by the CA given " +
+			"(CHECKPOINTD_TLS_CA, WithTLS) and name this host"
 	case o.tls == nil && !isUnix(c.address):
-		hint = "; does the daemon use TLS (--tls-cert)? Then set CHECKPOINTD_TLS_CA (WithTLS)"
+		hint = "; does the daemon use TLS (--tls-cert)? Then set CHECKPOINTD_TLS_CA (or WithTLS)"
 	}
 	return newError(CodeUnavailable, codes.Unavailable,
 		fmt.Sprintf("cannot reach the daemon at %s: %s%s", c.address, cause, hint),

@@ -43,9 +43,28 @@ func cleanEnv() []string {
 
 type daemon struct {
 	address, token, workspace, blobsDir, store, base string
+	dataDir                                          string
 	cmd                                              *exec.Cmd
-	log                                              *bytes.Buffer
+	log                                              *syncBuffer
 	dialOptions                                      []checkpointd.Option
+}
+
+// syncBuffer is the daemon's output, written by its process while a test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 func freePort() (int, error) {
@@ -62,10 +81,11 @@ func startDaemon(tcp bool, token string, extra []string, dial ...checkpointd.Opt
 	if err != nil {
 		return nil, err
 	}
-	d := &daemon{token: token, base: base, log: &bytes.Buffer{},
+	d := &daemon{token: token, base: base, log: &syncBuffer{},
 		workspace: filepath.Join(base, "ws"), blobsDir: filepath.Join(base, "blobs"),
 		store: "sqlite://" + filepath.Join(base, "checkpoints.db")}
 	dataDir := filepath.Join(base, "data")
+	d.dataDir = dataDir
 	for _, dir := range []string{d.workspace, d.blobsDir, dataDir} {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			return nil, err
