@@ -388,11 +388,16 @@ def read_pack_trailer(tail: bytes, pack_len: int) -> list[tuple[str, int, int, i
     """The blobs a pack lists, from its tail (trailer + footer at least):
     ``(digest, offset, stored_len, raw_len, codec, kind)``; PackInvalid."""
 
-def verify_pack(data: bytes) -> tuple[str, bytes, bytes, bytes, bytes, bytes]:
-    """Check a whole pack (trailer, every frame decoded, its size and BLAKE3
-    compared) and return ``(BLAKE3 hex of the pack, digests, offsets, lengths,
-    raw_sizes, codecs)``: its index rows as ``PackWriter.finish_with_rows``
-    gives them. PackInvalid, PackedBlobInvalid."""
+def verify_pack_file(
+    fd: int, size: int, max_blob: int, max_total: int
+) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """Check the whole pack in the ``size`` bytes of the file ``fd`` (read by
+    offset, never whole): header, trailer, every entry's claimed size at most
+    ``max_blob`` and their sum at most ``max_total`` before anything is
+    decoded, every frame decoded streaming in a bounded window and its size and
+    BLAKE3 compared (decoding stops past the entry's size). Returns
+    ``(digests, offsets, lengths, raw_sizes, codecs)``: its index rows as
+    ``PackWriter.finish_with_rows`` gives them. PackInvalid, PackedBlobInvalid."""
 
 # The manifest as bytes (the codec's compact JSON rows). Digests are raw 32-byte
 # BLAKE3 values, passed as one bytes object of concatenated, sorted, distinct

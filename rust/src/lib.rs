@@ -10,6 +10,7 @@ pub mod fs;
 pub mod hash;
 pub mod manifest;
 pub mod pack;
+pub mod packcheck;
 pub mod policy;
 pub mod redact;
 pub mod restore;

@@ -442,28 +442,6 @@ pub fn read_trailer(tail: &[u8], pack_len: u64) -> Result<Vec<Entry>, PackError>
     Ok(entries)
 }
 
-/// A whole pack checked before anything may name it (the gateway's check of
-/// an upload from a sidecar it does not trust): its trailer read as
-/// [`read_trailer`] does (header, check bytes, frames exactly filling the space
-/// before it), every entry a file blob, and every frame decoded and its size
-/// and BLAKE3 compared with its entry (in parallel, nothing kept). Returns the
-/// entries in pack order; the first damaged frame is [`PackError::Blob`].
-pub fn verify_pack(pack: &[u8]) -> Result<Vec<Entry>, PackError> {
-    let entries = read_trailer(pack, pack.len() as u64)?;
-    if let Some(e) = entries.iter().find(|e| e.kind != KIND_FILE) {
-        return Err(PackError::Pack(format!(
-            "the pack lists a blob of unknown kind {}",
-            e.kind
-        )));
-    }
-    entries.par_iter().try_for_each(|e| {
-        // read_trailer checked that the frames fill the space before the trailer.
-        let start = e.offset as usize;
-        decode_frame(e, &pack[start..start + e.stored_len as usize]).map(drop)
-    })?;
-    Ok(entries)
-}
-
 /// One ranged read of a pack: bytes `[start, end)` of pack `pack` (the
 /// caller's number for it) and the frames it holds (indices into the
 /// caller's list), by offset.
@@ -664,30 +642,6 @@ mod tests {
         let offset = u32::from_ne_bytes(columns.offsets[at..at + 4].try_into().unwrap());
         let length = u32::from_ne_bytes(columns.lengths[at..at + 4].try_into().unwrap());
         assert_eq!((offset as u64, length), (of_a.offset, of_a.stored_len));
-    }
-
-    #[test]
-    fn verify_pack_checks_every_frame() {
-        let mut builder = PackBuilder::new();
-        let (d1, b1) = blob(&pseudo_random(5000, 1));
-        let (d2, b2) = blob(&b"hello hello hello hello hello hello hello"[..]);
-        builder
-            .add_many(&[(d1, b1.as_slice()), (d2, b2.as_slice())])
-            .unwrap();
-        let pack = builder.finish();
-        let entries = verify_pack(&pack).unwrap();
-        assert_eq!(entries.len(), 2);
-        // One flipped byte in a frame: the trailer still reads, the frame does not.
-        let mut bad = pack.clone();
-        bad[HEADER_LEN + 10] ^= 1;
-        match verify_pack(&bad) {
-            Err(PackError::Blob { digest, .. }) => assert_eq!(digest, d1),
-            other => panic!("{other:?}"),
-        }
-        assert!(matches!(
-            verify_pack(&pack[..pack.len() - 1]),
-            Err(PackError::Pack(_))
-        ));
     }
 
     #[test]

@@ -7,9 +7,14 @@ runs next to arbitrary code) may never point a row at bytes that are not K's,
 at a pack that is not there, or at a pack a sweep is deleting. The rules:
 
 * **Uploads** (BlobPut/BlobPutMany of ``sandbox-packs/blake3/<hex>``): the
-  whole pack is checked before it is stored (``_native.verify_pack``: its
-  BLAKE3 is its key, its trailer reads, every frame decodes to its digest), as a
-  single blob is hashed. So every pack in the bucket (written through a gateway
+  whole pack is checked before it is stored, as a single blob is hashed: its
+  BLAKE3 is its key, its trailer reads, every frame decodes to its digest
+  (``_native.verify_pack_file``). A pack is spooled to a file as it arrives
+  and checked from there, frame by frame, each decoded streaming in a bounded
+  window and hashed as it decodes: no frame is decoded past its entry's size,
+  and a trailer claiming more than ``PackLimits`` (per blob, in all) is refused
+  before anything is decoded, so a few kilobytes of zstd frames that claim
+  gigabytes cost the gateway nothing. So every pack in the bucket (written through a gateway
   or by the operator's own sweep and migrate) holds exactly what its trailer
   says. The gateway remembers each pack it stored (``VerifiedPacks``) with the
   time it was durable.
@@ -47,14 +52,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .. import _native
+from ..blobs.packs import PACK_TARGET_BYTES
 from ..errors import INVALID_BLOB, SandboxCheckpointError, SandboxCheckpointInvalidEntryError
-from ..store._packindex import PACK_KEY_PREFIX, PackColumns
+from ..store._packindex import PackColumns
 from ..store.base import PackedBlob
 from .tokens import TokenScope
 
-# A pack a sidecar uploads is held in memory while it is checked: its writer
-# closes it near 16 MiB (blobs/packs.py), one blob past that at most.
+# The largest pack a gateway takes: its writer closes one near 16 MiB
+# (blobs/packs.py), one blob past that at most.
 MAX_PACK_BYTES = 64 << 20
+# What a pack's trailer may claim before any frame is decoded (``PackLimits``):
+# a packed blob is below its writer's pack threshold, at most the pack size.
+MAX_PACKED_BLOB_BYTES = PACK_TARGET_BYTES
+MAX_PACK_DECODED_BYTES = 1 << 30
 # Rows of the packs remembered as stored (about 45 bytes each).
 VERIFIED_PACK_ROWS = 2_000_000
 # Keys remembered as pinned through this gateway, and writers per key (the
@@ -72,42 +82,46 @@ def u32s(data: bytes) -> array[int]:
     return column
 
 
-def verified_pack(key: str, data: bytes) -> PackColumns:
-    """The index rows of a pack an untrusted writer uploads, once the whole
-    pack checks: INVALID_BLOB naming the pack (and the blob) otherwise."""
-    if len(data) > MAX_PACK_BYTES:
-        raise SandboxCheckpointError(
-            f"pack {key!r} is {len(data)} bytes, more than a gateway takes ({MAX_PACK_BYTES})",
-            code=INVALID_BLOB,
-            details={"key": key, "pack": key},
-        )
+@dataclass(frozen=True, slots=True)
+class PackLimits:
+    """The decoded sizes an uploaded pack may claim: per blob, and in all."""
+
+    max_blob: int = MAX_PACKED_BLOB_BYTES
+    max_total: int = MAX_PACK_DECODED_BYTES
+
+
+def verified_pack(key: str, fd: int, size: int, limits: PackLimits) -> PackColumns:
+    """The index rows of a pack an untrusted writer uploaded, the ``size``
+    bytes of the file ``fd``, once the whole pack checks within ``limits``
+    (``_native.verify_pack_file``: nothing decoded past an entry's size or a
+    limit, frames decoded streaming): INVALID_BLOB naming the pack (and the
+    blob) otherwise. The caller checks that the pack's bytes hash to ``key``."""
+    if size > MAX_PACK_BYTES:
+        raise refuse_pack(key, f"it is {size} bytes, more than a gateway takes ({MAX_PACK_BYTES})")
     try:
-        hex_digest, digests, offsets, lengths, raw_sizes, codecs = _native.verify_pack(data)
+        digests, offsets, lengths, raw_sizes, codecs = _native.verify_pack_file(
+            fd, size, limits.max_blob, limits.max_total
+        )
     except _native.PackedBlobInvalid as invalid:
         digest, reason = invalid.args
-        raise SandboxCheckpointError(
-            f"pack {key!r} refused: its blob {digest} is invalid: {reason}",
-            code=INVALID_BLOB,
-            details={"key": key, "pack": key, "blob": digest},
-        ) from None
+        raise refuse_pack(key, f"its blob {digest} is invalid: {reason}", blob=digest) from None
     except _native.PackInvalid as invalid:
-        raise SandboxCheckpointError(
-            f"pack {key!r} refused: {invalid.args[0]}",
-            code=INVALID_BLOB,
-            details={"key": key, "pack": key},
-        ) from None
-    if key != PACK_KEY_PREFIX + hex_digest:
-        raise SandboxCheckpointError(
-            f"pack bytes do not hash to their key {key!r} (BLAKE3 {hex_digest})",
-            code=INVALID_BLOB,
-            details={"key": key, "pack": key},
-        )
+        raise refuse_pack(key, invalid.args[0]) from None
     return PackColumns(key, digests, u32s(offsets), u32s(lengths), u32s(raw_sizes), codecs)
+
+
+def refuse_pack(key: str, problem: str, **details: str) -> SandboxCheckpointError:
+    """INVALID_BLOB naming the pack: the upload is refused, nothing is stored."""
+    return SandboxCheckpointError(
+        f"pack {key!r} refused: {problem}",
+        code=INVALID_BLOB,
+        details={"key": key, "pack": key, **details},
+    )
 
 
 def columns_of_entries(pack: str, entries: Iterable[PackedBlob]) -> PackColumns:
     """A trailer's entries as index columns (one row per digest, its first
-    frame, digest order), as ``verify_pack`` and the pack writer give them."""
+    frame, digest order), as ``verify_pack_file`` and the pack writer give them."""
     first: dict[bytes, PackedBlob] = {}
     for entry in entries:
         first.setdefault(bytes.fromhex(entry.key[-64:]), entry)
@@ -228,11 +242,15 @@ class Pins:
 
 
 __all__ = [
+    "MAX_PACKED_BLOB_BYTES",
     "MAX_PACK_BYTES",
+    "MAX_PACK_DECODED_BYTES",
+    "PackLimits",
     "Pins",
     "VerifiedPack",
     "VerifiedPacks",
     "columns_of_entries",
+    "refuse_pack",
     "refuse_rows",
     "rows_problem",
     "u32s",

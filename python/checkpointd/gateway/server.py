@@ -31,6 +31,7 @@ from ..service.server import _server_credentials, backend_name
 from ..store.base import CheckpointStore
 from ..v1 import gateway_pb2, gateway_pb2_grpc
 from . import wire
+from .auth import GatewayAuthInterceptor
 from .servicer import GatewayServicer
 from .tokens import DEFAULT_AUDIENCE, TokenVerifier, load_verifying_key
 
@@ -100,8 +101,12 @@ def build_gateway_server(
     config: GatewayConfig, servicer: GatewayServicer
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer, int]:
     """The server, bound but not started, and the port it bound."""
+    interceptor = GatewayAuthInterceptor(
+        servicer.authenticator, lambda: servicer.draining, servicer.observe
+    )
     server = grpc.aio.server(
-        options=[*wire.CHANNEL_OPTIONS, ("grpc.so_reuseport", 0)],
+        interceptors=[interceptor],
+        options=[*wire.SERVER_OPTIONS, ("grpc.so_reuseport", 0)],
     )
     gateway_pb2_grpc.add_GatewayServicer_to_server(servicer, server)
     health_servicer = health.aio.HealthServicer()

@@ -43,14 +43,12 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import tempfile
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-import blake3
 import grpc
 import obstore
 from obstore.store import AzureStore, GCSStore, S3Store
@@ -60,12 +58,11 @@ from ..blobs.base import BlobNotFoundError, BlobStore, get_ranges
 from ..blobs.pack_listing import PackTrailerError, read_pack_entries
 from ..blobs.packs import plan_pack_reads
 from ..codec import decode_checkpoint, encode_checkpoint
-from ..errors import INVALID_BLOB, SandboxCheckpointError, SandboxCheckpointInvalidArgumentError
-from ..model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, Checkpoint, WriterLease
+from ..errors import SandboxCheckpointInvalidArgumentError
+from ..model import FILE_KEY_PREFIX, Checkpoint, WriterLease
 from ..service import status
-from ..service.auth import AUTHORIZATION
 from ..service.servicer import SPENT_REQUEST_PREFIX
-from ..store._packindex import PACK_KEY_PREFIX, PackColumns, PackedRows, artifact_twin
+from ..store._packindex import PackColumns, PackedRows, artifact_twin
 from ..store.base import (
     BlobCount,
     CheckpointStore,
@@ -77,7 +74,8 @@ from ..store.base import (
 from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from . import packs as pack_rules
-from . import wire
+from . import uploads, wire
+from .auth import TOKEN_CACHE_SIZE, Authenticator
 from .tokens import TokenScope, TokenVerifier
 
 T = TypeVar("T")
@@ -88,10 +86,6 @@ UPLOAD_OPS = ("capture", "admin")
 ADMIN = ("admin",)
 # Keys remembered as referenced by some thread (see the module docstring).
 REFERENCE_MEMORY_KEYS = 1_000_000
-# Verified tokens kept (re-checked for expiry on every use).
-TOKEN_CACHE_SIZE = 10_000
-# Blob uploads above this size are spooled to a temporary file while hashed.
-SPOOL_BYTES = 8 << 20
 # Threads read per store page when ListThreads filters to a token's threads.
 THREAD_SCAN_PAGE = 500
 # The bytes of servicer.mark_spent's markers (the daemon's, not content-addressed).
@@ -157,23 +151,6 @@ def _is_uuid(text: str) -> bool:
         return False
 
 
-def _check_blob_bytes(key: str, digest: str) -> None:
-    for prefix in (FILE_KEY_PREFIX, ARTIFACT_KEY_PREFIX, PACK_KEY_PREFIX):
-        if key.startswith(prefix):
-            if key[len(prefix) :] != digest:
-                raise SandboxCheckpointError(
-                    f"blob bytes do not hash to their key {key!r} (BLAKE3 {digest})",
-                    code=INVALID_BLOB,
-                    details={"key": key},
-                )
-            return
-    raise SandboxCheckpointInvalidArgumentError(
-        f"not a blob key: {key!r} (sandbox-files/blake3/<hex>, sandbox-artifacts/blake3/<hex>"
-        " or sandbox-packs/blake3/<hex>)",
-        details={"key": key},
-    )
-
-
 def _decoded(document: bytes) -> Checkpoint:
     """The checkpoint a sidecar sent; a document that does not decode is the
     caller's error (the store validates the fields of one that does)."""
@@ -195,6 +172,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         store_backend: str = "",
         blob_backend: str = "",
         observe: Callable[[str, grpc.StatusCode, float], None] | None = None,
+        pack_limits: pack_rules.PackLimits | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -204,41 +182,27 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self._renew, self._release = _lease_callbacks(store)
         self._references = _References()
         self._scanned: OrderedDict[str, str | None] = OrderedDict()  # thread → head listed
-        self._scopes: OrderedDict[str, TokenScope] = OrderedDict()
+        self.authenticator = Authenticator(verifier)
         self._packs = pack_rules.VerifiedPacks()  # packs stored through this gateway
         self._pins = pack_rules.Pins()  # keys pinned through this gateway
-        self._observe = observe
+        self.observe = observe
         self.draining = False
         # Blob bytes that crossed the gateway (streamed), for the metrics.
         self.bytes_in = 0
         self.bytes_out = 0
+        self._receiver = uploads.Receiver(
+            pack_limits or pack_rules.PackLimits(), on_bytes=self._count_in
+        )
+
+    def _count_in(self, nbytes: int) -> None:
+        self.bytes_in += nbytes
 
     # ------------------------------------------------------------ plumbing
 
     def _scope(self, context: grpc.aio.ServicerContext[Any, Any]) -> TokenScope:
-        token = ""
-        for key, value in context.invocation_metadata() or ():
-            if key == AUTHORIZATION:
-                text = value if isinstance(value, str) else bytes(value).decode("latin-1")
-                scheme, _, token = text.partition(" ")
-                if scheme.lower() != "bearer":
-                    token = ""
-                break
-        if not token:
-            raise status.ServiceError(
-                status.UNAUTHENTICATED, "gateway token refused: missing", why="missing"
-            )
-        token = token.strip()
-        scope = self._scopes.get(token)
-        if scope is None:
-            scope = self.verifier.verify(token)
-            self._scopes[token] = scope
-            while len(self._scopes) > TOKEN_CACHE_SIZE:
-                self._scopes.popitem(last=False)
-        elif scope.expires_at + 60 <= time.time():
-            del self._scopes[token]
-            scope = self.verifier.verify(token)  # raises: expired
-        return scope
+        # Verified before the request was read (``auth.GatewayAuthInterceptor``):
+        # the scope is in the authenticator's cache.
+        return self.authenticator.scope(context.invocation_metadata())
 
     async def _unary(
         self,
@@ -261,8 +225,8 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             await context.abort(code, message, trailing_metadata=trailers)
             raise  # unreachable: abort raises
         finally:
-            if self._observe is not None:
-                self._observe(method, code, time.perf_counter() - started)
+            if self.observe is not None:
+                self.observe(method, code, time.perf_counter() - started)
 
     async def _stream(
         self,
@@ -284,8 +248,8 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             code, message, trailers = wire.error_trailers(exc)
             await context.abort(code, message, trailing_metadata=trailers)
         finally:
-            if self._observe is not None:
-                self._observe(method, code, time.perf_counter() - started)
+            if self.observe is not None:
+                self.observe(method, code, time.perf_counter() - started)
 
     def _document(self, checkpoint: Checkpoint) -> gpb.GatewayCheckpoint:
         self._references.remember(checkpoint)
@@ -707,77 +671,38 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         if checkpoint is not None:
             scope.require(("prune",), checkpoint.thread_id)
 
-    async def _receive(
-        self, scope: TokenScope, chunks: AsyncIterable[gpb.GatewayBlobChunk]
-    ) -> AsyncIterator[tuple[str, bool, bytes | Any, PackColumns | None]]:
-        """(key, if_absent, bytes or a spooled file, a pack's rows) per blob of an
-        upload stream, each checked against its key's digest; a pack is checked
-        whole (``gateway/packs.py``) and its rows come with it."""
-        key: str | None = None
-        if_absent = True
-        hasher = blake3.blake3()
-        parts: list[bytes] = []
-        size = 0
-        spool: Any = None
-        async for chunk in chunks:
-            if key is None:
-                key, if_absent = chunk.key, chunk.if_absent
-            hasher.update(chunk.data)
-            size += len(chunk.data)
-            self.bytes_in += len(chunk.data)
-            is_pack = key.startswith(PACK_KEY_PREFIX)
-            if is_pack and size > pack_rules.MAX_PACK_BYTES:
-                raise SandboxCheckpointError(
-                    f"pack {key!r} is larger than a gateway takes ({pack_rules.MAX_PACK_BYTES})",
-                    code=INVALID_BLOB,
-                    details={"key": key, "pack": key},
-                )
-            if spool is None and size > SPOOL_BYTES and not is_pack:  # a pack is checked in memory
-                spool = tempfile.TemporaryFile()
-                for part in parts:
-                    spool.write(part)
-                parts = []
-            if spool is not None:
-                await asyncio.to_thread(spool.write, chunk.data)
-            else:
-                parts.append(chunk.data)
-            if chunk.last:
-                data = spool if spool is not None else b"".join(parts)
-                columns = None
-                if key.startswith(SPENT_REQUEST_PREFIX):
-                    await self._check_spent_marker(scope, key, data)
-                elif is_pack:
-                    columns = await asyncio.to_thread(pack_rules.verified_pack, key, data)
-                else:
-                    _check_blob_bytes(key, hasher.hexdigest())
-                yield key, if_absent, data, columns
-                key, hasher, parts, size, spool = None, blake3.blake3(), [], 0, None
-        if key is not None:
-            raise SandboxCheckpointInvalidArgumentError(
-                f"the upload of {key!r} ended without its last chunk", details={"key": key}
-            )
+    def _special_upload(self, scope: TokenScope) -> Callable[[str], uploads.MarkerCheck | None]:
+        """The check of an uploaded key that is not content-addressed: the
+        daemon's spent-request markers (``_check_spent_marker``)."""
 
-    @staticmethod
-    async def _spooled(spool: Any) -> AsyncIterator[bytes]:
-        await asyncio.to_thread(spool.seek, 0)
-        try:
-            while chunk := await asyncio.to_thread(spool.read, wire.BLOB_CHUNK_BYTES):
-                yield chunk
-        finally:
-            spool.close()
+        def special(key: str) -> uploads.MarkerCheck | None:
+            if not key.startswith(SPENT_REQUEST_PREFIX):
+                return None
+
+            async def check(key: str, data: bytes) -> None:
+                await self._check_spent_marker(scope, key, data)
+
+            return check
+
+        return special
 
     async def BlobPut(self, request_iterator: Any, context: Any) -> gpb.GatewayBlobPutResponse:
         async def work(scope: TokenScope) -> gpb.GatewayBlobPutResponse:
             scope.require(UPLOAD_OPS)
             written = False
-            async for key, if_absent, data, columns in self._receive(scope, request_iterator):
-                body = data if isinstance(data, bytes) else self._spooled(data)
-                # A pack is never overwritten: the bytes under its key are its key's.
-                written = await self.blobs.put(
-                    key, body, if_absent=if_absent or columns is not None
-                )
-                if columns is not None:
-                    self._packs.remember(columns)  # durable now (stored, or there already)
+            special = self._special_upload(scope)
+            async for upload in self._receiver.uploads(request_iterator, special):
+                try:
+                    # A pack is never overwritten: the bytes under its key are its key's.
+                    written = await self.blobs.put(
+                        upload.key,
+                        upload.body(),
+                        if_absent=upload.if_absent or upload.columns is not None,
+                    )
+                finally:
+                    upload.close()
+                if upload.columns is not None:
+                    self._packs.remember(upload.columns)  # durable now (stored, or there already)
             return gpb.GatewayBlobPutResponse(written=written)
 
         return await self._unary("BlobPut", context, work)
@@ -787,17 +712,33 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     ) -> gpb.GatewayBlobPutManyResponse:
         async def work(scope: TokenScope) -> gpb.GatewayBlobPutManyResponse:
             scope.require(UPLOAD_OPS)
-            items: list[tuple[str, bytes]] = []
-            packs: list[PackColumns] = []
-            async for key, _if_absent, data, columns in self._receive(scope, request_iterator):
-                if not isinstance(data, bytes):  # a batch is for small blobs
-                    data = b"".join([chunk async for chunk in self._spooled(data)])
-                items.append((key, data))
-                if columns is not None:
-                    packs.append(columns)
-            written = await blob_base.put_many(self.blobs, items)
-            for columns in packs:
-                self._packs.remember(columns)  # durable now (stored, or there already)
+            written: list[bool] = []
+            held: list[tuple[str, bytes]] = []  # in memory, stored at BATCH_BYTES
+            held_bytes = 0
+
+            async def store_held() -> None:
+                nonlocal held_bytes
+                if held:
+                    written.extend(await blob_base.put_many(self.blobs, held))
+                    held.clear()
+                    held_bytes = 0
+
+            special = self._special_upload(scope)
+            async for upload in self._receiver.uploads(request_iterator, special):
+                if upload.data is None:  # spooled (large, or a pack): on its own
+                    await store_held()
+                    try:
+                        written.append(await self.blobs.put(upload.key, upload.body()))
+                    finally:
+                        upload.close()
+                else:
+                    held.append((upload.key, upload.data))
+                    held_bytes += upload.size
+                if upload.columns is not None:
+                    self._packs.remember(upload.columns)  # durable now (stored, or there)
+                if held_bytes >= uploads.BATCH_BYTES:
+                    await store_held()
+            await store_held()
             return gpb.GatewayBlobPutManyResponse(written=written)
 
         return await self._unary("BlobPutMany", context, work)

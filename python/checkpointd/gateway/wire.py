@@ -26,11 +26,23 @@ from ..store.base import PackedBlob
 from ..v1 import gateway_pb2 as gpb
 
 DETAILS_JSON_KEY = "checkpointd-details-json-bin"
-# Checkpoint documents of large workspaces are tens of MiB; blobs are chunked.
+# The largest message the gateway sends (a checkpoint document: a large
+# workspace's is tens of MiB) and a sidecar accepts from it.
 MAX_MESSAGE_BYTES = 512 * 1024 * 1024
+# The largest request message the gateway reads, once the call's token has
+# verified (``auth.py``): an Append's document (about 120 bytes per file, so
+# a million files fit). grpc's server keeps one limit for every method; every
+# other request is far smaller (blobs travel in BLOB_CHUNK_BYTES chunks, key
+# lists in batches), and a message above it is refused from its length prefix,
+# before it is read.
+MAX_REQUEST_BYTES = 128 * 1024 * 1024
 BLOB_CHUNK_BYTES = 1 << 20
-CHANNEL_OPTIONS = (
+SERVER_OPTIONS = (
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_REQUEST_BYTES),
+)
+CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", MAX_REQUEST_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 )
 

@@ -79,7 +79,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::pack_trailer_len, m)?)?;
     m.add_function(wrap_pyfunction!(pack::plan_pack_reads, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
-    m.add_function(wrap_pyfunction!(pack::verify_pack, m)?)?;
+    m.add_function(wrap_pyfunction!(pack::verify_pack_file, m)?)?;
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;
     m.add_function(wrap_pyfunction!(restore::manifest_has_secrets, m)?)?;

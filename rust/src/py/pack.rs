@@ -2,10 +2,12 @@
 //! decode blobs out of ranged reads, GIL released, in parallel.
 
 use std::collections::HashSet;
+use std::fs::File;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
 use pyo3::create_exception;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
@@ -13,6 +15,7 @@ use pyo3::types::PyBytes;
 use super::feed::FedBatch;
 use crate::hash::{self, from_hex, to_hex, DigestBuild};
 use crate::pack::{self as core, Entry, PackBuilder, PackError};
+use crate::packcheck::{self, Limits};
 
 create_exception!(
     checkpointd._native,
@@ -507,35 +510,41 @@ pub fn read_pack_trailer(
         .collect())
 }
 
-/// Check a whole pack before anything may name it (``crate::pack::verify_pack``:
-/// trailer, every frame decoded and its BLAKE3 compared) and return the 64-hex
-/// BLAKE3 of the pack and its index rows as columns, exactly as
-/// ``PackWriter.finish_with_rows`` gives them: ``(hex, digests, offsets,
-/// lengths, raw_sizes, codecs)``. Raises PackInvalid, PackedBlobInvalid.
+/// Check a whole pack before anything may name it (``crate::packcheck``:
+/// header, trailer, every entry's claimed size within ``max_blob`` and their
+/// sum within ``max_total``, every frame decoded streaming and its size and
+/// BLAKE3 compared) in the ``size`` bytes of the file ``fd`` (read by offset,
+/// never whole), and return its index rows as columns, exactly as
+/// ``PackWriter.finish_with_rows`` gives them: ``(digests, offsets, lengths,
+/// raw_sizes, codecs)``. Raises PackInvalid, PackedBlobInvalid.
 #[pyfunction]
-#[allow(clippy::type_complexity)]
-pub fn verify_pack<'py>(
+pub fn verify_pack_file<'py>(
     py: Python<'py>,
-    data: PyBackedBytes,
-) -> PyResult<(
-    String,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-    Bound<'py, PyBytes>,
-)> {
-    let (hex, columns) = py
+    fd: RawFd,
+    size: u64,
+    max_blob: u64,
+    max_total: u64,
+) -> PyResult<PyIndexColumns<'py>> {
+    // The caller's fd, borrowed: duplicated, so closing ours leaves theirs open.
+    let file = File::from(dup_fd(fd).map_err(|e| PyOSError::new_err(format!("fd {fd}: {e}")))?);
+    let limits = Limits {
+        max_blob,
+        max_total,
+    };
+    let columns = py
         .allow_threads(|| -> Result<_, PackError> {
-            let entries = core::verify_pack(&data)?;
-            Ok((
-                blake3::hash(&data).to_hex().to_string(),
-                core::index_columns(&entries),
-            ))
+            let entries = packcheck::verify_pack_at(&file, size, limits)?;
+            Ok(core::index_columns(&entries))
         })
         .map_err(pack_to_py)?;
-    let (digests, offsets, lengths, raw_sizes, codecs) = columns_to_py(py, &columns);
-    Ok((hex, digests, offsets, lengths, raw_sizes, codecs))
+    Ok(columns_to_py(py, &columns))
+}
+
+/// A duplicate of `fd` the caller owns.
+fn dup_fd(fd: RawFd) -> std::io::Result<OwnedFd> {
+    // SAFETY: the caller keeps `fd` open for the duration of this call.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    borrowed.try_clone_to_owned()
 }
 
 /// A pack index's columns as Python sees them: digests, offsets, lengths,
