@@ -103,6 +103,9 @@ class Client:
             raise rpc_error(error) from None
 
     async def _stream(self, method: Any, request: Any) -> AsyncIterator[Any]:
+        """The stream's messages. A consumer that stops early cancels the call;
+        one that reads to the end (see ``_until_final``) lets it finish, so the
+        daemon sees a completed call, not a cancelled one."""
         call = method(request, **self._kw())
         try:
             async for message in call:
@@ -111,6 +114,27 @@ class Client:
             raise rpc_error(error) from None
         finally:
             call.cancel()
+
+    async def _until_final(
+        self,
+        method: Any,
+        request: Any,
+        final: str,
+        on_event: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """Read a long-work stream to its end (never cancelling it once the
+        ``final`` event came) and return that event's message; ``on_event``
+        sees every event, the final one too. RpcError when the stream ends
+        without it."""
+        found = None
+        async for event in self._stream(method, request):
+            if on_event is not None:
+                on_event(event)
+            if event.HasField(final):
+                found = getattr(event, final)
+        if found is None:
+            raise RpcError(grpc.StatusCode.UNKNOWN, f"the stream ended without its {final} event")
+        return found
 
     # ---------------------------------------------------------------- long work
 
@@ -148,12 +172,8 @@ class Client:
             request.request_id = request_id
         if source_run_id is not None:
             request.source_run_id = source_run_id
-        async for event in self._stream(self.stub.Capture, request):
-            if on_event is not None:
-                on_event(event)
-            if event.HasField("done"):
-                return event.done
-        raise RpcError(grpc.StatusCode.UNKNOWN, "capture stream ended without a done event")
+        done: pb.CaptureDone = await self._until_final(self.stub.Capture, request, "done", on_event)
+        return done
 
     async def restore(
         self,
@@ -180,12 +200,8 @@ class Client:
             request.checkpoint_id = checkpoint_id
         if policy is not None:
             request.policy.CopyFrom(policy)
-        async for event in self._stream(self.stub.Restore, request):
-            if on_event is not None:
-                on_event(event)
-            if event.HasField("done"):
-                return event.done
-        raise RpcError(grpc.StatusCode.UNKNOWN, "restore stream ended without a done event")
+        done: pb.RestoreDone = await self._until_final(self.stub.Restore, request, "done", on_event)
+        return done
 
     # ---------------------------------------------------------------- reading
 
@@ -226,6 +242,24 @@ class Client:
             token = page.next_page_token
             if not token or (limit is not None and len(out) >= limit):
                 return out if limit is None else out[:limit]
+
+    async def list_checkpoints_page(
+        self,
+        thread_id: str,
+        *,
+        page_size: int,
+        page_token: str = "",
+        newest_first: bool = False,
+    ) -> pb.ListCheckpointsResponse:
+        """One page of the thread's checkpoints (``next_page_token`` empty on the last)."""
+        request = pb.ListCheckpointsRequest(
+            thread_id=thread_id,
+            page_size=page_size,
+            page_token=page_token,
+            newest_first=newest_first,
+        )
+        page: pb.ListCheckpointsResponse = await self._unary(self.stub.ListCheckpoints, request)
+        return page
 
     async def list_threads(self, *, page_size: int = 0) -> AsyncIterator[pb.ThreadSummary]:
         """Every thread that holds checkpoints, page by page."""
@@ -278,11 +312,18 @@ class Client:
         return out
 
     async def read_file(self, checkpoint_id: str, path: str, *, chunk_size: int = 0) -> bytes:
-        parts = []
+        return b"".join(
+            [chunk async for chunk in self.iter_file(checkpoint_id, path, chunk_size=chunk_size)]
+        )
+
+    async def iter_file(
+        self, checkpoint_id: str, path: str, *, chunk_size: int = 0
+    ) -> AsyncIterator[bytes]:
+        """A file of a checkpoint, chunk by chunk (``chunk_size`` 0: the daemon's 256 KiB)."""
         request = pb.ReadFileRequest(checkpoint_id=checkpoint_id, path=path, chunk_size=chunk_size)
         async for message in self._stream(self.stub.ReadFile, request):
-            parts.append(message.data)
-        return b"".join(parts)
+            if message.data:
+                yield message.data
 
     async def upload_artifact(
         self, name: str, mime_type: str, data: bytes | AsyncIterable[bytes]
@@ -363,13 +404,15 @@ class Client:
             request.older_than_ms = older_than_ms
         if repack_below_percent is not None:
             request.repack_below_percent = repack_below_percent
-        async for event in self._stream(self.stub.SweepBlobs, request):
-            if event.HasField("batch"):
-                if on_batch is not None:
-                    on_batch(event.batch)
-            elif event.HasField("summary"):
-                return event.summary
-        raise RpcError(grpc.StatusCode.UNKNOWN, "sweep stream ended without a summary")
+
+        def on_event(event: pb.SweepBlobsEvent) -> None:
+            if on_batch is not None and event.HasField("batch"):
+                on_batch(event.batch)
+
+        summary: pb.SweepBlobsSummary = await self._until_final(
+            self.stub.SweepBlobs, request, "summary", on_event
+        )
+        return summary
 
     async def check(
         self,
@@ -381,12 +424,15 @@ class Client:
         """``checkpointd check``; ``on_event`` sees every finding and progress
         event as it arrives. Returns the summary."""
         request = pb.CheckRequest(read_data=read_data, repair=repair)
-        async for event in self._stream(self.stub.Check, request):
-            if event.HasField("summary"):
-                return event.summary
-            if on_event is not None:
+
+        def on_finding(event: pb.CheckEvent) -> None:
+            if on_event is not None and not event.HasField("summary"):
                 on_event(event)
-        raise RpcError(grpc.StatusCode.UNKNOWN, "check stream ended without a summary")
+
+        summary: pb.CheckSummary = await self._until_final(
+            self.stub.Check, request, "summary", on_finding
+        )
+        return summary
 
     async def server_info(self) -> pb.GetServerInfoResponse:
         return await self._unary(self.stub.GetServerInfo, pb.GetServerInfoRequest())

@@ -337,13 +337,19 @@ def _streaming(
     @functools.wraps(method)
     async def wrapper(self: Any, request: Any, context: Context) -> AsyncIterator[T]:
         with self.state.tracking():
+            answered = False  # the last message sent was the call's result
             try:
                 async for item in method(self, request, context):
+                    answered = _is_final(item)
                     yield item
             except (asyncio.CancelledError, GeneratorExit):
                 # GeneratorExit: grpc closed the stream (the client went away)
-                # while it waited for the next message.
-                _log_cancelled(method.__name__, context)
+                # while it waited for the next message. After the result (a
+                # client that stops reading once it has it) the call succeeded.
+                if answered:
+                    _log.debug("%s: the client closed the stream after its result", method.__name__)
+                else:
+                    _log_cancelled(method.__name__, context)
                 raise
             except Exception as exc:  # noqa: BLE001 - every error becomes a status
                 _log_failure(method.__name__, exc)
@@ -360,6 +366,13 @@ def _log_failure(method: str, exc: BaseException) -> None:
     _log.warning(
         "%s failed: %s %s: %s%s", method, code.name, reason, message, f" ({where})" if where else ""
     )
+
+
+def _is_final(message: Any) -> bool:
+    """True for the message that ends a long-work stream: a ``done`` event
+    (Capture, Restore) or a ``summary`` (SweepBlobs, Check)."""
+    fields = message.DESCRIPTOR.fields_by_name
+    return any(name in fields and message.HasField(name) for name in ("done", "summary"))
 
 
 def _log_cancelled(method: str, context: Context) -> None:
