@@ -1,5 +1,5 @@
 /**
- * `connect()` and the typed client of the daemon.
+ * The typed client of the daemon (made by `connect()`, in connect.ts).
  *
  * Transport: `@grpc/grpc-js`, which dials `unix:///abs/path.sock` natively, so the
  * daemon's default Unix socket needs nothing extra. Every RPC of the generated
@@ -8,6 +8,9 @@
  * client streams take an (async) iterable of requests. Requests are partial
  * objects (`{ threadId: "t" }`); 64-bit integers are `bigint` in replies and
  * accept `number | string | bigint` in requests.
+ *
+ * Deadlines: every call has one, by its kind ({@link DEFAULT_DEADLINES}), unless
+ * the call gives `timeoutMs` (`Infinity`: none).
  *
  * Retries: read-only RPCs are retried by grpc-js itself on UNAVAILABLE (a service
  * config retry policy). `capture` is retried here, because a lost reply may come
@@ -18,13 +21,14 @@
  * committed checkpoint (`done.replayed`) instead of making a second one. A retry
  * carries `checkpointd-attempt: <n>`, so the daemon waits for an earlier attempt
  * that still holds the lease instead of answering WRITER_CONFLICT; a first
- * attempt fails fast, as the seeds want.
+ * attempt fails fast, as TanStack AI's `@tanstack/ai-sandbox` API wants.
  */
 import { randomUUID } from "node:crypto";
 
 import * as grpc from "@grpc/grpc-js";
 
 import {
+  checkpointdError,
   SandboxCheckpointError,
   SandboxCheckpointWriterConflictError,
   toCheckpointdError,
@@ -73,9 +77,15 @@ export type ResponseOf<M> = M extends {
   : never;
 
 export interface CallOptions {
-  /** Deadline for the whole call, in ms from now. */
+  /**
+   * Deadline for the whole call, in ms from now (`Infinity`: none). Default: the
+   * client's deadline for the call's kind ({@link DEFAULT_DEADLINES}).
+   */
   timeoutMs?: number;
-  /** Cancels the call (rejects with code `SANDBOX_SNAPSHOT_CANCELLED`). */
+  /**
+   * Cancels the call: it rejects with a `CheckpointdCancelledError` whose `name`
+   * is `"AbortError"` and whose code is `SANDBOX_SNAPSHOT_CANCELLED`.
+   */
   signal?: AbortSignal;
   /** Queue the call while the daemon is unreachable instead of failing at once. */
   waitForReady?: boolean;
@@ -106,17 +116,7 @@ export type ServiceClient<D extends ServiceDefinition> = {
 export type CheckpointdRpcs = ServiceClient<typeof CheckpointdDefinition>;
 export type HealthRpcs = ServiceClient<typeof HealthDefinition>;
 
-// ---------------------------------------------------------------- options
-
-export interface TlsOptions {
-  /** PEM root certificates to trust (default: the system's). */
-  rootCerts?: string | Uint8Array;
-  /** PEM client key and certificate, for mutual TLS. */
-  privateKey?: string | Uint8Array;
-  certChain?: string | Uint8Array;
-  /** Expected server name, when it differs from the address's host. */
-  serverName?: string;
-}
+// ---------------------------------------------------------------- settings
 
 export interface RetryOptions {
   /** Attempts in all, the first included (default 5). */
@@ -126,23 +126,53 @@ export interface RetryOptions {
   maxBackoffMs?: number;
 }
 
-export interface ConnectOptions {
-  /** `unix:///abs/path.sock`, `unix:/abs/path.sock`, `tcp://host:port` or `host:port`. */
+/** The kinds of call, each with its own default deadline. */
+export type CallKind = "unary" | "read" | "operation" | "watch";
+
+/**
+ * Default deadlines, in ms: `unary` calls answer at once; `read` streams
+ * (ListEntries, Diff, ReadFile, ReadArtifact, UploadArtifact) move bytes;
+ * `operation`s (Capture, Restore, SweepBlobs, Check) may take long; a health
+ * `watch` lasts until it is cancelled.
+ */
+export const DEFAULT_DEADLINES: Readonly<Record<CallKind, number>> = Object.freeze({
+  unary: 30_000,
+  read: 10 * 60_000,
+  operation: 60 * 60_000,
+  watch: Infinity,
+});
+
+const CALL_KINDS: Readonly<Record<string, CallKind>> = {
+  Capture: "operation",
+  Restore: "operation",
+  SweepBlobs: "operation",
+  Check: "operation",
+  ListEntries: "read",
+  Diff: "read",
+  ReadFile: "read",
+  ReadArtifact: "read",
+  UploadArtifact: "read",
+  Watch: "watch",
+};
+
+/** What a client is made from (see `connect()`, which resolves these). */
+export interface ClientSettings {
+  /** The address as given (`unix:///...`, `tcp://host:port`, `host:port`). */
   address: string;
-  /** Bearer token, sent as `authorization: Bearer <token>` on every call (TCP needs one). */
+  credentials: grpc.ChannelCredentials;
   token?: string;
-  /** TLS for `tcp://` addresses: `true` for the system roots, or options. */
-  tls?: boolean | TlsOptions;
-  /** How long `connect()` and a retry wait for the daemon to be SERVING (default 10 000). */
-  connectTimeoutMs?: number;
-  retry?: RetryOptions;
-  /** Extra grpc-js channel options. */
-  channelOptions?: grpc.ChannelOptions;
+  /** The daemon's workspace root as the caller's paths name it (`workspaceRoot` options). */
+  workspaceRoot: string;
+  connectTimeoutMs: number;
+  deadlines: Readonly<Record<CallKind, number>>;
+  retry: Required<RetryOptions>;
+  channelOptions: grpc.ChannelOptions;
 }
 
 const READ_ONLY_METHODS = [
   "GetCheckpoint",
   "ListCheckpoints",
+  "ListThreads",
   "GetHead",
   "ListEntries",
   "Diff",
@@ -157,21 +187,6 @@ export function grpcTarget(address: string): string {
   if (address.startsWith("tcp://")) return address.slice("tcp://".length);
   if (address.startsWith("/")) return `unix://${address}`;
   return address;
-}
-
-function toBuffer(value: string | Uint8Array | undefined): Buffer | undefined {
-  if (value === undefined) return undefined;
-  return typeof value === "string" ? Buffer.from(value) : Buffer.from(value);
-}
-
-function channelCredentials(options: ConnectOptions): grpc.ChannelCredentials {
-  if (!options.tls) return grpc.credentials.createInsecure();
-  const tls = options.tls === true ? {} : options.tls;
-  return grpc.credentials.createSsl(
-    toBuffer(tls.rootCerts) ?? null,
-    toBuffer(tls.privateKey) ?? null,
-    toBuffer(tls.certChain) ?? null,
-  );
 }
 
 function serviceConfig(retry: Required<RetryOptions>): string {
@@ -198,33 +213,28 @@ const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
 
 // ---------------------------------------------------------------- the client
 
-/** A connected client: every RPC as a typed method, plus `health`. Make one with {@link connect}. */
+/** A connected client: every RPC as a typed method, plus `health`. Make one with `connect()`. */
 export class CheckpointdClient {
   /** `grpc.health.v1.Health`: `check()` and `watch()`. */
   readonly health: HealthRpcs;
   readonly address: string;
+  /** The daemon's workspace root as the caller names it (`workspaceRoot` options map below it). */
+  readonly workspaceRoot: string;
   readonly #channel: grpc.Client;
   readonly #metadata: grpc.Metadata;
-  readonly #retry: Required<RetryOptions>;
-  readonly #connectTimeoutMs: number;
+  readonly #settings: ClientSettings;
   readonly #rpcs: CheckpointdRpcs;
 
-  constructor(options: ConnectOptions) {
-    this.address = options.address;
-    this.#retry = {
-      maxAttempts: options.retry?.maxAttempts ?? 5,
-      initialBackoffMs: options.retry?.initialBackoffMs ?? 100,
-      maxBackoffMs: options.retry?.maxBackoffMs ?? 2000,
-    };
-    this.#connectTimeoutMs = options.connectTimeoutMs ?? 10_000;
-    const tls = typeof options.tls === "object" ? options.tls : undefined;
-    this.#channel = new grpc.Client(grpcTarget(options.address), channelCredentials(options), {
-      "grpc.service_config": serviceConfig(this.#retry),
-      ...(tls?.serverName ? { "grpc.ssl_target_name_override": tls.serverName } : {}),
-      ...options.channelOptions,
+  constructor(settings: ClientSettings) {
+    this.address = settings.address;
+    this.workspaceRoot = settings.workspaceRoot;
+    this.#settings = settings;
+    this.#channel = new grpc.Client(grpcTarget(settings.address), settings.credentials, {
+      "grpc.service_config": serviceConfig(settings.retry),
+      ...settings.channelOptions,
     });
     this.#metadata = new grpc.Metadata();
-    if (options.token) this.#metadata.set("authorization", `Bearer ${options.token}`);
+    if (settings.token) this.#metadata.set("authorization", `Bearer ${settings.token}`);
     this.#rpcs = this.#bind(CheckpointdDefinition);
     this.health = this.#bind(HealthDefinition);
     // Every RPC of the contract (also ones added to the proto later) is a method.
@@ -239,34 +249,35 @@ export class CheckpointdClient {
   }
 
   /**
-   * Waits until the channel is connected and the daemon's health check says
-   * SERVING (a draining or starting daemon says NOT_SERVING). Throws after
-   * `timeoutMs` (default: `connectTimeoutMs`).
+   * Waits until the daemon's health check says SERVING (a starting or draining
+   * daemon says NOT_SERVING), at most `timeoutMs` (default: `connectTimeoutMs`).
+   * A daemon that cannot be reached (no socket, connection refused, a TLS
+   * error) fails at once, naming the cause, unless `waitForReady` is set: then
+   * it is tried again until the time is up (for a daemon that is starting).
    */
-  async waitServing(timeoutMs: number = this.#connectTimeoutMs): Promise<void> {
+  async waitServing(
+    timeoutMs: number = this.#settings.connectTimeoutMs,
+    { waitForReady = false }: { waitForReady?: boolean } = {},
+  ): Promise<void> {
     const deadline = Date.now() + timeoutMs;
-    let last: unknown;
+    let last: SandboxCheckpointError;
     for (;;) {
       try {
-        await new Promise<void>((resolve, reject) =>
-          this.#channel.waitForReady(deadline, (error) => (error ? reject(error) : resolve())),
-        );
-        const reply = await this.health.check({}, { timeoutMs: Math.max(deadline - Date.now(), 1) });
+        const remaining = Math.max(deadline - Date.now(), 1);
+        const reply = await this.health.check({}, { timeoutMs: remaining });
         if (reply.status === HealthCheckResponse_ServingStatus.SERVING) return;
-        last = new SandboxCheckpointError(`daemon at ${this.address} is not serving`, {
-          code: "SANDBOX_SNAPSHOT_NOT_SERVING",
-          grpcCode: grpc.status.UNAVAILABLE,
+        last = checkpointdError(`the daemon at ${this.address} is not serving yet (starting or draining)`, {
+          code: "SANDBOX_SNAPSHOT_DRAINING",
         });
       } catch (error) {
-        const typed = toCheckpointdError(error);
-        if (typed.grpcCode === grpc.status.UNAUTHENTICATED) throw typed;
-        last = error;
+        last = toCheckpointdError(error);
+        if (last.grpcCode !== grpc.status.UNAVAILABLE) throw last;
+        if (!waitForReady) throw unreachable(this.address, last);
       }
       if (Date.now() >= deadline) {
-        const cause = last instanceof Error ? `: ${last.message}` : "";
-        throw new SandboxCheckpointError(
-          `daemon at ${this.address} not SERVING after ${timeoutMs} ms${cause}`,
-          { code: "SANDBOX_SNAPSHOT_UNAVAILABLE", grpcCode: grpc.status.UNAVAILABLE, cause: last },
+        throw checkpointdError(
+          `the daemon at ${this.address} is not SERVING after ${timeoutMs} ms: ${last.message}`,
+          { code: "SANDBOX_SNAPSHOT_UNAVAILABLE", cause: last },
         );
       }
       await sleep(50);
@@ -284,7 +295,7 @@ export class CheckpointdClient {
     options?: CallOptions,
   ): AsyncGenerator<CaptureEvent> {
     const withId = { ...request, requestId: request.requestId ?? randomUUID() };
-    let backoff = this.#retry.initialBackoffMs;
+    let backoff = this.#settings.retry.initialBackoffMs;
     for (let attempt = 1; ; attempt++) {
       let failure: SandboxCheckpointError;
       try {
@@ -304,9 +315,8 @@ export class CheckpointdClient {
           if (!done) throw error;
         }
         if (done) return;
-        failure = new SandboxCheckpointError("the capture stream ended without its done event", {
+        failure = checkpointdError("the capture stream ended without its done event", {
           code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
-          grpcCode: grpc.status.UNAVAILABLE,
         });
       } catch (error) {
         failure = toCheckpointdError(error);
@@ -314,12 +324,12 @@ export class CheckpointdClient {
       const lost = failure.grpcCode === grpc.status.UNAVAILABLE;
       // Once an attempt was lost, its lease may outlive it for a moment.
       const ownConflict = attempt > 1 && failure instanceof SandboxCheckpointWriterConflictError;
-      if (!(lost || ownConflict) || attempt >= this.#retry.maxAttempts || options?.signal?.aborted) {
+      if (!(lost || ownConflict) || attempt >= this.#settings.retry.maxAttempts || options?.signal?.aborted) {
         throw failure;
       }
-      await sleep(Math.min(failure.retryAfterMs ?? backoff, this.#retry.maxBackoffMs));
-      backoff = Math.min(backoff * 2, this.#retry.maxBackoffMs);
-      if (lost) await this.waitServing().catch(() => undefined);
+      await sleep(Math.min(failure.retryAfterMs ?? backoff, this.#settings.retry.maxBackoffMs));
+      backoff = Math.min(backoff * 2, this.#settings.retry.maxBackoffMs);
+      if (lost) await this.waitServing(undefined, { waitForReady: true }).catch(() => undefined);
     }
   }
 
@@ -344,9 +354,7 @@ export class CheckpointdClient {
     }
     const reply = await this.#rpcs.uploadArtifact(parts(), options);
     if (reply.artifact === undefined) {
-      throw new SandboxCheckpointError("UploadArtifact returned no artifact", {
-        code: "SANDBOX_SNAPSHOT_INTERNAL",
-      });
+      throw checkpointdError("UploadArtifact returned no artifact", { code: "SANDBOX_SNAPSHOT_INTERNAL" });
     }
     return reply.artifact;
   }
@@ -356,23 +364,25 @@ export class CheckpointdClient {
   #bind<D extends ServiceDefinition>(definition: D): ServiceClient<D> {
     const out: Record<string, unknown> = {};
     for (const [key, method] of Object.entries(definition.methods)) {
-      const path = `/${definition.fullName}/${method.name}`;
-      const serialize = (value: unknown) =>
-        Buffer.from(method.requestType.encode(method.requestType.fromPartial(value ?? {})).finish());
-      const deserialize = (bytes: Buffer) => method.responseType.decode(bytes);
+      const rpc: BoundMethod = {
+        path: `/${definition.fullName}/${method.name}`,
+        kind: CALL_KINDS[method.name] ?? "unary",
+        serialize: (value: unknown) =>
+          Buffer.from(method.requestType.encode(method.requestType.fromPartial(value ?? {})).finish()),
+        deserialize: (bytes: Buffer) => method.responseType.decode(bytes),
+      };
       if (!method.requestStream && !method.responseStream) {
-        out[key] = (request?: unknown, options?: CallOptions) =>
-          this.#unary(path, serialize, deserialize, request ?? {}, options);
+        out[key] = (request?: unknown, options?: CallOptions) => this.#unary(rpc, request ?? {}, options);
       } else if (!method.requestStream) {
         out[key] = (request?: unknown, options?: CallOptions) =>
-          this.#serverStream(path, serialize, deserialize, request ?? {}, options);
+          this.#serverStream(rpc, request ?? {}, options);
       } else if (!method.responseStream) {
         out[key] = (requests: Iterable<unknown> | AsyncIterable<unknown>, options?: CallOptions) =>
-          this.#clientStream(path, serialize, deserialize, requests, options);
+          this.#clientStream(rpc, requests, options);
       } else {
         out[key] = () => {
           throw new SandboxCheckpointError(`${method.name}: bidirectional streams are not supported`, {
-            code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
+            code: "SANDBOX_SNAPSHOT_UNIMPLEMENTED",
           });
         };
       }
@@ -380,28 +390,23 @@ export class CheckpointdClient {
     return out as ServiceClient<D>;
   }
 
-  #call(options: CallOptions | undefined): [grpc.Metadata, grpc.CallOptions] {
+  #call(kind: CallKind, options: CallOptions | undefined): [grpc.Metadata, grpc.CallOptions] {
     const metadata = this.#metadata.clone();
     if (options?.waitForReady) metadata.setOptions({ waitForReady: true });
     for (const [key, value] of Object.entries(options?.metadata ?? {})) metadata.set(key, value);
     const callOptions: grpc.CallOptions = {};
-    if (options?.timeoutMs !== undefined) callOptions.deadline = Date.now() + options.timeoutMs;
+    const timeoutMs = options?.timeoutMs ?? this.#settings.deadlines[kind];
+    if (Number.isFinite(timeoutMs)) callOptions.deadline = Date.now() + timeoutMs;
     return [metadata, callOptions];
   }
 
-  #unary(
-    path: string,
-    serialize: (value: unknown) => Buffer,
-    deserialize: (bytes: Buffer) => unknown,
-    request: unknown,
-    options: CallOptions | undefined,
-  ): Promise<unknown> {
-    const [metadata, callOptions] = this.#call(options);
+  #unary(rpc: BoundMethod, request: unknown, options: CallOptions | undefined): Promise<unknown> {
+    const [metadata, callOptions] = this.#call(rpc.kind, options);
     return new Promise((resolve, reject) => {
       const call = this.#channel.makeUnaryRequest(
-        path,
-        serialize,
-        deserialize,
+        rpc.path,
+        rpc.serialize,
+        rpc.deserialize,
         request,
         metadata,
         callOptions,
@@ -412,17 +417,15 @@ export class CheckpointdClient {
   }
 
   async *#serverStream(
-    path: string,
-    serialize: (value: unknown) => Buffer,
-    deserialize: (bytes: Buffer) => unknown,
+    rpc: BoundMethod,
     request: unknown,
     options: CallOptions | undefined,
   ): AsyncGenerator<unknown> {
-    const [metadata, callOptions] = this.#call(options);
+    const [metadata, callOptions] = this.#call(rpc.kind, options);
     const call = this.#channel.makeServerStreamRequest(
-      path,
-      serialize,
-      deserialize,
+      rpc.path,
+      rpc.serialize,
+      rpc.deserialize,
       request,
       metadata,
       callOptions,
@@ -456,18 +459,16 @@ export class CheckpointdClient {
   }
 
   #clientStream(
-    path: string,
-    serialize: (value: unknown) => Buffer,
-    deserialize: (bytes: Buffer) => unknown,
+    rpc: BoundMethod,
     requests: Iterable<unknown> | AsyncIterable<unknown>,
     options: CallOptions | undefined,
   ): Promise<unknown> {
-    const [metadata, callOptions] = this.#call(options);
+    const [metadata, callOptions] = this.#call(rpc.kind, options);
     return new Promise((resolve, reject) => {
       const call = this.#channel.makeClientStreamRequest(
-        path,
-        serialize,
-        deserialize,
+        rpc.path,
+        rpc.serialize,
+        rpc.deserialize,
         metadata,
         callOptions,
         (error, reply) => (error ? reject(toCheckpointdError(error)) : resolve(reply)),
@@ -484,6 +485,34 @@ export class CheckpointdClient {
       });
     });
   }
+}
+
+interface BoundMethod {
+  path: string;
+  kind: CallKind;
+  serialize: (value: unknown) => Buffer;
+  deserialize: (bytes: Buffer) => unknown;
+}
+
+/**
+ * The error for a daemon that cannot be reached, with grpc-js's cause (`connect
+ * ENOENT /path.sock`, `connect ECONNREFUSED 127.0.0.1:7`, a TLS failure) and a
+ * hint at what to check.
+ */
+function unreachable(address: string, error: SandboxCheckpointError): SandboxCheckpointError {
+  const match = /Last error: (?:Error: )?(.*?)\.?(?: Resolution note:.*)?$/s.exec(error.message);
+  const cause = (match?.[1] ?? error.message).trim();
+  let hint = "";
+  if (/ENOENT/.test(cause)) hint = " (no socket there: is the daemon running, and is this its address?)";
+  else if (/ECONNREFUSED/.test(cause)) hint = " (nothing listens there: is the daemon running?)";
+  else if (/TLS|SSL|certificate|self.signed|altname|ERR_TLS/i.test(cause)) {
+    hint = " (TLS: is the daemon's CA given, tls.rootCerts or CHECKPOINTD_TLS_CA, and does its certificate name this host?)";
+  }
+  return checkpointdError(`cannot reach the daemon at ${address}: ${cause}${hint}`, {
+    code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
+    metadata: { address },
+    cause: error,
+  });
 }
 
 // Every RPC of the contract as a typed method (bound in the constructor).
@@ -514,25 +543,6 @@ function cancelOnAbort(call: { cancel(): void }, signal: AbortSignal | undefined
   const onAbort = () => call.cancel();
   signal.addEventListener("abort", onAbort, { once: true });
   return () => signal.removeEventListener("abort", onAbort);
-}
-
-/**
- * Connects to the daemon and waits (up to `connectTimeoutMs`) until its health
- * check says SERVING. Rejects with code `SANDBOX_SNAPSHOT_UNAUTHENTICATED` for a
- * missing or wrong token, `SANDBOX_SNAPSHOT_UNAVAILABLE` when it never answers.
- */
-export async function connect(options: ConnectOptions): Promise<CheckpointdClient> {
-  const client = new CheckpointdClient(options);
-  try {
-    await client.waitServing();
-    // Health answers without a token (probes cannot send one); GetServerInfo
-    // is behind it, so a missing or wrong token is found here.
-    await client.getServerInfo({}, { timeoutMs: options.connectTimeoutMs ?? 10_000 });
-  } catch (error) {
-    client.close();
-    throw error;
-  }
-  return client;
 }
 
 export type { CaptureRequest };

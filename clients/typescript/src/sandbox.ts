@@ -1,40 +1,75 @@
 /**
- * The seeds' functions (`@tanstack/ai-sandbox`'s names), done by the daemon.
+ * `captureSandboxCheckpoint` and `restoreSandboxCheckpoint`, with the names and
+ * result shapes of TanStack AI's `@tanstack/ai-sandbox` API, done by the daemon.
  *
- * Where the seeds take a sandbox handle and stores, these take a connected
- * `client`: the daemon holds the workspace, the checkpoint store and the blobs.
+ * Where the reference API takes a sandbox handle and stores, these take a
+ * connected `client`: the daemon holds the workspace, the checkpoint store and
+ * the blobs. Both read the daemon's stream to its end, so a success is never
+ * logged by the daemon as a cancelled call.
  */
-import { status as GrpcStatus } from "@grpc/grpc-js";
-
 import type { CallOptions, CheckpointdClient } from "./client.js";
+import { checkpointdError, invalidArgument, type SandboxCheckpointError } from "./errors.js";
+import type { CaptureDone, Progress, RestoreDone } from "./gen/checkpointd/v1/checkpointd.js";
 import {
-  SandboxCheckpointError,
-  SandboxCheckpointInvalidArgumentError,
-  SandboxSnapshotError,
-} from "./errors.js";
-import type {
-  Artifact,
-  CaptureDone,
-  RestoreDone,
-  CheckpointSummary,
-  KeptBlob,
-  Progress,
-  SweepBlobsSummary,
-  SweepFailure,
-} from "./gen/checkpointd/v1/checkpointd.js";
+  callOptions,
+  checkOptions,
+  secretFields,
+  workspaceSubdir,
+  type SandboxSecrets,
+} from "./options.js";
+import {
+  toCaptureStats,
+  toCheckpoint,
+  toNumber,
+  toRawArtifact,
+  type SandboxCaptureStats,
+  type Checkpoint,
+  type CheckpointArtifact,
+  type SandboxPolicy,
+} from "./summary.js";
+import type { Artifact } from "./gen/checkpointd/v1/checkpointd.js";
 
-/** Which files a capture keeps and a restore manages (gitignore dialect). */
-export interface SandboxPolicy {
-  exclude?: string[];
-  include?: string[];
-  /** Unset means true: any `.git`, `node_modules` or `.env*` segment is excluded. */
-  defaultExcludes?: boolean;
+/** A progress event (see the contract's ProgressPhase for what each phase counts). */
+export interface SandboxProgress {
+  /** `lease`, `scan`, `pin`, `upload`, `append`; `resolve`, `plan`, `fetch`, `apply`, `record`. */
+  phase: string;
+  filesDone: number;
+  /** 0 while not known. */
+  filesTotal: number;
+  bytesDone: number;
+  bytesTotal: number;
+  /** Scan only: files read and hashed so far (the others' hashes came from the stat cache). */
+  filesHashed: number;
 }
 
-export interface CaptureSandboxCheckpointOptions extends CallOptions {
+function toProgress(progress: Progress): SandboxProgress {
+  return {
+    phase: progress.phase,
+    filesDone: toNumber(progress.filesDone),
+    filesTotal: toNumber(progress.filesTotal),
+    bytesDone: toNumber(progress.bytesDone),
+    bytesTotal: toNumber(progress.bytesTotal),
+    filesHashed: toNumber(progress.filesHashed),
+  };
+}
+
+/** Where a capture or restore works: a folder of the daemon's workspace. */
+interface WorkspaceOptions {
+  /**
+   * The folder to capture or restore, as an absolute path within the daemon's
+   * workspace (`connect({ workspaceRoot })`, default `/workspace`), as the
+   * reference API takes it. Default: the whole workspace (a restore: the
+   * folder the checkpoint was captured from).
+   */
+  workspaceRoot?: string;
+  /** The same folder relative to the daemon's workspace root (`"app"`); `"."` is the root. */
+  workspaceSubdir?: string;
+}
+
+export interface CaptureSandboxCheckpointOptions extends CallOptions, WorkspaceOptions {
   client: CheckpointdClient;
   threadId: string;
-  /** Names the checkpoint; its reason is then `named`. */
+  /** Names the checkpoint; its reason is then `named`. An empty label is no label. */
   label?: string;
   policy?: SandboxPolicy;
   /**
@@ -45,9 +80,7 @@ export interface CaptureSandboxCheckpointOptions extends CallOptions {
   /** Messages to keep with the files, any JSON values (default `[]`). */
   conversation?: unknown[];
   /** Records from `client.uploadArtifactBytes(...)`. */
-  artifacts?: Artifact[];
-  /** A folder below the daemon's workspace root to capture instead of the root. */
-  workspaceSubdir?: string;
+  artifacts?: Array<Artifact | CheckpointArtifact>;
   sourceRunId?: string;
   /** Idempotency key (generated when absent); retries reuse it. */
   requestId?: string;
@@ -57,61 +90,67 @@ export interface CaptureSandboxCheckpointOptions extends CallOptions {
    */
   skipIfUnchanged?: boolean;
   /** Sees every progress event. */
-  onProgress?: (progress: Progress) => void;
+  onProgress?: (progress: SandboxProgress) => void;
 }
 
+const CAPTURE_KEYS = [
+  "client",
+  "threadId",
+  "label",
+  "policy",
+  "secrets",
+  "conversation",
+  "artifacts",
+  "workspaceRoot",
+  "workspaceSubdir",
+  "sourceRunId",
+  "requestId",
+  "skipIfUnchanged",
+  "onProgress",
+];
+
 /** The saved checkpoint's summary, with the capture's stats. */
-export type CapturedCheckpoint = CheckpointSummary & {
-  stats: CaptureDone["stats"];
+export type CapturedCheckpoint = Checkpoint & {
+  stats: SandboxCaptureStats;
   /** True when a retry found the checkpoint an earlier attempt committed. */
   replayed: boolean;
   /** True when `skipIfUnchanged` found nothing new: this is the head. */
   unchanged: boolean;
 };
 
-function secretBytes(secret: string | Uint8Array): Uint8Array {
-  return typeof secret === "string" ? Buffer.from(secret, "utf8") : secret;
-}
-
-function conversationDocuments(conversation: unknown[]): string[] {
+function conversationDocuments(conversation: unknown): string[] {
+  if (!Array.isArray(conversation)) {
+    throw invalidArgument("conversation must be a list of JSON values", { field: "conversation" });
+  }
   return conversation.map((message, index) => {
     const text = JSON.stringify(message);
     if (text === undefined) {
-      throw new SandboxCheckpointInvalidArgumentError(
-        `conversation[${index}] is not a JSON value`,
-        { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { index: String(index) } },
-      );
+      throw invalidArgument(`conversation[${index}] is not a JSON value`, { index: String(index) });
     }
     return text;
   });
 }
 
-function callOptions(options: CallOptions): CallOptions {
-  return {
-    timeoutMs: options.timeoutMs,
-    signal: options.signal,
-    waitForReady: options.waitForReady,
-    metadata: options.metadata,
-  };
-}
-
 /**
- * Saves the daemon's workspace as a new checkpoint at the head of `threadId` and
- * returns its summary. Throws `SandboxCheckpointWriterConflictError` while another
- * writer holds the thread (skip that capture: the next one saves the same files).
+ * Saves the daemon's workspace (or the folder `workspaceRoot` names) as a new
+ * checkpoint at the head of `threadId` and returns its summary. Throws
+ * `SandboxCheckpointWriterConflictError` while another writer holds the thread
+ * (skip that capture: the next one saves the same files).
  */
 export async function captureSandboxCheckpoint(
   options: CaptureSandboxCheckpointOptions,
 ): Promise<CapturedCheckpoint> {
+  checkOptions("captureSandboxCheckpoint", options, CAPTURE_KEYS);
   const events = options.client.capture(
     {
       threadId: options.threadId,
-      label: options.label,
+      // An empty label names nothing, as in every other checkpointd SDK.
+      label: options.label || undefined,
       policy: options.policy,
       ...secretFields(options.secrets),
       conversation: conversationDocuments(options.conversation ?? []),
-      artifacts: options.artifacts ?? [],
-      workspaceSubdir: options.workspaceSubdir ?? "",
+      artifacts: (options.artifacts ?? []).map(toRawArtifact),
+      workspaceSubdir: workspaceSubdir(options, options.client.workspaceRoot),
       sourceRunId: options.sourceRunId,
       requestId: options.requestId,
       skipIfUnchanged: options.skipIfUnchanged ?? false,
@@ -121,45 +160,29 @@ export async function captureSandboxCheckpoint(
   let done: CaptureDone | undefined;
   // Read to the end of the stream (its status): never cancel after done.
   for await (const { event } of events) {
-    if (event?.$case === "progress") options.onProgress?.(event.value);
+    if (event?.$case === "progress") options.onProgress?.(toProgress(event.value));
     else if (event?.$case === "done") done = event.value;
   }
   if (done?.checkpoint === undefined) {
     // client.capture throws when the stream ends without its done event.
-    throw new SandboxCheckpointError("the capture's done event names no checkpoint", {
+    throw checkpointdError("the capture's done event names no checkpoint", {
       code: "SANDBOX_SNAPSHOT_INTERNAL",
-      grpcCode: GrpcStatus.INTERNAL,
     });
   }
-  const { stats, replayed, unchanged } = done;
-  return { ...done.checkpoint, stats, replayed, unchanged };
+  return {
+    ...toCheckpoint(done.checkpoint),
+    stats: toCaptureStats(done.stats),
+    replayed: done.replayed,
+    unchanged: done.unchanged,
+  };
 }
 
-/**
- * Secret values: a list (matched by position with the capture's list) or an
- * object of named values (`{ OPENAI_API_KEY: "sk-..." }`), matched by name, so
- * a restore finds them whatever their order. Strings are sent as UTF-8.
- */
-export type SandboxSecrets = Array<string | Uint8Array> | Record<string, string | Uint8Array>;
-
-/** The request fields of a list or of named secrets. */
-export function secretFields(secrets: SandboxSecrets | undefined): {
-  secrets: Uint8Array[];
-  secretNames: string[];
-} {
-  if (secrets === undefined) return { secrets: [], secretNames: [] };
-  if (Array.isArray(secrets)) return { secrets: secrets.map(secretBytes), secretNames: [] };
-  const names = Object.keys(secrets);
-  return { secrets: names.map((name) => secretBytes(secrets[name]!)), secretNames: names };
-}
-
-export interface RestoreSandboxCheckpointOptions extends CallOptions {
+export interface RestoreSandboxCheckpointOptions extends CallOptions, WorkspaceOptions {
   client: CheckpointdClient;
   threadId: string;
   /** Restore this checkpoint of the thread instead of the newest. */
   checkpointId?: string;
   policy?: SandboxPolicy;
-  workspaceSubdir?: string;
   /**
    * The values capture zeroed, to write back: the same list (by position) or
    * the same names it was given. Never logged, stored or sent back.
@@ -177,11 +200,24 @@ export interface RestoreSandboxCheckpointOptions extends CallOptions {
    * restore has happened by then: give the secrets and restore again.
    */
   requireSecrets?: boolean;
-  onProgress?: (progress: Progress) => void;
+  onProgress?: (progress: SandboxProgress) => void;
 }
 
+const RESTORE_KEYS = [
+  "client",
+  "threadId",
+  "checkpointId",
+  "policy",
+  "secrets",
+  "dryRun",
+  "requireSecrets",
+  "workspaceRoot",
+  "workspaceSubdir",
+  "onProgress",
+];
+
 /** What a dry run would do: counts, and the paths it would write and delete. */
-export interface RestorePlanResult {
+export interface SandboxRestorePlan {
   /** Files and symlinks whose content would be written. */
   filesWritten: number;
   /** Paths the policy manages that the checkpoint lacks. */
@@ -191,16 +227,18 @@ export interface RestorePlanResult {
   dirsCreated: number;
   bytesToFetch: number;
   blobsToFetch: number;
+  /** Relative to the folder restored. */
   written: string[];
   deleted: string[];
 }
 
 /** The restored checkpoint's summary, with what the restore could not fill. */
-export type RestoredCheckpoint = CheckpointSummary & {
+export type RestoredCheckpoint = Checkpoint & {
   dryRun: false;
   /**
    * Files left holding zeros where capture found a secret this restore was
-   * not given (at most the first 10 000; `unfilledSecretCount` counts all).
+   * not given, relative to the daemon's workspace root (at most the first
+   * 10 000; `unfilledSecretCount` counts all).
    */
   unfilledSecretPaths: string[];
   unfilledSecretCount: number;
@@ -208,9 +246,9 @@ export type RestoredCheckpoint = CheckpointSummary & {
 };
 
 /** A dry run's result: the checkpoint it planned, and the plan. */
-export type PlannedRestore = CheckpointSummary & {
+export type PlannedRestore = Checkpoint & {
   dryRun: true;
-  plan: RestorePlanResult;
+  plan: SandboxRestorePlan;
   durationMs: number;
 };
 
@@ -233,13 +271,14 @@ export async function restoreSandboxCheckpoint(
 export async function restoreSandboxCheckpoint(
   options: RestoreSandboxCheckpointOptions,
 ): Promise<RestoredCheckpoint | PlannedRestore | null> {
+  checkOptions("restoreSandboxCheckpoint", options, RESTORE_KEYS);
   const dryRun = options.dryRun ?? false;
   const events = options.client.restore(
     {
       threadId: options.threadId,
       checkpointId: options.checkpointId,
       policy: options.policy,
-      workspaceSubdir: options.workspaceSubdir ?? "",
+      workspaceSubdir: workspaceSubdir(options, options.client.workspaceRoot),
       dryRun,
       ...secretFields(options.secrets),
     },
@@ -251,33 +290,31 @@ export async function restoreSandboxCheckpoint(
   // Read to the end of the stream (its status), never cancel after done: the
   // daemon would log a cancelled call for a restore that succeeded.
   for await (const { event } of events) {
-    if (event?.$case === "progress") options.onProgress?.(event.value);
+    if (event?.$case === "progress") options.onProgress?.(toProgress(event.value));
     else if (event?.$case === "planPaths") {
       written.push(...event.value.written);
       deleted.push(...event.value.deleted);
     } else if (event?.$case === "done") done = event.value;
   }
   if (done === undefined) {
-    throw new SandboxCheckpointError("the restore stream ended without its done event", {
+    throw checkpointdError("the restore stream ended without its done event", {
       code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
-      grpcCode: GrpcStatus.UNAVAILABLE,
     });
   }
   if (done.checkpoint === undefined) return null;
-  const durationMs = Number(done.durationMs);
+  const durationMs = toNumber(done.durationMs);
   if (dryRun) {
-    const plan = done.plan;
     return {
-      ...done.checkpoint,
+      ...toCheckpoint(done.checkpoint),
       dryRun: true,
       durationMs,
       plan: {
-        filesWritten: Number(plan?.filesWritten ?? 0n),
-        pathsDeleted: Number(plan?.pathsDeleted ?? 0n),
-        filesKept: Number(plan?.filesKept ?? 0n),
-        dirsCreated: Number(plan?.dirsCreated ?? 0n),
-        bytesToFetch: Number(plan?.bytesToFetch ?? 0n),
-        blobsToFetch: Number(plan?.blobsToFetch ?? 0n),
+        filesWritten: toNumber(done.plan?.filesWritten),
+        pathsDeleted: toNumber(done.plan?.pathsDeleted),
+        filesKept: toNumber(done.plan?.filesKept),
+        dirsCreated: toNumber(done.plan?.dirsCreated),
+        bytesToFetch: toNumber(done.plan?.bytesToFetch),
+        blobsToFetch: toNumber(done.plan?.blobsToFetch),
         written,
         deleted,
       },
@@ -285,11 +322,11 @@ export async function restoreSandboxCheckpoint(
   }
   if (!done.restored) return null;
   const restored: RestoredCheckpoint = {
-    ...done.checkpoint,
+    ...toCheckpoint(done.checkpoint),
     dryRun: false,
     durationMs,
     unfilledSecretPaths: done.unfilledSecretPaths,
-    unfilledSecretCount: Number(done.unfilledSecretCount),
+    unfilledSecretCount: toNumber(done.unfilledSecretCount),
   };
   if (options.requireSecrets && restored.unfilledSecretCount > 0) {
     throw unfilledSecretsError(restored);
@@ -297,16 +334,15 @@ export async function restoreSandboxCheckpoint(
   return restored;
 }
 
-function unfilledSecretsError(restored: RestoredCheckpoint): SandboxSnapshotError {
+function unfilledSecretsError(restored: RestoredCheckpoint): SandboxCheckpointError {
   const shown = restored.unfilledSecretPaths.slice(0, 5).join(", ");
   const more = restored.unfilledSecretCount > 5 ? ", ..." : "";
-  return new SandboxSnapshotError(
+  return checkpointdError(
     `checkpoint ${restored.id} was restored, but ${restored.unfilledSecretCount} file(s) hold ` +
       `zeros where capture found a secret this restore was not given (${shown}${more}); ` +
       "restore again with those secrets",
     {
       code: "SANDBOX_SNAPSHOT_UNFILLED_SECRETS",
-      grpcCode: GrpcStatus.FAILED_PRECONDITION,
       metadata: {
         checkpoint_id: restored.id,
         unfilled_secret_count: String(restored.unfilledSecretCount),
@@ -314,110 +350,4 @@ function unfilledSecretsError(restored: RestoredCheckpoint): SandboxSnapshotErro
       },
     },
   );
-}
-
-export interface DeleteCheckpointsOptions extends CallOptions {
-  client: CheckpointdClient;
-  threadId: string;
-  /** Keep the head and its `keep - 1` nearest ancestors (at least 1). */
-  keep: number;
-  /** Report what would be deleted, delete nothing. */
-  dryRun?: boolean;
-}
-
-/**
- * Deletes all but the newest `keep` checkpoints of the head chain; returns the
- * deleted ids, oldest first (at most the first 10 000: `idsTruncated`), and
- * how many there were in all.
- */
-export async function deleteCheckpoints(
-  options: DeleteCheckpointsOptions,
-): Promise<{ deleted: string[]; deletedCount: number; idsTruncated: boolean; dryRun: boolean }> {
-  if (!Number.isInteger(options.keep) || options.keep < 1) {
-    throw new SandboxCheckpointInvalidArgumentError(
-      `keep must be an integer of at least 1, not ${options.keep}`,
-      { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { keep: String(options.keep) } },
-    );
-  }
-  const reply = await options.client.prune(
-    { threadId: options.threadId, keep: options.keep, dryRun: options.dryRun ?? false },
-    callOptions(options),
-  );
-  return {
-    deleted: reply.deletedCheckpointIds,
-    deletedCount: Number(reply.deletedCount),
-    idsTruncated: reply.idsTruncated,
-    dryRun: reply.dryRun,
-  };
-}
-
-export interface SweepSandboxBlobsOptions extends CallOptions {
-  client: CheckpointdClient;
-  /**
-   * Only blobs uploaded at least this long ago are deleted; longer than your
-   * longest capture. Unset: the daemon's default (1 hour).
-   */
-  olderThanMs?: number;
-  dryRun?: boolean;
-  /**
-   * Repack a pack whose live blobs fill less than this percentage of it (0-100;
-   * 0 never repacks). Unset: the daemon's default, 50.
-   */
-  repackBelowPercent?: number;
-}
-
-/** The deleted keys (as in the seeds), with what was kept and why, failures and the daemon's summary. */
-export type SweepResult = string[] & {
-  kept: KeptBlob[];
-  failures: SweepFailure[];
-  dryRun: boolean;
-  summary: SweepBlobsSummary;
-};
-
-/**
- * Deletes blobs no checkpoint uses that are at least `olderThanMs` old; returns
- * the deleted keys. The daemon streams its results in batches; this gathers
- * them (use `client.sweepBlobs()` to handle a huge bucket batch by batch).
- */
-export async function sweepSandboxBlobs(options: SweepSandboxBlobsOptions): Promise<SweepResult> {
-  const olderThanMs = options.olderThanMs;
-  if (olderThanMs !== undefined && (!Number.isSafeInteger(olderThanMs) || olderThanMs < 0)) {
-    throw new SandboxCheckpointInvalidArgumentError(
-      `olderThanMs must be a non-negative integer, not ${olderThanMs}`,
-      { code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT", metadata: { older_than_ms: String(olderThanMs) } },
-    );
-  }
-  const repackBelowPercent = options.repackBelowPercent;
-  if (
-    repackBelowPercent !== undefined &&
-    (!Number.isSafeInteger(repackBelowPercent) || repackBelowPercent < 0 || repackBelowPercent > 100)
-  ) {
-    throw new SandboxCheckpointInvalidArgumentError(
-      `repackBelowPercent must be an integer in [0, 100], not ${repackBelowPercent}`,
-      {
-        code: "SANDBOX_SNAPSHOT_INVALID_ARGUMENT",
-        metadata: { field: "repack_below_percent", value: String(repackBelowPercent) },
-      },
-    );
-  }
-  const deleted: string[] = [];
-  const kept: KeptBlob[] = [];
-  const failures: SweepFailure[] = [];
-  const events = options.client.sweepBlobs(
-    { olderThanMs, dryRun: options.dryRun ?? false, repackBelowPercent },
-    callOptions(options),
-  );
-  for await (const { event } of events) {
-    if (event?.$case === "batch") {
-      deleted.push(...event.value.deleted);
-      kept.push(...event.value.kept);
-      failures.push(...event.value.failures);
-    } else if (event?.$case === "summary") {
-      return Object.assign(deleted, { kept, failures, dryRun: event.value.dryRun, summary: event.value });
-    }
-  }
-  throw new SandboxCheckpointError("the sweep stream ended without its summary", {
-    code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
-    metadata: { deleted_count: String(deleted.length) },
-  });
 }

@@ -68,7 +68,7 @@ export async function startDaemon({ tcp = false, token, extra = [], tls } = {}) 
     },
   };
   try {
-    const client = await connect({ address, token, tls, connectTimeoutMs: 30_000 });
+    const client = await connect({ address, token, tls, connectTimeoutMs: 30_000, waitForReady: true });
     client.close();
   } catch (error) {
     const text = daemon.log();

@@ -33,7 +33,7 @@ test("TLS with a token: capture and read back", async () => {
   try {
     writeTree(daemon.workspace, { "a.txt": "over TLS" });
     const saved = await captureSandboxCheckpoint({ client, threadId: "t-tls" });
-    assert.equal(saved.fileCount, 1n);
+    assert.equal(saved.fileCount, 1);
     const info = await client.getServerInfo();
     assert.equal(info.capabilities.tls, true);
   } finally {
