@@ -687,10 +687,11 @@ pub fn create_file_at(dir: RawFd, name: &CStr) -> io::Result<OwnedFd> {
     create_file_mode_at(dir, name, 0o600)
 }
 
-/// A new file `name` in `dir` with `mode` (less the umask), open for writing;
+/// A new file `name` in `dir` with `mode` (less the umask), open for reading
+/// and writing (a restore reads back what it wrote before vouching for it);
 /// fails if it exists.
 pub fn create_file_mode_at(dir: RawFd, name: &CStr, mode: u32) -> io::Result<OwnedFd> {
-    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: valid fd and C string.
     let fd = check(unsafe { libc::openat(dir, name.as_ptr(), flags, mode as libc::c_uint) })?;
     // SAFETY: fresh fd.

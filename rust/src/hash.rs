@@ -186,6 +186,57 @@ pub fn hash_file(
     hash_reader(file, expected_size, secrets, cancel, parallel, scratch)
 }
 
+/// Whether the open file `fd` holds exactly `size` bytes whose BLAKE3 is
+/// `hash`, read through the fd from offset 0 with `pread` (its position is
+/// left alone): what a restore checks of a file it wrote before it vouches
+/// for it. With `bytes` (the blob itself, already verified against `hash`)
+/// the file is compared with them instead of hashed. Bytes past `size` are
+/// not read: the caller's `fstat`, taken before, said how long the file was
+/// (a file extended since has a newer ctime than that stat).
+pub fn file_holds(
+    fd: std::os::fd::RawFd,
+    size: u64,
+    hash: &[u8; 32],
+    bytes: Option<&[u8]>,
+) -> io::Result<bool> {
+    if bytes.is_some_and(|b| b.len() as u64 != size) {
+        return Ok(false);
+    }
+    let mut buffer = vec![0u8; (size as usize).clamp(1, STREAM_CHUNK)];
+    let mut hasher = blake3::Hasher::new();
+    let mut at = 0u64;
+    while at < size {
+        let want = buffer.len().min((size - at) as usize);
+        // SAFETY: `buffer` is writable for `want` bytes.
+        let n = unsafe { libc::pread(fd, buffer.as_mut_ptr().cast(), want, at as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Ok(false);
+        }
+        let read = &buffer[..n as usize];
+        match bytes {
+            Some(expected) if expected[at as usize..at as usize + read.len()] != *read => {
+                return Ok(false)
+            }
+            Some(_) => {}
+            None if read.len() >= 1 << 17 => {
+                hasher.update_rayon(read);
+            }
+            None => {
+                hasher.update(read);
+            }
+        }
+        at += n as u64;
+    }
+    Ok(bytes.is_some() || hasher.finalize().as_bytes() == hash)
+}
+
 /// Lowercase hex of a digest.
 pub fn to_hex(digest: &[u8; 32]) -> String {
     const HEX: &[u8; 16] = b"0123456789abcdef";
@@ -265,6 +316,28 @@ mod tests {
             );
             assert_eq!(got.unwrap(), (want, 10), "expected {expected:?}");
         }
+    }
+
+    #[test]
+    fn file_holds_compares_or_hashes_exactly_size_bytes() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..(STREAM_CHUNK + 77)).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let fd = file.as_raw_fd();
+        let want = *blake3::hash(&data).as_bytes();
+        let size = data.len() as u64;
+        assert!(file_holds(fd, size, &want, None).unwrap());
+        assert!(file_holds(fd, size, &want, Some(&data)).unwrap());
+        let other = *blake3::hash(b"other").as_bytes();
+        assert!(!file_holds(fd, size, &other, None).unwrap());
+        let mut changed = data.clone();
+        changed[STREAM_CHUNK + 3] ^= 1;
+        assert!(!file_holds(fd, size, &want, Some(&changed)).unwrap());
+        // Longer than the file: it does not hold those bytes.
+        assert!(!file_holds(fd, size + 1, &want, None).unwrap());
     }
 
     #[test]

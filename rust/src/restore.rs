@@ -16,10 +16,18 @@
 //! - in-place metadata changes (mode, mtime) only touch an inode with one link;
 //!   a file that shares its inode with another name is replaced from its blob
 //!   instead, so a hard link to an outside file never changes that file;
-//! - the stat cache learns the stat of the inode the restore renamed in,
-//!   compared with what it wrote through its own fd (dev, ino, size, mtime,
-//!   mode); a file rewritten by someone else after that shows a new ctime (the
-//!   kernel's fine-grained ctime once it was queried) and is hashed again.
+//! - the stat cache learns only a stat the restore took through an fd of the
+//!   file and then read the file's bytes back through that fd after: the
+//!   sandbox can write into staging (it lies inside the workspace) and into a
+//!   file just renamed in, keeping its size and putting its mtime back. A file
+//!   of a directory moved in whole keeps the `fstat` taken in staging after
+//!   the restore's last write (a directory rename leaves its files' ctimes
+//!   alone); a file renamed in by itself is opened again after the rename, and
+//!   its `fstat` counts only when it is the inode staged (dev, ino, size,
+//!   mtime, mode). Anything written after that `fstat` moves the file's ctime
+//!   (the kernel hands out a fine-grained ctime once one was queried: Linux
+//!   6.13 and later on ext4, xfs, btrfs and tmpfs), so the next capture hashes
+//!   it again; before it, the read-back sees it, and nothing is recorded.
 //!
 //! Staging is a private directory at the top of the restore root (same
 //! filesystem, so every final rename is atomic); blobs are verified (size and
@@ -830,10 +838,13 @@ fn remove_tree(
     }
 }
 
-/// The stat a restore recorded of what it wrote, before renaming it in.
+/// The stat a restore took of what it wrote in staging, after its last write.
 #[derive(Clone, Copy)]
 struct Written {
     stat: Stat,
+    /// The bytes read back through the fd after `stat` were the blob's: the
+    /// stat may be recorded as it is (a file moved in with its directory).
+    verified: bool,
 }
 
 /// Where a write's file is prepared.
@@ -905,6 +916,9 @@ pub struct Restore {
     /// Starts writing staged data back while staging still creates files
     /// (None for a restore with little to write).
     writeback: Mutex<Option<Writeback>>,
+    /// The stat cache learns what was written (a cache path was given): each
+    /// file is then read back before it is vouched for.
+    record: bool,
 }
 
 /// A thread that calls `syncfs` on the workspace's filesystem every
@@ -990,11 +1004,13 @@ fn parent_of(path: &str) -> Option<&str> {
 impl Restore {
     /// Remove what an interrupted restore left (a workspace has one restore at
     /// a time: its lease), then make a fresh private staging directory with
-    /// the plan's new directories in it.
+    /// the plan's new directories in it. `record`: the stat cache will learn
+    /// what is written (see [`Restore::finish`]).
     pub fn new(
         ws: Workspace,
         plan: Plan,
         kept_cache: Option<KeptCache>,
+        record: bool,
     ) -> Result<Restore, RestoreError> {
         let mut leftovers = Vec::new();
         {
@@ -1121,6 +1137,7 @@ impl Restore {
             threads,
             umask: fs::current_umask().unwrap_or(0o777),
             writeback: Mutex::new(writeback),
+            record,
         };
         Ok(restore)
     }
@@ -1250,7 +1267,7 @@ impl Restore {
         for (index, fd) in self.create_uses(dirs, hash)? {
             fs::write_all(fd.as_raw_fd(), data)
                 .map_err(|e| RestoreError::io(self.shown_prepared(index), "write", e))?;
-            self.finish_use(index, &fd)?;
+            self.finish_use(index, &fd, Some(data))?;
         }
         Ok(true)
     }
@@ -1383,7 +1400,16 @@ impl Restore {
     }
 
     /// Mode and mtime through our own fd, then its stat: what moves in.
-    fn finish_use(&self, index: usize, fd: &OwnedFd) -> Result<(), RestoreError> {
+    /// A file that moves in with its directory is read back through the fd
+    /// after that stat (compared with `bytes`, the blob, when given; else
+    /// hashed): the stat cache may learn the stat only if it then held the
+    /// blob. (A file renamed in by itself is read back after its rename.)
+    fn finish_use(
+        &self,
+        index: usize,
+        fd: &OwnedFd,
+        bytes: Option<&[u8]>,
+    ) -> Result<(), RestoreError> {
         let entry = &self.plan.writes[index];
         let raw = fd.as_raw_fd();
         let shown = || self.shown_prepared(index);
@@ -1394,10 +1420,16 @@ impl Restore {
         fs::set_mtime(raw, entry.mtime_ns)
             .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
         let stat = fs::fstat(raw).map_err(|e| RestoreError::io(shown(), "fstat", e))?;
+        let verified = self.record
+            && !entry.secrets
+            && self.dests[index] == Dest::Tree
+            && stat.size == entry.size
+            && hash::file_holds(raw, entry.size, &entry.hash, bytes)
+                .map_err(|e| RestoreError::io(shown(), "read back", e))?;
         self.prepared
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(index, Written { stat });
+            .insert(index, Written { stat, verified });
         Ok(())
     }
 
@@ -1617,7 +1649,7 @@ impl Restore {
                 let prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
                 let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
                 for index in files {
-                    if let Some(written) = prepared.get(&index) {
+                    if let Some(written) = prepared.get(&index).filter(|w| w.verified) {
                         let entry = &self.plan.writes[index];
                         if entry.secrets {
                             continue;
@@ -1734,27 +1766,37 @@ impl Restore {
         };
         self.rename_in(parent_fd, &flat_name(index), &leaf, path)?;
         self.count_written([entry.size]);
-        // What stands there now must be the inode we wrote (rename changed
-        // only its ctime): then its stat, ctime included, is what we record.
-        if entry.secrets {
-            return Ok(());
-        }
-        if let Ok(after) = fs::lstat_at(parent_fd, &leaf) {
-            let ours = written.stat;
-            if after.is_file()
-                && after.dev == ours.dev
-                && after.ino == ours.ino
-                && after.size == ours.size
-                && after.mtime_ns == ours.mtime_ns
-                && after.mode == ours.mode
-            {
+        if self.record && !entry.secrets {
+            if let Some(stat) = self.read_back(parent_fd, &leaf, entry, &written.stat) {
                 self.recorded
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .push((entry.path.clone(), CacheEntry::new(&after, entry.hash)));
+                    .push((entry.path.clone(), CacheEntry::new(&stat, entry.hash)));
             }
         }
         Ok(())
+    }
+
+    /// The stat the cache may learn of the file `leaf` in `parent_fd` just
+    /// renamed in: opened again, its `fstat` (the rename moved its ctime) when
+    /// it is the inode staged (`ours`: same dev, ino, size, mtime and mode)
+    /// and, read back through that fd after the `fstat`, holds the blob.
+    /// None otherwise, or when it cannot be opened to be read (the next
+    /// capture hashes it).
+    fn read_back(
+        &self,
+        parent_fd: RawFd,
+        leaf: &CStr,
+        entry: &TargetFile,
+        ours: &Stat,
+    ) -> Option<Stat> {
+        let fd = fs::open_leaf_at(parent_fd, leaf, libc::O_RDONLY).ok()?;
+        let now = fs::fstat(fd.as_raw_fd()).ok()?;
+        let same = now.is_file()
+            && (now.dev, now.ino, now.size, now.mtime_ns, now.mode)
+                == (ours.dev, ours.ino, ours.size, ours.mtime_ns, ours.mode);
+        (same && hash::file_holds(fd.as_raw_fd(), entry.size, &entry.hash, None).ok()?)
+            .then_some(now)
     }
 
     /// The parent directory of `path` (created as needed) and the leaf name;
@@ -2076,7 +2118,7 @@ impl StagedWriter {
             });
         }
         for (index, fd) in &self.uses {
-            restore.finish_use(*index, fd)?;
+            restore.finish_use(*index, fd, None)?;
         }
         Ok(())
     }

@@ -159,6 +159,9 @@ impl RestoreSession {
         let subdir = subdir.to_string();
         let scan_cancel = cancel.clone();
         let scan_cache = cache_path.clone();
+        // With a stat cache, what the restore writes is read back before the
+        // cache learns it (see `crate::restore`).
+        let record = cache_path.is_some();
         let (inner, preview) = py
             .allow_threads(move || -> Result<Planned, RestoreError> {
                 let ws = Workspace::open(&root, &subdir)?;
@@ -188,7 +191,7 @@ impl RestoreSession {
                 if plan_only {
                     return Ok((None, Some(plan)));
                 }
-                Ok((Some(Restore::new(ws, plan, kept)?), None))
+                Ok((Some(Restore::new(ws, plan, kept, record)?), None))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
