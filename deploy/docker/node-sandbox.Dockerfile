@@ -12,7 +12,7 @@ COPY dist/checkpointd /usr/local/bin/checkpointd
 RUN mkdir -p /workspace /var/lib/checkpointd \
  && chown node:node /workspace /var/lib/checkpointd \
  && chmod 0700 /var/lib/checkpointd
-USER node
+USER 1000:1000
 ENV CHECKPOINTD_DATA_DIR=/var/lib/checkpointd
 VOLUME ["/workspace", "/var/lib/checkpointd"]
 HEALTHCHECK --interval=10s --timeout=5s CMD ["checkpointd", "health"]
