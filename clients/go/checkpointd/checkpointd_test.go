@@ -34,6 +34,10 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// The examples dial "" and find the daemon and its workspace here, as a
+	// program beside a daemon does.
+	os.Setenv(checkpointd.EnvAddress, unixDaemon.address)
+	os.Setenv(checkpointd.EnvWorkspace, unixDaemon.workspace)
 	code := m.Run()
 	unixDaemon.stop()
 	tcpDaemon.stop()
