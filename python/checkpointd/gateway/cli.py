@@ -68,6 +68,17 @@ def add_commands(commands: Any) -> None:
         metavar="PERCENT",
         help="the sweep repacks packs whose live blobs fill less than PERCENT (0-100, 0 never)",
     )
+    gateway.add_argument(
+        "--max-packed-blob",
+        default="16MiB",
+        help="refuse an uploaded pack claiming a blob larger than this, decoded (16MiB: "
+        "the largest pack threshold a sidecar may use)",
+    )
+    gateway.add_argument(
+        "--max-pack-decoded",
+        default="1GiB",
+        help="refuse an uploaded pack whose blobs claim more than this in all, decoded",
+    )
     gateway.add_argument("--log-level", default="INFO")
 
     token = commands.add_parser("token", help="make signing keys and mint scoped gateway tokens")
@@ -127,7 +138,7 @@ def run_token(args: argparse.Namespace) -> int:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
-    from ..service.config import parse_duration
+    from ..service.config import parse_bytes, parse_duration
     from .server import GatewayConfig, run
 
     logging.basicConfig(
@@ -155,6 +166,8 @@ def run_gateway(args: argparse.Namespace) -> int:
             sweep_every=parse_duration(args.sweep_every) if args.sweep_every else None,
             sweep_older_than=parse_duration(args.sweep_older_than),
             sweep_repack_below=args.sweep_repack_below,
+            max_packed_blob=parse_bytes(args.max_packed_blob),
+            max_pack_decoded=parse_bytes(args.max_pack_decoded),
         )
         config.check()
         return asyncio.run(run(config))

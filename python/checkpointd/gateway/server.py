@@ -32,6 +32,7 @@ from ..store.base import CheckpointStore
 from ..v1 import gateway_pb2, gateway_pb2_grpc
 from . import wire
 from .auth import GatewayAuthInterceptor
+from .packs import MAX_PACK_DECODED_BYTES, MAX_PACKED_BLOB_BYTES, PackLimits
 from .servicer import GatewayServicer
 from .tokens import DEFAULT_AUDIENCE, TokenVerifier, load_verifying_key
 
@@ -59,6 +60,9 @@ class GatewayConfig:
     sweep_older_than: float = 24 * 3600.0
     # ... and repack packs whose live blobs fill less than this percentage.
     sweep_repack_below: int = 50
+    # What an uploaded pack may claim, decoded: per blob and in all (packs.PackLimits).
+    max_packed_blob: int = MAX_PACKED_BLOB_BYTES
+    max_pack_decoded: int = MAX_PACK_DECODED_BYTES
 
     @property
     def address(self) -> str:
@@ -95,6 +99,15 @@ class GatewayConfig:
             raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
         if self.tls_client_ca is not None and self.tls_cert is None:
             raise SandboxCheckpointInvalidArgumentError("--tls-client-ca needs --tls-cert")
+        if not 1 <= self.max_packed_blob <= self.max_pack_decoded:
+            raise SandboxCheckpointInvalidArgumentError(
+                f"--max-packed-blob ({self.max_packed_blob}) must be at least 1 byte and at "
+                f"most --max-pack-decoded ({self.max_pack_decoded})"
+            )
+
+    @property
+    def pack_limits(self) -> PackLimits:
+        return PackLimits(self.max_packed_blob, self.max_pack_decoded)
 
 
 def build_gateway_server(
@@ -195,6 +208,7 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
         store_backend=backend_name(config.store),
         blob_backend=backend_name(config.blobs),
         observe=metrics.observe if metrics is not None else None,
+        pack_limits=config.pack_limits,
     )
     if metrics is not None:
         metrics.watch(servicer)
