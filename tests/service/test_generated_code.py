@@ -106,6 +106,7 @@ def test_every_message_is_named_in_the_service() -> None:
     assert names == {
         "Capture",
         "Restore",
+        "Undo",
         "GetCheckpoint",
         "ListCheckpoints",
         "ListThreads",
@@ -125,6 +126,7 @@ def test_every_message_is_named_in_the_service() -> None:
     streaming = {m.name: (m.client_streaming, m.server_streaming) for m in service.methods}
     assert streaming["Capture"] == (False, True)
     assert streaming["Restore"] == (False, True)
+    assert streaming["Undo"] == (False, True)
     assert streaming["ListEntries"] == (False, True)
     assert streaming["Check"] == (False, True)
     assert streaming["Diff"] == (False, True)

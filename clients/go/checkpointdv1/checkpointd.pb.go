@@ -283,9 +283,10 @@ func (EntryKind) EnumDescriptor() ([]byte, []int) {
 }
 
 // The phases of a capture (lease, scan, pin, upload, append) and of a restore
-// (lease, resolve, plan, fetch, apply, record), in that order. What each counts:
+// (lease, resolve, plan, fetch, stash, apply, record), in that order; STASH
+// only when the restore saves live changes to the stash. What each counts:
 //
-//	LEASE, RESOLVE, PLAN, APPEND: nothing (all counts 0).
+//	LEASE, RESOLVE, PLAN, APPEND, STASH: nothing (all counts 0).
 //	SCAN: files_done = entries found so far, bytes_done = bytes read and
 //	  hashed so far, files_hashed = files read and hashed so far (the others'
 //	  hashes came from the stat cache); totals are unknown (0) while it runs,
@@ -317,6 +318,7 @@ const (
 	ProgressPhase_PROGRESS_PHASE_FETCH       ProgressPhase = 8
 	ProgressPhase_PROGRESS_PHASE_APPLY       ProgressPhase = 9
 	ProgressPhase_PROGRESS_PHASE_RECORD      ProgressPhase = 10
+	ProgressPhase_PROGRESS_PHASE_STASH       ProgressPhase = 11
 )
 
 // Enum value maps for ProgressPhase.
@@ -333,6 +335,7 @@ var (
 		8:  "PROGRESS_PHASE_FETCH",
 		9:  "PROGRESS_PHASE_APPLY",
 		10: "PROGRESS_PHASE_RECORD",
+		11: "PROGRESS_PHASE_STASH",
 	}
 	ProgressPhase_value = map[string]int32{
 		"PROGRESS_PHASE_UNSPECIFIED": 0,
@@ -346,6 +349,7 @@ var (
 		"PROGRESS_PHASE_FETCH":       8,
 		"PROGRESS_PHASE_APPLY":       9,
 		"PROGRESS_PHASE_RECORD":      10,
+		"PROGRESS_PHASE_STASH":       11,
 	}
 )
 
@@ -681,7 +685,10 @@ type CheckpointSummary struct {
 	ParentCheckpointId *string                `protobuf:"bytes,3,opt,name=parent_checkpoint_id,json=parentCheckpointId,proto3,oneof" json:"parent_checkpoint_id,omitempty"`
 	// Milliseconds since the epoch.
 	CreatedAt int64 `protobuf:"varint,4,opt,name=created_at,json=createdAt,proto3" json:"created_at,omitempty"`
-	// "automatic", "named" or "fork-root".
+	// "automatic", "named", "fork-root", "restore" (appended by a Restore or
+	// Undo with record: the head then describes the restored workspace;
+	// restored_from_checkpoint_id names what was restored) or "stash" (an entry
+	// of a thread's stash: the live tree a restore or an undo replaced).
 	Reason      string  `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	Label       *string `protobuf:"bytes,6,opt,name=label,proto3,oneof" json:"label,omitempty"`
 	SourceRunId *string `protobuf:"bytes,7,opt,name=source_run_id,json=sourceRunId,proto3,oneof" json:"source_run_id,omitempty"`
@@ -699,8 +706,13 @@ type CheckpointSummary struct {
 	// Fork provenance, set on a fork root only: where it was forked from.
 	ForkedFromThreadId     *string `protobuf:"bytes,15,opt,name=forked_from_thread_id,json=forkedFromThreadId,proto3,oneof" json:"forked_from_thread_id,omitempty"`
 	ForkedFromCheckpointId *string `protobuf:"bytes,16,opt,name=forked_from_checkpoint_id,json=forkedFromCheckpointId,proto3,oneof" json:"forked_from_checkpoint_id,omitempty"`
-	unknownFields          protoimpl.UnknownFields
-	sizeCache              protoimpl.SizeCache
+	// Set on a checkpoint of reason "restore": the checkpoint it repeats.
+	RestoredFromCheckpointId *string `protobuf:"bytes,17,opt,name=restored_from_checkpoint_id,json=restoredFromCheckpointId,proto3,oneof" json:"restored_from_checkpoint_id,omitempty"`
+	// Set on an entry of a stash: the thread whose stash it is (thread_id is
+	// the stash's own, this id followed by "~stash").
+	StashOfThreadId *string `protobuf:"bytes,18,opt,name=stash_of_thread_id,json=stashOfThreadId,proto3,oneof" json:"stash_of_thread_id,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CheckpointSummary) Reset() {
@@ -841,6 +853,20 @@ func (x *CheckpointSummary) GetForkedFromThreadId() string {
 func (x *CheckpointSummary) GetForkedFromCheckpointId() string {
 	if x != nil && x.ForkedFromCheckpointId != nil {
 		return *x.ForkedFromCheckpointId
+	}
+	return ""
+}
+
+func (x *CheckpointSummary) GetRestoredFromCheckpointId() string {
+	if x != nil && x.RestoredFromCheckpointId != nil {
+		return *x.RestoredFromCheckpointId
+	}
+	return ""
+}
+
+func (x *CheckpointSummary) GetStashOfThreadId() string {
+	if x != nil && x.StashOfThreadId != nil {
+		return *x.StashOfThreadId
 	}
 	return ""
 }
@@ -1422,8 +1448,20 @@ type RestoreRequest struct {
 	// Written back where capture zeroed them (by name when `secret_names` is
 	// given, else by position). A live file that equals the checkpoint but for
 	// its secrets is left as it is. Never logged, stored or sent back.
-	Secrets       [][]byte `protobuf:"bytes,6,rep,name=secrets,proto3" json:"secrets,omitempty"`
-	SecretNames   []string `protobuf:"bytes,7,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	Secrets     [][]byte `protobuf:"bytes,6,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	SecretNames []string `protobuf:"bytes,7,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	// A restore that would change the workspace first saves the live changes
+	// (what differs from the checkpoint the workspace was last captured to or
+	// restored from) to the thread's stash: checkpoints kept off the thread's
+	// chain, listed with ListCheckpointsRequest.stash and restored by Undo. A
+	// workspace with no such checkpoint (a new sandbox) has nothing to save.
+	// True: skip that, and lose the live changes.
+	DiscardLiveChanges bool `protobuf:"varint,8,opt,name=discard_live_changes,json=discardLiveChanges,proto3" json:"discard_live_changes,omitempty"`
+	// True: when the checkpoint restored is not the head, append a checkpoint
+	// with its manifest (reason "restore"; no blob is uploaded), so the head
+	// describes the workspace and a crash comes back to the restored state.
+	// False (the default, TanStack semantics): the head never moves.
+	Record        bool `protobuf:"varint,9,opt,name=record,proto3" json:"record,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1507,6 +1545,182 @@ func (x *RestoreRequest) GetSecretNames() []string {
 	return nil
 }
 
+func (x *RestoreRequest) GetDiscardLiveChanges() bool {
+	if x != nil {
+		return x.DiscardLiveChanges
+	}
+	return false
+}
+
+func (x *RestoreRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
+}
+
+// Undo the last restore of a thread: restore its newest stash entry.
+type UndoRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ThreadId string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
+	// "": the sub-root the stash entry was taken from.
+	WorkspaceSubdir string `protobuf:"bytes,2,opt,name=workspace_subdir,json=workspaceSubdir,proto3" json:"workspace_subdir,omitempty"`
+	// As RestoreRequest's: the plan (and what would be stashed), nothing changed.
+	DryRun      bool     `protobuf:"varint,3,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	Secrets     [][]byte `protobuf:"bytes,4,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	SecretNames []string `protobuf:"bytes,5,rep,name=secret_names,json=secretNames,proto3" json:"secret_names,omitempty"`
+	// As RestoreRequest.record: the head follows the workspace.
+	Record        bool `protobuf:"varint,6,opt,name=record,proto3" json:"record,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UndoRequest) Reset() {
+	*x = UndoRequest{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UndoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UndoRequest) ProtoMessage() {}
+
+func (x *UndoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UndoRequest.ProtoReflect.Descriptor instead.
+func (*UndoRequest) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *UndoRequest) GetThreadId() string {
+	if x != nil {
+		return x.ThreadId
+	}
+	return ""
+}
+
+func (x *UndoRequest) GetWorkspaceSubdir() string {
+	if x != nil {
+		return x.WorkspaceSubdir
+	}
+	return ""
+}
+
+func (x *UndoRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+func (x *UndoRequest) GetSecrets() [][]byte {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+func (x *UndoRequest) GetSecretNames() []string {
+	if x != nil {
+		return x.SecretNames
+	}
+	return nil
+}
+
+func (x *UndoRequest) GetRecord() bool {
+	if x != nil {
+		return x.Record
+	}
+	return false
+}
+
+// The stash entry a Restore or an Undo saved the live tree to, before it
+// changed anything.
+type SavedBeforeRestore struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// thread_id is the stash's ("<thread>~stash"); entry_count and the other
+	// counts describe the saved tree.
+	Checkpoint *CheckpointSummary `protobuf:"bytes,1,opt,name=checkpoint,proto3" json:"checkpoint,omitempty"`
+	// What the live changes added to the bucket.
+	BlobsUploaded uint64 `protobuf:"varint,2,opt,name=blobs_uploaded,json=blobsUploaded,proto3" json:"blobs_uploaded,omitempty"`
+	BytesUploaded uint64 `protobuf:"varint,3,opt,name=bytes_uploaded,json=bytesUploaded,proto3" json:"bytes_uploaded,omitempty"`
+	// True: an earlier run of the same restore, interrupted, saved it.
+	Resumed       bool `protobuf:"varint,4,opt,name=resumed,proto3" json:"resumed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SavedBeforeRestore) Reset() {
+	*x = SavedBeforeRestore{}
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SavedBeforeRestore) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SavedBeforeRestore) ProtoMessage() {}
+
+func (x *SavedBeforeRestore) ProtoReflect() protoreflect.Message {
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SavedBeforeRestore.ProtoReflect.Descriptor instead.
+func (*SavedBeforeRestore) Descriptor() ([]byte, []int) {
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *SavedBeforeRestore) GetCheckpoint() *CheckpointSummary {
+	if x != nil {
+		return x.Checkpoint
+	}
+	return nil
+}
+
+func (x *SavedBeforeRestore) GetBlobsUploaded() uint64 {
+	if x != nil {
+		return x.BlobsUploaded
+	}
+	return 0
+}
+
+func (x *SavedBeforeRestore) GetBytesUploaded() uint64 {
+	if x != nil {
+		return x.BytesUploaded
+	}
+	return 0
+}
+
+func (x *SavedBeforeRestore) GetResumed() bool {
+	if x != nil {
+		return x.Resumed
+	}
+	return false
+}
+
 type RestoreStarted struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId      string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`
@@ -1517,7 +1731,7 @@ type RestoreStarted struct {
 
 func (x *RestoreStarted) Reset() {
 	*x = RestoreStarted{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[11]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1529,7 +1743,7 @@ func (x *RestoreStarted) String() string {
 func (*RestoreStarted) ProtoMessage() {}
 
 func (x *RestoreStarted) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[11]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1542,7 +1756,7 @@ func (x *RestoreStarted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreStarted.ProtoReflect.Descriptor instead.
 func (*RestoreStarted) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{11}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RestoreStarted) GetThreadId() string {
@@ -1574,13 +1788,17 @@ type RestoreDone struct {
 	// unfilled_secret_count counts them all.
 	UnfilledSecretPaths []string `protobuf:"bytes,5,rep,name=unfilled_secret_paths,json=unfilledSecretPaths,proto3" json:"unfilled_secret_paths,omitempty"`
 	UnfilledSecretCount uint64   `protobuf:"varint,6,opt,name=unfilled_secret_count,json=unfilledSecretCount,proto3" json:"unfilled_secret_count,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// Set when the live tree was saved to the stash first (Undo restores it).
+	SavedBeforeRestore *SavedBeforeRestore `protobuf:"bytes,7,opt,name=saved_before_restore,json=savedBeforeRestore,proto3" json:"saved_before_restore,omitempty"`
+	// Set when record appended a checkpoint (the thread's new head).
+	Recorded      *CheckpointSummary `protobuf:"bytes,8,opt,name=recorded,proto3" json:"recorded,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreDone) Reset() {
 	*x = RestoreDone{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[12]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1592,7 +1810,7 @@ func (x *RestoreDone) String() string {
 func (*RestoreDone) ProtoMessage() {}
 
 func (x *RestoreDone) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[12]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1605,7 +1823,7 @@ func (x *RestoreDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreDone.ProtoReflect.Descriptor instead.
 func (*RestoreDone) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{12}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RestoreDone) GetRestored() bool {
@@ -1650,6 +1868,20 @@ func (x *RestoreDone) GetUnfilledSecretCount() uint64 {
 	return 0
 }
 
+func (x *RestoreDone) GetSavedBeforeRestore() *SavedBeforeRestore {
+	if x != nil {
+		return x.SavedBeforeRestore
+	}
+	return nil
+}
+
+func (x *RestoreDone) GetRecorded() *CheckpointSummary {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
 // A restore's plan (RestoreRequest.dry_run).
 type RestorePlan struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1658,17 +1890,22 @@ type RestorePlan struct {
 	// Paths the policy manages that the checkpoint lacks.
 	PathsDeleted uint64 `protobuf:"varint,2,opt,name=paths_deleted,json=pathsDeleted,proto3" json:"paths_deleted,omitempty"`
 	// File entries already identical (at most their mode or mtime is set again).
-	FilesKept     uint64 `protobuf:"varint,3,opt,name=files_kept,json=filesKept,proto3" json:"files_kept,omitempty"`
-	DirsCreated   uint64 `protobuf:"varint,4,opt,name=dirs_created,json=dirsCreated,proto3" json:"dirs_created,omitempty"`
-	BytesToFetch  uint64 `protobuf:"varint,5,opt,name=bytes_to_fetch,json=bytesToFetch,proto3" json:"bytes_to_fetch,omitempty"`
-	BlobsToFetch  uint64 `protobuf:"varint,6,opt,name=blobs_to_fetch,json=blobsToFetch,proto3" json:"blobs_to_fetch,omitempty"`
+	FilesKept    uint64 `protobuf:"varint,3,opt,name=files_kept,json=filesKept,proto3" json:"files_kept,omitempty"`
+	DirsCreated  uint64 `protobuf:"varint,4,opt,name=dirs_created,json=dirsCreated,proto3" json:"dirs_created,omitempty"`
+	BytesToFetch uint64 `protobuf:"varint,5,opt,name=bytes_to_fetch,json=bytesToFetch,proto3" json:"bytes_to_fetch,omitempty"`
+	BlobsToFetch uint64 `protobuf:"varint,6,opt,name=blobs_to_fetch,json=blobsToFetch,proto3" json:"blobs_to_fetch,omitempty"`
+	// Of the paths written or deleted, those holding live changes the restore
+	// would save to the stash first (0: nothing would be stashed), and the
+	// bytes of the live files among them.
+	PathsStashed  uint64 `protobuf:"varint,7,opt,name=paths_stashed,json=pathsStashed,proto3" json:"paths_stashed,omitempty"`
+	BytesStashed  uint64 `protobuf:"varint,8,opt,name=bytes_stashed,json=bytesStashed,proto3" json:"bytes_stashed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestorePlan) Reset() {
 	*x = RestorePlan{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1680,7 +1917,7 @@ func (x *RestorePlan) String() string {
 func (*RestorePlan) ProtoMessage() {}
 
 func (x *RestorePlan) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[13]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1693,7 +1930,7 @@ func (x *RestorePlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestorePlan.ProtoReflect.Descriptor instead.
 func (*RestorePlan) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{13}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RestorePlan) GetFilesWritten() uint64 {
@@ -1738,18 +1975,34 @@ func (x *RestorePlan) GetBlobsToFetch() uint64 {
 	return 0
 }
 
+func (x *RestorePlan) GetPathsStashed() uint64 {
+	if x != nil {
+		return x.PathsStashed
+	}
+	return 0
+}
+
+func (x *RestorePlan) GetBytesStashed() uint64 {
+	if x != nil {
+		return x.BytesStashed
+	}
+	return 0
+}
+
 // The paths of a dry run's plan, in chunks (a plan of any size stays bounded).
 type RestorePlanPaths struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Written       []string               `protobuf:"bytes,1,rep,name=written,proto3" json:"written,omitempty"`
-	Deleted       []string               `protobuf:"bytes,2,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Written []string               `protobuf:"bytes,1,rep,name=written,proto3" json:"written,omitempty"`
+	Deleted []string               `protobuf:"bytes,2,rep,name=deleted,proto3" json:"deleted,omitempty"`
+	// Paths (among written and deleted) whose live changes would be stashed.
+	Stashed       []string `protobuf:"bytes,3,rep,name=stashed,proto3" json:"stashed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestorePlanPaths) Reset() {
 	*x = RestorePlanPaths{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +2014,7 @@ func (x *RestorePlanPaths) String() string {
 func (*RestorePlanPaths) ProtoMessage() {}
 
 func (x *RestorePlanPaths) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[14]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +2027,7 @@ func (x *RestorePlanPaths) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestorePlanPaths.ProtoReflect.Descriptor instead.
 func (*RestorePlanPaths) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{14}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RestorePlanPaths) GetWritten() []string {
@@ -1787,6 +2040,13 @@ func (x *RestorePlanPaths) GetWritten() []string {
 func (x *RestorePlanPaths) GetDeleted() []string {
 	if x != nil {
 		return x.Deleted
+	}
+	return nil
+}
+
+func (x *RestorePlanPaths) GetStashed() []string {
+	if x != nil {
+		return x.Stashed
 	}
 	return nil
 }
@@ -1806,7 +2066,7 @@ type RestoreEvent struct {
 
 func (x *RestoreEvent) Reset() {
 	*x = RestoreEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1818,7 +2078,7 @@ func (x *RestoreEvent) String() string {
 func (*RestoreEvent) ProtoMessage() {}
 
 func (x *RestoreEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[15]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1831,7 +2091,7 @@ func (x *RestoreEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreEvent.ProtoReflect.Descriptor instead.
 func (*RestoreEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{15}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RestoreEvent) GetEvent() isRestoreEvent_Event {
@@ -1916,7 +2176,7 @@ type GetCheckpointRequest struct {
 
 func (x *GetCheckpointRequest) Reset() {
 	*x = GetCheckpointRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1928,7 +2188,7 @@ func (x *GetCheckpointRequest) String() string {
 func (*GetCheckpointRequest) ProtoMessage() {}
 
 func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[16]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1941,7 +2201,7 @@ func (x *GetCheckpointRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointRequest.ProtoReflect.Descriptor instead.
 func (*GetCheckpointRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{16}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetCheckpointRequest) GetCheckpointId() string {
@@ -1970,7 +2230,7 @@ type GetCheckpointResponse struct {
 
 func (x *GetCheckpointResponse) Reset() {
 	*x = GetCheckpointResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1982,7 +2242,7 @@ func (x *GetCheckpointResponse) String() string {
 func (*GetCheckpointResponse) ProtoMessage() {}
 
 func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[17]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1995,7 +2255,7 @@ func (x *GetCheckpointResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetCheckpointResponse.ProtoReflect.Descriptor instead.
 func (*GetCheckpointResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{17}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *GetCheckpointResponse) GetCheckpoint() *CheckpointSummary {
@@ -2031,14 +2291,17 @@ type ListCheckpointsRequest struct {
 	// Only checkpoints listed before this one in the oldest-first order (older,
 	// or as old with a smaller id); with newest_first, the ones just before it.
 	// An unknown id is NOT_FOUND.
-	Before        *string `protobuf:"bytes,5,opt,name=before,proto3,oneof" json:"before,omitempty"`
+	Before *string `protobuf:"bytes,5,opt,name=before,proto3,oneof" json:"before,omitempty"`
+	// True: the thread's stash instead (the live trees restores replaced,
+	// newest last; Undo restores the newest).
+	Stash         bool `protobuf:"varint,6,opt,name=stash,proto3" json:"stash,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListCheckpointsRequest) Reset() {
 	*x = ListCheckpointsRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2050,7 +2313,7 @@ func (x *ListCheckpointsRequest) String() string {
 func (*ListCheckpointsRequest) ProtoMessage() {}
 
 func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[18]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2063,7 +2326,7 @@ func (x *ListCheckpointsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsRequest.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{18}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListCheckpointsRequest) GetThreadId() string {
@@ -2101,6 +2364,13 @@ func (x *ListCheckpointsRequest) GetBefore() string {
 	return ""
 }
 
+func (x *ListCheckpointsRequest) GetStash() bool {
+	if x != nil {
+		return x.Stash
+	}
+	return false
+}
+
 type ListCheckpointsResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Checkpoints []*CheckpointSummary   `protobuf:"bytes,1,rep,name=checkpoints,proto3" json:"checkpoints,omitempty"`
@@ -2112,7 +2382,7 @@ type ListCheckpointsResponse struct {
 
 func (x *ListCheckpointsResponse) Reset() {
 	*x = ListCheckpointsResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2124,7 +2394,7 @@ func (x *ListCheckpointsResponse) String() string {
 func (*ListCheckpointsResponse) ProtoMessage() {}
 
 func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[19]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2137,7 +2407,7 @@ func (x *ListCheckpointsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListCheckpointsResponse.ProtoReflect.Descriptor instead.
 func (*ListCheckpointsResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{19}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListCheckpointsResponse) GetCheckpoints() []*CheckpointSummary {
@@ -2166,7 +2436,7 @@ type ListThreadsRequest struct {
 
 func (x *ListThreadsRequest) Reset() {
 	*x = ListThreadsRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2178,7 +2448,7 @@ func (x *ListThreadsRequest) String() string {
 func (*ListThreadsRequest) ProtoMessage() {}
 
 func (x *ListThreadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[20]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2191,7 +2461,7 @@ func (x *ListThreadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListThreadsRequest.ProtoReflect.Descriptor instead.
 func (*ListThreadsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{20}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListThreadsRequest) GetPageSize() uint32 {
@@ -2223,7 +2493,7 @@ type ThreadSummary struct {
 
 func (x *ThreadSummary) Reset() {
 	*x = ThreadSummary{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2235,7 +2505,7 @@ func (x *ThreadSummary) String() string {
 func (*ThreadSummary) ProtoMessage() {}
 
 func (x *ThreadSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[21]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2248,7 +2518,7 @@ func (x *ThreadSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ThreadSummary.ProtoReflect.Descriptor instead.
 func (*ThreadSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{21}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ThreadSummary) GetThreadId() string {
@@ -2290,7 +2560,7 @@ type ListThreadsResponse struct {
 
 func (x *ListThreadsResponse) Reset() {
 	*x = ListThreadsResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2302,7 +2572,7 @@ func (x *ListThreadsResponse) String() string {
 func (*ListThreadsResponse) ProtoMessage() {}
 
 func (x *ListThreadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[22]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2315,7 +2585,7 @@ func (x *ListThreadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListThreadsResponse.ProtoReflect.Descriptor instead.
 func (*ListThreadsResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{22}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListThreadsResponse) GetThreads() []*ThreadSummary {
@@ -2341,7 +2611,7 @@ type GetHeadRequest struct {
 
 func (x *GetHeadRequest) Reset() {
 	*x = GetHeadRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2353,7 +2623,7 @@ func (x *GetHeadRequest) String() string {
 func (*GetHeadRequest) ProtoMessage() {}
 
 func (x *GetHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[23]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2366,7 +2636,7 @@ func (x *GetHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHeadRequest.ProtoReflect.Descriptor instead.
 func (*GetHeadRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{23}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *GetHeadRequest) GetThreadId() string {
@@ -2386,7 +2656,7 @@ type GetHeadResponse struct {
 
 func (x *GetHeadResponse) Reset() {
 	*x = GetHeadResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2398,7 +2668,7 @@ func (x *GetHeadResponse) String() string {
 func (*GetHeadResponse) ProtoMessage() {}
 
 func (x *GetHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[24]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2411,7 +2681,7 @@ func (x *GetHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetHeadResponse.ProtoReflect.Descriptor instead.
 func (*GetHeadResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{24}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetHeadResponse) GetCheckpointId() string {
@@ -2432,7 +2702,7 @@ type ListEntriesRequest struct {
 
 func (x *ListEntriesRequest) Reset() {
 	*x = ListEntriesRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2444,7 +2714,7 @@ func (x *ListEntriesRequest) String() string {
 func (*ListEntriesRequest) ProtoMessage() {}
 
 func (x *ListEntriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[25]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2457,7 +2727,7 @@ func (x *ListEntriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntriesRequest.ProtoReflect.Descriptor instead.
 func (*ListEntriesRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{25}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListEntriesRequest) GetCheckpointId() string {
@@ -2483,7 +2753,7 @@ type ListEntriesResponse struct {
 
 func (x *ListEntriesResponse) Reset() {
 	*x = ListEntriesResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2495,7 +2765,7 @@ func (x *ListEntriesResponse) String() string {
 func (*ListEntriesResponse) ProtoMessage() {}
 
 func (x *ListEntriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[26]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2508,7 +2778,7 @@ func (x *ListEntriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEntriesResponse.ProtoReflect.Descriptor instead.
 func (*ListEntriesResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{26}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListEntriesResponse) GetEntries() []*Entry {
@@ -2536,7 +2806,7 @@ type DiffRequest struct {
 
 func (x *DiffRequest) Reset() {
 	*x = DiffRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2548,7 +2818,7 @@ func (x *DiffRequest) String() string {
 func (*DiffRequest) ProtoMessage() {}
 
 func (x *DiffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[27]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2561,7 +2831,7 @@ func (x *DiffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffRequest.ProtoReflect.Descriptor instead.
 func (*DiffRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{27}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DiffRequest) GetFromCheckpointId() string {
@@ -2620,7 +2890,7 @@ type Change struct {
 
 func (x *Change) Reset() {
 	*x = Change{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2632,7 +2902,7 @@ func (x *Change) String() string {
 func (*Change) ProtoMessage() {}
 
 func (x *Change) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[28]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2645,7 +2915,7 @@ func (x *Change) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Change.ProtoReflect.Descriptor instead.
 func (*Change) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{28}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *Change) GetPath() string {
@@ -2685,7 +2955,7 @@ type DiffResponse struct {
 
 func (x *DiffResponse) Reset() {
 	*x = DiffResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2967,7 @@ func (x *DiffResponse) String() string {
 func (*DiffResponse) ProtoMessage() {}
 
 func (x *DiffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[29]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2980,7 @@ func (x *DiffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DiffResponse.ProtoReflect.Descriptor instead.
 func (*DiffResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{29}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DiffResponse) GetChanges() []*Change {
@@ -2732,7 +3002,7 @@ type ReadFileRequest struct {
 
 func (x *ReadFileRequest) Reset() {
 	*x = ReadFileRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +3014,7 @@ func (x *ReadFileRequest) String() string {
 func (*ReadFileRequest) ProtoMessage() {}
 
 func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[30]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +3027,7 @@ func (x *ReadFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadFileRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{30}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadFileRequest) GetCheckpointId() string {
@@ -2792,7 +3062,7 @@ type ReadFileResponse struct {
 
 func (x *ReadFileResponse) Reset() {
 	*x = ReadFileResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2804,7 +3074,7 @@ func (x *ReadFileResponse) String() string {
 func (*ReadFileResponse) ProtoMessage() {}
 
 func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[31]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2817,7 +3087,7 @@ func (x *ReadFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadFileResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{31}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadFileResponse) GetData() []byte {
@@ -2844,7 +3114,7 @@ type UploadArtifactMetadata struct {
 
 func (x *UploadArtifactMetadata) Reset() {
 	*x = UploadArtifactMetadata{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2856,7 +3126,7 @@ func (x *UploadArtifactMetadata) String() string {
 func (*UploadArtifactMetadata) ProtoMessage() {}
 
 func (x *UploadArtifactMetadata) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[32]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2869,7 +3139,7 @@ func (x *UploadArtifactMetadata) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactMetadata.ProtoReflect.Descriptor instead.
 func (*UploadArtifactMetadata) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{32}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *UploadArtifactMetadata) GetName() string {
@@ -2899,7 +3169,7 @@ type UploadArtifactRequest struct {
 
 func (x *UploadArtifactRequest) Reset() {
 	*x = UploadArtifactRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2911,7 +3181,7 @@ func (x *UploadArtifactRequest) String() string {
 func (*UploadArtifactRequest) ProtoMessage() {}
 
 func (x *UploadArtifactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[33]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2924,7 +3194,7 @@ func (x *UploadArtifactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactRequest.ProtoReflect.Descriptor instead.
 func (*UploadArtifactRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{33}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *UploadArtifactRequest) GetPart() isUploadArtifactRequest_Part {
@@ -2977,7 +3247,7 @@ type UploadArtifactResponse struct {
 
 func (x *UploadArtifactResponse) Reset() {
 	*x = UploadArtifactResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2989,7 +3259,7 @@ func (x *UploadArtifactResponse) String() string {
 func (*UploadArtifactResponse) ProtoMessage() {}
 
 func (x *UploadArtifactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[34]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3002,7 +3272,7 @@ func (x *UploadArtifactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UploadArtifactResponse.ProtoReflect.Descriptor instead.
 func (*UploadArtifactResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{34}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *UploadArtifactResponse) GetArtifact() *Artifact {
@@ -3023,7 +3293,7 @@ type ReadArtifactRequest struct {
 
 func (x *ReadArtifactRequest) Reset() {
 	*x = ReadArtifactRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3035,7 +3305,7 @@ func (x *ReadArtifactRequest) String() string {
 func (*ReadArtifactRequest) ProtoMessage() {}
 
 func (x *ReadArtifactRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[35]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3048,7 +3318,7 @@ func (x *ReadArtifactRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadArtifactRequest.ProtoReflect.Descriptor instead.
 func (*ReadArtifactRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{35}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReadArtifactRequest) GetBlobKey() string {
@@ -3074,7 +3344,7 @@ type ReadArtifactResponse struct {
 
 func (x *ReadArtifactResponse) Reset() {
 	*x = ReadArtifactResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3086,7 +3356,7 @@ func (x *ReadArtifactResponse) String() string {
 func (*ReadArtifactResponse) ProtoMessage() {}
 
 func (x *ReadArtifactResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[36]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3099,7 +3369,7 @@ func (x *ReadArtifactResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadArtifactResponse.ProtoReflect.Descriptor instead.
 func (*ReadArtifactResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{36}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReadArtifactResponse) GetData() []byte {
@@ -3120,7 +3390,7 @@ type ForkRequest struct {
 
 func (x *ForkRequest) Reset() {
 	*x = ForkRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3132,7 +3402,7 @@ func (x *ForkRequest) String() string {
 func (*ForkRequest) ProtoMessage() {}
 
 func (x *ForkRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[37]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3145,7 +3415,7 @@ func (x *ForkRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkRequest.ProtoReflect.Descriptor instead.
 func (*ForkRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{37}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForkRequest) GetSourceThreadId() string {
@@ -3178,7 +3448,7 @@ type ForkResponse struct {
 
 func (x *ForkResponse) Reset() {
 	*x = ForkResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3190,7 +3460,7 @@ func (x *ForkResponse) String() string {
 func (*ForkResponse) ProtoMessage() {}
 
 func (x *ForkResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[38]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3203,7 +3473,7 @@ func (x *ForkResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForkResponse.ProtoReflect.Descriptor instead.
 func (*ForkResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{38}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ForkResponse) GetCheckpoint() *CheckpointSummary {
@@ -3223,7 +3493,7 @@ type DeleteHeadRequest struct {
 
 func (x *DeleteHeadRequest) Reset() {
 	*x = DeleteHeadRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3235,7 +3505,7 @@ func (x *DeleteHeadRequest) String() string {
 func (*DeleteHeadRequest) ProtoMessage() {}
 
 func (x *DeleteHeadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[39]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3248,7 +3518,7 @@ func (x *DeleteHeadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteHeadRequest.ProtoReflect.Descriptor instead.
 func (*DeleteHeadRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{39}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *DeleteHeadRequest) GetThreadId() string {
@@ -3275,7 +3545,7 @@ type DeleteHeadResponse struct {
 
 func (x *DeleteHeadResponse) Reset() {
 	*x = DeleteHeadResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3287,7 +3557,7 @@ func (x *DeleteHeadResponse) String() string {
 func (*DeleteHeadResponse) ProtoMessage() {}
 
 func (x *DeleteHeadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[40]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3300,7 +3570,7 @@ func (x *DeleteHeadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteHeadResponse.ProtoReflect.Descriptor instead.
 func (*DeleteHeadResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{40}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DeleteHeadResponse) GetHeadCheckpointId() string {
@@ -3322,7 +3592,7 @@ type PruneRequest struct {
 
 func (x *PruneRequest) Reset() {
 	*x = PruneRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3604,7 @@ func (x *PruneRequest) String() string {
 func (*PruneRequest) ProtoMessage() {}
 
 func (x *PruneRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[41]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3617,7 @@ func (x *PruneRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneRequest.ProtoReflect.Descriptor instead.
 func (*PruneRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{41}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *PruneRequest) GetThreadId() string {
@@ -3387,7 +3657,7 @@ type PruneResponse struct {
 
 func (x *PruneResponse) Reset() {
 	*x = PruneResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3669,7 @@ func (x *PruneResponse) String() string {
 func (*PruneResponse) ProtoMessage() {}
 
 func (x *PruneResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[42]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3682,7 @@ func (x *PruneResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PruneResponse.ProtoReflect.Descriptor instead.
 func (*PruneResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{42}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *PruneResponse) GetDeletedCheckpointIds() []string {
@@ -3460,7 +3730,7 @@ type SweepBlobsRequest struct {
 
 func (x *SweepBlobsRequest) Reset() {
 	*x = SweepBlobsRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3472,7 +3742,7 @@ func (x *SweepBlobsRequest) String() string {
 func (*SweepBlobsRequest) ProtoMessage() {}
 
 func (x *SweepBlobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[43]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3485,7 +3755,7 @@ func (x *SweepBlobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsRequest.ProtoReflect.Descriptor instead.
 func (*SweepBlobsRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{43}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SweepBlobsRequest) GetOlderThanMs() uint64 {
@@ -3522,7 +3792,7 @@ type KeptBlob struct {
 
 func (x *KeptBlob) Reset() {
 	*x = KeptBlob{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3534,7 +3804,7 @@ func (x *KeptBlob) String() string {
 func (*KeptBlob) ProtoMessage() {}
 
 func (x *KeptBlob) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[44]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3547,7 +3817,7 @@ func (x *KeptBlob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeptBlob.ProtoReflect.Descriptor instead.
 func (*KeptBlob) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{44}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *KeptBlob) GetKey() string {
@@ -3575,7 +3845,7 @@ type SweepFailure struct {
 
 func (x *SweepFailure) Reset() {
 	*x = SweepFailure{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3587,7 +3857,7 @@ func (x *SweepFailure) String() string {
 func (*SweepFailure) ProtoMessage() {}
 
 func (x *SweepFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[45]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3600,7 +3870,7 @@ func (x *SweepFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepFailure.ProtoReflect.Descriptor instead.
 func (*SweepFailure) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{45}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SweepFailure) GetKey() string {
@@ -3634,7 +3904,7 @@ type SweepBlobsBatch struct {
 
 func (x *SweepBlobsBatch) Reset() {
 	*x = SweepBlobsBatch{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3646,7 +3916,7 @@ func (x *SweepBlobsBatch) String() string {
 func (*SweepBlobsBatch) ProtoMessage() {}
 
 func (x *SweepBlobsBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[46]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3659,7 +3929,7 @@ func (x *SweepBlobsBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsBatch.ProtoReflect.Descriptor instead.
 func (*SweepBlobsBatch) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{46}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *SweepBlobsBatch) GetDeleted() []string {
@@ -3705,7 +3975,7 @@ type SweepBlobsSummary struct {
 
 func (x *SweepBlobsSummary) Reset() {
 	*x = SweepBlobsSummary{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3717,7 +3987,7 @@ func (x *SweepBlobsSummary) String() string {
 func (*SweepBlobsSummary) ProtoMessage() {}
 
 func (x *SweepBlobsSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[47]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3730,7 +4000,7 @@ func (x *SweepBlobsSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsSummary.ProtoReflect.Descriptor instead.
 func (*SweepBlobsSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{47}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SweepBlobsSummary) GetListedCount() uint64 {
@@ -3809,7 +4079,7 @@ type SweepBlobsEvent struct {
 
 func (x *SweepBlobsEvent) Reset() {
 	*x = SweepBlobsEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3821,7 +4091,7 @@ func (x *SweepBlobsEvent) String() string {
 func (*SweepBlobsEvent) ProtoMessage() {}
 
 func (x *SweepBlobsEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[48]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3834,7 +4104,7 @@ func (x *SweepBlobsEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SweepBlobsEvent.ProtoReflect.Descriptor instead.
 func (*SweepBlobsEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{48}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *SweepBlobsEvent) GetEvent() isSweepBlobsEvent_Event {
@@ -3890,7 +4160,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3902,7 +4172,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[49]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3915,7 +4185,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{49}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CheckRequest) GetReadData() bool {
@@ -3948,7 +4218,7 @@ type CheckFinding struct {
 
 func (x *CheckFinding) Reset() {
 	*x = CheckFinding{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3960,7 +4230,7 @@ func (x *CheckFinding) String() string {
 func (*CheckFinding) ProtoMessage() {}
 
 func (x *CheckFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[50]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3973,7 +4243,7 @@ func (x *CheckFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckFinding.ProtoReflect.Descriptor instead.
 func (*CheckFinding) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{50}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CheckFinding) GetKind() string {
@@ -4022,7 +4292,7 @@ type CheckProgress struct {
 
 func (x *CheckProgress) Reset() {
 	*x = CheckProgress{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4034,7 +4304,7 @@ func (x *CheckProgress) String() string {
 func (*CheckProgress) ProtoMessage() {}
 
 func (x *CheckProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[51]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4047,7 +4317,7 @@ func (x *CheckProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckProgress.ProtoReflect.Descriptor instead.
 func (*CheckProgress) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{51}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CheckProgress) GetBlobsChecked() uint64 {
@@ -4092,7 +4362,7 @@ type CheckSummary struct {
 
 func (x *CheckSummary) Reset() {
 	*x = CheckSummary{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4104,7 +4374,7 @@ func (x *CheckSummary) String() string {
 func (*CheckSummary) ProtoMessage() {}
 
 func (x *CheckSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[52]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4117,7 +4387,7 @@ func (x *CheckSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckSummary.ProtoReflect.Descriptor instead.
 func (*CheckSummary) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{52}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CheckSummary) GetKeys() uint64 {
@@ -4218,7 +4488,7 @@ type CheckEvent struct {
 
 func (x *CheckEvent) Reset() {
 	*x = CheckEvent{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4230,7 +4500,7 @@ func (x *CheckEvent) String() string {
 func (*CheckEvent) ProtoMessage() {}
 
 func (x *CheckEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[53]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4243,7 +4513,7 @@ func (x *CheckEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckEvent.ProtoReflect.Descriptor instead.
 func (*CheckEvent) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{53}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CheckEvent) GetEvent() isCheckEvent_Event {
@@ -4310,7 +4580,7 @@ type GetServerInfoRequest struct {
 
 func (x *GetServerInfoRequest) Reset() {
 	*x = GetServerInfoRequest{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4322,7 +4592,7 @@ func (x *GetServerInfoRequest) String() string {
 func (*GetServerInfoRequest) ProtoMessage() {}
 
 func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[54]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4335,7 +4605,7 @@ func (x *GetServerInfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoRequest.ProtoReflect.Descriptor instead.
 func (*GetServerInfoRequest) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{54}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{56}
 }
 
 type Capabilities struct {
@@ -4365,14 +4635,17 @@ type Capabilities struct {
 	MutualTls bool `protobuf:"varint,13,opt,name=mutual_tls,json=mutualTls,proto3" json:"mutual_tls,omitempty"`
 	// True when health and reflection also need the token (--auth-probes);
 	// false: they answer without it, for probes that cannot send headers.
-	AuthProbes    bool `protobuf:"varint,14,opt,name=auth_probes,json=authProbes,proto3" json:"auth_probes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	AuthProbes bool `protobuf:"varint,14,opt,name=auth_probes,json=authProbes,proto3" json:"auth_probes,omitempty"`
+	// Restores stash live changes; Undo, RestoreRequest.record and
+	// ListCheckpointsRequest.stash are served.
+	RestoreHistory bool `protobuf:"varint,15,opt,name=restore_history,json=restoreHistory,proto3" json:"restore_history,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
 	*x = Capabilities{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4384,7 +4657,7 @@ func (x *Capabilities) String() string {
 func (*Capabilities) ProtoMessage() {}
 
 func (x *Capabilities) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[55]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4397,7 +4670,7 @@ func (x *Capabilities) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Capabilities.ProtoReflect.Descriptor instead.
 func (*Capabilities) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{55}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *Capabilities) GetStoreBackend() string {
@@ -4498,6 +4771,13 @@ func (x *Capabilities) GetAuthProbes() bool {
 	return false
 }
 
+func (x *Capabilities) GetRestoreHistory() bool {
+	if x != nil {
+		return x.RestoreHistory
+	}
+	return false
+}
+
 type GetServerInfoResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -4510,7 +4790,7 @@ type GetServerInfoResponse struct {
 
 func (x *GetServerInfoResponse) Reset() {
 	*x = GetServerInfoResponse{}
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4522,7 +4802,7 @@ func (x *GetServerInfoResponse) String() string {
 func (*GetServerInfoResponse) ProtoMessage() {}
 
 func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[56]
+	mi := &file_checkpointd_v1_checkpointd_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4535,7 +4815,7 @@ func (x *GetServerInfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServerInfoResponse.ProtoReflect.Descriptor instead.
 func (*GetServerInfoResponse) Descriptor() ([]byte, []int) {
-	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{56}
+	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetServerInfoResponse) GetVersion() string {
@@ -4585,7 +4865,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x19\n" +
 	"\bblob_key\x18\x05 \x01(\tR\ablobKey\x12\x1d\n" +
 	"\n" +
-	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\xe9\x05\n" +
+	"created_at\x18\x06 \x01(\x03R\tcreatedAt\"\x96\a\n" +
 	"\x11CheckpointSummary\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1b\n" +
 	"\tthread_id\x18\x02 \x01(\tR\bthreadId\x125\n" +
@@ -4607,12 +4887,16 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x06policy\x18\r \x01(\v2\x16.checkpointd.v1.PolicyR\x06policy\x12)\n" +
 	"\x10workspace_subdir\x18\x0e \x01(\tR\x0fworkspaceSubdir\x126\n" +
 	"\x15forked_from_thread_id\x18\x0f \x01(\tH\x03R\x12forkedFromThreadId\x88\x01\x01\x12>\n" +
-	"\x19forked_from_checkpoint_id\x18\x10 \x01(\tH\x04R\x16forkedFromCheckpointId\x88\x01\x01B\x17\n" +
+	"\x19forked_from_checkpoint_id\x18\x10 \x01(\tH\x04R\x16forkedFromCheckpointId\x88\x01\x01\x12B\n" +
+	"\x1brestored_from_checkpoint_id\x18\x11 \x01(\tH\x05R\x18restoredFromCheckpointId\x88\x01\x01\x120\n" +
+	"\x12stash_of_thread_id\x18\x12 \x01(\tH\x06R\x0fstashOfThreadId\x88\x01\x01B\x17\n" +
 	"\x15_parent_checkpoint_idB\b\n" +
 	"\x06_labelB\x10\n" +
 	"\x0e_source_run_idB\x18\n" +
 	"\x16_forked_from_thread_idB\x1c\n" +
-	"\x1a_forked_from_checkpoint_id\"\x81\x02\n" +
+	"\x1a_forked_from_checkpoint_idB\x1e\n" +
+	"\x1c_restored_from_checkpoint_idB\x15\n" +
+	"\x13_stash_of_thread_id\"\x81\x02\n" +
 	"\bProgress\x12\x14\n" +
 	"\x05phase\x18\x01 \x01(\tR\x05phase\x12\x1d\n" +
 	"\n" +
@@ -4670,7 +4954,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\astarted\x18\x01 \x01(\v2\x1e.checkpointd.v1.CaptureStartedH\x00R\astarted\x126\n" +
 	"\bprogress\x18\x02 \x01(\v2\x18.checkpointd.v1.ProgressH\x00R\bprogress\x121\n" +
 	"\x04done\x18\x03 \x01(\v2\x1b.checkpointd.v1.CaptureDoneH\x00R\x04doneB\a\n" +
-	"\x05event\"\x9a\x02\n" +
+	"\x05event\"\xe4\x02\n" +
 	"\x0eRestoreRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01\x12.\n" +
@@ -4678,12 +4962,28 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x10workspace_subdir\x18\x04 \x01(\tR\x0fworkspaceSubdir\x12\x17\n" +
 	"\adry_run\x18\x05 \x01(\bR\x06dryRun\x12\x18\n" +
 	"\asecrets\x18\x06 \x03(\fR\asecrets\x12!\n" +
-	"\fsecret_names\x18\a \x03(\tR\vsecretNamesB\x10\n" +
-	"\x0e_checkpoint_id\"i\n" +
+	"\fsecret_names\x18\a \x03(\tR\vsecretNames\x120\n" +
+	"\x14discard_live_changes\x18\b \x01(\bR\x12discardLiveChanges\x12\x16\n" +
+	"\x06record\x18\t \x01(\bR\x06recordB\x10\n" +
+	"\x0e_checkpoint_id\"\xc3\x01\n" +
+	"\vUndoRequest\x12\x1b\n" +
+	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12)\n" +
+	"\x10workspace_subdir\x18\x02 \x01(\tR\x0fworkspaceSubdir\x12\x17\n" +
+	"\adry_run\x18\x03 \x01(\bR\x06dryRun\x12\x18\n" +
+	"\asecrets\x18\x04 \x03(\fR\asecrets\x12!\n" +
+	"\fsecret_names\x18\x05 \x03(\tR\vsecretNames\x12\x16\n" +
+	"\x06record\x18\x06 \x01(\bR\x06record\"\xbf\x01\n" +
+	"\x12SavedBeforeRestore\x12A\n" +
+	"\n" +
+	"checkpoint\x18\x01 \x01(\v2!.checkpointd.v1.CheckpointSummaryR\n" +
+	"checkpoint\x12%\n" +
+	"\x0eblobs_uploaded\x18\x02 \x01(\x04R\rblobsUploaded\x12%\n" +
+	"\x0ebytes_uploaded\x18\x03 \x01(\x04R\rbytesUploaded\x12\x18\n" +
+	"\aresumed\x18\x04 \x01(\bR\aresumed\"i\n" +
 	"\x0eRestoreStarted\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12(\n" +
 	"\rcheckpoint_id\x18\x02 \x01(\tH\x00R\fcheckpointId\x88\x01\x01B\x10\n" +
-	"\x0e_checkpoint_id\"\xa6\x02\n" +
+	"\x0e_checkpoint_id\"\xbb\x03\n" +
 	"\vRestoreDone\x12\x1a\n" +
 	"\brestored\x18\x01 \x01(\bR\brestored\x12A\n" +
 	"\n" +
@@ -4693,7 +4993,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"durationMs\x12/\n" +
 	"\x04plan\x18\x04 \x01(\v2\x1b.checkpointd.v1.RestorePlanR\x04plan\x122\n" +
 	"\x15unfilled_secret_paths\x18\x05 \x03(\tR\x13unfilledSecretPaths\x122\n" +
-	"\x15unfilled_secret_count\x18\x06 \x01(\x04R\x13unfilledSecretCount\"\xe5\x01\n" +
+	"\x15unfilled_secret_count\x18\x06 \x01(\x04R\x13unfilledSecretCount\x12T\n" +
+	"\x14saved_before_restore\x18\a \x01(\v2\".checkpointd.v1.SavedBeforeRestoreR\x12savedBeforeRestore\x12=\n" +
+	"\brecorded\x18\b \x01(\v2!.checkpointd.v1.CheckpointSummaryR\brecorded\"\xaf\x02\n" +
 	"\vRestorePlan\x12#\n" +
 	"\rfiles_written\x18\x01 \x01(\x04R\ffilesWritten\x12#\n" +
 	"\rpaths_deleted\x18\x02 \x01(\x04R\fpathsDeleted\x12\x1d\n" +
@@ -4701,10 +5003,13 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"files_kept\x18\x03 \x01(\x04R\tfilesKept\x12!\n" +
 	"\fdirs_created\x18\x04 \x01(\x04R\vdirsCreated\x12$\n" +
 	"\x0ebytes_to_fetch\x18\x05 \x01(\x04R\fbytesToFetch\x12$\n" +
-	"\x0eblobs_to_fetch\x18\x06 \x01(\x04R\fblobsToFetch\"F\n" +
+	"\x0eblobs_to_fetch\x18\x06 \x01(\x04R\fblobsToFetch\x12#\n" +
+	"\rpaths_stashed\x18\a \x01(\x04R\fpathsStashed\x12#\n" +
+	"\rbytes_stashed\x18\b \x01(\x04R\fbytesStashed\"`\n" +
 	"\x10RestorePlanPaths\x12\x18\n" +
 	"\awritten\x18\x01 \x03(\tR\awritten\x12\x18\n" +
-	"\adeleted\x18\x02 \x03(\tR\adeleted\"\x81\x02\n" +
+	"\adeleted\x18\x02 \x03(\tR\adeleted\x12\x18\n" +
+	"\astashed\x18\x03 \x03(\tR\astashed\"\x81\x02\n" +
 	"\fRestoreEvent\x12:\n" +
 	"\astarted\x18\x01 \x01(\v2\x1e.checkpointd.v1.RestoreStartedH\x00R\astarted\x126\n" +
 	"\bprogress\x18\x02 \x01(\v2\x18.checkpointd.v1.ProgressH\x00R\bprogress\x121\n" +
@@ -4720,14 +5025,15 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"checkpoint\x18\x01 \x01(\v2!.checkpointd.v1.CheckpointSummaryR\n" +
 	"checkpoint\x126\n" +
 	"\tartifacts\x18\x02 \x03(\v2\x18.checkpointd.v1.ArtifactR\tartifacts\x12\"\n" +
-	"\fconversation\x18\x03 \x03(\tR\fconversation\"\xbc\x01\n" +
+	"\fconversation\x18\x03 \x03(\tR\fconversation\"\xd2\x01\n" +
 	"\x16ListCheckpointsRequest\x12\x1b\n" +
 	"\tthread_id\x18\x01 \x01(\tR\bthreadId\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12\x1d\n" +
 	"\n" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\x12!\n" +
 	"\fnewest_first\x18\x04 \x01(\bR\vnewestFirst\x12\x1b\n" +
-	"\x06before\x18\x05 \x01(\tH\x00R\x06before\x88\x01\x01B\t\n" +
+	"\x06before\x18\x05 \x01(\tH\x00R\x06before\x88\x01\x01\x12\x14\n" +
+	"\x05stash\x18\x06 \x01(\bR\x05stashB\t\n" +
 	"\a_before\"\x86\x01\n" +
 	"\x17ListCheckpointsResponse\x12C\n" +
 	"\vcheckpoints\x18\x01 \x03(\v2!.checkpointd.v1.CheckpointSummaryR\vcheckpoints\x12&\n" +
@@ -4889,7 +5195,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\afinding\x18\x02 \x01(\v2\x1c.checkpointd.v1.CheckFindingH\x00R\afinding\x128\n" +
 	"\asummary\x18\x03 \x01(\v2\x1c.checkpointd.v1.CheckSummaryH\x00R\asummaryB\a\n" +
 	"\x05event\"\x16\n" +
-	"\x14GetServerInfoRequest\"\xde\x03\n" +
+	"\x14GetServerInfoRequest\"\x87\x04\n" +
 	"\fCapabilities\x12#\n" +
 	"\rstore_backend\x18\x01 \x01(\tR\fstoreBackend\x12!\n" +
 	"\fblob_backend\x18\x02 \x01(\tR\vblobBackend\x12\x12\n" +
@@ -4908,7 +5214,8 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\n" +
 	"mutual_tls\x18\r \x01(\bR\tmutualTls\x12\x1f\n" +
 	"\vauth_probes\x18\x0e \x01(\bR\n" +
-	"authProbes\"\x9e\x01\n" +
+	"authProbes\x12'\n" +
+	"\x0frestore_history\x18\x0f \x01(\bR\x0erestoreHistory\"\x9e\x01\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +
@@ -4953,7 +5260,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x16ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fENTRY_KIND_FILE\x10\x01\x12\x12\n" +
 	"\x0eENTRY_KIND_DIR\x10\x02\x12\x16\n" +
-	"\x12ENTRY_KIND_SYMLINK\x10\x03*\xb4\x02\n" +
+	"\x12ENTRY_KIND_SYMLINK\x10\x03*\xce\x02\n" +
 	"\rProgressPhase\x12\x1e\n" +
 	"\x1aPROGRESS_PHASE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PROGRESS_PHASE_LEASE\x10\x01\x12\x17\n" +
@@ -4966,17 +5273,19 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x14PROGRESS_PHASE_FETCH\x10\b\x12\x18\n" +
 	"\x14PROGRESS_PHASE_APPLY\x10\t\x12\x19\n" +
 	"\x15PROGRESS_PHASE_RECORD\x10\n" +
-	"*\x91\x01\n" +
+	"\x12\x18\n" +
+	"\x14PROGRESS_PHASE_STASH\x10\v*\x91\x01\n" +
 	"\n" +
 	"ChangeKind\x12\x1b\n" +
 	"\x17CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11CHANGE_KIND_ADDED\x10\x01\x12\x17\n" +
 	"\x13CHANGE_KIND_DELETED\x10\x02\x12\x18\n" +
 	"\x14CHANGE_KIND_MODIFIED\x10\x03\x12\x1c\n" +
-	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\x8e\v\n" +
+	"\x18CHANGE_KIND_MODE_CHANGED\x10\x042\xd3\v\n" +
 	"\vCheckpointd\x12I\n" +
 	"\aCapture\x12\x1e.checkpointd.v1.CaptureRequest\x1a\x1c.checkpointd.v1.CaptureEvent0\x01\x12I\n" +
-	"\aRestore\x12\x1e.checkpointd.v1.RestoreRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12\\\n" +
+	"\aRestore\x12\x1e.checkpointd.v1.RestoreRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12C\n" +
+	"\x04Undo\x12\x1b.checkpointd.v1.UndoRequest\x1a\x1c.checkpointd.v1.RestoreEvent0\x01\x12\\\n" +
 	"\rGetCheckpoint\x12$.checkpointd.v1.GetCheckpointRequest\x1a%.checkpointd.v1.GetCheckpointResponse\x12b\n" +
 	"\x0fListCheckpoints\x12&.checkpointd.v1.ListCheckpointsRequest\x1a'.checkpointd.v1.ListCheckpointsResponse\x12V\n" +
 	"\vListThreads\x12\".checkpointd.v1.ListThreadsRequest\x1a#.checkpointd.v1.ListThreadsResponse\x12J\n" +
@@ -5008,7 +5317,7 @@ func file_checkpointd_v1_checkpointd_proto_rawDescGZIP() []byte {
 }
 
 var file_checkpointd_v1_checkpointd_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
+var file_checkpointd_v1_checkpointd_proto_msgTypes = make([]protoimpl.MessageInfo, 61)
 var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(ErrorReason)(0),                // 0: checkpointd.v1.ErrorReason
 	(EntryKind)(0),                  // 1: checkpointd.v1.EntryKind
@@ -5025,54 +5334,56 @@ var file_checkpointd_v1_checkpointd_proto_goTypes = []any{
 	(*CaptureDone)(nil),             // 12: checkpointd.v1.CaptureDone
 	(*CaptureEvent)(nil),            // 13: checkpointd.v1.CaptureEvent
 	(*RestoreRequest)(nil),          // 14: checkpointd.v1.RestoreRequest
-	(*RestoreStarted)(nil),          // 15: checkpointd.v1.RestoreStarted
-	(*RestoreDone)(nil),             // 16: checkpointd.v1.RestoreDone
-	(*RestorePlan)(nil),             // 17: checkpointd.v1.RestorePlan
-	(*RestorePlanPaths)(nil),        // 18: checkpointd.v1.RestorePlanPaths
-	(*RestoreEvent)(nil),            // 19: checkpointd.v1.RestoreEvent
-	(*GetCheckpointRequest)(nil),    // 20: checkpointd.v1.GetCheckpointRequest
-	(*GetCheckpointResponse)(nil),   // 21: checkpointd.v1.GetCheckpointResponse
-	(*ListCheckpointsRequest)(nil),  // 22: checkpointd.v1.ListCheckpointsRequest
-	(*ListCheckpointsResponse)(nil), // 23: checkpointd.v1.ListCheckpointsResponse
-	(*ListThreadsRequest)(nil),      // 24: checkpointd.v1.ListThreadsRequest
-	(*ThreadSummary)(nil),           // 25: checkpointd.v1.ThreadSummary
-	(*ListThreadsResponse)(nil),     // 26: checkpointd.v1.ListThreadsResponse
-	(*GetHeadRequest)(nil),          // 27: checkpointd.v1.GetHeadRequest
-	(*GetHeadResponse)(nil),         // 28: checkpointd.v1.GetHeadResponse
-	(*ListEntriesRequest)(nil),      // 29: checkpointd.v1.ListEntriesRequest
-	(*ListEntriesResponse)(nil),     // 30: checkpointd.v1.ListEntriesResponse
-	(*DiffRequest)(nil),             // 31: checkpointd.v1.DiffRequest
-	(*Change)(nil),                  // 32: checkpointd.v1.Change
-	(*DiffResponse)(nil),            // 33: checkpointd.v1.DiffResponse
-	(*ReadFileRequest)(nil),         // 34: checkpointd.v1.ReadFileRequest
-	(*ReadFileResponse)(nil),        // 35: checkpointd.v1.ReadFileResponse
-	(*UploadArtifactMetadata)(nil),  // 36: checkpointd.v1.UploadArtifactMetadata
-	(*UploadArtifactRequest)(nil),   // 37: checkpointd.v1.UploadArtifactRequest
-	(*UploadArtifactResponse)(nil),  // 38: checkpointd.v1.UploadArtifactResponse
-	(*ReadArtifactRequest)(nil),     // 39: checkpointd.v1.ReadArtifactRequest
-	(*ReadArtifactResponse)(nil),    // 40: checkpointd.v1.ReadArtifactResponse
-	(*ForkRequest)(nil),             // 41: checkpointd.v1.ForkRequest
-	(*ForkResponse)(nil),            // 42: checkpointd.v1.ForkResponse
-	(*DeleteHeadRequest)(nil),       // 43: checkpointd.v1.DeleteHeadRequest
-	(*DeleteHeadResponse)(nil),      // 44: checkpointd.v1.DeleteHeadResponse
-	(*PruneRequest)(nil),            // 45: checkpointd.v1.PruneRequest
-	(*PruneResponse)(nil),           // 46: checkpointd.v1.PruneResponse
-	(*SweepBlobsRequest)(nil),       // 47: checkpointd.v1.SweepBlobsRequest
-	(*KeptBlob)(nil),                // 48: checkpointd.v1.KeptBlob
-	(*SweepFailure)(nil),            // 49: checkpointd.v1.SweepFailure
-	(*SweepBlobsBatch)(nil),         // 50: checkpointd.v1.SweepBlobsBatch
-	(*SweepBlobsSummary)(nil),       // 51: checkpointd.v1.SweepBlobsSummary
-	(*SweepBlobsEvent)(nil),         // 52: checkpointd.v1.SweepBlobsEvent
-	(*CheckRequest)(nil),            // 53: checkpointd.v1.CheckRequest
-	(*CheckFinding)(nil),            // 54: checkpointd.v1.CheckFinding
-	(*CheckProgress)(nil),           // 55: checkpointd.v1.CheckProgress
-	(*CheckSummary)(nil),            // 56: checkpointd.v1.CheckSummary
-	(*CheckEvent)(nil),              // 57: checkpointd.v1.CheckEvent
-	(*GetServerInfoRequest)(nil),    // 58: checkpointd.v1.GetServerInfoRequest
-	(*Capabilities)(nil),            // 59: checkpointd.v1.Capabilities
-	(*GetServerInfoResponse)(nil),   // 60: checkpointd.v1.GetServerInfoResponse
-	nil,                             // 61: checkpointd.v1.CaptureStats.PhasesMsEntry
-	nil,                             // 62: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	(*UndoRequest)(nil),             // 15: checkpointd.v1.UndoRequest
+	(*SavedBeforeRestore)(nil),      // 16: checkpointd.v1.SavedBeforeRestore
+	(*RestoreStarted)(nil),          // 17: checkpointd.v1.RestoreStarted
+	(*RestoreDone)(nil),             // 18: checkpointd.v1.RestoreDone
+	(*RestorePlan)(nil),             // 19: checkpointd.v1.RestorePlan
+	(*RestorePlanPaths)(nil),        // 20: checkpointd.v1.RestorePlanPaths
+	(*RestoreEvent)(nil),            // 21: checkpointd.v1.RestoreEvent
+	(*GetCheckpointRequest)(nil),    // 22: checkpointd.v1.GetCheckpointRequest
+	(*GetCheckpointResponse)(nil),   // 23: checkpointd.v1.GetCheckpointResponse
+	(*ListCheckpointsRequest)(nil),  // 24: checkpointd.v1.ListCheckpointsRequest
+	(*ListCheckpointsResponse)(nil), // 25: checkpointd.v1.ListCheckpointsResponse
+	(*ListThreadsRequest)(nil),      // 26: checkpointd.v1.ListThreadsRequest
+	(*ThreadSummary)(nil),           // 27: checkpointd.v1.ThreadSummary
+	(*ListThreadsResponse)(nil),     // 28: checkpointd.v1.ListThreadsResponse
+	(*GetHeadRequest)(nil),          // 29: checkpointd.v1.GetHeadRequest
+	(*GetHeadResponse)(nil),         // 30: checkpointd.v1.GetHeadResponse
+	(*ListEntriesRequest)(nil),      // 31: checkpointd.v1.ListEntriesRequest
+	(*ListEntriesResponse)(nil),     // 32: checkpointd.v1.ListEntriesResponse
+	(*DiffRequest)(nil),             // 33: checkpointd.v1.DiffRequest
+	(*Change)(nil),                  // 34: checkpointd.v1.Change
+	(*DiffResponse)(nil),            // 35: checkpointd.v1.DiffResponse
+	(*ReadFileRequest)(nil),         // 36: checkpointd.v1.ReadFileRequest
+	(*ReadFileResponse)(nil),        // 37: checkpointd.v1.ReadFileResponse
+	(*UploadArtifactMetadata)(nil),  // 38: checkpointd.v1.UploadArtifactMetadata
+	(*UploadArtifactRequest)(nil),   // 39: checkpointd.v1.UploadArtifactRequest
+	(*UploadArtifactResponse)(nil),  // 40: checkpointd.v1.UploadArtifactResponse
+	(*ReadArtifactRequest)(nil),     // 41: checkpointd.v1.ReadArtifactRequest
+	(*ReadArtifactResponse)(nil),    // 42: checkpointd.v1.ReadArtifactResponse
+	(*ForkRequest)(nil),             // 43: checkpointd.v1.ForkRequest
+	(*ForkResponse)(nil),            // 44: checkpointd.v1.ForkResponse
+	(*DeleteHeadRequest)(nil),       // 45: checkpointd.v1.DeleteHeadRequest
+	(*DeleteHeadResponse)(nil),      // 46: checkpointd.v1.DeleteHeadResponse
+	(*PruneRequest)(nil),            // 47: checkpointd.v1.PruneRequest
+	(*PruneResponse)(nil),           // 48: checkpointd.v1.PruneResponse
+	(*SweepBlobsRequest)(nil),       // 49: checkpointd.v1.SweepBlobsRequest
+	(*KeptBlob)(nil),                // 50: checkpointd.v1.KeptBlob
+	(*SweepFailure)(nil),            // 51: checkpointd.v1.SweepFailure
+	(*SweepBlobsBatch)(nil),         // 52: checkpointd.v1.SweepBlobsBatch
+	(*SweepBlobsSummary)(nil),       // 53: checkpointd.v1.SweepBlobsSummary
+	(*SweepBlobsEvent)(nil),         // 54: checkpointd.v1.SweepBlobsEvent
+	(*CheckRequest)(nil),            // 55: checkpointd.v1.CheckRequest
+	(*CheckFinding)(nil),            // 56: checkpointd.v1.CheckFinding
+	(*CheckProgress)(nil),           // 57: checkpointd.v1.CheckProgress
+	(*CheckSummary)(nil),            // 58: checkpointd.v1.CheckSummary
+	(*CheckEvent)(nil),              // 59: checkpointd.v1.CheckEvent
+	(*GetServerInfoRequest)(nil),    // 60: checkpointd.v1.GetServerInfoRequest
+	(*Capabilities)(nil),            // 61: checkpointd.v1.Capabilities
+	(*GetServerInfoResponse)(nil),   // 62: checkpointd.v1.GetServerInfoResponse
+	nil,                             // 63: checkpointd.v1.CaptureStats.PhasesMsEntry
+	nil,                             // 64: checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
 }
 var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	1,  // 0: checkpointd.v1.Entry.kind:type_name -> checkpointd.v1.EntryKind
@@ -5080,81 +5391,86 @@ var file_checkpointd_v1_checkpointd_proto_depIdxs = []int32{
 	2,  // 2: checkpointd.v1.Progress.phase_kind:type_name -> checkpointd.v1.ProgressPhase
 	4,  // 3: checkpointd.v1.CaptureRequest.policy:type_name -> checkpointd.v1.Policy
 	6,  // 4: checkpointd.v1.CaptureRequest.artifacts:type_name -> checkpointd.v1.Artifact
-	61, // 5: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
+	63, // 5: checkpointd.v1.CaptureStats.phases_ms:type_name -> checkpointd.v1.CaptureStats.PhasesMsEntry
 	7,  // 6: checkpointd.v1.CaptureDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
 	10, // 7: checkpointd.v1.CaptureDone.stats:type_name -> checkpointd.v1.CaptureStats
 	11, // 8: checkpointd.v1.CaptureEvent.started:type_name -> checkpointd.v1.CaptureStarted
 	8,  // 9: checkpointd.v1.CaptureEvent.progress:type_name -> checkpointd.v1.Progress
 	12, // 10: checkpointd.v1.CaptureEvent.done:type_name -> checkpointd.v1.CaptureDone
 	4,  // 11: checkpointd.v1.RestoreRequest.policy:type_name -> checkpointd.v1.Policy
-	7,  // 12: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	17, // 13: checkpointd.v1.RestoreDone.plan:type_name -> checkpointd.v1.RestorePlan
-	15, // 14: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
-	8,  // 15: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
-	16, // 16: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
-	18, // 17: checkpointd.v1.RestoreEvent.plan_paths:type_name -> checkpointd.v1.RestorePlanPaths
-	7,  // 18: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	6,  // 19: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
-	7,  // 20: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
-	25, // 21: checkpointd.v1.ListThreadsResponse.threads:type_name -> checkpointd.v1.ThreadSummary
-	5,  // 22: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
-	4,  // 23: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
-	3,  // 24: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
-	5,  // 25: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
-	5,  // 26: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
-	32, // 27: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
-	5,  // 28: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
-	36, // 29: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
-	6,  // 30: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
-	7,  // 31: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
-	48, // 32: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
-	49, // 33: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
-	62, // 34: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
-	50, // 35: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
-	51, // 36: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
-	55, // 37: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
-	54, // 38: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
-	56, // 39: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
-	59, // 40: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
-	9,  // 41: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
-	14, // 42: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
-	20, // 43: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
-	22, // 44: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
-	24, // 45: checkpointd.v1.Checkpointd.ListThreads:input_type -> checkpointd.v1.ListThreadsRequest
-	27, // 46: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
-	29, // 47: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
-	31, // 48: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
-	41, // 49: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
-	43, // 50: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
-	45, // 51: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
-	47, // 52: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
-	53, // 53: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
-	34, // 54: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
-	37, // 55: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
-	39, // 56: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
-	58, // 57: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
-	13, // 58: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
-	19, // 59: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
-	21, // 60: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
-	23, // 61: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
-	26, // 62: checkpointd.v1.Checkpointd.ListThreads:output_type -> checkpointd.v1.ListThreadsResponse
-	28, // 63: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
-	30, // 64: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
-	33, // 65: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
-	42, // 66: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
-	44, // 67: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
-	46, // 68: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
-	52, // 69: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
-	57, // 70: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
-	35, // 71: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
-	38, // 72: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
-	40, // 73: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
-	60, // 74: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
-	58, // [58:75] is the sub-list for method output_type
-	41, // [41:58] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	7,  // 12: checkpointd.v1.SavedBeforeRestore.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	7,  // 13: checkpointd.v1.RestoreDone.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	19, // 14: checkpointd.v1.RestoreDone.plan:type_name -> checkpointd.v1.RestorePlan
+	16, // 15: checkpointd.v1.RestoreDone.saved_before_restore:type_name -> checkpointd.v1.SavedBeforeRestore
+	7,  // 16: checkpointd.v1.RestoreDone.recorded:type_name -> checkpointd.v1.CheckpointSummary
+	17, // 17: checkpointd.v1.RestoreEvent.started:type_name -> checkpointd.v1.RestoreStarted
+	8,  // 18: checkpointd.v1.RestoreEvent.progress:type_name -> checkpointd.v1.Progress
+	18, // 19: checkpointd.v1.RestoreEvent.done:type_name -> checkpointd.v1.RestoreDone
+	20, // 20: checkpointd.v1.RestoreEvent.plan_paths:type_name -> checkpointd.v1.RestorePlanPaths
+	7,  // 21: checkpointd.v1.GetCheckpointResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	6,  // 22: checkpointd.v1.GetCheckpointResponse.artifacts:type_name -> checkpointd.v1.Artifact
+	7,  // 23: checkpointd.v1.ListCheckpointsResponse.checkpoints:type_name -> checkpointd.v1.CheckpointSummary
+	27, // 24: checkpointd.v1.ListThreadsResponse.threads:type_name -> checkpointd.v1.ThreadSummary
+	5,  // 25: checkpointd.v1.ListEntriesResponse.entries:type_name -> checkpointd.v1.Entry
+	4,  // 26: checkpointd.v1.DiffRequest.policy:type_name -> checkpointd.v1.Policy
+	3,  // 27: checkpointd.v1.Change.kind:type_name -> checkpointd.v1.ChangeKind
+	5,  // 28: checkpointd.v1.Change.old:type_name -> checkpointd.v1.Entry
+	5,  // 29: checkpointd.v1.Change.new:type_name -> checkpointd.v1.Entry
+	34, // 30: checkpointd.v1.DiffResponse.changes:type_name -> checkpointd.v1.Change
+	5,  // 31: checkpointd.v1.ReadFileResponse.entry:type_name -> checkpointd.v1.Entry
+	38, // 32: checkpointd.v1.UploadArtifactRequest.metadata:type_name -> checkpointd.v1.UploadArtifactMetadata
+	6,  // 33: checkpointd.v1.UploadArtifactResponse.artifact:type_name -> checkpointd.v1.Artifact
+	7,  // 34: checkpointd.v1.ForkResponse.checkpoint:type_name -> checkpointd.v1.CheckpointSummary
+	50, // 35: checkpointd.v1.SweepBlobsBatch.kept:type_name -> checkpointd.v1.KeptBlob
+	51, // 36: checkpointd.v1.SweepBlobsBatch.failures:type_name -> checkpointd.v1.SweepFailure
+	64, // 37: checkpointd.v1.SweepBlobsSummary.kept_by_reason:type_name -> checkpointd.v1.SweepBlobsSummary.KeptByReasonEntry
+	52, // 38: checkpointd.v1.SweepBlobsEvent.batch:type_name -> checkpointd.v1.SweepBlobsBatch
+	53, // 39: checkpointd.v1.SweepBlobsEvent.summary:type_name -> checkpointd.v1.SweepBlobsSummary
+	57, // 40: checkpointd.v1.CheckEvent.progress:type_name -> checkpointd.v1.CheckProgress
+	56, // 41: checkpointd.v1.CheckEvent.finding:type_name -> checkpointd.v1.CheckFinding
+	58, // 42: checkpointd.v1.CheckEvent.summary:type_name -> checkpointd.v1.CheckSummary
+	61, // 43: checkpointd.v1.GetServerInfoResponse.capabilities:type_name -> checkpointd.v1.Capabilities
+	9,  // 44: checkpointd.v1.Checkpointd.Capture:input_type -> checkpointd.v1.CaptureRequest
+	14, // 45: checkpointd.v1.Checkpointd.Restore:input_type -> checkpointd.v1.RestoreRequest
+	15, // 46: checkpointd.v1.Checkpointd.Undo:input_type -> checkpointd.v1.UndoRequest
+	22, // 47: checkpointd.v1.Checkpointd.GetCheckpoint:input_type -> checkpointd.v1.GetCheckpointRequest
+	24, // 48: checkpointd.v1.Checkpointd.ListCheckpoints:input_type -> checkpointd.v1.ListCheckpointsRequest
+	26, // 49: checkpointd.v1.Checkpointd.ListThreads:input_type -> checkpointd.v1.ListThreadsRequest
+	29, // 50: checkpointd.v1.Checkpointd.GetHead:input_type -> checkpointd.v1.GetHeadRequest
+	31, // 51: checkpointd.v1.Checkpointd.ListEntries:input_type -> checkpointd.v1.ListEntriesRequest
+	33, // 52: checkpointd.v1.Checkpointd.Diff:input_type -> checkpointd.v1.DiffRequest
+	43, // 53: checkpointd.v1.Checkpointd.Fork:input_type -> checkpointd.v1.ForkRequest
+	45, // 54: checkpointd.v1.Checkpointd.DeleteHead:input_type -> checkpointd.v1.DeleteHeadRequest
+	47, // 55: checkpointd.v1.Checkpointd.Prune:input_type -> checkpointd.v1.PruneRequest
+	49, // 56: checkpointd.v1.Checkpointd.SweepBlobs:input_type -> checkpointd.v1.SweepBlobsRequest
+	55, // 57: checkpointd.v1.Checkpointd.Check:input_type -> checkpointd.v1.CheckRequest
+	36, // 58: checkpointd.v1.Checkpointd.ReadFile:input_type -> checkpointd.v1.ReadFileRequest
+	39, // 59: checkpointd.v1.Checkpointd.UploadArtifact:input_type -> checkpointd.v1.UploadArtifactRequest
+	41, // 60: checkpointd.v1.Checkpointd.ReadArtifact:input_type -> checkpointd.v1.ReadArtifactRequest
+	60, // 61: checkpointd.v1.Checkpointd.GetServerInfo:input_type -> checkpointd.v1.GetServerInfoRequest
+	13, // 62: checkpointd.v1.Checkpointd.Capture:output_type -> checkpointd.v1.CaptureEvent
+	21, // 63: checkpointd.v1.Checkpointd.Restore:output_type -> checkpointd.v1.RestoreEvent
+	21, // 64: checkpointd.v1.Checkpointd.Undo:output_type -> checkpointd.v1.RestoreEvent
+	23, // 65: checkpointd.v1.Checkpointd.GetCheckpoint:output_type -> checkpointd.v1.GetCheckpointResponse
+	25, // 66: checkpointd.v1.Checkpointd.ListCheckpoints:output_type -> checkpointd.v1.ListCheckpointsResponse
+	28, // 67: checkpointd.v1.Checkpointd.ListThreads:output_type -> checkpointd.v1.ListThreadsResponse
+	30, // 68: checkpointd.v1.Checkpointd.GetHead:output_type -> checkpointd.v1.GetHeadResponse
+	32, // 69: checkpointd.v1.Checkpointd.ListEntries:output_type -> checkpointd.v1.ListEntriesResponse
+	35, // 70: checkpointd.v1.Checkpointd.Diff:output_type -> checkpointd.v1.DiffResponse
+	44, // 71: checkpointd.v1.Checkpointd.Fork:output_type -> checkpointd.v1.ForkResponse
+	46, // 72: checkpointd.v1.Checkpointd.DeleteHead:output_type -> checkpointd.v1.DeleteHeadResponse
+	48, // 73: checkpointd.v1.Checkpointd.Prune:output_type -> checkpointd.v1.PruneResponse
+	54, // 74: checkpointd.v1.Checkpointd.SweepBlobs:output_type -> checkpointd.v1.SweepBlobsEvent
+	59, // 75: checkpointd.v1.Checkpointd.Check:output_type -> checkpointd.v1.CheckEvent
+	37, // 76: checkpointd.v1.Checkpointd.ReadFile:output_type -> checkpointd.v1.ReadFileResponse
+	40, // 77: checkpointd.v1.Checkpointd.UploadArtifact:output_type -> checkpointd.v1.UploadArtifactResponse
+	42, // 78: checkpointd.v1.Checkpointd.ReadArtifact:output_type -> checkpointd.v1.ReadArtifactResponse
+	62, // 79: checkpointd.v1.Checkpointd.GetServerInfo:output_type -> checkpointd.v1.GetServerInfoResponse
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_checkpointd_v1_checkpointd_proto_init() }
@@ -5171,28 +5487,28 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 		(*CaptureEvent_Done)(nil),
 	}
 	file_checkpointd_v1_checkpointd_proto_msgTypes[10].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[11].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[15].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[13].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[17].OneofWrappers = []any{
 		(*RestoreEvent_Started)(nil),
 		(*RestoreEvent_Progress)(nil),
 		(*RestoreEvent_Done)(nil),
 		(*RestoreEvent_PlanPaths)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[18].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[21].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[24].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[27].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[33].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[20].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[23].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[26].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[29].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[35].OneofWrappers = []any{
 		(*UploadArtifactRequest_Metadata)(nil),
 		(*UploadArtifactRequest_Chunk)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[40].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[43].OneofWrappers = []any{}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[48].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[42].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[45].OneofWrappers = []any{}
+	file_checkpointd_v1_checkpointd_proto_msgTypes[50].OneofWrappers = []any{
 		(*SweepBlobsEvent_Batch)(nil),
 		(*SweepBlobsEvent_Summary)(nil),
 	}
-	file_checkpointd_v1_checkpointd_proto_msgTypes[53].OneofWrappers = []any{
+	file_checkpointd_v1_checkpointd_proto_msgTypes[55].OneofWrappers = []any{
 		(*CheckEvent_Progress)(nil),
 		(*CheckEvent_Finding)(nil),
 		(*CheckEvent_Summary)(nil),
@@ -5203,7 +5519,7 @@ func file_checkpointd_v1_checkpointd_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_checkpointd_v1_checkpointd_proto_rawDesc), len(file_checkpointd_v1_checkpointd_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   59,
+			NumMessages:   61,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

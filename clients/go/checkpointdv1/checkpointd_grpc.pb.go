@@ -49,6 +49,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Checkpointd_Capture_FullMethodName         = "/checkpointd.v1.Checkpointd/Capture"
 	Checkpointd_Restore_FullMethodName         = "/checkpointd.v1.Checkpointd/Restore"
+	Checkpointd_Undo_FullMethodName            = "/checkpointd.v1.Checkpointd/Undo"
 	Checkpointd_GetCheckpoint_FullMethodName   = "/checkpointd.v1.Checkpointd/GetCheckpoint"
 	Checkpointd_ListCheckpoints_FullMethodName = "/checkpointd.v1.Checkpointd/ListCheckpoints"
 	Checkpointd_ListThreads_FullMethodName     = "/checkpointd.v1.Checkpointd/ListThreads"
@@ -74,12 +75,20 @@ type CheckpointdClient interface {
 	// of a thread. Events: started, then progress, then done.
 	Capture(ctx context.Context, in *CaptureRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CaptureEvent], error)
 	// Restore the newest (or a chosen) checkpoint of a thread into the workspace.
+	// Live changes it would overwrite are saved to the thread's stash first
+	// (RestoreRequest.discard_live_changes); the head never moves unless
+	// RestoreRequest.record asks.
 	Restore(ctx context.Context, in *RestoreRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RestoreEvent], error)
+	// Restore the newest entry of a thread's stash (undo the last restore),
+	// saving what it overwrites to the stash first: an undo of an undo is a
+	// redo. The same events as Restore; NOT_FOUND when the stash is empty.
+	Undo(ctx context.Context, in *UndoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RestoreEvent], error)
 	GetCheckpoint(ctx context.Context, in *GetCheckpointRequest, opts ...grpc.CallOption) (*GetCheckpointResponse, error)
 	// Summaries of a thread's checkpoints, oldest first (or newest_first), paged.
 	ListCheckpoints(ctx context.Context, in *ListCheckpointsRequest, opts ...grpc.CallOption) (*ListCheckpointsResponse, error)
 	// The threads that hold checkpoints, with their head and count, paged in the
-	// UTF-8 byte order of the thread id.
+	// UTF-8 byte order of the thread id. Stash threads ("<thread>~stash") are
+	// left out: ListCheckpoints with stash lists a thread's stash.
 	ListThreads(ctx context.Context, in *ListThreadsRequest, opts ...grpc.CallOption) (*ListThreadsResponse, error)
 	GetHead(ctx context.Context, in *GetHeadRequest, opts ...grpc.CallOption) (*GetHeadResponse, error)
 	// A checkpoint's manifest, in chunks of entries.
@@ -153,6 +162,25 @@ func (c *checkpointdClient) Restore(ctx context.Context, in *RestoreRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Checkpointd_RestoreClient = grpc.ServerStreamingClient[RestoreEvent]
 
+func (c *checkpointdClient) Undo(ctx context.Context, in *UndoRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RestoreEvent], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[2], Checkpointd_Undo_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[UndoRequest, RestoreEvent]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_UndoClient = grpc.ServerStreamingClient[RestoreEvent]
+
 func (c *checkpointdClient) GetCheckpoint(ctx context.Context, in *GetCheckpointRequest, opts ...grpc.CallOption) (*GetCheckpointResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetCheckpointResponse)
@@ -195,7 +223,7 @@ func (c *checkpointdClient) GetHead(ctx context.Context, in *GetHeadRequest, opt
 
 func (c *checkpointdClient) ListEntries(ctx context.Context, in *ListEntriesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ListEntriesResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[2], Checkpointd_ListEntries_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[3], Checkpointd_ListEntries_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -214,7 +242,7 @@ type Checkpointd_ListEntriesClient = grpc.ServerStreamingClient[ListEntriesRespo
 
 func (c *checkpointdClient) Diff(ctx context.Context, in *DiffRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DiffResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[3], Checkpointd_Diff_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[4], Checkpointd_Diff_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -263,7 +291,7 @@ func (c *checkpointdClient) Prune(ctx context.Context, in *PruneRequest, opts ..
 
 func (c *checkpointdClient) SweepBlobs(ctx context.Context, in *SweepBlobsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SweepBlobsEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[4], Checkpointd_SweepBlobs_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_SweepBlobs_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -282,7 +310,7 @@ type Checkpointd_SweepBlobsClient = grpc.ServerStreamingClient[SweepBlobsEvent]
 
 func (c *checkpointdClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CheckEvent], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[5], Checkpointd_Check_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_Check_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +329,7 @@ type Checkpointd_CheckClient = grpc.ServerStreamingClient[CheckEvent]
 
 func (c *checkpointdClient) ReadFile(ctx context.Context, in *ReadFileRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadFileResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[6], Checkpointd_ReadFile_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[7], Checkpointd_ReadFile_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -320,7 +348,7 @@ type Checkpointd_ReadFileClient = grpc.ServerStreamingClient[ReadFileResponse]
 
 func (c *checkpointdClient) UploadArtifact(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadArtifactRequest, UploadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[7], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[8], Checkpointd_UploadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -333,7 +361,7 @@ type Checkpointd_UploadArtifactClient = grpc.ClientStreamingClient[UploadArtifac
 
 func (c *checkpointdClient) ReadArtifact(ctx context.Context, in *ReadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadArtifactResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[8], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Checkpointd_ServiceDesc.Streams[9], Checkpointd_ReadArtifact_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -368,12 +396,20 @@ type CheckpointdServer interface {
 	// of a thread. Events: started, then progress, then done.
 	Capture(*CaptureRequest, grpc.ServerStreamingServer[CaptureEvent]) error
 	// Restore the newest (or a chosen) checkpoint of a thread into the workspace.
+	// Live changes it would overwrite are saved to the thread's stash first
+	// (RestoreRequest.discard_live_changes); the head never moves unless
+	// RestoreRequest.record asks.
 	Restore(*RestoreRequest, grpc.ServerStreamingServer[RestoreEvent]) error
+	// Restore the newest entry of a thread's stash (undo the last restore),
+	// saving what it overwrites to the stash first: an undo of an undo is a
+	// redo. The same events as Restore; NOT_FOUND when the stash is empty.
+	Undo(*UndoRequest, grpc.ServerStreamingServer[RestoreEvent]) error
 	GetCheckpoint(context.Context, *GetCheckpointRequest) (*GetCheckpointResponse, error)
 	// Summaries of a thread's checkpoints, oldest first (or newest_first), paged.
 	ListCheckpoints(context.Context, *ListCheckpointsRequest) (*ListCheckpointsResponse, error)
 	// The threads that hold checkpoints, with their head and count, paged in the
-	// UTF-8 byte order of the thread id.
+	// UTF-8 byte order of the thread id. Stash threads ("<thread>~stash") are
+	// left out: ListCheckpoints with stash lists a thread's stash.
 	ListThreads(context.Context, *ListThreadsRequest) (*ListThreadsResponse, error)
 	GetHead(context.Context, *GetHeadRequest) (*GetHeadResponse, error)
 	// A checkpoint's manifest, in chunks of entries.
@@ -414,6 +450,9 @@ func (UnimplementedCheckpointdServer) Capture(*CaptureRequest, grpc.ServerStream
 }
 func (UnimplementedCheckpointdServer) Restore(*RestoreRequest, grpc.ServerStreamingServer[RestoreEvent]) error {
 	return status.Errorf(codes.Unimplemented, "method Restore not implemented")
+}
+func (UnimplementedCheckpointdServer) Undo(*UndoRequest, grpc.ServerStreamingServer[RestoreEvent]) error {
+	return status.Errorf(codes.Unimplemented, "method Undo not implemented")
 }
 func (UnimplementedCheckpointdServer) GetCheckpoint(context.Context, *GetCheckpointRequest) (*GetCheckpointResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GetCheckpoint not implemented")
@@ -502,6 +541,17 @@ func _Checkpointd_Restore_Handler(srv interface{}, stream grpc.ServerStream) err
 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Checkpointd_RestoreServer = grpc.ServerStreamingServer[RestoreEvent]
+
+func _Checkpointd_Undo_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(UndoRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(CheckpointdServer).Undo(m, &grpc.GenericServerStream[UndoRequest, RestoreEvent]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Checkpointd_UndoServer = grpc.ServerStreamingServer[RestoreEvent]
 
 func _Checkpointd_GetCheckpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetCheckpointRequest)
@@ -769,6 +819,11 @@ var Checkpointd_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Restore",
 			Handler:       _Checkpointd_Restore_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Undo",
+			Handler:       _Checkpointd_Undo_Handler,
 			ServerStreams: true,
 		},
 		{

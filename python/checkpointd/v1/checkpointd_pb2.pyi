@@ -64,6 +64,7 @@ class ProgressPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PROGRESS_PHASE_FETCH: _ClassVar[ProgressPhase]
     PROGRESS_PHASE_APPLY: _ClassVar[ProgressPhase]
     PROGRESS_PHASE_RECORD: _ClassVar[ProgressPhase]
+    PROGRESS_PHASE_STASH: _ClassVar[ProgressPhase]
 
 class ChangeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -121,6 +122,7 @@ PROGRESS_PHASE_PLAN: ProgressPhase
 PROGRESS_PHASE_FETCH: ProgressPhase
 PROGRESS_PHASE_APPLY: ProgressPhase
 PROGRESS_PHASE_RECORD: ProgressPhase
+PROGRESS_PHASE_STASH: ProgressPhase
 CHANGE_KIND_UNSPECIFIED: ChangeKind
 CHANGE_KIND_ADDED: ChangeKind
 CHANGE_KIND_DELETED: ChangeKind
@@ -172,7 +174,7 @@ class Artifact(_message.Message):
     def __init__(self, artifact_id: _Optional[str] = ..., name: _Optional[str] = ..., mime_type: _Optional[str] = ..., size: _Optional[int] = ..., blob_key: _Optional[str] = ..., created_at: _Optional[int] = ...) -> None: ...
 
 class CheckpointSummary(_message.Message):
-    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count", "policy", "workspace_subdir", "forked_from_thread_id", "forked_from_checkpoint_id")
+    __slots__ = ("id", "thread_id", "parent_checkpoint_id", "created_at", "reason", "label", "source_run_id", "entry_count", "file_count", "total_bytes", "artifact_count", "conversation_count", "policy", "workspace_subdir", "forked_from_thread_id", "forked_from_checkpoint_id", "restored_from_checkpoint_id", "stash_of_thread_id")
     ID_FIELD_NUMBER: _ClassVar[int]
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     PARENT_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
@@ -189,6 +191,8 @@ class CheckpointSummary(_message.Message):
     WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
     FORKED_FROM_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     FORKED_FROM_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTORED_FROM_CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
+    STASH_OF_THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     id: str
     thread_id: str
     parent_checkpoint_id: str
@@ -205,7 +209,9 @@ class CheckpointSummary(_message.Message):
     workspace_subdir: str
     forked_from_thread_id: str
     forked_from_checkpoint_id: str
-    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., forked_from_thread_id: _Optional[str] = ..., forked_from_checkpoint_id: _Optional[str] = ...) -> None: ...
+    restored_from_checkpoint_id: str
+    stash_of_thread_id: str
+    def __init__(self, id: _Optional[str] = ..., thread_id: _Optional[str] = ..., parent_checkpoint_id: _Optional[str] = ..., created_at: _Optional[int] = ..., reason: _Optional[str] = ..., label: _Optional[str] = ..., source_run_id: _Optional[str] = ..., entry_count: _Optional[int] = ..., file_count: _Optional[int] = ..., total_bytes: _Optional[int] = ..., artifact_count: _Optional[int] = ..., conversation_count: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., forked_from_thread_id: _Optional[str] = ..., forked_from_checkpoint_id: _Optional[str] = ..., restored_from_checkpoint_id: _Optional[str] = ..., stash_of_thread_id: _Optional[str] = ...) -> None: ...
 
 class Progress(_message.Message):
     __slots__ = ("phase", "files_done", "files_total", "bytes_done", "bytes_total", "phase_kind", "files_hashed")
@@ -309,7 +315,7 @@ class CaptureEvent(_message.Message):
     def __init__(self, started: _Optional[_Union[CaptureStarted, _Mapping]] = ..., progress: _Optional[_Union[Progress, _Mapping]] = ..., done: _Optional[_Union[CaptureDone, _Mapping]] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir", "dry_run", "secrets", "secret_names")
+    __slots__ = ("thread_id", "checkpoint_id", "policy", "workspace_subdir", "dry_run", "secrets", "secret_names", "discard_live_changes", "record")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +323,8 @@ class RestoreRequest(_message.Message):
     DRY_RUN_FIELD_NUMBER: _ClassVar[int]
     SECRETS_FIELD_NUMBER: _ClassVar[int]
     SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
+    DISCARD_LIVE_CHANGES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     checkpoint_id: str
     policy: Policy
@@ -324,7 +332,37 @@ class RestoreRequest(_message.Message):
     dry_run: bool
     secrets: _containers.RepeatedScalarFieldContainer[bytes]
     secret_names: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Iterable[bytes]] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
+    discard_live_changes: bool
+    record: bool
+    def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Iterable[bytes]] = ..., secret_names: _Optional[_Iterable[str]] = ..., discard_live_changes: _Optional[bool] = ..., record: _Optional[bool] = ...) -> None: ...
+
+class UndoRequest(_message.Message):
+    __slots__ = ("thread_id", "workspace_subdir", "dry_run", "secrets", "secret_names", "record")
+    THREAD_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SUBDIR_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_NAMES_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    thread_id: str
+    workspace_subdir: str
+    dry_run: bool
+    secrets: _containers.RepeatedScalarFieldContainer[bytes]
+    secret_names: _containers.RepeatedScalarFieldContainer[str]
+    record: bool
+    def __init__(self, thread_id: _Optional[str] = ..., workspace_subdir: _Optional[str] = ..., dry_run: _Optional[bool] = ..., secrets: _Optional[_Iterable[bytes]] = ..., secret_names: _Optional[_Iterable[str]] = ..., record: _Optional[bool] = ...) -> None: ...
+
+class SavedBeforeRestore(_message.Message):
+    __slots__ = ("checkpoint", "blobs_uploaded", "bytes_uploaded", "resumed")
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    BLOBS_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_FIELD_NUMBER: _ClassVar[int]
+    checkpoint: CheckpointSummary
+    blobs_uploaded: int
+    bytes_uploaded: int
+    resumed: bool
+    def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., blobs_uploaded: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., resumed: _Optional[bool] = ...) -> None: ...
 
 class RestoreStarted(_message.Message):
     __slots__ = ("thread_id", "checkpoint_id")
@@ -335,44 +373,54 @@ class RestoreStarted(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., checkpoint_id: _Optional[str] = ...) -> None: ...
 
 class RestoreDone(_message.Message):
-    __slots__ = ("restored", "checkpoint", "duration_ms", "plan", "unfilled_secret_paths", "unfilled_secret_count")
+    __slots__ = ("restored", "checkpoint", "duration_ms", "plan", "unfilled_secret_paths", "unfilled_secret_count", "saved_before_restore", "recorded")
     RESTORED_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     UNFILLED_SECRET_PATHS_FIELD_NUMBER: _ClassVar[int]
     UNFILLED_SECRET_COUNT_FIELD_NUMBER: _ClassVar[int]
+    SAVED_BEFORE_RESTORE_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
     restored: bool
     checkpoint: CheckpointSummary
     duration_ms: int
     plan: RestorePlan
     unfilled_secret_paths: _containers.RepeatedScalarFieldContainer[str]
     unfilled_secret_count: int
-    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ..., unfilled_secret_paths: _Optional[_Iterable[str]] = ..., unfilled_secret_count: _Optional[int] = ...) -> None: ...
+    saved_before_restore: SavedBeforeRestore
+    recorded: CheckpointSummary
+    def __init__(self, restored: _Optional[bool] = ..., checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., duration_ms: _Optional[int] = ..., plan: _Optional[_Union[RestorePlan, _Mapping]] = ..., unfilled_secret_paths: _Optional[_Iterable[str]] = ..., unfilled_secret_count: _Optional[int] = ..., saved_before_restore: _Optional[_Union[SavedBeforeRestore, _Mapping]] = ..., recorded: _Optional[_Union[CheckpointSummary, _Mapping]] = ...) -> None: ...
 
 class RestorePlan(_message.Message):
-    __slots__ = ("files_written", "paths_deleted", "files_kept", "dirs_created", "bytes_to_fetch", "blobs_to_fetch")
+    __slots__ = ("files_written", "paths_deleted", "files_kept", "dirs_created", "bytes_to_fetch", "blobs_to_fetch", "paths_stashed", "bytes_stashed")
     FILES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
     PATHS_DELETED_FIELD_NUMBER: _ClassVar[int]
     FILES_KEPT_FIELD_NUMBER: _ClassVar[int]
     DIRS_CREATED_FIELD_NUMBER: _ClassVar[int]
     BYTES_TO_FETCH_FIELD_NUMBER: _ClassVar[int]
     BLOBS_TO_FETCH_FIELD_NUMBER: _ClassVar[int]
+    PATHS_STASHED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STASHED_FIELD_NUMBER: _ClassVar[int]
     files_written: int
     paths_deleted: int
     files_kept: int
     dirs_created: int
     bytes_to_fetch: int
     blobs_to_fetch: int
-    def __init__(self, files_written: _Optional[int] = ..., paths_deleted: _Optional[int] = ..., files_kept: _Optional[int] = ..., dirs_created: _Optional[int] = ..., bytes_to_fetch: _Optional[int] = ..., blobs_to_fetch: _Optional[int] = ...) -> None: ...
+    paths_stashed: int
+    bytes_stashed: int
+    def __init__(self, files_written: _Optional[int] = ..., paths_deleted: _Optional[int] = ..., files_kept: _Optional[int] = ..., dirs_created: _Optional[int] = ..., bytes_to_fetch: _Optional[int] = ..., blobs_to_fetch: _Optional[int] = ..., paths_stashed: _Optional[int] = ..., bytes_stashed: _Optional[int] = ...) -> None: ...
 
 class RestorePlanPaths(_message.Message):
-    __slots__ = ("written", "deleted")
+    __slots__ = ("written", "deleted", "stashed")
     WRITTEN_FIELD_NUMBER: _ClassVar[int]
     DELETED_FIELD_NUMBER: _ClassVar[int]
+    STASHED_FIELD_NUMBER: _ClassVar[int]
     written: _containers.RepeatedScalarFieldContainer[str]
     deleted: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, written: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ...) -> None: ...
+    stashed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, written: _Optional[_Iterable[str]] = ..., deleted: _Optional[_Iterable[str]] = ..., stashed: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RestoreEvent(_message.Message):
     __slots__ = ("started", "progress", "done", "plan_paths")
@@ -405,18 +453,20 @@ class GetCheckpointResponse(_message.Message):
     def __init__(self, checkpoint: _Optional[_Union[CheckpointSummary, _Mapping]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., conversation: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ListCheckpointsRequest(_message.Message):
-    __slots__ = ("thread_id", "page_size", "page_token", "newest_first", "before")
+    __slots__ = ("thread_id", "page_size", "page_token", "newest_first", "before", "stash")
     THREAD_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     NEWEST_FIRST_FIELD_NUMBER: _ClassVar[int]
     BEFORE_FIELD_NUMBER: _ClassVar[int]
+    STASH_FIELD_NUMBER: _ClassVar[int]
     thread_id: str
     page_size: int
     page_token: str
     newest_first: bool
     before: str
-    def __init__(self, thread_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., newest_first: _Optional[bool] = ..., before: _Optional[str] = ...) -> None: ...
+    stash: bool
+    def __init__(self, thread_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., newest_first: _Optional[bool] = ..., before: _Optional[str] = ..., stash: _Optional[bool] = ...) -> None: ...
 
 class ListCheckpointsResponse(_message.Message):
     __slots__ = ("checkpoints", "next_page_token")
@@ -768,7 +818,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes", "max_message_bytes", "lease_duration_ms", "max_page_size", "auth_mode", "tls", "mutual_tls", "auth_probes")
+    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes", "max_message_bytes", "lease_duration_ms", "max_page_size", "auth_mode", "tls", "mutual_tls", "auth_probes", "restore_history")
     STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     BLOB_BACKEND_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
@@ -783,6 +833,7 @@ class Capabilities(_message.Message):
     TLS_FIELD_NUMBER: _ClassVar[int]
     MUTUAL_TLS_FIELD_NUMBER: _ClassVar[int]
     AUTH_PROBES_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_HISTORY_FIELD_NUMBER: _ClassVar[int]
     store_backend: str
     blob_backend: str
     fork: bool
@@ -797,7 +848,8 @@ class Capabilities(_message.Message):
     tls: bool
     mutual_tls: bool
     auth_probes: bool
-    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., lease_duration_ms: _Optional[int] = ..., max_page_size: _Optional[int] = ..., auth_mode: _Optional[str] = ..., tls: _Optional[bool] = ..., mutual_tls: _Optional[bool] = ..., auth_probes: _Optional[bool] = ...) -> None: ...
+    restore_history: bool
+    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., lease_duration_ms: _Optional[int] = ..., max_page_size: _Optional[int] = ..., auth_mode: _Optional[str] = ..., tls: _Optional[bool] = ..., mutual_tls: _Optional[bool] = ..., auth_probes: _Optional[bool] = ..., restore_history: _Optional[bool] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "protocol_version", "capabilities")

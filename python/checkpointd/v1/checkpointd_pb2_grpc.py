@@ -44,6 +44,11 @@ class CheckpointdStub:
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.FromString,
                 _registered_method=True)
+        self.Undo = channel.unary_stream(
+                '/checkpointd.v1.Checkpointd/Undo',
+                request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.UndoRequest.SerializeToString,
+                response_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.FromString,
+                _registered_method=True)
         self.GetCheckpoint = channel.unary_unary(
                 '/checkpointd.v1.Checkpointd/GetCheckpoint',
                 request_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.GetCheckpointRequest.SerializeToString,
@@ -134,6 +139,18 @@ class CheckpointdServicer:
 
     def Restore(self, request, context):
         """Restore the newest (or a chosen) checkpoint of a thread into the workspace.
+        Live changes it would overwrite are saved to the thread's stash first
+        (RestoreRequest.discard_live_changes); the head never moves unless
+        RestoreRequest.record asks.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undo(self, request, context):
+        """Restore the newest entry of a thread's stash (undo the last restore),
+        saving what it overwrites to the stash first: an undo of an undo is a
+        redo. The same events as Restore; NOT_FOUND when the stash is empty.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -154,7 +171,8 @@ class CheckpointdServicer:
 
     def ListThreads(self, request, context):
         """The threads that hold checkpoints, with their head and count, paged in the
-        UTF-8 byte order of the thread id.
+        UTF-8 byte order of the thread id. Stash threads ("<thread>~stash") are
+        left out: ListCheckpoints with stash lists a thread's stash.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -255,6 +273,11 @@ def add_CheckpointdServicer_to_server(servicer, server):
             'Restore': grpc.unary_stream_rpc_method_handler(
                     servicer.Restore,
                     request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreRequest.FromString,
+                    response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.SerializeToString,
+            ),
+            'Undo': grpc.unary_stream_rpc_method_handler(
+                    servicer.Undo,
+                    request_deserializer=checkpointd_dot_v1_dot_checkpointd__pb2.UndoRequest.FromString,
                     response_serializer=checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.SerializeToString,
             ),
             'GetCheckpoint': grpc.unary_unary_rpc_method_handler(
@@ -386,6 +409,33 @@ class Checkpointd:
             target,
             '/checkpointd.v1.Checkpointd/Restore',
             checkpointd_dot_v1_dot_checkpointd__pb2.RestoreRequest.SerializeToString,
+            checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undo(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/checkpointd.v1.Checkpointd/Undo',
+            checkpointd_dot_v1_dot_checkpointd__pb2.UndoRequest.SerializeToString,
             checkpointd_dot_v1_dot_checkpointd__pb2.RestoreEvent.FromString,
             options,
             channel_credentials,

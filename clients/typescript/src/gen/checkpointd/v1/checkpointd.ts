@@ -126,8 +126,9 @@ export enum EntryKind {
 
 /**
  * The phases of a capture (lease, scan, pin, upload, append) and of a restore
- * (lease, resolve, plan, fetch, apply, record), in that order. What each counts:
- *   LEASE, RESOLVE, PLAN, APPEND: nothing (all counts 0).
+ * (lease, resolve, plan, fetch, stash, apply, record), in that order; STASH
+ * only when the restore saves live changes to the stash. What each counts:
+ *   LEASE, RESOLVE, PLAN, APPEND, STASH: nothing (all counts 0).
  *   SCAN: files_done = entries found so far, bytes_done = bytes read and
  *     hashed so far, files_hashed = files read and hashed so far (the others'
  *     hashes came from the stat cache); totals are unknown (0) while it runs,
@@ -157,6 +158,7 @@ export enum ProgressPhase {
   PROGRESS_PHASE_FETCH = 8,
   PROGRESS_PHASE_APPLY = 9,
   PROGRESS_PHASE_RECORD = 10,
+  PROGRESS_PHASE_STASH = 11,
   UNRECOGNIZED = -1,
 }
 
@@ -209,7 +211,12 @@ export interface CheckpointSummary {
     | undefined;
   /** Milliseconds since the epoch. */
   createdAt: bigint;
-  /** "automatic", "named" or "fork-root". */
+  /**
+   * "automatic", "named", "fork-root", "restore" (appended by a Restore or
+   * Undo with record: the head then describes the restored workspace;
+   * restored_from_checkpoint_id names what was restored) or "stash" (an entry
+   * of a thread's stash: the live tree a restore or an undo replaced).
+   */
   reason: string;
   label?: string | undefined;
   sourceRunId?: string | undefined;
@@ -228,7 +235,18 @@ export interface CheckpointSummary {
   workspaceSubdir: string;
   /** Fork provenance, set on a fork root only: where it was forked from. */
   forkedFromThreadId?: string | undefined;
-  forkedFromCheckpointId?: string | undefined;
+  forkedFromCheckpointId?:
+    | string
+    | undefined;
+  /** Set on a checkpoint of reason "restore": the checkpoint it repeats. */
+  restoredFromCheckpointId?:
+    | string
+    | undefined;
+  /**
+   * Set on an entry of a stash: the thread whose stash it is (thread_id is
+   * the stash's own, this id followed by "~stash").
+   */
+  stashOfThreadId?: string | undefined;
 }
 
 /**
@@ -360,6 +378,54 @@ export interface RestoreRequest {
    */
   secrets: Uint8Array[];
   secretNames: string[];
+  /**
+   * A restore that would change the workspace first saves the live changes
+   * (what differs from the checkpoint the workspace was last captured to or
+   * restored from) to the thread's stash: checkpoints kept off the thread's
+   * chain, listed with ListCheckpointsRequest.stash and restored by Undo. A
+   * workspace with no such checkpoint (a new sandbox) has nothing to save.
+   * True: skip that, and lose the live changes.
+   */
+  discardLiveChanges: boolean;
+  /**
+   * True: when the checkpoint restored is not the head, append a checkpoint
+   * with its manifest (reason "restore"; no blob is uploaded), so the head
+   * describes the workspace and a crash comes back to the restored state.
+   * False (the default, TanStack semantics): the head never moves.
+   */
+  record: boolean;
+}
+
+/** Undo the last restore of a thread: restore its newest stash entry. */
+export interface UndoRequest {
+  threadId: string;
+  /** "": the sub-root the stash entry was taken from. */
+  workspaceSubdir: string;
+  /** As RestoreRequest's: the plan (and what would be stashed), nothing changed. */
+  dryRun: boolean;
+  secrets: Uint8Array[];
+  secretNames: string[];
+  /** As RestoreRequest.record: the head follows the workspace. */
+  record: boolean;
+}
+
+/**
+ * The stash entry a Restore or an Undo saved the live tree to, before it
+ * changed anything.
+ */
+export interface SavedBeforeRestore {
+  /**
+   * thread_id is the stash's ("<thread>~stash"); entry_count and the other
+   * counts describe the saved tree.
+   */
+  checkpoint:
+    | CheckpointSummary
+    | undefined;
+  /** What the live changes added to the bucket. */
+  blobsUploaded: bigint;
+  bytesUploaded: bigint;
+  /** True: an earlier run of the same restore, interrupted, saved it. */
+  resumed: boolean;
 }
 
 export interface RestoreStarted {
@@ -387,6 +453,12 @@ export interface RestoreDone {
    */
   unfilledSecretPaths: string[];
   unfilledSecretCount: bigint;
+  /** Set when the live tree was saved to the stash first (Undo restores it). */
+  savedBeforeRestore:
+    | SavedBeforeRestore
+    | undefined;
+  /** Set when record appended a checkpoint (the thread's new head). */
+  recorded: CheckpointSummary | undefined;
 }
 
 /** A restore's plan (RestoreRequest.dry_run). */
@@ -400,12 +472,21 @@ export interface RestorePlan {
   dirsCreated: bigint;
   bytesToFetch: bigint;
   blobsToFetch: bigint;
+  /**
+   * Of the paths written or deleted, those holding live changes the restore
+   * would save to the stash first (0: nothing would be stashed), and the
+   * bytes of the live files among them.
+   */
+  pathsStashed: bigint;
+  bytesStashed: bigint;
 }
 
 /** The paths of a dry run's plan, in chunks (a plan of any size stays bounded). */
 export interface RestorePlanPaths {
   written: string[];
   deleted: string[];
+  /** Paths (among written and deleted) whose live changes would be stashed. */
+  stashed: string[];
 }
 
 export interface RestoreEvent {
@@ -443,7 +524,14 @@ export interface ListCheckpointsRequest {
    * or as old with a smaller id); with newest_first, the ones just before it.
    * An unknown id is NOT_FOUND.
    */
-  before?: string | undefined;
+  before?:
+    | string
+    | undefined;
+  /**
+   * True: the thread's stash instead (the live trees restores replaced,
+   * newest last; Undo restores the newest).
+   */
+  stash: boolean;
 }
 
 export interface ListCheckpointsResponse {
@@ -763,6 +851,11 @@ export interface Capabilities {
    * false: they answer without it, for probes that cannot send headers.
    */
   authProbes: boolean;
+  /**
+   * Restores stash live changes; Undo, RestoreRequest.record and
+   * ListCheckpointsRequest.stash are served.
+   */
+  restoreHistory: boolean;
 }
 
 export interface GetServerInfoResponse {
@@ -1123,6 +1216,8 @@ function createBaseCheckpointSummary(): CheckpointSummary {
     workspaceSubdir: "",
     forkedFromThreadId: undefined,
     forkedFromCheckpointId: undefined,
+    restoredFromCheckpointId: undefined,
+    stashOfThreadId: undefined,
   };
 }
 
@@ -1193,6 +1288,12 @@ export const CheckpointSummary: MessageFns<CheckpointSummary> = {
     }
     if (message.forkedFromCheckpointId !== undefined) {
       writer.uint32(130).string(message.forkedFromCheckpointId);
+    }
+    if (message.restoredFromCheckpointId !== undefined) {
+      writer.uint32(138).string(message.restoredFromCheckpointId);
+    }
+    if (message.stashOfThreadId !== undefined) {
+      writer.uint32(146).string(message.stashOfThreadId);
     }
     return writer;
   },
@@ -1338,6 +1439,22 @@ export const CheckpointSummary: MessageFns<CheckpointSummary> = {
             message.forkedFromCheckpointId = reader.string();
             continue;
           }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.restoredFromCheckpointId = reader.string();
+            continue;
+          }
+          case 18: {
+            if (tag !== 146) {
+              break;
+            }
+
+            message.stashOfThreadId = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1381,6 +1498,8 @@ export const CheckpointSummary: MessageFns<CheckpointSummary> = {
     message.workspaceSubdir = object.workspaceSubdir ?? "";
     message.forkedFromThreadId = object.forkedFromThreadId ?? undefined;
     message.forkedFromCheckpointId = object.forkedFromCheckpointId ?? undefined;
+    message.restoredFromCheckpointId = object.restoredFromCheckpointId ?? undefined;
+    message.stashOfThreadId = object.stashOfThreadId ?? undefined;
     return message;
   },
 };
@@ -2253,6 +2372,8 @@ function createBaseRestoreRequest(): RestoreRequest {
     dryRun: false,
     secrets: [],
     secretNames: [],
+    discardLiveChanges: false,
+    record: false,
   };
 }
 
@@ -2278,6 +2399,12 @@ export const RestoreRequest: MessageFns<RestoreRequest> = {
     }
     for (const v of message.secretNames) {
       writer.uint32(58).string(v!);
+    }
+    if (message.discardLiveChanges !== false) {
+      writer.uint32(64).bool(message.discardLiveChanges);
+    }
+    if (message.record !== false) {
+      writer.uint32(72).bool(message.record);
     }
     return writer;
   },
@@ -2351,6 +2478,22 @@ export const RestoreRequest: MessageFns<RestoreRequest> = {
             message.secretNames.push(reader.string());
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.discardLiveChanges = reader.bool();
+            continue;
+          }
+          case 9: {
+            if (tag !== 72) {
+              break;
+            }
+
+            message.record = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2377,6 +2520,226 @@ export const RestoreRequest: MessageFns<RestoreRequest> = {
     message.dryRun = object.dryRun ?? false;
     message.secrets = object.secrets?.map((e) => e) || [];
     message.secretNames = object.secretNames?.map((e) => e) || [];
+    message.discardLiveChanges = object.discardLiveChanges ?? false;
+    message.record = object.record ?? false;
+    return message;
+  },
+};
+
+function createBaseUndoRequest(): UndoRequest {
+  return { threadId: "", workspaceSubdir: "", dryRun: false, secrets: [], secretNames: [], record: false };
+}
+
+export const UndoRequest: MessageFns<UndoRequest> = {
+  encode(message: UndoRequest, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.threadId !== "") {
+      writer.uint32(10).string(message.threadId);
+    }
+    if (message.workspaceSubdir !== "") {
+      writer.uint32(18).string(message.workspaceSubdir);
+    }
+    if (message.dryRun !== false) {
+      writer.uint32(24).bool(message.dryRun);
+    }
+    for (const v of message.secrets) {
+      writer.uint32(34).bytes(v!);
+    }
+    for (const v of message.secretNames) {
+      writer.uint32(42).string(v!);
+    }
+    if (message.record !== false) {
+      writer.uint32(48).bool(message.record);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): UndoRequest {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseUndoRequest();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.threadId = reader.string();
+            continue;
+          }
+          case 2: {
+            if (tag !== 18) {
+              break;
+            }
+
+            message.workspaceSubdir = reader.string();
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.dryRun = reader.bool();
+            continue;
+          }
+          case 4: {
+            if (tag !== 34) {
+              break;
+            }
+
+            message.secrets.push(reader.bytes());
+            continue;
+          }
+          case 5: {
+            if (tag !== 42) {
+              break;
+            }
+
+            message.secretNames.push(reader.string());
+            continue;
+          }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.record = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<UndoRequest>): UndoRequest {
+    return UndoRequest.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<UndoRequest>): UndoRequest {
+    const message = createBaseUndoRequest();
+    message.threadId = object.threadId ?? "";
+    message.workspaceSubdir = object.workspaceSubdir ?? "";
+    message.dryRun = object.dryRun ?? false;
+    message.secrets = object.secrets?.map((e) => e) || [];
+    message.secretNames = object.secretNames?.map((e) => e) || [];
+    message.record = object.record ?? false;
+    return message;
+  },
+};
+
+function createBaseSavedBeforeRestore(): SavedBeforeRestore {
+  return { checkpoint: undefined, blobsUploaded: 0n, bytesUploaded: 0n, resumed: false };
+}
+
+export const SavedBeforeRestore: MessageFns<SavedBeforeRestore> = {
+  encode(message: SavedBeforeRestore, writer: BinaryWriter = new BinaryWriter()): BinaryWriter {
+    if (message.checkpoint !== undefined) {
+      CheckpointSummary.encode(message.checkpoint, writer.uint32(10).fork()).join();
+    }
+    if (message.blobsUploaded !== 0n) {
+      if (BigInt.asUintN(64, message.blobsUploaded) !== message.blobsUploaded) {
+        throw new globalThis.Error("value provided for field message.blobsUploaded of type uint64 too large");
+      }
+      writer.uint32(16).uint64(message.blobsUploaded);
+    }
+    if (message.bytesUploaded !== 0n) {
+      if (BigInt.asUintN(64, message.bytesUploaded) !== message.bytesUploaded) {
+        throw new globalThis.Error("value provided for field message.bytesUploaded of type uint64 too large");
+      }
+      writer.uint32(24).uint64(message.bytesUploaded);
+    }
+    if (message.resumed !== false) {
+      writer.uint32(32).bool(message.resumed);
+    }
+    return writer;
+  },
+
+  decode(input: BinaryReader | Uint8Array, length?: number): SavedBeforeRestore {
+    const reader = input instanceof BinaryReader ? input : new BinaryReader(input);
+    const previousRecursionDepth = (reader as any).__tsProtoDecodeDepth ?? 0;
+    if (previousRecursionDepth >= 100) {
+      throw new globalThis.Error("protobuf decode recursion limit exceeded");
+    }
+    (reader as any).__tsProtoDecodeDepth = previousRecursionDepth + 1;
+    try {
+      const end = length === undefined ? reader.len : reader.pos + length;
+      const message = createBaseSavedBeforeRestore();
+      while (reader.pos < end) {
+        const tag = reader.uint32();
+        switch (tag >>> 3) {
+          case 1: {
+            if (tag !== 10) {
+              break;
+            }
+
+            message.checkpoint = CheckpointSummary.decode(reader, reader.uint32());
+            continue;
+          }
+          case 2: {
+            if (tag !== 16) {
+              break;
+            }
+
+            message.blobsUploaded = reader.uint64() as bigint;
+            continue;
+          }
+          case 3: {
+            if (tag !== 24) {
+              break;
+            }
+
+            message.bytesUploaded = reader.uint64() as bigint;
+            continue;
+          }
+          case 4: {
+            if (tag !== 32) {
+              break;
+            }
+
+            message.resumed = reader.bool();
+            continue;
+          }
+        }
+        if ((tag & 7) === 4 || tag === 0) {
+          break;
+        }
+        reader.skip(tag & 7);
+      }
+      return message;
+    } finally {
+      (reader as any).__tsProtoDecodeDepth = previousRecursionDepth;
+    }
+  },
+
+  create(base?: DeepPartial<SavedBeforeRestore>): SavedBeforeRestore {
+    return SavedBeforeRestore.fromPartial(base ?? {});
+  },
+  fromPartial(object: DeepPartial<SavedBeforeRestore>): SavedBeforeRestore {
+    const message = createBaseSavedBeforeRestore();
+    message.checkpoint = (object.checkpoint !== undefined && object.checkpoint !== null)
+      ? CheckpointSummary.fromPartial(object.checkpoint)
+      : undefined;
+    message.blobsUploaded = (object.blobsUploaded !== undefined && object.blobsUploaded !== null)
+      ? BigInt(object.blobsUploaded)
+      : 0n;
+    message.bytesUploaded = (object.bytesUploaded !== undefined && object.bytesUploaded !== null)
+      ? BigInt(object.bytesUploaded)
+      : 0n;
+    message.resumed = object.resumed ?? false;
     return message;
   },
 };
@@ -2456,6 +2819,8 @@ function createBaseRestoreDone(): RestoreDone {
     plan: undefined,
     unfilledSecretPaths: [],
     unfilledSecretCount: 0n,
+    savedBeforeRestore: undefined,
+    recorded: undefined,
   };
 }
 
@@ -2484,6 +2849,12 @@ export const RestoreDone: MessageFns<RestoreDone> = {
         throw new globalThis.Error("value provided for field message.unfilledSecretCount of type uint64 too large");
       }
       writer.uint32(48).uint64(message.unfilledSecretCount);
+    }
+    if (message.savedBeforeRestore !== undefined) {
+      SavedBeforeRestore.encode(message.savedBeforeRestore, writer.uint32(58).fork()).join();
+    }
+    if (message.recorded !== undefined) {
+      CheckpointSummary.encode(message.recorded, writer.uint32(66).fork()).join();
     }
     return writer;
   },
@@ -2549,6 +2920,22 @@ export const RestoreDone: MessageFns<RestoreDone> = {
             message.unfilledSecretCount = reader.uint64() as bigint;
             continue;
           }
+          case 7: {
+            if (tag !== 58) {
+              break;
+            }
+
+            message.savedBeforeRestore = SavedBeforeRestore.decode(reader, reader.uint32());
+            continue;
+          }
+          case 8: {
+            if (tag !== 66) {
+              break;
+            }
+
+            message.recorded = CheckpointSummary.decode(reader, reader.uint32());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2580,12 +2967,27 @@ export const RestoreDone: MessageFns<RestoreDone> = {
     message.unfilledSecretCount = (object.unfilledSecretCount !== undefined && object.unfilledSecretCount !== null)
       ? BigInt(object.unfilledSecretCount)
       : 0n;
+    message.savedBeforeRestore = (object.savedBeforeRestore !== undefined && object.savedBeforeRestore !== null)
+      ? SavedBeforeRestore.fromPartial(object.savedBeforeRestore)
+      : undefined;
+    message.recorded = (object.recorded !== undefined && object.recorded !== null)
+      ? CheckpointSummary.fromPartial(object.recorded)
+      : undefined;
     return message;
   },
 };
 
 function createBaseRestorePlan(): RestorePlan {
-  return { filesWritten: 0n, pathsDeleted: 0n, filesKept: 0n, dirsCreated: 0n, bytesToFetch: 0n, blobsToFetch: 0n };
+  return {
+    filesWritten: 0n,
+    pathsDeleted: 0n,
+    filesKept: 0n,
+    dirsCreated: 0n,
+    bytesToFetch: 0n,
+    blobsToFetch: 0n,
+    pathsStashed: 0n,
+    bytesStashed: 0n,
+  };
 }
 
 export const RestorePlan: MessageFns<RestorePlan> = {
@@ -2625,6 +3027,18 @@ export const RestorePlan: MessageFns<RestorePlan> = {
         throw new globalThis.Error("value provided for field message.blobsToFetch of type uint64 too large");
       }
       writer.uint32(48).uint64(message.blobsToFetch);
+    }
+    if (message.pathsStashed !== 0n) {
+      if (BigInt.asUintN(64, message.pathsStashed) !== message.pathsStashed) {
+        throw new globalThis.Error("value provided for field message.pathsStashed of type uint64 too large");
+      }
+      writer.uint32(56).uint64(message.pathsStashed);
+    }
+    if (message.bytesStashed !== 0n) {
+      if (BigInt.asUintN(64, message.bytesStashed) !== message.bytesStashed) {
+        throw new globalThis.Error("value provided for field message.bytesStashed of type uint64 too large");
+      }
+      writer.uint32(64).uint64(message.bytesStashed);
     }
     return writer;
   },
@@ -2690,6 +3104,22 @@ export const RestorePlan: MessageFns<RestorePlan> = {
             message.blobsToFetch = reader.uint64() as bigint;
             continue;
           }
+          case 7: {
+            if (tag !== 56) {
+              break;
+            }
+
+            message.pathsStashed = reader.uint64() as bigint;
+            continue;
+          }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.bytesStashed = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2723,12 +3153,18 @@ export const RestorePlan: MessageFns<RestorePlan> = {
     message.blobsToFetch = (object.blobsToFetch !== undefined && object.blobsToFetch !== null)
       ? BigInt(object.blobsToFetch)
       : 0n;
+    message.pathsStashed = (object.pathsStashed !== undefined && object.pathsStashed !== null)
+      ? BigInt(object.pathsStashed)
+      : 0n;
+    message.bytesStashed = (object.bytesStashed !== undefined && object.bytesStashed !== null)
+      ? BigInt(object.bytesStashed)
+      : 0n;
     return message;
   },
 };
 
 function createBaseRestorePlanPaths(): RestorePlanPaths {
-  return { written: [], deleted: [] };
+  return { written: [], deleted: [], stashed: [] };
 }
 
 export const RestorePlanPaths: MessageFns<RestorePlanPaths> = {
@@ -2738,6 +3174,9 @@ export const RestorePlanPaths: MessageFns<RestorePlanPaths> = {
     }
     for (const v of message.deleted) {
       writer.uint32(18).string(v!);
+    }
+    for (const v of message.stashed) {
+      writer.uint32(26).string(v!);
     }
     return writer;
   },
@@ -2771,6 +3210,14 @@ export const RestorePlanPaths: MessageFns<RestorePlanPaths> = {
             message.deleted.push(reader.string());
             continue;
           }
+          case 3: {
+            if (tag !== 26) {
+              break;
+            }
+
+            message.stashed.push(reader.string());
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2790,6 +3237,7 @@ export const RestorePlanPaths: MessageFns<RestorePlanPaths> = {
     const message = createBaseRestorePlanPaths();
     message.written = object.written?.map((e) => e) || [];
     message.deleted = object.deleted?.map((e) => e) || [];
+    message.stashed = object.stashed?.map((e) => e) || [];
     return message;
   },
 };
@@ -3058,7 +3506,7 @@ export const GetCheckpointResponse: MessageFns<GetCheckpointResponse> = {
 };
 
 function createBaseListCheckpointsRequest(): ListCheckpointsRequest {
-  return { threadId: "", pageSize: 0, pageToken: "", newestFirst: false, before: undefined };
+  return { threadId: "", pageSize: 0, pageToken: "", newestFirst: false, before: undefined, stash: false };
 }
 
 export const ListCheckpointsRequest: MessageFns<ListCheckpointsRequest> = {
@@ -3077,6 +3525,9 @@ export const ListCheckpointsRequest: MessageFns<ListCheckpointsRequest> = {
     }
     if (message.before !== undefined) {
       writer.uint32(42).string(message.before);
+    }
+    if (message.stash !== false) {
+      writer.uint32(48).bool(message.stash);
     }
     return writer;
   },
@@ -3134,6 +3585,14 @@ export const ListCheckpointsRequest: MessageFns<ListCheckpointsRequest> = {
             message.before = reader.string();
             continue;
           }
+          case 6: {
+            if (tag !== 48) {
+              break;
+            }
+
+            message.stash = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -3156,6 +3615,7 @@ export const ListCheckpointsRequest: MessageFns<ListCheckpointsRequest> = {
     message.pageToken = object.pageToken ?? "";
     message.newestFirst = object.newestFirst ?? false;
     message.before = object.before ?? undefined;
+    message.stash = object.stash ?? false;
     return message;
   },
 };
@@ -6176,6 +6636,7 @@ function createBaseCapabilities(): Capabilities {
     tls: false,
     mutualTls: false,
     authProbes: false,
+    restoreHistory: false,
   };
 }
 
@@ -6225,6 +6686,9 @@ export const Capabilities: MessageFns<Capabilities> = {
     }
     if (message.authProbes !== false) {
       writer.uint32(112).bool(message.authProbes);
+    }
+    if (message.restoreHistory !== false) {
+      writer.uint32(120).bool(message.restoreHistory);
     }
     return writer;
   },
@@ -6354,6 +6818,14 @@ export const Capabilities: MessageFns<Capabilities> = {
             message.authProbes = reader.bool();
             continue;
           }
+          case 15: {
+            if (tag !== 120) {
+              break;
+            }
+
+            message.restoreHistory = reader.bool();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6387,6 +6859,7 @@ export const Capabilities: MessageFns<Capabilities> = {
     message.tls = object.tls ?? false;
     message.mutualTls = object.mutualTls ?? false;
     message.authProbes = object.authProbes ?? false;
+    message.restoreHistory = object.restoreHistory ?? false;
     return message;
   },
 };
@@ -6489,10 +6962,28 @@ export const CheckpointdDefinition = {
       responseStream: true,
       options: {},
     },
-    /** Restore the newest (or a chosen) checkpoint of a thread into the workspace. */
+    /**
+     * Restore the newest (or a chosen) checkpoint of a thread into the workspace.
+     * Live changes it would overwrite are saved to the thread's stash first
+     * (RestoreRequest.discard_live_changes); the head never moves unless
+     * RestoreRequest.record asks.
+     */
     restore: {
       name: "Restore",
       requestType: RestoreRequest as typeof RestoreRequest,
+      requestStream: false,
+      responseType: RestoreEvent as typeof RestoreEvent,
+      responseStream: true,
+      options: {},
+    },
+    /**
+     * Restore the newest entry of a thread's stash (undo the last restore),
+     * saving what it overwrites to the stash first: an undo of an undo is a
+     * redo. The same events as Restore; NOT_FOUND when the stash is empty.
+     */
+    undo: {
+      name: "Undo",
+      requestType: UndoRequest as typeof UndoRequest,
       requestStream: false,
       responseType: RestoreEvent as typeof RestoreEvent,
       responseStream: true,
@@ -6517,7 +7008,8 @@ export const CheckpointdDefinition = {
     },
     /**
      * The threads that hold checkpoints, with their head and count, paged in the
-     * UTF-8 byte order of the thread id.
+     * UTF-8 byte order of the thread id. Stash threads ("<thread>~stash") are
+     * left out: ListCheckpoints with stash lists a thread's stash.
      */
     listThreads: {
       name: "ListThreads",
