@@ -182,7 +182,7 @@ function credentialsFor(
 
 /** The settings a client is made from: the options, then the environment, then defaults. */
 export function resolveConnectOptions(options: ConnectOptions = {}): ClientSettings {
-  checkOptions("connect", options, CONNECT_OPTION_KEYS);
+  checkOptions("connect", options, CONNECT_OPTION_KEYS, false);
   const env = options.env ?? process.env;
   const address = addressFrom(options, env);
   const { credentials, channelOptions } = credentialsFor(tlsFrom(options, env, address), address);

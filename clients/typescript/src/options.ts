@@ -21,21 +21,35 @@ const REFERENCE_HINTS: Readonly<Record<string, string>> = {
 
 /**
  * Throws INVALID_ARGUMENT when `options` is not an object or holds a key
- * outside `allowed` (the call options are always allowed).
+ * outside `allowed` (and, unless `call` is false, the call options).
  */
-export function checkOptions(fn: string, options: unknown, allowed: readonly string[]): void {
+export function checkOptions(fn: string, options: unknown, allowed: readonly string[], call = true): void {
   if (typeof options !== "object" || options === null || Array.isArray(options)) {
     throw invalidArgument(`${fn}: options must be an object, not ${describe(options)}`, {
       field: "options",
     });
   }
-  const known = new Set<string>([...allowed, ...CALL_OPTION_KEYS]);
+  const known = [...allowed, ...(call ? CALL_OPTION_KEYS : [])];
   for (const key of Object.keys(options)) {
-    if (known.has(key)) continue;
-    const near = [...known].find((name) => name.toLowerCase() === key.toLowerCase());
-    const hint = REFERENCE_HINTS[key] ?? (near ? `did you mean \`${near}\`?` : `known: ${[...known].join(", ")}`);
+    if (known.includes(key)) continue;
+    const near = known.find((name) => editDistance(name.toLowerCase(), key.toLowerCase()) <= 2);
+    const hint = REFERENCE_HINTS[key] ?? (near ? `did you mean \`${near}\`?` : `known: ${known.join(", ")}`);
     throw invalidArgument(`${fn}: unknown option \`${key}\`: ${hint}`, { field: key });
   }
+}
+
+/** Levenshtein distance, for "did you mean" (option names are short). */
+function editDistance(a: string, b: string): number {
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const substitution = previous[j - 1]! + (a[i - 1] === b[j - 1] ? 0 : 1);
+      current.push(Math.min(previous[j]! + 1, current[j - 1]! + 1, substitution));
+    }
+    previous = current;
+  }
+  return previous[b.length]!;
 }
 
 function describe(value: unknown): string {
