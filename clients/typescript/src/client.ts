@@ -260,25 +260,30 @@ export class CheckpointdClient {
     { waitForReady = false }: { waitForReady?: boolean } = {},
   ): Promise<void> {
     const deadline = Date.now() + timeoutMs;
-    let last: SandboxCheckpointError;
+    let last: SandboxCheckpointError | undefined;
     for (;;) {
+      const remaining = deadline - Date.now();
+      if (remaining <= 0) {
+        const why = last === undefined ? "" : `: ${last.message}`;
+        throw checkpointdError(`the daemon at ${this.address} is not SERVING after ${timeoutMs} ms${why}`, {
+          code: "SANDBOX_SNAPSHOT_UNAVAILABLE",
+          cause: last,
+        });
+      }
       try {
-        const remaining = Math.max(deadline - Date.now(), 1);
         const reply = await this.health.check({}, { timeoutMs: remaining });
         if (reply.status === HealthCheckResponse_ServingStatus.SERVING) return;
         last = checkpointdError(`the daemon at ${this.address} is not serving yet (starting or draining)`, {
           code: "SANDBOX_SNAPSHOT_DRAINING",
         });
       } catch (error) {
-        last = toCheckpointdError(error);
-        if (last.grpcCode !== grpc.status.UNAVAILABLE) throw last;
-        if (!waitForReady) throw unreachable(this.address, last);
-      }
-      if (Date.now() >= deadline) {
-        throw checkpointdError(
-          `the daemon at ${this.address} is not SERVING after ${timeoutMs} ms: ${last.message}`,
-          { code: "SANDBOX_SNAPSHOT_UNAVAILABLE", cause: last },
-        );
+        const typed = toCheckpointdError(error);
+        if (typed.grpcCode === grpc.status.UNAVAILABLE) {
+          last = unreachable(this.address, typed);
+          if (!waitForReady) throw last;
+        } else if (typed.grpcCode !== grpc.status.DEADLINE_EXCEEDED) {
+          throw typed;
+        }
       }
       await sleep(50);
     }
