@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.service.conftest import clean_env, free_port
+from tests.service.conftest import Daemon, clean_env, free_port
 
 START_TIMEOUT_S = 60.0
 
@@ -108,3 +108,22 @@ def wait_serving(gateway: GatewayProcess, timeout: float = START_TIMEOUT_S) -> N
                 pass
         time.sleep(0.2)
     raise TimeoutError(gateway.log_text())
+
+
+def start_sidecar(base: Path, gateway_address: str, token: str, *, name: str = "sidecar") -> Daemon:
+    """``serve --gateway`` on plaintext loopback gateways (``a,b`` for several;
+    not waited for). ``base`` must be short: the daemon's socket is under it."""
+    workspace, data_dir = base / f"{name}-ws", base / f"{name}-data"
+    workspace.mkdir()
+    token_file = base / f"{name}.token"
+    token_file.write_text(token)
+    address = f"unix://{data_dir / 'checkpointd.sock'}"
+    args = [
+        *(sys.executable, "-m", "checkpointd", "serve", "--workspace", str(workspace)),
+        *("--data-dir", str(data_dir), "--listen", address, "--grace-period", "5s"),
+        *("--gateway", f"grpc://{gateway_address}", "--gateway-token-file", str(token_file)),
+    ]
+    log = base / f"{name}.log"
+    with log.open("wb") as handle:
+        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=clean_env())
+    return Daemon(proc, address, workspace, data_dir, "", "", log)

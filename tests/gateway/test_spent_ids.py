@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -21,18 +19,19 @@ import pytest
 from checkpointd.blobs import open_blobs
 from checkpointd.errors import SandboxCheckpointDuplicateIdError, SandboxCheckpointError
 from checkpointd.gateway.remote import RemoteCheckpointStore
+from checkpointd.ids import derive_request_id
 from checkpointd.model import Checkpoint
 from checkpointd.service.client import RpcError
 from checkpointd.service.status import FORBIDDEN
 from checkpointd.store.base import SpentCheckpointIds
 from checkpointd.store.sqlite import SqliteCheckpointStore
-from tests.service.conftest import Daemon, clean_env
 
 from .conftest import Keys
+from .process import start_sidecar
 
 
 def _derived(thread: str, request_id: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{thread}\x00{request_id}"))
+    return derive_request_id(thread, request_id)
 
 
 @pytest.fixture
@@ -87,29 +86,11 @@ def short_tmp() -> Any:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _start_sidecar(base: Path, gateway_address: str, token: str) -> Daemon:
-    """``serve --gateway`` on a plaintext loopback gateway (not waited for)."""
-    workspace, data_dir = base / "ws", base / "data"
-    workspace.mkdir()
-    token_file = base / "token"
-    token_file.write_text(token)
-    address = f"unix://{data_dir / 'checkpointd.sock'}"
-    args = [
-        *(sys.executable, "-m", "checkpointd", "serve", "--workspace", str(workspace)),
-        *("--data-dir", str(data_dir), "--listen", address, "--grace-period", "5s"),
-        *("--gateway", f"grpc://{gateway_address}", "--gateway-token-file", str(token_file)),
-    ]
-    log = base / "sidecar.log"
-    with log.open("wb") as handle:
-        proc = subprocess.Popen(args, stdout=handle, stderr=subprocess.STDOUT, env=clean_env())
-    return Daemon(proc, address, workspace, data_dir, "", "", log)
-
-
 async def test_a_sidecar_refuses_a_request_id_deleted_outside_it(
     backing: Any, keys: Keys, gateway_factory: Any, short_tmp: Path
 ) -> None:
     gateway = await gateway_factory(backing, open_blobs(f"file://{short_tmp / 'blobs'}"))
-    sidecar = _start_sidecar(short_tmp, gateway.address, keys.mint(threads=["t-gw"]))
+    sidecar = start_sidecar(short_tmp, gateway.address, keys.mint(threads=["t-gw"]))
     workspace = sidecar.workspace
     try:
         # The gateway runs in this event loop: wait for the sidecar off it.
@@ -117,7 +98,7 @@ async def test_a_sidecar_refuses_a_request_id_deleted_outside_it(
         (workspace / "a.txt").write_text("a")
         async with sidecar.client() as client:
             first = await client.capture("t-gw", request_id="r-gone")
-        assert uuid.UUID(first.checkpoint.id).version == 5  # derived from the request_id
+        assert first.checkpoint.id == _derived("t-gw", "r-gone")  # from the request_id
         async with await backing.acquire_writer("t-gw") as lease:
             await backing.delete_head("t-gw", first.checkpoint.id, lease)
         (workspace / "a.txt").write_text("new content")

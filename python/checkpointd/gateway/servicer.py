@@ -59,6 +59,7 @@ from ..blobs.pack_listing import PackTrailerError, read_pack_entries
 from ..blobs.packs import plan_pack_reads
 from ..codec import decode_checkpoint, encode_checkpoint
 from ..errors import SandboxCheckpointInvalidArgumentError
+from ..ids import names_another_thread
 from ..model import FILE_KEY_PREFIX, Checkpoint, WriterLease
 from ..service import status
 from ..service.servicer import SPENT_REQUEST_PREFIX
@@ -149,6 +150,18 @@ def _is_uuid(text: str) -> bool:
         return str(uuid.UUID(text)) == text
     except ValueError:
         return False
+
+
+def _refuse_foreign_id(checkpoint_id: str, thread_id: str) -> None:
+    """INVALID_ARGUMENT for a request-derived checkpoint id bound to another
+    thread (``ids.names_another_thread``): a tenant cannot take the id another
+    tenant's request_id names. The error names only the caller's thread."""
+    if names_another_thread(checkpoint_id, thread_id):
+        raise SandboxCheckpointInvalidArgumentError(
+            f"checkpoint id {checkpoint_id!r} is derived from a request_id of another thread"
+            f" than {thread_id!r}: a request_id's id is bound to its thread",
+            details={"field": "checkpoint_id", "checkpoint_id": checkpoint_id},
+        )
 
 
 def _decoded(document: bytes) -> Checkpoint:
@@ -275,7 +288,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             checkpoint = await self.store.get(request.checkpoint_id)
             if checkpoint is None:
                 return gpb.GatewayCheckpoint(found=False)
-            scope.require(ANY_OP, checkpoint.thread_id)
+            scope.require_checkpoint(ANY_OP, checkpoint.id, checkpoint.thread_id)
             return self._document(checkpoint)
 
         return await self._unary("Get", context, work)
@@ -302,6 +315,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         async def work(scope: TokenScope) -> gpb.GatewayAppendResponse:
             checkpoint = _decoded(request.document)
             scope.require(("capture",), checkpoint.thread_id)
+            _refuse_foreign_id(checkpoint.id, checkpoint.thread_id)
             expected = request.expected_head_id if request.HasField("expected_head_id") else None
             writer = wire.writer_from_proto(request.writer)
             if request.packed_blobs:
@@ -393,6 +407,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     ) -> gpb.GatewayCheckpoint:
         async def work(scope: TokenScope) -> gpb.GatewayCheckpoint:
             scope.require(("fork",), request.source_thread_id, request.destination_thread_id)
+            _refuse_foreign_id(request.destination_checkpoint_id, request.destination_thread_id)
             checkpoint = await self.store.fork_from_checkpoint(
                 request.source_thread_id,
                 request.source_checkpoint_id,
@@ -659,9 +674,12 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
     async def _check_spent_marker(self, scope: TokenScope, key: str, data: Any) -> None:
         """The one object a sidecar stores that is not content-addressed: the
-        daemon's marker of a deleted request_id checkpoint (servicer.mark_spent).
-        Only with its fixed bytes, and only for a checkpoint of a granted thread
-        (or none: already gone)."""
+        daemon's marker of a request_id checkpoint it deletes (servicer.mark_spent).
+        Only with its fixed bytes, and only for a checkpoint of a thread the
+        token may prune (the daemon marks before it deletes) or one the store
+        already records as spent (deleted: the marker says nothing new). Never
+        for an id no checkpoint has had: that would spend the id another
+        tenant's request_id will name."""
         checkpoint_id = key[len(SPENT_REQUEST_PREFIX) :]
         if data != SPENT_MARKER_BYTES or not _is_uuid(checkpoint_id):
             raise SandboxCheckpointInvalidArgumentError(
@@ -669,7 +687,18 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             )
         checkpoint = await self.store.get(checkpoint_id)
         if checkpoint is not None:
-            scope.require(("prune",), checkpoint.thread_id)
+            scope.require_checkpoint(("prune",), checkpoint_id, checkpoint.thread_id)
+            return
+        if isinstance(self.store, SpentCheckpointIds) and await self.store.spent_checkpoint_ids(
+            [checkpoint_id]
+        ):
+            return
+        raise status.ServiceError(
+            status.FORBIDDEN,
+            f"no checkpoint {checkpoint_id!r} was made or deleted: it cannot be marked spent",
+            checkpoint_id=checkpoint_id,
+            subject=scope.subject,
+        )
 
     def _special_upload(self, scope: TokenScope) -> Callable[[str], uploads.MarkerCheck | None]:
         """The check of an uploaded key that is not content-addressed: the

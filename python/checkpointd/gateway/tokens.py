@@ -208,6 +208,18 @@ class TokenScope:
                     subject=self.subject,
                 )
 
+    def require_checkpoint(self, ops: Iterable[str], checkpoint_id: str, thread_id: str) -> None:
+        """``require`` for a call that names a checkpoint, not its thread: the
+        refusal names the checkpoint, never the thread (another tenant's)."""
+        if not self.covers(thread_id):
+            raise ServiceError(
+                FORBIDDEN,
+                f"the token ({self.subject}) does not cover checkpoint {checkpoint_id!r}",
+                checkpoint_id=checkpoint_id,
+                subject=self.subject,
+            )
+        self.require(ops)
+
 
 def _unauthenticated(why: str) -> ServiceError:
     return ServiceError(UNAUTHENTICATED, f"gateway token refused: {why}", why=why)

@@ -7,9 +7,10 @@ engine task is cancelled too (and its native scan told to stop), and the
 engines release their writer lease in ``finally`` — so a new capture of the
 thread succeeds at once.
 
-Capture ``request_id``: the checkpoint id is ``uuid5(namespace, thread_id NUL
-request_id)``. Before capturing, the servicer looks that id up; when an earlier
-attempt already committed it (the reply was lost), the retry returns it with
+Capture ``request_id``: the checkpoint id is derived from the thread and the
+request_id (``ids.derive_request_id``: a UUIDv8 bound to its thread). Before
+capturing, the servicer looks that id up; when an earlier attempt already
+committed it (the reply was lost), the retry returns it with
 ``done.replayed = true`` instead of making a second checkpoint. A retry that
 races the first attempt still running gets WRITER_CONFLICT (ABORTED) and should
 retry again; the id's uniqueness in the store makes a double append impossible.
@@ -25,7 +26,6 @@ import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +42,7 @@ from ..errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
-from ..ids import new_uuid7
+from ..ids import derive_request_id, is_request_derived, new_uuid7
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
 from ..progress import Progress
 from ..secrets import parse_secrets
@@ -95,7 +95,6 @@ REPLAY_POLL_S = 0.1
 # attempt to free the lease: a first attempt meeting a live lease is the seeds'
 # fail-fast WRITER_CONFLICT, even with a request_id.
 ATTEMPT_METADATA = "checkpointd-attempt"
-REQUEST_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://checkpointd/capture-request-id")
 
 if TYPE_CHECKING:
     from ..sweep import SweepBatch
@@ -266,13 +265,10 @@ SPENT_REQUEST_PREFIX = "checkpointd-spent-request-ids/"
 
 
 async def mark_spent(state: ServiceState, checkpoint_ids: Iterable[str]) -> None:
-    """Record deleted checkpoints whose id came from a request_id (UUIDv5)."""
+    """Record deleted checkpoints whose id came from a request_id."""
     _, blobs = state.stores()
     for checkpoint_id in checkpoint_ids:
-        try:
-            if uuid.UUID(checkpoint_id).version != 5:
-                continue
-        except ValueError:
+        if not is_request_derived(checkpoint_id):
             continue
         await blobs.put(SPENT_REQUEST_PREFIX + checkpoint_id, b"deleted\n")
 
@@ -309,7 +305,7 @@ def capture_attempt(context: Context) -> int:
 
 def derive_checkpoint_id(thread_id: str, request_id: str) -> str:
     """The checkpoint id a capture with ``request_id`` gets (same inputs, same id)."""
-    return str(uuid.uuid5(REQUEST_ID_NAMESPACE, f"{thread_id}\x00{request_id}"))
+    return derive_request_id(thread_id, request_id)
 
 
 def _unary(

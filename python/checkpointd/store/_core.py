@@ -47,8 +47,8 @@ what it saw).
 Spent request ids
 -----------------
 
-A checkpoint id the daemon derived from a ``request_id`` (a UUIDv5,
-``service.servicer.derive_checkpoint_id``) is spent once that checkpoint is
+A checkpoint id the daemon derived from a ``request_id`` (``ids.derive_request_id``;
+a UUIDv5 from earlier daemons) is spent once that checkpoint is
 deleted, by whatever path (the daemon, the gateway, the Python API): the
 deleting transaction records it, ``spent_checkpoint_ids`` reports it, and the id
 counts as used for ``append`` (DUPLICATE_ID) and ``fork_from_checkpoint``, so it
@@ -79,13 +79,12 @@ import asyncio
 import builtins
 import gc
 import threading
-import uuid
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from .. import _native
+from .. import _native, ids
 from ..errors import (
     SandboxCheckpointConflictError,
     SandboxCheckpointDuplicateIdError,
@@ -291,12 +290,8 @@ def packed_rows(rows: Iterable[Any], content: documents.Content) -> Sequence[Any
 
 
 def is_request_derived(checkpoint_id: str) -> bool:
-    """True for the ids the daemon derives from a request_id: canonical UUIDv5 text."""
-    try:
-        parsed = uuid.UUID(checkpoint_id)
-    except (ValueError, TypeError, AttributeError):
-        return False
-    return parsed.version == 5 and str(parsed) == checkpoint_id
+    """True for the ids the daemon derives from a request_id (``ids.is_request_derived``)."""
+    return ids.is_request_derived(checkpoint_id)
 
 
 def spent_ids(deleted: Iterable[str]) -> builtins.list[str]:
