@@ -1,7 +1,9 @@
 """The Go SDK (clients/go/checkpointd): its ``go test`` suite, which starts its own
-real daemons with this Python, and the README's crash-and-restore example built
-and run against a daemon started here. The module and build caches are filled by
-.ci/run, so no network is needed.
+real daemons with this Python (the shared cases table and error vocabulary of
+clients/shared, the timed connect failures, the ported reference examples, a
+module that depends on this one), and the README's crash-and-restore example
+built and run against a daemon started here. The module and build caches are
+filled by .ci/run, so no network is needed.
 """
 
 from __future__ import annotations
@@ -46,7 +48,19 @@ def test_go_sdk_suite(go: str) -> None:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-20_000:]
-    assert "--- PASS: TestLostReplyIsRetriedWithTheSameRequestID" in output, output[-5_000:]
+    # The suite ran these (a renamed or skipped test would not say PASS).
+    for name in (
+        "TestLostReplyIsRetriedWithTheSameRequestID",
+        "TestSharedCases",
+        "TestErrorCodesAreTheSharedVocabulary",
+        "TestCategoriesFollowTheStatusAlone",
+        "TestDialFailsAtOnceSayingWhy",
+        "TestSuccessfulCallsLogNoFailure",
+        "TestAnotherModuleDependsOnThisOne",
+        "Example_checkpointAtAnyTime",
+    ):
+        assert f"--- PASS: {name} " in output, (name, output[-5_000:])
+    assert "--- SKIP" not in output, output[-5_000:]
 
 
 @pytest.mark.timeout(900)

@@ -111,7 +111,7 @@ def test_clients_read_error_info(
         and node["error"]["reason"] == "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
     )
     code, go = _run(go_client, address, "t", "restore")
-    assert code == 1 and go["error"]["code"] == "Unauthenticated"
+    assert code == 1 and go["error"]["code"] == 16 and go["error"]["status"] == "UNAUTHENTICATED"
     assert go["error"]["reason"] == "SANDBOX_SNAPSHOT_UNAUTHENTICATED"
     code, node = _run(node_client, address, "t", "restore", "--token", "tok-123")
     assert code == 0 and node["restore"]["restored"] is False

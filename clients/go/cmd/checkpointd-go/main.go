@@ -8,8 +8,9 @@
 // Fork provenance, a SweepBlobs dry run (a stream) and GetServerInfo's limits.
 //
 // <address> is "unix:///abs/path.sock" (the daemon's default) or "host:port".
-// On a gRPC error it prints {"error": {"code", "reason", "metadata"}} — the reason
-// comes from the google.rpc.ErrorInfo in the status details — and exits 1.
+// On a gRPC error it prints {"error": {"code", "status", "reason", "metadata"}}
+// (the numeric gRPC code, its name as gRPC spells it, and the reason and metadata
+// of the google.rpc.ErrorInfo in the status details) and exits 1.
 package main
 
 import (
@@ -24,10 +25,12 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"checkpointd.dev/clients/go/checkpointd"
 	pb "checkpointd.dev/clients/go/checkpointdv1"
 )
 
@@ -68,7 +71,8 @@ type result struct {
 }
 
 type errorReport struct {
-	Code     string            `json:"code"`
+	Code     codes.Code        `json:"code"`
+	Status   string            `json:"status"`
 	Reason   string            `json:"reason"`
 	Message  string            `json:"message"`
 	Metadata map[string]string `json:"metadata"`
@@ -77,7 +81,8 @@ type errorReport struct {
 // describe turns a gRPC error into its status code and ErrorInfo.
 func describe(err error) errorReport {
 	st, _ := status.FromError(err)
-	report := errorReport{Code: st.Code().String(), Message: st.Message(), Metadata: map[string]string{}}
+	report := errorReport{Code: st.Code(), Status: checkpointd.StatusNames[st.Code()], Message: st.Message(),
+		Metadata: map[string]string{}}
 	for _, detail := range st.Details() {
 		if info, ok := detail.(*errdetails.ErrorInfo); ok {
 			report.Reason = info.GetReason()

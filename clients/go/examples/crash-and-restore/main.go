@@ -13,9 +13,10 @@ import (
 
 func main() {
 	ctx, address, threadID := context.Background(), os.Args[1], os.Args[2]
-	client, err := checkpointd.Dial(ctx, address, checkpointd.WithToken(os.Getenv("CHECKPOINTD_TOKEN")))
+	// "" would read CHECKPOINTD_ADDRESS; the token comes from CHECKPOINTD_TOKEN.
+	client, err := checkpointd.Dial(ctx, address)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // says why: no socket there, connection refused, TLS, token
 	}
 	defer client.Close()
 

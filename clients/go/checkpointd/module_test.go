@@ -1,0 +1,87 @@
+package checkpointd_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func goTool(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal("go is needed: ", err)
+	}
+	return path
+}
+
+// offline: module lookups from the local module cache only (.ci/run fills it).
+func offline() []string {
+	return append(cleanEnv(), "GOPROXY=off", "GOSUMDB=off", "GOFLAGS=-mod=mod", "GOWORK=off")
+}
+
+// The README's lines for another module, run as written (with this checkout's
+// path), then the README's example built in that module and run against a daemon.
+func TestAnotherModuleDependsOnThisOne(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile("(?s)```sh\n(go mod edit .*?)```").FindSubmatch(readme)
+	if block == nil {
+		t.Fatal("the README has no go mod edit block")
+	}
+	checkout, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	script := strings.ReplaceAll(string(block[1]), "/path/to/checkpointd/clients/go", checkout)
+	module := t.TempDir()
+	example, err := os.ReadFile(filepath.Join("..", "examples", "crash-and-restore", "main.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(module, "main.go"), example, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	run := func(name string, args ...string) string {
+		cmd := exec.Command(name, args...)
+		cmd.Dir, cmd.Env = module, offline()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+		return string(out)
+	}
+	run(goTool(t), "mod", "init", "example.com/orchestrator")
+	run("sh", "-ec", script)
+	goMod, _ := os.ReadFile(filepath.Join(module, "go.mod"))
+	if !strings.Contains(string(goMod), "replace checkpointd.dev/clients/go => "+checkout) ||
+		!strings.Contains(string(goMod), "google.golang.org/grpc") {
+		t.Fatalf("go.mod:\n%s", goMod)
+	}
+	run(goTool(t), "build", "-o", "orchestrator", ".")
+	writeTree(t, filepath.Join(unixDaemon.workspace, "consumer"), map[string]string{"a.txt": "a"})
+	if out := run(filepath.Join(module, "orchestrator"), unixDaemon.address, "t-consumer"); !strings.HasPrefix(out, "New thread\nSaved ") {
+		t.Fatalf("the example in another module: %s", out)
+	}
+}
+
+// reference/checkpointd.txt, which the README links, is `go doc -all` of this
+// package as it is.
+func TestCommittedReferenceIsGoDocOutput(t *testing.T) {
+	cmd := exec.Command(goTool(t), "doc", "-all", ".")
+	cmd.Env = offline()
+	want, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile(filepath.Join("..", "reference", "checkpointd.txt"))
+	if err != nil || string(got) != string(want) {
+		t.Fatalf("reference/checkpointd.txt is not go doc's output (%v); in clients/go run:\n"+
+			"go doc -all ./checkpointd > reference/checkpointd.txt", err)
+	}
+}
