@@ -32,6 +32,13 @@ type RestoreOptions struct {
 	// DryRun plans only: nothing is fetched or changed, and the result's Plan
 	// says what a restore would do now. It takes no writer lease.
 	DryRun bool
+	// DiscardLiveChanges skips saving the live changes the restore overwrites
+	// to the thread's stash (which UndoRestore brings back): they are lost.
+	DiscardLiveChanges bool
+	// Record appends a checkpoint (reason "restore") when the checkpoint
+	// restored is not the head, so the head describes the workspace; by
+	// default the head never moves.
+	Record bool
 	// RequireSecrets makes a restore that left files zeroed where the capture
 	// found a secret (one not given in Secrets) fail with a SnapshotError whose
 	// Code is CodeUnfilledSecrets, returned beside the result: the files are
@@ -54,15 +61,21 @@ type Restored struct {
 	// to fill them.
 	UnfilledSecretPaths []string
 	UnfilledSecretCount uint64
-	Duration            time.Duration
+	// SavedBeforeRestore is the stash entry the live tree was saved to before
+	// it was changed (nil when nothing needed saving); UndoRestore restores it.
+	SavedBeforeRestore *pb.SavedBeforeRestore
+	// Recorded is the checkpoint Record appended (the thread's new head).
+	Recorded *pb.CheckpointSummary
+	Duration time.Duration
 }
 
 // RestorePlan is a dry run's plan: the counts, and the paths it would write
-// and delete.
+// and delete, and those among them whose live changes it would stash first.
 type RestorePlan struct {
 	*pb.RestorePlan
 	Written []string
 	Deleted []string
+	Stashed []string
 }
 
 func unfilledSecrets(r *Restored) error {
@@ -81,17 +94,26 @@ func unfilledSecrets(r *Restored) error {
 	return newError(CodeUnfilledSecrets, codes.FailedPrecondition, message, metadata)
 }
 
+// checkSecretNames: names, when given, name each secret.
+func checkSecretNames(secrets [][]byte, names []string) error {
+	if len(names) > 0 && len(names) != len(secrets) {
+		return invalidArgument(fmt.Sprintf("SecretNames has %d names for %d Secrets", len(names), len(secrets)),
+			map[string]string{"field": "SecretNames"})
+	}
+	return nil
+}
+
 func restoreRequest(c *Client, o *RestoreOptions) (*pb.RestoreRequest, error) {
 	subdir, err := c.workspaceSubdir(o.WorkspaceRoot, o.WorkspaceSubdir)
 	if err != nil {
 		return nil, err
 	}
-	if len(o.SecretNames) > 0 && len(o.SecretNames) != len(o.Secrets) {
-		return nil, invalidArgument(fmt.Sprintf("SecretNames has %d names for %d Secrets",
-			len(o.SecretNames), len(o.Secrets)), map[string]string{"field": "SecretNames"})
+	if err := checkSecretNames(o.Secrets, o.SecretNames); err != nil {
+		return nil, err
 	}
 	req := &pb.RestoreRequest{ThreadId: o.ThreadID, Policy: o.Policy, WorkspaceSubdir: subdir,
-		DryRun: o.DryRun, Secrets: o.Secrets, SecretNames: o.SecretNames}
+		DryRun: o.DryRun, Secrets: o.Secrets, SecretNames: o.SecretNames,
+		DiscardLiveChanges: o.DiscardLiveChanges, Record: o.Record}
 	if o.CheckpointID != "" {
 		req.CheckpointId = proto.String(o.CheckpointID)
 	}
@@ -115,18 +137,34 @@ func RestoreSandboxCheckpoint(ctx context.Context, c *Client, o RestoreOptions) 
 	if err != nil {
 		return nil, err
 	}
+	return readRestore(stream, &restoreReading{dryRun: o.DryRun, requireSecrets: o.RequireSecrets,
+		onProgress: o.OnProgress, onEvent: o.OnEvent})
+}
+
+// restoreReading: what reading a Restore's or an Undo's events needs.
+type restoreReading struct {
+	dryRun, requireSecrets bool
+	onProgress             func(*pb.Progress)
+	onEvent                func(*pb.RestoreEvent)
+}
+
+// readRestore reads a Restore's or an Undo's events to their end into the result.
+func readRestore(stream interface {
+	Recv() (*pb.RestoreEvent, error)
+}, r *restoreReading) (*Restored, error) {
 	var done *pb.RestoreDone
-	var written, deleted []string
-	err = readStream(stream.Recv, func(event *pb.RestoreEvent) {
-		if o.OnEvent != nil {
-			o.OnEvent(event)
+	plan := &RestorePlan{}
+	err := readStream(stream.Recv, func(event *pb.RestoreEvent) {
+		if r.onEvent != nil {
+			r.onEvent(event)
 		}
-		if p := event.GetProgress(); p != nil && o.OnProgress != nil {
-			o.OnProgress(p)
+		if p := event.GetProgress(); p != nil && r.onProgress != nil {
+			r.onProgress(p)
 		}
 		if paths := event.GetPlanPaths(); paths != nil {
-			written = append(written, paths.GetWritten()...)
-			deleted = append(deleted, paths.GetDeleted()...)
+			plan.Written = append(plan.Written, paths.GetWritten()...)
+			plan.Deleted = append(plan.Deleted, paths.GetDeleted()...)
+			plan.Stashed = append(plan.Stashed, paths.GetStashed()...)
 		}
 		if d := event.GetDone(); d != nil {
 			done = d
@@ -137,17 +175,57 @@ func RestoreSandboxCheckpoint(ctx context.Context, c *Client, o RestoreOptions) 
 		return nil, err
 	case done == nil:
 		return nil, lostReply("the restore")
-	case done.GetCheckpoint() == nil || !(done.GetRestored() || o.DryRun):
+	case done.GetCheckpoint() == nil || !(done.GetRestored() || r.dryRun):
 		return nil, nil // the thread has no checkpoint
 	}
 	out := &Restored{CheckpointSummary: done.GetCheckpoint(),
 		UnfilledSecretPaths: done.GetUnfilledSecretPaths(), UnfilledSecretCount: done.GetUnfilledSecretCount(),
+		SavedBeforeRestore: done.GetSavedBeforeRestore(), Recorded: done.GetRecorded(),
 		Duration: time.Duration(done.GetDurationMs()) * time.Millisecond}
-	if o.DryRun {
-		out.Plan = &RestorePlan{RestorePlan: done.GetPlan(), Written: written, Deleted: deleted}
+	if r.dryRun {
+		plan.RestorePlan = done.GetPlan()
+		out.Plan = plan
 	}
-	if o.RequireSecrets && out.UnfilledSecretCount > 0 {
+	if r.requireSecrets && out.UnfilledSecretCount > 0 {
 		return out, unfilledSecrets(out)
 	}
 	return out, nil
+}
+
+// UndoOptions: which thread's last restore to undo, and how.
+type UndoOptions struct {
+	ThreadID string
+	// WorkspaceRoot or WorkspaceSubdir (see RestoreOptions); neither: the
+	// folder the stash entry was taken from.
+	WorkspaceRoot   string
+	WorkspaceSubdir string
+	Secrets         [][]byte
+	SecretNames     []string
+	DryRun          bool
+	Record          bool
+	RequireSecrets  bool
+	OnProgress      func(*pb.Progress)
+	OnEvent         func(*pb.RestoreEvent)
+}
+
+// UndoRestore undoes the thread's last restore: it restores the newest entry
+// of the thread's stash (the live tree a restore replaced), saving what it
+// overwrites to the stash first, so an undo of an undo is a redo. The result
+// is the stash entry restored. An empty stash is a SnapshotError with Code
+// CodeMissingCheckpoint (IsNotFound).
+func UndoRestore(ctx context.Context, c *Client, o UndoOptions) (*Restored, error) {
+	subdir, err := c.workspaceSubdir(o.WorkspaceRoot, o.WorkspaceSubdir)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSecretNames(o.Secrets, o.SecretNames); err != nil {
+		return nil, err
+	}
+	stream, err := c.Undo(ctx, &pb.UndoRequest{ThreadId: o.ThreadID, WorkspaceSubdir: subdir, DryRun: o.DryRun,
+		Secrets: o.Secrets, SecretNames: o.SecretNames, Record: o.Record})
+	if err != nil {
+		return nil, err
+	}
+	return readRestore(stream, &restoreReading{dryRun: o.DryRun, requireSecrets: o.RequireSecrets,
+		onProgress: o.OnProgress, onEvent: o.OnEvent})
 }

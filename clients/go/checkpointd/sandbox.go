@@ -152,6 +152,9 @@ func captureRequest(c *Client, o *CaptureOptions) (*pb.CaptureRequest, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := checkSecretNames(o.Secrets, o.SecretNames); err != nil {
+		return nil, err
+	}
 	req := &pb.CaptureRequest{
 		ThreadId:        o.ThreadID,
 		Policy:          o.Policy,

@@ -54,6 +54,9 @@ type ListOptions struct {
 	Before string
 	// PageSize is how many each call to the daemon asks for (0: its default, 100).
 	PageSize int
+	// Stash lists the thread's stash instead: the live trees its restores
+	// replaced, newest last (UndoRestore restores the newest).
+	Stash bool
 }
 
 // ListCheckpoints yields every checkpoint of the thread, also those off the
@@ -73,7 +76,7 @@ func ListCheckpoints(ctx context.Context, c *Client, o ListOptions) iter.Seq2[*p
 			return
 		}
 		req := &pb.ListCheckpointsRequest{ThreadId: o.ThreadID, PageSize: uint32(o.PageSize),
-			NewestFirst: o.NewestFirst}
+			NewestFirst: o.NewestFirst, Stash: o.Stash}
 		if o.Before != "" {
 			req.Before = proto.String(o.Before)
 		}
