@@ -357,7 +357,9 @@ def _files_with_secrets(checkpoint: Checkpoint, subdir: str) -> list[tuple[str, 
 
 
 def _open_checked(safe: SafeRoot, rel: str, entry: FileEntry, flags: int) -> int | None:
-    """An fd on the regular, single-link file at ``rel`` of the entry's size."""
+    """An fd on the regular, single-link file at ``rel`` of the entry's size,
+    on the workspace root's mount (never a file bind-mounted into the
+    workspace, nor one beneath a mounted directory: its inode is not ours)."""
     parent, name = safe.parent_fd(rel)
     if parent is None:
         return None
@@ -366,10 +368,28 @@ def _open_checked(safe: SafeRoot, rel: str, entry: FileEntry, flags: int) -> int
     except OSError:
         return None
     info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_size != entry.size:
+    if (
+        not stat.S_ISREG(info.st_mode)
+        or info.st_nlink != 1
+        or info.st_size != entry.size
+        or _mount_id(fd) != _mount_id(safe.root_fd)
+    ):
         os.close(fd)
         return None
     return fd
+
+
+def _mount_id(fd: int) -> int | None:
+    """The id of the mount ``fd`` lies on (``mnt_id`` in /proc/self/fdinfo), or
+    None where /proc does not say."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("mnt_id:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def _is_the_checkpoints(seen: LiveSecrets, entry: FileEntry) -> bool:

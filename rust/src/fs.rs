@@ -164,11 +164,13 @@ fn mount_root_of(stx: &libc::statx) -> Option<bool> {
     (stx.stx_attributes_mask & bit != 0).then_some(stx.stx_attributes & bit != 0)
 }
 
-/// The rule both walks keep (the scan's and restore's deletion): a directory
-/// entry is a mount point, never entered, when it lies on another device than
-/// the workspace or (same device: a bind mount) the kernel says it is a mount's
-/// root. `stat` is the entry's lstat; only directories are judged (overlayfs
-/// reports a non-directory's `st_dev` from its lower layer).
+/// The rule both walks keep (the scan's and restore's deletion): an entry is
+/// a mount point, never entered, read, changed or deleted, when the kernel
+/// says it is a mount's root (a bind mount of a file or a directory, of this
+/// filesystem or another), or when it is a directory on another device than
+/// the workspace. `stat` is the entry's lstat; a non-directory's `st_dev` is
+/// not compared (overlayfs reports it from the lower layer), only the mount
+/// root is asked of it.
 pub fn is_mount_point(dir: RawFd, name: &CStr, stat: &Stat, workspace_dev: u64) -> bool {
     // An entry gone or unreadable since its lstat is judged by its device alone;
     // whoever opens it next sees what it is then.
@@ -178,18 +180,15 @@ pub fn is_mount_point(dir: RawFd, name: &CStr, stat: &Stat, workspace_dev: u64) 
 }
 
 /// [`is_mount_point`]'s rule, with the kernel's word on the mount root
-/// asked of `mount_root` only when it decides (a directory on the workspace's
-/// device): from [`stat_entry`], which learnt it with the stat, or from a
-/// `statx` of its own.
+/// asked of `mount_root` only when it decides (anything but a directory on
+/// another device): from [`stat_entry`], which learnt it with the stat, or
+/// from a `statx` of its own.
 pub fn judge_mount_point(
     stat: &Stat,
     workspace_dev: u64,
     mount_root: impl FnOnce() -> Option<bool>,
 ) -> bool {
-    if !stat.is_dir() {
-        return false;
-    }
-    if stat.dev != workspace_dev {
+    if stat.is_dir() && stat.dev != workspace_dev {
         return true;
     }
     mount_root() == Some(true)
@@ -235,8 +234,9 @@ pub fn stat_entry(dir: RawFd, name: &CStr) -> io::Result<(Stat, Option<bool>)> {
     Ok((stat, mount_root))
 }
 
-/// [`is_mount_point`] of an open directory itself (its `fstat` in `stat`): the
-/// check that no swap between a parent's lstat and the open can slip past.
+/// [`is_mount_point`] of an open file or directory itself (its `fstat` in
+/// `stat`): the check that no swap between a parent's lstat and the open can
+/// slip past.
 pub fn is_mount_point_fd(fd: RawFd, stat: &Stat, workspace_dev: u64) -> bool {
     const ITSELF: &CStr = match CStr::from_bytes_with_nul(b"\0") {
         Ok(name) => name,

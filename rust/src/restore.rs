@@ -614,6 +614,15 @@ pub fn replace_shared_inodes(ws: &Workspace, plan: &mut Plan) -> Result<(), Rest
     Ok(())
 }
 
+/// What [`DirStack::open_child`] found at a name.
+enum Child {
+    Dir(OwnedFd),
+    /// Missing (or, without `create`, a symlink or a non-directory).
+    Absent,
+    /// A file mounted there (a bind mount): never removed.
+    MountPoint,
+}
+
 /// A directory reached from the root by fd, or why not.
 enum Reached {
     Dir(RawFd),
@@ -715,8 +724,9 @@ impl<'w> DirStack<'w> {
             let name = cname(wanted[depth])?;
             let here = || wanted[..=depth].join(&b'/');
             let fd = match self.open_child(parent, &name, create, &here)? {
-                Some(fd) => fd,
-                None => return Ok(Reached::Absent),
+                Child::Dir(fd) => fd,
+                Child::Absent => return Ok(Reached::Absent),
+                Child::MountPoint => return Ok(Reached::OtherDevice(here())),
             };
             let stat = fs::fstat(fd.as_raw_fd())
                 .map_err(|e| RestoreError::io(self.shown(&here()), "fstat", e))?;
@@ -737,16 +747,23 @@ impl<'w> DirStack<'w> {
         name: &CStr,
         create: bool,
         here: &dyn Fn() -> Vec<u8>,
-    ) -> Result<Option<OwnedFd>, RestoreError> {
+    ) -> Result<Child, RestoreError> {
         // Bounded: a racing writer cannot keep us looping.
         for _ in 0..8 {
             match fs::open_dir_at(parent, name) {
-                Ok(fd) => return Ok(Some(fd)),
+                Ok(fd) => return Ok(Child::Dir(fd)),
                 Err(e) if !create => {
                     if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) {
-                        return Ok(None);
+                        return Ok(Child::Absent);
                     }
                     return Err(RestoreError::io(self.shown(&here()), "open", e));
+                }
+                // A file bind-mounted where a directory must go: left alone.
+                Err(e)
+                    if is_errno(&e, &[libc::ENOTDIR])
+                        && fs::is_mount_root_at(parent, name).ok().flatten() == Some(true) =>
+                {
+                    return Ok(Child::MountPoint)
                 }
                 Err(e) if is_errno(&e, &[libc::ELOOP, libc::ENOTDIR]) => {
                     match fs::unlink_at(parent, name) {
@@ -787,17 +804,22 @@ fn remove_tree(
         Err(e) if is_errno(&e, &[libc::ENOENT, libc::ENOTDIR]) => return Ok(()),
         Err(e) => return Err(RestoreError::io(ws.shown(rel), "lstat", e)),
     };
+    if fs::is_mount_point(parent, name, &stat, ws.dev) {
+        skipped.push(rel.to_vec());
+        return Ok(());
+    }
     if !stat.is_dir() {
         return match fs::unlink_at(parent, name) {
+            // Mounted on since its lstat: it stays.
+            Err(e) if is_errno(&e, &[libc::EBUSY]) => {
+                skipped.push(rel.to_vec());
+                Ok(())
+            }
             Err(e) if !is_errno(&e, &[libc::ENOENT]) => {
                 Err(RestoreError::io(ws.shown(rel), "unlink", e))
             }
             _ => Ok(()),
         };
-    }
-    if fs::is_mount_point(parent, name, &stat, ws.dev) {
-        skipped.push(rel.to_vec());
-        return Ok(());
     }
     let fd = match fs::open_dir_at(parent, name) {
         Ok(fd) => fd,
@@ -1586,6 +1608,8 @@ impl Restore {
                             &e,
                             &[libc::ENOENT, libc::EISDIR, libc::ENOTDIR, libc::EPERM],
                         ) => {}
+                    // A file mounted there since the scan: it stays.
+                    Err(e) if is_errno(&e, &[libc::EBUSY]) => self.skip(path.clone()),
                     Err(e) => return Err(RestoreError::io(self.ws.shown(path), "unlink", e)),
                 },
                 Doomed::Unsupported => {
@@ -1692,6 +1716,11 @@ impl Restore {
         match fs::rename_at(from, leaf, to, leaf) {
             Ok(()) => return Ok(true),
             Err(e) if is_errno(&e, &[libc::ENOTDIR]) => {
+                if fs::is_mount_root_at(to, leaf).ok().flatten() == Some(true) {
+                    // A file mounted there: left alone, and what goes beneath it.
+                    self.skip(path.to_vec());
+                    return Ok(false);
+                }
                 // A file or symlink stands there: the link itself goes, never its target.
                 let _ = fs::unlink_at(to, leaf);
                 fs::rename_at(from, leaf, to, leaf)
@@ -1764,7 +1793,9 @@ impl Restore {
         let Some((parent_fd, leaf)) = self.reach_parent(dirs, path)? else {
             return Ok(());
         };
-        self.rename_in(parent_fd, &flat_name(index), &leaf, path)?;
+        if !self.rename_in(parent_fd, &flat_name(index), &leaf, path)? {
+            return Ok(());
+        }
         self.count_written([entry.size]);
         if self.record && !entry.secrets {
             if let Some(stat) = self.read_back(parent_fd, &leaf, entry, &written.stat) {
@@ -1823,13 +1854,14 @@ impl Restore {
 
     /// Atomically move staged `name` to `leaf` in `parent_fd`; a directory
     /// standing there is removed first (rename cannot replace it with a file).
+    /// False when a mount point stands there: it is left alone (reported).
     fn rename_in(
         &self,
         parent_fd: RawFd,
         name: &CStr,
         leaf: &CStr,
         path: &[u8],
-    ) -> Result<(), RestoreError> {
+    ) -> Result<bool, RestoreError> {
         self.rename_from(self.staging.as_raw_fd(), name, parent_fd, leaf, path)
     }
 
@@ -1840,17 +1872,34 @@ impl Restore {
         parent_fd: RawFd,
         leaf: &CStr,
         path: &[u8],
-    ) -> Result<(), RestoreError> {
+    ) -> Result<bool, RestoreError> {
+        let refused = match fs::rename_at(from, name, parent_fd, leaf) {
+            Ok(()) => return Ok(true),
+            Err(e) => e,
+        };
+        let mount_point = || fs::is_mount_root_at(parent_fd, leaf).ok().flatten() == Some(true);
+        if is_errno(&refused, &[libc::EBUSY, libc::EISDIR]) && mount_point() {
+            self.skip(path.to_vec());
+            return Ok(false);
+        }
+        if !is_errno(&refused, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) {
+            return Err(RestoreError::io(
+                self.ws.shown(path),
+                "rename into",
+                refused,
+            ));
+        }
+        let mut skipped = Vec::new();
+        remove_tree(&self.ws, parent_fd, leaf, path, &mut skipped)?;
+        let kept = !skipped.is_empty();
+        for s in skipped {
+            self.skip(s);
+        }
         match fs::rename_at(from, name, parent_fd, leaf) {
-            Ok(()) => Ok(()),
-            Err(e) if is_errno(&e, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) => {
-                let mut skipped = Vec::new();
-                remove_tree(&self.ws, parent_fd, leaf, path, &mut skipped)?;
-                for s in skipped {
-                    self.skip(s);
-                }
-                fs::rename_at(from, name, parent_fd, leaf)
-                    .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))
+            Ok(()) => Ok(true),
+            // A mount point beneath it kept the directory: it stays.
+            Err(e) if kept && is_errno(&e, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) => {
+                Ok(false)
             }
             Err(e) => Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
         }
@@ -1868,8 +1917,9 @@ impl Restore {
             let Some((parent_fd, leaf)) = self.reach_parent(&mut dirs, path.as_bytes())? else {
                 continue;
             };
-            self.rename_in(parent_fd, &name, &leaf, path.as_bytes())?;
-            self.count_written([0]);
+            if self.rename_in(parent_fd, &name, &leaf, path.as_bytes())? {
+                self.count_written([0]);
+            }
         }
         Ok(count)
     }
@@ -1912,6 +1962,11 @@ impl Restore {
             let (stat, links) = fs::fstat_links(fd.as_raw_fd())
                 .map_err(|e| RestoreError::io(shown(), "fstat", e))?;
             if !stat.is_file() || links != 1 || stat.dev != self.ws.dev {
+                continue;
+            }
+            if fs::is_mount_point_fd(fd.as_raw_fd(), &stat, self.ws.dev) {
+                // A file mounted there since the scan: its inode is not ours.
+                self.skip(entry.path.as_bytes().to_vec());
                 continue;
             }
             let mode = entry.mode & 0o777;

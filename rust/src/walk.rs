@@ -499,12 +499,12 @@ impl Walker<'_> {
                 }
             };
             // The kind from readdir when it knows, so excluded entries cost no lstat.
-            // The lstat, and for a directory the kernel's word on whether it
-            // is a mount's root when it came with the stat (see `lstat`).
-            let mut stat: Option<(Stat, Option<Option<bool>>)> = None;
+            // The lstat, with the kernel's word on whether it is a mount's
+            // root (see `lstat`).
+            let mut stat: Option<(Stat, Option<bool>)> = None;
             let mut is_dir = match dtype {
                 DirentType::Dir => true,
-                DirentType::Unknown => match self.lstat(dir_fd, name, true) {
+                DirentType::Unknown => match self.lstat(dir_fd, name) {
                     Ok(Some(st)) => {
                         let d = st.0.is_dir();
                         stat = Some(st);
@@ -522,10 +522,10 @@ impl Walker<'_> {
             let mut opened = None;
             if stat.is_none() && is_dir {
                 opened = self.preopen(shared, dir_fd, name);
-                stat = opened.as_ref().map(|o| (o.stat, Some(o.mount_root)));
+                stat = opened.as_ref().map(|o| (o.stat, o.mount_root));
             }
             if stat.is_none() {
-                stat = match self.lstat(dir_fd, name, is_dir) {
+                stat = match self.lstat(dir_fd, name) {
                     Ok(st) => st,
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "lstat", e)),
                 };
@@ -569,14 +569,9 @@ impl Walker<'_> {
                 found.push((path_of(), Unsupported::BackslashName));
                 continue;
             }
-            let mount_root = || match mount_root {
-                Some(said) => said,
-                // A directory readdir called something else: asked now.
-                None => fs::is_mount_root_at(dir_fd, name).ok().flatten(),
-            };
-            if fs::judge_mount_point(&stat, self.root_dev, mount_root) {
-                // A filesystem (or a bind mount of a directory of this one)
-                // mounted inside the workspace: never crossed.
+            if fs::judge_mount_point(&stat, self.root_dev, || mount_root) {
+                // A filesystem, or a bind mount of a file or a directory,
+                // mounted inside the workspace: never crossed nor read.
                 found.push((path_of(), Unsupported::MountPoint));
                 continue;
             }
@@ -706,23 +701,11 @@ impl Walker<'_> {
     }
 
     /// lstat relative to the directory; Ok(None) when the entry vanished.
-    /// An entry that may be a directory is stat'ed with `statx`, which says
-    /// in the same call whether it is a mount's root (`Some(answer)`, see
-    /// `fs::stat_entry`): a directory needs that, and it saves a call each.
-    /// Anything else takes `fstatat` (`None`: not asked), which costs a file
-    /// a little less than `statx`.
-    fn lstat(
-        &self,
-        dir_fd: RawFd,
-        name: &CStr,
-        may_be_dir: bool,
-    ) -> std::io::Result<Option<(Stat, Option<Option<bool>>)>> {
-        let stat = if may_be_dir {
-            fs::stat_entry(dir_fd, name).map(|(stat, mount_root)| (stat, Some(mount_root)))
-        } else {
-            fs::lstat_at(dir_fd, name).map(|stat| (stat, None))
-        };
-        match stat {
+    /// Taken with `statx`, which says in the same call whether the entry is
+    /// a mount's root (see `fs::stat_entry`): a file bind-mounted into the
+    /// workspace is one, and is never read.
+    fn lstat(&self, dir_fd: RawFd, name: &CStr) -> std::io::Result<Option<(Stat, Option<bool>)>> {
+        match fs::stat_entry(dir_fd, name) {
             Ok(st) => Ok(Some(st)),
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
             Err(e) => Err(e),
