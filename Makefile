@@ -2,12 +2,15 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
-DATA_DIR ?= $(CURDIR)/.checkpointd-data
+# The data dir `checkpointd serve` and the client commands use when given none
+# (CHECKPOINTD_DATA_DIR, else ~/.local/state/checkpointd): `make run`'s daemon is
+# the one `checkpointd list` and the SDKs find without flags.
+DATA_DIR ?= $(or $(CHECKPOINTD_DATA_DIR),$(HOME)/.local/state/checkpointd)
 WORKSPACE ?= $(CURDIR)/workspace
 PYTEST_ARGS ?=
 
 .PHONY: venv build install-runtime run test test-python test-rust lint proto bench bench-quick \
-	wheel binary clean
+	wheel binary npm-pack dist clean
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -24,10 +27,11 @@ COMPILE_PACKAGE := $(PY) -m compileall -q python/checkpointd
 
 # Release build of the native module, installed editable with every extra.
 build: venv
-	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev,mcp -q
+	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev -q
 	$(COMPILE_PACKAGE)
 
-# The same release build with the runtime dependencies only (no test or dev extras).
+# The same release build with the runtime dependencies only (no test or dev extras;
+# everything a user runs, `checkpointd mcp` included, needs no extra).
 install-runtime: venv
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 	$(COMPILE_PACKAGE)
@@ -76,6 +80,18 @@ wheel: venv
 
 binary: wheel
 	bash packaging/build-binary.sh "$(DIST)"
+
+# The TypeScript client as the tarball `npm install` takes (its generated code is
+# committed: packing needs npm alone, which fetches the compiler into node_modules).
+npm-pack:
+	rm -f "$(DIST)"/checkpointd-client-*.tgz
+	mkdir -p "$(DIST)"
+	cd clients/typescript && npm ci --no-audit --no-fund && npm pack --pack-destination "$(DIST)"
+
+# Everything a user installs without building, in $(DIST): the wheels, the single
+# binary, the npm tarball and SHA256SUMS over them (check with `sha256sum -c SHA256SUMS`).
+dist: binary npm-pack
+	bash packaging/checksums.sh "$(DIST)"
 
 clean:
 	rm -rf target $(VENV) .pytest_cache .mypy_cache .ruff_cache build dist
