@@ -3,6 +3,7 @@
 
 pub mod blobdir;
 pub mod cancel;
+pub mod chunk;
 pub mod classify;
 pub mod error;
 pub mod feed;
