@@ -1,61 +1,80 @@
 """``checkpointd mcp``: the agent's own tools over the Model Context Protocol (stdio).
 
-The seeds' "Let the Agent Save and Fork": the orchestrator starts this server
-bound to one thread (``checkpointd mcp --thread T``) and hands it to the agent as
-an MCP server. It talks to the running daemon through the gRPC client
-(:class:`checkpointd.service.client.Client`), so the agent never holds store or
-bucket credentials. Tools:
+"Let the agent save and fork", as in TanStack AI's ``@tanstack/ai-sandbox`` API:
+the orchestrator starts this server bound to one thread (``checkpointd mcp
+--thread T``) and hands it to the agent as an MCP server. It talks to the
+running daemon through the gRPC client (:class:`checkpointd.service.client.Client`),
+so the agent never holds store or bucket credentials. Tools:
 
 * ``save_checkpoint(label)`` — capture the workspace into a new named checkpoint
   of the bound thread; returns ``{checkpointId, label, threadId}``.
-* ``list_checkpoints()`` — the bound thread's checkpoints, oldest first, and its head.
+* ``list_checkpoints(limit?, cursor?)`` — the bound thread's checkpoints, newest
+  first, a page of at most ``limit`` (default 20, at most 100), with the head
+  and ``nextCursor`` (null on the last page).
 * ``fork_checkpoint(checkpointId?)`` — copy the head (or the given checkpoint of the
   bound thread) into a new thread; returns the new thread's id. The source thread
   and its head are left alone.
-* ``read_artifact(artifactId, checkpointId?)`` — an artifact's metadata (name,
-  type, size, key), never its bytes.
+* ``list_artifacts(checkpointId?)`` — the artifacts of a checkpoint (default: the
+  head): ids, names, types, sizes; never their bytes.
+* ``read_artifact(artifactId, checkpointId?)`` — one artifact's metadata.
+
+Each tool carries MCP annotations (``readOnlyHint``, ``destructiveHint``,
+``idempotentHint``, ``openWorldHint``) and its input schema states the limits:
+a label is 1 to 200 characters without C0/C1 control characters, line
+separators or bidirectional formatting characters; ids at most MAX_ID_BYTES.
 
 What the agent cannot do, by construction: delete, prune or sweep (no such tool,
 and the client calls only Capture, ListCheckpoints, GetHead, GetCheckpoint and
 Fork), or read or write another thread (every call names the bound thread; a
-checkpoint id of another thread is MISSING_CHECKPOINT). Fork only ever creates a
-thread with a fresh id, which the daemon refuses to do over a non-empty one.
+checkpoint id of another thread gets exactly the answer an unknown id gets, so
+the tools do not tell whether it exists). Fork only ever creates a thread with a
+fresh id, which the daemon refuses to do over a non-empty one.
 
-Errors are tool results with ``isError`` set and a JSON text
-``{"error": {"code", "message", "metadata"}}``, with the seeds' codes:
-WRITER_CONFLICT (a save raced another writer: try again later), MISSING_CHECKPOINT
-(fork of a thread with no head, or a checkpoint not on the thread),
+Errors are tool results with ``isError`` set and a JSON text ``{"error": {"code",
+"message", "metadata", "retryable"[, "retryAfterMs"]}}``: WRITER_CONFLICT (a save
+raced another save or restore of the thread; ``retryAfterMs`` says when to call
+again), MISSING_CHECKPOINT (no head yet, or no such checkpoint on the thread),
 INVALID_TOOL_INPUT (bad arguments, the schema's or the daemon's), and otherwise
 the daemon's code without its ``SANDBOX_SNAPSHOT_`` prefix (STALE_HEAD,
-STORE_UNAVAILABLE, UNSUPPORTED_ENTRY, MISSING_ARTIFACT...).
+STORE_UNAVAILABLE, UNSUPPORTED_ENTRY, MISSING_ARTIFACT...). A message that is not
+JSON-RPC (bad JSON, a string with a lone surrogate) gets a JSON-RPC error reply.
 
 What a save captures (policy, sub-root, secrets to zero) is fixed by the
 orchestrator on the command line (``--exclude``, ``--include``, ``--subdir``,
 ``--secret-env``, as for ``checkpointd capture``); the agent gives only a label.
-
-Decisions where the issue is silent: a label is 1 to 200 characters with no control
-character; a save uses a fresh request id per call (a save is never retried by
-this server: the agent decides); fork threads are named ``<thread>-fork-<12 hex>``.
+A save uses a fresh request id per call (never retried by this server: the agent
+decides); fork threads are named ``<thread>-fork-<12 hex>``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import ValidationError
+from mcp.types import ToolAnnotations
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
+from .mcp_stdio import serve_checked_stdio
 from .service.client import Client, RpcError
 from .v1 import checkpointd_pb2 as pb
+from .validation import MAX_ID_BYTES
 
 MAX_LABEL_CHARS = 200
+DEFAULT_PAGE = 20
+MAX_PAGE = 100
+# A list_checkpoints cursor is the daemon's page token: an order key and an id.
+MAX_CURSOR_CHARS = 1024
+# A WRITER_CONFLICT without the daemon's retry_after_ms: call again after this.
+DEFAULT_RETRY_MS = 1000
 PREFIX = "SANDBOX_SNAPSHOT_"
 # Daemon reasons that mean "the tool's input was bad".
 _INPUT_REASONS = {
@@ -70,6 +89,83 @@ _MISSING_REASONS = {
     PREFIX + "FORK_SOURCE_NOT_FOUND",
     PREFIX + "FORK_SOURCE_THREAD_MISMATCH",
 }
+# Failures that calling again later may cure (the codes as the agent sees them).
+_RETRYABLE = {"WRITER_CONFLICT", "WRITER_LOST", "STORE_UNAVAILABLE", "DRAINING", "UNAVAILABLE"}
+_RETRYABLE |= {"DEADLINE_EXCEEDED"}
+
+# Characters a label must not hold: C0 and C1 control characters and DEL, line and
+# paragraph separators, and the bidirectional formatting characters (marks,
+# embeddings, overrides, isolates), which make a label read differently from
+# what it holds.
+_REFUSED_RANGES = (
+    (0x00, 0x1F),
+    (0x7F, 0x9F),
+    (0x061C, 0x061C),
+    (0x200E, 0x200F),
+    (0x2028, 0x202E),
+    (0x2066, 0x2069),
+)
+_REFUSED_CLASS = "".join(f"\\u{low:04x}-\\u{high:04x}" for low, high in _REFUSED_RANGES)
+# The same rule in the input schema (ECMAScript syntax, which Python's re shares here).
+LABEL_PATTERN = f"^[^{_REFUSED_CLASS}]*$"
+_REFUSED = re.compile(f"[{_REFUSED_CLASS}]")
+
+Label = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=MAX_LABEL_CHARS,
+        json_schema_extra={"pattern": LABEL_PATTERN},
+        description="A name for the checkpoint: 1 to 200 characters, no control characters, "
+        "line separators or bidirectional formatting characters.",
+    ),
+]
+CheckpointRef = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=MAX_ID_BYTES,
+        description="A checkpoint id of this thread (default: the head).",
+    ),
+]
+ArtifactRef = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_ID_BYTES, description="An artifact id (list_artifacts)."),
+]
+PageLimit = Annotated[
+    int, Field(ge=1, le=MAX_PAGE, description=f"At most this many (1 to {MAX_PAGE}).")
+]
+Cursor = Annotated[
+    str | None,
+    Field(
+        min_length=1,
+        max_length=MAX_CURSOR_CHARS,
+        description="nextCursor of the previous page (default: the first page).",
+    ),
+]
+
+_READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
+# Saves and forks add checkpoints and threads; they never change or delete one.
+_ADDITIVE = ToolAnnotations(
+    read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
+)
+
+
+def label_problem(label: str) -> str | None:
+    """Why ``label`` is refused (naming the rule and the character), or None."""
+    if not label.strip():
+        return "label must not be blank"
+    if len(label) > MAX_LABEL_CHARS:
+        return f"label must be 1 to {MAX_LABEL_CHARS} characters, not {len(label)}"
+    found = _REFUSED.search(label)
+    if found is not None:
+        char = found.group()
+        name = unicodedata.name(char, "a control character")
+        return (
+            f"label must not hold control characters, line separators or bidirectional "
+            f"formatting characters: U+{ord(char):04X} ({name}) at index {found.start()}"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,10 +194,11 @@ class CheckpointInfo(TypedDict):
     totalBytes: int
 
 
-class CheckpointList(TypedDict):
+class CheckpointPage(TypedDict):
     threadId: str
     headCheckpointId: str | None
     checkpoints: list[CheckpointInfo]
+    nextCursor: str | None
 
 
 class ForkedThread(TypedDict):
@@ -121,13 +218,29 @@ class ArtifactInfo(TypedDict):
     checkpointId: str
 
 
+class ArtifactList(TypedDict):
+    checkpointId: str
+    artifacts: list[ArtifactInfo]
+
+
 class AgentToolError(ToolError):
     """A tool's failure; its text is JSON the agent (or a program) can read."""
 
 
-def tool_error(code: str, message: str, **metadata: str) -> AgentToolError:
-    body = {"error": {"code": code, "message": message, "metadata": metadata}}
-    return AgentToolError(json.dumps(body, ensure_ascii=False))
+def tool_error(
+    code: str, message: str, retry_after_ms: int | None = None, /, **metadata: str
+) -> AgentToolError:
+    """The error a tool returns: its code, a message, the metadata naming what
+    it is about, whether calling again later may succeed, and when."""
+    body: dict[str, Any] = {
+        "code": code,
+        "message": message,
+        "metadata": metadata,
+        "retryable": code in _RETRYABLE,
+    }
+    if retry_after_ms is not None:
+        body["retryAfterMs"] = retry_after_ms
+    return AgentToolError(json.dumps({"error": body}, ensure_ascii=False))
 
 
 def _raise_rpc(error: RpcError) -> NoReturn:
@@ -139,13 +252,21 @@ def _raise_rpc(error: RpcError) -> NoReturn:
         code = error.reason.removeprefix(PREFIX)
     else:
         code = error.code.name  # no ErrorInfo: the daemon is unreachable, a deadline...
+    if code in ("WRITER_CONFLICT", "WRITER_LOST"):
+        raw = error.metadata.get("retry_after_ms", "")
+        wait_ms = int(raw) if raw.isdecimal() else DEFAULT_RETRY_MS
+        message = (
+            f"{error.message}; another save or restore of this thread was running: call "
+            f"save_checkpoint again in about {max(wait_ms, 1) / 1000:.1f} s"
+        )
+        raise tool_error(code, message, wait_ms, **error.metadata) from None
     raise tool_error(code, error.message, **error.metadata) from None
 
 
 class AgentTools(MCPServer):
     """The MCP server: a tool's own error reaches the client as its JSON alone (the
-    SDK would prefix it with "Error executing tool ..."), and schema failures
-    become INVALID_TOOL_INPUT like the rest."""
+    SDK would prefix it with "Error executing tool ..."), schema failures become
+    INVALID_TOOL_INPUT like the rest, and stdio answers what the SDK would drop."""
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
@@ -163,6 +284,79 @@ class AgentTools(MCPServer):
                 raise tool_error("INVALID_TOOL_INPUT", f"{name}: {problems}") from error
             raise
 
+    async def run_stdio_async(self) -> None:
+        """Serve on stdin/stdout; a message the SDK cannot parse is answered
+        with a JSON-RPC error (``mcp_stdio``) instead of silence."""
+        server = self._lowlevel_server
+        await serve_checked_stdio(
+            lambda read, write: server.run(read, write, server.create_initialization_options())
+        )
+
+
+def _info(s: pb.CheckpointSummary) -> CheckpointInfo:
+    return {
+        "checkpointId": s.id,
+        "parentCheckpointId": s.parent_checkpoint_id
+        if s.HasField("parent_checkpoint_id")
+        else None,
+        "createdAt": s.created_at,
+        "reason": s.reason,
+        "label": s.label if s.HasField("label") else None,
+        "fileCount": s.file_count,
+        "totalBytes": s.total_bytes,
+    }
+
+
+def _artifact(artifact: pb.Artifact, checkpoint_id: str) -> ArtifactInfo:
+    return {
+        "artifactId": artifact.artifact_id,
+        "name": artifact.name,
+        "mimeType": artifact.mime_type,
+        "size": artifact.size,
+        "blobKey": artifact.blob_key,
+        "createdAt": artifact.created_at,
+        "checkpointId": checkpoint_id,
+    }
+
+
+class _Thread:
+    """The daemon as the bound thread's agent sees it."""
+
+    def __init__(self, thread_id: str, client: Client) -> None:
+        self.thread_id = thread_id
+        self.client = client
+
+    def missing(self, checkpoint_id: str) -> AgentToolError:
+        """The one answer for an id that is not a checkpoint of this thread,
+        whether it is unknown or another thread's."""
+        return tool_error(
+            "MISSING_CHECKPOINT",
+            f"thread {self.thread_id} has no checkpoint {checkpoint_id}",
+            thread_id=self.thread_id,
+            checkpoint_id=checkpoint_id,
+        )
+
+    async def checkpoint(self, checkpoint_id: str | None) -> pb.GetCheckpointResponse:
+        """The given checkpoint if it is on the bound thread, else the head."""
+        try:
+            if checkpoint_id is None:
+                head = await self.client.get_head(self.thread_id)
+                if head is None:
+                    raise tool_error(
+                        "MISSING_CHECKPOINT",
+                        f"thread {self.thread_id} has no checkpoint yet: save_checkpoint first",
+                        thread_id=self.thread_id,
+                    )
+                checkpoint_id = head
+            detail = await self.client.get_checkpoint(checkpoint_id)
+        except RpcError as error:
+            if error.reason == PREFIX + "MISSING_CHECKPOINT" and checkpoint_id is not None:
+                raise self.missing(checkpoint_id) from None
+            _raise_rpc(error)
+        if detail.checkpoint.thread_id != self.thread_id:
+            raise self.missing(checkpoint_id)
+        return detail
+
 
 def build_server(
     thread_id: str, connect: Callable[[], Client], save: SaveSettings | None = None
@@ -171,9 +365,9 @@ def build_server(
     save = save or SaveSettings()
 
     @asynccontextmanager
-    async def lifespan(_: MCPServer[Any]) -> AsyncIterator[Client]:
+    async def lifespan(_: MCPServer[Any]) -> AsyncIterator[_Thread]:
         async with connect() as client:
-            yield client
+            yield _Thread(thread_id, client)
 
     server = AgentTools(
         "checkpointd",
@@ -184,25 +378,22 @@ def build_server(
         lifespan=lifespan,
     )
 
-    def daemon(ctx: Context[Any, Any]) -> Client:
-        client: Client = ctx.request_context.lifespan_context
-        return client
+    def bound(ctx: Context[Any, Any]) -> _Thread:
+        thread: _Thread = ctx.request_context.lifespan_context
+        return thread
 
-    @server.tool()
-    async def save_checkpoint(label: str, ctx: Context[Any, Any]) -> SavedCheckpoint:
+    @server.tool(annotations=_ADDITIVE)
+    async def save_checkpoint(label: Label, ctx: Context[Any, Any]) -> SavedCheckpoint:
         """Save the workspace as a named checkpoint of this thread.
 
         Returns its id. Fails with WRITER_CONFLICT while another save or restore of
-        the thread runs (try again later).
+        the thread runs: call again after the error's retryAfterMs.
         """
-        if not label.strip() or len(label) > MAX_LABEL_CHARS:
-            raise tool_error(
-                "INVALID_TOOL_INPUT", f"label must be 1 to {MAX_LABEL_CHARS} characters"
-            )
-        if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in label):
-            raise tool_error("INVALID_TOOL_INPUT", "label must not hold control characters")
+        problem = label_problem(label)
+        if problem is not None:
+            raise tool_error("INVALID_TOOL_INPUT", problem)
         try:
-            done = await daemon(ctx).capture(
+            done = await bound(ctx).client.capture(
                 thread_id,
                 label=label,
                 policy=save.policy,
@@ -214,71 +405,40 @@ def build_server(
             _raise_rpc(error)
         return {"checkpointId": done.checkpoint.id, "label": label, "threadId": thread_id}
 
-    @server.tool()
-    async def list_checkpoints(ctx: Context[Any, Any]) -> CheckpointList:
-        """List this thread's checkpoints, oldest first, and its head (the newest save)."""
-        client = daemon(ctx)
+    @server.tool(annotations=_READ_ONLY)
+    async def list_checkpoints(
+        ctx: Context[Any, Any], limit: PageLimit = DEFAULT_PAGE, cursor: Cursor = None
+    ) -> CheckpointPage:
+        """List this thread's checkpoints, newest first, a page at a time, and its
+        head (the newest save). Pass nextCursor back as cursor for the next page."""
+        client = bound(ctx).client
         try:
-            summaries = await client.list_checkpoints(thread_id)
+            page = await client.list_checkpoints_page(
+                thread_id, page_size=limit, page_token=cursor or "", newest_first=True
+            )
             head = await client.get_head(thread_id)
         except RpcError as error:
             _raise_rpc(error)
         return {
             "threadId": thread_id,
             "headCheckpointId": head,
-            "checkpoints": [
-                {
-                    "checkpointId": s.id,
-                    "parentCheckpointId": (
-                        s.parent_checkpoint_id if s.HasField("parent_checkpoint_id") else None
-                    ),
-                    "createdAt": s.created_at,
-                    "reason": s.reason,
-                    "label": s.label if s.HasField("label") else None,
-                    "fileCount": s.file_count,
-                    "totalBytes": s.total_bytes,
-                }
-                for s in summaries
-            ],
+            "checkpoints": [_info(s) for s in page.checkpoints],
+            "nextCursor": page.next_page_token or None,
         }
 
-    async def own_checkpoint(client: Client, checkpoint_id: str | None) -> str:
-        """The given checkpoint id if it is on the bound thread, else the head."""
-        try:
-            if checkpoint_id is None:
-                head = await client.get_head(thread_id)
-                if head is None:
-                    raise tool_error(
-                        "MISSING_CHECKPOINT",
-                        f"thread {thread_id} has no checkpoint yet: save_checkpoint first",
-                        thread_id=thread_id,
-                    )
-                return head
-            detail = await client.get_checkpoint(checkpoint_id)
-        except RpcError as error:
-            _raise_rpc(error)
-        if detail.checkpoint.thread_id != thread_id:
-            raise tool_error(
-                "MISSING_CHECKPOINT",
-                f"checkpoint {checkpoint_id} is not on thread {thread_id}",
-                thread_id=thread_id,
-                checkpoint_id=checkpoint_id,
-            )
-        return checkpoint_id
-
-    @server.tool()
+    @server.tool(annotations=_ADDITIVE)
     async def fork_checkpoint(
-        ctx: Context[Any, Any], checkpointId: str | None = None
+        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
     ) -> ForkedThread:
         """Copy a checkpoint of this thread (default: the head) into a new thread.
 
         Returns the new thread's id; this thread and its head are left as they are.
         """
-        client = daemon(ctx)
-        source = await own_checkpoint(client, checkpointId)
+        thread = bound(ctx)
+        source = (await thread.checkpoint(checkpointId)).checkpoint.id
         destination = f"{thread_id}-fork-{uuid.uuid4().hex[:12]}"
         try:
-            forked = await client.fork(thread_id, source, destination)
+            forked = await thread.client.fork(thread_id, source, destination)
         except RpcError as error:
             _raise_rpc(error)
         return {
@@ -288,29 +448,30 @@ def build_server(
             "sourceCheckpointId": source,
         }
 
-    @server.tool()
+    @server.tool(annotations=_READ_ONLY)
+    async def list_artifacts(
+        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
+    ) -> ArtifactList:
+        """List the artifacts of a checkpoint of this thread (default: the head):
+        ids, names, types and sizes. Never their bytes."""
+        detail = await bound(ctx).checkpoint(checkpointId)
+        source = detail.checkpoint.id
+        return {
+            "checkpointId": source,
+            "artifacts": [_artifact(a, source) for a in detail.artifacts],
+        }
+
+    @server.tool(annotations=_READ_ONLY)
     async def read_artifact(
-        artifactId: str, ctx: Context[Any, Any], checkpointId: str | None = None
+        artifactId: ArtifactRef, ctx: Context[Any, Any], checkpointId: CheckpointRef = None
     ) -> ArtifactInfo:
         """Describe an artifact of a checkpoint of this thread (default: the head):
         name, type, size and key. Never its bytes."""
-        client = daemon(ctx)
-        source = await own_checkpoint(client, checkpointId)
-        try:
-            detail = await client.get_checkpoint(source)
-        except RpcError as error:
-            _raise_rpc(error)
+        detail = await bound(ctx).checkpoint(checkpointId)
+        source = detail.checkpoint.id
         for artifact in detail.artifacts:
             if artifact.artifact_id == artifactId:
-                return {
-                    "artifactId": artifact.artifact_id,
-                    "name": artifact.name,
-                    "mimeType": artifact.mime_type,
-                    "size": artifact.size,
-                    "blobKey": artifact.blob_key,
-                    "createdAt": artifact.created_at,
-                    "checkpointId": source,
-                }
+                return _artifact(artifact, source)
         raise tool_error(
             "MISSING_ARTIFACT",
             f"checkpoint {source} has no artifact {artifactId}",
@@ -331,10 +492,12 @@ def serve_stdio(thread_id: str, save: SaveSettings, connect: Callable[[], Client
 
 
 __all__ = [
+    "LABEL_PATTERN",
     "AgentToolError",
     "AgentTools",
     "SaveSettings",
     "build_server",
+    "label_problem",
     "serve_stdio",
     "tool_error",
 ]
