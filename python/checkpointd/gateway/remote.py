@@ -11,9 +11,12 @@ Several gateways: the connection sends each call to the current gateway; when
 that one cannot be reached (connection refused or reset, or it is draining) it
 moves to the next. Calls that are safe to repeat (reads, lease renew/release,
 pins, content-addressed uploads of bytes) are repeated on the next gateway at
-once, and so is any call a draining gateway refused (it did nothing); the others
-(append, acquire, delete, fork) raise STORE_UNAVAILABLE and the caller retries: a capture retried with the same ``request_id`` finds the
-checkpoint the first attempt may have stored, so nothing is lost or duplicated.
+once, and so is any call that had no effect: one a draining gateway refused, or
+one that never left (no connection could be made: ``wire.never_sent``). The
+others (append, acquire, delete, fork), lost after they went out, raise
+STORE_UNAVAILABLE and the caller retries: a capture retried with the same
+``request_id`` finds the checkpoint the first attempt may have stored, so
+nothing is lost or duplicated.
 
 The token is read from its file on every call whose file changed since the last
 read (the orchestrator may rotate it in place).
@@ -39,6 +42,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
+from google.protobuf.message import Message
 
 from ..blobs.base import BlobCorruptError, BlobInfo, BlobNotFoundError, BlobStore, BlobStoreError
 from ..codec import decode_checkpoint, encode_checkpoint
@@ -174,15 +178,17 @@ class GatewayConnection:
             if self._current == index:
                 self._current = (index + 1) % len(self._stubs)
             exc.failover = True  # type: ignore[attr-defined]
-            # A draining gateway refused the call before doing anything: any call
-            # may be repeated elsewhere.
-            exc.refused = reason == status.DRAINING  # type: ignore[attr-defined]
+            # A draining gateway refused the call before doing anything, or the
+            # call never left: any call may be repeated elsewhere.
+            exc.refused = reason == status.DRAINING or wire.never_sent(error)  # type: ignore[attr-defined]
         return exc
 
     async def call(self, method: str, request: Any, *, repeatable: bool) -> Any:
         """One unary (or stream-unary: ``request`` is then a factory of the
         request iterator) call; repeated on the next gateway when this one is
         unreachable and ``repeatable``."""
+        # A request stream made once cannot be sent again (a factory can).
+        rebuildable = callable(request) or isinstance(request, Message)
         for attempt in range(len(self._stubs)):
             index = self._current
             stub = getattr(self._stubs[index], method)
@@ -192,7 +198,7 @@ class GatewayConnection:
             except grpc.aio.AioRpcError as error:
                 exc = self._failed(index, error)
                 again = getattr(exc, "failover", False) and (
-                    repeatable or getattr(exc, "refused", False)
+                    repeatable or (rebuildable and getattr(exc, "refused", False))
                 )
                 if not again or attempt == len(self._stubs) - 1:
                     raise exc from None

@@ -122,6 +122,19 @@ def error_from_rpc(error: grpc.aio.AioRpcError, *, where: str) -> Exception:
     return errors.SandboxCheckpointError(message, code=reason, details=details)
 
 
+# How grpc's channel says a call found no connection to send it on (it never
+# left the client: the gateway cannot have acted on it).
+_NEVER_SENT = ("failed to connect to all addresses", "connections to all backends failing")
+
+
+def never_sent(error: grpc.aio.AioRpcError) -> bool:
+    """Whether a failed call never reached the gateway: UNAVAILABLE because no
+    connection could be made (refused, unreachable, TLS handshake failed), not
+    one lost after the request went out."""
+    details = (error.details() or "").lower()
+    return error.code() == grpc.StatusCode.UNAVAILABLE and details.startswith(_NEVER_SENT)
+
+
 def is_unreachable(exc: BaseException) -> bool:
     """Whether a rebuilt error says the gateway itself could not be reached."""
     return (
