@@ -9,8 +9,14 @@ DATA_DIR ?= $(or $(CHECKPOINTD_DATA_DIR),$(HOME)/.local/state/checkpointd)
 WORKSPACE ?= $(CURDIR)/workspace
 PYTEST_ARGS ?=
 
-.PHONY: venv build install-runtime run test test-python test-rust lint proto bench bench-quick \
+.PHONY: prerequisites venv build install-runtime run test test-python test-rust lint proto bench bench-quick \
 	wheel binary npm-pack dist clean
+
+# What building needs, said before the long silent build rather than after it fails.
+prerequisites:
+	@python3 -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "checkpointd needs Python >= 3.11; python3 here is " + sys.version.split()[0])'
+	@command -v cargo >/dev/null || { echo "checkpointd builds a Rust extension: install a Rust toolchain (https://rustup.rs), then run make again" >&2; exit 1; }
+	@echo "building checkpointd's native module in release mode (about 5-6 minutes the first time)" >&2
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,13 +32,13 @@ venv: $(PY)
 COMPILE_PACKAGE := $(PY) -m compileall -q python/checkpointd
 
 # Release build of the native module, installed editable with every extra.
-build: venv
+build: prerequisites venv
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release --extras test,dev -q
 	$(COMPILE_PACKAGE)
 
 # The same release build with the runtime dependencies only (no test or dev extras;
 # everything a user runs, `checkpointd mcp` included, needs no extra).
-install-runtime: venv
+install-runtime: prerequisites venv
 	VIRTUAL_ENV=$(abspath $(VENV)) $(VENV)/bin/maturin develop --release -q
 	$(COMPILE_PACKAGE)
 
