@@ -103,6 +103,7 @@ from .model import (
     Entry,
     FileEntry,
     Policy,
+    Reason,
     SecretSpan,
     WriterLease,
 )
@@ -113,6 +114,7 @@ from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store._packindex import file_key, row_key
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id, path_problem
+from .workspace_base import record_base
 
 T = TypeVar("T")
 
@@ -346,6 +348,8 @@ async def capture_checkpoint(
     workspace_subdir: str = "",
     skip_if_unchanged: bool = False,
     conversation_text: Sequence[str] | None = None,
+    reason: Reason | None = None,
+    unchanged_from: Checkpoint | None = None,
 ) -> CaptureResult:
     """Capture the workspace into a new checkpoint at the head of ``thread_id``.
 
@@ -354,6 +358,11 @@ async def capture_checkpoint(
     conversation and the artifacts equal the head's, and no ``label`` is given
     (a label always asks for a new, named checkpoint), nothing is uploaded or
     appended and the head is returned with ``unchanged=True``.
+
+    ``unchanged_from``: when the scan finds that checkpoint's files (by the
+    same rule), nothing is uploaded or appended and it is returned with
+    ``unchanged=True`` (the stash's test: the workspace still equals its base).
+    ``reason`` (default "named" with a label, else "automatic") is recorded.
 
     ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
     checkpoint with that id already exists in this thread it is returned with
@@ -518,12 +527,16 @@ async def capture_checkpoint(
                         totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
                     )
                 keeper.check()
-                if (
+                same = _same_files(unchanged_from, manifest)
+                if same is None and (
                     skip_if_unchanged
                     and parent is not None
                     and label is None
                     and _nothing_new(parent, manifest, conversation, checked_artifacts)
                 ):
+                    same = parent
+                if same is not None:
+                    record_base(cache_path, root, same.thread_id, same.id)
                     duration_ms = reporter.finish()
                     stats = CaptureStats(
                         entries=len(manifest),
@@ -535,7 +548,7 @@ async def capture_checkpoint(
                         duration_ms=duration_ms,
                         phases_ms=dict(reporter.phases_ms),
                     )
-                    return CaptureResult(parent, stats, unchanged=True)
+                    return CaptureResult(same, stats, unchanged=True)
                 manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
                 if session is not None:
                     await session.flush()  # the last pack, in the upload phase
@@ -557,7 +570,7 @@ async def capture_checkpoint(
                 thread_id=thread_id,
                 parent_checkpoint_id=head_id,
                 created_at=created_at,
-                reason="named" if label is not None else "automatic",
+                reason=reason or ("named" if label is not None else "automatic"),
                 files=manifest,
                 conversation=tuple(conversation),
                 conversation_text=None if conversation_text is None else tuple(conversation_text),
@@ -569,6 +582,7 @@ async def capture_checkpoint(
             )
             keeper.check()
             await _append(store, checkpoint, head_id, lease, session)
+            record_base(cache_path, root, thread_id, checkpoint.id)
             await forget_found_keys(store, engine.rechecked, checkpoint)
             duration_ms = reporter.finish()
             stats = CaptureStats(
@@ -643,9 +657,16 @@ def _nothing_new(
     """Whether a capture would record nothing the head does not hold already."""
     if tuple(conversation) != tuple(head.conversation) or artifacts != tuple(head.artifacts):
         return False
-    if manifest_of(head.files).same_bytes(manifest):
-        return True  # the same bytes: nothing to decode or compare entry by entry
-    return next(iter(diff_entries(head.files, manifest)), None) is None
+    return _same_files(head, manifest) is not None
+
+
+def _same_files(checkpoint: Checkpoint | None, manifest: Manifest) -> Checkpoint | None:
+    """``checkpoint`` when its files are the scanned ones (mtimes aside), else None."""
+    if checkpoint is None:
+        return None
+    if manifest_of(checkpoint.files).same_bytes(manifest):
+        return checkpoint  # the same bytes: nothing to decode or compare entry by entry
+    return None if next(iter(diff_entries(checkpoint.files, manifest)), None) else checkpoint
 
 
 async def _existing(

@@ -152,6 +152,9 @@ def checkpoint_fields(checkpoint: Checkpoint) -> dict[str, Any]:
     }
     if texts is not None:
         fields["conversation_form"] = "text"
+    if checkpoint.restored_from_checkpoint_id is not None:
+        # Only when set: every other checkpoint's document stays as it was.
+        fields["restored_from_checkpoint_id"] = checkpoint.restored_from_checkpoint_id
     return fields
 
 
@@ -198,6 +201,7 @@ def checkpoint_from_document(
         forked_from_thread_id=document.get("forked_from_thread_id"),
         forked_from_checkpoint_id=document.get("forked_from_checkpoint_id"),
         conversation_text=texts,
+        restored_from_checkpoint_id=document.get("restored_from_checkpoint_id"),
     )
 
 

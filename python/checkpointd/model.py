@@ -12,8 +12,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
-Reason: TypeAlias = Literal["automatic", "named", "fork-root"]
-REASONS: tuple[str, ...] = ("automatic", "named", "fork-root")
+# "restore": appended by a restore asked to record (the head then describes the
+# rewound workspace; ``restored_from_checkpoint_id`` names the target);
+# "stash": the live state a restore or an undo replaced, kept in the thread's
+# stash (docs/restore-history.md).
+Reason: TypeAlias = Literal["automatic", "named", "fork-root", "restore", "stash"]
+REASONS: tuple[str, ...] = ("automatic", "named", "fork-root", "restore", "stash")
 
 FILE_KEY_PREFIX = "sandbox-files/blake3/"
 ARTIFACT_KEY_PREFIX = "sandbox-artifacts/blake3/"
@@ -107,6 +111,9 @@ class Checkpoint:
     # came as text (the daemon's CaptureRequest); ``conversation`` holds the same
     # messages parsed. None: only the values are known (the Python API).
     conversation_text: tuple[str, ...] | None = None
+    # On a checkpoint a recording restore appended (reason "restore"): the
+    # checkpoint restored, whose manifest it repeats (None elsewhere).
+    restored_from_checkpoint_id: str | None = None
 
     def effective_policy(self, explicit: Policy | None = None) -> Policy:
         """The policy a restore or diff of this checkpoint applies: the caller's
@@ -258,11 +265,36 @@ class Policy:
 
 DEFAULT_EXCLUDES: tuple[str, ...] = (".git", "node_modules", ".env*")
 
+# A thread's stash (docs/restore-history.md) is a thread of its own whose id is
+# the thread's id and this suffix: it stays under any thread-id prefix a gateway
+# token grants, and it is never listed among the threads. It may exceed the id
+# limit by the suffix's length, so every thread id has one.
+STASH_SUFFIX = "~stash"
+# The stash entries a thread keeps unless the daemon is told otherwise
+# (``serve --stash-keep``); older ones are deleted as a prune deletes.
+DEFAULT_STASH_KEEP = 20
+
+
+def stash_thread_id(thread_id: str) -> str:
+    """The id of the thread whose checkpoints are ``thread_id``'s stash (the
+    stash of a stash thread is itself)."""
+    return thread_id if thread_id.endswith(STASH_SUFFIX) else thread_id + STASH_SUFFIX
+
+
+def stash_owner(thread_id: str) -> str | None:
+    """The thread whose stash ``thread_id`` is, or None for any other thread."""
+    if thread_id.endswith(STASH_SUFFIX) and len(thread_id) > len(STASH_SUFFIX):
+        return thread_id[: -len(STASH_SUFFIX)]
+    return None
+
+
 __all__ = [
     "ARTIFACT_KEY_PREFIX",
+    "DEFAULT_STASH_KEEP",
     "DEFAULT_EXCLUDES",
     "FILE_KEY_PREFIX",
     "REASONS",
+    "STASH_SUFFIX",
     "Artifact",
     "BlobReference",
     "Checkpoint",
@@ -276,4 +308,6 @@ __all__ = [
     "Writer",
     "WriterLease",
     "WriterLike",
+    "stash_owner",
+    "stash_thread_id",
 ]

@@ -68,7 +68,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .manifest import Manifest, manifest_of
-from .model import FILE_KEY_PREFIX, Checkpoint, FileEntry, Policy
+from .model import FILE_KEY_PREFIX, Checkpoint, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
 from .safefs import SafeRoot
 from .secrets import (
@@ -83,6 +83,7 @@ from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store._packindex import file_key
 from .store.base import CheckpointStore, IndexRow, PackedBlob
 from .validation import check_id, check_optional_id, entries_problem, path_problem
+from .workspace_base import record_base
 
 _log = logging.getLogger("checkpointd.restore")
 
@@ -153,8 +154,15 @@ async def restore_checkpoint(
     workspace_subdir: str = "",
     secrets: SecretsArg = (),
     unfilled_secrets: list[str] | None = None,
+    lease: WriterLease | None = None,
+    before_apply: Callable[[PlannedRestore], Awaitable[None]] | None = None,
 ) -> Checkpoint | None:
     """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
+
+    ``lease``: a writer lease the caller holds (and releases) instead of this
+    thread's own (restore history holds its thread's while it restores a
+    stash entry). ``before_apply`` is awaited once every blob is staged and
+    verified, before the first change (the stash is taken there).
 
     ``secrets`` (a sequence of byte strings or a mapping name → bytes, as given
     to capture) are written back where capture zeroed them. A live file whose
@@ -192,9 +200,9 @@ async def restore_checkpoint(
     reporter = PhaseReporter(progress)
 
     reporter.phase("lease")
-    lease = await store.acquire_writer(thread_id)
+    held = lease if lease is not None else await store.acquire_writer(thread_id)
     try:
-        async with LeaseKeeper(lease) as keeper:
+        async with LeaseKeeper(held) as keeper:
             reporter.phase("resolve")
             checkpoint = await _resolve(store, thread_id, checkpoint_id)
             if checkpoint is not None:
@@ -217,6 +225,14 @@ async def restore_checkpoint(
                 # Small blobs are read out of their packs through the store's index.
                 await _fetch(packed_blobs(blobs, store), session, reporter)
                 keeper.check()
+                if before_apply is not None:
+                    changes = session.files_to_write + session.counts.get("deletions", 0)
+                    await before_apply(
+                        PlannedRestore(
+                            checkpoint, policy, target_root, cache_path, changes, reporter.phase
+                        )
+                    )
+                    keeper.check()
                 # Phase report before the first change: a caller's hook runs here.
                 reporter.phase(
                     "apply",
@@ -227,6 +243,7 @@ async def restore_checkpoint(
                 # After the last change, before the sync and the stat cache.
                 reporter.phase("record", files_total=session.recorded)
                 await run_in_thread(session.finish)
+                record_base(cache_path, target_root, checkpoint.thread_id, checkpoint.id)
                 unfilled = await run_in_thread(lambda: _fill_secrets(root, spanned, given_secrets))
                 _report_unfilled(checkpoint, unfilled, unfilled_secrets)
                 for path in session.skipped:
@@ -239,7 +256,24 @@ async def restore_checkpoint(
             reporter.finish()
             return checkpoint
     finally:
-        await lease.release()
+        if lease is None:
+            await held.release()
+
+
+@dataclass(frozen=True)
+class PlannedRestore:
+    """What a restore is about to change, handed to ``before_apply``: the
+    checkpoint and the policy it applies, the directory it restores into and
+    its stat cache, how many files and symlinks it writes plus paths it
+    deletes (0: the tree already equals the checkpoint), and ``phase``, which
+    starts a progress phase of the restore (the hook's own work)."""
+
+    checkpoint: Checkpoint
+    policy: Policy
+    target_root: str
+    cache_path: str
+    changes: int
+    phase: Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -907,4 +941,10 @@ async def _apply(
         keeper.check()
 
 
-__all__ = ["RestorePreview", "preview_restore", "restore_checkpoint", "validate_manifest"]
+__all__ = [
+    "PlannedRestore",
+    "RestorePreview",
+    "preview_restore",
+    "restore_checkpoint",
+    "validate_manifest",
+]

@@ -21,6 +21,7 @@ from .model import (
     ARTIFACT_KEY_PREFIX,
     FILE_KEY_PREFIX,
     REASONS,
+    STASH_SUFFIX,
     Artifact,
     Checkpoint,
     DirEntry,
@@ -28,6 +29,7 @@ from .model import (
     Policy,
     SecretSpan,
     SymlinkEntry,
+    stash_owner,
 )
 
 # Secrets shorter than this are refused (capture would zero too much by accident).
@@ -69,11 +71,14 @@ def check_id(value: object, what: str = "id") -> str:
             details={"field": what},
         )
     size = len(value.encode("utf-8"))
-    if size > MAX_ID_BYTES:
+    # A stash thread's id is its thread's id plus STASH_SUFFIX: over the limit
+    # by that much at most, so a thread of the longest id has a stash too.
+    limit = MAX_ID_BYTES + (len(STASH_SUFFIX) if stash_owner(value) is not None else 0)
+    if size > limit:
         raise SandboxCheckpointInvalidIdError(
-            f"invalid {what}: {shown(value)} is {size} bytes, over the {MAX_ID_BYTES}-byte "
+            f"invalid {what}: {shown(value)} is {size} bytes, over the {limit}-byte "
             "limit for ids",
-            details={"field": what, "limit_bytes": MAX_ID_BYTES, "size_bytes": size},
+            details={"field": what, "limit_bytes": limit, "size_bytes": size},
         )
     return value
 
@@ -263,7 +268,13 @@ def check_checkpoint_body(checkpoint: Checkpoint) -> None:
         raise fail(f"created_at must be a finite number, got {checkpoint.created_at!r}")
     if checkpoint.reason not in REASONS:
         raise fail(f"reason must be one of {REASONS}, got {checkpoint.reason!r}")
-    for name in ("label", "source_run_id", "forked_from_thread_id", "forked_from_checkpoint_id"):
+    for name in (
+        "label",
+        "source_run_id",
+        "forked_from_thread_id",
+        "forked_from_checkpoint_id",
+        "restored_from_checkpoint_id",
+    ):
         value = getattr(checkpoint, name)
         if value is not None and not is_well_formed_text(value):
             raise fail(f"{name} must be a well-formed string or None")

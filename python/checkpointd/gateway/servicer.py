@@ -8,7 +8,7 @@ scope before touching the store:
 | Get, List, GetHead | any op | the checkpoint's / the thread |
 | AcquireWriter, RenewWriter, ReleaseWriter | capture, restore, fork, prune | the lease's |
 | Append, PinBlobs | capture | the checkpoint's / the writer's |
-| DeleteHead, DeleteCheckpoints | prune | the thread |
+| DeleteHead, DeleteCheckpoints | prune (DeleteCheckpoints of a stash: capture too) | the thread |
 | ForkFromCheckpoint | fork | source and destination |
 | SpentCheckpointIds | capture, admin | — (a deleted id names no thread) |
 | ClearMissingBlobs, ListMissingBlobs | capture, admin | only keys the token may read |
@@ -60,7 +60,7 @@ from ..blobs.packs import plan_pack_reads
 from ..codec import decode_checkpoint, encode_checkpoint
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..ids import names_another_thread
-from ..model import FILE_KEY_PREFIX, Checkpoint, WriterLease
+from ..model import FILE_KEY_PREFIX, Checkpoint, WriterLease, stash_owner
 from ..service import status
 from ..service.servicer import SPENT_REQUEST_PREFIX
 from ..store._packindex import PackColumns, PackedRows, artifact_twin
@@ -394,7 +394,10 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self, request: gpb.GatewayDeleteCheckpointsRequest, context: Any
     ) -> gpb.GatewayCheckpointIds:
         async def work(scope: TokenScope) -> gpb.GatewayCheckpointIds:
-            scope.require(("prune",), request.thread_id)
+            # A restore that stashes keeps its stash to its newest entries:
+            # part of that capture (docs/restore-history.md).
+            stash = stash_owner(request.thread_id) is not None
+            scope.require(("prune", "capture") if stash else ("prune",), request.thread_id)
             deleted = await self.store.delete_checkpoints(
                 request.thread_id, request.keep, wire.writer_from_proto(request.writer)
             )
@@ -801,7 +804,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             keys = list(request.keys)
             for key in dict.fromkeys(keys):
                 await self._may_read(scope, key)
-            seconds = min(request.expires_in_s or DEFAULT_SIGNED_URL_S, MAX_SIGNED_URL_S)
+            # Never past the token: a URL must not outlive the token that asked.
+            left = scope.expires_at - int(time.time())
+            seconds = max(1, min(request.expires_in_s or DEFAULT_SIGNED_URL_S, MAX_SIGNED_URL_S, left))
             urls = await obstore.sign_async(
                 signer, "GET", keys, datetime.timedelta(seconds=seconds)
             )

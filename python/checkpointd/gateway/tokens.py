@@ -38,6 +38,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from ..errors import SandboxCheckpointInvalidArgumentError
+from ..model import stash_owner
 from ..service.status import FORBIDDEN, UNAUTHENTICATED, ServiceError
 from .scopes import DEFAULT_AUDIENCE as DEFAULT_AUDIENCE
 from .scopes import DEFAULT_OPS as DEFAULT_OPS
@@ -142,18 +143,28 @@ def mint(
     audience: str = DEFAULT_AUDIENCE,
     subject: str | None = None,
     now: float | None = None,
+    all_threads: bool = False,
 ) -> str:
     """A signed token granting ``ops`` on ``threads`` and threads under
-    ``thread_prefixes`` for ``ttl_s`` seconds. Raises InvalidArgument for an
-    empty scope, an unknown op or a non-positive ttl."""
+    ``thread_prefixes`` (every thread: ``all_threads``) for ``ttl_s`` seconds.
+    Raises InvalidArgument for an empty scope, an empty thread id or prefix
+    (an empty prefix covers every tenant's threads: that is ``all_threads``,
+    asked for by name), an unknown op or a non-positive ttl."""
     thread_list = list(dict.fromkeys(threads))
     prefix_list = list(dict.fromkeys(thread_prefixes))
-    if not thread_list and not prefix_list:
-        raise SandboxCheckpointInvalidArgumentError(
-            "a token needs at least one --thread or --thread-prefix"
-        )
     if any(not isinstance(t, str) or not t for t in thread_list):
         raise SandboxCheckpointInvalidArgumentError("thread ids must be non-empty strings")
+    if any(not isinstance(p, str) or not p for p in prefix_list):
+        raise SandboxCheckpointInvalidArgumentError(
+            "an empty --thread-prefix would cover every tenant's threads: "
+            "pass --all-threads if that is meant"
+        )
+    if all_threads:
+        prefix_list = [""]
+    if not thread_list and not prefix_list:
+        raise SandboxCheckpointInvalidArgumentError(
+            "a token needs at least one --thread or --thread-prefix (or --all-threads)"
+        )
     if not ttl_s > 0:
         raise SandboxCheckpointInvalidArgumentError(f"--ttl must be positive, got {ttl_s!r}")
     issued = int(time.time() if now is None else now)
@@ -184,8 +195,15 @@ class TokenScope:
     ops: frozenset[str]
 
     def covers(self, thread_id: str) -> bool:
-        return thread_id in self.threads or any(
-            thread_id.startswith(prefix) for prefix in self.thread_prefixes
+        """Whether the token grants ``thread_id``: one of its threads or under
+        one of its prefixes. A thread's stash (``<thread>~stash``) comes with
+        the thread: a prefix covers it already, an exact grant names only the
+        thread (docs/restore-history.md)."""
+        owner = stash_owner(thread_id)
+        return (
+            thread_id in self.threads
+            or (owner is not None and owner in self.threads)
+            or any(thread_id.startswith(prefix) for prefix in self.thread_prefixes)
         )
 
     def require(self, ops: Iterable[str], *thread_ids: str) -> None:

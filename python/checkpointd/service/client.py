@@ -186,6 +186,8 @@ class Client:
         on_event: Callable[[pb.RestoreEvent], None] | None = None,
         secrets: Sequence[bytes] = (),
         secret_names: Sequence[str] = (),
+        discard_live_changes: bool = False,
+        record: bool = False,
     ) -> pb.RestoreDone:
         """Restore (``dry_run``: plan only; ``on_event`` sees the plan_paths
         chunks). Returns the done event."""
@@ -195,12 +197,38 @@ class Client:
             dry_run=dry_run,
             secrets=list(secrets),
             secret_names=list(secret_names),
+            discard_live_changes=discard_live_changes,
+            record=record,
         )
         if checkpoint_id is not None:
             request.checkpoint_id = checkpoint_id
         if policy is not None:
             request.policy.CopyFrom(policy)
         done: pb.RestoreDone = await self._until_final(self.stub.Restore, request, "done", on_event)
+        return done
+
+    async def undo(
+        self,
+        thread_id: str,
+        *,
+        workspace_subdir: str = "",
+        dry_run: bool = False,
+        record: bool = False,
+        on_event: Callable[[pb.RestoreEvent], None] | None = None,
+        secrets: Sequence[bytes] = (),
+        secret_names: Sequence[str] = (),
+    ) -> pb.RestoreDone:
+        """Restore the newest entry of the thread's stash (undo the last
+        restore). Returns the done event, as ``restore`` does."""
+        request = pb.UndoRequest(
+            thread_id=thread_id,
+            workspace_subdir=workspace_subdir,
+            dry_run=dry_run,
+            record=record,
+            secrets=list(secrets),
+            secret_names=list(secret_names),
+        )
+        done: pb.RestoreDone = await self._until_final(self.stub.Undo, request, "done", on_event)
         return done
 
     # ---------------------------------------------------------------- reading
@@ -223,9 +251,11 @@ class Client:
         newest_first: bool = False,
         before: str | None = None,
         limit: int | None = None,
+        stash: bool = False,
     ) -> list[pb.CheckpointSummary]:
         """The thread's checkpoints (all pages, or the first ``limit``), oldest
-        first or ``newest_first``, only those before ``before`` when given."""
+        first or ``newest_first``, only those before ``before`` when given;
+        ``stash``: the thread's stash instead."""
         out: list[pb.CheckpointSummary] = []
         token = ""
         while True:
@@ -234,6 +264,7 @@ class Client:
                 page_size=page_size if limit is None else min(limit - len(out), 1000),
                 page_token=token,
                 newest_first=newest_first,
+                stash=stash,
             )
             if before is not None:
                 request.before = before

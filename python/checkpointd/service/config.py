@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SandboxCheckpointInvalidArgumentError
-from ..model import Policy
+from ..model import DEFAULT_STASH_KEEP, Policy
 from ..statcache_paths import DEFAULT_DATA_DIR
 
 ENV_PREFIX = "CHECKPOINTD_"
@@ -69,6 +69,8 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "gateway_server_name": ("str", None),
     # Blobs smaller than this go into pack objects (blobs/packs.py): 1MiB, 256KiB, bytes.
     "pack_threshold": ("bytes", "1MiB"),
+    # The stash entries each thread keeps (docs/restore-history.md), at least 1.
+    "stash_keep": ("int", DEFAULT_STASH_KEEP),
 }
 
 _BYTES = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
@@ -122,6 +124,17 @@ def _parse_bool(text: str | bool) -> bool:
     raise SandboxCheckpointInvalidArgumentError(f"not a boolean: {text!r}")
 
 
+def _parse_count(name: str, value: Any) -> int:
+    """A whole number of at least 1 (``stash_keep``), else InvalidArgument naming it."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) < 1:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"--{name.replace('_', '-')} must be a whole number of at least 1, got {value!r}",
+            details={"field": name},
+        )
+    return int(text)
+
+
 def _convert(name: str, value: Any) -> Any:
     kind = SETTINGS[name][0]
     if value is None:
@@ -132,6 +145,8 @@ def _convert(name: str, value: Any) -> Any:
         return parse_bytes(value)
     if kind == "bool":
         return _parse_bool(value)
+    if kind == "int":
+        return _parse_count(name, value)
     if kind == "path":
         return Path(os.path.expanduser(str(value)))
     if kind == "list":
@@ -169,6 +184,7 @@ class ServeConfig:
     gateway_key: Path | None = None
     gateway_server_name: str | None = None
     pack_threshold: int = 1 << 20
+    stash_keep: int = DEFAULT_STASH_KEEP
 
     @property
     def tls(self) -> bool:
@@ -347,6 +363,7 @@ def resolve(
         gateway_key=_absolute(values["gateway_key"]),
         gateway_server_name=values["gateway_server_name"],
         pack_threshold=values["pack_threshold"],
+        stash_keep=values["stash_keep"],
     )
     from ..blobs.packs import PACK_TARGET_BYTES
 

@@ -7,7 +7,16 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import SandboxCheckpointInvalidArgumentError
-from ..model import Artifact, Checkpoint, DirEntry, Entry, FileEntry, Policy, SymlinkEntry
+from ..model import (
+    Artifact,
+    Checkpoint,
+    DirEntry,
+    Entry,
+    FileEntry,
+    Policy,
+    SymlinkEntry,
+    stash_owner,
+)
 from ..progress import Progress
 from ..v1 import checkpointd_pb2 as pb
 
@@ -132,6 +141,11 @@ def summary_of(checkpoint: Checkpoint) -> pb.CheckpointSummary:
         summary.forked_from_thread_id = checkpoint.forked_from_thread_id
     if checkpoint.forked_from_checkpoint_id is not None:
         summary.forked_from_checkpoint_id = checkpoint.forked_from_checkpoint_id
+    if checkpoint.restored_from_checkpoint_id is not None:
+        summary.restored_from_checkpoint_id = checkpoint.restored_from_checkpoint_id
+    owner = stash_owner(checkpoint.thread_id)
+    if owner is not None:
+        summary.stash_of_thread_id = owner
     return summary
 
 

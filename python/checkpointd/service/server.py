@@ -306,6 +306,7 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         tls=config.tls,
         mutual_tls=config.mutual_tls,
         auth_probes=config.auth_probes,
+        stash_keep=config.stash_keep,
     )
     server, health_servicer = build_server(config, state)
     await _set_health(health_servicer, False)

@@ -42,8 +42,18 @@ from ..errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
+from ..history import (
+    DEFAULT_STASH_KEEP,
+    HistoryRestore,
+    RestoreOutcome,
+    list_user_threads,
+    owner_of,
+    preview_with_history,
+    restore_with_history,
+    undo_restore,
+)
 from ..ids import derive_request_id, is_request_derived, new_uuid7
-from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry
+from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry, stash_thread_id
 from ..progress import Progress
 from ..secrets import parse_secrets
 from ..store.base import CheckpointStore, SpentCheckpointIds, ThreadListing
@@ -51,6 +61,7 @@ from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from . import convert, live
 from .guard import MAX_MESSAGE_BYTES
+from .restore_history import history_note, set_history_fields
 from .status import (
     DRAINING,
     FORBIDDEN,
@@ -135,6 +146,8 @@ class ServiceState:
     # Captures in flight by the checkpoint id they will append (a retry with the
     # same request_id joins the first attempt instead of conflicting with it).
     captures: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
+    # The stash entries each thread keeps (``serve --stash-keep``).
+    stash_keep: int = DEFAULT_STASH_KEEP
 
     async def join_capture(self, checkpoint_id: str) -> None:
         """Wait until this daemon's capture of ``checkpoint_id`` (if any) ends,
@@ -550,9 +563,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     async def Restore(
         self, request: pb.RestoreRequest, context: Context
     ) -> AsyncIterator[pb.RestoreEvent]:
-        from ..restore import restore_checkpoint
-
-        store, blobs = self.state.stores()
+        store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
         checkpoint_id = (
             validation.check_id(request.checkpoint_id, "checkpoint_id")
@@ -567,63 +578,100 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         if not subdir and checkpoint_id is not None:
             # Restore where the checkpoint was captured.
             subdir = recorded_subdir(subdir, await self._checkpoint(checkpoint_id))
+        wanted = HistoryRestore(
+            thread_id,
+            checkpoint_id,
+            convert.policy_from_proto(request.policy, request.HasField("policy")),
+            subdir,
+            convert.secrets_from_proto(request.secrets, request.secret_names),
+            discard_live_changes=request.discard_live_changes,
+            record=request.record,
+            stash_keep=self.state.stash_keep,
+        )
+        async for event in self._restore_events(wanted, context, request.dry_run, undo=False):
+            yield event
+
+    @_streaming
+    async def Undo(
+        self, request: pb.UndoRequest, context: Context
+    ) -> AsyncIterator[pb.RestoreEvent]:
+        store, _ = self.state.stores()
+        thread_id = validation.check_id(request.thread_id, "thread_id")
+        newest = await store.get_head(stash_thread_id(owner_of(thread_id)))
+        subdir = request.workspace_subdir
+        if not subdir and newest is not None:
+            subdir = recorded_subdir(subdir, await self._checkpoint(newest))
+        wanted = HistoryRestore(
+            thread_id,
+            workspace_subdir=subdir,
+            secrets=convert.secrets_from_proto(request.secrets, request.secret_names),
+            record=request.record,
+            stash_keep=self.state.stash_keep,
+        )
+        async for event in self._restore_events(wanted, context, request.dry_run, undo=True):
+            yield event
+
+    async def _restore_events(
+        self, wanted: HistoryRestore, context: Context, dry_run: bool, *, undo: bool
+    ) -> AsyncIterator[pb.RestoreEvent]:
+        """A Restore's or an Undo's events: started, progress (or the plan's
+        paths), done. The engine works under the owner thread's lease."""
+        store, blobs = self.state.stores()
         # Validated here for an early error; the engine itself opens the sub-root
         # from the workspace fd, component by component (never by this path).
-        self.state.resolve_root(subdir)
-        policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
-        secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
-        unfilled: list[str] = []
-        started = pb.RestoreStarted(thread_id=thread_id)
-        if checkpoint_id is not None:
-            started.checkpoint_id = checkpoint_id
+        self.state.resolve_root(wanted.workspace_subdir)
+        started = pb.RestoreStarted(thread_id=wanted.thread_id)
+        if wanted.checkpoint_id is not None:
+            started.checkpoint_id = wanted.checkpoint_id
         yield pb.RestoreEvent(started=started)
         began = time.monotonic()
-        if request.dry_run:
-            async for event in self._restore_plan(thread_id, checkpoint_id, policy, subdir):
+        if dry_run:
+            async for event in self._restore_plan(wanted, undo):
                 yield event
             return
+        engine = undo_restore if undo else restore_with_history
 
-        async def work(progress: Callable[[Progress], None]) -> Checkpoint | None:
-            return await restore_checkpoint(
+        async def work(progress: Callable[[Progress], None]) -> RestoreOutcome:
+            return await engine(
                 self.state.workspace_root,
                 store,
                 blobs,
-                thread_id,
-                checkpoint_id=checkpoint_id,
-                policy=policy,
+                wanted,
                 data_dir=self.state.data_dir,
                 progress=progress,
-                workspace_subdir=subdir,
-                secrets=secrets,
-                unfilled_secrets=unfilled,
             )
 
         applied = Progress("apply")  # its last event: what the restore wrote
-        async for item in _with_progress(self.state, thread_id, context, work):
+        owner = owner_of(wanted.thread_id)
+        async for item in _with_progress(self.state, owner, context, work):
             if isinstance(item, Progress):
                 if item.phase == "apply":
                     applied = item
                 yield pb.RestoreEvent(progress=convert.progress_to_proto(item))
-            else:
-                restored = item[1]
-                done = pb.RestoreDone(
-                    restored=restored is not None,
-                    duration_ms=int((time.monotonic() - began) * 1000),
-                    unfilled_secret_paths=_bounded_paths(unfilled),
-                    unfilled_secret_count=len(unfilled),
-                )
-                _log.info(
-                    "restore %s of thread %s: %d entries, %d files written (%d bytes) in %d ms",
-                    restored.id if restored is not None else "(none: the thread has no checkpoint)",
-                    thread_id,
-                    len(restored.files) if restored is not None else 0,
-                    applied.files_done,
-                    applied.bytes_done,
-                    done.duration_ms,
-                )
-                if restored is not None:
-                    done.checkpoint.CopyFrom(convert.summary_of(restored))
-                yield pb.RestoreEvent(done=done)
+                continue
+            outcome: RestoreOutcome = item[1]
+            restored, unfilled = outcome.restored, outcome.unfilled_secrets
+            done = pb.RestoreDone(
+                restored=restored is not None,
+                duration_ms=int((time.monotonic() - began) * 1000),
+                unfilled_secret_paths=_bounded_paths(unfilled),
+                unfilled_secret_count=len(unfilled),
+            )
+            _log.info(
+                "%s %s of thread %s: %d entries, %d files written (%d bytes) in %d ms%s",
+                "undo" if undo else "restore",
+                restored.id if restored is not None else "(none: the thread has no checkpoint)",
+                wanted.thread_id,
+                len(restored.files) if restored is not None else 0,
+                applied.files_done,
+                applied.bytes_done,
+                done.duration_ms,
+                history_note(outcome),
+            )
+            if restored is not None:
+                done.checkpoint.CopyFrom(convert.summary_of(restored))
+            set_history_fields(done, outcome)
+            yield pb.RestoreEvent(done=done)
 
     async def _await_other_attempt(
         self, store: CheckpointStore, thread_id: str, checkpoint_id: str, context: Context
@@ -651,32 +699,28 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             return await store.get(checkpoint_id)
 
     async def _restore_plan(
-        self, thread_id: str, checkpoint_id: str | None, policy: Any, subdir: str
+        self, wanted: HistoryRestore, undo: bool
     ) -> AsyncIterator[pb.RestoreEvent]:
-        """A dry run: the plan's paths in bounded chunks, then done with the counts."""
-        from ..restore import preview_restore
-
+        """A dry run: the plan's paths in bounded chunks (with those whose live
+        changes would be stashed), then done with the counts."""
         store, _ = self.state.stores()
         began = time.monotonic()
-        preview = await preview_restore(
-            self.state.workspace_root,
-            store,
-            thread_id,
-            checkpoint_id=checkpoint_id,
-            policy=policy,
-            data_dir=self.state.data_dir,
-            workspace_subdir=subdir,
+        preview = await preview_with_history(
+            self.state.workspace_root, store, wanted, data_dir=self.state.data_dir, undo=undo
         )
         done = pb.RestoreDone(restored=False)
-        if preview is not None:
-            marked = [(path, True) for path in preview.written] + [
-                (path, False) for path in preview.deleted
-            ]
+        if preview.checkpoint is not None:
+            marked = (
+                [(path, "written") for path in preview.written]
+                + [(path, "deleted") for path in preview.deleted]
+                + [(path, "stashed") for path in preview.stashed]
+            )
             for chunk in _chunks(marked, lambda item: 16 + len(item[0])):
                 yield pb.RestoreEvent(
                     plan_paths=pb.RestorePlanPaths(
-                        written=[path for path, written in chunk if written],
-                        deleted=[path for path, written in chunk if not written],
+                        written=[path for path, kind in chunk if kind == "written"],
+                        deleted=[path for path, kind in chunk if kind == "deleted"],
+                        stashed=[path for path, kind in chunk if kind == "stashed"],
                     )
                 )
             done.checkpoint.CopyFrom(convert.summary_of(preview.checkpoint))
@@ -688,6 +732,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                     dirs_created=preview.dirs_to_make,
                     bytes_to_fetch=preview.bytes_to_fetch,
                     blobs_to_fetch=preview.blobs_to_fetch,
+                    paths_stashed=len(preview.stashed),
+                    bytes_stashed=preview.bytes_stashed,
                 )
             )
         else:
@@ -740,6 +786,8 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     ) -> pb.ListCheckpointsResponse:
         store, _ = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
+        if request.stash:
+            thread_id = stash_thread_id(owner_of(thread_id))
         page_size = _page_size(request.page_size)
         checkpoints = await store.list(thread_id)
         if request.HasField("before"):
@@ -799,7 +847,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
         page_size = _page_size(request.page_size)
         after = _decode_thread_token(request.page_token) if request.page_token else None
         # One more than asked: whether a next page exists, without a second query.
-        threads = await store.list_threads(after=after, limit=page_size + 1)
+        threads = await list_user_threads(store, after=after, limit=page_size + 1)
         page = threads[:page_size]
         response = pb.ListThreadsResponse(
             next_page_token=_encode_thread_token(page[-1].thread_id)
@@ -1154,6 +1202,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 tls=self.state.tls,
                 mutual_tls=self.state.mutual_tls,
                 auth_probes=self.state.auth_probes,
+                restore_history=True,
             ),
         )
 
