@@ -88,6 +88,7 @@ from .errors import (
     INVALID_PATH,
     UNSUPPORTED_ENTRY,
     SandboxCheckpointConflictError,
+    SandboxCheckpointDamagedError,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointInvalidEntryError,
@@ -424,7 +425,7 @@ async def capture_checkpoint(
                 if head_id is not None and cached_summary is not None
                 else None
             )
-            parent = await store.get(head_id) if head_id is not None and known is None else None
+            parent = await _readable(store, head_id) if known is None else None
 
             reporter.phase("scan")
             assert subroot.fd is not None
@@ -612,7 +613,9 @@ async def _parent_again(
     compared with."""
     if head_id is None:
         return None
-    parent = await store.get(head_id)
+    parent = await _readable(store, head_id)
+    if parent is None and previous is None:
+        return None  # a damaged head, before the scan as now: the store writes a keyframe
     summary = manifest_of(parent.files).summary() if parent is not None else None
     if (
         summary is None
@@ -628,6 +631,18 @@ async def _parent_again(
             details={"checkpoint_id": head_id},
         )
     return parent
+
+
+async def _readable(store: CheckpointStore, head_id: str | None) -> Checkpoint | None:
+    """The head, or None when there is none or it is damaged in the store
+    (DATA_LOSS for a read of it): the capture goes on without a parent's help,
+    and the store appends a keyframe on top of the damaged head."""
+    if head_id is None:
+        return None
+    try:
+        return await store.get(head_id)
+    except SandboxCheckpointDamagedError:
+        return None
 
 
 async def _append(

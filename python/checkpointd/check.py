@@ -32,10 +32,28 @@ is a lost single object: marked, so the next capture that still has the bytes
 uploads them again (into a new pack, with a new row). A damaged pack keeps its
 rows (``corrupt``): its other blobs may still read, and check never deletes.
 
+Stored checkpoints: every stored document carries a checksum
+(``store.base.DocumentAudit``); a checkpoint whose row fails it or does not
+decode, or that is stored as a delta against such a row, is a ``damaged``
+finding naming it (``key`` is the checkpoint id), counted with the corrupt
+blobs. Check reports every one and goes on: the audit counts the keys of the
+readable checkpoints only (so a damaged one's keys show as stored counts above
+the manifests', which a sweep keeps), and ``repair`` leaves the counts alone
+while a damaged checkpoint is stored (prune or delete-head removes it first).
+
+Repair of a damaged pack (``blobs/pack_repair.py``): with ``repair``, each pack
+that holds a ``corrupt`` blob (a frame that does not decode to its key, found
+with ``read_data``; or a trailer that does not list what the index says) has
+its readable frames copied into a new pack and their rows switched to it, and
+the rows of its damaged frames dropped with their keys marked missing, so the
+next capture that holds those bytes uploads them again. ``repaired`` findings
+say which keys were marked and where the healthy blobs went; a later sweep
+deletes the old pack.
+
 Findings are yielded as they are known and the summary comes last, so a caller
 (the daemon's Check stream) never holds them all. Check never deletes a blob: a
-corrupt one is reported, and must be removed by hand before a capture can store
-it again (uploads never overwrite an existing key).
+corrupt single object is reported, and must be removed by hand before a capture
+can store it again (uploads never overwrite an existing key).
 """
 
 from __future__ import annotations
@@ -50,6 +68,7 @@ import blake3
 from . import _native
 from .blobs.base import BlobCorruptError, BlobInfo, BlobNotFoundError, BlobStore, missing
 from .blobs.pack_listing import PackEntry, PackTrailerError, read_pack_entries
+from .blobs.pack_repair import PackRepair, frame_reader, repair_packs
 from .blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
 from .errors import SandboxCheckpointInvalidArgumentError
 from .manifest import manifest_of, split_digests
@@ -59,7 +78,8 @@ from .store.base import (
     BlobAudit,
     BlobCount,
     CheckpointStore,
-    IndexRow,
+    DamagedCheckpoint,
+    DocumentAudit,
     PackedBlob,
     PackIndex,
     PackMaintenance,
@@ -70,7 +90,10 @@ COUNT_MISMATCH = "count-mismatch"  # stored count != manifests using the key
 MISSING = "missing"  # a manifest uses the key; the bucket does not hold it
 CORRUPT = "corrupt"  # read_data: the blob's size or BLAKE3 is not the key's
 FOUND = "found"  # marked missing by an earlier check, present (or unused) now
-REPAIRED = "repaired"  # repair set the stored count to the manifests'
+REPAIRED = "repaired"  # repair set the stored count, or mended a damaged pack
+# A stored checkpoint that cannot be read (``key``: its id): its document fails
+# its checksum or does not decode, or it is stored against one that does.
+DAMAGED = "damaged"
 
 # Keys per existence batch (also the progress step), blobs read at once.
 EXISTS_BATCH = 1024
@@ -111,11 +134,14 @@ class CheckSummary:
     read_data: bool
     repair: bool
     duration_ms: int
+    # Stored checkpoints that cannot be read (also counted in ``corrupt``: the
+    # wire's summary has no field of its own for them).
+    damaged_checkpoints: int = 0
 
     @property
     def ok(self) -> bool:
         """True when nothing is wrong now (repaired counts are right)."""
-        unrepaired = 0 if self.repair else self.count_mismatches
+        unrepaired = 0 if self.repair and not self.damaged_checkpoints else self.count_mismatches
         return unrepaired == 0 and self.missing == 0 and self.corrupt == 0
 
 
@@ -141,6 +167,19 @@ async def check_store(
     return report
 
 
+@dataclass
+class _Tally:
+    """What a check found so far (the summary's counts and what later steps need)."""
+
+    checked: int = 0
+    bytes_read: int = 0
+    corrupt: int = 0
+    repaired: int = 0
+    gone: list[str] = field(default_factory=list)  # referenced keys not in the bucket
+    lost: list[PackedBlob] = field(default_factory=list)  # rows of packs that are gone
+    damaged_packs: list[str] = field(default_factory=list)  # packs holding a corrupt blob
+
+
 async def iter_check(
     store: CheckpointStore,
     blobs: BlobStore,
@@ -148,8 +187,8 @@ async def iter_check(
     read_data: bool = False,
     repair: bool = False,
 ) -> AsyncIterator[CheckEvent]:
-    """Check the store's counts and the bucket's blobs (module docstring);
-    yields findings and progress as they come, then one CheckSummary.
+    """Check the store's documents and counts and the bucket's blobs (module
+    docstring); yields findings and progress as they come, then one CheckSummary.
 
     Raises SandboxCheckpointInvalidArgumentError when the store does not
     implement BlobAudit; store and bucket failures raise as they are.
@@ -159,6 +198,11 @@ async def iter_check(
             f"{type(store).__name__} does not implement audit_blob_references; it cannot be checked"
         )
     began = time.monotonic()
+    damaged: Sequence[DamagedCheckpoint] = (
+        await store.damaged_checkpoints() if isinstance(store, DocumentAudit) else []
+    )
+    for checkpoint in damaged:
+        yield _damaged_finding(checkpoint, repair)
     audit: Sequence[BlobCount] = await store.audit_blob_references(with_sizes=read_data)
     mismatches = 0
     for count in audit:
@@ -167,10 +211,50 @@ async def iter_check(
             yield _count_finding(COUNT_MISMATCH, count)
 
     referenced = [count for count in audit if count.manifests > 0]
+    tally = _Tally(corrupt=len(damaged))
+    async for event in _check_blobs(store, blobs, referenced, read_data, tally):
+        yield event
+    found = 0
+    async for finding in _record_marks(store, referenced, tally):
+        found += 1
+        yield finding
+
+    if repair and tally.damaged_packs:
+        async for finding in _repair_packs(store, blobs, tally):
+            yield finding
+    if repair and not damaged:
+        # (While a checkpoint is damaged its keys cannot be counted: left alone.)
+        fixed: Sequence[BlobCount] = await store.repair_blob_references()
+        for count in fixed:
+            tally.repaired += 1
+            yield _count_finding(REPAIRED, count)
+
+    yield CheckSummary(
+        keys=len(audit),
+        blobs_checked=tally.checked,
+        bytes_read=tally.bytes_read,
+        count_mismatches=mismatches,
+        missing=len(tally.gone),
+        corrupt=tally.corrupt,
+        found=found,
+        repaired=tally.repaired,
+        read_data=read_data,
+        repair=repair,
+        duration_ms=int((time.monotonic() - began) * 1000),
+        damaged_checkpoints=len(damaged),
+    )
+
+
+async def _check_blobs(
+    store: CheckpointStore,
+    blobs: BlobStore,
+    referenced: list[BlobCount],
+    read_data: bool,
+    tally: _Tally,
+) -> AsyncIterator[CheckEvent]:
+    """Every referenced blob: single objects in batches, then packed ones pack
+    by pack (``_check_pack``)."""
     total = len(referenced)
-    checked = bytes_read = 0
-    gone: list[str] = []
-    corrupt = 0
     index = store if isinstance(store, PackIndex) else None
     bucket = blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
     # pack -> the index rows of referenced keys in it (checked after the singles)
@@ -187,90 +271,128 @@ async def iter_check(
             for row in {row.key: row for row in packed.values()}.values():
                 by_pack.setdefault(row.pack, []).append(row)
             batch = [count for count in batch if count.key not in packed]
-            checked += len(packed)
+            tally.checked += len(packed)
         if read_data:
             outcomes = await _read_all(bucket, batch)
             for count, (problem, size) in zip(batch, outcomes, strict=True):
-                bytes_read += size
+                tally.bytes_read += size
                 if problem is None:
                     continue
                 if problem == MISSING:
-                    gone.append(count.key)
+                    tally.gone.append(count.key)
                     yield CheckFinding(MISSING, count.key, message="not in the bucket")
                 else:
-                    corrupt += 1
+                    tally.corrupt += 1
                     yield CheckFinding(CORRUPT, count.key, message=problem)
         else:
             for key in await missing(bucket, [count.key for count in batch]):
-                gone.append(key)
+                tally.gone.append(key)
                 yield CheckFinding(MISSING, key, message="not in the bucket")
-        checked += len(batch)
-        yield CheckProgress(checked, total, bytes_read)
-
+        tally.checked += len(batch)
+        yield CheckProgress(tally.checked, total, tally.bytes_read)
+    if not by_pack:
+        return
     # Rows of referenced keys whose pack is gone from the bucket.
-    lost: list[PackedBlob] = []
-    if by_pack:
-        sizes: dict[str, BlobInfo] = {}
-        async for page in bucket.list_pages(PACK_KEY_PREFIX):
-            sizes.update((info.key, info) for info in page)
-        for pack, rows in by_pack.items():
-            info = sizes.get(pack)
-            if info is None:
-                info = await bucket.head(pack)  # not listed: gone, or written since
-            async for finding, size in _check_pack(bucket, pack, info, rows, read_data, lost):
-                bytes_read += size
-                if finding is None:
-                    continue
-                if finding.kind == MISSING:
-                    gone.append(finding.key)
-                else:
-                    corrupt += 1
-                yield finding
-            yield CheckProgress(checked, total, bytes_read)
+    sizes: dict[str, BlobInfo] = {}
+    async for page in bucket.list_pages(PACK_KEY_PREFIX):
+        sizes.update((info.key, info) for info in page)
+    for pack, rows in by_pack.items():
+        info = sizes.get(pack)
+        if info is None:
+            info = await bucket.head(pack)  # not listed: gone, or written since
+        async for finding, size in _check_pack(bucket, pack, info, rows, read_data, tally.lost):
+            tally.bytes_read += size
+            if finding is None:
+                continue
+            if finding.kind == MISSING:
+                tally.gone.append(finding.key)
+            else:
+                tally.corrupt += 1
+                if pack not in tally.damaged_packs:
+                    tally.damaged_packs.append(pack)
+            yield finding
+        yield CheckProgress(tally.checked, total, tally.bytes_read)
 
-    found = 0
+
+async def _record_marks(
+    store: BlobAudit, referenced: list[BlobCount], tally: _Tally
+) -> AsyncIterator[CheckFinding]:
+    """Record in the store what the check found: keys gone are marked missing
+    (the rows of lost packs go with their marks), marks of keys present again
+    or unused are cleared (a ``found`` finding each)."""
     used = {count.key for count in referenced}
     marked: Iterable[str] = await store.list_missing_blobs()
-    missing_now = set(gone)
+    missing_now = set(tally.gone)
     cleared = [key for key in marked if key not in missing_now]
-    if lost and isinstance(store, PackMaintenance):
+    if tally.lost and isinstance(store, PackMaintenance):
         # The rows go with their marks, in one transaction each batch: a row
         # of a lost pack would keep telling captures the blob is there.
-        forgotten = {row.key for row in lost}
-        for start in range(0, len(lost), FORGET_BATCH):
-            await store.forget_lost_packed_blobs(lost[start : start + FORGET_BATCH])
+        forgotten = {row.key for row in tally.lost}
+        for start in range(0, len(tally.lost), FORGET_BATCH):
+            await store.forget_lost_packed_blobs(tally.lost[start : start + FORGET_BATCH])
     else:
         forgotten = set()
-    unmarked = [key for key in gone if key not in forgotten]
+    unmarked = [key for key in tally.gone if key not in forgotten]
     if unmarked:
         await store.mark_blobs_missing(unmarked)
     if cleared:
         await store.clear_missing_blobs(cleared)
         for key in cleared:
-            found += 1
             why = "present in the bucket again" if key in used else "no manifest uses it"
             yield CheckFinding(FOUND, key, message=f"was marked missing; {why}")
 
-    repaired = 0
-    if repair:
-        fixed: Sequence[BlobCount] = await store.repair_blob_references()
-        for count in fixed:
-            repaired += 1
-            yield _count_finding(REPAIRED, count)
 
-    yield CheckSummary(
-        keys=len(audit),
-        blobs_checked=checked,
-        bytes_read=bytes_read,
-        count_mismatches=mismatches,
-        missing=len(gone),
-        corrupt=corrupt,
-        found=found,
-        repaired=repaired,
-        read_data=read_data,
-        repair=repair,
-        duration_ms=int((time.monotonic() - began) * 1000),
+async def _repair_packs(
+    store: CheckpointStore, blobs: BlobStore, tally: _Tally
+) -> AsyncIterator[CheckFinding]:
+    """``repair`` of the packs holding corrupt blobs (``blobs/pack_repair.py``):
+    a ``repaired`` finding per key marked missing and per pack mended."""
+    if not isinstance(store, PackIndex) or not isinstance(store, PackMaintenance):
+        return
+    bucket = blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
+    async for outcome in repair_packs(store, bucket, tally.damaged_packs):
+        for key in outcome.dropped:
+            tally.repaired += 1
+            yield CheckFinding(
+                REPAIRED,
+                key,
+                message=f"its frame in pack {outcome.pack} is damaged: marked missing and its "
+                "index row dropped; the next capture that holds these bytes uploads them again",
+            )
+        tally.repaired += 1
+        yield CheckFinding(REPAIRED, outcome.pack, message=_pack_repair_message(outcome))
+
+
+def _pack_repair_message(outcome: PackRepair) -> str:
+    if outcome.failure is not None:
+        return (
+            f"its healthy blobs could not be copied ({outcome.failure}); they stay in it, "
+            "readable: run check --repair again"
+        )
+    if outcome.moved_to is None:
+        return "no blob of it reads any more; a sweep deletes it"
+    return (
+        f"{len(outcome.healthy)} healthy blobs copied to pack {outcome.moved_to} and their "
+        "rows switched there; a sweep deletes this pack"
     )
+
+
+def _damaged_finding(checkpoint: DamagedCheckpoint, repair: bool) -> CheckFinding:
+    where = f"checkpoint of thread {checkpoint.thread_id!r}"
+    if checkpoint.damaged_checkpoint_id == checkpoint.checkpoint_id:
+        what = f"{where} is damaged: {checkpoint.reason}"
+    else:
+        what = (
+            f"{where} is stored against checkpoint {checkpoint.damaged_checkpoint_id!r}, "
+            f"which is damaged: {checkpoint.reason}"
+        )
+    message = (
+        what + "; its restore, entries and diff fail with DATA_LOSS; prune or delete-head "
+        "removes it, and the thread's next capture is stored whole"
+    )
+    if repair:
+        message += "; counts are not repaired while it is stored"
+    return CheckFinding(DAMAGED, checkpoint.checkpoint_id, message=message)
 
 
 def _count_finding(kind: str, count: BlobCount) -> CheckFinding:
@@ -365,7 +487,7 @@ async def _check_pack(
             sound.append(row)
     if not read_data or not sound:
         return
-    reader = PackedBlobStore(bucket, _NoIndex())
+    reader = frame_reader(bucket)
     sound.sort(key=lambda row: row.offset)
     for start in range(0, len(sound), EXISTS_BATCH):
         chunk = sound[start : start + EXISTS_BATCH]
@@ -393,21 +515,6 @@ def _corrupt(row: PackedBlob, reason: str) -> CheckFinding:
     )
 
 
-class _NoIndex:
-    """A PackedBlobStore's index for ``read_packed`` alone (rows are given)."""
-
-    async def locate_blobs(self, keys: list[str]) -> dict[str, PackedBlob | None]:
-        return {}
-
-    async def locate_rows(self, digests: bytes) -> list[IndexRow]:
-        return []
-
-    async def list_packed_blobs(
-        self, *, after: str | None = None, limit: int = 1000
-    ) -> list[PackedBlob]:
-        return []
-
-
 def _hash_of(key: str) -> str:
     for prefix in (FILE_KEY_PREFIX, ARTIFACT_KEY_PREFIX):
         if key.startswith(prefix):
@@ -418,6 +525,7 @@ def _hash_of(key: str) -> str:
 __all__ = [
     "CORRUPT",
     "COUNT_MISMATCH",
+    "DAMAGED",
     "FOUND",
     "MISSING",
     "REPAIRED",

@@ -127,6 +127,37 @@ PERMISSION_DENIED = "SANDBOX_SNAPSHOT_PERMISSION_DENIED"
 # swept): the caller's mistake, not lost data; upload it again.
 ARTIFACT_NOT_UPLOADED = "SANDBOX_SNAPSHOT_ARTIFACT_NOT_UPLOADED"
 
+
+class SandboxCheckpointDamagedError(SandboxSnapshotError):
+    """A stored checkpoint cannot be read: its document fails its checksum or
+    does not decode (bit rot in the store), or it is stored as a delta against
+    one that cannot be read. DATA_LOSS (reason ``INVALID_BLOB``: a stored
+    object whose bytes are not what was written); ``details`` name the
+    checkpoint asked for (``checkpoint_id``) and the damaged one
+    (``damaged_checkpoint_id``, the same when it is itself damaged)."""
+
+    def __init__(
+        self, checkpoint_id: str, reason: str, *, damaged_checkpoint_id: str | None = None
+    ) -> None:
+        damaged = checkpoint_id if damaged_checkpoint_id is None else damaged_checkpoint_id
+        if damaged == checkpoint_id:
+            what = f"checkpoint {checkpoint_id!r} is damaged in the store: {reason}"
+        else:
+            what = (
+                f"checkpoint {checkpoint_id!r} cannot be read: it is stored against "
+                f"checkpoint {damaged!r}, which is damaged in the store: {reason}"
+            )
+        super().__init__(
+            INVALID_BLOB,
+            what + "; prune or delete-head removes it, and the thread's next capture is stored "
+            "whole",
+            details={"checkpoint_id": checkpoint_id, "damaged_checkpoint_id": damaged},
+        )
+        self.checkpoint_id = checkpoint_id
+        self.damaged_checkpoint_id = damaged
+        self.reason = reason
+
+
 # errno → code for OSErrors raised by Python code (the native scanner classifies
 # its own errors with the same rule, rust/src/error.rs ``errno_kind``).
 _ERRNO_CODES: dict[int, str] = {
@@ -220,6 +251,7 @@ __all__ = [
     "STORE_UNAVAILABLE",
     "UNSUPPORTED_ENTRY",
     "SandboxCheckpointConflictError",
+    "SandboxCheckpointDamagedError",
     "SandboxCheckpointDuplicateIdError",
     "SandboxCheckpointError",
     "SandboxCheckpointInvalidArgumentError",

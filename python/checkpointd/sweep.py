@@ -904,7 +904,12 @@ async def prune(
         if not dry_run:
             return await store.delete_checkpoints(thread_id, keep, lease)
         # Under the lease nobody appends or deletes, so this is exactly what
-        # delete_checkpoints would do now.
+        # delete_checkpoints would do now (a store that plans from its rows'
+        # ids alone reads no document, so a damaged one is planned too).
+        planned_prune = getattr(store, "planned_prune", None)
+        if planned_prune is not None:
+            planned: list[str] = await planned_prune(thread_id, keep)
+            return planned
         checkpoints = await store.list(thread_id)
         pairs = [(c.id, c.parent_checkpoint_id) for c in checkpoints]
         doomed = plan_prune(pairs, await store.get_head(thread_id), keep)

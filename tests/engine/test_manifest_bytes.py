@@ -82,9 +82,9 @@ async def test_no_change_capture_stores_a_delta_with_no_rows(
     assert base_id == first.checkpoint.id
     # Header + document + one copy run: a few hundred bytes whatever the
     # number of entries.
-    assert document[:4] == b"CKD3"
+    assert document[:4] == b"CKD4"  # magic, document length, BLAKE3 checksum (32 bytes)
     (packed,) = struct.unpack_from("<I", document, 4)
-    raw = zlib.decompress(document[8 : 8 + packed]) + zlib.decompress(document[8 + packed :])
+    raw = zlib.decompress(document[40 : 40 + packed]) + zlib.decompress(document[40 + packed :])
     assert len(raw) < 700, len(raw)
     assert rows[second.checkpoint.id] < rows[first.checkpoint.id] / 20
 

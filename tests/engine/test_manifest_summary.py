@@ -90,21 +90,21 @@ async def _rewrite_rows(url: str, rewrite: Callable[[bytes], bytes]) -> None:
 def _as_ckd2(data: bytes) -> bytes:
     """A current row as the previous release wrote it: one zlib stream of
     ``CKD2``, the document's length, the document (no summary), the section."""
-    assert data[:4] == b"CKD3"
+    assert data[:4] == b"CKD4"  # magic, document length, BLAKE3 checksum (32 bytes)
     (packed,) = struct.unpack_from("<I", data, 4)
-    document = json.loads(zlib.decompress(data[8 : 8 + packed]))
+    document = json.loads(zlib.decompress(data[40 : 40 + packed]))
     assert len(document.pop("manifest")) == 5  # the summary this release adds
-    section = zlib.decompress(data[8 + packed :])
+    section = zlib.decompress(data[40 + packed :])
     raw = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
     return zlib.compress(struct.pack("<4sI", b"CKD2", len(raw)) + raw + section, 1)
 
 
 def _summary_of(data: bytes) -> list[Any] | None:
     """The summary a stored row carries (None: none, or an older layout)."""
-    if data[:4] != b"CKD3":
+    if data[:4] != b"CKD4":
         return None
     (packed,) = struct.unpack_from("<I", data, 4)
-    summary: list[Any] | None = json.loads(zlib.decompress(data[8 : 8 + packed])).get("manifest")
+    summary: list[Any] | None = json.loads(zlib.decompress(data[40 : 40 + packed])).get("manifest")
     return summary
 
 
@@ -248,7 +248,7 @@ def test_a_no_change_keyframe_past_max_depth_reuses_the_compressed_manifest() ->
     assert not read.manifest.loaded  # never inflated
     (packed,) = struct.unpack_from("<I", row, 4)
     (packed_again,) = struct.unpack_from("<I", stored.data, 4)
-    assert stored.data[8 + packed_again :] == row[8 + packed :]  # the very stream
+    assert stored.data[40 + packed_again :] == row[40 + packed :]  # the very stream
     again = documents.materialize("b", {"b": (None, stored.data)}, {})
     assert again.manifest.data == first.manifest.data
     assert _summary_of(stored.data) == _summary_of(row)

@@ -87,6 +87,7 @@ from typing import Any, Protocol, TypeVar
 from .. import _native, ids
 from ..errors import (
     SandboxCheckpointConflictError,
+    SandboxCheckpointDamagedError,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
@@ -119,7 +120,7 @@ from ._options import (
     writer_fields,
 )
 from ._packindex import PackedRows, check_packed_blobs, check_packed_columns, checked_digest
-from .base import BlobCount
+from .base import BlobCount, DamagedCheckpoint
 
 T = TypeVar("T")
 
@@ -642,6 +643,38 @@ class SqlCheckpointStore:
             self._recent.put(checkpoint_id, version, content)
         return content
 
+    async def _content_or_none(
+        self, tx: WriteTx, checkpoint_id: str, version: int
+    ) -> documents.Content | None:
+        """``_content`` with its keys at hand, or None when it is damaged."""
+        try:
+            content = await self._content(tx, checkpoint_id, version)
+            await offload(content_size(content), content.digests)
+        except SandboxCheckpointDamagedError:
+            return None
+        return content
+
+    async def _readable_parent(
+        self, tx: WriteTx, parent_id: str, version: int, content: documents.Content
+    ) -> documents.Content | None:
+        """The parent an append diffs against (its summary alone when that
+        will do), or None when it is damaged: the thread goes on with a
+        keyframe rather than a delta on a row nobody can read."""
+        try:
+            parent = await self._content(tx, parent_id, version, summary_will_do=True)
+            if documents.is_summary_only(parent) and not content.manifest.same_bytes(
+                parent.manifest
+            ):
+                # Not the parent's files: the delta needs the parent's bytes.
+                parent = await self._content(tx, parent_id, version)
+            if not content.manifest.same_bytes(parent.manifest):
+                # An older row's manifest inflates here (a newer one's checksum
+                # was checked as it was read), not in the delta or the diff.
+                await offload(content_size(parent), parent.digests)
+        except SandboxCheckpointDamagedError:
+            return None
+        return parent
+
     async def _rewrite_dependents(
         self, tx: WriteTx, removed: Sequence[str], loaded: _Loaded
     ) -> None:
@@ -650,9 +683,14 @@ class SqlCheckpointStore:
         removed checkpoints' rows."""
         for dependent_id, row in (await tx.dependents(removed)).items():
             loaded.rows[dependent_id] = row
-            content = await asyncio.to_thread(
-                paused, documents.materialize, dependent_id, loaded.rows, loaded.memo
-            )
+            try:
+                content = await asyncio.to_thread(
+                    paused, documents.materialize, dependent_id, loaded.rows, loaded.memo
+                )
+            except SandboxCheckpointDamagedError:
+                # Unreadable already (it or its base is damaged): it stays as
+                # it is, and reads go on saying so. Nothing else can be saved.
+                continue
             stored = await offload(content_size(content), documents.keyframe, content)
             await tx.rewrite_keyframe(dependent_id, stored.data)
 
@@ -705,15 +743,13 @@ class SqlCheckpointStore:
             if expected_head_id is not None:
                 row = facts.head_row
                 assert row is not None, "a head always names a stored checkpoint"
-                parent = await self._content(
-                    tx, expected_head_id, row.version, summary_will_do=True
-                )
-                if documents.is_summary_only(parent) and not content.manifest.same_bytes(
-                    parent.manifest
-                ):
-                    # Not the parent's files: the delta needs the parent's bytes.
-                    parent = await self._content(tx, expected_head_id, row.version)
+                parent = await self._readable_parent(tx, expected_head_id, row.version, content)
                 depth = row.depth
+                if parent is None:
+                    # A damaged head: its keys are unknown, so every run of the
+                    # thread ends at the old ordinal (each count stays what it
+                    # was) and this checkpoint, a keyframe, opens its own.
+                    await tx.close_all_runs(thread_id, state.ordinal)
             if packed:
                 # Before the document (the same transaction either way): the
                 # early keyframe encodes meanwhile.
@@ -766,34 +802,45 @@ class SqlCheckpointStore:
                 raise not_head(thread_id, checkpoint_id)
             row = await tx.row(checkpoint_id)
             assert row is not None, "a head always names a stored checkpoint"
-            head = await self._content(tx, checkpoint_id, row.version)
+            # Either may be damaged (None here): the head still goes, and the
+            # thread's head moves to the parent while it is stored.
+            head = await self._content_or_none(tx, checkpoint_id, row.version)
             parent_row = None if row.parent_id is None else await tx.row(row.parent_id)
             if parent_row is not None and parent_row.thread_id != thread_id:
                 parent_row = None
             parent = (
                 None
                 if parent_row is None or row.parent_id is None
-                else await self._content(tx, row.parent_id, parent_row.version)
+                else await self._content_or_none(tx, row.parent_id, parent_row.version)
             )
+            new_head = None if parent_row is None else row.parent_id
             loaded = _Loaded()
-            loaded.memo[checkpoint_id] = head  # what its dependents (if any) are based on
+            if head is not None:
+                loaded.memo[checkpoint_id] = head  # what its dependents (if any) are based on
             await tx.delete_rows([checkpoint_id])
             await self._rewrite_dependents(tx, [checkpoint_id], loaded)
-            head_keys = KeySet.of_content(head)
-            if parent is None:
+            if head is None:
+                # Its keys are unknown: every run of the thread ends one
+                # ordinal back (each key the head used is counted once less),
+                # and a readable parent opens runs for its own keys.
+                await tx.close_all_runs(thread_id, state.ordinal - 1)
+                if parent is not None:
+                    keys = KeySet.of_content(parent)
+                    await tx.reopen_runs(thread_id, keys, state.ordinal - 1, state.ordinal - 1)
+            elif parent is None:
+                head_keys = KeySet.of_content(head)
                 await tx.drop_runs(thread_id, head_keys, state.ordinal)
                 await tx.close_all_runs(thread_id, state.ordinal)
                 await tx.forget_zero_counts(thread_id, head_keys)
-                await tx.set_head(thread_id, None, state.ordinal - 1)
             else:
-                parent_keys = KeySet.of_content(parent)
+                head_keys, parent_keys = KeySet.of_content(head), KeySet.of_content(parent)
                 dropped = head_keys.minus(parent_keys)
                 await tx.drop_runs(thread_id, dropped, state.ordinal)
                 await tx.reopen_runs(
                     thread_id, parent_keys.minus(head_keys), state.ordinal, state.ordinal - 1
                 )
                 await tx.forget_zero_counts(thread_id, dropped)
-                await tx.set_head(thread_id, row.parent_id, state.ordinal - 1)
+            await tx.set_head(thread_id, new_head, state.ordinal - 1)
             await tx.mark_spent(spent_ids([checkpoint_id]))
 
         await self._write("delete_head", body)
@@ -813,17 +860,9 @@ class SqlCheckpointStore:
         async def body(tx: WriteTx) -> builtins.list[str]:
             state = await tx.lock_thread(thread_id)
             check_writer(writer, thread_id, state.lease, await tx.now())
-            listed = await tx.thread_checkpoints(thread_id)
-            doomed = plan_prune([(i, p) for i, p, _ in listed], state.head_id, keep)
-            if not doomed:
+            kept, ordered = await _prune_plan(tx, thread_id, state.head_id, keep)
+            if not ordered:
                 return []
-            ordered = [
-                checkpoint_id
-                for _, checkpoint_id in sorted(
-                    ((created_at, i) for i, _, created_at in listed if i in doomed),
-                    key=lambda pair: list_order(pair[0], pair[1]),
-                )
-            ]
             loaded = _Loaded()
             loaded.rows.update(await tx.delete_rows(ordered))
             kept_bases = {b for b, _ in loaded.rows.values() if b is not None} - set(loaded.rows)
@@ -832,20 +871,39 @@ class SqlCheckpointStore:
             def count_keys() -> Counter[bytes]:
                 counts: Counter[bytes] = Counter()
                 for checkpoint_id in ordered:
-                    content = documents.materialize(checkpoint_id, loaded.rows, loaded.memo)
-                    counts.update(content.blob_keys())
+                    try:
+                        content = documents.materialize(checkpoint_id, loaded.rows, loaded.memo)
+                        keys = content.blob_keys()
+                    except SandboxCheckpointDamagedError:
+                        # Its keys are unknown: their counts stay one too high
+                        # (a sweep keeps them; `check --repair` sets them).
+                        continue
+                    counts.update(keys)
                 return counts
 
             counts = await asyncio.to_thread(paused, count_keys)
             await self._rewrite_dependents(tx, ordered, loaded)
             # Every kept checkpoint is on the head chain: ordinals ordinal-kept+1..ordinal.
-            cutoff = state.ordinal - (len(listed) - len(doomed)) + 1
+            cutoff = state.ordinal - kept + 1
             await tx.subtract_counts(thread_id, counts, cutoff)
             await tx.forget_zero_counts(thread_id, KeySet.of(counts))
             await tx.mark_spent(spent_ids(ordered))
             return ordered
 
         return await self._write("delete_checkpoints", body)
+
+    async def planned_prune(self, thread_id: str, keep: int) -> builtins.list[str]:
+        """What ``delete_checkpoints(thread_id, keep, …)`` would delete now, in
+        list order, from the rows' ids alone (no document is read: a damaged
+        one is pruned like any other). A dry run of prune; it changes nothing."""
+        check_id(thread_id, "thread id")
+        check_keep(keep)
+
+        async def body(tx: WriteTx) -> builtins.list[str]:
+            state = await tx.lock_thread(thread_id)
+            return (await _prune_plan(tx, thread_id, state.head_id, keep))[1]
+
+        return await self._write("planned_prune", body)
 
     # ------------------------------------------------------------------ fork
 
@@ -1046,6 +1104,23 @@ class SqlCheckpointStore:
             await self._write("clear_missing_blobs", lambda tx: tx.clear_missing(binary))
 
 
+async def _prune_plan(
+    tx: WriteTx, thread_id: str, head_id: str | None, keep: int
+) -> tuple[int, builtins.list[str]]:
+    """(how many checkpoints of the thread stay, the ids prune deletes in list
+    order): the head and its ``keep - 1`` nearest ancestors stay."""
+    listed = await tx.thread_checkpoints(thread_id)
+    doomed = plan_prune([(i, p) for i, p, _ in listed], head_id, keep)
+    ordered = [
+        checkpoint_id
+        for _, checkpoint_id in sorted(
+            ((created_at, i) for i, _, created_at in listed if i in doomed),
+            key=lambda pair: list_order(pair[0], pair[1]),
+        )
+    ]
+    return len(listed) - len(doomed), ordered
+
+
 # ------------------------------------------------------------------------ reads
 
 
@@ -1070,11 +1145,33 @@ async def audited(
 ) -> builtins.list[BlobCount]:
     """``BlobAudit.audit_blob_references`` from one snapshot of every stored
     document and every key's stored count (each dialect reads those its own
-    way): the manifests' counts, decoded in a worker thread, beside the stored."""
+    way): the manifests' counts, decoded in a worker thread, beside the stored.
+    A damaged checkpoint's keys cannot be counted: they show as stored counts
+    above the manifests', which a sweep keeps (``damaged_of`` names it)."""
     manifests, sizes = await asyncio.to_thread(
-        paused, lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes)
+        paused,
+        lambda: documents.count_manifest_keys(rows, with_sizes=with_sizes, damaged={}),
     )
     return blob_counts(stored, manifests, sizes)
+
+
+async def damaged_of(rows: Rows, threads: Mapping[str, str]) -> builtins.list[DamagedCheckpoint]:
+    """``DocumentAudit.damaged_checkpoints`` from every stored row
+    (``threads``: each row's thread), checked in a worker thread, sorted by
+    thread and id."""
+    found = await asyncio.to_thread(paused, documents.verify_rows, rows)
+    return sorted(
+        (
+            DamagedCheckpoint(
+                checkpoint_id,
+                threads.get(checkpoint_id, ""),
+                error.damaged_checkpoint_id,
+                error.reason,
+            )
+            for checkpoint_id, error in found.items()
+        ),
+        key=lambda damaged: (damaged.thread_id.encode(), damaged.checkpoint_id.encode()),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1134,6 +1231,7 @@ __all__ = [
     "checkpoints_of",
     "count_change",
     "counted",
+    "damaged_of",
     "duplicate_id",
     "head_key_sets",
     "is_request_derived",

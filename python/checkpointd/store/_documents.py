@@ -15,14 +15,21 @@ checkpoint is stored as one of:
   nothing stores a delta of one copy run: its cost does not grow with the
   number of entries.
 
-Stored bytes (``CKD3``): ``b"CKD3"``, the compressed document's length (4
-bytes, little endian), zlib of the document JSON (without ``files``), then zlib
-of the manifest section: two streams, so a reader inflates the document alone
-and a keyframe's manifest straight into one buffer of its size (written by
-ISA-L's deflate, ``ZLIB_LEVEL``; any zlib reads them). Documents
-written before this layout (zlib of ``b"CKD2"``, the JSON length, the JSON and
-the section; before that zlib of the whole JSON document, with ``files`` rows or
-row operations) are still read.
+Stored bytes (``CKD4``): ``b"CKD4"``, the compressed document's length (4
+bytes, little endian), the BLAKE3 (32 bytes) of every other byte of the row,
+zlib of the document JSON (without ``files``), then zlib of the manifest
+section: two streams, so a reader inflates the document alone and a keyframe's
+manifest straight into one buffer of its size (written by ISA-L's deflate,
+``ZLIB_LEVEL``; any zlib reads them). The checksum is checked whenever a row is
+read (``materialize``, ~4 GB/s), before anything is inflated, so bit rot in the
+store is found at once, even in a manifest section that is inflated later or
+never: a row that fails it, or does not decode, raises
+``SandboxCheckpointDamagedError`` (DATA_LOSS) naming the checkpoint, and so does
+every delta stored against it. Rows written before checksums are still read:
+``CKD3`` (the same without the checksum), zlib of ``b"CKD2"``, the JSON length,
+the JSON and the section, and before that zlib of the whole JSON document, with
+``files`` rows or row operations. Their zlib streams carry an Adler-32 each, so
+damage there is found when the stream is inflated, and reported the same way.
 
 The document JSON also carries the checkpoint's ``ManifestSummary`` under
 ``"manifest"`` (length in bytes, BLAKE3 fingerprint, totals), so every store
@@ -55,12 +62,14 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import blake3
 from isal import isal_zlib
 
 from .. import _native
 
 # The codec's own row encoders, so a stored document is exactly the codec's format.
 from ..codec import checkpoint_fields, checkpoint_from_document
+from ..errors import SandboxCheckpointDamagedError
 from ..manifest import Manifest, ManifestSummary, manifest_of, split_digests
 from ..model import Checkpoint
 
@@ -80,9 +89,26 @@ ZLIB_LEVEL = 1
 _JSON = {"separators": (",", ":"), "ensure_ascii": False}
 
 
-_MAGIC = b"CKD3"
-_CKD2 = b"CKD2"  # the layout before: read, never written
-_HEADER = struct.Struct("<4sI")
+_MAGIC = b"CKD4"
+_CKD3 = b"CKD3"  # the layout before checksums: read, never written
+_CKD2 = b"CKD2"  # the layout before that: read, never written
+_HEADER = struct.Struct("<4sI")  # CKD3: magic, compressed document length
+# CKD4: magic, compressed document length, BLAKE3 of the magic, the length and
+# everything after the checksum.
+_SEALED_HEADER = struct.Struct("<4sI32s")
+_SUM_AT = _HEADER.size
+# What decoding a damaged row can raise (zlib.error, json's ValueError, a
+# struct.error for a short header, a KeyError or TypeError for a document of
+# the wrong shape).
+_DECODE_ERRORS = (
+    zlib.error,
+    ValueError,
+    struct.error,
+    KeyError,
+    TypeError,
+    IndexError,
+    AttributeError,
+)
 
 
 class Content:
@@ -169,14 +195,14 @@ def keyframe(content: Content) -> Stored:
 
 @dataclass(frozen=True, slots=True)
 class _PackedManifest:
-    """A ``CKD3`` keyframe row, the source of its unloaded manifest."""
+    """A ``CKD4`` keyframe row (its checksum checked when it was read), the
+    source of its unloaded manifest."""
 
     data: bytes
 
     def section(self) -> memoryview:
         """The manifest's zlib stream, as stored."""
-        _, length = _HEADER.unpack_from(self.data)
-        return memoryview(self.data)[_HEADER.size + length :]
+        return memoryview(self.data)[_document_span(self.data)[1] :]
 
 
 # Manifests up to this size stay loaded in a store's cache after an append (at
@@ -290,25 +316,52 @@ def _compress(
     *,
     packed: bool = False,
 ) -> bytes:
-    """The ``CKD3`` layout: the magic and the compressed document's length
-    (uncompressed), the document, the files section (each its own zlib
-    stream), so a reader inflates the document alone and the section straight
-    into one buffer of its known size."""
+    """The ``CKD4`` layout: the magic, the compressed document's length and the
+    row's checksum (uncompressed), the document, the files section (each its
+    own zlib stream), so a reader inflates the document alone and the section
+    straight into one buffer of its known size."""
     raw = json.dumps({**document, _SUMMARY: summary.to_json()}, **_JSON).encode("utf-8")  # type: ignore[arg-type]
     packed_document = isal_zlib.compress(raw, ZLIB_LEVEL)
     if packed:  # ``files_section`` is a section's zlib stream already
-        return b"".join(
-            [_HEADER.pack(_MAGIC, len(packed_document)), packed_document, files_section]
-        )
+        return _sealed([packed_document, files_section])
     compressor = isal_zlib.compressobj(ZLIB_LEVEL)
-    return b"".join(
-        [
-            _HEADER.pack(_MAGIC, len(packed_document)),
-            packed_document,
-            compressor.compress(files_section),
-            compressor.flush(),
-        ]
-    )
+    return _sealed([packed_document, compressor.compress(files_section), compressor.flush()])
+
+
+def _sealed(streams: list[bytes | memoryview]) -> bytes:
+    """The row: header (magic, the first stream's length, the checksum), then
+    the streams."""
+    length = _HEADER.pack(_MAGIC, len(streams[0]))
+    hasher = blake3.blake3(length)
+    for stream in streams:
+        hasher.update(stream)
+    return b"".join([length, hasher.digest(), *streams])
+
+
+def _document_span(data: bytes) -> tuple[int, int]:
+    """Where the compressed document lies in a ``CKD4`` or ``CKD3`` row
+    (struct.error when the row is too short for its header)."""
+    if data[:4] == _MAGIC:
+        _, length, _ = _SEALED_HEADER.unpack_from(data)
+        return _SEALED_HEADER.size, _SEALED_HEADER.size + length
+    _, length = _HEADER.unpack_from(data)
+    return _HEADER.size, _HEADER.size + length
+
+
+def _check_sum(checkpoint_id: str, data: bytes) -> None:
+    """Raise SandboxCheckpointDamagedError when a ``CKD4`` row's bytes are not
+    the ones its checksum was taken of (older rows carry none)."""
+    if data[:4] != _MAGIC:
+        return
+    if len(data) < _SEALED_HEADER.size:
+        raise SandboxCheckpointDamagedError(checkpoint_id, "its stored document is truncated")
+    view = memoryview(data)
+    hasher = blake3.blake3(view[:_SUM_AT])
+    hasher.update(view[_SEALED_HEADER.size :])
+    if hasher.digest() != view[_SUM_AT : _SEALED_HEADER.size]:
+        raise SandboxCheckpointDamagedError(
+            checkpoint_id, "its stored document fails its BLAKE3 checksum"
+        )
 
 
 # The stored document's key for the manifest's summary (never a codec field).
@@ -322,10 +375,9 @@ def _open(
     row. In the ``CKD3`` and ``CKD2`` layouts only the document is inflated
     and the section is None (``_section`` inflates it); the oldest layout (one
     JSON document) is inflated whole and its ``files`` returned."""
-    if data[:4] == _MAGIC:
-        _, length = _HEADER.unpack_from(data)
-        view = memoryview(data)
-        document = json.loads(zlib.decompress(view[_HEADER.size : _HEADER.size + length]))
+    if data[:4] in (_MAGIC, _CKD3):
+        start, end = _document_span(data)
+        document = json.loads(zlib.decompress(memoryview(data)[start:end]))
         summary = ManifestSummary.from_json(document.pop(_SUMMARY, None))
         return document, summary, None
     head = _inflate_prefix(data, _HEADER.size)
@@ -366,12 +418,11 @@ def _inflate_prefix(data: bytes, size: int) -> bytes:
 
 
 def _section(data: bytes, size: int = -1) -> bytes:
-    """The files section of a stored row (``CKD3``: inflated into one buffer
-    of ``size`` bytes when that is known, so a keyframe's manifest is never
-    copied; ``CKD2``: the one stream inflated and sliced)."""
-    if data[:4] == _MAGIC:
-        _, length = _HEADER.unpack_from(data)
-        view = memoryview(data)[_HEADER.size + length :]
+    """The files section of a stored row (``CKD4``, ``CKD3``: inflated into
+    one buffer of ``size`` bytes when that is known, so a keyframe's manifest
+    is never copied; ``CKD2``: the one stream inflated and sliced)."""
+    if data[:4] in (_MAGIC, _CKD3):
+        view = memoryview(data)[_document_span(data)[1] :]
         if size >= 0:
             return zlib.decompress(view, bufsize=max(size, 1))
         return zlib.decompress(view)
@@ -392,17 +443,61 @@ def materialize(
     """The content of ``checkpoint_id`` from stored rows ``id → (base_id, data)``.
 
     ``rows`` must hold the checkpoint and every base down to a keyframe or to an
-    id already in ``memo``; results are added to ``memo``. Raises KeyError when a
-    base is missing (the store never lets that happen).
+    id already in ``memo``; results are added to ``memo``. Raises
+    SandboxCheckpointDamagedError (naming ``checkpoint_id`` and the damaged
+    row) when a row of the chain fails its checksum or does not decode, or a
+    base it names is not in ``rows`` (lost: the store never deletes a base
+    first).
     """
     chain: list[tuple[str, str | None, bytes]] = []
     current: str | None = checkpoint_id
     while current is not None and current not in memo:
-        base_id, data = rows[current]
+        row = rows.get(current)
+        if row is None:
+            if not chain:
+                raise KeyError(current)  # the caller's rows: never a stored row's fault
+            raise SandboxCheckpointDamagedError(
+                checkpoint_id,
+                f"the checkpoint it is stored against, {current!r}, is not in the store",
+                damaged_checkpoint_id=chain[-1][0],
+            )
+        base_id, data = row
         chain.append((current, base_id, data))
         current = base_id
     for current_id, base_id, data in reversed(chain):
+        try:
+            memo[current_id] = _decoded(current_id, base_id, data, memo)
+        except SandboxCheckpointDamagedError as error:
+            raise _for(checkpoint_id, error) from None
+    return memo[checkpoint_id]
+
+
+def _for(checkpoint_id: str, error: SandboxCheckpointDamagedError) -> SandboxCheckpointDamagedError:
+    """``error`` as the failure to read ``checkpoint_id`` (itself, or one it is
+    stored against)."""
+    if error.checkpoint_id == checkpoint_id:
+        return error
+    return SandboxCheckpointDamagedError(
+        checkpoint_id, error.reason, damaged_checkpoint_id=error.damaged_checkpoint_id
+    )
+
+
+def _undecodable(checkpoint_id: str, error: BaseException) -> SandboxCheckpointDamagedError:
+    return SandboxCheckpointDamagedError(
+        checkpoint_id, f"its stored document does not decode ({type(error).__name__}: {error})"
+    )
+
+
+def _decoded(
+    checkpoint_id: str, base_id: str | None, data: bytes, memo: Mapping[str, Content]
+) -> Content:
+    """One row of a chain (its base, if any, in ``memo``), checked: its checksum,
+    then its decoding; a manifest left to inflate later says which row it is."""
+    _check_sum(checkpoint_id, data)
+    try:
         document, summary, files = _open(data)
+        if document["id"] != checkpoint_id:
+            raise ValueError(f"it holds checkpoint {document['id']!r}")
         manifest: Manifest
         if base_id is None:
             if files is None:
@@ -410,7 +505,7 @@ def materialize(
                 # on top of it never does): the row is what stays in memory.
                 size = -1 if summary is None else summary.byte_length
                 manifest = Manifest.stored(
-                    functools.partial(_section, data, size),
+                    functools.partial(_lazily, checkpoint_id, _section, data, size),
                     summary,
                     len(data),
                     _PackedManifest(data) if data[:4] == _MAGIC else None,
@@ -428,7 +523,7 @@ def materialize(
                 manifest = base.manifest
             elif isinstance(files, bytes):
                 manifest = Manifest.stored(
-                    functools.partial(_applied, base.manifest, files),
+                    functools.partial(_lazily, checkpoint_id, _applied, base.manifest, files),
                     summary,
                     len(files) + base.manifest.held_bytes(),
                 )
@@ -439,8 +534,64 @@ def materialize(
             document["conversation"] = _apply(
                 document["conversation"], base.document["conversation"]
             )
-        memo[current_id] = Content(document, manifest)
-    return memo[checkpoint_id]
+    except _DECODE_ERRORS as error:
+        raise _undecodable(checkpoint_id, error) from None
+    return Content(document, manifest)
+
+
+def _lazily(checkpoint_id: str, load: Callable[..., bytes], *args: Any) -> bytes:
+    """A manifest's bytes, inflated (or applied to its base's) when first
+    used: a failure then names the checkpoint, as a read of its row would."""
+    try:
+        return load(*args)
+    except SandboxCheckpointDamagedError as error:  # its base's bytes
+        raise _for(checkpoint_id, error) from None
+    except _DECODE_ERRORS as error:
+        raise _undecodable(checkpoint_id, error) from None
+
+
+def verify_rows(
+    rows: Mapping[str, tuple[str | None, bytes]],
+) -> dict[str, SandboxCheckpointDamagedError]:
+    """Every checkpoint in ``rows`` that cannot be read, by id: rows that fail
+    their checksum (older layouts: that do not decode, documents and
+    manifests inflated), and rows stored against one of those or against a
+    base ``rows`` lacks. ``rows`` should hold every base of each delta in it."""
+    damaged: dict[str, SandboxCheckpointDamagedError] = {}
+    for checkpoint_id, (_, data) in rows.items():
+        try:
+            _check_sum(checkpoint_id, data)
+            if data[:4] != _MAGIC:  # no checksum: inflate what the row holds
+                document, _summary, files = _open(data)
+                if document["id"] != checkpoint_id:
+                    raise ValueError(f"it holds checkpoint {document['id']!r}")
+                if files is None:
+                    _section(data)
+        except SandboxCheckpointDamagedError as error:
+            damaged[checkpoint_id] = error
+        except _DECODE_ERRORS as error:
+            damaged[checkpoint_id] = _undecodable(checkpoint_id, error)
+    for checkpoint_id in rows:
+        chain: list[str] = []
+        current: str | None = checkpoint_id
+        cause: SandboxCheckpointDamagedError | None = None
+        while current is not None:
+            if current in damaged:
+                cause = damaged[current]
+                break
+            row = rows.get(current)
+            if row is None:
+                cause = SandboxCheckpointDamagedError(
+                    chain[-1],
+                    f"the checkpoint it is stored against, {current!r}, is not in the store",
+                )
+                break
+            chain.append(current)
+            current = row[0]
+        if cause is not None:
+            for below in chain:  # each delta above the damaged row
+                damaged[below] = _for(below, cause)
+    return damaged
 
 
 def _applied(base: Manifest, files_section: bytes) -> bytes:
@@ -520,7 +671,10 @@ def _apply(operations: list[Any], base: list[Any]) -> list[Any]:
 
 
 def count_manifest_keys(
-    rows: Mapping[str, tuple[str | None, bytes]], *, with_sizes: bool = False
+    rows: Mapping[str, tuple[str | None, bytes]],
+    *,
+    with_sizes: bool = False,
+    damaged: dict[str, SandboxCheckpointDamagedError] | None = None,
 ) -> tuple[dict[bytes, int], dict[bytes, int]]:
     """For every blob key (33-byte form) the stored checkpoints in ``rows`` use:
     how many of them use it, and (``with_sizes``) the size their entries give it.
@@ -530,6 +684,10 @@ def count_manifest_keys(
     content is dropped as soon as no delta still to come needs it, so a chain of
     any length costs about two decoded manifests of memory. Keys come from the
     manifest's digests (native, no object per entry); sizes need the entries.
+
+    A checkpoint that cannot be read raises SandboxCheckpointDamagedError, or
+    with ``damaged`` is recorded there by id and left out of the counts (an
+    audit goes on; a repair must not count without it).
     """
     waiting: dict[str, int] = {}  # id -> its dependents not yet counted
     for base_id, _ in rows.values():
@@ -546,21 +704,22 @@ def count_manifest_keys(
     def count(checkpoint_id: str) -> None:
         content = materialize(checkpoint_id, rows, memo)
         digests = content.manifest.digests()  # distinct, sorted
+        data = content.manifest.data if with_sizes else b""
         file_counts.update(split_digests(digests))
         for key in {b"a" + bytes.fromhex(row[4]) for row in content.document["artifacts"]}:
             counts[key] = counts.get(key, 0) + 1
         if with_sizes:
-            for _path, digest, size in _native.manifest_files_with_digests(
-                content.manifest.data, digests
-            ):
+            for _path, digest, size in _native.manifest_files_with_digests(data, digests):
                 sizes.setdefault(b"f" + digest, size)
             for row in content.document["artifacts"]:
                 sizes.setdefault(b"a" + bytes.fromhex(row[4]), row[3])
+
+    def settle(checkpoint_id: str) -> None:
         done.add(checkpoint_id)
         if not waiting.get(checkpoint_id):
             memo.pop(checkpoint_id, None)
         base_id = rows[checkpoint_id][0]
-        if base_id is not None:
+        if base_id is not None and base_id in waiting:
             waiting[base_id] -= 1
             if not waiting[base_id] and base_id in done:
                 memo.pop(base_id, None)
@@ -568,10 +727,16 @@ def count_manifest_keys(
     for checkpoint_id in rows:
         chain: list[str] = []
         current: str | None = checkpoint_id
-        while current is not None and current not in done:
+        while current is not None and current not in done and current in rows:
             chain.append(current)
             current = rows[current][0]
         for pending in reversed(chain):  # bases first
-            count(pending)
+            try:
+                count(pending)
+            except SandboxCheckpointDamagedError as error:
+                if damaged is None:
+                    raise
+                damaged[pending] = error
+            settle(pending)
     counts.update((b"f" + digest, n) for digest, n in file_counts.items())
     return counts, sizes

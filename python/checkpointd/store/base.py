@@ -208,6 +208,34 @@ class BlobAudit(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class DamagedCheckpoint:
+    """A stored checkpoint that cannot be read (``DocumentAudit``)."""
+
+    checkpoint_id: str
+    thread_id: str
+    damaged_checkpoint_id: str  # itself, or the row it is stored against that is damaged
+    reason: str  # what is wrong with that row
+
+
+@runtime_checkable
+class DocumentAudit(Protocol):
+    """What ``checkpointd check`` asks of a store about its own rows: every
+    stored document carries a checksum (``_documents``, older rows their zlib
+    streams' Adler-32), and this checks them all. Every store we ship
+    implements it.
+
+    A damaged checkpoint reads as SandboxCheckpointDamagedError (DATA_LOSS),
+    and so does every delta stored against it; the store goes on around it: an
+    append on a damaged head stores a keyframe, ``delete_head`` and prune remove
+    it (its keys' counts then stay one too high until ``check --repair``, which
+    refuses while a damaged checkpoint is stored: it cannot count its keys)."""
+
+    async def damaged_checkpoints(self) -> builtins.list[DamagedCheckpoint]:
+        """Every stored checkpoint that cannot be read, sorted by thread, then id."""
+        ...
+
+
 @runtime_checkable
 class SpentCheckpointIds(Protocol):
     """Checkpoint ids that must never name new content (every store we ship).

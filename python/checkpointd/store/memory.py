@@ -43,6 +43,7 @@ from ._core import (
     ThreadState,
     audited,
     checkpoints_of,
+    damaged_of,
     offload,
     paused,
     repair_of,
@@ -67,6 +68,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    DamagedCheckpoint,
     IndexRow,
     InstanceRecord,
     PackedBlob,
@@ -690,6 +692,14 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
         async with self._lock:
             rows, stored = self._all_rows(), self._tables.counts()
         return await audited(rows, stored, with_sizes=with_sizes)
+
+    async def damaged_checkpoints(self) -> builtins.list[DamagedCheckpoint]:
+        """See ``base.DocumentAudit`` (its rows are bytes, as a database's are)."""
+        self._check_open()
+        async with self._lock:
+            rows = self._all_rows()
+            threads = {i: row.thread_id for i, row in self._tables.rows.items()}
+        return await damaged_of(rows, threads)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every count to the manifests' (as the SQL stores do: one run per

@@ -82,6 +82,7 @@ from ._core import (
     ThreadState,
     audited,
     checkpoints_of,
+    damaged_of,
     head_key_sets,
     paused,
 )
@@ -114,6 +115,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    DamagedCheckpoint,
     IndexRow,
     InstanceRecord,
     PackedBlob,
@@ -1153,6 +1155,21 @@ class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
         for counts in stored.values():
             totals.update(counts)
         return await audited(merged, dict(totals), with_sizes=with_sizes)
+
+    async def damaged_checkpoints(self) -> builtins.list[DamagedCheckpoint]:
+        """See ``base.DocumentAudit``: every row read in one statement, checked
+        afterwards."""
+
+        async def body(conn: asyncpg.Connection) -> builtins.list[asyncpg.Record]:
+            found: builtins.list[asyncpg.Record] = await conn.fetch(
+                "SELECT thread_id, id, base_id, document FROM checkpointd_checkpoints"
+            )
+            return found
+
+        records = await self._transaction("damaged_checkpoints", body, read_only=True)
+        rows: Rows = {str(_s(r["id"])): (_s(r["base_id"]), r["document"]) for r in records}
+        threads = {str(_s(r["id"])): str(_s(r["thread_id"])) for r in records}
+        return await damaged_of(rows, threads)
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every thread's count rows to what its manifests say, in one

@@ -90,6 +90,7 @@ from ._core import (
     ThreadState,
     audited,
     checkpoints_of,
+    damaged_of,
     head_key_sets,
     paused,
     repair_of,
@@ -124,6 +125,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    DamagedCheckpoint,
     IndexRow,
     InstanceRecord,
     PackedBlob,
@@ -1517,6 +1519,19 @@ class SqliteCheckpointStore(SqlCheckpointStore):
 
         rows, stored = await self._db.read(run)
         return await audited(rows, stored, with_sizes=with_sizes)
+
+    async def damaged_checkpoints(self) -> builtins.list[DamagedCheckpoint]:
+        """See ``base.DocumentAudit``: every row read in one snapshot, checked
+        after the lock is let go."""
+
+        async def run(conn: aiosqlite.Connection) -> builtins.list[Any]:
+            return await _fetchall(conn, "SELECT id, thread_id, base_id, document FROM checkpoints")
+
+        found = await self._db.read(run)
+        rows: _Rows = {checkpoint_id: (base_id, data) for checkpoint_id, _, base_id, data in found}
+        return await damaged_of(
+            rows, {checkpoint_id: thread for checkpoint_id, thread, _, _ in found}
+        )
 
     async def repair_blob_references(self) -> builtins.list[BlobCount]:
         """Set every count to the manifests' in one write transaction (writers of
