@@ -55,6 +55,9 @@ func withDeadline(ctx context.Context, d time.Duration) (context.Context, contex
 
 func (k callKinds) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn,
 	invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if err := checkWellFormed(req); err != nil {
+		return err
+	}
 	ctx, cancel := withDeadline(ctx, k.deadlines.Unary)
 	defer cancel()
 	return FromError(invoker(ctx, method, req, reply, cc, opts...))
@@ -98,6 +101,9 @@ func (s *typedStream) RecvMsg(m any) error {
 }
 
 func (s *typedStream) SendMsg(m any) error {
+	if err := checkWellFormed(m); err != nil {
+		return err
+	}
 	err := s.ClientStream.SendMsg(m)
 	if errors.Is(err, io.EOF) {
 		return err // the real status comes from RecvMsg
