@@ -49,9 +49,10 @@ async def test_invalid_utf8_on_the_wire_is_invalid_argument(daemon: Daemon) -> N
             raise AssertionError("undecodable request accepted")
         except grpc.aio.AioRpcError as caught:
             error = rpc_error(caught)
+        # An id field says which, as INVALID_ID (what any client's own check says).
         assert error.code == C.INVALID_ARGUMENT
-        assert error.reason == errors.SandboxCheckpointInvalidArgumentError.code
-        assert error.metadata["message_type"] == "checkpointd.v1.GetHeadRequest"
+        assert error.reason == errors.SandboxCheckpointInvalidIdError.code
+        assert error.metadata["field"] == "thread_id"
         assert "UTF-8" in error.message
         # Server streaming: CaptureRequest.label (field 2).
         capture = channel.unary_stream("/checkpointd.v1.Checkpointd/Capture")
@@ -62,7 +63,9 @@ async def test_invalid_utf8_on_the_wire_is_invalid_argument(daemon: Daemon) -> N
         except grpc.aio.AioRpcError as caught:
             error = rpc_error(caught)
         assert error.code == C.INVALID_ARGUMENT
+        assert error.reason == errors.SandboxCheckpointInvalidArgumentError.code
         assert error.metadata["message_type"] == "checkpointd.v1.CaptureRequest"
+        assert "UTF-8" in error.message
         # Client streaming: UploadArtifactRequest.metadata.name.
         upload = channel.stream_unary("/checkpointd.v1.Checkpointd/UploadArtifact")
         metadata_part = _string_field(1, _string_field(1, INVALID_UTF8))

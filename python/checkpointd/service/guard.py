@@ -26,7 +26,11 @@ from typing import Any
 
 import grpc
 
-from ..errors import SandboxCheckpointError, SandboxCheckpointInvalidArgumentError
+from ..errors import (
+    SandboxCheckpointError,
+    SandboxCheckpointInvalidArgumentError,
+    SandboxCheckpointInvalidIdError,
+)
 from .status import MESSAGE_TOO_LARGE, UNIMPLEMENTED, abort
 
 _log = logging.getLogger(__name__)
@@ -44,6 +48,54 @@ class _Rejected:
         self.error = error
         # One WARNING per failed call, as the servicer logs its own failures.
         _log.warning("%s rejected: %s: %s", method, error.code, error.message)
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("truncated varint")
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+def _malformed_id_field(data: bytes, descriptor: Any) -> str | None:
+    """The name of a top-level id field (``*_id``) of ``data`` whose bytes are
+    not UTF-8, when that is why the message did not parse; else None.
+
+    A walk of the top-level wire format only: any other damage is left to
+    the caller's INVALID_ARGUMENT."""
+    if descriptor is None:
+        return None
+    at = 0
+    try:
+        while at < len(data):
+            tag, at = _varint(data, at)
+            wire_type = tag & 7
+            if wire_type == 0:
+                _, at = _varint(data, at)
+            elif wire_type == 1:
+                at += 8
+            elif wire_type == 5:
+                at += 4
+            elif wire_type == 2:
+                length, at = _varint(data, at)
+                value, at = data[at : at + length], at + length
+                field = descriptor.fields_by_number.get(tag >> 3)
+                if field is not None and field.type == field.TYPE_STRING:
+                    try:
+                        value.decode("utf-8")
+                    except UnicodeDecodeError:
+                        return field.name if field.name.endswith("_id") else None
+            else:
+                return None
+    except ValueError:
+        return None
+    return None
 
 
 def _guarded_deserializer(
@@ -69,6 +121,16 @@ def _guarded_deserializer(
         try:
             return deserialize(data)
         except Exception as exc:  # noqa: BLE001 - any parse failure is the caller's
+            id_field = _malformed_id_field(data, type_name)
+            if id_field is not None:
+                return _Rejected(
+                    method,
+                    SandboxCheckpointInvalidIdError(
+                        f"invalid {id_field}: not well-formed UTF-8 (ids are well-formed "
+                        "Unicode strings)",
+                        details={"field": id_field},
+                    ),
+                )
             return _Rejected(
                 method,
                 SandboxCheckpointInvalidArgumentError(
