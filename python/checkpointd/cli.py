@@ -113,6 +113,15 @@ def _add_policy_flags(parser: argparse.ArgumentParser, command: str) -> None:
     parser.add_argument("--subdir", default="", help="a directory inside the daemon's workspace")
 
 
+def _add_record_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="append the restored tree to the thread as its new head (default: the head "
+        "stays; docs/restore-history.md)",
+    )
+
+
 def _add_secret_flag(parser: argparse.ArgumentParser, help_text: str) -> None:
     parser.add_argument("--secret-env", action="append", default=[], metavar="VAR", help=help_text)
 
@@ -248,6 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SIZE",
         help="blobs smaller than SIZE travel and rest in compressed pack objects (default 1MiB)",
     )
+    serve.add_argument(
+        "--stash-keep",
+        metavar="N",
+        help="the newest N live trees restores replaced, kept per thread for undo (default 20)",
+    )
     from .gateway.cli import add_commands as add_gateway_commands
 
     add_gateway_commands(commands)
@@ -328,14 +342,31 @@ def build_parser() -> argparse.ArgumentParser:
     restore.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the plan (files written, deleted, kept; bytes to fetch); change nothing",
+        help="print the plan (files written, deleted, kept, live changes stashed; bytes to "
+        "fetch); change nothing",
     )
+    restore.add_argument(
+        "--discard",
+        action="store_true",
+        help="lose the live changes instead of saving them to the thread's stash first",
+    )
+    _add_record_flag(restore)
     _add_secret_flag(restore, "write the value of env VAR back where capture zeroed it")
     _add_policy_flags(restore, "restore")
+
+    undo = client("undo", "undo the last restore: bring back the live tree it replaced")
+    undo.add_argument("thread")
+    undo.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
+    _add_record_flag(undo)
+    _add_secret_flag(undo, "write the value of env VAR back where capture zeroed it")
+    undo.add_argument("--subdir", default="", help="default: where the stash entry was taken")
 
     listing = client("list", "list a thread's checkpoints")
     listing.add_argument("thread")
     listing.add_argument("--newest-first", action="store_true", help="newest checkpoint first")
+    listing.add_argument(
+        "--stash", action="store_true", help="the thread's stash: the live trees restores replaced"
+    )
     listing.add_argument("--limit", type=int, default=None, help="at most this many")
     listing.add_argument(
         "--before",

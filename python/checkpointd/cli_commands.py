@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from .cli_history import plan_text, restore_text
 from .cli_output import (
     EXIT_CONFLICT,
     EXIT_DATA_LOSS,
@@ -35,7 +36,6 @@ from .cli_output import (
     human_size,
     human_time,
     json_list_items,
-    moved_text,
     summary_line,
     summary_row,
     table,
@@ -272,76 +272,41 @@ def capture_text(done: pb.CaptureDone) -> str:
 
 
 async def _restore(client: Client, args: argparse.Namespace, out: Output) -> int:
-    written: list[str] = []
-    deleted: list[str] = []
+    """``restore`` and ``undo`` (``args.command``): the same events and output."""
+    paths: dict[str, list[str]] = {"written": [], "deleted": [], "stashed": []}
 
     def on_event(event: pb.RestoreEvent) -> None:
         if event.HasField("plan_paths"):
-            written.extend(event.plan_paths.written)
-            deleted.extend(event.plan_paths.deleted)
+            for kind, found in paths.items():
+                found.extend(getattr(event.plan_paths, kind))
         else:
             out.on_event(event)
 
-    checkpoint = args.checkpoint
-    if checkpoint is not None:
-        checkpoint = await resolve(client, checkpoint, thread=args.thread)
     secrets, secret_names = secrets_of(args)
-    done = await client.restore(
-        args.thread,
-        checkpoint_id=checkpoint,
-        policy=policy_of(args),
-        workspace_subdir=args.subdir,
-        dry_run=args.dry_run,
-        on_event=on_event,
-        secrets=secrets,
-        secret_names=secret_names,
-    )
+    common: dict[str, Any] = dict(dry_run=args.dry_run, on_event=on_event, record=args.record)
+    common.update(workspace_subdir=args.subdir, secrets=secrets, secret_names=secret_names)
+    if args.command == "undo":
+        done = await client.undo(args.thread, **common)
+    else:
+        checkpoint = args.checkpoint
+        if checkpoint is not None:
+            checkpoint = await resolve(client, checkpoint, thread=args.thread)
+        done = await client.restore(
+            args.thread,
+            checkpoint_id=checkpoint,
+            policy=policy_of(args),
+            discard_live_changes=args.discard,
+            **common,
+        )
     if not done.HasField("checkpoint"):
         return no_such_thread(out, args.thread, to_dict(done))
     data = to_dict(done)
     if args.dry_run:
-        data["written"], data["deleted"] = written, deleted
-        out.emit(data, _plan_text(done, written, deleted))
+        data.update(paths)
+        out.emit(data, plan_text(done, paths["written"], paths["deleted"], paths["stashed"]))
         return EXIT_OK
     out.emit(data, restore_text(done, out))
     return EXIT_OK
-
-
-def _plan_text(done: pb.RestoreDone, written: list[str], deleted: list[str]) -> str:
-    plan = done.plan
-    lines = [
-        f"restoring {done.checkpoint.id} would write {plan.files_written} files, delete "
-        f"{plan.paths_deleted} paths, keep {plan.files_kept} files, create "
-        f"{plan.dirs_created} directories; fetch {plan.blobs_to_fetch} blobs "
-        f"({human_size(plan.bytes_to_fetch)})"
-    ]
-    lines += [f"  write  {path}" for path in written]
-    lines += [f"  delete {path}" for path in deleted]
-    return "\n".join(lines)
-
-
-def restore_text(done: pb.RestoreDone, out: Output) -> str:
-    """The restore's summary: the blobs it fetched and the files it wrote (each
-    phase's own counts and rate), and where secrets were left as zeros."""
-    text = (
-        f"restored {done.checkpoint.id} ({done.checkpoint.file_count} files, "
-        f"{human_size(done.checkpoint.total_bytes)}) in {human_duration(done.duration_ms)}"
-    )
-    moves = []
-    for phase, verb, unit in (("fetch", "fetched", "blobs"), ("apply", "wrote", "files")):
-        moved = out.moved(phase)
-        if moved is not None:
-            moves.append(moved_text(verb, moved[0], unit, moved[1], moved[2]))
-    if moves:
-        text += ": " + ", ".join(moves)
-    if done.unfilled_secret_paths:
-        text += "\nzeros where secrets were (restore with --secret-env to fill them):" + "".join(
-            f"\n  {path}" for path in done.unfilled_secret_paths
-        )
-        more = done.unfilled_secret_count - len(done.unfilled_secret_paths)
-        if more > 0:
-            text += f"\n  … {more} more"
-    return text
 
 
 def no_such_thread(out: Output, thread: str, data: dict[str, Any] | None = None) -> int:
@@ -372,7 +337,11 @@ async def _list(client: Client, args: argparse.Namespace, out: Output) -> int:
     if before is not None:
         before = await resolve(client, before, thread=args.thread)
     summaries = await client.list_checkpoints(
-        args.thread, newest_first=args.newest_first, before=before, limit=args.limit
+        args.thread,
+        newest_first=args.newest_first,
+        before=before,
+        limit=args.limit,
+        stash=args.stash,
     )
     head = await client.get_head(args.thread)
     if not summaries and head is None and before is None:
@@ -756,6 +725,7 @@ async def _info(client: Client, args: argparse.Namespace, out: Output) -> int:
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace, Output], Any]] = {
     "capture": _capture,
     "restore": _restore,
+    "undo": _restore,
     "list": _list,
     "threads": _threads,
     "show": _show,
