@@ -92,7 +92,7 @@ class GatewayBackedStore(RemoteCheckpointStore):
 
 async def remote_store_over(store: Any, blobs: Any, keys: Keys) -> GatewayBackedStore:
     gateway = await InProcessGateway(store, blobs, keys.public).start()
-    admin = keys.mint(prefixes=[""], ops=tokens.OPS)
+    admin = keys.mint(all_threads=True, ops=tokens.OPS)
     remote = await GatewayBackedStore.open(gateway.connection(admin))
     remote.gateway = gateway
     return remote  # type: ignore[return-value]

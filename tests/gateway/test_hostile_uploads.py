@@ -4,6 +4,7 @@
 * A peer without a token is refused on its headers: the gateway's peak RSS
   stays within 100 MiB of idle while it sends 300 MiB (or 100 MiB, under the
   request limit), and an upload stream is refused while it is still sending.
+* A batch upload (BlobPutMany) is stored as it arrives, never held whole.
 * A 67 KB pack of zstd frames that claim 1 GiB of zeros each is refused from
   its trailer and never stored; with limits raised to let it through, it is
   checked streaming, in bounded memory.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import struct
 import tempfile
@@ -25,6 +27,7 @@ import grpc
 import pytest
 
 from checkpointd.gateway import tokens
+from checkpointd.gateway.remote import GatewayConnection, RemoteBlobStore
 from checkpointd.service.auth import bearer_metadata
 from checkpointd.v1 import gateway_pb2 as gpb
 from checkpointd.v1 import gateway_pb2_grpc as gpb_grpc
@@ -144,6 +147,29 @@ async def test_a_tokenless_upload_is_refused_while_it_is_still_sending(
     print(f"tokenless upload: {sent} of {chunks} MiB sent when refused; peak {peak - idle:.0f} MiB")
     assert sent < chunks // 2, sent
     assert peak - idle < MAX_GROWTH_MIB, (idle, peak)
+
+
+async def test_a_batch_upload_is_stored_as_it_arrives_not_held_whole(
+    setup: Setup, gateway: tuple[GatewayProcess, str]
+) -> None:
+    process, prefix = gateway
+    token = setup.token()
+    idle = await _settled_rss(process, token)
+    large = [os.urandom(40 * MIB) for _ in range(4)]  # spooled, stored one by one
+    small = [os.urandom(512 << 10) for _ in range(300)]  # stored in groups of 8 MiB
+    items = [("sandbox-files/blake3/" + blake3.blake3(d).hexdigest(), d) for d in large + small]
+    connection = GatewayConnection([process.address], lambda: token, tls=False)
+    try:
+        written = await RemoteBlobStore(connection).put_many(items)
+    finally:
+        await connection.aclose()
+    assert written == [True] * len(items)
+    peak = process.peak_mib()
+    total = sum(len(d) for _, d in items) / MIB
+    print(f"BlobPutMany of {total:.0f} MiB: idle {idle:.0f} MiB, peak {peak:.0f} MiB")
+    assert peak - idle < MAX_GROWTH_MIB, (idle, peak)
+    bucket = setup.s3.open(prefix)
+    assert await bucket.missing([items[0][0], items[-1][0]]) == []
 
 
 # ------------------------------------------------------------------ the bomb

@@ -3,8 +3,12 @@ the gateway; only of keys the token may read; streamed when the bucket cannot si
 
 from __future__ import annotations
 
+import asyncio
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -13,6 +17,7 @@ from checkpointd.errors import SandboxCheckpointError
 from checkpointd.gateway.remote import RemoteBlobStore, RemoteCheckpointStore
 from checkpointd.service.status import FORBIDDEN
 from checkpointd.store.sqlite import SqliteCheckpointStore
+from checkpointd.v1 import gateway_pb2 as gpb
 
 from .conftest import Keys
 from .test_scope import _checkpoint, _key
@@ -51,6 +56,38 @@ async def test_reads_come_from_the_bucket_not_the_gateway(
     assert caught.value.code == FORBIDDEN
     await store.aclose()
     await backing.aclose()
+
+
+def _fetch(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - the test's bucket
+        return bytes(response.read())
+
+
+@pytest.mark.s3
+async def test_a_presigned_url_expires_with_the_token_that_asked(
+    s3_blobs: Any, tmp_path: Path, keys: Keys, gateway_factory: Any
+) -> None:
+    backing = await SqliteCheckpointStore.open(str(tmp_path / "s.db"))
+    gateway = await gateway_factory(backing, s3_blobs)
+    token = keys.mint(threads=["t1"], ops=["capture", "restore"], ttl_s=3)
+    connection = gateway.connection(token)
+    store = await RemoteCheckpointStore.open(connection)
+    try:
+        data = b"short-lived " * 1000
+        key = await _stored(store, RemoteBlobStore(connection), data)
+        request = gpb.GatewayBlobSignRequest(keys=[key], expires_in_s=3600)
+        reply = await connection.call("BlobSignGet", request, repeatable=True)
+        [url] = reply.urls
+        expires = int(parse_qs(urlsplit(url).query)["X-Amz-Expires"][0])
+        assert 1 <= expires <= 3, url
+        assert await asyncio.to_thread(_fetch, url) == data
+        await asyncio.sleep(expires + 1.5)
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            await asyncio.to_thread(_fetch, url)
+        assert caught.value.code == 403
+    finally:
+        await store.aclose()
+        await backing.aclose()
 
 
 async def test_a_bucket_that_cannot_sign_streams_through_the_gateway(

@@ -257,7 +257,7 @@ async def test_a_prefix_token_reaches_forks_under_its_prefix(world: Any) -> None
 
 async def test_list_threads_shows_only_the_tokens_threads(world: Any) -> None:
     gateway, keys, _ = world
-    admin_store, _ = await _sidecar(gateway, keys.mint(prefixes=[""], ops=["admin", "capture"]))
+    admin_store, _ = await _sidecar(gateway, keys.mint(all_threads=True, ops=["admin", "capture"]))
     for thread in ("sb-1/a", "sb-1/b", "sb-2/a", "t-own", "zz"):
         lease = await admin_store.acquire_writer(thread)
         await admin_store.append(_checkpoint(f"c-{thread}", thread, b"x"), None, lease)

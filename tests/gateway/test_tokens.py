@@ -75,6 +75,21 @@ def test_mint_refuses_an_empty_scope_or_unknown_ops(keys: Keys) -> None:
         keys.mint(threads=["t1"], ttl_s=0)
 
 
+def test_an_empty_prefix_is_every_tenant_and_must_be_asked_for_by_name(
+    keys: Keys, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SandboxCheckpointInvalidArgumentError, match="--all-threads"):
+        keys.mint(prefixes=[""])
+    with pytest.raises(SandboxCheckpointInvalidArgumentError, match="--all-threads"):
+        keys.mint(threads=["t1"], prefixes=["sb-1/", ""])
+    argv = ["token", "mint", "--key-file", str(keys.private), "--ops", "admin"]
+    assert cli.main([*argv, "--thread-prefix", ""]) == 2
+    assert "--all-threads" in capsys.readouterr().err
+    assert cli.main([*argv, "--all-threads"]) == 0
+    scope = _verifier(keys).verify(capsys.readouterr().out.strip())
+    assert scope.thread_prefixes == ("",) and scope.covers("any-tenant/any-thread")
+
+
 def test_keygen_never_overwrites_a_key(keys: Keys) -> None:
     before = keys.private.read_bytes()
     with pytest.raises(SandboxCheckpointInvalidArgumentError, match="never overwritten"):

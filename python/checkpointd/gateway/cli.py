@@ -97,6 +97,11 @@ def add_commands(commands: Any) -> None:
         help="threads whose id starts with this (repeatable)",
     )
     mint.add_argument(
+        "--all-threads",
+        action="store_true",
+        help="every thread of every tenant (an operator's token; never a sandbox's)",
+    )
+    mint.add_argument(
         "--ops",
         default=",".join(DEFAULT_OPS),
         help=f"comma-separated operations of {', '.join(OPS)} (default {','.join(DEFAULT_OPS)})",
@@ -130,6 +135,7 @@ def run_token(args: argparse.Namespace) -> int:
                 ttl_s=parse_duration(args.ttl),
                 audience=args.audience,
                 subject=args.subject,
+                all_threads=args.all_threads,
             )
         )
         return EXIT_OK
@@ -138,6 +144,7 @@ def run_token(args: argparse.Namespace) -> int:
 
 
 def run_gateway(args: argparse.Namespace) -> int:
+    from ..malloc import return_large_buffers_to_the_os
     from ..service.config import parse_bytes, parse_duration
     from .server import GatewayConfig, run
 
@@ -145,6 +152,8 @@ def run_gateway(args: argparse.Namespace) -> int:
         level=getattr(logging, str(args.log_level).upper(), logging.INFO),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+
+    return_large_buffers_to_the_os()  # uploads stream MiB-sized chunks through threads
 
     def path(value: str | None) -> Path | None:
         return Path(value).absolute() if value else None

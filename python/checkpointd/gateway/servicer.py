@@ -806,7 +806,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 await self._may_read(scope, key)
             # Never past the token: a URL must not outlive the token that asked.
             left = scope.expires_at - int(time.time())
-            seconds = max(1, min(request.expires_in_s or DEFAULT_SIGNED_URL_S, MAX_SIGNED_URL_S, left))
+            seconds = max(
+                1, min(request.expires_in_s or DEFAULT_SIGNED_URL_S, MAX_SIGNED_URL_S, left)
+            )
             urls = await obstore.sign_async(
                 signer, "GET", keys, datetime.timedelta(seconds=seconds)
             )
