@@ -3,7 +3,8 @@ import { captureSandboxCheckpoint, connect, restoreSandboxCheckpoint,
   SandboxCheckpointWriterConflictError } from "@checkpointd/client";
 
 const [address, threadId] = process.argv.slice(2);
-const client = await connect({ address, token: process.env.CHECKPOINTD_TOKEN });
+// The token (TCP) comes from CHECKPOINTD_TOKEN, as for the checkpointd command.
+const client = await connect({ address });
 
 // A fresh sandbox (or one after a crash): bring back the newest checkpoint first.
 const restored = await restoreSandboxCheckpoint({ client, threadId });

@@ -30,11 +30,32 @@ export function checkOptions(fn: string, options: unknown, allowed: readonly str
     });
   }
   const known = [...allowed, ...(call ? CALL_OPTION_KEYS : [])];
-  for (const key of Object.keys(options)) {
+  for (const [key, value] of Object.entries(options)) {
+    checkText(fn, key, value);
     if (known.includes(key)) continue;
     const near = known.find((name) => editDistance(name.toLowerCase(), key.toLowerCase()) <= 2);
     const hint = REFERENCE_HINTS[key] ?? (near ? `did you mean \`${near}\`?` : `known: ${known.join(", ")}`);
     throw invalidArgument(`${fn}: unknown option \`${key}\`: ${hint}`, { field: key });
+  }
+}
+
+// A lone UTF-16 surrogate: UTF-8 cannot carry it, so the wire would silently
+// turn it into U+FFFD and name another thread or checkpoint.
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+
+/**
+ * An id option (`threadId`, `checkpointId`, `sourceThreadId`, ...) must be a
+ * string, and every string option well-formed Unicode: else INVALID_ID for an
+ * id, INVALID_ARGUMENT for anything else, naming the option.
+ */
+function checkText(fn: string, key: string, value: unknown): void {
+  const isId = /Id$/.test(key) && key !== "requestId";
+  const code = isId ? "SANDBOX_SNAPSHOT_INVALID_ID" : "SANDBOX_SNAPSHOT_INVALID_ARGUMENT";
+  if (isId && value !== undefined && typeof value !== "string") {
+    throw invalidArgument(`${fn}: ${key} must be a string, not ${describe(value)}`, { field: key }, code);
+  }
+  if (typeof value === "string" && LONE_SURROGATE.test(value)) {
+    throw invalidArgument(`${fn}: ${key} is not well-formed Unicode (a lone surrogate)`, { field: key }, code);
   }
 }
 
