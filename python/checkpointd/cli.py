@@ -468,7 +468,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     mcp = client(
         "mcp",
-        "the agent's own tools (save, list, fork, artifacts) over MCP on stdio",
+        "the agent's own tools (save, list, fork, rewind, undo, artifacts) over MCP on stdio",
         as_json=False,
     )
     mcp.add_argument("--thread", required=True, help="the one thread the agent may use")

@@ -17,6 +17,12 @@ so the agent never holds store or bucket credentials. Tools:
 * ``list_artifacts(checkpointId?)`` — the artifacts of a checkpoint (default: the
   head): ids, names, types, sizes; never their bytes.
 * ``read_artifact(artifactId, checkpointId?)`` — one artifact's metadata.
+* ``restore_checkpoint(checkpointId?)`` — rewind the workspace to a checkpoint of
+  the bound thread (default: the head). It always saves the live tree to the
+  thread's stash first (when it differs from what the thread holds) and always
+  records: the head then describes the workspace (docs/restore-history.md).
+* ``undo_restore()`` — undo the last rewind: restore the newest stash entry,
+  saving what it overwrites (undo twice: redo), and record it as the head.
 
 Each tool carries MCP annotations (``readOnlyHint``, ``destructiveHint``,
 ``idempotentHint``, ``openWorldHint``) and its input schema states the limits:
@@ -24,8 +30,9 @@ a label is 1 to 200 characters without C0/C1 control characters, line
 separators or bidirectional formatting characters; ids at most MAX_ID_BYTES.
 
 What the agent cannot do, by construction: delete, prune or sweep (no such tool,
-and the client calls only Capture, ListCheckpoints, GetHead, GetCheckpoint and
-Fork), or read or write another thread (every call names the bound thread; a
+and the client calls only Capture, Restore, Undo, ListCheckpoints, GetHead,
+GetCheckpoint and Fork; every change a rewind makes can be undone), or read or
+write another thread (every call names the bound thread; a
 checkpoint id of another thread gets exactly the answer an unknown id gets, so
 the tools do not tell whether it exists). Fork only ever creates a thread with a
 fresh id, which the daemon refuses to do over a non-empty one.
@@ -43,7 +50,9 @@ What a save captures (policy, sub-root, secrets to zero) is fixed by the
 orchestrator on the command line (``--exclude``, ``--include``, ``--subdir``,
 ``--secret-env``, as for ``checkpointd capture``); the agent gives only a label.
 A save uses a fresh request id per call (never retried by this server: the agent
-decides); fork threads are named ``<thread>-fork-<12 hex>``.
+decides); fork threads are named ``<thread>-fork-<12 hex>``. A rewind and an
+undo use the same secrets (zeroed in what they stash, written back where the
+restored files held them).
 """
 
 from __future__ import annotations
@@ -146,6 +155,8 @@ Cursor = Annotated[
 
 _READ_ONLY = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 # Saves and forks add checkpoints and threads; they never change or delete one.
+# A rewind and an undo change the workspace, but what they replace goes to the
+# thread's stash first (undo_restore brings it back): nothing is lost.
 _ADDITIVE = ToolAnnotations(
     read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False
 )
@@ -223,6 +234,38 @@ class ArtifactList(TypedDict):
     artifacts: list[ArtifactInfo]
 
 
+class SavedBeforeRestore(TypedDict):
+    checkpointId: str
+    fileCount: int
+    totalBytes: int
+
+
+class Rewound(TypedDict):
+    threadId: str
+    restoredCheckpointId: str
+    headCheckpointId: str | None
+    savedBeforeRestore: SavedBeforeRestore | None
+
+
+def _rewound(thread_id: str, done: pb.RestoreDone, head: str | None) -> Rewound:
+    """A rewind's or an undo's result: what was restored, the head now, and
+    the stash entry the live tree was saved to first (undo_restore restores it)."""
+    saved: SavedBeforeRestore | None = None
+    if done.HasField("saved_before_restore"):
+        entry = done.saved_before_restore.checkpoint
+        saved = {
+            "checkpointId": entry.id,
+            "fileCount": entry.file_count,
+            "totalBytes": entry.total_bytes,
+        }
+    return {
+        "threadId": thread_id,
+        "restoredCheckpointId": done.checkpoint.id,
+        "headCheckpointId": done.recorded.id if done.HasField("recorded") else head,
+        "savedBeforeRestore": saved,
+    }
+
+
 class AgentToolError(ToolError):
     """A tool's failure; its text is JSON the agent (or a program) can read."""
 
@@ -243,7 +286,7 @@ def tool_error(
     return AgentToolError(json.dumps({"error": body}, ensure_ascii=False))
 
 
-def _raise_rpc(error: RpcError) -> NoReturn:
+def _raise_rpc(error: RpcError, tool: str = "save_checkpoint") -> NoReturn:
     if error.reason in _INPUT_REASONS:
         code = "INVALID_TOOL_INPUT"
     elif error.reason in _MISSING_REASONS:
@@ -257,7 +300,7 @@ def _raise_rpc(error: RpcError) -> NoReturn:
         wait_ms = int(raw) if raw.isdecimal() else DEFAULT_RETRY_MS
         message = (
             f"{error.message}; another save or restore of this thread was running: call "
-            f"save_checkpoint again in about {max(wait_ms, 1) / 1000:.1f} s"
+            f"{tool} again in about {max(wait_ms, 1) / 1000:.1f} s"
         )
         raise tool_error(code, message, wait_ms, **error.metadata) from None
     raise tool_error(code, error.message, **error.metadata) from None
@@ -373,7 +416,8 @@ def build_server(
         "checkpointd",
         instructions=(
             f"Checkpoints of your workspace (thread {thread_id}). save_checkpoint before a "
-            "risky step; fork_checkpoint to try an alternative in a new thread."
+            "risky step; fork_checkpoint to try an alternative in a new thread; "
+            "restore_checkpoint to rewind (undo_restore takes the rewind back)."
         ),
         lifespan=lifespan,
     )
@@ -447,6 +491,41 @@ def build_server(
             "sourceThreadId": thread_id,
             "sourceCheckpointId": source,
         }
+
+    @server.tool(annotations=_ADDITIVE)
+    async def restore_checkpoint(
+        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
+    ) -> Rewound:
+        """Rewind the workspace to a checkpoint of this thread (default: the head).
+
+        Your uncommitted changes are saved to the thread's stash first, and the
+        restored checkpoint becomes the head: undo_restore brings the changes back.
+        """
+        thread = bound(ctx)
+        target = (await thread.checkpoint(checkpointId)).checkpoint.id
+        try:
+            done = await thread.client.restore(
+                thread_id, checkpoint_id=target, record=True, secrets=save.secrets
+            )
+            head = await thread.client.get_head(thread_id)
+        except RpcError as error:
+            _raise_rpc(error, "restore_checkpoint")
+        return _rewound(thread_id, done, head)
+
+    @server.tool(annotations=_ADDITIVE)
+    async def undo_restore(ctx: Context[Any, Any]) -> Rewound:
+        """Undo the last restore_checkpoint (or undo_restore): bring back the
+        workspace it replaced, saving the current one first (undo twice: redo).
+
+        Fails with MISSING_CHECKPOINT when nothing was replaced yet.
+        """
+        client = bound(ctx).client
+        try:
+            done = await client.undo(thread_id, record=True, secrets=save.secrets)
+            head = await client.get_head(thread_id)
+        except RpcError as error:
+            _raise_rpc(error, "undo_restore")
+        return _rewound(thread_id, done, head)
 
     @server.tool(annotations=_READ_ONLY)
     async def list_artifacts(

@@ -26,6 +26,8 @@ TOOLS = {
     "fork_checkpoint",
     "list_artifacts",
     "read_artifact",
+    "restore_checkpoint",
+    "undo_restore",
 }
 READ_ONLY = {"list_checkpoints", "list_artifacts", "read_artifact"}
 
@@ -57,7 +59,7 @@ async def fails(client: Client, tool: str, arguments: dict[str, Any], code: str)
     return error
 
 
-async def test_tools_are_the_five_and_save_takes_only_a_label(daemon: Daemon) -> None:
+async def test_tools_are_these_and_save_takes_only_a_label(daemon: Daemon) -> None:
     async with agent(daemon, "t-mcp-tools") as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert set(tools) == TOOLS, "no delete, prune or sweep tool"
@@ -75,7 +77,7 @@ async def test_tools_say_what_they_change_and_their_limits(daemon: Daemon) -> No
         assert hints is not None, name
         assert hints.read_only_hint is (name in READ_ONLY), name
         assert hints.open_world_hint is False, name
-        if name not in READ_ONLY:  # saves and forks add; nothing deletes
+        if name not in READ_ONLY:  # saves and forks add; a rewind stashes what it replaces
             assert hints.destructive_hint is False and hints.idempotent_hint is False, name
     label = tools["save_checkpoint"].input_schema["properties"]["label"]
     assert (label["minLength"], label["maxLength"]) == (1, 200)
