@@ -71,6 +71,11 @@ export interface ListCheckpointsOptions extends CallOptions {
   pageSize?: number;
   /** Only those listed before this checkpoint (older, with `newestFirst` the ones after it). */
   before?: string;
+  /**
+   * List the thread's stash instead: the live trees its restores replaced,
+   * newest last ({@link undoRestore} restores the newest).
+   */
+  stash?: boolean;
 }
 
 /**
@@ -84,7 +89,7 @@ export interface ListCheckpointsOptions extends CallOptions {
  * An unknown thread has none.
  */
 export function listCheckpoints(options: ListCheckpointsOptions): CheckpointList {
-  checkOptions("listCheckpoints", options, ["client", "threadId", "newestFirst", "pageSize", "before"]);
+  checkOptions("listCheckpoints", options, ["client", "threadId", "newestFirst", "pageSize", "before", "stash"]);
   return new CheckpointList(options);
 }
 
@@ -98,11 +103,11 @@ export class CheckpointList implements AsyncIterable<Checkpoint> {
 
   /** One array per page the daemon sends. */
   async *pages(): AsyncGenerator<Checkpoint[]> {
-    const { client, threadId, newestFirst, pageSize, before } = this.#options;
+    const { client, threadId, newestFirst, pageSize, before, stash } = this.#options;
     let pageToken = "";
     do {
       const reply = await client.listCheckpoints(
-        { threadId, newestFirst: newestFirst ?? false, pageSize: pageSize ?? 0, before, pageToken },
+        { threadId, newestFirst: newestFirst ?? false, pageSize: pageSize ?? 0, before, stash: stash ?? false, pageToken },
         callOptions(this.#options),
       );
       yield reply.checkpoints.map((summary: CheckpointSummary) => toCheckpoint(summary));

@@ -145,6 +145,7 @@ export const DEFAULT_DEADLINES: Readonly<Record<CallKind, number>> = Object.free
 const CALL_KINDS: Readonly<Record<string, CallKind>> = {
   Capture: "operation",
   Restore: "operation",
+  Undo: "operation",
   SweepBlobs: "operation",
   Check: "operation",
   ListEntries: "read",

@@ -9,7 +9,15 @@
  */
 import type { CallOptions, CheckpointdClient } from "./client.js";
 import { checkpointdError, invalidArgument, type SandboxCheckpointError } from "./errors.js";
-import type { CaptureDone, Progress, RestoreDone } from "./gen/checkpointd/v1/checkpointd.js";
+import type {
+  Artifact,
+  CaptureDone,
+  CheckpointSummary,
+  Progress,
+  RestoreDone,
+  RestoreEvent,
+  RestorePlanPaths,
+} from "./gen/checkpointd/v1/checkpointd.js";
 import {
   callOptions,
   checkOptions,
@@ -27,7 +35,6 @@ import {
   type CheckpointArtifact,
   type SandboxPolicy,
 } from "./summary.js";
-import type { Artifact } from "./gen/checkpointd/v1/checkpointd.js";
 
 /** A progress event (see the contract's ProgressPhase for what each phase counts). */
 export interface SandboxProgress {
@@ -200,6 +207,17 @@ export interface RestoreSandboxCheckpointOptions extends CallOptions, WorkspaceO
    * restore has happened by then: give the secrets and restore again.
    */
   requireSecrets?: boolean;
+  /**
+   * Do not save the live changes the restore overwrites to the thread's stash
+   * (where {@link undoRestore} finds them): they are lost.
+   */
+  discardLiveChanges?: boolean;
+  /**
+   * When the checkpoint restored is not the head, append a checkpoint that
+   * repeats it (reason `restore`), so the head describes the workspace. Unset,
+   * the head never moves, as in the reference API.
+   */
+  record?: boolean;
   onProgress?: (progress: SandboxProgress) => void;
 }
 
@@ -211,6 +229,8 @@ const RESTORE_KEYS = [
   "secrets",
   "dryRun",
   "requireSecrets",
+  "discardLiveChanges",
+  "record",
   "workspaceRoot",
   "workspaceSubdir",
   "onProgress",
@@ -227,9 +247,24 @@ export interface SandboxRestorePlan {
   dirsCreated: number;
   bytesToFetch: number;
   blobsToFetch: number;
+  /** Of the paths written or deleted, those holding live changes the restore would stash first. */
+  pathsStashed: number;
+  bytesStashed: number;
   /** Relative to the folder restored. */
   written: string[];
   deleted: string[];
+  stashed: string[];
+}
+
+/** The stash entry a restore saved the live tree to before it changed anything. */
+export interface SandboxSavedBeforeRestore {
+  /** The entry (its thread is the stash's, `<thread>~stash`). */
+  checkpoint: Checkpoint;
+  /** What the live changes added to the bucket. */
+  blobsUploaded: number;
+  bytesUploaded: number;
+  /** True when an earlier, interrupted run of the same restore saved it. */
+  resumed: boolean;
 }
 
 /** The restored checkpoint's summary, with what the restore could not fill. */
@@ -242,6 +277,10 @@ export type RestoredCheckpoint = Checkpoint & {
    */
   unfilledSecretPaths: string[];
   unfilledSecretCount: number;
+  /** Where the live tree was saved before the restore changed it (`null`: nothing needed saving). */
+  savedBeforeRestore: SandboxSavedBeforeRestore | null;
+  /** The checkpoint `record` appended (the thread's new head), else `null`. */
+  recorded: Checkpoint | null;
   durationMs: number;
 };
 
@@ -272,28 +311,94 @@ export async function restoreSandboxCheckpoint(
   options: RestoreSandboxCheckpointOptions,
 ): Promise<RestoredCheckpoint | PlannedRestore | null> {
   checkOptions("restoreSandboxCheckpoint", options, RESTORE_KEYS);
-  const dryRun = options.dryRun ?? false;
   const events = options.client.restore(
     {
       threadId: options.threadId,
       checkpointId: options.checkpointId,
       policy: options.policy,
       workspaceSubdir: workspaceSubdir(options, options.client.workspaceRoot),
-      dryRun,
+      dryRun: options.dryRun ?? false,
+      discardLiveChanges: options.discardLiveChanges ?? false,
+      record: options.record ?? false,
       ...secretFields(options.secrets),
     },
     callOptions(options),
   );
-  const written: string[] = [];
-  const deleted: string[] = [];
+  return readRestore(events, options);
+}
+
+export interface UndoRestoreOptions extends CallOptions, WorkspaceOptions {
+  client: CheckpointdClient;
+  threadId: string;
+  /** The secrets, as for {@link restoreSandboxCheckpoint}. */
+  secrets?: SandboxSecrets;
+  dryRun?: boolean;
+  requireSecrets?: boolean;
+  /** The head follows the workspace, as a restore's `record`. */
+  record?: boolean;
+  onProgress?: (progress: SandboxProgress) => void;
+}
+
+/**
+ * Undoes the thread's last restore: restores the newest entry of its stash
+ * (the live tree a restore replaced), saving what that overwrites to the stash
+ * first, so an undo of an undo is a redo. Returns the stash entry restored,
+ * shaped as {@link restoreSandboxCheckpoint}'s result. An empty stash throws
+ * `SandboxSnapshotError` with code `SANDBOX_SNAPSHOT_MISSING_CHECKPOINT`.
+ */
+export async function undoRestore(
+  options: UndoRestoreOptions & { dryRun: true },
+): Promise<PlannedRestore | null>;
+export async function undoRestore(
+  options: UndoRestoreOptions & { dryRun?: false },
+): Promise<RestoredCheckpoint | null>;
+export async function undoRestore(
+  options: UndoRestoreOptions,
+): Promise<RestoredCheckpoint | PlannedRestore | null>;
+export async function undoRestore(
+  options: UndoRestoreOptions,
+): Promise<RestoredCheckpoint | PlannedRestore | null> {
+  checkOptions("undoRestore", options, [
+    "client",
+    "threadId",
+    "secrets",
+    "dryRun",
+    "requireSecrets",
+    "record",
+    "workspaceRoot",
+    "workspaceSubdir",
+    "onProgress",
+  ]);
+  const events = options.client.undo(
+    {
+      threadId: options.threadId,
+      workspaceSubdir: workspaceSubdir(options, options.client.workspaceRoot),
+      dryRun: options.dryRun ?? false,
+      record: options.record ?? false,
+      ...secretFields(options.secrets),
+    },
+    callOptions(options),
+  );
+  return readRestore(events, options);
+}
+
+/**
+ * A Restore's or an Undo's events, read to the end of the stream (its status),
+ * never cancelled after done: the daemon would log a cancelled call for a
+ * restore that succeeded.
+ */
+async function readRestore(
+  events: AsyncIterable<RestoreEvent>,
+  options: { dryRun?: boolean; requireSecrets?: boolean; onProgress?: (progress: SandboxProgress) => void },
+): Promise<RestoredCheckpoint | PlannedRestore | null> {
+  const paths: RestorePlanPaths = { written: [], deleted: [], stashed: [] };
   let done: RestoreDone | undefined;
-  // Read to the end of the stream (its status), never cancel after done: the
-  // daemon would log a cancelled call for a restore that succeeded.
   for await (const { event } of events) {
     if (event?.$case === "progress") options.onProgress?.(toProgress(event.value));
     else if (event?.$case === "planPaths") {
-      written.push(...event.value.written);
-      deleted.push(...event.value.deleted);
+      paths.written.push(...event.value.written);
+      paths.deleted.push(...event.value.deleted);
+      paths.stashed.push(...event.value.stashed);
     } else if (event?.$case === "done") done = event.value;
   }
   if (done === undefined) {
@@ -302,36 +407,50 @@ export async function restoreSandboxCheckpoint(
     });
   }
   if (done.checkpoint === undefined) return null;
-  const durationMs = toNumber(done.durationMs);
-  if (dryRun) {
-    return {
-      ...toCheckpoint(done.checkpoint),
-      dryRun: true,
-      durationMs,
-      plan: {
-        filesWritten: toNumber(done.plan?.filesWritten),
-        pathsDeleted: toNumber(done.plan?.pathsDeleted),
-        filesKept: toNumber(done.plan?.filesKept),
-        dirsCreated: toNumber(done.plan?.dirsCreated),
-        bytesToFetch: toNumber(done.plan?.bytesToFetch),
-        blobsToFetch: toNumber(done.plan?.blobsToFetch),
-        written,
-        deleted,
-      },
-    };
-  }
+  if (options.dryRun) return planned(done, done.checkpoint, paths);
   if (!done.restored) return null;
+  const saved = done.savedBeforeRestore;
   const restored: RestoredCheckpoint = {
     ...toCheckpoint(done.checkpoint),
     dryRun: false,
-    durationMs,
+    durationMs: toNumber(done.durationMs),
     unfilledSecretPaths: done.unfilledSecretPaths,
     unfilledSecretCount: toNumber(done.unfilledSecretCount),
+    savedBeforeRestore:
+      saved?.checkpoint === undefined
+        ? null
+        : {
+            checkpoint: toCheckpoint(saved.checkpoint),
+            blobsUploaded: toNumber(saved.blobsUploaded),
+            bytesUploaded: toNumber(saved.bytesUploaded),
+            resumed: saved.resumed,
+          },
+    recorded: done.recorded === undefined ? null : toCheckpoint(done.recorded),
   };
   if (options.requireSecrets && restored.unfilledSecretCount > 0) {
     throw unfilledSecretsError(restored);
   }
   return restored;
+}
+
+function planned(done: RestoreDone, checkpoint: CheckpointSummary, paths: RestorePlanPaths): PlannedRestore {
+  const plan = done.plan;
+  return {
+    ...toCheckpoint(checkpoint),
+    dryRun: true,
+    durationMs: toNumber(done.durationMs),
+    plan: {
+      filesWritten: toNumber(plan?.filesWritten),
+      pathsDeleted: toNumber(plan?.pathsDeleted),
+      filesKept: toNumber(plan?.filesKept),
+      dirsCreated: toNumber(plan?.dirsCreated),
+      bytesToFetch: toNumber(plan?.bytesToFetch),
+      blobsToFetch: toNumber(plan?.blobsToFetch),
+      pathsStashed: toNumber(plan?.pathsStashed),
+      bytesStashed: toNumber(plan?.bytesStashed),
+      ...paths,
+    },
+  };
 }
 
 function unfilledSecretsError(restored: RestoredCheckpoint): SandboxCheckpointError {

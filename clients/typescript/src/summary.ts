@@ -24,7 +24,10 @@ export interface Checkpoint {
   threadId: string;
   parentCheckpointId: string | null;
   createdAt: number;
-  /** `"automatic"`, `"named"` or `"fork-root"`. */
+  /**
+   * `"automatic"`, `"named"`, `"fork-root"`, `"restore"` (appended by a restore
+   * with `record`) or `"stash"` (an entry of a thread's stash).
+   */
   reason: string;
   label: string | null;
   sourceRunId: string | null;
@@ -41,6 +44,10 @@ export interface Checkpoint {
   /** Set on a fork root: where it was forked from. */
   forkedFromThreadId: string | null;
   forkedFromCheckpointId: string | null;
+  /** Set on a checkpoint of reason `restore`: the checkpoint it repeats. */
+  restoredFromCheckpointId: string | null;
+  /** Set on an entry of a stash: the thread whose stash it is. */
+  stashOfThreadId: string | null;
 }
 
 /** An artifact record (from `client.uploadArtifactBytes`), as plain JSON. */
@@ -101,6 +108,8 @@ export function toCheckpoint(summary: CheckpointSummary): Checkpoint {
     workspaceSubdir: summary.workspaceSubdir,
     forkedFromThreadId: summary.forkedFromThreadId ?? null,
     forkedFromCheckpointId: summary.forkedFromCheckpointId ?? null,
+    restoredFromCheckpointId: summary.restoredFromCheckpointId ?? null,
+    stashOfThreadId: summary.stashOfThreadId ?? null,
   };
 }
 

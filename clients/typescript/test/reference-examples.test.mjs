@@ -60,11 +60,19 @@ async function checkpoint(threadId, root) {
   }
 }
 
+// checkpointEveryMinute, every `ms` here; stopping also waits for a capture
+// still running, so the test's next step does not race it.
 function checkpointEvery(ms, threadId, root, errors) {
+  const running = new Set();
   const timer = setInterval(() => {
-    checkpoint(threadId, root).catch((error) => errors.push(error));
+    const capture = checkpoint(threadId, root).catch((error) => errors.push(error));
+    running.add(capture);
+    capture.finally(() => running.delete(capture));
   }, ms);
-  return () => clearInterval(timer);
+  return async () => {
+    clearInterval(timer);
+    await Promise.all(running);
+  };
 }
 
 // prune.ts: keep the head and the newest checkpoints before it.
@@ -90,8 +98,7 @@ test("add checkpoints to an agent loop: the file is back after the sandbox is go
   const stop = checkpointEvery(40, "t-loop", root, errors);
   writeTree(root, { "notes.md": "the agent wrote this" });
   await new Promise((resolve) => setTimeout(resolve, 400));
-  stop();
-  await new Promise((resolve) => setTimeout(resolve, 200)); // the last tick's capture ends
+  await stop();
   assert.deepEqual(errors, [], "a busy tick is skipped, never an error");
   const head = await getHead({ client, threadId: "t-loop" });
   assert.ok(head, "the timer saved checkpoints");

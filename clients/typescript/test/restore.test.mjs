@@ -9,8 +9,11 @@ import { after, before, test } from "node:test";
 import {
   captureSandboxCheckpoint,
   connect,
+  getHead,
+  listCheckpoints,
   restoreSandboxCheckpoint,
   SandboxSnapshotError,
+  undoRestore,
 } from "@checkpointd/client";
 import { status } from "@grpc/grpc-js";
 
@@ -156,4 +159,46 @@ test("successful captures and restores read their streams to the end", async () 
   }
   const cancelled = daemon.log().split("\n").filter((line) => line.includes("failed: CANCELLED"));
   assert.deepEqual(cancelled, [], "the daemon logged no failure for a success");
+});
+
+test("a restore stashes live changes; undoRestore brings them back; record moves the head", async () => {
+  const root = path.join(daemon.workspace, "history");
+  const options = { client, threadId: "t-history", workspaceSubdir: "history" };
+  writeTree(root, { "a.txt": "v1" });
+  const first = await captureSandboxCheckpoint(options);
+  writeTree(root, { "a.txt": "an edit nobody captured" });
+
+  const restored = await restoreSandboxCheckpoint(options);
+  assert.equal(readFileSync(path.join(root, "a.txt"), "utf8"), "v1");
+  const saved = restored.savedBeforeRestore;
+  assert.ok(saved, "the live edit was saved before the restore overwrote it");
+  assert.equal(saved.checkpoint.reason, "stash");
+  assert.equal(saved.checkpoint.stashOfThreadId, "t-history");
+  assert.equal(restored.recorded, null, "the head does not move unless asked");
+  const stash = await listCheckpoints({ client, threadId: "t-history", stash: true }).toArray();
+  assert.deepEqual(stash.map((entry) => entry.id), [saved.checkpoint.id]);
+
+  const undone = await undoRestore(options);
+  assert.equal(undone.id, saved.checkpoint.id);
+  assert.equal(readFileSync(path.join(root, "a.txt"), "utf8"), "an edit nobody captured");
+  await undoRestore(options); // an undo of an undo is a redo
+  assert.equal(readFileSync(path.join(root, "a.txt"), "utf8"), "v1");
+
+  writeTree(root, { "a.txt": "thrown away" });
+  const discarded = await restoreSandboxCheckpoint({ ...options, discardLiveChanges: true });
+  assert.equal(discarded.savedBeforeRestore, null);
+
+  writeTree(root, { "a.txt": "v2" });
+  const second = await captureSandboxCheckpoint(options);
+  const back = await restoreSandboxCheckpoint({ ...options, checkpointId: first.id, record: true });
+  assert.equal(back.recorded.reason, "restore");
+  assert.equal(back.recorded.restoredFromCheckpointId, first.id);
+  assert.equal(back.recorded.parentCheckpointId, second.id);
+  assert.equal(await getHead({ client, threadId: "t-history" }), back.recorded.id);
+
+  await assert.rejects(undoRestore({ client, threadId: "t-no-stash", workspaceSubdir: "history" }), (error) => {
+    assert.ok(error instanceof SandboxSnapshotError);
+    assert.equal(error.code, "SANDBOX_SNAPSHOT_MISSING_CHECKPOINT");
+    return true;
+  });
 });
