@@ -511,7 +511,9 @@ function unreachable(address: string, error: SandboxCheckpointError): SandboxChe
   let hint = "";
   if (/ENOENT/.test(cause)) hint = " (no socket there: is the daemon running, and is this its address?)";
   else if (/ECONNREFUSED/.test(cause)) hint = " (nothing listens there: is the daemon running?)";
-  else if (/TLS|SSL|certificate|self.signed|altname|ERR_TLS/i.test(cause)) {
+  else if (/wrong version number|packet length too long/i.test(cause)) {
+    hint = " (TLS: the daemon does not answer TLS there; drop `tls`, or start it with --tls-cert and --tls-key)";
+  } else if (/TLS|SSL|certificate|self.signed|altname|ERR_TLS/i.test(cause)) {
     hint = " (TLS: is the daemon's CA given, tls.rootCerts or CHECKPOINTD_TLS_CA, and does its certificate name this host?)";
   }
   return checkpointdError(`cannot reach the daemon at ${address}: ${cause}${hint}`, {
