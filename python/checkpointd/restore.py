@@ -248,7 +248,7 @@ async def restore_checkpoint(
                 _report_unfilled(checkpoint, unfilled, unfilled_secrets)
                 for path in session.skipped:
                     _log.warning(
-                        "restore left %s alone: it is on another filesystem (a mount point)",
+                        "restore left %s alone: a mount point, or deeper than a checkpoint goes",
                         os.path.join(target_root, path),
                     )
             finally:

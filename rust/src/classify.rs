@@ -14,6 +14,10 @@ pub enum Unsupported {
     BackslashName,
     /// A directory on another filesystem: the scan never crosses a device boundary.
     MountPoint,
+    /// Deeper than `walk::MAX_DEPTH` directories below the root.
+    TooDeep,
+    /// A path longer than `walk::MAX_PATH_BYTES` bytes.
+    PathTooLong,
     Unknown,
 }
 
@@ -29,6 +33,8 @@ impl Unsupported {
             Unsupported::NonUtf8Name => "non-utf8-name",
             Unsupported::BackslashName => "backslash-name",
             Unsupported::MountPoint => "mount-point",
+            Unsupported::TooDeep => "too-deep",
+            Unsupported::PathTooLong => "path-too-long",
             Unsupported::Unknown => "unknown",
         }
     }

@@ -59,6 +59,7 @@ use crate::manifest::{self, ManifestRow};
 use crate::pack;
 use crate::scan::KeptCache;
 use crate::statcache::{self, CacheEntry};
+use crate::walk::{self, MAX_DEPTH, MAX_PATH_BYTES};
 use rayon::prelude::*;
 
 /// Top-level names reserved for staging (never captured, never deleted).
@@ -421,7 +422,16 @@ fn check_target_path(path: &str, name_max: usize) -> Result<(), RestoreError> {
             limit: name_max,
         });
     }
-    Ok(())
+    // What no capture makes (the walk refuses it): a hostile manifest's.
+    let reason = match walk::beyond_limits(path.split('/').count(), path.len()) {
+        Some(Unsupported::TooDeep) => format!("deeper than {MAX_DEPTH} directories"),
+        Some(_) => format!("longer than {MAX_PATH_BYTES} bytes"),
+        None => return Ok(()),
+    };
+    Err(RestoreError::InvalidPath {
+        path: path.to_string(),
+        reason,
+    })
 }
 
 /// The longest name the filesystem holding `fd` allows (255 when unknown).
@@ -789,9 +799,14 @@ impl<'w> DirStack<'w> {
     }
 }
 
+/// How deep below the root [`remove_tree`] goes: a checkpoint's deepest
+/// paths, in staging's tree (two levels down: `.checkpointd-staging-*/t/`).
+const REMOVE_DEPTH_MAX: usize = MAX_DEPTH + 2;
+
 /// Remove whatever stands at `name` in `parent`: a non-directory is unlinked,
-/// a directory emptied and removed, without ever entering a directory on
-/// another device (its path goes to `skipped`, and it stays).
+/// a directory emptied and removed, without ever entering a mount point nor
+/// going deeper than [`REMOVE_DEPTH_MAX`] below the root (each level holds an
+/// fd and a stack frame): such a path goes to `skipped`, and it stays.
 fn remove_tree(
     ws: &Workspace,
     parent: RawFd,
@@ -799,6 +814,10 @@ fn remove_tree(
     rel: &[u8],
     skipped: &mut Vec<Vec<u8>>,
 ) -> Result<(), RestoreError> {
+    if rel.split(|&b| b == b'/').count() > REMOVE_DEPTH_MAX {
+        skipped.push(rel.to_vec());
+        return Ok(());
+    }
     let stat = match fs::lstat_at(parent, name) {
         Ok(s) => s,
         Err(e) if is_errno(&e, &[libc::ENOENT, libc::ENOTDIR]) => return Ok(()),
@@ -2449,6 +2468,30 @@ mod tests {
             Target::read(b"[ ]", 255),
             Ok(Target::Decoded(rows)) if rows.is_empty()
         ));
+    }
+
+    /// What no capture makes: a path deeper or longer than the walk takes.
+    #[test]
+    fn a_target_path_beyond_the_walks_limits_is_refused() {
+        let deepest = vec!["d"; MAX_DEPTH].join("/");
+        assert!(Target::read(&encode(&[file(&deepest, 1, 1)]), 255).is_ok());
+        let refused = |path: &str| match Target::read(&encode(&[file(path, 1, 1)]), 255) {
+            Err(RestoreError::InvalidPath { reason, .. }) => reason,
+            other => panic!("{path:.40}: {:?}", other.map(|_| ())),
+        };
+        let deeper = format!("{deepest}/d");
+        assert_eq!(
+            refused(&deeper),
+            format!("deeper than {MAX_DEPTH} directories")
+        );
+        let longest = vec!["n".repeat(200); 20].join("/") + "/" + &"n".repeat(75);
+        assert_eq!(longest.len(), MAX_PATH_BYTES);
+        assert!(Target::read(&encode(&[file(&longest, 1, 1)]), 255).is_ok());
+        let longer = format!("{longest}n");
+        assert_eq!(
+            refused(&longer),
+            format!("longer than {MAX_PATH_BYTES} bytes")
+        );
     }
 
     #[test]

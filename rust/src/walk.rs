@@ -115,6 +115,30 @@ impl Batch {
 /// Entries a checkpoint cannot hold: path and why.
 pub type Refused = Vec<(Vec<u8>, Unsupported)>;
 
+/// The deepest a captured entry lies: this many directories below the root
+/// (a file directly in the root is at depth 1). A deeper entry is refused as
+/// `too-deep` and a directory at this depth is entered but none below it, so
+/// neither a walk nor a restore holds more than this many directories open
+/// on one path, and a chain of directories costs memory for this many paths.
+pub const MAX_DEPTH: usize = 256;
+
+/// The longest path a captured entry has, in bytes: the longest the kernel
+/// takes in one call (`PATH_MAX` less its NUL). A longer one is refused as
+/// `path-too-long`, and a directory with such a path is not entered.
+pub const MAX_PATH_BYTES: usize = 4095;
+
+/// Why a path `depth` components deep and `len` bytes long cannot be
+/// captured (or restored), if it cannot.
+pub fn beyond_limits(depth: usize, len: usize) -> Option<Unsupported> {
+    if depth > MAX_DEPTH {
+        Some(Unsupported::TooDeep)
+    } else if len > MAX_PATH_BYTES {
+        Some(Unsupported::PathTooLong)
+    } else {
+        None
+    }
+}
+
 /// What every directory task needs.
 pub struct Walker<'a> {
     pub root_fd: RawFd,
@@ -567,6 +591,12 @@ impl Walker<'_> {
                 // SPEC §2 refuses `\` in a path: refused here, before any upload,
                 // so every path the scan emits is valid by construction.
                 found.push((path_of(), Unsupported::BackslashName));
+                continue;
+            }
+            let len = rel.len() + usize::from(!rel.is_empty()) + name_bytes.len();
+            if let Some(kind) = beyond_limits(parent_segments.len() + 1, len) {
+                // Never entered: a walk's memory grows with depth times path length.
+                found.push((path_of(), kind));
                 continue;
             }
             if fs::judge_mount_point(&stat, self.root_dev, || mount_root) {
