@@ -160,14 +160,14 @@ function credentialsFor(
   address: string,
 ): { credentials: grpc.ChannelCredentials; channelOptions: grpc.ChannelOptions } {
   if (tls === undefined) return { credentials: grpc.credentials.createInsecure(), channelOptions: {} };
-  const host = hostOf(address);
+  const expected = tls.serverName || hostOf(address);
   const verify: grpc.VerifyOptions = {};
   let serverName = tls.serverName;
-  if (!serverName && isIP(host)) {
+  if (isIP(expected)) {
     // The certificate is checked against the IP address itself; the name sent
     // is one that denotes the same address without being an IP literal.
-    serverName = reverseName(host);
-    verify.checkServerIdentity = (_name: string, cert: PeerCertificate) => checkServerIdentity(host, cert);
+    serverName = reverseName(expected);
+    verify.checkServerIdentity = (_name: string, cert: PeerCertificate) => checkServerIdentity(expected, cert);
   }
   return {
     credentials: grpc.credentials.createSsl(
