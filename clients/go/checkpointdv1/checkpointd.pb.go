@@ -1117,8 +1117,18 @@ type CaptureStats struct {
 	BytesUploaded uint64                 `protobuf:"varint,6,opt,name=bytes_uploaded,json=bytesUploaded,proto3" json:"bytes_uploaded,omitempty"`
 	DurationMs    uint64                 `protobuf:"varint,7,opt,name=duration_ms,json=durationMs,proto3" json:"duration_ms,omitempty"`
 	PhasesMs      map[string]uint64      `protobuf:"bytes,8,rep,name=phases_ms,json=phasesMs,proto3" json:"phases_ms,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// How the workspace was examined: "journal" (only what the daemon's change
+	// journal named since the last capture; every other entry is the parent's)
+	// or "full" (every entry listed and stat'ed). Empty from a daemon that does
+	// not say (older, or a replayed capture).
+	ScanMode string `protobuf:"bytes,9,opt,name=scan_mode,json=scanMode,proto3" json:"scan_mode,omitempty"`
+	// Why a "full" scan ran (e.g. "a fresh daemon", "the kernel's event queue
+	// overflowed"); empty for "journal".
+	FullScanReason string `protobuf:"bytes,10,opt,name=full_scan_reason,json=fullScanReason,proto3" json:"full_scan_reason,omitempty"`
+	// Entries stat'ed plus directories listed by this capture's scan.
+	EntriesExamined uint64 `protobuf:"varint,11,opt,name=entries_examined,json=entriesExamined,proto3" json:"entries_examined,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *CaptureStats) Reset() {
@@ -1205,6 +1215,27 @@ func (x *CaptureStats) GetPhasesMs() map[string]uint64 {
 		return x.PhasesMs
 	}
 	return nil
+}
+
+func (x *CaptureStats) GetScanMode() string {
+	if x != nil {
+		return x.ScanMode
+	}
+	return ""
+}
+
+func (x *CaptureStats) GetFullScanReason() string {
+	if x != nil {
+		return x.FullScanReason
+	}
+	return ""
+}
+
+func (x *CaptureStats) GetEntriesExamined() uint64 {
+	if x != nil {
+		return x.EntriesExamined
+	}
+	return 0
 }
 
 type CaptureStarted struct {
@@ -4639,8 +4670,14 @@ type Capabilities struct {
 	// Restores stash live changes; Undo, RestoreRequest.record and
 	// ListCheckpointsRequest.stash are served.
 	RestoreHistory bool `protobuf:"varint,15,opt,name=restore_history,json=restoreHistory,proto3" json:"restore_history,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// How the daemon learns what changed in the workspace between captures:
+	// "fanotify", "inotify" or "off" (`serve --watch`).
+	WatchMode string `protobuf:"bytes,16,opt,name=watch_mode,json=watchMode,proto3" json:"watch_mode,omitempty"`
+	// Why that mode, in words (e.g. "off: watch limit 8192 < 31,000
+	// directories"); empty when there is nothing to add.
+	WatchDetail   string `protobuf:"bytes,17,opt,name=watch_detail,json=watchDetail,proto3" json:"watch_detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Capabilities) Reset() {
@@ -4776,6 +4813,20 @@ func (x *Capabilities) GetRestoreHistory() bool {
 		return x.RestoreHistory
 	}
 	return false
+}
+
+func (x *Capabilities) GetWatchMode() string {
+	if x != nil {
+		return x.WatchMode
+	}
+	return ""
+}
+
+func (x *Capabilities) GetWatchDetail() string {
+	if x != nil {
+		return x.WatchDetail
+	}
+	return ""
 }
 
 type GetServerInfoResponse struct {
@@ -4926,7 +4977,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\fsecret_names\x18\v \x03(\tR\vsecretNamesB\b\n" +
 	"\x06_labelB\r\n" +
 	"\v_request_idB\x10\n" +
-	"\x0e_source_run_id\"\x86\x03\n" +
+	"\x0e_source_run_id\"\xf8\x03\n" +
 	"\fCaptureStats\x12\x18\n" +
 	"\aentries\x18\x01 \x01(\x04R\aentries\x12!\n" +
 	"\ffiles_hashed\x18\x02 \x01(\x04R\vfilesHashed\x12!\n" +
@@ -4936,7 +4987,11 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x0ebytes_uploaded\x18\x06 \x01(\x04R\rbytesUploaded\x12\x1f\n" +
 	"\vduration_ms\x18\a \x01(\x04R\n" +
 	"durationMs\x12G\n" +
-	"\tphases_ms\x18\b \x03(\v2*.checkpointd.v1.CaptureStats.PhasesMsEntryR\bphasesMs\x1a;\n" +
+	"\tphases_ms\x18\b \x03(\v2*.checkpointd.v1.CaptureStats.PhasesMsEntryR\bphasesMs\x12\x1b\n" +
+	"\tscan_mode\x18\t \x01(\tR\bscanMode\x12(\n" +
+	"\x10full_scan_reason\x18\n" +
+	" \x01(\tR\x0efullScanReason\x12)\n" +
+	"\x10entries_examined\x18\v \x01(\x04R\x0fentriesExamined\x1a;\n" +
 	"\rPhasesMsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x01\"R\n" +
@@ -5195,7 +5250,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\afinding\x18\x02 \x01(\v2\x1c.checkpointd.v1.CheckFindingH\x00R\afinding\x128\n" +
 	"\asummary\x18\x03 \x01(\v2\x1c.checkpointd.v1.CheckSummaryH\x00R\asummaryB\a\n" +
 	"\x05event\"\x16\n" +
-	"\x14GetServerInfoRequest\"\x87\x04\n" +
+	"\x14GetServerInfoRequest\"\xc9\x04\n" +
 	"\fCapabilities\x12#\n" +
 	"\rstore_backend\x18\x01 \x01(\tR\fstoreBackend\x12!\n" +
 	"\fblob_backend\x18\x02 \x01(\tR\vblobBackend\x12\x12\n" +
@@ -5215,7 +5270,10 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"mutual_tls\x18\r \x01(\bR\tmutualTls\x12\x1f\n" +
 	"\vauth_probes\x18\x0e \x01(\bR\n" +
 	"authProbes\x12'\n" +
-	"\x0frestore_history\x18\x0f \x01(\bR\x0erestoreHistory\"\x9e\x01\n" +
+	"\x0frestore_history\x18\x0f \x01(\bR\x0erestoreHistory\x12\x1d\n" +
+	"\n" +
+	"watch_mode\x18\x10 \x01(\tR\twatchMode\x12!\n" +
+	"\fwatch_detail\x18\x11 \x01(\tR\vwatchDetail\"\x9e\x01\n" +
 	"\x15GetServerInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\rR\x0fprotocolVersion\x12@\n" +

@@ -258,7 +258,7 @@ class CaptureRequest(_message.Message):
     def __init__(self, thread_id: _Optional[str] = ..., label: _Optional[str] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., secrets: _Optional[_Iterable[bytes]] = ..., conversation: _Optional[_Iterable[str]] = ..., artifacts: _Optional[_Iterable[_Union[Artifact, _Mapping]]] = ..., workspace_subdir: _Optional[str] = ..., request_id: _Optional[str] = ..., source_run_id: _Optional[str] = ..., skip_if_unchanged: _Optional[bool] = ..., secret_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CaptureStats(_message.Message):
-    __slots__ = ("entries", "files_hashed", "files_reused", "bytes_hashed", "blobs_uploaded", "bytes_uploaded", "duration_ms", "phases_ms")
+    __slots__ = ("entries", "files_hashed", "files_reused", "bytes_hashed", "blobs_uploaded", "bytes_uploaded", "duration_ms", "phases_ms", "scan_mode", "full_scan_reason", "entries_examined")
     class PhasesMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -274,6 +274,9 @@ class CaptureStats(_message.Message):
     BYTES_UPLOADED_FIELD_NUMBER: _ClassVar[int]
     DURATION_MS_FIELD_NUMBER: _ClassVar[int]
     PHASES_MS_FIELD_NUMBER: _ClassVar[int]
+    SCAN_MODE_FIELD_NUMBER: _ClassVar[int]
+    FULL_SCAN_REASON_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_EXAMINED_FIELD_NUMBER: _ClassVar[int]
     entries: int
     files_hashed: int
     files_reused: int
@@ -282,7 +285,10 @@ class CaptureStats(_message.Message):
     bytes_uploaded: int
     duration_ms: int
     phases_ms: _containers.ScalarMap[str, int]
-    def __init__(self, entries: _Optional[int] = ..., files_hashed: _Optional[int] = ..., files_reused: _Optional[int] = ..., bytes_hashed: _Optional[int] = ..., blobs_uploaded: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., duration_ms: _Optional[int] = ..., phases_ms: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    scan_mode: str
+    full_scan_reason: str
+    entries_examined: int
+    def __init__(self, entries: _Optional[int] = ..., files_hashed: _Optional[int] = ..., files_reused: _Optional[int] = ..., bytes_hashed: _Optional[int] = ..., blobs_uploaded: _Optional[int] = ..., bytes_uploaded: _Optional[int] = ..., duration_ms: _Optional[int] = ..., phases_ms: _Optional[_Mapping[str, int]] = ..., scan_mode: _Optional[str] = ..., full_scan_reason: _Optional[str] = ..., entries_examined: _Optional[int] = ...) -> None: ...
 
 class CaptureStarted(_message.Message):
     __slots__ = ("thread_id", "checkpoint_id")
@@ -818,7 +824,7 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Capabilities(_message.Message):
-    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes", "max_message_bytes", "lease_duration_ms", "max_page_size", "auth_mode", "tls", "mutual_tls", "auth_probes", "restore_history")
+    __slots__ = ("store_backend", "blob_backend", "fork", "diff", "safe_sweep", "capture_request_id", "max_chunk_bytes", "max_message_bytes", "lease_duration_ms", "max_page_size", "auth_mode", "tls", "mutual_tls", "auth_probes", "restore_history", "watch_mode", "watch_detail")
     STORE_BACKEND_FIELD_NUMBER: _ClassVar[int]
     BLOB_BACKEND_FIELD_NUMBER: _ClassVar[int]
     FORK_FIELD_NUMBER: _ClassVar[int]
@@ -834,6 +840,8 @@ class Capabilities(_message.Message):
     MUTUAL_TLS_FIELD_NUMBER: _ClassVar[int]
     AUTH_PROBES_FIELD_NUMBER: _ClassVar[int]
     RESTORE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    WATCH_MODE_FIELD_NUMBER: _ClassVar[int]
+    WATCH_DETAIL_FIELD_NUMBER: _ClassVar[int]
     store_backend: str
     blob_backend: str
     fork: bool
@@ -849,7 +857,9 @@ class Capabilities(_message.Message):
     mutual_tls: bool
     auth_probes: bool
     restore_history: bool
-    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., lease_duration_ms: _Optional[int] = ..., max_page_size: _Optional[int] = ..., auth_mode: _Optional[str] = ..., tls: _Optional[bool] = ..., mutual_tls: _Optional[bool] = ..., auth_probes: _Optional[bool] = ..., restore_history: _Optional[bool] = ...) -> None: ...
+    watch_mode: str
+    watch_detail: str
+    def __init__(self, store_backend: _Optional[str] = ..., blob_backend: _Optional[str] = ..., fork: _Optional[bool] = ..., diff: _Optional[bool] = ..., safe_sweep: _Optional[bool] = ..., capture_request_id: _Optional[bool] = ..., max_chunk_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., lease_duration_ms: _Optional[int] = ..., max_page_size: _Optional[int] = ..., auth_mode: _Optional[str] = ..., tls: _Optional[bool] = ..., mutual_tls: _Optional[bool] = ..., auth_probes: _Optional[bool] = ..., restore_history: _Optional[bool] = ..., watch_mode: _Optional[str] = ..., watch_detail: _Optional[str] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "protocol_version", "capabilities")
