@@ -2,14 +2,17 @@
 
 A manifest is a JSON array of short arrays, in entry order:
 
-    ["f", path, <64-hex of the blob>, size, mode, mtime_ns, (offset, length, secret)*]
+    ["f", path, <64-hex of the blob>, size, mode, mtime_ns, chunks?, (offset, length, secret)*]
     ["d", path, mode]
     ["l", path, target]
 
 A file row where capture zeroed secrets goes on with one flat ``offset, length,
 secret`` triple per match (``secret``: the secret's index in the caller's list,
-or its name); rows stay flat arrays. The native scanner emits the same encoding, so a capture's manifest crosses from
-Rust to Python as one ``bytes`` value. ``encode_checkpoint`` adds the other fields
+or its name); rows stay flat arrays. A large file stored as content-defined
+chunks has their list as one string right after its mtime (see ``chunks``);
+its hex is still the whole file's BLAKE3. The native scanner emits the same
+encoding, so a capture's manifest crosses from Rust to Python as one ``bytes``
+value. ``encode_checkpoint`` adds the other fields
 and returns the document stores persist (optionally zlib-compressed by the store).
 """
 
@@ -45,6 +48,8 @@ def _entry_row(entry: Entry) -> list[Any]:
             entry.mode,
             entry.mtime_ns,
         ]
+        if entry.chunks:
+            row.append(entry.chunks)
         for span in entry.secrets:
             row += (span.offset, span.length, span.secret)
         return row
@@ -65,12 +70,25 @@ def entries_from_rows(rows: list[list[Any]]) -> tuple[Entry, ...]:
     for row in rows:
         tag = row[0]
         if tag == "f":
+            # A string after the mtime is the chunk list of a file stored as chunks.
+            chunked = len(row) > 6 and isinstance(row[6], str)
+            first = 7 if chunked else 6
             spans = (
-                tuple(SecretSpan(row[i], row[i + 1], row[i + 2]) for i in range(6, len(row), 3))
-                if len(row) > 6
+                tuple(SecretSpan(row[i], row[i + 1], row[i + 2]) for i in range(first, len(row), 3))
+                if len(row) > first
                 else ()
             )
-            append(FileEntry(row[1], FILE_KEY_PREFIX + row[2], row[3], row[4], row[5], spans))
+            append(
+                FileEntry(
+                    row[1],
+                    FILE_KEY_PREFIX + row[2],
+                    row[3],
+                    row[4],
+                    row[5],
+                    spans,
+                    row[6] if chunked else "",
+                )
+            )
         elif tag == "d":
             append(DirEntry(row[1], row[2]))
         elif tag == "l":

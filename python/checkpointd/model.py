@@ -45,6 +45,9 @@ class FileEntry:
     mode: int = 0o644
     mtime_ns: int = 0
     secrets: tuple[SecretSpan, ...] = ()
+    # A large file stored as content-defined chunks: their list (see
+    # checkpointd.chunks); "" for a file stored as one blob.
+    chunks: str = ""
     kind: Literal["file"] = field(default="file", init=False, repr=False)
 
 

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from .chunks import chunks_problem
 from .errors import (
     SandboxCheckpointInvalidEntryError,
     SandboxCheckpointInvalidIdError,
@@ -138,7 +139,7 @@ def _entry_problem(entry: object) -> str | None:
             return "mode must be an integer in 0..0o777"
         if not is_int(entry.mtime_ns):
             return "mtime_ns must be an integer"
-        return _spans_problem(entry)
+        return chunks_problem(entry.chunks, entry.size) or _spans_problem(entry)
     if isinstance(entry, DirEntry):
         if not is_int(entry.mode) or not 0 <= entry.mode <= MAX_MODE:
             return "mode must be an integer in 0..0o777"

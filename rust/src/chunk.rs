@@ -469,11 +469,79 @@ mod tests {
         for bad in [
             "",
             "zz",
-            &format!("{}", "a".repeat(64)),
+            &"a".repeat(64),
             &format!("{}0", "a".repeat(64)),
         ] {
             assert_eq!(parse_list(bad.as_bytes()), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_chunked_row_names_its_chunks_as_blobs() {
+        use crate::manifest::{self, FileFields, ManifestWriter};
+        let chunks = [
+            ChunkRef {
+                digest: [5u8; 32],
+                len: 1 << 20,
+            },
+            ChunkRef {
+                digest: [3u8; 32],
+                len: 100,
+            },
+        ];
+        let list = encode_list(&chunks);
+        let size = (1 << 20) + 100;
+        fn file(chunks: Option<&str>) -> FileFields<'_> {
+            FileFields {
+                hash: &[9u8; 32],
+                size: (1 << 20) + 100,
+                mode: 0o644,
+                mtime_ns: -5,
+                chunks,
+            }
+        }
+        let secret = SecretMatch {
+            offset: 7,
+            len: 4,
+            secret: 0,
+        };
+        for spans in [vec![], vec![secret]] {
+            let mut w = ManifestWriter::with_capacity(0);
+            w.file_with_chunks("big", &file(Some(&list)), &spans);
+            w.file("small", &[1u8; 32], 3, 0o600, 1);
+            let data = w.finish();
+            assert_eq!(
+                manifest::digests(&data).unwrap(),
+                vec![[1u8; 32], [3u8; 32], [5u8; 32]]
+            );
+            assert_eq!(manifest::has_secrets(&data).unwrap(), !spans.is_empty());
+            let rows = manifest::decode(&data).unwrap();
+            assert!(matches!(
+                &rows[0],
+                manifest::ManifestRow::File { hash, secrets, .. }
+                    if *hash == [9u8; 32] && *secrets != spans.is_empty()
+            ));
+            let found = manifest::chunked_files(&data).unwrap();
+            assert_eq!(found.len(), 1);
+            assert_eq!((found[0].path.as_str(), found[0].size), ("big", size));
+            assert_eq!(found[0].chunks, chunks);
+            assert_eq!(manifest::totals(&data).unwrap(), (2, 2, size + 3));
+        }
+        // Lengths that do not add up to the size are refused.
+        let mut w = ManifestWriter::with_capacity(0);
+        w.file_with_chunks(
+            "big",
+            &FileFields {
+                size: size + 1,
+                ..file(Some(&list))
+            },
+            &[],
+        );
+        assert!(manifest::digests(&w.finish()).is_err());
+        // Without a list: the whole-file blob, as before chunks.
+        let mut w = ManifestWriter::with_capacity(0);
+        w.file_with_chunks("big", &file(None), &[]);
+        assert_eq!(manifest::digests(&w.finish()).unwrap(), vec![[9u8; 32]]);
     }
 
     #[test]

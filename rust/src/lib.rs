@@ -4,6 +4,7 @@
 pub mod blobdir;
 pub mod cancel;
 pub mod chunk;
+pub mod chunking;
 pub mod classify;
 pub mod error;
 pub mod feed;

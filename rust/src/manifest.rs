@@ -3,7 +3,14 @@
 //! `["l", path, target]` (a file row where secrets were zeroed goes on with
 //! `offset, length, secret index` triples), written byte-for-byte as Python's
 //! `json.dumps(rows, separators=(",", ":"), ensure_ascii=False)` would.
+//!
+//! A file stored as content-defined chunks (`crate::chunk`) has its chunk list
+//! as one string right after the mtime, before any secret triple:
+//! `["f", path, hex, size, mode, mtime_ns, "<chunks>", ...]` (a secret triple
+//! starts with a number, so a string there is always the chunk list). Its
+//! `hex` stays the whole file's digest; its blobs are the chunks.
 
+use crate::chunk::ChunkRef;
 use crate::redact::SecretMatch;
 
 /// Where encoded bytes go: a growing `Vec`, a [`Counter`] that only adds up
@@ -74,6 +81,15 @@ impl Sink for SliceWriter<'_> {
         self.buf[self.at] = byte;
         self.at += 1;
     }
+}
+
+/// A file row's fields after its path ([`ManifestWriter::file_with_chunks`]).
+pub struct FileFields<'a> {
+    pub hash: &'a [u8; 32],
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_ns: i64,
+    pub chunks: Option<&'a str>,
 }
 
 /// Appends rows to a sink; `finish` closes the array.
@@ -188,6 +204,28 @@ impl<S: Sink> ManifestWriter<S> {
         secrets: &[SecretMatch],
     ) {
         self.file_fields(path, hash, size, mode, mtime_ns);
+        self.secret_triples(secrets);
+    }
+
+    /// [`ManifestWriter::file_with_secrets`] of a file stored as the chunks
+    /// `chunks` lists (`crate::chunk::encode_list`'s text, written as it is:
+    /// it holds nothing JSON escapes), when given.
+    pub fn file_with_chunks(
+        &mut self,
+        path: impl JsonPath,
+        file: &FileFields<'_>,
+        secrets: &[SecretMatch],
+    ) {
+        self.file_fields(path, file.hash, file.size, file.mode, file.mtime_ns);
+        if let Some(chunks) = file.chunks {
+            self.out.bytes(b",\"");
+            self.out.bytes(chunks.as_bytes());
+            self.out.byte(b'"');
+        }
+        self.secret_triples(secrets);
+    }
+
+    fn secret_triples(&mut self, secrets: &[SecretMatch]) {
         for m in secrets {
             self.out.byte(b',');
             self.out.int(m.offset as i128);
@@ -482,12 +520,40 @@ pub fn row_path(row: &[u8]) -> Result<std::borrow::Cow<'_, str>, ManifestError> 
         .map_err(|_| bad(5, "not UTF-8"))
 }
 
-/// Whether a file row carries secret positions (fields after its mtime).
+/// Whether a file row carries secret positions (fields after its mtime and
+/// its chunk list).
 fn row_has_secrets(row: &[u8]) -> Result<bool, ManifestError> {
     if !row.starts_with(b"[\"f\",") {
         return Ok(false);
     }
-    // `,"<64 hex>",size,mode,mtime` follow the path; then `]` or `,` and the spans.
+    let mut at = after_mtime(row)?;
+    if row.get(at..at + 2) == Some(b",\"") {
+        at = string_end(row, at + 1)?;
+    }
+    match row.get(at) {
+        Some(b',') => Ok(true),
+        Some(b']') if at + 1 == row.len() => Ok(false),
+        _ => Err(bad(at, "expected ',' or ']' after the mtime")),
+    }
+}
+
+/// The chunk list's text (between its quotes) of a file row stored as
+/// chunks, None for any other row.
+pub fn row_chunks(row: &[u8]) -> Result<Option<&[u8]>, ManifestError> {
+    if !row.starts_with(b"[\"f\",") {
+        return Ok(None);
+    }
+    let at = after_mtime(row)?;
+    if row.get(at..at + 2) != Some(b",\"") {
+        return Ok(None);
+    }
+    let end = string_end(row, at + 1)?;
+    Ok(Some(&row[at + 2..end - 1]))
+}
+
+/// The offset just past a file row's mtime.
+fn after_mtime(row: &[u8]) -> Result<usize, ManifestError> {
+    // `,"<64 hex>",size,mode,mtime` follow the path.
     let mut at = string_end(row, 5)? + 2 + 64 + 1;
     for _ in 0..3 {
         if row.get(at) != Some(&b',') {
@@ -506,11 +572,7 @@ fn row_has_secrets(row: &[u8]) -> Result<bool, ManifestError> {
         }
         at += digits;
     }
-    match row.get(at) {
-        Some(b',') => Ok(true),
-        Some(b']') if at + 1 == row.len() => Ok(false),
-        _ => Err(bad(at, "expected ',' or ']' after the mtime")),
-    }
+    Ok(at)
 }
 
 /// Whether any file row carries secret positions (a pass over the bytes; no
@@ -538,12 +600,32 @@ pub fn totals(data: &[u8]) -> Result<(u64, u64, u64), ManifestError> {
     Ok((rows.len() as u64, files, bytes))
 }
 
-/// The distinct content digests of the file rows, sorted.
+/// The chunks a file row stored as chunks lists (None for any other row).
+pub fn file_chunks(row: &[u8], f: &FileRow<'_>) -> Result<Option<Vec<ChunkRef>>, ManifestError> {
+    // Only files above the smallest chunking threshold can be chunked.
+    if f.size <= crate::chunk::MIN_THRESHOLD {
+        return Ok(None);
+    }
+    let Some(text) = row_chunks(row)? else {
+        return Ok(None);
+    };
+    let chunks = crate::chunk::parse_list(text).ok_or(bad(0, "malformed chunk list"))?;
+    if chunks.iter().map(|c| u64::from(c.len)).sum::<u64>() != f.size {
+        return Err(bad(0, "chunk lengths do not add up to the file size"));
+    }
+    Ok(Some(chunks))
+}
+
+/// The distinct blob digests of the file rows, sorted: a file's content
+/// digest, or for a file stored as chunks, its chunks' digests.
 pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
     let mut out = Vec::new();
     for row in rows(data)? {
         if let Some(f) = file_row(row)? {
-            out.push(f.digest);
+            match file_chunks(row, &f)? {
+                Some(chunks) => out.extend(chunks.iter().map(|c| c.digest)),
+                None => out.push(f.digest),
+            }
         }
     }
     out.sort_unstable();
@@ -619,6 +701,33 @@ pub fn json_string(literal: &[u8]) -> Result<String, ManifestError> {
         out.extend_from_slice(ch.encode_utf8(&mut buf).as_bytes());
     }
     String::from_utf8(out).map_err(|_| bad(0, "not UTF-8"))
+}
+
+/// A file stored as chunks, as its manifest row says: path, whole-file
+/// digest, size, and its chunks in order.
+pub struct ChunkedFile {
+    pub path: String,
+    pub digest: [u8; 32],
+    pub size: u64,
+    pub chunks: Vec<ChunkRef>,
+}
+
+/// Every file row stored as chunks, in manifest order.
+pub fn chunked_files(data: &[u8]) -> Result<Vec<ChunkedFile>, ManifestError> {
+    let mut out = Vec::new();
+    for row in rows(data)? {
+        if let Some(f) = file_row(row)? {
+            if let Some(chunks) = file_chunks(row, &f)? {
+                out.push(ChunkedFile {
+                    path: json_string(f.path_json)?,
+                    digest: f.digest,
+                    size: f.size,
+                    chunks,
+                });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// `(path, digest, size)` of each file row whose digest is in `wanted` (sorted).
@@ -859,10 +968,17 @@ impl Parser<'_> {
                 // the restore plan only needs to know there are some (Python
                 // fills the secrets in).
                 let mut secrets = false;
+                let mut first = true;
                 while self.eat(b',') {
-                    secrets = true;
                     self.skip_ws();
-                    if self.data.get(self.pos) == Some(&b'"') {
+                    let text = self.data.get(self.pos) == Some(&b'"');
+                    if std::mem::take(&mut first) && text {
+                        // The chunk list of a file stored as chunks.
+                        self.string()?;
+                        continue;
+                    }
+                    secrets = true;
+                    if text {
                         self.string()?;
                     } else {
                         self.int()?;

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use crate::cancel::Cancel;
+use crate::chunking::{Chunking, Sinks};
 use crate::classify::Unsupported;
 use crate::error::ScanError;
 use crate::feed::{BlobFeed, CloseOnDrop};
@@ -44,6 +45,9 @@ pub struct ScanRequest {
     /// ([`ScanOutput::kept_cache`]), for the restore to save once with what
     /// it wrote merged in; no digests are collected (nothing is uploaded).
     pub keep_cache: bool,
+    /// Files above the threshold are stored as content-defined chunks
+    /// (`crate::chunking`); None stores every file whole.
+    pub chunks: Option<crate::chunk::ChunkParams>,
 }
 
 #[derive(Debug, Default)]
@@ -284,7 +288,12 @@ impl PieceHasher {
 /// The fingerprint of the manifest of `order`'s rows, never holding more than
 /// two windows of small pieces: each window is encoded on every core while
 /// the one before it is hashed.
-fn fingerprint_rows(pool: &rayon::ThreadPool, batches: &[Batch], order: &[RowRef]) -> [u8; 32] {
+fn fingerprint_rows(
+    pool: &rayon::ThreadPool,
+    batches: &[Batch],
+    order: &[RowRef],
+    chunking: Option<&Chunking>,
+) -> [u8; 32] {
     let pieces: Vec<&[RowRef]> = order.chunks(HASHED_PIECE_ROWS).collect();
     let window = (pool.current_num_threads() * 2).max(2);
     // Two windows of buffers, reused: each grows to a piece's size once.
@@ -295,7 +304,7 @@ fn fingerprint_rows(pool: &rayon::ThreadPool, batches: &[Batch], order: &[RowRef
             .zip(buffers.par_iter_mut())
             .for_each(|(rows, buffer)| {
                 buffer.clear();
-                let (_, written) = encode_rows(batches, rows, std::mem::take(buffer));
+                let (_, written) = encode_rows(batches, rows, std::mem::take(buffer), chunking);
                 *buffer = written;
             });
     };
@@ -350,6 +359,9 @@ pub fn scan_into(
     let secrets = SecretSet::new(&request.secrets)?;
     let fingerprint = secrets_fingerprint(&request.secrets);
     let cancel = &request.cancel;
+    let chunking = request
+        .chunks
+        .map(|params| Chunking::new(params, request.cache_path.as_deref()));
 
     // The reference time comes first, read on the WORKSPACE's filesystem (its
     // timestamps may be coarser than the data dir's) and moved back by one of
@@ -401,8 +413,12 @@ pub fn scan_into(
     let dirs_listed = dirs.len() as u64;
     let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
     // Every file of the walk: none has been hashed, so none vanished yet.
-    let (files_found, bytes_found, files_reused) =
+    let (files_found, bytes_found, mut files_reused) =
         (walked.files, walked.file_bytes, walked.files_reused);
+    // A chunked file's reused hash needs its chunk list (else it is read).
+    if let Some(chunking) = &chunking {
+        files_reused -= chunking.claim_reused(&mut batches);
+    }
     phases.end("walk");
 
     // Unsupported entries are never entered, so they are few: a plain sort.
@@ -475,7 +491,10 @@ pub fn scan_into(
                             slot,
                             &secrets,
                             cancel,
-                            request.feed.as_deref(),
+                            Sinks {
+                                feed: request.feed.as_deref(),
+                                chunking: chunking.as_ref(),
+                            },
                         )?;
                         ScanProgress::add(&progress.files_hashed, 1);
                         ScanProgress::add(&progress.bytes_hashed, bytes);
@@ -511,6 +530,7 @@ pub fn scan_into(
             && old.dir_count() as u64 == dirs_listed
     });
     let key = outcome_key(&request.policy, &root.forms, &fingerprint);
+    let key = crate::chunking::mix_key(key, request.chunks.as_ref());
     let old_witness = old_cache.as_ref().and_then(|c| c.witness);
     // Not needed any more: free it before the manifest is built (peak memory).
     drop(old_cache);
@@ -574,7 +594,8 @@ pub fn scan_into(
         }
         (total, true)
     } else {
-        let (total, same, written) = encode_manifest(&pool, &rows, manifest, digest)?;
+        let (total, same, written) =
+            encode_manifest(&pool, &rows, manifest, digest, chunking.as_ref())?;
         digest = Some(written);
         (total, same)
     };
@@ -601,6 +622,11 @@ pub fn scan_into(
             )
             .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
+        if let Some(chunking) = &chunking {
+            chunking
+                .save(path)
+                .map_err(|e| ScanError::io(path, "save the chunk cache beside", e))?;
+        }
     }
     // Kept for a restore's one save, else freed before the digests (peak
     // memory; a few allocations per directory, so freed here: the rows, ~25
@@ -616,11 +642,15 @@ pub fn scan_into(
     let mut digests: Vec<[u8; 32]> = Vec::new();
     if !same && !request.keep_cache {
         digests.reserve_exact(file_count as usize);
-        digests.extend(
-            rows.files_mut()
-                .filter(|slot| !slot.vanished)
-                .filter_map(|slot| slot.hash),
-        );
+        for slot in rows.files_mut().filter(|slot| !slot.vanished) {
+            match (slot.hash, &chunking) {
+                (Some(hash), Some(chunking)) => {
+                    chunking.blob_digests(&hash, slot.stat.size, &mut digests)
+                }
+                (Some(hash), None) => digests.push(hash),
+                (None, _) => {}
+            }
+        }
     }
     let kept_cache = if request.keep_cache && request.cache_path.is_some() {
         Some(KeptCache {
@@ -691,6 +721,7 @@ fn encode_manifest(
     rows: &Rows,
     manifest: &mut dyn ManifestBuffer,
     previous_digest: Option<[u8; 32]>,
+    chunking: Option<&Chunking>,
 ) -> Result<(Encoded, bool, [u8; 32]), ScanError> {
     let digest_of = |bytes: &[u8]| {
         pool.install(|| {
@@ -707,7 +738,7 @@ fn encode_manifest(
     let sized: Vec<(Encoded, Counter)> = pool.install(|| {
         rows.order
             .par_chunks(chunk_rows)
-            .map(|chunk| encode_rows(&rows.batches, chunk, Counter::default()))
+            .map(|chunk| encode_rows(&rows.batches, chunk, Counter::default(), chunking))
             .collect()
     });
     let total = sized
@@ -727,7 +758,7 @@ fn encode_manifest(
     // million entries), nor is the parent's needed in memory to compare with.
     let same = manifest.previous().is_some_and(|previous| {
         previous.len == manifest_len
-            && fingerprint_rows(pool, &rows.batches, &rows.order) == previous.fingerprint
+            && fingerprint_rows(pool, &rows.batches, &rows.order, chunking) == previous.fingerprint
     });
     if same {
         let digest = previous_digest.unwrap_or_else(|| {
@@ -763,8 +794,12 @@ fn encode_manifest(
             .zip(pieces.into_par_iter())
             .for_each(|(chunk, piece)| {
                 let length = piece.len();
-                let (_, written) =
-                    encode_rows(&rows.batches, chunk, SliceWriter { buf: piece, at: 0 });
+                let (_, written) = encode_rows(
+                    &rows.batches,
+                    chunk,
+                    SliceWriter { buf: piece, at: 0 },
+                    chunking,
+                );
                 assert_eq!(written.at, length, "a chunk is written as it was sized");
             })
     });
@@ -1066,7 +1101,12 @@ struct Encoded {
 }
 
 /// Encode the rows `order` (a run of the sorted rows, without brackets) into `sink`.
-fn encode_rows<S: Sink>(batches: &[Batch], order: &[RowRef], sink: S) -> (Encoded, S) {
+fn encode_rows<S: Sink>(
+    batches: &[Batch],
+    order: &[RowRef],
+    sink: S,
+    chunking: Option<&Chunking>,
+) -> (Encoded, S) {
     let mut writer = ManifestWriter::rows_into(sink);
     let mut out = Encoded::default();
     for r in order {
@@ -1080,14 +1120,15 @@ fn encode_rows<S: Sink>(batches: &[Batch], order: &[RowRef], sink: S) -> (Encode
                 out.files_with_secrets += u64::from(!slot.secrets.is_empty());
                 out.file_count += 1;
                 out.file_bytes += slot.stat.size;
-                writer.file_with_secrets(
-                    path,
-                    &hash,
-                    slot.stat.size,
-                    slot.stat.mode & 0o777,
-                    slot.stat.mtime_ns,
-                    &slot.secrets,
-                );
+                let list = chunking.and_then(|c| c.list(&hash, slot.stat.size));
+                let fields = crate::manifest::FileFields {
+                    hash: &hash,
+                    size: slot.stat.size,
+                    mode: slot.stat.mode & 0o777,
+                    mtime_ns: slot.stat.mtime_ns,
+                    chunks: list.as_deref(),
+                };
+                writer.file_with_chunks(path, &fields, &slot.secrets);
             }
             Kind::Dir { mode, .. } => writer.dir(path, *mode),
             Kind::Symlink(target) => writer.symlink(path, target),
@@ -1194,9 +1235,10 @@ fn hash_slot(
     slot: &mut FileSlot,
     secrets: &SecretSet,
     cancel: &Cancel,
-    feed: Option<&BlobFeed>,
+    sinks: Sinks<'_>,
 ) -> Result<u64, ScanError> {
     let abs = || root_path.join(path);
+    let feed = sinks.feed;
     if cancel.is_cancelled() {
         return Err(ScanError::Cancelled);
     }
@@ -1240,6 +1282,20 @@ fn hash_slot(
         };
         if !before.is_file() {
             return Err(ScanError::Changed(abs()));
+        }
+        if let Some(chunking) = sinks.chunking.filter(|c| c.params.applies(before.size)) {
+            // Stored as chunks: hashed, chunked and fed in one read.
+            let (read, done) = chunking
+                .hash_slot(&file, before, slot, secrets, cancel, feed)
+                .map_err(|e| match e {
+                    HashError::Cancelled => ScanError::Cancelled,
+                    HashError::Io(e) => ScanError::io(abs(), "read", e),
+                })?;
+            total += read;
+            if done {
+                return Ok(total);
+            }
+            continue;
         }
         let mut found = Vec::new();
         let digest: std::io::Result<([u8; 32], u64, Option<Frame>)> = SCRATCH.with(|scratch| {
@@ -1415,7 +1471,7 @@ mod tests {
             &mut slot,
             &SecretSet::empty(),
             &Cancel::new(),
-            None,
+            Sinks::default(),
         );
         (done, slot)
     }

@@ -44,3 +44,16 @@ pub fn patterns(value: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<String>> {
     }
     Ok(out)
 }
+
+/// Chunking of files above `threshold` bytes into chunks of `average` bytes
+/// on average (`crate::chunk::ChunkParams`); None when `threshold` is None.
+/// ValueError naming the setting and the rule.
+pub fn chunk_params(
+    threshold: Option<u64>,
+    average: u32,
+) -> PyResult<Option<crate::chunk::ChunkParams>> {
+    threshold
+        .map(|threshold| crate::chunk::ChunkParams::new(threshold, average))
+        .transpose()
+        .map_err(pyo3::exceptions::PyValueError::new_err)
+}

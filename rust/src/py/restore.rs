@@ -125,7 +125,9 @@ impl RestoreSession {
     #[new]
     #[pyo3(signature = (
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None, plan_only=false
+        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None, plan_only=false,
+        chunk_threshold=None,
+        chunk_average=crate::chunk::DEFAULT_AVG
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -142,7 +144,10 @@ impl RestoreSession {
         keep: Option<Vec<String>>,
         uncached: Option<Vec<String>>,
         plan_only: bool,
+        chunk_threshold: Option<u64>,
+        chunk_average: u32,
     ) -> PyResult<Self> {
+        let chunks_params = args::chunk_params(chunk_threshold, chunk_average)?;
         // The live scan zeroes the caller's secrets, so a file that still holds
         // them compares equal to its zeroed blob; `keep` are files Python found
         // equal to the checkpoint but for their secrets: never rewritten.
@@ -178,6 +183,7 @@ impl RestoreSession {
                     // A restore saves the cache once, with its writes, at
                     // `finish`; a dry run's scan saves it as a capture's does.
                     keep_cache: !plan_only,
+                    chunks: chunks_params,
                 };
                 let mut live =
                     scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))

@@ -179,7 +179,8 @@ fn to_result(
 #[pyo3(signature = (
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
     cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
-    previous_length=None, previous_fingerprint=None
+    previous_length=None, previous_fingerprint=None,
+    chunk_threshold=None, chunk_average=crate::chunk::DEFAULT_AVG
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -197,6 +198,8 @@ pub fn scan(
     progress: Option<&Bound<'_, PyScanProgress>>,
     previous_length: Option<usize>,
     previous_fingerprint: Option<&[u8]>,
+    chunk_threshold: Option<u64>,
+    chunk_average: u32,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -228,6 +231,7 @@ pub fn scan(
         feed: feed.map(|f| f.get().inner.clone()),
         progress: progress.map(|p| p.get().inner.clone()),
         keep_cache: false,
+        chunks: super::args::chunk_params(chunk_threshold, chunk_average)?,
     };
     let previous = match (previous_length, previous_fingerprint) {
         (Some(len), Some(fingerprint)) => Some(core::Previous {
