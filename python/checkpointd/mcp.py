@@ -363,11 +363,13 @@ def _artifact(artifact: pb.Artifact, checkpoint_id: str) -> ArtifactInfo:
 
 
 class _Thread:
-    """The daemon as the bound thread's agent sees it."""
+    """The daemon as the bound thread's agent sees it: the lifespan context of
+    every tool call (the thread, the daemon client, what saves capture)."""
 
-    def __init__(self, thread_id: str, client: Client) -> None:
+    def __init__(self, thread_id: str, client: Client, save: SaveSettings) -> None:
         self.thread_id = thread_id
         self.client = client
+        self.save = save
 
     def missing(self, checkpoint_id: str) -> AgentToolError:
         """The one answer for an id that is not a checkpoint of this thread,
@@ -401,16 +403,165 @@ class _Thread:
         return detail
 
 
+def _bound(ctx: Context[Any, Any]) -> _Thread:
+    thread: _Thread = ctx.request_context.lifespan_context
+    return thread
+
+
+# ---------------------------------------------------------------- the tools
+# Their docstrings are what the agent reads about them.
+
+
+async def save_checkpoint(label: Label, ctx: Context[Any, Any]) -> SavedCheckpoint:
+    """Save the workspace as a named checkpoint of this thread.
+
+    Returns its id. Fails with WRITER_CONFLICT while another save or restore of
+    the thread runs: call again after the error's retryAfterMs.
+    """
+    problem = label_problem(label)
+    if problem is not None:
+        raise tool_error("INVALID_TOOL_INPUT", problem)
+    thread = _bound(ctx)
+    try:
+        done = await thread.client.capture(
+            thread.thread_id,
+            label=label,
+            policy=thread.save.policy,
+            secrets=thread.save.secrets,
+            workspace_subdir=thread.save.workspace_subdir,
+            request_id=str(uuid.uuid4()),
+        )
+    except RpcError as error:
+        _raise_rpc(error)
+    return {"checkpointId": done.checkpoint.id, "label": label, "threadId": thread.thread_id}
+
+
+async def list_checkpoints(
+    ctx: Context[Any, Any], limit: PageLimit = DEFAULT_PAGE, cursor: Cursor = None
+) -> CheckpointPage:
+    """List this thread's checkpoints, newest first, a page at a time, and its
+    head (the newest save). Pass nextCursor back as cursor for the next page."""
+    thread = _bound(ctx)
+    try:
+        page = await thread.client.list_checkpoints_page(
+            thread.thread_id, page_size=limit, page_token=cursor or "", newest_first=True
+        )
+        head = await thread.client.get_head(thread.thread_id)
+    except RpcError as error:
+        _raise_rpc(error)
+    return {
+        "threadId": thread.thread_id,
+        "headCheckpointId": head,
+        "checkpoints": [_info(s) for s in page.checkpoints],
+        "nextCursor": page.next_page_token or None,
+    }
+
+
+async def fork_checkpoint(
+    ctx: Context[Any, Any], checkpointId: CheckpointRef = None
+) -> ForkedThread:
+    """Copy a checkpoint of this thread (default: the head) into a new thread.
+
+    Returns the new thread's id; this thread and its head are left as they are.
+    """
+    thread = _bound(ctx)
+    source = (await thread.checkpoint(checkpointId)).checkpoint.id
+    destination = f"{thread.thread_id}-fork-{uuid.uuid4().hex[:12]}"
+    try:
+        forked = await thread.client.fork(thread.thread_id, source, destination)
+    except RpcError as error:
+        _raise_rpc(error)
+    return {
+        "threadId": destination,
+        "checkpointId": forked.id,
+        "sourceThreadId": thread.thread_id,
+        "sourceCheckpointId": source,
+    }
+
+
+async def restore_checkpoint(ctx: Context[Any, Any], checkpointId: CheckpointRef = None) -> Rewound:
+    """Rewind the workspace to a checkpoint of this thread (default: the head).
+
+    Your uncommitted changes are saved to the thread's stash first, and the
+    restored checkpoint becomes the head: undo_restore brings the changes back.
+    """
+    thread = _bound(ctx)
+    target = (await thread.checkpoint(checkpointId)).checkpoint.id
+    try:
+        done = await thread.client.restore(
+            thread.thread_id, checkpoint_id=target, record=True, secrets=thread.save.secrets
+        )
+        head = await thread.client.get_head(thread.thread_id)
+    except RpcError as error:
+        _raise_rpc(error, "restore_checkpoint")
+    return _rewound(thread.thread_id, done, head)
+
+
+async def undo_restore(ctx: Context[Any, Any]) -> Rewound:
+    """Undo the last restore_checkpoint (or undo_restore): bring back the
+    workspace it replaced, saving the current one first (undo twice: redo).
+
+    Fails with MISSING_CHECKPOINT when nothing was replaced yet.
+    """
+    thread = _bound(ctx)
+    try:
+        done = await thread.client.undo(thread.thread_id, record=True, secrets=thread.save.secrets)
+        head = await thread.client.get_head(thread.thread_id)
+    except RpcError as error:
+        _raise_rpc(error, "undo_restore")
+    return _rewound(thread.thread_id, done, head)
+
+
+async def list_artifacts(
+    ctx: Context[Any, Any], checkpointId: CheckpointRef = None
+) -> ArtifactList:
+    """List the artifacts of a checkpoint of this thread (default: the head):
+    ids, names, types and sizes. Never their bytes."""
+    detail = await _bound(ctx).checkpoint(checkpointId)
+    source = detail.checkpoint.id
+    return {"checkpointId": source, "artifacts": [_artifact(a, source) for a in detail.artifacts]}
+
+
+async def read_artifact(
+    artifactId: ArtifactRef, ctx: Context[Any, Any], checkpointId: CheckpointRef = None
+) -> ArtifactInfo:
+    """Describe an artifact of a checkpoint of this thread (default: the head):
+    name, type, size and key. Never its bytes."""
+    detail = await _bound(ctx).checkpoint(checkpointId)
+    source = detail.checkpoint.id
+    for artifact in detail.artifacts:
+        if artifact.artifact_id == artifactId:
+            return _artifact(artifact, source)
+    raise tool_error(
+        "MISSING_ARTIFACT",
+        f"checkpoint {source} has no artifact {artifactId}",
+        checkpoint_id=source,
+        artifact_id=artifactId,
+    )
+
+
+# Each tool and what it may change (saves, forks, rewinds and undos add; see _ADDITIVE).
+TOOLS: tuple[tuple[Callable[..., Any], ToolAnnotations], ...] = (
+    (save_checkpoint, _ADDITIVE),
+    (list_checkpoints, _READ_ONLY),
+    (fork_checkpoint, _ADDITIVE),
+    (restore_checkpoint, _ADDITIVE),
+    (undo_restore, _ADDITIVE),
+    (list_artifacts, _READ_ONLY),
+    (read_artifact, _READ_ONLY),
+)
+
+
 def build_server(
     thread_id: str, connect: Callable[[], Client], save: SaveSettings | None = None
 ) -> AgentTools:
     """The server for one thread; ``connect`` makes the daemon client (opened once)."""
-    save = save or SaveSettings()
+    settings = save or SaveSettings()
 
     @asynccontextmanager
     async def lifespan(_: MCPServer[Any]) -> AsyncIterator[_Thread]:
         async with connect() as client:
-            yield _Thread(thread_id, client)
+            yield _Thread(thread_id, client, settings)
 
     server = AgentTools(
         "checkpointd",
@@ -421,143 +572,8 @@ def build_server(
         ),
         lifespan=lifespan,
     )
-
-    def bound(ctx: Context[Any, Any]) -> _Thread:
-        thread: _Thread = ctx.request_context.lifespan_context
-        return thread
-
-    @server.tool(annotations=_ADDITIVE)
-    async def save_checkpoint(label: Label, ctx: Context[Any, Any]) -> SavedCheckpoint:
-        """Save the workspace as a named checkpoint of this thread.
-
-        Returns its id. Fails with WRITER_CONFLICT while another save or restore of
-        the thread runs: call again after the error's retryAfterMs.
-        """
-        problem = label_problem(label)
-        if problem is not None:
-            raise tool_error("INVALID_TOOL_INPUT", problem)
-        try:
-            done = await bound(ctx).client.capture(
-                thread_id,
-                label=label,
-                policy=save.policy,
-                secrets=save.secrets,
-                workspace_subdir=save.workspace_subdir,
-                request_id=str(uuid.uuid4()),
-            )
-        except RpcError as error:
-            _raise_rpc(error)
-        return {"checkpointId": done.checkpoint.id, "label": label, "threadId": thread_id}
-
-    @server.tool(annotations=_READ_ONLY)
-    async def list_checkpoints(
-        ctx: Context[Any, Any], limit: PageLimit = DEFAULT_PAGE, cursor: Cursor = None
-    ) -> CheckpointPage:
-        """List this thread's checkpoints, newest first, a page at a time, and its
-        head (the newest save). Pass nextCursor back as cursor for the next page."""
-        client = bound(ctx).client
-        try:
-            page = await client.list_checkpoints_page(
-                thread_id, page_size=limit, page_token=cursor or "", newest_first=True
-            )
-            head = await client.get_head(thread_id)
-        except RpcError as error:
-            _raise_rpc(error)
-        return {
-            "threadId": thread_id,
-            "headCheckpointId": head,
-            "checkpoints": [_info(s) for s in page.checkpoints],
-            "nextCursor": page.next_page_token or None,
-        }
-
-    @server.tool(annotations=_ADDITIVE)
-    async def fork_checkpoint(
-        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
-    ) -> ForkedThread:
-        """Copy a checkpoint of this thread (default: the head) into a new thread.
-
-        Returns the new thread's id; this thread and its head are left as they are.
-        """
-        thread = bound(ctx)
-        source = (await thread.checkpoint(checkpointId)).checkpoint.id
-        destination = f"{thread_id}-fork-{uuid.uuid4().hex[:12]}"
-        try:
-            forked = await thread.client.fork(thread_id, source, destination)
-        except RpcError as error:
-            _raise_rpc(error)
-        return {
-            "threadId": destination,
-            "checkpointId": forked.id,
-            "sourceThreadId": thread_id,
-            "sourceCheckpointId": source,
-        }
-
-    @server.tool(annotations=_ADDITIVE)
-    async def restore_checkpoint(
-        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
-    ) -> Rewound:
-        """Rewind the workspace to a checkpoint of this thread (default: the head).
-
-        Your uncommitted changes are saved to the thread's stash first, and the
-        restored checkpoint becomes the head: undo_restore brings the changes back.
-        """
-        thread = bound(ctx)
-        target = (await thread.checkpoint(checkpointId)).checkpoint.id
-        try:
-            done = await thread.client.restore(
-                thread_id, checkpoint_id=target, record=True, secrets=save.secrets
-            )
-            head = await thread.client.get_head(thread_id)
-        except RpcError as error:
-            _raise_rpc(error, "restore_checkpoint")
-        return _rewound(thread_id, done, head)
-
-    @server.tool(annotations=_ADDITIVE)
-    async def undo_restore(ctx: Context[Any, Any]) -> Rewound:
-        """Undo the last restore_checkpoint (or undo_restore): bring back the
-        workspace it replaced, saving the current one first (undo twice: redo).
-
-        Fails with MISSING_CHECKPOINT when nothing was replaced yet.
-        """
-        client = bound(ctx).client
-        try:
-            done = await client.undo(thread_id, record=True, secrets=save.secrets)
-            head = await client.get_head(thread_id)
-        except RpcError as error:
-            _raise_rpc(error, "undo_restore")
-        return _rewound(thread_id, done, head)
-
-    @server.tool(annotations=_READ_ONLY)
-    async def list_artifacts(
-        ctx: Context[Any, Any], checkpointId: CheckpointRef = None
-    ) -> ArtifactList:
-        """List the artifacts of a checkpoint of this thread (default: the head):
-        ids, names, types and sizes. Never their bytes."""
-        detail = await bound(ctx).checkpoint(checkpointId)
-        source = detail.checkpoint.id
-        return {
-            "checkpointId": source,
-            "artifacts": [_artifact(a, source) for a in detail.artifacts],
-        }
-
-    @server.tool(annotations=_READ_ONLY)
-    async def read_artifact(
-        artifactId: ArtifactRef, ctx: Context[Any, Any], checkpointId: CheckpointRef = None
-    ) -> ArtifactInfo:
-        """Describe an artifact of a checkpoint of this thread (default: the head):
-        name, type, size and key. Never its bytes."""
-        detail = await bound(ctx).checkpoint(checkpointId)
-        source = detail.checkpoint.id
-        for artifact in detail.artifacts:
-            if artifact.artifact_id == artifactId:
-                return _artifact(artifact, source)
-        raise tool_error(
-            "MISSING_ARTIFACT",
-            f"checkpoint {source} has no artifact {artifactId}",
-            checkpoint_id=source,
-            artifact_id=artifactId,
-        )
-
+    for tool, hints in TOOLS:
+        server.add_tool(tool, annotations=hints)
     return server
 
 
