@@ -157,7 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"checkpointd {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = _add_serve_command(commands)
+    _add_serve_loop_flags(serve)
+    _add_serve_network_flags(serve)
+    from .gateway.cli import add_commands as add_gateway_commands
 
+    add_gateway_commands(commands)
+    _add_migrate_command(commands)
+    _add_capture_and_restore(commands)
+    _add_reading_commands(commands)
+    _add_writing_commands(commands)
+    _add_operator_commands(commands)
+    return parser
+
+
+def _add_serve_command(commands: Any) -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="run the daemon",
@@ -184,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--token-file", help="file holding the bearer token")
     serve.add_argument("--grace-period", help="drain time on SIGTERM (default 10s)")
+    return serve
+
+
+def _add_serve_loop_flags(serve: argparse.ArgumentParser) -> None:
+    """The serve loop's own captures and restores (--thread, --capture-every...)."""
     serve.add_argument("--thread", help="thread for --restore-on-start / --capture-every")
     serve.add_argument(
         "--restore-on-start",
@@ -228,6 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VAR",
         help="zero the value of env VAR in the loop's captures (repeatable)",
     )
+
+
+def _add_serve_network_flags(serve: argparse.ArgumentParser) -> None:
+    """TLS, gateway mode, packs and the stash."""
     serve.add_argument("--tls-cert", help="TCP over TLS: the server certificate chain (PEM)")
     serve.add_argument("--tls-key", help="TCP over TLS: the server private key (PEM)")
     serve.add_argument(
@@ -262,53 +285,54 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="the newest N live trees restores replaced, kept per thread for undo (default 20)",
     )
-    from .gateway.cli import add_commands as add_gateway_commands
 
-    add_gateway_commands(commands)
-    _add_migrate_command(commands)
 
-    def client(name: str, help_text: str, *, as_json: bool = True) -> argparse.ArgumentParser:
-        sub = commands.add_parser(
-            name,
-            help=help_text,
-            description=help_text[0].upper() + help_text[1:] + ".",
-            epilog=CLIENT_EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        sub.add_argument(
-            "--address",
-            default=None,
-            help="daemon address: unix:///path.sock or tcp://host:port (CHECKPOINTD_ADDRESS; "
-            "default: the socket in the data dir)",
-        )
-        sub.add_argument(
-            "--data-dir",
-            default=None,
-            help="the daemon's data dir, to find its socket (CHECKPOINTD_DATA_DIR; default "
-            "~/.local/state/checkpointd, the one serve and make run use)",
-        )
-        sub.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
-        sub.add_argument(
-            "--tls-ca",
-            default=None,
-            help="TLS: verify the daemon with this CA (PEM; CHECKPOINTD_TLS_CA)",
-        )
-        sub.add_argument(
-            "--tls-cert",
-            default=None,
-            help="mutual TLS: client certificate (PEM; CHECKPOINTD_TLS_CERT)",
-        )
-        sub.add_argument(
-            "--tls-key", default=None, help="mutual TLS: client key (PEM; CHECKPOINTD_TLS_KEY)"
-        )
-        sub.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
-        if as_json:
-            sub.add_argument(
-                "--json", action="store_true", help="machine-readable output on stdout"
-            )
-        return sub
+def _client_command(
+    commands: Any, name: str, help_text: str, *, as_json: bool = True
+) -> argparse.ArgumentParser:
+    """A client command with the flags every client command takes (where the
+    daemon is, token, TLS, deadline, --json)."""
+    sub = commands.add_parser(
+        name,
+        help=help_text,
+        description=help_text[0].upper() + help_text[1:] + ".",
+        epilog=CLIENT_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub.add_argument(
+        "--address",
+        default=None,
+        help="daemon address: unix:///path.sock or tcp://host:port (CHECKPOINTD_ADDRESS; "
+        "default: the socket in the data dir)",
+    )
+    sub.add_argument(
+        "--data-dir",
+        default=None,
+        help="the daemon's data dir, to find its socket (CHECKPOINTD_DATA_DIR; default "
+        "~/.local/state/checkpointd, the one serve and make run use)",
+    )
+    sub.add_argument("--token", default=None, help="bearer token for TCP (CHECKPOINTD_TOKEN)")
+    sub.add_argument(
+        "--tls-ca",
+        default=None,
+        help="TLS: verify the daemon with this CA (PEM; CHECKPOINTD_TLS_CA)",
+    )
+    sub.add_argument(
+        "--tls-cert",
+        default=None,
+        help="mutual TLS: client certificate (PEM; CHECKPOINTD_TLS_CERT)",
+    )
+    sub.add_argument(
+        "--tls-key", default=None, help="mutual TLS: client key (PEM; CHECKPOINTD_TLS_KEY)"
+    )
+    sub.add_argument("--timeout", type=float, default=None, help="deadline per call, seconds")
+    if as_json:
+        sub.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    return sub
 
-    capture = client("capture", "capture the workspace into a new checkpoint")
+
+def _add_capture_and_restore(commands: Any) -> None:
+    capture = _client_command(commands, "capture", "capture the workspace into a new checkpoint")
     capture.add_argument("thread")
     capture.add_argument("--label")
     capture.add_argument(
@@ -332,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_policy_flags(capture, "capture")
 
-    restore = client("restore", "restore a checkpoint into the workspace")
+    restore = _client_command(commands, "restore", "restore a checkpoint into the workspace")
     restore.add_argument("thread")
     restore.add_argument(
         "--checkpoint",
@@ -354,14 +378,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_secret_flag(restore, "write the value of env VAR back where capture zeroed it")
     _add_policy_flags(restore, "restore")
 
-    undo = client("undo", "undo the last restore: bring back the live tree it replaced")
+    undo = _client_command(
+        commands, "undo", "undo the last restore: bring back the live tree it replaced"
+    )
     undo.add_argument("thread")
     undo.add_argument("--dry-run", action="store_true", help="print the plan; change nothing")
     _add_record_flag(undo)
     _add_secret_flag(undo, "write the value of env VAR back where capture zeroed it")
     undo.add_argument("--subdir", default="", help="default: where the stash entry was taken")
 
-    listing = client("list", "list a thread's checkpoints")
+
+def _add_reading_commands(commands: Any) -> None:
+    listing = _client_command(commands, "list", "list a thread's checkpoints")
     listing.add_argument("thread")
     listing.add_argument("--newest-first", action="store_true", help="newest checkpoint first")
     listing.add_argument(
@@ -374,23 +402,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="only those before this one (an id, a part of one, head~N or a label)",
     )
 
-    client("threads", "list the threads that hold checkpoints, with head and count")
+    _client_command(
+        commands, "threads", "list the threads that hold checkpoints, with head and count"
+    )
 
-    show = client("show", "show a checkpoint")
+    show = _client_command(commands, "show", "show a checkpoint")
     show.add_argument("checkpoint", metavar="CHECKPOINT", help=REFERENCE_HELP)
     show.add_argument("--entries", action="store_true", help="list the manifest")
     show.add_argument("--conversation", action="store_true", help="include the conversation")
 
-    ls = client("ls", "list the files and directories of a checkpoint")
+    ls = _client_command(commands, "ls", "list the files and directories of a checkpoint")
     ls.add_argument("checkpoint", metavar="CHECKPOINT", help=REFERENCE_HELP)
     ls.add_argument("path", nargs="?", default="", help="a directory or file in it (default: /)")
     ls.add_argument("-R", "--recursive", action="store_true", help="everything below PATH")
 
-    cat = client("cat", "write a file of a checkpoint to stdout", as_json=False)
+    cat = _client_command(commands, "cat", "write a file of a checkpoint to stdout", as_json=False)
     cat.add_argument("checkpoint", metavar="CHECKPOINT", help=REFERENCE_HELP)
     cat.add_argument("path", help="the file's path in the checkpoint")
 
-    diff = client("diff", "changes between two checkpoints, or a checkpoint and the live workspace")
+    diff = _client_command(
+        commands, "diff", "changes between two checkpoints, or a checkpoint and the live workspace"
+    )
     diff.add_argument(
         "from_checkpoint", nargs="?", metavar="FROM", help="a checkpoint (default: --thread's head)"
     )
@@ -403,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_secret_flag(diff, "zero the value of env VAR in live files, as capture did")
     _add_policy_flags(diff, "diff")
 
-    fork = client("fork", "start a new thread from a checkpoint")
+
+def _add_writing_commands(commands: Any) -> None:
+    fork = _client_command(commands, "fork", "start a new thread from a checkpoint")
     fork.add_argument("source_thread")
     fork.add_argument(
         "checkpoint",
@@ -412,14 +446,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fork.add_argument("destination_thread")
 
-    prune = client("prune", "delete a thread's old checkpoints")
+    prune = _client_command(commands, "prune", "delete a thread's old checkpoints")
     prune.add_argument("thread")
     prune.add_argument(
         "--keep", type=int, required=True, help="keep the head and its KEEP-1 nearest ancestors"
     )
     prune.add_argument("--dry-run", action="store_true")
 
-    delete_thread = client(
+    delete_thread = _client_command(
+        commands,
         "delete-thread",
         "delete every checkpoint of a thread (blobs stay until a sweep deletes the unused ones)",
     )
@@ -428,7 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--yes", action="store_true", help="really delete (without it: say what would go, exit 2)"
     )
 
-    sweep = client("sweep", "delete blobs no checkpoint uses")
+    sweep = _client_command(commands, "sweep", "delete blobs no checkpoint uses")
     sweep.add_argument(
         "--older-than",
         default=None,
@@ -449,7 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="print every key as it is deleted or kept (with --json: one JSON object a line)",
     )
 
-    check = client(
+
+def _add_operator_commands(commands: Any) -> None:
+    check = _client_command(
+        commands,
         "check",
         "recompute blob counts from every manifest and confirm every used blob exists "
         "(exit 6 when blobs are missing or corrupt, 1 when counts are wrong)",
@@ -459,14 +497,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("--repair", action="store_true", help="set the counts the manifests give")
 
-    health = client("health", "check that the daemon is SERVING")
+    health = _client_command(commands, "health", "check that the daemon is SERVING")
     health.add_argument(
         "--wait", type=float, default=0.0, metavar="SECONDS", help="poll until SERVING"
     )
 
-    client("info", "server version and capabilities")
+    _client_command(commands, "info", "server version and capabilities")
 
-    mcp = client(
+    mcp = _client_command(
+        commands,
         "mcp",
         "the agent's own tools (save, list, fork, rewind, undo, artifacts) over MCP on stdio",
         as_json=False,
@@ -481,7 +520,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="VAR",
         help="zero the value of env VAR in the agent's saves (repeatable)",
     )
-    return parser
 
 
 # glibc's mallopt parameter, and the size from which allocations get their own
