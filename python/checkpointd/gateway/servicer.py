@@ -1,7 +1,8 @@
 """The Gateway service: a checkpoint store and a bucket behind scoped tokens.
 
-Every call verifies the bearer token (``tokens.TokenVerifier``) and checks its
-scope before touching the store:
+Every call's bearer token is verified on its headers, before its request is
+read (``auth.py``); each handler checks the token's scope before touching the
+store:
 
 | calls | ops (any of) | threads |
 |---|---|---|
@@ -19,19 +20,11 @@ scope before touching the store:
 | ListPackedBlobs | admin | — |
 | ListBlobReferences, Condemn/ReleaseCondemned, Audit/Repair, MarkBlobsMissing, BlobList, BlobDelete | admin | — |
 
-Blob reads: the gateway remembers which threads' checkpoints reference each key
-among the checkpoints it served or stored (a bounded map, newest kept); a key it
-has not seen is looked up in the token's exact threads (``threads`` claim). A
-token that grants only prefixes must have read the checkpoint through this
-gateway first (a restore always does).
-
-Blob writes: the gateway hashes the bytes (BLAKE3) and stores them only under
-their own key, so one sandbox cannot plant wrong bytes under a key another
-sandbox's capture will trust as already uploaded.
-
-Packs: a pack a sidecar uploads is checked whole before it is stored, and the
-rows of an Append must be entries of such a pack's trailer, in a pack that
-stays until the append commits; ``gateway/packs.py`` has the rules and why.
+Blob reads: a key a checkpoint of the token's threads references, as the
+gateway learns it (``access.py``). Blob writes: hashed (BLAKE3) and stored only
+under their own key, in bounded memory (``uploads.py``). Packs: checked whole
+before they are stored, an Append's rows only entries of such a pack's trailer
+(``packs.py`` has the rules and why, ``pack_calls.py`` the calls).
 
 Leases are renewed and released by their fields (thread, owner token, fence)
 through the store's lease callbacks, so any gateway can renew a lease another
@@ -45,7 +38,6 @@ import asyncio
 import datetime
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -54,20 +46,16 @@ import obstore
 from obstore.store import AzureStore, GCSStore, S3Store
 
 from ..blobs import base as blob_base
-from ..blobs.base import BlobNotFoundError, BlobStore, get_ranges
-from ..blobs.pack_listing import PackTrailerError, read_pack_entries
-from ..blobs.packs import plan_pack_reads
+from ..blobs.base import BlobNotFoundError, BlobStore
 from ..codec import decode_checkpoint, encode_checkpoint
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..ids import names_another_thread
-from ..model import FILE_KEY_PREFIX, Checkpoint, WriterLease, stash_owner
+from ..model import Checkpoint, WriterLease, stash_owner
 from ..service import status
 from ..service.servicer import SPENT_REQUEST_PREFIX
-from ..store._packindex import PackColumns, PackedRows, artifact_twin
 from ..store.base import (
     BlobCount,
     CheckpointStore,
-    PackedBlob,
     PackIndex,
     SpentCheckpointIds,
     ThreadSummary,
@@ -76,7 +64,9 @@ from ..v1 import gateway_pb2 as gpb
 from ..v1 import gateway_pb2_grpc as gpb_grpc
 from . import packs as pack_rules
 from . import uploads, wire
-from .auth import TOKEN_CACHE_SIZE, Authenticator
+from .access import ReadAccess
+from .auth import Authenticator
+from .pack_calls import PackCalls, located
 from .tokens import TokenScope, TokenVerifier
 
 T = TypeVar("T")
@@ -85,8 +75,6 @@ ANY_OP = ("capture", "restore", "list", "fork", "prune", "admin")
 LEASE_OPS = ("capture", "restore", "fork", "prune")
 UPLOAD_OPS = ("capture", "admin")
 ADMIN = ("admin",)
-# Keys remembered as referenced by some thread (see the module docstring).
-REFERENCE_MEMORY_KEYS = 1_000_000
 # Threads read per store page when ListThreads filters to a token's threads.
 THREAD_SCAN_PAGE = 500
 # The bytes of servicer.mark_spent's markers (the daemon's, not content-addressed).
@@ -94,33 +82,6 @@ SPENT_MARKER_BYTES = b"deleted\n"
 # Presigned GET URLs: default and longest lifetime.
 DEFAULT_SIGNED_URL_S = 300
 MAX_SIGNED_URL_S = 3600
-# Exact threads of a token looked up for a key not yet seen.
-MAX_LOOKUP_THREADS = 16
-# Keys per store lookup of LocateBlobs (the sidecars send up to 10,000 at once).
-LOCATE_BATCH = 10_000
-
-
-class _References:
-    """key → the threads whose checkpoints (seen by this gateway) reference it."""
-
-    def __init__(self, limit: int = REFERENCE_MEMORY_KEYS) -> None:
-        self._limit = limit
-        self._threads: OrderedDict[str, set[str]] = OrderedDict()
-
-    def remember(self, checkpoint: Checkpoint) -> None:
-        thread = checkpoint.thread_id
-        for key in checkpoint.blob_keys():
-            threads = self._threads.get(key)
-            if threads is None:
-                self._threads[key] = {thread}
-            else:
-                threads.add(thread)
-                self._threads.move_to_end(key)
-        while len(self._threads) > self._limit:
-            self._threads.popitem(last=False)
-
-    def granted(self, scope: TokenScope, key: str) -> bool:
-        return any(scope.covers(thread) for thread in self._threads.get(key, ()))
 
 
 def _lease_callbacks(
@@ -193,11 +154,10 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self.store_backend = store_backend
         self.blob_backend = blob_backend
         self._renew, self._release = _lease_callbacks(store)
-        self._references = _References()
-        self._scanned: OrderedDict[str, str | None] = OrderedDict()  # thread → head listed
         self.authenticator = Authenticator(verifier)
-        self._packs = pack_rules.VerifiedPacks()  # packs stored through this gateway
         self._pins = pack_rules.Pins()  # keys pinned through this gateway
+        self._access = ReadAccess(store, self._pins)
+        self._pack_calls = PackCalls(store, blobs, self._access, on_bytes_out=self._count_out)
         self.observe = observe
         self.draining = False
         # Blob bytes that crossed the gateway (streamed), for the metrics.
@@ -209,6 +169,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
     def _count_in(self, nbytes: int) -> None:
         self.bytes_in += nbytes
+
+    def _count_out(self, nbytes: int) -> None:
+        self.bytes_out += nbytes
 
     # ------------------------------------------------------------ plumbing
 
@@ -265,7 +228,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 self.observe(method, code, time.perf_counter() - started)
 
     def _document(self, checkpoint: Checkpoint) -> gpb.GatewayCheckpoint:
-        self._references.remember(checkpoint)
+        self._access.remember(checkpoint)
         return gpb.GatewayCheckpoint(found=True, document=encode_checkpoint(checkpoint))
 
     # ------------------------------------------------------------ store
@@ -320,12 +283,12 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             writer = wire.writer_from_proto(request.writer)
             if request.packed_blobs:
                 scope.require(("capture",), writer.thread_id)
-                rows = await self._trusted_rows(request.packed_blobs, writer)
+                rows = await self._pack_calls.trusted_rows(request.packed_blobs, writer)
                 append: Any = self.store.append  # a PackIndex store's append takes the rows
                 checkpoint_id = await append(checkpoint, expected, writer, packed_blobs=rows)
             else:
                 checkpoint_id = await self.store.append(checkpoint, expected, writer)
-            self._references.remember(checkpoint)
+            self._access.remember(checkpoint)
             return gpb.GatewayAppendResponse(checkpoint_id=checkpoint_id)
 
         return await self._unary("Append", context, work)
@@ -580,7 +543,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         async def work(scope: TokenScope) -> gpb.GatewayEmpty:
             scope.require(UPLOAD_OPS)
             # Marks of keys only other tenants use are theirs to clear (by check).
-            keys = [k for k in request.keys if self._readable_now(scope, k)]
+            keys = [k for k in request.keys if self._access.readable_now(scope, k)]
             await self.store.clear_missing_blobs(keys)  # type: ignore[attr-defined]
             return gpb.GatewayEmpty()
 
@@ -591,40 +554,11 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             scope.require(UPLOAD_OPS)
             marked = await self.store.list_missing_blobs()  # type: ignore[attr-defined]
             # A capture asks after reading its parent, whose keys are remembered.
-            return gpb.GatewayKeys(keys=[k for k in marked if self._readable_now(scope, k)])
+            return gpb.GatewayKeys(keys=[k for k in marked if self._access.readable_now(scope, k)])
 
         return await self._unary("ListMissingBlobs", context, work)
 
     # ------------------------------------------------------------ blobs
-
-    def _readable_now(self, scope: TokenScope, key: str) -> bool:
-        return "admin" in scope.ops or self._references.granted(scope, key)
-
-    async def _may_read(self, scope: TokenScope, key: str) -> None:
-        if self._readable_now(scope, key):
-            return
-        await self._learn_references(scope)
-        if not self._references.granted(scope, key):
-            raise status.ServiceError(
-                status.FORBIDDEN,
-                f"no checkpoint of the token's threads ({scope.subject}) references {key!r}",
-                key=key,
-                subject=scope.subject,
-            )
-
-    async def _learn_references(self, scope: TokenScope) -> None:
-        """Remember the keys of the checkpoints of the token's exact threads."""
-        for thread in sorted(scope.threads)[:MAX_LOOKUP_THREADS]:
-            # Listed again only when its head moved: asking for keys it does not
-            # hold must not make the gateway reread a thread each time.
-            head = await self.store.get_head(thread)
-            if thread in self._scanned and self._scanned[thread] == head:
-                continue
-            for checkpoint in await self.store.list(thread):
-                self._references.remember(checkpoint)
-            self._scanned[thread] = head
-            while len(self._scanned) > TOKEN_CACHE_SIZE:
-                self._scanned.popitem(last=False)
 
     async def BlobHead(self, request: gpb.GatewayBlobKey, context: Any) -> gpb.GatewayBlobInfo:
         async def work(scope: TokenScope) -> gpb.GatewayBlobInfo:
@@ -648,7 +582,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     async def BlobGet(self, request: gpb.GatewayBlobGetRequest, context: Any) -> AsyncIterator[Any]:
         async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayBlobChunk]:
             scope.require(ANY_OP)
-            await self._may_read(scope, request.key)
+            await self._access.may_read(scope, request.key)
             chunk_size = min(request.chunk_size or wire.BLOB_CHUNK_BYTES, 4 << 20)
             async for chunk in self.blobs.get_stream(request.key, chunk_size):
                 self.bytes_out += len(chunk)
@@ -662,7 +596,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
             scope.require(ANY_OP)
             keys = list(request.keys)
             for key in dict.fromkeys(keys):
-                await self._may_read(scope, key)
+                await self._access.may_read(scope, key)
             datas = await blob_base.get_many(self.blobs, keys)
             self.bytes_out += sum(len(data) for data in datas)
             for index, data in enumerate(datas):
@@ -734,7 +668,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 finally:
                     upload.close()
                 if upload.columns is not None:
-                    self._packs.remember(upload.columns)  # durable now (stored, or there already)
+                    self._pack_calls.packs.remember(
+                        upload.columns
+                    )  # durable now (stored, or there already)
             return gpb.GatewayBlobPutResponse(written=written)
 
         return await self._unary("BlobPut", context, work)
@@ -767,7 +703,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                     held.append((upload.key, upload.data))
                     held_bytes += upload.size
                 if upload.columns is not None:
-                    self._packs.remember(upload.columns)  # durable now (stored, or there)
+                    self._pack_calls.packs.remember(
+                        upload.columns
+                    )  # durable now (stored, or there)
                 if held_bytes >= uploads.BATCH_BYTES:
                     await store_held()
             await store_held()
@@ -803,7 +741,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 return gpb.GatewayBlobUrls(supported=False)
             keys = list(request.keys)
             for key in dict.fromkeys(keys):
-                await self._may_read(scope, key)
+                await self._access.may_read(scope, key)
             # Never past the token: a URL must not outlive the token that asked.
             left = scope.expires_at - int(time.time())
             seconds = max(
@@ -818,59 +756,10 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
     # ------------------------------------------------------------ packs
 
-    def _locatable(self, scope: TokenScope, key: str) -> bool:
-        """BlobGet's rule, or pinned through this gateway by a covered writer;
-        a row serves a digest's file and artifact keys (``row_key``)."""
-        if "admin" in scope.ops:
-            return True
-        forms = (key, artifact_twin(key)) if key.startswith(FILE_KEY_PREFIX) else (key,)
-        return any(
-            self._references.granted(scope, form) or self._pins.granted(scope, form)
-            for form in forms
-        )
-
-    async def _may_read_row(self, scope: TokenScope, key: str) -> None:
-        """BlobGet's rule for a row's key (its file form) or its artifact twin."""
-        twin = artifact_twin(key)
-        if self._readable_now(scope, key) or self._readable_now(scope, twin):
-            return
-        await self._learn_references(scope)
-        if not (self._references.granted(scope, key) or self._references.granted(scope, twin)):
-            raise status.ServiceError(
-                status.FORBIDDEN,
-                f"no checkpoint of the token's threads ({scope.subject}) references {key!r}",
-                key=key,
-                subject=scope.subject,
-            )
-
-    @staticmethod
-    def _located(found: dict[str, PackedBlob | None]) -> gpb.GatewayLocated:
-        by_pack: dict[str, list[PackedBlob]] = {}
-        unpacked: list[str] = []
-        for key, row in found.items():
-            if row is None:
-                unpacked.append(key)
-            else:
-                by_pack.setdefault(row.pack, []).append(row)
-        return gpb.GatewayLocated(
-            packs=wire.rows_to_proto([row for rows in by_pack.values() for row in rows]),
-            unpacked=unpacked,
-        )
-
     async def LocateBlobs(self, request: gpb.GatewayKeys, context: Any) -> gpb.GatewayLocated:
         async def work(scope: TokenScope) -> gpb.GatewayLocated:
             scope.require(ANY_OP)
-            if not isinstance(self.store, PackIndex):
-                return gpb.GatewayLocated()
-            keys = list(dict.fromkeys(request.keys))
-            allowed = [key for key in keys if self._locatable(scope, key)]
-            if len(allowed) < len(keys) and scope.threads:
-                await self._learn_references(scope)
-                allowed = [key for key in keys if self._locatable(scope, key)]
-            found: dict[str, PackedBlob | None] = {}
-            for start in range(0, len(allowed), LOCATE_BATCH):
-                found.update(await self.store.locate_blobs(allowed[start : start + LOCATE_BATCH]))
-            return self._located(found)
+            return await self._pack_calls.locate(scope, request.keys)
 
         return await self._unary("LocateBlobs", context, work)
 
@@ -883,120 +772,20 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
                 return gpb.GatewayLocated()
             after = request.after if request.HasField("after") else None
             rows = await self.store.list_packed_blobs(after=after, limit=request.limit or 1000)
-            return self._located({row.key: row for row in rows})
+            return located({row.key: row for row in rows})
 
         return await self._unary("ListPackedBlobs", context, work)
-
-    async def _trusted_rows(
-        self, messages: Iterable[gpb.GatewayPackRows], writer: Any
-    ) -> PackedRows:
-        """An append's rows: in packs this writer pinned through this gateway,
-        each an entry of its pack's trailer, in packs that stay until the
-        append commits (``gateway/packs.py``); INVALID_ENTRY naming the pack
-        otherwise (with ``unpinned`` when its pin was not taken here)."""
-        if not isinstance(self.store, PackIndex):
-            raise SandboxCheckpointInvalidArgumentError(
-                f"{type(self.store).__name__} keeps no pack index: append without pack rows"
-            )
-        me = (writer.thread_id, writer.owner_token, writer.fence)
-        groups: list[PackColumns] = []
-        for message in messages:
-            sent = wire.columns_from_proto(message)
-            if not len(sent):
-                continue
-            unpinned, pinned_at = self._pins.first_unpinned([sent.pack], me)
-            if unpinned is not None:
-                raise pack_rules.refuse_rows(
-                    sent.pack,
-                    "the pack was not pinned by this writer through this gateway",
-                    unpinned=unpinned,
-                )
-            known = self._packs.get(sent.pack)
-            if known is None or known.seen_at < pinned_at:
-                known = await self._pack_in_bucket(sent.pack)
-            problem = pack_rules.rows_problem(sent, known.columns)
-            if problem is not None:
-                raise pack_rules.refuse_rows(sent.pack, problem)
-            groups.append(sent)
-        return PackedRows(groups)
-
-    async def _pack_in_bucket(self, pack: str) -> pack_rules.VerifiedPack:
-        """The pack's trailer, read from the bucket now (after the writer's
-        pin of it, so the pack stays): every pack in the bucket was checked whole
-        when it was stored, so its trailer says where its frames are."""
-        seen_at = time.monotonic()
-        info = await self.blobs.head(pack)
-        if info is None:
-            raise pack_rules.refuse_rows(pack, "the pack is not in the bucket")
-        try:
-            entries = await read_pack_entries(self.blobs, pack, info.size)
-        except (PackTrailerError, BlobNotFoundError) as error:
-            raise pack_rules.refuse_rows(pack, f"its trailer does not read: {error}") from None
-        columns = pack_rules.columns_of_entries(
-            pack,
-            (PackedBlob(e.key, pack, e.offset, e.length, e.raw_size, e.codec) for e in entries),
-        )
-        self._packs.remember(columns, seen_at)
-        return pack_rules.VerifiedPack(columns, seen_at)
 
     async def ReadPackFrames(
         self, request: gpb.GatewayPackRows, context: Any
     ) -> AsyncIterator[Any]:
         async def work(scope: TokenScope) -> AsyncIterator[gpb.GatewayPackFrame]:
             scope.require(ANY_OP)
-            if not isinstance(self.store, PackIndex):
-                raise SandboxCheckpointInvalidArgumentError(
-                    "the gateway's store keeps no pack index"
-                )
-            sent = wire.columns_from_proto(request)
-            rows = list({row.key: row for row in map(sent.row, range(len(sent)))}.values())
-            for row in rows:
-                await self._may_read_row(scope, row.key)
-            current = await self.store.locate_blobs([row.key for row in rows])
-            for row in rows:
-                if current.get(row.key) != row:
-                    # Moved by a repack (or never there): the sidecar looks it up again.
-                    raise BlobNotFoundError(row.key)
-            async for frame in self._frames(sent.pack, rows):
+            async for frame in self._pack_calls.read_frames(scope, request):
                 yield frame
 
         async for message in self._stream("ReadPackFrames", context, work):
             yield message
-
-    async def _frames(
-        self, pack: str, rows: list[PackedBlob]
-    ) -> AsyncIterator[gpb.GatewayPackFrame]:
-        """The stored bytes of exactly ``rows``' frames, as the bucket holds
-        them; adjacent frames travel together. Not decoded here: every pack
-        was checked whole when it was stored (``VerifiedPacks``), and the
-        sidecar decodes and checks each frame it receives (size and BLAKE3)
-        as it stages it, so a frame damaged in the bucket since is still
-        INVALID_BLOB there, naming the blob and the pack; decoding here too
-        would spend the shared gateway's CPU on every sidecar's restore."""
-        reads = [read for read in plan_pack_reads(rows) if read.end > read.start]
-        try:
-            datas = await get_ranges(self.blobs, pack, [(read.start, read.end) for read in reads])
-        except BlobNotFoundError:
-            raise BlobNotFoundError(rows[0].key) from None
-        for read, data in zip(reads, datas, strict=True):
-            start = end = -1
-            pieces: list[bytes] = []
-            for row in sorted(read.rows, key=lambda row: row.offset):
-                if not row.length:
-                    continue  # an empty blob: no bytes (its offset may be a neighbour's)
-                if row.offset != end or end - start >= wire.BLOB_CHUNK_BYTES:
-                    if pieces:
-                        yield self._frame(start, pieces)
-                    start, end, pieces = row.offset, row.offset, []
-                pieces.append(data[row.offset - read.start : row.offset - read.start + row.length])
-                end += row.length
-            if pieces:
-                yield self._frame(start, pieces)
-
-    def _frame(self, offset: int, pieces: list[bytes]) -> gpb.GatewayPackFrame:
-        data = b"".join(pieces)
-        self.bytes_out += len(data)
-        return gpb.GatewayPackFrame(offset=offset, data=data)
 
     async def BlobDelete(self, request: gpb.GatewayBlobKey, context: Any) -> gpb.GatewayEmpty:
         async def work(scope: TokenScope) -> gpb.GatewayEmpty:
