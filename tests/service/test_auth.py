@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import stat
 import subprocess
 import sys
@@ -97,3 +98,40 @@ def test_cli_over_tcp_needs_the_token(daemons: DaemonFactory) -> None:
         timeout=60,
     )
     assert allowed.returncode == 0 and "checkpointd" in allowed.stdout
+
+
+def _peak_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status_file:
+        for line in status_file:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _reset_peak_rss(pid: int) -> None:
+    with open(f"/proc/{pid}/clear_refs", "w") as clear:
+        clear.write("5")  # reset VmHWM to the current RSS
+
+
+async def test_a_tokenless_request_is_refused_unread(daemons: DaemonFactory) -> None:
+    """The token is checked on the headers: a refused call's body is never
+    buffered, so many large tokenless requests leave the daemon's memory flat."""
+    daemon = daemons.start(tcp=True, token="s3cret-token")
+    target = daemon.address.replace("tcp://", "")
+    body = b"\x0a" + b"\xff\xff\xbf\x07" + b"x" * (15 << 20)  # thread_id of 15 MiB
+    pid = daemon.proc.pid
+    async with grpc.aio.insecure_channel(
+        target, options=[("grpc.max_send_message_length", 64 << 20)]
+    ) as channel:
+        get_head = channel.unary_unary("/checkpointd.v1.Checkpointd/GetHead")
+        await asyncio.sleep(0.5)
+        _reset_peak_rss(pid)
+        idle = _peak_rss_kib(pid)
+        calls = [get_head(body, timeout=30) for _ in range(12)]
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        for outcome in outcomes:
+            assert isinstance(outcome, grpc.aio.AioRpcError), outcome
+            assert outcome.code() == grpc.StatusCode.UNAUTHENTICATED
+        grown_mib = (_peak_rss_kib(pid) - idle) / 1024
+    # 12 requests of 15 MiB: buffered, they would take ~180 MiB.
+    assert grown_mib < 60, f"the daemon grew {grown_mib:.0f} MiB for refused requests"

@@ -58,19 +58,17 @@ def _denying_handler(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     )
     trailers = ((DETAILS_KEY, status.SerializeToString()),)
 
-    async def deny(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+    async def deny(_requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         await context.abort(
             grpc.StatusCode.UNAUTHENTICATED, status.message, trailing_metadata=trailers
         )
 
-    # Keep the method's streaming shape so grpc reads and answers it correctly.
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(deny)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(deny)
+    # grpc reads a unary request whole before any handler runs; a handler that
+    # takes the request as a stream (the same wire format) and never reads it
+    # answers on the headers alone, whatever the caller sends after them.
     if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(deny)
-    return grpc.unary_unary_rpc_method_handler(deny)
+        return grpc.stream_stream_rpc_method_handler(deny)
+    return grpc.stream_unary_rpc_method_handler(deny)
 
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
