@@ -111,7 +111,7 @@ from .model import (
 from .progress import ProgressCallback
 from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
-from .statcache_paths import resolve_data_dir, stat_cache_path
+from .statcache_paths import PendingStatCache, resolve_data_dir, stat_cache_path
 from .store._packindex import file_key, row_key
 from .store.base import BlobGuard, CheckpointStore
 from .validation import artifact_problem, check_id, check_optional_id, path_problem
@@ -408,6 +408,8 @@ async def capture_checkpoint(
     reporter.phase("lease")
     lease = await store.acquire_writer(thread_id)
     subroot: SubRoot | None = None
+    # The scan's stat cache, live once the checkpoint is (statcache_paths).
+    scan_cache: PendingStatCache | None = None
     reclaim = False  # a large scan: give memory back (see reclaim_memory)
     try:
         subroot = SubRoot.open(workspace, subdir)
@@ -467,12 +469,13 @@ async def capture_checkpoint(
                 parent = parent_manifest = None
                 feed_threads = _feed_waiters()
                 counts = _native.ScanProgress()
+                scan_cache = PendingStatCache(cache_path)
                 scanning = asyncio.ensure_future(
                     _scan(
                         root,
                         policy,
                         checked_secrets,
-                        cache_path,
+                        scan_cache.path,
                         token,
                         feed,
                         subroot.fd,
@@ -537,6 +540,7 @@ async def capture_checkpoint(
                 ):
                     same = parent
                 if same is not None:
+                    scan_cache.commit()
                     record_base(cache_path, root, same.thread_id, same.id)
                     duration_ms = reporter.finish()
                     stats = CaptureStats(
@@ -583,6 +587,7 @@ async def capture_checkpoint(
             )
             keeper.check()
             await _append(store, checkpoint, head_id, lease, session)
+            scan_cache.commit()
             record_base(cache_path, root, thread_id, checkpoint.id)
             await forget_found_keys(store, engine.rechecked, checkpoint)
             duration_ms = reporter.finish()
@@ -598,6 +603,8 @@ async def capture_checkpoint(
             )
             return CaptureResult(checkpoint, stats)
     finally:
+        if scan_cache is not None:
+            scan_cache.discard()  # (a no-op once committed)
         if subroot is not None:
             subroot.close()
         await lease.release()

@@ -86,9 +86,11 @@ from typing import Any, Protocol, TypeVar
 
 from .. import _native, ids
 from ..errors import (
+    NO_SPACE,
     SandboxCheckpointConflictError,
     SandboxCheckpointDamagedError,
     SandboxCheckpointDuplicateIdError,
+    SandboxCheckpointError,
     SandboxCheckpointNotHeadError,
     SandboxCheckpointParentMismatchError,
 )
@@ -1037,7 +1039,16 @@ class SqlCheckpointStore:
             await tx.remove_lease(thread_id, token, fence)
             await tx.drop_pins(thread_id, token, fence)
 
-        await self._write("release", body)
+        try:
+            await self._write("release", body)
+        except SandboxCheckpointError as error:
+            if error.code != NO_SPACE:
+                raise
+            # A full disk has no room for the delete of a cold capture's pins
+            # (~100,000 rows): the thread is given back all the same (one small
+            # row), and its pins stay behind, dead with their lease (a sweep
+            # honours only the pins of a live lease).
+            await self._write("release", lambda tx: tx.remove_lease(thread_id, token, fence))
 
     # ------------------------------------------------------------------ blob guard
 

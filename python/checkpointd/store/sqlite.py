@@ -36,7 +36,9 @@ transaction. ``busy_timeout`` makes SQLite wait for a lock held elsewhere; when 
 still reports "database is locked" or "busy", the whole transaction is retried
 with backoff until ``RETRY_DEADLINE_S``, after which the caller gets
 SandboxCheckpointError with code ``SANDBOX_SNAPSHOT_STORE_UNAVAILABLE`` — a raw
-``sqlite3.OperationalError`` never escapes.
+``sqlite3.OperationalError`` never escapes. A write that finds the filesystem
+full is ``SANDBOX_SNAPSHOT_NO_SPACE`` naming the file (RESOURCE_EXHAUSTED, as a
+full blob directory is), rolled back like any failure: free space and retry.
 
 Durability: WAL with ``synchronous=FULL`` (SQLite's default): a committed append
 survives a power cut, which is what a checkpoint is for. The WAL is copied
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import errno
 import os
 import random
 import sqlite3
@@ -74,6 +77,7 @@ from ..errors import (
     STORE_UNAVAILABLE,
     SandboxCheckpointError,
     SandboxCheckpointInvalidArgumentError,
+    from_os_error,
 )
 from ..model import BlobReference, Checkpoint
 from ..validation import check_id
@@ -290,12 +294,44 @@ def _sql_number(value: int | float) -> int | float:
     return value
 
 
-def _unavailable(path: str, error: BaseException) -> SandboxCheckpointError:
+def _failure(path: str, error: BaseException) -> SandboxCheckpointError:
+    """What a SQLite failure is to the caller: NO_SPACE when the filesystem
+    holding the file is full (``_is_full``), else STORE_UNAVAILABLE."""
+    if _is_full(path, error):
+        full = from_os_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path))
+        assert full is not None
+        full.details["store"] = f"sqlite://{path}"
+        return full
     return SandboxCheckpointError(
         f"SQLite store {path} is unavailable: {error}",
         code=STORE_UNAVAILABLE,
         details={"store": f"sqlite://{path}"},
     )
+
+
+# Free bytes below which an I/O error of the store file is taken for a full
+# filesystem: SQLite writes whole pages (16 KiB) and grows its WAL and -shm
+# files in pieces of that order.
+FULL_BELOW_BYTES = 1 << 20
+
+
+def _is_full(path: str, error: BaseException) -> bool:
+    """SQLite says SQLITE_FULL when a write of the file, its WAL or its journal
+    hits ENOSPC (or a quota); a few paths (growing the -shm file) say only
+    SQLITE_IOERR, which counts as full when the filesystem has next to no
+    room left."""
+    code = getattr(error, "sqlite_errorcode", None)
+    if not isinstance(code, int):
+        return False
+    if code & 0xFF == sqlite3.SQLITE_FULL:
+        return True
+    if code & 0xFF != sqlite3.SQLITE_IOERR:
+        return False
+    try:
+        room = os.statvfs(os.path.dirname(path))
+    except OSError:
+        return False
+    return room.f_bavail * room.f_frsize < FULL_BELOW_BYTES
 
 
 Transaction = Callable[[aiosqlite.Connection], Awaitable[T]]
@@ -325,7 +361,7 @@ class SqliteDatabase:
         path = os.fspath(path)
         # A missing directory is reported before aiosqlite starts its thread.
         if not await asyncio.to_thread(os.path.isdir, os.path.dirname(path)):
-            raise _unavailable(path, FileNotFoundError(f"no directory {os.path.dirname(path)}"))
+            raise _failure(path, FileNotFoundError(f"no directory {os.path.dirname(path)}"))
         pending = aiosqlite.connect(path, isolation_level=None)
         try:
             connection = await pending
@@ -337,7 +373,7 @@ class SqliteDatabase:
                 if thread is None or not thread.is_alive():
                     break
                 await asyncio.sleep(0.005)
-            raise _unavailable(path, error) from error
+            raise _failure(path, error) from error
         database = cls(path, connection)
         try:
             await database._configure()
@@ -436,11 +472,11 @@ class SqliteDatabase:
                 return await attempt()
             except sqlite3.OperationalError as error:
                 if not _is_busy(error):
-                    raise _unavailable(self.path, error) from error
+                    raise _failure(self.path, error) from error
                 if time.monotonic() >= deadline:
-                    raise _unavailable(self.path, error) from error
+                    raise _failure(self.path, error) from error
             except sqlite3.Error as error:
-                raise _unavailable(self.path, error) from error
+                raise _failure(self.path, error) from error
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.25)
 
