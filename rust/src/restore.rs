@@ -94,9 +94,29 @@ pub enum RestoreError {
         path: String,
         limit: usize,
     },
+    /// A path changed kind or content under the restore (code in the
+    /// sandbox swapped it, or wrote beside it): what the system call on it
+    /// found instead (see [`RestoreError::raced`]).
+    Changed {
+        path: String,
+        op: &'static str,
+        source: io::Error,
+    },
     Scan(ScanError),
     Cancelled,
 }
+
+/// What a system call on a workspace path says when the path changed under
+/// the restore: gone, or another kind of entry than the one it acted on, or a
+/// directory that is no longer empty.
+const RACED: &[i32] = &[
+    libc::ENOENT,
+    libc::ENOTDIR,
+    libc::EISDIR,
+    libc::ENOTEMPTY,
+    libc::EEXIST,
+    libc::ELOOP,
+];
 
 impl RestoreError {
     fn io(path: impl Into<String>, op: &'static str, source: io::Error) -> RestoreError {
@@ -105,6 +125,20 @@ impl RestoreError {
             op,
             source,
         }
+    }
+
+    /// [`RestoreError::io`] of an operation on a path the plan saw as it
+    /// was: [`RestoreError::Changed`] when the error says the path changed
+    /// since ([`RACED`]).
+    fn raced(path: impl Into<String>, op: &'static str, source: io::Error) -> RestoreError {
+        if is_errno(&source, RACED) {
+            return RestoreError::Changed {
+                path: path.into(),
+                op,
+                source,
+            };
+        }
+        RestoreError::io(path, op, source)
     }
 }
 
@@ -128,6 +162,12 @@ impl std::fmt::Display for RestoreError {
                 f,
                 "{path}: a name in it is longer than the {limit} bytes the filesystem allows"
             ),
+            RestoreError::Changed { path, op, source } => {
+                write!(
+                    f,
+                    "{op} {path}: {source}: it changed while the restore worked on it"
+                )
+            }
             RestoreError::Scan(e) => write!(f, "{e}"),
             RestoreError::Cancelled => write!(f, "restore cancelled"),
         }
@@ -739,7 +779,7 @@ impl<'w> DirStack<'w> {
                 Child::MountPoint => return Ok(Reached::OtherDevice(here())),
             };
             let stat = fs::fstat(fd.as_raw_fd())
-                .map_err(|e| RestoreError::io(self.shown(&here()), "fstat", e))?;
+                .map_err(|e| RestoreError::raced(self.shown(&here()), "fstat", e))?;
             if fs::is_mount_point_fd(fd.as_raw_fd(), &stat, self.ws.dev) {
                 return Ok(Reached::OtherDevice(here()));
             }
@@ -766,7 +806,7 @@ impl<'w> DirStack<'w> {
                     if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) {
                         return Ok(Child::Absent);
                     }
-                    return Err(RestoreError::io(self.shown(&here()), "open", e));
+                    return Err(RestoreError::raced(self.shown(&here()), "open", e));
                 }
                 // A file bind-mounted where a directory must go: left alone.
                 Err(e)
@@ -779,23 +819,25 @@ impl<'w> DirStack<'w> {
                     match fs::unlink_at(parent, name) {
                         Ok(()) => {}
                         Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
-                        Err(e) => return Err(RestoreError::io(self.shown(&here()), "unlink", e)),
+                        Err(e) => {
+                            return Err(RestoreError::raced(self.shown(&here()), "unlink", e))
+                        }
                     }
                 }
                 Err(e) if is_errno(&e, &[libc::ENOENT]) => {}
-                Err(e) => return Err(RestoreError::io(self.shown(&here()), "open", e)),
+                Err(e) => return Err(RestoreError::raced(self.shown(&here()), "open", e)),
             }
             match fs::mkdir_at(parent, name, 0o755) {
                 Ok(()) => {}
                 Err(e) if is_errno(&e, &[libc::EEXIST]) => {}
-                Err(e) => return Err(RestoreError::io(self.shown(&here()), "mkdir", e)),
+                Err(e) => return Err(RestoreError::raced(self.shown(&here()), "mkdir", e)),
             }
         }
-        Err(RestoreError::io(
-            self.shown(&here()),
-            "open",
-            io::Error::other("the directory keeps changing under the restore"),
-        ))
+        Err(RestoreError::Changed {
+            path: self.shown(&here()),
+            op: "open",
+            source: io::Error::other("the directory keeps changing under the restore"),
+        })
     }
 }
 
@@ -821,7 +863,7 @@ fn remove_tree(
     let stat = match fs::lstat_at(parent, name) {
         Ok(s) => s,
         Err(e) if is_errno(&e, &[libc::ENOENT, libc::ENOTDIR]) => return Ok(()),
-        Err(e) => return Err(RestoreError::io(ws.shown(rel), "lstat", e)),
+        Err(e) => return Err(RestoreError::raced(ws.shown(rel), "lstat", e)),
     };
     if fs::is_mount_point(parent, name, &stat, ws.dev) {
         skipped.push(rel.to_vec());
@@ -835,7 +877,7 @@ fn remove_tree(
                 Ok(())
             }
             Err(e) if !is_errno(&e, &[libc::ENOENT]) => {
-                Err(RestoreError::io(ws.shown(rel), "unlink", e))
+                Err(RestoreError::raced(ws.shown(rel), "unlink", e))
             }
             _ => Ok(()),
         };
@@ -843,23 +885,23 @@ fn remove_tree(
     let fd = match fs::open_dir_at(parent, name) {
         Ok(fd) => fd,
         Err(e) if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) => return Ok(()),
-        Err(e) => return Err(RestoreError::io(ws.shown(rel), "open", e)),
+        Err(e) => return Err(RestoreError::raced(ws.shown(rel), "open", e)),
     };
     let inner =
-        fs::fstat(fd.as_raw_fd()).map_err(|e| RestoreError::io(ws.shown(rel), "fstat", e))?;
+        fs::fstat(fd.as_raw_fd()).map_err(|e| RestoreError::raced(ws.shown(rel), "fstat", e))?;
     if fs::is_mount_point_fd(fd.as_raw_fd(), &inner, ws.dev) {
         skipped.push(rel.to_vec());
         return Ok(());
     }
     let dir_fd = fd
         .try_clone()
-        .map_err(|e| RestoreError::io(ws.shown(rel), "dup", e))?;
+        .map_err(|e| RestoreError::raced(ws.shown(rel), "dup", e))?;
     let mut reader =
-        fs::DirReader::new(fd).map_err(|e| RestoreError::io(ws.shown(rel), "list", e))?;
+        fs::DirReader::new(fd).map_err(|e| RestoreError::raced(ws.shown(rel), "list", e))?;
     let mut names: Vec<CString> = Vec::new();
     while let Some((child, _)) = reader
         .next_entry()
-        .map_err(|e| RestoreError::io(ws.shown(rel), "list", e))?
+        .map_err(|e| RestoreError::raced(ws.shown(rel), "list", e))?
     {
         names.push(child.to_owned());
     }
@@ -875,7 +917,7 @@ fn remove_tree(
         Err(e) if is_errno(&e, &[libc::ENOENT]) => Ok(()),
         // A mount point inside (EBUSY) or a name that reappeared: it stays.
         Err(e) if is_errno(&e, &[libc::EBUSY, libc::ENOTEMPTY, libc::EEXIST]) => Ok(()),
-        Err(e) => Err(RestoreError::io(ws.shown(rel), "rmdir", e)),
+        Err(e) => Err(RestoreError::raced(ws.shown(rel), "rmdir", e)),
     }
 }
 
@@ -1618,7 +1660,7 @@ impl Restore {
                             &[libc::ENOENT, libc::ENOTEMPTY, libc::EEXIST, libc::ENOTDIR],
                         ) => {}
                     Err(e) if is_errno(&e, &[libc::EBUSY]) => self.skip(path.clone()),
-                    Err(e) => return Err(RestoreError::io(self.ws.shown(path), "rmdir", e)),
+                    Err(e) => return Err(RestoreError::raced(self.ws.shown(path), "rmdir", e)),
                 },
                 Doomed::Leaf => match fs::unlink_at(parent_fd, &cname) {
                     Ok(()) => {}
@@ -1629,7 +1671,7 @@ impl Restore {
                         ) => {}
                     // A file mounted there since the scan: it stays.
                     Err(e) if is_errno(&e, &[libc::EBUSY]) => self.skip(path.clone()),
-                    Err(e) => return Err(RestoreError::io(self.ws.shown(path), "unlink", e)),
+                    Err(e) => return Err(RestoreError::raced(self.ws.shown(path), "unlink", e)),
                 },
                 Doomed::Unsupported => {
                     let mut skipped = Vec::new();
@@ -1743,32 +1785,32 @@ impl Restore {
                 // A file or symlink stands there: the link itself goes, never its target.
                 let _ = fs::unlink_at(to, leaf);
                 fs::rename_at(from, leaf, to, leaf)
-                    .map_err(|e| RestoreError::io(self.ws.shown(path), "rename into", e))?;
+                    .map_err(|e| RestoreError::raced(self.ws.shown(path), "rename into", e))?;
                 return Ok(true);
             }
             // EBUSY: a mount point stands there (judged below, and skipped).
             Err(e) if is_errno(&e, &[libc::ENOTEMPTY, libc::EEXIST, libc::EBUSY]) => {}
-            Err(e) => return Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
+            Err(e) => return Err(RestoreError::raced(self.ws.shown(path), "rename into", e)),
         }
         let source = fs::open_dir_at(from, leaf)
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "open", e))?;
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "open", e))?;
         let target = fs::open_dir_at(to, leaf)
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "open", e))?;
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "open", e))?;
         let stat = fs::fstat(target.as_raw_fd())
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "fstat", e))?;
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "fstat", e))?;
         if fs::is_mount_point_fd(target.as_raw_fd(), &stat, self.ws.dev) {
             self.skip(path.to_vec());
             return Ok(false);
         }
         let listing = source
             .try_clone()
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "dup", e))?;
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "dup", e))?;
         let mut reader = fs::DirReader::new(listing)
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "list", e))?;
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "list", e))?;
         let mut children: Vec<(CString, fs::DirentType)> = Vec::new();
         while let Some((name, kind)) = reader
             .next_entry()
-            .map_err(|e| RestoreError::io(self.ws.shown(path), "list", e))?
+            .map_err(|e| RestoreError::raced(self.ws.shown(path), "list", e))?
         {
             children.push((name.to_owned(), kind));
         }
@@ -1902,7 +1944,7 @@ impl Restore {
             return Ok(false);
         }
         if !is_errno(&refused, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) {
-            return Err(RestoreError::io(
+            return Err(RestoreError::raced(
                 self.ws.shown(path),
                 "rename into",
                 refused,
@@ -1920,7 +1962,7 @@ impl Restore {
             Err(e) if kept && is_errno(&e, &[libc::EISDIR, libc::ENOTEMPTY, libc::EEXIST]) => {
                 Ok(false)
             }
-            Err(e) => Err(RestoreError::io(self.ws.shown(path), "rename into", e)),
+            Err(e) => Err(RestoreError::raced(self.ws.shown(path), "rename into", e)),
         }
     }
 
@@ -1976,10 +2018,10 @@ impl Restore {
                 {
                     continue
                 }
-                Err(e) => return Err(RestoreError::io(shown(), "open", e)),
+                Err(e) => return Err(RestoreError::raced(shown(), "open", e)),
             };
             let (stat, links) = fs::fstat_links(fd.as_raw_fd())
-                .map_err(|e| RestoreError::io(shown(), "fstat", e))?;
+                .map_err(|e| RestoreError::raced(shown(), "fstat", e))?;
             if !stat.is_file() || links != 1 || stat.dev != self.ws.dev {
                 continue;
             }
@@ -1993,12 +2035,12 @@ impl Restore {
                 let proc =
                     CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).expect("no NUL");
                 chmod_and_mtime_by_proc(&proc, mode, entry.mtime_ns)
-                    .map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+                    .map_err(|e| RestoreError::raced(shown(), "chmod", e))?;
             } else {
                 fs::fchmod(fd.as_raw_fd(), mode)
-                    .map_err(|e| RestoreError::io(shown(), "chmod", e))?;
+                    .map_err(|e| RestoreError::raced(shown(), "chmod", e))?;
                 fs::set_mtime(fd.as_raw_fd(), entry.mtime_ns)
-                    .map_err(|e| RestoreError::io(shown(), "set the mtime of", e))?;
+                    .map_err(|e| RestoreError::raced(shown(), "set the mtime of", e))?;
             }
         }
         Ok(count)
@@ -2017,7 +2059,7 @@ impl Restore {
                 }
             };
             fs::fchmod(fd, mode & 0o777)
-                .map_err(|e| RestoreError::io(self.ws.shown(path.as_bytes()), "chmod", e))?;
+                .map_err(|e| RestoreError::raced(self.ws.shown(path.as_bytes()), "chmod", e))?;
         }
         Ok(count)
     }

@@ -1249,9 +1249,9 @@ fn hash_slot(
             slot.vanished = true;
             return Ok(0);
         }
-        // A link or a file swapped in since the walk, or (EXDEV, from
-        // openat2's RESOLVE_BENEATH) the file renamed out of the workspace
-        // while it was being opened: it changed.
+        // A link or a file swapped in since the walk, a socket (ENXIO), or
+        // (EXDEV, from openat2's RESOLVE_BENEATH) the file renamed out of the
+        // workspace while it was being opened: it changed.
         Err(e)
             if matches!(
                 e.raw_os_error(),

@@ -631,6 +631,10 @@ impl Walker<'_> {
                 let target = match fs::readlink_at(dir_fd, name) {
                     Ok(t) => t,
                     Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                    // No longer a symlink: swapped since its lstat.
+                    Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                        return Err(ScanError::Changed(abs(name_bytes)))
+                    }
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
                 };
                 if !symlink_stays_inside(&path, &target, self.roots) {

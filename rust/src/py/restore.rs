@@ -14,7 +14,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::args;
 use super::cancel::CancelToken;
-use super::errors::{to_py, ScanCancelled};
+use super::errors::{to_py, FileChangedError, ScanCancelled};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
@@ -70,6 +70,13 @@ fn restore_to_py(error: RestoreError) -> PyErr {
                 unreachable!()
             };
             TargetRefused::new_err(("name-too-long", path.clone(), e.to_string()))
+        }
+        e @ RestoreError::Changed { .. } => {
+            let RestoreError::Changed { path, source, .. } = &e else {
+                unreachable!()
+            };
+            let errno = source.raw_os_error().unwrap_or(libc::EAGAIN);
+            FileChangedError::new_err((errno, e.to_string(), path.clone()))
         }
         RestoreError::Scan(e) => to_py(e),
         RestoreError::Cancelled => ScanCancelled::new_err("restore cancelled"),
