@@ -114,6 +114,14 @@ class Daemon:
             self._log_file.close()
             self._log_file = None
 
+    def kill(self) -> None:
+        """SIGKILL our daemon: a crash (no drain; its leases and half-done work
+        stay in the store). ``start`` again to restart it on the same data dir."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self.stop()
+
     def close(self) -> None:
         self.stop()
         for leftover in self._socket_dir.iterdir():
