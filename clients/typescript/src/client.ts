@@ -255,10 +255,11 @@ export class CheckpointdClient {
    * A daemon that cannot be reached (no socket, connection refused, a TLS
    * error) fails at once, naming the cause, unless `waitForReady` is set: then
    * it is tried again until the time is up (for a daemon that is starting).
+   * `signal` stops the wait (an AbortError).
    */
   async waitServing(
     timeoutMs: number = this.#settings.connectTimeoutMs,
-    { waitForReady = false }: { waitForReady?: boolean } = {},
+    { waitForReady = false, signal }: { waitForReady?: boolean; signal?: AbortSignal } = {},
   ): Promise<void> {
     const deadline = Date.now() + timeoutMs;
     let last: SandboxCheckpointError | undefined;
@@ -272,13 +273,14 @@ export class CheckpointdClient {
         });
       }
       try {
-        const reply = await this.health.check({}, { timeoutMs: remaining });
+        const reply = await this.health.check({}, { timeoutMs: remaining, signal });
         if (reply.status === HealthCheckResponse_ServingStatus.SERVING) return;
         last = checkpointdError(`the daemon at ${this.address} is not serving yet (starting or draining)`, {
           code: "SANDBOX_SNAPSHOT_DRAINING",
         });
       } catch (error) {
         const typed = toCheckpointdError(error);
+        if (typed.category === "cancelled") throw typed;
         if (typed.grpcCode === grpc.status.UNAVAILABLE) {
           last = unreachable(this.address, typed);
           if (!waitForReady) throw last;

@@ -63,6 +63,8 @@ export interface ConnectOptions {
   waitForReady?: boolean;
   /** How long `connect()` waits for the daemon to be SERVING (default 10 000). */
   connectTimeoutMs?: number;
+  /** Stops `connect()`'s wait (it rejects with an AbortError). */
+  signal?: AbortSignal;
   /** Default deadline per kind of call, in ms (`Infinity`: none). */
   deadlines?: Partial<Record<CallKind, number>>;
   retry?: RetryOptions;
@@ -78,6 +80,7 @@ const CONNECT_OPTION_KEYS = [
   "workspaceRoot",
   "waitForReady",
   "connectTimeoutMs",
+  "signal",
   "deadlines",
   "retry",
   "channelOptions",
@@ -212,10 +215,11 @@ export async function connect(options: ConnectOptions = {}): Promise<Checkpointd
   const settings = resolveConnectOptions(options);
   const client = new CheckpointdClient(settings);
   try {
-    await client.waitServing(settings.connectTimeoutMs, { waitForReady: options.waitForReady });
+    const { waitForReady, signal } = options;
+    await client.waitServing(settings.connectTimeoutMs, { waitForReady, signal });
     // Health answers without a token (probes cannot send one); GetServerInfo
     // is behind it, so a missing or wrong token is found here.
-    await client.getServerInfo({}, { timeoutMs: settings.connectTimeoutMs });
+    await client.getServerInfo({}, { timeoutMs: settings.connectTimeoutMs, signal });
   } catch (error) {
     client.close();
     throw error;

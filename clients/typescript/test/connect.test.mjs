@@ -91,6 +91,16 @@ test("waitForReady waits for a daemon that comes up late", async () => {
   }
 });
 
+test("connect's signal stops a wait for the daemon", async () => {
+  const started = performance.now();
+  await assert.rejects(
+    connect({ address: `127.0.0.1:${await freePort()}`, token: TOKEN, waitForReady: true,
+      connectTimeoutMs: 30_000, signal: AbortSignal.timeout(200) }),
+    { name: "AbortError" },
+  );
+  assert.ok(performance.now() - started < 1_000, "the wait stopped when the signal fired");
+});
+
 test("address and token come from CHECKPOINTD_ADDRESS and CHECKPOINTD_TOKEN", async () => {
   const client = await connect({ env: { CHECKPOINTD_ADDRESS: daemon.address, CHECKPOINTD_TOKEN: TOKEN } });
   try {

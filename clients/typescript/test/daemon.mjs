@@ -68,12 +68,17 @@ export async function startDaemon({ tcp = false, token, extra = [], tls } = {}) 
     },
   };
   try {
-    const client = await connect({ address, token, tls, connectTimeoutMs: 30_000, waitForReady: true });
+    // A daemon that exits (a bad flag, a crash) fails the start at once.
+    const gone = new AbortController();
+    exited.then(() => gone.abort(new Error("the daemon exited")));
+    const client = await connect({ address, token, tls, connectTimeoutMs: 30_000, waitForReady: true,
+      signal: gone.signal });
     client.close();
   } catch (error) {
     const text = daemon.log();
     await daemon.stop();
-    throw new Error(`daemon did not start: ${error.message}\n${text}`);
+    const why = proc.exitCode === null ? error.message : `it exited with ${proc.exitCode}`;
+    throw new Error(`daemon did not start: ${why}\n${text}`);
   }
   return daemon;
 }
