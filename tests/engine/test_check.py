@@ -19,6 +19,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.check import (
     CORRUPT,
     COUNT_MISMATCH,
+    DAMAGED,
     FOUND,
     MISSING,
     REPAIRED,
@@ -28,6 +29,7 @@ from checkpointd.restore import restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.store._options import key_to_bytes
 
+from ..fixtures.bitrot import flip_in_sqlite_file
 from .conftest import snapshot_tree
 
 
@@ -345,3 +347,95 @@ async def test_a_row_moved_to_a_new_pack_is_not_forgotten(store_and_bucket: Any)
     assert await store.forget_lost_packed_blobs([current]) == [key]
     assert await store.locate_blobs([key]) == {key: None}
     assert await store.list_missing_blobs() == [key]
+
+
+async def test_repair_keeps_the_healthy_blobs_of_a_pack_with_a_damaged_frame(
+    tmp_path: Path, store_and_bucket: Any
+) -> None:
+    """One frame of a pack damaged in the bucket: check --read-data reports it;
+    --repair copies the pack's other blobs to a new pack, drops the damaged
+    key's row and marks it missing; the next capture of a workspace holding
+    those bytes uploads them again, and the older checkpoint restores whole."""
+    store, blobs = store_and_bucket
+    workspace = tmp_path / "ws"
+    (workspace / "src").mkdir(parents=True)
+    for n in range(40):
+        (workspace / "src" / f"m{n}.py").write_text(f"def f{n}():\n    return {n}\n" * 20)
+    (workspace / "src" / "victim.py").write_text("the frame of these bytes will rot\n" * 30)
+    data_dir = tmp_path / "data"
+    first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    keys = sorted({e.blob_key for e in first.checkpoint.files if getattr(e, "blob_key", None)})
+    victim = _key_of(first.checkpoint, "src/victim.py")
+    row = (await store.locate_blobs([victim]))[victim]
+    assert row is not None
+    pack = bytearray(await blobs.get(row.pack))
+    pack[row.offset + row.length // 2] ^= 0x55
+    await blobs.delete(row.pack)
+    await blobs.put(row.pack, bytes(pack))
+
+    found = await check_store(store, blobs, read_data=True)
+    assert _kinds(found) == {CORRUPT: {victim}}
+    assert await store.list_missing_blobs() == []  # reported, nothing changed
+
+    repaired = await check_store(store, blobs, read_data=True, repair=True)
+    assert _kinds(repaired) == {CORRUPT: {victim}, REPAIRED: {victim, row.pack}}
+    messages = {f.key: f.message for f in repaired.findings if f.kind == REPAIRED}
+    assert "marked missing" in messages[victim]
+    assert f"{len(keys) - 1} healthy blobs copied to pack" in messages[row.pack]
+    assert await store.list_missing_blobs() == [victim]
+    healthy = [key for key in keys if key != victim]
+    located = await store.locate_blobs(keys)
+    assert located[victim] is None  # no row: a lost single object until uploaded again
+    assert {located[key].pack for key in healthy} == {located[healthy[0]].pack} != {row.pack}
+    stored = packed_blobs(blobs, store)
+    assert len(await stored.get_many(healthy)) == len(healthy)  # each checked against its key
+
+    second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    assert second.stats.blobs_uploaded == 1
+    assert await store.list_missing_blobs() == []
+    after = await check_store(store, blobs, read_data=True)
+    assert after.summary is not None and after.summary.ok, after.findings
+    target = tmp_path / "restored"
+    await restore_checkpoint(
+        target, store, blobs, "t", checkpoint_id=first.checkpoint.id, data_dir=data_dir
+    )
+    assert snapshot_tree(target) == snapshot_tree(workspace)
+
+
+async def test_check_names_every_damaged_checkpoint_and_goes_on(tmp_path: Path) -> None:
+    """Rows damaged in two threads of a SQLite file and a blob lost from the
+    bucket: check reports each damaged checkpoint (and the one stored against
+    it), still checks the blobs, and a repair leaves the counts alone."""
+    path = tmp_path / "store.db"
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    workspace, data_dir = tmp_path / "ws", tmp_path / "data"
+    workspace.mkdir()
+    for n in range(30):
+        (workspace / f"f{n}.txt").write_text(f"file {n}\n" * 40)
+    store = await open_store(f"sqlite://{path}")
+    made: dict[str, list[str]] = {}
+    for thread in ("a", "b"):
+        for n in range(2):
+            (workspace / "changing.txt").write_text(f"{thread} {n}\n")
+            done = await capture_checkpoint(workspace, store, blobs, thread, data_dir=data_dir)
+            made.setdefault(thread, []).append(done.checkpoint.id)
+    lost = _key_of(done.checkpoint, "f0.txt")  # used by readable checkpoints too
+    await store.aclose()
+    flip_in_sqlite_file(path, made["a"][0], "document")
+    flip_in_sqlite_file(path, made["b"][1], "manifest")
+    store = await open_store(f"sqlite://{path}")
+    try:
+        await _lose(store, blobs, lost)
+        report = await check_store(store, blobs, repair=True)
+        kinds = _kinds(report)
+        assert kinds[DAMAGED] == {*made["a"], made["b"][1]}
+        assert lost in kinds[MISSING]
+        assert REPAIRED not in kinds  # not while a damaged checkpoint is stored
+        messages = {f.key: f.message for f in report.findings if f.kind == DAMAGED}
+        assert f"stored against checkpoint {made['a'][0]!r}" in messages[made["a"][1]]
+        assert "fails its BLAKE3 checksum" in messages[made["b"][1]]
+        summary = report.summary
+        assert summary is not None and not summary.ok
+        assert summary.damaged_checkpoints == 3 and summary.corrupt == 3
+    finally:
+        await store.aclose()
