@@ -109,6 +109,7 @@ from .model import (
     WriterLease,
 )
 from .progress import ProgressCallback
+from .safefs import remove_stale_staging
 from .scanner import ScanOutcome, scan_workspace
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import PendingStatCache, resolve_data_dir, stat_cache_path
@@ -413,6 +414,7 @@ async def capture_checkpoint(
     reclaim = False  # a large scan: give memory back (see reclaim_memory)
     try:
         subroot = SubRoot.open(workspace, subdir)
+        await _remove_stale_staging(workspace)
         async with LeaseKeeper(lease) as keeper:
             head_id = await store.get_head(thread_id)
             if checkpoint_id is not None:
@@ -638,6 +640,15 @@ async def _parent_again(
             details={"checkpoint_id": head_id},
         )
     return parent
+
+
+async def _remove_stale_staging(workspace: str) -> None:
+    """What an interrupted restore left at the top of the workspace (never a
+    running restore's): a failure to remove it is no reason to fail the capture."""
+    try:
+        await asyncio.to_thread(remove_stale_staging, workspace)
+    except OSError:
+        pass
 
 
 async def _readable(store: CheckpointStore, head_id: str | None) -> Checkpoint | None:

@@ -394,3 +394,47 @@ def _remove_at(parent_fd: int, name: str) -> None:
         os.rmdir(name, dir_fd=parent_fd)
     except FileNotFoundError:
         pass
+
+
+def remove_stale_staging(root: str | os.PathLike[str]) -> list[str]:
+    """Remove the staging directories interrupted restores left at the top of
+    ``root`` (``STAGING_PREFIX``: a killed restore's, tens of MB that no
+    capture holds and that only the next restore removed) and nothing else;
+    a staging directory some process holds open (a restore running now) is
+    left alone.
+    Returns the names removed. Blocks: call it in a worker thread."""
+    with SafeRoot(root) as safe:
+        stale = safe.stale_staging_names()
+        if not stale:
+            return []
+        base = os.path.realpath(root)
+        held = _held_paths()
+        removed = []
+        for name in stale:
+            path = os.path.join(base, name)
+            if any(target == path or target.startswith(path + "/") for target in held):
+                continue
+            safe.remove_top_level(name)
+            removed.append(name)
+        return removed
+
+
+def _held_paths() -> set[str]:
+    """What the open descriptors of every process we may look at point to
+    (``/proc/*/fd``): a restore holds its staging directory open throughout."""
+    held: set[str] = set()
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return held
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue  # gone, or not ours to look at
+        for fd in fds:
+            try:
+                held.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+    return held

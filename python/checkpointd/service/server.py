@@ -41,6 +41,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ..errors import SandboxCheckpointInvalidArgumentError
+from ..safefs import remove_stale_staging
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, grpc_address
@@ -299,6 +300,10 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
     # Refuses a data dir inside the workspace (sandbox code could forge the stat cache).
     data_dir = resolve_data_dir(config.workspace, config.data_dir)
     _check_private_data_dir(data_dir)
+    # A restore killed with the daemon left its staging directory in the
+    # workspace (a capture never holds it): removed before anything runs.
+    for name in await asyncio.to_thread(remove_stale_staging, config.workspace):
+        _log.info("removed %s, left in the workspace by an interrupted restore", name)
     state = ServiceState(
         workspace_root=config.workspace,
         data_dir=data_dir,
