@@ -318,6 +318,20 @@ export interface CaptureStats {
   bytesUploaded: bigint;
   durationMs: bigint;
   phasesMs: { [key: string]: bigint };
+  /**
+   * How the workspace was examined: "journal" (only what the daemon's change
+   * journal named since the last capture; every other entry is the parent's)
+   * or "full" (every entry listed and stat'ed). Empty from a daemon that does
+   * not say (older, or a replayed capture).
+   */
+  scanMode: string;
+  /**
+   * Why a "full" scan ran (e.g. "a fresh daemon", "the kernel's event queue
+   * overflowed"); empty for "journal".
+   */
+  fullScanReason: string;
+  /** Entries stat'ed plus directories listed by this capture's scan. */
+  entriesExamined: bigint;
 }
 
 export interface CaptureStats_PhasesMsEntry {
@@ -856,6 +870,16 @@ export interface Capabilities {
    * ListCheckpointsRequest.stash are served.
    */
   restoreHistory: boolean;
+  /**
+   * How the daemon learns what changed in the workspace between captures:
+   * "fanotify", "inotify" or "off" (`serve --watch`).
+   */
+  watchMode: string;
+  /**
+   * Why that mode, in words (e.g. "off: watch limit 8192 < 31,000
+   * directories"); empty when there is nothing to add.
+   */
+  watchDetail: string;
 }
 
 export interface GetServerInfoResponse {
@@ -1851,6 +1875,9 @@ function createBaseCaptureStats(): CaptureStats {
     bytesUploaded: 0n,
     durationMs: 0n,
     phasesMs: {},
+    scanMode: "",
+    fullScanReason: "",
+    entriesExamined: 0n,
   };
 }
 
@@ -1901,6 +1928,18 @@ export const CaptureStats: MessageFns<CaptureStats> = {
     globalThis.Object.entries(message.phasesMs).forEach(([key, value]: [string, bigint]) => {
       CaptureStats_PhasesMsEntry.encode({ key: key as any, value }, writer.uint32(66).fork()).join();
     });
+    if (message.scanMode !== "") {
+      writer.uint32(74).string(message.scanMode);
+    }
+    if (message.fullScanReason !== "") {
+      writer.uint32(82).string(message.fullScanReason);
+    }
+    if (message.entriesExamined !== 0n) {
+      if (BigInt.asUintN(64, message.entriesExamined) !== message.entriesExamined) {
+        throw new globalThis.Error("value provided for field message.entriesExamined of type uint64 too large");
+      }
+      writer.uint32(88).uint64(message.entriesExamined);
+    }
     return writer;
   },
 
@@ -1984,6 +2023,30 @@ export const CaptureStats: MessageFns<CaptureStats> = {
             }
             continue;
           }
+          case 9: {
+            if (tag !== 74) {
+              break;
+            }
+
+            message.scanMode = reader.string();
+            continue;
+          }
+          case 10: {
+            if (tag !== 82) {
+              break;
+            }
+
+            message.fullScanReason = reader.string();
+            continue;
+          }
+          case 11: {
+            if (tag !== 88) {
+              break;
+            }
+
+            message.entriesExamined = reader.uint64() as bigint;
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -2029,6 +2092,11 @@ export const CaptureStats: MessageFns<CaptureStats> = {
       },
       {},
     );
+    message.scanMode = object.scanMode ?? "";
+    message.fullScanReason = object.fullScanReason ?? "";
+    message.entriesExamined = (object.entriesExamined !== undefined && object.entriesExamined !== null)
+      ? BigInt(object.entriesExamined)
+      : 0n;
     return message;
   },
 };
@@ -6637,6 +6705,8 @@ function createBaseCapabilities(): Capabilities {
     mutualTls: false,
     authProbes: false,
     restoreHistory: false,
+    watchMode: "",
+    watchDetail: "",
   };
 }
 
@@ -6689,6 +6759,12 @@ export const Capabilities: MessageFns<Capabilities> = {
     }
     if (message.restoreHistory !== false) {
       writer.uint32(120).bool(message.restoreHistory);
+    }
+    if (message.watchMode !== "") {
+      writer.uint32(130).string(message.watchMode);
+    }
+    if (message.watchDetail !== "") {
+      writer.uint32(138).string(message.watchDetail);
     }
     return writer;
   },
@@ -6826,6 +6902,22 @@ export const Capabilities: MessageFns<Capabilities> = {
             message.restoreHistory = reader.bool();
             continue;
           }
+          case 16: {
+            if (tag !== 130) {
+              break;
+            }
+
+            message.watchMode = reader.string();
+            continue;
+          }
+          case 17: {
+            if (tag !== 138) {
+              break;
+            }
+
+            message.watchDetail = reader.string();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -6860,6 +6952,8 @@ export const Capabilities: MessageFns<Capabilities> = {
     message.mutualTls = object.mutualTls ?? false;
     message.authProbes = object.authProbes ?? false;
     message.restoreHistory = object.restoreHistory ?? false;
+    message.watchMode = object.watchMode ?? "";
+    message.watchDetail = object.watchDetail ?? "";
     return message;
   },
 };
