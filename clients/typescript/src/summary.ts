@@ -70,6 +70,12 @@ export interface SandboxCaptureStats {
   bytesUploaded: number;
   durationMs: number;
   phasesMs: Record<string, number>;
+  /** `journal` (only what changed since the last capture was examined) or `full`; `""` when not said. */
+  scanMode: string;
+  /** Why a full scan ran (`""` for a journal scan). */
+  fullScanReason: string;
+  /** Entries stat'ed plus directories listed by the scan. */
+  entriesExamined: number;
 }
 
 /**
@@ -136,6 +142,9 @@ export function toCaptureStats(stats: RawCaptureStats | undefined): SandboxCaptu
     phasesMs: Object.fromEntries(
       Object.entries(stats?.phasesMs ?? {}).map(([phase, ms]) => [phase, toNumber(ms)]),
     ),
+    scanMode: stats?.scanMode ?? "",
+    fullScanReason: stats?.fullScanReason ?? "",
+    entriesExamined: toNumber(stats?.entriesExamined),
   };
 }
 

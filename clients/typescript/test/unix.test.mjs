@@ -259,3 +259,14 @@ test("skipIfUnchanged appends nothing when nothing changed", async () => {
   const threads = await client.listThreads({});
   assert.ok(threads.threads.some((t) => t.threadId === "t-skip" && t.checkpointCount === 2n));
 });
+
+test("captureSandboxCheckpoint's stats are plain numbers and say how the scan ran", async () => {
+  writeTree(path.join(daemon.workspace, "stats"), { "a.txt": "a", "b.txt": "b" });
+  const saved = await captureSandboxCheckpoint({ client, threadId: "t-stats", workspaceSubdir: "stats" });
+  assert.equal(saved.stats.entries, 2);
+  assert.equal(typeof saved.stats.durationMs, "number");
+  assert.ok(Object.values(saved.stats.phasesMs).every((ms) => typeof ms === "number"));
+  assert.ok(["journal", "full", ""].includes(saved.stats.scanMode), saved.stats.scanMode);
+  assert.equal(typeof saved.stats.entriesExamined, "number");
+  assert.deepEqual(JSON.parse(JSON.stringify(saved)), saved, "the whole result is plain JSON");
+});
