@@ -18,6 +18,11 @@ pub enum Unsupported {
     TooDeep,
     /// A path longer than `walk::MAX_PATH_BYTES` bytes.
     PathTooLong,
+    /// A name (or path) holding one of the capture's secrets: its path is
+    /// given with the secret masked (`redact::MASK`).
+    SecretInName,
+    /// A symlink whose target holds one of the capture's secrets.
+    SecretInTarget,
     Unknown,
 }
 
@@ -35,6 +40,8 @@ impl Unsupported {
             Unsupported::MountPoint => "mount-point",
             Unsupported::TooDeep => "too-deep",
             Unsupported::PathTooLong => "path-too-long",
+            Unsupported::SecretInName => "secret-in-name",
+            Unsupported::SecretInTarget => "secret-in-target",
             Unsupported::Unknown => "unknown",
         }
     }

@@ -49,13 +49,20 @@ pub struct SecretMatch {
 pub struct SecretSet {
     matcher: Option<AhoCorasick>,
     max_len: usize,
+    /// Some secret holds a `/`: only a whole path can show it.
+    slash: bool,
 }
+
+/// What stands for a secret in a path shown to anyone (always three
+/// characters, whatever the secret's length).
+pub const MASK: &[u8] = b"***";
 
 impl SecretSet {
     pub fn empty() -> SecretSet {
         SecretSet {
             matcher: None,
             max_len: 0,
+            slash: false,
         }
     }
 
@@ -78,7 +85,51 @@ impl SecretSet {
         Ok(SecretSet {
             matcher: Some(matcher),
             max_len,
+            slash: secrets.iter().any(|s| s.as_ref().contains(&b'/')),
         })
+    }
+
+    /// Whether some secret occurs in `bytes` (a name, a path, a link's target).
+    pub fn occurs_in(&self, bytes: &[u8]) -> bool {
+        self.matcher
+            .as_ref()
+            .is_some_and(|matcher| matcher.find(bytes).is_some())
+    }
+
+    /// Whether some secret holds a `/` (so a path can show one that none of
+    /// its names holds).
+    pub fn spans_names(&self) -> bool {
+        self.slash
+    }
+
+    /// `bytes` with every occurrence of a secret replaced by [`MASK`]
+    /// (overlapping and adjacent occurrences by one), to be shown.
+    pub fn masked(&self, bytes: &[u8]) -> Vec<u8> {
+        let Some(matcher) = &self.matcher else {
+            return bytes.to_vec();
+        };
+        let mut spans: Vec<(usize, usize)> = matcher
+            .find_overlapping_iter(bytes)
+            .map(|m| (m.start(), m.end()))
+            .collect();
+        spans.sort_unstable();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut at = 0;
+        let mut spans = spans.into_iter().peekable();
+        while let Some((start, mut end)) = spans.next() {
+            while let Some(&(next, next_end)) = spans.peek() {
+                if next > end {
+                    break;
+                }
+                end = end.max(next_end);
+                spans.next();
+            }
+            out.extend_from_slice(&bytes[at..start]);
+            out.extend_from_slice(MASK);
+            at = end;
+        }
+        out.extend_from_slice(&bytes[at..]);
+        out
     }
 
     pub fn is_empty(&self) -> bool {
@@ -253,6 +304,21 @@ pub fn zero_all(data: &[u8], secrets: &SecretSet) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_masked_path_shows_no_part_of_a_secret() {
+        let set = SecretSet::new(&[&b"abcd"[..], b"cdef", b"x/yz"]).unwrap();
+        assert!(set.occurs_in(b"dir/abcd.txt") && !set.occurs_in(b"dir/abc.txt"));
+        assert!(set.spans_names());
+        assert_eq!(set.masked(b"dir/abcd.txt"), b"dir/***.txt");
+        // Overlapping and adjacent occurrences are one mask.
+        assert_eq!(set.masked(b"1abcdef2"), b"1***2");
+        assert_eq!(set.masked(b"abcdabcd-abcd"), b"***-***");
+        assert_eq!(set.masked(b"x/yz/plain"), b"***/plain");
+        assert_eq!(set.masked(b"plain"), b"plain");
+        assert_eq!(SecretSet::empty().masked(b"abcd"), b"abcd");
+        assert!(!SecretSet::new(&[b"abcd"]).unwrap().spans_names());
+    }
 
     /// Naive reference: every occurrence of every secret, on the original bytes.
     fn reference(data: &[u8], secrets: &[&[u8]]) -> Vec<u8> {

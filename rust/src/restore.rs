@@ -521,7 +521,11 @@ pub fn plan(
             .binary_search_by(|row| row.path().as_bytes().cmp(path.as_bytes()))
             .is_ok()
     };
-    for (path, _kind) in unsupported {
+    for (path, kind) in unsupported {
+        if *kind == Unsupported::SecretInName {
+            // Shown masked: not a path to act on; the entry is left alone.
+            continue;
+        }
         let known = std::str::from_utf8(path).is_ok_and(wanted);
         if !known {
             doomed.push((path.clone(), Doomed::Unsupported));

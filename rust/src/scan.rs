@@ -393,6 +393,7 @@ pub fn scan_into(
         root_path: &root.path,
         roots: &root_forms,
         policy: &request.policy,
+        secrets: &secrets,
         cancel,
         root_dev: fs::fstat(root.fd.as_raw_fd())
             .map_err(|e| ScanError::io(&root.path, "fstat", e))?

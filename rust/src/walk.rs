@@ -29,7 +29,7 @@ use crate::classify::{symlink_stays_inside, Unsupported};
 use crate::error::ScanError;
 use crate::fs::{self, DirReader, DirentType, Stat};
 use crate::policy::PolicyMatcher;
-use crate::redact::SecretMatch;
+use crate::redact::{SecretMatch, SecretSet};
 use crate::statcache::{self, DirStat, Listing, LoadedCache};
 
 /// A regular file as the walk found it, and what the scan learns of it.
@@ -146,6 +146,10 @@ pub struct Walker<'a> {
     /// The root as given and as resolved, for judging absolute symlink targets.
     pub roots: &'a [&'a [u8]],
     pub policy: &'a PolicyMatcher,
+    /// The scan's secrets: an entry whose name (or link target) holds one is
+    /// refused with the secret masked in its path, and a directory listing
+    /// that holds one is not given to the stat cache (secrets are never stored).
+    pub secrets: &'a SecretSet,
     pub cancel: &'a Cancel,
     /// The root's device: a directory on another one, or a mount's root on
     /// this one (`fs::is_mount_point`), is a mount point, reported and never
@@ -508,12 +512,16 @@ impl Walker<'_> {
             entries: Vec::with_capacity(listed),
         };
         let mut found: Refused = Vec::new();
+        // A name holding a secret, excluded or not: this listing is not cached.
+        let mut listing_secret = false;
         for (name, d_type) in statcache::listing_names(&listing) {
             if self.cancel.is_cancelled() {
                 return Err(ScanError::Cancelled);
             }
             let dtype = DirentType::from_raw(d_type);
             let name_bytes = name.to_bytes();
+            let secret_name = self.secrets.occurs_in(name_bytes);
+            listing_secret |= secret_name;
             let lossy;
             let (name_str, utf8) = match std::str::from_utf8(name_bytes) {
                 Ok(s) => (s, true),
@@ -582,6 +590,11 @@ impl Walker<'_> {
                 path.extend_from_slice(name_bytes);
                 path
             };
+            if secret_name || (self.secrets.spans_names() && self.secrets.occurs_in(&path_of())) {
+                // Named by a secret: never entered nor read, and shown masked.
+                found.push((self.secrets.masked(&path_of()), Unsupported::SecretInName));
+                continue;
+            }
             if !utf8 {
                 // Its children would have non-UTF-8 paths too: report it, do not enter.
                 found.push((path_of(), Unsupported::NonUtf8Name));
@@ -637,6 +650,10 @@ impl Walker<'_> {
                     }
                     Err(e) => return Err(ScanError::io(abs(name_bytes), "readlink", e)),
                 };
+                if self.secrets.occurs_in(&target) {
+                    found.push((path.into_bytes(), Unsupported::SecretInTarget));
+                    continue;
+                }
                 if !symlink_stays_inside(&path, &target, self.roots) {
                     found.push((path.into_bytes(), Unsupported::SymlinkEscapes));
                     continue;
@@ -653,16 +670,18 @@ impl Walker<'_> {
         }
         drop(held);
         self.reuse_hashes_into(&mut batch, recorded, &shared.counts);
-        shared
-            .dirs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(ListedDir {
-                path: rel.to_string(),
-                stat: DirStat::of(&dir_stat),
-                listing,
-                reused,
-            });
+        if !listing_secret {
+            shared
+                .dirs
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ListedDir {
+                    path: rel.to_string(),
+                    stat: DirStat::of(&dir_stat),
+                    listing,
+                    reused,
+                });
+        }
         Ok((batch, found))
     }
 
