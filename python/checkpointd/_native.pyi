@@ -126,6 +126,8 @@ def scan(
     progress: ScanProgress | None = None,
     previous_length: int | None = None,
     previous_fingerprint: bytes | None = None,
+    chunk_threshold: int | None = None,
+    chunk_average: int = 65536,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
@@ -464,6 +466,8 @@ class RestoreSession:
         keep: Sequence[str] = (),
         uncached: Sequence[str] = (),
         plan_only: bool = False,
+        chunk_threshold: int | None = None,
+        chunk_average: int = 65536,
     ) -> None: ...
     # ``secrets`` are zeroed in the live scan (a file still holding them equals
     # its zeroed blob); ``keep`` are paths (relative to the restore root) never

@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .errors import SandboxCheckpointInvalidArgumentError
 from .model import FILE_KEY_PREFIX
 
 # Files of more bytes than this are chunked (``serve --chunk-threshold``).
@@ -62,6 +63,36 @@ class ChunkSettings:
         return None
 
 
+# The settings every capture and restore of this process uses (``configure``).
+_current: ChunkSettings | None = ChunkSettings()
+
+
+def configure(settings: ChunkSettings | None) -> None:
+    """Chunk files by ``settings`` from now on in this process (None: store
+    every file whole; existing chunked files still restore). A daemon calls
+    this once with its settings. SandboxCheckpointInvalidArgumentError names
+    a bad setting."""
+    global _current
+    problem = settings.problem() if settings is not None else None
+    if problem is not None:
+        raise SandboxCheckpointInvalidArgumentError(problem)
+    _current = settings
+
+
+def current() -> ChunkSettings | None:
+    """The settings ``configure`` gave (the defaults until then)."""
+    return _current
+
+
+def native_args() -> tuple[int | None, int]:
+    """The native scan's and restore session's ``chunk_threshold`` (None: no
+    chunking) and ``chunk_average`` for the current settings."""
+    settings = _current
+    if settings is None:
+        return None, DEFAULT_AVERAGE
+    return settings.threshold, settings.average
+
+
 def iter_chunks(text: str) -> Iterator[Chunk]:
     """The chunks a manifest row's chunk list names, in file order.
     ValueError when the text is not a chunk list."""
@@ -102,5 +133,8 @@ __all__ = [
     "ChunkSettings",
     "chunk_count",
     "chunks_problem",
+    "configure",
+    "current",
     "iter_chunks",
+    "native_args",
 ]

@@ -134,7 +134,11 @@ class Checkpoint:
             for i in range(0, len(data), 32):
                 seen[FILE_KEY_PREFIX + data[i : i + 32].hex()] = None
         for entry in () if digests is not None else self.files:
-            if isinstance(entry, FileEntry):
+            if isinstance(entry, FileEntry) and entry.chunks:
+                # Stored as chunks (checkpointd.chunks): "<64 hex><length>" items.
+                for item in entry.chunks.split(","):
+                    seen.setdefault(FILE_KEY_PREFIX + item[:64], None)
+            elif isinstance(entry, FileEntry):
                 seen.setdefault(entry.blob_key, None)
         for artifact in self.artifacts:
             seen.setdefault(artifact.blob_key, None)

@@ -47,7 +47,7 @@ import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from . import _native
+from . import _native, chunks
 from ._engine import (
     LeaseKeeper,
     PhaseReporter,
@@ -585,6 +585,8 @@ async def _open_session(
             keep=keep,
             uncached=uncached,
             plan_only=plan_only,
+            chunk_threshold=chunks.native_args()[0],
+            chunk_average=chunks.native_args()[1],
         )
 
     try:

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from . import _native
+from . import _native, chunks
 from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .manifest import ManifestSummary
@@ -175,6 +175,8 @@ def scan_workspace(
             progress=progress,
             previous_length=None if previous is None else previous.byte_length,
             previous_fingerprint=None if previous is None else previous.fingerprint,
+            chunk_threshold=chunks.native_args()[0],
+            chunk_average=chunks.native_args()[1],
         )
     except _native.ScanCancelled:
         raise

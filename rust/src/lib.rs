@@ -16,6 +16,7 @@ pub mod packcheck;
 pub mod policy;
 pub mod redact;
 pub mod restore;
+pub mod restore_chunks;
 pub mod scan;
 pub mod statcache;
 pub mod verify;

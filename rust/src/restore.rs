@@ -1006,6 +1006,9 @@ pub struct Restore {
     /// The stat cache learns what was written (a cache path was given): each
     /// file is then read back before it is vouched for.
     record: bool,
+    /// The writes of files stored as chunks, filled chunk by chunk
+    /// (`crate::restore_chunks`); None when the plan has none.
+    pub chunks: Option<crate::restore_chunks::Assembly>,
 }
 
 /// A thread that calls `syncfs` on the workspace's filesystem every
@@ -1225,6 +1228,7 @@ impl Restore {
             umask: fs::current_umask().unwrap_or(0o777),
             writeback: Mutex::new(writeback),
             record,
+            chunks: None,
         };
         Ok(restore)
     }
@@ -1260,11 +1264,19 @@ impl Restore {
 
     /// Whether the plan needs the blob `hash`.
     pub fn needs(&self, hash: &[u8; 32]) -> bool {
+        match &self.chunks {
+            Some(chunks) if chunks.builds(hash) => return false,
+            Some(chunks) if chunks.chunk_len(hash).is_some() => return true,
+            _ => {}
+        }
         self.blobs.contains_key(hash)
     }
 
     /// The size the plan expects for `hash`, or InvalidBlob for a blob it does not need.
     pub fn expected(&self, hash: &[u8; 32]) -> Result<u64, RestoreError> {
+        if let Some(len) = self.chunks.as_ref().and_then(|c| c.chunk_len(hash)) {
+            return Ok(len);
+        }
         self.blobs
             .get(hash)
             .map(|uses| uses.size)
@@ -1343,6 +1355,11 @@ impl Restore {
         hash: &[u8; 32],
         data: &[u8],
     ) -> Result<bool, RestoreError> {
+        if let Some(chunks) = &self.chunks {
+            if chunks.write_chunk(self, hash, data)? && !self.blobs.contains_key(hash) {
+                return Ok(true);
+            }
+        }
         if !self
             .staged
             .lock()
@@ -1446,6 +1463,30 @@ impl Restore {
                 self.ws.shown(&rel)
             }
         }
+    }
+
+    /// [`Restore::create_uses`] of a blob stored as chunks.
+    pub(crate) fn create_uses_for_chunks(
+        &self,
+        hash: &[u8; 32],
+    ) -> Result<Vec<(usize, OwnedFd)>, RestoreError> {
+        let prefix = self.tree_prefix();
+        let mut dirs = DirStack::beneath(&self.ws, self.tree.as_raw_fd(), &prefix);
+        self.create_uses(&mut dirs, hash)
+    }
+
+    /// Where write `index` is prepared, for messages.
+    pub(crate) fn shown_write(&self, index: usize) -> String {
+        self.shown_prepared(index)
+    }
+
+    /// [`Restore::finish_use`] of a file built from chunks (read back whole by then).
+    pub(crate) fn finish_chunked_use(
+        &self,
+        index: usize,
+        fd: &OwnedFd,
+    ) -> Result<(), RestoreError> {
+        self.finish_use(index, fd, None)
     }
 
     /// A new, empty file for every write that uses `hash`.

@@ -159,7 +159,7 @@ impl RestoreSession {
         // them compares equal to its zeroed blob; `keep` are files Python found
         // equal to the checkpoint but for their secrets: never rewritten.
         let secrets = args::secrets(secrets)?;
-        SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
+        let secret_set = SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
         let keep: std::collections::HashSet<String> =
             keep.unwrap_or_default().into_iter().collect();
         let exclude = args::patterns(exclude)?;
@@ -177,6 +177,9 @@ impl RestoreSession {
         let (inner, preview) = py
             .allow_threads(move || -> Result<Planned, RestoreError> {
                 let ws = Workspace::open(&root, &subdir)?;
+                // Files stored as chunks are built from their chunks.
+                let target_chunked = manifest::chunked_files(&target)
+                    .map_err(|e| RestoreError::Manifest(e.to_string()))?;
                 let target = core::Target::read(&target, core::name_max(ws.fd.as_raw_fd()))?;
                 let request = ScanRequest {
                     root: ws.path.clone(),
@@ -200,11 +203,19 @@ impl RestoreSession {
                 plan.uncached = uncached.unwrap_or_default().into_iter().collect();
                 core::replace_shared_inodes(&ws, &mut plan)?;
                 let kept = live.kept_cache.take();
+                let live_chunked = manifest::chunked_files(&live.manifest).unwrap_or_default();
                 drop(live);
                 if plan_only {
                     return Ok((None, Some(plan)));
                 }
-                Ok((Some(Restore::new(ws, plan, kept, record)?), None))
+                let restore = crate::restore_chunks::prepare(
+                    Restore::new(ws, plan, kept, record)?,
+                    target_chunked,
+                    live_chunked,
+                    &secret_set,
+                    chunks_params,
+                )?;
+                Ok((Some(restore), None))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
@@ -318,7 +329,18 @@ impl RestoreSession {
         let mut small = Vec::with_capacity(plan.blobs.len() * 32);
         let mut large = Vec::new();
         let mut total = 0;
+        // Files stored as chunks: their missing chunks instead (any size:
+        // chunks are packed).
+        let chunks = self.inner.as_ref().and_then(|r| r.chunks.as_ref());
+        if let Some(chunks) = chunks {
+            let (missing, bytes) = chunks.missing();
+            small.extend_from_slice(&missing);
+            total += bytes;
+        }
         for (hash, size) in &plan.blobs {
+            if chunks.is_some_and(|c| c.builds(hash)) {
+                continue;
+            }
             total += size;
             if *size <= max_size {
                 small.extend_from_slice(hash);
@@ -564,6 +586,9 @@ impl RestoreSession {
     /// Apply up to ``budget`` operations; returns how many were done.
     fn apply_some(&mut self, py: Python<'_>, budget: usize) -> PyResult<usize> {
         let inner = self.inner.as_mut().ok_or_else(closed)?;
+        if let Some(chunks) = &inner.chunks {
+            chunks.check_complete().map_err(restore_to_py)?;
+        }
         let cancel = &self.cancel;
         py.allow_threads(|| inner.apply_some(budget, cancel))
             .map_err(restore_to_py)
@@ -575,8 +600,21 @@ impl RestoreSession {
         let fingerprint = secrets_fingerprint::<&[u8]>(&[]);
         let cache = self.cache_path.clone();
         let inner = self.inner()?;
-        py.allow_threads(|| inner.finish(cache.as_deref(), fingerprint))
-            .map_err(restore_to_py)
+        py.allow_threads(|| {
+            inner.finish(cache.as_deref(), fingerprint)?;
+            match (&cache, &inner.chunks) {
+                // (A cache not saved costs the next capture a read of those files.)
+                (Some(path), Some(chunks)) => {
+                    chunks.save_cache(path).map_err(|e| RestoreError::Io {
+                        path: path.display().to_string(),
+                        op: "save the chunk cache beside",
+                        source: e,
+                    })
+                }
+                _ => Ok(()),
+            }
+        })
+        .map_err(restore_to_py)
     }
 
     /// Paths left alone because they lie on another filesystem (mount points).
