@@ -281,6 +281,16 @@ def _add_serve_network_flags(serve: argparse.ArgumentParser) -> None:
         help="blobs smaller than SIZE travel and rest in compressed pack objects (default 1MiB)",
     )
     serve.add_argument(
+        "--chunk-threshold",
+        metavar="SIZE",
+        help="files above SIZE are stored as content-defined chunks (default 1MiB; 0: whole)",
+    )
+    serve.add_argument(
+        "--chunk-average",
+        metavar="SIZE",
+        help="the average chunk size, a power of two (default 64KiB)",
+    )
+    serve.add_argument(
         "--stash-keep",
         metavar="N",
         help="the newest N live trees restores replaced, kept per thread for undo (default 20)",

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..chunks import ChunkSettings
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..model import DEFAULT_STASH_KEEP, Policy
 from ..statcache_paths import DEFAULT_DATA_DIR
@@ -69,6 +70,10 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "gateway_server_name": ("str", None),
     # Blobs smaller than this go into pack objects (blobs/packs.py): 1MiB, 256KiB, bytes.
     "pack_threshold": ("bytes", "1MiB"),
+    # Files above this are stored as content-defined chunks (docs/chunks.md);
+    # 0 stores every file whole. Chunks average chunk_average (a power of two).
+    "chunk_threshold": ("bytes", "1MiB"),
+    "chunk_average": ("bytes", "64KiB"),
     # The stash entries each thread keeps (docs/restore-history.md), at least 1.
     "stash_keep": ("int", DEFAULT_STASH_KEEP),
 }
@@ -184,6 +189,8 @@ class ServeConfig:
     gateway_key: Path | None = None
     gateway_server_name: str | None = None
     pack_threshold: int = 1 << 20
+    chunk_threshold: int = 1 << 20
+    chunk_average: int = 64 << 10
     stash_keep: int = DEFAULT_STASH_KEEP
 
     @property
@@ -363,6 +370,8 @@ def resolve(
         gateway_key=_absolute(values["gateway_key"]),
         gateway_server_name=values["gateway_server_name"],
         pack_threshold=values["pack_threshold"],
+        chunk_threshold=values["chunk_threshold"],
+        chunk_average=values["chunk_average"],
         stash_keep=values["stash_keep"],
     )
     from ..blobs.packs import PACK_TARGET_BYTES
@@ -397,4 +406,16 @@ def resolve(
         )
     if config.capture_every is not None and config.capture_every <= 0:
         raise SandboxCheckpointInvalidArgumentError("--capture-every must be positive")
+    problem = chunk_settings(config)
+    if isinstance(problem, str):
+        raise SandboxCheckpointInvalidArgumentError(f"--{problem.replace('_', '-')}")
     return config
+
+
+def chunk_settings(config: ServeConfig) -> ChunkSettings | None | str:
+    """The chunking the daemon's captures and restores use (None: every file
+    whole), or why the settings cannot be used (naming the setting)."""
+    if config.chunk_threshold == 0:
+        return None
+    settings = ChunkSettings(config.chunk_threshold, config.chunk_average)
+    return settings.problem() or settings

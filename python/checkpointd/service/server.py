@@ -40,11 +40,12 @@ from urllib.parse import urlsplit
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .. import chunks
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..safefs import remove_stale_staging
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
-from .config import ServeConfig, grpc_address
+from .config import ServeConfig, chunk_settings, grpc_address
 from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethodHandler
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
@@ -247,6 +248,8 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     # Every handler (capture, restore, ReadFile, ReadArtifact, check) reads and
     # writes small blobs through the store's pack index (blobs/packs.py).
     state.blobs = packed_blobs(blobs, state.store, threshold=config.pack_threshold)
+    settings = chunk_settings(config)
+    chunks.configure(None if isinstance(settings, str) else settings)
     state.store_backend = backend_name(config.store)
     state.blob_backend = backend_name(config.blobs)
 
