@@ -468,11 +468,17 @@ class RestoreSession:
         plan_only: bool = False,
         chunk_threshold: int | None = None,
         chunk_average: int = 65536,
+        keep_live: bool = False,
     ) -> None: ...
     # ``secrets`` are zeroed in the live scan (a file still holding them equals
     # its zeroed blob); ``keep`` are paths (relative to the restore root) never
     # rewritten: files equal to the checkpoint but for their secrets; ``uncached``
-    # are never recorded in the stat cache.
+    # are never recorded in the stat cache; ``keep_live`` keeps the live scan's
+    # tree for ``take_live``.
+    def take_live(self) -> tuple[bytes, int, int, int, int] | None:
+        """The live tree the scan saw (``keep_live``), once: its manifest rows,
+        entries, files, file bytes and files with secrets zeroed. None after
+        that, or without ``keep_live``."""
     # The distinct blobs to fetch: (64-hex digest, size), in first-use order.
     @property
     def blobs(self) -> list[tuple[str, int]]: ...

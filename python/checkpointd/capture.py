@@ -361,9 +361,11 @@ async def capture_checkpoint(
     (a label always asks for a new, named checkpoint), nothing is uploaded or
     appended and the head is returned with ``unchanged=True``.
 
-    ``unchanged_from``: when the scan finds that checkpoint's files (by the
-    same rule), nothing is uploaded or appended and it is returned with
-    ``unchanged=True`` (the stash's test: the workspace still equals its base).
+    ``unchanged_from``: when the scan finds exactly that checkpoint's manifest
+    (the same bytes: mtimes count too, so no entry is decoded), nothing is
+    uploaded or appended and it is returned with ``unchanged=True`` (the
+    stash's test: the workspace still equals its base; a tree only touched
+    since is saved once more, which costs an append and no upload).
     ``reason`` (default "named" with a label, else "automatic") is recorded.
 
     ``checkpoint_id`` (default: a new UUIDv7) makes retries idempotent: when a
@@ -533,7 +535,12 @@ async def capture_checkpoint(
                         totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
                     )
                 keeper.check()
-                same = _same_files(unchanged_from, manifest)
+                same = (
+                    unchanged_from
+                    if unchanged_from is not None
+                    and manifest_of(unchanged_from.files).same_bytes(manifest)
+                    else None
+                )
                 if same is None and (
                     skip_if_unchanged
                     and parent is not None
@@ -614,6 +621,112 @@ async def capture_checkpoint(
             await run_in_thread(reclaim_memory)
 
 
+@dataclass(frozen=True)
+class ScannedTree:
+    """A tree scanned elsewhere, to be stored as a checkpoint by
+    ``store_scanned``: its manifest (a trusted one, as a scan makes it),
+    whether any file in it had secrets zeroed, the policy and sub-root it was
+    scanned with, the secrets given to that scan (names them in the spans),
+    the reason to record, and ``known``: a checkpoint whose blobs are stored
+    and which nothing can delete meanwhile (the caller holds its lease),
+    whose keys are taken as present without asking the store."""
+
+    manifest: Manifest
+    with_secrets: bool
+    policy: Policy
+    workspace_subdir: str = ""
+    secrets: SecretsArg = ()
+    reason: Reason = "automatic"
+    known: Checkpoint | None = None
+
+
+@os_errors_mapped
+async def store_scanned(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    blobs: BlobStore,
+    thread_id: str,
+    tree: ScannedTree,
+) -> CaptureResult:
+    """Append ``tree`` as a new checkpoint at the head of ``thread_id``, as
+    ``capture_checkpoint`` would after its scan: the blobs the store lacks are
+    read from the workspace beneath the sub-root (a file that changed since
+    the scan is hashed again and its entry updated, as a capture does), then
+    the checkpoint is appended under the thread's lease. A restore that saves
+    the live tree to the stash uses it with its own scan (docs/restore-history.md).
+
+    Raises as ``capture_checkpoint`` does after its scan (WRITER_CONFLICT,
+    WRITER_LOST, FILE_CHANGED, a bucket's BlobStoreError)."""
+    check_id(thread_id, "thread id")
+    given_secrets = parse_secrets(tree.secrets)
+    workspace = _workspace_path(workspace_root)
+    subdir = _checked_subdir(tree.workspace_subdir)
+    reporter = PhaseReporter(None)
+    reporter.phase("lease")
+    lease = await store.acquire_writer(thread_id)
+    subroot: SubRoot | None = None
+    try:
+        subroot = SubRoot.open(workspace, subdir)
+        async with LeaseKeeper(lease) as keeper:
+            head_id = await store.get_head(thread_id)
+            assert subroot.fd is not None
+            engine = _Uploader(
+                subroot.fd,
+                store,
+                packed_blobs(blobs, store),
+                lease,
+                keeper,
+                given_secrets.values,
+                reporter,
+                _native.CancelToken(),
+            )
+            session = engine.session
+            try:
+                await engine.distrust_marked()
+                manifest = await engine.store_blobs(tree.manifest, (), tree.known)
+                if session is not None:
+                    await session.flush()
+            finally:
+                engine.close()
+                if session is not None:
+                    await session.abandon()
+            manifest = _name_secret_spans(manifest, given_secrets, tree.with_secrets)
+            reporter.phase("append")
+            head = await store.get(head_id) if head_id is not None else None
+            created_at = _now_ms()
+            if head is not None:
+                created_at = max(created_at, int(head.created_at) + 1)
+            checkpoint = Checkpoint(
+                id=new_uuid7(),
+                thread_id=thread_id,
+                parent_checkpoint_id=head_id,
+                created_at=created_at,
+                reason=tree.reason,
+                files=manifest,
+                policy=tree.policy,
+                workspace_subdir=tree.workspace_subdir,
+            )
+            keeper.check()
+            await _append(store, checkpoint, head_id, lease, session)
+            await forget_found_keys(store, engine.rechecked, checkpoint)
+            duration_ms = reporter.finish()
+            stats = CaptureStats(
+                entries=len(manifest),
+                files_hashed=0,
+                files_reused=0,
+                bytes_hashed=0,
+                blobs_uploaded=engine.uploads.blobs,
+                bytes_uploaded=engine.uploads.bytes,
+                duration_ms=duration_ms,
+                phases_ms=dict(reporter.phases_ms),
+            )
+            return CaptureResult(checkpoint, stats)
+    finally:
+        if subroot is not None:
+            subroot.close()
+        await lease.release()
+
+
 async def _parent_again(
     store: CheckpointStore, head_id: str | None, previous: ManifestSummary | None
 ) -> Checkpoint | None:
@@ -690,16 +803,9 @@ def _nothing_new(
     """Whether a capture would record nothing the head does not hold already."""
     if tuple(conversation) != tuple(head.conversation) or artifacts != tuple(head.artifacts):
         return False
-    return _same_files(head, manifest) is not None
-
-
-def _same_files(checkpoint: Checkpoint | None, manifest: Manifest) -> Checkpoint | None:
-    """``checkpoint`` when its files are the scanned ones (mtimes aside), else None."""
-    if checkpoint is None:
-        return None
-    if manifest_of(checkpoint.files).same_bytes(manifest):
-        return checkpoint  # the same bytes: nothing to decode or compare entry by entry
-    return None if next(iter(diff_entries(checkpoint.files, manifest)), None) else checkpoint
+    if manifest_of(head.files).same_bytes(manifest):
+        return True  # the same bytes: nothing to decode or compare entry by entry
+    return next(iter(diff_entries(head.files, manifest)), None) is None
 
 
 async def _existing(
@@ -1512,4 +1618,11 @@ def _apply_replacements(manifest: Manifest, replaced: dict[str, FileEntry | None
     return Manifest(encode_entries(out), length=len(out), trusted=True)
 
 
-__all__ = ["FILE_CHANGED", "CaptureResult", "CaptureStats", "capture_checkpoint"]
+__all__ = [
+    "FILE_CHANGED",
+    "CaptureResult",
+    "CaptureStats",
+    "ScannedTree",
+    "capture_checkpoint",
+    "store_scanned",
+]

@@ -33,10 +33,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from . import _native
 from .blobs.base import BlobStore
-from .capture import capture_checkpoint
+from .capture import CaptureResult, ScannedTree, capture_checkpoint, store_scanned
 from .errors import MISSING_CHECKPOINT, SandboxCheckpointInvalidArgumentError, SandboxSnapshotError
 from .ids import new_uuid7
+from .manifest import Manifest, manifest_of
 from .model import (
     DEFAULT_STASH_KEEP,
     Checkpoint,
@@ -56,6 +58,9 @@ from .workspace_base import PendingRestore, WorkspaceBase, read_base, record_bas
 # into while the stash is taken: never part of a stash (restore reserves
 # top-level ``.checkpointd*`` names).
 _STAGING_EXCLUDE = "/.checkpointd*"
+# How a top-level ``.checkpointd*`` name shows in a manifest's rows (a symlink
+# whose target starts so matches too: it only costs a scan).
+_RESERVED_ROW = b'".checkpointd'
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,7 @@ class _StashHook:
 
     async def __call__(self, planned: PlannedRestore) -> None:
         self.outcome.planned = planned
-        if self.request.discard_live_changes or planned.changes == 0:
+        if self.request.discard_live_changes:
             return
         base = read_base(planned.cache_path, planned.target_root)
         pending = base.restoring if base is not None else None
@@ -176,6 +181,8 @@ class _StashHook:
         ):
             self.outcome.stashed = Stashed(saved, resumed=True)
             return
+        if planned.changes == 0:
+            return  # nothing would be overwritten
         compared: Checkpoint | None = None
         if not self.always:
             if base is None or base.checkpoint_id is None:
@@ -183,20 +190,8 @@ class _StashHook:
             # A base gone from the store compares with nothing: stashed.
             compared = await _existing(self.store, base.checkpoint_id)
         planned.phase("stash")
-        stash_thread = stash_thread_id(owner_of(self.request.thread_id))
-        result = await capture_checkpoint(
-            self.root,
-            self.store,
-            self.blobs,
-            stash_thread,
-            policy=_stash_policy(planned.policy),
-            secrets=self.request.secrets,
-            data_dir=self.data_dir,
-            workspace_subdir=_normal_subdir(self.request.workspace_subdir),
-            reason="stash",
-            unchanged_from=compared,
-        )
-        if result.unchanged:
+        result = await self._save(planned, compared)
+        if result is None:
             return
         saved = result.checkpoint
         self.outcome.stashed = Stashed(
@@ -208,6 +203,61 @@ class _StashHook:
             WorkspaceBase(saved.thread_id, saved.id),
             PendingRestore(planned.checkpoint.thread_id, planned.checkpoint.id, saved.id),
         )
+
+    async def _save(
+        self, planned: PlannedRestore, compared: Checkpoint | None
+    ) -> CaptureResult | None:
+        """Append the live tree to the stash, unless it is ``compared``'s.
+
+        The restore's own live scan is the tree (no second scan) unless it
+        holds a top-level ``.checkpointd*`` name (a leftover of an interrupted
+        restore, which no checkpoint may hold) or a changed file stored as
+        chunks (``store_scanned`` reads files whole): then it is captured
+        afresh, those names left out."""
+        stash_thread = stash_thread_id(owner_of(self.request.thread_id))
+        policy = _stash_policy(planned.policy)
+        subdir = _normal_subdir(self.request.workspace_subdir)
+        live = planned.live
+        if (
+            live is not None
+            and _RESERVED_ROW not in live.data
+            and _whole_files_only(live, planned.checkpoint)
+        ):
+            if compared is not None and manifest_of(compared.files).same_bytes(live):
+                return None
+            tree = ScannedTree(
+                live,
+                planned.live_with_secrets,
+                policy,
+                subdir,
+                self.request.secrets,
+                "stash",
+                known=planned.checkpoint,
+            )
+            return await store_scanned(self.root, self.store, self.blobs, stash_thread, tree)
+        result = await capture_checkpoint(
+            self.root,
+            self.store,
+            self.blobs,
+            stash_thread,
+            policy=policy,
+            secrets=self.request.secrets,
+            data_dir=self.data_dir,
+            workspace_subdir=subdir,
+            reason="stash",
+            unchanged_from=compared,
+        )
+        return None if result.unchanged else result
+
+
+def _whole_files_only(live: Manifest, known: Checkpoint) -> bool:
+    """Whether every blob the live tree adds to ``known``'s is a whole file's
+    (a changed file stored as chunks adds chunk digests no file row has)."""
+    new = _native.digest_difference(live.digests(), manifest_of(known.files).digests())
+    if not new:
+        return True
+    files = _native.manifest_files_with_digests(live.data, new)
+    return len({digest for _path, digest, _size in files}) * 32 == len(new)
 
 
 async def restore_with_history(

@@ -40,6 +40,7 @@ never touches what it names, and restore never follows one.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -218,7 +219,15 @@ async def restore_checkpoint(
             spanned = _files_with_secrets(checkpoint, subdir)
             holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
             session = await _open_session(
-                root, subdir, checkpoint, policy, cache_path, given_secrets, holding, spanned
+                root,
+                subdir,
+                checkpoint,
+                policy,
+                cache_path,
+                given_secrets,
+                holding,
+                spanned,
+                keep_live=before_apply is not None,
             )
             try:
                 keeper.check()
@@ -227,11 +236,10 @@ async def restore_checkpoint(
                 keeper.check()
                 if before_apply is not None:
                     changes = session.files_to_write + session.counts.get("deletions", 0)
-                    await before_apply(
-                        PlannedRestore(
-                            checkpoint, policy, target_root, cache_path, changes, reporter.phase
-                        )
+                    planned = PlannedRestore(
+                        checkpoint, policy, target_root, cache_path, changes, reporter.phase
                     )
+                    await before_apply(_with_live(planned, session.take_live()))
                     keeper.check()
                 # Phase report before the first change: a caller's hook runs here.
                 reporter.phase(
@@ -274,6 +282,21 @@ class PlannedRestore:
     cache_path: str
     changes: int
     phase: Callable[[str], None]
+    # The tree the restore's live scan saw (its secrets zeroed), and whether
+    # any file of it had secrets zeroed: what the stash saves, unscanned.
+    live: Manifest | None = None
+    live_with_secrets: bool = False
+
+
+def _with_live(
+    planned: PlannedRestore, live: tuple[bytes, int, int, int, int] | None
+) -> PlannedRestore:
+    if live is None:
+        return planned
+    rows, entries, files, nbytes, with_secrets = live
+    # (A restore's live scan collects no digests: computed from the rows when asked.)
+    manifest = Manifest(rows, length=entries, trusted=True, totals=(entries, files, nbytes))
+    return dataclasses.replace(planned, live=manifest, live_with_secrets=with_secrets > 0)
 
 
 @dataclass(frozen=True)
@@ -555,12 +578,14 @@ async def _open_session(
     spanned: list[tuple[str, FileEntry]],
     *,
     plan_only: bool = False,
+    keep_live: bool = False,
 ) -> _native.RestoreSession:
     """Open the restore root, scan it live and plan, natively (GIL released).
 
     The live scan zeroes the given secrets (a file still holding them equals
     its blob); ``holding`` (paths relative to the restore root) are left alone.
     ``plan_only``: a dry run's session, which makes no staging directory.
+    ``keep_live``: the session keeps the live scan's manifest (``take_live``).
     """
     prefix = f"{subdir}/" if subdir else ""
     keep = [path[len(prefix) :] for path in holding]
@@ -585,6 +610,7 @@ async def _open_session(
             keep=keep,
             uncached=uncached,
             plan_only=plan_only,
+            keep_live=keep_live,
             chunk_threshold=chunks.native_args()[0],
             chunk_average=chunks.native_args()[1],
         )

@@ -184,19 +184,20 @@ def _delete_blob(daemon: Daemon, key: str) -> None:
     Path(daemon.blobs.removeprefix("file://"), key).unlink()
 
 
-async def test_a_restore_that_fails_verification_changes_nothing(daemon: Daemon) -> None:
+async def test_a_restore_that_fails_verification_changes_nothing(daemons: DaemonFactory) -> None:
+    # Every blob its own object (no packs), so one can go missing alone.
+    daemon = daemons.start(extra=("--pack-threshold", "1"))
     root = daemon.workspace
     async with daemon.client(timeout=120) as client:
-        # A file of its own object (above the pack threshold), only in the first.
-        (root / "big.bin").write_bytes(os.urandom(2 << 20))
+        (root / "only-in-the-first.bin").write_bytes(os.urandom(100_000))
         (root / "small.txt").write_text("one\n")
         first = (await client.capture("t-missing")).checkpoint.id
-        (root / "big.bin").unlink()
+        (root / "only-in-the-first.bin").unlink()
         await client.capture("t-missing")
         (root / "small.txt").write_text("a live edit\n")
         before = tree_state(root)
         entries = await client.list_entries(first)
-        key = next(e.blob_key for e in entries if e.path == "big.bin")
+        key = next(e.blob_key for e in entries if e.path == "only-in-the-first.bin")
         _delete_blob(daemon, key)
 
         with pytest.raises(RpcError) as caught:

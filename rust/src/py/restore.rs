@@ -103,7 +103,13 @@ fn digest(hex: &str) -> PyResult<[u8; 32]> {
 }
 
 /// A session's restore, or with `plan_only` its plan alone.
-type Planned = (Option<Restore>, Option<core::Plan>);
+type Planned = (Option<Restore>, Option<core::Plan>, Option<LiveTree>);
+
+/// The live tree the restore's scan saw, kept when asked (``keep_live``): the
+/// manifest's rows, its entry, file and byte counts, and how many files had
+/// secrets zeroed (a restore's scan collects no digests). Restore history
+/// saves it to the thread's stash without scanning the tree a second time.
+type LiveTree = (Vec<u8>, u64, u64, u64, u64);
 
 /// See `_native.pyi`.
 #[pyclass(module = "checkpointd._native")]
@@ -123,6 +129,8 @@ pub struct RestoreSession {
     /// Pack reads being staged, by read id.
     ranges: Mutex<HashMap<u64, RangeStager>>,
     next_read: std::sync::atomic::AtomicU64,
+    /// The live scan's tree (``keep_live``), until ``take_live`` hands it over.
+    live: Mutex<Option<LiveTree>>,
 }
 
 #[pymethods]
@@ -134,7 +142,8 @@ impl RestoreSession {
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
         cache_path=None, cancel=None, secrets=None, keep=None, uncached=None, plan_only=false,
         chunk_threshold=None,
-        chunk_average=crate::chunk::DEFAULT_AVG
+        chunk_average=crate::chunk::DEFAULT_AVG,
+        keep_live=false
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -153,6 +162,7 @@ impl RestoreSession {
         plan_only: bool,
         chunk_threshold: Option<u64>,
         chunk_average: u32,
+        keep_live: bool,
     ) -> PyResult<Self> {
         let chunks_params = args::chunk_params(chunk_threshold, chunk_average)?;
         // The live scan zeroes the caller's secrets, so a file that still holds
@@ -174,7 +184,7 @@ impl RestoreSession {
         // With a stat cache, what the restore writes is read back before the
         // cache learns it (see `crate::restore`).
         let record = cache_path.is_some();
-        let (inner, preview) = py
+        let (inner, preview, live_tree) = py
             .allow_threads(move || -> Result<Planned, RestoreError> {
                 let ws = Workspace::open(&root, &subdir)?;
                 // Files stored as chunks are built from their chunks.
@@ -204,9 +214,18 @@ impl RestoreSession {
                 core::replace_shared_inodes(&ws, &mut plan)?;
                 let kept = live.kept_cache.take();
                 let live_chunked = manifest::chunked_files(&live.manifest).unwrap_or_default();
+                let live_tree = keep_live.then(|| {
+                    (
+                        std::mem::take(&mut live.manifest),
+                        live.entries,
+                        live.file_count,
+                        live.file_bytes,
+                        live.files_with_secrets,
+                    )
+                });
                 drop(live);
                 if plan_only {
-                    return Ok((None, Some(plan)));
+                    return Ok((None, Some(plan), live_tree));
                 }
                 let restore = crate::restore_chunks::prepare(
                     Restore::new(ws, plan, kept, record)?,
@@ -215,7 +234,7 @@ impl RestoreSession {
                     &secret_set,
                     chunks_params,
                 )?;
-                Ok((Some(restore), None))
+                Ok((Some(restore), None, live_tree))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
@@ -227,6 +246,17 @@ impl RestoreSession {
             reads: Mutex::new(HashMap::new()),
             ranges: Mutex::new(HashMap::new()),
             next_read: std::sync::atomic::AtomicU64::new(0),
+            live: Mutex::new(live_tree),
+        })
+    }
+
+    /// The live tree the scan saw (``keep_live``): ``(manifest, entries,
+    /// files, file_bytes, files_with_secrets)``, once; None after that or
+    /// without ``keep_live``.
+    fn take_live<'py>(&self, py: Python<'py>) -> Option<LiveTuple<'py>> {
+        let taken = self.live.lock().unwrap_or_else(|e| e.into_inner()).take();
+        taken.map(|(rows, entries, files, bytes, with_secrets)| {
+            (PyBytes::new(py, &rows), entries, files, bytes, with_secrets)
         })
     }
 
@@ -653,6 +683,9 @@ impl RestoreSession {
             .map_err(restore_to_py)
     }
 }
+
+/// ``take_live``'s tuple as Python sees it.
+type LiveTuple<'py> = (Bound<'py, PyBytes>, u64, u64, u64, u64);
 
 /// A planned read's frame as Python sees it: (digest, offset, stored_len, raw_len, codec).
 type PlannedFrame<'py> = (Bound<'py, PyBytes>, u64, u32, u32, u8);
