@@ -599,3 +599,21 @@ class BlobFeed:
         Close it when done: that gives its place back to the scan."""
     def abandon(self) -> None:
         """Stop consuming: queued bytes are freed, the scan never waits again."""
+
+def manifest_chunk_reads(
+    data: bytes, wanted: bytes
+) -> list[tuple[str, list[tuple[int, int, bytes]]]]:
+    """Per file stored as chunks in the manifest ``data`` that uses some of the
+    ``wanted`` digests (concatenated, 32 bytes each): its path and those
+    chunks as (offset, length, digest), in file order. ValueError for bytes
+    that are not a manifest."""
+
+def read_chunks_beneath(
+    root_fd: int,
+    path: str,
+    reads: Sequence[tuple[int, int, bytes]],
+    secrets: Sequence[bytes] | None = None,
+) -> list[bytes]:
+    """The zeroed bytes of each (offset, length, digest) chunk of the file at
+    ``path`` beneath ``root_fd`` (no symlink followed), each checked against
+    its digest. FileChangedError when the file is gone or no longer holds one."""

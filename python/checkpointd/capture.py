@@ -80,6 +80,7 @@ from .blobs import base as blob_batches
 from .blobs.base import BlobNotFoundError, BlobStore, VerifiedFile
 from .blobs.packs import PackedBlobStore, PackSession, packed_blobs
 from .check import forget_found_keys, missing_marks, without_marked
+from .chunk_blobs import upload_missing_chunks
 from .codec import encode_entries
 from .diffing import diff_entries
 from .errors import (
@@ -1094,6 +1095,18 @@ class _Uploader:
             if new_digests
             else []
         )
+        # Chunks of large files the scan did not feed (checkpointd.chunk_blobs).
+        chunk_blobs, chunk_bytes = await upload_missing_chunks(
+            manifest.data,
+            new_digests,
+            self.root_fd,
+            self.secrets,
+            self.blobs,
+            self._pin,
+            lambda read: self._in_thread(lambda _stop: read()),
+        )
+        self.uploads.blobs += chunk_blobs
+        self.uploads.bytes += chunk_bytes
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
         first_round = True

@@ -35,6 +35,7 @@ import grpc
 
 from .. import __version__, diffing, validation
 from ..blobs.base import BlobNotFoundError, BlobStore
+from ..chunk_blobs import read_file_blobs
 from ..errors import (
     INVALID_PATH,
     MISSING_CHECKPOINT,
@@ -934,7 +935,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             )
         first = True
         try:
-            async for data in blobs.get_stream(entry.blob_key, _chunk_size(request.chunk_size)):
+            async for data in read_file_blobs(blobs, entry, _chunk_size(request.chunk_size)):
                 message = pb.ReadFileResponse(data=data)
                 if first:
                     message.entry.CopyFrom(convert.entry_to_proto(entry))

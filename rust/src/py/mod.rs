@@ -4,6 +4,7 @@
 mod args;
 mod blobdir;
 mod cancel;
+mod chunk;
 mod errors;
 mod feed;
 mod manifest;
@@ -89,6 +90,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(stream::hash_file_with_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk::manifest_chunk_reads, m)?)?;
+    m.add_function(wrap_pyfunction!(chunk::read_chunks_beneath, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_totals, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_digests, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::digest_difference, m)?)?;

@@ -1,0 +1,244 @@
+"""Large files stored as content-defined chunks (docs/chunks.md): round trips
+around every size boundary, edits that store only the chunks near them,
+secrets across chunk boundaries, counts, check, and damaged chunks.
+
+Real SQLite stores, real blob directories, real files."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from checkpointd import chunks
+from checkpointd.blobs import open_blobs
+from checkpointd.blobs.base import BlobStore
+from checkpointd.blobs.packs import packed_blobs
+from checkpointd.capture import capture_checkpoint
+from checkpointd.check import check_store
+from checkpointd.errors import SandboxSnapshotError
+from checkpointd.model import FileEntry
+from checkpointd.restore import restore_checkpoint
+from checkpointd.store import open_store
+from checkpointd.store.base import CheckpointStore
+
+MIN, AVG, MAX = 16 << 10, 64 << 10, 256 << 10
+MIB = 1 << 20
+
+
+def noise(size: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(size)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> CheckpointStore:
+    async with await open_store(f"sqlite:///{tmp_path}/store.db") as opened:
+        yield opened
+
+
+@pytest.fixture
+def bucket(tmp_path: Path) -> BlobStore:
+    return open_blobs(f"file://{tmp_path}/blobs")
+
+
+def entry_of(result, path: str) -> FileEntry:
+    found = next(e for e in result.checkpoint.files if e.path == path)
+    assert isinstance(found, FileEntry)
+    return found
+
+
+def chunk_keys(entry: FileEntry) -> set[str]:
+    return {chunk.key for chunk in chunks.iter_chunks(entry.chunks)}
+
+
+async def capture(ws: Path, store, bucket, data: Path, **kwargs):
+    return await capture_checkpoint(ws, store, bucket, "t", data_dir=data, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "size",
+    [0, MIN - 1, MIN, AVG, MAX, MAX + 1, MIB - 1, MIB, MIB + 1, 3 * MIB + 12345],
+)
+async def test_files_round_trip_around_every_boundary(
+    chunked, tmp_path: Path, store, bucket, size: int
+) -> None:
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    ws.mkdir()
+    (ws / "f").write_bytes(noise(size, size))
+    result = await capture(ws, store, bucket, tmp_path / "data")
+    entry = entry_of(result, "f")
+    # Files above the threshold (1 MiB) are stored as chunks, the rest whole.
+    assert bool(entry.chunks) == (size > MIB)
+    if entry.chunks:
+        lengths = [c.length for c in chunks.iter_chunks(entry.chunks)]
+        assert sum(lengths) == size
+        assert all(MIN <= n <= MAX for n in lengths[:-1])
+    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "data2")
+    assert (out / "f").read_bytes() == (ws / "f").read_bytes()
+
+
+async def test_a_multi_gib_sparse_file_round_trips_and_stays_sparse(
+    chunked, tmp_path: Path, store, bucket
+) -> None:
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    ws.mkdir()
+    size = 3 << 30
+    with open(ws / "disk.img", "wb") as f:
+        f.truncate(size)
+        f.seek(1 << 30)
+        f.write(b"data in the middle" * 1000)
+    result = await capture(ws, store, bucket, tmp_path / "data")
+    entry = entry_of(result, "disk.img")
+    # The zeros are one chunk key, stored once.
+    assert len(chunk_keys(entry)) < 10
+    assert result.stats.bytes_uploaded < 2 * MIB
+    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "data2")
+    restored = out / "disk.img"
+    assert restored.stat().st_size == size
+    assert restored.stat().st_blocks * 512 < 64 * MIB  # holes stay holes
+    with open(restored, "rb") as f:
+        f.seek(1 << 30)
+        assert f.read(18) == b"data in the middle"
+
+
+@pytest.mark.parametrize("edit", ["in_place", "append", "truncate", "insert"])
+async def test_an_edit_stores_only_the_chunks_near_it(
+    chunked, tmp_path: Path, store, bucket, edit: str
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    original = noise(16 * MIB, 7)
+    (ws / "big").write_bytes(original)
+    first = await capture(ws, store, bucket, tmp_path / "data")
+    before = chunk_keys(entry_of(first, "big"))
+    middle = len(original) // 2
+    changed = {
+        "in_place": original[:middle] + b"X" * 4096 + original[middle + 4096 :],
+        "append": original + noise(MIB, 8),
+        "truncate": original[: middle + 12345],
+        "insert": original[:middle] + noise(4096, 9) + original[middle:],
+    }[edit]
+    (ws / "big").write_bytes(changed)
+    second = await capture(ws, store, bucket, tmp_path / "data")
+    after = chunk_keys(entry_of(second, "big"))
+    new = after - before
+    # CDC re-syncs: a few chunks around the edit are new, the rest are shared.
+    assert len(new) <= {"in_place": 3, "append": 20, "truncate": 1, "insert": 3}[edit], len(new)
+    assert second.stats.bytes_uploaded <= len(new) * MAX
+    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=first.checkpoint.id)
+    assert (ws / "big").read_bytes() == original
+    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=second.checkpoint.id)
+    assert (ws / "big").read_bytes() == changed
+
+
+async def test_secrets_across_chunk_boundaries_are_zeroed_and_written_back(
+    chunked, tmp_path: Path, store, bucket
+) -> None:
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    ws.mkdir()
+    secret = b"sk-live-0123456789abcdef"
+    data = bytearray(noise(4 * MIB, 11))
+    # A secret every 10,007 bytes: many straddle a chunk boundary.
+    for at in range(0, len(data) - len(secret), 10_007):
+        data[at : at + len(secret)] = secret
+    (ws / "f").write_bytes(bytes(data))
+    result = await capture(ws, store, bucket, tmp_path / "data", secrets=[secret])
+    entry = entry_of(result, "f")
+    assert entry.chunks and len(entry.secrets) == len(range(0, len(data) - len(secret), 10_007))
+    # No stored object holds the secret.
+    for root, _dirs, files in os.walk(tmp_path / "blobs"):
+        for name in files:
+            assert secret not in Path(root, name).read_bytes()
+    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "d2", secrets=[secret])
+    assert (out / "f").read_bytes() == bytes(data)
+
+
+async def test_counts_and_check_see_every_chunk(chunked, tmp_path: Path, store, bucket) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a").write_bytes(noise(3 * MIB, 21))
+    (ws / "b").write_bytes(noise(3 * MIB, 21))  # the same bytes: the same chunks
+    result = await capture(ws, store, bucket, tmp_path / "data")
+    keys = chunk_keys(entry_of(result, "a"))
+    assert keys == chunk_keys(entry_of(result, "b"))
+    counted = {key for key, _count in await store.list_blob_references()}
+    assert keys <= counted
+    assert entry_of(result, "a").blob_key not in counted  # the whole file is no blob
+    report = await check_store(store, packed_blobs(bucket, store), read_data=True)
+    assert report.findings == [], report.findings
+
+
+async def test_a_warm_cache_into_an_empty_store_uploads_what_the_store_lacks(
+    chunked, tmp_path: Path, bucket
+) -> None:
+    """The chunk cache says an earlier capture stored the file's chunks, so
+    the scan does not feed them: the capture finds the ones the new store
+    lacks and reads them from the file, checked."""
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    ws.mkdir()
+    (ws / "big").write_bytes(noise(5 * MIB, 31))
+    async with await open_store(f"sqlite:///{tmp_path}/one.db") as one:
+        await capture(ws, one, bucket, tmp_path / "data")
+    other = open_blobs(f"file://{tmp_path}/other")
+    async with await open_store(f"sqlite:///{tmp_path}/two.db") as two:
+        again = await capture(ws, two, other, tmp_path / "data")
+        assert again.stats.bytes_uploaded == 5 * MIB
+        await restore_checkpoint(out, two, other, "t", data_dir=tmp_path / "d2")
+    assert (out / "big").read_bytes() == (ws / "big").read_bytes()
+
+
+def _one_pack(tmp_path: Path) -> Path:
+    packs = [p for p in (tmp_path / "blobs").rglob("*") if p.is_file() and "packs" in str(p)]
+    assert len(packs) == 1, packs
+    return packs[0]
+
+
+@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+async def test_a_damaged_chunk_fails_the_restore_and_changes_nothing(
+    chunked, tmp_path: Path, store, bucket, damage: str
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big").write_bytes(noise(3 * MIB, 41))
+    first = await capture(ws, store, bucket, tmp_path / "data")
+    (ws / "big").write_bytes(noise(3 * MIB, 42))
+    (ws / "other").write_bytes(b"keep me")
+    pack = _one_pack(tmp_path)
+    if damage == "missing":
+        pack.unlink()
+    else:
+        raw = bytearray(pack.read_bytes())
+        raw[len(raw) // 3] ^= 0xFF
+        pack.write_bytes(bytes(raw))
+    live = (ws / "big").read_bytes()
+    with pytest.raises(SandboxSnapshotError) as raised:
+        await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=first.checkpoint.id)
+    code = {"corrupt": "SANDBOX_SNAPSHOT_INVALID_BLOB", "missing": "SANDBOX_SNAPSHOT_MISSING_BLOB"}
+    assert raised.value.code == code[damage]
+    key = raised.value.details["key"]
+    assert key in chunk_keys(entry_of(first, "big"))
+    assert (ws / "big").read_bytes() == live
+    assert (ws / "other").read_bytes() == b"keep me"
+    assert not [p for p in ws.iterdir() if p.name.startswith(".checkpointd")]
+
+
+async def test_chunked_and_whole_checkpoints_both_stay_readable(
+    tmp_path: Path, store, bucket
+) -> None:
+    """A checkpoint taken with chunking off (whole-file blobs) restores under
+    chunking, and the next capture stores the file as chunks."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big").write_bytes(noise(3 * MIB, 51))
+    whole = await capture(ws, store, bucket, tmp_path / "data")
+    assert not entry_of(whole, "big").chunks
+    chunks.configure(chunks.ChunkSettings())
+    (ws / "big").write_bytes(noise(3 * MIB, 52))
+    chunked_result = await capture(ws, store, bucket, tmp_path / "data")
+    assert entry_of(chunked_result, "big").chunks
+    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=whole.checkpoint.id)
+    assert (ws / "big").read_bytes() == noise(3 * MIB, 51)
+    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=chunked_result.checkpoint.id)
+    assert (ws / "big").read_bytes() == noise(3 * MIB, 52)
