@@ -21,6 +21,7 @@ from checkpointd.check import check_store
 from checkpointd.errors import SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import restore_checkpoint
+from checkpointd.service.convert import entry_to_proto
 from checkpointd.store import open_store
 from checkpointd.store.base import CheckpointStore
 
@@ -41,6 +42,25 @@ async def store(tmp_path: Path) -> CheckpointStore:
 @pytest.fixture
 def bucket(tmp_path: Path) -> BlobStore:
     return open_blobs(f"file://{tmp_path}/blobs")
+
+
+def _sparse(path: Path, size: int, at: int, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.truncate(size)
+        f.seek(at)
+        f.write(data)
+
+
+def _read_at(path: Path, at: int, n: int) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(at)
+        return f.read(n)
+
+
+def _stored_objects(root: Path) -> list[bytes]:
+    return [
+        Path(folder, name).read_bytes() for folder, _dirs, names in os.walk(root) for name in names
+    ]
 
 
 def entry_of(result, path: str) -> FileEntry:
@@ -85,10 +105,7 @@ async def test_a_multi_gib_sparse_file_round_trips_and_stays_sparse(
     ws, out = tmp_path / "ws", tmp_path / "out"
     ws.mkdir()
     size = 3 << 30
-    with open(ws / "disk.img", "wb") as f:
-        f.truncate(size)
-        f.seek(1 << 30)
-        f.write(b"data in the middle" * 1000)
+    _sparse(ws / "disk.img", size, 1 << 30, b"data in the middle" * 1000)
     result = await capture(ws, store, bucket, tmp_path / "data")
     entry = entry_of(result, "disk.img")
     # The zeros are one chunk key, stored once.
@@ -98,9 +115,7 @@ async def test_a_multi_gib_sparse_file_round_trips_and_stays_sparse(
     restored = out / "disk.img"
     assert restored.stat().st_size == size
     assert restored.stat().st_blocks * 512 < 64 * MIB  # holes stay holes
-    with open(restored, "rb") as f:
-        f.seek(1 << 30)
-        assert f.read(18) == b"data in the middle"
+    assert _read_at(restored, 1 << 30, 18) == b"data in the middle"
 
 
 @pytest.mark.parametrize("edit", ["in_place", "append", "truncate", "insert"])
@@ -148,9 +163,7 @@ async def test_secrets_across_chunk_boundaries_are_zeroed_and_written_back(
     entry = entry_of(result, "f")
     assert entry.chunks and len(entry.secrets) == len(range(0, len(data) - len(secret), 10_007))
     # No stored object holds the secret.
-    for root, _dirs, files in os.walk(tmp_path / "blobs"):
-        for name in files:
-            assert secret not in Path(root, name).read_bytes()
+    assert not any(secret in stored for stored in _stored_objects(tmp_path / "blobs"))
     await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "d2", secrets=[secret])
     assert (out / "f").read_bytes() == bytes(data)
 
@@ -242,3 +255,14 @@ async def test_chunked_and_whole_checkpoints_both_stay_readable(
     assert (ws / "big").read_bytes() == noise(3 * MIB, 51)
     await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=chunked_result.checkpoint.id)
     assert (ws / "big").read_bytes() == noise(3 * MIB, 52)
+
+
+async def test_entry_details_carry_the_chunk_count(chunked, tmp_path: Path, store, bucket) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big").write_bytes(noise(3 * MIB, 61))
+    (ws / "small").write_bytes(b"x")
+    result = await capture(ws, store, bucket, tmp_path / "data")
+    big = entry_of(result, "big")
+    assert entry_to_proto(big).chunk_count == chunks.chunk_count(big.chunks) > 1
+    assert entry_to_proto(entry_of(result, "small")).chunk_count == 0

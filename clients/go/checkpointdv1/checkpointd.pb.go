@@ -510,7 +510,11 @@ type Entry struct {
 	// Files and directories (0 to 0o777).
 	Mode uint32 `protobuf:"varint,6,opt,name=mode,proto3" json:"mode,omitempty"`
 	// Symlinks only.
-	Target        string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	Target string `protobuf:"bytes,7,opt,name=target,proto3" json:"target,omitempty"`
+	// Files only: how many content-defined chunks the file is stored as (a
+	// file above the daemon's chunk threshold; its blob_key stays the whole
+	// file's BLAKE3 and names no stored object); 0 for a file stored whole.
+	ChunkCount    uint32 `protobuf:"varint,8,opt,name=chunk_count,json=chunkCount,proto3" json:"chunk_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -592,6 +596,13 @@ func (x *Entry) GetTarget() string {
 		return x.Target
 	}
 	return ""
+}
+
+func (x *Entry) GetChunkCount() uint32 {
+	if x != nil {
+		return x.ChunkCount
+	}
+	return 0
 }
 
 type Artifact struct {
@@ -4899,7 +4910,7 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\aexclude\x18\x01 \x03(\tR\aexclude\x12\x18\n" +
 	"\ainclude\x18\x02 \x03(\tR\ainclude\x12.\n" +
 	"\x10default_excludes\x18\x03 \x01(\bH\x00R\x0fdefaultExcludes\x88\x01\x01B\x13\n" +
-	"\x11_default_excludes\"\xc0\x01\n" +
+	"\x11_default_excludes\"\xe1\x01\n" +
 	"\x05Entry\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12-\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x19.checkpointd.v1.EntryKindR\x04kind\x12\x19\n" +
@@ -4907,7 +4918,9 @@ const file_checkpointd_v1_checkpointd_proto_rawDesc = "" +
 	"\x04size\x18\x04 \x01(\x04R\x04size\x12\x19\n" +
 	"\bmtime_ns\x18\x05 \x01(\x03R\amtimeNs\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\rR\x04mode\x12\x16\n" +
-	"\x06target\x18\a \x01(\tR\x06target\"\xaa\x01\n" +
+	"\x06target\x18\a \x01(\tR\x06target\x12\x1f\n" +
+	"\vchunk_count\x18\b \x01(\rR\n" +
+	"chunkCount\"\xaa\x01\n" +
 	"\bArtifact\x12\x1f\n" +
 	"\vartifact_id\x18\x01 \x01(\tR\n" +
 	"artifactId\x12\x12\n" +

@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from ..chunks import chunk_count
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..model import (
     Artifact,
@@ -66,6 +67,7 @@ def entry_to_proto(entry: Entry) -> pb.Entry:
             size=entry.size,
             mtime_ns=entry.mtime_ns,
             mode=entry.mode,
+            chunk_count=chunk_count(entry.chunks),
         )
     if isinstance(entry, DirEntry):
         return pb.Entry(path=entry.path, kind=pb.ENTRY_KIND_DIR, mode=entry.mode)
@@ -180,6 +182,9 @@ def stats_to_proto(stats: Any) -> pb.CaptureStats:
         setattr(message, name, max(int(getattr(stats, name, 0) or 0), 0))
     for phase, ms in (getattr(stats, "phases_ms", None) or {}).items():
         message.phases_ms[str(phase)] = max(int(ms), 0)
+    message.scan_mode = str(getattr(stats, "scan_mode", "") or "")
+    message.full_scan_reason = str(getattr(stats, "full_scan_reason", "") or "")
+    message.entries_examined = max(int(getattr(stats, "entries_examined", 0) or 0), 0)
     return message
 
 

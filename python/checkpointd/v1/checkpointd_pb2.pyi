@@ -140,7 +140,7 @@ class Policy(_message.Message):
     def __init__(self, exclude: _Optional[_Iterable[str]] = ..., include: _Optional[_Iterable[str]] = ..., default_excludes: _Optional[bool] = ...) -> None: ...
 
 class Entry(_message.Message):
-    __slots__ = ("path", "kind", "blob_key", "size", "mtime_ns", "mode", "target")
+    __slots__ = ("path", "kind", "blob_key", "size", "mtime_ns", "mode", "target", "chunk_count")
     PATH_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     BLOB_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -148,6 +148,7 @@ class Entry(_message.Message):
     MTIME_NS_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_COUNT_FIELD_NUMBER: _ClassVar[int]
     path: str
     kind: EntryKind
     blob_key: str
@@ -155,7 +156,8 @@ class Entry(_message.Message):
     mtime_ns: int
     mode: int
     target: str
-    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., blob_key: _Optional[str] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., mode: _Optional[int] = ..., target: _Optional[str] = ...) -> None: ...
+    chunk_count: int
+    def __init__(self, path: _Optional[str] = ..., kind: _Optional[_Union[EntryKind, str]] = ..., blob_key: _Optional[str] = ..., size: _Optional[int] = ..., mtime_ns: _Optional[int] = ..., mode: _Optional[int] = ..., target: _Optional[str] = ..., chunk_count: _Optional[int] = ...) -> None: ...
 
 class Artifact(_message.Message):
     __slots__ = ("artifact_id", "name", "mime_type", "size", "blob_key", "created_at")
