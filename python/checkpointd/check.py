@@ -137,6 +137,9 @@ class CheckSummary:
     # Stored checkpoints that cannot be read (also counted in ``corrupt``: the
     # wire's summary has no field of its own for them).
     damaged_checkpoints: int = 0
+    # ``repaired`` findings of the pack repair (keys marked missing, packs whose
+    # healthy blobs were copied); ``repaired`` counts the counts set.
+    packs_repaired: int = 0
 
     @property
     def ok(self) -> bool:
@@ -174,7 +177,8 @@ class _Tally:
     checked: int = 0
     bytes_read: int = 0
     corrupt: int = 0
-    repaired: int = 0
+    repaired: int = 0  # counts set by the repair
+    mended: int = 0  # keys marked missing and packs copied by the pack repair
     gone: list[str] = field(default_factory=list)  # referenced keys not in the bucket
     lost: list[PackedBlob] = field(default_factory=list)  # rows of packs that are gone
     damaged_packs: list[str] = field(default_factory=list)  # packs holding a corrupt blob
@@ -242,6 +246,7 @@ async def iter_check(
         repair=repair,
         duration_ms=int((time.monotonic() - began) * 1000),
         damaged_checkpoints=len(damaged),
+        packs_repaired=tally.mended,
     )
 
 
@@ -352,14 +357,14 @@ async def _repair_packs(
     bucket = blobs.inner if isinstance(blobs, PackedBlobStore) else blobs
     async for outcome in repair_packs(store, bucket, tally.damaged_packs):
         for key in outcome.dropped:
-            tally.repaired += 1
+            tally.mended += 1
             yield CheckFinding(
                 REPAIRED,
                 key,
                 message=f"its frame in pack {outcome.pack} is damaged: marked missing and its "
                 "index row dropped; the next capture that holds these bytes uploads them again",
             )
-        tally.repaired += 1
+        tally.mended += 1
         yield CheckFinding(REPAIRED, outcome.pack, message=_pack_repair_message(outcome))
 
 

@@ -382,6 +382,8 @@ async def test_repair_keeps_the_healthy_blobs_of_a_pack_with_a_damaged_frame(
     messages = {f.key: f.message for f in repaired.findings if f.kind == REPAIRED}
     assert "marked missing" in messages[victim]
     assert f"{len(keys) - 1} healthy blobs copied to pack" in messages[row.pack]
+    assert repaired.summary is not None
+    assert (repaired.summary.packs_repaired, repaired.summary.repaired) == (2, 0)
     assert await store.list_missing_blobs() == [victim]
     healthy = [key for key in keys if key != victim]
     located = await store.locate_blobs(keys)
