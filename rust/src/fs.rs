@@ -743,6 +743,101 @@ pub fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
+/// The size of the blocks [`write_sparse_at`] leaves unwritten when they
+/// hold only zeros (a filesystem's usual block: smaller holes save nothing).
+pub const HOLE_BLOCK: usize = 4096;
+
+/// Write `data` at `offset` of `fd` as [`write_all`] would, except that the
+/// part of each [`HOLE_BLOCK`]-aligned block of the file that `data` holds
+/// is left unwritten when it is all zeros: in a file created empty it stays
+/// a hole, which reads as zeros and takes no space (a stream's pieces may
+/// cut a block anywhere). Returns whether a part was left out (the caller
+/// then sets the file's length, [`set_len`], in case the last ones were).
+pub fn write_sparse_at(fd: RawFd, offset: u64, data: &[u8]) -> io::Result<bool> {
+    let mut skipped = false;
+    let mut at = 0usize;
+    while at < data.len() {
+        // From `at` to the next block boundary of the file, or a whole block.
+        let into_block = ((offset + at as u64) % HOLE_BLOCK as u64) as usize;
+        let end = (at + HOLE_BLOCK - into_block).min(data.len());
+        let block = &data[at..end];
+        if all_zero(block) {
+            skipped = true;
+            at = end;
+            continue;
+        }
+        // A run of blocks with data, written at once.
+        let mut run_end = end;
+        while run_end < data.len() {
+            let next = (run_end + HOLE_BLOCK).min(data.len());
+            if all_zero(&data[run_end..next]) {
+                break;
+            }
+            run_end = next;
+        }
+        pwrite_all(fd, &data[at..run_end], offset + at as u64)?;
+        at = run_end;
+    }
+    Ok(skipped)
+}
+
+/// Whether `bytes` are all zero (16 at a time; most data fails on the first).
+fn all_zero(bytes: &[u8]) -> bool {
+    let mut words = bytes.chunks_exact(16);
+    let whole = words
+        .by_ref()
+        .all(|w| u128::from_ne_bytes(w.try_into().unwrap_or([1; 16])) == 0);
+    whole && words.remainder().iter().all(|&b| b == 0)
+}
+
+/// `pwrite` all of `data` at `offset` (retrying short writes and EINTR).
+fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
+    while !data.is_empty() {
+        // SAFETY: `data` is a live slice; pwrite reads at most its length.
+        let n =
+            unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), offset as libc::off_t) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        data = &data[n as usize..];
+        offset += n as u64;
+    }
+    Ok(())
+}
+
+/// `ftruncate`: the file's length becomes `len` (a hole where it grows).
+pub fn set_len(fd: RawFd, len: u64) -> io::Result<()> {
+    // SAFETY: valid fd.
+    check(unsafe { libc::ftruncate(fd, len as libc::off_t) }).map(drop)
+}
+
+/// Where the data or the hole that `offset` of `fd` lies in ends: `lseek`
+/// with SEEK_HOLE (`hole`) or SEEK_DATA. None past the last data (ENXIO).
+pub fn seek_extent(fd: RawFd, offset: u64, hole: bool) -> io::Result<Option<u64>> {
+    let whence = if hole {
+        libc::SEEK_HOLE
+    } else {
+        libc::SEEK_DATA
+    };
+    // SAFETY: valid fd; lseek only moves the file's offset.
+    let at = unsafe { libc::lseek(fd, offset as libc::off_t, whence) };
+    if at < 0 {
+        let e = io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::ENXIO) => Ok(None),
+            _ => Err(e),
+        };
+    }
+    Ok(Some(at as u64))
+}
+
 /// Flush the whole filesystem holding `fd` (one call for a batch of files).
 pub fn syncfs(fd: RawFd) -> io::Result<()> {
     // SAFETY: valid fd.
@@ -921,6 +1016,47 @@ mod tests {
         assert_eq!(seen[0].0, b"b");
         assert!(matches!(seen[0].1, DirentType::Dir | DirentType::Unknown));
         assert_eq!(seen[1].0, b"link");
+    }
+
+    /// Blocks of zeros stay holes, the rest is written where it belongs, and
+    /// the file reads back as the bytes given.
+    #[test]
+    fn write_sparse_at_leaves_blocks_of_zeros_as_holes() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let file = std::fs::File::create_new(&path).unwrap();
+        let fd = file.as_raw_fd();
+        let mut data = vec![0u8; 64 * HOLE_BLOCK];
+        data[10] = 1; // the first block has data
+        data[40 * HOLE_BLOCK + 7] = 2; // one block in the middle
+                                       // Written in pieces that cut blocks anywhere, as a stream arrives.
+        let mut skipped = false;
+        for (at, piece) in [(0, 5000), (5000, 100_000), (105_000, data.len() - 105_000)] {
+            skipped |= write_sparse_at(fd, at as u64, &data[at..at + piece]).unwrap();
+        }
+        assert!(skipped);
+        set_len(fd, data.len() as u64).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), data);
+        let meta = std::fs::metadata(&path).unwrap();
+        assert!(
+            meta.blocks() * 512 <= 8 * HOLE_BLOCK as u64,
+            "{} blocks",
+            meta.blocks()
+        );
+        assert_eq!(
+            seek_extent(fd, HOLE_BLOCK as u64, false).unwrap(),
+            Some(40 * HOLE_BLOCK as u64)
+        );
+        assert_eq!(seek_extent(fd, 0, true).unwrap(), Some(HOLE_BLOCK as u64));
+        // Data without a whole block of zeros is written whole.
+        let dense = dir.path().join("g");
+        let file = std::fs::File::create_new(&dense).unwrap();
+        assert!(!write_sparse_at(file.as_raw_fd(), 0, &[7u8; 3 * HOLE_BLOCK + 5]).unwrap());
+        assert_eq!(
+            std::fs::read(&dense).unwrap(),
+            vec![7u8; 3 * HOLE_BLOCK + 5]
+        );
     }
 
     #[test]

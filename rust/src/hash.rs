@@ -186,6 +186,119 @@ pub fn hash_file(
     hash_reader(file, expected_size, secrets, cancel, parallel, scratch)
 }
 
+/// A file's bytes from offset 0, as `read` would give them, except that a
+/// hole (`lseek` SEEK_DATA / SEEK_HOLE) is given as zeros without a system
+/// call: a sparse file's holes are never read. Reads with `pread`, so the
+/// file's offset is not its position. `size` (from an `fstat` before) is
+/// where a trailing hole ends; a file whose extents the filesystem does not
+/// report is read whole. What changed meanwhile is the caller's to catch
+/// (the scan compares `fstat`s before and after, and the bytes counted).
+pub struct HoleSkipping<'f> {
+    file: &'f File,
+    size: u64,
+    at: u64,
+    /// The data extent `at` lies in ends here (exclusive); none known: 0.
+    data_end: u64,
+    /// The hole `at` lies in ends here (exclusive); none known: 0.
+    hole_end: u64,
+    /// The filesystem does not report holes: plain reads.
+    plain: bool,
+}
+
+impl<'f> HoleSkipping<'f> {
+    pub fn new(file: &'f File, size: u64) -> HoleSkipping<'f> {
+        HoleSkipping {
+            file,
+            size,
+            at: 0,
+            data_end: 0,
+            hole_end: 0,
+            plain: false,
+        }
+    }
+
+    /// Learn the extent `self.at` lies in.
+    fn locate(&mut self) -> io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let fd = self.file.as_raw_fd();
+        match crate::fs::seek_extent(fd, self.at, false) {
+            // Past the last data: a hole to the end of the file.
+            Ok(None) => self.hole_end = self.size.max(self.at),
+            Ok(Some(data)) if data > self.at => self.hole_end = data,
+            Ok(Some(_)) => {
+                self.data_end = match crate::fs::seek_extent(fd, self.at, true)? {
+                    Some(hole) if hole > self.at => hole,
+                    _ => u64::MAX,
+                }
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => self.plain = true,
+            Err(e) => return Err(e),
+        }
+        Ok(())
+    }
+}
+
+impl Read for HoleSkipping<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        if !self.plain && self.at >= self.data_end && self.at >= self.hole_end {
+            self.locate()?;
+        }
+        if !self.plain && self.at < self.hole_end {
+            let n = buf.len().min((self.hole_end - self.at) as usize);
+            buf[..n].fill(0);
+            self.at += n as u64;
+            return Ok(n);
+        }
+        let want = if self.plain {
+            buf.len()
+        } else {
+            buf.len()
+                .min((self.data_end - self.at).min(usize::MAX as u64) as usize)
+        };
+        let n = self.file.read_at(&mut buf[..want], self.at)?;
+        if n == 0 {
+            // The extent ended sooner than it said: the file shrank.
+            self.data_end = self.at;
+            self.plain = self.plain || self.at >= self.size;
+        }
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
+/// What a scan reads a file's bytes through: a file of at least
+/// [`WHOLE_READ_LIMIT`] bytes through [`HoleSkipping`] from offset 0 (a
+/// sparse file's holes are not read), a smaller one plainly from the file's
+/// offset (its two `lseek`s would cost more than any hole saves).
+pub enum FileBytes<'f> {
+    Plain(&'f File),
+    Sparse(HoleSkipping<'f>),
+}
+
+impl<'f> FileBytes<'f> {
+    /// `file`, of `size` bytes by an `fstat` before.
+    pub fn of(file: &'f File, size: u64) -> FileBytes<'f> {
+        if size >= WHOLE_READ_LIMIT as u64 {
+            FileBytes::Sparse(HoleSkipping::new(file, size))
+        } else {
+            FileBytes::Plain(file)
+        }
+    }
+}
+
+impl Read for FileBytes<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            FileBytes::Plain(file) => file.read(buf),
+            FileBytes::Sparse(holes) => holes.read(buf),
+        }
+    }
+}
+
 /// Whether the open file `fd` holds exactly `size` bytes whose BLAKE3 is
 /// `hash`, read through the fd from offset 0 with `pread` (its position is
 /// left alone): what a restore checks of a file it wrote before it vouches
@@ -205,21 +318,22 @@ pub fn file_holds(
     let mut buffer = vec![0u8; (size as usize).clamp(1, STREAM_CHUNK)];
     let mut hasher = blake3::Hasher::new();
     let mut at = 0u64;
+    // Borrowed, not owned: the caller keeps the fd.
+    // SAFETY: `fd` is open for the call; ManuallyDrop never closes it.
+    let file =
+        std::mem::ManuallyDrop::new(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    let mut reader = HoleSkipping::new(&file, size);
     while at < size {
         let want = buffer.len().min((size - at) as usize);
-        // SAFETY: `buffer` is writable for `want` bytes.
-        let n = unsafe { libc::pread(fd, buffer.as_mut_ptr().cast(), want, at as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = match reader.read(&mut buffer[..want]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
         if n == 0 {
             return Ok(false);
         }
-        let read = &buffer[..n as usize];
+        let read = &buffer[..n];
         match bytes {
             Some(expected) if expected[at as usize..at as usize + read.len()] != *read => {
                 return Ok(false)
@@ -338,6 +452,46 @@ mod tests {
         assert!(!file_holds(fd, size, &want, Some(&changed)).unwrap());
         // Longer than the file: it does not hold those bytes.
         assert!(!file_holds(fd, size + 1, &want, None).unwrap());
+    }
+
+    /// A sparse file reads as its bytes through `HoleSkipping`, in any
+    /// piece sizes, and its holes are never read (only its data extents).
+    #[test]
+    fn hole_skipping_reads_a_sparse_file_as_its_bytes() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sparse");
+        let file = File::create_new(&path).unwrap();
+        let size = 8 * STREAM_CHUNK as u64 + 123;
+        file.write_all_at(b"head", 0).unwrap();
+        file.write_all_at(&[9u8; 5000], 3 * STREAM_CHUNK as u64 + 11)
+            .unwrap();
+        file.write_all_at(b"tail", size - 4).unwrap();
+        let want = std::fs::read(&path).unwrap();
+        assert_eq!(want.len() as u64, size);
+        for piece in [1usize, 4096, 77_777, STREAM_CHUNK] {
+            let mut reader = HoleSkipping::new(&file, size);
+            let mut got = Vec::new();
+            let mut buf = vec![0u8; piece];
+            loop {
+                let n = reader.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            assert!(got == want, "piece {piece}");
+        }
+        let hash = *blake3::hash(&want).as_bytes();
+        assert!(file_holds(std::os::fd::AsRawFd::as_raw_fd(&file), size, &hash, None).unwrap());
+        // A trailing hole (the file ends in zeros) reads to the end.
+        file.set_len(size + 3 * STREAM_CHUNK as u64).unwrap();
+        let mut all = Vec::new();
+        HoleSkipping::new(&file, size + 3 * STREAM_CHUNK as u64)
+            .read_to_end(&mut all)
+            .unwrap();
+        assert_eq!(all.len() as u64, size + 3 * STREAM_CHUNK as u64);
+        assert!(all[size as usize..].iter().all(|&b| b == 0));
     }
 
     #[test]

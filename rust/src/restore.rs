@@ -1369,7 +1369,7 @@ impl Restore {
             return Ok(false);
         }
         for (index, fd) in self.create_uses(dirs, hash)? {
-            fs::write_all(fd.as_raw_fd(), data)
+            write_sparse(&fd, 0, data, Some(data.len() as u64))
                 .map_err(|e| RestoreError::io(self.shown_prepared(index), "write", e))?;
             self.finish_use(index, &fd, Some(data))?;
         }
@@ -1580,6 +1580,7 @@ impl Restore {
             size,
             written: 0,
             hasher: blake3::Hasher::new(),
+            holes: false,
         })
     }
 
@@ -2239,6 +2240,20 @@ pub struct StagedWriter {
     size: u64,
     written: u64,
     hasher: blake3::Hasher,
+    /// A block of zeros was left a hole (the files' length is set at the end).
+    holes: bool,
+}
+
+/// Write `data` at `offset` of a staged file, leaving its blocks of zeros
+/// holes (`fs::write_sparse_at`): a sparse file is restored sparse. With
+/// `len` (the file's whole length: `data` is its last bytes), the length
+/// is set when the last blocks were left out. Returns whether any was.
+fn write_sparse(fd: &OwnedFd, offset: u64, data: &[u8], len: Option<u64>) -> io::Result<bool> {
+    let holes = fs::write_sparse_at(fd.as_raw_fd(), offset, data)?;
+    if let (true, Some(len)) = (holes, len) {
+        fs::set_len(fd.as_raw_fd(), len)?;
+    }
+    Ok(holes)
 }
 
 impl StagedWriter {
@@ -2253,8 +2268,9 @@ impl StagedWriter {
             });
         }
         self.hasher.update(chunk);
+        let offset = self.written - chunk.len() as u64;
         for (index, fd) in &self.uses {
-            fs::write_all(fd.as_raw_fd(), chunk)
+            self.holes |= write_sparse(fd, offset, chunk, None)
                 .map_err(|e| RestoreError::io(restore.shown_prepared(*index), "write", e))?;
         }
         Ok(())
@@ -2279,6 +2295,11 @@ impl StagedWriter {
             });
         }
         for (index, fd) in &self.uses {
+            if self.holes {
+                // The last blocks may have been left out: the file's length.
+                fs::set_len(fd.as_raw_fd(), self.size)
+                    .map_err(|e| RestoreError::io(restore.shown_prepared(*index), "write", e))?;
+            }
             restore.finish_use(*index, fd, None)?;
         }
         Ok(())

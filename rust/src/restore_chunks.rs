@@ -313,12 +313,10 @@ fn fs_size(fd: &OwnedFd, size: u64) -> std::io::Result<()> {
     file.set_len(size)
 }
 
+/// Its blocks of zeros are left holes (`fs::write_sparse_at`): the file's
+/// length is set once it is complete, and a sparse file comes back sparse.
 fn write_at(fd: &OwnedFd, data: &[u8], offset: u64) -> std::io::Result<()> {
-    let file = std::mem::ManuallyDrop::new(unsafe {
-        // SAFETY: borrowed for the call only; ManuallyDrop keeps it open.
-        <std::fs::File as std::os::fd::FromRawFd>::from_raw_fd(fd.as_raw_fd())
-    });
-    std::os::unix::fs::FileExt::write_all_at(&*file, data, offset)
+    crate::fs::write_sparse_at(fd.as_raw_fd(), offset, data).map(drop)
 }
 
 /// A restore holds one open file per chunked file it builds: raise the soft

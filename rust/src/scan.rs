@@ -1311,7 +1311,7 @@ fn hash_slot(
                 u64::MAX
             };
             let (digest, size) = hash::hash_reader_recording(
-                std::io::Read::take(&file, limit),
+                std::io::Read::take(hash::FileBytes::of(&file, before.size), limit),
                 Some(before.size),
                 secrets,
                 cancel,
