@@ -887,7 +887,8 @@ async def _scan(
         # details["paths"] lists every one; the message stays short enough for a
         # gRPC status (whose text travels in an 8 KiB header budget).
         shown = outcome.unsupported[:_LISTED_IN_MESSAGE]
-        listing = ", ".join(f"{path} ({kind})" for path, kind in shown)
+        # A path-too-long entry's path alone is over 4 KiB: each is cut.
+        listing = ", ".join(f"{_cut(path)} ({kind})" for path, kind in shown)
         if len(outcome.unsupported) > len(shown):
             listing += f" and {len(outcome.unsupported) - len(shown)} more"
         raise SandboxSnapshotError(
@@ -897,6 +898,11 @@ async def _scan(
             details={"paths": [path for path, _kind in outcome.unsupported]},
         )
     return outcome
+
+
+def _cut(path: str, limit: int = 160) -> str:
+    """``path`` as an error message shows it: its last ``limit`` characters."""
+    return path if len(path) <= limit else "…" + path[-(limit - 1) :]
 
 
 class _Uploader:

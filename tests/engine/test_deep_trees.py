@@ -14,7 +14,13 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.restore import restore_checkpoint
 
-from ..native.test_deep_trees import MAX_DEPTH, chain_path, make_chain, remove_chain
+from ..native.test_deep_trees import (
+    MAX_DEPTH,
+    MAX_PATH_BYTES,
+    chain_path,
+    make_chain,
+    remove_chain,
+)
 from .conftest import write_tree
 
 
@@ -31,6 +37,23 @@ async def test_capture_refuses_a_chain_deeper_than_the_limit(
     assert raised.value.code == UNSUPPORTED_ENTRY
     assert raised.value.details["paths"] == [chain_path(MAX_DEPTH + 1)]
     assert "too-deep" in str(raised.value)
+
+
+async def test_capture_names_a_path_too_long_in_a_short_message(
+    memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
+) -> None:
+    long = "n" * 250
+    make_chain(workspace, 20, name=long)
+    try:
+        with pytest.raises(SandboxSnapshotError) as raised:
+            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    finally:
+        remove_chain(workspace, name=long)
+    deepest = next(n for n in range(1, 21) if len(chain_path(n, long)) > MAX_PATH_BYTES)
+    assert raised.value.code == UNSUPPORTED_ENTRY
+    assert raised.value.details["paths"] == [chain_path(deepest, long)]
+    # The path itself is over 4 KiB: the message shows its end.
+    assert "path-too-long" in str(raised.value) and len(str(raised.value)) < 1024
 
 
 async def test_restore_leaves_a_chain_deeper_than_the_limit_alone(
