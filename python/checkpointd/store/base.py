@@ -338,7 +338,8 @@ class PackMaintenance(Protocol):
       deleted (a repack switches right after its upload, well within a hold).
       Appends and adds are not affected: their writers' pins protect their packs.
     * ``forget_lost_packed_blobs``: ``check`` drops the rows of a pack that is
-      gone, together with the missing marks of their keys.
+      gone, or of frames that no longer decode to their keys (``check
+      --repair``, ``blobs/pack_repair.py``), marking their keys missing.
     * ``condemn_unpinned_blobs``: before a sweep deletes a pack no row points
       at, it condemns the pack's own key (``sandbox-packs/blake3/<hex>``) and
       every key the pack holds, referenced or not, unless a live pin or
@@ -353,7 +354,8 @@ class PackMaintenance(Protocol):
     """
 
     async def forget_lost_packed_blobs(self, rows: builtins.list[PackedBlob]) -> builtins.list[str]:
-        """``check`` found these rows' pack gone from the bucket: in one
+        """``check`` found these rows' blobs gone from the bucket (their pack
+        is, or their frames are damaged): in one
         transaction remove each row that is still the key's row (same pack and
         offset) and mark its key missing, so no capture dedups against a blob
         that is gone (the next one that has the bytes uploads them again; the
