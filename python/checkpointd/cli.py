@@ -216,6 +216,23 @@ def _add_serve_loop_flags(serve: argparse.ArgumentParser) -> None:
         metavar="PERIOD",
         help="capture the thread every PERIOD (60s, 5m); final capture on SIGTERM",
     )
+    serve.add_argument(
+        "--capture-on-change",
+        metavar="QUIET",
+        help="capture the thread once the workspace changed and was quiet for QUIET (2s); "
+        "--capture-every bounds the wait",
+    )
+    serve.add_argument(
+        "--watch",
+        metavar="MODE",
+        help="how captures learn what changed: auto (default), fanotify, inotify or off",
+    )
+    serve.add_argument(
+        "--watch-verify-every",
+        metavar="PERIOD",
+        help="a low-priority full scan checks the change journal every PERIOD "
+        "(default 10m; 0 = never)",
+    )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     # The loop's own captures; None = not given, so the environment and TOML apply.
     serve.add_argument(
@@ -555,6 +572,7 @@ def _return_large_buffers_to_the_os() -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from .errors import SandboxCheckpointError
+    from .gateway.remote import open_gateway_stores
     from .service import config as service_config
     from .service.server import run
 
@@ -570,7 +588,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
     _return_large_buffers_to_the_os()
     try:
-        return asyncio.run(run(config))
+        return asyncio.run(run(config, open_remote=open_gateway_stores))
     except SandboxCheckpointError as error:
         print(f"checkpointd serve: {error}", file=sys.stderr)
         from .service.status import classify

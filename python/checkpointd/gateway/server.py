@@ -27,7 +27,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ..errors import SandboxCheckpointInvalidArgumentError
 from ..service.reflection import enable_reflection
-from ..service.server import _server_credentials, backend_name
+from ..service.server import backend_name, server_credentials
 from ..store.base import CheckpointStore
 from ..v1 import gateway_pb2, gateway_pb2_grpc
 from . import wire
@@ -128,7 +128,7 @@ def build_gateway_server(
     if config.plaintext:
         port = server.add_insecure_port(config.address)
     else:
-        port = server.add_secure_port(config.address, _server_credentials(config))  # type: ignore[arg-type]
+        port = server.add_secure_port(config.address, server_credentials(config))  # type: ignore[arg-type]
     if port == 0:
         raise RuntimeError(f"cannot listen on {config.listen}")
     return server, health_servicer, port

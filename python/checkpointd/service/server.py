@@ -32,7 +32,7 @@ import os
 import signal
 import socket
 import stat
-from collections.abc import Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -50,6 +50,7 @@ from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethod
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
 from .status import UNKNOWN_SERVICE, ServiceError, abort
+from .watch import Verifier, start_journal
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
 # Upper bound on waiting for cancelled engine calls to release their leases.
@@ -153,7 +154,7 @@ def build_server(
         with _private_umask():
             server.add_insecure_port(grpc_address(config.listen))
     elif config.tls:
-        server.add_secure_port(grpc_address(config.listen), _server_credentials(config))
+        server.add_secure_port(grpc_address(config.listen), server_credentials(config))
     else:
         # Plain-text TCP with a bearer token: meant for loopback or a private
         # network; use --tls-cert/--tls-key for anything else.
@@ -170,7 +171,7 @@ def _read_pem(path: Path, what: str) -> bytes:
         ) from exc
 
 
-def _server_credentials(config: ServeConfig) -> grpc.ServerCredentials:
+def server_credentials(config: ServeConfig) -> grpc.ServerCredentials:
     """TLS credentials; with a client CA every client must present a certificate
     it signed (mutual TLS)."""
     assert config.tls_cert is not None and config.tls_key is not None
@@ -224,7 +225,15 @@ async def _unless_stopped(work: Coroutine[Any, Any, None], stop: asyncio.Event) 
     return False
 
 
-async def open_stores(config: ServeConfig, state: ServiceState) -> None:
+# Opens the stores of a daemon that reaches them through a gateway
+# (``gateway.remote.open_gateway_stores``): the command line passes it in, so
+# the daemon's service never imports the gateway package that sits above it.
+RemoteOpener = Callable[[ServeConfig], Awaitable[tuple[Any, Any]]]
+
+
+async def open_stores(
+    config: ServeConfig, state: ServiceState, open_remote: RemoteOpener | None = None
+) -> None:
     """Open the stores named by the config into ``state``.
 
     Raises what ``open_store``/``open_blobs`` raise (bad URL, database down...).
@@ -238,9 +247,11 @@ async def open_stores(config: ServeConfig, state: ServiceState) -> None:
     store: Any
     blobs: Any
     if config.gateway is not None:
-        from ..gateway.remote import open_gateway_stores
-
-        store, blobs = await open_gateway_stores(config)
+        if open_remote is None:
+            raise SandboxCheckpointInvalidArgumentError(
+                "this daemon was started without a way to reach a gateway"
+            )
+        store, blobs = await open_remote(config)
     else:
         blobs = open_blobs(config.blobs)
         store = await open_store(config.store)
@@ -283,7 +294,12 @@ def _check_private_data_dir(data_dir: Path) -> None:
             blobs.chmod(0o700)
 
 
-async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int:
+async def run(
+    config: ServeConfig,
+    *,
+    ready: asyncio.Event | None = None,
+    open_remote: RemoteOpener | None = None,
+) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
     from ..statcache_paths import resolve_data_dir
     from .loop import CaptureLoop
@@ -316,6 +332,9 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         auth_probes=config.auth_probes,
         stash_keep=config.stash_keep,
     )
+    # Watching starts first: its walk of the tree overlaps the stores' opening.
+    journal = state.journal = start_journal(config)
+    verifier: Verifier | None = None
     server, health_servicer = build_server(config, state)
     await _set_health(health_servicer, False)
     await server.start()
@@ -341,7 +360,7 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
     looping = False
     try:
         # A SIGTERM while the stores open or the first restore runs ends the wait.
-        ready_to_serve = await _unless_stopped(open_stores(config, state), stop)
+        ready_to_serve = await _unless_stopped(open_stores(config, state, open_remote), stop)
         if ready_to_serve and capture_loop is not None and config.restore_on_start:
             ready_to_serve = await _unless_stopped(capture_loop.restore_on_start(), stop)
         if ready_to_serve:
@@ -349,7 +368,12 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
             _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
             if ready is not None:
                 ready.set()
-            if capture_loop is not None and config.capture_every:
+            if config.watch_verify_every > 0 and state.store is not None:
+                verifier = Verifier(
+                    journal, state.store, config, data_dir, config.watch_verify_every
+                )
+                verifier.start()
+            if capture_loop is not None and (config.capture_every or config.capture_on_change):
                 capture_loop.start()
                 # Only a loop that served makes the final capture: after a failed or
                 # interrupted restore-on-start the workspace is not the thread's.
@@ -360,6 +384,8 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
         await health_servicer.enter_graceful_shutdown()
         if capture_loop is not None:
             await capture_loop.stop()
+        if verifier is not None:
+            await verifier.stop()
         state.draining = True
         # Refuses new calls at once; cancels the calls still running after the grace.
         await server.stop(config.grace_period)
@@ -369,6 +395,7 @@ async def run(config: ServeConfig, *, ready: asyncio.Event | None = None) -> int
             exit_code = 1
         if state.store is not None:
             await state.store.aclose()
+        journal.close()
         if config.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 config.socket_path.unlink()
