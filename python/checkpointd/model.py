@@ -270,8 +270,6 @@ class Policy:
         object.__setattr__(self, "include", tuple(self.include))
 
 
-DEFAULT_EXCLUDES: tuple[str, ...] = (".git", "node_modules", ".env*")
-
 # A thread's stash (docs/restore-history.md) is a thread of its own whose id is
 # the thread's id and this suffix: it stays under any thread-id prefix a gateway
 # token grants, and it is never listed among the threads. It may exceed the id
@@ -298,7 +296,6 @@ def stash_owner(thread_id: str) -> str | None:
 __all__ = [
     "ARTIFACT_KEY_PREFIX",
     "DEFAULT_STASH_KEEP",
-    "DEFAULT_EXCLUDES",
     "FILE_KEY_PREFIX",
     "REASONS",
     "STASH_SUFFIX",

@@ -26,7 +26,3 @@ class Progress:
 
 
 ProgressCallback = Callable[[Progress], None]
-
-
-def ignore_progress(_: Progress) -> None:
-    """The default callback."""

@@ -77,8 +77,7 @@ def check_id(value: object, what: str = "id") -> str:
     limit = MAX_ID_BYTES + (len(STASH_SUFFIX) if stash_owner(value) is not None else 0)
     if size > limit:
         raise SandboxCheckpointInvalidIdError(
-            f"invalid {what}: {shown(value)} is {size} bytes, over the {limit}-byte "
-            "limit for ids",
+            f"invalid {what}: {shown(value)} is {size} bytes, over the {limit}-byte limit for ids",
             details={"field": what, "limit_bytes": limit, "size_bytes": size},
         )
     return value
@@ -306,14 +305,6 @@ def check_checkpoint_body(checkpoint: Checkpoint) -> None:
     problem_text = _json_problem(checkpoint.conversation)
     if problem_text:
         raise fail(problem_text)
-
-
-def check_blob_key(key: object) -> str:
-    """A key of either shape (file or artifact), else InvalidEntry."""
-    if blob_key_problem(key, FILE_KEY_PREFIX) and blob_key_problem(key, ARTIFACT_KEY_PREFIX):
-        raise SandboxCheckpointInvalidEntryError(f"invalid blob key: {key!r}")
-    assert isinstance(key, str)
-    return key
 
 
 def utf8_key(value: str) -> bytes:

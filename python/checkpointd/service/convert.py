@@ -15,7 +15,6 @@ from ..model import (
     Entry,
     FileEntry,
     Policy,
-    SymlinkEntry,
     stash_owner,
 )
 from ..progress import Progress
@@ -72,16 +71,6 @@ def entry_to_proto(entry: Entry) -> pb.Entry:
     if isinstance(entry, DirEntry):
         return pb.Entry(path=entry.path, kind=pb.ENTRY_KIND_DIR, mode=entry.mode)
     return pb.Entry(path=entry.path, kind=pb.ENTRY_KIND_SYMLINK, target=entry.target)
-
-
-def entry_from_proto(message: pb.Entry) -> Entry:
-    if message.kind == pb.ENTRY_KIND_FILE:
-        return FileEntry(
-            message.path, message.blob_key, message.size, message.mode, message.mtime_ns
-        )
-    if message.kind == pb.ENTRY_KIND_DIR:
-        return DirEntry(message.path, message.mode)
-    return SymlinkEntry(message.path, message.target)
 
 
 def artifact_to_proto(artifact: Artifact) -> pb.Artifact:

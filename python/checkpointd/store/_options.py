@@ -502,11 +502,6 @@ def fork_checkpoint(
     )
 
 
-def checkpoint_blob_keys(checkpoint: Checkpoint) -> list[str]:
-    """Distinct keys of files then artifacts (first-seen order)."""
-    return checkpoint.blob_keys()
-
-
 # --------------------------------------------------------------------------- instances
 
 
