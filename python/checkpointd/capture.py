@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import os
@@ -641,6 +642,112 @@ class ScannedTree:
     known: Checkpoint | None = None
 
 
+class PendingCheckpoint:
+    """A scanned tree on its way into a thread, in two steps under the thread's
+    writer lease (taken on entering, released on leaving): ``upload`` puts
+    the blobs the store lacks, ``append`` publishes the checkpoint. A caller
+    may do other work between them (a restore fetches its own blobs while
+    the stash's upload runs); leaving without ``append`` appends nothing.
+
+    Raises as ``capture_checkpoint`` does after its scan (WRITER_CONFLICT on
+    entering; WRITER_LOST, FILE_CHANGED, a bucket's BlobStoreError)."""
+
+    def __init__(
+        self,
+        workspace_root: str | os.PathLike[str],
+        store: CheckpointStore,
+        blobs: BlobStore,
+        thread_id: str,
+        tree: ScannedTree,
+    ) -> None:
+        self.thread_id = check_id(thread_id, "thread id")
+        self.store, self.blobs, self.tree = store, blobs, tree
+        self._secrets = parse_secrets(tree.secrets)
+        self._workspace = _workspace_path(workspace_root)
+        self._subdir = _checked_subdir(tree.workspace_subdir)
+        self._exit = contextlib.AsyncExitStack()
+        self._manifest: Manifest | None = None
+        self._engine: _Uploader | None = None
+        self._reporter: PhaseReporter | None = None
+
+    async def __aenter__(self) -> PendingCheckpoint:
+        self._reporter = reporter = PhaseReporter(None)
+        reporter.phase("lease")
+        lease = await self.store.acquire_writer(self.thread_id)
+        async with contextlib.AsyncExitStack() as stack:
+            stack.push_async_callback(lease.release)
+            subroot = SubRoot.open(self._workspace, self._subdir)
+            stack.callback(subroot.close)
+            keeper = await stack.enter_async_context(LeaseKeeper(lease))
+            assert subroot.fd is not None
+            engine = _Uploader(
+                subroot.fd,
+                self.store,
+                packed_blobs(self.blobs, self.store),
+                lease,
+                keeper,
+                self._secrets.values,
+                reporter,
+                _native.CancelToken(),
+            )
+            stack.callback(engine.close)
+            if engine.session is not None:
+                stack.push_async_callback(engine.session.abandon)
+            self._engine = engine
+            self._exit = stack.pop_all()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._exit.aclose()
+
+    async def upload(self) -> None:
+        """Put every blob of the tree the store lacks (a file changed since
+        the scan is hashed again and its entry updated)."""
+        engine = self._engine
+        assert engine is not None, "enter the PendingCheckpoint first"
+        await engine.distrust_marked()
+        manifest = await engine.store_blobs(self.tree.manifest, (), self.tree.known)
+        if engine.session is not None:
+            await engine.session.flush()
+        self._manifest = _name_secret_spans(manifest, self._secrets, self.tree.with_secrets)
+
+    async def append(self) -> CaptureResult:
+        """Publish the checkpoint at the thread's head (after ``upload``)."""
+        engine, reporter, manifest = self._engine, self._reporter, self._manifest
+        assert engine is not None and reporter is not None and manifest is not None
+        reporter.phase("append")
+        head_id = await self.store.get_head(self.thread_id)
+        head = await self.store.get(head_id) if head_id is not None else None
+        created_at = _now_ms()
+        if head is not None:
+            created_at = max(created_at, int(head.created_at) + 1)
+        checkpoint = Checkpoint(
+            id=new_uuid7(),
+            thread_id=self.thread_id,
+            parent_checkpoint_id=head_id,
+            created_at=created_at,
+            reason=self.tree.reason,
+            files=manifest,
+            policy=self.tree.policy,
+            workspace_subdir=self.tree.workspace_subdir,
+        )
+        engine.keeper.check()
+        await _append(self.store, checkpoint, head_id, engine.lease, engine.session)
+        await forget_found_keys(self.store, engine.rechecked, checkpoint)
+        duration_ms = reporter.finish()
+        stats = CaptureStats(
+            entries=len(manifest),
+            files_hashed=0,
+            files_reused=0,
+            bytes_hashed=0,
+            blobs_uploaded=engine.uploads.blobs,
+            bytes_uploaded=engine.uploads.bytes,
+            duration_ms=duration_ms,
+            phases_ms=dict(reporter.phases_ms),
+        )
+        return CaptureResult(checkpoint, stats)
+
+
 @os_errors_mapped
 async def store_scanned(
     workspace_root: str | os.PathLike[str],
@@ -650,82 +757,12 @@ async def store_scanned(
     tree: ScannedTree,
 ) -> CaptureResult:
     """Append ``tree`` as a new checkpoint at the head of ``thread_id``, as
-    ``capture_checkpoint`` would after its scan: the blobs the store lacks are
-    read from the workspace beneath the sub-root (a file that changed since
-    the scan is hashed again and its entry updated, as a capture does), then
-    the checkpoint is appended under the thread's lease. A restore that saves
-    the live tree to the stash uses it with its own scan (docs/restore-history.md).
-
-    Raises as ``capture_checkpoint`` does after its scan (WRITER_CONFLICT,
-    WRITER_LOST, FILE_CHANGED, a bucket's BlobStoreError)."""
-    check_id(thread_id, "thread id")
-    given_secrets = parse_secrets(tree.secrets)
-    workspace = _workspace_path(workspace_root)
-    subdir = _checked_subdir(tree.workspace_subdir)
-    reporter = PhaseReporter(None)
-    reporter.phase("lease")
-    lease = await store.acquire_writer(thread_id)
-    subroot: SubRoot | None = None
-    try:
-        subroot = SubRoot.open(workspace, subdir)
-        async with LeaseKeeper(lease) as keeper:
-            head_id = await store.get_head(thread_id)
-            assert subroot.fd is not None
-            engine = _Uploader(
-                subroot.fd,
-                store,
-                packed_blobs(blobs, store),
-                lease,
-                keeper,
-                given_secrets.values,
-                reporter,
-                _native.CancelToken(),
-            )
-            session = engine.session
-            try:
-                await engine.distrust_marked()
-                manifest = await engine.store_blobs(tree.manifest, (), tree.known)
-                if session is not None:
-                    await session.flush()
-            finally:
-                engine.close()
-                if session is not None:
-                    await session.abandon()
-            manifest = _name_secret_spans(manifest, given_secrets, tree.with_secrets)
-            reporter.phase("append")
-            head = await store.get(head_id) if head_id is not None else None
-            created_at = _now_ms()
-            if head is not None:
-                created_at = max(created_at, int(head.created_at) + 1)
-            checkpoint = Checkpoint(
-                id=new_uuid7(),
-                thread_id=thread_id,
-                parent_checkpoint_id=head_id,
-                created_at=created_at,
-                reason=tree.reason,
-                files=manifest,
-                policy=tree.policy,
-                workspace_subdir=tree.workspace_subdir,
-            )
-            keeper.check()
-            await _append(store, checkpoint, head_id, lease, session)
-            await forget_found_keys(store, engine.rechecked, checkpoint)
-            duration_ms = reporter.finish()
-            stats = CaptureStats(
-                entries=len(manifest),
-                files_hashed=0,
-                files_reused=0,
-                bytes_hashed=0,
-                blobs_uploaded=engine.uploads.blobs,
-                bytes_uploaded=engine.uploads.bytes,
-                duration_ms=duration_ms,
-                phases_ms=dict(reporter.phases_ms),
-            )
-            return CaptureResult(checkpoint, stats)
-    finally:
-        if subroot is not None:
-            subroot.close()
-        await lease.release()
+    ``capture_checkpoint`` would after its scan (``PendingCheckpoint``'s two
+    steps at once). A restore saves the live tree to the stash with its own
+    scan this way (docs/restore-history.md). Raises as ``PendingCheckpoint``."""
+    async with PendingCheckpoint(workspace_root, store, blobs, thread_id, tree) as pending:
+        await pending.upload()
+        return await pending.append()
 
 
 async def _parent_again(
@@ -1641,6 +1678,7 @@ __all__ = [
     "FILE_CHANGED",
     "CaptureResult",
     "CaptureStats",
+    "PendingCheckpoint",
     "ScannedTree",
     "capture_checkpoint",
     "store_scanned",

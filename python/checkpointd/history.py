@@ -33,12 +33,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from . import _native
 from .blobs.base import BlobStore
-from .capture import CaptureResult, ScannedTree, capture_checkpoint, store_scanned
 from .errors import MISSING_CHECKPOINT, SandboxCheckpointInvalidArgumentError, SandboxSnapshotError
 from .ids import new_uuid7
-from .manifest import Manifest, manifest_of
 from .model import (
     DEFAULT_STASH_KEEP,
     Checkpoint,
@@ -50,17 +47,10 @@ from .model import (
 from .progress import ProgressCallback
 from .restore import PlannedRestore, preview_restore, restore_checkpoint
 from .secrets import SecretsArg
+from .stash import StashBeforeApply, Stashed, StashRequest
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore, ThreadListing, ThreadSummary
-from .workspace_base import PendingRestore, WorkspaceBase, read_base, record_base, record_restoring
-
-# The restore's staging directory lies at the top of the tree it restores
-# into while the stash is taken: never part of a stash (restore reserves
-# top-level ``.checkpointd*`` names).
-_STAGING_EXCLUDE = "/.checkpointd*"
-# How a top-level ``.checkpointd*`` name shows in a manifest's rows (a symlink
-# whose target starts so matches too: it only costs a scan).
-_RESERVED_ROW = b'".checkpointd'
+from .workspace_base import read_base, record_base
 
 
 @dataclass(frozen=True)
@@ -78,17 +68,6 @@ class HistoryRestore:
     discard_live_changes: bool = False
     record: bool = False
     stash_keep: int = DEFAULT_STASH_KEEP
-
-
-@dataclass(frozen=True)
-class Stashed:
-    """The stash entry a restore saved the live tree to. ``resumed``: an
-    earlier, interrupted run of the same restore saved it."""
-
-    checkpoint: Checkpoint
-    blobs_uploaded: int = 0
-    bytes_uploaded: int = 0
-    resumed: bool = False
 
 
 @dataclass
@@ -145,119 +124,6 @@ def _tree(root: str, data_dir: str | os.PathLike[str] | None, subdir: str) -> tu
 
 async def _existing(store: CheckpointStore, checkpoint_id: str | None) -> Checkpoint | None:
     return await store.get(checkpoint_id) if checkpoint_id is not None else None
-
-
-def _stash_policy(policy: Policy) -> Policy:
-    return replace(policy, exclude=(*policy.exclude, _STAGING_EXCLUDE))
-
-
-class _StashHook:
-    """``before_apply`` of a restore through history: decides and takes the stash."""
-
-    def __init__(
-        self,
-        root: str,
-        store: CheckpointStore,
-        blobs: BlobStore,
-        request: HistoryRestore,
-        data_dir: str | os.PathLike[str] | None,
-        always: bool,
-    ) -> None:
-        self.root, self.store, self.blobs, self.request = root, store, blobs, request
-        self.data_dir, self.always = data_dir, always
-        self.outcome = RestoreOutcome()
-
-    async def __call__(self, planned: PlannedRestore) -> None:
-        self.outcome.planned = planned
-        if self.request.discard_live_changes:
-            return
-        base = read_base(planned.cache_path, planned.target_root)
-        pending = base.restoring if base is not None else None
-        if (
-            pending is not None
-            and (pending.thread_id, pending.checkpoint_id)
-            == (planned.checkpoint.thread_id, planned.checkpoint.id)
-            and (saved := await self.store.get(pending.stash_checkpoint_id)) is not None
-        ):
-            self.outcome.stashed = Stashed(saved, resumed=True)
-            return
-        if planned.changes == 0:
-            return  # nothing would be overwritten
-        compared: Checkpoint | None = None
-        if not self.always:
-            if base is None or base.checkpoint_id is None:
-                return  # a tree the thread never saw: nothing it could lose
-            # A base gone from the store compares with nothing: stashed.
-            compared = await _existing(self.store, base.checkpoint_id)
-        planned.phase("stash")
-        result = await self._save(planned, compared)
-        if result is None:
-            return
-        saved = result.checkpoint
-        self.outcome.stashed = Stashed(
-            saved, result.stats.blobs_uploaded, result.stats.bytes_uploaded
-        )
-        record_restoring(
-            planned.cache_path,
-            planned.target_root,
-            WorkspaceBase(saved.thread_id, saved.id),
-            PendingRestore(planned.checkpoint.thread_id, planned.checkpoint.id, saved.id),
-        )
-
-    async def _save(
-        self, planned: PlannedRestore, compared: Checkpoint | None
-    ) -> CaptureResult | None:
-        """Append the live tree to the stash, unless it is ``compared``'s.
-
-        The restore's own live scan is the tree (no second scan) unless it
-        holds a top-level ``.checkpointd*`` name (a leftover of an interrupted
-        restore, which no checkpoint may hold) or a changed file stored as
-        chunks (``store_scanned`` reads files whole): then it is captured
-        afresh, those names left out."""
-        stash_thread = stash_thread_id(owner_of(self.request.thread_id))
-        policy = _stash_policy(planned.policy)
-        subdir = _normal_subdir(self.request.workspace_subdir)
-        live = planned.live
-        if (
-            live is not None
-            and _RESERVED_ROW not in live.data
-            and _whole_files_only(live, planned.checkpoint)
-        ):
-            if compared is not None and manifest_of(compared.files).same_bytes(live):
-                return None
-            tree = ScannedTree(
-                live,
-                planned.live_with_secrets,
-                policy,
-                subdir,
-                self.request.secrets,
-                "stash",
-                known=planned.checkpoint,
-            )
-            return await store_scanned(self.root, self.store, self.blobs, stash_thread, tree)
-        result = await capture_checkpoint(
-            self.root,
-            self.store,
-            self.blobs,
-            stash_thread,
-            policy=policy,
-            secrets=self.request.secrets,
-            data_dir=self.data_dir,
-            workspace_subdir=subdir,
-            reason="stash",
-            unchanged_from=compared,
-        )
-        return None if result.unchanged else result
-
-
-def _whole_files_only(live: Manifest, known: Checkpoint) -> bool:
-    """Whether every blob the live tree adds to ``known``'s is a whole file's
-    (a changed file stored as chunks adds chunk digests no file row has)."""
-    new = _native.digest_difference(live.digests(), manifest_of(known.files).digests())
-    if not new:
-        return True
-    files = _native.manifest_files_with_digests(live.data, new)
-    return len({digest for _path, digest, _size in files}) * 32 == len(new)
 
 
 async def restore_with_history(
@@ -321,23 +187,40 @@ async def _restore(
             )
             target_id = undone
             request = replace(request, workspace_subdir=subdir)
-        hook = _StashHook(root, store, blobs, request, data_dir, always=undo)
-        outcome = hook.outcome
-        outcome.restored = await restore_checkpoint(
+        hook = StashBeforeApply(
             root,
             store,
             blobs,
-            target_thread,
-            checkpoint_id=target_id,
-            policy=request.policy,
-            data_dir=data_dir,
-            progress=progress,
-            workspace_subdir=request.workspace_subdir,
-            secrets=request.secrets,
-            unfilled_secrets=outcome.unfilled_secrets,
-            lease=lease,
-            before_apply=hook,
+            StashRequest(
+                owner,
+                _normal_subdir(request.workspace_subdir),
+                request.secrets,
+                always=undo,
+                discard=request.discard_live_changes,
+            ),
+            data_dir,
         )
+        outcome = RestoreOutcome()
+        try:
+            outcome.restored = await restore_checkpoint(
+                root,
+                store,
+                blobs,
+                target_thread,
+                checkpoint_id=target_id,
+                policy=request.policy,
+                data_dir=data_dir,
+                progress=progress,
+                workspace_subdir=request.workspace_subdir,
+                secrets=request.secrets,
+                unfilled_secrets=outcome.unfilled_secrets,
+                lease=lease,
+                before_apply=hook.before_apply,
+                after_plan=hook.after_plan,
+            )
+        finally:
+            await hook.close()
+        outcome.stashed, outcome.planned = hook.stashed, hook.planned
         if request.record and outcome.restored is not None:
             outcome.recorded = await _record(store, lease, owner, outcome.restored)
             if outcome.recorded is not None and outcome.planned is not None:

@@ -157,13 +157,16 @@ async def restore_checkpoint(
     unfilled_secrets: list[str] | None = None,
     lease: WriterLease | None = None,
     before_apply: Callable[[PlannedRestore], Awaitable[None]] | None = None,
+    after_plan: Callable[[PlannedRestore], None] | None = None,
 ) -> Checkpoint | None:
     """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
 
     ``lease``: a writer lease the caller holds (and releases) instead of this
     thread's own (restore history holds its thread's while it restores a
     stash entry). ``before_apply`` is awaited once every blob is staged and
-    verified, before the first change (the stash is taken there).
+    verified, before the first change (the stash is committed there);
+    ``after_plan`` is called with the same plan before the fetch starts (work
+    that may overlap the fetch starts there). Both see the live scan's tree.
 
     ``secrets`` (a sequence of byte strings or a mapping name → bytes, as given
     to capture) are written back where capture zeroed them. A live file whose
@@ -231,15 +234,14 @@ async def restore_checkpoint(
             )
             try:
                 keeper.check()
+                planned = _planned(checkpoint, policy, target_root, cache_path, session, reporter)
+                if after_plan is not None:
+                    after_plan(planned)
                 # Small blobs are read out of their packs through the store's index.
                 await _fetch(packed_blobs(blobs, store), session, reporter)
                 keeper.check()
                 if before_apply is not None:
-                    changes = session.files_to_write + session.counts.get("deletions", 0)
-                    planned = PlannedRestore(
-                        checkpoint, policy, target_root, cache_path, changes, reporter.phase
-                    )
-                    await before_apply(_with_live(planned, session.take_live()))
+                    await before_apply(planned)
                     keeper.check()
                 # Phase report before the first change: a caller's hook runs here.
                 reporter.phase(
@@ -288,9 +290,17 @@ class PlannedRestore:
     live_with_secrets: bool = False
 
 
-def _with_live(
-    planned: PlannedRestore, live: tuple[bytes, int, int, int, int] | None
+def _planned(
+    checkpoint: Checkpoint,
+    policy: Policy,
+    target_root: str,
+    cache_path: str,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
 ) -> PlannedRestore:
+    changes = session.files_to_write + session.counts.get("deletions", 0)
+    planned = PlannedRestore(checkpoint, policy, target_root, cache_path, changes, reporter.phase)
+    live = session.take_live()
     if live is None:
         return planned
     rows, entries, files, nbytes, with_secrets = live
