@@ -12,7 +12,7 @@ of a many-small corpus of ``--files`` files. Until the time is up:
   seconds: blobs and packs younger than that stay) and its default repack
   threshold (a pack whose live bytes are under half its frames is repacked);
 * every ``--report-every`` seconds a line says: elapsed time, captures so far,
-  the bucket's bytes and objects, the SQLite store's bytes (with its WAL), the
+  the bucket's bytes and objects, the SQLite store's bytes and its WAL's, the
   live bytes (the distinct blobs the kept checkpoints use, by their sizes) and
   **stored bytes per live byte** (bucket and store together: the goal is a
   ratio that stays flat, at most 2x; the bucket's alone beside it).
@@ -48,11 +48,13 @@ class _Sample:
     bucket_bytes: int
     bucket_objects: int
     store_bytes: int
+    wal_bytes: int
     live_bytes: int
 
     @property
     def ratio(self) -> float:
-        return (self.bucket_bytes + self.store_bytes) / max(self.live_bytes, 1)
+        stored = self.bucket_bytes + self.store_bytes + self.wal_bytes
+        return stored / max(self.live_bytes, 1)
 
     @property
     def bucket_ratio(self) -> float:
@@ -73,14 +75,20 @@ def _bucket(root: Path) -> tuple[int, int]:
     return total, count
 
 
-def _store_bytes(database: Path) -> int:
-    total = 0
-    for suffix in ("", "-wal", "-shm"):
-        try:
-            total += os.stat(f"{database}{suffix}").st_size
-        except FileNotFoundError:
-            pass
-    return total
+def _store_bytes(database: Path) -> tuple[int, int]:
+    """(the database file's bytes, its WAL's and -shm's): the WAL grows up to
+    the store's checkpoint threshold before it is copied back, so on a small
+    corpus it is much of what the store holds."""
+    sizes = []
+    for suffixes in (("",), ("-wal", "-shm")):
+        total = 0
+        for suffix in suffixes:
+            try:
+                total += os.stat(f"{database}{suffix}").st_size
+            except FileNotFoundError:
+                pass
+        sizes.append(total)
+    return sizes[0], sizes[1]
 
 
 async def _live_bytes(client: object) -> int:
@@ -124,14 +132,15 @@ async def _soak(args: argparse.Namespace, work: Path, base: Path) -> list[_Sampl
                         now - began,
                         captures,
                         *_bucket(blob_dir),
-                        _store_bytes(database),
+                        *_store_bytes(database),
                         await _live_bytes(client),
                     )
                     samples.append(sample)
                     print(
                         f"   {sample.seconds / 60:6.1f} min  {captures:5d} captures  bucket "
                         f"{sample.bucket_bytes / MB:8.1f} MB in {sample.bucket_objects:5d} objects"
-                        f"  store {sample.store_bytes / MB:6.1f} MB  live "
+                        f"  store {sample.store_bytes / MB:6.1f} MB + WAL "
+                        f"{sample.wal_bytes / MB:5.1f} MB  live "
                         f"{sample.live_bytes / MB:8.1f} MB  stored/live {sample.ratio:5.2f}x"
                         f" (bucket alone {sample.bucket_ratio:4.2f}x)"
                         f"  load {os.getloadavg()[0]:.1f}",
