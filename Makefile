@@ -73,7 +73,7 @@ bench: build
 bench-quick: build
 	$(PY) -m benchmarks --size quick
 
-# The artefacts for container images (README "Put checkpointd in an image"), in $(DIST):
+# The artefacts for container images (docs/deploy.md#images), in $(DIST):
 # wheels tagged manylinux2014 (glibc 2.17) and musllinux_1_2 (Alpine), each checked by
 # auditwheel, then one executable holding the daemon, the CLI and the interpreter.
 DIST ?= $(CURDIR)/dist

@@ -1,4 +1,4 @@
-"""Peak memory capturing one large file (issue 11: under 100 MB for 2 GiB).
+"""Peak memory capturing one large file (under 100 MB for 2 GiB).
 
     .venv/bin/python -m benchmarks.bigfile_bench [--gib 2] [--runs 1] [--tools engine,daemon,restic,cp]
 

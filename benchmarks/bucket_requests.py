@@ -1,4 +1,4 @@
-"""Bucket requests, time and stored bytes against a real S3 (issue 15).
+"""Bucket requests, time and stored bytes against a real S3.
 
     .venv/bin/python -m benchmarks.bucket_requests [--files 100000] [--tools ours,daemon,restic]
         [--cold-runs 3] [--no-install]
@@ -15,7 +15,7 @@ Each tool works on its own copy of the corpus, with the same seeded edits:
 - ``daemon``: the same operations as RPCs to ``checkpointd serve`` (one daemon
   on the work copy, one on the restore target, same store and bucket prefix
   ``daemon-…``) from a client that has seen it SERVING, as ``benchmarks.daemon``
-  times issue 11's goals: start-up is neither timed nor counted;
+  times the goals: start-up is neither timed nor counted;
 - ``restic``: ``restic backup`` / ``restic restore`` to ``s3:<proxy>/<bucket>/restic-…``
   (its ``init`` is not counted); installed from Debian when missing, as
   ``python -m benchmarks`` does (``--no-install``: skipped instead).
@@ -30,7 +30,7 @@ own time moved between 7.0 and 9.5 s from one run to the next); the 1% change
 and the restore follow the last one. Stored
 bytes: the objects under the tool's prefix (listed beside the proxy, so not
 counted), plus, for ours, the SQLite file (the pack index and manifests live
-there). Goals (issue 15), for each of our rows: a cold capture in at most 100
+there). Goals, for each of our rows: a cold capture in at most 100
 requests; stored bytes at most 1.1x restic's; a cold capture at least 3x faster
 than restic's.
 
@@ -264,7 +264,7 @@ def run_ours_daemon(run: Run) -> None:
     """Each operation as an RPC to a running ``checkpointd serve`` (the sidecar
     an orchestrator calls), from a client that has seen it SERVING: daemon and
     client start-up are not timed, nor counted (the proxy is reset after), the
-    way ``benchmarks.daemon`` measures the goals of issue 11."""
+    way ``benchmarks.daemon`` measures its goals."""
     result, corpus, scratch, server, via, proxy = run.fields()
     from checkpointd.service.client import Client
 
@@ -396,7 +396,7 @@ def _stored_total(result: Result, tool: str) -> int | None:
 
 def goals(result: Result) -> list[tuple[str, str, bool | None]]:
     """(goal, what was measured, met?) for the issue's three goals, for each of
-    our ways of running that ran (the daemon's is the one issue 11 states its
+    our ways of running that ran (the daemon's is the one the goal states its
     goals for; the fresh process is restic's way)."""
     by = {(row.tool, row.operation): row for row in result.rows}
     restic_cold = by.get(("restic", COLD))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 FIXED_MTIME = 1_704_067_200  # 2024-01-01T00:00:00Z, as make_corpus.py uses
 MIB = 1 << 20
-# checkpointd's default excludes (SPEC §4); every peer is given the same ones so
+# checkpointd's default excludes (docs/contract.md#capture); every peer is given the same ones so
 # all tools back up the same files.
 DEFAULT_EXCLUDES = (".git", "node_modules", ".env*")
 SHARED_MAKE_CORPUS = Path(__file__).resolve().parent.parent.parent / "shared/bench/make_corpus.py"

@@ -1,5 +1,5 @@
 """Connection fan-in: N simulated sidecars capturing through one gateway vs each
-holding its own PostgreSQL pool (README "Gateway mode", issue 14).
+holding its own PostgreSQL pool (docs/gateway.md).
 
     python -m benchmarks.gateway_fanin --sidecars 100 --captures 5 --processes 4
 

@@ -1,4 +1,4 @@
-"""The gRPC contract at scale (issue 12): SweepBlobs over a big bucket, ListThreads
+"""The gRPC contract at scale: SweepBlobs over a big bucket, ListThreads
 over many threads, through a real daemon.
 
     .venv/bin/python -m benchmarks.grpc_scale sweep --keys 1000000

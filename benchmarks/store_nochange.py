@@ -1,6 +1,6 @@
 """No-change appends: ``python -m benchmarks.store_nochange [--entries N ...] [--postgres]``.
 
-What a capture that changed nothing costs the store (issue 11: "a no-change
+What a capture that changed nothing costs the store ("a no-change
 capture appends a delta with no rows; its store cost does not grow with the
 number of entries"). For each size, on a fresh SQLite file (and with
 ``--postgres`` on a fresh database of its own durable PostgreSQL server):

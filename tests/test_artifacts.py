@@ -1,4 +1,4 @@
-"""upload_artifact (SPEC §2, §4) and the UUIDv7 ids it makes."""
+"""upload_artifact (docs/contract.md#data-model, docs/contract.md#capture) and the UUIDv7 ids it makes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The names SPEC §8 promises are importable from where it says."""
+"""The names docs/contract.md#python-api promises are importable from where it says."""
 
 import importlib
 

@@ -1,4 +1,4 @@
-"""sweep_blobs and prune (SPEC §6) on a real memory store and real blob backends."""
+"""sweep_blobs and prune (docs/contract.md#prune-and-sweep) on a real memory store and real blob backends."""
 
 from __future__ import annotations
 

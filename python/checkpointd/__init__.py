@@ -1,6 +1,6 @@
 """checkpointd: checkpoint an AI agent sandbox's workspace and restore it anywhere.
 
-Public names (SPEC §8). Submodules are imported on first use so that
+Public names (docs/contract.md#python-api). Submodules are imported on first use so that
 ``import checkpointd`` stays cheap for the CLI client.
 """
 

@@ -1,4 +1,4 @@
-"""``upload_artifact``: store a named blob for a checkpoint (SPEC §2, §4).
+"""``upload_artifact``: store a named blob for a checkpoint (docs/contract.md#data-model, docs/contract.md#capture).
 
 The key is the BLAKE3 of the bytes (``sandbox-artifacts/blake3/<hex>``), so it is
 known only after the last byte. A streamed artifact is therefore hashed while it

@@ -1,4 +1,4 @@
-"""``checkpointd check``: is the repository whole? (restic's ``check``, SPEC §10).
+"""``checkpointd check``: is the repository whole? (restic's ``check``, docs/design.md).
 
 ``iter_check`` works on any store that implements ``BlobAudit`` and any blob
 store:

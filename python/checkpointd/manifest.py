@@ -11,7 +11,7 @@ someone reads them, so users of the Python API see the same entries as before
 never builds one Python object per file.
 
 A manifest is *trusted* when its bytes come from our own scan (valid by
-construction: the scan refuses every path SPEC §2 forbids) or from a store that
+construction: the scan refuses every path docs/contract.md#data-model forbids) or from a store that
 validated them on append; stores skip the per-entry validation for trusted
 manifests. Entries given by a caller as a tuple are validated as before.
 

@@ -1,4 +1,4 @@
-"""The data model of SPEC §2 and §8: checkpoints, entries, artifacts, writers, policy.
+"""The data model of docs/contract.md#data-model and docs/contract.md#python-api: checkpoints, entries, artifacts, writers, policy.
 
 Models are frozen dataclasses built by keyword. Validation lives in
 ``checkpointd.validation`` so that stores, capture and restore apply one set of rules.
@@ -86,7 +86,7 @@ class Artifact:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    """One immutable checkpoint of a thread (SPEC §2)."""
+    """One immutable checkpoint of a thread (docs/contract.md#data-model)."""
 
     id: str
     thread_id: str
@@ -100,7 +100,7 @@ class Checkpoint:
     artifacts: tuple[Artifact, ...] = ()
     label: str | None = None
     source_run_id: str | None = None
-    # How it was taken (SPEC §10): restore and diff use these when their caller
+    # How it was taken (docs/design.md): restore and diff use these when their caller
     # gives none. ``policy`` None = not recorded (a checkpoint made by hand or by
     # an older version): the default ``Policy()`` applies. ``workspace_subdir`` is
     # the daemon's sub-root ("" = the whole workspace).
@@ -245,7 +245,7 @@ class BlobReference:
     key: str
     references: int
 
-    # Allow ``key, count = ref`` as SPEC writes the pairs as ``(key, count)``.
+    # Allow ``key, count = ref`` as the contract writes the pairs as ``(key, count)``.
     def __iter__(self):  # type: ignore[no-untyped-def]
         yield self.key
         yield self.references
@@ -253,7 +253,7 @@ class BlobReference:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Which paths a capture keeps and a restore manages (SPEC §4).
+    """Which paths a capture keeps and a restore manages (docs/contract.md#capture).
 
     Patterns use git's gitignore dialect. Exclude wins over include; an empty
     ``include`` includes every file. ``default_excludes`` adds any ``.git``,

@@ -1,10 +1,10 @@
-"""The restore engine (SPEC §5): bring a workspace back to a checkpoint, safely.
+"""The restore engine (docs/contract.md#restore): bring a workspace back to a checkpoint, safely.
 
 Read top to bottom, ``restore_checkpoint`` does:
 
 1. take the thread's writer lease (fails fast with WRITER_CONFLICT) and resolve
    the checkpoint (None when the thread has none);
-2. validate the manifest: every path as in SPEC §2, and no top-level
+2. validate the manifest: every path as in docs/contract.md#data-model, and no top-level
    ``.checkpointd*`` name (reserved for staging) → INVALID_PATH;
 3. plan natively (``_native.RestoreSession``): open the restore root (a
    ``workspace_subdir`` one component at a time from the workspace fd, never
@@ -117,7 +117,7 @@ _no_secrets: set[bytes] = set()
 def validate_manifest(checkpoint: Checkpoint) -> None:
     """SandboxSnapshotError(INVALID_PATH) unless every path is valid.
 
-    Applies SPEC §2's path rules (no '..', no absolute path, no entry beneath a
+    Applies docs/contract.md#data-model's path rules (no '..', no absolute path, no entry beneath a
     file or symlink...) and refuses top-level ``.checkpointd*`` names, which
     restore reserves for its staging area.
     """
@@ -217,7 +217,7 @@ async def restore_checkpoint(
 
             reporter.phase("plan")
             # No policy given: the one the checkpoint was captured with, so a
-            # restore never deletes what that capture left out (SPEC §10).
+            # restore never deletes what that capture left out (docs/design.md).
             policy = checkpoint.effective_policy(policy)
             spanned = _files_with_secrets(checkpoint, subdir)
             holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))

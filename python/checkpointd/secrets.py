@@ -2,7 +2,7 @@
 names them.
 
 A caller gives secrets as a sequence of byte strings or as a mapping name →
-bytes (SPEC §10). Capture zeroes every occurrence and records, per file, where
+bytes (docs/design.md). Capture zeroes every occurrence and records, per file, where
 (``FileEntry.secrets``: offset, length, and the secret's name — or its index in
 the list when no names were given). Restore given the secrets writes them back
 there. A checkpoint never holds a secret's value nor a hash of it.

@@ -1,4 +1,4 @@
-"""Where the stat cache lives: a data directory outside the workspace (SPEC §4).
+"""Where the stat cache lives: a data directory outside the workspace (docs/contract.md#capture).
 
 The stat cache lets a capture trust a file's previous hash without reading it.
 If code in the sandbox could write it, that code could make a capture store a

@@ -1,4 +1,4 @@
-"""Prune a thread's old checkpoints and sweep blobs no checkpoint uses (SPEC §6).
+"""Prune a thread's old checkpoints and sweep blobs no checkpoint uses (docs/contract.md#prune-and-sweep).
 
 ``sweep_blobs`` is safe while captures run, through the store's BlobGuard
 (``checkpointd.store.base``): a capture pins the keys it will reference before
@@ -890,7 +890,7 @@ async def prune(
     store: CheckpointStore, thread_id: str, keep: int, *, dry_run: bool = False
 ) -> list[str]:
     """Keep the thread's head and its ``keep - 1`` nearest ancestors, delete the
-    rest; returns the deleted ids in list order (SPEC §3 ``delete_checkpoints``).
+    rest; returns the deleted ids in list order (docs/contract.md#checkpoint-store ``delete_checkpoints``).
 
     Takes the thread's writer lease (WRITER_CONFLICT while a capture or restore
     runs) and releases it in every case. ``dry_run`` returns what would be

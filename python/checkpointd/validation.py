@@ -1,4 +1,4 @@
-"""The rules of SPEC §2, applied in one place by every store, capture and restore.
+"""The rules of docs/contract.md#data-model, applied in one place by every store, capture and restore.
 
 Each ``check_*`` raises the documented error class and names the offending value;
 ``path_problem`` returns a reason string instead, so restore can report

@@ -1,5 +1,5 @@
 //! What each directory entry is, for the manifest: file, dir, symlink that stays
-//! in the workspace, or one of the unsupported kinds of SPEC §4.
+//! in the workspace, or one of the unsupported kinds of docs/contract.md#capture.
 
 /// Why an entry cannot be captured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -10,7 +10,7 @@ pub enum Unsupported {
     BlockDevice,
     CharDevice,
     NonUtf8Name,
-    /// A name holding `\`, which SPEC §2 refuses in a path.
+    /// A name holding `\`, which docs/contract.md#data-model refuses in a path.
     BackslashName,
     /// A directory on another filesystem: the scan never crosses a device boundary.
     MountPoint,

@@ -1,4 +1,4 @@
-//! Restore, planned and applied natively (SPEC §5): diff a target manifest
+//! Restore, planned and applied natively (docs/contract.md#restore): diff a target manifest
 //! against a live scan, stage every needed blob (verified) on the target's
 //! filesystem, then apply fd-relative with `O_NOFOLLOW` and record in the stat
 //! cache exactly the inodes the restore wrote.

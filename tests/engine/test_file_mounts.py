@@ -96,7 +96,7 @@ async def test_restore_never_sets_a_mounted_files_mode_or_mtime(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, outside: Path
 ) -> None:
     # The checkpoint's file has the outside file's bytes, another mode and mtime.
-    write_tree(workspace, {"config.json": outside.read_bytes(), "keep.txt": b"k"})
+    write_tree(workspace, {"config.json": outside.read_bytes(), "keep.txt": b"k"})  # noqa: ASYNC240
     os.chmod(workspace / "config.json", 0o600)
     await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     os.unlink(workspace / "config.json")
@@ -131,7 +131,7 @@ async def test_restore_writes_no_secret_into_a_mounted_file(
         workspace, memory_store, memory_blobs, "t", secrets={"TOKEN": TOKEN}, data_dir=data_dir
     )
     # The outside file holds the checkpoint's bytes: zeros where the secret was.
-    outside.write_bytes(b"token=" + bytes(len(TOKEN)))
+    outside.write_bytes(b"token=" + bytes(len(TOKEN)))  # noqa: ASYNC240
     os.unlink(workspace / "app.ini")
     before = _state(outside)
     with bind_mount_file(outside, workspace / "app.ini"):
@@ -144,4 +144,4 @@ async def test_restore_writes_no_secret_into_a_mounted_file(
             data_dir=data_dir,
         )
         assert _state(outside) == before
-    assert TOKEN not in outside.read_bytes()
+    assert TOKEN not in outside.read_bytes()  # noqa: ASYNC240

@@ -1,5 +1,5 @@
 """Large files are read once: the scan hands its open fd to the upload, which
-streams it through the native verifying reader (SPEC §4, §10; issue 11).
+streams it through the native verifying reader (docs/contract.md#capture, docs/design.md).
 
 Every test here changes the workspace between the scan's read and the
 upload's (through ``BeforeUpload``, a real store whose ``missing`` runs a hook

@@ -1,8 +1,8 @@
-"""The manifest stays bytes from the scan to the store (issue 11).
+"""The manifest stays bytes from the scan to the store.
 
 A capture hands the store a trusted ``Manifest``; ``Checkpoint.files`` reads as
 the same entries as before; a capture that changed nothing stores a delta with
-no rows; names SPEC §2 forbids and mount points are refused by the scan itself,
+no rows; names docs/contract.md#data-model forbids and mount points are refused by the scan itself,
 before any blob is written.
 """
 

@@ -1,4 +1,4 @@
-"""Manifest summaries (issue 11, 1M-file RSS): every stored row carries its
+"""Manifest summaries (1M-file RSS): every stored row carries its
 manifest's length, BLAKE3 fingerprint and totals; a store hands a keyframe's
 manifest out unloaded, and a no-change capture compares fingerprints and
 appends its parent's manifest object again, so the parent's bytes are never

@@ -1,4 +1,4 @@
-"""The racy-clean window is measured on the workspace's filesystem (issue 11).
+"""The racy-clean window is measured on the workspace's filesystem.
 
 A workspace on a filesystem with 1-second timestamps (ext4 with 128-byte
 inodes), a data dir on one with nanosecond timestamps: a same-size rewrite in

@@ -1,4 +1,4 @@
-"""A checkpoint records how it was taken (SPEC §10): restore uses its policy when
+"""A checkpoint records how it was taken (docs/design.md): restore uses its policy when
 the caller gives none; an explicit policy still wins."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Restore never trusts or touches what it did not write itself (issue 11):
+"""Restore never trusts or touches what it did not write itself:
 
 - the stat cache learns only the inodes the restore renamed in, so a file a
   tool rewrites during the restore with an old mtime (``cp -p``, ``touch -d``)

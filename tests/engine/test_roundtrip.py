@@ -1,4 +1,4 @@
-"""Capture → restore round trips: the seed's scenario and generated trees."""
+"""Capture → restore round trips: the reference API's scenario and generated trees."""
 
 from __future__ import annotations
 

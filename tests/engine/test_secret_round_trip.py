@@ -1,4 +1,4 @@
-"""Secrets round-trip (SPEC §10): capture records where it zeroed which secret;
+"""Secrets round-trip (docs/design.md): capture records where it zeroed which secret;
 restore given the secrets writes them back, leaves a live file that still holds
 them alone, and without them writes zeros and says which files."""
 

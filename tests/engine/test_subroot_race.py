@@ -1,4 +1,4 @@
-"""A capture of a sub-root raced with a symlink swap reads nothing outside (issue 11).
+"""A capture of a sub-root raced with a symlink swap reads nothing outside.
 
 The sandbox swaps ``sub`` with a symlink to a private directory in a
 ``renameat2(RENAME_EXCHANGE)`` loop while captures of ``workspace_subdir="sub"``

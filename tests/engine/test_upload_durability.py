@@ -1,4 +1,4 @@
-"""Blob durability before the append (SPEC §10; issue 11), on a real S3 server.
+"""Blob durability before the append (docs/design.md), on a real S3 server.
 
 What capture relies on for an object store: a PUT, or a multipart upload's
 completion, that returned success is durable and the object appears only

@@ -1,4 +1,4 @@
-"""Every policy rule of SPEC §4, in one table, through PolicyMatcher and through scan."""
+"""Every policy rule of docs/contract.md#capture, in one table, through PolicyMatcher and through scan."""
 
 from __future__ import annotations
 

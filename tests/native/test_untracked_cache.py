@@ -1,4 +1,4 @@
-"""The stat cache's directory listings (git's untracked cache, issue 11).
+"""The stat cache's directory listings (git's untracked cache).
 
 A rescan reuses a directory's recorded listing only when the directory's
 fstat (dev, ino, mtime, ctime) is unchanged and its mtime is not racy; every

@@ -1,5 +1,5 @@
 """The native verifying reader, ``rehash_beneath`` and the feed's bound on open
-files: the pieces a large file's single read goes through (issue 11)."""
+files: the pieces a large file's single read goes through."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ class Daemon:
         return self.proc.returncode
 
     def kill(self) -> None:
-        """SIGKILL: the crash of the seed's story."""
+        """SIGKILL: the crash of the reference API's story."""
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()

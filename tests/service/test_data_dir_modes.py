@@ -1,5 +1,5 @@
 """The data dir is private: files 0600, directories 0700, and a group- or
-world-writable data dir is refused (issue 12)."""
+world-writable data dir is refused."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A live Diff of a sub-root raced with a symlink swap reads nothing outside (issue 11).
+"""A live Diff of a sub-root raced with a symlink swap reads nothing outside.
 
 The sandbox swaps ``a`` (a component of the sub-root ``a/sub``) with a symlink to
 a private directory holding ``sub/`` too, in a ``renameat2(RENAME_EXCHANGE)``

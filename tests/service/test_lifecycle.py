@@ -1,4 +1,4 @@
-"""Cancellation, deadlines and the seed's crash story, with real daemon processes."""
+"""Cancellation, deadlines and the reference API's crash story, with real daemon processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How a checkpoint was taken travels with it (SPEC §10), and serve never creates
+"""How a checkpoint was taken travels with it (docs/design.md), and serve never creates
 the workspace root."""
 
 from __future__ import annotations

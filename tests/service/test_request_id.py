@@ -1,4 +1,4 @@
-"""Capture request_id edge cases (issue 12): a retry is a retry, never a new
+"""Capture request_id edge cases: a retry is a retry, never a new
 capture under an old name."""
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ async def test_a_request_id_deleted_through_the_python_api_is_spent(daemon: Daem
 
 async def test_only_a_marked_retry_waits_for_another_writer(daemon: Daemon) -> None:
     """A first attempt with a request_id still fails fast on a live lease (the
-    seeds' WRITER_CONFLICT); a retry marked ``checkpointd-attempt: 2`` (as the SDKs
+    the reference API's WRITER_CONFLICT); a retry marked ``checkpointd-attempt: 2`` (as the SDKs
     send) waits for the other writer instead, then captures."""
     from checkpointd import open_store
     from checkpointd.service.status import error_info_from_metadata

@@ -1,4 +1,4 @@
-"""The scan phase reports its counts while it runs (issue 12), through the
+"""The scan phase reports its counts while it runs, through the
 gRPC Capture stream: entries found, files hashed and bytes hashed, polled
 from the native scanner's counters, ending at the scan's totals."""
 

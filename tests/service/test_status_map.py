@@ -19,7 +19,7 @@ from checkpointd.service import status
 from checkpointd.service.client import rpc_error
 
 C = grpc.StatusCode
-# SPEC §7's mapping, written out again so a change to status.py has to be deliberate.
+# docs/contract.md#the-grpc-service's mapping, written out again so a change to status.py has to be deliberate.
 SPEC_MAPPING = {
     "SANDBOX_SNAPSHOT_INVALID_ID": C.INVALID_ARGUMENT,
     "SANDBOX_SNAPSHOT_INVALID_ENTRY": C.INVALID_ARGUMENT,

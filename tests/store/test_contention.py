@@ -1,4 +1,4 @@
-"""Many OS processes, each with its own store object, on one database (issue 3).
+"""Many OS processes, each with its own store object, on one database.
 
 8 processes run for a bounded time. Each round a process takes the writer lease of
 one of 4 threads (or finds it taken), then appends a checkpoint with random shared

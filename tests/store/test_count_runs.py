@@ -1,4 +1,4 @@
-"""Counts kept as runs (``store._core``) stay SPEC's counts through any mix of
+"""Counts kept as runs (``store._core``) stay the contract's counts through any mix of
 appends, no-change appends, delete_head, prune and fork, on every store; a
 no-change append writes no count row; a version-1 SQLite file (plain counts)
 migrates on open without changing a count; a request_id checkpoint deleted
@@ -34,7 +34,7 @@ def _artifacts(keys: set[int]) -> tuple[Artifact, ...]:
 
 
 async def _expected(store: Any, threads: list[str]) -> dict[str, int]:
-    """SPEC's counts, recomputed from every stored checkpoint."""
+    """the contract's counts, recomputed from every stored checkpoint."""
     counts: Counter[str] = Counter()
     for thread in threads:
         for stored in await store.list(thread):

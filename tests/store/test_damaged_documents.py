@@ -3,7 +3,7 @@ file; PostgreSQL: in the stored value) is DATA_LOSS naming the checkpoint, for
 it and for every delta stored against it; the store names every damaged row;
 and the thread goes on: an append on a damaged head stores a keyframe,
 delete_head and prune remove damaged checkpoints, and the counts stay safe
-(never below SPEC's) until ``repair_blob_references`` sets them, which it
+(never below the contract's) until ``repair_blob_references`` sets them, which it
 refuses while a damaged row is stored. Rows written before checksums (``CKD3``)
 are still read, and their damage found."""
 
@@ -101,7 +101,7 @@ async def _chain(store: Any, thread: str, count: int, first: int = 0) -> dict[st
 
 
 def _counts(*checkpoints: set[int]) -> dict[str, int]:
-    """SPEC's counts of the given checkpoints' keys."""
+    """the contract's counts of the given checkpoints' keys."""
     counted: Counter[str] = Counter()
     for keys in checkpoints:
         counted.update(file_key(n) for n in keys)
@@ -185,7 +185,7 @@ async def test_an_append_on_a_damaged_head_stores_a_keyframe(damageable: Damagea
                 "SELECT base_id, depth FROM checkpoints WHERE id = 't-c3'"
             ).fetchone()
         assert row == (None, 0)  # a keyframe: nothing read from the damaged row
-    # SPEC's counts, the damaged checkpoint's keys included (they were counted
+    # the contract's counts, the damaged checkpoint's keys included (they were counted
     # when it was appended, and nothing it used was dropped).
     assert await _stored_counts(store) == _counts(*made.values(), keys)
 

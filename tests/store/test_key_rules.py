@@ -1,5 +1,5 @@
 """The key and pack-index row rules every store applies (``store._options``,
-``store._packindex``): the fast checks accept exactly what SPEC §2 allows."""
+``store._packindex``): the fast checks accept exactly what docs/contract.md#data-model allows."""
 
 from __future__ import annotations
 

@@ -177,7 +177,7 @@ async def test_ids_with_nul_and_astral_characters_round_trip(postgres_url: str) 
 
 async def test_list_orders_by_utf8_bytes_not_the_database_collation(postgres_url: str) -> None:
     # The test server's default collation is ICU en-US, which sorts "a" < "B" and
-    # puts U+FFFF before U+1F600 in some builds; SPEC wants UTF-8 bytes.
+    # puts U+FFFF before U+1F600 in some builds; the contract wants UTF-8 bytes.
     ids = ["a", "B", "é", "😀", "\uffff", "Z", "_"]
     async with await open_postgres_store(postgres_url) as store:
         parent = None

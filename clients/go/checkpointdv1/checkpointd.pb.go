@@ -1,4 +1,4 @@
-// The checkpointd wire contract (SPEC §7).
+// The checkpointd wire contract (docs/contract.md#the-grpc-service).
 //
 // Layout: this file lives at proto/checkpointd/v1/checkpointd.proto and is compiled
 // with `-I proto`, so its import path is "checkpointd/v1/checkpointd.proto" and the
@@ -437,7 +437,7 @@ func (ChangeKind) EnumDescriptor() ([]byte, []int) {
 	return file_checkpointd_v1_checkpointd_proto_rawDescGZIP(), []int{3}
 }
 
-// What a capture keeps and a restore manages (gitignore dialect, SPEC §4).
+// What a capture keeps and a restore manages (gitignore dialect, docs/contract.md#capture).
 type Policy struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Exclude []string               `protobuf:"bytes,1,rep,name=exclude,proto3" json:"exclude,omitempty"`

@@ -1,4 +1,4 @@
-// The checkpointd wire contract (SPEC §7).
+// The checkpointd wire contract (docs/contract.md#the-grpc-service).
 //
 // Layout: this file lives at proto/checkpointd/v1/checkpointd.proto and is compiled
 // with `-I proto`, so its import path is "checkpointd/v1/checkpointd.proto" and the

@@ -1,5 +1,5 @@
 // The gateway's wire contract: the checkpoint-store and blob operations a sidecar
-// needs, served by `checkpointd gateway` (README "Gateway mode").
+// needs, served by `checkpointd gateway` (docs/gateway.md).
 //
 // The gateway holds the store URL and the bucket credentials; sidecars hold only a
 // scoped token (`checkpointd token mint`), sent as `authorization: Bearer <token>`
@@ -373,7 +373,7 @@ func (x *GatewayHead) GetCheckpointId() string {
 	return ""
 }
 
-// A writer (SPEC §3 WriterLike): the lease's thread, owner token and fence.
+// A writer (docs/contract.md#checkpoint-store WriterLike): the lease's thread, owner token and fence.
 type GatewayWriter struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	ThreadId      string                 `protobuf:"bytes,1,opt,name=thread_id,json=threadId,proto3" json:"thread_id,omitempty"`

@@ -1,5 +1,5 @@
 // The gateway's wire contract: the checkpoint-store and blob operations a sidecar
-// needs, served by `checkpointd gateway` (README "Gateway mode").
+// needs, served by `checkpointd gateway` (docs/gateway.md).
 //
 // The gateway holds the store URL and the bucket credentials; sidecars hold only a
 // scoped token (`checkpointd token mint`), sent as `authorization: Bearer <token>`
@@ -78,7 +78,7 @@ const (
 type GatewayClient interface {
 	// The store's lease settings (what a sidecar's loop and GetServerInfo report).
 	GetStoreInfo(ctx context.Context, in *GatewayStoreInfoRequest, opts ...grpc.CallOption) (*GatewayStoreInfo, error)
-	// CheckpointStore (SPEC §3), one method each.
+	// CheckpointStore (docs/contract.md#checkpoint-store), one method each.
 	Get(ctx context.Context, in *GatewayGetRequest, opts ...grpc.CallOption) (*GatewayCheckpoint, error)
 	List(ctx context.Context, in *GatewayThreadRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayCheckpoint], error)
 	GetHead(ctx context.Context, in *GatewayThreadRequest, opts ...grpc.CallOption) (*GatewayHead, error)
@@ -123,7 +123,7 @@ type GatewayClient interface {
 	BlobSignGet(ctx context.Context, in *GatewayBlobSignRequest, opts ...grpc.CallOption) (*GatewayBlobUrls, error)
 	BlobList(ctx context.Context, in *GatewayBlobListRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GatewayBlobInfos], error)
 	BlobDelete(ctx context.Context, in *GatewayBlobKey, opts ...grpc.CallOption) (*GatewayEmpty, error)
-	// Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+	// Packs (docs/packs.md; store.base.PackIndex). A pack can hold several
 	// tenants' blobs once captures deduplicate across them, so each call answers
 	// only for keys the token may read (BlobGet's rule) or pinned through this
 	// gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with
@@ -576,7 +576,7 @@ type Gateway_ReadPackFramesClient = grpc.ServerStreamingClient[GatewayPackFrame]
 type GatewayServer interface {
 	// The store's lease settings (what a sidecar's loop and GetServerInfo report).
 	GetStoreInfo(context.Context, *GatewayStoreInfoRequest) (*GatewayStoreInfo, error)
-	// CheckpointStore (SPEC §3), one method each.
+	// CheckpointStore (docs/contract.md#checkpoint-store), one method each.
 	Get(context.Context, *GatewayGetRequest) (*GatewayCheckpoint, error)
 	List(*GatewayThreadRequest, grpc.ServerStreamingServer[GatewayCheckpoint]) error
 	GetHead(context.Context, *GatewayThreadRequest) (*GatewayHead, error)
@@ -621,7 +621,7 @@ type GatewayServer interface {
 	BlobSignGet(context.Context, *GatewayBlobSignRequest) (*GatewayBlobUrls, error)
 	BlobList(*GatewayBlobListRequest, grpc.ServerStreamingServer[GatewayBlobInfos]) error
 	BlobDelete(context.Context, *GatewayBlobKey) (*GatewayEmpty, error)
-	// Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+	// Packs (docs/packs.md; store.base.PackIndex). A pack can hold several
 	// tenants' blobs once captures deduplicate across them, so each call answers
 	// only for keys the token may read (BlobGet's rule) or pinned through this
 	// gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with

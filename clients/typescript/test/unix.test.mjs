@@ -188,7 +188,7 @@ test("deleteCheckpoints keeps the newest, sweepSandboxBlobs reports", async () =
   const swept = await sweepSandboxBlobs({ client, olderThanMs: 0, dryRun: true });
   assert.ok(Array.isArray(swept));
   assert.ok(swept.length >= 2, "the two pruned versions' blobs are unreferenced");
-  // Blob keys, plus the pack objects left with no live blob (README "Packs").
+  // Blob keys, plus the pack objects left with no live blob (docs/packs.md).
   assert.ok(swept.every((key) => key.startsWith("sandbox-files/") || key.startsWith("sandbox-packs/")));
   assert.ok(swept.filter((key) => key.startsWith("sandbox-files/")).length >= 2);
   assert.equal(swept.dryRun, true);

@@ -1,4 +1,4 @@
-"""Content-addressed blob stores on obstore (SPEC §2, §8).
+"""Content-addressed blob stores on obstore (docs/contract.md#data-model, docs/contract.md#python-api).
 
 ``open_blobs(url)`` gives an ``ObjectBlobStore`` for ``memory://``,
 ``file:///dir``, ``s3://bucket/prefix``, ``gs://…`` and ``az://…``; every store

@@ -1,7 +1,7 @@
 """The blob-store protocol: content-addressed bytes in a bucket or a directory.
 
 Implementations stream: ``put`` takes bytes or an async iterable of chunks (large
-blobs go up as multipart), ``get_stream`` yields chunks. Keys are the SPEC §2
+blobs go up as multipart), ``get_stream`` yields chunks. Keys are the docs/contract.md#data-model
 shapes (``sandbox-files/blake3/<hex>``, ``sandbox-artifacts/blake3/<hex>``) but the
 store itself does not care what a key looks like.
 

@@ -1,5 +1,5 @@
 """Packs: small blobs travel and rest in pack objects, compressed, with the
-index in the checkpoint store (SPEC §10 "Storage layout").
+index in the checkpoint store (docs/design.md "Storage layout").
 
 Why: one object per small file is one PUT (and one HEAD) per file on a cold
 capture and one GET per file on a restore; a bucket bills and delays each
@@ -48,7 +48,7 @@ use over any ``BlobStore`` and a store that keeps the index:
   counts, never from the bucket; ``flush()`` uploads the last pack, after which
   ``rows`` are the index rows to pass to the append.
 
-Safety with the sweep (SPEC §6), pinned per pack, not per blob:
+Safety with the sweep (docs/contract.md#prune-and-sweep), pinned per pack, not per blob:
 
 * A blob the capture packs itself needs no pin of its key: what must survive
   until the append is its pack, and the session pins the pack's key
@@ -68,7 +68,7 @@ Safety with the sweep (SPEC §6), pinned per pack, not per blob:
 * A key referenced by a checkpoint but not packed is a single object its
   count and the pin protect.
 
-Decisions where SPEC is silent: an artifact is uploaded as a single object
+docs/design.md: an artifact is uploaded as a single object
 (durable before the capture that names it, which has no lease or append to
 record a row in yet); the first capture that names a small one reads it
 (checked against its key), packs it with its files and records its row in its

@@ -1,4 +1,4 @@
-"""``open_blobs(url)``: a blob store from a URL (SPEC §8, §9).
+"""``open_blobs(url)``: a blob store from a URL (docs/contract.md#python-api, docs/contract.md#command-line-and-configuration).
 
 | URL | backend |
 |---|---|

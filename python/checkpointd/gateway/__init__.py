@@ -1,4 +1,4 @@
-"""Gateway mode (README "Gateway mode"): sidecars without store credentials.
+"""Gateway mode (docs/gateway.md): sidecars without store credentials.
 
 * ``tokens`` — scoped, signed, expiring tokens (``checkpointd token mint``);
 * ``servicer`` / ``server`` — ``checkpointd gateway``: the store and the bucket

@@ -24,7 +24,7 @@ def add_commands(commands: Any) -> None:
         "gateway",
         help="serve the store and the bucket to sidecars holding scoped tokens",
         description="The only process that holds the store URL and the bucket credentials "
-        "(README 'Gateway mode'). Sidecars run `checkpointd serve --gateway grpcs://host:port "
+        "(docs/gateway.md). Sidecars run `checkpointd serve --gateway grpcs://host:port "
         "--gateway-token-file F`.",
     )
     gateway.add_argument(

@@ -100,7 +100,7 @@ class RemoteCheckpointStore:
         if self._owns:
             await self._connection.aclose()
 
-    # ------------------------------------------------------------ SPEC §3
+    # ------------------------------------------------------------ docs/contract.md#checkpoint-store
 
     async def get(self, checkpoint_id: str) -> Checkpoint | None:
         check_id(checkpoint_id, "checkpoint id")

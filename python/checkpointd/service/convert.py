@@ -157,7 +157,7 @@ def progress_to_proto(progress: Progress) -> pb.Progress:
 
 
 def stats_to_proto(stats: Any) -> pb.CaptureStats:
-    """CaptureStats (any object with the SPEC §4 fields) as a message."""
+    """CaptureStats (any object with the docs/contract.md#capture fields) as a message."""
     message = pb.CaptureStats()
     for name in (
         "entries",

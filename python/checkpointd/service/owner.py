@@ -12,7 +12,7 @@ again with a new fence, which fences off whatever the dead process left behind
 The store allows that to any caller with the same owner, so the daemon must not
 take over a lease that one of its own running calls holds: ``OwnedStore`` keeps
 the leases it handed out and not yet released, and refuses a second one on the
-same thread with WRITER_CONFLICT, as SPEC §4 asks of a second capture. Two
+same thread with WRITER_CONFLICT, as docs/contract.md#capture asks of a second capture. Two
 daemons must therefore never share a data directory (their socket is there too).
 """
 

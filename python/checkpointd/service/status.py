@@ -1,4 +1,4 @@
-"""The one map from Python errors to gRPC statuses (SPEC §7).
+"""The one map from Python errors to gRPC statuses (docs/contract.md#the-grpc-service).
 
 Every error leaves the daemon as a gRPC status whose ``grpc-status-details-bin``
 trailer holds a ``google.rpc.Status`` with one ``google.rpc.ErrorInfo``:
@@ -9,7 +9,7 @@ wait (WRITER_CONFLICT and WRITER_LOST: ``retry_after_ms`` of the lease that
 holds the thread, beside its ``expires_at_ms``). Clients read it back
 with :func:`error_info_from_metadata`.
 
-Codes the SPEC does not place are placed here, with the reason:
+Codes the contract does not place are placed here, with the reason:
 
 * ``INVALID_PATH`` → INVALID_ARGUMENT (a path the caller or a manifest gave is
   malformed);

@@ -1,10 +1,10 @@
-"""Checkpoint stores and instance stores (SPEC §3), opened by URL.
+"""Checkpoint stores and instance stores (docs/contract.md#checkpoint-store), opened by URL.
 
 ``open_store(url)`` and ``open_instance_store(url)`` take ``memory://``,
 ``sqlite:///abs/path.db`` and ``postgresql://…`` (also ``postgres://``);
 ``open_store`` also takes ``checkpointd+gateway://host:port[,host:port…]?token_file=/abs/path``
 (``&ca_file=…``, ``&tls=false`` on loopback): the store behind a
-``checkpointd gateway`` (README "Gateway mode"). The
+``checkpointd gateway`` (docs/gateway.md). The
 PostgreSQL classes are imported on first use so that ``asyncpg`` is only loaded
 when a PostgreSQL URL is opened.
 """
@@ -111,7 +111,7 @@ async def open_store(
     lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
     renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
 ) -> Any:
-    """Open a checkpoint store by URL (SPEC §8).
+    """Open a checkpoint store by URL (docs/contract.md#python-api).
 
     ``memory://`` gives a new empty store each call; ``sqlite:///abs/path.db``
     creates the file and its schema when missing; ``postgresql://…`` connects to a

@@ -1,6 +1,6 @@
-"""The rules the SQL checkpoint stores share (SPEC §3), over a small transaction interface.
+"""The rules the SQL checkpoint stores share (docs/contract.md#checkpoint-store), over a small transaction interface.
 
-``SqlCheckpointStore`` implements the writes of SPEC §3 once — ``append`` (the
+``SqlCheckpointStore`` implements the writes of docs/contract.md#checkpoint-store once — ``append`` (the
 check order 1–6, delta or keyframe), ``delete_head``, ``delete_checkpoints``
 (prune), ``fork_from_checkpoint`` — together with the bookkeeping they carry
 (blob reference counts, request-id spent marks and, next, the pack index), and
@@ -17,7 +17,7 @@ transaction is an undo journal over its dicts).
 Reference counts: runs, so an append writes only what changed
 ---------------------------------------------------------------
 
-SPEC's count of a key is the number of stored checkpoints (all threads) that use
+The contract's count of a key is the number of stored checkpoints (all threads) that use
 it. Writing +1 per key on every append makes a no-change capture of a million
 files cost a million row updates. Instead, per (thread, key) the store keeps
 
@@ -54,7 +54,7 @@ deleting transaction records it, ``spent_checkpoint_ids`` reports it, and the id
 counts as used for ``append`` (DUPLICATE_ID) and ``fork_from_checkpoint``, so it
 never names new content.
 
-Pack index (issue 15: a note for the ``packs`` work)
+Pack index (a note for the ``packs`` work)
 ----------------------------------------------------
 
 ``append(..., packed_blobs=rows)`` is keyword-only and carried unchanged to
@@ -298,7 +298,7 @@ def is_request_derived(checkpoint_id: str) -> bool:
 
 
 def spent_ids(deleted: Iterable[str]) -> builtins.list[str]:
-    """The deleted ids that become spent (SPEC: a request_id never names new content)."""
+    """The deleted ids that become spent (the contract: a request_id never names new content)."""
     return [checkpoint_id for checkpoint_id in deleted if is_request_derived(checkpoint_id)]
 
 
@@ -323,7 +323,7 @@ def check_append_state(
     id_used: bool,
     head_id: str | None,
 ) -> None:
-    """SPEC §3 append checks 3–6 against the state read under the thread's lock."""
+    """docs/contract.md#checkpoint-store append checks 3–6 against the state read under the thread's lock."""
     thread_id = checkpoint.thread_id
     check_writer(writer, thread_id, lease, now)
     if id_used:
@@ -563,7 +563,7 @@ class _Loaded:
 
 
 class SqlCheckpointStore:
-    """The SPEC §3 writes of a SQL checkpoint store, its leases, pins and missing
+    """The docs/contract.md#checkpoint-store writes of a SQL checkpoint store, its leases, pins and missing
     marks; a dialect subclasses it and provides ``_options``, ``_recent``,
     ``_write`` and ``_is_closed`` (and its own reads, ``_condemn`` and the
     audit, whose SQL is the whole of their logic)."""
@@ -706,7 +706,7 @@ class SqlCheckpointStore:
         *,
         packed_blobs: Sequence[Any] = (),
     ) -> str:
-        """Publish ``checkpoint`` as the new head (SPEC §3 check order 1–6), in one
+        """Publish ``checkpoint`` as the new head (docs/contract.md#checkpoint-store check order 1–6), in one
         transaction with its counts (and ``packed_blobs``, the pack index rows of
         its keys). Raises InvalidId, InvalidEntry, WriterLost, DuplicateId,
         Conflict (STALE_HEAD), ParentMismatch in that order; nothing changes when
@@ -918,7 +918,7 @@ class SqlCheckpointStore:
         created_at: int,
         writer: WriterLike,
     ) -> Checkpoint:
-        """Copy a checkpoint into a new root of an empty thread (SPEC §3 fork
+        """Copy a checkpoint into a new root of an empty thread (docs/contract.md#checkpoint-store fork
         checks, in order: ids, created_at, threads differ, source exists, source
         thread, writer, destination empty and id unused)."""
         check_fork_arguments(

@@ -3,7 +3,7 @@
 The memory, SQLite and PostgreSQL stores keep their state differently but decide
 the same way, so the decisions live here as plain functions over plain values:
 
-* ``validate_store_options`` — the SPEC §3 options (``now``, ``lease_duration_ms``,
+* ``validate_store_options`` — the docs/contract.md#checkpoint-store options (``now``, ``lease_duration_ms``,
   ``renew_after_ms``), each store's constructor calls it first.
 * ``LeaseRecord`` / ``lease_is_current`` / ``check_writer`` — a lease is current
   while ``now < expires_at`` and the record still carries the writer's
@@ -70,7 +70,7 @@ def validate_store_options(
     lease_duration_ms: int = DEFAULT_LEASE_DURATION_MS,
     renew_after_ms: int = DEFAULT_RENEW_AFTER_MS,
 ) -> StoreOptions:
-    """Check the SPEC §3 store options.
+    """Check the docs/contract.md#checkpoint-store store options.
 
     Raises SandboxCheckpointInvalidArgumentError unless ``now`` is None or callable,
     both durations are integers, ``lease_duration_ms > 0`` and
@@ -292,7 +292,7 @@ _BLOB_KEY = re.compile(
 
 
 def valid_blob_key(key: object) -> bool:
-    """True for a key of either SPEC §2 shape."""
+    """True for a key of either docs/contract.md#data-model shape."""
     return isinstance(key, str) and _BLOB_KEY.fullmatch(key) is not None
 
 
@@ -304,7 +304,7 @@ _PACK_KEY = re.compile(f"{re.escape(PACK_KEY_PREFIX)}[0-9a-f]{{64}}")
 
 def valid_guard_key(key: object) -> bool:
     """True for a key the blob guard pins and condemns: a blob key of either
-    SPEC §2 shape, or a pack key (``sandbox-packs/blake3/<64 hex>``)."""
+    docs/contract.md#data-model shape, or a pack key (``sandbox-packs/blake3/<64 hex>``)."""
     return isinstance(key, str) and (
         _BLOB_KEY.fullmatch(key) is not None or _PACK_KEY.fullmatch(key) is not None
     )

@@ -1,4 +1,4 @@
-"""The checkpoint-store and instance-store protocols of SPEC §3.
+"""The checkpoint-store and instance-store protocols of docs/contract.md#checkpoint-store.
 
 Every store we ship (memory, SQLite, PostgreSQL) implements these and passes the
 suites in ``checkpointd.testkit``; users' own stores can too.
@@ -63,7 +63,7 @@ class CheckpointStore(Protocol):
     async def delete_head(self, thread_id: str, checkpoint_id: str, writer: WriterLike) -> None: ...
 
     async def acquire_writer(self, thread_id: str, *, owner: str | None = None) -> WriterLease:
-        """SPEC §3; ``owner`` (optional, none = a random owner per call) names who
+        """docs/contract.md#checkpoint-store; ``owner`` (optional, none = a random owner per call) names who
         acquires: the owner of a live lease may acquire it again, with a new fence."""
         ...
 
@@ -88,7 +88,7 @@ class CheckpointStore(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class InstanceRecord:
-    """Which provider sandbox serves a key (SPEC §3, instance store)."""
+    """Which provider sandbox serves a key (docs/contract.md#checkpoint-store, instance store)."""
 
     key: str
     provider: str
@@ -112,7 +112,7 @@ class InstanceStore(Protocol):
 
 @runtime_checkable
 class BlobGuard(Protocol):
-    """Pin/condemn: what makes ``sweep_blobs`` safe while captures run (SPEC §6).
+    """Pin/condemn: what makes ``sweep_blobs`` safe while captures run (docs/contract.md#prune-and-sweep).
 
     Every store we ship implements it. The proof, in short:
 
@@ -167,7 +167,7 @@ class BlobCount:
 
 @runtime_checkable
 class BlobAudit(Protocol):
-    """What ``checkpointd check`` and a safe sweep ask of a store beyond SPEC §3:
+    """What ``checkpointd check`` and a safe sweep ask of a store beyond docs/contract.md#checkpoint-store:
     the counts recomputed from the manifests, their repair, and the keys a check
     found missing from the bucket. Every store we ship implements it.
 

@@ -1,7 +1,7 @@
 """In-memory checkpoint and instance stores, on the one store core.
 
 ``InMemoryCheckpointStore`` is a ``_core.SqlCheckpointStore`` like the SQLite
-and PostgreSQL stores: the writes of SPEC §3 (the append check order, deltas
+and PostgreSQL stores: the writes of docs/contract.md#checkpoint-store (the append check order, deltas
 and keyframes, delete_head, prune, fork), the count runs, spent ids, leases,
 pins, ``release_condemned`` and the missing marks are the core's code, run over
 ``_MemoryTx``, a ``WriteTx`` on dicts. Its "dialect" is what the others' SQL
@@ -118,7 +118,7 @@ class _Tables:
     serial: int = 0  # the next row version
 
     def count(self, key: bytes) -> int:
-        """SPEC's count of a key: its refs plus each open run's length beyond one."""
+        """the contract's count of a key: its refs plus each open run's length beyond one."""
         total = self.refs.get(key, 0)
         for thread_id, runs in self.runs.items():
             open_since = runs.get(key)
@@ -408,7 +408,7 @@ class _MemoryTx:
 class InMemoryCheckpointStore(SqlCheckpointStore):
     """A checkpoint store in process memory (tests, the daemon's ``memory://``).
 
-    Options as SPEC §3: ``now`` (callable returning ms), ``lease_duration_ms``,
+    Options as docs/contract.md#checkpoint-store: ``now`` (callable returning ms), ``lease_duration_ms``,
     ``renew_after_ms``; bad options raise SandboxCheckpointInvalidArgumentError.
     """
 
@@ -724,7 +724,7 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
 
 
 class InMemoryInstanceStore:
-    """Instance records in process memory (SPEC §3 instance store)."""
+    """Instance records in process memory (docs/contract.md#checkpoint-store instance store)."""
 
     def __init__(self) -> None:
         self._records: dict[str, InstanceRecord] = {}

@@ -1,4 +1,4 @@
-"""PostgreSQL checkpoint and instance stores (SPEC §3): many sidecars, one database.
+"""PostgreSQL checkpoint and instance stores (docs/contract.md#checkpoint-store): many sidecars, one database.
 
 Opened by ``open_store("postgresql://…")`` through ``open_postgres_store``. The
 schema is created or migrated on open (``_migrate``: versioned, idempotent, under
@@ -7,7 +7,7 @@ database fails there, not at first use.
 
 How each write stays atomic across processes and hosts: it is one transaction
 that first locks the thread's row in ``checkpointd_threads`` (``SELECT … FOR
-UPDATE``), reads the clock, then runs the SPEC §3 checks in their order and only
+UPDATE``), reads the clock, then runs the docs/contract.md#checkpoint-store checks in their order and only
 then writes. Everything that touches one thread therefore runs one at a time, and
 a failed check rolls the transaction back, so nothing is half-written. A deadlock
 or serialization failure the server reports is retried (the transaction was
@@ -942,11 +942,11 @@ _PYTHON_STEPS: dict[int, Callable[[asyncpg.Connection], Awaitable[None]]] = {4: 
 
 
 class PostgresCheckpointStore(_PostgresBase, SqlCheckpointStore):
-    """The SPEC §3 checkpoint store on PostgreSQL (asyncpg), also a BlobGuard.
+    """The docs/contract.md#checkpoint-store checkpoint store on PostgreSQL (asyncpg), also a BlobGuard.
 
     Open it with ``await open_postgres_store(url, …)`` (or ``open_store``); options
-    as SPEC §3. ``now=None`` means the database server's clock. The writes of SPEC
-    §3 are ``_core.SqlCheckpointStore``'s, over ``_PostgresTx``.
+    as docs/contract.md#checkpoint-store. ``now=None`` means the database server's clock. The writes of the contract
+    docs/contract.md#checkpoint-store are ``_core.SqlCheckpointStore``'s, over ``_PostgresTx``.
     """
 
     def __init__(
@@ -1690,7 +1690,7 @@ def _decode_instance(key: str, document: bytes) -> InstanceRecord:
 
 
 class PostgresInstanceStore(_PostgresBase):
-    """The SPEC §3 instance store on PostgreSQL; open with ``open_postgres_instance_store``."""
+    """The docs/contract.md#checkpoint-store instance store on PostgreSQL; open with ``open_postgres_instance_store``."""
 
     async def get(self, key: str) -> InstanceRecord | None:
         """The record or None; an invalid key is INVALID_ID; STORE_UNAVAILABLE on failure."""

@@ -1110,11 +1110,11 @@ async def _open_head_runs(conn: aiosqlite.Connection) -> None:
 
 
 class SqliteCheckpointStore(SqlCheckpointStore):
-    """A checkpoint store in one SQLite file (SPEC §3).
+    """A checkpoint store in one SQLite file (docs/contract.md#checkpoint-store).
 
     Open with ``await SqliteCheckpointStore.open("/abs/path.db", now=…,
     lease_duration_ms=…, renew_after_ms=…)`` or ``open_store("sqlite:///abs/path.db")``.
-    Several store objects and processes may share the file. The writes of SPEC §3
+    Several store objects and processes may share the file. The writes of docs/contract.md#checkpoint-store
     are ``_core.SqlCheckpointStore``'s, over ``_SqliteTx``.
     """
 

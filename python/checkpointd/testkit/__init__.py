@@ -1,4 +1,4 @@
-"""Conformance suites for checkpoint stores and instance stores (SPEC §3).
+"""Conformance suites for checkpoint stores and instance stores (docs/contract.md#checkpoint-store).
 
 One call in a test module runs every rule on your own store::
 

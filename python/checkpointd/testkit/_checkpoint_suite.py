@@ -1,4 +1,4 @@
-"""The checkpoint-store conformance suite (SPEC §3), as a pytest class factory.
+"""The checkpoint-store conformance suite (docs/contract.md#checkpoint-store), as a pytest class factory.
 
 ``checkpoint_store_conformance(make_store)`` returns a test class. ``make_store`` is
 ``async def make_store(*, now, lease_duration_ms, renew_after_ms) -> store`` and must
@@ -144,7 +144,7 @@ class World:
 
 
 class CheckpointStoreConformance:
-    """Every rule of SPEC §3 for a checkpoint store (see the module docstring)."""
+    """Every rule of docs/contract.md#checkpoint-store for a checkpoint store (see the module docstring)."""
 
     _make_store: Callable[..., Awaitable[Any]]
 
@@ -224,7 +224,7 @@ class CheckpointStoreConformance:
 
     @asyncio_test
     async def test_how_it_was_taken_round_trips(self) -> None:
-        """The recorded policy and sub-root come back as given (SPEC §10), an
+        """The recorded policy and sub-root come back as given (docs/design.md), an
         unrecorded policy comes back None, and a fork keeps both."""
         async with self.world() as w:
             lease = await w.lease("t1")
@@ -1256,7 +1256,7 @@ class CheckpointStoreConformance:
                 artifacts=source.artifacts,
                 label=None,
                 source_run_id=None,
-                # Fork provenance (issue 12): where the root came from.
+                # Fork provenance: where the root came from.
                 forked_from_thread_id="t1",
                 forked_from_checkpoint_id="c2",
             )
@@ -1487,7 +1487,7 @@ class CheckpointStoreConformance:
 def checkpoint_store_conformance(
     make_store: Callable[..., Awaitable[Any]], *, name: str = "TestCheckpointStoreConformance"
 ) -> type:
-    """A pytest test class checking every SPEC §3 rule on stores from ``make_store``.
+    """A pytest test class checking every docs/contract.md#checkpoint-store rule on stores from ``make_store``.
 
     ``make_store`` is ``async def make_store(*, now, lease_duration_ms,
     renew_after_ms)`` returning a fresh, empty store. Use it as

@@ -1,4 +1,4 @@
-"""The instance-store conformance suite (SPEC §3), as a pytest class factory.
+"""The instance-store conformance suite (docs/contract.md#checkpoint-store), as a pytest class factory.
 
 ``instance_store_conformance(make_store)`` returns a test class; ``make_store`` is
 ``async def make_store() -> store`` returning a fresh, EMPTY instance store each

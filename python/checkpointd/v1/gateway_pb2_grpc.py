@@ -217,7 +217,7 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Get(self, request, context):
-        """CheckpointStore (SPEC §3), one method each.
+        """CheckpointStore (docs/contract.md#checkpoint-store), one method each.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -412,7 +412,7 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def LocateBlobs(self, request, context):
-        """Packs (README "Packs"; store.base.PackIndex). A pack can hold several
+        """Packs (docs/packs.md; store.base.PackIndex). A pack can hold several
         tenants' blobs once captures deduplicate across them, so each call answers
         only for keys the token may read (BlobGet's rule) or pinned through this
         gateway. Pack objects (`sandbox-packs/blake3/<hex>`) are uploaded with

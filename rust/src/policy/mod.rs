@@ -1,4 +1,4 @@
-//! The declarative capture policy of SPEC §4, compiled once.
+//! The declarative capture policy of docs/contract.md#capture, compiled once.
 //!
 //! - `exclude` and `include` are gitignore pattern lists; within a list the
 //!   last matching pattern decides and `!` re-includes.
@@ -258,7 +258,7 @@ fn split_path(path: &str) -> Vec<&str> {
     path.split('/').filter(|s| !s.is_empty()).collect()
 }
 
-/// `.git`, `node_modules` and `.env*` segments (SPEC §4 default excludes).
+/// `.git`, `node_modules` and `.env*` segments (docs/contract.md#capture default excludes).
 pub fn is_default_excluded(name: &str) -> bool {
     name == ".git" || name == "node_modules" || name.starts_with(".env")
 }

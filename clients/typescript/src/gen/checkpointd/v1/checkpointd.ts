@@ -8,7 +8,7 @@
 import { BinaryReader, BinaryWriter } from "@bufbuild/protobuf/wire";
 
 /**
- * The checkpointd wire contract (SPEC §7).
+ * The checkpointd wire contract (docs/contract.md#the-grpc-service).
  *
  * Layout: this file lives at proto/checkpointd/v1/checkpointd.proto and is compiled
  * with `-I proto`, so its import path is "checkpointd/v1/checkpointd.proto" and the
@@ -173,7 +173,7 @@ export enum ChangeKind {
   UNRECOGNIZED = -1,
 }
 
-/** What a capture keeps and a restore manages (gitignore dialect, SPEC §4). */
+/** What a capture keeps and a restore manages (gitignore dialect, docs/contract.md#capture). */
 export interface Policy {
   exclude: string[];
   include: string[];
@@ -192,6 +192,12 @@ export interface Entry {
   mode: number;
   /** Symlinks only. */
   target: string;
+  /**
+   * Files only: how many content-defined chunks the file is stored as (a
+   * file above the daemon's chunk threshold; its blob_key stays the whole
+   * file's BLAKE3 and names no stored object); 0 for a file stored whole.
+   */
+  chunkCount: number;
 }
 
 export interface Artifact {
@@ -969,7 +975,7 @@ export const Policy: MessageFns<Policy> = {
 };
 
 function createBaseEntry(): Entry {
-  return { path: "", kind: 0, blobKey: "", size: 0n, mtimeNs: 0n, mode: 0, target: "" };
+  return { path: "", kind: 0, blobKey: "", size: 0n, mtimeNs: 0n, mode: 0, target: "", chunkCount: 0 };
 }
 
 export const Entry: MessageFns<Entry> = {
@@ -1000,6 +1006,9 @@ export const Entry: MessageFns<Entry> = {
     }
     if (message.target !== "") {
       writer.uint32(58).string(message.target);
+    }
+    if (message.chunkCount !== 0) {
+      writer.uint32(64).uint32(message.chunkCount);
     }
     return writer;
   },
@@ -1073,6 +1082,14 @@ export const Entry: MessageFns<Entry> = {
             message.target = reader.string();
             continue;
           }
+          case 8: {
+            if (tag !== 64) {
+              break;
+            }
+
+            message.chunkCount = reader.uint32();
+            continue;
+          }
         }
         if ((tag & 7) === 4 || tag === 0) {
           break;
@@ -1097,6 +1114,7 @@ export const Entry: MessageFns<Entry> = {
     message.mtimeNs = (object.mtimeNs !== undefined && object.mtimeNs !== null) ? BigInt(object.mtimeNs) : 0n;
     message.mode = object.mode ?? 0;
     message.target = object.target ?? "";
+    message.chunkCount = object.chunkCount ?? 0;
     return message;
   },
 };
