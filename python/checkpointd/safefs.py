@@ -1,33 +1,24 @@
-"""Filesystem operations beneath a root that never follow a symlink (openat style).
+"""Descriptor-relative access beneath a root that never follows a symlink.
 
-Restore writes into a workspace that untrusted code controls, from a manifest that
-may be hostile. A path like ``a/b/c`` is therefore never handed to the kernel as a
-string: ``SafeRoot`` opens the root once and walks component by component with
-``O_DIRECTORY | O_NOFOLLOW`` relative to the parent's descriptor, then acts on the
-last name with the ``*at`` call (``dir_fd=``, ``follow_symlinks=False``). A symlink
-or a file standing where a directory must be is either reported as absent (when
-reading or deleting) or removed and replaced by a real directory (when creating):
-the link itself is unlinked, never its target. So nothing outside the root is ever
-created, changed or deleted, even if a directory is swapped for a symlink while
-we work.
-
-What this does not defend against: a directory that was already opened being
-*renamed* out of the root by a concurrent process. Restore's rule is that nothing
-else writes to the workspace while it runs; symlink tricks are the threat here.
+The restore engine (native) does the restore's own writes; what Python still
+does in the workspace goes through here: open a file for the secret write-back
+(``parent_fd``), and remove the staging directories an interrupted restore left
+at the top of the workspace (``remove_stale_staging``). A path like ``a/b/c`` is
+never handed to the kernel as a string: ``SafeRoot`` opens the root once and walks
+component by component with ``O_DIRECTORY | O_NOFOLLOW`` relative to the parent's
+descriptor, so a symlink or a file standing where a directory must be is reported
+as absent, and nothing outside the root is reached, even if a directory is
+swapped for a symlink while we work.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import secrets as _random
 import stat
 from collections import OrderedDict
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-# O_NONBLOCK: a fifo swapped in where a file was expected must not hang the open.
-_LEAF_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # errnos meaning "a symlink or a non-directory stands on the path".
 _NOT_A_REAL_DIR = (errno.ELOOP, errno.ENOTDIR)
 # Directory descriptors kept open for reuse; manifests are sorted, so locality is
@@ -35,7 +26,6 @@ _NOT_A_REAL_DIR = (errno.ELOOP, errno.ENOTDIR)
 _FD_CACHE_SIZE = 128
 
 STAGING_PREFIX = ".checkpointd-staging-"
-_PROC_FD = "/proc/self/fd"
 
 
 def split_parent(rel: str) -> tuple[str, str]:
@@ -63,7 +53,6 @@ class SafeRoot:
         self._root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         self._root_path = os.fspath(root)
         self._fds: OrderedDict[str, int] = OrderedDict()
-        self._proc_works: bool | None = None
 
     @property
     def root_fd(self) -> int:
@@ -151,170 +140,7 @@ class SafeRoot:
         parent, name = split_parent(rel)
         return self.dir_fd(parent, create=create), name
 
-    # -- queries --------------------------------------------------------------
-
-    def lstat(self, rel: str) -> os.stat_result | None:
-        """The entry's own stat (never its target's), or None when absent."""
-        fd, name = self.parent_fd(rel)
-        if fd is None:
-            return None
-        try:
-            return os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-
-    # -- changes --------------------------------------------------------------
-
-    def ensure_dir(self, rel: str) -> int:
-        """Make ``rel`` a real directory (creating parents); returns its descriptor."""
-        fd = self.dir_fd(rel, create=True)
-        assert fd is not None
-        return fd
-
-    def remove(self, rel: str) -> None:
-        """Remove whatever stands at ``rel`` (a whole tree for a directory).
-
-        Missing is fine; a parent that is a symlink means the entry is not beneath
-        the root, so nothing is done.
-        """
-        fd, name = self.parent_fd(rel)
-        if fd is None:
-            return
-        self._forget(rel)
-        _remove_at(fd, name)
-
-    def remove_leaf(self, rel: str) -> None:
-        """Unlink a file, symlink or special file at ``rel``; a directory stays."""
-        fd, name = self.parent_fd(rel)
-        if fd is None:
-            return
-        try:
-            os.unlink(name, dir_fd=fd)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            pass
-
-    def remove_dir_if_empty(self, rel: str) -> bool:
-        """rmdir ``rel``; False when it holds something (e.g. excluded paths)."""
-        fd, name = self.parent_fd(rel)
-        if fd is None:
-            return True
-        self._forget(rel)
-        try:
-            os.rmdir(name, dir_fd=fd)
-        except FileNotFoundError:
-            return True
-        except OSError as error:
-            if error.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
-                return False
-            raise
-        return True
-
-    def rename_into(self, src_dir_fd: int, src_name: str, rel: str) -> None:
-        """Atomically move ``src_name`` (in ``src_dir_fd``) to ``rel``.
-
-        Parents are created as needed; a directory standing at ``rel`` is removed
-        first (rename cannot replace a directory with a file); a file or symlink
-        there is replaced atomically.
-        """
-        fd, name = self.parent_fd(rel, create=True)
-        assert fd is not None
-        try:
-            existing = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            existing = None
-        if existing is not None and stat.S_ISDIR(existing.st_mode):
-            self._forget(rel)
-            _remove_at(fd, name)
-        os.rename(src_name, name, src_dir_fd=src_dir_fd, dst_dir_fd=fd)
-
-    def chmod(self, rel: str, mode: int, *, is_dir: bool) -> None:
-        """Set the permission bits of the file or directory at ``rel``.
-
-        The entry is opened with O_NOFOLLOW and changed through its descriptor, so
-        a symlink swapped in is never followed; an entry of the wrong kind (or
-        missing) is left alone.
-        """
-        if is_dir:
-            fd = self.dir_fd(rel)
-            if fd is not None:
-                os.fchmod(fd, mode)
-            return
-        parent, name = self.parent_fd(rel)
-        if parent is None:
-            return
-        try:
-            leaf = os.open(name, _LEAF_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            return
-        except OSError as error:
-            if error.errno in _NOT_A_REAL_DIR:
-                return
-            if error.errno != errno.EACCES:
-                raise
-            self._chmod_unreadable(parent, name, mode)
-            return
-        try:
-            if stat.S_ISREG(os.fstat(leaf).st_mode):
-                os.fchmod(leaf, mode)
-        finally:
-            os.close(leaf)
-
-    @staticmethod
-    def _chmod_unreadable(parent: int, name: str, mode: int) -> None:
-        # A file we may not read (e.g. mode 0200 for a non-root user): an O_PATH
-        # descriptor needs no permission, and /proc/self/fd/N names exactly that
-        # inode, so chmod through it cannot reach anything else.
-        leaf = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-        try:
-            if stat.S_ISREG(os.fstat(leaf).st_mode):
-                os.chmod(f"/proc/self/fd/{leaf}", mode)
-        finally:
-            os.close(leaf)
-
-    def set_mtime(self, rel: str, mtime_ns: int) -> None:
-        """Set the modification time of ``rel`` itself (a link is not followed)."""
-        fd, name = self.parent_fd(rel)
-        if fd is None:
-            return
-        try:
-            current = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            os.utime(name, ns=(current.st_atime_ns, mtime_ns), dir_fd=fd, follow_symlinks=False)
-        except FileNotFoundError:
-            pass
-
-    # -- handing a path to code that opens by name -----------------------------
-
-    def pinned(self, rel: str) -> PinnedPath | None:
-        """A path naming ``rel`` that stays beneath the root when opened by name.
-
-        The native reader opens files by path (with O_NOFOLLOW on the last name
-        only). Given ``/proc/self/fd/<parent fd>/<name>``, where the parent was
-        reached without following symlinks, the kernel resolves exactly that
-        directory, so a directory swapped for a link to ``/etc`` cannot redirect
-        the read. None when a parent is missing or not a real directory. Without
-        /proc the plain path is returned (then only the caller's content checks
-        protect it). Close the result once the path was opened.
-        """
-        parent, name = split_parent(rel)
-        fd = self.dir_fd(parent)
-        if fd is None:
-            return None
-        own = os.dup(fd)  # the cached fd may be closed meanwhile; this one is ours
-        if self._proc_works is None:
-            self._proc_works = os.path.isdir(f"{_PROC_FD}/{own}")
-        if not self._proc_works:
-            os.close(own)
-            return PinnedPath(-1, os.path.join(self._root_path, rel), name)
-        return PinnedPath(own, f"{_PROC_FD}/{own}/{name}", name)
-
     # -- staging --------------------------------------------------------------
-
-    def make_staging(self) -> tuple[str, int]:
-        """A fresh private directory at the top of the root (same filesystem, so
-        renames from it are atomic); returns (name, descriptor)."""
-        name = STAGING_PREFIX + _random.token_hex(8)
-        os.mkdir(name, 0o700, dir_fd=self._root_fd)
-        return name, os.open(name, _DIR_FLAGS, dir_fd=self._root_fd)
 
     def remove_top_level(self, name: str) -> None:
         """Remove a top-level entry (a staging directory) and all it holds."""
@@ -328,38 +154,6 @@ class SafeRoot:
                 for entry in entries
                 if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False)
             ]
-
-
-class PinnedPath:
-    """A path for ``open`` by name, pinned to a directory descriptor (see
-    ``SafeRoot.pinned``); ``dir_fd`` is -1 when /proc is unavailable."""
-
-    def __init__(self, dir_fd: int, path: str, name: str) -> None:
-        self.dir_fd = dir_fd
-        self.path = path
-        self.name = name
-
-    def lstat(self) -> os.stat_result:
-        """The entry itself, through the pinned directory (never a link's target)."""
-        if self.dir_fd < 0:
-            return os.lstat(self.path)
-        return os.stat(self.name, dir_fd=self.dir_fd, follow_symlinks=False)
-
-    def close(self) -> None:
-        if self.dir_fd >= 0:
-            os.close(self.dir_fd)
-            self.dir_fd = -1
-
-    def __enter__(self) -> PinnedPath:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def create_file(dir_fd: int, name: str) -> int:
-    """A new, private (0600) file ``name`` in ``dir_fd``, open for writing."""
-    return os.open(name, _NEW_FILE_FLAGS, 0o600, dir_fd=dir_fd)
 
 
 def _remove_at(parent_fd: int, name: str) -> None:
