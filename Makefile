@@ -64,6 +64,9 @@ lint: build
 	$(VENV)/bin/ruff check python tests benchmarks packaging
 	$(VENV)/bin/ruff format --check python tests benchmarks packaging
 	$(VENV)/bin/mypy
+	cd python && $(abspath $(VENV))/bin/lint-imports --config ../pyproject.toml --no-cache
+	$(VENV)/bin/vulture python/checkpointd lint/vulture_whitelist.py --min-confidence 60 \
+		--exclude python/checkpointd/v1
 	cargo fmt --all --check
 	cargo clippy --release -q --all-targets -- -D warnings
 

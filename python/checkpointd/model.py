@@ -192,9 +192,6 @@ class WriterLease:
         self._renew = renew
         self._release = release
 
-    def as_writer(self) -> Writer:
-        return Writer(self.thread_id, self.owner_token, self.fence)
-
     async def renew(self) -> int:
         """Extend the lease to now + duration; returns the new ``expires_at``.
 

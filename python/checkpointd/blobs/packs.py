@@ -146,14 +146,10 @@ MERGE_GAP_BYTES = 256 << 10
 # this close are read together (a 1% restore then reads about 1% of the packs).
 LOCAL_MERGE_GAP_BYTES = 16 << 10
 MAX_RANGE_BYTES = 16 << 20
-# Ranged GETs in flight for one read batch.
-RANGE_CONCURRENCY = 8
 # Keys per index lookup (a restore locates its whole plan: 100,000 keys in ten).
 LOCATE_BATCH = 10_000
 # Trailer bytes per blob in a pack (rust/src/pack.rs).
 _ENTRY_BYTES = 42
-CODEC_RAW = 0
-CODEC_ZSTD = 1
 
 
 def pack_key(hex_digest: str) -> str:
