@@ -19,6 +19,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+use rayon::prelude::*;
+
 use crate::chunk::{self, ChunkParams, ChunkRef};
 use crate::fs;
 use crate::hash::{self, DigestMap, DigestSet};
@@ -273,18 +275,23 @@ impl Assembly {
                 continue;
             };
             let opened = std::fs::File::from(fd);
-            for (offset, c) in reads {
-                let Ok(data) = chunk::read_zeroed_range(&opened, offset, c.len as usize, secrets)
-                else {
-                    break;
-                };
-                if blake3::hash(&data).as_bytes() == &c.digest
-                    && self.write_chunk(restore, &c.digest, &data)?
-                {
-                    chunks += 1;
-                    bytes += u64::from(c.len);
-                }
-            }
+            // Chunk by chunk on every core: each read, checked and written
+            // at its own offsets (a chunk that does not check out is fetched).
+            let staged: Vec<u64> = reads
+                .par_iter()
+                .map(|(offset, c)| {
+                    let Ok(data) =
+                        chunk::read_zeroed_range(&opened, *offset, c.len as usize, secrets)
+                    else {
+                        return Ok(0);
+                    };
+                    let wrote = blake3::hash(&data).as_bytes() == &c.digest
+                        && self.write_chunk(restore, &c.digest, &data)?;
+                    Ok(if wrote { u64::from(c.len) } else { 0 })
+                })
+                .collect::<Result<_, RestoreError>>()?;
+            chunks += staged.iter().filter(|&&n| n > 0).count() as u64;
+            bytes += staged.iter().sum::<u64>();
         }
         Ok((chunks, bytes))
     }
