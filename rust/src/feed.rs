@@ -188,10 +188,7 @@ impl BlobFeed {
         }
         let batch = std::mem::take(&mut state.current);
         let bytes = std::mem::take(&mut state.current_bytes);
-        while state.queued_bytes + bytes > capacity
-            && !state.abandoned
-            && !state.queue.is_empty()
-        {
+        while state.queued_bytes + bytes > capacity && !state.abandoned && !state.queue.is_empty() {
             if cancel.is_cancelled() {
                 return;
             }
