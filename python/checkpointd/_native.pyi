@@ -72,6 +72,12 @@ class ScanResult:
     manifest_witnessed: bool
     # The policy's warnings, as PolicyMatcher.warnings.
     policy_warnings: list[tuple[str, str, str]]
+    # "journal" when a journal ticket directed the scan, else "full"; why a scan
+    # given a ticket scanned everything after all (None otherwise); entries
+    # stat'ed plus directories listed.
+    scan_mode: str
+    fallback: str | None
+    entries_examined: int
 
 class ScanProgress:
     """Counts a running scan publishes; pass it as ``scan(progress=...)`` and
@@ -128,8 +134,17 @@ def scan(
     previous_fingerprint: bytes | None = None,
     chunk_threshold: int | None = None,
     chunk_average: int = 65536,
+    journal: JournalTicket | None = None,
+    parent: bytes | None = None,
+    parent_totals: tuple[int, int, int] | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
+
+    ``journal`` (with ``parent``, the manifest its changes are relative to,
+    and that manifest's (entries, files, file bytes)): only what the ticket
+    names is examined and every other row is the parent's (``scan_mode``
+    "journal"); when its changes cannot be applied consistently the scan is a
+    full one and ``fallback`` says why.
 
     ``previous_length``/``previous_fingerprint`` (given together: the parent
     checkpoint's manifest length in bytes and its BLAKE3 hash): when the bytes
@@ -599,6 +614,67 @@ class BlobFeed:
         Close it when done: that gives its place back to the scan."""
     def abandon(self) -> None:
         """Stop consuming: queued bytes are freed, the scan never waits again."""
+
+class JournalTicket:
+    """What a capture took from a ``Journal``: give it back once, with
+    ``Journal.commit`` (stored) or ``Journal.abort`` (failed)."""
+
+    # Why the capture must scan everything (None: the journal may direct it).
+    full: str | None
+    generation: int  # events recorded when it was taken
+    changes: int  # names and directories it holds (0: nothing changed)
+    def directories(
+        self,
+    ) -> list[tuple[str, list[bytes] | None, list[bytes], bool]]:
+        """What it holds: (directory, names or None when listed whole, names
+        walked whole, every subdirectory walked whole), in path order."""
+
+class Journal:
+    """The change journal of a workspace (docs/design.md, "The change journal").
+
+    ``mode``: "auto", "fanotify", "inotify" or "off"; a mode that cannot be had
+    is "off" and ``status()["detail"]`` says why. The policy's excluded
+    directories are not watched. The limits bound its memory (names per
+    directory, directories, bytes of names, hard-linked files). Owns a thread;
+    a forked child cannot use it (RuntimeError). Raises ValueError for a bad
+    mode or pattern, OSError when the root cannot be opened.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        mode: str = "auto",
+        *,
+        exclude: Sequence[str] = (),
+        include: Sequence[str] = (),
+        default_excludes: bool = True,
+        names_per_dir: int | None = None,
+        dirs: int | None = None,
+        bytes: int | None = None,
+        linked_files: int | None = None,
+    ) -> None: ...
+    def take(self) -> JournalTicket:
+        """What changed since the last take (the kernel's queue drained first)."""
+    def commit(self, ticket: JournalTicket) -> None:
+        """The capture that took ``ticket`` is stored (a full scan taken while the
+        journal watched everything, with no trust lost since, makes it trusted)."""
+    def abort(self, ticket: JournalTicket) -> None:
+        """The capture that took ``ticket`` failed: its changes are given back."""
+    def distrust(self, reason: str) -> None:
+        """The next capture scans everything, for ``reason``."""
+    def covers(self, path: str) -> bool:
+        """Whether a change at ``path`` would be examined by the next capture."""
+    def status(self) -> dict[str, object]:
+        """mode, detail, untrusted (why the next capture scans everything, or
+        None), generation, pending, idle_ms, pending_ms, events, overflows,
+        watches, linked_files, ready (the whole tree is watched)."""
+    def close(self) -> None:
+        """Stop watching (idempotent)."""
+
+def journal_differences(base: bytes, now: bytes, limit: int) -> list[str]:
+    """The paths whose rows differ between two manifests (a file row that
+    recorded secrets compared on size, mode and mtime), at most ``limit``.
+    Raises ValueError for a malformed manifest."""
 
 def manifest_chunk_reads(
     data: bytes, wanted: bytes

@@ -97,6 +97,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .ids import new_uuid7
+from .journal import JournalUse, ScanInput, ScanKey, WorkspaceJournal, scan_input, scan_report
 from .manifest import Manifest, ManifestSummary, manifest_of, split_digests
 from .model import (
     ARTIFACT_KEY_PREFIX,
@@ -171,6 +172,12 @@ class CaptureStats:
     bytes_uploaded: int
     duration_ms: int  # total
     phases_ms: dict[str, int] = field(default_factory=dict)  # lease, scan, pin, upload, append
+    # "journal" (only what the change journal named was examined) or "full",
+    # why a full scan ran (empty without a journal), and entries stat'ed plus
+    # directories listed.
+    scan_mode: str = "full"
+    full_scan_reason: str = ""
+    entries_examined: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +361,7 @@ async def capture_checkpoint(
     conversation_text: Sequence[str] | None = None,
     reason: Reason | None = None,
     unchanged_from: Checkpoint | None = None,
+    journal: WorkspaceJournal | None = None,
 ) -> CaptureResult:
     """Capture the workspace into a new checkpoint at the head of ``thread_id``.
 
@@ -415,6 +423,7 @@ async def capture_checkpoint(
     subroot: SubRoot | None = None
     # The scan's stat cache, live once the checkpoint is (statcache_paths).
     scan_cache: PendingStatCache | None = None
+    use: JournalUse | None = None  # the change journal's ticket, given back at the end
     reclaim = False  # a large scan: give memory back (see reclaim_memory)
     try:
         subroot = SubRoot.open(workspace, subdir)
@@ -460,6 +469,12 @@ async def capture_checkpoint(
                 # (a store keeps a large one by its summary: at 1M files its
                 # compressed row is ~60 MB, resident through the scan otherwise).
                 previous = parent_manifest.summary() if parent_manifest is not None else known
+                # With the daemon's change journal, only what changed is examined.
+                scan_key = ScanKey.of(subdir, policy, checked_secrets, given_secrets.names)
+                use = journal.begin(scan_key, previous) if journal is not None else None
+                directed = await scan_input(
+                    use, parent_manifest, lambda: _parent_files(store, head_id)
+                )
                 # The feed skips the parent's digests when they are at hand (a
                 # parent its store has not loaded is not loaded for them: a
                 # no-change capture never needs them, and a file the feed
@@ -488,8 +503,10 @@ async def capture_checkpoint(
                         executor=feed_threads,
                         progress=counts,
                         previous=previous,
+                        journal=directed,
                     )
                 )
+                directed = None  # (the parent's bytes: held by the scan alone)
                 polling = asyncio.ensure_future(_report_scan(counts, reporter, scanning))
                 uploading = asyncio.ensure_future(engine.upload_feed(feed, feed_threads))
                 scan_closed = False
@@ -553,6 +570,8 @@ async def capture_checkpoint(
                 if same is not None:
                     scan_cache.commit()
                     record_base(cache_path, root, same.thread_id, same.id)
+                    if use is not None:
+                        use.commit(manifest, scan_key, same.id)
                     duration_ms = reporter.finish()
                     stats = CaptureStats(
                         entries=len(manifest),
@@ -563,6 +582,7 @@ async def capture_checkpoint(
                         bytes_uploaded=0,
                         duration_ms=duration_ms,
                         phases_ms=dict(reporter.phases_ms),
+                        **scan_report(use, outcome),  # type: ignore[arg-type]
                     )
                     return CaptureResult(same, stats, unchanged=True)
                 manifest = await engine.store_blobs(manifest, checked_artifacts, parent)
@@ -600,6 +620,8 @@ async def capture_checkpoint(
             await _append(store, checkpoint, head_id, lease, session)
             scan_cache.commit()
             record_base(cache_path, root, thread_id, checkpoint.id)
+            if use is not None:
+                use.commit(manifest_of(checkpoint.files), scan_key, checkpoint.id)
             await forget_found_keys(store, engine.rechecked, checkpoint)
             duration_ms = reporter.finish()
             stats = CaptureStats(
@@ -611,9 +633,12 @@ async def capture_checkpoint(
                 bytes_uploaded=engine.uploads.bytes,
                 duration_ms=duration_ms,
                 phases_ms=dict(reporter.phases_ms),
+                **scan_report(use, outcome),  # type: ignore[arg-type]
             )
             return CaptureResult(checkpoint, stats)
     finally:
+        if use is not None:
+            use.abort()  # (a no-op once committed: a failed capture gives its changes back)
         if scan_cache is not None:
             scan_cache.discard()  # (a no-op once committed)
         if subroot is not None:
@@ -802,6 +827,12 @@ async def _remove_stale_staging(workspace: str) -> None:
         pass
 
 
+async def _parent_files(store: CheckpointStore, head_id: str | None) -> Manifest | None:
+    """The head's manifest, read again (for a scan the change journal directs)."""
+    parent = await _readable(store, head_id)
+    return manifest_of(parent.files) if parent is not None else None
+
+
 async def _readable(store: CheckpointStore, head_id: str | None) -> Checkpoint | None:
     """The head, or None when there is none or it is damaged in the store
     (DATA_LOSS for a read of it): the capture goes on without a parent's help,
@@ -904,6 +935,7 @@ async def _scan(
     executor: concurrent.futures.Executor | None = None,
     progress: _native.ScanProgress | None = None,
     previous: ManifestSummary | None = None,
+    journal: ScanInput | None = None,
 ) -> ScanOutcome:
     outcome = await run_in_thread(
         lambda: scan_workspace(
@@ -916,6 +948,7 @@ async def _scan(
             root_fd=root_fd,
             progress=progress,
             previous=previous,
+            journal=journal,
         ),
         token.cancel,
         executor,

@@ -66,6 +66,12 @@ class ScanOutcome:
     dirs_reused: int = 0  # of which the stat cache gave the listing (not re-read)
     # The manifest is ``previous`` (``manifest`` is then b""): see scan_workspace.
     same_as_previous: bool = False
+    # "journal" (directed by a change journal's ticket) or "full"; why a scan
+    # given a ticket scanned everything after all; entries stat'ed plus
+    # directories listed.
+    scan_mode: str = "full"
+    fallback: str | None = None
+    entries_examined: int = 0
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -144,6 +150,7 @@ def scan_workspace(
     root_fd: int | None = None,
     progress: _native.ScanProgress | None = None,
     previous: ManifestSummary | None = None,
+    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int]] | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
@@ -153,6 +160,8 @@ def scan_workspace(
     summary; when the scan's manifest is byte for byte that one (same length
     and fingerprint), ``ScanOutcome.same_as_previous`` is True and no second
     copy is made (the parent's manifest itself is never needed).
+    ``journal``: a change journal's ticket, the parent's manifest bytes and
+    totals: only what the ticket names is examined (see ``checkpointd.journal``).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -175,6 +184,9 @@ def scan_workspace(
             progress=progress,
             previous_length=None if previous is None else previous.byte_length,
             previous_fingerprint=None if previous is None else previous.fingerprint,
+            journal=None if journal is None else journal[0],
+            parent=None if journal is None else journal[1],
+            parent_totals=None if journal is None else journal[2],
             chunk_threshold=chunks.native_args()[0],
             chunk_average=chunks.native_args()[1],
         )
@@ -202,6 +214,9 @@ def scan_workspace(
         dirs_listed=result.dirs_listed,
         dirs_reused=result.dirs_reused,
         same_as_previous=result.same_as_previous,
+        scan_mode=result.scan_mode,
+        fallback=result.fallback,
+        entries_examined=result.entries_examined,
     )
 
 

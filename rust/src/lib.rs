@@ -10,6 +10,7 @@ pub mod error;
 pub mod feed;
 pub mod fs;
 pub mod hash;
+pub mod journal;
 pub mod manifest;
 pub mod pack;
 pub mod packcheck;

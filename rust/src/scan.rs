@@ -401,6 +401,7 @@ pub fn scan_into(
         cache: old_cache.as_ref(),
         reuse_hashes,
         progress,
+        direction: None,
     }
     .walk(&pool)?;
     // The listings were looked up by the walk alone (it kept copies of those
@@ -1114,29 +1115,43 @@ fn encode_rows<S: Sink>(
         let batch = &batches[r.batch as usize];
         let entry = &batch.entries[r.entry as usize];
         let path = (batch.dir.as_str(), batch.name(entry));
-        match &entry.kind {
-            Kind::File(slot) if slot.vanished => {}
-            Kind::File(slot) => {
-                let hash = slot.hash.expect("every kept file was hashed or reused");
+        if let Kind::File(slot) = &entry.kind {
+            if !slot.vanished {
                 out.files_with_secrets += u64::from(!slot.secrets.is_empty());
                 out.file_count += 1;
                 out.file_bytes += slot.stat.size;
-                let list = chunking.and_then(|c| c.list(&hash, slot.stat.size));
-                let fields = crate::manifest::FileFields {
-                    hash: &hash,
-                    size: slot.stat.size,
-                    mode: slot.stat.mode & 0o777,
-                    mtime_ns: slot.stat.mtime_ns,
-                    chunks: list.as_deref(),
-                };
-                writer.file_with_chunks(path, &fields, &slot.secrets);
             }
-            Kind::Dir { mode, .. } => writer.dir(path, *mode),
-            Kind::Symlink(target) => writer.symlink(path, target),
         }
+        write_entry(&mut writer, path, &entry.kind, chunking);
     }
     out.rows = writer.rows() as u64;
     (out, writer.into_sink())
+}
+
+/// Write the row of one kept entry at `path` (none for a file that vanished).
+pub(crate) fn write_entry<S: Sink>(
+    writer: &mut ManifestWriter<S>,
+    path: impl crate::manifest::JsonPath,
+    kind: &Kind,
+    chunking: Option<&Chunking>,
+) {
+    match kind {
+        Kind::File(slot) if slot.vanished => {}
+        Kind::File(slot) => {
+            let hash = slot.hash.expect("every kept file was hashed or reused");
+            let list = chunking.and_then(|c| c.list(&hash, slot.stat.size));
+            let fields = crate::manifest::FileFields {
+                hash: &hash,
+                size: slot.stat.size,
+                mode: slot.stat.mode & 0o777,
+                mtime_ns: slot.stat.mtime_ns,
+                chunks: list.as_deref(),
+            };
+            writer.file_with_chunks(path, &fields, &slot.secrets);
+        }
+        Kind::Dir { mode, .. } => writer.dir(path, *mode),
+        Kind::Symlink(target) => writer.symlink(path, target),
+    }
 }
 
 fn cache_dir(path: &Path) -> Result<PathBuf, ScanError> {
@@ -1229,7 +1244,7 @@ impl<'b> HashTask<'b> {
 /// as `at` without following links: a directory fd beneath the root and the
 /// file's path from it (its name, or its whole path from the root fd).
 /// Returns the bytes read. The slot's stat becomes the fstat of what was hashed.
-fn hash_slot(
+pub(crate) fn hash_slot(
     at: (RawFd, &str),
     root_path: &Path,
     path: &str,

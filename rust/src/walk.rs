@@ -163,6 +163,18 @@ pub struct Walker<'a> {
     pub reuse_hashes: bool,
     /// Counts published while the walk runs (entries seen).
     pub progress: &'a ScanProgress,
+    /// A walk the change journal directs (`crate::journal::scan`): which
+    /// names to look at and which directories to enter (None: everything).
+    pub direction: Option<&'a dyn Direction>,
+}
+
+/// What a change journal tells a walk (`crate::journal::scan`).
+pub trait Direction: Sync {
+    /// The names of the directory `rel` to look at, encoded as a listing
+    /// (`statcache::Listing`), instead of reading it; None: read it.
+    fn names(&self, rel: &str) -> Option<Vec<u8>>;
+    /// Whether to enter the directory `rel` the walk found.
+    fn enters(&self, rel: &str) -> bool;
 }
 
 /// Counters a scan publishes while it runs, for progress reports (read by
@@ -310,6 +322,17 @@ impl Walker<'_> {
     /// directory listed (unordered), so callers can convert them without
     /// first copying everything into one flat vector.
     pub fn walk(&self, pool: &rayon::ThreadPool) -> Result<WalkOutput, ScanError> {
+        // The root itself is "included" only when there is no include list.
+        self.walk_from(pool, &[(String::new(), !self.policy.has_include())])
+    }
+
+    /// [`Walker::walk`] of the directories `starts` (path, whether the
+    /// include list takes it) and what they hold.
+    pub fn walk_from(
+        &self,
+        pool: &rayon::ThreadPool,
+        starts: &[(String, bool)],
+    ) -> Result<WalkOutput, ScanError> {
         let shared = Shared {
             preopened: std::sync::atomic::AtomicUsize::new(0),
             found: Mutex::new(Vec::new()),
@@ -318,9 +341,12 @@ impl Walker<'_> {
             counts: FileCounts::default(),
             error: Mutex::new(None),
         };
-        // The root itself is "included" only when there is no include list.
-        let root_included = !self.policy.has_include();
-        pool.scope(|scope| self.visit(scope, &shared, String::new(), root_included, None));
+        pool.scope(|scope| {
+            for (start, included) in starts {
+                let shared = &shared;
+                scope.spawn(move |s| self.visit(s, shared, start.clone(), *included, None));
+            }
+        });
         // A cancelled walk reports the cancel, whatever else failed meanwhile.
         if self.cancel.is_cancelled() {
             return Err(ScanError::Cancelled);
@@ -484,11 +510,15 @@ impl Walker<'_> {
             }
         };
         let recorded = self.cache.and_then(|c| Some((c, c.find_dir(rel)?)));
-        let cached = recorded.and_then(|(c, index)| c.settled_listing(index, &dir_stat));
+        let directed = self.direction.and_then(|d| d.names(rel));
+        let cached = recorded
+            .filter(|_| directed.is_none())
+            .and_then(|(c, index)| c.settled_listing(index, &dir_stat));
         // Whichever holds the fd keeps it open while the entries are lstat'ed.
-        let (held, listing, reused) = match cached {
-            Some(listing) => (Held::Fd(fd), listing.to_vec(), true),
-            None => {
+        let (held, listing, reused) = match (directed, cached) {
+            (Some(names), _) => (Held::Fd(fd), names, true),
+            (None, Some(listing)) => (Held::Fd(fd), listing.to_vec(), true),
+            (None, None) => {
                 let mut reader =
                     DirReader::new(fd).map_err(|e| ScanError::io(abs(b""), "list directory", e))?;
                 let mut listing = Listing::default();
@@ -639,7 +669,9 @@ impl Walker<'_> {
                         included,
                     },
                 );
-                scope.spawn(move |s| self.visit(s, shared, path, included, opened));
+                if self.direction.map_or(true, |d| d.enters(&path)) {
+                    scope.spawn(move |s| self.visit(s, shared, path, included, opened));
+                }
             } else if stat.is_symlink() {
                 let target = match fs::readlink_at(dir_fd, name) {
                     Ok(t) => t,

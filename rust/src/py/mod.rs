@@ -7,6 +7,7 @@ mod cancel;
 mod chunk;
 mod errors;
 mod feed;
+mod journal;
 mod manifest;
 mod pack;
 mod policy;
@@ -56,6 +57,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
+    m.add_class::<journal::PyJournal>()?;
+    m.add_class::<journal::PyTicket>()?;
+    m.add_function(wrap_pyfunction!(journal::journal_differences, m)?)?;
     m.add_class::<scan::PyScanProgress>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
     m.add_class::<stream::ZeroingReader>()?;

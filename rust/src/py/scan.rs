@@ -73,6 +73,15 @@ pub struct ScanResult {
     manifest_witnessed: bool,
     #[pyo3(get)]
     policy_warnings: Vec<(&'static str, String, String)>,
+    /// "journal" (directed by a journal ticket) or "full".
+    #[pyo3(get)]
+    scan_mode: &'static str,
+    /// Why a scan given a journal ticket scanned everything after all.
+    #[pyo3(get)]
+    fallback: Option<String>,
+    /// Entries stat'ed plus directories listed.
+    #[pyo3(get)]
+    entries_examined: u64,
 }
 
 #[pymethods]
@@ -133,12 +142,39 @@ impl core::ManifestBuffer for PyBytesBuffer {
     }
 }
 
+/// How a scan went: the journal's word on it (see `Scanned`).
+struct Scanned {
+    out: ScanOutput,
+    mode: &'static str,
+    fallback: Option<String>,
+    examined: u64,
+}
+
+impl Scanned {
+    fn full(out: ScanOutput, fallback: Option<String>) -> Scanned {
+        // Every entry kept was stat'ed, every directory not reused was read.
+        let examined = out.entries + out.dirs_listed - out.dirs_reused;
+        Scanned {
+            out,
+            mode: "full",
+            fallback,
+            examined,
+        }
+    }
+}
+
 fn to_result(
     py: Python<'_>,
-    out: ScanOutput,
+    scanned: Scanned,
     manifest: PyBytesBuffer,
     policy_warnings: Vec<(&'static str, String, String)>,
 ) -> PyResult<ScanResult> {
+    let Scanned {
+        out,
+        mode,
+        fallback,
+        examined,
+    } = scanned;
     let unsupported = PyList::empty(py);
     for (path, kind) in &out.unsupported {
         // Non-UTF-8 names come back as os.fsdecode would give them.
@@ -171,7 +207,66 @@ fn to_result(
         bytes_hashed: out.bytes_hashed,
         files_with_secrets: out.files_with_secrets,
         policy_warnings,
+        scan_mode: mode,
+        fallback,
+        entries_examined: examined,
     })
+}
+
+/// A scan the journal's `ticket` directs, relative to `parent` (the
+/// manifest the ticket's changes are relative to, and its totals); when the
+/// changes cannot be applied consistently, the full scan, saying why.
+fn directed(
+    request: &ScanRequest,
+    root: core::Root,
+    manifest: &mut PyBytesBuffer,
+    journal: (&crate::journal::Ticket, &[u8], (u64, u64, u64)),
+) -> Result<Scanned, ScanError> {
+    use crate::journal::scan::{self as jscan, Outcome};
+    let (ticket, parent, parent_totals) = journal;
+    let again = core::Root {
+        path: root.path.clone(),
+        fd: root
+            .fd
+            .try_clone()
+            .map_err(|e| ScanError::io(&root.path, "dup", e))?,
+        forms: root.forms.clone(),
+    };
+    let directed = jscan::Request {
+        scan: request,
+        parent,
+        parent_totals,
+        dirty: &ticket.dirty,
+        linked: &ticket.linked,
+    };
+    let outcome = {
+        // Closed however it ends, unless the full scan takes over the feed.
+        let mut closing = crate::feed::CloseOnDrop(request.feed.as_deref());
+        let outcome = jscan::scan(&directed, root, manifest);
+        if matches!(outcome, Ok(Outcome::Fallback(_))) {
+            closing.0 = None;
+        }
+        outcome?
+    };
+    match outcome {
+        Outcome::Done {
+            out,
+            same,
+            examined,
+        } => {
+            manifest.kept_previous = same;
+            Ok(Scanned {
+                out: *out,
+                mode: "journal",
+                fallback: None,
+                examined,
+            })
+        }
+        Outcome::Fallback(reason) => {
+            let out = core::scan_into(request, again, manifest)?;
+            Ok(Scanned::full(out, Some(reason)))
+        }
+    }
 }
 
 /// See `_native.pyi`. Raises OSError, ValueError, ScanCancelled.
@@ -180,7 +275,8 @@ fn to_result(
     root, *, exclude=None, include=None, default_excludes=true, secrets=None,
     cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
     previous_length=None, previous_fingerprint=None,
-    chunk_threshold=None, chunk_average=crate::chunk::DEFAULT_AVG
+    chunk_threshold=None, chunk_average=crate::chunk::DEFAULT_AVG,
+    journal=None, parent=None, parent_totals=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -200,6 +296,9 @@ pub fn scan(
     previous_fingerprint: Option<&[u8]>,
     chunk_threshold: Option<u64>,
     chunk_average: u32,
+    journal: Option<&Bound<'_, super::journal::PyTicket>>,
+    parent: Option<Bound<'_, PyBytes>>,
+    parent_totals: Option<(u64, u64, u64)>,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -247,6 +346,22 @@ pub fn scan(
             ))
         }
     };
+    // A journal ticket directs the scan relative to the parent manifest.
+    let journal = match (journal, parent, parent_totals) {
+        (Some(ticket), Some(parent), Some(totals)) => {
+            // Read in place while the scan runs (a million-entry parent is
+            // ~180 MB): the object is held until then, and bytes never change.
+            let at = parent.as_bytes().as_ptr() as usize;
+            let len = parent.as_bytes().len();
+            Some((ticket.get().ticket()?, (parent.unbind(), at, len), totals))
+        }
+        (None, _, _) => None,
+        _ => {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "a journal ticket needs the parent manifest and its totals",
+            ))
+        }
+    };
     let (out, manifest) = run_released(py, &cancel, move || {
         let mut manifest = PyBytesBuffer {
             previous,
@@ -256,7 +371,15 @@ pub fn scan(
             Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
             None => core::Root::open(&request.root),
         };
-        let out = root.and_then(|root| core::scan_into(&request, root, &mut manifest));
+        let out = root.and_then(|root| match &journal {
+            Some((dirty, (_held, at, len), totals)) => {
+                // SAFETY: the buffer of a bytes object `_held` keeps alive;
+                // bytes objects are immutable.
+                let parent = unsafe { std::slice::from_raw_parts(*at as *const u8, *len) };
+                directed(&request, root, &mut manifest, (dirty, parent, *totals))
+            }
+            None => core::scan_into(&request, root, &mut manifest).map(|o| Scanned::full(o, None)),
+        });
         (out, manifest)
     })?;
     // (What the scan freed goes back to the system once its records are

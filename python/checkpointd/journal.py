@@ -1,0 +1,308 @@
+"""The change journal of a workspace, as the capture engine and the daemon use it.
+
+The daemon keeps one :class:`WorkspaceJournal` per workspace (``serve --watch``):
+the native journal (``_native.Journal``: fanotify or inotify, see
+docs/design.md, "The change journal") records what changed since the last
+capture, and a capture given the journal (``capture_checkpoint(journal=...)``)
+examines only that, taking every other row from its parent — when it may:
+
+- the journal is trusted (it saw every change since a full scan; else its
+  ticket says why not);
+- the capture is of the whole workspace, under the policy the journal watches,
+  with the secrets and chunking of the capture the journal last saw;
+- its parent is that capture's manifest (same length and fingerprint): the
+  changes are relative to it.
+
+Otherwise the capture scans everything and says why (``CaptureStats``
+``scan_mode`` and ``full_scan_reason``). Either way the capture hands its
+ticket back: ``commit`` once stored (a full scan then makes the journal
+trusted), ``abort`` when it failed (its changes go back into the journal).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import _native, chunks
+from ._engine import run_in_thread
+from .manifest import Manifest, ManifestSummary
+from .model import Policy
+
+if TYPE_CHECKING:
+    from .scanner import ScanOutcome
+
+# What a directed scan is given: the ticket, the parent's bytes and totals.
+ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int]]
+
+WATCH_MODES = ("auto", "fanotify", "inotify", "off")
+
+
+@dataclass(frozen=True)
+class ScanKey:
+    """What makes two captures' rows comparable: the sub-root, the policy, the
+    secrets (values and names) and the chunking."""
+
+    subdir: str
+    policy: Policy
+    secrets: str  # the secret set's fingerprint
+    secret_names: tuple[str, ...] | None
+    chunking: tuple[int | None, int]
+
+    @classmethod
+    def of(
+        cls,
+        subdir: str,
+        policy: Policy,
+        secrets: tuple[bytes, ...],
+        secret_names: tuple[str, ...] | None,
+    ) -> ScanKey:
+        threshold, average = chunks.native_args()
+        return cls(
+            subdir,
+            policy,
+            _native.secrets_fingerprint(list(secrets)),
+            secret_names,
+            (threshold, average),
+        )
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The capture the journal's changes are relative to: its key, its
+    manifest's length and fingerprint, and the checkpoint that holds it."""
+
+    key: ScanKey
+    byte_length: int
+    fingerprint: bytes
+    checkpoint_id: str
+
+
+class JournalUse:
+    """One capture's use of the journal: its ticket (None when another
+    capture holds the journal), and why it scans everything (``reason``;
+    None: the journal directs the scan)."""
+
+    def __init__(
+        self,
+        journal: WorkspaceJournal,
+        ticket: _native.JournalTicket | None,
+        reason: str | None,
+    ):
+        self.journal = journal
+        self.ticket = ticket
+        self.reason = reason
+        self.settled = False
+
+    @property
+    def directed(self) -> bool:
+        return self.reason is None
+
+    @property
+    def changes(self) -> int:
+        """Names and directories the ticket holds (0: nothing changed)."""
+        return self.ticket.changes if self.ticket is not None else 0
+
+    def commit(self, stored: Manifest, key: ScanKey, checkpoint_id: str) -> None:
+        """The capture is stored: ``stored`` is the manifest it scanned (held
+        by ``checkpoint_id``), which the journal's changes are relative to
+        from now on."""
+        if not self.settled:
+            self.settled = True
+            manifest = stored
+            baseline = Baseline(key, manifest.byte_length(), manifest.fingerprint(), checkpoint_id)
+            self.journal._settle(self.ticket, baseline)
+
+    def abort(self) -> None:
+        """The capture failed: its changes go back into the journal."""
+        if not self.settled:
+            self.settled = True
+            self.journal._settle(self.ticket, None)
+
+
+class WorkspaceJournal:
+    """A workspace's change journal (see the module docstring).
+
+    ``mode``: ``auto`` (fanotify on a workspace that is a filesystem of its own
+    and a daemon allowed a filesystem mark, else inotify), ``fanotify``,
+    ``inotify`` or ``off``. A mode that cannot be had is "off", and
+    :attr:`status` says why. Raises SandboxCheckpointInvalidArgumentError for an
+    unknown mode (ValueError from the native journal otherwise).
+    """
+
+    def __init__(self, root: str, mode: str = "auto", policy: Policy | None = None, **limits: int):
+        if mode not in WATCH_MODES:
+            from .errors import SandboxCheckpointInvalidArgumentError
+
+            raise SandboxCheckpointInvalidArgumentError(
+                f"--watch {mode!r}: expected one of {', '.join(WATCH_MODES)}",
+                details={"field": "watch"},
+            )
+        self.policy = policy if policy is not None else Policy()
+        self._native = _native.Journal(
+            root,
+            mode,
+            exclude=self.policy.exclude,
+            include=self.policy.include,
+            default_excludes=self.policy.default_excludes,
+            **limits,
+        )
+        self._lock = threading.Lock()
+        self._baseline: Baseline | None = None
+        # One capture at a time holds the changes: a second one taking them
+        # too would find them gone and call its workspace unchanged.
+        self._held = False
+        self._begun = 0
+
+    # ------------------------------------------------------------ state
+
+    def status(self) -> dict[str, object]:
+        """The native journal's status: mode, detail, untrusted (why the next
+        capture scans everything), pending, idle_ms, pending_ms, counters."""
+        return dict(self._native.status())
+
+    @property
+    def mode(self) -> str:
+        return str(self.status()["mode"])
+
+    def describe(self) -> tuple[str, str]:
+        """(mode, why) for GetServerInfo: ``("inotify", "--watch inotify")``,
+        ``("off", "watch limit 8192 < 31,000+ directories ...")``."""
+        status = self.status()
+        return str(status["mode"]), str(status["detail"])
+
+    def distrust(self, reason: str) -> None:
+        """The next capture scans everything, for ``reason``."""
+        self._native.distrust(reason)
+
+    def covers(self, path: str) -> bool:
+        """Whether a change at ``path`` would be examined by the next capture."""
+        return bool(self._native.covers(path))
+
+    def holds(self, stored: Manifest | None, key: ScanKey | None = None) -> bool:
+        """Whether ``stored`` (a head's files) is the manifest the journal last
+        saw captured (under ``key``, when given)."""
+        with self._lock:
+            baseline = self._baseline
+        if baseline is None or stored is None:
+            return False
+        if key is not None and key != baseline.key:
+            return False
+        return (stored.byte_length(), stored.fingerprint()) == (
+            baseline.byte_length,
+            baseline.fingerprint,
+        )
+
+    def close(self) -> None:
+        self._native.close()
+
+    # ------------------------------------------------------------ captures
+
+    def begin(self, key: ScanKey, previous: ManifestSummary | None) -> JournalUse:
+        """Take the changes for a capture under ``key`` whose parent is
+        ``previous`` (None: no parent)."""
+        with self._lock:
+            if self._held:
+                return JournalUse(self, None, "another capture of the workspace holds the journal")
+            self._held = True
+            self._begun += 1
+        try:
+            ticket = self._native.take()
+        except BaseException:
+            with self._lock:
+                self._held = False
+            raise
+        reason = ticket.full or self._why_not(key, previous)
+        return JournalUse(self, ticket, reason)
+
+    def _why_not(self, key: ScanKey, previous: ManifestSummary | None) -> str | None:
+        if key.subdir:
+            return "a capture of a sub-root (the journal directs whole-workspace captures)"
+        if key.policy != self.policy:
+            return "the capture's policy is not the one the journal watches (serve's policy)"
+        with self._lock:
+            baseline = self._baseline
+        if baseline is None:
+            return "the journal has seen no capture of this workspace yet"
+        if key != baseline.key:
+            return "the secrets or the chunking differ from the last capture's"
+        if previous is None or (previous.byte_length, previous.fingerprint) != (
+            baseline.byte_length,
+            baseline.fingerprint,
+        ):
+            return "the head is not the checkpoint the journal last saw captured"
+        return None
+
+    def _settle(self, ticket: _native.JournalTicket | None, baseline: Baseline | None) -> None:
+        if ticket is None:
+            return  # took nothing: changes nothing
+        try:
+            if baseline is None:
+                self._native.abort(ticket)
+                return
+            with self._lock:
+                self._baseline = baseline
+            self._native.commit(ticket)
+        finally:
+            with self._lock:
+                self._held = False
+
+    def quiescent(self) -> tuple[Baseline, int] | None:
+        """The baseline and a count of the captures begun so far, when no
+        capture holds the journal (None otherwise, or before any capture): a
+        verifying scan compares the tree with that baseline, and its result
+        stands only if the same pair is returned after it."""
+        with self._lock:
+            if self._held or self._baseline is None:
+                return None
+            return self._baseline, self._begun
+
+
+async def scan_input(
+    use: JournalUse | None,
+    parent: Manifest | None,
+    load_parent: Callable[[], Awaitable[Manifest | None]],
+) -> ScanInput | None:
+    """What the scan needs when the journal directs it (None: it scans
+    everything): the parent's bytes, loaded now when the capture has not
+    (none are needed when nothing changed)."""
+    if use is None or not use.directed or use.ticket is None:
+        return None
+    if use.changes == 0:
+        return (use.ticket, b"[]", (0, 0, 0))
+    manifest = parent if parent is not None else await load_parent()
+    if manifest is None:
+        use.reason = "the parent checkpoint cannot be read"
+        return None
+    data = await run_in_thread(lambda: manifest.data)
+    return (use.ticket, data, manifest.totals())
+
+
+def scan_report(use: JournalUse | None, outcome: ScanOutcome) -> dict[str, object]:
+    """``CaptureStats``' scan fields: how the capture examined the workspace."""
+    if outcome.scan_mode == "journal":
+        return {
+            "scan_mode": "journal",
+            "full_scan_reason": "",
+            "entries_examined": outcome.entries_examined,
+        }
+    reason = outcome.fallback or (use.reason if use is not None else None) or ""
+    return {
+        "scan_mode": "full",
+        "full_scan_reason": reason,
+        "entries_examined": outcome.entries_examined,
+    }
+
+
+__all__ = [
+    "WATCH_MODES",
+    "Baseline",
+    "JournalUse",
+    "ScanInput",
+    "ScanKey",
+    "WorkspaceJournal",
+    "scan_input",
+    "scan_report",
+]

@@ -1,0 +1,608 @@
+//! A capture's scan directed by the change journal: only what the journal
+//! names is examined, and every other row is the parent manifest's.
+//!
+//! For each directory the journal names (a *start*) the walk looks at the
+//! named entries only (`lstat` beneath the directory's fd, as the full walk
+//! does, with the same policy and classification: it is the same walk, told
+//! what to look at through `walk::Direction`), or lists the directory whole
+//! when the journal kept no names for it. A subdirectory that appeared
+//! (created or moved in), or that the parent manifest does not hold as a
+//! directory, is walked whole. Files the stat cache cannot vouch for are
+//! hashed as in a full scan (`scan::hash_slot`: the feed, chunking, secrets).
+//!
+//! The new manifest is the parent's bytes with each changed row put in its
+//! place (`splice`): the parent is never decoded, and rows whose bytes did
+//! not change are left as they are, so a capture whose changes cancel out
+//! (a file written back as it was) keeps the parent's manifest.
+//!
+//! Whatever cannot be done consistently (the parent holds no directory the
+//! journal names, two changes overlap because the tree moved under the
+//! walk) gives up with a reason: the capture then scans everything.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::os::fd::AsRawFd;
+
+use rayon::prelude::*;
+
+use super::dirty::{join, split, DirChanges, Dirty};
+use super::splice::{self, Edit, Parent};
+use super::tree;
+use crate::chunking::{Chunking, Sinks};
+use crate::error::ScanError;
+use crate::fs;
+use crate::manifest::{file_row, ManifestWriter};
+use crate::policy::PolicyMatcher;
+use crate::redact::SecretSet;
+use crate::scan::{
+    build_pool, hash_slot, write_entry, ManifestBuffer, Root, ScanOutput, ScanRequest,
+};
+use crate::statcache::{secrets_fingerprint, Listing, LoadedCache};
+use crate::walk::{Batch, Direction, Kind, ScanProgress, Walker};
+
+/// What a directed scan needs beyond a scan's request.
+pub struct Request<'a> {
+    pub scan: &'a ScanRequest,
+    /// The parent manifest: the one the journal's changes are relative to.
+    pub parent: &'a [u8],
+    /// Its (entries, files, file bytes).
+    pub parent_totals: (u64, u64, u64),
+    pub dirty: &'a Dirty,
+    /// Inodes of the hard-linked files whose names the journal knows.
+    pub linked: &'a std::collections::HashSet<(u64, u64)>,
+}
+
+/// What a directed scan did.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The manifest is written (or, `same`, is the parent's).
+    Done {
+        out: Box<ScanOutput>,
+        same: bool,
+        /// Entries stat'ed plus directories listed.
+        examined: u64,
+    },
+    /// The changes cannot be applied consistently: scan everything, for this reason.
+    Fallback(String),
+}
+
+/// Which directories the walk starts from and what it looks at in each.
+struct Plan<'p, 'd> {
+    parent: &'p Parent<'d>,
+    /// The starts' changes (only starts are keys).
+    changes: BTreeMap<String, DirChanges>,
+}
+
+impl Direction for Plan<'_, '_> {
+    fn names(&self, rel: &str) -> Option<Vec<u8>> {
+        let names = self.changes.get(rel)?.names.as_ref()?;
+        let mut listing = Listing::default();
+        for name in names.iter().filter(|n| !n.is_empty()) {
+            listing.push(name, libc::DT_UNKNOWN);
+        }
+        Some(listing.bytes)
+    }
+
+    fn enters(&self, rel: &str) -> bool {
+        let (dir, name) = split(rel);
+        match self.changes.get(dir) {
+            // Beside a start: only what appeared, or what was no directory.
+            Some(changes) => changes.is_deep(name.as_bytes()) || !self.is_dir_row(rel),
+            // Inside a directory walked whole.
+            None => true,
+        }
+    }
+}
+
+impl<'p, 'd> Plan<'p, 'd> {
+    fn is_dir_row(&self, path: &str) -> bool {
+        matches!(self.parent.find(path), Ok(Some((_, b'd'))))
+    }
+
+    /// The starts: every directory the journal names that is not inside a
+    /// directory walked whole. One the parent does not hold as a directory,
+    /// or that cannot be opened as one now (gone, or replaced), is looked at
+    /// from its parent instead (as a name there; walked whole when new).
+    fn new(
+        parent: &'p Parent<'d>,
+        dirty: &Dirty,
+        root_fd: i32,
+        policy: &PolicyMatcher,
+    ) -> Plan<'p, 'd> {
+        let mut plan = Plan {
+            parent,
+            changes: dirty.dirs.clone(),
+        };
+        loop {
+            let mut moved = false;
+            let dirs: Vec<String> = plan
+                .changes
+                .keys()
+                .filter(|d| !d.is_empty())
+                .cloned()
+                .collect();
+            for dir in dirs {
+                if plan.under_deep(&dir) || policy.excluded(&dir, true) {
+                    plan.changes.remove(&dir);
+                    continue;
+                }
+                let held = plan.is_dir_row(&dir);
+                if held && tree::open_dir(root_fd, &dir).is_ok() {
+                    continue;
+                }
+                plan.changes.remove(&dir);
+                let (up, name) = split(&dir);
+                let changes = plan
+                    .changes
+                    .entry(up.to_string())
+                    .or_insert_with(|| DirChanges {
+                        names: Some(BTreeSet::new()),
+                        ..DirChanges::default()
+                    });
+                if let Some(names) = &mut changes.names {
+                    names.insert(name.as_bytes().into());
+                }
+                if !held {
+                    changes.deep.insert(name.as_bytes().into());
+                }
+                moved = true;
+            }
+            if !moved {
+                return plan;
+            }
+        }
+    }
+
+    /// Whether `dir` is inside (or is) a directory walked whole.
+    fn under_deep(&self, dir: &str) -> bool {
+        let mut at = dir;
+        while !at.is_empty() {
+            let (up, name) = split(at);
+            if self
+                .changes
+                .get(up)
+                .is_some_and(|c| c.is_deep(name.as_bytes()))
+            {
+                return true;
+            }
+            at = up;
+        }
+        false
+    }
+
+    fn starts(&self) -> Vec<(String, bool)> {
+        // No include list here (see `scan`): every directory is included.
+        self.changes.keys().map(|d| (d.clone(), true)).collect()
+    }
+}
+
+/// Run a directed scan of `root` (see the module docs).
+pub fn scan(
+    request: &Request,
+    root: Root,
+    manifest: &mut dyn ManifestBuffer,
+) -> Result<Outcome, ScanError> {
+    let scan = request.scan;
+    // (The feed stays open on a fallback: the full scan that follows feeds it.)
+    let started = std::time::Instant::now();
+    if let Some(reason) = &request.dirty.everything {
+        return Ok(Outcome::Fallback(reason.clone()));
+    }
+    if scan.policy.has_include() {
+        return Ok(Outcome::Fallback(
+            "the policy has an include list, which the journal does not direct".into(),
+        ));
+    }
+    let parent = match Parent::new(request.parent) {
+        Ok(parent) => parent,
+        Err(e) => return Ok(Outcome::Fallback(format!("the parent manifest: {e}"))),
+    };
+    let plan = Plan::new(&parent, request.dirty, root.fd.as_raw_fd(), &scan.policy);
+    let starts = plan.starts();
+    if starts.is_empty() {
+        manifest.keep_previous();
+        let (entries, file_count, file_bytes) = request.parent_totals;
+        let out = ScanOutput {
+            phases_ms: vec![("journal", ms(started))],
+            entries,
+            file_count,
+            file_bytes,
+            ..ScanOutput::default()
+        };
+        return Ok(Outcome::Done {
+            out: Box::new(out),
+            same: true,
+            examined: 0,
+        });
+    }
+    let secrets = SecretSet::new(&scan.secrets)?;
+    let cache = scan.cache_path.as_deref().and_then(LoadedCache::load);
+    let fingerprint = secrets_fingerprint(&scan.secrets);
+    let chunking = scan
+        .chunks
+        .map(|params| Chunking::new(params, scan.cache_path.as_deref()));
+    let pool = build_pool(scan.threads)?;
+    let own_progress = ScanProgress::default();
+    let progress = scan.progress.as_deref().unwrap_or(&own_progress);
+    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+    let walked = Walker {
+        root_fd: root.fd.as_raw_fd(),
+        root_path: &root.path,
+        roots: &root_forms,
+        policy: &scan.policy,
+        secrets: &secrets,
+        cancel: &scan.cancel,
+        root_dev: fs::fstat(root.fd.as_raw_fd())
+            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
+            .dev,
+        cache: cache.as_ref(),
+        reuse_hashes: cache.as_ref().is_some_and(|c| c.fingerprint == fingerprint),
+        progress,
+        direction: Some(&plan),
+    }
+    .walk_from(&pool, &starts)?;
+    drop(cache);
+    let walk_ms = ms(started);
+    if !walked.unsupported.is_empty() {
+        let mut unsupported = walked.unsupported;
+        unsupported.sort();
+        let out = ScanOutput {
+            unsupported,
+            ..ScanOutput::default()
+        };
+        return Ok(Outcome::Done {
+            out: Box::new(out),
+            same: false,
+            examined: 0,
+        });
+    }
+    let examined = examined(
+        &plan,
+        &walked.found,
+        walked.dirs.iter().filter(|d| !d.reused).count(),
+    );
+    let mut batches: BTreeMap<String, Batch> = BTreeMap::new();
+    for batch in walked.found {
+        let dir = batch.dir.clone();
+        if batches.insert(dir.clone(), batch).is_some() {
+            return Ok(Outcome::Fallback(format!(
+                "the journal's changes reached {dir:?} twice (the tree moved under the scan)"
+            )));
+        }
+    }
+    if let Some(path) = unknown_links(&batches, request.linked, root.fd.as_raw_fd()) {
+        return Ok(Outcome::Fallback(format!(
+            "{path:?} has other names the journal does not know (a hard link)"
+        )));
+    }
+    let mut reused = walked.files_reused;
+    if let Some(chunking) = &chunking {
+        let mut list: Vec<Batch> = std::mem::take(&mut batches).into_values().collect();
+        reused -= chunking.claim_reused(&mut list);
+        batches = list.into_iter().map(|b| (b.dir.clone(), b)).collect();
+    }
+    let (hashed, bytes_hashed) = hash_changed(
+        scan,
+        &root,
+        &pool,
+        &mut batches,
+        &secrets,
+        chunking.as_ref(),
+        progress,
+    )?;
+    let hash_ms = ms(started);
+    let Some(mut edits) = plan_edits(&plan, &parent, &batches, chunking.as_ref())? else {
+        return Ok(Outcome::Fallback(
+            "the journal's changes overlap (the tree moved under the scan)".into(),
+        ));
+    };
+    let files_with_secrets = batches
+        .values()
+        .flat_map(|b| &b.entries)
+        .filter(
+            |e| matches!(&e.kind, Kind::File(slot) if !slot.vanished && !slot.secrets.is_empty()),
+        )
+        .count() as u64;
+    let totals = totals_after(&parent, &edits, request.parent_totals)?;
+    let same = edits.is_empty();
+    let Some(pieces) = splice::pieces(&parent, &mut edits) else {
+        return Ok(Outcome::Fallback(
+            "the journal's changes overlap (the tree moved under the scan)".into(),
+        ));
+    };
+    let mut out = ScanOutput {
+        entries: totals.0,
+        file_count: totals.1,
+        file_bytes: totals.2,
+        files_hashed: hashed,
+        files_reused: reused,
+        bytes_hashed,
+        files_with_secrets,
+        dirs_listed: starts.len() as u64,
+        ..ScanOutput::default()
+    };
+    if same {
+        manifest.keep_previous();
+    } else {
+        let len = splice::joined_len(&pieces);
+        let buffer = manifest
+            .allocate(len)
+            .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
+        splice::join_into(&pieces, buffer);
+        out.digests = crate::manifest::digests(buffer)
+            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?
+            .concat();
+    }
+    out.phases_ms = vec![
+        ("journal_walk", walk_ms),
+        ("hash", hash_ms - walk_ms),
+        ("splice", ms(started) - hash_ms),
+    ];
+    Ok(Outcome::Done {
+        out: Box::new(out),
+        same,
+        examined,
+    })
+}
+
+fn ms(since: std::time::Instant) -> f64 {
+    since.elapsed().as_secs_f64() * 1e3
+}
+
+/// Entries stat'ed plus directories listed: the names looked at in the
+/// starts listed by name, and every entry of the directories read.
+fn examined(plan: &Plan, found: &[Batch], dirs_read: usize) -> u64 {
+    let named: usize = plan
+        .changes
+        .values()
+        .filter_map(|c| c.names.as_ref())
+        .map(|n| n.len())
+        .sum();
+    let read: usize = found
+        .iter()
+        .filter(|b| plan.changes.get(&b.dir).map_or(true, |c| c.names.is_none()))
+        .map(|b| b.entries.len())
+        .sum();
+    (named + read + dirs_read) as u64
+}
+
+/// A file the walk found that has other names, none of which the journal
+/// knows: a write through one of those names changes it unseen.
+fn unknown_links(
+    batches: &BTreeMap<String, Batch>,
+    known: &std::collections::HashSet<(u64, u64)>,
+    root_fd: i32,
+) -> Option<String> {
+    for (dir, batch) in batches {
+        let dir_fd = tree::open_dir(root_fd, dir).ok();
+        for entry in &batch.entries {
+            let Kind::File(slot) = &entry.kind else {
+                continue;
+            };
+            let name = std::ffi::CString::new(batch.name(entry)).ok()?;
+            let links = dir_fd
+                .as_ref()
+                .and_then(|fd| fs::lstat_links_at(fd.as_raw_fd(), &name).ok());
+            match links {
+                // Gone, or another file now: hashing it tells.
+                None => continue,
+                Some((stat, _)) if stat.ino != slot.stat.ino || stat.dev != slot.stat.dev => {
+                    continue
+                }
+                Some((stat, n)) if n > 1 && !known.contains(&(stat.dev, stat.ino)) => {
+                    return Some(join(dir, batch.name(entry)));
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    None
+}
+
+/// Hash every kept file the stat cache did not vouch for. Returns the files
+/// hashed and their bytes.
+fn hash_changed(
+    scan: &ScanRequest,
+    root: &Root,
+    pool: &rayon::ThreadPool,
+    batches: &mut BTreeMap<String, Batch>,
+    secrets: &SecretSet,
+    chunking: Option<&Chunking>,
+    progress: &ScanProgress,
+) -> Result<(u64, u64), ScanError> {
+    let mut files = Vec::new();
+    for batch in batches.values_mut() {
+        let Batch {
+            dir,
+            names,
+            entries,
+        } = batch;
+        for entry in entries.iter_mut() {
+            if let Kind::File(slot) = &mut entry.kind {
+                if slot.hash.is_none() {
+                    let at = entry.name_at as usize;
+                    files.push((join(dir, &names[at..at + entry.name_len as usize]), slot));
+                }
+            }
+        }
+    }
+    let count = files.len() as u64;
+    let root_fd = root.fd.as_raw_fd();
+    let sinks = Sinks {
+        feed: scan.feed.as_deref(),
+        chunking,
+    };
+    let bytes: u64 = pool.install(|| {
+        files
+            .par_iter_mut()
+            .map(|(path, slot)| {
+                let read = hash_slot(
+                    (root_fd, path.as_str()),
+                    &root.path,
+                    path,
+                    slot,
+                    secrets,
+                    &scan.cancel,
+                    sinks,
+                )?;
+                ScanProgress::add(&progress.files_hashed, 1);
+                ScanProgress::add(&progress.bytes_hashed, read);
+                Ok::<u64, ScanError>(read)
+            })
+            .try_reduce(|| 0, |a, b| Ok(a + b))
+    })?;
+    if scan.cancel.is_cancelled() {
+        return Err(ScanError::Cancelled);
+    }
+    Ok((count, bytes))
+}
+
+/// The rows `kind` at `path` encodes to (none for a file that vanished).
+fn encode(
+    path: &str,
+    kind: Option<&Kind>,
+    chunking: Option<&Chunking>,
+    out: &mut ManifestWriter<Vec<u8>>,
+) {
+    if let Some(kind) = kind {
+        write_entry(out, path, kind, chunking);
+    }
+}
+
+/// The edits of the parent: for each name looked at in each start, its row,
+/// and the rows below it when it is a directory walked whole now or was a
+/// directory before. None when the parent cannot be read where needed.
+fn plan_edits(
+    plan: &Plan,
+    parent: &Parent,
+    batches: &BTreeMap<String, Batch>,
+    chunking: Option<&Chunking>,
+) -> Result<Option<Vec<Edit>>, ScanError> {
+    let bad = |e: crate::manifest::ManifestError| {
+        ScanError::io("<parent manifest>", "read", std::io::Error::other(e))
+    };
+    let mut edits = Vec::new();
+    for (dir, changes) in &plan.changes {
+        let found: HashMap<&str, &Kind> = batches
+            .get(dir)
+            .map(|b| b.entries.iter().map(|e| (b.name(e), &e.kind)).collect())
+            .unwrap_or_default();
+        let mut names: BTreeSet<String> = match &changes.names {
+            Some(names) => names
+                .iter()
+                .filter_map(|n| std::str::from_utf8(n).ok().filter(|n| !n.is_empty()))
+                .map(str::to_string)
+                .collect(),
+            None => {
+                let mut all: BTreeSet<String> = found.keys().map(|n| n.to_string()).collect();
+                all.extend(parent.children(dir).map_err(bad)?.into_iter().map(|c| c.0));
+                all
+            }
+        };
+        names.extend(
+            changes
+                .deep
+                .iter()
+                .filter_map(|n| std::str::from_utf8(n).ok().map(str::to_string)),
+        );
+        for name in names {
+            let path = join(dir, &name);
+            let now = found
+                .get(name.as_str())
+                .copied()
+                .filter(|k| !matches!(k, Kind::File(s) if s.vanished));
+            let before = parent.find(&path).map_err(bad)?;
+            let span = match before {
+                Some((span, _)) => span,
+                None => parent.place(&path).map_err(bad)?,
+            };
+            let mut row = ManifestWriter::fragment(256);
+            encode(&path, now, chunking, &mut row);
+            let row = row.into_fragment();
+            if row.as_slice() != parent.rows(span) {
+                edits.push(Edit {
+                    span,
+                    key: path.clone(),
+                    rows: row,
+                });
+            }
+            let is_dir = matches!(now, Some(Kind::Dir { .. }));
+            let below = if is_dir && plan.enters(&path) {
+                Some(region_rows(&path, batches, chunking))
+            } else if !is_dir && matches!(before, Some((_, b'd'))) {
+                Some(Vec::new())
+            } else {
+                None
+            };
+            if let Some(rows) = below {
+                let span = parent.below(&path).map_err(bad)?;
+                if rows.as_slice() != parent.rows(span) {
+                    edits.push(Edit {
+                        span,
+                        key: format!("{path}/"),
+                        rows,
+                    });
+                }
+            }
+        }
+    }
+    Ok(Some(edits))
+}
+
+/// The rows below the directory `dir` as the walk found them, in path order.
+fn region_rows(
+    dir: &str,
+    batches: &BTreeMap<String, Batch>,
+    chunking: Option<&Chunking>,
+) -> Vec<u8> {
+    let below = format!("{dir}/");
+    let mut rows: Vec<(String, &Kind)> = Vec::new();
+    for (path, batch) in batches.range(dir.to_string()..) {
+        if path != dir && !path.starts_with(&below) {
+            break;
+        }
+        rows.extend(
+            batch
+                .entries
+                .iter()
+                .map(|e| (join(path, batch.name(e)), &e.kind)),
+        );
+    }
+    rows.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    let mut writer = ManifestWriter::fragment(rows.len() * 160);
+    for (path, kind) in rows {
+        encode(&path, Some(kind), chunking, &mut writer);
+    }
+    writer.into_fragment()
+}
+
+/// The parent's (entries, files, file bytes) with the edits applied.
+fn totals_after(
+    parent: &Parent,
+    edits: &[Edit],
+    totals: (u64, u64, u64),
+) -> Result<(u64, u64, u64), ScanError> {
+    let (mut entries, mut files, mut bytes) =
+        (totals.0 as i128, totals.1 as i128, totals.2 as i128);
+    let mut count = |rows: &[u8], sign: i128| -> Result<(), ScanError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let wrapped = [b"[".as_slice(), rows, b"]"].concat();
+        let all = crate::manifest::rows(&wrapped)
+            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?;
+        for row in all {
+            entries += sign;
+            if let Ok(Some(file)) = file_row(row) {
+                files += sign;
+                bytes += sign * file.size as i128;
+            }
+        }
+        Ok(())
+    };
+    for edit in edits {
+        count(parent.rows(edit.span), -1)?;
+        count(&edit.rows, 1)?;
+    }
+    let clamp = |n: i128| n.max(0) as u64;
+    Ok((clamp(entries), clamp(files), clamp(bytes)))
+}
