@@ -299,6 +299,49 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_file_that_changed_under_the_read_is_not_vouched_for() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let data: Vec<u8> = (0..(3u32 << 20)).map(|i| (i * 31 % 251) as u8).collect();
+        std::fs::write(&path, &data).unwrap();
+        let file = File::open(&path).unwrap();
+        let chunking = Chunking::new(ChunkParams::default(), None);
+        let mut slot = FileSlot {
+            stat: Stat::default(),
+            hash: None,
+            vanished: false,
+            secrets: Default::default(),
+        };
+        let now = wfs::fstat(file.as_raw_fd()).unwrap();
+        let hash = |slot: &mut FileSlot, before: Stat| {
+            chunking
+                .hash_slot(
+                    &file,
+                    before,
+                    slot,
+                    &SecretSet::empty(),
+                    &Cancel::new(),
+                    None,
+                )
+                .unwrap()
+        };
+        // The stat the read started from is not the file's after it: an
+        // edit came in between, so the bytes are read again, not kept.
+        let stale = Stat {
+            mtime_ns: now.mtime_ns - 1,
+            ..now
+        };
+        assert_eq!(hash(&mut slot, stale), (data.len() as u64, false));
+        assert_eq!(slot.hash, None);
+        let whole = *blake3::hash(&data).as_bytes();
+        assert_eq!(chunking.list(&whole, data.len() as u64), None);
+        assert_eq!(hash(&mut slot, now), (data.len() as u64, true));
+        assert_eq!(slot.hash, Some(whole));
+        assert!(chunking.list(&whole, data.len() as u64).is_some());
+    }
+
+    #[test]
     fn the_cache_round_trips_and_refuses_other_params_or_damage() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("cache.chunks");
