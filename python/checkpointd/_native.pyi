@@ -660,8 +660,10 @@ class Journal:
         journal watched everything, with no trust lost since, makes it trusted)."""
     def abort(self, ticket: JournalTicket) -> None:
         """The capture that took ``ticket`` failed: its changes are given back."""
-    def distrust(self, reason: str) -> None:
-        """The next capture scans everything, for ``reason``."""
+    def distrust(self, reason: str, *, find_links: bool = False) -> None:
+        """The next capture scans everything, for ``reason``; ``find_links``: a
+        file with other names the journal does not know was found (it walks the
+        tree for them before it is trusted again)."""
     def covers(self, path: str) -> bool:
         """Whether a change at ``path`` would be examined by the next capture."""
     def status(self) -> dict[str, object]:

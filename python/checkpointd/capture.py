@@ -97,7 +97,15 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .ids import new_uuid7
-from .journal import JournalUse, ScanInput, ScanKey, WorkspaceJournal, scan_input, scan_report
+from .journal import (
+    JournalUse,
+    ScanInput,
+    ScanKey,
+    WorkspaceJournal,
+    scan_input,
+    scan_report,
+    scanned,
+)
 from .manifest import Manifest, ManifestSummary, manifest_of, split_digests
 from .model import (
     ARTIFACT_KEY_PREFIX,
@@ -529,6 +537,7 @@ async def capture_checkpoint(
                     raise
                 await asyncio.gather(scanning, polling, return_exceptions=True)
                 outcome = await scanning
+                scanned(use, outcome)
                 if not scan_closed:
                     _close_scan_phase(reporter, outcome)
                 reclaim = outcome.entries_count >= RECLAIM_AFTER_ENTRIES

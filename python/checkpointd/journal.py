@@ -173,9 +173,10 @@ class WorkspaceJournal:
         status = self.status()
         return str(status["mode"]), str(status["detail"])
 
-    def distrust(self, reason: str) -> None:
-        """The next capture scans everything, for ``reason``."""
-        self._native.distrust(reason)
+    def distrust(self, reason: str, *, find_links: bool = False) -> None:
+        """The next capture scans everything, for ``reason`` (``find_links``:
+        after a walk of the tree finds every name of its hard-linked files)."""
+        self._native.distrust(reason, find_links=find_links)
 
     def covers(self, path: str) -> bool:
         """Whether a change at ``path`` would be examined by the next capture."""
@@ -280,6 +281,14 @@ async def scan_input(
     return (use.ticket, data, manifest.totals())
 
 
+def scanned(use: JournalUse | None, outcome: ScanOutcome) -> None:
+    """A scan the journal was to direct found the tree inconsistent with the
+    journal (it scanned everything instead, ``outcome.fallback`` says why):
+    the journal is not trusted until it has walked the tree again."""
+    if use is not None and use.directed and outcome.fallback is not None:
+        use.journal.distrust(outcome.fallback, find_links=True)
+
+
 def scan_report(use: JournalUse | None, outcome: ScanOutcome) -> dict[str, object]:
     """``CaptureStats``' scan fields: how the capture examined the workspace."""
     if outcome.scan_mode == "journal":
@@ -305,4 +314,5 @@ __all__ = [
     "WorkspaceJournal",
     "scan_input",
     "scan_report",
+    "scanned",
 ]

@@ -330,10 +330,16 @@ impl Journal {
         Ok(())
     }
 
-    /// The next capture scans everything, for `reason`.
-    pub fn distrust(&self, reason: &str) -> io::Result<()> {
+    /// The next capture scans everything, for `reason`; `find_links`: a
+    /// file with other names the journal does not know was found (the
+    /// journal walks the tree for them before it is trusted again).
+    pub fn distrust(&self, reason: &str, find_links: bool) -> io::Result<()> {
         let mut state = self.state()?;
         state.distrust(reason.to_string());
+        if find_links && self.inner.source.is_some() && state.off.is_none() {
+            state.queue.push((String::new(), String::new()));
+            *state.walking.entry(String::new()).or_insert(0) += 1;
+        }
         Ok(())
     }
 
@@ -546,6 +552,13 @@ impl Inner {
             self.unwatch_below(state, source, &path);
         }
         if deep && !self.policy.excluded(&path, true) {
+            // Watched at once, so what is made in it from now on is seen;
+            // what it holds already is listed by the walk queued here.
+            if let Ok(fd) = tree::open_dir(self.root_fd.as_raw_fd(), &path) {
+                if !self.watch_dir(state, source, fd.as_raw_fd(), &path) {
+                    return;
+                }
+            }
             state.queue.push((path.clone(), path.clone()));
             *state.walking.entry(path).or_insert(0) += 1;
         } else if event.created && !event.is_dir {
@@ -637,6 +650,39 @@ impl Inner {
         }
     }
 
+    /// Watch the directory `dir` (open as `fd`; inotify: fanotify watches
+    /// everything). False when watching went off (the watch limit).
+    fn watch_dir(&self, state: &mut State, source: &Source, fd: i32, dir: &str) -> bool {
+        match source.watch(fd) {
+            Ok(Some(wd)) => {
+                if let Some(old) = state.paths.insert(dir.to_string(), wd) {
+                    if old != wd {
+                        state.wds.remove(&old);
+                    }
+                }
+                state.wds.insert(wd, dir.to_string());
+                true
+            }
+            Ok(None) => true,
+            Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                let queued = state.queue.len() + state.wds.len() + 1;
+                let why = format!(
+                    "watch limit {} < {}+ directories (raise fs.inotify.max_user_watches)",
+                    source::read_limit("max_user_watches"),
+                    thousands(queued as u64)
+                );
+                self.switch_off(state, why);
+                false
+            }
+            // Gone or replaced since: its parent's event covers it.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => true,
+            Err(e) => {
+                self.switch_off(state, format!("cannot watch {dir:?}: {e}"));
+                false
+            }
+        }
+    }
+
     /// Walk one queued directory: watch it, then queue its subdirectories
     /// and note its hard-linked files (listed without holding the lock).
     fn walk_one(&self) {
@@ -647,34 +693,9 @@ impl Inner {
         let opened = tree::open_dir(self.root_fd.as_raw_fd(), &dir);
         let listed = match opened {
             Ok(fd) => {
-                let mut state = self.lock();
-                match source.watch(fd.as_raw_fd()) {
-                    Ok(Some(wd)) => {
-                        if let Some(old) = state.paths.insert(dir.clone(), wd) {
-                            if old != wd {
-                                state.wds.remove(&old);
-                            }
-                        }
-                        state.wds.insert(wd, dir.clone());
-                    }
-                    Ok(None) => {}
-                    Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
-                        let queued = state.queue.len() + state.wds.len() + 1;
-                        let why = format!(
-                            "watch limit {} < {}+ directories (raise fs.inotify.max_user_watches)",
-                            source::read_limit("max_user_watches"),
-                            thousands(queued as u64)
-                        );
-                        self.switch_off(&mut state, why);
-                        return;
-                    }
-                    Err(e) => {
-                        let why = format!("cannot watch {dir:?}: {e}");
-                        self.switch_off(&mut state, why);
-                        return;
-                    }
+                if !self.watch_dir(&mut self.lock(), source, fd.as_raw_fd(), &dir) {
+                    return;
                 }
-                drop(state);
                 tree::list(fd, &dir, &self.policy, self.root_id.0)
             }
             Err(e) => Err(e),

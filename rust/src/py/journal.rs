@@ -155,8 +155,9 @@ impl PyJournal {
             .map_err(os_error)
     }
 
-    fn distrust(&self, py: Python<'_>, reason: &str) -> PyResult<()> {
-        py.allow_threads(|| self.inner.distrust(reason))
+    #[pyo3(signature = (reason, *, find_links=false))]
+    fn distrust(&self, py: Python<'_>, reason: &str, find_links: bool) -> PyResult<()> {
+        py.allow_threads(|| self.inner.distrust(reason, find_links))
             .map_err(os_error)
     }
 
