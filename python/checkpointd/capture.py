@@ -1180,15 +1180,20 @@ class _Uploader:
             if new_digests
             else []
         )
-        # Chunks of large files the scan did not feed (checkpointd.chunk_blobs).
-        chunk_blobs, chunk_bytes = await upload_missing_chunks(
-            manifest.data,
-            new_digests,
-            self.root_fd,
-            self.secrets,
-            self.blobs,
-            self._pin,
-            lambda read: self._in_thread(lambda _stop: read()),
+        # Chunks of large files the scan did not feed (checkpointd.chunk_blobs);
+        # with no new key the manifest is not even loaded (it may be the parent's).
+        chunk_blobs, chunk_bytes = (
+            await upload_missing_chunks(
+                manifest.data,
+                new_digests,
+                self.root_fd,
+                self.secrets,
+                self.blobs,
+                self._pin,
+                lambda read: self._in_thread(lambda _stop: read()),
+            )
+            if new_digests
+            else (0, 0)
         )
         self.uploads.blobs += chunk_blobs
         self.uploads.bytes += chunk_bytes

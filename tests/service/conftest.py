@@ -37,8 +37,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+# Settings every test daemon keeps from the test process (tests/conftest.py
+# stores files whole unless a test asks for chunks).
+_KEPT_SETTINGS = ("CHECKPOINTD_CHUNK_THRESHOLD",)
+
+
 def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHECKPOINTD_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CHECKPOINTD_") or k in _KEPT_SETTINGS
+    }
     env.update(extra)
     return env
 
