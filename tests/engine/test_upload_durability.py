@@ -27,6 +27,7 @@ import pytest
 from checkpointd.blobs import BlobStoreError, open_blobs
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
+from checkpointd.chunks import iter_chunks
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
@@ -163,20 +164,30 @@ async def test_a_cancelled_capture_waits_for_its_large_uploads_to_stop(
         assert all(p.stat().st_size == len(big) for p in leftovers), leftovers
 
 
+def _stored_parts(entry: FileEntry) -> list[tuple[str, int]]:
+    """(key, size) of each blob a file is stored as: its chunks, or itself."""
+    if entry.chunks:
+        return [(chunk.key, chunk.length) for chunk in iter_chunks(entry.chunks)]
+    return [(entry.blob_key, entry.size)]
+
+
 async def _check_committed(store: Any, blobs: Any, verified: set[str]) -> int:
-    """Every file of every committed checkpoint has its whole blob (size and
-    BLAKE3 checked once per key). Returns how many checkpoints there are."""
+    """Every file of every committed checkpoint has every blob it is stored as
+    (size and BLAKE3 checked once per key). Returns how many checkpoints there are."""
     checkpoints = await store.list("faults")
     blobs = packed_blobs(blobs, store)  # small blobs are read out of their packs
     for checkpoint in checkpoints:
         for entry in checkpoint.files:
-            if not isinstance(entry, FileEntry) or entry.blob_key in verified:
+            if not isinstance(entry, FileEntry):
                 continue
-            info = await blobs.head(entry.blob_key)
-            assert info is not None, f"{checkpoint.id} names missing {entry.blob_key}"
-            assert info.size == entry.size, f"{entry.blob_key}: {info.size} != {entry.size}"
-            assert _key(await blobs.get(entry.blob_key)) == entry.blob_key
-            verified.add(entry.blob_key)
+            for key, size in _stored_parts(entry):
+                if key in verified:
+                    continue
+                info = await blobs.head(key)
+                assert info is not None, f"{checkpoint.id} names missing {key} ({entry.path})"
+                assert info.size == size, f"{key}: {info.size} != {size}"
+                assert _key(await blobs.get(key)) == key
+                verified.add(key)
     return len(checkpoints)
 
 
