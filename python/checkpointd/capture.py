@@ -481,7 +481,7 @@ async def capture_checkpoint(
                 scan_key = ScanKey.of(subdir, policy, checked_secrets, given_secrets.names)
                 use = journal.begin(scan_key, previous) if journal is not None else None
                 directed = await scan_input(
-                    use, parent_manifest, lambda: _parent_files(store, head_id)
+                    use, previous, parent_manifest, lambda: _parent_files(store, head_id)
                 )
                 # The feed skips the parent's digests when they are at hand (a
                 # parent its store has not loaded is not loaded for them: a

@@ -216,6 +216,23 @@ def _add_serve_loop_flags(serve: argparse.ArgumentParser) -> None:
         metavar="PERIOD",
         help="capture the thread every PERIOD (60s, 5m); final capture on SIGTERM",
     )
+    serve.add_argument(
+        "--capture-on-change",
+        metavar="QUIET",
+        help="capture the thread once the workspace changed and was quiet for QUIET (2s); "
+        "--capture-every bounds the wait",
+    )
+    serve.add_argument(
+        "--watch",
+        metavar="MODE",
+        help="how captures learn what changed: auto (default), fanotify, inotify or off",
+    )
+    serve.add_argument(
+        "--watch-verify-every",
+        metavar="PERIOD",
+        help="a low-priority full scan checks the change journal every PERIOD "
+        "(default 10m; 0 = never)",
+    )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING (default INFO)")
     # The loop's own captures; None = not given, so the environment and TOML apply.
     serve.add_argument(

@@ -267,8 +267,18 @@ def capture_text(done: pb.CaptureDone) -> str:
         f"{human_duration(st.duration_ms)}: hashed {st.files_hashed} files "
         f"({human_size(st.bytes_hashed)}), reused {st.files_reused}, uploaded "
         f"{st.blobs_uploaded} blobs ({human_size(st.bytes_uploaded)}), recorded "
-        f"{st.entries} entries" + (" [replayed]" if done.replayed else "")
+        f"{st.entries} entries" + scan_text(st) + (" [replayed]" if done.replayed else "")
     )
+
+
+def scan_text(stats: pb.CaptureStats) -> str:
+    """How the capture examined the workspace: `; journal scan, 12 examined`
+    or `; full scan (a fresh daemon), 1,204 examined` (nothing from a daemon
+    that does not say)."""
+    if not stats.scan_mode:
+        return ""
+    why = f" ({stats.full_scan_reason})" if stats.full_scan_reason else ""
+    return f"; {stats.scan_mode} scan{why}, {stats.entries_examined:,} examined"
 
 
 async def _restore(client: Client, args: argparse.Namespace, out: Output) -> int:
@@ -717,7 +727,8 @@ async def _info(client: Client, args: argparse.Namespace, out: Output) -> int:
         f"\n  auth {caps.auth_mode}{' (probes too)' if caps.auth_probes else ''}, "
         f"tls={caps.tls} mutual_tls={caps.mutual_tls}; messages up to "
         f"{human_size(caps.max_message_bytes)}, pages up to {caps.max_page_size}, leases "
-        f"{human_duration(caps.lease_duration_ms)}",
+        f"{human_duration(caps.lease_duration_ms)}"
+        + (f"\n  watching {caps.watch_mode} ({caps.watch_detail})" if caps.watch_mode else ""),
     )
     return EXIT_OK
 

@@ -263,16 +263,18 @@ class WorkspaceJournal:
 
 async def scan_input(
     use: JournalUse | None,
+    previous: ManifestSummary | None,
     parent: Manifest | None,
     load_parent: Callable[[], Awaitable[Manifest | None]],
 ) -> ScanInput | None:
     """What the scan needs when the journal directs it (None: it scans
     everything): the parent's bytes, loaded now when the capture has not
-    (none are needed when nothing changed)."""
+    (none are needed when nothing changed: its summary says the totals)."""
     if use is None or not use.directed or use.ticket is None:
         return None
-    if use.changes == 0:
-        return (use.ticket, b"[]", (0, 0, 0))
+    if use.changes == 0 and previous is not None:
+        totals = (previous.entries, previous.files, previous.file_bytes)
+        return (use.ticket, b"[]", totals)
     manifest = parent if parent is not None else await load_parent()
     if manifest is None:
         use.reason = "the parent checkpoint cannot be read"

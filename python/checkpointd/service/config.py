@@ -26,6 +26,7 @@ from typing import Any
 
 from ..chunks import ChunkSettings
 from ..errors import SandboxCheckpointInvalidArgumentError
+from ..journal import WATCH_MODES
 from ..model import DEFAULT_STASH_KEEP, Policy
 from ..statcache_paths import DEFAULT_DATA_DIR
 
@@ -76,6 +77,12 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "chunk_average": ("bytes", "64KiB"),
     # The stash entries each thread keeps (docs/restore-history.md), at least 1.
     "stash_keep": ("int", DEFAULT_STASH_KEEP),
+    # The change journal (docs/design.md, "The change journal"): how to watch
+    # the workspace (auto, fanotify, inotify, off), how often a verifying scan
+    # checks it (0: never), and capture-on-change's quiet period.
+    "watch": ("str", "auto"),
+    "watch_verify_every": ("duration", 600.0),
+    "capture_on_change": ("duration", None),
 }
 
 _BYTES = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB)?\s*$")
@@ -192,6 +199,9 @@ class ServeConfig:
     chunk_threshold: int = 1 << 20
     chunk_average: int = 64 << 10
     stash_keep: int = DEFAULT_STASH_KEEP
+    watch: str = "auto"
+    watch_verify_every: float = 600.0
+    capture_on_change: float | None = None
 
     @property
     def tls(self) -> bool:
@@ -373,6 +383,9 @@ def resolve(
         chunk_threshold=values["chunk_threshold"],
         chunk_average=values["chunk_average"],
         stash_keep=values["stash_keep"],
+        watch=str(values["watch"]).strip().lower(),
+        watch_verify_every=values["watch_verify_every"],
+        capture_on_change=values["capture_on_change"],
     )
     from ..blobs.packs import PACK_TARGET_BYTES
 
@@ -406,6 +419,7 @@ def resolve(
         )
     if config.capture_every is not None and config.capture_every <= 0:
         raise SandboxCheckpointInvalidArgumentError("--capture-every must be positive")
+    _check_watch(config)
     problem = chunk_settings(config)
     if isinstance(problem, str):
         raise SandboxCheckpointInvalidArgumentError(f"--{problem.replace('_', '-')}")
@@ -419,3 +433,27 @@ def chunk_settings(config: ServeConfig) -> ChunkSettings | None | str:
         return None
     settings = ChunkSettings(config.chunk_threshold, config.chunk_average)
     return settings.problem() or settings
+
+
+def _check_watch(config: ServeConfig) -> None:
+    """The change journal's settings. Raises SandboxCheckpointInvalidArgumentError."""
+    if config.watch not in WATCH_MODES:
+        raise SandboxCheckpointInvalidArgumentError(
+            f"--watch must be one of {', '.join(WATCH_MODES)}, got {config.watch!r}",
+            details={"field": "watch"},
+        )
+    if config.watch_verify_every < 0:
+        raise SandboxCheckpointInvalidArgumentError(
+            "--watch-verify-every must be 0 (never) or a positive duration",
+            details={"field": "watch_verify_every"},
+        )
+    if config.capture_on_change is not None:
+        if not config.thread:
+            raise SandboxCheckpointInvalidArgumentError(
+                "--capture-on-change needs --thread", details={"field": "capture_on_change"}
+            )
+        if config.capture_on_change <= 0:
+            raise SandboxCheckpointInvalidArgumentError(
+                "--capture-on-change must be a positive duration (2s, 500ms)",
+                details={"field": "capture_on_change"},
+            )

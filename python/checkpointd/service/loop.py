@@ -36,8 +36,11 @@ from collections.abc import Awaitable, Callable
 from .. import _native
 from .._engine import run_in_thread
 from ..blobs.base import BlobStore
+from ..capture import CaptureResult, capture_checkpoint
 from ..diffing import diff_entries
 from ..errors import SandboxCheckpointError, SandboxCheckpointWriterConflictError
+from ..journal import WorkspaceJournal
+from ..manifest import manifest_of
 from ..model import Checkpoint, Entry, Policy
 from ..scanner import ScanOutcome, scan_workspace
 from ..statcache_paths import stat_cache_path
@@ -140,15 +143,56 @@ class CaptureLoop:
             self._task = None
 
     async def _run(self) -> None:
-        period = self._config.capture_every or 60.0
+        quiet = self._config.capture_on_change
+        if quiet is not None and self._watching() is not None:
+            await self._run_on_change(quiet)
+            return
+        # Without a journal, capture-on-change looks every QUIET.
+        period = self._config.capture_every or quiet or 60.0
         while True:
             await asyncio.sleep(period)
-            busy = self._state.by_thread.get(self._thread)
-            if busy is not None and not busy[0].done():
-                self.skipped += 1
-                _log.info("skipping a tick: a capture or restore of %s is running", self._thread)
+            if self._busy():
                 continue
             await self.capture_if_changed()
+
+    def _busy(self) -> bool:
+        busy = self._state.by_thread.get(self._thread)
+        if busy is not None and not busy[0].done():
+            self.skipped += 1
+            _log.info("skipping a tick: a capture or restore of %s is running", self._thread)
+            return True
+        return False
+
+    def _watching(self) -> WorkspaceJournal | None:
+        """The daemon's change journal, when it watches."""
+        journal = self._state.journal
+        return journal if journal is not None and journal.mode != "off" else None
+
+    async def _run_on_change(self, quiet: float) -> None:
+        """Capture once the workspace changed and has been quiet for ``quiet``
+        seconds (or, with --capture-every, changed that long ago at most)."""
+        bound = self._config.capture_every
+        poll = min(max(quiet / 4, 0.05), 0.5)
+        while True:
+            await asyncio.sleep(poll)
+            journal = self._watching()
+            if journal is None:
+                await asyncio.sleep(max(quiet, bound or 0.0) - poll)
+                await self.capture_if_changed()
+                continue
+            status = journal.status()
+            if not status["pending"]:
+                continue
+            idle, waiting = status["idle_ms"], status["pending_ms"]
+            settled = idle is None or int(str(idle)) >= quiet * 1000
+            overdue = (
+                bound is not None and waiting is not None and int(str(waiting)) >= bound * 1000
+            )
+            if not (settled or overdue) or self._busy():
+                continue
+            if not await self.capture_if_changed() or journal.status()["pending"]:
+                # Failed, or skipped (another writer): not again at once.
+                await asyncio.sleep(min(quiet * 2 ** min(self.failures_in_a_row, 6), 60.0))
 
     async def final_capture(self) -> bool:
         """The capture on SIGTERM; False when it failed (the daemon then exits
@@ -160,6 +204,17 @@ class CaptureLoop:
         success). Never raises (logs instead), except on cancellation."""
         try:
             head = await self._head()
+            journal = self._watching()
+            if head is not None and journal is not None:
+                # The journal says whether anything changed; a capture it
+                # directs finds out cheaply otherwise (unchanged: not stored).
+                if not journal.status()["pending"] and journal.holds(manifest_of(head.files)):
+                    self.skipped += 1
+                    _log.debug("skipping a tick: the journal saw no change")
+                    return True
+                if (await self._capture(head, unchanged_from=head)).unchanged:
+                    self.skipped += 1
+                return True
             if head is not None and await self._unchanged(head):
                 self.skipped += 1
                 _log.debug("skipping a tick: nothing changed")
@@ -214,9 +269,13 @@ class CaptureLoop:
         live = await self._scan(self._policy(head))
         return not live.unsupported and _same(head, live.entries)
 
-    async def _capture(self, head: Checkpoint | None, *, label: str | None = None) -> None:
-        from ..capture import capture_checkpoint
-
+    async def _capture(
+        self,
+        head: Checkpoint | None,
+        *,
+        label: str | None = None,
+        unchanged_from: Checkpoint | None = None,
+    ) -> CaptureResult:
         store, blobs = self._stores()
         result = await capture_checkpoint(
             self._config.workspace,
@@ -227,10 +286,24 @@ class CaptureLoop:
             policy=self._policy(head),
             secrets=self._secrets(),
             data_dir=self._state.data_dir,
+            unchanged_from=unchanged_from,
+            journal=self._state.journal,
         )
-        self.captures += 1
-        _log.info("captured checkpoint %s of thread %s", result.checkpoint.id, self._thread)
+        stats = result.stats
+        if result.unchanged:
+            _log.debug("the workspace still holds checkpoint %s", result.checkpoint.id)
+        else:
+            self.captures += 1
+            _log.info(
+                "captured checkpoint %s of thread %s (%s scan%s, %d entries examined)",
+                result.checkpoint.id,
+                self._thread,
+                stats.scan_mode,
+                f": {stats.full_scan_reason}" if stats.full_scan_reason else "",
+                stats.entries_examined,
+            )
         await self._succeeded()
+        return result
 
     async def _succeeded(self) -> None:
         self.failures_in_a_row = 0

@@ -50,6 +50,7 @@ from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethod
 from .reflection import enable_reflection
 from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
 from .status import UNKNOWN_SERVICE, ServiceError, abort
+from .watch import Verifier, start_journal
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
 # Upper bound on waiting for cancelled engine calls to release their leases.
@@ -331,6 +332,9 @@ async def run(
         auth_probes=config.auth_probes,
         stash_keep=config.stash_keep,
     )
+    # Watching starts first: its walk of the tree overlaps the stores' opening.
+    journal = state.journal = start_journal(config)
+    verifier: Verifier | None = None
     server, health_servicer = build_server(config, state)
     await _set_health(health_servicer, False)
     await server.start()
@@ -364,7 +368,12 @@ async def run(
             _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
             if ready is not None:
                 ready.set()
-            if capture_loop is not None and config.capture_every:
+            if config.watch_verify_every > 0 and state.store is not None:
+                verifier = Verifier(
+                    journal, state.store, config, data_dir, config.watch_verify_every
+                )
+                verifier.start()
+            if capture_loop is not None and (config.capture_every or config.capture_on_change):
                 capture_loop.start()
                 # Only a loop that served makes the final capture: after a failed or
                 # interrupted restore-on-start the workspace is not the thread's.
@@ -375,6 +384,8 @@ async def run(
         await health_servicer.enter_graceful_shutdown()
         if capture_loop is not None:
             await capture_loop.stop()
+        if verifier is not None:
+            await verifier.stop()
         state.draining = True
         # Refuses new calls at once; cancels the calls still running after the grace.
         await server.stop(config.grace_period)
@@ -384,6 +395,7 @@ async def run(
             exit_code = 1
         if state.store is not None:
             await state.store.aclose()
+        journal.close()
         if config.socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
                 config.socket_path.unlink()

@@ -54,6 +54,7 @@ from ..history import (
     undo_restore,
 )
 from ..ids import derive_request_id, is_request_derived, new_uuid7
+from ..journal import WorkspaceJournal
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry, stash_thread_id
 from ..progress import Progress
 from ..secrets import parse_secrets
@@ -73,6 +74,7 @@ from .status import (
     abort,
     classify,
 )
+from .watch import watch_capabilities
 
 # 2: SweepBlobs became a server stream of batches and a summary.
 PROTOCOL_VERSION = 2
@@ -149,6 +151,8 @@ class ServiceState:
     captures: dict[str, asyncio.Task[Any]] = field(default_factory=dict)
     # The stash entries each thread keeps (``serve --stash-keep``).
     stash_keep: int = DEFAULT_STASH_KEEP
+    # The workspace's change journal (``serve --watch``; None: not started).
+    journal: WorkspaceJournal | None = None
 
     async def join_capture(self, checkpoint_id: str) -> None:
         """Wait until this daemon's capture of ``checkpoint_id`` (if any) ends,
@@ -531,6 +535,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 skip_if_unchanged=request.skip_if_unchanged,
                 # Kept byte for byte as sent (the proto promises it verbatim).
                 conversation_text=tuple(request.conversation),
+                journal=self.state.journal,
             )
 
         async for item in _with_progress(self.state, thread_id, context, work, checkpoint_id):
@@ -1204,6 +1209,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 mutual_tls=self.state.mutual_tls,
                 auth_probes=self.state.auth_probes,
                 restore_history=True,
+                **watch_capabilities(self.state.journal),
             ),
         )
 

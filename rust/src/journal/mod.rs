@@ -219,6 +219,8 @@ impl Journal {
         if watching {
             state.queue.push((String::new(), String::new()));
             state.walking.insert(String::new(), 1);
+        } else {
+            state.off = Some(state.detail.clone());
         }
         let inner = Arc::new(Inner {
             root,

@@ -206,6 +206,8 @@ pub fn scan(
             entries,
             file_count,
             file_bytes,
+            // Every file's hash is the parent's.
+            files_reused: file_count,
             ..ScanOutput::default()
         };
         return Ok(Outcome::Done {
@@ -274,10 +276,9 @@ pub fn scan(
             "{path:?} has other names the journal does not know (a hard link)"
         )));
     }
-    let mut reused = walked.files_reused;
     if let Some(chunking) = &chunking {
         let mut list: Vec<Batch> = std::mem::take(&mut batches).into_values().collect();
-        reused -= chunking.claim_reused(&mut list);
+        chunking.claim_reused(&mut list);
         batches = list.into_iter().map(|b| (b.dir.clone(), b)).collect();
     }
     let (hashed, bytes_hashed) = hash_changed(
@@ -314,7 +315,8 @@ pub fn scan(
         file_count: totals.1,
         file_bytes: totals.2,
         files_hashed: hashed,
-        files_reused: reused,
+        // Not read: the stat cache vouched for them, or they are the parent's rows.
+        files_reused: totals.1.saturating_sub(hashed),
         bytes_hashed,
         files_with_secrets,
         dirs_listed: starts.len() as u64,
