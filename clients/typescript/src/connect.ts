@@ -5,6 +5,7 @@
  */
 import { readFileSync } from "node:fs";
 import { isIP } from "node:net";
+import { homedir } from "node:os";
 import { checkServerIdentity, type PeerCertificate } from "node:tls";
 
 import * as grpc from "@grpc/grpc-js";
@@ -34,7 +35,8 @@ export interface ConnectOptions {
   /**
    * `unix:///abs/path.sock`, `unix:/abs/path.sock`, `tcp://host:port` or
    * `host:port`. Default: `CHECKPOINTD_ADDRESS`, else the socket in
-   * `CHECKPOINTD_DATA_DIR` (`unix://<dir>/checkpointd.sock`).
+   * `CHECKPOINTD_DATA_DIR` (`unix://<dir>/checkpointd.sock`), else the default data
+   *   dir `~/.local/state/checkpointd`, as the CLI and `make run` use.
    */
   address?: string;
   /**
@@ -92,12 +94,14 @@ export const DEFAULT_WORKSPACE_ROOT = "/workspace";
 function addressFrom(options: ConnectOptions, env: Record<string, string | undefined>): string {
   const address = options.address ?? env.CHECKPOINTD_ADDRESS;
   if (address) return address;
-  if (env.CHECKPOINTD_DATA_DIR) return `unix://${env.CHECKPOINTD_DATA_DIR.replace(/\/+$/, "")}/checkpointd.sock`;
-  throw invalidArgument(
-    "no daemon address: pass `address` (unix:///path/checkpointd.sock or tcp://host:port), " +
-      "or set CHECKPOINTD_ADDRESS (or CHECKPOINTD_DATA_DIR, the daemon's data dir)",
-    { field: "address" },
-  );
+  const dataDir = env.CHECKPOINTD_DATA_DIR || defaultDataDir(env);
+  return `unix://${dataDir.replace(/\/+$/, "")}/checkpointd.sock`;
+}
+
+/** The data dir `checkpointd serve` (and `make run`) uses when none is given,
+ * as the CLI and the Go SDK find it: `~/.local/state/checkpointd`. */
+function defaultDataDir(env: Record<string, string | undefined>): string {
+  return `${env.HOME || homedir()}/.local/state/checkpointd`;
 }
 
 function readPem(variable: string, env: Record<string, string | undefined>): Buffer | undefined {
