@@ -466,12 +466,7 @@ mod tests {
         ];
         let text = encode_list(&chunks);
         assert_eq!(parse_list(text.as_bytes()), Some(chunks));
-        for bad in [
-            "",
-            "zz",
-            &"a".repeat(64),
-            &format!("{}0", "a".repeat(64)),
-        ] {
+        for bad in ["", "zz", &"a".repeat(64), &format!("{}0", "a".repeat(64))] {
             assert_eq!(parse_list(bad.as_bytes()), None, "{bad:?}");
         }
     }
