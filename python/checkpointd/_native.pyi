@@ -90,7 +90,7 @@ class ScanProgress:
     def snapshot(self) -> tuple[int, int, int]: ...
 
 class PolicyMatcher:
-    """The declarative policy of SPEC §4, compiled once (gitignore dialect)."""
+    """The declarative policy of docs/contract.md#capture, compiled once (gitignore dialect)."""
 
     def __init__(
         self, exclude: Sequence[str], include: Sequence[str], default_excludes: bool

@@ -1,4 +1,4 @@
-"""The capture engine (SPEC §4): save a workspace as a new checkpoint of a thread.
+"""The capture engine (docs/contract.md#capture): save a workspace as a new checkpoint of a thread.
 
 Read top to bottom, ``capture_checkpoint`` does:
 
@@ -170,7 +170,7 @@ _PIN_RETRY_MAX_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class CaptureStats:
-    """What a capture did (SPEC §4)."""
+    """What a capture did (docs/contract.md#capture)."""
 
     entries: int  # manifest entries (files + dirs + symlinks)
     files_hashed: int  # files read and hashed by the scan
@@ -542,7 +542,7 @@ async def capture_checkpoint(
                     _close_scan_phase(reporter, outcome)
                 reclaim = outcome.entries_count >= RECLAIM_AFTER_ENTRIES
                 # Bytes from here to the store: valid by construction (the scan
-                # refuses every path SPEC §2 forbids), decoded only if someone reads it.
+                # refuses every path docs/contract.md#data-model forbids), decoded only if someone reads it.
                 parent = await _parent_again(store, head_id, previous)
                 parent_manifest = manifest_of(parent.files) if parent is not None else None
                 # When nothing changed they are the parent's (same length and

@@ -631,7 +631,7 @@ impl Walker<'_> {
                 continue;
             }
             if name_bytes.contains(&b'\\') {
-                // SPEC §2 refuses `\` in a path: refused here, before any upload,
+                // docs/contract.md#data-model refuses `\` in a path: refused here, before any upload,
                 // so every path the scan emits is valid by construction.
                 found.push((path_of(), Unsupported::BackslashName));
                 continue;

@@ -1,5 +1,5 @@
 """Packs: small blobs travel and rest in pack objects, compressed, with the
-index in the checkpoint store (docs/design.md "Storage layout").
+index in the checkpoint store (docs/packs.md).
 
 Why: one object per small file is one PUT (and one HEAD) per file on a cold
 capture and one GET per file on a restore; a bucket bills and delays each

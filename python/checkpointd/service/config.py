@@ -60,7 +60,7 @@ SETTINGS: dict[str, tuple[str, Any]] = {
     "tls_client_ca": ("path", None),
     # Require the bearer token for health and reflection too (default: open).
     "auth_probes": ("bool", False),
-    # Gateway mode (README "Gateway mode"): the store and the bucket are reached
+    # Gateway mode (docs/gateway.md): the store and the bucket are reached
     # through `checkpointd gateway` at grpcs://host:port[,host:port…] with the
     # scoped token in gateway_token_file; no store URL, no bucket credentials.
     "gateway": ("str", None),

@@ -1,4 +1,4 @@
-"""The seed's loop, built in: ``serve --thread T --restore-on-start --capture-every 60s``.
+"""The reference API's loop, built in: ``serve --thread T --restore-on-start --capture-every 60s``.
 
 For platforms that want no orchestrator code. It never discards work:
 

@@ -106,7 +106,7 @@ SETTLE_UNWIND_S = 30.0
 REPLAY_POLL_S = 0.1
 # Metadata a client sends on a capture it retries (the attempt number, 2 and up;
 # the TypeScript and Go SDKs do). Only a marked retry waits for another daemon's
-# attempt to free the lease: a first attempt meeting a live lease is the seeds'
+# attempt to free the lease: a first attempt meeting a live lease is the reference API's
 # fail-fast WRITER_CONFLICT, even with a request_id.
 ATTEMPT_METADATA = "checkpointd-attempt"
 
@@ -1077,7 +1077,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
             # Gateway mode: the sidecar's token cannot see other threads' references,
             # so a sweep here would judge the bucket blind; the gateway's operator runs it.
             raise ServiceError(
-                FORBIDDEN, "sweep runs on the gateway, not in a sidecar (README 'Gateway mode')"
+                FORBIDDEN, "sweep runs on the gateway, not in a sidecar (docs/gateway.md)"
             )
         older_than_ms = (
             request.older_than_ms
