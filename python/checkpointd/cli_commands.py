@@ -43,7 +43,7 @@ from .cli_output import (
     to_dict,
 )
 from .cli_refs import resolve
-from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX
+from .model import ARTIFACT_KEY_PREFIX, FILE_KEY_PREFIX, stash_thread_id
 from .service.client import Client, RpcError
 from .service.config import resolve as resolve_config
 from .service.config import socket_path_of
@@ -543,6 +543,27 @@ async def _delete_thread(client: Client, args: argparse.Namespace, out: Output) 
             f"would delete all {count} checkpoints of thread {thread} (head {head}); the "
             "blobs stay until a sweep deletes those no checkpoint uses. Run again with --yes"
         )
+    deleted, done = await _delete_checkpoints_of(client, thread)
+    if done:
+        # Its stash (the live states restores saved) goes with it.
+        stashed, _ = await _delete_checkpoints_of(client, stash_thread_id(thread))
+        out.emit(
+            {"thread_id": thread, "deleted_count": deleted, "stash_deleted_count": stashed},
+            f"deleted thread {thread}: {deleted} checkpoints"
+            + (f" and {stashed} stashed" if stashed else "")
+            + " (a sweep deletes the blobs no checkpoint uses any more)",
+        )
+        return EXIT_OK
+    print(
+        f"checkpointd delete-thread: thread {thread} kept getting new checkpoints (a capture "
+        f"running?); deleted {deleted} so far, try again",
+        file=sys.stderr,
+    )
+    return EXIT_CONFLICT
+
+
+async def _delete_checkpoints_of(client: Client, thread: str) -> tuple[int, bool]:
+    """Delete every checkpoint of ``thread``: (how many, whether none is left)."""
     deleted = 0
     for _ in range(DELETE_THREAD_ROUNDS):
         # Everything but the head, then the head (whose parent is gone by then).
@@ -557,18 +578,8 @@ async def _delete_thread(client: Client, args: argparse.Namespace, out: Output) 
                 continue  # a capture moved the head: go round again
             deleted += 1
         if not await client.list_checkpoints(thread, limit=1):
-            out.emit(
-                {"thread_id": thread, "deleted_count": deleted},
-                f"deleted thread {thread}: {deleted} checkpoints (a sweep deletes the blobs "
-                "no checkpoint uses any more)",
-            )
-            return EXIT_OK
-    print(
-        f"checkpointd delete-thread: thread {thread} kept getting new checkpoints (a capture "
-        f"running?); deleted {deleted} so far, try again",
-        file=sys.stderr,
-    )
-    return EXIT_CONFLICT
+            return deleted, True
+    return deleted, False
 
 
 # Failures printed (human) or put in the JSON document; the summary counts all.

@@ -317,9 +317,16 @@ def test_delete_thread_asks_for_yes_and_leaves_blobs_to_the_sweep(daemon: Daemon
     assert "--yes" in refused.stderr and "3 checkpoints" in refused.stderr
     assert [c["id"] for c in ok_json(daemon, "list", "t-del")["checkpoints"]] == ids
 
+    # A restore over a live edit saves the edit in the thread's stash.
+    (daemon.workspace / "a.txt").write_text("a live edit\n")
+    ok_json(daemon, "restore", "t-del", "--checkpoint", ids[0])
+    assert len(ok_json(daemon, "list", "t-del", "--stash")["checkpoints"]) == 1
+    blobs_before = sorted(p for p in blob_root.rglob("*") if p.is_file())
+
     deleted = ok_json(daemon, "delete-thread", "t-del", "--yes")
-    assert deleted == {"thread_id": "t-del", "deleted_count": 3}
+    assert deleted == {"thread_id": "t-del", "deleted_count": 3, "stash_deleted_count": 1}
     assert cli(daemon, "list", "t-del").returncode == 3
+    assert cli(daemon, "list", "t-del", "--stash").returncode == 3
     assert [t["thread_id"] for t in ok_json(daemon, "threads")["threads"]] == ["t-keep"]
     assert sorted(p for p in blob_root.rglob("*") if p.is_file()) == blobs_before
     assert cli(daemon, "delete-thread", "t-del", "--yes").returncode == 3
