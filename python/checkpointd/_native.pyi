@@ -137,6 +137,7 @@ def scan(
     journal: JournalTicket | None = None,
     parent: bytes | None = None,
     parent_totals: tuple[int, int, int] | None = None,
+    parent_digests: bytes | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
@@ -144,7 +145,9 @@ def scan(
     and that manifest's (entries, files, file bytes)): only what the ticket
     names is examined and every other row is the parent's (``scan_mode``
     "journal"); when its changes cannot be applied consistently the scan is a
-    full one and ``fallback`` says why.
+    full one and ``fallback`` says why. ``parent_digests`` (the parent's
+    ``digests``, when known) lets the new ``digests`` be worked out from the
+    changes instead of read from the whole manifest.
 
     ``previous_length``/``previous_fingerprint`` (given together: the parent
     checkpoint's manifest length in bytes and its BLAKE3 hash): when the bytes

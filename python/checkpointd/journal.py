@@ -34,8 +34,9 @@ from .model import Policy
 if TYPE_CHECKING:
     from .scanner import ScanOutcome
 
-# What a directed scan is given: the ticket, the parent's bytes and totals.
-ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int]]
+# What a directed scan is given: the ticket, the parent's bytes, its totals
+# and (when known) its digests.
+ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None]
 
 WATCH_MODES = ("auto", "fanotify", "inotify", "off")
 
@@ -78,6 +79,9 @@ class Baseline:
     byte_length: int
     fingerprint: bytes
     checkpoint_id: str
+    # Its blob digests, when the capture knew them (a directed scan's next
+    # digests are worked out from these and the changes).
+    digests: bytes | None = None
 
 
 class JournalUse:
@@ -111,8 +115,13 @@ class JournalUse:
         from now on."""
         if not self.settled:
             self.settled = True
-            manifest = stored
-            baseline = Baseline(key, manifest.byte_length(), manifest.fingerprint(), checkpoint_id)
+            baseline = Baseline(
+                key,
+                stored.byte_length(),
+                stored.fingerprint(),
+                checkpoint_id,
+                stored.known_digests(),
+            )
             self.journal._settle(self.ticket, baseline)
 
     def abort(self) -> None:
@@ -250,6 +259,11 @@ class WorkspaceJournal:
             with self._lock:
                 self._held = False
 
+    def baseline_digests(self) -> bytes | None:
+        """The blob digests of the manifest the changes are relative to, when known."""
+        with self._lock:
+            return self._baseline.digests if self._baseline is not None else None
+
     def quiescent(self) -> tuple[Baseline, int] | None:
         """The baseline and a count of the captures begun so far, when no
         capture holds the journal (None otherwise, or before any capture): a
@@ -274,13 +288,13 @@ async def scan_input(
         return None
     if use.changes == 0 and previous is not None:
         totals = (previous.entries, previous.files, previous.file_bytes)
-        return (use.ticket, b"[]", totals)
+        return (use.ticket, b"[]", totals, None)
     manifest = parent if parent is not None else await load_parent()
     if manifest is None:
         use.reason = "the parent checkpoint cannot be read"
         return None
     data = await run_in_thread(lambda: manifest.data)
-    return (use.ticket, data, manifest.totals())
+    return (use.ticket, data, manifest.totals(), use.journal.baseline_digests())
 
 
 def scanned(use: JournalUse | None, outcome: ScanOutcome) -> None:

@@ -283,6 +283,10 @@ class Manifest(Sequence["Entry"]):
             digests = self._digests = _native.manifest_digests(self.data)
         return digests
 
+    def known_digests(self) -> bytes | None:
+        """:meth:`digests` when known already (given, or computed once), else None."""
+        return self._digests
+
     def totals(self) -> tuple[int, int, int]:
         """(entries, files, total file bytes), without decoding (computed once)."""
         totals = self._totals

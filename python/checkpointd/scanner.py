@@ -150,7 +150,7 @@ def scan_workspace(
     root_fd: int | None = None,
     progress: _native.ScanProgress | None = None,
     previous: ManifestSummary | None = None,
-    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int]] | None = None,
+    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None] | None = None,
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
@@ -160,8 +160,9 @@ def scan_workspace(
     summary; when the scan's manifest is byte for byte that one (same length
     and fingerprint), ``ScanOutcome.same_as_previous`` is True and no second
     copy is made (the parent's manifest itself is never needed).
-    ``journal``: a change journal's ticket, the parent's manifest bytes and
-    totals: only what the ticket names is examined (see ``checkpointd.journal``).
+    ``journal``: a change journal's ticket, the parent's manifest bytes, its
+    totals and (when known) its digests: only what the ticket names is examined
+    (see ``checkpointd.journal``).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry.
@@ -187,6 +188,7 @@ def scan_workspace(
             journal=None if journal is None else journal[0],
             parent=None if journal is None else journal[1],
             parent_totals=None if journal is None else journal[2],
+            parent_digests=None if journal is None else journal[3],
             chunk_threshold=chunks.native_args()[0],
             chunk_average=chunks.native_args()[1],
         )

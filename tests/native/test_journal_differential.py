@@ -269,7 +269,8 @@ def run_differential(
         # The first capture is a full one (a fresh journal), then trusted.
         ticket = journal.take()
         assert ticket.full and "fresh daemon" in ticket.full
-        parent = _full(root, cache).manifest
+        first = _full(root, cache)
+        parent, digests = first.manifest, first.digests
         journal.commit(ticket)
         started = time.monotonic()
         for step in range(STEPS):
@@ -289,12 +290,19 @@ def run_differential(
                 # Trust was lost (a bound passed, a hard link to a file whose
                 # other names it did not know): a full scan, as a capture would.
                 counts["full"] += 1
-                parent = _full(root, cache).manifest
+                full = _full(root, cache)
+                parent, digests = full.manifest, full.digests
                 journal.commit(ticket)
                 continue
             totals = _native.manifest_totals(parent)
             directed = _native.scan(
-                str(root), cache_path=cache, journal=ticket, parent=parent, parent_totals=totals
+                str(root),
+                cache_path=cache,
+                journal=ticket,
+                parent=parent,
+                parent_totals=totals,
+                # (Every other step without them: the digests read whole.)
+                parent_digests=digests if step % 2 else None,
             )
             reference = _full(root)
             got = parent if directed.same_as_previous else directed.manifest
@@ -326,10 +334,12 @@ def run_differential(
                 counts["fallback"] += 1
                 journal.commit(ticket)
                 journal.distrust(str(directed.fallback), find_links=True)
-                parent = got
+                parent, digests = got, reference.digests
                 continue
             journal.commit(ticket)
             parent = got
+            if not directed.same_as_previous:
+                digests = directed.digests
     finally:
         journal.close()
     return counts

@@ -213,6 +213,39 @@ fn to_result(
     })
 }
 
+/// A journal ticket, the parent manifest, its totals and (when known) its digests.
+type Journaled<'a> = (
+    &'a crate::journal::Ticket,
+    &'a [u8],
+    (u64, u64, u64),
+    Option<&'a [u8]>,
+);
+
+/// A bytes object read in place while the scan runs without the GIL (a
+/// million-entry parent is ~180 MB): held until then, and bytes never change.
+struct Held {
+    _object: Py<PyBytes>,
+    at: usize,
+    len: usize,
+}
+
+impl Held {
+    fn of(bytes: Bound<'_, PyBytes>) -> Held {
+        let (at, len) = (bytes.as_bytes().as_ptr() as usize, bytes.as_bytes().len());
+        Held {
+            _object: bytes.unbind(),
+            at,
+            len,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the buffer of the bytes object `_object` keeps alive;
+        // bytes objects are immutable.
+        unsafe { std::slice::from_raw_parts(self.at as *const u8, self.len) }
+    }
+}
+
 /// A scan the journal's `ticket` directs, relative to `parent` (the
 /// manifest the ticket's changes are relative to, and its totals); when the
 /// changes cannot be applied consistently, the full scan, saying why.
@@ -220,10 +253,10 @@ fn directed(
     request: &ScanRequest,
     root: core::Root,
     manifest: &mut PyBytesBuffer,
-    journal: (&crate::journal::Ticket, &[u8], (u64, u64, u64)),
+    journal: Journaled<'_>,
 ) -> Result<Scanned, ScanError> {
     use crate::journal::scan::{self as jscan, Outcome};
-    let (ticket, parent, parent_totals) = journal;
+    let (ticket, parent, parent_totals, parent_digests) = journal;
     let again = core::Root {
         path: root.path.clone(),
         fd: root
@@ -238,6 +271,7 @@ fn directed(
         parent_totals,
         dirty: &ticket.dirty,
         linked: &ticket.linked,
+        parent_digests,
     };
     let outcome = {
         // Closed however it ends, unless the full scan takes over the feed.
@@ -276,7 +310,7 @@ fn directed(
     cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
     previous_length=None, previous_fingerprint=None,
     chunk_threshold=None, chunk_average=crate::chunk::DEFAULT_AVG,
-    journal=None, parent=None, parent_totals=None
+    journal=None, parent=None, parent_totals=None, parent_digests=None
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn scan(
@@ -299,6 +333,7 @@ pub fn scan(
     journal: Option<&Bound<'_, super::journal::PyTicket>>,
     parent: Option<Bound<'_, PyBytes>>,
     parent_totals: Option<(u64, u64, u64)>,
+    parent_digests: Option<Bound<'_, PyBytes>>,
 ) -> PyResult<ScanResult> {
     // A sub-root the caller opened fd by fd from the workspace root: scanned
     // through (a duplicate of) that fd, `root` only names it.
@@ -348,13 +383,12 @@ pub fn scan(
     };
     // A journal ticket directs the scan relative to the parent manifest.
     let journal = match (journal, parent, parent_totals) {
-        (Some(ticket), Some(parent), Some(totals)) => {
-            // Read in place while the scan runs (a million-entry parent is
-            // ~180 MB): the object is held until then, and bytes never change.
-            let at = parent.as_bytes().as_ptr() as usize;
-            let len = parent.as_bytes().len();
-            Some((ticket.get().ticket()?, (parent.unbind(), at, len), totals))
-        }
+        (Some(ticket), Some(parent), Some(totals)) => Some((
+            ticket.get().ticket()?,
+            Held::of(parent),
+            totals,
+            parent_digests.map(Held::of),
+        )),
         (None, _, _) => None,
         _ => {
             return Err(pyo3::exceptions::PyValueError::new_err(
@@ -372,11 +406,14 @@ pub fn scan(
             None => core::Root::open(&request.root),
         };
         let out = root.and_then(|root| match &journal {
-            Some((dirty, (_held, at, len), totals)) => {
-                // SAFETY: the buffer of a bytes object `_held` keeps alive;
-                // bytes objects are immutable.
-                let parent = unsafe { std::slice::from_raw_parts(*at as *const u8, *len) };
-                directed(&request, root, &mut manifest, (dirty, parent, *totals))
+            Some((ticket, parent, totals, digests)) => {
+                let known = digests.as_ref().map(Held::bytes);
+                directed(
+                    &request,
+                    root,
+                    &mut manifest,
+                    (ticket, parent.bytes(), *totals, known),
+                )
             }
             None => core::scan_into(&request, root, &mut manifest).map(|o| Scanned::full(o, None)),
         });

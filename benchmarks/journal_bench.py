@@ -1,0 +1,269 @@
+"""What the change journal buys: ``python -m benchmarks.journal_bench [--files N]``.
+
+On a many-small corpus of ``--files`` files (default 100,000; made once and
+cached under the scratch dir like every corpus), in one session:
+
+1. ``git status`` with the untracked cache (``core.untrackedCache``, index
+   refreshed) on a committed copy of the same tree: the peer;
+2. a daemon watching the workspace (``--watch``, default inotify): after its
+   cold capture (untimed) and the captures that make its journal trusted, a
+   warm gRPC client times no-change captures and captures after editing
+   ``--edits`` files (10), with ``entries_examined`` and the append phase;
+3. the same daemon with ``--watch off``: the same two captures, full scans;
+4. a ``--small-files`` corpus (10,000): a capture after one edit, end to end.
+
+Reported: medians and minimums, every ratio against ``git status`` (and
+"watching off: 10 edits / no change") from this run, and the answers are
+checked (each timed journal capture says "journal", examines at most a few
+entries per edit, hashes only what was edited). Results go to
+``benchmarks/results/journal.json`` and ``journal.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .corpus import CorpusSpec, ensure_corpus
+from .daemon import THREAD, Daemon
+from .harness import default_scratch
+from .machine import DebugBuildError, check_native_build
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass
+class Series:
+    """One timed operation: seconds per run and what each capture said."""
+
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    examined: list[int] = field(default_factory=list)
+    append_ms: list[int] = field(default_factory=list)
+    modes: list[str] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def line(self) -> str:
+        extra = ""
+        if self.examined:
+            extra = (
+                f"  examined {statistics.median(self.examined):.0f}"
+                f" (max {max(self.examined)})  append {statistics.median(self.append_ms):.0f} ms"
+                f"  {'/'.join(sorted(set(self.modes)))}"
+            )
+        return (
+            f"   {self.name:<44} median {self.median * 1e3:9.1f} ms"
+            f"  min {min(self.seconds) * 1e3:9.1f} ms{extra}"
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "median_s": self.median,
+            "min_s": min(self.seconds),
+            "runs": self.seconds,
+            "entries_examined": self.examined,
+            "append_ms": self.append_ms,
+            "scan_modes": self.modes,
+        }
+
+
+def git_status(corpus: Path, copy: Path, runs: int) -> Series:
+    """``git status`` with the untracked cache on a committed copy of the corpus."""
+    if not (copy / ".git").is_dir():
+        print("   committing a copy for git (untimed) ...", flush=True)
+        subprocess.run(["cp", "-a", str(corpus), str(copy)], check=True)
+        git = ["git", "-C", str(copy), "-c", "user.name=b", "-c", "user.email=b@b"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "config", "core.untrackedCache", "true"], check=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "corpus"], check=True)
+    git = ["git", "-C", str(copy)]
+    subprocess.run([*git, "update-index", "--untracked-cache", "--refresh"], check=False)
+    for _ in range(2):  # warm: the untracked cache fills, the index is refreshed
+        subprocess.run([*git, "status", "--porcelain"], check=True, stdout=subprocess.DEVNULL)
+    series = Series("git status (untracked cache), no change")
+    for _ in range(runs):
+        started = time.perf_counter()
+        subprocess.run([*git, "status", "--porcelain"], check=True, stdout=subprocess.DEVNULL)
+        series.seconds.append(time.perf_counter() - started)
+    return series
+
+
+def edit(corpus: Path, files: list[Path], count: int, rng: random.Random) -> None:
+    """Rewrite ``count`` files with other bytes of about their size."""
+    for path in rng.sample(files, count):
+        path.write_bytes(rng.randbytes(max(1, path.stat().st_size)))
+
+
+def corpus_files(corpus: Path) -> list[Path]:
+    out: list[Path] = []
+    for base, _dirs, names in os.walk(corpus):
+        out.extend(Path(base) / n for n in names if not (Path(base) / n).is_symlink())
+    return out
+
+
+async def daemon_series(
+    daemon: Daemon, runs: int, edits: int, files: list[Path], label: str
+) -> tuple[Series, Series]:
+    """No-change captures and captures after ``edits`` edits, warm client."""
+    from checkpointd.service.client import Client
+
+    rng = random.Random(7)
+    async with Client(daemon.address, timeout=3600) as client:
+        if await client.get_head(THREAD) is None:
+            print(f"   {label}: cold capture (untimed) ...", flush=True)
+            await client.capture(THREAD)
+        # Until the journal directs captures (a fresh daemon scans everything
+        # first), and two more: files edited within the racy window of the
+        # last scan are hashed once more by the next full scan.
+        for _ in range(10):
+            done = await client.capture(THREAD)
+            if done.stats.scan_mode == "journal" or "off" in done.stats.full_scan_reason:
+                break
+            await asyncio.sleep(0.5)
+        for _ in range(2):
+            await asyncio.sleep(1.0)
+            await client.capture(THREAD)
+        still = Series(f"{label}: no-change capture")
+        edited = Series(f"{label}: capture after {edits} edits")
+        for _ in range(runs):
+            for series, changes in ((still, 0), (edited, edits)):
+                if changes:
+                    edit(daemon.workspace, files, changes, rng)
+                started = time.perf_counter()
+                done = await client.capture(THREAD)
+                series.seconds.append(time.perf_counter() - started)
+                series.examined.append(int(done.stats.entries_examined))
+                series.append_ms.append(int(done.stats.phases_ms.get("append", 0)))
+                series.modes.append(done.stats.scan_mode)
+                if done.stats.scan_mode == "journal" and done.stats.files_hashed > changes:
+                    raise SystemExit(f"{series.name}: hashed {done.stats.files_hashed} files")
+    return still, edited
+
+
+def with_watch(corpus: Path, base: Path, watch: str) -> Daemon:
+    store_dir = base / "store"
+    (store_dir / "blobs").mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "CHECKPOINTD_WATCH": watch, "CHECKPOINTD_WATCH_VERIFY_EVERY": "0"}
+    return Daemon(
+        corpus,
+        f"sqlite://{store_dir / 'checkpoints.db'}",
+        f"file://{store_dir / 'blobs'}",
+        base / f"data-{watch}",
+        base / f"daemon-{watch}.log",
+        env=env,
+    )
+
+
+def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Series]:
+    corpus = ensure_corpus(
+        CorpusSpec("many-small", "many-small", {"files": files}),
+        args.scratch / "corpora" / f"many-small-{files}",
+    )
+    base = args.scratch / f"journal-{files}"
+    print(f"### many-small: {files:,} files at {corpus}; load {os.getloadavg()}", flush=True)
+    listed = corpus_files(corpus)
+    out: dict[str, Series] = {}
+    for mode in (watch, "off"):
+        daemon = with_watch(corpus, base, mode)
+        try:
+            daemon.start()
+            still, edited = asyncio.run(
+                daemon_series(daemon, args.runs, args.edits, listed, f"--watch {mode}")
+            )
+            out[f"{mode}/no-change"], out[f"{mode}/edits"] = still, edited
+            if mode == watch:
+                one = asyncio.run(daemon_series(daemon, args.runs, 1, listed, f"--watch {mode}"))
+                out[f"{mode}/one-edit"] = one[1]
+                one[1].name = f"--watch {mode}: capture after 1 edit"
+        finally:
+            daemon.close()
+        for series in out.values():
+            if series.name.startswith(f"--watch {mode}"):
+                print(series.line(), flush=True)
+    # git status last, so its copy's page cache does not evict the corpus.
+    out["git"] = git_status(corpus, base / "git-copy", args.runs)
+    print(out["git"].line(), flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.journal_bench", description=__doc__)
+    parser.add_argument("--files", type=int, default=100_000)
+    parser.add_argument("--small-files", type=int, default=10_000)
+    parser.add_argument("--edits", type=int, default=10)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--watch", default="inotify", choices=("auto", "inotify", "fanotify"))
+    parser.add_argument("--scratch", type=Path, default=default_scratch())
+    args = parser.parse_args(argv)
+    try:
+        build = check_native_build(args.scratch)
+    except DebugBuildError as exc:
+        print(f"refusing to benchmark: {exc}", file=sys.stderr)
+        return 2
+    print(f"native build: {build.get('profile')} ({build.get('how')}); git {shutil.which('git')}")
+    big = run_corpus(args, args.files, args.watch)
+    small = run_corpus(args, args.small_files, args.watch)
+    w = args.watch
+    git = big["git"].median
+    ratios = {
+        f"{args.files:,} files: no-change capture / git status": big[f"{w}/no-change"].median / git,
+        f"{args.files:,} files: capture after {args.edits} edits / git status": big[
+            f"{w}/edits"
+        ].median
+        / git,
+        f"{args.files:,} files, watching off: {args.edits} edits / no change": big[
+            "off/edits"
+        ].median
+        / big["off/no-change"].median,
+        f"{args.files:,} files, watching off: no-change capture / git status": big[
+            "off/no-change"
+        ].median
+        / git,
+        f"{args.small_files:,} files: capture after 1 edit (ms)": small[f"{w}/one-edit"].median
+        * 1e3,
+        f"{args.small_files:,} files: no-change capture / git status": small[
+            f"{w}/no-change"
+        ].median
+        / small["git"].median,
+    }
+    print("### ratios (this run)")
+    for name, value in ratios.items():
+        print(f"   {name}: {value:.3f}")
+    RESULTS.mkdir(exist_ok=True)
+    report = {
+        "files": args.files,
+        "small_files": args.small_files,
+        "edits": args.edits,
+        "watch": w,
+        "load": os.getloadavg(),
+        "series": {
+            str(n): {k: s.to_json() for k, s in r.items()}
+            for n, r in ((args.files, big), (args.small_files, small))
+        },
+        "ratios": ratios,
+    }
+    (RESULTS / "journal.json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = ["# The change journal (benchmarks/journal_bench.py)", ""]
+    for n, r in ((args.files, big), (args.small_files, small)):
+        lines += [f"## {n:,} files", "", "```", *(s.line() for s in r.values()), "```", ""]
+    lines += ["## Ratios", "", *(f"- {k}: {v:.3f}" for k, v in ratios.items()), ""]
+    (RESULTS / "journal.md").write_text("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
