@@ -78,6 +78,9 @@ class ScanResult:
     scan_mode: str
     fallback: str | None
     entries_examined: int
+    # A journal scan's delta from ``parent`` (manifest_delta's encoding) and
+    # the rows it inserts, when it wrote a new manifest; None otherwise.
+    delta: tuple[bytes, int] | None
 
 class ScanProgress:
     """Counts a running scan publishes; pass it as ``scan(progress=...)`` and

@@ -561,6 +561,9 @@ async def capture_checkpoint(
                         trusted=True,
                         digests=outcome.digests,
                         totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
+                        delta=(previous, *outcome.delta)
+                        if outcome.delta is not None and previous is not None
+                        else None,
                     )
                 keeper.check()
                 same = (

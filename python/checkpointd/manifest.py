@@ -91,6 +91,7 @@ class Manifest(Sequence["Entry"]):
         "_byte_length",
         "_data",
         "_decoded",
+        "_delta",
         "_digests",
         "_fingerprint",
         "_held",
@@ -109,10 +110,14 @@ class Manifest(Sequence["Entry"]):
         trusted: bool = False,
         digests: bytes | None = None,
         totals: tuple[int, int, int] | None = None,
+        delta: tuple[ManifestSummary, bytes, int] | None = None,
     ) -> None:
         """``digests`` and ``totals``: what :meth:`digests` and :meth:`totals`
         return, when the maker of ``data`` already knows them (the scan does);
-        only for bytes that same code made."""
+        only for bytes that same code made. ``delta``: the manifest ``data``
+        is made from (its summary), the native delta from it and the rows it
+        inserts (a scan the change journal directed knows them: see
+        :meth:`delta_from`)."""
         self._data: bytes | None = bytes(data)
         self._load: Callable[[], bytes] | None = None
         self._source: object = None
@@ -124,6 +129,7 @@ class Manifest(Sequence["Entry"]):
         self._trusted = trusted
         self._digests = digests
         self._totals = totals
+        self._delta = delta
 
     @classmethod
     def stored(
@@ -147,6 +153,7 @@ class Manifest(Sequence["Entry"]):
         manifest._decoded = None
         manifest._trusted = True
         manifest._digests = None
+        manifest._delta = None
         if summary is None:
             manifest._byte_length = -1
             manifest._fingerprint = None
@@ -282,6 +289,21 @@ class Manifest(Sequence["Entry"]):
         if digests is None:
             digests = self._digests = _native.manifest_digests(self.data)
         return digests
+
+    def delta_from(self, base: Manifest) -> tuple[bytes, int] | None:
+        """The native delta (``_native.manifest_delta``'s encoding) from
+        ``base`` to this manifest and the rows it inserts, when this
+        manifest's maker knew it for that very base (same length and
+        fingerprint); None otherwise."""
+        if self._delta is None:
+            return None
+        made_from, ops, added = self._delta
+        if (base.byte_length(), base.fingerprint()) != (
+            made_from.byte_length,
+            made_from.fingerprint,
+        ):
+            return None
+        return ops, added
 
     def known_digests(self) -> bytes | None:
         """:meth:`digests` when known already (given, or computed once), else None."""

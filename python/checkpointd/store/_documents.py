@@ -274,7 +274,13 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
         # (by fingerprints: neither manifest needs to be in memory).
         files_ops, files_added = _copy_all(len(content.manifest)), 0
     else:
-        files_ops, files_added = _native.manifest_delta(base.manifest.data, content.manifest.data)
+        # A scan the change journal directed knows its delta from the parent.
+        known = content.manifest.delta_from(base.manifest)
+        files_ops, files_added = (
+            known
+            if known is not None
+            else _native.manifest_delta(base.manifest.data, content.manifest.data)
+        )
     conversation = _operations(document["conversation"], base.conversation_index(), _value_key)
     new_items = files_added + _added(conversation)
     if new_items > MAX_DELTA_RATIO * (content.entry_count() + len(document["conversation"])):

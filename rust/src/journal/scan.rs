@@ -63,6 +63,9 @@ pub enum Outcome {
         same: bool,
         /// Entries stat'ed plus directories listed.
         examined: u64,
+        /// The store's delta from the parent to the new manifest and the rows
+        /// it inserts (`splice::delta`), when a new manifest was written.
+        delta: Option<(Vec<u8>, usize)>,
     },
     /// The changes cannot be applied consistently: scan everything, for this reason.
     Fallback(String),
@@ -217,6 +220,7 @@ pub fn scan(
             out: Box::new(out),
             same: true,
             examined: 0,
+            delta: None,
         });
     }
     let secrets = SecretSet::new(&scan.secrets)?;
@@ -258,6 +262,7 @@ pub fn scan(
             out: Box::new(out),
             same: false,
             examined: 0,
+            delta: None,
         });
     }
     let examined = examined(
@@ -308,6 +313,7 @@ pub fn scan(
         .count() as u64;
     let totals = totals_after(&parent, &edits, request.parent_totals)?;
     let same = edits.is_empty();
+    let mut delta = None;
     let Some(pieces) = splice::pieces(&parent, &mut edits) else {
         return Ok(Outcome::Fallback(
             "the journal's changes overlap (the tree moved under the scan)".into(),
@@ -336,6 +342,7 @@ pub fn scan(
         let incremental = request
             .parent_digests
             .and_then(|known| digests_after(&parent, &edits, known, buffer));
+        delta = Some(splice::delta(&parent, &edits));
         out.digests = match incremental {
             Some(digests) => digests,
             None => crate::manifest::digests(buffer)
@@ -352,6 +359,7 @@ pub fn scan(
         out: Box::new(out),
         same,
         examined,
+        delta,
     })
 }
 

@@ -213,6 +213,54 @@ pub fn pieces<'p>(parent: &Parent<'p>, edits: &'p mut [Edit]) -> Option<Vec<&'p 
     Some(out)
 }
 
+/// The rows of the parent from `start` up to `stop` (a row-aligned span).
+fn rows_in(parent: &Parent, (start, stop): Span) -> u32 {
+    if start >= stop {
+        return 0;
+    }
+    // Each row after the first starts right after `],` with a row tag.
+    let bytes = &parent.data[start..stop];
+    let later: usize = [&b"],[\"f\",\""[..], b"],[\"d\",\"", b"],[\"l\",\""]
+        .iter()
+        .map(|tag| memchr::memmem::find_iter(bytes, tag).count())
+        .sum();
+    1 + later as u32
+}
+
+/// The store's delta (`manifest::delta`'s encoding: copy runs of the
+/// parent's rows, inserted rows) from the parent to the manifest `edits`
+/// (sorted, as [`pieces`] leaves them) make, and how many rows it inserts:
+/// what the store would work out by indexing every row of both.
+pub fn delta(parent: &Parent, edits: &[Edit]) -> (Vec<u8>, usize) {
+    let mut out = Vec::new();
+    let (mut row, mut at, mut added_total) = (0u32, parent.next_row(1), 0usize);
+    let copy = |out: &mut Vec<u8>, start: u32, count: u32| {
+        if count > 0 {
+            out.push(b'C');
+            out.extend_from_slice(&start.to_le_bytes());
+            out.extend_from_slice(&count.to_le_bytes());
+        }
+    };
+    for edit in edits {
+        let kept = rows_in(parent, (at, edit.span.0));
+        copy(&mut out, row, kept);
+        row += kept + rows_in(parent, edit.span);
+        at = edit.span.1.max(edit.span.0);
+        if !edit.rows.is_empty() {
+            let wrapped = [b"[".as_slice(), &edit.rows, b"]"].concat();
+            let added = crate::manifest::rows(&wrapped).map_or(0, |r| r.len());
+            added_total += added;
+            out.push(b'A');
+            out.extend_from_slice(&(added as u32).to_le_bytes());
+            out.extend_from_slice(&(edit.rows.len() as u32).to_le_bytes());
+            out.extend_from_slice(&edit.rows);
+        }
+    }
+    let rest = rows_in(parent, (at, parent.end()));
+    copy(&mut out, row, rest);
+    (out, added_total)
+}
+
 /// The manifest of `pieces`: `[`, the pieces joined by commas, `]`, written
 /// into `out` (exactly [`joined_len`] bytes).
 pub fn join_into(pieces: &[&[u8]], out: &mut [u8]) {
@@ -355,9 +403,16 @@ mod tests {
         expected.extend([("a/b", b'f'), ("a/aa", b'f'), ("zz", b'l')]);
         expected.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         assert_eq!(
-            String::from_utf8(out).unwrap(),
+            String::from_utf8(out.clone()).unwrap(),
             String::from_utf8(manifest(&expected)).unwrap()
         );
+        // The store's delta says the same: applied to the parent it gives
+        // the spliced manifest, as the store's own delta does.
+        let (ops, added) = delta(&parent, &edits);
+        assert_eq!(added, 3);
+        assert_eq!(crate::manifest::apply(&data, &ops).unwrap(), out);
+        let (_, store_added) = crate::manifest::delta(&data, &out).unwrap();
+        assert_eq!(store_added, added);
         // Everything removed, and nothing at all.
         let mut gone = vec![Edit {
             span: parent.below("").unwrap(),

@@ -82,6 +82,10 @@ pub struct ScanResult {
     /// Entries stat'ed plus directories listed.
     #[pyo3(get)]
     entries_examined: u64,
+    /// A journal scan's delta from the parent (the store's encoding) and the
+    /// rows it inserts; None otherwise.
+    #[pyo3(get)]
+    delta: Option<(Py<PyBytes>, usize)>,
 }
 
 #[pymethods]
@@ -148,6 +152,7 @@ struct Scanned {
     mode: &'static str,
     fallback: Option<String>,
     examined: u64,
+    delta: Option<(Vec<u8>, usize)>,
 }
 
 impl Scanned {
@@ -159,6 +164,7 @@ impl Scanned {
             mode: "full",
             fallback,
             examined,
+            delta: None,
         }
     }
 }
@@ -174,6 +180,7 @@ fn to_result(
         mode,
         fallback,
         examined,
+        delta,
     } = scanned;
     let unsupported = PyList::empty(py);
     for (path, kind) in &out.unsupported {
@@ -210,6 +217,7 @@ fn to_result(
         scan_mode: mode,
         fallback,
         entries_examined: examined,
+        delta: delta.map(|(ops, added)| (PyBytes::new(py, &ops).unbind(), added)),
     })
 }
 
@@ -287,6 +295,7 @@ fn directed(
             out,
             same,
             examined,
+            delta,
         } => {
             manifest.kept_previous = same;
             Ok(Scanned {
@@ -294,6 +303,7 @@ fn directed(
                 mode: "journal",
                 fallback: None,
                 examined,
+                delta,
             })
         }
         Outcome::Fallback(reason) => {
