@@ -72,9 +72,6 @@ class ScanOutcome:
     scan_mode: str = "full"
     fallback: str | None = None
     entries_examined: int = 0
-    # A journal scan's delta from its parent (the store's encoding) and the
-    # rows it inserts.
-    delta: tuple[bytes, int] | None = None
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -210,7 +207,12 @@ def scan_workspace(
         unsupported=list(result.unsupported),
         entries_count=result.entries,
         files_hashed=result.files_hashed,
-        files_reused=result.files_reused,
+        # A journal scan takes every file it did not hash from the parent: reused.
+        files_reused=(
+            result.file_count - result.files_hashed
+            if result.scan_mode == "journal"
+            else result.files_reused
+        ),
         bytes_hashed=result.bytes_hashed,
         files_with_secrets=result.files_with_secrets,
         digests=result.digests,
@@ -222,7 +224,6 @@ def scan_workspace(
         scan_mode=result.scan_mode,
         fallback=result.fallback,
         entries_examined=result.entries_examined,
-        delta=result.delta,
     )
 
 
