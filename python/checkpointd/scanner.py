@@ -72,6 +72,9 @@ class ScanOutcome:
     scan_mode: str = "full"
     fallback: str | None = None
     entries_examined: int = 0
+    # A journal scan's delta from its parent (the store's encoding) and the
+    # rows it inserts.
+    delta: tuple[bytes, int] | None = None
 
     # Decoded lazily: a million-entry manifest is only turned into objects on demand.
     @cached_property
@@ -224,6 +227,7 @@ def scan_workspace(
         scan_mode=result.scan_mode,
         fallback=result.fallback,
         entries_examined=result.entries_examined,
+        delta=result.delta,
     )
 
 
