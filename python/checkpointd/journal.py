@@ -21,6 +21,7 @@ trusted), ``abort`` when it failed (its changes go back into the journal).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -253,6 +254,14 @@ class WorkspaceJournal:
                 self._native.abort(ticket)
                 return
             with self._lock:
+                before = self._baseline
+                if (
+                    baseline.digests is None
+                    and before is not None
+                    and before.fingerprint == baseline.fingerprint
+                ):
+                    # The same bytes (a capture that changed nothing): the same digests.
+                    baseline = dataclasses.replace(baseline, digests=before.digests)
                 self._baseline = baseline
             self._native.commit(ticket)
         finally:

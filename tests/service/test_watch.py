@@ -128,6 +128,20 @@ def test_a_capture_after_a_few_edits_examines_them_and_stores_a_full_scan(
     printed = cli(daemon, "capture", THREAD)
     assert printed.returncode == 0, printed.stderr
     assert "; journal scan, 0 examined" in printed.stdout, printed.stdout
+    # The blobs and the store's counts (worked out from the changes) are right.
+    (ws / "dir04" / "file1.txt").write_bytes(b"once more")
+    (ws / "dir05" / "file1.txt").unlink()
+    last = capture(daemon)
+    assert last.stats.scan_mode == "journal"
+
+    async def check() -> tuple[bytes, pb.CheckSummary]:
+        async with daemon.client() as client:
+            read = await client.read_file(last.checkpoint.id, "dir04/file1.txt")
+            return read, await client.check(read_data=True)
+
+    read, summary = asyncio.run(check())
+    assert read == b"once more"
+    assert summary.ok and summary.count_mismatches == summary.missing == 0, summary
 
 
 def test_server_info_says_how_the_daemon_watches(daemons: DaemonFactory) -> None:
