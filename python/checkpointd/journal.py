@@ -214,6 +214,10 @@ class WorkspaceJournal:
     def begin(self, key: ScanKey, previous: ManifestSummary | None) -> JournalUse:
         """Take the changes for a capture under ``key`` whose parent is
         ``previous`` (None: no parent)."""
+        elsewhere = self._elsewhere(key)
+        if elsewhere is not None:
+            # Not the captures the journal follows: its changes stay for them.
+            return JournalUse(self, None, elsewhere)
         with self._lock:
             if self._held:
                 return JournalUse(self, None, "another capture of the workspace holds the journal")
@@ -228,11 +232,15 @@ class WorkspaceJournal:
         reason = ticket.full or self._why_not(key, previous)
         return JournalUse(self, ticket, reason)
 
-    def _why_not(self, key: ScanKey, previous: ManifestSummary | None) -> str | None:
+    def _elsewhere(self, key: ScanKey) -> str | None:
+        """Why a capture under ``key`` is not one the journal follows, if it is not."""
         if key.subdir:
             return "a capture of a sub-root (the journal directs whole-workspace captures)"
         if key.policy != self.policy:
             return "the capture's policy is not the one the journal watches (serve's policy)"
+        return None
+
+    def _why_not(self, key: ScanKey, previous: ManifestSummary | None) -> str | None:
         with self._lock:
             baseline = self._baseline
         if baseline is None:

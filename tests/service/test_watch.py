@@ -303,6 +303,25 @@ def test_a_restore_the_daemon_applies_keeps_captures_exact(daemons: DaemonFactor
     assert stored(daemon, done.checkpoint.id) == stored(daemon, base.checkpoint.id)
 
 
+def test_a_sub_root_capture_leaves_the_journal_to_whole_workspace_captures(
+    daemons: DaemonFactory,
+) -> None:
+    daemon = start(daemons, "--watch", "inotify")
+    until_journal(daemon)
+    (daemon.workspace / "dir08" / "file0.txt").write_text("outside the sub-root\n")
+
+    async def sub() -> pb.CaptureDone:
+        async with daemon.client() as client:
+            return await client.capture("t-sub", workspace_subdir="dir01")
+
+    done = asyncio.run(sub())
+    assert done.stats.scan_mode == "full"
+    assert "sub-root" in done.stats.full_scan_reason
+    whole = capture(daemon)
+    assert whole.stats.scan_mode == "journal", whole.stats
+    assert stored(daemon, whole.checkpoint.id) == full_scan(daemon.workspace)
+
+
 def _rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
