@@ -14,9 +14,8 @@ cached under the scratch dir like every corpus), in one session:
 
 Reported: medians and minimums, every ratio against ``git status`` (and
 "watching off: 10 edits / no change") from this run, and the answers are
-checked (each timed journal capture says "journal", examines at most a few
-entries per edit, hashes only what was edited). Results go to
-``benchmarks/results/journal.json`` and ``journal.md``.
+checked (each timed journal capture hashes only what was edited). Results go
+to ``benchmarks/results/journal-<files>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -256,12 +255,13 @@ def main(argv: list[str] | None = None) -> int:
         },
         "ratios": ratios,
     }
-    (RESULTS / "journal.json").write_text(json.dumps(report, indent=2) + "\n")
+    name = f"journal-{args.files // 1000}k"
+    (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["# The change journal (benchmarks/journal_bench.py)", ""]
     for n, r in ((args.files, big), (args.small_files, small)):
         lines += [f"## {n:,} files", "", "```", *(s.line() for s in r.values()), "```", ""]
     lines += ["## Ratios", "", *(f"- {k}: {v:.3f}" for k, v in ratios.items()), ""]
-    (RESULTS / "journal.md").write_text("\n".join(lines))
+    (RESULTS / f"{name}.md").write_text("\n".join(lines))
     return 0
 
 
