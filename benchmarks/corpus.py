@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .machine import DebugBuildError, check_native_build
+
 FIXED_MTIME = 1_704_067_200  # 2024-01-01T00:00:00Z, as make_corpus.py uses
 MIB = 1 << 20
 # checkpointd's default excludes (docs/contract.md#capture); every peer is given the same ones so
@@ -365,3 +367,19 @@ def append_mib(path: Path, *, seed: int) -> None:
     """Append 1 MiB of incompressible bytes (a growing log or build artifact)."""
     with path.open("ab") as f:
         f.write(random.Random(seed).randbytes(MIB))
+
+
+def release_many_small(scratch: Path, files: int) -> Path | None:
+    """The many-small corpus of ``files`` files under ``scratch`` (made once), on
+    a release build of the native module; None, saying why on stderr, on a
+    debug build (its timings would mean nothing)."""
+    try:
+        build = check_native_build(scratch)
+    except DebugBuildError as exc:
+        print(f"refusing to benchmark: {exc}", file=sys.stderr)
+        return None
+    print(f"native build: {build.get('profile')} ({build.get('how')})")
+    return ensure_corpus(
+        CorpusSpec("many-small", "many-small", {"files": files}),
+        scratch / "corpora" / f"many-small-{files}",
+    )

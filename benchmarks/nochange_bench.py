@@ -42,10 +42,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import CorpusSpec, ensure_corpus
+from .corpus import release_many_small
 from .daemon import THREAD, Daemon
 from .harness import default_scratch
-from .machine import DebugBuildError, check_native_build
 
 
 def _floor_seconds(corpus: Path, runs: int) -> list[float]:
@@ -176,16 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scratch", type=Path, default=default_scratch())
     args = parser.parse_args(argv)
-    try:
-        build = check_native_build(args.scratch)
-    except DebugBuildError as exc:
-        print(f"refusing to benchmark: {exc}", file=sys.stderr)
+    corpus = release_many_small(args.scratch, args.files)
+    if corpus is None:
         return 2
-    print(f"native build: {build.get('profile')} ({build.get('how')})")
-    corpus = ensure_corpus(
-        CorpusSpec("many-small", "many-small", {"files": args.files}),
-        args.scratch / "corpora" / f"many-small-{args.files}",
-    )
     base = args.scratch / f"nochange-{args.files}"
     store_dir = base / "store"
     (store_dir / "blobs").mkdir(parents=True, exist_ok=True)

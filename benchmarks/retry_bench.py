@@ -39,10 +39,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import CorpusSpec, disk_usage, ensure_corpus
+from .corpus import disk_usage, release_many_small
 from .daemon import THREAD, Daemon
 from .harness import default_scratch
-from .machine import DebugBuildError, check_native_build
 
 MIB = 1 << 20
 # Phases of a capture that come after its scan (a kill there is "past the scan").
@@ -201,16 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("the NO_SPACE scenario mounts a tmpfs: run as root", file=sys.stderr)
         return 2
-    try:
-        build = check_native_build(args.scratch)
-    except DebugBuildError as exc:
-        print(f"refusing to benchmark: {exc}", file=sys.stderr)
+    corpus = release_many_small(args.scratch, args.files)
+    if corpus is None:
         return 2
-    print(f"native build: {build.get('profile')} ({build.get('how')})")
-    corpus = ensure_corpus(
-        CorpusSpec("many-small", "many-small", {"files": args.files}),
-        args.scratch / "corpora" / f"many-small-{args.files}",
-    )
     base = args.scratch / f"retry-{args.files}-{os.getpid()}"
     print(f"### many-small: {args.files:,} files at {corpus}; load {os.getloadavg()}", flush=True)
     results: dict[str, list[float]] = {}

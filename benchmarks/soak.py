@@ -33,10 +33,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .corpus import CorpusSpec, ensure_corpus, mutate
+from .corpus import mutate, release_many_small
 from .daemon import THREAD, Daemon
 from .harness import default_scratch
-from .machine import DebugBuildError, check_native_build
 
 MB = 10**6
 
@@ -179,16 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-every", type=float, default=60.0, help="seconds")
     parser.add_argument("--scratch", type=Path, default=default_scratch())
     args = parser.parse_args(argv)
-    try:
-        build = check_native_build(args.scratch)
-    except DebugBuildError as exc:
-        print(f"refusing to benchmark: {exc}", file=sys.stderr)
+    corpus = release_many_small(args.scratch, args.files)
+    if corpus is None:
         return 2
-    print(f"native build: {build.get('profile')} ({build.get('how')})")
-    corpus = ensure_corpus(
-        CorpusSpec("many-small", "many-small", {"files": args.files}),
-        args.scratch / "corpora" / f"many-small-{args.files}",
-    )
     base = args.scratch / f"soak-{os.getpid()}"
     work = base / "workspace"
     shutil.copytree(corpus, work, symlinks=True)
