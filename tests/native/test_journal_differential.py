@@ -378,3 +378,42 @@ def test_a_directed_scan_equals_a_full_scan_after_every_step(
     assert counts["journal"] >= 5, counts
     if bounds == "tiny":
         assert counts["full"] >= 1, f"the tiny bounds never overflowed: {counts}"
+
+
+def test_a_refused_entry_is_found_again_until_it_goes(tmp_path: Path) -> None:
+    """A fifo or an escaping link made after the last capture is refused by
+    the directed scan as by a full one; the capture fails and gives the
+    journal its changes back, so the next one looks again."""
+    root = tmp_path / "ws"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "f").write_text("x")
+    journal = _native.Journal(str(root), "inotify")
+    try:
+        _wait_watching(journal)
+        ticket = journal.take()
+        parent = _full(root).manifest
+        journal.commit(ticket)
+        os.mkfifo(root / "d" / "pipe")
+        (root / "out").symlink_to("../../etc")
+        for _ in range(2):  # a failed capture gives the changes back
+            ticket = journal.take()
+            directed = _native.scan(
+                str(root),
+                journal=ticket,
+                parent=parent,
+                parent_totals=_native.manifest_totals(parent),
+            )
+            assert directed.scan_mode == "journal"
+            assert directed.unsupported == _full(root).unsupported
+            assert directed.unsupported == [("d/pipe", "fifo"), ("out", "symlink-escapes")]
+            journal.abort(ticket)
+        (root / "d" / "pipe").unlink()
+        (root / "out").unlink()
+        ticket = journal.take()
+        directed = _native.scan(
+            str(root), journal=ticket, parent=parent, parent_totals=_native.manifest_totals(parent)
+        )
+        assert directed.unsupported == []
+        assert (parent if directed.same_as_previous else directed.manifest) == _full(root).manifest
+    finally:
+        journal.close()

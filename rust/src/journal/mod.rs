@@ -30,6 +30,7 @@
 //! (inotify watches the inodes, so it sees those; fanotify's filesystem mark
 //! too), a filesystem mounted onto a directory of the workspace.
 
+mod digests;
 pub mod dirty;
 mod links;
 pub mod scan;

@@ -24,13 +24,14 @@ use std::os::fd::AsRawFd;
 
 use rayon::prelude::*;
 
+use super::digests::digests_after;
 use super::dirty::{join, split, DirChanges, Dirty};
 use super::splice::{self, Edit, Parent};
 use super::tree;
 use crate::chunking::{Chunking, Sinks};
 use crate::error::ScanError;
 use crate::fs;
-use crate::manifest::{file_chunks, file_row, ManifestWriter};
+use crate::manifest::{file_row, ManifestWriter};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::scan::{
@@ -54,6 +55,9 @@ pub struct Request<'a> {
     pub parent_digests: Option<&'a [u8]>,
 }
 
+/// A delta in the store's encoding and the rows it inserts.
+pub type Delta = (Vec<u8>, usize);
+
 /// What a directed scan did.
 #[derive(Debug)]
 pub enum Outcome {
@@ -65,7 +69,7 @@ pub enum Outcome {
         examined: u64,
         /// The store's delta from the parent to the new manifest and the rows
         /// it inserts (`splice::delta`), when a new manifest was written.
-        delta: Option<(Vec<u8>, usize)>,
+        delta: Option<Delta>,
     },
     /// The changes cannot be applied consistently: scan everything, for this reason.
     Fallback(String),
@@ -190,13 +194,8 @@ pub fn scan(
     let scan = request.scan;
     // (The feed stays open on a fallback: the full scan that follows feeds it.)
     let started = std::time::Instant::now();
-    if let Some(reason) = &request.dirty.everything {
-        return Ok(Outcome::Fallback(reason.clone()));
-    }
-    if scan.policy.has_include() {
-        return Ok(Outcome::Fallback(
-            "the policy has an include list, which the journal does not direct".into(),
-        ));
+    if let Some(reason) = refused(request) {
+        return Ok(Outcome::Fallback(reason));
     }
     let parent = match Parent::new(request.parent) {
         Ok(parent) => parent,
@@ -206,79 +205,26 @@ pub fn scan(
     let starts = plan.starts();
     if starts.is_empty() {
         manifest.keep_previous();
-        let (entries, file_count, file_bytes) = request.parent_totals;
-        let out = ScanOutput {
-            phases_ms: vec![("journal", ms(started))],
-            entries,
-            file_count,
-            file_bytes,
-            // Every file's hash is the parent's.
-            files_reused: file_count,
-            ..ScanOutput::default()
-        };
-        return Ok(Outcome::Done {
-            out: Box::new(out),
-            same: true,
-            examined: 0,
-            delta: None,
-        });
+        return Ok(unchanged(request.parent_totals, started));
     }
     let secrets = SecretSet::new(&scan.secrets)?;
-    let cache = scan.cache_path.as_deref().and_then(LoadedCache::load);
-    let fingerprint = secrets_fingerprint(&scan.secrets);
     let chunking = scan
         .chunks
         .map(|params| Chunking::new(params, scan.cache_path.as_deref()));
     let pool = build_pool(scan.threads)?;
     let own_progress = ScanProgress::default();
     let progress = scan.progress.as_deref().unwrap_or(&own_progress);
-    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
-    let walked = Walker {
-        root_fd: root.fd.as_raw_fd(),
-        root_path: &root.path,
-        roots: &root_forms,
-        policy: &scan.policy,
-        secrets: &secrets,
-        cancel: &scan.cancel,
-        root_dev: fs::fstat(root.fd.as_raw_fd())
-            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
-            .dev,
-        cache: cache.as_ref(),
-        reuse_hashes: cache.as_ref().is_some_and(|c| c.fingerprint == fingerprint),
-        progress,
-        direction: Some(&plan),
-    }
-    .walk_from(&pool, &starts)?;
-    drop(cache);
+    let walked = walk(request, &root, &plan, (&starts, &pool, &secrets, progress))?;
     let walk_ms = ms(started);
     if !walked.unsupported.is_empty() {
-        let mut unsupported = walked.unsupported;
-        unsupported.sort();
-        let out = ScanOutput {
-            unsupported,
-            ..ScanOutput::default()
-        };
-        return Ok(Outcome::Done {
-            out: Box::new(out),
-            same: false,
-            examined: 0,
-            delta: None,
-        });
+        return Ok(refusing(walked.unsupported));
     }
-    let examined = examined(
-        &plan,
-        &walked.found,
-        walked.dirs.iter().filter(|d| !d.reused).count(),
-    );
-    let mut batches: BTreeMap<String, Batch> = BTreeMap::new();
-    for batch in walked.found {
-        let dir = batch.dir.clone();
-        if batches.insert(dir.clone(), batch).is_some() {
-            return Ok(Outcome::Fallback(format!(
-                "the journal's changes reached {dir:?} twice (the tree moved under the scan)"
-            )));
-        }
-    }
+    let dirs_read = walked.dirs.iter().filter(|d| !d.reused).count();
+    let examined = examined(&plan, &walked.found, dirs_read);
+    let mut batches = match by_directory(walked.found) {
+        Ok(batches) => batches,
+        Err(reason) => return Ok(Outcome::Fallback(reason)),
+    };
     if let Some(path) = unknown_links(&batches, request.linked, root.fd.as_raw_fd()) {
         return Ok(Outcome::Fallback(format!(
             "{path:?} has other names the journal does not know (a hard link)"
@@ -289,67 +235,17 @@ pub fn scan(
         chunking.claim_reused(&mut list);
         batches = list.into_iter().map(|b| (b.dir.clone(), b)).collect();
     }
-    let (hashed, bytes_hashed) = hash_changed(
-        scan,
-        &root,
-        &pool,
-        &mut batches,
-        &secrets,
-        chunking.as_ref(),
-        progress,
-    )?;
+    let sinks = (&secrets, chunking.as_ref(), progress);
+    let (hashed, bytes_hashed) = hash_changed(scan, &root, &pool, &mut batches, sinks)?;
     let hash_ms = ms(started);
-    let Some(mut edits) = plan_edits(&plan, &parent, &batches, chunking.as_ref())? else {
-        return Ok(Outcome::Fallback(
-            "the journal's changes overlap (the tree moved under the scan)".into(),
-        ));
-    };
-    let files_with_secrets = batches
-        .values()
-        .flat_map(|b| &b.entries)
-        .filter(
-            |e| matches!(&e.kind, Kind::File(slot) if !slot.vanished && !slot.secrets.is_empty()),
-        )
-        .count() as u64;
+    let edits = plan_edits(&plan, &parent, &batches, chunking.as_ref())?;
     let totals = totals_after(&parent, &edits, request.parent_totals)?;
-    let same = edits.is_empty();
-    let mut delta = None;
-    let Some(pieces) = splice::pieces(&parent, &mut edits) else {
+    let mut out = counted(totals, (hashed, bytes_hashed), &batches, starts.len());
+    let Some((same, delta)) = write(request, &parent, edits, &mut out, manifest)? else {
         return Ok(Outcome::Fallback(
             "the journal's changes overlap (the tree moved under the scan)".into(),
         ));
     };
-    let mut out = ScanOutput {
-        entries: totals.0,
-        file_count: totals.1,
-        file_bytes: totals.2,
-        files_hashed: hashed,
-        // Not read: the stat cache vouched for them, or they are the parent's rows.
-        files_reused: totals.1.saturating_sub(hashed),
-        bytes_hashed,
-        files_with_secrets,
-        dirs_listed: starts.len() as u64,
-        ..ScanOutput::default()
-    };
-    if same {
-        manifest.keep_previous();
-    } else {
-        let len = splice::joined_len(&pieces);
-        let buffer = manifest
-            .allocate(len)
-            .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
-        splice::join_into(&pieces, buffer);
-        let incremental = request
-            .parent_digests
-            .and_then(|known| digests_after(&parent, &edits, known, buffer));
-        delta = Some(splice::delta(&parent, &edits));
-        out.digests = match incremental {
-            Some(digests) => digests,
-            None => crate::manifest::digests(buffer)
-                .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?
-                .concat(),
-        };
-    }
     out.phases_ms = vec![
         ("journal_walk", walk_ms),
         ("hash", hash_ms - walk_ms),
@@ -361,6 +257,174 @@ pub fn scan(
         examined,
         delta,
     })
+}
+
+/// Why the journal cannot direct this scan at all, if it cannot.
+fn refused(request: &Request) -> Option<String> {
+    if let Some(reason) = &request.dirty.everything {
+        return Some(reason.clone());
+    }
+    request
+        .scan
+        .policy
+        .has_include()
+        .then(|| "the policy has an include list, which the journal does not direct".into())
+}
+
+/// Entries a checkpoint cannot hold among those looked at: the capture
+/// refuses them, as after a full scan (there are no others: the parent's
+/// capture found none).
+fn refusing(mut unsupported: crate::walk::Refused) -> Outcome {
+    unsupported.sort();
+    let out = ScanOutput {
+        unsupported,
+        ..ScanOutput::default()
+    };
+    Outcome::Done {
+        out: Box::new(out),
+        same: false,
+        examined: 0,
+        delta: None,
+    }
+}
+
+/// Nothing to look at: the manifest is the parent's.
+fn unchanged(parent_totals: (u64, u64, u64), started: std::time::Instant) -> Outcome {
+    let (entries, file_count, file_bytes) = parent_totals;
+    let out = ScanOutput {
+        phases_ms: vec![("journal", ms(started))],
+        entries,
+        file_count,
+        file_bytes,
+        // Every file's hash is the parent's.
+        files_reused: file_count,
+        ..ScanOutput::default()
+    };
+    Outcome::Done {
+        out: Box::new(out),
+        same: true,
+        examined: 0,
+        delta: None,
+    }
+}
+
+/// What the walk needs beside the request: the starts, the pool, the
+/// secrets and the progress counters.
+type WalkWith<'a> = (
+    &'a [(String, bool)],
+    &'a rayon::ThreadPool,
+    &'a SecretSet,
+    &'a ScanProgress,
+);
+
+/// The directed walk from the starts (the stat cache lent for hashes).
+fn walk(
+    request: &Request,
+    root: &Root,
+    plan: &Plan,
+    (starts, pool, secrets, progress): WalkWith<'_>,
+) -> Result<crate::walk::WalkOutput, ScanError> {
+    let scan = request.scan;
+    let cache = scan.cache_path.as_deref().and_then(LoadedCache::load);
+    let fingerprint = secrets_fingerprint(&scan.secrets);
+    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+    Walker {
+        root_fd: root.fd.as_raw_fd(),
+        root_path: &root.path,
+        roots: &root_forms,
+        policy: &scan.policy,
+        secrets,
+        cancel: &scan.cancel,
+        root_dev: fs::fstat(root.fd.as_raw_fd())
+            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
+            .dev,
+        cache: cache.as_ref(),
+        reuse_hashes: cache.as_ref().is_some_and(|c| c.fingerprint == fingerprint),
+        progress,
+        direction: Some(plan),
+    }
+    .walk_from(pool, starts)
+}
+
+/// The walk's batches by directory; Err when one directory came twice (the
+/// tree moved under the walk).
+fn by_directory(found: Vec<Batch>) -> Result<BTreeMap<String, Batch>, String> {
+    let mut batches = BTreeMap::new();
+    for batch in found {
+        let dir = batch.dir.clone();
+        if batches.insert(dir.clone(), batch).is_some() {
+            return Err(format!(
+                "the journal's changes reached {dir:?} twice (the tree moved under the scan)"
+            ));
+        }
+    }
+    Ok(batches)
+}
+
+/// A directed scan's counts: the new manifest's `totals`, the files and
+/// bytes it `hashed`, and the directories it started from.
+fn counted(
+    totals: (u64, u64, u64),
+    (hashed, bytes_hashed): (u64, u64),
+    batches: &BTreeMap<String, Batch>,
+    starts: usize,
+) -> ScanOutput {
+    ScanOutput {
+        entries: totals.0,
+        file_count: totals.1,
+        file_bytes: totals.2,
+        files_hashed: hashed,
+        // Not read: the stat cache vouched for them, or they are the parent's rows.
+        files_reused: totals.1.saturating_sub(hashed),
+        bytes_hashed,
+        files_with_secrets: with_secrets(batches),
+        dirs_listed: starts as u64,
+        ..ScanOutput::default()
+    }
+}
+
+/// Kept files in which secrets were zeroed.
+fn with_secrets(batches: &BTreeMap<String, Batch>) -> u64 {
+    batches
+        .values()
+        .flat_map(|b| &b.entries)
+        .filter(
+            |e| matches!(&e.kind, Kind::File(slot) if !slot.vanished && !slot.secrets.is_empty()),
+        )
+        .count() as u64
+}
+
+/// Write the new manifest (the parent with `edits` spliced in), its
+/// digests and its delta from the parent; `(true, None)` when the rows are
+/// the parent's; None when two edits overlap.
+fn write(
+    request: &Request,
+    parent: &Parent,
+    mut edits: Vec<Edit>,
+    out: &mut ScanOutput,
+    manifest: &mut dyn ManifestBuffer,
+) -> Result<Option<(bool, Option<Delta>)>, ScanError> {
+    if edits.is_empty() {
+        manifest.keep_previous();
+        return Ok(Some((true, None)));
+    }
+    let Some(pieces) = splice::pieces(parent, &mut edits) else {
+        return Ok(None);
+    };
+    let buffer = manifest
+        .allocate(splice::joined_len(&pieces))
+        .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
+    splice::join_into(&pieces, buffer);
+    let incremental = request
+        .parent_digests
+        .and_then(|known| digests_after(parent, &edits, known, buffer));
+    out.digests = match incremental {
+        Some(digests) => digests,
+        None => crate::manifest::digests(buffer)
+            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?
+            .concat(),
+    };
+    Ok(Some((false, Some(splice::delta(parent, &edits)))))
 }
 
 fn ms(since: std::time::Instant) -> f64 {
@@ -424,9 +488,7 @@ fn hash_changed(
     root: &Root,
     pool: &rayon::ThreadPool,
     batches: &mut BTreeMap<String, Batch>,
-    secrets: &SecretSet,
-    chunking: Option<&Chunking>,
-    progress: &ScanProgress,
+    (secrets, chunking, progress): (&SecretSet, Option<&Chunking>, &ScanProgress),
 ) -> Result<(u64, u64), ScanError> {
     let mut files = Vec::new();
     for batch in batches.values_mut() {
@@ -489,13 +551,13 @@ fn encode(
 
 /// The edits of the parent: for each name looked at in each start, its row,
 /// and the rows below it when it is a directory walked whole now or was a
-/// directory before. None when the parent cannot be read where needed.
+/// directory before.
 fn plan_edits(
     plan: &Plan,
     parent: &Parent,
     batches: &BTreeMap<String, Batch>,
     chunking: Option<&Chunking>,
-) -> Result<Option<Vec<Edit>>, ScanError> {
+) -> Result<Vec<Edit>, ScanError> {
     let bad = |e: crate::manifest::ManifestError| {
         ScanError::io("<parent manifest>", "read", std::io::Error::other(e))
     };
@@ -564,7 +626,7 @@ fn plan_edits(
             }
         }
     }
-    Ok(Some(edits))
+    Ok(edits)
 }
 
 /// The rows below the directory `dir` as the walk found them, in path order.
@@ -624,157 +686,4 @@ fn totals_after(
     }
     let clamp = |n: i128| n.max(0) as u64;
     Ok((clamp(entries), clamp(files), clamp(bytes)))
-}
-
-/// The new manifest's blob digests (`new`, the parent with `edits` applied),
-/// from the parent's (`known`): theirs, less those only the removed rows
-/// held, plus the added rows' (None when a changed row is stored as chunks:
-/// then they are read from `new` whole). Whether a removed row's digest is
-/// still held by another row (a file's, or a chunk of a large one) is one
-/// search of `new` for all such digests at once, each find confirmed by
-/// parsing the row it lies in (a name could spell a digest).
-fn digests_after(parent: &Parent, edits: &[Edit], known: &[u8], new: &[u8]) -> Option<Vec<u8>> {
-    if known.len() % 32 != 0 {
-        return None;
-    }
-    let (mut removed, mut added) = (Vec::new(), Vec::new());
-    for edit in edits {
-        file_digests(parent.rows(edit.span), &mut removed)?;
-        file_digests(&edit.rows, &mut added)?;
-    }
-    added.sort_unstable();
-    added.dedup();
-    removed.sort_unstable();
-    removed.dedup();
-    removed.retain(|d| added.binary_search(d).is_err());
-    let held = still_held(new, &removed)?;
-    let mut out: Vec<[u8; 32]> = known
-        .chunks_exact(32)
-        .map(|d| <[u8; 32]>::try_from(d).expect("32 bytes"))
-        .filter(|d| removed.binary_search(d).is_err() || held.contains(d))
-        .collect();
-    out.extend(added);
-    out.sort_unstable();
-    out.dedup();
-    Some(out.concat())
-}
-
-/// The content digests of the file rows of `rows` (rows joined by commas),
-/// into `out`; None when one is stored as chunks.
-fn file_digests(rows: &[u8], out: &mut Vec<[u8; 32]>) -> Option<()> {
-    if rows.is_empty() {
-        return Some(());
-    }
-    let wrapped = [b"[".as_slice(), rows, b"]"].concat();
-    for row in crate::manifest::rows(&wrapped).ok()? {
-        if let Some(file) = file_row(row).ok()? {
-            if file_chunks(row, &file).ok()?.is_some() {
-                return None;
-            }
-            out.push(file.digest);
-        }
-    }
-    Some(())
-}
-
-/// Which of `digests` a file row of `manifest` still holds as a blob (its
-/// content, or one of its chunks): one pass that reads each file row's digest
-/// field (after `["f","` and the path, the only place a raw `["f","` occurs:
-/// a `"` inside a JSON string is escaped) and, for a row stored as chunks,
-/// its chunk list.
-fn still_held(
-    manifest: &[u8],
-    digests: &[[u8; 32]],
-) -> Option<std::collections::HashSet<[u8; 32]>> {
-    let mut held = std::collections::HashSet::new();
-    if digests.is_empty() {
-        return Some(held);
-    }
-    let wanted: std::collections::HashMap<String, [u8; 32]> = digests
-        .iter()
-        .map(|d| (crate::hash::to_hex(d), *d))
-        .collect();
-    let check = |hex: &[u8], held: &mut std::collections::HashSet<[u8; 32]>| {
-        if let Some(d) = std::str::from_utf8(hex).ok().and_then(|h| wanted.get(h)) {
-            held.insert(*d);
-        }
-    };
-    for at in memchr::memmem::find_iter(manifest, b"[\"f\",\"") {
-        let path_end = string_end(manifest, at + 5)?;
-        let hex = manifest.get(path_end + 2..path_end + 66)?;
-        check(hex, &mut held);
-        // `",size,mode,mtime` and then, for a chunked file, `,"<list>"`.
-        let mut i = path_end + 67;
-        for _ in 0..3 {
-            i += 1 + manifest
-                .get(i + 1..)?
-                .iter()
-                .position(|b| !b.is_ascii_digit() && *b != b'-')?;
-        }
-        if manifest.get(i..i + 2) == Some(b",\"") {
-            let list_end = string_end(manifest, i + 1)?;
-            for item in manifest[i + 2..list_end - 1].split(|&b| b == b',') {
-                check(item.get(..64)?, &mut held);
-            }
-        }
-        if held.len() == digests.len() {
-            break;
-        }
-    }
-    Some(held)
-}
-
-/// The end (exclusive) of the JSON string whose opening quote is at `start`.
-fn string_end(data: &[u8], start: usize) -> Option<usize> {
-    let mut i = start + 1;
-    loop {
-        i += memchr::memchr2(b'"', b'\\', data.get(i..)?)?;
-        if data[i] == b'"' {
-            return Some(i + 1);
-        }
-        i += 2;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::manifest::FileFields;
-
-    #[test]
-    fn a_digest_is_held_by_a_file_row_or_a_chunk_never_by_a_name() {
-        let (gone, chunk, named, spelled) = ([1u8; 32], [2u8; 32], [3u8; 32], [4u8; 32]);
-        let list = crate::chunk::encode_list(&[
-            crate::chunk::ChunkRef {
-                digest: [9; 32],
-                len: 7,
-            },
-            crate::chunk::ChunkRef {
-                digest: chunk,
-                len: 70_000,
-            },
-        ]);
-        let mut w = ManifestWriter::with_capacity(0);
-        // A name that spells a digest, and a link whose target does.
-        w.file(
-            crate::hash::to_hex(&spelled).as_str(),
-            &[5; 32],
-            1,
-            0o644,
-            1,
-        );
-        w.symlink("l", &crate::hash::to_hex(&gone));
-        let fields = FileFields {
-            hash: &[8; 32],
-            size: 70_007,
-            mode: 0o644,
-            mtime_ns: -5,
-            chunks: Some(&list),
-        };
-        w.file_with_chunks("big", &fields, &[]);
-        w.file("held", &named, 3, 0o600, 12);
-        let manifest = w.finish();
-        let held = still_held(&manifest, &[gone, chunk, named, spelled]).unwrap();
-        assert_eq!(held, [chunk, named].into_iter().collect());
-    }
 }

@@ -413,6 +413,16 @@ mod tests {
         assert_eq!(crate::manifest::apply(&data, &ops).unwrap(), out);
         let (_, store_added) = crate::manifest::delta(&data, &out).unwrap();
         assert_eq!(store_added, added);
+    }
+
+    #[test]
+    fn splices_of_everything_and_of_nothing_and_overlaps() {
+        let data = manifest(TREE);
+        let parent = Parent::new(&data).unwrap();
+        let row = |path: &str, tag: u8| {
+            let m = manifest(&[(path, tag)]);
+            m[1..m.len() - 1].to_vec()
+        };
         // Everything removed, and nothing at all.
         let mut gone = vec![Edit {
             span: parent.below("").unwrap(),
