@@ -210,12 +210,7 @@ def scan_workspace(
         unsupported=list(result.unsupported),
         entries_count=result.entries,
         files_hashed=result.files_hashed,
-        # A journal scan takes every file it did not hash from the parent: reused.
-        files_reused=(
-            result.file_count - result.files_hashed
-            if result.scan_mode == "journal"
-            else result.files_reused
-        ),
+        files_reused=result.files_reused,
         bytes_hashed=result.bytes_hashed,
         files_with_secrets=result.files_with_secrets,
         digests=result.digests,
