@@ -61,6 +61,9 @@ type CaptureOptions struct {
 // Captured is the saved checkpoint's summary, with the capture's stats.
 type Captured struct {
 	*pb.CheckpointSummary
+	// Stats say what the capture read and uploaded, and how it examined the
+	// workspace: ScanMode ("journal" or "full"), FullScanReason (why a full
+	// scan ran) and EntriesExamined (entries stat'ed plus directories listed).
 	Stats *pb.CaptureStats
 	// Replayed: a retry found the checkpoint an earlier attempt committed.
 	Replayed bool
