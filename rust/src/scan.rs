@@ -1271,7 +1271,7 @@ pub(crate) fn hash_slot(
         Err(e)
             if matches!(
                 e.raw_os_error(),
-                Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV)
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) | Some(libc::EXDEV) | Some(libc::ENXIO)
             ) =>
         {
             return Err(ScanError::Changed(abs()));
