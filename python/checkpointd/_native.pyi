@@ -441,8 +441,9 @@ def manifest_files_with_digests(data: bytes, digests: bytes) -> list[tuple[str, 
 def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
     """The delta that builds ``new`` from ``base``, and how many rows it inserts."""
 
-def manifest_apply(base: bytes, ops: bytes) -> bytes:
-    """The manifest a delta of ``manifest_delta`` builds on top of ``base``."""
+def manifest_apply(base: bytes, chain: list[bytes]) -> bytes:
+    """The manifest a chain of deltas of ``manifest_delta`` builds on top of
+    ``base``: each applied to what the one before built, the bytes copied once."""
 
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""

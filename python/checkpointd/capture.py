@@ -540,11 +540,15 @@ async def capture_checkpoint(
                 scanned(use, outcome)
                 if not scan_closed:
                     _close_scan_phase(reporter, outcome)
-                reclaim = outcome.entries_count >= RECLAIM_AFTER_ENTRIES
+                # (A capture the journal directed examined little: what it
+                # freed is the size of what the next one allocates again.)
+                reclaim = outcome.entries_examined >= RECLAIM_AFTER_ENTRIES
                 # Bytes from here to the store: valid by construction (the scan
                 # refuses every path docs/contract.md#data-model forbids), decoded only if someone reads it.
                 parent = await _parent_again(store, head_id, previous)
                 parent_manifest = manifest_of(parent.files) if parent is not None else None
+                if use is not None and parent_manifest is not None:
+                    use.journal.lend_digests(parent_manifest)
                 # When nothing changed they are the parent's (same length and
                 # fingerprint): the parent's manifest object is the new one, so
                 # no second copy is made and an unloaded one stays unloaded.

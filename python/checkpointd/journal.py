@@ -206,6 +206,15 @@ class WorkspaceJournal:
             baseline.fingerprint,
         )
 
+    def lend_digests(self, stored: Manifest) -> None:
+        """Tell ``stored`` its blob digests when it is the manifest the journal
+        last saw captured and their digests are known: a head read back from
+        the store is not worked through again (~1 s at a million entries)."""
+        with self._lock:
+            baseline = self._baseline
+        if baseline is not None and baseline.digests is not None and self.holds(stored):
+            stored.learn_digests(baseline.digests)
+
     def close(self) -> None:
         self._native.close()
 

@@ -305,6 +305,12 @@ class Manifest(Sequence["Entry"]):
             return None
         return ops, added
 
+    def learn_digests(self, digests: bytes) -> None:
+        """Record :meth:`digests`, worked out by whoever made these very bytes
+        (the caller has matched them by length and fingerprint)."""
+        if self._digests is None:
+            self._digests = digests
+
     def known_digests(self) -> bytes | None:
         """:meth:`digests` when known already (given, or computed once), else None."""
         return self._digests

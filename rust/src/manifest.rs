@@ -633,18 +633,41 @@ pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
     Ok(out)
 }
 
-/// Sorted `a` minus sorted `b` (both distinct).
-pub fn difference(a: &[[u8; 32]], b: &[[u8; 32]]) -> Vec<[u8; 32]> {
+/// Sorted `a` minus sorted `b` (both distinct), each a flat list of 32-byte
+/// digests. Works on the bytes as they are: no copy of either list. When one
+/// list is much the shorter (a capture's few new digests against a parent's
+/// million), each of its digests is looked up in the other by bisection.
+pub fn difference(a: &[u8], b: &[u8]) -> Vec<u8> {
+    const D: usize = 32;
+    let (na, nb) = (a.len() / D, b.len() / D);
+    let digest = |i: usize| &b[i * D..(i + 1) * D];
     let mut out = Vec::new();
+    if na.saturating_mul(32) < nb {
+        for x in a.chunks_exact(D) {
+            let (mut lo, mut hi) = (0, nb);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if digest(mid) < x {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if lo == nb || digest(lo) != x {
+                out.extend_from_slice(x);
+            }
+        }
+        return out;
+    }
     let mut j = 0;
-    for x in a {
-        while j < b.len() && b[j] < *x {
+    for x in a.chunks_exact(D) {
+        while j < nb && digest(j) < x {
             j += 1;
         }
-        if j < b.len() && b[j] == *x {
+        if j < nb && digest(j) == x {
             continue;
         }
-        out.push(*x);
+        out.extend_from_slice(x);
     }
     out
 }
@@ -818,44 +841,92 @@ fn read_u32(ops: &[u8], at: usize) -> Result<u32, ManifestError> {
 
 /// The manifest `delta` describes on top of `base`.
 pub fn apply(base: &[u8], ops: &[u8]) -> Result<Vec<u8>, ManifestError> {
-    let base_rows = rows(base)?;
-    let mut out = Vec::with_capacity(base.len() + ops.len());
+    apply_chain(base, &[ops])
+}
+
+/// A chain of deltas applied in turn to `base` (each [`apply`]'s `ops`
+/// against the manifest the one before made), with one copy of the bytes at
+/// the end: the rows in between are references into `base` and the deltas,
+/// never joined. Loading the head of a chain of 31 deltas from its keyframe
+/// is then one parse and one copy, not 31 of each.
+pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestError> {
+    // Each delta's inserted runs, wrapped as manifests so `rows` reads them.
+    let mut wrapped: Vec<Vec<Vec<u8>>> = Vec::with_capacity(chain.len());
+    for ops in chain {
+        let mut runs = Vec::new();
+        for_each_op(ops, |op| {
+            if let Op::Insert(joined) = op {
+                runs.push([b"[".as_slice(), joined, b"]"].concat());
+            }
+            Ok(())
+        })?;
+        wrapped.push(runs);
+    }
+    let mut current: Vec<&[u8]> = rows(base)?;
+    for (ops, runs) in chain.iter().zip(&wrapped) {
+        let mut next: Vec<&[u8]> = Vec::with_capacity(current.len());
+        let mut inserted = runs.iter();
+        for_each_op(ops, |op| {
+            match op {
+                Op::Copy(start, count, at) => next.extend_from_slice(
+                    current
+                        .get(start..start + count)
+                        .ok_or(bad(at, "copy beyond the base"))?,
+                ),
+                Op::Insert(_) => {
+                    let run = inserted.next().expect("one wrapped run per insert");
+                    next.extend(rows(run)?);
+                }
+            }
+            Ok(())
+        })?;
+        current = next;
+    }
+    let size = current.iter().map(|r| r.len() + 1).sum::<usize>() + 1;
+    let mut out = Vec::with_capacity(size.max(2));
     out.push(b'[');
-    let mut first = true;
-    let mut push = |out: &mut Vec<u8>, bytes: &[u8]| {
-        if !first {
+    for (i, row) in current.iter().enumerate() {
+        if i > 0 {
             out.push(b',');
         }
-        first = false;
-        out.extend_from_slice(bytes);
-    };
+        out.extend_from_slice(row);
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+/// One operation of a delta: copy `count` rows from row `start` of the base
+/// (the op at byte `at`), or insert rows (joined by commas; maybe none).
+enum Op<'a> {
+    Copy(usize, usize, usize),
+    Insert(&'a [u8]),
+}
+
+fn for_each_op<'a>(
+    ops: &'a [u8],
+    mut each: impl FnMut(Op<'a>) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
     let mut i = 0;
     while i < ops.len() {
         match ops[i] {
             b'C' => {
                 let start = read_u32(ops, i + 1)? as usize;
                 let count = read_u32(ops, i + 5)? as usize;
-                let run = base_rows
-                    .get(start..start + count)
-                    .ok_or(bad(i, "copy beyond the base"))?;
-                for row in run {
-                    push(&mut out, row);
-                }
+                each(Op::Copy(start, count, i))?;
                 i += 9;
             }
             b'A' => {
                 let len = read_u32(ops, i + 5)? as usize;
                 let joined = ops.get(i + 9..i + 9 + len).ok_or(bad(i, "short insert"))?;
                 if !joined.is_empty() {
-                    push(&mut out, joined);
+                    each(Op::Insert(joined))?;
                 }
                 i += 9 + len;
             }
             _ => return Err(bad(i, "unknown delta operation")),
         }
     }
-    out.push(b']');
-    Ok(out)
+    Ok(())
 }
 
 /// One decoded manifest row (the inverse of [`ManifestWriter`]).
@@ -1107,6 +1178,67 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    /// A chain of deltas applied at once gives what applying each in turn
+    /// gives: rows inserted by one delta and copied or dropped by the next.
+    #[test]
+    fn a_chain_of_deltas_applies_as_each_in_turn() {
+        let version = |names: &[&str]| {
+            let mut w = ManifestWriter::with_capacity(0);
+            for (i, name) in names.iter().enumerate() {
+                if i % 3 == 0 {
+                    w.dir(*name, 0o755);
+                } else {
+                    w.file(*name, &[i as u8; 32], i as u64, 0o644, 7);
+                }
+            }
+            w.finish()
+        };
+        let versions = [
+            version(&["a", "b", "c", "d"]),
+            version(&["a", "b,x", "c", "d", "e"]),
+            version(&["b,x", "c", "e", "f"]),
+            version(&[]),
+            version(&["z"]),
+        ];
+        let deltas: Vec<Vec<u8>> = versions
+            .windows(2)
+            .map(|w| delta(&w[0], &w[1]).unwrap().0)
+            .collect();
+        for end in 1..versions.len() {
+            let chain: Vec<&[u8]> = deltas[..end].iter().map(Vec::as_slice).collect();
+            assert_eq!(apply_chain(&versions[0], &chain).unwrap(), versions[end]);
+            assert_eq!(
+                apply(&versions[end - 1], chain[end - 1]).unwrap(),
+                versions[end]
+            );
+        }
+        assert!(apply_chain(&versions[0], &[b"C\x00\x00\x00\x00\x09\x00\x00\x00"]).is_err());
+    }
+
+    /// Both ways of `difference` (a merge; bisection for a short `a`) give
+    /// what a set difference gives.
+    #[test]
+    fn difference_is_the_set_difference() {
+        let digest = |n: u32| {
+            let mut d = [0u8; 32];
+            d[..4].copy_from_slice(&n.to_be_bytes());
+            d[31] = (n % 7) as u8;
+            d
+        };
+        let flat = |ns: &[u32]| ns.iter().flat_map(|&n| digest(n)).collect::<Vec<u8>>();
+        let b: Vec<u32> = (0..4000).filter(|n| n % 3 != 0).collect();
+        for a in [
+            vec![0, 1, 2, 3, 3999, 4000, 5000],
+            (0..4100).filter(|n| n % 5 != 0).collect::<Vec<u32>>(),
+            vec![],
+        ] {
+            let want: Vec<u32> = a.iter().copied().filter(|n| !b.contains(n)).collect();
+            assert_eq!(difference(&flat(&a), &flat(&b)), flat(&want));
+            assert_eq!(difference(&flat(&b), &flat(&a)).len() % 32, 0);
+        }
+        assert_eq!(difference(&flat(&[1, 2]), &[]), flat(&[1, 2]));
     }
 
     #[test]

@@ -414,6 +414,12 @@ async def test_delta_documents_read_back_everywhere(tmp_path: Path) -> None:
     ).fetchone()
     raw.close()
     assert kinds[0] >= 2 and kinds[1] >= 40, kinds  # mostly deltas, a few keyframes
+    # A head read first is its chain of deltas applied at once; the rows
+    # between it and its keyframe read back as well afterwards.
+    head_first = await _open(path)
+    for cp in (appended[-1], appended[-20], appended[-2]):
+        assert await head_first.get(cp.id) == cp
+    await head_first.aclose()
     reader = await _open(path)
     for store in (writer_store, reader):
         assert await store.list("t") == appended

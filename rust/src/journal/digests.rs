@@ -1,7 +1,7 @@
 //! A new manifest's blob digests worked out from its parent's and the
 //! changes (see `journal::scan`), instead of read from every row.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use super::splice::{Edit, Parent};
 use crate::manifest::{file_chunks, file_row};
@@ -28,15 +28,30 @@ pub fn digests_after(parent: &Parent, edits: &[Edit], known: &[u8], new: &[u8]) 
     removed.dedup();
     removed.retain(|d| added.binary_search(d).is_err());
     let held = still_held(new, &removed)?;
-    let mut out: Vec<[u8; 32]> = known
-        .chunks_exact(32)
-        .map(|d| <[u8; 32]>::try_from(d).expect("32 bytes"))
-        .filter(|d| removed.binary_search(d).is_err() || held.contains(d))
-        .collect();
-    out.extend(added);
-    out.sort_unstable();
-    out.dedup();
-    Some(out.concat())
+    removed.retain(|d| !held.contains(d));
+    Some(merged(known, &removed, &added))
+}
+
+/// Sorted, distinct `known` less `removed` plus `added` (both sorted and
+/// distinct): one merge, written straight into the flat list.
+fn merged(known: &[u8], removed: &[[u8; 32]], added: &[[u8; 32]]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(known.len() + added.len() * 32);
+    let mut added = added.iter().peekable();
+    let mut removed = removed.iter().peekable();
+    for digest in known.chunks_exact(32) {
+        while let Some(new) = added.next_if(|new| new.as_slice() < digest) {
+            out.extend_from_slice(new);
+        }
+        added.next_if(|new| new.as_slice() == digest);
+        while removed.next_if(|gone| gone.as_slice() < digest).is_some() {}
+        if removed.next_if(|gone| gone.as_slice() == digest).is_none() {
+            out.extend_from_slice(digest);
+        }
+    }
+    for new in added {
+        out.extend_from_slice(new);
+    }
+    out
 }
 
 /// The content digests of the file rows of `rows` (rows joined by commas),
@@ -67,38 +82,49 @@ fn still_held(manifest: &[u8], digests: &[[u8; 32]]) -> Option<HashSet<[u8; 32]>
     if digests.is_empty() {
         return Some(held);
     }
-    let wanted: HashMap<String, [u8; 32]> = digests
-        .iter()
-        .map(|d| (crate::hash::to_hex(d), *d))
-        .collect();
-    let check = |hex: &[u8], held: &mut HashSet<[u8; 32]>| {
-        if let Some(d) = std::str::from_utf8(hex).ok().and_then(|h| wanted.get(h)) {
-            held.insert(*d);
-        }
-    };
-    for at in memchr::memmem::find_iter(manifest, b"[\"f\",\"") {
-        let path_end = string_end(manifest, at + 5)?;
-        let hex = manifest.get(path_end + 2..path_end + 66)?;
-        check(hex, &mut held);
-        // `",size,mode,mtime` and then, for a chunked file, `,"<list>"`.
-        let mut i = path_end + 67;
-        for _ in 0..3 {
-            i += 1 + manifest
-                .get(i + 1..)?
-                .iter()
-                .position(|b| !b.is_ascii_digit() && *b != b'-')?;
-        }
-        if manifest.get(i..i + 2) == Some(b",\"") {
-            let list_end = string_end(manifest, i + 1)?;
-            for item in manifest[i + 2..list_end - 1].split(|&b| b == b',') {
-                check(item.get(..64)?, &mut held);
+    let hexes: Vec<String> = digests.iter().map(crate::hash::to_hex).collect();
+    let search = aho_corasick::AhoCorasick::new(&hexes).ok()?;
+    for found in search.find_iter(manifest) {
+        let digest = digests[found.pattern().as_usize()];
+        if !held.contains(&digest) && is_blob_field(manifest, found.start())? {
+            held.insert(digest);
+            if held.len() == digests.len() {
+                break;
             }
-        }
-        if held.len() == digests.len() {
-            break;
         }
     }
     Some(held)
+}
+
+/// Whether the digest spelled at `at` is a file row's content digest or one
+/// of its chunks (not a name, a link target, or part of one). The file row
+/// it could lie in starts at the last `["f","` before it: that run occurs
+/// nowhere else (a `"` inside a JSON string is escaped).
+fn is_blob_field(manifest: &[u8], at: usize) -> Option<bool> {
+    let Some(row) = memchr::memmem::rfind(&manifest[..at], b"[\"f\",\"") else {
+        return Some(false);
+    };
+    let path_end = string_end(manifest, row + 5)?;
+    if at == path_end + 2 {
+        return Some(true);
+    }
+    if at < path_end {
+        return Some(false);
+    }
+    // `",size,mode,mtime` and then, for a chunked file, `,"<list>"`.
+    let mut i = path_end + 67;
+    for _ in 0..3 {
+        i += 1 + manifest
+            .get(i + 1..)?
+            .iter()
+            .position(|b| !b.is_ascii_digit() && *b != b'-')?;
+    }
+    if manifest.get(i..i + 2) != Some(b",\"") {
+        return Some(false);
+    }
+    let list_end = string_end(manifest, i + 1)?;
+    let list_start = i + 2;
+    Some(at >= list_start && at + 64 < list_end && (at == list_start || manifest[at - 1] == b','))
 }
 
 /// The end (exclusive) of the JSON string whose opening quote is at `start`.

@@ -218,12 +218,16 @@ fn rows_in(parent: &Parent, (start, stop): Span) -> u32 {
     if start >= stop {
         return 0;
     }
-    // Each row after the first starts right after `],` with a row tag.
+    // Each row after the first starts right after `],` with a row tag: one
+    // pass for `],["`, then the tag and the path's quote are checked.
     let bytes = &parent.data[start..stop];
-    let later: usize = [&b"],[\"f\",\""[..], b"],[\"d\",\"", b"],[\"l\",\""]
-        .iter()
-        .map(|tag| memchr::memmem::find_iter(bytes, tag).count())
-        .sum();
+    let later = memchr::memmem::find_iter(bytes, b"],[\"")
+        .filter(|&at| {
+            bytes
+                .get(at + 4..at + 8)
+                .is_some_and(|t| matches!(t[0], b'f' | b'd' | b'l') && &t[1..] == b"\",\"")
+        })
+        .count();
     1 + later as u32
 }
 

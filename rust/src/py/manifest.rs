@@ -47,9 +47,13 @@ pub fn digest_difference<'py>(
     a: &[u8],
     b: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let (a, b) = (split(a)?, split(b)?);
-    let out = py.allow_threads(|| core::difference(&a, &b));
-    Ok(PyBytes::new(py, &flat(&out)))
+    if a.len() % 32 != 0 || b.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    let out = py.allow_threads(|| core::difference(a, b));
+    Ok(PyBytes::new(py, &out))
 }
 
 /// See `_native.pyi`.
@@ -87,10 +91,13 @@ pub fn manifest_delta<'py>(
 pub fn manifest_apply<'py>(
     py: Python<'py>,
     base: &[u8],
-    ops: &[u8],
+    chain: Vec<Vec<u8>>,
 ) -> PyResult<Bound<'py, PyBytes>> {
     let out = py
-        .allow_threads(|| core::apply(base, ops))
+        .allow_threads(|| {
+            let chain: Vec<&[u8]> = chain.iter().map(Vec::as_slice).collect();
+            core::apply_chain(base, &chain)
+        })
         .map_err(invalid)?;
     Ok(PyBytes::new(py, &out))
 }
