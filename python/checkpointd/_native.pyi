@@ -5,7 +5,7 @@ policy, classifies entries, zeroes secrets, hashes with BLAKE3 and consults a
 persistent stat cache. Results cross into Python as compact bytes.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 __version__: str
 BUILD_PROFILE: str  # "release" or "debug" (benchmarks refuse debug builds)
@@ -180,30 +180,8 @@ def scan(
     shorter than 4 bytes, ScanCancelled on cancel.
     """
 
-def hash_file(path: str, secrets: Sequence[bytes] = ()) -> tuple[str, int]:
-    """(64-hex BLAKE3 of the zeroed bytes, size), streaming in fixed memory."""
-
-def hash_file_with_secrets(
-    path: str, secrets: Sequence[bytes] = ()
-) -> tuple[str, int, list[tuple[int, int, int]]]:
-    """``hash_file`` plus where each secret was zeroed: sorted (offset, length,
-    index of the secret in ``secrets``) triples, overlapping matches included."""
-
-class ZeroingReader:
-    """Streams a file's bytes with every secret occurrence zeroed (fixed memory).
-
-    Opens with O_NOFOLLOW. Iterating yields chunks of up to ``chunk_size`` bytes;
-    matches spanning chunk boundaries are zeroed too.
-    """
-
-    def __init__(
-        self, path: str, secrets: Sequence[bytes] = (), chunk_size: int = 1 << 20
-    ) -> None: ...
-    def __iter__(self) -> Iterator[bytes]: ...
-    def __next__(self) -> bytes: ...
-    def close(self) -> None: ...
-    def __enter__(self) -> ZeroingReader: ...
-    def __exit__(self, *exc_info: object) -> None: ...
+def hash_file(path: str) -> tuple[str, int]:
+    """(64-hex BLAKE3 of the file's bytes, size), streaming in fixed memory."""
 
 class VerifyingReader:
     """A file's zeroed bytes streamed for an upload and checked on the way:
@@ -272,9 +250,6 @@ def rehash_beneath(
 def stat_beneath(root_fd: int, path: str) -> Stamp | None:
     """The fstat of ``path`` opened beneath ``root_fd`` (no symlink in any
     component), None when it is gone or no longer reachable that way."""
-
-def zero_secrets(data: bytes, secrets: Sequence[bytes]) -> bytes:
-    """Every occurrence (overlapping too) of each secret replaced by zero bytes."""
 
 def secrets_fingerprint(secrets: Sequence[bytes]) -> str:
     """A keyed hash of the secret set, stored in the stat cache (never the secrets)."""
@@ -448,9 +423,6 @@ def manifest_apply(base: bytes, chain: list[bytes]) -> bytes:
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""
 
-def manifest_has_secrets(data: bytes) -> bool:
-    """Whether any file row of the manifest carries secret positions."""
-
 class TargetRefused(ValueError):
     """A target path refused before any change; ``args`` = (code, path, message),
     code "invalid-path" (a top-level ``.checkpointd*`` name) or "name-too-long"."""
@@ -485,18 +457,17 @@ class RestoreSession:
         cache_path: str | None = None,
         cancel: CancelToken | None = None,
         secrets: Sequence[bytes] = (),
-        keep: Sequence[str] = (),
-        uncached: Sequence[str] = (),
+        secret_names: Sequence[str] | None = None,
         plan_only: bool = False,
         chunk_threshold: int | None = None,
         chunk_average: int = 65536,
         keep_live: bool = False,
     ) -> None: ...
     # ``secrets`` are zeroed in the live scan (a file still holding them equals
-    # its zeroed blob); ``keep`` are paths (relative to the restore root) never
-    # rewritten: files equal to the checkpoint but for their secrets; ``uncached``
-    # are never recorded in the stat cache; ``keep_live`` keeps the live scan's
-    # tree for ``take_live``.
+    # its zeroed blob), and ``fill_secrets`` writes them back (``secret_names``:
+    # their names, when the caller gave a mapping). A file equal to the
+    # checkpoint but for its secret spans is never rewritten; ``keep_live``
+    # keeps the live scan's tree for ``take_live``.
     def take_live(self) -> tuple[bytes, int, int, int, int] | None:
         """The live tree the scan saw (``keep_live``), once: its manifest rows,
         entries, files, file bytes and files with secrets zeroed. None after
@@ -571,6 +542,13 @@ class RestoreSession:
     def finish(self) -> None:
         """syncfs of the workspace's filesystem, then record in the stat cache the
         stat of each inode the restore renamed in."""
+    def fill_secrets(self) -> list[str]:
+        """After ``finish``: write each given secret where capture zeroed it and
+        its restored file holds something else (zeros), its mtime put back and
+        synced; only into a regular, single-link file of the recorded size on
+        the restore root's mount, opened beneath it without following a
+        symlink. Returns the paths (relative to the restore root, sorted) left
+        with zeros where a secret was."""
     # Paths left alone because they lie on another filesystem (mount points).
     @property
     def skipped(self) -> list[str]: ...

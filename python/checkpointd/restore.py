@@ -44,7 +44,6 @@ import dataclasses
 import functools
 import logging
 import os
-import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -71,15 +70,7 @@ from .errors import (
 from .manifest import Manifest, manifest_of
 from .model import FILE_KEY_PREFIX, Checkpoint, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
-from .safefs import SafeRoot
-from .secrets import (
-    LiveSecrets,
-    Secrets,
-    SecretsArg,
-    parse_secrets,
-    read_through_spans,
-    write_fills,
-)
+from .secrets import Secrets, SecretsArg, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store._packindex import file_key
 from .store.base import CheckpointStore, IndexRow, PackedBlob
@@ -106,12 +97,6 @@ FETCH_CHUNK_BYTES = 1 << 20
 # Operations per native apply call (between two progress reports and checks).
 APPLY_BATCH = 4096
 _RESERVED_TOP_LEVEL = ".checkpointd"
-# Fingerprints (BLAKE3 of the bytes) of the last manifests found to hold no
-# secret spans: a daemon restoring one checkpoint again (a rollback retried, a
-# sandbox reset to its start) does not read its 100k rows for that again.
-# (Emptied when full: a plain set, safe to share between threads.)
-_NO_SECRETS_KEPT = 64
-_no_secrets: set[bytes] = set()
 
 
 def validate_manifest(checkpoint: Checkpoint) -> None:
@@ -219,8 +204,6 @@ async def restore_checkpoint(
             # No policy given: the one the checkpoint was captured with, so a
             # restore never deletes what that capture left out (docs/design.md).
             policy = checkpoint.effective_policy(policy)
-            spanned = _files_with_secrets(checkpoint, subdir)
-            holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
             session = await _open_session(
                 root,
                 subdir,
@@ -228,8 +211,6 @@ async def restore_checkpoint(
                 policy,
                 cache_path,
                 given_secrets,
-                holding,
-                spanned,
                 keep_live=before_apply is not None,
             )
             try:
@@ -254,8 +235,9 @@ async def restore_checkpoint(
                 reporter.phase("record", files_total=session.recorded)
                 await run_in_thread(session.finish)
                 record_base(cache_path, target_root, checkpoint.thread_id, checkpoint.id)
-                unfilled = await run_in_thread(lambda: _fill_secrets(root, spanned, given_secrets))
-                _report_unfilled(checkpoint, unfilled, unfilled_secrets)
+                unfilled = await run_in_thread(session.fill_secrets)
+                prefix = f"{subdir}/" if subdir else ""
+                _report_unfilled(checkpoint, [prefix + path for path in unfilled], unfilled_secrets)
                 for path in session.skipped:
                     _log.warning(
                         "restore left %s alone: a mount point, or deeper than a checkpoint goes",
@@ -361,9 +343,8 @@ async def preview_restore(
     if checkpoint is None:
         return None
     validate_manifest(checkpoint)
-    # Files that equal the checkpoint but for their secrets are kept, as a restore would.
-    spanned = _files_with_secrets(checkpoint, subdir)
-    holding = await run_in_thread(lambda: _holding_their_secrets(root, spanned))
+    # Files that equal the checkpoint but for their secrets are kept, as a
+    # restore would (the session finds them natively).
     session = await _open_session(
         root,
         subdir,
@@ -371,8 +352,6 @@ async def preview_restore(
         checkpoint.effective_policy(policy),
         cache_path,
         Secrets(),
-        holding,
-        spanned,
         plan_only=True,
     )
     try:
@@ -391,125 +370,6 @@ async def preview_restore(
         )
     finally:
         await run_in_thread(session.close)
-
-
-# ---------------------------------------------------------------------- secrets
-#
-# Where capture zeroed secrets, the manifest records the spans. Restore leaves a
-# live file alone when, with those spans zeroed, it equals the checkpoint's bytes
-# (rewriting it would put zeros over the real secrets), and afterwards writes the
-# given secrets into every such file that holds zeros there. Both steps open the
-# files beneath the root without following symlinks, and write only to a regular
-# file with one link whose other bytes are the checkpoint's.
-
-
-def _files_with_secrets(checkpoint: Checkpoint, subdir: str) -> list[tuple[str, FileEntry]]:
-    """(path relative to the workspace root, entry) of each file with spans."""
-    manifest = manifest_of(checkpoint.files)
-    fingerprint = manifest.fingerprint()
-    if fingerprint in _no_secrets:
-        return []
-    if not _native.manifest_has_secrets(manifest.data):
-        # The common case, without one Python object per entry.
-        if len(_no_secrets) >= _NO_SECRETS_KEPT:
-            _no_secrets.clear()
-        _no_secrets.add(fingerprint)
-        return []
-    prefix = f"{subdir}/" if subdir else ""
-    return [
-        (prefix + entry.path, entry)
-        for entry in checkpoint.files
-        if isinstance(entry, FileEntry) and entry.secrets
-    ]
-
-
-def _open_checked(safe: SafeRoot, rel: str, entry: FileEntry, flags: int) -> int | None:
-    """An fd on the regular, single-link file at ``rel`` of the entry's size,
-    on the workspace root's mount (never a file bind-mounted into the
-    workspace, nor one beneath a mounted directory: its inode is not ours)."""
-    parent, name = safe.parent_fd(rel)
-    if parent is None:
-        return None
-    try:
-        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=parent)
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    if (
-        not stat.S_ISREG(info.st_mode)
-        or info.st_nlink != 1
-        or info.st_size != entry.size
-        or _mount_id(fd) != _mount_id(safe.root_fd)
-    ):
-        os.close(fd)
-        return None
-    return fd
-
-
-def _mount_id(fd: int) -> int | None:
-    """The id of the mount ``fd`` lies on (``mnt_id`` in /proc/self/fdinfo), or
-    None where /proc does not say."""
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
-            for line in info:
-                if line.startswith("mnt_id:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _is_the_checkpoints(seen: LiveSecrets, entry: FileEntry) -> bool:
-    return seen.zeroed_hex == entry.blob_key[len(FILE_KEY_PREFIX) :]
-
-
-def _holding_their_secrets(root: str, spanned: list[tuple[str, FileEntry]]) -> list[str]:
-    """The paths whose live file equals the checkpoint's bytes once the spans
-    are zeroed (blocks: runs in a worker thread)."""
-    if not spanned:
-        return []
-    holding = []
-    with SafeRoot(root) as safe:
-        for rel, entry in spanned:
-            fd = _open_checked(safe, rel, entry, os.O_RDONLY)
-            if fd is None:
-                continue
-            try:
-                if _is_the_checkpoints(read_through_spans(fd, entry.secrets), entry):
-                    holding.append(rel)
-            finally:
-                os.close(fd)
-    return holding
-
-
-def _fill_secrets(root: str, spanned: list[tuple[str, FileEntry]], secrets: Secrets) -> list[str]:
-    """Write each given secret where its file holds something else (zeros); the
-    paths left with zeros where a secret was (blocks: runs in a worker thread)."""
-    unfilled = []
-    with SafeRoot(root) as safe:
-        for rel, entry in spanned:
-            fd = _open_checked(safe, rel, entry, os.O_RDWR if secrets.values else os.O_RDONLY)
-            if fd is None:
-                unfilled.append(rel)
-                continue
-            try:
-                seen = read_through_spans(fd, entry.secrets)
-                if not _is_the_checkpoints(seen, entry):
-                    continue  # changed since the restore wrote it: not ours to fill
-                fills, zeros = [], False
-                for span, held in zip(entry.secrets, seen.at_spans, strict=True):
-                    value = secrets.lookup(span)
-                    if value is None:
-                        zeros = zeros or not held.strip(b"\0")
-                    elif held != value:
-                        fills.append((span.offset, value))
-                if fills:
-                    write_fills(fd, fills, os.fstat(fd).st_mtime_ns)
-                if zeros:
-                    unfilled.append(rel)
-            finally:
-                os.close(fd)
-    return sorted(unfilled, key=lambda path: path.encode("utf-8", "surrogateescape"))
 
 
 def _report_unfilled(checkpoint: Checkpoint, unfilled: list[str], out: list[str] | None) -> None:
@@ -584,8 +444,6 @@ async def _open_session(
     policy: Policy,
     cache_path: str,
     secrets: Secrets,
-    holding: list[str],
-    spanned: list[tuple[str, FileEntry]],
     *,
     plan_only: bool = False,
     keep_live: bool = False,
@@ -593,16 +451,11 @@ async def _open_session(
     """Open the restore root, scan it live and plan, natively (GIL released).
 
     The live scan zeroes the given secrets (a file still holding them equals
-    its blob); ``holding`` (paths relative to the restore root) are left alone.
+    its blob); a file equal to the checkpoint but for its secret spans is left
+    alone, and ``fill_secrets`` writes the given secrets back.
     ``plan_only``: a dry run's session, which makes no staging directory.
     ``keep_live``: the session keeps the live scan's manifest (``take_live``).
     """
-    prefix = f"{subdir}/" if subdir else ""
-    keep = [path[len(prefix) :] for path in holding]
-    # Files holding secrets never enter the stat cache (it keeps no spans, and
-    # restore fills them in after its own record). ``spanned`` lists them, so
-    # the manifest is never decoded into one Python object per entry here.
-    uncached = [entry.path for _rel, entry in spanned]
     target = manifest_of(checkpoint.files).data
     token = _native.CancelToken()
 
@@ -617,8 +470,7 @@ async def _open_session(
             cache_path=cache_path,
             cancel=token,
             secrets=secrets.values,
-            keep=keep,
-            uncached=uncached,
+            secret_names=secrets.names,
             plan_only=plan_only,
             keep_live=keep_live,
             chunk_threshold=chunks.native_args()[0],

@@ -7,15 +7,15 @@ bytes (docs/design.md). Capture zeroes every occurrence and records, per file, w
 the list when no names were given). Restore given the secrets writes them back
 there. A checkpoint never holds a secret's value nor a hash of it.
 
-How a recorded span finds its secret again (``Secrets.lookup``): a name is looked
-up among the names the caller gives now; an index is the position in the
-caller's list (a mapping's insertion order counts as its list). A span whose
-secret is not given, or is given with another length, stays zeros.
+How a recorded span finds its secret again at restore is native
+(``rust/src/spans.rs``): a name is looked up among the names the caller gives
+now; an index is the position in the caller's list (a mapping's insertion order
+counts as its list). A span whose secret is not given, or is given with another
+length, stays zeros.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -39,16 +39,6 @@ class Secrets:
     def ref(self, index: int) -> int | str:
         """What a span records for the secret at ``index``: its name, else the index."""
         return self.names[index] if self.names is not None else index
-
-    def lookup(self, span: SecretSpan) -> bytes | None:
-        """The secret a recorded span held, when the caller gave it (same length)."""
-        value: bytes | None = None
-        if isinstance(span.secret, str):
-            if self.names is not None and span.secret in self.names:
-                value = self.values[self.names.index(span.secret)]
-        elif 0 <= span.secret < len(self.values):
-            value = self.values[span.secret]
-        return value if value is not None and len(value) == span.length else None
 
 
 def parse_secrets(secrets: SecretsArg | Secrets) -> Secrets:
@@ -94,61 +84,9 @@ def named_spans(spans: tuple[SecretSpan, ...], secrets: Secrets) -> tuple[Secret
     )
 
 
-# --------------------------------------------------------------------- restore
-
-_READ_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class LiveSecrets:
-    """A live file seen through a checkpoint entry's spans: the BLAKE3 hex of its
-    bytes with those spans zeroed, and its bytes at each span."""
-
-    zeroed_hex: str
-    at_spans: tuple[bytes, ...]
-
-
-def read_through_spans(fd: int, spans: tuple[SecretSpan, ...]) -> LiveSecrets:
-    """Hash the open file ``fd`` with ``spans`` zeroed, in fixed memory, keeping
-    the bytes each span covers (blocks: call it in a worker thread)."""
-    import blake3
-
-    hasher = blake3.blake3()
-    pieces: list[list[bytes]] = [[] for _ in spans]
-    position = 0
-    while chunk := os.read(fd, _READ_CHUNK):
-        end = position + len(chunk)
-        buffer = bytearray(chunk)
-        for index, span in enumerate(spans):
-            start, stop = max(span.offset, position), min(span.offset + span.length, end)
-            if start < stop:
-                pieces[index].append(chunk[start - position : stop - position])
-        for span in spans:
-            start, stop = max(span.offset, position), min(span.offset + span.length, end)
-            if start < stop:
-                buffer[start - position : stop - position] = bytes(stop - start)
-        hasher.update(buffer)
-        position = end
-    return LiveSecrets(hasher.hexdigest(), tuple(b"".join(parts) for parts in pieces))
-
-
-def write_fills(fd: int, fills: list[tuple[int, bytes]], mtime_ns: int) -> None:
-    """Write the secrets into the open file, put its mtime back, and make the
-    bytes durable (restore reports success only after its data is synced)."""
-    for offset, value in fills:
-        view = memoryview(value)
-        while view:
-            view = view[os.pwrite(fd, view, offset + len(value) - len(view)) :]
-    os.utime(fd, ns=(mtime_ns, mtime_ns))
-    os.fsync(fd)
-
-
 __all__ = [
-    "LiveSecrets",
     "Secrets",
     "SecretsArg",
     "named_spans",
     "parse_secrets",
-    "read_through_spans",
-    "write_fills",
 ]

@@ -157,6 +157,16 @@ fn statx_nofollow(
     Ok(Some(unsafe { stx.assume_init() }))
 }
 
+/// The id of the mount the open `fd` lies on (`statx`'s `stx_mnt_id`, Linux
+/// 5.8+), or None where the kernel does not say: two fds with the same id
+/// are on one mount (a bind mount of the same filesystem has its own).
+pub fn mount_id(fd: RawFd) -> Option<u64> {
+    let stx = statx_nofollow(fd, c"", libc::AT_STATX_DONT_SYNC, libc::STATX_MNT_ID)
+        .ok()
+        .flatten()?;
+    (stx.stx_mask & libc::STATX_MNT_ID != 0).then_some(stx.stx_mnt_id)
+}
+
 /// `STATX_ATTR_MOUNT_ROOT` of a statx result, None when the kernel does not
 /// report the attribute (before Linux 5.8).
 fn mount_root_of(stx: &libc::statx) -> Option<bool> {

@@ -152,28 +152,6 @@ pub fn hash_reader_recording<R: Read>(
     Ok((*hasher.finalize().as_bytes(), stream.bytes_read))
 }
 
-/// [`hash_file`], also recording where secrets were zeroed (see
-/// [`hash_reader_recording`]).
-pub fn hash_file_recording(
-    file: &File,
-    expected_size: Option<u64>,
-    secrets: &SecretSet,
-    cancel: &Cancel,
-    parallel: bool,
-    scratch: &mut Vec<u8>,
-    found: &mut Vec<SecretMatch>,
-) -> Result<Digest, HashError> {
-    hash_reader_recording(
-        file,
-        expected_size,
-        secrets,
-        cancel,
-        parallel,
-        scratch,
-        found,
-    )
-}
-
 /// Hash an open file from its current position (see [`hash_reader`]).
 pub fn hash_file(
     file: &File,

@@ -19,6 +19,7 @@ pub mod redact;
 pub mod restore;
 pub mod restore_chunks;
 pub mod scan;
+pub mod spans;
 pub mod statcache;
 pub mod verify;
 pub mod walk;

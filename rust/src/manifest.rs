@@ -575,17 +575,6 @@ fn after_mtime(row: &[u8]) -> Result<usize, ManifestError> {
     Ok(at)
 }
 
-/// Whether any file row carries secret positions (a pass over the bytes; no
-/// row is decoded).
-pub fn has_secrets(data: &[u8]) -> Result<bool, ManifestError> {
-    for row in rows(data)? {
-        if row_has_secrets(row)? {
-            return Ok(true);
-        }
-    }
-    Ok(false)
-}
-
 /// Entry count, file count and total file bytes.
 pub fn totals(data: &[u8]) -> Result<(u64, u64, u64), ManifestError> {
     let rows = rows(data)?;
@@ -751,6 +740,97 @@ pub fn chunked_files(data: &[u8]) -> Result<Vec<ChunkedFile>, ManifestError> {
         }
     }
     Ok(out)
+}
+
+/// How a secret span names its secret: its index in the caller's list (a
+/// mapping's insertion order counts as its list), or its name when capture
+/// was given a mapping.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretRef {
+    Index(u64),
+    Name(String),
+}
+
+/// Where capture zeroed a secret in a file: `length` bytes at `offset`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    pub offset: u64,
+    pub length: u64,
+    pub secret: SecretRef,
+}
+
+/// A file row where capture zeroed secrets: path, digest of the zeroed
+/// bytes (the whole file's, for one stored as chunks), size and its spans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpannedFile {
+    pub path: String,
+    pub digest: [u8; 32],
+    pub size: u64,
+    pub spans: Vec<Span>,
+}
+
+/// Every file row that carries secret spans, in manifest order (rows
+/// without any are only scanned, not decoded).
+pub fn spanned_files(data: &[u8]) -> Result<Vec<SpannedFile>, ManifestError> {
+    let mut out = Vec::new();
+    for row in rows(data)? {
+        if !row_has_secrets(row)? {
+            continue;
+        }
+        let Some(f) = file_row(row)? else {
+            continue;
+        };
+        out.push(SpannedFile {
+            path: json_string(f.path_json)?,
+            digest: f.digest,
+            size: f.size,
+            spans: row_spans(row)?,
+        });
+    }
+    Ok(out)
+}
+
+/// The `offset, length, secret` triples after a file row's mtime and chunk list.
+fn row_spans(row: &[u8]) -> Result<Vec<Span>, ManifestError> {
+    let mut at = after_mtime(row)?;
+    if row.get(at..at + 2) == Some(b",\"") {
+        at = string_end(row, at + 1)?;
+    }
+    let mut spans = Vec::new();
+    while row.get(at) == Some(&b',') {
+        let number = |at: usize| -> Result<(u64, usize), ManifestError> {
+            let digits = row[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+            let value =
+                parse_u64(&row[at..at + digits]).ok_or(bad(at, "a span offset or length"))?;
+            match row.get(at + digits) {
+                Some(b',') => Ok((value, at + digits + 1)),
+                _ => Err(bad(at + digits, "a secret span triple")),
+            }
+        };
+        let (offset, next) = number(at + 1)?;
+        let (length, next) = number(next)?;
+        let (secret, end) = if row.get(next) == Some(&b'"') {
+            let end = string_end(row, next)?;
+            (SecretRef::Name(json_string(&row[next..end])?), end)
+        } else {
+            let digits = row[next..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let index = parse_u64(&row[next..next + digits]).ok_or(bad(next, "a secret index"))?;
+            (SecretRef::Index(index), next + digits)
+        };
+        spans.push(Span {
+            offset,
+            length,
+            secret,
+        });
+        at = end;
+    }
+    if at + 1 != row.len() {
+        return Err(bad(at, "expected ']' after the secret spans"));
+    }
+    Ok(spans)
 }
 
 /// `(path, digest, size)` of each file row whose digest is in `wanted` (sorted).
@@ -1036,8 +1116,8 @@ impl Parser<'_> {
                 self.expect(b',')?;
                 let mtime_ns = self.int()?;
                 // Secret positions (flat offset, length, index-or-name triples):
-                // the restore plan only needs to know there are some (Python
-                // fills the secrets in).
+                // the restore plan only needs to know there are some
+                // (`spanned_files` reads them for `crate::spans`).
                 let mut secrets = false;
                 let mut first = true;
                 while self.eat(b',') {
@@ -1242,13 +1322,13 @@ mod tests {
     }
 
     #[test]
-    fn secrets_are_seen_without_decoding() {
+    fn spans_are_read_from_the_rows_that_carry_them() {
         let mut plain = ManifestWriter::with_capacity(0);
         plain.file("a,]\"b", &[1; 32], 3, 0o644, -5);
         plain.dir("d", 0o755);
         plain.symlink("l", "x");
         let plain = plain.finish();
-        assert_eq!(has_secrets(&plain), Ok(false));
+        assert_eq!(spanned_files(&plain), Ok(vec![]));
         let mut spanned = ManifestWriter::with_capacity(0);
         spanned.file("a", &[1; 32], 3, 0o644, 5);
         spanned.file_with_secrets(
@@ -1264,8 +1344,34 @@ mod tests {
             }],
         );
         let spanned = spanned.finish();
-        assert_eq!(has_secrets(&spanned), Ok(true));
-        assert!(has_secrets(b"[[\"f\",\"a\"]]").is_err());
+        let span = |offset, secret| Span {
+            offset,
+            length: 4,
+            secret,
+        };
+        assert_eq!(
+            spanned_files(&spanned),
+            Ok(vec![SpannedFile {
+                path: "b".into(),
+                digest: [2; 32],
+                size: 9,
+                spans: vec![span(1, SecretRef::Index(0))],
+            }])
+        );
+        // Names (a mapping's secrets) and a chunk list before the triples.
+        let hex = "03".repeat(32);
+        let named = format!(r#"[["f","c","{hex}",12,420,-1,"x",0,4,"t\u00e9",8,4,1]]"#);
+        let found = spanned_files(named.as_bytes()).unwrap();
+        assert_eq!(
+            found[0].spans,
+            vec![
+                span(0, SecretRef::Name("t\u{e9}".into())),
+                span(8, SecretRef::Index(1))
+            ]
+        );
+        assert!(spanned_files(b"[[\"f\",\"a\"]]").is_err());
+        let short = format!(r#"[["f","c","{hex}",12,420,-1,0,4]]"#);
+        assert!(spanned_files(short.as_bytes()).is_err());
         assert_eq!(
             row_path(br#"["d","a\"b\u00e9",493]"#).unwrap(),
             "a\"b\u{e9}"

@@ -294,9 +294,6 @@ pub struct Plan {
     pub dir_modes: Vec<(String, u32)>,
     /// Distinct blobs the writes need, with their sizes, in first-use order.
     pub blobs: Vec<([u8; 32], u64)>,
-    /// Paths never recorded in the stat cache: files where capture zeroed
-    /// secrets (restore fills them in afterwards, and the cache keeps no spans).
-    pub uncached: std::collections::HashSet<String>,
 }
 
 impl Plan {
@@ -2131,9 +2128,7 @@ impl Restore {
             return Ok(());
         };
         let reference_ns = self.filesystem_now()?;
-        let mut updates =
-            std::mem::take(&mut *self.recorded.lock().unwrap_or_else(|e| e.into_inner()));
-        updates.retain(|(path, _)| !self.plan.uncached.contains(path));
+        let updates = std::mem::take(&mut *self.recorded.lock().unwrap_or_else(|e| e.into_inner()));
         if let Some(parent) = cache_path.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| RestoreError::io(parent.to_string_lossy(), "create", e))?;

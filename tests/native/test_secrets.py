@@ -1,5 +1,6 @@
-"""Secret zeroing: every (overlapping) occurrence, across every read boundary,
-equal to a pure-Python reference; hashes equal the `blake3` package's."""
+"""Secret zeroing in the scan capture uses: every (overlapping) occurrence,
+across every read boundary, equal to a pure-Python reference; hashes equal the
+`blake3` package's."""
 
 from __future__ import annotations
 
@@ -31,32 +32,21 @@ def data_with(secrets: list[bytes]) -> st.SearchStrategy[bytes]:
     return st.lists(pieces, max_size=40).map(b"".join)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
-def test_zero_secrets_matches_reference(data: st.DataObject) -> None:
-    secrets = data.draw(SECRETS)
-    payload = data.draw(data_with(secrets))
-    assert _native.zero_secrets(payload, secrets) == zero_reference(payload, secrets)
-
-
-@settings(max_examples=60, deadline=None)
-@given(data=st.data(), chunk=st.integers(min_value=1, max_value=12))
-def test_reader_zeroes_across_chunk_boundaries(
-    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject, chunk: int
+def test_scan_zeroes_as_the_reference(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
     secrets = data.draw(SECRETS)
     payload = data.draw(data_with(secrets))
-    path = tmp_path_factory.mktemp("z") / "f"
-    path.write_bytes(payload)
-    chunks = list(_native.ZeroingReader(str(path), secrets, chunk_size=chunk))
-    assert all(len(c) == chunk for c in chunks[:-1])
-    assert b"".join(chunks) == zero_reference(payload, secrets)
-    digest, size = _native.hash_file(str(path), secrets)
-    assert digest == blake3.blake3(zero_reference(payload, secrets)).hexdigest()
-    assert size == len(payload)
+    root = tmp_path_factory.mktemp("z")
+    (root / "f").write_bytes(payload)
+    (entry,) = decode_entries(_native.scan(str(root), secrets=secrets).manifest)
+    assert isinstance(entry, FileEntry) and entry.size == len(payload)
+    assert entry.blob_key.endswith(blake3.blake3(zero_reference(payload, secrets)).hexdigest())
 
 
-def test_boundaries_of_large_files_in_scan_and_hash(workspace: Path) -> None:
+def test_boundaries_of_large_files_in_scan(workspace: Path) -> None:
     # The scan reads whole files up to 1 MiB, then streams 1 MiB pieces: put a
     # secret across each of those boundaries.
     secret = b"TOPSECRET-TOKEN"
@@ -78,9 +68,6 @@ def test_boundaries_of_large_files_in_scan_and_hash(workspace: Path) -> None:
     (entry,) = decode_entries(result.manifest)
     assert isinstance(entry, FileEntry) and entry.blob_key.endswith(want)
     assert result.bytes_hashed == size
-    assert _native.hash_file(str(workspace / "big.bin"), [secret]) == (want, size)
-    with _native.ZeroingReader(str(workspace / "big.bin"), [secret], chunk_size=1 << 16) as reader:
-        assert b"".join(reader) == expected
 
 
 @pytest.mark.parametrize("size", [0, 1, 1023, 1 << 20, (1 << 20) + 1, 5 * (1 << 20) + 3])
@@ -96,21 +83,16 @@ def test_hash_matches_blake3_package(workspace: Path, size: int) -> None:
 
 def test_short_secrets_are_refused(workspace: Path) -> None:
     (workspace / "f").write_bytes(b"abc")
-    for call in (
-        lambda: _native.scan(str(workspace), secrets=[b"abc"]),
-        lambda: _native.hash_file(str(workspace / "f"), [b"abc"]),
-        lambda: _native.zero_secrets(b"abc", [b"abcd", b"ab"]),
-        lambda: _native.ZeroingReader(str(workspace / "f"), [b""]),
-    ):
+    for secrets in ([b"abc"], [b"abcd", b"ab"], [b""]):
         with pytest.raises(ValueError, match="at least 4 bytes"):
-            call()
+            _native.scan(str(workspace), secrets=secrets)
 
 
-def test_secrets_must_be_a_sequence_of_bytes() -> None:
+def test_secrets_must_be_a_sequence_of_bytes(workspace: Path) -> None:
     with pytest.raises(TypeError):
-        _native.zero_secrets(b"data", b"data")  # type: ignore[arg-type]
+        _native.scan(str(workspace), secrets=b"data")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        _native.zero_secrets(b"data", ["text"])  # type: ignore[list-item]
+        _native.scan(str(workspace), secrets=["text"])  # type: ignore[list-item]
 
 
 def test_fingerprint_depends_on_the_set_only() -> None:
@@ -120,13 +102,11 @@ def test_fingerprint_depends_on_the_set_only() -> None:
     assert len(a) == 64 and b"abcd".hex() not in a
 
 
-def test_reader_refuses_symlinks_and_fifos(workspace: Path) -> None:
+def test_hash_file_refuses_symlinks_and_fifos(workspace: Path) -> None:
     (workspace / "f").write_bytes(b"x")
     os.symlink("f", workspace / "l")
     os.mkfifo(workspace / "p")
     with pytest.raises(OSError):
-        _native.ZeroingReader(str(workspace / "l"))
-    with pytest.raises(OSError):
-        _native.ZeroingReader(str(workspace / "p"))
-    with pytest.raises(OSError):
         _native.hash_file(str(workspace / "l"))
+    with pytest.raises(OSError):
+        _native.hash_file(str(workspace / "p"))

@@ -62,7 +62,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(journal::journal_differences, m)?)?;
     m.add_class::<scan::PyScanProgress>()?;
     m.add_class::<policy::PyPolicyMatcher>()?;
-    m.add_class::<stream::ZeroingReader>()?;
     m.add_class::<verify::PyVerifyingReader>()?;
     m.add_function(wrap_pyfunction!(verify::rehash_beneath, m)?)?;
     m.add_function(wrap_pyfunction!(verify::stat_beneath, m)?)?;
@@ -87,12 +86,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::verify_pack_file, m)?)?;
     m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
     m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;
-    m.add_function(wrap_pyfunction!(restore::manifest_has_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::release_freed_memory, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::hash_file_with_secrets, m)?)?;
-    m.add_function(wrap_pyfunction!(stream::zero_secrets, m)?)?;
     m.add_function(wrap_pyfunction!(stream::secrets_fingerprint, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::manifest_chunk_reads, m)?)?;
     m.add_function(wrap_pyfunction!(chunk::read_chunks_beneath, m)?)?;

@@ -18,12 +18,13 @@ use super::errors::{to_py, FileChangedError, ScanCancelled};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
-use crate::manifest;
+use crate::manifest::{self, SpannedFile};
 use crate::pack::{self as pack_core, Entry, KIND_FILE};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter, Workspace};
 use crate::scan::{self, Root, ScanRequest};
+use crate::spans::{self, GivenSecrets};
 use crate::statcache::secrets_fingerprint;
 
 create_exception!(
@@ -83,27 +84,19 @@ fn restore_to_py(error: RestoreError) -> PyErr {
     }
 }
 
-/// See `_native.pyi`. Raises ValueError for bytes that are not a manifest.
-#[pyfunction]
-pub fn manifest_has_secrets(py: Python<'_>, data: &[u8]) -> PyResult<bool> {
-    py.allow_threads(|| match manifest::has_secrets(data) {
-        Ok(found) => Ok(found),
-        // Not the compact encoding row by row: the general reader decides.
-        Err(_) => manifest::decode(data).map(|rows| {
-            rows.iter()
-                .any(|row| matches!(row, manifest::ManifestRow::File { secrets: true, .. }))
-        }),
-    })
-    .map_err(PyValueError::new_err)
-}
-
 fn digest(hex: &str) -> PyResult<[u8; 32]> {
     from_hex(hex)
         .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?}")))
 }
 
-/// A session's restore, or with `plan_only` its plan alone.
-type Planned = (Option<Restore>, Option<core::Plan>, Option<LiveTree>);
+/// A session's restore, or with `plan_only` its plan alone; the live tree
+/// (``keep_live``) and the target's files with secret spans.
+type Planned = (
+    Option<Restore>,
+    Option<core::Plan>,
+    Option<LiveTree>,
+    Vec<SpannedFile>,
+);
 
 /// The live tree the restore's scan saw, kept when asked (``keep_live``): the
 /// manifest's rows, its entry, file and byte counts, and how many files had
@@ -131,6 +124,10 @@ pub struct RestoreSession {
     next_read: std::sync::atomic::AtomicU64,
     /// The live scan's tree (``keep_live``), until ``take_live`` hands it over.
     live: Mutex<Option<LiveTree>>,
+    /// The target's files where capture zeroed secrets, and the secrets the
+    /// caller gives: ``fill_secrets`` writes them back.
+    spanned: Vec<SpannedFile>,
+    given: GivenSecrets,
 }
 
 #[pymethods]
@@ -140,7 +137,7 @@ impl RestoreSession {
     #[new]
     #[pyo3(signature = (
         root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None, secrets=None, keep=None, uncached=None, plan_only=false,
+        cache_path=None, cancel=None, secrets=None, secret_names=None, plan_only=false,
         chunk_threshold=None,
         chunk_average=crate::chunk::DEFAULT_AVG,
         keep_live=false
@@ -157,8 +154,7 @@ impl RestoreSession {
         cache_path: Option<PathBuf>,
         cancel: Option<&Bound<'_, CancelToken>>,
         secrets: Option<&Bound<'_, PyAny>>,
-        keep: Option<Vec<String>>,
-        uncached: Option<Vec<String>>,
+        secret_names: Option<Vec<String>>,
         plan_only: bool,
         chunk_threshold: Option<u64>,
         chunk_average: u32,
@@ -166,12 +162,11 @@ impl RestoreSession {
     ) -> PyResult<Self> {
         let chunks_params = args::chunk_params(chunk_threshold, chunk_average)?;
         // The live scan zeroes the caller's secrets, so a file that still holds
-        // them compares equal to its zeroed blob; `keep` are files Python found
-        // equal to the checkpoint but for their secrets: never rewritten.
+        // them compares equal to its zeroed blob; a file equal to the
+        // checkpoint but for its secret spans is never rewritten (`spans`).
         let secrets = args::secrets(secrets)?;
         let secret_set = SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
-        let keep: std::collections::HashSet<String> =
-            keep.unwrap_or_default().into_iter().collect();
+        let given = GivenSecrets::new(secrets.clone(), secret_names);
         let exclude = args::patterns(exclude)?;
         let include = args::patterns(include)?;
         let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
@@ -184,12 +179,15 @@ impl RestoreSession {
         // With a stat cache, what the restore writes is read back before the
         // cache learns it (see `crate::restore`).
         let record = cache_path.is_some();
-        let (inner, preview, live_tree) = py
+        let (inner, preview, live_tree, spanned) = py
             .allow_threads(move || -> Result<Planned, RestoreError> {
                 let ws = Workspace::open(&root, &subdir)?;
                 // Files stored as chunks are built from their chunks.
                 let target_chunked = manifest::chunked_files(&target)
                     .map_err(|e| RestoreError::Manifest(e.to_string()))?;
+                let spanned = manifest::spanned_files(&target)
+                    .map_err(|e| RestoreError::Manifest(e.to_string()))?;
+                let holding = spans::holding(&ws, &spanned)?;
                 let target = core::Target::read(&target, core::name_max(ws.fd.as_raw_fd()))?;
                 let request = ScanRequest {
                     root: ws.path.clone(),
@@ -209,8 +207,7 @@ impl RestoreSession {
                     scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
                         .map_err(RestoreError::Scan)?;
                 let mut plan = core::plan_encoded(target, &live.manifest, &live.unsupported)?;
-                core::leave_alone(&mut plan, &keep);
-                plan.uncached = uncached.unwrap_or_default().into_iter().collect();
+                core::leave_alone(&mut plan, &holding);
                 core::replace_shared_inodes(&ws, &mut plan)?;
                 let kept = live.kept_cache.take();
                 let live_chunked = manifest::chunked_files(&live.manifest).unwrap_or_default();
@@ -225,7 +222,7 @@ impl RestoreSession {
                 });
                 drop(live);
                 if plan_only {
-                    return Ok((None, Some(plan), live_tree));
+                    return Ok((None, Some(plan), live_tree, spanned));
                 }
                 let restore = crate::restore_chunks::prepare(
                     Restore::new(ws, plan, kept, record)?,
@@ -234,7 +231,7 @@ impl RestoreSession {
                     &secret_set,
                     chunks_params,
                 )?;
-                Ok((Some(restore), None, live_tree))
+                Ok((Some(restore), None, live_tree, spanned))
             })
             .map_err(restore_to_py)?;
         Ok(RestoreSession {
@@ -247,6 +244,8 @@ impl RestoreSession {
             ranges: Mutex::new(HashMap::new()),
             next_read: std::sync::atomic::AtomicU64::new(0),
             live: Mutex::new(live_tree),
+            spanned,
+            given,
         })
     }
 
@@ -645,6 +644,15 @@ impl RestoreSession {
             }
         })
         .map_err(restore_to_py)
+    }
+
+    /// After ``finish``: write the given secrets back where capture zeroed
+    /// them (see `crate::spans::fill`); returns the paths (relative to the
+    /// restore root, sorted) left with zeros where a secret was.
+    fn fill_secrets(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let inner = self.inner()?;
+        py.allow_threads(|| spans::fill(&inner.ws, &self.spanned, &self.given))
+            .map_err(restore_to_py)
     }
 
     /// Paths left alone because they lie on another filesystem (mount points).
