@@ -41,7 +41,7 @@ import blake3
 
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,8 +125,7 @@ async def _restore(target: Path, base: Path, checkpoint: str, data: Path) -> flo
             store,
             open_blobs(f"file://{base}/blobs"),
             "bench",
-            checkpoint_id=checkpoint,
-            data_dir=data,
+            RestoreOptions(checkpoint_id=checkpoint, data_dir=data),
         )
         return time.perf_counter() - started
 

@@ -42,7 +42,7 @@ async def _capture(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _restore(args: argparse.Namespace) -> dict[str, Any]:
-    from checkpointd import open_blobs, open_store, restore_checkpoint
+    from checkpointd import RestoreOptions, open_blobs, open_store, restore_checkpoint
 
     blobs = open_blobs(args.blobs)
     async with await open_store(args.store) as store:
@@ -52,8 +52,7 @@ async def _restore(args: argparse.Namespace) -> dict[str, Any]:
             store,
             blobs,
             args.thread,
-            checkpoint_id=args.checkpoint,
-            data_dir=args.data_dir,
+            RestoreOptions(checkpoint_id=args.checkpoint, data_dir=args.data_dir),
         )
         seconds = time.perf_counter() - started
     if checkpoint is None:

@@ -10,6 +10,7 @@ PROMISED = {
     "checkpointd": [
         "capture_checkpoint",
         "restore_checkpoint",
+        "RestoreOptions",
         "sweep_blobs",
         "upload_artifact",
         "open_store",

@@ -16,6 +16,7 @@ _EXPORTS = {
     "CaptureResult": "checkpointd.capture",
     "CaptureStats": "checkpointd.capture",
     "restore_checkpoint": "checkpointd.restore",
+    "RestoreOptions": "checkpointd.restore",
     "sweep_blobs": "checkpointd.sweep",
     "prune": "checkpointd.sweep",
     "SweepReport": "checkpointd.sweep",
@@ -28,6 +29,7 @@ _EXPORTS = {
 __all__ = [
     "CaptureResult",
     "CaptureStats",
+    "RestoreOptions",
     "SweepReport",
     "__version__",
     "capture_checkpoint",
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
     from .artifacts import upload_artifact
     from .blobs import open_blobs
     from .capture import CaptureResult, CaptureStats, capture_checkpoint
-    from .restore import restore_checkpoint
+    from .restore import RestoreOptions, restore_checkpoint
     from .store import open_instance_store, open_store
     from .sweep import SweepReport, prune, sweep_blobs
 

@@ -45,7 +45,7 @@ from .model import (
     stash_thread_id,
 )
 from .progress import ProgressCallback
-from .restore import PlannedRestore, preview_restore, restore_checkpoint
+from .restore import PlannedRestore, RestoreOptions, preview_restore, restore_checkpoint
 from .secrets import SecretsArg
 from .stash import StashBeforeApply, Stashed, StashRequest
 from .statcache_paths import resolve_data_dir, stat_cache_path
@@ -207,16 +207,18 @@ async def _restore(
                 store,
                 blobs,
                 target_thread,
-                checkpoint_id=target_id,
-                policy=request.policy,
-                data_dir=data_dir,
-                progress=progress,
-                workspace_subdir=request.workspace_subdir,
-                secrets=request.secrets,
-                unfilled_secrets=outcome.unfilled_secrets,
-                lease=lease,
-                before_apply=hook.before_apply,
-                after_plan=hook.after_plan,
+                RestoreOptions(
+                    checkpoint_id=target_id,
+                    policy=request.policy,
+                    data_dir=data_dir,
+                    progress=progress,
+                    workspace_subdir=request.workspace_subdir,
+                    secrets=request.secrets,
+                    unfilled_secrets=outcome.unfilled_secrets,
+                    lease=lease,
+                    before_apply=hook.before_apply,
+                    after_plan=hook.after_plan,
+                ),
             )
         finally:
             await hook.close()

@@ -12,8 +12,9 @@ Read top to bottom, ``restore_checkpoint`` does:
    the target manifest against it: only files whose content differs are
    written, paths the policy selects that the checkpoint lacks are deleted,
    excluded paths stay, a file whose inode has other names (a hard link) is
-   replaced rather than changed in place;
-4. fetch every needed blob and stage it, verified (size and BLAKE3) before
+   replaced rather than changed in place, and a file that equals the
+   checkpoint's but for the secrets capture zeroed in it is left alone;
+4. fetch (``_restore_fetch``) every needed blob and stage it, verified (size and BLAKE3) before
    its bytes are written, in a private directory at the top of the root (same
    filesystem, so the final renames are atomic), before the first change to
    the workspace: MISSING_BLOB / INVALID_BLOB leave it as it was. Packed blobs
@@ -31,7 +32,9 @@ Read top to bottom, ``restore_checkpoint`` does:
    every 300 ms since staging began, so this waits for the last bytes only),
    then record in the stat cache exactly the inodes
    the restore renamed in (their stat as the restore's own fds saw them), so
-   the next capture reuses those hashes and re-hashes anything rewritten since.
+   the next capture reuses those hashes and re-hashes anything rewritten since;
+   last, write the given secrets back where capture zeroed them
+   (``RestoreSession.fill_secrets``, rust/src/spans.rs).
 
 The plan is computed from the live state, so re-running an interrupted restore
 completes it. Symlink targets are restored exactly as stored: creating a link
@@ -41,10 +44,9 @@ never touches what it names, and restore never follows one.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from . import _native, chunks
@@ -53,47 +55,29 @@ from ._engine import (
     PhaseReporter,
     StopFlag,
     os_errors_mapped,
-    run_bounded,
     run_in_thread,
 )
-from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
-from .blobs.packs import MAX_RANGE_BYTES, PACK_KEY_PREFIX, PackedBlobStore, PackRead, packed_blobs
+from ._restore_fetch import fetch_blobs, invalid_blob
+from .blobs.base import BlobStore
+from .blobs.packs import packed_blobs
 from .errors import (
-    INVALID_BLOB,
     INVALID_PATH,
-    MISSING_BLOB,
     MISSING_CHECKPOINT,
     NAME_TOO_LONG,
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
 from .manifest import Manifest, manifest_of
-from .model import FILE_KEY_PREFIX, Checkpoint, FileEntry, Policy, WriterLease
+from .model import Checkpoint, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
 from .secrets import Secrets, SecretsArg, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
-from .store._packindex import file_key
-from .store.base import CheckpointStore, IndexRow, PackedBlob
+from .store.base import CheckpointStore
 from .validation import check_id, check_optional_id, entries_problem, path_problem
 from .workspace_base import record_base
 
 _log = logging.getLogger("checkpointd.restore")
 
-# Blobs up to SMALL_BLOB_BYTES are fetched in batches (a batch ends at whichever
-# limit comes first) and staged by one native call each; FETCH_CONCURRENCY
-# batches or large streams are in flight, so memory stays bounded by about
-# FETCH_CONCURRENCY x FETCH_BATCH_BYTES plus the stream chunks.
-SMALL_BLOB_BYTES = 1 << 20
-FETCH_BATCH_FILES = 512
-FETCH_BATCH_BYTES = 16 << 20
-FETCH_CONCURRENCY = 3
-# The pack index is asked for the plan's small blobs in slices (the first
-# LOCATE_FIRST, then 4x more each time, at most LOCATE_MOST): a slice's reads
-# start while the next is looked up (about 1 s of lookup for 100,000 keys).
-LOCATE_FIRST = 1024
-LOCATE_MOST = 65536
-# A pack read arrives in chunks of about this size (each staged natively as it comes).
-FETCH_CHUNK_BYTES = 1 << 20
 # Operations per native apply call (between two progress reports and checks).
 APPLY_BATCH = 4096
 _RESERVED_TOP_LEVEL = ".checkpointd"
@@ -126,32 +110,22 @@ def validate_manifest(checkpoint: Checkpoint) -> None:
         )
 
 
-@os_errors_mapped
-async def restore_checkpoint(
-    workspace_root: str | os.PathLike[str],
-    store: CheckpointStore,
-    blobs: BlobStore,
-    thread_id: str,
-    *,
-    checkpoint_id: str | None = None,
-    policy: Policy | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    progress: ProgressCallback | None = None,
-    workspace_subdir: str = "",
-    secrets: SecretsArg = (),
-    unfilled_secrets: list[str] | None = None,
-    lease: WriterLease | None = None,
-    before_apply: Callable[[PlannedRestore], Awaitable[None]] | None = None,
-    after_plan: Callable[[PlannedRestore], None] | None = None,
-) -> Checkpoint | None:
-    """Restore the head (or ``checkpoint_id``) of ``thread_id`` into the workspace.
+@dataclass(frozen=True)
+class RestoreOptions:
+    """How ``restore_checkpoint`` restores (every field optional).
 
-    ``lease``: a writer lease the caller holds (and releases) instead of this
-    thread's own (restore history holds its thread's while it restores a
-    stash entry). ``before_apply`` is awaited once every blob is staged and
-    verified, before the first change (the stash is committed there);
-    ``after_plan`` is called with the same plan before the fetch starts (work
-    that may overlap the fetch starts there). Both see the live scan's tree.
+    ``checkpoint_id``: the checkpoint to restore instead of the thread's head.
+
+    ``policy`` None means the policy the checkpoint was captured with (the
+    default one for a checkpoint that records none); an explicit one wins.
+
+    ``data_dir``: where the stat cache lives (the default data dir when None).
+    ``progress`` is called with the restore's phases and counts.
+
+    ``workspace_subdir`` (relative, '/'-separated) restores into that directory
+    beneath the workspace root instead, opened from the root's descriptor one
+    component at a time without following symlinks (so code in the sandbox
+    cannot redirect it); a missing last component is created.
 
     ``secrets`` (a sequence of byte strings or a mapping name → bytes, as given
     to capture) are written back where capture zeroed them. A live file whose
@@ -161,13 +135,36 @@ async def restore_checkpoint(
     secret not given) are logged and appended to ``unfilled_secrets`` when a
     list is given.
 
-    ``policy`` None means the policy the checkpoint was captured with (the
-    default one for a checkpoint that records none); an explicit one wins.
+    ``lease``: a writer lease the caller holds (and releases) instead of this
+    thread's own (restore history holds its thread's while it restores a
+    stash entry). ``before_apply`` is awaited once every blob is staged and
+    verified, before the first change (the stash is committed there);
+    ``after_plan`` is called with the same plan before the fetch starts (work
+    that may overlap the fetch starts there). Both see the live scan's tree.
+    """
 
-    ``workspace_subdir`` (relative, '/'-separated) restores into that directory
-    beneath ``workspace_root`` instead, opened from the root's descriptor one
-    component at a time without following symlinks (so code in the sandbox
-    cannot redirect it); a missing last component is created.
+    checkpoint_id: str | None = None
+    policy: Policy | None = None
+    data_dir: str | os.PathLike[str] | None = None
+    progress: ProgressCallback | None = None
+    workspace_subdir: str = ""
+    secrets: SecretsArg = ()
+    unfilled_secrets: list[str] | None = None
+    lease: WriterLease | None = None
+    before_apply: Callable[[PlannedRestore], Awaitable[None]] | None = None
+    after_plan: Callable[[PlannedRestore], None] | None = None
+
+
+@os_errors_mapped
+async def restore_checkpoint(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    blobs: BlobStore,
+    thread_id: str,
+    options: RestoreOptions | None = None,
+) -> Checkpoint | None:
+    """Restore the head (or ``options.checkpoint_id``) of ``thread_id`` into
+    the workspace, as ``options`` (``RestoreOptions``) say.
 
     Returns the restored checkpoint, or None when the thread has none (the root is
     still created). Raises SandboxCheckpointInvalidIdError for a bad id,
@@ -179,21 +176,23 @@ async def restore_checkpoint(
     INVALID_BLOB (the workspace is then unchanged); OSError (naming the path) when
     the workspace refuses a change, e.g. ENOSPC.
     """
+    options = options or RestoreOptions()
     check_id(thread_id, "thread id")
-    check_optional_id(checkpoint_id, "checkpoint id")
-    given_secrets = parse_secrets(secrets)
-    subdir = _checked_subdir(workspace_subdir)
+    check_optional_id(options.checkpoint_id, "checkpoint id")
+    given_secrets = parse_secrets(options.secrets)
+    subdir = _checked_subdir(options.workspace_subdir)
     root = _absolute(workspace_root)
     target_root = os.path.join(root, subdir) if subdir else root
-    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root, subdir)
-    reporter = PhaseReporter(progress)
+    cache_path = stat_cache_path(resolve_data_dir(root, options.data_dir), root, subdir)
+    reporter = PhaseReporter(options.progress)
 
     reporter.phase("lease")
+    lease = options.lease
     held = lease if lease is not None else await store.acquire_writer(thread_id)
     try:
         async with LeaseKeeper(held) as keeper:
             reporter.phase("resolve")
-            checkpoint = await _resolve(store, thread_id, checkpoint_id)
+            checkpoint = await _resolve(store, thread_id, options.checkpoint_id)
             if checkpoint is not None:
                 validate_manifest(checkpoint)
             _ensure_root(root)
@@ -203,7 +202,7 @@ async def restore_checkpoint(
             reporter.phase("plan")
             # No policy given: the one the checkpoint was captured with, so a
             # restore never deletes what that capture left out (docs/design.md).
-            policy = checkpoint.effective_policy(policy)
+            policy = checkpoint.effective_policy(options.policy)
             session = await _open_session(
                 root,
                 subdir,
@@ -211,33 +210,18 @@ async def restore_checkpoint(
                 policy,
                 cache_path,
                 given_secrets,
-                keep_live=before_apply is not None,
+                keep_live=options.before_apply is not None,
             )
             try:
                 keeper.check()
                 planned = _planned(checkpoint, policy, target_root, cache_path, session, reporter)
-                if after_plan is not None:
-                    after_plan(planned)
                 # Small blobs are read out of their packs through the store's index.
-                await _fetch(packed_blobs(blobs, store), session, reporter)
-                keeper.check()
-                if before_apply is not None:
-                    await before_apply(planned)
-                    keeper.check()
-                # Phase report before the first change: a caller's hook runs here.
-                reporter.phase(
-                    "apply",
-                    files_total=session.files_to_write,
-                    bytes_total=session.bytes_to_write,
-                )
-                await _apply(session, reporter, keeper)
-                # After the last change, before the sync and the stat cache.
-                reporter.phase("record", files_total=session.recorded)
-                await run_in_thread(session.finish)
-                record_base(cache_path, target_root, checkpoint.thread_id, checkpoint.id)
+                source = packed_blobs(blobs, store)
+                await _fetch_and_apply(source, session, planned, options, reporter, keeper)
                 unfilled = await run_in_thread(session.fill_secrets)
                 prefix = f"{subdir}/" if subdir else ""
-                _report_unfilled(checkpoint, [prefix + path for path in unfilled], unfilled_secrets)
+                unfilled = [prefix + path for path in unfilled]
+                _report_unfilled(checkpoint, unfilled, options.unfilled_secrets)
                 for path in session.skipped:
                     _log.warning(
                         "restore left %s alone: a mount point, or deeper than a checkpoint goes",
@@ -250,6 +234,37 @@ async def restore_checkpoint(
     finally:
         if lease is None:
             await held.release()
+
+
+async def _fetch_and_apply(
+    blobs: BlobStore,
+    session: _native.RestoreSession,
+    planned: PlannedRestore,
+    options: RestoreOptions,
+    reporter: PhaseReporter,
+    keeper: LeaseKeeper,
+) -> None:
+    """Steps 4 to 6 of a planned restore: fetch (``after_plan`` before it),
+    ``before_apply``, apply, then sync and record (the session is open)."""
+    if options.after_plan is not None:
+        options.after_plan(planned)
+    await fetch_blobs(blobs, session, reporter)
+    keeper.check()
+    if options.before_apply is not None:
+        await options.before_apply(planned)
+        keeper.check()
+    # Phase report before the first change: a caller's hook runs here.
+    reporter.phase(
+        "apply",
+        files_total=session.files_to_write,
+        bytes_total=session.bytes_to_write,
+    )
+    await _apply(session, reporter, keeper)
+    # After the last change, before the sync and the stat cache.
+    reporter.phase("record", files_total=session.recorded)
+    await run_in_thread(session.finish)
+    checkpoint = planned.checkpoint
+    record_base(planned.cache_path, planned.target_root, checkpoint.thread_id, checkpoint.id)
 
 
 @dataclass(frozen=True)
@@ -487,7 +502,7 @@ async def _open_session(
             details={"checkpoint_id": checkpoint.id, "path": path},
         ) from None
     except _native.InvalidBlob as error:
-        raise _invalid_blob(*error.args) from None
+        raise invalid_blob(*error.args) from None
     except ValueError as error:
         raise SandboxCheckpointInvalidArgumentError(str(error)) from error
     except OSError as error:
@@ -498,320 +513,6 @@ async def _open_session(
                 details={"path": subdir},
             ) from error
         raise
-
-
-def _invalid_blob(digest: str, reason: str) -> SandboxSnapshotError:
-    key = FILE_KEY_PREFIX + digest
-    return SandboxSnapshotError(
-        INVALID_BLOB, f"blob {key} is invalid: {reason}", details={"key": key}
-    )
-
-
-def _missing_blob(blobs: BlobStore, key: str, pack: str | None = None) -> SandboxSnapshotError:
-    if pack is not None:
-        return SandboxSnapshotError(
-            MISSING_BLOB,
-            f"blob {key} is missing from {blobs.url}: its pack {pack} is gone",
-            details={"key": key, "pack": pack},
-        )
-    return SandboxSnapshotError(
-        MISSING_BLOB, f"blob {key} is missing from {blobs.url}", details={"key": key}
-    )
-
-
-def _corrupt_blob(error: BlobCorruptError) -> SandboxSnapshotError:
-    return SandboxSnapshotError(
-        INVALID_BLOB,
-        f"blob {error.key} in pack {error.pack} is invalid: {error.reason}",
-        details={"key": error.key, "pack": error.pack},
-    )
-
-
-async def _fetch(
-    blobs: BlobStore, session: _native.RestoreSession, reporter: PhaseReporter
-) -> None:
-    """Fetch and stage every blob the plan needs: MISSING_BLOB / INVALID_BLOB.
-
-    Small blobs are looked up in the store's pack index a slice of the plan
-    at a time (``_located_jobs``; one slice for a bucket), and each slice's
-    reads start as soon as it is located, so the lookup of the next slice runs
-    while this one's files are created. The index rows go to the native
-    session as they come from the store, which groups them by pack and merges
-    nearby frames into about one ranged GET per group (``pack::plan_reads``):
-    no Python object per blob. A long read is streamed, each frame decoded,
-    verified and staged natively once its bytes are in, so memory holds
-    FETCH_CONCURRENCY chunks, not the packs; short reads of one pack (the few
-    blobs a restore over a slightly changed tree needs) go in batches, one
-    ``read_pack_ranges`` and one native call each. Blobs without an index row
-    (single objects, or a store that keeps no index) are fetched in batches;
-    large ones are streamed one by one."""
-    small, large, total_bytes = session.needed(SMALL_BLOB_BYTES)
-    reporter.phase("fetch", files_total=len(small) // 32 + len(large), bytes_total=total_bytes)
-    large_jobs: list[Callable[[], Awaitable[None]]] = [
-        functools.partial(_fetch_large, blobs, session, reporter, digest, size)
-        for digest, size in large
-    ]
-    try:
-        await run_bounded(
-            _located_jobs(blobs, session, reporter, small, large_jobs),
-            lambda job: job(),
-            FETCH_CONCURRENCY,
-        )
-    except _native.InvalidBlob as error:
-        raise _invalid_blob(*error.args) from None
-
-
-def _locate_slices(blobs: BlobStore, digests: bytes) -> list[bytes]:
-    """The plan's small blobs (concatenated digests) in slices growing from
-    LOCATE_FIRST by 4x up to LOCATE_MOST, so the first files are created after
-    one short lookup; one slice for a store that reads each pack about once
-    (a bucket's GETs: ``PackedBlobStore.locate_in_slices``)."""
-    if not (isinstance(blobs, PackedBlobStore) and blobs.locate_in_slices):
-        return [digests] if digests else []
-    slices, start, size = [], 0, LOCATE_FIRST
-    while start < len(digests):
-        slices.append(digests[start : start + size * 32])
-        start += size * 32
-        size = min(size * 4, LOCATE_MOST)
-    return slices
-
-
-async def _located_jobs(
-    blobs: BlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    small: bytes,
-    large: list[Callable[[], Awaitable[None]]],
-) -> AsyncIterator[Callable[[], Awaitable[None]]]:
-    """The fetch jobs, a located slice at a time, then the large blobs."""
-    for part in _locate_slices(blobs, small):
-        if isinstance(blobs, PackedBlobStore):
-            reads, unplaced = _plan_reads(blobs, session, part, await blobs.locate_rows(part))
-            for job in _pack_jobs(blobs, session, reporter, reads):
-                yield job
-        else:
-            _none, unplaced = session.plan_pack_reads(part, [], 0, 0)
-        batch: list[tuple[str, int]] = []
-        batch_bytes = 0
-        for digest, size in unplaced:
-            batch.append((digest, size))
-            batch_bytes += size
-            if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
-                yield functools.partial(_fetch_batch, blobs, session, reporter, batch)
-                batch, batch_bytes = [], 0
-        if batch:
-            yield functools.partial(_fetch_batch, blobs, session, reporter, batch)
-    for job in large:
-        yield job
-
-
-# A read the native session planned: its id (``begin_range`` and
-# ``stage_ranges`` take it) and what to read.
-_Planned = tuple[int, PackRead]
-
-
-def _plan_reads(
-    blobs: PackedBlobStore, session: _native.RestoreSession, digests: bytes, rows: list[IndexRow]
-) -> tuple[list[_Planned], list[tuple[str, int]]]:
-    """The pack reads that stage ``digests`` from their index ``rows``, and
-    the blobs no row places, as (hex digest, size). A read holds its rows
-    only for a store that serves packs frame by frame (the gateway's:
-    ``PackedBlobStore.reads_by_frame``), which must name each frame."""
-    planned, unplaced = session.plan_pack_reads(digests, rows, blobs.merge_gap, MAX_RANGE_BYTES)
-    by_frame = blobs.reads_by_frame
-    reads: list[_Planned] = []
-    for read_id, pack_digest, start, end in planned:
-        pack = PACK_KEY_PREFIX + pack_digest.hex()
-        held = (
-            [
-                PackedBlob(file_key(digest), pack, offset, length, raw_size, codec)
-                for digest, offset, length, raw_size, codec in session.read_frames(read_id)
-            ]
-            if by_frame
-            else []
-        )
-        reads.append((read_id, PackRead(pack, start, end, held)))
-    return reads, unplaced
-
-
-def _pack_jobs(
-    blobs: PackedBlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    reads: list[_Planned],
-    *,
-    again: bool = True,
-) -> list[Callable[[], Awaitable[None]]]:
-    """One job per streamed read, one per batch of short reads of a pack."""
-    jobs: list[Callable[[], Awaitable[None]]] = []
-    short: dict[str, list[_Planned]] = {}
-    for planned in reads:
-        read = planned[1]
-        if read.end - read.start > FETCH_CHUNK_BYTES:
-            jobs.append(
-                functools.partial(_fetch_pack_read, blobs, session, reporter, planned, again=again)
-            )
-        else:
-            short.setdefault(read.pack, []).append(planned)
-    for pack_reads in short.values():
-        batch: list[_Planned] = []
-        batch_bytes = 0
-        for planned in pack_reads:
-            batch.append(planned)
-            batch_bytes += planned[1].end - planned[1].start
-            if len(batch) >= FETCH_BATCH_FILES or batch_bytes >= FETCH_BATCH_BYTES:
-                jobs.append(
-                    functools.partial(_fetch_pack_reads, blobs, session, reporter, batch, again)
-                )
-                batch, batch_bytes = [], 0
-        if batch:
-            jobs.append(
-                functools.partial(_fetch_pack_reads, blobs, session, reporter, batch, again)
-            )
-    return jobs
-
-
-async def _fetch_moved(
-    blobs: PackedBlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    pack: str,
-    read_ids: list[int],
-) -> None:
-    """A pack gone from the bucket: a sweep may have repacked its blobs in
-    between, and the index then names their new place; read them from there
-    once (blobs staged before are not staged twice), else MISSING_BLOB."""
-    digests = [frame[0] for read_id in read_ids for frame in session.read_frames(read_id)]
-    rows = await blobs.locate_rows(b"".join(digests))
-    moved = {row[0]: row[1] for row in rows}
-    for digest in digests:
-        new_pack = moved.get(digest)
-        if new_pack is None or PACK_KEY_PREFIX + new_pack.hex() == pack:
-            raise _missing_blob(blobs, file_key(digest), pack) from None
-    reads, _unplaced = _plan_reads(blobs, session, b"".join(digests), rows)
-    for job in _pack_jobs(blobs, session, reporter, reads, again=False):
-        await job()
-
-
-async def _fetch_pack_reads(
-    blobs: PackedBlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    reads: list[_Planned],
-    again: bool,
-) -> None:
-    """Short reads of one pack: one ``read_pack_ranges``, then one native call that
-    decodes, verifies and stages every frame."""
-    pack = reads[0][1].pack
-    try:
-        wanted = [planned for planned in reads if planned[1].end > planned[1].start]
-        datas = await blobs.read_pack_ranges(pack, [read for _id, read in wanted])
-        found = {read_id: data for (read_id, _read), data in zip(wanted, datas, strict=True)}
-        staged = [(read_id, found.get(read_id, b"")) for read_id, _read in reads]
-        files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))
-        reporter.advance(files=files, nbytes=nbytes)
-    except BlobNotFoundError:
-        read_ids = [read_id for read_id, _read in reads]
-        if not again:
-            raise _missing_blob(blobs, _first_key(session, read_ids[0]), pack) from None
-        await _fetch_moved(blobs, session, reporter, pack, read_ids)
-    except _native.InvalidBlob as error:
-        digest, reason = error.args
-        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
-
-
-async def _fetch_pack_read(
-    blobs: PackedBlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    planned: _Planned,
-    *,
-    again: bool = True,
-) -> None:
-    """Stream one ranged read of a pack into staging. A pack gone from the
-    bucket is looked up once more (``again``, ``_fetch_moved``)."""
-    read_id, read = planned
-    session.begin_range(read_id)
-    finished = False
-    try:
-        chunks = blobs.stream_pack_read(read, FETCH_CHUNK_BYTES)
-        if read.end <= read.start:  # empty blobs only: nothing to read
-            chunks = _one_chunk(b"")
-        async for chunk in chunks:
-            files, nbytes = await run_in_thread(
-                functools.partial(session.feed_range, read_id, chunk)
-            )
-            reporter.advance(files=files, nbytes=nbytes)
-        finished = True
-        session.end_range(read_id)
-    except BlobNotFoundError:
-        if not again:
-            raise _missing_blob(blobs, _first_key(session, read_id), read.pack) from None
-        await _fetch_moved(blobs, session, reporter, read.pack, [read_id])
-    except _native.InvalidBlob as error:
-        digest, reason = error.args
-        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
-    finally:
-        if not finished:
-            session.end_range(read_id, discard=True)
-
-
-def _first_key(session: _native.RestoreSession, read_id: int) -> str:
-    """The key of a planned read's first blob (an error names it)."""
-    return file_key(session.read_frames(read_id)[0][0])
-
-
-async def _one_chunk(data: bytes) -> AsyncIterator[bytes]:
-    yield data
-
-
-async def _fetch_batch(
-    blobs: BlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    items: list[tuple[str, int]],
-) -> None:
-    keys = [FILE_KEY_PREFIX + digest for digest, _size in items]
-    try:
-        datas = await get_many(blobs, keys)
-    except BlobNotFoundError as error:
-        raise _missing_blob(blobs, error.key, getattr(error, "pack", None)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
-    staged = [(digest, data) for (digest, _size), data in zip(items, datas, strict=True)]
-    await run_in_thread(lambda: session.stage_many(staged))
-    reporter.advance(files=len(items), nbytes=sum(len(data) for data in datas))
-
-
-async def _fetch_large(
-    blobs: BlobStore,
-    session: _native.RestoreSession,
-    reporter: PhaseReporter,
-    digest: str,
-    size: int,
-) -> None:
-    """Stream one large blob into staging, chunk by chunk (fixed memory).
-
-    Each native call runs through ``run_in_thread``: when another fetch job
-    fails and this one is cancelled, the call in flight finishes before the
-    cancel goes on, so the session is never closed under it."""
-    key = FILE_KEY_PREFIX + digest
-    await run_in_thread(functools.partial(session.begin_blob, digest, size))
-    try:
-        async for chunk in blobs.get_stream(key):
-            # Rust stops as soon as it is longer than recorded (INVALID_BLOB).
-            await run_in_thread(functools.partial(session.write_blob, digest, chunk))
-            reporter.advance(nbytes=len(chunk))
-    except BlobNotFoundError as error:
-        raise _missing_blob(blobs, key, getattr(error, "pack", None)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
-    await run_in_thread(functools.partial(session.end_blob, digest))
-    reporter.advance(files=1)
 
 
 async def _apply(
@@ -833,6 +534,7 @@ async def _apply(
 
 __all__ = [
     "PlannedRestore",
+    "RestoreOptions",
     "RestorePreview",
     "preview_restore",
     "restore_checkpoint",

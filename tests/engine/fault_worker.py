@@ -19,7 +19,7 @@ from checkpointd.errors import (
     SandboxCheckpointWriterLostError,
 )
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 LEASE_MS = 1000
@@ -47,7 +47,11 @@ async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_d
         while True:
             try:
                 await restore_checkpoint(
-                    workspace, store, blobs, "faults", data_dir=data_dir, progress=print_phase
+                    workspace,
+                    store,
+                    blobs,
+                    "faults",
+                    RestoreOptions(data_dir=data_dir, progress=print_phase),
                 )
                 break
             except SandboxCheckpointWriterConflictError:

@@ -20,7 +20,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import snapshot_tree, write_tree
 
@@ -94,7 +94,9 @@ async def test_restore_never_deletes_through_a_bind_mount(
         bind_mount(outside, workspace / "bound"),
         bind_mount(outside, workspace / "doomed" / "inner"),
     ):
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
         assert snapshot_tree(outside) == before
         assert snapshot_tree(workspace / "bound") == before
         assert not (workspace / "doomed" / "other.txt").exists()
@@ -112,6 +114,8 @@ async def test_restore_never_writes_into_a_bind_mount(
     shutil.rmtree(workspace / "bound")
     before = snapshot_tree(outside)
     with bind_mount(outside, workspace / "bound"):
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
         assert snapshot_tree(outside) == before
     assert snapshot_tree(outside) == before

@@ -12,7 +12,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
 from checkpointd.model import Checkpoint, FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store.base import PackIndex
 
 from .conftest import snapshot_tree, write_tree
@@ -86,7 +86,7 @@ async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
         await blobs.put(holder, replacement, if_absent=False)
 
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(workspace, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert caught.value.code == code
     if row is not None and damage == "missing":
         # The whole pack is gone: any blob the restore needs from it is named.
@@ -102,7 +102,7 @@ async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
 
     # The lease was released: once the blob is back, the restore succeeds.
     await blobs.put(holder, original, if_absent=False)
-    await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(workspace, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert (workspace / "a.txt").read_bytes() == b"version one of a"
     assert not (workspace / "new.txt").exists()
 
@@ -126,6 +126,8 @@ async def test_entries_disagreeing_on_a_blob_size_are_refused(
     write_tree(workspace, {"existing": b"stays"})
     before = snapshot_tree(workspace)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
     assert caught.value.code == INVALID_BLOB
     assert snapshot_tree(workspace) == before

@@ -25,7 +25,7 @@ from checkpointd.errors import (
 )
 from checkpointd.model import FileEntry, Policy
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import write_tree
@@ -62,7 +62,9 @@ async def test_writer_conflict_fails_fast_for_capture_and_restore(
         with pytest.raises(SandboxCheckpointWriterConflictError):
             await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
         with pytest.raises(SandboxCheckpointWriterConflictError):
-            await restore_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                workspace, store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
     finally:
         await lease.release()
     await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
@@ -96,7 +98,9 @@ async def test_data_dir_inside_the_workspace_is_refused(
         with pytest.raises(SandboxCheckpointInvalidArgumentError):
             await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
         with pytest.raises(SandboxCheckpointInvalidArgumentError):
-            await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
     assert not (workspace / "state").exists()
 
 
@@ -107,10 +111,16 @@ async def test_invalid_ids(
     with pytest.raises(SandboxCheckpointInvalidIdError):
         await capture_checkpoint(workspace, memory_store, memory_blobs, bad, data_dir=data_dir)
     with pytest.raises(SandboxCheckpointInvalidIdError):
-        await restore_checkpoint(workspace, memory_store, memory_blobs, bad, data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, bad, RestoreOptions(data_dir=data_dir)
+        )
     with pytest.raises(SandboxCheckpointInvalidIdError):
         await restore_checkpoint(
-            workspace, memory_store, memory_blobs, "t", checkpoint_id=bad, data_dir=data_dir
+            workspace,
+            memory_store,
+            memory_blobs,
+            "t",
+            RestoreOptions(checkpoint_id=bad, data_dir=data_dir),
         )
 
 
@@ -127,8 +137,7 @@ async def test_missing_checkpoint_unknown_or_of_another_thread(
                 memory_store,
                 memory_blobs,
                 thread,
-                checkpoint_id=checkpoint_id,
-                data_dir=data_dir,
+                RestoreOptions(checkpoint_id=checkpoint_id, data_dir=data_dir),
             )
         assert caught.value.code == MISSING_CHECKPOINT
 
@@ -201,7 +210,9 @@ async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
     # The scanned large bytes no longer exist anywhere; nothing was stored under their key.
     assert await packed_blobs(memory_blobs, memory_store).head(_key(big_old)) is None
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        restored, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert (restored / "small.txt").read_bytes() == small_old
     assert (restored / "big.bin").read_bytes() == big_new
 
@@ -292,8 +303,7 @@ async def test_progress_reports_every_phase_in_order(
         memory_store,
         memory_blobs,
         "t",
-        data_dir=data_dir,
-        progress=reports.append,
+        RestoreOptions(data_dir=data_dir, progress=reports.append),
     )
     await asyncio.sleep(0)  # reports made in worker threads reach the loop
     phases = list(dict.fromkeys(report.phase for report in reports))
@@ -334,7 +344,11 @@ async def test_restore_apply_progress_counts_files_and_bytes_written(
 
     reports: list[Progress] = []
     await restore_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=reports.append
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        RestoreOptions(data_dir=data_dir, progress=reports.append),
     )
     await asyncio.sleep(0)  # reports made in worker threads reach the loop
     apply = [report for report in reports if report.phase == "apply"]

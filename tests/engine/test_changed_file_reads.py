@@ -21,7 +21,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import snapshot_tree, write_tree
 
@@ -89,7 +89,7 @@ async def test_a_file_changed_before_its_upload_is_read_once_more(
         # directory names by that hash once it is in: read once too.
         assert new_size <= read < 1.5 * new_size, read
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
 
 
@@ -150,7 +150,7 @@ async def test_a_large_file_changed_before_its_upload_is_read_once_more(
     assert await stored.head(_key(old)) is None
     assert await stored.get(entry.blob_key) == zeroed
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert (restored / "big.bin").read_bytes() == zeroed
 
 

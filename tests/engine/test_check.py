@@ -25,7 +25,7 @@ from checkpointd.check import (
     REPAIRED,
     check_store,
 )
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.store._options import key_to_bytes
 
@@ -90,7 +90,11 @@ async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> N
         for done in (first, second):
             target = tmp_path / f"restored-{done.checkpoint.id}"
             await restore_checkpoint(
-                target, store, blobs, "t", checkpoint_id=done.checkpoint.id, data_dir=data_dir
+                target,
+                store,
+                blobs,
+                "t",
+                RestoreOptions(checkpoint_id=done.checkpoint.id, data_dir=data_dir),
             )
             assert snapshot_tree(target) == snapshot_tree(workspace)
     finally:
@@ -314,7 +318,11 @@ async def test_check_drops_the_rows_of_a_lost_pack_so_a_new_capture_uploads_agai
     for thread, done in (("u", second), ("t", first)):  # the old one reads the new pack
         target = tmp_path / f"restored-{thread}"
         await restore_checkpoint(
-            target, store, blobs, thread, checkpoint_id=done.checkpoint.id, data_dir=data_dir
+            target,
+            store,
+            blobs,
+            thread,
+            RestoreOptions(checkpoint_id=done.checkpoint.id, data_dir=data_dir),
         )
         assert snapshot_tree(target) == snapshot_tree(workspace)
 
@@ -399,7 +407,11 @@ async def test_repair_keeps_the_healthy_blobs_of_a_pack_with_a_damaged_frame(
     assert after.summary is not None and after.summary.ok, after.findings
     target = tmp_path / "restored"
     await restore_checkpoint(
-        target, store, blobs, "t", checkpoint_id=first.checkpoint.id, data_dir=data_dir
+        target,
+        store,
+        blobs,
+        "t",
+        RestoreOptions(checkpoint_id=first.checkpoint.id, data_dir=data_dir),
     )
     assert snapshot_tree(target) == snapshot_tree(workspace)
 

@@ -20,7 +20,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.errors import SandboxSnapshotError
 from checkpointd.model import FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.service.convert import entry_to_proto
 from checkpointd.store import open_store
 from checkpointd.store.base import CheckpointStore
@@ -95,7 +95,7 @@ async def test_files_round_trip_around_every_boundary(
         lengths = [c.length for c in chunks.iter_chunks(entry.chunks)]
         assert sum(lengths) == size
         assert all(MIN <= n <= MAX for n in lengths[:-1])
-    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "data2")
+    await restore_checkpoint(out, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "data2"))
     assert (out / "f").read_bytes() == (ws / "f").read_bytes()
 
 
@@ -111,7 +111,7 @@ async def test_a_multi_gib_sparse_file_round_trips_and_stays_sparse(
     # The zeros are one chunk key, stored once.
     assert len(chunk_keys(entry)) < 10
     assert result.stats.bytes_uploaded < 2 * MIB
-    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "data2")
+    await restore_checkpoint(out, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "data2"))
     restored = out / "disk.img"
     assert restored.stat().st_size == size
     assert restored.stat().st_blocks * 512 < 64 * MIB  # holes stay holes
@@ -142,9 +142,13 @@ async def test_an_edit_stores_only_the_chunks_near_it(
     # CDC re-syncs: a few chunks around the edit are new, the rest are shared.
     assert len(new) <= {"in_place": 3, "append": 20, "truncate": 1, "insert": 3}[edit], len(new)
     assert second.stats.bytes_uploaded <= len(new) * MAX
-    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=first.checkpoint.id)
+    await restore_checkpoint(
+        ws, store, bucket, "t", RestoreOptions(checkpoint_id=first.checkpoint.id)
+    )
     assert (ws / "big").read_bytes() == original
-    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=second.checkpoint.id)
+    await restore_checkpoint(
+        ws, store, bucket, "t", RestoreOptions(checkpoint_id=second.checkpoint.id)
+    )
     assert (ws / "big").read_bytes() == changed
 
 
@@ -164,7 +168,9 @@ async def test_secrets_across_chunk_boundaries_are_zeroed_and_written_back(
     assert entry.chunks and len(entry.secrets) == len(range(0, len(data) - len(secret), 10_007))
     # No stored object holds the secret.
     assert not any(secret in stored for stored in _stored_objects(tmp_path / "blobs"))
-    await restore_checkpoint(out, store, bucket, "t", data_dir=tmp_path / "d2", secrets=[secret])
+    await restore_checkpoint(
+        out, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "d2", secrets=[secret])
+    )
     assert (out / "f").read_bytes() == bytes(data)
 
 
@@ -198,7 +204,7 @@ async def test_a_warm_cache_into_an_empty_store_uploads_what_the_store_lacks(
     async with await open_store(f"sqlite:///{tmp_path}/two.db") as two:
         again = await capture(ws, two, other, tmp_path / "data")
         assert again.stats.bytes_uploaded == 5 * MIB
-        await restore_checkpoint(out, two, other, "t", data_dir=tmp_path / "d2")
+        await restore_checkpoint(out, two, other, "t", RestoreOptions(data_dir=tmp_path / "d2"))
     assert (out / "big").read_bytes() == (ws / "big").read_bytes()
 
 
@@ -227,7 +233,9 @@ async def test_a_damaged_chunk_fails_the_restore_and_changes_nothing(
         pack.write_bytes(bytes(raw))
     live = (ws / "big").read_bytes()
     with pytest.raises(SandboxSnapshotError) as raised:
-        await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=first.checkpoint.id)
+        await restore_checkpoint(
+            ws, store, bucket, "t", RestoreOptions(checkpoint_id=first.checkpoint.id)
+        )
     code = {"corrupt": "SANDBOX_SNAPSHOT_INVALID_BLOB", "missing": "SANDBOX_SNAPSHOT_MISSING_BLOB"}
     assert raised.value.code == code[damage]
     key = raised.value.details["key"]
@@ -251,9 +259,13 @@ async def test_chunked_and_whole_checkpoints_both_stay_readable(
     (ws / "big").write_bytes(noise(3 * MIB, 52))
     chunked_result = await capture(ws, store, bucket, tmp_path / "data")
     assert entry_of(chunked_result, "big").chunks
-    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=whole.checkpoint.id)
+    await restore_checkpoint(
+        ws, store, bucket, "t", RestoreOptions(checkpoint_id=whole.checkpoint.id)
+    )
     assert (ws / "big").read_bytes() == noise(3 * MIB, 51)
-    await restore_checkpoint(ws, store, bucket, "t", checkpoint_id=chunked_result.checkpoint.id)
+    await restore_checkpoint(
+        ws, store, bucket, "t", RestoreOptions(checkpoint_id=chunked_result.checkpoint.id)
+    )
     assert (ws / "big").read_bytes() == noise(3 * MIB, 52)
 
 

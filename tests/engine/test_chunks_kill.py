@@ -19,7 +19,7 @@ from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import sweep_blobs
 
@@ -36,7 +36,7 @@ import asyncio, random, sys
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 mode, store_url, blobs_url, ws, data = sys.argv[1:6]
 async def main():
@@ -51,7 +51,7 @@ async def main():
                         f.write(random.randbytes(4096))
                     await capture_checkpoint(ws, store, blobs, "t", data_dir=data)
                 else:
-                    await restore_checkpoint(ws, store, blobs, "t", data_dir=data)
+                    await restore_checkpoint(ws, store, blobs, "t", RestoreOptions(data_dir=data))
             except SandboxCheckpointWriterConflictError:
                 await asyncio.sleep(0.05)  # the previous victim's lease has not expired yet
 asyncio.run(main())
@@ -123,7 +123,9 @@ async def test_a_chunked_capture_killed_anywhere_leaves_a_consistent_store(
     async with await open_store(f"sqlite:///{tmp_path}/store.db", **LEASE) as store:
         blobs = open_blobs(f"file://{tmp_path}/blobs")
         await capture_checkpoint(ws, store, blobs, "t", data_dir=data)
-        await restore_checkpoint(tmp_path / "out", store, blobs, "t", data_dir=tmp_path / "d2")
+        await restore_checkpoint(
+            tmp_path / "out", store, blobs, "t", RestoreOptions(data_dir=tmp_path / "d2")
+        )
     assert (tmp_path / "out" / "big").read_bytes() == (ws / "big").read_bytes()
     await _consistent(tmp_path)
 
@@ -173,6 +175,10 @@ async def test_a_sweep_during_chunked_captures_never_loses_a_chunk(chunked, tmp_
         for checkpoint_id in ids:
             out = tmp_path / f"out-{checkpoint_id}"
             await restore_checkpoint(
-                out, store, blobs, "t", checkpoint_id=checkpoint_id, data_dir=tmp_path / "d2"
+                out,
+                store,
+                blobs,
+                "t",
+                RestoreOptions(checkpoint_id=checkpoint_id, data_dir=tmp_path / "d2"),
             )
     await _consistent(tmp_path)

@@ -13,7 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd import capture_checkpoint, open_blobs, open_store, restore_checkpoint
+from checkpointd import (
+    RestoreOptions,
+    capture_checkpoint,
+    open_blobs,
+    open_store,
+    restore_checkpoint,
+)
 
 CAPTURES = 12
 
@@ -44,7 +50,9 @@ async def test_a_dozen_concurrent_captures_all_finish(tmp_path: Path) -> None:
         )
         assert [len(r.checkpoint.files) for r in results] == [44] * CAPTURES
         target = tmp_path / "restored"
-        await restore_checkpoint(target, store, blobs, f"t{CAPTURES - 1}", data_dir=tmp_path / "d")
+        await restore_checkpoint(
+            target, store, blobs, f"t{CAPTURES - 1}", RestoreOptions(data_dir=tmp_path / "d")
+        )
         assert (target / "d3" / "f39").read_bytes() == f"{CAPTURES - 1}-39".encode() * 100
     finally:
         await store.aclose()

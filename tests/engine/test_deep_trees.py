@@ -12,7 +12,7 @@ import pytest
 
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from ..native.test_deep_trees import (
     MAX_DEPTH,
@@ -69,7 +69,9 @@ async def test_restore_leaves_a_chain_deeper_than_the_limit_alone(
     make_chain(workspace, MAX_DEPTH + 20)
     try:
         with caplog.at_level(logging.WARNING, logger="checkpointd.restore"):
-            await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
         assert (workspace / "ok.txt").read_bytes() == b"fine"
         # The chain's directories hold what lies too deep: they all stay.
         assert (workspace / chain_path(MAX_DEPTH + 20) / "bottom.txt").exists()

@@ -18,7 +18,7 @@ from checkpointd.blobs.base import BlobStoreError
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.service.status import classify
 from checkpointd.store import open_store
 
@@ -36,7 +36,9 @@ async def test_restore_into_a_full_filesystem_is_no_space(
         (full / "keep.txt").write_bytes(b"already here")
         before = snapshot_tree(full)
         with pytest.raises(SandboxSnapshotError) as caught:
-            await restore_checkpoint(full, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                full, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
         assert caught.value.code == errors.NO_SPACE
         assert str(full) in caught.value.details["path"]
         assert str(full) in str(caught.value)
@@ -85,7 +87,9 @@ async def test_a_name_too_long_is_refused_before_any_change(
     write_tree(workspace, {"old.txt": b"old"})
     before = snapshot_tree(workspace)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
     assert caught.value.code == errors.NAME_TOO_LONG
     assert caught.value.details["path"] == long_path
     assert snapshot_tree(workspace) == before

@@ -21,7 +21,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import PAST_NS, write_tree
 
@@ -103,7 +103,9 @@ async def test_restore_never_sets_a_mounted_files_mode_or_mtime(
     before = _state(outside)
     assert before[2] != PAST_NS
     with bind_mount_file(outside, workspace / "config.json"):
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
         assert _state(outside) == before
         assert str(workspace / "config.json") in _mount_points()
     assert _state(outside) == before
@@ -117,7 +119,9 @@ async def test_restore_leaves_a_mounted_file_the_checkpoint_lacks(
     (workspace / "keep.txt").write_bytes(b"changed")
     before = _state(outside)
     with bind_mount_file(outside, workspace / "dir" / "mounted.json"):
-        await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
         assert str(workspace / "dir" / "mounted.json") in _mount_points()
         assert _state(outside) == before
     assert (workspace / "keep.txt").read_bytes() == b"k"
@@ -140,8 +144,7 @@ async def test_restore_writes_no_secret_into_a_mounted_file(
             memory_store,
             memory_blobs,
             "t",
-            secrets={"TOKEN": TOKEN},
-            data_dir=data_dir,
+            RestoreOptions(secrets={"TOKEN": TOKEN}, data_dir=data_dir),
         )
         assert _state(outside) == before
     assert TOKEN not in outside.read_bytes()  # noqa: ASYNC240

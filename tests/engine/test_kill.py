@@ -19,7 +19,7 @@ from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from . import fault_worker
@@ -112,7 +112,9 @@ async def test_capture_killed_at_random_points(tmp_path: Path) -> None:
         assert result.checkpoint.parent_checkpoint_id == checkpoints[-1].id
         await _assert_every_reference_present(store, blobs)
         restored = tmp_path / "restored"
-        await restore_checkpoint(restored, store, blobs, "faults", data_dir=data_dir)
+        await restore_checkpoint(
+            restored, store, blobs, "faults", RestoreOptions(data_dir=data_dir)
+        )
         assert snapshot_tree(restored) == snapshot_tree(workspace)
     finally:
         await store.aclose()
@@ -152,7 +154,9 @@ async def test_restore_killed_then_run_again_completes(tmp_path: Path) -> None:
             if snapshot_tree(target) != expected:
                 interrupted += 1  # killed before or while it changed the tree
             await _retry_while_leased(
-                lambda: restore_checkpoint(target, store, blobs, "faults", data_dir=data_dir)
+                lambda: restore_checkpoint(
+                    target, store, blobs, "faults", RestoreOptions(data_dir=data_dir)
+                )
             )
             assert snapshot_tree(target) == expected
             assert not [n for n in os.listdir(target) if n.startswith(".checkpointd")]

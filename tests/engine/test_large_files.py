@@ -23,7 +23,7 @@ from checkpointd.blobs import open_blobs
 from checkpointd.capture import HELD_FILES, capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxSnapshotError
 from checkpointd.model import FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import snapshot_tree, write_tree
@@ -71,7 +71,7 @@ async def test_a_large_file_rewritten_after_the_scan_with_its_mtime_set_back_is_
     assert await blobs.head(_key(old)) is None
     await _assert_every_blob_is_its_key(blobs)
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert (restored / "big.bin").read_bytes() == new
 
 
@@ -159,7 +159,9 @@ async def test_large_files_with_secrets_round_trip(
         assert _key(stored) == entry.blob_key
         assert {span.secret for span in entry.secrets} == {"TOKEN", "PASSWORD"}
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", secrets=secrets, data_dir=data_dir)
+    await restore_checkpoint(
+        restored, store, blobs, "t", RestoreOptions(secrets=secrets, data_dir=data_dir)
+    )
     assert snapshot_tree(restored) == expected
 
 
@@ -227,6 +229,6 @@ async def test_many_large_files_never_hold_more_descriptors_than_the_bound(tmp_p
         assert checkpoint is not None
         restored = tmp_path / "restored"
         await restore_checkpoint(
-            restored, store, open_blobs(blobs_url), "t", data_dir=tmp_path / "data"
+            restored, store, open_blobs(blobs_url), "t", RestoreOptions(data_dir=tmp_path / "data")
         )
     assert snapshot_tree(restored) == snapshot_tree(workspace)

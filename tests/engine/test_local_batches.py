@@ -18,7 +18,7 @@ from checkpointd.capture import BATCH_FILES, FILE_CHANGED, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import snapshot_tree, write_tree
@@ -89,7 +89,9 @@ async def test_many_small_files_in_several_batches_round_trip(
     assert again.stats.blobs_uploaded == 0
 
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, file_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        restored, memory_store, file_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
 
@@ -116,7 +118,9 @@ async def test_file_changed_during_a_batch_is_hashed_again_never_stored_torn(
     assert await stored.head(_key(old)) is None
     assert await stored.head(_key(b"gone")) is None
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, file_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        restored, memory_store, file_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert snapshot_tree(restored, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
 
 
@@ -201,7 +205,9 @@ async def test_a_damaged_blob_in_a_batch_fails_restore_before_any_change(
     write_tree(target, {"keep.txt": b"untouched"})
     before = snapshot_tree(target)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(target, memory_store, file_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            target, memory_store, file_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
     assert caught.value.code == INVALID_BLOB
     assert caught.value.details["key"] == damaged
     assert snapshot_tree(target) == before

@@ -19,7 +19,7 @@ from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.migrate import migrate_to_packs
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import IN_USE, sweep_blobs
 
@@ -66,7 +66,11 @@ async def _restores_each(store: Any, blobs: Any, ids: list[str], tmp: Path, expe
     for checkpoint_id in ids:
         target = tmp / f"restored-{uuid.uuid4().hex[:8]}"
         await restore_checkpoint(
-            target, store, blobs, "t", checkpoint_id=checkpoint_id, data_dir=tmp / "rd"
+            target,
+            store,
+            blobs,
+            "t",
+            RestoreOptions(checkpoint_id=checkpoint_id, data_dir=tmp / "rd"),
         )
         assert snapshot_tree(target, with_mtime=False) == expected[checkpoint_id]
 

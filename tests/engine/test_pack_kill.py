@@ -18,7 +18,7 @@ import pytest
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.check import check_store
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import prune, sweep_blobs
 from tests.fixtures.bucket_counter import counted
@@ -170,7 +170,9 @@ async def test_kill_9_during_a_pack_upload_leaves_no_row_pointing_at_a_missing_r
         assert report.failures == []
         await _only_indexed_packs_left(store, blobs)
         target = tmp_path / "restored"
-        await restore_checkpoint(target, store, blobs, "t", data_dir=tmp_path / "rd")
+        await restore_checkpoint(
+            target, store, blobs, "t", RestoreOptions(data_dir=tmp_path / "rd")
+        )
         assert snapshot_tree(target, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)
         assert result.checkpoint.id == await store.get_head("t")
 
@@ -216,7 +218,9 @@ async def test_kill_9_during_a_repack_keeps_every_checkpoint_and_a_rerun_complet
     async with await open_store(store_url, now=_past_the_holds) as store:
         await _index_is_whole(store, blobs)
         target = tmp_path / "restored-after-kill"
-        await restore_checkpoint(target, store, blobs, "t", data_dir=tmp_path / "rd1")
+        await restore_checkpoint(
+            target, store, blobs, "t", RestoreOptions(data_dir=tmp_path / "rd1")
+        )
         assert snapshot_tree(target, with_mtime=False) == expected
         # Reruns complete: the sparse pack is repacked, then deleted.
         for _ in range(2):
@@ -226,6 +230,8 @@ async def test_kill_9_during_a_repack_keeps_every_checkpoint_and_a_rerun_complet
         await _only_indexed_packs_left(store, blobs)
         assert not before <= set(await _packs(blobs)), "nothing was repacked"
         target = tmp_path / "restored-after-rerun"
-        await restore_checkpoint(target, store, blobs, "t", data_dir=tmp_path / "rd2")
+        await restore_checkpoint(
+            target, store, blobs, "t", RestoreOptions(data_dir=tmp_path / "rd2")
+        )
         assert snapshot_tree(target, with_mtime=False) == expected
     del code  # killed or finished: both must leave a whole index

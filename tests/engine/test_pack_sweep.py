@@ -23,7 +23,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.check import CORRUPT, check_store
 from checkpointd.manifest import split_digests
 from checkpointd.migrate import migrate_to_packs
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store._packindex import file_key, index_rows
 from checkpointd.store.base import PackedBlob
 from checkpointd.sweep import IN_USE, REFERENCED, REPACKED, TOO_YOUNG, prune, sweep_blobs
@@ -86,8 +86,7 @@ async def _restores(store: Any, blobs: Any, checkpoint_id: str, target: Path, tm
         store,
         blobs,
         checkpoint.thread_id,
-        checkpoint_id=checkpoint_id,
-        data_dir=tmp / f"rd-{checkpoint_id}",
+        RestoreOptions(checkpoint_id=checkpoint_id, data_dir=tmp / f"rd-{checkpoint_id}"),
     )
     return snapshot_tree(target, with_mtime=False)
 
@@ -590,7 +589,9 @@ async def test_bucket_requests_stay_a_handful_for_captures_restores_and_sweeps(
         changed = proxy.reset()
         assert 0 < sum(changed.values()) <= 10, changed
 
-        await restore_checkpoint(tmp_path / "r", memory_store, blobs, "t", data_dir=tmp_path / "rd")
+        await restore_checkpoint(
+            tmp_path / "r", memory_store, blobs, "t", RestoreOptions(data_dir=tmp_path / "rd")
+        )
         restored = proxy.reset()
         assert 0 < sum(restored.values()) <= 50, restored
         assert snapshot_tree(tmp_path / "r", with_mtime=False) == snapshot_tree(
@@ -687,7 +688,11 @@ async def test_a_restore_planned_before_a_repack_reads_the_moved_blobs_from_the_
     target = tmp_path / "restored"
     events: list[Any] = []
     await restore_checkpoint(
-        target, memory_store, reader, "t", data_dir=tmp_path / "d2", progress=events.append
+        target,
+        memory_store,
+        reader,
+        "t",
+        RestoreOptions(data_dir=tmp_path / "d2", progress=events.append),
     )
     assert snapshot_tree(target, with_mtime=False) == expected
     fetched = [event for event in events if event.phase == "fetch"]
@@ -724,5 +729,7 @@ async def test_checkpointd_migrate_on_a_sqlite_store_packs_once(
         report = await check_store(store, blobs, read_data=True)
         assert report.summary is not None and report.summary.ok, report.findings
         target = tmp_path / "restored"
-        await restore_checkpoint(target, store, blobs, "t", data_dir=tmp_path / "rd")
+        await restore_checkpoint(
+            target, store, blobs, "t", RestoreOptions(data_dir=tmp_path / "rd")
+        )
         assert snapshot_tree(target, with_mtime=False) == snapshot_tree(workspace, with_mtime=False)

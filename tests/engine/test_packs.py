@@ -14,15 +14,14 @@ from typing import Any
 import blake3
 import pytest
 
-from checkpointd import _native
-from checkpointd import restore as restore_module
+from checkpointd import _native, _restore_fetch
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobCorruptError
 from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs, plan_pack_reads
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store.base import PackIndex
 
 from ..fixtures.bucket_counter import CountingProxy, counted
@@ -136,7 +135,7 @@ async def test_mixed_sizes_round_trip_through_packs(
     }
 
     shutil.rmtree(workspace)
-    await restore_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await restore_checkpoint(workspace, store, bucket, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(workspace) == before
 
     # Another thread of the same contents uploads nothing: the index says present.
@@ -168,7 +167,7 @@ async def test_a_capture_writes_packs_of_the_target_size(
     assert 4 <= len(packs) <= 6
     assert all(info.size < (64 << 10) + 2000 for info in packs)
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
 
@@ -192,7 +191,7 @@ async def test_a_capture_packs_small_fed_files_and_puts_larger_ones_alone(
     located = await blobs.locate([_key(data) for data in small.values()])
     assert len(located) == 200
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
 
@@ -241,7 +240,11 @@ async def test_an_old_single_object_store_restores_after_the_upgrade(
     for checkpoint in (old.checkpoint, new.checkpoint):
         target = tmp_path / f"restored-{checkpoint.id}"
         await restore_checkpoint(
-            target, store, bucket, "t", checkpoint_id=checkpoint.id, data_dir=data_dir
+            target,
+            store,
+            bucket,
+            "t",
+            RestoreOptions(checkpoint_id=checkpoint.id, data_dir=data_dir),
         )
         assert {e.path for e in checkpoint.files if isinstance(e, FileEntry)} == {
             p.name for p in target.iterdir()
@@ -280,7 +283,7 @@ async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
     write_tree(target, {"f042.txt": b"the live version", "keep.txt": b"untouched"})
     before = snapshot_tree(target)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+        await restore_checkpoint(target, store, bucket, "t", RestoreOptions(data_dir=data_dir))
     assert caught.value.code == INVALID_BLOB
     assert caught.value.details["pack"] == pack_info.key
     assert pack_info.key in str(caught.value)
@@ -300,7 +303,7 @@ async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
         await view.get(victim)
     # Once the pack is whole again, the restore completes.
     await bucket.put(pack_info.key, pack, if_absent=False)
-    await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+    await restore_checkpoint(target, store, bucket, "t", RestoreOptions(data_dir=data_dir))
     assert (target / "f042.txt").read_bytes() == files["f042.txt"]
 
 
@@ -330,7 +333,7 @@ async def test_a_cold_capture_of_thousands_of_small_files_is_a_handful_of_reques
     assert captured.get("HEAD", 0) < 10, captured
 
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     restoring = proxy.reset()
     assert 0 < sum(restoring.values()) < 100, restoring
@@ -352,7 +355,7 @@ async def test_a_restore_reads_each_pack_about_once_whatever_its_file_count(
     assert len(packs) >= 3  # the plan spans several packs
     proxy.reset()
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     restoring = proxy.reset()
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     # About one ranged GET per pack, and nothing else asked of the bucket.
@@ -375,7 +378,7 @@ async def test_a_pack_read_is_staged_as_it_streams_in_whatever_its_chunks(
 ) -> None:
     assert isinstance(store, PackIndex)
     # Every read longer than 4 KiB streams (shorter ones are read whole, in batches).
-    monkeypatch.setattr(restore_module, "FETCH_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(_restore_fetch, "FETCH_CHUNK_BYTES", 4096)
     blobs = _TrickleBlobs(open_blobs(f"file://{tmp_path / 'blobs'}"), store)
     workspace = tmp_path / "workspace"
     tree = _mixed_tree()
@@ -383,7 +386,7 @@ async def test_a_pack_read_is_staged_as_it_streams_in_whatever_its_chunks(
     write_tree(workspace, tree)
     await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
 
@@ -412,7 +415,7 @@ async def test_a_corrupted_frame_inside_one_merged_read_fails_and_changes_nothin
     write_tree(target, {"d1/f001.txt": b"the live version", "keep.txt": b"untouched"})
     before = snapshot_tree(target)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(target, store, bucket, "t", data_dir=data_dir)
+        await restore_checkpoint(target, store, bucket, "t", RestoreOptions(data_dir=data_dir))
     assert caught.value.code == INVALID_BLOB
     assert caught.value.details == {"key": victim.key, "pack": pack_info.key}
     assert victim.key in str(caught.value) and pack_info.key in str(caught.value)

@@ -8,7 +8,7 @@ from typing import Any
 
 from checkpointd.capture import capture_checkpoint
 from checkpointd.model import Policy
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 
 def _workspace(root: Path) -> None:
@@ -34,14 +34,16 @@ async def test_restore_without_policy_uses_the_recorded_one(
     assert stored.policy == policy
 
     (workspace / "src" / "main.py").write_text("changed\n")
-    await restore_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(workspace, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert (workspace / "src" / "main.py").read_text() == "print('hi')\n"
     # The capture left them out, so the plain restore leaves them alone.
     assert (workspace / "build" / "out.o").read_bytes() == b"\x7fELF"
     assert (workspace / "debug.log").read_text() == "log line\n"
 
     # An explicit policy wins: the default one selects build/ and debug.log.
-    await restore_checkpoint(workspace, store, blobs, "t", policy=Policy(), data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, store, blobs, "t", RestoreOptions(policy=Policy(), data_dir=data_dir)
+    )
     assert not (workspace / "build").exists()
     assert not (workspace / "debug.log").exists()
 

@@ -1,7 +1,7 @@
 """Restore over a tree that differs from the checkpoint in a few places: every
 kind of difference is put right, and the work (bytes read from the packs) is
 about what differs, not the whole tree (restore.py, rust/src/restore.rs
-``plan_encoded``, the short pack reads of ``restore._pack_jobs``)."""
+``plan_encoded``, the short pack reads of ``_restore_fetch._pack_jobs``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from checkpointd.blobs.packs import PACK_KEY_PREFIX
 from checkpointd.capture import capture_checkpoint
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.statcache_paths import stat_cache_path
 
 from .conftest import (
@@ -61,7 +61,7 @@ async def test_a_restore_over_a_few_differences_puts_each_right_and_reads_little
     expected = snapshot_tree(workspace)
     target = tmp_path / "target"
     restore_data = tmp_path / "restore-data"
-    await restore_checkpoint(target, store, bucket, "t", data_dir=restore_data)
+    await restore_checkpoint(target, store, bucket, "t", RestoreOptions(data_dir=restore_data))
     assert snapshot_tree(target) == expected
 
     # One of each kind of difference.
@@ -84,7 +84,7 @@ async def test_a_restore_over_a_few_differences_puts_each_right_and_reads_little
             appended.write(b"appended")
 
     before = _read_bytes()
-    await restore_checkpoint(target, store, bucket, "t", data_dir=restore_data)
+    await restore_checkpoint(target, store, bucket, "t", RestoreOptions(data_dir=restore_data))
     read = _read_bytes() - before
     assert snapshot_tree(target) == expected
     if not str(bucket.url).startswith("file://"):
@@ -104,9 +104,13 @@ async def test_a_restore_over_an_identical_tree_changes_nothing(
     write_tree(workspace, _tree(200))
     await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
     target = tmp_path / "target"
-    await restore_checkpoint(target, store, bucket, "t", data_dir=tmp_path / "restore-data")
+    await restore_checkpoint(
+        target, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "restore-data")
+    )
     inodes = {path: os.lstat(path).st_ino for path in target.rglob("*")}
-    await restore_checkpoint(target, store, bucket, "t", data_dir=tmp_path / "restore-data")
+    await restore_checkpoint(
+        target, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "restore-data")
+    )
     assert {path: os.lstat(path).st_ino for path in target.rglob("*")} == inodes
     assert snapshot_tree(target) == snapshot_tree(workspace)
 
@@ -124,7 +128,11 @@ async def test_a_restore_over_a_changed_tree_saves_the_stat_cache_once_with_what
     target = tmp_path / "target"
     restore_data = tmp_path / "restore-data"
     await restore_checkpoint(
-        target, store, bucket, "t", data_dir=restore_data, progress=settle_before_record
+        target,
+        store,
+        bucket,
+        "t",
+        RestoreOptions(data_dir=restore_data, progress=settle_before_record),
     )
     changed = sorted(target.glob("d*/sub*/f*.bin"))[::30]
     for path in changed:
@@ -141,7 +149,9 @@ async def test_a_restore_over_a_changed_tree_saves_the_stat_cache_once_with_what
             seen[report.phase] = os.stat(cache)
         settle_before_record(report)
 
-    await restore_checkpoint(target, store, bucket, "t", data_dir=restore_data, progress=hook)
+    await restore_checkpoint(
+        target, store, bucket, "t", RestoreOptions(data_dir=restore_data, progress=hook)
+    )
     assert snapshot_tree(target) == snapshot_tree(workspace)
     for phase in ("apply", "record"):
         kept = (seen[phase].st_ino, seen[phase].st_mtime_ns)

@@ -24,7 +24,7 @@ from typing import Any
 from checkpointd import _native
 from checkpointd.capture import capture_checkpoint
 from checkpointd.model import FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import PAST_NS, settle_before_record, wait_out_racy_window, write_tree
 
@@ -127,9 +127,11 @@ async def test_a_rewrite_racing_the_restore_is_never_recorded_as_the_checkpoints
                 memory_store,
                 memory_blobs,
                 "t",
-                checkpoint_id=first.checkpoint.id,
-                data_dir=data_dir,
-                progress=settle_before_record,
+                RestoreOptions(
+                    checkpoint_id=first.checkpoint.id,
+                    data_dir=data_dir,
+                    progress=settle_before_record,
+                ),
             )
         wait_out_racy_window()
         again = await capture_checkpoint(

@@ -29,7 +29,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import (
     PAST_NS,
@@ -81,9 +81,9 @@ async def test_a_file_rewritten_during_restore_with_an_old_mtime_is_hashed_again
         memory_store,
         memory_blobs,
         "t",
-        checkpoint_id=first.checkpoint.id,
-        data_dir=data_dir,
-        progress=rewrite_after_apply,
+        RestoreOptions(
+            checkpoint_id=first.checkpoint.id, data_dir=data_dir, progress=rewrite_after_apply
+        ),
     )
     assert rewritten == [rewrite]
     info = (workspace / "notes.txt").stat()
@@ -106,7 +106,11 @@ async def test_restored_files_are_recorded_from_the_restores_own_writes(
     await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     fresh = tmp_path / "fresh"
     await restore_checkpoint(
-        fresh, memory_store, memory_blobs, "t", data_dir=data_dir, progress=settle_before_record
+        fresh,
+        memory_store,
+        memory_blobs,
+        "t",
+        RestoreOptions(data_dir=data_dir, progress=settle_before_record),
     )
     wait_out_racy_window()
     again = await capture_checkpoint(fresh, memory_store, memory_blobs, "t", data_dir=data_dir)
@@ -131,7 +135,9 @@ async def test_a_hard_link_to_an_outside_file_keeps_its_mode_and_mtime(
     os.link(victim, workspace / "config.txt")
     before = victim.stat()
 
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     after = victim.stat()
     assert (after.st_mode, after.st_mtime_ns, victim.read_bytes()) == (
         before.st_mode,
@@ -173,7 +179,9 @@ async def test_a_mount_point_inside_the_workspace_is_never_emptied(
         write_tree(mount_point, {"precious.txt": b"on another filesystem", "sub/x": b"x"})
         before = snapshot_tree(mount_point)
         with caplog.at_level("WARNING", logger="checkpointd.restore"):
-            await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
         assert snapshot_tree(mount_point) == before
         assert os.path.ismount(mount_point)  # noqa: ASYNC240
         assert any("mnt" in record.getMessage() for record in caplog.records)
@@ -237,8 +245,7 @@ async def test_a_subdir_swapped_for_a_symlink_never_reaches_outside(
                     memory_store,
                     memory_blobs,
                     "t",
-                    data_dir=data_dir,
-                    workspace_subdir="sub",
+                    RestoreOptions(data_dir=data_dir, workspace_subdir="sub"),
                 )
                 outcomes.append("restored")
             except SandboxSnapshotError as error:
@@ -301,7 +308,11 @@ async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
     shutil.rmtree(workspace / "locked")
     (workspace / "new").write_bytes(b"a file where a directory belongs")
     await restore_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=settle_before_record
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        RestoreOptions(data_dir=data_dir, progress=settle_before_record),
     )
     assert snapshot_tree(workspace) == before
     assert not [n for n in os.listdir(workspace) if n.startswith(".checkpointd")]
@@ -335,7 +346,9 @@ async def test_a_full_workspace_fails_cleanly_and_a_later_run_succeeds(
         (target / "kept.txt").write_bytes(b"was here before")
         before = snapshot_tree(target)
         with pytest.raises(SandboxSnapshotError) as caught:
-            await restore_checkpoint(target, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await restore_checkpoint(
+                target, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+            )
         assert caught.value.code == NO_SPACE
         assert str(target) in str(caught.value)
         # Nothing half-written: staging is gone and the workspace is as it was.
@@ -343,7 +356,9 @@ async def test_a_full_workspace_fails_cleanly_and_a_later_run_succeeds(
         subprocess.run(  # noqa: ASYNC221
             ["mount", "-o", "remount,size=32m", str(target)], check=True
         )
-        await restore_checkpoint(target, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            target, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
         assert snapshot_tree(target) == expected
     finally:
         subprocess.run(["umount", str(target)], check=False)  # noqa: ASYNC221
@@ -351,12 +366,14 @@ async def test_a_full_workspace_fails_cleanly_and_a_later_run_succeeds(
 
 _RESTORE_SCRIPT = """
 import asyncio, sys
-from checkpointd import open_blobs, open_store, restore_checkpoint
+from checkpointd import RestoreOptions, open_blobs, open_store, restore_checkpoint
 
 async def main(store_url, blobs_url, target, data_dir):
     store = await open_store(store_url)
     try:
-        await restore_checkpoint(target, store, open_blobs(blobs_url), "t", data_dir=data_dir)
+        await restore_checkpoint(
+            target, store, open_blobs(blobs_url), "t", RestoreOptions(data_dir=data_dir)
+        )
     finally:
         await store.aclose()
     print("restored", flush=True)

@@ -1,5 +1,5 @@
 """Restore looks the pack index up a slice of its plan at a time when the
-blobs are in a local dir (``restore._locate_slices``), and reads each slice
+blobs are in a local dir (``_restore_fetch._locate_slices``), and reads each slice
 while the next is looked up; a bucket's plan is looked up whole."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ from typing import Any
 
 import blake3
 
-from checkpointd import restore
+from checkpointd import _restore_fetch
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import PackedBlobStore
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import snapshot_tree, write_tree
 
-COUNT = restore.LOCATE_FIRST * 5 + 300  # three slices: 1024, 4096, the rest
+COUNT = _restore_fetch.LOCATE_FIRST * 5 + 300  # three slices: 1024, 4096, the rest
 
 
 def _files() -> dict[str, bytes]:
@@ -37,12 +37,12 @@ def test_a_local_dir_is_looked_up_in_growing_slices_a_bucket_at_once(
 ) -> None:
     digests = b"".join(n.to_bytes(32, "big") for n in range(COUNT))
     local = PackedBlobStore(open_blobs(f"file://{tmp_path / 'blobs'}"), memory_store)
-    slices = restore._locate_slices(local, digests)
+    slices = _restore_fetch._locate_slices(local, digests)
     assert [len(part) // 32 for part in slices] == [1024, 4096, COUNT - 5120]
     assert b"".join(slices) == digests
     bucket = PackedBlobStore(open_blobs("memory://"), memory_store)
-    assert restore._locate_slices(bucket, digests) == [digests]
-    assert restore._locate_slices(local, b"") == []
+    assert _restore_fetch._locate_slices(bucket, digests) == [digests]
+    assert _restore_fetch._locate_slices(local, b"") == []
 
 
 async def test_many_slices_round_trip_and_a_bad_frame_in_the_last_changes_nothing(
@@ -53,7 +53,7 @@ async def test_many_slices_round_trip_and_a_bad_frame_in_the_last_changes_nothin
     write_tree(workspace, files)
     await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, memory_store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
     # The last path is written last: its blob is in the last slice, read
@@ -74,7 +74,9 @@ async def test_many_slices_round_trip_and_a_bad_frame_in_the_last_changes_nothin
     write_tree(target, {"keep.txt": b"untouched"})
     before = snapshot_tree(target)
     try:
-        await restore_checkpoint(target, memory_store, blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(
+            target, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
     except SandboxSnapshotError as error:
         assert error.code == INVALID_BLOB
         assert error.details["key"] == damaged

@@ -14,7 +14,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import MISSING_BLOB, SandboxSnapshotError
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import snapshot_tree, write_tree
 
@@ -48,7 +48,9 @@ async def test_a_large_restore_writes_back_while_it_applies_and_stops_after(
             during[report.phase] = _threads_named(THREAD)
 
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir, progress=progress)
+    await restore_checkpoint(
+        restored, store, blobs, "t", RestoreOptions(data_dir=data_dir, progress=progress)
+    )
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     assert during == {"apply": 1, "record": 1}
     assert _threads_named(THREAD) == 0
@@ -66,7 +68,11 @@ async def test_a_small_restore_starts_no_writeback(
             seen.append(_threads_named(THREAD))
 
     await restore_checkpoint(
-        tmp_path / "restored", store, blobs, "t", data_dir=data_dir, progress=progress
+        tmp_path / "restored",
+        store,
+        blobs,
+        "t",
+        RestoreOptions(data_dir=data_dir, progress=progress),
     )
     assert seen and set(seen) == {0}
 
@@ -82,7 +88,7 @@ async def test_a_failed_large_restore_stops_its_writeback(
     await blobs.delete(victim)
     restored = tmp_path / "restored"
     with pytest.raises(SandboxSnapshotError) as caught:
-        await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+        await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert caught.value.code == MISSING_BLOB
     assert _threads_named(THREAD) == 0
     assert list(restored.iterdir()) == []  # nothing moved in, staging removed

@@ -20,7 +20,7 @@ import pytest
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import NO_SPACE, SandboxCheckpointWriterConflictError, SandboxSnapshotError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from ..fixtures.tmpfs import small_tmpfs
@@ -57,7 +57,9 @@ async def test_a_retry_after_no_space_at_the_append_scans_like_a_cold_capture(
             again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
             assert (again.stats.files_hashed, again.stats.files_reused) == (0, FILES)
             restored = tmp_path / "restored"
-            await restore_checkpoint(restored, store, blobs, "t", data_dir=tmp_path / "d2")
+            await restore_checkpoint(
+                restored, store, blobs, "t", RestoreOptions(data_dir=tmp_path / "d2")
+            )
             assert snapshot_tree(restored) == snapshot_tree(workspace)
         finally:
             await store.aclose()
@@ -126,7 +128,9 @@ async def test_a_retry_after_a_kill_past_the_scan_scans_like_a_cold_capture(
         leftovers = [p for p in os.listdir(data_dir / "statcache") if ".pending-" in p]
         assert leftovers == []
         restored = tmp_path / "restored"
-        await restore_checkpoint(restored, store, blobs, "retry", data_dir=tmp_path / "d2")
+        await restore_checkpoint(
+            restored, store, blobs, "retry", RestoreOptions(data_dir=tmp_path / "d2")
+        )
         assert snapshot_tree(restored) == snapshot_tree(workspace)
     finally:
         await store.aclose()

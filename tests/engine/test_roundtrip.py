@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
 from checkpointd.model import Policy
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import (
@@ -61,7 +61,11 @@ async def test_seed_scenario_capture_throw_away_restore(
     fresh = tmp_path / "fresh-sandbox" / "workspace"
     fresh.parent.mkdir()
     restored = await restore_checkpoint(
-        fresh, store, blobs, "thread-1", data_dir=data_dir, progress=settle_before_record
+        fresh,
+        store,
+        blobs,
+        "thread-1",
+        RestoreOptions(data_dir=data_dir, progress=settle_before_record),
     )
     assert restored is not None and restored.id == first.checkpoint.id
     assert snapshot_tree(fresh) == before
@@ -86,11 +90,15 @@ async def test_seed_scenario_capture_throw_away_restore(
     assert third.checkpoint.reason == "named"
     assert third.stats.blobs_uploaded == 2
     await restore_checkpoint(
-        fresh, store, blobs, "thread-1", checkpoint_id=first.checkpoint.id, data_dir=data_dir
+        fresh,
+        store,
+        blobs,
+        "thread-1",
+        RestoreOptions(checkpoint_id=first.checkpoint.id, data_dir=data_dir),
     )
     assert snapshot_tree(fresh) == before
     # And forward again to the head.
-    await restore_checkpoint(fresh, store, blobs, "thread-1", data_dir=data_dir)
+    await restore_checkpoint(fresh, store, blobs, "thread-1", RestoreOptions(data_dir=data_dir))
     assert (fresh / "src/main.py").read_bytes() == b"print('changed')\n"
     assert (fresh / "new.txt").read_bytes() == b"new file\n"
 
@@ -111,7 +119,10 @@ async def test_restore_of_a_thread_without_checkpoints_returns_none(
 ) -> None:
     root = tmp_path / "new-root"
     assert (
-        await restore_checkpoint(root, memory_store, memory_blobs, "t", data_dir=data_dir) is None
+        await restore_checkpoint(
+            root, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+        )
+        is None
     )
     assert root.is_dir()
 
@@ -134,7 +145,7 @@ async def test_restore_leaves_excluded_paths_and_reserved_names(
         },
     )
     await restore_checkpoint(
-        workspace, memory_store, memory_blobs, "t", policy=policy, data_dir=data_dir
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(policy=policy, data_dir=data_dir)
     )
     tree = snapshot_tree(workspace)
     assert "stray.txt" not in tree  # selected by the policy, not in the checkpoint
@@ -238,8 +249,12 @@ async def _round_trip(source: dict[str, Any], other: dict[str, Any], base: Path)
         await capture_checkpoint(workspace, store, blobs, "t", policy=policy, data_dir=data_dir)
         # Into an empty directory, and over a different tree.
         fresh = base / "fresh"
-        await restore_checkpoint(fresh, store, blobs, "t", policy=policy, data_dir=data_dir)
-        await restore_checkpoint(target, store, blobs, "t", policy=policy, data_dir=data_dir)
+        await restore_checkpoint(
+            fresh, store, blobs, "t", RestoreOptions(policy=policy, data_dir=data_dir)
+        )
+        await restore_checkpoint(
+            target, store, blobs, "t", RestoreOptions(policy=policy, data_dir=data_dir)
+        )
     expected = snapshot_tree(workspace)
     assert snapshot_tree(fresh) == expected
     assert snapshot_tree(target) == expected
@@ -276,7 +291,9 @@ async def test_restore_removes_unsupported_entries_the_checkpoint_lacks(
     os.mkfifo(workspace / "pipe")
     (workspace / "escaping").symlink_to(outside)
     _make_non_utf8_dir(workspace)
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert sorted(os.listdir(workspace)) == ["keep.txt"]
     assert outside.read_bytes() == b"must survive"
 
@@ -295,7 +312,9 @@ async def test_identical_files_are_not_rewritten(
     untouched = {n: _identity(workspace / f"same/{n}.txt") for n in range(20)}
     (workspace / "changed.txt").write_bytes(b"after!")
     changed_identity = _identity(workspace / "changed.txt")
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert {n: _identity(workspace / f"same/{n}.txt") for n in range(20)} == untouched
     assert _identity(workspace / "changed.txt") != changed_identity
     assert (workspace / "changed.txt").read_bytes() == b"before"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from checkpointd.capture import capture_checkpoint
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from .conftest import snapshot_tree, write_tree
@@ -36,7 +36,9 @@ async def test_round_trip_through_s3(
     first = await capture_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
     assert first.stats.blobs_uploaded == 4
     shutil.rmtree(workspace)
-    await restore_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, store, s3_blobs, "s3-thread", RestoreOptions(data_dir=data_dir)
+    )
     assert snapshot_tree(workspace) == before
     again = await capture_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
     assert (again.stats.blobs_uploaded, again.stats.files_hashed) == (0, 0)
@@ -57,7 +59,7 @@ async def test_scale_out_round_trip_postgres_and_s3(
     async with await open_store(postgres_url) as store_b:
         elsewhere = tmp_path / "sidecar-b"
         restored = await restore_checkpoint(
-            elsewhere, store_b, s3_blobs, "shared", data_dir=tmp_path / "data-b"
+            elsewhere, store_b, s3_blobs, "shared", RestoreOptions(data_dir=tmp_path / "data-b")
         )
         assert restored is not None
     assert snapshot_tree(elsewhere) == before

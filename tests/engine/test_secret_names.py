@@ -17,7 +17,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import write_tree
 
@@ -115,7 +115,11 @@ async def test_restore_neither_shows_nor_stores_a_secret_name(
     (workspace / "ok.txt").write_bytes(b"changed")
     with caplog.at_level(logging.DEBUG):
         await restore_checkpoint(
-            workspace, memory_store, memory_blobs, "t", secrets=SECRETS, data_dir=data_dir
+            workspace,
+            memory_store,
+            memory_blobs,
+            "t",
+            RestoreOptions(secrets=SECRETS, data_dir=data_dir),
         )
     assert (workspace / "ok.txt").read_bytes() == b"fine"
     # Left alone: the scan reports it masked, not by a path to act on.

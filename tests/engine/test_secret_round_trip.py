@@ -15,7 +15,7 @@ import pytest
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.model import FileEntry, SecretSpan
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import settle_before_record, snapshot_tree, wait_out_racy_window, write_tree
 
@@ -81,9 +81,11 @@ async def test_restore_with_secrets_into_a_new_workspace_is_the_original(
         store,
         blobs,
         "t",
-        secrets={"PASSWORD": PASSWORD, "TOKEN": TOKEN},  # another order: names match
-        data_dir=tmp_path / "fresh-data",
-        unfilled_secrets=unfilled,
+        RestoreOptions(
+            secrets={"PASSWORD": PASSWORD, "TOKEN": TOKEN},
+            data_dir=tmp_path / "fresh-data",
+            unfilled_secrets=unfilled,
+        ),
     )
     assert snapshot_tree(fresh) == snapshot_tree(workspace)
     assert unfilled == []
@@ -100,7 +102,11 @@ async def test_restore_without_secrets_writes_zeros_and_says_where(
     unfilled: list[str] = []
     with caplog.at_level(logging.WARNING, logger="checkpointd.restore"):
         await restore_checkpoint(
-            fresh, store, blobs, "t", data_dir=tmp_path / "d2", unfilled_secrets=unfilled
+            fresh,
+            store,
+            blobs,
+            "t",
+            RestoreOptions(data_dir=tmp_path / "d2", unfilled_secrets=unfilled),
         )
     assert unfilled == ["config/app.ini", "copy/app.ini", "data/big.bin"]
     assert "config/app.ini" in caplog.text
@@ -117,9 +123,11 @@ async def test_restore_without_secrets_writes_zeros_and_says_where(
         store,
         blobs,
         "t",
-        secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD},
-        data_dir=tmp_path / "d2",
-        unfilled_secrets=unfilled,
+        RestoreOptions(
+            secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD},
+            data_dir=tmp_path / "d2",
+            unfilled_secrets=unfilled,
+        ),
     )
     assert unfilled == []
     assert (fresh / "config/app.ini").read_bytes() == _files()["config/app.ini"]
@@ -142,9 +150,11 @@ async def test_restore_into_the_same_workspace_keeps_the_live_secrets(
         store,
         blobs,
         "t",
-        secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD} if with_secrets else (),
-        data_dir=data_dir,
-        unfilled_secrets=unfilled,
+        RestoreOptions(
+            secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD} if with_secrets else (),
+            data_dir=data_dir,
+            unfilled_secrets=unfilled,
+        ),
     )
     assert (workspace / "plain.txt").read_bytes() == b"nothing secret here"
     for path, (inode, data) in before.items():
@@ -170,7 +180,11 @@ async def test_secrets_as_a_list_are_recorded_by_index(
     unfilled: list[str] = []
     # Only the first secret given: the other stays zeros, and is reported.
     await restore_checkpoint(
-        fresh, store, blobs, "t", secrets=[TOKEN], data_dir=data_dir, unfilled_secrets=unfilled
+        fresh,
+        store,
+        blobs,
+        "t",
+        RestoreOptions(secrets=[TOKEN], data_dir=data_dir, unfilled_secrets=unfilled),
     )
     assert (fresh / "a.txt").read_bytes() == b"x" + bytes(len(PASSWORD)) + b"y" + TOKEN
     assert unfilled == ["a.txt"]
@@ -200,7 +214,7 @@ async def test_bad_secret_arguments(store: Any, blobs: Any, tmp_path: Path) -> N
     with pytest.raises(SandboxCheckpointInvalidArgumentError, match="'SHORT'"):
         await capture_checkpoint(workspace, store, blobs, "t", secrets={"SHORT": b"abc"})
     with pytest.raises(SandboxCheckpointInvalidArgumentError):
-        await restore_checkpoint(workspace, store, blobs, "t", secrets={"": TOKEN})
+        await restore_checkpoint(workspace, store, blobs, "t", RestoreOptions(secrets={"": TOKEN}))
 
 
 async def test_filled_files_are_not_taken_from_the_stat_cache(
@@ -214,7 +228,11 @@ async def test_filled_files_are_not_taken_from_the_stat_cache(
     fresh, data = tmp_path / "fresh", tmp_path / "fresh-data"
     secrets = {"TOKEN": TOKEN, "PASSWORD": PASSWORD}
     await restore_checkpoint(
-        fresh, store, blobs, "t", secrets=secrets, data_dir=data, progress=settle_before_record
+        fresh,
+        store,
+        blobs,
+        "t",
+        RestoreOptions(secrets=secrets, data_dir=data, progress=settle_before_record),
     )
     wait_out_racy_window()  # else plain.txt, restored just now, is racy and hashed again
     again = await capture_checkpoint(fresh, store, blobs, "t", data_dir=data)

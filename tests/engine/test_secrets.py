@@ -12,7 +12,7 @@ from checkpointd.artifacts import upload_artifact
 from checkpointd.capture import capture_checkpoint
 from checkpointd.codec import encode_checkpoint
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import write_tree
 
@@ -75,7 +75,7 @@ async def test_secrets_never_appear_in_any_stored_object(
 
     # Restored files hold zeros where the secrets were, same length.
     restored = tmp_path / "restored"
-    await restore_checkpoint(restored, store, blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert (restored / "config.json").read_bytes() == b'{"token": "' + b"\0" * len(SECRET_A) + b'"}'
     assert (restored / "big.bin").read_bytes() == big.replace(
         SECRET_A, b"\0" * len(SECRET_A)

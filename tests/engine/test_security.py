@@ -16,7 +16,7 @@ from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import lexists, snapshot_tree, write_tree
 
@@ -95,7 +95,11 @@ async def test_hostile_paths_are_refused_before_anything_changes(
     before_outside, before_ws = _outside_state(outside), snapshot_tree(workspace)
     with pytest.raises(SandboxSnapshotError) as caught:
         await restore_checkpoint(
-            workspace, HostileStore(memory_store, hostile), memory_blobs, "t", data_dir=data_dir
+            workspace,
+            HostileStore(memory_store, hostile),
+            memory_blobs,
+            "t",
+            RestoreOptions(data_dir=data_dir),
         )
     assert caught.value.code == INVALID_PATH
     assert _outside_state(outside) == before_outside
@@ -120,7 +124,9 @@ async def test_directory_swapped_for_symlink_before_restore(
     (workspace / "extra").symlink_to(outside / "sub")
     before = _outside_state(outside)
 
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert _outside_state(outside) == before
     assert not (workspace / "sub").is_symlink() and (workspace / "sub").is_dir()
     assert (workspace / "sub/x").read_bytes() == b"inside x"
@@ -162,8 +168,7 @@ async def test_directory_swapped_for_symlink_during_restore(
         memory_store,
         memory_blobs,
         "t",
-        data_dir=data_dir,
-        progress=swap_when_apply_starts,
+        RestoreOptions(data_dir=data_dir, progress=swap_when_apply_starts),
     )
     assert swapped == ["sub"]
     assert _outside_state(outside) == before
@@ -172,7 +177,9 @@ async def test_directory_swapped_for_symlink_during_restore(
     # there (a restore assumes nobody writes meanwhile), and a second run fixes it.
     assert not (workspace / "sub").is_symlink()
     assert (workspace / "sub/x").read_bytes() == b"inside x"
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert _outside_state(outside) == before
     assert (workspace / "sub/deeper/y").read_bytes() == b"y"
     assert (workspace / "sub/mode.txt").stat().st_mode & 0o777 == 0o600
@@ -202,7 +209,9 @@ async def test_checkpoint_with_links_pointing_outside(
     await lease.release()
     before = _outside_state(outside)
 
-    await restore_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     assert os.readlink(workspace / "d/link") == "../../outside"
     assert os.readlink(workspace / "d/victim.txt") == str(outside / "victim.txt")
     assert _outside_state(outside) == before
@@ -213,8 +222,7 @@ async def test_checkpoint_with_links_pointing_outside(
         memory_store,
         memory_blobs,
         "t",
-        checkpoint_id=normal.checkpoint.id,
-        data_dir=data_dir,
+        RestoreOptions(checkpoint_id=normal.checkpoint.id, data_dir=data_dir),
     )
     assert _outside_state(outside) == before
     assert (workspace / "d/link/file.txt").read_bytes() == b"real dir content"

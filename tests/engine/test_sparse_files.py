@@ -11,7 +11,7 @@ from typing import Any
 
 from checkpointd import _native
 from checkpointd.capture import capture_checkpoint
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import PAST_NS, wait_out_racy_window
 
@@ -60,7 +60,9 @@ async def test_a_sparse_file_is_restored_sparse(
     wait_out_racy_window()
     await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
     fresh = tmp_path / "fresh"
-    await restore_checkpoint(fresh, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await restore_checkpoint(
+        fresh, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
+    )
     for name in (*sizes, "dense.bin"):
         assert _native.hash_file(str(fresh / name)) == _native.hash_file(str(workspace / name))
     for name, size in sizes.items():

@@ -20,7 +20,7 @@ from typing import Any
 from checkpointd import _native
 from checkpointd.capture import capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxCheckpointError
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import write_tree
 
@@ -120,8 +120,7 @@ async def test_path_swaps_end_in_file_changed_never_internal(
                             memory_store,
                             memory_blobs,
                             "t",
-                            checkpoint_id=first.checkpoint.id,
-                            data_dir=data_dir,
+                            RestoreOptions(checkpoint_id=first.checkpoint.id, data_dir=data_dir),
                         )
                     outcomes[f"{what} ok"] += 1
                 except _native.FileChangedError:

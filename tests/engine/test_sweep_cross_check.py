@@ -14,7 +14,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import capture_checkpoint
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.store._options import key_to_bytes
 from checkpointd.sweep import COUNT_MISMATCH, REFERENCED, sweep_blobs
@@ -110,7 +110,11 @@ async def test_a_damaged_count_never_deletes_a_used_blob(
         for done in (first, second):
             target = tmp_path / f"restore-{done.checkpoint.id}"
             await restore_checkpoint(
-                target, store, blobs, "t", checkpoint_id=done.checkpoint.id, data_dir=data_dir
+                target,
+                store,
+                blobs,
+                "t",
+                RestoreOptions(checkpoint_id=done.checkpoint.id, data_dir=data_dir),
             )
         assert snapshot_tree(tmp_path / f"restore-{second.checkpoint.id}") == expected
     finally:

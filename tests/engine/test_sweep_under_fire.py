@@ -14,7 +14,7 @@ import pytest
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.capture import capture_checkpoint
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import prune, sweep_blobs
 
@@ -96,8 +96,7 @@ async def test_sweeps_in_a_loop_never_break_concurrent_captures(tmp_path: Path) 
                 store,
                 blobs,
                 checkpoint.thread_id,
-                checkpoint_id=checkpoint.id,
-                data_dir=tmp_path / "data-restore",
+                RestoreOptions(checkpoint_id=checkpoint.id, data_dir=tmp_path / "data-restore"),
             )
             assert snapshot_tree(target, with_mtime=False) == expected[checkpoint.id]
     finally:

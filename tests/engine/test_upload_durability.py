@@ -31,7 +31,7 @@ from checkpointd.chunks import iter_chunks
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
 from . import fault_worker
@@ -234,7 +234,9 @@ async def test_capture_killed_mid_upload_never_commits_a_missing_or_short_blob(
                 await asyncio.sleep(0.1)
         assert await _check_committed(store, blobs, verified) >= 1
         restored = tmp_path / "restored"
-        await restore_checkpoint(restored, store, blobs, "faults", data_dir=data_dir)
+        await restore_checkpoint(
+            restored, store, blobs, "faults", RestoreOptions(data_dir=data_dir)
+        )
         assert snapshot_tree(restored) == snapshot_tree(workspace)
     finally:
         await store.aclose()

@@ -32,7 +32,7 @@ from checkpointd.gateway.remote import (
     RemoteCheckpointStore,
 )
 from checkpointd.model import FILE_KEY_PREFIX, Checkpoint, DirEntry, FileEntry
-from checkpointd.restore import restore_checkpoint
+from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.service.status import FORBIDDEN, error_info_from_metadata
 from checkpointd.store._packindex import PackColumns, PackedRows
 from checkpointd.store.base import PackedBlob, PackIndex
@@ -117,7 +117,9 @@ async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     }
 
     restored = tmp_path / "a-restored"
-    await restore_checkpoint(restored, store_a, blobs_a, "tenant-a", data_dir=tmp_path / "data-a")
+    await restore_checkpoint(
+        restored, store_a, blobs_a, "tenant-a", RestoreOptions(data_dir=tmp_path / "data-a")
+    )
     assert snapshot_tree(restored) == snapshot_tree(workspace)
 
     # Tenant B captures the same contents: a capture asks before it pins, and
@@ -133,10 +135,14 @@ async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     assert second.stats.blobs_uploaded == len(contents)
     assert len(await _packs(bucket)) == 2
     shutil.rmtree(other)
-    await restore_checkpoint(other, store_b, blobs_b, "tenant-b", data_dir=tmp_path / "data-b")
+    await restore_checkpoint(
+        other, store_b, blobs_b, "tenant-b", RestoreOptions(data_dir=tmp_path / "data-b")
+    )
     assert snapshot_tree(other) == expected
     shutil.rmtree(restored)
-    await restore_checkpoint(restored, store_a, blobs_a, "tenant-a", data_dir=tmp_path / "data-a")
+    await restore_checkpoint(
+        restored, store_a, blobs_a, "tenant-a", RestoreOptions(data_dir=tmp_path / "data-a")
+    )
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     # Reads by key (ReadFile, ReadArtifact) go through the frames too.
     from checkpointd.blobs.packs import packed_blobs
@@ -175,7 +181,9 @@ async def test_a_frame_damaged_in_the_bucket_fails_the_restore_through_the_gatew
     before = snapshot_tree(target)
     try:
         with pytest.raises(SandboxCheckpointError) as caught:
-            await restore_checkpoint(target, remote, blobs, "tenant-a", data_dir=tmp_path / "data")
+            await restore_checkpoint(
+                target, remote, blobs, "tenant-a", RestoreOptions(data_dir=tmp_path / "data")
+            )
         assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_BLOB", caught.value
         assert caught.value.details == {"key": victim.key, "pack": pack}
         assert snapshot_tree(target) == before
@@ -400,7 +408,9 @@ async def test_a_pack_is_never_presigned(
     finally:
         await channel.close()
     restored = tmp_path / "r"
-    await restore_checkpoint(restored, remote, blobs, "tenant-a", data_dir=tmp_path / "d")
+    await restore_checkpoint(
+        restored, remote, blobs, "tenant-a", RestoreOptions(data_dir=tmp_path / "d")
+    )
     assert snapshot_tree(restored) == snapshot_tree(workspace)
     assert gateway.servicer.bytes_out > 0  # the frames came through the gateway
     await remote.aclose()
@@ -498,7 +508,9 @@ async def test_a_cold_capture_through_the_gateway_is_a_handful_of_bucket_request
         await capture_checkpoint(workspace, remote, blobs, name, data_dir=tmp_path / f"d-{name}")
         captured = proxy.reset()
         restored = tmp_path / f"{name}-restored"
-        await restore_checkpoint(restored, remote, blobs, name, data_dir=tmp_path / f"d-{name}")
+        await restore_checkpoint(
+            restored, remote, blobs, name, RestoreOptions(data_dir=tmp_path / f"d-{name}")
+        )
         restoring = proxy.reset()
         assert snapshot_tree(restored) == snapshot_tree(workspace)
         counts[name] = (captured, restoring)

@@ -84,7 +84,7 @@ class CaptureLoop:
         A failed ``before-restore`` capture is logged and counted as a failed
         capture: the workspace is left alone either way.
         """
-        from ..restore import restore_checkpoint
+        from ..restore import RestoreOptions, restore_checkpoint
 
         store, blobs = self._stores()
         head = await self._head()
@@ -101,10 +101,12 @@ class CaptureLoop:
                 store,
                 blobs,
                 self._thread,
-                checkpoint_id=head.id,
-                policy=self._config.policy,
-                data_dir=self._state.data_dir,
-                secrets=self._secrets(),
+                RestoreOptions(
+                    checkpoint_id=head.id,
+                    policy=self._config.policy,
+                    data_dir=self._state.data_dir,
+                    secrets=self._secrets(),
+                ),
             )
             assert restored is not None
             _log.info("restored checkpoint %s of thread %s", restored.id, self._thread)
