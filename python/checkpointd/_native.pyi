@@ -33,6 +33,11 @@ class CrossDeviceError(OSError):
 class PermissionDeniedError(OSError):
     """Permission denied or a read-only filesystem (EACCES, EPERM, EROFS)."""
 
+def errno_error(errno: int) -> type[OSError]:
+    """The class of the OSError this module raises for ``errno``: one of the
+    classes above for the errnos they name (rust/src/error.rs ``errno_kind``,
+    the one errno table), else ``OSError``."""
+
 class CancelToken:
     def __init__(self) -> None: ...
     def cancel(self) -> None: ...

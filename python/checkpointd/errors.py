@@ -158,17 +158,6 @@ class SandboxCheckpointDamagedError(SandboxSnapshotError):
         self.reason = reason
 
 
-# errno → code for OSErrors raised by Python code (the native scanner classifies
-# its own errors with the same rule, rust/src/error.rs ``errno_kind``).
-_ERRNO_CODES: dict[int, str] = {
-    errno.ENOSPC: NO_SPACE,
-    errno.EDQUOT: NO_SPACE,
-    errno.ENAMETOOLONG: NAME_TOO_LONG,
-    errno.EXDEV: CROSS_DEVICE,
-    errno.EACCES: PERMISSION_DENIED,
-    errno.EPERM: PERMISSION_DENIED,
-    errno.EROFS: PERMISSION_DENIED,
-}
 # Errors about the workspace root itself, as opposed to an entry inside it.
 _ROOT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES, errno.EPERM})
 _REMEDIES: dict[str, str] = {
@@ -209,16 +198,19 @@ def from_os_error(error: OSError, *, root: str | None = None) -> SandboxCheckpoi
         return SandboxCheckpointInvalidArgumentError(
             f"workspace root {where!r} cannot be used: {reason}", details={"path": where}
         )
-    elif isinstance(error, _native.NoSpaceError):
-        code = NO_SPACE
-    elif isinstance(error, _native.NameTooLongError):
-        code = NAME_TOO_LONG
-    elif isinstance(error, _native.CrossDeviceError):
-        code = CROSS_DEVICE
-    elif isinstance(error, _native.PermissionDeniedError):
-        code = PERMISSION_DENIED
     else:
-        code = _ERRNO_CODES.get(error.errno) if error.errno is not None else None
+        codes: dict[type[OSError], str] = {
+            _native.NoSpaceError: NO_SPACE,
+            _native.NameTooLongError: NAME_TOO_LONG,
+            _native.CrossDeviceError: CROSS_DEVICE,
+            _native.PermissionDeniedError: PERMISSION_DENIED,
+        }
+        code = next((c for cls, c in codes.items() if isinstance(error, cls)), None)
+        if code is None and error.errno is not None:
+            # An OSError raised by Python code gets the code of the class the
+            # native module raises for its errno: one errno table
+            # (rust/src/error.rs ``errno_kind``).
+            code = codes.get(_native.errno_error(error.errno))
     if code is None:
         return None
     remedy = _REMEDIES.get(code)

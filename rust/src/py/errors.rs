@@ -10,9 +10,10 @@
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyNotADirectoryError, PyOSError, PyValueError};
-use pyo3::PyErr;
+use pyo3::prelude::*;
+use pyo3::types::PyType;
 
-use crate::error::{ErrorKind, ScanError};
+use crate::error::{errno_kind, ErrorKind, ScanError};
 
 create_exception!(
     checkpointd._native,
@@ -70,6 +71,14 @@ fn os_error(kind: ErrorKind, errno: i32, message: String, filename: String) -> P
         // OSError(errno, ...) picks the matching builtin subclass (FileNotFoundError, ...).
         _ => PyOSError::new_err(args),
     }
+}
+
+/// See `_native.pyi`: the class of the OSError this module raises for
+/// `errno`, so Python classes its own OSErrors by the one errno table
+/// ([`errno_kind`]).
+#[pyfunction]
+pub fn errno_error(py: Python<'_>, errno: i32) -> Bound<'_, PyType> {
+    os_error(errno_kind(errno), errno, String::new(), String::new()).get_type(py)
 }
 
 /// ScanError → the exception the `.pyi` promises.

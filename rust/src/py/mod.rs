@@ -55,6 +55,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "PermissionDeniedError",
         m.py().get_type::<errors::PermissionDeniedError>(),
     )?;
+    m.add_function(wrap_pyfunction!(errors::errno_error, m)?)?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<journal::PyJournal>()?;
