@@ -1,4 +1,6 @@
-//! The one Rust → Python error map of the extension.
+//! The one Rust → Python error map of the extension: every core error
+//! ([`ScanError`], [`RestoreError`], [`PackError`]) becomes a [`NativeError`]
+//! and [`to_py`] gives each case its exception.
 //!
 //! Each [`ErrorKind`] has its own exception class, so Python never has to
 //! re-interpret a bare `OSError`: `FileChangedError`, `RootInvalidError`,
@@ -14,6 +16,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyType;
 
 use crate::error::{errno_kind, ErrorKind, ScanError};
+use crate::hash::to_hex;
+use crate::pack::PackError;
+use crate::restore::RestoreError;
 
 create_exception!(
     checkpointd._native,
@@ -57,6 +62,56 @@ create_exception!(
     PyOSError,
     "Permission denied or a read-only filesystem (EACCES, EPERM, EROFS)."
 );
+create_exception!(
+    checkpointd._native,
+    TargetRefused,
+    PyValueError,
+    "A target path restore refuses before any change: args are (reason code, path, message), \
+     the code \"invalid-path\" or \"name-too-long\"."
+);
+create_exception!(
+    checkpointd._native,
+    InvalidBlob,
+    PyValueError,
+    "A blob is not what the checkpoint records: args are (64-hex digest, reason)."
+);
+create_exception!(
+    checkpointd._native,
+    PackedBlobInvalid,
+    PyValueError,
+    "A packed blob does not decode to its key: args are (64-hex digest, reason)."
+);
+create_exception!(
+    checkpointd._native,
+    PackInvalid,
+    PyValueError,
+    "A pack object's header, trailer or footer is damaged: args are (reason,)."
+);
+
+/// Any error of the core, as the binding raises it (see [`to_py`]).
+pub enum NativeError {
+    Scan(ScanError),
+    Restore(RestoreError),
+    Pack(PackError),
+}
+
+impl From<ScanError> for NativeError {
+    fn from(e: ScanError) -> Self {
+        NativeError::Scan(e)
+    }
+}
+
+impl From<RestoreError> for NativeError {
+    fn from(e: RestoreError) -> Self {
+        NativeError::Restore(e)
+    }
+}
+
+impl From<PackError> for NativeError {
+    fn from(e: PackError) -> Self {
+        NativeError::Pack(e)
+    }
+}
 
 /// An OSError of the class for `kind`, built as `Class(errno, message, filename)`.
 fn os_error(kind: ErrorKind, errno: i32, message: String, filename: String) -> PyErr {
@@ -81,27 +136,78 @@ pub fn errno_error(py: Python<'_>, errno: i32) -> Bound<'_, PyType> {
     os_error(errno_kind(errno), errno, String::new(), String::new()).get_type(py)
 }
 
-/// ScanError → the exception the `.pyi` promises.
-pub fn to_py(error: ScanError) -> PyErr {
-    let kind = error.kind();
-    match error {
-        ScanError::Io { path, op, source } => {
-            let message = format!("{op}: {source}");
+/// A core error → the exception the `.pyi` promises.
+pub fn to_py(error: impl Into<NativeError>) -> PyErr {
+    use NativeError::{Pack, Restore, Scan};
+    match error.into() {
+        Scan(
+            ref e @ ScanError::Io {
+                ref path,
+                op,
+                ref source,
+            },
+        ) => {
             let filename = path.to_string_lossy().into_owned();
             let errno = source.raw_os_error().unwrap_or(libc::EIO);
-            os_error(kind, errno, message, filename)
+            os_error(e.kind(), errno, format!("{op}: {source}"), filename)
         }
-        ScanError::Pattern(e) => PyValueError::new_err(e.to_string()),
-        ScanError::ShortSecret(e) => PyValueError::new_err(e.to_string()),
-        ScanError::RootNotDirectory(ref path) | ScanError::RootIsSymlink(ref path) => {
+        Scan(ScanError::Pattern(e)) => PyValueError::new_err(e.to_string()),
+        Scan(ScanError::ShortSecret(e)) => PyValueError::new_err(e.to_string()),
+        Scan(
+            ref e @ (ScanError::RootNotDirectory(ref path) | ScanError::RootIsSymlink(ref path)),
+        ) => {
             let filename = path.to_string_lossy().into_owned();
-            os_error(kind, libc::ENOTDIR, error.to_string(), filename)
+            os_error(e.kind(), libc::ENOTDIR, e.to_string(), filename)
         }
-        ScanError::Changed(ref path) => {
+        Scan(ref e @ ScanError::Changed(ref path)) => {
             let filename = path.to_string_lossy().into_owned();
-            os_error(kind, libc::EAGAIN, error.to_string(), filename)
+            os_error(e.kind(), libc::EAGAIN, e.to_string(), filename)
         }
-        ScanError::Cancelled => ScanCancelled::new_err("scan cancelled"),
+        Scan(ScanError::Cancelled) => ScanCancelled::new_err("scan cancelled"),
+        // A restore's I/O error is a plain OSError (the builtin subclass of its errno).
+        Restore(RestoreError::Io { path, op, source }) => {
+            let message = format!("{op}: {source}");
+            match source.raw_os_error() {
+                Some(errno) => PyOSError::new_err((errno, message, path)),
+                None => PyOSError::new_err(format!("{message}: {path}")),
+            }
+        }
+        Restore(RestoreError::InvalidBlob { hash, reason }) => {
+            InvalidBlob::new_err((to_hex(&hash), reason))
+        }
+        Restore(
+            ref e @ RestoreError::Subdir {
+                ref subdir,
+                ref source,
+            },
+        ) => {
+            let errno = source.raw_os_error().unwrap_or(libc::ENOTDIR);
+            PyOSError::new_err((errno, e.to_string(), subdir.clone()))
+        }
+        Restore(RestoreError::Manifest(m)) => PyValueError::new_err(m),
+        Restore(ref e @ RestoreError::InvalidPath { ref path, .. }) => {
+            TargetRefused::new_err(("invalid-path", path.clone(), e.to_string()))
+        }
+        Restore(ref e @ RestoreError::NameTooLong { ref path, .. }) => {
+            TargetRefused::new_err(("name-too-long", path.clone(), e.to_string()))
+        }
+        Restore(
+            ref e @ RestoreError::Changed {
+                ref path,
+                ref source,
+                ..
+            },
+        ) => {
+            let errno = source.raw_os_error().unwrap_or(libc::EAGAIN);
+            FileChangedError::new_err((errno, e.to_string(), path.clone()))
+        }
+        Restore(RestoreError::Scan(e)) => to_py(e),
+        Restore(RestoreError::Cancelled) => ScanCancelled::new_err("restore cancelled"),
+        Pack(PackError::Blob { digest, reason }) => {
+            PackedBlobInvalid::new_err((to_hex(&digest), reason))
+        }
+        Pack(PackError::Pack(reason)) => PackInvalid::new_err((reason,)),
+        Pack(e @ PackError::TooLarge(_)) => PyValueError::new_err(e.to_string()),
     }
 }
 

@@ -8,7 +8,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use super::pack::pack_to_py;
+use super::errors::to_py;
 use super::verify::PyVerifyingReader;
 use crate::feed::{Batch, BlobFeed, Next, NextFile};
 use crate::verify::VerifyingReader;
@@ -54,7 +54,7 @@ impl FedBatch {
         self.items
             .iter()
             .map(|frame| {
-                let raw = frame.decode().map_err(pack_to_py)?;
+                let raw = frame.decode().map_err(to_py)?;
                 Ok((
                     PyBytes::new(py, &frame.digest).unbind(),
                     PyBytes::new(py, &raw).unbind(),

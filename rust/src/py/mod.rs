@@ -71,9 +71,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pack::DigestSet>()?;
     m.add(
         "PackedBlobInvalid",
-        m.py().get_type::<pack::PackedBlobInvalid>(),
+        m.py().get_type::<errors::PackedBlobInvalid>(),
     )?;
-    m.add("PackInvalid", m.py().get_type::<pack::PackInvalid>())?;
+    m.add("PackInvalid", m.py().get_type::<errors::PackInvalid>())?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
     m.add_function(wrap_pyfunction!(pack::unpack_many, m)?)?;
     m.add_function(wrap_pyfunction!(pack::digests_sorted_distinct, m)?)?;
@@ -85,8 +85,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::plan_pack_reads, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
     m.add_function(wrap_pyfunction!(pack::verify_pack_file, m)?)?;
-    m.add("InvalidBlob", m.py().get_type::<restore::InvalidBlob>())?;
-    m.add("TargetRefused", m.py().get_type::<restore::TargetRefused>())?;
+    m.add("InvalidBlob", m.py().get_type::<errors::InvalidBlob>())?;
+    m.add("TargetRefused", m.py().get_type::<errors::TargetRefused>())?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::release_freed_memory, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;

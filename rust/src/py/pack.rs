@@ -6,38 +6,16 @@ use std::fs::File;
 use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::Mutex;
 
-use pyo3::create_exception;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
+use super::errors::to_py;
 use super::feed::FedBatch;
 use crate::hash::{self, from_hex, to_hex, DigestBuild};
 use crate::pack::{self as core, Entry, PackBuilder, PackError};
 use crate::packcheck::{self, Limits};
-
-create_exception!(
-    checkpointd._native,
-    PackedBlobInvalid,
-    PyValueError,
-    "A packed blob does not decode to its key: args are (64-hex digest, reason)."
-);
-
-create_exception!(
-    checkpointd._native,
-    PackInvalid,
-    PyValueError,
-    "A pack object's header, trailer or footer is damaged: args are (reason,)."
-);
-
-pub(super) fn pack_to_py(error: PackError) -> PyErr {
-    match error {
-        PackError::Blob { digest, reason } => PackedBlobInvalid::new_err((to_hex(&digest), reason)),
-        PackError::Pack(reason) => PackInvalid::new_err((reason,)),
-        e @ PackError::TooLarge(_) => PyValueError::new_err(e.to_string()),
-    }
-}
 
 fn digest(hex: &str) -> PyResult<[u8; 32]> {
     from_hex(hex).ok_or_else(|| PyValueError::new_err(format!("not a 64-hex digest: {hex:?}")))
@@ -69,7 +47,7 @@ impl PyPackWriter {
                 parsed.iter().map(|(d, b)| (*d, b.as_ref())).collect();
             self.with(|builder| builder.add_many(&views))
         })?;
-        entries.map_err(pack_to_py)
+        entries.map_err(to_py)
     }
 
     fn with<T>(&self, work: impl FnOnce(&mut PackBuilder) -> T) -> PyResult<T> {
@@ -453,7 +431,7 @@ pub fn unpack_many<'py>(
     let decoded = py.allow_threads(|| core::decode_many(base, &data, &entries));
     let mut out = Vec::with_capacity(decoded.len());
     for result in decoded {
-        out.push(PyBytes::new(py, &result.map_err(pack_to_py)?));
+        out.push(PyBytes::new(py, &result.map_err(to_py)?));
     }
     Ok(out)
 }
@@ -477,7 +455,7 @@ pub fn plan_pack_reads(
 /// ``PACK_FOOTER_LEN`` bytes). Raises PackInvalid.
 #[pyfunction]
 pub fn pack_trailer_len(footer: &[u8]) -> PyResult<usize> {
-    core::footer_trailer_len(footer).map_err(pack_to_py)
+    core::footer_trailer_len(footer).map_err(to_py)
 }
 
 /// `(hex digest, offset, stored_len, raw_len, codec, kind)` of a listed blob.
@@ -494,7 +472,7 @@ pub fn read_pack_trailer(
 ) -> PyResult<Vec<Listed>> {
     let entries = py
         .allow_threads(|| core::read_trailer(&tail, pack_len))
-        .map_err(pack_to_py)?;
+        .map_err(to_py)?;
     Ok(entries
         .iter()
         .map(|e| {
@@ -536,7 +514,7 @@ pub fn verify_pack_file<'py>(
             let entries = packcheck::verify_pack_at(&file, size, limits)?;
             Ok(core::index_columns(&entries))
         })
-        .map_err(pack_to_py)?;
+        .map_err(to_py)?;
     Ok(columns_to_py(py, &columns))
 }
 

@@ -6,15 +6,14 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use pyo3::create_exception;
-use pyo3::exceptions::{PyOSError, PyValueError};
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::args;
 use super::cancel::CancelToken;
-use super::errors::{to_py, FileChangedError, ScanCancelled};
+use super::errors::to_py;
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
@@ -26,63 +25,6 @@ use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWri
 use crate::scan::{self, Root, ScanRequest};
 use crate::spans::{self, GivenSecrets};
 use crate::statcache::secrets_fingerprint;
-
-create_exception!(
-    checkpointd._native,
-    TargetRefused,
-    PyValueError,
-    "A target path restore refuses before any change: args are (reason code, path, message), \
-     the code \"invalid-path\" or \"name-too-long\"."
-);
-
-create_exception!(
-    checkpointd._native,
-    InvalidBlob,
-    PyValueError,
-    "A blob is not what the checkpoint records: args are (64-hex digest, reason)."
-);
-
-fn restore_to_py(error: RestoreError) -> PyErr {
-    match error {
-        RestoreError::Io { path, op, source } => {
-            let message = format!("{op}: {source}");
-            match source.raw_os_error() {
-                Some(errno) => PyOSError::new_err((errno, message, path)),
-                None => PyOSError::new_err(format!("{message}: {path}")),
-            }
-        }
-        RestoreError::InvalidBlob { hash, reason } => InvalidBlob::new_err((to_hex(&hash), reason)),
-        e @ RestoreError::Subdir { .. } => {
-            let RestoreError::Subdir { subdir, source } = &e else {
-                unreachable!()
-            };
-            let errno = source.raw_os_error().unwrap_or(libc::ENOTDIR);
-            PyOSError::new_err((errno, e.to_string(), subdir.clone()))
-        }
-        RestoreError::Manifest(m) => PyValueError::new_err(m),
-        e @ RestoreError::InvalidPath { .. } => {
-            let RestoreError::InvalidPath { path, .. } = &e else {
-                unreachable!()
-            };
-            TargetRefused::new_err(("invalid-path", path.clone(), e.to_string()))
-        }
-        e @ RestoreError::NameTooLong { .. } => {
-            let RestoreError::NameTooLong { path, .. } = &e else {
-                unreachable!()
-            };
-            TargetRefused::new_err(("name-too-long", path.clone(), e.to_string()))
-        }
-        e @ RestoreError::Changed { .. } => {
-            let RestoreError::Changed { path, source, .. } = &e else {
-                unreachable!()
-            };
-            let errno = source.raw_os_error().unwrap_or(libc::EAGAIN);
-            FileChangedError::new_err((errno, e.to_string(), path.clone()))
-        }
-        RestoreError::Scan(e) => to_py(e),
-        RestoreError::Cancelled => ScanCancelled::new_err("restore cancelled"),
-    }
-}
 
 fn digest(hex: &str) -> PyResult<[u8; 32]> {
     from_hex(hex)
@@ -233,7 +175,7 @@ impl RestoreSession {
                 )?;
                 Ok((Some(restore), None, live_tree, spanned))
             })
-            .map_err(restore_to_py)?;
+            .map_err(to_py)?;
         Ok(RestoreSession {
             inner,
             preview,
@@ -342,7 +284,7 @@ impl RestoreSession {
                 parsed.iter().map(|(h, d)| (*h, d.as_ref())).collect();
             inner.stage_many(&views, cancel)
         })
-        .map_err(restore_to_py)
+        .map_err(to_py)
     }
 
     /// The blobs to fetch, split at ``max_size`` bytes: the digests of the
@@ -441,7 +383,7 @@ impl RestoreSession {
             for hash in wanted.chunks(32) {
                 let hash = digest_bytes(hash)?;
                 if !placed.contains(&hash) {
-                    unplaced.push((to_hex(&hash), inner.expected(&hash).map_err(restore_to_py)?));
+                    unplaced.push((to_hex(&hash), inner.expected(&hash).map_err(to_py)?));
                 }
             }
             let reads: Vec<(usize, u64, u64, Vec<Entry>)> =
@@ -511,11 +453,11 @@ impl RestoreSession {
                         let mut stager = RangeStager::new(frames);
                         let staged = stager.feed(inner, data, cancel)?;
                         stager.finish()?;
-                        Ok(staged)
+                        Ok::<_, RestoreError>(staged)
                     })
                     .try_reduce(|| (0, 0), |a, b| Ok((a.0 + b.0, a.1 + b.1)))
             })
-            .map_err(restore_to_py)?;
+            .map_err(to_py)?;
         let mut planned = self.reads.lock().unwrap_or_else(|e| e.into_inner());
         for (read, _) in &reads {
             planned.remove(read);
@@ -552,7 +494,7 @@ impl RestoreSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(handle, stager);
-        result.map_err(restore_to_py)
+        result.map_err(to_py)
     }
 
     /// The read ended: InvalidBlob naming the first frame it did not hold
@@ -568,7 +510,7 @@ impl RestoreSession {
         if discard {
             return Ok(());
         }
-        stager.finish().map_err(restore_to_py)
+        stager.finish().map_err(to_py)
     }
 
     /// Start streaming a (large) blob into staging.
@@ -577,7 +519,7 @@ impl RestoreSession {
         let inner = self.inner()?;
         let writer = py
             .allow_threads(|| inner.stage_writer(&hash, size))
-            .map_err(restore_to_py)?;
+            .map_err(to_py)?;
         self.writers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -594,7 +536,7 @@ impl RestoreSession {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(hash, writer);
-        result.map_err(restore_to_py)
+        result.map_err(to_py)
     }
 
     /// Check size and hash of a streamed blob; InvalidBlob when wrong.
@@ -602,8 +544,7 @@ impl RestoreSession {
         let hash = digest(hex)?;
         let writer = self.take_writer(&hash)?;
         let inner = self.inner()?;
-        py.allow_threads(|| writer.finish(inner))
-            .map_err(restore_to_py)
+        py.allow_threads(|| writer.finish(inner)).map_err(to_py)
     }
 
     /// True once apply has nothing left to do.
@@ -616,11 +557,11 @@ impl RestoreSession {
     fn apply_some(&mut self, py: Python<'_>, budget: usize) -> PyResult<usize> {
         let inner = self.inner.as_mut().ok_or_else(closed)?;
         if let Some(chunks) = &inner.chunks {
-            chunks.check_complete().map_err(restore_to_py)?;
+            chunks.check_complete().map_err(to_py)?;
         }
         let cancel = &self.cancel;
         py.allow_threads(|| inner.apply_some(budget, cancel))
-            .map_err(restore_to_py)
+            .map_err(to_py)
     }
 
     /// Sync the workspace's filesystem, then record what was written in the
@@ -643,7 +584,7 @@ impl RestoreSession {
                 _ => Ok(()),
             }
         })
-        .map_err(restore_to_py)
+        .map_err(to_py)
     }
 
     /// After ``finish``: write the given secrets back where capture zeroed
@@ -652,7 +593,7 @@ impl RestoreSession {
     fn fill_secrets(&self, py: Python<'_>) -> PyResult<Vec<String>> {
         let inner = self.inner()?;
         py.allow_threads(|| spans::fill(&inner.ws, &self.spanned, &self.given))
-            .map_err(restore_to_py)
+            .map_err(to_py)
     }
 
     /// Paths left alone because they lie on another filesystem (mount points).
@@ -688,7 +629,7 @@ impl RestoreSession {
             return Ok(());
         };
         py.allow_threads(move || inner.remove_staging())
-            .map_err(restore_to_py)
+            .map_err(to_py)
     }
 }
 
