@@ -97,6 +97,12 @@ class ScanProgress:
     # bytes_hashed once the scan returns.
     def snapshot(self) -> tuple[int, int, int]: ...
 
+# The path segments a policy leaves out by default: a name, or a prefix when
+# it ends in "*" (rust/src/policy/mod.rs, docs/contract.md#capture).
+DEFAULT_EXCLUDES: tuple[str, ...]
+# Secrets shorter than this are refused: they would zero too much by accident.
+MIN_SECRET_LEN: int
+
 class PolicyMatcher:
     """The declarative policy of docs/contract.md#capture, compiled once (gitignore dialect)."""
 
@@ -424,6 +430,9 @@ def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
 def manifest_apply(base: bytes, chain: list[bytes]) -> bytes:
     """The manifest a chain of deltas of ``manifest_delta`` builds on top of
     ``base``: each applied to what the one before built, the bytes copied once."""
+
+# Top-level names reserved for a restore's staging (never captured, never deleted).
+STAGING_PREFIX: str
 
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""

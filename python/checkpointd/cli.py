@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from . import _native
 from .cli_output import (
     EXIT_BAD_INPUT,
     EXIT_ERROR,
@@ -77,30 +78,31 @@ __all__ += ["progress_view"]
 # ---------------------------------------------------------------- parser
 
 
+# The default excludes as the help names them (".git, node_modules, .env*").
+_DEFAULTS = ", ".join(_native.DEFAULT_EXCLUDES)
 # What --exclude, --include and --no-default-excludes say for each command.
 _POLICY_HELP = {
     "capture": (
         "gitignore pattern of paths to leave out (repeatable)",
         "capture only files matching (repeatable)",
-        "also capture .git, node_modules, .env* (left out by default)",
+        f"also capture {_DEFAULTS} (left out by default)",
     ),
     "restore": (
         "gitignore pattern of paths restore leaves alone, neither written nor deleted "
         "(repeatable; default: the policy the checkpoint was captured with)",
         "restore only files matching (repeatable)",
-        "also restore .git, node_modules, .env*: write and delete there too (left alone by "
-        "default)",
+        f"also restore {_DEFAULTS}: write and delete there too (left alone by default)",
     ),
     "diff": (
         "gitignore pattern of paths to leave out of the comparison (repeatable; default: "
         "the policy the checkpoint was captured with)",
         "compare only files matching (repeatable)",
-        "also compare .git, node_modules, .env* (left out by default)",
+        f"also compare {_DEFAULTS} (left out by default)",
     ),
     "mcp": (
         "gitignore pattern of paths the agent's saves leave out (repeatable)",
         "the agent's saves capture only files matching (repeatable)",
-        "the agent's saves also capture .git, node_modules, .env* (left out by default)",
+        f"the agent's saves also capture {_DEFAULTS} (left out by default)",
     ),
 }
 
@@ -255,7 +257,7 @@ def _add_serve_loop_flags(serve: argparse.ArgumentParser) -> None:
         action="store_const",
         const=False,
         default=None,
-        help="the loop also captures .git, node_modules, .env*",
+        help=f"the loop also captures {_DEFAULTS}",
     )
     serve.add_argument(
         "--secret-env",

@@ -14,11 +14,11 @@ import errno
 import os
 import stat
 
+from . import _native
+
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # errnos meaning "a symlink or a non-directory stands on the path".
 _NOT_A_REAL_DIR = (errno.ELOOP, errno.ENOTDIR)
-
-STAGING_PREFIX = ".checkpointd-staging-"
 
 
 class SafeRoot:
@@ -53,7 +53,8 @@ class SafeRoot:
             return [
                 entry.name
                 for entry in entries
-                if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False)
+                if entry.name.startswith(_native.STAGING_PREFIX)
+                and entry.is_dir(follow_symlinks=False)
             ]
 
 
@@ -93,7 +94,7 @@ def _remove_at(parent_fd: int, name: str) -> None:
 
 def remove_stale_staging(root: str | os.PathLike[str]) -> list[str]:
     """Remove the staging directories interrupted restores left at the top of
-    ``root`` (``STAGING_PREFIX``: a killed restore's, tens of MB that no
+    ``root`` (``_native.STAGING_PREFIX``: a killed restore's, tens of MB that no
     capture holds and that only the next restore removed) and nothing else;
     a staging directory some process holds open (a restore running now) is
     left alone.

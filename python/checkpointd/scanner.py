@@ -35,7 +35,6 @@ from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .manifest import ManifestSummary
 from .model import Entry, Policy
-from .validation import MIN_SECRET_LEN  # re-exported: one home for the rule
 
 _policy_log = logging.getLogger("checkpointd.policy")
 # Warnings already logged: a daemon capturing every minute says it once. Bounded,
@@ -100,10 +99,10 @@ def check_secrets(secrets: Iterable[bytes | bytearray | memoryview]) -> tuple[by
                 f"secret #{index} is a {type(secret).__name__}, not bytes"
             )
         value = bytes(secret)
-        if len(value) < MIN_SECRET_LEN:
+        if len(value) < _native.MIN_SECRET_LEN:
             raise SandboxCheckpointInvalidArgumentError(
                 f"secret #{index} is {len(value)} bytes; secrets must be at least "
-                f"{MIN_SECRET_LEN} bytes",
+                f"{_native.MIN_SECRET_LEN} bytes",
                 details={"secret_index": index},
             )
         checked.append(value)
@@ -226,4 +225,4 @@ def scan_workspace(
     )
 
 
-__all__ = ["MIN_SECRET_LEN", "ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]
+__all__ = ["ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]

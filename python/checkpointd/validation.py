@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from . import _native
 from .chunks import chunks_problem
 from .errors import (
     SandboxCheckpointInvalidEntryError,
@@ -32,9 +33,6 @@ from .model import (
     SymlinkEntry,
     stash_owner,
 )
-
-# Secrets shorter than this are refused (capture would zero too much by accident).
-MIN_SECRET_LEN = 4
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 MAX_MODE = 0o777
@@ -161,8 +159,11 @@ def _spans_problem(entry: FileEntry) -> str | None:
             return "secrets must be SecretSpan records"
         if not is_int(span.offset) or not is_int(span.length) or span.offset < 0:
             return "a secret span needs an integer offset >= 0 and length"
-        if span.length < MIN_SECRET_LEN or span.offset + span.length > entry.size:
-            return "a secret span must be at least 4 bytes and lie within the file"
+        if span.length < _native.MIN_SECRET_LEN or span.offset + span.length > entry.size:
+            return (
+                f"a secret span must be at least {_native.MIN_SECRET_LEN} bytes and lie within "
+                "the file"
+            )
         ref = span.secret
         if not (is_int(ref) and ref >= 0) and not (  # type: ignore[operator]
             isinstance(ref, str) and ref and is_well_formed_text(ref)

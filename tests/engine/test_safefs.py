@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.safefs import STAGING_PREFIX, remove_stale_staging
+from checkpointd._native import STAGING_PREFIX
+from checkpointd.safefs import remove_stale_staging
 
 from .conftest import snapshot_tree, write_tree
 

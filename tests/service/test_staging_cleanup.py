@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd.safefs import STAGING_PREFIX
+from checkpointd._native import STAGING_PREFIX
 from checkpointd.service.client import RpcError
 
 from .conftest import DaemonFactory, make_tree, tree_state

@@ -258,9 +258,18 @@ fn split_path(path: &str) -> Vec<&str> {
     path.split('/').filter(|s| !s.is_empty()).collect()
 }
 
-/// `.git`, `node_modules` and `.env*` segments (docs/contract.md#capture default excludes).
+/// The path segments a policy leaves out by default (docs/contract.md#capture
+/// default excludes): a name, or a prefix when it ends in `*`.
+pub const DEFAULT_EXCLUDES: [&str; 3] = [".git", "node_modules", ".env*"];
+
+/// Whether `name` is one of the [`DEFAULT_EXCLUDES`] segments.
 pub fn is_default_excluded(name: &str) -> bool {
-    name == ".git" || name == "node_modules" || name.starts_with(".env")
+    DEFAULT_EXCLUDES
+        .iter()
+        .any(|segment| match segment.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *segment,
+        })
 }
 
 #[cfg(test)]

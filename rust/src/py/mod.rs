@@ -17,6 +17,7 @@ mod stream;
 mod verify;
 
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -75,6 +76,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     m.add("PackInvalid", m.py().get_type::<errors::PackInvalid>())?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
+    m.add("STAGING_PREFIX", crate::restore::STAGING_PREFIX)?;
+    m.add("MIN_SECRET_LEN", crate::redact::MIN_SECRET_LEN)?;
+    m.add(
+        "DEFAULT_EXCLUDES",
+        PyTuple::new(m.py(), crate::policy::DEFAULT_EXCLUDES)?,
+    )?;
     m.add_function(wrap_pyfunction!(pack::unpack_many, m)?)?;
     m.add_function(wrap_pyfunction!(pack::digests_sorted_distinct, m)?)?;
     m.add_function(wrap_pyfunction!(pack::digests_without, m)?)?;
