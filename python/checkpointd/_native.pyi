@@ -442,7 +442,7 @@ class TargetRefused(ValueError):
     code "invalid-path" (a top-level ``.checkpointd*`` name) or "name-too-long"."""
 
 class RestoreSession:
-    """One restore, planned and applied natively (see ``rust/src/restore.rs``).
+    """One restore, planned and applied natively (see ``rust/src/restore/``).
 
     The constructor opens ``root`` (the operator's path) and ``subdir`` beneath it
     one component at a time with O_NOFOLLOW (a missing last one is created), scans

@@ -1,6 +1,6 @@
 """Restore over a tree that differs from the checkpoint in a few places: every
 kind of difference is put right, and the work (bytes read from the packs) is
-about what differs, not the whole tree (restore.py, rust/src/restore.rs
+about what differs, not the whole tree (restore.py, rust/src/restore/plan.rs
 ``plan_encoded``, the short pack reads of ``_restore_fetch._pack_jobs``)."""
 
 from __future__ import annotations

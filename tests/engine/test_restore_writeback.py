@@ -1,6 +1,6 @@
 """A large restore starts writing its staged data back while it stages (a native
 thread calling ``syncfs`` on the workspace's filesystem, ``Writeback`` in
-``rust/src/restore.rs``), and that thread ends with the restore, whether the
+``rust/src/restore/writeback.rs``), and that thread ends with the restore, whether the
 restore succeeds or fails."""
 
 from __future__ import annotations

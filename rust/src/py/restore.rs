@@ -2,7 +2,6 @@
 //! (see `crate::restore` for the rules; `_native.pyi` for the surface).
 
 use std::collections::HashMap;
-use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
@@ -17,12 +16,11 @@ use super::errors::to_py;
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
-use crate::manifest::{self, SpannedFile};
+use crate::manifest::SpannedFile;
 use crate::pack::{self as pack_core, Entry, KIND_FILE};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
-use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter, Workspace};
-use crate::scan::{self, Root, ScanRequest};
+use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter};
 use crate::spans::{self, GivenSecrets};
 use crate::statcache::secrets_fingerprint;
 
@@ -30,21 +28,6 @@ fn digest(hex: &str) -> PyResult<[u8; 32]> {
     from_hex(hex)
         .ok_or_else(|| PyValueError::new_err(format!("not a 64-hex BLAKE3 digest: {hex:?}")))
 }
-
-/// A session's restore, or with `plan_only` its plan alone; the live tree
-/// (``keep_live``) and the target's files with secret spans.
-type Planned = (
-    Option<Restore>,
-    Option<core::Plan>,
-    Option<LiveTree>,
-    Vec<SpannedFile>,
-);
-
-/// The live tree the restore's scan saw, kept when asked (``keep_live``): the
-/// manifest's rows, its entry, file and byte counts, and how many files had
-/// secrets zeroed (a restore's scan collects no digests). Restore history
-/// saves it to the thread's stash without scanning the tree a second time.
-type LiveTree = (Vec<u8>, u64, u64, u64, u64);
 
 /// See `_native.pyi`.
 #[pyclass(module = "checkpointd._native")]
@@ -65,7 +48,7 @@ pub struct RestoreSession {
     ranges: Mutex<HashMap<u64, RangeStager>>,
     next_read: std::sync::atomic::AtomicU64,
     /// The live scan's tree (``keep_live``), until ``take_live`` hands it over.
-    live: Mutex<Option<LiveTree>>,
+    live: Mutex<Option<core::LiveTree>>,
     /// The target's files where capture zeroed secrets, and the secrets the
     /// caller gives: ``fill_secrets`` writes them back.
     spanned: Vec<SpannedFile>,
@@ -114,67 +97,21 @@ impl RestoreSession {
         let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
             .map_err(|e| to_py(ScanError::Pattern(e)))?;
         let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
-        let target = target.to_vec();
-        let subdir = subdir.to_string();
-        let scan_cancel = cancel.clone();
-        let scan_cache = cache_path.clone();
-        // With a stat cache, what the restore writes is read back before the
-        // cache learns it (see `crate::restore`).
-        let record = cache_path.is_some();
+        let request = core::Request {
+            root,
+            subdir: subdir.to_string(),
+            target: target.to_vec(),
+            policy,
+            secrets,
+            secret_set,
+            cache_path: cache_path.clone(),
+            cancel: cancel.clone(),
+            plan_only,
+            keep_live,
+            chunks: chunks_params,
+        };
         let (inner, preview, live_tree, spanned) = py
-            .allow_threads(move || -> Result<Planned, RestoreError> {
-                let ws = Workspace::open(&root, &subdir)?;
-                // Files stored as chunks are built from their chunks.
-                let target_chunked = manifest::chunked_files(&target)
-                    .map_err(|e| RestoreError::Manifest(e.to_string()))?;
-                let spanned = manifest::spanned_files(&target)
-                    .map_err(|e| RestoreError::Manifest(e.to_string()))?;
-                let holding = spans::holding(&ws, &spanned)?;
-                let target = core::Target::read(&target, core::name_max(ws.fd.as_raw_fd()))?;
-                let request = ScanRequest {
-                    root: ws.path.clone(),
-                    policy,
-                    secrets,
-                    cache_path: scan_cache,
-                    threads: 0,
-                    cancel: scan_cancel,
-                    feed: None,
-                    progress: None,
-                    // A restore saves the cache once, with its writes, at
-                    // `finish`; a dry run's scan saves it as a capture's does.
-                    keep_cache: !plan_only,
-                    chunks: chunks_params,
-                };
-                let mut live =
-                    scan::scan_root(&request, Root::from_fd(ws.dup_fd()?, ws.path.clone()))
-                        .map_err(RestoreError::Scan)?;
-                let mut plan = core::plan_encoded(target, &live.manifest, &live.unsupported)?;
-                core::leave_alone(&mut plan, &holding);
-                core::replace_shared_inodes(&ws, &mut plan)?;
-                let kept = live.kept_cache.take();
-                let live_chunked = manifest::chunked_files(&live.manifest).unwrap_or_default();
-                let live_tree = keep_live.then(|| {
-                    (
-                        std::mem::take(&mut live.manifest),
-                        live.entries,
-                        live.file_count,
-                        live.file_bytes,
-                        live.files_with_secrets,
-                    )
-                });
-                drop(live);
-                if plan_only {
-                    return Ok((None, Some(plan), live_tree, spanned));
-                }
-                let restore = crate::restore_chunks::prepare(
-                    Restore::new(ws, plan, kept, record)?,
-                    target_chunked,
-                    live_chunked,
-                    &secret_set,
-                    chunks_params,
-                )?;
-                Ok((Some(restore), None, live_tree, spanned))
-            })
+            .allow_threads(move || core::prepare_restore(request))
             .map_err(to_py)?;
         Ok(RestoreSession {
             inner,
