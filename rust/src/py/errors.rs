@@ -88,6 +88,26 @@ create_exception!(
     "A pack object's header, trailer or footer is damaged: args are (reason,)."
 );
 
+/// Add every exception class of this map, and [`errno_error`], to the module.
+pub fn add_to(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("ScanCancelled", py.get_type::<ScanCancelled>())?;
+    m.add("FileChangedError", py.get_type::<FileChangedError>())?;
+    m.add("RootInvalidError", py.get_type::<RootInvalidError>())?;
+    m.add("NameTooLongError", py.get_type::<NameTooLongError>())?;
+    m.add("NoSpaceError", py.get_type::<NoSpaceError>())?;
+    m.add("CrossDeviceError", py.get_type::<CrossDeviceError>())?;
+    m.add(
+        "PermissionDeniedError",
+        py.get_type::<PermissionDeniedError>(),
+    )?;
+    m.add("TargetRefused", py.get_type::<TargetRefused>())?;
+    m.add("InvalidBlob", py.get_type::<InvalidBlob>())?;
+    m.add("PackedBlobInvalid", py.get_type::<PackedBlobInvalid>())?;
+    m.add("PackInvalid", py.get_type::<PackInvalid>())?;
+    m.add_function(wrap_pyfunction!(errno_error, m)?)
+}
+
 /// Any error of the core, as the binding raises it (see [`to_py`]).
 pub enum NativeError {
     Scan(ScanError),

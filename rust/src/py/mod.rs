@@ -31,32 +31,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
             "release"
         },
     )?;
-    m.add("ScanCancelled", m.py().get_type::<errors::ScanCancelled>())?;
+    errors::add_to(m)?;
     m.add_class::<blobdir::PyBlobDir>()?;
     m.add_class::<feed::PyBlobFeed>()?;
     m.add_class::<feed::FedBatch>()?;
-    m.add(
-        "FileChangedError",
-        m.py().get_type::<errors::FileChangedError>(),
-    )?;
-    m.add(
-        "RootInvalidError",
-        m.py().get_type::<errors::RootInvalidError>(),
-    )?;
-    m.add(
-        "NameTooLongError",
-        m.py().get_type::<errors::NameTooLongError>(),
-    )?;
-    m.add("NoSpaceError", m.py().get_type::<errors::NoSpaceError>())?;
-    m.add(
-        "CrossDeviceError",
-        m.py().get_type::<errors::CrossDeviceError>(),
-    )?;
-    m.add(
-        "PermissionDeniedError",
-        m.py().get_type::<errors::PermissionDeniedError>(),
-    )?;
-    m.add_function(wrap_pyfunction!(errors::errno_error, m)?)?;
     m.add_class::<cancel::CancelToken>()?;
     m.add_class::<scan::ScanResult>()?;
     m.add_class::<journal::PyJournal>()?;
@@ -70,11 +48,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<restore::RestoreSession>()?;
     m.add_class::<pack::PyPackWriter>()?;
     m.add_class::<pack::DigestSet>()?;
-    m.add(
-        "PackedBlobInvalid",
-        m.py().get_type::<errors::PackedBlobInvalid>(),
-    )?;
-    m.add("PackInvalid", m.py().get_type::<errors::PackInvalid>())?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
     m.add("STAGING_PREFIX", crate::restore::STAGING_PREFIX)?;
     m.add("MIN_SECRET_LEN", crate::redact::MIN_SECRET_LEN)?;
@@ -92,8 +65,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack::plan_pack_reads, m)?)?;
     m.add_function(wrap_pyfunction!(pack::read_pack_trailer, m)?)?;
     m.add_function(wrap_pyfunction!(pack::verify_pack_file, m)?)?;
-    m.add("InvalidBlob", m.py().get_type::<errors::InvalidBlob>())?;
-    m.add("TargetRefused", m.py().get_type::<errors::TargetRefused>())?;
     m.add_function(wrap_pyfunction!(scan::scan, m)?)?;
     m.add_function(wrap_pyfunction!(scan::release_freed_memory, m)?)?;
     m.add_function(wrap_pyfunction!(stream::hash_file, m)?)?;
