@@ -863,55 +863,87 @@ pub fn files_with_digests(
 pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError> {
     let base_rows = rows(base)?;
     let new_rows = rows(new)?;
-    let mut index: std::collections::HashMap<&[u8], u32> =
-        std::collections::HashMap::with_capacity(base_rows.len());
-    for (i, row) in base_rows.iter().enumerate() {
-        index.entry(row).or_insert(i as u32);
-    }
-    let mut out = Vec::new();
-    let mut added_total = 0usize;
-    let mut added: Vec<&[u8]> = Vec::new();
-    let (mut start, mut count) = (0u32, 0u32);
-    let flush_copy = |out: &mut Vec<u8>, start: u32, count: u32| {
-        if count > 0 {
-            out.push(b'C');
-            out.extend_from_slice(&start.to_le_bytes());
-            out.extend_from_slice(&count.to_le_bytes());
-        }
-    };
-    let flush_add = |out: &mut Vec<u8>, added: &mut Vec<&[u8]>| {
-        if !added.is_empty() {
-            let joined = added.join(&b","[..]);
-            out.push(b'A');
-            out.extend_from_slice(&(added.len() as u32).to_le_bytes());
-            out.extend_from_slice(&(joined.len() as u32).to_le_bytes());
-            out.extend_from_slice(&joined);
-            added.clear();
-        }
-    };
+    let mut delta = DeltaWriter::default();
+    // Both are sorted by path (as the scan writes them): one merge finds
+    // each new row's place in the base. A row found nowhere is inserted, so
+    // the delta rebuilds `new` exactly even from rows in another order (it is
+    // then merely larger).
+    let mut at = 0;
     for row in &new_rows {
-        match index.get(row) {
-            None => {
-                flush_copy(&mut out, start, count);
-                count = 0;
-                added.push(row);
-                added_total += 1;
-            }
-            Some(&position) => {
-                if count > 0 && position == start + count {
-                    count += 1;
-                    continue;
+        if base_rows.get(at) != Some(row) {
+            let path = row_path(row)?;
+            while let Some(earlier) = base_rows.get(at) {
+                if row_path(earlier)? >= path {
+                    break;
                 }
-                flush_add(&mut out, &mut added);
-                flush_copy(&mut out, start, count);
-                start = position;
-                count = 1;
+                at += 1;
             }
         }
+        if base_rows.get(at) == Some(row) {
+            delta.copy(at as u32);
+            at += 1;
+        } else {
+            delta.add(row);
+        }
     }
-    flush_add(&mut out, &mut added);
-    flush_copy(&mut out, start, count);
-    Ok((out, added_total))
+    Ok(delta.finish())
+}
+
+/// A delta in [`apply`]'s encoding, written as its rows come: copy runs of
+/// the base's rows and runs of inserted rows.
+#[derive(Default)]
+struct DeltaWriter<'a> {
+    out: Vec<u8>,
+    added: Vec<&'a [u8]>,
+    added_total: usize,
+    start: u32,
+    count: u32,
+}
+
+impl<'a> DeltaWriter<'a> {
+    fn copy(&mut self, position: u32) {
+        if self.count > 0 && position == self.start + self.count {
+            self.count += 1;
+            return;
+        }
+        self.flush_add();
+        self.flush_copy();
+        (self.start, self.count) = (position, 1);
+    }
+
+    fn add(&mut self, row: &'a [u8]) {
+        self.flush_copy();
+        self.added.push(row);
+        self.added_total += 1;
+    }
+
+    fn flush_copy(&mut self) {
+        if self.count > 0 {
+            self.out.push(b'C');
+            self.out.extend_from_slice(&self.start.to_le_bytes());
+            self.out.extend_from_slice(&self.count.to_le_bytes());
+            self.count = 0;
+        }
+    }
+
+    fn flush_add(&mut self) {
+        if !self.added.is_empty() {
+            let joined = self.added.join(&b","[..]);
+            self.out.push(b'A');
+            self.out
+                .extend_from_slice(&(self.added.len() as u32).to_le_bytes());
+            self.out
+                .extend_from_slice(&(joined.len() as u32).to_le_bytes());
+            self.out.extend_from_slice(&joined);
+            self.added.clear();
+        }
+    }
+
+    fn finish(mut self) -> (Vec<u8>, usize) {
+        self.flush_add();
+        self.flush_copy();
+        (self.out, self.added_total)
+    }
 }
 
 fn read_u32(ops: &[u8], at: usize) -> Result<u32, ManifestError> {
@@ -1258,6 +1290,39 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    /// The merged delta rebuilds the new manifest and inserts exactly the
+    /// rows the base lacks; rows out of path order still rebuild it.
+    #[test]
+    fn a_delta_rebuilds_the_new_manifest_and_inserts_only_new_rows() {
+        let build = |rows: &[(&str, u8)]| {
+            let mut w = ManifestWriter::with_capacity(0);
+            for (name, version) in rows {
+                w.file(*name, &[*version; 32], u64::from(*version), 0o644, 1);
+            }
+            w.finish()
+        };
+        let base = build(&[("a", 1), ("b", 1), ("c", 1), ("d/e", 1), ("f", 1), ("g", 1)]);
+        let cases: [(Vec<(&str, u8)>, usize); 5] = [
+            (
+                vec![("a", 1), ("b", 2), ("c", 1), ("d/e", 1), ("f", 1), ("g", 1)],
+                1,
+            ),
+            (vec![("0", 1), ("a", 1), ("c", 1), ("f", 1), ("h", 3)], 2),
+            (vec![("g", 1), ("a", 1), ("f", 1)], 2),
+            (vec![], 0),
+            (
+                vec![("a", 1), ("b", 1), ("c", 1), ("d/e", 1), ("f", 1), ("g", 1)],
+                0,
+            ),
+        ];
+        for (rows, inserted) in cases {
+            let new = build(&rows);
+            let (ops, added) = delta(&base, &new).unwrap();
+            assert_eq!(apply(&base, &ops).unwrap(), new, "{rows:?}");
+            assert_eq!(added, inserted, "{rows:?}");
+        }
     }
 
     /// A chain of deltas applied at once gives what applying each in turn

@@ -83,7 +83,14 @@ fn still_held(manifest: &[u8], digests: &[[u8; 32]]) -> Option<HashSet<[u8; 32]>
         return Some(held);
     }
     let hexes: Vec<String> = digests.iter().map(crate::hash::to_hex).collect();
-    let search = aho_corasick::AhoCorasick::new(&hexes).ok()?;
+    // Leftmost-first lets the search run on its SIMD prefilter (Teddy): with
+    // the default match kind ten digests were a byte-at-a-time automaton,
+    // ~1 s over a million rows. (A field cannot start inside another find: a
+    // `"` comes before it, and a find is hex digits alone.)
+    let search = aho_corasick::AhoCorasick::builder()
+        .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+        .build(&hexes)
+        .ok()?;
     for found in search.find_iter(manifest) {
         let digest = digests[found.pattern().as_usize()];
         if !held.contains(&digest) && is_blob_field(manifest, found.start())? {
