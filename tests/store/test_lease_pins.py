@@ -289,9 +289,10 @@ async def test_a_large_append_leaves_no_large_wal_behind(
 ) -> None:
     """The append checkpoints a WAL over the limit, the next write starts it over
     cut back to WAL_KEPT_BYTES: the store's bytes on disk are not its pages twice."""
+    from checkpointd.store import _sqlite_db
     from checkpointd.store import sqlite as sqlite_store
 
-    monkeypatch.setattr(sqlite_store, "WAL_KEPT_BYTES", 64 << 10)
+    monkeypatch.setattr(_sqlite_db, "WAL_KEPT_BYTES", 64 << 10)
     monkeypatch.setattr(sqlite_store, "WAL_CHECKPOINT_BYTES", 256 << 10)
     path = tmp_path / "wal.db"
     keys = range(1, 20_001)

@@ -140,7 +140,8 @@ async def test_a_large_sqlite_row_is_written_in_pieces(
     import sqlite3
 
     from checkpointd.errors import SandboxCheckpointDuplicateIdError
-    from checkpointd.store import SqliteCheckpointStore, sqlite
+    from checkpointd.store import SqliteCheckpointStore
+    from checkpointd.store import _sqlite_tx as sqlite
 
     monkeypatch.setattr(sqlite, "BLOB_IO_BYTES", 1000)
     monkeypatch.setattr(sqlite, "BLOB_PIECE_BYTES", 7)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+import checkpointd.store._sqlite_db as sqlite_db
 import checkpointd.store.sqlite as sqlite_module
 from checkpointd.errors import (
     STORE_UNAVAILABLE,
@@ -273,8 +274,8 @@ async def test_a_held_write_lock_is_waited_for(tmp_path: Path) -> None:
 async def test_a_lock_held_too_long_is_a_store_error_not_sqlite(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "BUSY_TIMEOUT_MS", 20)
-    monkeypatch.setattr(sqlite_module, "RETRY_DEADLINE_S", 0.3)
+    monkeypatch.setattr(sqlite_db, "BUSY_TIMEOUT_MS", 20)
+    monkeypatch.setattr(sqlite_db, "RETRY_DEADLINE_S", 0.3)
     path = tmp_path / "wedged.db"
     store = await _open(path)
     lease = await store.acquire_writer("t1")
