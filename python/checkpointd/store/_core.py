@@ -7,7 +7,7 @@ check order 1–6, delta or keyframe), ``delete_head``, ``delete_checkpoints``
 the lease rules (``acquire_writer``, renew, release), ``pin_blobs``,
 ``release_condemned`` and the missing marks. ``condemn_blobs``, the reads and
 the audit stay with each dialect: their SQL and locks are the whole of them. A
-dialect (``sqlite.py``, ``postgres.py``, ``memory.py``) supplies a ``WriteTx``:
+dialect (``_sqlite_tx``, ``_postgres_tx``, ``memory``) supplies a ``WriteTx``:
 its SQL, its locking (SQLite ``BEGIN IMMEDIATE``; PostgreSQL the thread's row
 lock; the memory store one ``asyncio.Lock``) and its connection handling and
 retries, through ``_write(operation, body)``, which runs ``body(tx)`` in one

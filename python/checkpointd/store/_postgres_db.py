@@ -7,8 +7,7 @@ import asyncio
 import builtins
 from collections.abc import Awaitable, Callable, Sequence
 from decimal import Decimal
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import TypeVar
 from urllib.parse import unquote, urlsplit
 
 import asyncpg
@@ -29,6 +28,7 @@ from ._options import (
     StoreOptions,
     read_clock,
 )
+from .base import ClosingStore
 
 T = TypeVar("T")
 
@@ -311,7 +311,7 @@ def lease_of(row: asyncpg.Record | None) -> LeaseRecord | None:
 # ---------------------------------------------------------------------------- base
 
 
-class PostgresBase:
+class PostgresBase(ClosingStore):
     """A pool plus the transaction runner that maps database failures."""
 
     def __init__(self, pool: asyncpg.Pool, store_name: str) -> None:
@@ -381,17 +381,6 @@ class PostgresBase:
             await asyncio.wait_for(self._pool.close(), timeout=10)
         except Exception:  # noqa: BLE001 - closing must not fail; drop the sockets instead
             self._pool.terminate()
-
-    async def __aenter__(self) -> Any:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
 
 class PostgresClocked(PostgresBase):

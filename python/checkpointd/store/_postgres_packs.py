@@ -24,7 +24,7 @@ from ._packindex import (
     row_from_sql,
 )
 from ._postgres_db import PostgresClocked
-from ._postgres_tx import forget_unmarked, lock_marks, pack_ids, packed_columns
+from ._postgres_tx import forget_unmarked, lock_marks, pack_ids, packed_columns, referenced_keys
 from .base import (
     IndexRow,
     PackedBlob,
@@ -114,13 +114,8 @@ class PostgresPacks(PostgresClocked):
             rows = await conn.fetch(_LOCATE, builtins.list(wanted))
             located_rows(wanted, rows, found)
             rest = [b"f" + digest for digest, key in wanted.items() if key not in found]
-            if rest:
-                for r in await conn.fetch(
-                    "SELECT DISTINCT key FROM checkpointd_blob_counts WHERE key = ANY($1::bytea[])"
-                    " AND (refs > 0 OR open_since IS NOT NULL)",
-                    rest,
-                ):
-                    found[key_from_bytes(bytes(r["key"]))] = None
+            for key in await referenced_keys(conn, rest) if rest else ():
+                found[key_from_bytes(key)] = None
             return found
 
         return await self._transaction("locate_blobs", body, read_only=True)
@@ -172,14 +167,7 @@ class PostgresPacks(PostgresClocked):
             now = await self._now(conn)
             # A row serves the digest's artifact key too (_packindex.row_key).
             twins = {key_to_bytes(row.key): key_to_bytes(artifact_twin(row.key)) for row in checked}
-            used = {
-                bytes(r["key"])
-                for r in await conn.fetch(
-                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
-                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                    [*binary, *twins.values()],
-                )
-            }
+            used = await referenced_keys(conn, [*binary, *twins.values()])
             doomed = [
                 row
                 for row in checked
@@ -264,14 +252,7 @@ class PostgresPacks(PostgresClocked):
                 row.key: (key_to_bytes(row.key), key_to_bytes(artifact_twin(row.key)))
                 for row in checked
             }
-            used = {
-                bytes(r["key"])
-                for r in await conn.fetch(
-                    "SELECT DISTINCT key FROM checkpointd_blob_counts"
-                    " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                    [raw for pair in forms.values() for raw in pair],
-                )
-            }
+            used = await referenced_keys(conn, [raw for pair in forms.values() for raw in pair])
             live = [row for row in checked if unreferenced or not used.isdisjoint(forms[row.key])]
             if not live:
                 return []

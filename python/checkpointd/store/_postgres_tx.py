@@ -435,6 +435,19 @@ async def lock_marks(
     return marks
 
 
+async def referenced_keys(conn: asyncpg.Connection, keys: Sequence[bytes]) -> set[bytes]:
+    """Those of ``keys`` a checkpoint uses (an open run means a head uses the
+    key, whatever refs says)."""
+    return {
+        bytes(r["key"])
+        for r in await conn.fetch(
+            "SELECT DISTINCT key FROM checkpointd_blob_counts"
+            " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
+            builtins.list(keys),
+        )
+    }
+
+
 async def forget_unmarked(conn: asyncpg.Connection, keys: Sequence[bytes]) -> None:
     """Drop mark rows that hold no condemnation (the caller has them locked)."""
     await conn.execute(

@@ -499,6 +499,35 @@ def batches(values: Sequence[T], size: int = IN_BATCH) -> Iterable[Sequence[T]]:
         yield values[start : start + size]
 
 
+def in_list(sql: str, batch: Sequence[Any]) -> str:
+    """``sql`` with its ``{in}`` the placeholders of ``batch`` (``?,?,…``)."""
+    return sql.replace("{in}", ",".join("?" * len(batch)))
+
+
+async def fetch_in(
+    connection: aiosqlite.Connection, sql: str, values: Sequence[Any], *before: Any
+) -> builtins.list[Any]:
+    """The rows of ``sql`` for every batch of ``values`` (``in_list``), each
+    bound after the ``before`` parameters."""
+    rows: builtins.list[Any] = []
+    for batch in batches(values):
+        rows += await fetchall(connection, in_list(sql, batch), (*before, *batch))
+    return rows
+
+
+async def pack_ids(connection: aiosqlite.Connection, packs: Sequence[bytes]) -> dict[bytes, int]:
+    """The id of each of these pack digests (created when new)."""
+    await connection.executemany(
+        "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
+    )
+    return {
+        bytes(digest): pack_id
+        for pack_id, digest in await fetch_in(
+            connection, "SELECT id, digest FROM blob_packs WHERE digest IN ({in})", packs
+        )
+    }
+
+
 # The keys of a KeySet as a table ``ks (key)``, from two parameters: the file
 # digests concatenated (:digests, 32 bytes each; the kind byte is added here) and
 # the artifact keys concatenated (:artifacts, 33 bytes each). One statement per
@@ -522,22 +551,20 @@ async def fetch_chains(
     conn: aiosqlite.Connection, checkpoint_ids: Sequence[str], rows: Rows
 ) -> None:
     """Add to ``rows`` each checkpoint and its bases down to a keyframe."""
-    for batch in batches(builtins.list(checkpoint_ids)):
-        marks = ",".join("?" * len(batch))
-        for checkpoint_id, base_id, data in await fetchall(
-            conn,
-            # Walk the small (id, base_id) pairs (UNION drops shared bases),
-            # then read each document once.
-            "WITH RECURSIVE chain (id, base_id) AS ("
-            f" SELECT id, base_id FROM checkpoints WHERE id IN ({marks})"
-            " UNION"
-            " SELECT c.id, c.base_id FROM checkpoints AS c"
-            " JOIN chain ON c.id = chain.base_id"
-            ") SELECT k.id, k.base_id, k.document FROM chain"
-            " JOIN checkpoints AS k ON k.id = chain.id",
-            batch,
-        ):
-            rows[checkpoint_id] = (base_id, data)
+    for checkpoint_id, base_id, data in await fetch_in(
+        conn,
+        # Walk the small (id, base_id) pairs (UNION drops shared bases),
+        # then read each document once.
+        "WITH RECURSIVE chain (id, base_id) AS ("
+        " SELECT id, base_id FROM checkpoints WHERE id IN ({in})"
+        " UNION"
+        " SELECT c.id, c.base_id FROM checkpoints AS c"
+        " JOIN chain ON c.id = chain.base_id"
+        ") SELECT k.id, k.base_id, k.document FROM chain"
+        " JOIN checkpoints AS k ON k.id = chain.id",
+        builtins.list(checkpoint_ids),
+    ):
+        rows[checkpoint_id] = (base_id, data)
 
 
 async def _pins_by_lease_id(conn: aiosqlite.Connection) -> None:

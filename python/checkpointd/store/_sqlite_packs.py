@@ -21,14 +21,14 @@ from ._packindex import (
     pack_digest,
     row_from_sql,
 )
-from ._sqlite_db import SqliteDatabase, batches, fetchall
+from ._sqlite_db import SqliteDatabase, fetch_in, fetchall, pack_ids
 from .base import (
     IndexRow,
     PackedBlob,
 )
 
 # File digests as a table ``ds (digest)``, from one parameter: the raw digests
-# concatenated (:digests, 32 bytes each), like ``KEYS``.
+# concatenated (:digests, 32 bytes each), like ``_sqlite_db.KEYS``.
 _DIGESTS = (
     "WITH RECURSIVE fd (i) AS (SELECT 0 WHERE length(:digests) > 0"
     " UNION ALL SELECT i + 32 FROM fd WHERE i + 32 < length(:digests)),"
@@ -129,36 +129,10 @@ class SqlitePacks:
 
         return await self._db.write(run) if checked else []
 
-    async def _pack_ids(
-        self, conn: aiosqlite.Connection, packs: builtins.list[bytes]
-    ) -> dict[bytes, int]:
-        await conn.executemany(
-            "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
-        )
-        ids: dict[bytes, int] = {}
-        for batch in batches(packs):
-            marks = ",".join("?" * len(batch))
-            for pack_id, digest in await fetchall(
-                conn, f"SELECT id, digest FROM blob_packs WHERE digest IN ({marks})", batch
-            ):
-                ids[bytes(digest)] = pack_id
-        return ids
-
     async def _retired(self, conn: aiosqlite.Connection, packs: builtins.list[bytes]) -> set[bytes]:
         """Those of ``packs`` retired right now."""
-        now = self._now()
-        found: set[bytes] = set()
-        for batch in batches(packs):
-            marks = ",".join("?" * len(batch))
-            found.update(
-                bytes(row[0])
-                for row in await fetchall(
-                    conn,
-                    f"SELECT digest FROM retired_packs WHERE until > ? AND digest IN ({marks})",
-                    (now, *batch),
-                )
-            )
-        return found
+        sql = "SELECT digest FROM retired_packs WHERE until > ? AND digest IN ({in})"
+        return {bytes(row[0]) for row in await fetch_in(conn, sql, packs, self._now())}
 
     async def switch_packed_blobs(
         self, old_pack: str, rows: builtins.list[PackedBlob]
@@ -173,7 +147,7 @@ class SqlitePacks:
             live = [row for row in checked if pack_digest(row.pack) not in retired]
             if not live:
                 return []
-            ids = await self._pack_ids(conn, [d for d in wanted if d not in retired])
+            ids = await pack_ids(conn, [d for d in wanted if d not in retired])
             old_id = await fetchall(conn, "SELECT id FROM blob_packs WHERE digest = ?", (old,))
             if not old_id:
                 return []
@@ -207,7 +181,7 @@ class SqlitePacks:
         async def run(conn: aiosqlite.Connection) -> builtins.list[str]:
             # Not refused for a retired pack: migrate pins its keys (base.PackMaintenance).
             wanted = builtins.list(dict.fromkeys(pack_digest(row.pack) for row in checked))
-            ids = await self._pack_ids(conn, wanted)
+            ids = await pack_ids(conn, wanted)
             added: builtins.list[str] = []
             for row in checked:
                 # Referenced as a file or as an artifact (_packindex.row_key).

@@ -32,7 +32,18 @@ from ._packindex import (
     checked_digest,
     pack_digest,
 )
-from ._sqlite_db import KEYS, batches, fetch_chains, fetchall, fetchone, key_params, sql_number
+from ._sqlite_db import (
+    KEYS,
+    batches,
+    fetch_chains,
+    fetch_in,
+    fetchall,
+    fetchone,
+    in_list,
+    key_params,
+    pack_ids,
+    sql_number,
+)
 
 # A stored document larger than this is written through SQLite's incremental
 # blob I/O (a zeroblob, then pieces of BLOB_PIECE_BYTES), never bound: SQLite
@@ -184,27 +195,26 @@ class SqliteTx:
     async def delete_rows(self, checkpoint_ids: Sequence[str]) -> Rows:
         rows: Rows = {}
         for batch in batches(builtins.list(checkpoint_ids)):
-            marks = ",".join("?" * len(batch))
             for checkpoint_id, base_id, data in await fetchall(
                 self.conn,
-                f"SELECT id, base_id, document FROM checkpoints WHERE id IN ({marks})",
+                in_list("SELECT id, base_id, document FROM checkpoints WHERE id IN ({in})", batch),
                 batch,
             ):
                 rows[checkpoint_id] = (base_id, data)
-            await self.conn.execute(f"DELETE FROM checkpoints WHERE id IN ({marks})", batch)
+            await self.conn.execute(
+                in_list("DELETE FROM checkpoints WHERE id IN ({in})", batch), batch
+            )
         return rows
 
     async def dependents(self, removed: Sequence[str]) -> Rows:
-        rows: Rows = {}
-        for batch in batches(builtins.list(removed)):
-            marks = ",".join("?" * len(batch))
-            for checkpoint_id, base_id, data in await fetchall(
+        return {
+            checkpoint_id: (base_id, data)
+            for checkpoint_id, base_id, data in await fetch_in(
                 self.conn,
-                f"SELECT id, base_id, document FROM checkpoints WHERE base_id IN ({marks})",
-                batch,
-            ):
-                rows[checkpoint_id] = (base_id, data)
-        return rows
+                "SELECT id, base_id, document FROM checkpoints WHERE base_id IN ({in})",
+                builtins.list(removed),
+            )
+        }
 
     async def rewrite_keyframe(self, checkpoint_id: str, data: bytes) -> None:
         await self.conn.execute(
@@ -289,17 +299,7 @@ class SqliteTx:
         # A cold capture appends ~100,000 rows in a handful of packs: each pack
         # name is decoded once.
         digest_by_pack = {pack: pack_digest(pack) for pack in dict.fromkeys(r.pack for r in rows)}
-        packs = builtins.list(digest_by_pack.values())
-        await self.conn.executemany(
-            "INSERT OR IGNORE INTO blob_packs (digest) VALUES (?)", [(d,) for d in packs]
-        )
-        ids: dict[bytes, int] = {}
-        for batch in batches(packs):
-            marks = ",".join("?" * len(batch))
-            for pack_id, digest in await fetchall(
-                self.conn, f"SELECT id, digest FROM blob_packs WHERE digest IN ({marks})", batch
-            ):
-                ids[bytes(digest)] = pack_id
+        ids = await pack_ids(self.conn, builtins.list(digest_by_pack.values()))
         id_by_pack = {pack: ids[digest] for pack, digest in digest_by_pack.items()}
         await self.conn.executemany(
             "INSERT OR REPLACE INTO packed_blobs"

@@ -9,9 +9,24 @@ from __future__ import annotations
 import builtins
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, Self, runtime_checkable
 
 from ..model import BlobReference, Checkpoint, WriterLease, WriterLike
+
+
+class ClosingStore:
+    """A store that is its own async context manager: ``async with store:``
+    closes it (``aclose``) on the way out."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
 
 Clock = Callable[[], int]
 """Returns the current time in milliseconds since the epoch."""

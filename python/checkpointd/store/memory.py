@@ -23,7 +23,6 @@ import builtins
 import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ..errors import STORE_UNAVAILABLE, SandboxCheckpointError
@@ -68,6 +67,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    ClosingStore,
     DamagedCheckpoint,
     IndexRow,
     InstanceRecord,
@@ -405,7 +405,7 @@ class _MemoryTx:
             self._delete(self.t.missing, key)
 
 
-class InMemoryCheckpointStore(SqlCheckpointStore):
+class InMemoryCheckpointStore(SqlCheckpointStore, ClosingStore):
     """A checkpoint store in process memory (tests, the daemon's ``memory://``).
 
     Options as docs/contract.md#checkpoint-store: ``now`` (callable returning ms), ``lease_duration_ms``,
@@ -429,17 +429,6 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
 
     async def aclose(self) -> None:
         self._closed = True
-
-    async def __aenter__(self) -> InMemoryCheckpointStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -723,7 +712,7 @@ class InMemoryCheckpointStore(SqlCheckpointStore):
         return [key_from_bytes(key) for key in sorted(self._tables.missing)]
 
 
-class InMemoryInstanceStore:
+class InMemoryInstanceStore(ClosingStore):
     """Instance records in process memory (docs/contract.md#checkpoint-store instance store)."""
 
     def __init__(self) -> None:
@@ -747,9 +736,3 @@ class InMemoryInstanceStore:
 
     async def aclose(self) -> None:
         pass
-
-    async def __aenter__(self) -> InMemoryInstanceStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()

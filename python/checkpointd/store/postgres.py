@@ -1,9 +1,9 @@
 """PostgreSQL checkpoint and instance stores (docs/contract.md#checkpoint-store): many sidecars, one database.
 
 Opened by ``open_store("postgresql://…")`` through ``open_postgres_store``. The
-schema is created or migrated on open (``_migrate``: versioned, idempotent, under
-an advisory lock so concurrent opens take turns), and a wrong URL, password or
-database fails there, not at first use.
+schema is created or migrated on open (``_postgres_db._migrate``: versioned,
+idempotent, under an advisory lock so concurrent opens take turns), and a wrong
+URL, password or database fails there, not at first use.
 
 How each write stays atomic across processes and hosts: it is one transaction
 that first locks the thread's row in ``checkpointd_threads`` (``SELECT … FOR
@@ -93,7 +93,7 @@ from ._postgres_db import (
     open_pool,
 )
 from ._postgres_packs import PostgresPacks
-from ._postgres_tx import PostgresTx, forget_unmarked, lock_marks
+from ._postgres_tx import PostgresTx, forget_unmarked, lock_marks, referenced_keys
 from .base import (
     DEFAULT_LEASE_DURATION_MS,
     DEFAULT_RENEW_AFTER_MS,
@@ -477,15 +477,7 @@ class PostgresCheckpointStore(PostgresPacks, SqlCheckpointStore):
                 )
             }
             if not referenced_too:
-                blocked.update(
-                    bytes(r["key"])
-                    for r in await conn.fetch(
-                        # An open run means a head uses the key, whatever refs says.
-                        "SELECT DISTINCT key FROM checkpointd_blob_counts"
-                        " WHERE key = ANY($1::bytea[]) AND (refs > 0 OR open_since IS NOT NULL)",
-                        binary,
-                    )
-                )
+                blocked.update(await referenced_keys(conn, binary))
             chosen = [
                 key
                 for key, until in marks.items()

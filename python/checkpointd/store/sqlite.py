@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar
 
 import aiosqlite
@@ -40,8 +39,8 @@ from ._sqlite_db import (
     PAGE_BYTES,
     SCHEMA_VERSION,
     SqliteDatabase,
-    batches,
     fetch_chains,
+    fetch_in,
     fetchall,
     fetchone,
     key_params,
@@ -55,6 +54,7 @@ from .base import (
     DEFAULT_THREAD_PAGE,
     BlobCount,
     Clock,
+    ClosingStore,
     DamagedCheckpoint,
     InstanceRecord,
     ThreadSummary,
@@ -84,7 +84,7 @@ _COUNTS = (
 T = TypeVar("T")
 
 
-class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore):
+class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore, ClosingStore):
     """A checkpoint store in one SQLite file (docs/contract.md#checkpoint-store).
 
     Open with ``await SqliteCheckpointStore.open("/abs/path.db", now=…,
@@ -118,17 +118,6 @@ class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore):
 
     async def aclose(self) -> None:
         await self._db.close()
-
-    async def __aenter__(self) -> SqliteCheckpointStore:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _now(self) -> int:
         return read_clock(self._options)
@@ -242,16 +231,8 @@ class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore):
         wanted = [i for i in dict.fromkeys(checkpoint_ids) if isinstance(i, str)]
 
         async def run(conn: aiosqlite.Connection) -> set[str]:
-            found: set[str] = set()
-            for batch in batches(wanted):
-                marks = ",".join("?" * len(batch))
-                found.update(
-                    row[0]
-                    for row in await fetchall(
-                        conn, f"SELECT id FROM spent_checkpoints WHERE id IN ({marks})", batch
-                    )
-                )
-            return found
+            sql = "SELECT id FROM spent_checkpoints WHERE id IN ({in})"
+            return {row[0] for row in await fetch_in(conn, sql, wanted)}
 
         found = await self._db.read(run)
         return [i for i in wanted if i in found]
@@ -268,31 +249,26 @@ class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore):
             now = self._now()
             blocked: set[bytes] = set()
             binary = [key_to_bytes(key) for key in candidates]
-            for batch in batches(binary):
-                marks = ",".join("?" * len(batch))
-                referenced = (
-                    (f"SELECT key FROM blob_references WHERE refs > 0 AND key IN ({marks})", ()),
-                    # A key with an open run is in a head, whatever its refs say.
-                    (f"SELECT DISTINCT key FROM blob_runs WHERE key IN ({marks})", ()),
-                )
-                for sql, extra in (
-                    *(() if referenced_too else referenced),
-                    (
-                        f"SELECT key FROM blob_condemned WHERE until > ? AND key IN ({marks})",
-                        (now,),
-                    ),
-                    (
-                        # From the few live leases to their pins of these keys
-                        # (CROSS JOIN keeps that order: lease_pins is keyed by lease).
-                        "SELECT p.key FROM writer_leases l CROSS JOIN leases s"
-                        " CROSS JOIN lease_pins p WHERE l.expires_at > ?"
-                        " AND s.thread_id = l.thread_id AND s.owner_token = l.owner_token"
-                        f" AND s.fence = l.fence AND p.lease_id = s.id AND p.key IN ({marks})",
-                        (now,),
-                    ),
-                ):
-                    rows = await fetchall(conn, sql, (*extra, *batch))
-                    blocked.update(bytes(row[0]) for row in rows)
+            referenced = (
+                ("SELECT key FROM blob_references WHERE refs > 0 AND key IN ({in})", ()),
+                # A key with an open run is in a head, whatever its refs say.
+                ("SELECT DISTINCT key FROM blob_runs WHERE key IN ({in})", ()),
+            )
+            for sql, before in (
+                *(() if referenced_too else referenced),
+                ("SELECT key FROM blob_condemned WHERE until > ? AND key IN ({in})", (now,)),
+                (
+                    # From the few live leases to their pins of these keys
+                    # (CROSS JOIN keeps that order: lease_pins is keyed by lease).
+                    "SELECT p.key FROM writer_leases l CROSS JOIN leases s"
+                    " CROSS JOIN lease_pins p WHERE l.expires_at > ?"
+                    " AND s.thread_id = l.thread_id AND s.owner_token = l.owner_token"
+                    " AND s.fence = l.fence AND p.lease_id = s.id AND p.key IN ({in})",
+                    (now,),
+                ),
+            ):
+                rows = await fetch_in(conn, sql, binary, *before)
+                blocked.update(bytes(row[0]) for row in rows)
             chosen = [
                 (key, raw)
                 for key, raw in zip(candidates, binary, strict=True)
@@ -390,7 +366,7 @@ class SqliteCheckpointStore(SqlitePacks, SqlCheckpointStore):
         return [key_from_bytes(bytes(row[0])) for row in await self._db.read(run)]
 
 
-class SqliteInstanceStore:
+class SqliteInstanceStore(ClosingStore):
     """Instance records in a SQLite file (may be the checkpoint store's file)."""
 
     def __init__(self, database: SqliteDatabase) -> None:
@@ -402,12 +378,6 @@ class SqliteInstanceStore:
 
     async def aclose(self) -> None:
         await self._db.close()
-
-    async def __aenter__(self) -> SqliteInstanceStore:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     async def get(self, key: str) -> InstanceRecord | None:
         """The record or None; an invalid key is INVALID_ID."""
