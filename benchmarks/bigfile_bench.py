@@ -59,7 +59,7 @@ GOAL_MIB = 100 * 1000 * 1000 / (1 << 20)  # "under 100 MB"
 ENGINE_CAPTURE = """
 import asyncio, json, sys
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.store import open_store
 
 workspace, store_url, blobs_url, data_dir, secret = sys.argv[1:6]
@@ -67,8 +67,8 @@ workspace, store_url, blobs_url, data_dir, secret = sys.argv[1:6]
 async def main():
     async with await open_store(store_url) as store:
         result = await capture_checkpoint(
-            workspace, store, open_blobs(blobs_url), "bench", data_dir=data_dir,
-            secrets=[secret.encode()] if secret else (),
+            workspace, store, open_blobs(blobs_url), "bench",
+            CaptureOptions(data_dir=data_dir, secrets=[secret.encode()] if secret else ()),
         )
     print(json.dumps({"bytes_uploaded": result.stats.bytes_uploaded,
                       "phases_ms": result.stats.phases_ms}))

@@ -40,7 +40,7 @@ from pathlib import Path
 import blake3
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
@@ -112,7 +112,11 @@ async def _capture(ws: Path, base: Path) -> tuple[float, str]:
     async with await open_store(f"sqlite:///{base}/store.db") as store:
         started = time.perf_counter()
         result = await capture_checkpoint(
-            ws, store, open_blobs(f"file://{base}/blobs"), "bench", data_dir=base / "data"
+            ws,
+            store,
+            open_blobs(f"file://{base}/blobs"),
+            "bench",
+            CaptureOptions(data_dir=base / "data"),
         )
         return time.perf_counter() - started, result.checkpoint.id
 
@@ -198,13 +202,13 @@ def run_restic(case: str, scratch: Path, restic: str) -> Row:
 PEAK_CAPTURE = """
 import asyncio, sys
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.store import open_store
 ws, base = sys.argv[1:3]
 async def main():
     async with await open_store(f"sqlite:///{base}/store.db") as store:
         await capture_checkpoint(ws, store, open_blobs(f"file://{base}/blobs"), "bench",
-                                 data_dir=f"{base}/data")
+                                 CaptureOptions(data_dir=f"{base}/data"))
 asyncio.run(main())
 """
 

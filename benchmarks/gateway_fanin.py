@@ -50,7 +50,7 @@ async def _sidecar(
     index: int, mode: str, url: str, base: Path, captures: int, token: str, start_at: float
 ) -> dict[str, Any]:
     from checkpointd.blobs import open_blobs
-    from checkpointd.capture import capture_checkpoint
+    from checkpointd.capture import CaptureOptions, capture_checkpoint
 
     workspace = base / f"ws-{index}"
     data_dir = base / f"data-{index}"
@@ -83,7 +83,11 @@ async def _sidecar(
             try:
                 await asyncio.wait_for(
                     capture_checkpoint(
-                        workspace, store, blobs, f"sb-{index}/main", data_dir=data_dir
+                        workspace,
+                        store,
+                        blobs,
+                        f"sb-{index}/main",
+                        CaptureOptions(data_dir=data_dir),
                     ),
                     CAPTURE_TIMEOUT_S,
                 )

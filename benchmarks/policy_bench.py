@@ -39,7 +39,7 @@ from pathlib import Path
 
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.codec import decode_entries
 from checkpointd.model import Policy
 from checkpointd.store import open_store
@@ -90,7 +90,11 @@ def capture_once(root: Path, data_dir: Path, policy: Policy) -> float:
         try:
             started = time.perf_counter()
             result = await capture_checkpoint(
-                root, store, open_blobs("memory://"), "bench", policy=policy, data_dir=data_dir
+                root,
+                store,
+                open_blobs("memory://"),
+                "bench",
+                CaptureOptions(policy=policy, data_dir=data_dir),
             )
             elapsed = time.perf_counter() - started
             paths = [entry.path for entry in result.checkpoint.files]

@@ -22,13 +22,13 @@ from typing import Any
 
 
 async def _capture(args: argparse.Namespace) -> dict[str, Any]:
-    from checkpointd import capture_checkpoint, open_blobs, open_store
+    from checkpointd import CaptureOptions, capture_checkpoint, open_blobs, open_store
 
     blobs = open_blobs(args.blobs)
     async with await open_store(args.store) as store:
         started = time.perf_counter()
         result = await capture_checkpoint(
-            args.workspace, store, blobs, args.thread, data_dir=args.data_dir
+            args.workspace, store, blobs, args.thread, CaptureOptions(data_dir=args.data_dir)
         )
         seconds = time.perf_counter() - started
     stats = result.stats

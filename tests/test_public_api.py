@@ -9,6 +9,7 @@ import checkpointd
 PROMISED = {
     "checkpointd": [
         "capture_checkpoint",
+        "CaptureOptions",
         "restore_checkpoint",
         "RestoreOptions",
         "sweep_blobs",

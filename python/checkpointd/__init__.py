@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "capture_checkpoint": "checkpointd.capture",
+    "CaptureOptions": "checkpointd.capture",
     "CaptureResult": "checkpointd.capture",
     "CaptureStats": "checkpointd.capture",
     "restore_checkpoint": "checkpointd.restore",
@@ -27,6 +28,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CaptureOptions",
     "CaptureResult",
     "CaptureStats",
     "RestoreOptions",
@@ -45,7 +47,7 @@ __all__ = [
 if TYPE_CHECKING:
     from .artifacts import upload_artifact
     from .blobs import open_blobs
-    from .capture import CaptureResult, CaptureStats, capture_checkpoint
+    from .capture import CaptureOptions, CaptureResult, CaptureStats, capture_checkpoint
     from .restore import RestoreOptions, restore_checkpoint
     from .store import open_instance_store, open_store
     from .sweep import SweepReport, prune, sweep_blobs

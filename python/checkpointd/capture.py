@@ -346,32 +346,16 @@ def _workspace_path(workspace_root: str | os.PathLike[str]) -> str:
     return root
 
 
-@os_errors_mapped
-async def capture_checkpoint(
-    workspace_root: str | os.PathLike[str],
-    store: CheckpointStore,
-    blobs: BlobStore,
-    thread_id: str,
-    *,
-    label: str | None = None,
-    policy: Policy | None = None,
-    secrets: SecretsArg = (),
-    conversation: Sequence[Any] = (),
-    artifacts: Sequence[Artifact] = (),
-    source_run_id: str | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    now: Callable[[], int] | None = None,
-    progress: ProgressCallback | None = None,
-    checkpoint_id: str | None = None,
-    cancel: _native.CancelToken | None = None,
-    workspace_subdir: str = "",
-    skip_if_unchanged: bool = False,
-    conversation_text: Sequence[str] | None = None,
-    reason: Reason | None = None,
-    unchanged_from: Checkpoint | None = None,
-    journal: WorkspaceJournal | None = None,
-) -> CaptureResult:
-    """Capture the workspace into a new checkpoint at the head of ``thread_id``.
+@dataclass(frozen=True)
+class CaptureOptions:
+    """How ``capture_checkpoint`` captures (every field optional).
+
+    ``label`` names the checkpoint; ``policy`` selects what is captured (the
+    default one when None) and is recorded with it; ``conversation``,
+    ``conversation_text``, ``artifacts`` and ``source_run_id`` are recorded as
+    given. ``data_dir``: where the stat cache lives (the default data dir when
+    None). ``now`` is the clock (ms since the epoch) and ``progress`` is called
+    with the capture's phases and counts.
 
     ``skip_if_unchanged``: when the scan finds the head's files (same paths,
     kinds, content, modes and link targets; mtimes alone do not count), the
@@ -392,10 +376,42 @@ async def capture_checkpoint(
     ``secrets`` is a sequence of byte strings or a mapping name → bytes; every
     occurrence is zeroed, and each file entry records where (``secrets``:
     offset, length, the name or index — never the value). The checkpoint
-    records the policy it was taken with (the default one when
-    None) and ``workspace_subdir``: the sub-root of ``workspace_root`` that is
+    records ``workspace_subdir``: the sub-root of the workspace root that is
     scanned, opened from the root one component at a time without following
-    links and held by fd (INVALID_PATH when that fails).
+    links and held by fd (INVALID_PATH when that fails). ``journal``: the
+    daemon's change journal of the workspace, which then directs the scan
+    (``checkpointd.journal``).
+    """
+
+    label: str | None = None
+    policy: Policy | None = None
+    secrets: SecretsArg = ()
+    conversation: Sequence[Any] = ()
+    artifacts: Sequence[Artifact] = ()
+    source_run_id: str | None = None
+    data_dir: str | os.PathLike[str] | None = None
+    now: Callable[[], int] | None = None
+    progress: ProgressCallback | None = None
+    checkpoint_id: str | None = None
+    cancel: _native.CancelToken | None = None
+    workspace_subdir: str = ""
+    skip_if_unchanged: bool = False
+    conversation_text: Sequence[str] | None = None
+    reason: Reason | None = None
+    unchanged_from: Checkpoint | None = None
+    journal: WorkspaceJournal | None = None
+
+
+@os_errors_mapped
+async def capture_checkpoint(
+    workspace_root: str | os.PathLike[str],
+    store: CheckpointStore,
+    blobs: BlobStore,
+    thread_id: str,
+    options: CaptureOptions | None = None,
+) -> CaptureResult:
+    """Capture the workspace into a new checkpoint at the head of ``thread_id``,
+    as ``options`` (``CaptureOptions``) say.
 
     Raises SandboxCheckpointInvalidIdError (bad thread or checkpoint id),
     SandboxCheckpointInvalidArgumentError (a secret shorter than 4 bytes, a
@@ -409,22 +425,33 @@ async def capture_checkpoint(
     changing while it was uploaded), BlobStoreError when the bucket fails, and
     ScanCancelled when ``cancel`` was cancelled.
     """
+    options = options or CaptureOptions()
+    label, conversation, conversation_text = (
+        options.label,
+        options.conversation,
+        options.conversation_text,
+    )
+    checkpoint_id, journal, unchanged_from = (
+        options.checkpoint_id,
+        options.journal,
+        options.unchanged_from,
+    )
     check_id(thread_id, "thread id")
     check_optional_id(checkpoint_id, "checkpoint id")
-    given_secrets = parse_secrets(secrets)
+    given_secrets = parse_secrets(options.secrets)
     checked_secrets = given_secrets.values
-    checked_artifacts = _check_artifacts(artifacts)
+    checked_artifacts = _check_artifacts(options.artifacts)
     workspace = _workspace_path(workspace_root)
-    subdir = _checked_subdir(workspace_subdir)
+    subdir = _checked_subdir(options.workspace_subdir)
     # The directory scanned: the sub-root when one is given (named by its
     # lexical path, reached only through fds; see SubRoot).
     root = os.path.join(workspace, subdir) if subdir else workspace
-    cache_path = stat_cache_path(resolve_data_dir(workspace, data_dir), workspace, subdir)
-    policy = policy if policy is not None else Policy()
-    clock = now if now is not None else _now_ms
+    cache_path = stat_cache_path(resolve_data_dir(workspace, options.data_dir), workspace, subdir)
+    policy = options.policy if options.policy is not None else Policy()
+    clock = options.now if options.now is not None else _now_ms
     new_id = checkpoint_id if checkpoint_id is not None else new_uuid7()
-    token = cancel if cancel is not None else _native.CancelToken()
-    reporter = PhaseReporter(progress)
+    token = options.cancel if options.cancel is not None else _native.CancelToken()
+    reporter = PhaseReporter(options.progress)
 
     reporter.phase("lease")
     lease = await store.acquire_writer(thread_id)
@@ -577,7 +604,7 @@ async def capture_checkpoint(
                     else None
                 )
                 if same is None and (
-                    skip_if_unchanged
+                    options.skip_if_unchanged
                     and parent is not None
                     and label is None
                     and _nothing_new(parent, manifest, conversation, checked_artifacts)
@@ -622,15 +649,15 @@ async def capture_checkpoint(
                 thread_id=thread_id,
                 parent_checkpoint_id=head_id,
                 created_at=created_at,
-                reason=reason or ("named" if label is not None else "automatic"),
+                reason=options.reason or ("named" if label is not None else "automatic"),
                 files=manifest,
                 conversation=tuple(conversation),
                 conversation_text=None if conversation_text is None else tuple(conversation_text),
                 artifacts=checked_artifacts,
                 label=label,
-                source_run_id=source_run_id,
+                source_run_id=options.source_run_id,
                 policy=policy,
-                workspace_subdir=workspace_subdir,
+                workspace_subdir=options.workspace_subdir,
             )
             keeper.check()
             await _append(store, checkpoint, head_id, lease, session)
@@ -1730,6 +1757,7 @@ def _apply_replacements(manifest: Manifest, replaced: dict[str, FileEntry | None
 
 __all__ = [
     "FILE_CHANGED",
+    "CaptureOptions",
     "CaptureResult",
     "CaptureStats",
     "PendingCheckpoint",

@@ -3,7 +3,7 @@
 The daemon keeps one :class:`WorkspaceJournal` per workspace (``serve --watch``):
 the native journal (``_native.Journal``: fanotify or inotify, see
 docs/design.md, "The change journal") records what changed since the last
-capture, and a capture given the journal (``capture_checkpoint(journal=...)``)
+capture, and a capture given the journal (``CaptureOptions(journal=...)``)
 examines only that, taking every other row from its parent — when it may:
 
 - the journal is trusted (it saw every change since a full scan; else its

@@ -27,7 +27,13 @@ from dataclasses import dataclass, replace
 
 from . import _native
 from .blobs.base import BlobStore
-from .capture import CaptureResult, PendingCheckpoint, ScannedTree, capture_checkpoint
+from .capture import (
+    CaptureOptions,
+    CaptureResult,
+    PendingCheckpoint,
+    ScannedTree,
+    capture_checkpoint,
+)
 from .manifest import Manifest, manifest_of
 from .model import Checkpoint, Policy, stash_thread_id
 from .restore import PlannedRestore
@@ -218,12 +224,14 @@ class StashBeforeApply:
             self.store,
             self.blobs,
             stash_thread_id(self.request.owner),
-            policy=stash_policy(planned.policy),
-            secrets=self.request.secrets,
-            data_dir=self.data_dir,
-            workspace_subdir=self.request.workspace_subdir,
-            reason="stash",
-            unchanged_from=step.compared,
+            CaptureOptions(
+                policy=stash_policy(planned.policy),
+                secrets=self.request.secrets,
+                data_dir=self.data_dir,
+                workspace_subdir=self.request.workspace_subdir,
+                reason="stash",
+                unchanged_from=step.compared,
+            ),
         )
         return None if result.unchanged else result
 

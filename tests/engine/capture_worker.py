@@ -12,7 +12,7 @@ import asyncio
 import sys
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.progress import Progress
 from checkpointd.store import open_store
 
@@ -32,7 +32,7 @@ async def main(store_url: str, blobs_url: str, workspace: str, data_dir: str) ->
             print(report.phase, flush=True)
 
     await capture_checkpoint(
-        workspace, store, blobs, "retry", data_dir=data_dir, progress=print_phase
+        workspace, store, blobs, "retry", CaptureOptions(data_dir=data_dir, progress=print_phase)
     )
     print("done", flush=True)
     await store.aclose()

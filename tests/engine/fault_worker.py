@@ -13,7 +13,7 @@ import os
 import sys
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import (
     SandboxCheckpointWriterConflictError,
     SandboxCheckpointWriterLostError,
@@ -63,7 +63,9 @@ async def main(mode: str, store_url: str, blobs_url: str, workspace: str, data_d
         counter += 1
         _change(workspace, counter)
         try:
-            await capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, store, blobs, "faults", CaptureOptions(data_dir=data_dir)
+            )
         except SandboxCheckpointWriterConflictError:
             await asyncio.sleep(0.05)  # the previous victim's lease has not expired yet
         except SandboxCheckpointWriterLostError:

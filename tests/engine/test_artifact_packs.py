@@ -16,7 +16,7 @@ import pytest
 
 from checkpointd.artifacts import upload_artifact
 from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.store._packindex import row_key
 from checkpointd.sweep import REFERENCED, iter_sweep_blobs, sweep_blobs
@@ -70,7 +70,11 @@ async def test_small_artifacts_are_packed_large_ones_stay_single(
 
     write_tree(workspace, {"src/a.py": b"print('a')\n", "copy.txt": same_as_a_file})
     first = await capture_checkpoint(
-        workspace, store, bucket, "t", data_dir=data_dir, artifacts=[small, twin, large]
+        workspace,
+        store,
+        bucket,
+        "t",
+        CaptureOptions(data_dir=data_dir, artifacts=[small, twin, large]),
     )
     assert first.stats.blobs_uploaded >= 2
     packed = PackedBlobStore(bucket, store)
@@ -105,7 +109,7 @@ async def test_small_artifacts_are_packed_large_ones_stay_single(
     # and holds the file; the first thread goes. The rows stay while used.
     write_tree(workspace, {"copy.txt": b"changed\n"})
     second = await capture_checkpoint(
-        workspace, store, bucket, "u", data_dir=data_dir, artifacts=[small, twin]
+        workspace, store, bucket, "u", CaptureOptions(data_dir=data_dir, artifacts=[small, twin])
     )
     assert second.stats.blobs_uploaded == 1  # the changed copy.txt only
     await _drop_head(store, "t")
@@ -136,7 +140,9 @@ async def test_an_artifact_whose_bytes_are_not_its_key_is_not_packed(
     await bucket.delete(artifact.blob_key)
     await bucket.put(artifact.blob_key, b"other bytes", if_absent=False)
     write_tree(workspace, {"a.txt": b"a"})
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir, artifacts=[artifact])
+    await capture_checkpoint(
+        workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir, artifacts=[artifact])
+    )
     assert await PackedBlobStore(bucket, store).locate([artifact.blob_key]) == {}
     report = await check_store(store, bucket, read_data=True)
     assert {f.key for f in report.findings} == {artifact.blob_key}
@@ -154,7 +160,11 @@ async def test_migrate_packs_the_small_artifacts_of_an_old_store(
     twin = await upload_artifact(bucket, "twin.txt", "text/plain", shared)
     write_tree(workspace, {"a.txt": b"a" * 100, "twin.txt": shared})
     await capture_checkpoint(
-        workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir, artifacts=[note, twin]
+        workspace,
+        _StoreBeforePacks(store),
+        bucket,
+        "t",
+        CaptureOptions(data_dir=data_dir, artifacts=[note, twin]),
     )
     packed = PackedBlobStore(bucket, store)
     assert await packed.locate([note.blob_key, twin.blob_key]) == {}
@@ -206,7 +216,7 @@ async def test_upload_artifact_given_the_store_packs_a_small_one_at_once(
     # A capture that names it appends with it packed (nothing to read or pack).
     write_tree(workspace, {"a.txt": b"a"})
     done = await capture_checkpoint(
-        workspace, store, bucket, "t", data_dir=data_dir, artifacts=[artifact]
+        workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir, artifacts=[artifact])
     )
     assert done.checkpoint.artifacts == (artifact,)
     used = await sweep_blobs(store, bucket, 0, now=_later)
@@ -228,7 +238,7 @@ async def test_a_sweep_that_listed_the_packs_before_an_artifact_was_packed_keeps
 ) -> None:
     # A capture of small files only: its pack is the one object in the bucket.
     write_tree(workspace, {"a.txt": b"a" * 100, "b.txt": b"b" * 200})
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     packed = PackedBlobStore(bucket, store)
     uploaded = None
     # (Anything unused for a minute goes: the new pack is younger than that.)

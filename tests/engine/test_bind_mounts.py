@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -65,7 +65,9 @@ async def test_capture_reports_a_bind_mount_unless_excluded(
     write_tree(workspace, {"ok.txt": b"fine", "dir/keep.txt": b"k"})
     with bind_mount(outside, workspace / "dir" / "bound"):
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         assert raised.value.code == UNSUPPORTED_ENTRY
         assert raised.value.details["paths"] == ["dir/bound"]
         assert "mount-point" in str(raised.value)
@@ -74,8 +76,7 @@ async def test_capture_reports_a_bind_mount_unless_excluded(
             memory_store,
             memory_blobs,
             "t",
-            data_dir=data_dir,
-            policy=Policy(exclude=("/dir/bound",)),
+            CaptureOptions(data_dir=data_dir, policy=Policy(exclude=("/dir/bound",))),
         )
     paths = [e.path for e in result.checkpoint.files]
     assert paths == ["dir", "dir/keep.txt", "ok.txt"]
@@ -85,7 +86,9 @@ async def test_restore_never_deletes_through_a_bind_mount(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, outside: Path
 ) -> None:
     write_tree(workspace, {"keep.txt": b"k"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Paths the checkpoint lacks: a bind mount at the top, and one beneath a
     # directory the restore deletes (remove_tree's walk).
     write_tree(workspace, {"doomed/other.txt": b"goes"})
@@ -110,7 +113,9 @@ async def test_restore_never_writes_into_a_bind_mount(
 ) -> None:
     # The checkpoint holds a directory where the bind mount will stand.
     write_tree(workspace, {"bound/precious.txt": b"the checkpoint's", "bound/new.txt": b"n"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     shutil.rmtree(workspace / "bound")
     before = snapshot_tree(outside)
     with bind_mount(outside, workspace / "bound"):

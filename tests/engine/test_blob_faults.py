@@ -9,7 +9,7 @@ from typing import Any
 import blake3
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
 from checkpointd.model import Checkpoint, FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -44,7 +44,9 @@ async def test_bad_blob_fails_restore_and_leaves_workspace_untouched(
         workspace,
         {"a.txt": b"version one of a", "dir/b.bin": os.urandom(5000), "same.txt": b"same"},
     )
-    captured = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    captured = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # The live workspace moves on: a changed file, a new file, a deleted one.
     (workspace / "a.txt").write_bytes(b"version two of a, longer")
     (workspace / "new.txt").write_bytes(b"new")

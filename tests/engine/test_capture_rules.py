@@ -14,7 +14,7 @@ import pytest
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import FILE_CHANGED, capture_checkpoint
+from checkpointd.capture import FILE_CHANGED, CaptureOptions, capture_checkpoint
 from checkpointd.errors import (
     MISSING_CHECKPOINT,
     UNSUPPORTED_ENTRY,
@@ -60,14 +60,16 @@ async def test_writer_conflict_fails_fast_for_capture_and_restore(
     lease = await store.acquire_writer("t")
     try:
         with pytest.raises(SandboxCheckpointWriterConflictError):
-            await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         with pytest.raises(SandboxCheckpointWriterConflictError):
             await restore_checkpoint(
                 workspace, store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
             )
     finally:
         await lease.release()
-    await capture_checkpoint(workspace, store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, memory_blobs, "t", CaptureOptions(data_dir=data_dir))
 
 
 async def test_unsupported_entries_are_all_listed_unless_excluded(
@@ -76,7 +78,9 @@ async def test_unsupported_entries_are_all_listed_unless_excluded(
     write_tree(workspace, {"ok.txt": b"ok", "links/out": "../../elsewhere", "links/abs": "/etc"})
     os.mkfifo(workspace / "pipe")
     with pytest.raises(SandboxSnapshotError) as caught:
-        await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     assert caught.value.code == UNSUPPORTED_ENTRY
     assert sorted(caught.value.details["paths"]) == ["links/abs", "links/out", "pipe"]
     for path in ("links/abs", "links/out", "pipe"):
@@ -85,7 +89,7 @@ async def test_unsupported_entries_are_all_listed_unless_excluded(
 
     policy = Policy(exclude=("links/", "pipe"))
     result = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", policy=policy, data_dir=data_dir
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(policy=policy, data_dir=data_dir)
     )
     assert [entry.path for entry in result.checkpoint.files] == ["ok.txt"]
 
@@ -96,7 +100,9 @@ async def test_data_dir_inside_the_workspace_is_refused(
     (tmp_path / "via-link").symlink_to(workspace)
     for data_dir in (workspace, workspace / "state", tmp_path / "via-link" / "state"):
         with pytest.raises(SandboxCheckpointInvalidArgumentError):
-            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         with pytest.raises(SandboxCheckpointInvalidArgumentError):
             await restore_checkpoint(
                 workspace, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)
@@ -109,7 +115,9 @@ async def test_invalid_ids(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, bad: str
 ) -> None:
     with pytest.raises(SandboxCheckpointInvalidIdError):
-        await capture_checkpoint(workspace, memory_store, memory_blobs, bad, data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, memory_store, memory_blobs, bad, CaptureOptions(data_dir=data_dir)
+        )
     with pytest.raises(SandboxCheckpointInvalidIdError):
         await restore_checkpoint(
             workspace, memory_store, memory_blobs, bad, RestoreOptions(data_dir=data_dir)
@@ -128,7 +136,7 @@ async def test_missing_checkpoint_unknown_or_of_another_thread(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
     other = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "other", data_dir=data_dir
+        workspace, memory_store, memory_blobs, "other", CaptureOptions(data_dir=data_dir)
     )
     for thread, checkpoint_id in (("t", "nope"), ("t", other.checkpoint.id), ("other", "nope")):
         with pytest.raises(SandboxSnapshotError) as caught:
@@ -146,13 +154,21 @@ async def test_ids_are_uuid7_and_created_at_never_below_the_parent(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
     first = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, now=lambda: 5_000
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, now=lambda: 5_000),
     )
     assert first.checkpoint.created_at == 5_000
     assert first.checkpoint.id[14] == "7" and len(first.checkpoint.id) == 36
     # A clock that went backwards still yields a later checkpoint.
     second = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, now=lambda: 1_000
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, now=lambda: 1_000),
     )
     assert second.checkpoint.created_at == 5_001
     assert [c.id for c in await memory_store.list("t")] == [
@@ -166,11 +182,19 @@ async def test_a_retry_with_the_same_checkpoint_id_returns_the_first(
 ) -> None:
     write_tree(workspace, {"a": b"a"})
     first = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, checkpoint_id="req-1"
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, checkpoint_id="req-1"),
     )
     (workspace / "a").write_bytes(b"changed")
     again = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, checkpoint_id="req-1"
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, checkpoint_id="req-1"),
     )
     assert again.checkpoint == first.checkpoint
     assert again.stats.blobs_uploaded == 0
@@ -200,7 +224,11 @@ async def test_file_changed_during_upload_is_hashed_again_never_stored_torn(
 
     blobs = BeforeUpload(memory_blobs, change_big)
     result = await capture_checkpoint(
-        workspace, memory_store, blobs, "t", data_dir=data_dir, progress=change_small
+        workspace,
+        memory_store,
+        blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, progress=change_small),
     )
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
     assert set(files) == {"small.txt", "big.bin", "gone.txt"}
@@ -232,7 +260,9 @@ async def test_file_that_keeps_changing_is_reported(
 
     blobs = BeforeUpload(memory_blobs, keep_writing)
     with pytest.raises(SandboxSnapshotError) as caught:
-        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     assert caught.value.code == FILE_CHANGED
     assert caught.value.details["paths"] == ["busy.log"]
     assert await memory_store.get_head("t") is None
@@ -246,7 +276,9 @@ async def test_lease_is_renewed_while_uploads_take_longer_than_it_lasts(
         f"sqlite:///{tmp_path / 's.db'}", lease_duration_ms=1000, renew_after_ms=100
     ) as store:
         blobs = SlowPuts(open_blobs("memory://"), delay=1.5)
-        result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        result = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert result.stats.blobs_uploaded == 3
         assert result.stats.duration_ms >= 1500
         assert await store.get_head("t") == result.checkpoint.id
@@ -258,7 +290,7 @@ async def test_cancelled_capture_releases_its_lease_and_appends_nothing(
     write_tree(workspace, {"a": b"a"})
     blobs = SlowPuts(open_blobs("memory://"), delay=30)
     task = asyncio.create_task(
-        capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        capture_checkpoint(workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir))
     )
     await asyncio.wait_for(blobs.put_started.wait(), 10)
     task.cancel()
@@ -277,7 +309,11 @@ async def test_a_cancelled_token_stops_the_capture(
     token.cancel()
     with pytest.raises(_native.ScanCancelled):
         await capture_checkpoint(
-            workspace, memory_store, memory_blobs, "t", data_dir=data_dir, cancel=token
+            workspace,
+            memory_store,
+            memory_blobs,
+            "t",
+            CaptureOptions(data_dir=data_dir, cancel=token),
         )
     assert await memory_store.get_head("t") is None
     lease = await memory_store.acquire_writer("t")
@@ -290,7 +326,11 @@ async def test_progress_reports_every_phase_in_order(
     write_tree(workspace, {"a.txt": b"a" * 10, "b/c.txt": b"c" * 20})
     reports: list[Progress] = []
     await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=reports.append
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, progress=reports.append),
     )
     phases = list(dict.fromkeys(report.phase for report in reports))
     assert phases == ["lease", "scan", "pin", "upload", "append"]
@@ -331,7 +371,9 @@ async def test_restore_apply_progress_counts_files_and_bytes_written(
             "link": "same.txt",
         },
     )
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     (workspace / "old/a.txt").write_bytes(b"changed")
     (workspace / "old/b.txt").unlink()
     (workspace / "mode.txt").chmod(0o600)
@@ -396,8 +438,7 @@ async def test_cancelling_during_the_scan_stops_it_and_releases_the_lease(
                 memory_store,
                 memory_blobs,
                 "t",
-                data_dir=data_dir,
-                progress=cancel_when_scanning,
+                CaptureOptions(data_dir=data_dir, progress=cancel_when_scanning),
             )
         )
     )

@@ -17,7 +17,7 @@ import pytest
 
 from checkpointd import open_blobs, open_store
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
@@ -48,8 +48,7 @@ async def _warm_stat_cache(workspace: Path, data_dir: Path, secrets: Any = ()) -
             elsewhere,
             open_blobs("memory://"),
             "warm",
-            data_dir=data_dir,
-            secrets=secrets,
+            CaptureOptions(data_dir=data_dir, secrets=secrets),
         )
 
 
@@ -73,7 +72,7 @@ async def test_a_file_changed_before_its_upload_is_read_once_more(
 
     before = _bytes_read()
     result = await capture_checkpoint(
-        workspace, memory_store, blobs, "t", data_dir=data_dir, progress=change
+        workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir, progress=change)
     )
     read = _bytes_read() - before
     assert changed
@@ -133,9 +132,7 @@ async def test_a_large_file_changed_before_its_upload_is_read_once_more(
         memory_store,
         blobs,
         "t",
-        data_dir=data_dir,
-        progress=change,
-        secrets=[secret],
+        CaptureOptions(data_dir=data_dir, progress=change, secrets=[secret]),
     )
     read = _bytes_read() - before
     assert changed
@@ -181,7 +178,11 @@ async def test_a_large_file_that_keeps_changing_is_reported_and_no_torn_blob_sta
     try:
         with pytest.raises(SandboxSnapshotError) as caught:
             await capture_checkpoint(
-                workspace, memory_store, blobs, "t", data_dir=data_dir, progress=start_writing
+                workspace,
+                memory_store,
+                blobs,
+                "t",
+                CaptureOptions(data_dir=data_dir, progress=start_writing),
             )
     finally:
         stop.set()
@@ -210,7 +211,7 @@ async def test_a_store_that_names_objects_first_gets_a_changed_large_file_hashed
             (workspace / "big.bin").write_bytes(new)
 
     result = await capture_checkpoint(
-        workspace, memory_store, blobs, "t", data_dir=data_dir, progress=change
+        workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir, progress=change)
     )
     entry = next(e for e in result.checkpoint.files if isinstance(e, FileEntry))
     assert entry.blob_key == _key(new)

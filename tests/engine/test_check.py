@@ -15,7 +15,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import (
     CORRUPT,
     COUNT_MISMATCH,
@@ -62,7 +62,9 @@ async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> N
     data_dir = tmp_path / "data"
     store = await open_store(store_url)
     try:
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         lost = _key_of(first.checkpoint, "src/lost.py")
         clean = await check_store(store, blobs)
         assert clean.summary is not None and clean.summary.ok and clean.findings == []
@@ -79,7 +81,9 @@ async def _lost_blob_round_trip(tmp_path: Path, store_url: str, blobs: Any) -> N
         assert await store.list_missing_blobs() == sorted(gone)
 
         # The parent uses the keys, but the capture does not trust them: uploaded again.
-        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        second = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert second.stats.blobs_uploaded == 2
         assert await stored.missing([lost]) == []
         assert await store.list_missing_blobs() == []
@@ -124,12 +128,16 @@ async def test_a_changed_file_is_not_uploaded_under_the_lost_key(tmp_path: Path)
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     store = await open_store(f"sqlite://{tmp_path / 'store.db'}")
     try:
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=tmp_path / "d")
+        )
         lost = _key_of(first.checkpoint, "a.txt")
         assert await _lose(store, blobs, lost) == {lost}
         await check_store(store, blobs)
         (workspace / "a.txt").write_text("new bytes")
-        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        second = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=tmp_path / "d")
+        )
         assert _key_of(second.checkpoint, "a.txt") != lost
         assert await packed_blobs(blobs, store).missing([lost]) == [lost]
         assert await store.list_missing_blobs() == [lost]
@@ -187,8 +195,12 @@ async def test_damaged_counts_are_reported_and_repaired(
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     store = await open_store(url)
     try:
-        done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
-        await capture_checkpoint(workspace, store, blobs, "u", data_dir=tmp_path / "d")
+        done = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=tmp_path / "d")
+        )
+        await capture_checkpoint(
+            workspace, store, blobs, "u", CaptureOptions(data_dir=tmp_path / "d")
+        )
         a, b = _key_of(done.checkpoint, "a.txt"), _key_of(done.checkpoint, "b.txt")
         bogus = "sandbox-files/blake3/" + "ab" * 32
         await _damage_counts(url, a, b, bogus)
@@ -227,7 +239,9 @@ async def test_read_data_finds_changed_bytes(tmp_path: Path) -> None:
     blobs = open_blobs(f"file://{blob_dir}")
     store = await open_store(f"sqlite://{tmp_path / 'store.db'}")
     try:
-        done = await capture_checkpoint(workspace, store, blobs, "t", data_dir=tmp_path / "d")
+        done = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=tmp_path / "d")
+        )
         same = _key_of(done.checkpoint, "same-size.txt")
         shorter = _key_of(done.checkpoint, "shorter.txt")
         # Both rest in one pack: the earlier frame gets other bytes of its size
@@ -296,7 +310,9 @@ async def test_check_drops_the_rows_of_a_lost_pack_so_a_new_capture_uploads_agai
     for n in range(20):
         (workspace / "src" / f"m{n}.py").write_text(f"def f{n}():\n    return {n}\n" * 20)
     data_dir = tmp_path / "data"
-    first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     keys = sorted({e.blob_key for e in first.checkpoint.files if getattr(e, "blob_key", None)})
     [pack] = {row.pack for row in (await store.locate_blobs(keys)).values() if row is not None}
     await blobs.delete(pack)
@@ -310,7 +326,9 @@ async def test_check_drops_the_rows_of_a_lost_pack_so_a_new_capture_uploads_agai
     again = await check_store(store, blobs)  # the same findings, nothing else to drop
     assert _kinds(again) == {MISSING: set(keys)}
 
-    second = await capture_checkpoint(workspace, store, blobs, "u", data_dir=data_dir)
+    second = await capture_checkpoint(
+        workspace, store, blobs, "u", CaptureOptions(data_dir=data_dir)
+    )
     assert second.stats.blobs_uploaded == len(keys)
     assert await store.list_missing_blobs() == []
     after = await check_store(store, blobs, read_data=True)
@@ -371,7 +389,9 @@ async def test_repair_keeps_the_healthy_blobs_of_a_pack_with_a_damaged_frame(
         (workspace / "src" / f"m{n}.py").write_text(f"def f{n}():\n    return {n}\n" * 20)
     (workspace / "src" / "victim.py").write_text("the frame of these bytes will rot\n" * 30)
     data_dir = tmp_path / "data"
-    first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     keys = sorted({e.blob_key for e in first.checkpoint.files if getattr(e, "blob_key", None)})
     victim = _key_of(first.checkpoint, "src/victim.py")
     row = (await store.locate_blobs([victim]))[victim]
@@ -400,7 +420,9 @@ async def test_repair_keeps_the_healthy_blobs_of_a_pack_with_a_damaged_frame(
     stored = packed_blobs(blobs, store)
     assert len(await stored.get_many(healthy)) == len(healthy)  # each checked against its key
 
-    second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    second = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert second.stats.blobs_uploaded == 1
     assert await store.list_missing_blobs() == []
     after = await check_store(store, blobs, read_data=True)
@@ -431,7 +453,9 @@ async def test_check_names_every_damaged_checkpoint_and_goes_on(tmp_path: Path) 
     for thread in ("a", "b"):
         for n in range(2):
             (workspace / "changing.txt").write_text(f"{thread} {n}\n")
-            done = await capture_checkpoint(workspace, store, blobs, thread, data_dir=data_dir)
+            done = await capture_checkpoint(
+                workspace, store, blobs, thread, CaptureOptions(data_dir=data_dir)
+            )
             made.setdefault(thread, []).append(done.checkpoint.id)
     lost = _key_of(done.checkpoint, "f0.txt")  # used by readable checkpoints too
     await store.aclose()

@@ -16,7 +16,7 @@ from checkpointd import chunks
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobStore
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.errors import SandboxSnapshotError
 from checkpointd.model import FileEntry
@@ -74,7 +74,7 @@ def chunk_keys(entry: FileEntry) -> set[str]:
 
 
 async def capture(ws: Path, store, bucket, data: Path, **kwargs):
-    return await capture_checkpoint(ws, store, bucket, "t", data_dir=data, **kwargs)
+    return await capture_checkpoint(ws, store, bucket, "t", CaptureOptions(data_dir=data, **kwargs))
 
 
 @pytest.mark.parametrize(

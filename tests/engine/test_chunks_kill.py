@@ -17,7 +17,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -34,7 +34,7 @@ LEASE = {"lease_duration_ms": 300, "renew_after_ms": 100}
 WORKER = """
 import asyncio, random, sys
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -49,7 +49,7 @@ async def main():
                     with open(ws + "/big", "r+b") as f:
                         f.seek(random.randrange(0, 8 << 20))
                         f.write(random.randbytes(4096))
-                    await capture_checkpoint(ws, store, blobs, "t", data_dir=data)
+                    await capture_checkpoint(ws, store, blobs, "t", CaptureOptions(data_dir=data))
                 else:
                     await restore_checkpoint(ws, store, blobs, "t", RestoreOptions(data_dir=data))
             except SandboxCheckpointWriterConflictError:
@@ -122,7 +122,7 @@ async def test_a_chunked_capture_killed_anywhere_leaves_a_consistent_store(
     # Running again completes: the workspace as it is now round-trips.
     async with await open_store(f"sqlite:///{tmp_path}/store.db", **LEASE) as store:
         blobs = open_blobs(f"file://{tmp_path}/blobs")
-        await capture_checkpoint(ws, store, blobs, "t", data_dir=data)
+        await capture_checkpoint(ws, store, blobs, "t", CaptureOptions(data_dir=data))
         await restore_checkpoint(
             tmp_path / "out", store, blobs, "t", RestoreOptions(data_dir=tmp_path / "d2")
         )
@@ -166,7 +166,9 @@ async def test_a_sweep_during_chunked_captures_never_loses_a_chunk(chunked, tmp_
         for _ in range(4):
             _edit(ws / "big", rng)
             capture = asyncio.ensure_future(
-                capture_checkpoint(ws, store, blobs, "t", data_dir=tmp_path / "data")
+                capture_checkpoint(
+                    ws, store, blobs, "t", CaptureOptions(data_dir=tmp_path / "data")
+                )
             )
             while not capture.done():
                 await sweep_blobs(store, blobs, 0)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from checkpointd import (
+    CaptureOptions,
     RestoreOptions,
     capture_checkpoint,
     open_blobs,
@@ -41,7 +42,11 @@ async def test_a_dozen_concurrent_captures_all_finish(tmp_path: Path) -> None:
             asyncio.gather(
                 *(
                     capture_checkpoint(
-                        root, store, blobs, f"t{index}", data_dir=tmp_path / f"data{index}"
+                        root,
+                        store,
+                        blobs,
+                        f"t{index}",
+                        CaptureOptions(data_dir=tmp_path / f"data{index}"),
                     )
                     for index, root in enumerate(roots)
                 )

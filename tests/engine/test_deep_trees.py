@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
@@ -31,7 +31,9 @@ async def test_capture_refuses_a_chain_deeper_than_the_limit(
     make_chain(workspace, MAX_DEPTH + 20)
     try:
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
     finally:
         remove_chain(workspace)
     assert raised.value.code == UNSUPPORTED_ENTRY
@@ -46,7 +48,9 @@ async def test_capture_names_a_path_too_long_in_a_short_message(
     make_chain(workspace, 20, name=long)
     try:
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
     finally:
         remove_chain(workspace, name=long)
     deepest = next(n for n in range(1, 21) if len(chain_path(n, long)) > MAX_PATH_BYTES)
@@ -64,7 +68,9 @@ async def test_restore_leaves_a_chain_deeper_than_the_limit_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     write_tree(workspace, {"ok.txt": b"fine"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     (workspace / "ok.txt").write_bytes(b"changed")
     make_chain(workspace, MAX_DEPTH + 20)
     try:

@@ -15,7 +15,7 @@ import pytest
 from checkpointd import errors
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobStoreError
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -31,7 +31,9 @@ async def test_restore_into_a_full_filesystem_is_no_space(
 ) -> None:
     workspace = tmp_path / "ws"
     write_tree(workspace, {"big.bin": os.urandom(3 << 20), "small.txt": b"small"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     with small_tmpfs(tmp_path / "full") as full:
         (full / "keep.txt").write_bytes(b"already here")
         before = snapshot_tree(full)
@@ -56,7 +58,9 @@ async def test_capture_into_a_full_bucket_is_no_space(
         # The engine raises the bucket's error (BlobStoreError, as documented);
         # the daemon's one status map tells a full disk from an outage.
         with pytest.raises(BlobStoreError) as caught:
-            await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
     code, reason, message, metadata = classify(caught.value)
     assert (code.name, reason) == ("RESOURCE_EXHAUSTED", errors.NO_SPACE), message
     assert str(bucket) in metadata["path"]
@@ -115,7 +119,11 @@ async def test_a_file_appended_to_during_capture_is_file_changed(
     try:
         with pytest.raises(SandboxSnapshotError) as caught:
             await capture_checkpoint(
-                workspace, store, open_blobs(f"file://{tmp_path / 'b'}"), "t", data_dir=data_dir
+                workspace,
+                store,
+                open_blobs(f"file://{tmp_path / 'b'}"),
+                "t",
+                CaptureOptions(data_dir=data_dir),
             )
         assert caught.value.code == errors.FILE_CHANGED
         named = caught.value.details.get("paths") or [caught.value.details.get("path")]

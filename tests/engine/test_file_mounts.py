@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -76,7 +76,9 @@ async def test_capture_refuses_a_mounted_file_unless_excluded(
     write_tree(workspace, {"ok.txt": b"fine", "etc/keep.txt": b"k"})
     with bind_mount_file(outside, workspace / "etc" / "config.json"):
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         assert raised.value.code == UNSUPPORTED_ENTRY
         assert raised.value.details["paths"] == ["etc/config.json"]
         assert "mount-point" in str(raised.value)
@@ -85,8 +87,7 @@ async def test_capture_refuses_a_mounted_file_unless_excluded(
             memory_store,
             memory_blobs,
             "t",
-            data_dir=data_dir,
-            policy=Policy(exclude=("/etc/config.json",)),
+            CaptureOptions(data_dir=data_dir, policy=Policy(exclude=("/etc/config.json",))),
         )
     paths = [e.path for e in result.checkpoint.files]
     assert paths == ["etc", "etc/keep.txt", "ok.txt"]
@@ -98,7 +99,9 @@ async def test_restore_never_sets_a_mounted_files_mode_or_mtime(
     # The checkpoint's file has the outside file's bytes, another mode and mtime.
     write_tree(workspace, {"config.json": outside.read_bytes(), "keep.txt": b"k"})  # noqa: ASYNC240
     os.chmod(workspace / "config.json", 0o600)
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     os.unlink(workspace / "config.json")
     before = _state(outside)
     assert before[2] != PAST_NS
@@ -115,7 +118,9 @@ async def test_restore_leaves_a_mounted_file_the_checkpoint_lacks(
     memory_store: Any, memory_blobs: Any, workspace: Path, data_dir: Path, outside: Path
 ) -> None:
     write_tree(workspace, {"keep.txt": b"k"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     (workspace / "keep.txt").write_bytes(b"changed")
     before = _state(outside)
     with bind_mount_file(outside, workspace / "dir" / "mounted.json"):
@@ -132,7 +137,11 @@ async def test_restore_writes_no_secret_into_a_mounted_file(
 ) -> None:
     write_tree(workspace, {"app.ini": b"token=" + TOKEN, "keep.txt": b"k"})
     await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", secrets={"TOKEN": TOKEN}, data_dir=data_dir
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(secrets={"TOKEN": TOKEN}, data_dir=data_dir),
     )
     # The outside file holds the checkpoint's bytes: zeros where the secret was.
     outside.write_bytes(b"token=" + bytes(len(TOKEN)))  # noqa: ASYNC240

@@ -17,7 +17,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -107,7 +107,9 @@ async def test_capture_killed_at_random_points(tmp_path: Path) -> None:
         assert checkpoints, "no capture finished in any run: the kills came too early"
         # The last victim's lease expires; then a capture succeeds and restores.
         result = await _retry_while_leased(
-            lambda: capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+            lambda: capture_checkpoint(
+                workspace, store, blobs, "faults", CaptureOptions(data_dir=data_dir)
+            )
         )
         assert result.checkpoint.parent_checkpoint_id == checkpoints[-1].id
         await _assert_every_reference_present(store, blobs)
@@ -137,7 +139,7 @@ async def test_restore_killed_then_run_again_completes(tmp_path: Path) -> None:
     blobs = open_blobs(blobs_url)
     rng = random.Random(99)
     try:
-        await capture_checkpoint(source, store, blobs, "faults", data_dir=data_dir)
+        await capture_checkpoint(source, store, blobs, "faults", CaptureOptions(data_dir=data_dir))
         interrupted = 0
         for attempt in range(RESTORE_KILLS):
             # Start from a different tree each time so there is much to change.

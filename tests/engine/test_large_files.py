@@ -20,7 +20,7 @@ import blake3
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import HELD_FILES, capture_checkpoint
+from checkpointd.capture import HELD_FILES, CaptureOptions, capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -62,7 +62,7 @@ async def test_a_large_file_rewritten_after_the_scan_with_its_mtime_set_back_is_
             rewrites.append(1)
 
     result = await capture_checkpoint(
-        workspace, store, BeforeUpload(blobs, rewrite), "t", data_dir=data_dir
+        workspace, store, BeforeUpload(blobs, rewrite), "t", CaptureOptions(data_dir=data_dir)
     )
     assert rewrites
     entry = next(e for e in result.checkpoint.files if e.path == "big.bin")
@@ -95,7 +95,7 @@ async def test_a_large_file_swapped_for_a_symlink_after_the_scan_reads_nothing_o
 
     with pytest.raises(SandboxSnapshotError) as caught:
         await capture_checkpoint(
-            workspace, store, BeforeUpload(blobs, swap), "t", data_dir=data_dir
+            workspace, store, BeforeUpload(blobs, swap), "t", CaptureOptions(data_dir=data_dir)
         )
     assert swapped
     # The fd the scan opened inside was unlinked (its ctime moved): the path
@@ -122,7 +122,7 @@ async def test_a_large_file_replaced_by_a_regular_file_after_the_scan_records_th
             os.replace(workspace / "doc.bin.tmp", workspace / "doc.bin")
 
     result = await capture_checkpoint(
-        workspace, memory_store, BeforeUpload(blobs, save), "t", data_dir=data_dir
+        workspace, memory_store, BeforeUpload(blobs, save), "t", CaptureOptions(data_dir=data_dir)
     )
     entry = next(e for e in result.checkpoint.files if e.path == "doc.bin")
     assert isinstance(entry, FileEntry)
@@ -148,7 +148,7 @@ async def test_large_files_with_secrets_round_trip(
     expected = snapshot_tree(workspace)
     secrets = {"TOKEN": token, "PASSWORD": password}
     result = await capture_checkpoint(
-        workspace, store, blobs, "t", secrets=secrets, data_dir=data_dir
+        workspace, store, blobs, "t", CaptureOptions(secrets=secrets, data_dir=data_dir)
     )
     assert result.stats.blobs_uploaded == 3
     for entry in result.checkpoint.files:
@@ -170,7 +170,7 @@ _LOW_FD_CAPTURE = textwrap.dedent(
     """
     import asyncio, os, resource, sys
     from checkpointd.blobs import open_blobs
-    from checkpointd.capture import capture_checkpoint
+    from checkpointd.capture import CaptureOptions, capture_checkpoint
     from checkpointd.store import open_store
 
     limit, workspace, store_url, blobs_url, data_dir = sys.argv[1:6]
@@ -179,7 +179,7 @@ _LOW_FD_CAPTURE = textwrap.dedent(
     async def main():
         async with await open_store(store_url) as store:
             result = await capture_checkpoint(
-                workspace, store, open_blobs(blobs_url), "t", data_dir=data_dir
+                workspace, store, open_blobs(blobs_url), "t", CaptureOptions(data_dir=data_dir)
             )
             print(result.stats.blobs_uploaded, len(os.listdir("/proc/self/fd")))
 

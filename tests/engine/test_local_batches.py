@@ -14,7 +14,7 @@ import pytest
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import BATCH_FILES, FILE_CHANGED, capture_checkpoint
+from checkpointd.capture import BATCH_FILES, FILE_CHANGED, CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
@@ -65,7 +65,7 @@ async def _warm_stat_cache(workspace: Path, data_dir: Path) -> None:
     its bytes handed straight to the upload)."""
     async with await open_store("memory://") as elsewhere:
         await capture_checkpoint(
-            workspace, elsewhere, open_blobs("memory://"), "warm", data_dir=data_dir
+            workspace, elsewhere, open_blobs("memory://"), "warm", CaptureOptions(data_dir=data_dir)
         )
 
 
@@ -77,7 +77,9 @@ async def test_many_small_files_in_several_batches_round_trip(
     files = {f"d{n % 13}/f{n}.txt": f"content {n // 3 * 3}".encode() for n in range(count)}
     files["empty"] = b""
     write_tree(workspace, files)
-    first = await capture_checkpoint(workspace, memory_store, file_blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, memory_store, file_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     distinct = set(files.values())
     assert first.stats.blobs_uploaded == len(distinct)
     assert first.stats.bytes_uploaded == sum(len(data) for data in distinct)
@@ -85,7 +87,9 @@ async def test_many_small_files_in_several_batches_round_trip(
     assert _stored_blobs(tmp_path / "blobs") == {_key(data): data for data in distinct}
 
     # Another thread (no parent to trust) finds every blob already there.
-    again = await capture_checkpoint(workspace, memory_store, file_blobs, "u", data_dir=data_dir)
+    again = await capture_checkpoint(
+        workspace, memory_store, file_blobs, "u", CaptureOptions(data_dir=data_dir)
+    )
     assert again.stats.blobs_uploaded == 0
 
     restored = tmp_path / "restored"
@@ -109,7 +113,11 @@ async def test_file_changed_during_a_batch_is_hashed_again_never_stored_torn(
             (workspace / "gone.txt").unlink()
 
     result = await capture_checkpoint(
-        workspace, memory_store, file_blobs, "t", data_dir=data_dir, progress=change_files
+        workspace,
+        memory_store,
+        file_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, progress=change_files),
     )
     files = {e.path: e for e in result.checkpoint.files if isinstance(e, FileEntry)}
     assert set(files) == {"small.txt", *others}
@@ -139,7 +147,11 @@ async def test_a_file_that_keeps_changing_is_reported(
 
     with pytest.raises(SandboxSnapshotError) as caught:
         await capture_checkpoint(
-            workspace, memory_store, file_blobs, "t", data_dir=data_dir, progress=keep_writing
+            workspace,
+            memory_store,
+            file_blobs,
+            "t",
+            CaptureOptions(data_dir=data_dir, progress=keep_writing),
         )
     assert caught.value.code == FILE_CHANGED
     assert caught.value.details["paths"] == ["busy.log"]
@@ -163,9 +175,7 @@ async def test_a_token_cancelled_during_uploads_stops_the_batches(
             memory_store,
             file_blobs,
             "t",
-            data_dir=data_dir,
-            progress=cancel_at_upload,
-            cancel=token,
+            CaptureOptions(data_dir=data_dir, progress=cancel_at_upload, cancel=token),
         )
     assert await memory_store.get_head("t") is None
     assert _blob_files(tmp_path / "blobs") == {}
@@ -178,7 +188,11 @@ async def test_secrets_are_zeroed_in_batched_blobs(
 ) -> None:
     write_tree(workspace, {"env": b"TOKEN=hunter2-secret\n"})
     result = await capture_checkpoint(
-        workspace, memory_store, file_blobs, "t", data_dir=data_dir, secrets=[b"hunter2-secret"]
+        workspace,
+        memory_store,
+        file_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, secrets=[b"hunter2-secret"]),
     )
     zeroed = b"TOKEN=" + bytes(len(b"hunter2-secret")) + b"\n"
     assert [e.blob_key for e in result.checkpoint.files] == [_key(zeroed)]
@@ -190,7 +204,9 @@ async def test_a_damaged_blob_in_a_batch_fails_restore_before_any_change(
 ) -> None:
     files = {f"f{n}.txt": f"bytes {n}".encode() for n in range(BATCH_FILES + 5)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, file_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, file_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     damaged = _key(files["f200.txt"])
     # Its frame in the pack: same size, other bytes (stored raw: too short to compress).
     row = (await memory_store.locate_blobs([damaged]))[damaged]

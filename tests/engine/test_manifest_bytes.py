@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd import capture_checkpoint, open_blobs, open_store
+from checkpointd import CaptureOptions, capture_checkpoint, open_blobs, open_store
 from checkpointd.codec import decode_entries
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.manifest import Manifest
@@ -32,7 +32,9 @@ async def test_files_is_a_lazy_sequence_equal_to_the_entries(
     store: Any, blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {"a.txt": b"a", "d/b.txt": b"bb"})
-    result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    result = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     files = result.checkpoint.files
     assert isinstance(files, Manifest) and files.trusted
     entries = decode_entries(files.data)
@@ -67,8 +69,12 @@ async def test_no_change_capture_stores_a_delta_with_no_rows(
     db = tmp_path / "s.db"
     async with await open_store(f"sqlite:///{db}") as store:
         blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
-        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
+        second = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert second.stats.files_hashed == 0 and second.stats.blobs_uploaded == 0
         assert second.checkpoint.files == first.checkpoint.files
     with sqlite3.connect(db) as conn:
@@ -97,13 +103,19 @@ async def test_a_backslash_name_is_unsupported_at_scan_time_with_no_blob_written
     async with await open_store("memory://") as store:
         blobs = open_blobs(f"file://{blob_dir}")
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         assert raised.value.code == UNSUPPORTED_ENTRY
         assert raised.value.details["paths"] == ["bad\\name.txt"]
         assert not blob_dir.exists() or not any(blob_dir.rglob("*"))
         # Excluded, it is fine.
         result = await capture_checkpoint(
-            workspace, store, blobs, "t", data_dir=data_dir, policy=Policy(exclude=("bad*",))
+            workspace,
+            store,
+            blobs,
+            "t",
+            CaptureOptions(data_dir=data_dir, policy=Policy(exclude=("bad*",))),
         )
         assert [e.path for e in result.checkpoint.files] == ["ok.txt"]
 
@@ -117,7 +129,9 @@ async def test_a_non_utf8_name_is_unsupported_with_no_blob_written(
     async with await open_store("memory://") as store:
         blobs = open_blobs(f"file://{blob_dir}")
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         assert raised.value.code == UNSUPPORTED_ENTRY
         assert not blob_dir.exists() or not any(blob_dir.rglob("*"))
 
@@ -149,11 +163,17 @@ async def test_a_mount_point_is_unsupported_unless_excluded(
     async with await open_store("memory://") as store:
         blobs = open_blobs("memory://")
         with pytest.raises(SandboxSnapshotError) as raised:
-            await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+            await capture_checkpoint(
+                workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
         assert raised.value.code == UNSUPPORTED_ENTRY
         assert raised.value.details["paths"] == ["mnt"]
         assert "mount-point" in str(raised.value)
         result = await capture_checkpoint(
-            workspace, store, blobs, "t", data_dir=data_dir, policy=Policy(exclude=("/mnt",))
+            workspace,
+            store,
+            blobs,
+            "t",
+            CaptureOptions(data_dir=data_dir, policy=Policy(exclude=("/mnt",))),
         )
         assert [e.path for e in result.checkpoint.files] == ["ok.txt"]

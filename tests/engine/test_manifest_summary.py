@@ -21,7 +21,7 @@ import blake3
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.manifest import Manifest
 from checkpointd.model import FileEntry
 from checkpointd.store import open_store
@@ -120,7 +120,9 @@ async def test_a_no_change_capture_never_loads_its_parents_manifest(
     write_tree(workspace, _tree())
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     async with await open_store(store_url) as store:
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     data = first.checkpoint.files.data
     rows = await _stored_rows(store_url)
     assert _summary_of(rows[first.checkpoint.id]) == [
@@ -140,7 +142,9 @@ async def test_a_no_change_capture_never_loads_its_parents_manifest(
         assert files.fingerprint() == _fingerprint(data) and files.byte_length() == len(data)
         assert len(files) == len(first.checkpoint.files) and not files.loaded
 
-        again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        again = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert again.stats.files_hashed == 0 and again.stats.entries == len(first.checkpoint.files)
         kept = again.checkpoint.files
         assert isinstance(kept, Manifest) and not kept.loaded  # the parent's, never loaded
@@ -154,7 +158,9 @@ async def test_a_no_change_capture_never_loads_its_parents_manifest(
 
         # A change that keeps the manifest's length (a mode: 420 -> 384).
         (workspace / "src" / "m7.py").chmod(0o600)
-        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        changed = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     new_data = changed.checkpoint.files.data
     assert len(new_data) == len(data) and new_data != data
     assert _mode_of(changed.checkpoint.files, "src/m7.py") == 0o600
@@ -178,8 +184,12 @@ async def test_rows_written_before_summaries_are_read_and_the_next_append_has_on
     write_tree(workspace, _tree())
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     async with await open_store(store_url) as store:
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
-        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
+        second = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     data = first.checkpoint.files.data
     await _rewrite_rows(store_url, _as_ckd2)
     old = await _stored_rows(store_url)
@@ -192,7 +202,9 @@ async def test_rows_written_before_summaries_are_read_and_the_next_append_has_on
     async with await open_store(store_url) as store:
         head = await store.get(second.checkpoint.id)
         assert head is not None and not head.files.loaded
-        third = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        third = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert third.stats.files_hashed == 0
         assert not third.checkpoint.files.loaded  # summarized, not kept
         stored = (await _stored_rows(store_url))[third.checkpoint.id]
@@ -204,7 +216,9 @@ async def test_rows_written_before_summaries_are_read_and_the_next_append_has_on
             first.checkpoint.files.totals()[2],
         ]
         (workspace / "src" / "m3.py").chmod(0o600)
-        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        changed = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert _mode_of(changed.checkpoint.files, "src/m3.py") == 0o600
     async with await open_store(store_url) as store:
         read = await store.get(third.checkpoint.id)
@@ -267,11 +281,15 @@ async def test_a_large_appended_keyframe_is_cached_unloaded(
     write_tree(workspace, _tree())
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert first.checkpoint.files.loaded  # the caller's own
         head = await store.get(first.checkpoint.id)
         assert head is not None and not head.files.loaded
-        again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        again = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert again.stats.files_hashed == 0 and not again.checkpoint.files.loaded
         # The cache keeps these by their summaries alone (not even the rows).
         held = list(store._recent._items.values())
@@ -283,7 +301,9 @@ async def test_a_large_appended_keyframe_is_cached_unloaded(
         assert again.checkpoint.files.data == first.checkpoint.files.data
         # A change: the append reads its parent's row again for the delta.
         (workspace / "src" / "m9.py").chmod(0o600)
-        changed = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        changed = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         assert _mode_of(changed.checkpoint.files, "src/m9.py") == 0o600
     async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
         # A fresh store's cache knows nothing: the capture reads the parent.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.migrate import migrate_to_packs
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -116,7 +116,7 @@ async def test_kill_9_after_a_migrate_pack_upload_the_sweep_deletes_the_leaked_p
             _old_tree(workspace)
             write_tree(workspace, {"round.txt": f"round {round_}\n".encode()})
             old = await capture_checkpoint(
-                workspace, _StoreBeforePacks(store), blobs, "t", data_dir=data_dir
+                workspace, _StoreBeforePacks(store), blobs, "t", CaptureOptions(data_dir=data_dir)
             )
             ids.append(old.checkpoint.id)
             expected[old.checkpoint.id] = snapshot_tree(workspace, with_mtime=False)
@@ -186,7 +186,7 @@ async def test_a_migrate_between_upload_and_rows_keeps_its_pack_through_sweeps(
 ) -> None:
     files = _old_tree(workspace)
     old = await capture_checkpoint(
-        workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir
+        workspace, _StoreBeforePacks(store), bucket, "t", CaptureOptions(data_dir=data_dir)
     )
     expected = {old.checkpoint.id: snapshot_tree(workspace, with_mtime=False)}
     uploaded, resume = asyncio.Event(), asyncio.Event()
@@ -223,7 +223,9 @@ async def test_a_migrate_waits_for_keys_a_sweep_holds(
     store: Any, bucket: Any, workspace: Path, data_dir: Path
 ) -> None:
     files = _old_tree(workspace)
-    await capture_checkpoint(workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, _StoreBeforePacks(store), bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     keys = sorted({info.key for info in await bucket.list(FILE_PREFIX)})
     # What a sweep deleting a pack of these keys holds (referenced keys too).
     assert await store.condemn_unpinned_blobs(keys, 60_000) == keys
@@ -243,7 +245,9 @@ async def test_a_second_migrate_meanwhile_is_a_writer_conflict(
     from checkpointd.migrate import MIGRATE_THREAD
 
     _old_tree(workspace)
-    await capture_checkpoint(workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, _StoreBeforePacks(store), bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     running = await store.acquire_writer(MIGRATE_THREAD)
     with pytest.raises(SandboxCheckpointWriterConflictError, match="another checkpointd migrate"):
         await migrate_to_packs(store, bucket)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import check_store
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -31,14 +31,14 @@ from .test_pack_sweep import _later, _packs
 CAPTURE_SCRIPT = """
 import asyncio, sys
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.store import open_store
 
 workspace, store_url, blobs_url, data_dir = sys.argv[1:5]
 
 async def main():
     async with await open_store(store_url) as store:
-        await capture_checkpoint(workspace, store, open_blobs(blobs_url), "t", data_dir=data_dir)
+        await capture_checkpoint(workspace, store, open_blobs(blobs_url), "t", CaptureOptions(data_dir=data_dir))
 
 asyncio.run(main())
 """
@@ -164,7 +164,9 @@ async def test_kill_9_during_a_pack_upload_leaves_no_row_pointing_at_a_missing_r
         assert await store.get_head("t") is None
         await _index_is_whole(store, blobs)
         # A rerun completes, and a sweep removes what the killed one left.
-        result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        result = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         await _index_is_whole(store, blobs)
         report = await sweep_blobs(store, blobs, 0, now=_later)
         assert report.failures == []
@@ -187,9 +189,9 @@ async def test_kill_9_during_a_repack_keeps_every_checkpoint_and_a_rerun_complet
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     data_dir = tmp_path / "data"
     async with await open_store(store_url) as store:
-        await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
         write_tree(workspace, {f"f{n}.bin": os.urandom(6000) for n in range(1500)})
-        await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
         assert len(await prune(store, "t", 1)) == 1
     expected = snapshot_tree(workspace, with_mtime=False)
     before = set(await _packs(blobs))

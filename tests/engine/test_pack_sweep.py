@@ -19,7 +19,7 @@ import pytest
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import PACK_KEY_PREFIX
 from checkpointd.blobs.staging import list_staging
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.check import CORRUPT, check_store
 from checkpointd.manifest import split_digests
 from checkpointd.migrate import migrate_to_packs
@@ -96,7 +96,9 @@ async def test_a_pack_no_checkpoint_uses_is_deleted_with_its_rows(
 ) -> None:
     files = {f"src/f{n}.py": _text(n) for n in range(60)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     [pack] = await _packs(bucket)
     rows = await memory_store.list_packed_blobs(limit=1000)
     assert {row.key for row in rows} == {_key(data) for data in files.values()}
@@ -129,11 +131,15 @@ async def test_a_sparse_pack_is_repacked_and_deleted_by_the_next_sweep(
 ) -> None:
     files = {f"f{n}.txt": _text(n) for n in range(100)}
     write_tree(workspace, files)
-    first = await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     [old_pack] = await _packs(bucket)
     changed = {f"f{n}.txt": _text(1000 + n) for n in range(70)}
     write_tree(workspace, changed)
-    second = await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    second = await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert len(await _packs(bucket)) == 2
     assert await prune(memory_store, "t", 1) == [first.checkpoint.id]
     expected = snapshot_tree(workspace, with_mtime=False)
@@ -202,7 +208,7 @@ async def test_sweeps_repacking_while_captures_run_keep_every_checkpoint_restora
             files["d0/f0.txt"] = _text(round_ % 2, 1500)
             write_tree(workspace, files)
             result = await capture_checkpoint(
-                workspace, memory_store, bucket, "t", data_dir=data_dir
+                workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
             )
             expected[result.checkpoint.id] = snapshot_tree(workspace, with_mtime=False)
             for gone in await prune(memory_store, "t", 3):
@@ -230,7 +236,9 @@ async def test_a_pinned_key_keeps_its_row_and_its_pack(
 ) -> None:
     files = {f"f{n}": _text(n) for n in range(10)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, bucket, "a", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "a", CaptureOptions(data_dir=data_dir)
+    )
     [pack] = await _packs(bucket)
     await _drop_head(memory_store, "a")
     pinned = _key(files["f3"])
@@ -289,7 +297,11 @@ async def test_a_sweep_while_a_capture_uploads_keeps_the_pack_the_capture_pinned
         await every_store.release_condemned(inside)
 
     result = await capture_checkpoint(
-        workspace, every_store, _SweepAfterPackUpload(bucket, sweep_now), "t", data_dir=data_dir
+        workspace,
+        every_store,
+        _SweepAfterPackUpload(bucket, sweep_now),
+        "t",
+        CaptureOptions(data_dir=data_dir),
     )
     [pack] = await _packs(bucket)
     assert [p for p, _ in sweeps] == [pack]
@@ -349,7 +361,11 @@ async def test_a_capture_waits_while_a_sweep_holds_its_pack_condemned(
         uploaded_at.append(time.monotonic())
 
     result = await capture_checkpoint(
-        workspace, store, _SweepAfterPackUpload(bucket, note), "t", data_dir=data_dir
+        workspace,
+        store,
+        _SweepAfterPackUpload(bucket, note),
+        "t",
+        CaptureOptions(data_dir=data_dir),
     )
     assert store.released_at is not None and len(uploaded_at) == 1
     assert uploaded_at[0] > store.released_at
@@ -365,7 +381,7 @@ async def test_check_finds_a_damaged_pack_naming_blob_and_pack(
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     files = {f"f{n}": _text(n) for n in range(20)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir))
     [pack] = await _packs(blobs)
     clean = await check_store(memory_store, blobs, read_data=True)
     assert clean.summary is not None and clean.summary.ok, clean.findings
@@ -440,7 +456,7 @@ async def test_migrate_packs_old_single_objects_once_and_a_sweep_frees_them(
     files["big.bin"] = os.urandom((1 << 20) + 1)  # above the threshold: stays single
     write_tree(workspace, files)
     old = await capture_checkpoint(
-        workspace, _StoreBeforePacks(memory_store), bucket, "t", data_dir=data_dir
+        workspace, _StoreBeforePacks(memory_store), bucket, "t", CaptureOptions(data_dir=data_dir)
     )
     expected = snapshot_tree(workspace, with_mtime=False)
     singles = {info.key for info in await bucket.list(FILE_PREFIX)}
@@ -487,7 +503,7 @@ async def test_migrate_leaves_a_damaged_single_object_alone(
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     write_tree(workspace, {"a": b"alpha" * 100, "b": b"beta" * 100})
     await capture_checkpoint(
-        workspace, _StoreBeforePacks(memory_store), blobs, "t", data_dir=data_dir
+        workspace, _StoreBeforePacks(memory_store), blobs, "t", CaptureOptions(data_dir=data_dir)
     )
     victim = tmp_path / "blobs" / _key(b"beta" * 100)
     os.chmod(victim, 0o644)
@@ -553,7 +569,9 @@ async def test_a_retired_pack_gets_no_rows_while_retired(
     """The race a concurrent repack could lose: it wrote a pack of the very
     bytes another sweep is deleting. Retiring refuses rows to that pack."""
     write_tree(workspace, {f"f{n}": _text(n) for n in range(5)})
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     [pack] = await _packs(bucket)
     rows = await memory_store.list_packed_blobs()
     other = PACK_KEY_PREFIX + "0" * 64
@@ -578,14 +596,18 @@ async def test_bucket_requests_stay_a_handful_for_captures_restores_and_sweeps(
     write_tree(workspace, files)
     with counted(s3_server) as (via, proxy):
         blobs = via.open(f"requests-{uuid.uuid4().hex}")
-        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         cold = proxy.reset()
         assert 0 < sum(cold.values()) <= 20, cold
 
         for n in range(0, 5000, 100):  # 1% of the files
             files[f"d{n % 40}/f{n}.txt"] += b"# changed\n"
         write_tree(workspace, files)
-        await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         changed = proxy.reset()
         assert 0 < sum(changed.values()) <= 10, changed
 
@@ -646,9 +668,13 @@ async def test_a_reader_holding_rows_of_a_repacked_pack_reads_the_new_one(
 
     files = {f"f{n}": _text(n) for n in range(20)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     write_tree(workspace, {f"f{n}": _text(500 + n) for n in range(15)})
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     await prune(memory_store, "t", 1)
     live = [_key(files[f"f{n}"]) for n in range(15, 20)]
     before = await memory_store.locate_blobs(live)
@@ -670,9 +696,13 @@ async def test_a_restore_planned_before_a_repack_reads_the_moved_blobs_from_the_
 
     files = {f"f{n}": _text(n) for n in range(20)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     write_tree(workspace, {f"f{n}": _text(500 + n) for n in range(15)})
-    await capture_checkpoint(workspace, memory_store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     await prune(memory_store, "t", 1)
     expected = snapshot_tree(workspace, with_mtime=False)
     keys = [
@@ -712,7 +742,9 @@ async def test_checkpointd_migrate_on_a_sqlite_store_packs_once(
     files = {f"f{n}.txt": _text(n) for n in range(30)}
     write_tree(workspace, files)
     async with await open_store(store_url) as store:
-        await capture_checkpoint(workspace, _StoreBeforePacks(store), blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, _StoreBeforePacks(store), blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
     command = [sys.executable, "-m", "checkpointd", "migrate", "--store", store_url,
                "--blobs", blobs_url, "--json"]  # fmt: skip
 

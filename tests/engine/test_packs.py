@@ -18,7 +18,7 @@ from checkpointd import _native, _restore_fetch
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.base import BlobCorruptError
 from checkpointd.blobs.packs import PACK_KEY_PREFIX, PackedBlobStore, packed_blobs, plan_pack_reads
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -115,7 +115,9 @@ async def test_mixed_sizes_round_trip_through_packs(
     tree = _mixed_tree()
     write_tree(workspace, tree)
     before = snapshot_tree(workspace)
-    first = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     contents = {data for data in tree.values() if isinstance(data, bytes)}
     assert first.stats.blobs_uploaded == len(contents)
 
@@ -139,7 +141,9 @@ async def test_mixed_sizes_round_trip_through_packs(
     assert snapshot_tree(workspace) == before
 
     # Another thread of the same contents uploads nothing: the index says present.
-    again = await capture_checkpoint(workspace, store, bucket, "u", data_dir=data_dir)
+    again = await capture_checkpoint(
+        workspace, store, bucket, "u", CaptureOptions(data_dir=data_dir)
+    )
     assert again.stats.blobs_uploaded == 0
     assert await _objects(bucket) == objects
 
@@ -161,7 +165,7 @@ async def test_a_capture_writes_packs_of_the_target_size(
     )
     workspace = tmp_path / "workspace"
     write_tree(workspace, {f"d{n % 7}/f{n}": os.urandom(1000) for n in range(300)})
-    await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir))
     packs = await blobs.inner.list(PACK_KEY_PREFIX)
     # 300 KB of incompressible blobs in packs closed at 64 KiB: five or six packs.
     assert 4 <= len(packs) <= 6
@@ -184,7 +188,9 @@ async def test_a_capture_packs_small_fed_files_and_puts_larger_ones_alone(
     large = {f"l/f{n}": os.urandom(4096 + n) for n in range(5)}
     same = {"s/again": small["s/f3"], "l/again": large["l/f1"]}
     write_tree(workspace, {**small, **large, **same})
-    result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    result = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert result.stats.blobs_uploaded == 205
     singles = {info.key for info in await blobs.inner.list("sandbox-files/")}
     assert singles == {_key(data) for data in large.values()}
@@ -217,7 +223,7 @@ async def test_an_old_single_object_store_restores_after_the_upgrade(
     workspace = tmp_path / "workspace"
     write_tree(workspace, {"old.txt": b"written before packs", "shared.txt": b"in both"})
     old = await capture_checkpoint(
-        workspace, _StoreBeforePacks(store), bucket, "t", data_dir=data_dir
+        workspace, _StoreBeforePacks(store), bucket, "t", CaptureOptions(data_dir=data_dir)
     )
     assert old.stats.blobs_uploaded == 2
     assert set(await _objects(bucket)) == {_key(b"written before packs"), _key(b"in both")}
@@ -225,7 +231,7 @@ async def test_an_old_single_object_store_restores_after_the_upgrade(
     # After the upgrade: a new capture packs only what is new; old blobs stay
     # where they are (nothing rewritten) and a restore reads both layouts.
     (workspace / "new.txt").write_bytes(b"written with packs")
-    new = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    new = await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     assert new.stats.blobs_uploaded == 1
     objects = await _objects(bucket)
     assert {k for k in objects if k.startswith(FILE_PREFIX)} == {
@@ -235,7 +241,9 @@ async def test_an_old_single_object_store_restores_after_the_upgrade(
     assert len([k for k in objects if k.startswith(PACK_KEY_PREFIX)]) == 1
     # Another thread with the old contents: the referenced single objects are
     # present by the store's counts (no re-upload, no bucket HEAD).
-    other = await capture_checkpoint(workspace, store, bucket, "u", data_dir=data_dir)
+    other = await capture_checkpoint(
+        workspace, store, bucket, "u", CaptureOptions(data_dir=data_dir)
+    )
     assert other.stats.blobs_uploaded == 0
     for checkpoint in (old.checkpoint, new.checkpoint):
         target = tmp_path / f"restored-{checkpoint.id}"
@@ -264,7 +272,7 @@ async def test_a_damaged_pack_fails_restore_naming_blob_and_pack(
     workspace = tmp_path / "workspace"
     files = {f"f{n:03}.txt": b"content of file %d\n" % n * 20 for n in range(50)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     [pack_info] = await bucket.list(PACK_KEY_PREFIX)
     pack = await bucket.get(pack_info.key)
     victim = _key(files["f042.txt"])
@@ -326,7 +334,7 @@ async def test_a_cold_capture_of_thousands_of_small_files_is_a_handful_of_reques
     files = {f"d{n % 50}/f{n}.txt": b"small file number %d\n" % n * (n % 40) for n in range(3000)}
     write_tree(workspace, files)
     proxy.reset()
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     captured = proxy.reset()
     # Was one PUT and one HEAD per file (6,000 requests); now a few packs.
     assert 0 < sum(captured.values()) < 100, captured
@@ -350,7 +358,7 @@ async def test_a_restore_reads_each_pack_about_once_whatever_its_file_count(
     workspace = tmp_path / "workspace"
     files = {f"d{n % 60}/f{n}.txt": b"file %d " % n * (1 + n % 30) for n in range(12_000)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     packs = await inner.list(PACK_KEY_PREFIX)
     assert len(packs) >= 3  # the plan spans several packs
     proxy.reset()
@@ -384,7 +392,7 @@ async def test_a_pack_read_is_staged_as_it_streams_in_whatever_its_chunks(
     tree = _mixed_tree()
     tree.pop("below-threshold.bin")  # a megabyte in 7-byte chunks is slow, not harder
     write_tree(workspace, tree)
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)
@@ -400,7 +408,7 @@ async def test_a_corrupted_frame_inside_one_merged_read_fails_and_changes_nothin
     workspace = tmp_path / "workspace"
     files = {f"d{n % 4}/f{n:03}.txt": b"content of file %d\n" % n * 30 for n in range(300)}
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     [pack_info] = await bucket.list(PACK_KEY_PREFIX)
     rows = await store.locate_blobs([_key(data) for data in files.values()])
     located = [row for row in rows.values() if row is not None]

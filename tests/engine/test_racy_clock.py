@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd import capture_checkpoint, open_blobs, open_store
+from checkpointd import CaptureOptions, capture_checkpoint, open_blobs, open_store
 from checkpointd.blobs.packs import packed_blobs
 from checkpointd.model import FileEntry
 
@@ -46,13 +46,17 @@ async def test_same_second_same_size_rewrite_is_recorded(
             _start_of_a_second()
             second = int(time.time())
             target.write_bytes(b"version A %d" % attempt)
-            first = await capture_checkpoint(coarse_workspace, store, blobs, "t", data_dir=data_dir)
+            first = await capture_checkpoint(
+                coarse_workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
             with target.open("r+b") as handle:  # same inode, same size
                 handle.write(b"version B %d" % attempt)
             if int(time.time()) != second:
                 continue  # the machine was too slow for one second: try again
             assert os.stat(target).st_mtime_ns % 1_000_000_000 == 0  # coarse indeed
-            again = await capture_checkpoint(coarse_workspace, store, blobs, "t", data_dir=data_dir)
+            again = await capture_checkpoint(
+                coarse_workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
             (entry,) = [e for e in again.checkpoint.files if isinstance(e, FileEntry)]
             assert await packed_blobs(blobs, store).get(entry.blob_key) == b"version B %d" % attempt
             assert again.stats.files_hashed == 1

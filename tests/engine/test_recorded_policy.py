@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.model import Policy
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
@@ -26,7 +26,7 @@ async def test_restore_without_policy_uses_the_recorded_one(
     _workspace(workspace)
     policy = Policy(exclude=("build/", "*.log"))
     result = await capture_checkpoint(
-        workspace, store, blobs, "t", policy=policy, data_dir=data_dir
+        workspace, store, blobs, "t", CaptureOptions(policy=policy, data_dir=data_dir)
     )
     assert result.checkpoint.policy == policy
     assert {e.path for e in result.checkpoint.files} == {"src", "src/main.py"}
@@ -53,7 +53,9 @@ async def test_capture_without_policy_records_the_default(
 ) -> None:
     workspace = tmp_path / "ws"
     _workspace(workspace)
-    result = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    result = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert result.checkpoint.policy == Policy()
     assert result.checkpoint.workspace_subdir == ""
     assert (await store.get(result.checkpoint.id)).policy == Policy()

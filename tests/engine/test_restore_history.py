@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.history import HistoryRestore, restore_with_history, undo_restore
 from checkpointd.model import stash_thread_id
 from checkpointd.progress import Progress
@@ -33,9 +33,11 @@ def bucket(tmp_path: Path) -> Any:
 
 async def _two(workspace: Path, store: Any, bucket: Any, thread: str, data_dir: Path) -> str:
     write_tree(workspace, {"a.txt": b"first\n", "keep/b.txt": b"b\n"})
-    first = await capture_checkpoint(workspace, store, bucket, thread, data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, bucket, thread, CaptureOptions(data_dir=data_dir)
+    )
     write_tree(workspace, {"a.txt": b"second\n"})
-    await capture_checkpoint(workspace, store, bucket, thread, data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, thread, CaptureOptions(data_dir=data_dir))
     return first.checkpoint.id
 
 
@@ -108,7 +110,9 @@ async def test_the_base_is_kept_beside_the_stat_cache_for_its_own_directory(
     workspace: Path, store: Any, bucket: Any, data_dir: Path, tmp_path: Path
 ) -> None:
     write_tree(workspace, {"a.txt": b"a\n"})
-    captured = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    captured = await capture_checkpoint(
+        workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     cache = stat_cache_path(resolve_data_dir(workspace, data_dir), workspace)
     base = read_base(cache, str(workspace))
     assert base is not None and (base.thread_id, base.checkpoint_id) == (
@@ -138,7 +142,9 @@ async def test_a_large_edited_file_comes_back_whole(
 ) -> None:
     big = os.urandom(3 << 20)
     write_tree(workspace, {"big.bin": big, "a.txt": b"a\n"})
-    first = await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir)
+    )
     edited = big[: 1 << 20] + os.urandom(4096) + big[(1 << 20) + 4096 :] + b"tail"
     write_tree(workspace, {"big.bin": edited})
     done = await restore_with_history(

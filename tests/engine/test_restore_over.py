@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from checkpointd.blobs.packs import PACK_KEY_PREFIX
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.progress import Progress
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.statcache_paths import stat_cache_path
@@ -57,7 +57,7 @@ async def test_a_restore_over_a_few_differences_puts_each_right_and_reads_little
     workspace = tmp_path / "workspace"
     write_tree(workspace, _tree(3000))
     os.chmod(workspace / "mode-only.sh", 0o755)
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     expected = snapshot_tree(workspace)
     target = tmp_path / "target"
     restore_data = tmp_path / "restore-data"
@@ -102,7 +102,7 @@ async def test_a_restore_over_an_identical_tree_changes_nothing(
 ) -> None:
     workspace = tmp_path / "workspace"
     write_tree(workspace, _tree(200))
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     target = tmp_path / "target"
     await restore_checkpoint(
         target, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "restore-data")
@@ -124,7 +124,7 @@ async def test_a_restore_over_a_changed_tree_saves_the_stat_cache_once_with_what
     # the restore left alone (seen by its live scan) and those it wrote.
     workspace = tmp_path / "workspace"
     write_tree(workspace, _tree(300))
-    await capture_checkpoint(workspace, store, bucket, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, bucket, "t", CaptureOptions(data_dir=data_dir))
     target = tmp_path / "target"
     restore_data = tmp_path / "restore-data"
     await restore_checkpoint(
@@ -158,6 +158,8 @@ async def test_a_restore_over_a_changed_tree_saves_the_stat_cache_once_with_what
         assert kept == (before.st_ino, before.st_mtime_ns), phase
     assert os.stat(cache).st_ino != before.st_ino
     wait_out_racy_window()
-    again = await capture_checkpoint(target, store, bucket, "t", data_dir=restore_data)
+    again = await capture_checkpoint(
+        target, store, bucket, "t", CaptureOptions(data_dir=restore_data)
+    )
     assert again.stats.files_hashed == 0
     assert again.stats.files_reused == len(_tree(300)) - 1  # all but the symlink

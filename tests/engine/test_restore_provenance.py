@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd import _native
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.model import FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
@@ -105,7 +105,9 @@ async def test_a_rewrite_racing_the_restore_is_never_recorded_as_the_checkpoints
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, _tree(b"checkpoint"))
-    first = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     deadline = time.monotonic() + ROUND_BUDGET_S
     rounds = 0
     lies: list[str] = []
@@ -135,7 +137,7 @@ async def test_a_rewrite_racing_the_restore_is_never_recorded_as_the_checkpoints
             )
         wait_out_racy_window()
         again = await capture_checkpoint(
-            workspace, memory_store, memory_blobs, "t", data_dir=data_dir
+            workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
         )
         lies = _lies(again.checkpoint, workspace)
     assert lies == [], f"round {rounds}: the cache vouched for bytes it never saw"

@@ -25,7 +25,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress
@@ -56,9 +56,13 @@ async def test_a_file_rewritten_during_restore_with_an_old_mtime_is_hashed_again
     rewrite: str,
 ) -> None:
     write_tree(workspace, {"notes.txt": b"version one", "other.txt": b"other"})
-    first = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     (workspace / "notes.txt").write_bytes(b"version two")
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Same size as what the restore writes, and the mtime the restore sets.
     source = tmp_path / "tool-output.txt"
     source.write_bytes(b"tool output")
@@ -88,7 +92,9 @@ async def test_a_file_rewritten_during_restore_with_an_old_mtime_is_hashed_again
     assert rewritten == [rewrite]
     info = (workspace / "notes.txt").stat()
     assert info.st_mtime_ns == PAST_NS and info.st_size == len(b"version one")
-    again = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    again = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # The tool's bytes are captured, not the hash of what restore had written.
     assert _blob_of(again.checkpoint, "notes.txt") != _blob_of(first.checkpoint, "notes.txt")
     assert (
@@ -103,7 +109,9 @@ async def test_restored_files_are_recorded_from_the_restores_own_writes(
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {f"d/{n}.txt": f"file {n}".encode() for n in range(30)})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     fresh = tmp_path / "fresh"
     await restore_checkpoint(
         fresh,
@@ -113,7 +121,9 @@ async def test_restored_files_are_recorded_from_the_restores_own_writes(
         RestoreOptions(data_dir=data_dir, progress=settle_before_record),
     )
     wait_out_racy_window()
-    again = await capture_checkpoint(fresh, memory_store, memory_blobs, "t", data_dir=data_dir)
+    again = await capture_checkpoint(
+        fresh, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert (again.stats.files_hashed, again.stats.files_reused) == (0, 30)
 
 
@@ -122,7 +132,9 @@ async def test_a_hard_link_to_an_outside_file_keeps_its_mode_and_mtime(
 ) -> None:
     write_tree(workspace, {"config.txt": b"shared bytes", "keep.txt": b"k"})
     os.chmod(workspace / "config.txt", 0o600)
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Outside: a file with the same bytes but another mode and mtime; the
     # sandbox replaces config.txt with a hard link to it.
     outside = tmp_path / "outside"
@@ -163,7 +175,7 @@ async def test_a_mount_point_inside_the_workspace_is_never_emptied(
 ) -> None:
     write_tree(workspace, {"keep.txt": b"k"})
     checkpoint = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
     )
     assert [e.path for e in checkpoint.checkpoint.files] == ["keep.txt"]
     mount_point = workspace / "mnt"
@@ -208,7 +220,9 @@ async def test_a_subdir_swapped_for_a_symlink_never_reaches_outside(
 ) -> None:
     sub = workspace / "sub"
     write_tree(sub, {"a.txt": b"inside a", "d/b.txt": b"inside b"})
-    await capture_checkpoint(sub, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        sub, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     outside = tmp_path / "outside"
     write_tree(outside, {"a.txt": b"OUTSIDE a", "d/b.txt": b"OUTSIDE b", "victim.txt": b"v"})
     os.chmod(outside / "victim.txt", 0o640)
@@ -301,7 +315,9 @@ async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
     os.chmod(workspace / "locked", 0o555)
     os.chmod(workspace / "new/deep/b.txt", 0o600)
     before = snapshot_tree(workspace)
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # The live tree lacks new/ and locked/; a file stands where new/ must go.
     os.chmod(workspace / "locked", 0o755)
     shutil.rmtree(workspace / "new")
@@ -317,7 +333,9 @@ async def test_new_directories_move_in_whole_with_shared_blobs_and_modes(
     assert snapshot_tree(workspace) == before
     assert not [n for n in os.listdir(workspace) if n.startswith(".checkpointd")]
     wait_out_racy_window()
-    again = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    again = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Every file restore wrote is known to the stat cache.
     assert again.stats.files_hashed == 0
     os.chmod(workspace / "locked", 0o755)
@@ -332,7 +350,9 @@ async def test_a_full_workspace_fails_cleanly_and_a_later_run_succeeds(
     write_tree(workspace, {f"big-{n}.bin": os.urandom(1 << 20) for n in range(6)})
     write_tree(workspace, {"small.txt": b"s"})
     expected = snapshot_tree(workspace)
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     target = tmp_path / "small-disk"
     target.mkdir()
     mounted = subprocess.run(  # noqa: ASYNC221
@@ -395,7 +415,9 @@ async def test_restored_data_is_synced_once_before_success(tmp_path: Path) -> No
     write_tree(source, {"top.txt": b"top"})
     store = await open_store(store_url)
     try:
-        await capture_checkpoint(source, store, open_blobs(blobs_url), "t", data_dir=data_dir)
+        await capture_checkpoint(
+            source, store, open_blobs(blobs_url), "t", CaptureOptions(data_dir=data_dir)
+        )
     finally:
         await store.aclose()
     trace = tmp_path / "trace.txt"

@@ -13,7 +13,7 @@ import blake3
 from checkpointd import _restore_fetch
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import PackedBlobStore
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
@@ -51,7 +51,7 @@ async def test_many_slices_round_trip_and_a_bad_frame_in_the_last_changes_nothin
     blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
     files = _files()
     write_tree(workspace, files)
-    await capture_checkpoint(workspace, memory_store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, memory_store, blobs, "t", CaptureOptions(data_dir=data_dir))
     restored = tmp_path / "restored"
     await restore_checkpoint(restored, memory_store, blobs, "t", RestoreOptions(data_dir=data_dir))
     assert snapshot_tree(restored) == snapshot_tree(workspace)

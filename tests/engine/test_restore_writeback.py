@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import MISSING_BLOB, SandboxSnapshotError
 from checkpointd.progress import Progress
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -40,7 +40,7 @@ async def test_a_large_restore_writes_back_while_it_applies_and_stops_after(
     store: Any, blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {**LARGE, **SMALL})
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     during: dict[str, int] = {}
 
     def progress(report: Progress) -> None:
@@ -60,7 +60,7 @@ async def test_a_small_restore_starts_no_writeback(
     store: Any, blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, SMALL)
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     seen: list[int] = []
 
     def progress(report: Progress) -> None:
@@ -82,7 +82,7 @@ async def test_a_failed_large_restore_stops_its_writeback(
     store: Any, blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, LARGE)
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     # One large blob gone from the bucket: MISSING_BLOB after staging began.
     victim = next(info.key for info in await blobs.list("sandbox-files/"))
     await blobs.delete(victim)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import NO_SPACE, SandboxCheckpointWriterConflictError, SandboxSnapshotError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -44,17 +44,23 @@ async def test_a_retry_after_no_space_at_the_append_scans_like_a_cold_capture(
         store = await open_store(f"sqlite://{full / 'store.db'}")
         try:
             with pytest.raises(SandboxSnapshotError) as caught:
-                await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+                await capture_checkpoint(
+                    workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+                )
             assert caught.value.code == NO_SPACE  # the store's file, past the scan
             await asyncio.to_thread(
                 subprocess.run, ["mount", "-o", "remount,size=64m", str(full)], check=True
             )
 
-            retry = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+            retry = await capture_checkpoint(
+                workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
             # Every file read by the scan (and handed to the upload), none
             # trusted from the failed capture's hashes.
             assert (retry.stats.files_hashed, retry.stats.files_reused) == (FILES, 0)
-            again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+            again = await capture_checkpoint(
+                workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+            )
             assert (again.stats.files_hashed, again.stats.files_reused) == (0, FILES)
             restored = tmp_path / "restored"
             await restore_checkpoint(
@@ -117,7 +123,7 @@ async def test_a_retry_after_a_kill_past_the_scan_scans_like_a_cold_capture(
         while True:  # the killed capture's lease runs out first
             try:
                 retry = await capture_checkpoint(
-                    workspace, store, blobs, "retry", data_dir=data_dir
+                    workspace, store, blobs, "retry", CaptureOptions(data_dir=data_dir)
                 )
                 break
             except SandboxCheckpointWriterConflictError:

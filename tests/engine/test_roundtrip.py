@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.model import Policy
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
@@ -47,7 +47,9 @@ async def test_seed_scenario_capture_throw_away_restore(
     os.chmod(workspace / "src/main.py", 0o755)
     before = snapshot_tree(workspace)
 
-    first = await capture_checkpoint(workspace, store, blobs, "thread-1", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, blobs, "thread-1", CaptureOptions(data_dir=data_dir)
+    )
     assert first.checkpoint.parent_checkpoint_id is None
     assert first.checkpoint.reason == "automatic"
     assert first.stats.entries == len(before)
@@ -73,7 +75,9 @@ async def test_seed_scenario_capture_throw_away_restore(
     # No change since the restore: nothing to hash (the restore filled the stat
     # cache) and nothing to upload.
     wait_out_racy_window()
-    second = await capture_checkpoint(fresh, store, blobs, "thread-1", data_dir=data_dir)
+    second = await capture_checkpoint(
+        fresh, store, blobs, "thread-1", CaptureOptions(data_dir=data_dir)
+    )
     assert second.stats.blobs_uploaded == 0
     assert second.stats.bytes_uploaded == 0
     assert second.stats.files_hashed == 0
@@ -85,7 +89,7 @@ async def test_seed_scenario_capture_throw_away_restore(
     (fresh / "src/main.py").write_bytes(b"print('changed')\n")
     (fresh / "new.txt").write_bytes(b"new file\n")
     third = await capture_checkpoint(
-        fresh, store, blobs, "thread-1", data_dir=data_dir, label="after change"
+        fresh, store, blobs, "thread-1", CaptureOptions(data_dir=data_dir, label="after change")
     )
     assert third.checkpoint.reason == "named"
     assert third.stats.blobs_uploaded == 2
@@ -107,8 +111,10 @@ async def test_second_capture_without_change_hashes_and_uploads_nothing(
     store: Any, blobs: Any, workspace: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, SEED_FILES)
-    await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
-    again = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
+    again = await capture_checkpoint(
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     assert (again.stats.blobs_uploaded, again.stats.files_hashed) == (0, 0)
     assert again.stats.files_reused == 5
     assert set(again.stats.phases_ms) == {"lease", "scan", "pin", "upload", "append"}
@@ -133,7 +139,7 @@ async def test_restore_leaves_excluded_paths_and_reserved_names(
     write_tree(workspace, {"keep.txt": b"k", "build/out.o": b"o"})
     policy = Policy(exclude=("build/",))
     await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", policy=policy, data_dir=data_dir
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(policy=policy, data_dir=data_dir)
     )
     write_tree(
         workspace,
@@ -246,7 +252,9 @@ async def _round_trip(source: dict[str, Any], other: dict[str, Any], base: Path)
     policy = Policy(default_excludes=False)
     async with await open_store("memory://") as store:
         blobs = open_blobs("memory://")
-        await capture_checkpoint(workspace, store, blobs, "t", policy=policy, data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(policy=policy, data_dir=data_dir)
+        )
         # Into an empty directory, and over a different tree.
         fresh = base / "fresh"
         await restore_checkpoint(
@@ -285,7 +293,9 @@ async def test_restore_removes_unsupported_entries_the_checkpoint_lacks(
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {"keep.txt": b"k"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     outside = tmp_path / "outside-target"
     outside.write_bytes(b"must survive")
     os.mkfifo(workspace / "pipe")
@@ -308,7 +318,9 @@ async def test_identical_files_are_not_rewritten(
 ) -> None:
     write_tree(workspace, {f"same/{n}.txt": f"unchanged {n}".encode() for n in range(20)})
     write_tree(workspace, {"changed.txt": b"before"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     untouched = {n: _identity(workspace / f"same/{n}.txt") for n in range(20)}
     (workspace / "changed.txt").write_bytes(b"after!")
     changed_identity = _identity(workspace / "changed.txt")

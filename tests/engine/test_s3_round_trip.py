@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 
@@ -33,14 +33,18 @@ async def test_round_trip_through_s3(
         },
     )
     before = snapshot_tree(workspace)
-    first = await capture_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, store, s3_blobs, "s3-thread", CaptureOptions(data_dir=data_dir)
+    )
     assert first.stats.blobs_uploaded == 4
     shutil.rmtree(workspace)
     await restore_checkpoint(
         workspace, store, s3_blobs, "s3-thread", RestoreOptions(data_dir=data_dir)
     )
     assert snapshot_tree(workspace) == before
-    again = await capture_checkpoint(workspace, store, s3_blobs, "s3-thread", data_dir=data_dir)
+    again = await capture_checkpoint(
+        workspace, store, s3_blobs, "s3-thread", CaptureOptions(data_dir=data_dir)
+    )
     assert (again.stats.blobs_uploaded, again.stats.files_hashed) == (0, 0)
 
 
@@ -55,7 +59,9 @@ async def test_scale_out_round_trip_postgres_and_s3(
     write_tree(workspace, {"a.txt": b"a", "d/b.bin": os.urandom(100_000), "d/link": "b.bin"})
     before = snapshot_tree(workspace)
     async with await open_store(postgres_url) as store_a:
-        await capture_checkpoint(workspace, store_a, s3_blobs, "shared", data_dir=data_dir)
+        await capture_checkpoint(
+            workspace, store_a, s3_blobs, "shared", CaptureOptions(data_dir=data_dir)
+        )
     async with await open_store(postgres_url) as store_b:
         elsewhere = tmp_path / "sidecar-b"
         restored = await restore_checkpoint(

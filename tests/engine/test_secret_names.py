@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import UNSUPPORTED_ENTRY, SandboxSnapshotError
 from checkpointd.model import Policy
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -60,7 +60,11 @@ async def test_capture_refuses_secret_names_with_the_secret_masked(
 ) -> None:
     with caplog.at_level(logging.DEBUG), pytest.raises(SandboxSnapshotError) as raised:
         await capture_checkpoint(
-            secret_named, memory_store, memory_blobs, "t", secrets=SECRETS, data_dir=data_dir
+            secret_named,
+            memory_store,
+            memory_blobs,
+            "t",
+            CaptureOptions(secrets=SECRETS, data_dir=data_dir),
         )
     assert raised.value.code == UNSUPPORTED_ENTRY
     assert raised.value.details["paths"] == ["config/***.json", "keys-***", "link"]
@@ -80,9 +84,7 @@ async def test_excluded_secret_names_stay_out_of_the_stat_cache(
         memory_store,
         memory_blobs,
         "t",
-        secrets=SECRETS,
-        data_dir=data_dir,
-        policy=policy,
+        CaptureOptions(secrets=SECRETS, data_dir=data_dir, policy=policy),
     )
     assert [e.path for e in result.checkpoint.files] == ["config", "ok.txt"]
     assert _stored_anywhere(data_dir) == []
@@ -92,9 +94,7 @@ async def test_excluded_secret_names_stay_out_of_the_stat_cache(
         memory_store,
         memory_blobs,
         "t",
-        secrets=SECRETS,
-        data_dir=data_dir,
-        policy=policy,
+        CaptureOptions(secrets=SECRETS, data_dir=data_dir, policy=policy),
     )
     assert again.stats.files_reused == 1
     assert _stored_anywhere(data_dir) == []
@@ -109,7 +109,11 @@ async def test_restore_neither_shows_nor_stores_a_secret_name(
 ) -> None:
     write_tree(workspace, {"ok.txt": b"fine"})
     await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", secrets=SECRETS, data_dir=data_dir
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(secrets=SECRETS, data_dir=data_dir),
     )
     (workspace / f"new-{TOKEN.decode()}.txt").write_bytes(b"made by the agent")
     (workspace / "ok.txt").write_bytes(b"changed")

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.model import FileEntry, SecretSpan
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -49,8 +49,7 @@ async def captured(store: Any, blobs: Any, tmp_path: Path, data_dir: Path) -> An
         store,
         blobs,
         "t",
-        secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD},
-        data_dir=data_dir,
+        CaptureOptions(secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD}, data_dir=data_dir),
     )
     return workspace, result.checkpoint
 
@@ -170,7 +169,7 @@ async def test_secrets_as_a_list_are_recorded_by_index(
     workspace = tmp_path / "ws"
     write_tree(workspace, {"a.txt": b"x" + PASSWORD + b"y" + TOKEN})
     result = await capture_checkpoint(
-        workspace, store, blobs, "t", secrets=[TOKEN, PASSWORD], data_dir=data_dir
+        workspace, store, blobs, "t", CaptureOptions(secrets=[TOKEN, PASSWORD], data_dir=data_dir)
     )
     assert _spans(result.checkpoint)["a.txt"] == (
         SecretSpan(1, len(PASSWORD), 1),
@@ -199,8 +198,7 @@ async def test_a_second_capture_keeps_the_spans(
         store,
         blobs,
         "t",
-        secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD},
-        data_dir=data_dir,
+        CaptureOptions(secrets={"TOKEN": TOKEN, "PASSWORD": PASSWORD}, data_dir=data_dir),
     )
     assert _spans(again.checkpoint) == _spans(first)
     # Files holding secrets are hashed again (the stat cache keeps no spans);
@@ -212,7 +210,9 @@ async def test_bad_secret_arguments(store: Any, blobs: Any, tmp_path: Path) -> N
     workspace = tmp_path / "ws"
     workspace.mkdir()
     with pytest.raises(SandboxCheckpointInvalidArgumentError, match="'SHORT'"):
-        await capture_checkpoint(workspace, store, blobs, "t", secrets={"SHORT": b"abc"})
+        await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(secrets={"SHORT": b"abc"})
+        )
     with pytest.raises(SandboxCheckpointInvalidArgumentError):
         await restore_checkpoint(workspace, store, blobs, "t", RestoreOptions(secrets={"": TOKEN}))
 
@@ -235,7 +235,7 @@ async def test_filled_files_are_not_taken_from_the_stat_cache(
         RestoreOptions(secrets=secrets, data_dir=data, progress=settle_before_record),
     )
     wait_out_racy_window()  # else plain.txt, restored just now, is racy and hashed again
-    again = await capture_checkpoint(fresh, store, blobs, "t", data_dir=data)
+    again = await capture_checkpoint(fresh, store, blobs, "t", CaptureOptions(data_dir=data))
     files = {e.path: e for e in again.checkpoint.files if isinstance(e, FileEntry)}
     ini = (fresh / "config/app.ini").read_bytes()
     assert TOKEN in ini

@@ -9,7 +9,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.artifacts import upload_artifact
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.codec import encode_checkpoint
 from checkpointd.errors import SandboxCheckpointInvalidArgumentError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
@@ -45,10 +45,12 @@ async def test_secrets_never_appear_in_any_stored_object(
         store,
         blobs,
         "t",
-        secrets=[SECRET_A, SECRET_B],
-        conversation=[{"role": "user", "content": "hi"}],
-        artifacts=[artifact],
-        data_dir=data_dir,
+        CaptureOptions(
+            secrets=[SECRET_A, SECRET_B],
+            conversation=[{"role": "user", "content": "hi"}],
+            artifacts=[artifact],
+            data_dir=data_dir,
+        ),
     )
 
     stored = []
@@ -92,8 +94,7 @@ async def test_short_secret_is_an_invalid_argument_and_not_echoed(
             memory_store,
             memory_blobs,
             "t",
-            secrets=[b"long-enough", secret],
-            data_dir=data_dir,
+            CaptureOptions(secrets=[b"long-enough", secret], data_dir=data_dir),
         )
     assert caught.value.code == "SANDBOX_SNAPSHOT_INVALID_ARGUMENT"
     if secret:

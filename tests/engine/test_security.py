@@ -12,7 +12,7 @@ import blake3
 import pytest
 
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 from checkpointd.model import Checkpoint, DirEntry, FileEntry, SymlinkEntry
 from checkpointd.progress import Progress
@@ -114,7 +114,9 @@ async def test_directory_swapped_for_symlink_before_restore(
     memory_store: Any, memory_blobs: Any, workspace: Path, outside: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, {"sub/x": b"inside x", "sub/deeper/y": b"y", "top.txt": b"t"})
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # The sandbox replaces sub/ with a link to a directory outside, and adds one.
     for name in ("sub",):
         for child in sorted((workspace / name).rglob("*"), reverse=True):
@@ -143,7 +145,9 @@ async def test_directory_swapped_for_symlink_during_restore(
     )
     os.chmod(workspace / "sub/mode.txt", 0o600)
     os.chmod(workspace / "sub", 0o750)
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Changes the restore will plan to undo inside sub/: a rewrite, a deletion
     # (outside has a stale.txt too), a mode and a directory mode.
     (workspace / "sub/x").write_bytes(b"changed")
@@ -190,7 +194,9 @@ async def test_checkpoint_with_links_pointing_outside(
 ) -> None:
     # First a normal checkpoint where d/link is a real directory.
     write_tree(workspace, {"d/link/file.txt": b"real dir content", "d/victim.txt": b"v"})
-    normal = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    normal = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     # Then one (made by hand: capture refuses such links) with links leaving the root.
     lease = await memory_store.acquire_writer("t")
     escaping = Checkpoint(
@@ -251,7 +257,11 @@ async def test_capture_never_reads_outside_through_a_directory_swapped_mid_captu
             swapped.append(True)
 
     result = await capture_checkpoint(
-        workspace, memory_store, memory_blobs, "t", data_dir=data_dir, progress=swap_before_uploads
+        workspace,
+        memory_store,
+        memory_blobs,
+        "t",
+        CaptureOptions(data_dir=data_dir, progress=swap_before_uploads),
     )
     assert swapped
     stored = packed_blobs(memory_blobs, memory_store)

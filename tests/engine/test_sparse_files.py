@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd import _native
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
 from .conftest import PAST_NS, wait_out_racy_window
@@ -58,7 +58,9 @@ async def test_a_sparse_file_is_restored_sparse(
         )
     _sparse(workspace / "dense.bin", 3 * MIB + 5, {0: os.urandom(3 * MIB + 5)})
     wait_out_racy_window()
-    await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     fresh = tmp_path / "fresh"
     await restore_checkpoint(
         fresh, memory_store, memory_blobs, "t", RestoreOptions(data_dir=data_dir)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from checkpointd import capture_checkpoint, open_blobs, open_store
+from checkpointd import CaptureOptions, capture_checkpoint, open_blobs, open_store
 from checkpointd.errors import INVALID_PATH, SandboxSnapshotError
 
 from .conftest import write_tree
@@ -64,8 +64,7 @@ async def test_subroot_swapped_for_a_symlink_never_reads_outside(tmp_path: Path)
                         store,
                         blobs,
                         f"t{attempt}",
-                        data_dir=tmp_path / "data",
-                        workspace_subdir="sub",
+                        CaptureOptions(data_dir=tmp_path / "data", workspace_subdir="sub"),
                     )
                 except SandboxSnapshotError as error:
                     assert error.code == INVALID_PATH, error

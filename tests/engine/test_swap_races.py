@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd import _native
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxCheckpointError
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 
@@ -100,7 +100,9 @@ async def test_path_swaps_end_in_file_changed_never_internal(
     memory_store: Any, memory_blobs: Any, workspace: Path, tmp_path: Path, data_dir: Path
 ) -> None:
     write_tree(workspace, _tree())
-    first = await capture_checkpoint(workspace, memory_store, memory_blobs, "t", data_dir=data_dir)
+    first = await capture_checkpoint(
+        workspace, memory_store, memory_blobs, "t", CaptureOptions(data_dir=data_dir)
+    )
     outcomes: Counter[str] = Counter()
     others: list[str] = []
     with _swapping(workspace, tmp_path / "swapper"):
@@ -112,7 +114,11 @@ async def test_path_swaps_end_in_file_changed_never_internal(
                         _native.scan(str(workspace))
                     elif what == "capture":
                         await capture_checkpoint(
-                            workspace, memory_store, memory_blobs, "t", data_dir=data_dir
+                            workspace,
+                            memory_store,
+                            memory_blobs,
+                            "t",
+                            CaptureOptions(data_dir=data_dir),
                         )
                     else:
                         await restore_checkpoint(

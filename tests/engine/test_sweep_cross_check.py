@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.store._options import key_to_bytes
@@ -91,9 +91,13 @@ async def test_a_damaged_count_never_deletes_a_used_blob(
     store = await open_store(store_url)
     try:
         data_dir = tmp_path / "data"
-        first = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         (workspace / "first.txt").unlink()
-        second = await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        second = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
         expected = snapshot_tree(workspace)
         shared = next(e.blob_key for e in second.checkpoint.files if e.path == "shared.txt")
         await _damager(store_url)(store_url, shared, how)

@@ -13,7 +13,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
 from checkpointd.sweep import prune, sweep_blobs
@@ -63,7 +63,9 @@ async def test_sweeps_in_a_loop_never_break_concurrent_captures(tmp_path: Path) 
                 path = workspace / name
                 path.parent.mkdir(exist_ok=True)
                 path.write_bytes(rng.choice(POOL))
-            result = await capture_checkpoint(workspace, store, blobs, thread, data_dir=data_dir)
+            result = await capture_checkpoint(
+                workspace, store, blobs, thread, CaptureOptions(data_dir=data_dir)
+            )
             expected[result.checkpoint.id] = snapshot_tree(workspace, with_mtime=False)
             # Checked at once, before a later capture could upload a lost blob again.
             for key in result.checkpoint.blob_keys():

@@ -26,7 +26,7 @@ import pytest
 
 from checkpointd.blobs import BlobStoreError, open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.chunks import iter_chunks
 from checkpointd.errors import SandboxCheckpointWriterConflictError
 from checkpointd.model import FileEntry
@@ -90,7 +90,7 @@ async def test_the_append_comes_after_every_upload_returned(
             at_append.append(blobs.in_flight)
 
     result = await capture_checkpoint(
-        workspace, store, blobs, "t", data_dir=data_dir, progress=watch
+        workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir, progress=watch)
     )
     assert at_append == [0]
     assert blobs.most_in_flight >= 1
@@ -112,7 +112,7 @@ async def test_a_failed_upload_stops_the_others_before_the_capture_fails(
         s3_blobs, fail=lambda key: key == _key(small) or key.startswith("sandbox-packs/")
     )
     with pytest.raises(BlobStoreError, match="injected"):
-        await capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        await capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     # Nothing still uploading behind the caller's back, nothing appended.
     assert blobs.in_flight == 0
     assert await store.get_head("t") is None
@@ -146,7 +146,7 @@ async def test_a_cancelled_capture_waits_for_its_large_uploads_to_stop(
     )
     blobs = Tracked(inner)
     capture = asyncio.ensure_future(
-        capture_checkpoint(workspace, store, blobs, "t", data_dir=data_dir)
+        capture_checkpoint(workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir))
     )
     await asyncio.wait_for(blobs.large_started.wait(), 30)
     capture.cancel()
@@ -226,7 +226,9 @@ async def test_capture_killed_mid_upload_never_commits_a_missing_or_short_blob(
         deadline = asyncio.get_running_loop().time() + fault_worker.LEASE_MS / 1000 * 5
         while True:
             try:
-                await capture_checkpoint(workspace, store, blobs, "faults", data_dir=data_dir)
+                await capture_checkpoint(
+                    workspace, store, blobs, "faults", CaptureOptions(data_dir=data_dir)
+                )
                 break
             except SandboxCheckpointWriterConflictError:
                 # The killed worker's lease has not expired yet.

@@ -21,7 +21,7 @@ import pytest
 from checkpointd import _native
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import PACK_KEY_PREFIX
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.codec import encode_checkpoint
 from checkpointd.errors import SandboxCheckpointError
 from checkpointd.gateway import wire
@@ -102,7 +102,7 @@ async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     workspace = tmp_path / "a"
     write_tree(workspace, tree)
     first = await capture_checkpoint(
-        workspace, store_a, blobs_a, "tenant-a", data_dir=tmp_path / "data-a"
+        workspace, store_a, blobs_a, "tenant-a", CaptureOptions(data_dir=tmp_path / "data-a")
     )
     contents = {data for data in tree.values() if isinstance(data, bytes)}
     assert first.stats.blobs_uploaded == len(contents)
@@ -129,7 +129,7 @@ async def test_sidecars_of_two_tenants_capture_into_packs_and_restore(
     write_tree(other, {**tree, "b-only.txt": b"only in B's workspace"})
     expected = snapshot_tree(other)
     second = await capture_checkpoint(
-        other, store_b, blobs_b, "tenant-b", data_dir=tmp_path / "data-b"
+        other, store_b, blobs_b, "tenant-b", CaptureOptions(data_dir=tmp_path / "data-b")
     )
     # Each small blob again (the large single object is there: BlobMissing).
     assert second.stats.blobs_uploaded == len(contents)
@@ -167,7 +167,9 @@ async def test_a_frame_damaged_in_the_bucket_fails_the_restore_through_the_gatew
     workspace = tmp_path / "workspace"
     files = {f"d{n % 4}/f{n:03}.txt": b"content of file %d\n" % n * 30 for n in range(200)}
     write_tree(workspace, files)  # type: ignore[arg-type]
-    await capture_checkpoint(workspace, remote, blobs, "tenant-a", data_dir=tmp_path / "data")
+    await capture_checkpoint(
+        workspace, remote, blobs, "tenant-a", CaptureOptions(data_dir=tmp_path / "data")
+    )
     [pack] = await _packs(bucket)
     rows = await store.locate_blobs([_key(data) for data in files.values()])
     victim = sorted((row for row in rows.values() if row is not None), key=lambda r: r.offset)[50]
@@ -246,7 +248,9 @@ async def two_tenants(tmp_path: Path, keys: Keys, gateway_factory: Any) -> Async
     secrets = {f"secret-{n}.txt": b"tenant B's secret number %d\n" % n * 20 for n in range(5)}
     workspace = tmp_path / "b"
     write_tree(workspace, secrets)  # type: ignore[arg-type]
-    await capture_checkpoint(workspace, store_b, blobs_b, "tenant-b", data_dir=tmp_path / "data")
+    await capture_checkpoint(
+        workspace, store_b, blobs_b, "tenant-b", CaptureOptions(data_dir=tmp_path / "data")
+    )
     await store_b.aclose()
     [pack] = await _packs(bucket)
     rows = await store.locate_blobs([_key(d) for d in secrets.values()])
@@ -391,7 +395,9 @@ async def test_a_pack_is_never_presigned(
     remote, blobs = await _sidecar(gateway.address, token)
     workspace = tmp_path / "a"
     write_tree(workspace, {f"f{n}.txt": b"small file %d\n" % n * 9 for n in range(50)})
-    await capture_checkpoint(workspace, remote, blobs, "tenant-a", data_dir=tmp_path / "d")
+    await capture_checkpoint(
+        workspace, remote, blobs, "tenant-a", CaptureOptions(data_dir=tmp_path / "d")
+    )
     [pack] = await _packs(bucket)
     channel = grpc.aio.insecure_channel(gateway.address)
     metadata = (("authorization", f"Bearer {token}"),)
@@ -505,7 +511,9 @@ async def test_a_cold_capture_through_the_gateway_is_a_handful_of_bucket_request
         }
         write_tree(workspace, files)  # type: ignore[arg-type]
         proxy.reset()
-        await capture_checkpoint(workspace, remote, blobs, name, data_dir=tmp_path / f"d-{name}")
+        await capture_checkpoint(
+            workspace, remote, blobs, name, CaptureOptions(data_dir=tmp_path / f"d-{name}")
+        )
         captured = proxy.reset()
         restored = tmp_path / f"{name}-restored"
         await restore_checkpoint(

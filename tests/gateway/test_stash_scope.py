@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.gateway import tokens
 from checkpointd.gateway.remote import RemoteBlobStore, RemoteCheckpointStore
 from checkpointd.history import HistoryRestore, restore_with_history, undo_restore
@@ -36,9 +36,11 @@ async def test_a_sidecar_stashes_and_undoes_through_the_gateway(
     workspace.mkdir()
     try:
         (workspace / "a.txt").write_text("first\n")
-        first = await capture_checkpoint(workspace, store, blobs, "tenant-a", data_dir=data)
+        first = await capture_checkpoint(
+            workspace, store, blobs, "tenant-a", CaptureOptions(data_dir=data)
+        )
         (workspace / "a.txt").write_text("second\n")
-        await capture_checkpoint(workspace, store, blobs, "tenant-a", data_dir=data)
+        await capture_checkpoint(workspace, store, blobs, "tenant-a", CaptureOptions(data_dir=data))
         (workspace / "a.txt").write_text("the agent's edit\n")
 
         restored = await restore_with_history(

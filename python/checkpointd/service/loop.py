@@ -36,7 +36,7 @@ from collections.abc import Awaitable, Callable
 from .. import _native
 from .._engine import run_in_thread
 from ..blobs.base import BlobStore
-from ..capture import CaptureResult, capture_checkpoint
+from ..capture import CaptureOptions, CaptureResult, capture_checkpoint
 from ..diffing import diff_entries
 from ..errors import SandboxCheckpointError, SandboxCheckpointWriterConflictError
 from ..journal import WorkspaceJournal
@@ -284,12 +284,14 @@ class CaptureLoop:
             store,
             blobs,
             self._thread,
-            label=label,
-            policy=self._policy(head),
-            secrets=self._secrets(),
-            data_dir=self._state.data_dir,
-            unchanged_from=unchanged_from,
-            journal=self._state.journal,
+            CaptureOptions(
+                label=label,
+                policy=self._policy(head),
+                secrets=self._secrets(),
+                data_dir=self._state.data_dir,
+                unchanged_from=unchanged_from,
+                journal=self._state.journal,
+            ),
         )
         stats = result.stats
         if result.unchanged:

@@ -461,7 +461,7 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
     async def Capture(
         self, request: pb.CaptureRequest, context: Context
     ) -> AsyncIterator[pb.CaptureEvent]:
-        from ..capture import capture_checkpoint
+        from ..capture import CaptureOptions, capture_checkpoint
 
         store, blobs = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
@@ -522,20 +522,22 @@ class CheckpointdServicer(pb_grpc.CheckpointdServicer):
                 store,
                 blobs,
                 thread_id,
-                label=label,
-                policy=policy,
-                secrets=secrets,
-                conversation=conversation,
-                artifacts=artifacts,
-                source_run_id=source_run_id,
-                data_dir=self.state.data_dir,
-                progress=progress,
-                checkpoint_id=checkpoint_id,
-                workspace_subdir=subdir,
-                skip_if_unchanged=request.skip_if_unchanged,
-                # Kept byte for byte as sent (the proto promises it verbatim).
-                conversation_text=tuple(request.conversation),
-                journal=self.state.journal,
+                CaptureOptions(
+                    label=label,
+                    policy=policy,
+                    secrets=secrets,
+                    conversation=conversation,
+                    artifacts=artifacts,
+                    source_run_id=source_run_id,
+                    data_dir=self.state.data_dir,
+                    progress=progress,
+                    checkpoint_id=checkpoint_id,
+                    workspace_subdir=subdir,
+                    skip_if_unchanged=request.skip_if_unchanged,
+                    # Kept byte for byte as sent (the proto promises it verbatim).
+                    conversation_text=tuple(request.conversation),
+                    journal=self.state.journal,
+                ),
             )
 
         async for item in _with_progress(self.state, thread_id, context, work, checkpoint_id):
