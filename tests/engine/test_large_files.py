@@ -19,8 +19,9 @@ from typing import Any
 import blake3
 import pytest
 
+from checkpointd._capture_scan import HELD_FILES
 from checkpointd.blobs import open_blobs
-from checkpointd.capture import HELD_FILES, CaptureOptions, capture_checkpoint
+from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.errors import FILE_CHANGED, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.restore import RestoreOptions, restore_checkpoint

@@ -12,9 +12,10 @@ import blake3
 import pytest
 
 from checkpointd import _native
+from checkpointd._capture_upload import BATCH_FILES
 from checkpointd.blobs import open_blobs
 from checkpointd.blobs.packs import packed_blobs
-from checkpointd.capture import BATCH_FILES, FILE_CHANGED, CaptureOptions, capture_checkpoint
+from checkpointd.capture import FILE_CHANGED, CaptureOptions, capture_checkpoint
 from checkpointd.errors import INVALID_BLOB, SandboxSnapshotError
 from checkpointd.model import FileEntry
 from checkpointd.progress import Progress

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .. import _native
+from .._capture_scan import SubRoot
 from .._engine import run_in_thread
-from ..capture import SubRoot
 from ..model import Entry, Policy
 from ..scanner import scan_workspace
 from ..statcache_paths import stat_cache_path
@@ -24,7 +24,7 @@ async def scan_live(
     """The live manifest of ``subdir`` ("" for the whole workspace), scanned
     natively off the event loop.
 
-    The sub-root is held by fd exactly as capture holds it (``capture.SubRoot``:
+    The sub-root is held by fd exactly as capture holds it (``_capture_scan.SubRoot``:
     opened from the workspace root one component at a time with O_NOFOLLOW), so
     sandbox code that swaps a component for a symlink gets INVALID_PATH or the
     directory we opened, never an outside directory diffed in the workspace's
