@@ -402,12 +402,15 @@ fn string_end(data: &[u8], start: usize) -> Result<usize, ManifestError> {
         return Err(bad(start, "expected a string"));
     }
     let mut i = start + 1;
-    while i < data.len() {
-        match data[i] {
-            b'"' => return Ok(i + 1),
-            b'\\' => i += 2,
-            _ => i += 1,
+    while let Some(found) = data
+        .get(i..)
+        .and_then(|rest| memchr::memchr2(b'"', b'\\', rest))
+    {
+        i += found;
+        if data[i] == b'"' {
+            return Ok(i + 1);
         }
+        i += 2;
     }
     Err(bad(start, "unterminated string"))
 }
@@ -842,14 +845,58 @@ pub fn files_with_digests(
     if wanted.is_empty() {
         return Ok(out);
     }
-    for row in rows(data)? {
+    if wanted.len() > SEARCHED_DIGESTS {
+        for row in rows(data)? {
+            if let Some(f) = file_row(row)? {
+                if wanted.binary_search(&f.digest).is_ok() {
+                    out.push((json_string(f.path_json)?, f.digest, f.size));
+                }
+            }
+        }
+        return Ok(out);
+    }
+    // A few digests (a capture's new files): search the bytes for their hex
+    // and read only the file rows a find lies in (it may spell a name: the
+    // row's own digest decides).
+    let hexes: Vec<String> = wanted.iter().map(crate::hash::to_hex).collect();
+    let search = aho_corasick::AhoCorasick::builder()
+        .match_kind(aho_corasick::MatchKind::LeftmostFirst)
+        .build(&hexes)
+        .map_err(|_| bad(0, "digest search"))?;
+    let mut last_row = None;
+    for found in search.find_iter(data) {
+        let Some(start) = memchr::memmem::rfind(&data[..found.start()], b"[\"f\",\"") else {
+            continue;
+        };
+        let row = &data[start..row_end(data, start)?];
+        if last_row == Some(start) || start + row.len() < found.end() {
+            continue;
+        }
         if let Some(f) = file_row(row)? {
-            if wanted.binary_search(&f.digest).is_ok() {
+            if f.digest == wanted[found.pattern().as_usize()] {
                 out.push((json_string(f.path_json)?, f.digest, f.size));
+                last_row = Some(start);
             }
         }
     }
     Ok(out)
+}
+
+/// Above this many digests [`files_with_digests`] reads every row instead
+/// of searching for each.
+const SEARCHED_DIGESTS: usize = 64;
+
+/// The end (exclusive) of the row that starts at `start` (its `[`).
+fn row_end(data: &[u8], start: usize) -> Result<usize, ManifestError> {
+    let mut i = start + 1;
+    loop {
+        match data.get(i) {
+            None => return Err(bad(start, "unterminated row")),
+            Some(b'"') => i = string_end(data, i)?,
+            Some(b']') => return Ok(i + 1),
+            Some(_) => i += 1,
+        }
+    }
 }
 
 // ------------------------------------------------------------------ deltas
@@ -1290,6 +1337,40 @@ mod tests {
         let mut out = Vec::new();
         write_json_string(&mut out, text);
         String::from_utf8(out).unwrap()
+    }
+
+    /// Found by searching for a few digests or by reading every row, the
+    /// same files: each row whose content has a wanted digest, once, never
+    /// a row whose name only spells one.
+    #[test]
+    fn files_with_digests_search_as_rows_say() {
+        let (a, b, c) = ([0xa1u8; 32], [0xb2u8; 32], [0xc3u8; 32]);
+        let mut w = ManifestWriter::with_capacity(0);
+        w.file(crate::hash::to_hex(&a).as_str(), &a, 1, 0o644, 1);
+        w.file("d/\"x", &b, 2, 0o644, 1);
+        w.dir(crate::hash::to_hex(&c).as_str(), 0o755);
+        w.file("e", &a, 3, 0o644, 1);
+        w.file(
+            format!("f{}", crate::hash::to_hex(&c)).as_str(),
+            &b,
+            4,
+            0o644,
+            1,
+        );
+        let data = w.finish();
+        let mut wanted = vec![a, c];
+        wanted.sort();
+        let found = files_with_digests(&data, &wanted).unwrap();
+        let names: Vec<&str> = found.iter().map(|(p, _, _)| p.as_str()).collect();
+        assert_eq!(names, [crate::hash::to_hex(&a).as_str(), "e"]);
+        let many: Vec<[u8; 32]> = (0..=SEARCHED_DIGESTS as u8).map(|n| [n; 32]).collect();
+        let mut all = many.clone();
+        all.extend([a, b]);
+        all.sort();
+        let read = files_with_digests(&data, &all).unwrap();
+        assert_eq!(read.len(), 4);
+        let searched = files_with_digests(&data, &[b]).unwrap();
+        assert_eq!(searched.iter().map(|f| f.2).collect::<Vec<_>>(), [2, 4]);
     }
 
     /// The merged delta rebuilds the new manifest and inserts exactly the
