@@ -27,7 +27,7 @@ import pytest
 
 from checkpointd.gateway import tokens
 from checkpointd.service.client import Client, RpcError
-from checkpointd.service.servicer import derive_checkpoint_id
+from checkpointd.service.request_ids import derive_checkpoint_id
 from checkpointd.service.status import FORBIDDEN, UNAUTHENTICATED
 from tests.fixtures.postgres import ROLE_PASSWORD, SUPERUSER_PASSWORD, PostgresServer
 from tests.fixtures.s3 import S3Server

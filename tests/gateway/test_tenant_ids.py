@@ -23,7 +23,7 @@ from checkpointd.gateway.remote import RemoteBlobStore, RemoteCheckpointStore
 from checkpointd.ids import derive_request_id
 from checkpointd.model import Checkpoint
 from checkpointd.service.client import RpcError
-from checkpointd.service.servicer import SPENT_REQUEST_PREFIX
+from checkpointd.service.request_ids import SPENT_REQUEST_PREFIX
 from checkpointd.service.status import FORBIDDEN
 from checkpointd.store.sqlite import SqliteCheckpointStore
 

@@ -98,15 +98,15 @@ async def test_restore_rpc_with_secret_names(daemons: DaemonFactory, short_tmp: 
 def test_unfilled_secret_paths_stay_bounded() -> None:
     """However many files hold zeros, RestoreDone lists a bounded prefix of them
     (its count says how many there are)."""
-    from checkpointd.service.servicer import (
+    from checkpointd.service.restore_rpcs import (
         MAX_UNFILLED_BYTES,
         MAX_UNFILLED_PATHS,
-        _bounded_paths,
+        bounded_paths,
     )
 
     many = [f"dir/file-{index:06d}.env" for index in range(MAX_UNFILLED_PATHS + 5)]
-    assert _bounded_paths(many) == many[:MAX_UNFILLED_PATHS]
+    assert bounded_paths(many) == many[:MAX_UNFILLED_PATHS]
     long = ["d/" + "x" * 4000 + f"{index}" for index in range(1000)]
-    kept = _bounded_paths(long)
+    kept = bounded_paths(long)
     assert kept == long[: len(kept)] and sum(len(p) for p in kept) <= MAX_UNFILLED_BYTES
     assert 0 < len(kept) < len(long)

@@ -52,7 +52,7 @@ from ..errors import SandboxCheckpointInvalidArgumentError
 from ..ids import names_another_thread
 from ..model import Checkpoint, WriterLease, stash_owner
 from ..service import status
-from ..service.servicer import SPENT_REQUEST_PREFIX
+from ..service.request_ids import SPENT_REQUEST_PREFIX
 from ..store.base import (
     BlobCount,
     CheckpointStore,
@@ -77,7 +77,7 @@ UPLOAD_OPS = ("capture", "admin")
 ADMIN = ("admin",)
 # Threads read per store page when ListThreads filters to a token's threads.
 THREAD_SCAN_PAGE = 500
-# The bytes of servicer.mark_spent's markers (the daemon's, not content-addressed).
+# The bytes of request_ids.mark_spent's markers (the daemon's, not content-addressed).
 SPENT_MARKER_BYTES = b"deleted\n"
 # Presigned GET URLs: default and longest lifetime.
 DEFAULT_SIGNED_URL_S = 300
@@ -611,7 +611,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
 
     async def _check_spent_marker(self, scope: TokenScope, key: str, data: Any) -> None:
         """The one object a sidecar stores that is not content-addressed: the
-        daemon's marker of a request_id checkpoint it deletes (servicer.mark_spent).
+        daemon's marker of a request_id checkpoint it deletes (service.request_ids.mark_spent).
         Only with its fixed bytes, and only for a checkpoint of a thread the
         token may prune (the daemon marks before it deletes) or one the store
         already records as spent (deleted: the marker says nothing new). Never

@@ -46,7 +46,7 @@ from ..scanner import ScanOutcome, scan_workspace
 from ..statcache_paths import stat_cache_path
 from ..store.base import CheckpointStore
 from .config import ServeConfig
-from .servicer import ServiceState
+from .state import ServiceState
 
 _log = logging.getLogger("checkpointd.loop")
 

@@ -46,9 +46,15 @@ from ..safefs import remove_stale_staging
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, chunk_settings, grpc_address
-from .guard import TRANSPORT_LIMIT_BYTES, RequestGuardInterceptor, UnknownMethodHandler
+from .guard import (
+    MAX_MESSAGE_BYTES,
+    TRANSPORT_LIMIT_BYTES,
+    RequestGuardInterceptor,
+    UnknownMethodHandler,
+)
 from .reflection import enable_reflection
-from .servicer import MAX_MESSAGE_BYTES, CheckpointdServicer, ServiceState
+from .servicer import CheckpointdServicer
+from .state import ServiceState
 from .status import UNKNOWN_SERVICE, ServiceError, abort
 from .watch import Verifier, start_journal
 
