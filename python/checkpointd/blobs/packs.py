@@ -55,7 +55,7 @@ Safety with the sweep (docs/contract.md#prune-and-sweep), pinned per pack, not p
   (``sandbox-packs/blake3/<hex>``, through the capture's ``pin``) after the
   pack is built and before it is uploaded. The sweep deletes a pack no row
   points at only after condemning the pack's key and every key in it
-  (``sweep._delete_pack``); a live pin on the pack refuses that, and a pin
+  (``_sweep_delete._delete_pack``); a live pin on the pack refuses that, and a pin
   made while a sweep holds the pack condemned (a pack of these very bytes
   being deleted) waits until the sweep lets go, so the delete is over before
   the upload starts. A cold capture of 100,000 small files so writes a handful
