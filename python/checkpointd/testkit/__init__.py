@@ -24,6 +24,12 @@ import pytest
 # Plain ``assert`` statements in the suites get pytest's detailed messages.
 pytest.register_assert_rewrite(
     "checkpointd.testkit._checkpoint_suite",
+    "checkpointd.testkit._checkpoint_world",
+    "checkpointd.testkit._checkpoint_appends",
+    "checkpointd.testkit._checkpoint_values",
+    "checkpointd.testkit._checkpoint_leases",
+    "checkpointd.testkit._checkpoint_prune_fork",
+    "checkpointd.testkit._checkpoint_blobs",
     "checkpointd.testkit._instance_suite",
     "checkpointd.testkit._support",
 )
