@@ -427,6 +427,11 @@ def manifest_files_with_digests(data: bytes, digests: bytes) -> list[tuple[str, 
 def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
     """The delta that builds ``new`` from ``base``, and how many rows it inserts."""
 
+def manifest_row(data: bytes, path: str) -> bytes | None:
+    """The row of ``path`` in a manifest whose rows are in path order (as a
+    scan writes them), found by bisecting the bytes; None when there is none
+    where that order puts it."""
+
 def manifest_apply(base: bytes, chain: list[bytes]) -> bytes:
     """The manifest a chain of deltas of ``manifest_delta`` builds on top of
     ``base``: each applied to what the one before built, the bytes copied once."""

@@ -7,15 +7,18 @@ import base64
 import json
 from collections.abc import AsyncIterator
 
-from .. import diffing, validation
+from .. import _native, diffing, validation
+from .._engine import run_in_thread
 from ..blobs.base import BlobNotFoundError
 from ..chunk_blobs import read_file_blobs
+from ..codec import decode_entries
 from ..errors import (
     MISSING_CHECKPOINT,
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
 from ..history import list_user_threads, owner_of
+from ..manifest import manifest_of
 from ..model import ARTIFACT_KEY_PREFIX, Checkpoint, Entry, FileEntry, stash_thread_id
 from ..secrets import parse_secrets
 from ..store.base import ThreadListing
@@ -202,7 +205,7 @@ class ReadRpcs(RpcGroup):
     ) -> AsyncIterator[pb.ReadFileResponse]:
         _, blobs = self.state.stores()
         checkpoint = await self._checkpoint(request.checkpoint_id)
-        entry = next((e for e in checkpoint.files if e.path == request.path), None)
+        entry = await run_in_thread(lambda: find_entry(checkpoint, request.path))
         if not isinstance(entry, FileEntry):
             raise ServiceError(
                 MISSING_ENTRY,
@@ -322,3 +325,13 @@ def _decode_thread_token(token: str) -> str:
         raise SandboxCheckpointInvalidArgumentError(
             "bad page_token", details={"page_token": token[:64]}
         ) from exc
+
+
+def find_entry(checkpoint: Checkpoint, path: str) -> Entry | None:
+    """The entry at ``path``: its row found in the manifest's bytes and
+    decoded alone (a scan writes rows in path order), else every entry looked
+    at (a manifest some other writer put in another order)."""
+    row = _native.manifest_row(manifest_of(checkpoint.files).data, path)
+    if row is not None:
+        return decode_entries(b"[" + row + b"]")[0]
+    return next((e for e in checkpoint.files if e.path == path), None)

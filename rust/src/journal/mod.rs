@@ -35,7 +35,7 @@ pub mod dirty;
 mod links;
 pub mod scan;
 mod source;
-mod splice;
+pub(crate) mod splice;
 mod tree;
 pub mod verify;
 

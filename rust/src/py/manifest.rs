@@ -101,3 +101,17 @@ pub fn manifest_apply<'py>(
         .map_err(invalid)?;
     Ok(PyBytes::new(py, &out))
 }
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_row<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    path: &str,
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    let found = py.allow_threads(|| {
+        let parent = crate::journal::splice::Parent::new(data)?;
+        Ok::<_, ManifestError>(parent.find(path)?.map(|(span, _)| parent.rows(span)))
+    });
+    Ok(found.map_err(invalid)?.map(|row| PyBytes::new(py, row)))
+}

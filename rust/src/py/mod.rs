@@ -77,5 +77,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest::manifest_files_with_digests, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_delta, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_apply, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_row, m)?)?;
     Ok(())
 }
