@@ -14,6 +14,10 @@
 //!
 //! Zeros are not written: a file is sized first, so a chunk of zeros (a
 //! sparse file's holes) stays a hole.
+//!
+//! A file whose live version holds most of its chunks where they belong is
+//! patched in place instead (`crate::restore::patch`): only its changed
+//! chunks are staged, end to end in a patch file.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +30,7 @@ use crate::fs;
 use crate::hash::{self, DigestMap, DigestSet};
 use crate::manifest;
 use crate::redact::SecretSet;
+use crate::restore::patch::{self, Patch};
 use crate::restore::{Restore, RestoreError};
 
 /// Chunk lists by whole-file digest.
@@ -38,6 +43,8 @@ struct Target {
     size: u64,
     uses: Mutex<Vec<(usize, OwnedFd)>>,
     left: AtomicU64,
+    /// Built as a patch of the live file: `uses` is then its patch file.
+    patch: Option<Patch>,
 }
 
 /// The chunked files of one restore, being filled.
@@ -66,7 +73,7 @@ pub fn prepare(
     secrets: &SecretSet,
     params: Option<ChunkParams>,
 ) -> Result<Restore, RestoreError> {
-    let Some(mut assembly) = Assembly::new(&restore, &target)? else {
+    let Some(mut assembly) = Assembly::new(&restore, &target, &live, secrets)? else {
         return Ok(restore);
     };
     assembly.stage_local(&restore, &live, secrets)?;
@@ -88,6 +95,8 @@ impl Assembly {
     fn new(
         restore: &Restore,
         target: &[manifest::ChunkedFile],
+        live: &[manifest::ChunkedFile],
+        secrets: &SecretSet,
     ) -> Result<Option<Assembly>, RestoreError> {
         let mut lists: DigestMap<Vec<ChunkRef>> = DigestMap::default();
         for file in target {
@@ -99,6 +108,10 @@ impl Assembly {
             return Ok(None);
         }
         raise_open_file_limit(lists.len());
+        let live_lists: std::collections::HashMap<&str, &[ChunkRef]> = live
+            .iter()
+            .map(|f| (f.path.as_str(), f.chunks.as_slice()))
+            .collect();
         let mut assembly = Assembly {
             targets: Vec::with_capacity(lists.len()),
             wholes: lists.keys().copied().collect(),
@@ -107,42 +120,74 @@ impl Assembly {
             cache: None,
         };
         for (whole, chunks) in lists {
-            let size: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
-            let uses = restore.create_uses_for_chunks(&whole)?;
-            for (index, fd) in &uses {
-                fs_size(fd, size).map_err(|e| io_error(restore.shown_write(*index), "size", e))?;
-            }
-            let number = assembly.targets.len() as u32;
-            let mut offset = 0u64;
-            for c in &chunks {
-                let place = assembly
-                    .places
-                    .entry(c.digest)
-                    .or_insert_with(|| (c.len, Vec::new()));
-                if place.0 != c.len {
-                    return Err(RestoreError::InvalidBlob {
-                        hash: c.digest,
-                        reason: format!("chunk lists give it lengths {} and {}", place.0, c.len),
-                    });
-                }
-                place.1.push((number, offset));
-                offset += u64::from(c.len);
-            }
-            assembly.targets.push(Target {
-                whole,
-                size,
-                uses: Mutex::new(uses),
-                left: AtomicU64::new(size),
-            });
+            let patched = if secrets.is_empty() {
+                plan_patch(restore, &whole, &chunks, &live_lists)
+            } else {
+                None
+            };
+            let (placed, patch) = match patched {
+                Some((patch, changed)) => (changed, Some(patch)),
+                None => (chunks, None),
+            };
+            assembly.add_target(restore, whole, &placed, patch)?;
         }
         // A file of size 0 has no chunk and is finished at once (never chunked
-        // by a capture, but a list could say so).
+        // by a capture, but a list could say so); so is a patch with nothing
+        // to write.
         for t in 0..assembly.targets.len() {
             if assembly.targets[t].size == 0 {
                 assembly.finish(restore, t)?;
             }
         }
         Ok(Some(assembly))
+    }
+
+    /// Add the target `whole` built from `chunks` end to end (for a patch:
+    /// its changed chunks, in its patch file).
+    fn add_target(
+        &mut self,
+        restore: &Restore,
+        whole: [u8; 32],
+        chunks: &[ChunkRef],
+        patch: Option<Patch>,
+    ) -> Result<(), RestoreError> {
+        let size: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+        let uses = restore.create_uses_for_chunks(&whole)?;
+        for (index, fd) in &uses {
+            fs_size(fd, size).map_err(|e| io_error(restore.shown_write(*index), "size", e))?;
+        }
+        let number = self.targets.len() as u32;
+        let mut offset = 0u64;
+        for c in chunks {
+            let place = self
+                .places
+                .entry(c.digest)
+                .or_insert_with(|| (c.len, Vec::new()));
+            if place.0 != c.len {
+                return Err(RestoreError::InvalidBlob {
+                    hash: c.digest,
+                    reason: format!("chunk lists give it lengths {} and {}", place.0, c.len),
+                });
+            }
+            place.1.push((number, offset));
+            offset += u64::from(c.len);
+        }
+        self.targets.push(Target {
+            whole,
+            size,
+            uses: Mutex::new(uses),
+            left: AtomicU64::new(size),
+            patch,
+        });
+        Ok(())
+    }
+
+    /// The patch of the write of `index`, when it is patched in place.
+    pub fn patch_for(&self, index: usize) -> Option<&Patch> {
+        self.targets
+            .iter()
+            .filter_map(|t| t.patch.as_ref())
+            .find(|p| p.index == index)
     }
 
     /// The length of a chunk this assembly needs.
@@ -218,6 +263,13 @@ impl Assembly {
     fn finish(&self, restore: &Restore, t: usize) -> Result<(), RestoreError> {
         let target = &self.targets[t];
         let uses = std::mem::take(&mut *target.uses.lock().unwrap_or_else(|e| e.into_inner()));
+        if let Some(patch) = &target.patch {
+            // Its pieces were each verified as they came: apply patches.
+            for (_index, fd) in uses {
+                patch.set_ready(fd);
+            }
+            return Ok(());
+        }
         for (index, fd) in uses {
             let holds = hash::file_holds(fd.as_raw_fd(), target.size, &target.whole, None)
                 .map_err(|e| io_error(restore.shown_write(index), "read back", e))?;
@@ -310,6 +362,24 @@ impl Assembly {
             None => Ok(()),
         }
     }
+}
+
+/// The patch of the target `whole` and the chunks it stages, when its one
+/// write can patch the live file at its path (`crate::restore::patch`).
+fn plan_patch(
+    restore: &Restore,
+    whole: &[u8; 32],
+    chunks: &[ChunkRef],
+    live: &std::collections::HashMap<&str, &[ChunkRef]>,
+) -> Option<(Patch, Vec<ChunkRef>)> {
+    let index = restore.single_flat_use(whole)?;
+    let path = restore.plan.writes[index].path.as_str();
+    let live = live.get(path)?;
+    let (_kept, changed) = patch::split_kept(chunks, live)?;
+    let live_size = live.iter().map(|c| u64::from(c.len)).sum();
+    let planned = patch::patchable(restore.ws.fd.as_raw_fd(), path, restore.ws.dev, live_size)?;
+    let staged = changed.iter().map(|(_, c)| *c).collect();
+    Some((Patch::new(index, &changed, planned), staged))
 }
 
 fn fs_size(fd: &OwnedFd, size: u64) -> std::io::Result<()> {

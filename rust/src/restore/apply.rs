@@ -315,6 +315,9 @@ impl Restore {
 
     /// Rename one prepared flat file into place and record the inode it put there.
     fn rename_write(&self, dirs: &mut DirStack<'_>, index: usize) -> Result<(), RestoreError> {
+        if let Some(patch) = self.chunks.as_ref().and_then(|c| c.patch_for(index)) {
+            return self.patch_in_place(dirs, index, patch);
+        }
         let entry = &self.plan.writes[index];
         let written = self
             .prepared
@@ -339,13 +342,18 @@ impl Restore {
         self.count_written([entry.size]);
         if self.record && !entry.secrets {
             if let Some(stat) = self.read_back(parent_fd, &leaf, entry, &written.stat) {
-                self.recorded
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((entry.path.clone(), CacheEntry::new(&stat, entry.hash)));
+                self.record_written(entry.path.clone(), CacheEntry::new(&stat, entry.hash));
             }
         }
         Ok(())
+    }
+
+    /// The stat cache learns `entry` for `path` at `finish` (its bytes were read back).
+    pub(super) fn record_written(&self, path: String, entry: CacheEntry) {
+        self.recorded
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((path, entry));
     }
 
     /// The stat the cache may learn of the file `leaf` in `parent_fd` just
@@ -372,7 +380,7 @@ impl Restore {
 
     /// The parent directory of `path` (created as needed) and the leaf name;
     /// None when it lies on another device (reported, left alone).
-    fn reach_parent(
+    pub(super) fn reach_parent(
         &self,
         dirs: &mut DirStack<'_>,
         path: &[u8],
@@ -605,7 +613,7 @@ impl Restore {
         skipped
     }
 
-    fn count_written(&self, sizes: impl IntoIterator<Item = u64>) {
+    pub(super) fn count_written(&self, sizes: impl IntoIterator<Item = u64>) {
         let (mut files, mut bytes) = (0, 0);
         for size in sizes {
             files += 1;

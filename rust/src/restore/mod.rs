@@ -42,6 +42,7 @@
 //!
 //! One file per stage: `plan` (what changes), `stage` (blobs verified into
 //! staging), `apply` (staging moved in, metadata set, the stat cache told),
+//! `patch` (a large file's changed chunks written into the live file),
 //! `writeback` (the `syncfs` thread); `dirs` reaches directories by fd for
 //! all of them. This file holds the error, the workspace and the [`Restore`]
 //! that carries one restore through the stages.
@@ -71,6 +72,7 @@ use crate::statcache::CacheEntry;
 
 mod apply;
 mod dirs;
+pub(crate) mod patch;
 mod plan;
 mod stage;
 mod writeback;

@@ -245,6 +245,13 @@ impl Restore {
         self.create_uses(&mut dirs, hash)
     }
 
+    /// The write of `hash` when it is its only one and renamed in by itself
+    /// (so the live file at its path, if any, may be patched instead).
+    pub(crate) fn single_flat_use(&self, hash: &[u8; 32]) -> Option<usize> {
+        let first = self.blobs.get(hash)?.first;
+        (self.next_use[first] == NO_USE && self.dests[first] == Dest::Flat).then_some(first)
+    }
+
     /// Where write `index` is prepared, for messages.
     pub(crate) fn shown_write(&self, index: usize) -> String {
         self.shown_prepared(index)
