@@ -240,15 +240,7 @@ class SqlCheckpointStore:
         async def body(tx: WriteTx) -> tuple[int, documents.Stored]:
             state = await tx.lock_thread(thread_id)
             facts = await tx.append_facts(checkpoint.id, expected_head_id)
-            check_append_state(
-                checkpoint,
-                expected_head_id,
-                writer,
-                lease=state.lease,
-                now=facts.now,
-                id_used=facts.id_used,
-                head_id=state.head_id,
-            )
+            check_append_state(checkpoint, expected_head_id, writer, state, facts)
             parent: documents.Content | None = None
             depth = 0
             if expected_head_id is not None:

@@ -48,16 +48,15 @@ def check_append_state(
     checkpoint: Checkpoint,
     expected_head_id: str | None,
     writer: WriterLike,
-    *,
-    lease: LeaseRecord | None,
-    now: int,
-    id_used: bool,
-    head_id: str | None,
+    state: ThreadState,
+    facts: AppendFacts,
 ) -> None:
-    """docs/contract.md#checkpoint-store append checks 3–6 against the state read under the thread's lock."""
+    """docs/contract.md#checkpoint-store append checks 3–6 against the state read
+    under the thread's lock (``state``) and the facts read after it (``facts``)."""
     thread_id = checkpoint.thread_id
-    check_writer(writer, thread_id, lease, now)
-    if id_used:
+    head_id = state.head_id
+    check_writer(writer, thread_id, state.lease, facts.now)
+    if facts.id_used:
         raise duplicate_id(checkpoint.id)
     if head_id != expected_head_id:
         raise SandboxCheckpointConflictError(
