@@ -76,29 +76,31 @@ def checkpoint(
     created_at: Any = 1,
     *,
     files: Iterable[Any] | None = None,
-    artifacts: Iterable[Any] = (),
-    conversation: Iterable[Any] = (),
-    reason: Any = "automatic",
-    label: Any = None,
-    source_run_id: Any = None,
+    **fields: Any,
 ) -> Checkpoint:
-    """A valid checkpoint unless the arguments say otherwise (any field may be broken)."""
+    """A valid checkpoint unless the arguments say otherwise (any field may be
+    broken). ``fields``: the other ``Checkpoint`` fields (``artifacts`` and
+    ``conversation`` taken as any iterable)."""
     entries: tuple[Entry, ...]
     if files is None:
         entries = (DirEntry("src"), fentry("src/a.txt", 1), SymlinkEntry("link", "src/a.txt"))
     else:
         entries = tuple(files)
+    values: dict[str, Any] = {
+        "reason": "automatic",
+        "label": None,
+        "source_run_id": None,
+        **fields,
+        "conversation": tuple(fields.get("conversation", ())),
+        "artifacts": tuple(fields.get("artifacts", ())),
+    }
     return Checkpoint(
         id=checkpoint_id,
         thread_id=thread_id,
         parent_checkpoint_id=parent,
         created_at=created_at,
-        reason=reason,
         files=entries,
-        conversation=tuple(conversation),
-        artifacts=tuple(artifacts),
-        label=label,
-        source_run_id=source_run_id,
+        **values,
     )
 
 
