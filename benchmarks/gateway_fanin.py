@@ -241,9 +241,7 @@ async def bench(args: argparse.Namespace) -> dict[str, Any]:
         public = tokens.generate_key(base / "key.pem")
         token = tokens.mint(
             tokens.load_signing_key(base / "key.pem"),
-            thread_prefixes=["sb-"],
-            ops=["capture"],
-            ttl_s=3600,
+            tokens.TokenGrant(thread_prefixes=["sb-"], ops=["capture"], ttl_s=3600),
         )
         port = _free_port()
         log = (base / "gateway.log").open("wb")

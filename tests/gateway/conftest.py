@@ -12,7 +12,7 @@ import pytest
 from checkpointd.gateway import tokens
 from checkpointd.gateway.remote import GatewayConnection, RemoteCheckpointStore
 from checkpointd.gateway.server import GatewayConfig, build_gateway_server
-from checkpointd.gateway.servicer import GatewayServicer
+from checkpointd.gateway.servicer import BackendNames, GatewayServicer
 
 
 @dataclass
@@ -31,11 +31,9 @@ class Keys:
     ) -> str:
         return tokens.mint(
             tokens.load_signing_key(self.private),
-            threads=threads,
-            thread_prefixes=prefixes,
-            ops=ops,
-            ttl_s=ttl_s,
-            **kwargs,
+            tokens.TokenGrant(
+                threads=threads, thread_prefixes=prefixes, ops=ops, ttl_s=ttl_s, **kwargs
+            ),
         )
 
 
@@ -52,7 +50,7 @@ class InProcessGateway:
     def __init__(self, store: Any, blobs: Any, public_key: Path, observe: Any = None) -> None:
         verifier = tokens.TokenVerifier(tokens.load_verifying_key(public_key))
         self.servicer = GatewayServicer(
-            store, blobs, verifier, store_backend="test", observe=observe
+            store, blobs, verifier, backend_names=BackendNames(store="test"), observe=observe
         )
         config = GatewayConfig(
             listen="127.0.0.1:0",

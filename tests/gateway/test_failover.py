@@ -49,9 +49,11 @@ async def test_a_sidecar_moves_to_the_next_gateway_when_the_first_is_killed(
     ]
     token = tokens.mint(
         tokens.load_signing_key(base / "key.pem"),
-        thread_prefixes=["failover/"],
-        ops=["capture", "restore", "list", "prune"],
-        ttl_s=600,
+        tokens.TokenGrant(
+            thread_prefixes=["failover/"],
+            ops=["capture", "restore", "list", "prune"],
+            ttl_s=600,
+        ),
     )
     sidecar = None
     try:

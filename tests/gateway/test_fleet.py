@@ -95,7 +95,7 @@ class Fleet:
             "ttl_s": 3600,
         }
         options.update(kwargs)
-        return tokens.mint(key, **options)  # type: ignore[arg-type]
+        return tokens.mint(key, tokens.TokenGrant(**options))  # type: ignore[arg-type]
 
     def gateway_url(self, first: int = 0) -> str:
         order = self.gateways[first:] + self.gateways[:first]

@@ -54,7 +54,7 @@ class Setup:
     def token(self, **kwargs: object) -> str:
         options: dict[str, object] = {"threads": ["t"], "ops": ["capture"], "ttl_s": 600}
         options.update(kwargs)
-        return tokens.mint(tokens.load_signing_key(self.private), **options)  # type: ignore[arg-type]
+        return tokens.mint(tokens.load_signing_key(self.private), tokens.TokenGrant(**options))  # type: ignore[arg-type]
 
     def gateway(self, name: str, *extra: str) -> tuple[GatewayProcess, str]:
         prefix = f"hostile-{name}-{uuid.uuid4().hex}"

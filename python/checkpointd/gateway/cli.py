@@ -18,7 +18,12 @@ EXIT_UNAVAILABLE = 3
 
 def add_commands(commands: Any) -> None:
     """Add ``gateway`` and ``token`` to the CLI's subcommands."""
-    from .scopes import DEFAULT_AUDIENCE, DEFAULT_OPS, OPS
+    _add_gateway(commands)
+    _add_token(commands)
+
+
+def _add_gateway(commands: Any) -> None:
+    from .scopes import DEFAULT_AUDIENCE
 
     gateway = commands.add_parser(
         "gateway",
@@ -81,6 +86,10 @@ def add_commands(commands: Any) -> None:
     )
     gateway.add_argument("--log-level", default="INFO")
 
+
+def _add_token(commands: Any) -> None:
+    from .scopes import DEFAULT_AUDIENCE, DEFAULT_OPS, OPS
+
     token = commands.add_parser("token", help="make signing keys and mint scoped gateway tokens")
     actions = token.add_subparsers(dest="token_command", required=True, metavar="ACTION")
     keygen = actions.add_parser("keygen", help="write a new Ed25519 key pair (K and K.pub)")
@@ -129,13 +138,15 @@ def run_token(args: argparse.Namespace) -> int:
         print(
             tokens.mint(
                 key,
-                threads=args.thread,
-                thread_prefixes=args.thread_prefix,
-                ops=args.ops.split(","),
-                ttl_s=parse_duration(args.ttl),
-                audience=args.audience,
-                subject=args.subject,
-                all_threads=args.all_threads,
+                tokens.TokenGrant(
+                    threads=args.thread,
+                    thread_prefixes=args.thread_prefix,
+                    ops=args.ops.split(","),
+                    ttl_s=parse_duration(args.ttl),
+                    audience=args.audience,
+                    subject=args.subject,
+                    all_threads=args.all_threads,
+                ),
             )
         )
         return EXIT_OK

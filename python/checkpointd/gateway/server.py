@@ -33,7 +33,7 @@ from ..v1 import gateway_pb2, gateway_pb2_grpc
 from . import wire
 from .auth import GatewayAuthInterceptor
 from .packs import MAX_PACK_DECODED_BYTES, MAX_PACKED_BLOB_BYTES, PackLimits
-from .servicer import GatewayServicer
+from .servicer import BackendNames, GatewayServicer
 from .tokens import DEFAULT_AUDIENCE, TokenVerifier, load_verifying_key
 
 SERVICE_NAME = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
@@ -205,8 +205,7 @@ async def run(config: GatewayConfig, *, ready: asyncio.Event | None = None) -> i
         store,
         blobs,
         verifier,
-        store_backend=backend_name(config.store),
-        blob_backend=backend_name(config.blobs),
+        backend_names=BackendNames(backend_name(config.store), backend_name(config.blobs)),
         observe=metrics.observe if metrics is not None else None,
         pack_limits=config.pack_limits,
     )

@@ -39,6 +39,7 @@ import datetime
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import grpc
@@ -136,6 +137,14 @@ def _decoded(document: bytes) -> Checkpoint:
         ) from None
 
 
+@dataclass(frozen=True, slots=True)
+class BackendNames:
+    """What GetInfo says the gateway's store and bucket are ("postgresql", "s3"...)."""
+
+    store: str = ""
+    blobs: str = ""
+
+
 class GatewayServicer(gpb_grpc.GatewayServicer):
     def __init__(
         self,
@@ -143,16 +152,15 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         blobs: BlobStore,
         verifier: TokenVerifier,
         *,
-        store_backend: str = "",
-        blob_backend: str = "",
+        backend_names: BackendNames = BackendNames(),
         observe: Callable[[str, grpc.StatusCode, float], None] | None = None,
         pack_limits: pack_rules.PackLimits | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
         self.verifier = verifier
-        self.store_backend = store_backend
-        self.blob_backend = blob_backend
+        self.store_backend = backend_names.store
+        self.blob_backend = backend_names.blobs
         self._renew, self._release = _lease_callbacks(store)
         self.authenticator = Authenticator(verifier)
         self._pins = pack_rules.Pins()  # keys pinned through this gateway
@@ -796,4 +804,4 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         return await self._unary("BlobDelete", context, work)
 
 
-__all__ = ["BlobNotFoundError", "GatewayServicer"]
+__all__ = ["BackendNames", "BlobNotFoundError", "GatewayServicer"]

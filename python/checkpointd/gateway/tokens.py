@@ -133,25 +133,29 @@ def _check_ops(ops: Iterable[str]) -> tuple[str, ...]:
     return chosen
 
 
-def mint(
-    key: Ed25519PrivateKey,
-    *,
-    threads: Iterable[str] = (),
-    thread_prefixes: Iterable[str] = (),
-    ops: Iterable[str] = DEFAULT_OPS,
-    ttl_s: float,
-    audience: str = DEFAULT_AUDIENCE,
-    subject: str | None = None,
-    now: float | None = None,
-    all_threads: bool = False,
-) -> str:
-    """A signed token granting ``ops`` on ``threads`` and threads under
-    ``thread_prefixes`` (every thread: ``all_threads``) for ``ttl_s`` seconds.
-    Raises InvalidArgument for an empty scope, an empty thread id or prefix
-    (an empty prefix covers every tenant's threads: that is ``all_threads``,
-    asked for by name), an unknown op or a non-positive ttl."""
-    thread_list = list(dict.fromkeys(threads))
-    prefix_list = list(dict.fromkeys(thread_prefixes))
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenGrant:
+    """What ``mint`` signs: ``ops`` on ``threads`` and on threads under
+    ``thread_prefixes`` (every thread: ``all_threads``) for ``ttl_s`` seconds
+    from ``now`` (seconds since the epoch; default the wall clock)."""
+
+    ttl_s: float
+    threads: Iterable[str] = ()
+    thread_prefixes: Iterable[str] = ()
+    ops: Iterable[str] = DEFAULT_OPS
+    all_threads: bool = False
+    audience: str = DEFAULT_AUDIENCE
+    subject: str | None = None  # who it is for (default: the first thread)
+    now: float | None = None
+
+
+def mint(key: Ed25519PrivateKey, grant: TokenGrant) -> str:
+    """A token signed with ``key`` granting what ``grant`` says. Raises
+    InvalidArgument for an empty scope, an empty thread id or prefix (an empty
+    prefix covers every tenant's threads: that is ``all_threads``, asked for by
+    name), an unknown op or a non-positive ttl."""
+    thread_list = list(dict.fromkeys(grant.threads))
+    prefix_list = list(dict.fromkeys(grant.thread_prefixes))
     if any(not isinstance(t, str) or not t for t in thread_list):
         raise SandboxCheckpointInvalidArgumentError("thread ids must be non-empty strings")
     if any(not isinstance(p, str) or not p for p in prefix_list):
@@ -159,26 +163,26 @@ def mint(
             "an empty --thread-prefix would cover every tenant's threads: "
             "pass --all-threads if that is meant"
         )
-    if all_threads:
+    if grant.all_threads:
         prefix_list = [""]
     if not thread_list and not prefix_list:
         raise SandboxCheckpointInvalidArgumentError(
             "a token needs at least one --thread or --thread-prefix (or --all-threads)"
         )
-    if not ttl_s > 0:
-        raise SandboxCheckpointInvalidArgumentError(f"--ttl must be positive, got {ttl_s!r}")
-    issued = int(time.time() if now is None else now)
+    if not grant.ttl_s > 0:
+        raise SandboxCheckpointInvalidArgumentError(f"--ttl must be positive, got {grant.ttl_s!r}")
+    issued = int(time.time() if grant.now is None else grant.now)
     claims: dict[str, Any] = {
         "iss": ISSUER,
-        "aud": audience,
-        "sub": subject or (thread_list[0] if thread_list else prefix_list[0] + "*"),
+        "aud": grant.audience,
+        "sub": grant.subject or (thread_list[0] if thread_list else prefix_list[0] + "*"),
         "iat": issued,
         "nbf": issued,
-        "exp": issued + max(int(ttl_s), 1),
+        "exp": issued + max(int(grant.ttl_s), 1),
         "jti": secrets.token_hex(12),
         "threads": thread_list,
         "thread_prefixes": prefix_list,
-        "ops": list(_check_ops(ops)),
+        "ops": list(_check_ops(grant.ops)),
     }
     return jwt.encode(claims, key, algorithm=ALGORITHM)
 
