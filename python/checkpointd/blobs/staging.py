@@ -109,30 +109,19 @@ def _local_leftovers(root: str) -> list[StagingLeftover]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
 class _S3Access:
     """Just enough of S3 for multipart leftovers, signed with SigV4."""
 
-    def __init__(
-        self,
-        url: str,
-        endpoint: str,
-        bucket: str,
-        prefix: str,
-        region: str,
-        key_id: str,
-        secret: str,
-        token: str | None,
-        path_style: bool,
-    ) -> None:
-        self.url = url
-        self.endpoint = endpoint.rstrip("/")
-        self.bucket = bucket
-        self.prefix = prefix
-        self.region = region
-        self.key_id = key_id
-        self.secret = secret
-        self.token = token
-        self.path_style = path_style
+    url: str
+    endpoint: str  # without a trailing slash
+    bucket: str
+    prefix: str
+    region: str
+    key_id: str
+    secret: str
+    token: str | None
+    path_style: bool
 
     @classmethod
     async def of(cls, blobs: ObjectBlobStore) -> _S3Access | None:
@@ -165,7 +154,15 @@ class _S3Access:
             endpoint = f"https://{bucket}.s3.{region}.amazonaws.com"
         prefix = (store.prefix or "").strip("/")
         return cls(
-            blobs.url, str(endpoint), bucket, prefix, region, key_id, secret, token, path_style
+            blobs.url,
+            str(endpoint).rstrip("/"),
+            bucket,
+            prefix,
+            region,
+            key_id,
+            secret,
+            token,
+            path_style,
         )
 
     # ----------------------------------------------------------------- requests

@@ -37,40 +37,31 @@ if TYPE_CHECKING:
 
 SUPPORTED_SCHEMES = ("memory", "file", "s3", "gs", "az")
 
+# The keywords of ``open_blobs`` that are S3 settings; they win over the
+# environment. Its other keywords (but allow_http) are obstore config keys.
+_S3_SETTINGS = ("endpoint", "region", "access_key_id", "secret_access_key", "session_token")
 # Where an S3 endpoint may come from, first match wins (after the keyword).
 _S3_ENDPOINT_VARIABLES = ("CHECKPOINTD_S3_ENDPOINT", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
 
 
-def open_blobs(
-    url: str,
-    *,
-    endpoint: str | None = None,
-    region: str | None = None,
-    access_key_id: str | None = None,
-    secret_access_key: str | None = None,
-    session_token: str | None = None,
-    allow_http: bool | None = None,
-    **options: Any,
-) -> ObjectBlobStore:
+def open_blobs(url: str, **settings: Any) -> ObjectBlobStore:
     """Open the blob store named by ``url`` (see the module docstring).
 
-    The keyword arguments apply to ``s3://`` (``allow_http`` also to ``gs://``
-    and ``az://``); ``options`` are extra obstore config keys for the cloud
-    backends. Raises SandboxCheckpointInvalidArgumentError for an unknown scheme,
-    a malformed URL, options that do not apply, or a configuration obstore
-    rejects (for example a key id without a secret).
+    ``settings``: ``endpoint``, ``region``, ``access_key_id``,
+    ``secret_access_key`` and ``session_token`` (each a string, None = not
+    given) apply to ``s3://``; ``allow_http`` (a bool) to ``s3://``, ``gs://``
+    and ``az://``; any other keyword is an obstore config key for the cloud
+    backends. Raises SandboxCheckpointInvalidArgumentError for an unknown
+    scheme, a malformed URL, settings that do not apply, or a configuration
+    obstore rejects (for example a key id without a secret).
     """
     if not isinstance(url, str):
         raise SandboxCheckpointInvalidArgumentError(f"blob store URL must be a string: {url!r}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
-    s3_settings = {
-        "endpoint": endpoint,
-        "region": region,
-        "access_key_id": access_key_id,
-        "secret_access_key": secret_access_key,
-        "session_token": session_token,
-    }
+    options = dict(settings)
+    s3_settings: dict[str, str | None] = {name: options.pop(name, None) for name in _S3_SETTINGS}
+    allow_http: bool | None = options.pop("allow_http", None)
     given = sorted(name for name, value in s3_settings.items() if value is not None)
     if scheme in ("memory", "file"):
         if given or options or allow_http is not None:
