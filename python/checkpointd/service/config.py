@@ -324,6 +324,21 @@ def resolve(
     without a token.
     """
     environ = os.environ if environ is None else environ
+    values = _merged(flags, environ, config_file)
+    token = _token(values)
+    _take_gateway(values)
+    config = _serve_config(values, token, environ)
+    _check(config)
+    return config
+
+
+def _merged(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config_file: str | os.PathLike[str] | None,
+) -> dict[str, Any]:
+    """Every setting, converted: the flag, else the environment, else the file,
+    else the default."""
     config_path = config_file or environ.get(ENV_PREFIX + "CONFIG")
     from_file = _read_toml(Path(config_path)) if config_path else {}
     values: dict[str, Any] = {}
@@ -334,32 +349,47 @@ def resolve(
         if raw is None:
             raw = from_file.get(name)
         values[name] = _convert(name, raw) if raw is not None else _convert(name, default)
+    return values
 
-    workspace = Path(os.path.abspath(values["workspace"]))
-    data_dir = Path(os.path.abspath(values["data_dir"]))
-    token = values["token"]
+
+def _token(values: Mapping[str, Any]) -> str | None:
+    """The bearer token: given, else read from the token file."""
+    token: str | None = values["token"]
     if token is None and values["token_file"] is not None:
         try:
             token = Path(values["token_file"]).read_text().strip()
         except OSError as exc:
             raise SandboxCheckpointInvalidArgumentError(f"cannot read token file: {exc}") from exc
-    listen = values["listen"] or f"unix://{data_dir / 'checkpointd.sock'}"
+    return token
+
+
+def _take_gateway(values: dict[str, Any]) -> None:
+    """With ``gateway``, the gateway is the store and the bucket."""
     gateway = values["gateway"]
-    if gateway is not None:
-        if values["store"] or values["blobs"]:
-            raise SandboxCheckpointInvalidArgumentError(
-                "--gateway replaces --store and --blobs: the gateway holds them"
-            )
-        if values["gateway_token_file"] is None:
-            raise SandboxCheckpointInvalidArgumentError("--gateway needs --gateway-token-file")
-        values["store"] = values["blobs"] = gateway
-    config = ServeConfig(
+    if gateway is None:
+        return
+    if values["store"] or values["blobs"]:
+        raise SandboxCheckpointInvalidArgumentError(
+            "--gateway replaces --store and --blobs: the gateway holds them"
+        )
+    if values["gateway_token_file"] is None:
+        raise SandboxCheckpointInvalidArgumentError("--gateway needs --gateway-token-file")
+    values["store"] = values["blobs"] = gateway
+
+
+def _serve_config(
+    values: Mapping[str, Any], token: str | None, environ: Mapping[str, str]
+) -> ServeConfig:
+    """The settings as a ServeConfig, with the defaults derived from the data dir."""
+    workspace = Path(os.path.abspath(values["workspace"]))
+    data_dir = Path(os.path.abspath(values["data_dir"]))
+    return ServeConfig(
         workspace=workspace,
         data_dir=data_dir,
         # data_dir is absolute, so these read sqlite:///abs/path.db and file:///abs/dir.
         store=values["store"] or f"sqlite://{data_dir / 'checkpoints.db'}",
         blobs=values["blobs"] or f"file://{data_dir / 'blobs'}",
-        listen=listen,
+        listen=values["listen"] or f"unix://{data_dir / 'checkpointd.sock'}",
         token=token or None,
         grace_period=values["grace_period"],
         thread=values["thread"],
@@ -373,7 +403,7 @@ def resolve(
         tls_key=_absolute(values["tls_key"]),
         tls_client_ca=_absolute(values["tls_client_ca"]),
         auth_probes=values["auth_probes"],
-        gateway=gateway,
+        gateway=values["gateway"],
         gateway_token_file=_absolute(values["gateway_token_file"]),
         gateway_ca=_absolute(values["gateway_ca"]),
         gateway_cert=_absolute(values["gateway_cert"]),
@@ -387,6 +417,10 @@ def resolve(
         watch_verify_every=values["watch_verify_every"],
         capture_on_change=values["capture_on_change"],
     )
+
+
+def _check(config: ServeConfig) -> None:
+    """The rules between settings. Raises SandboxCheckpointInvalidArgumentError."""
     from ..blobs.packs import PACK_TARGET_BYTES
 
     if not 1 <= config.pack_threshold <= PACK_TARGET_BYTES:
@@ -394,25 +428,7 @@ def resolve(
             f"--pack-threshold must be between 1 byte and the pack size "
             f"({PACK_TARGET_BYTES // (1 << 20)}MiB), got {config.pack_threshold}"
         )
-    if (config.tls_cert is None) != (config.tls_key is None):
-        raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
-    if config.tls_client_ca is not None and config.tls_cert is None:
-        raise SandboxCheckpointInvalidArgumentError(
-            "--tls-client-ca needs --tls-cert and --tls-key"
-        )
-    if config.tls and not config.is_tcp:
-        raise SandboxCheckpointInvalidArgumentError(
-            "TLS is for TCP; a Unix socket is protected by its file mode",
-            details={"listen": listen},
-        )
-    # Mutual TLS authenticates each client by its certificate; plain TLS only
-    # protects the wire, so it still needs the token.
-    if config.is_tcp and not config.token and not config.mutual_tls:
-        raise SandboxCheckpointInvalidArgumentError(
-            "refusing to listen on TCP without a bearer token (set --token, --token-file "
-            "or CHECKPOINTD_TOKEN) or mutual TLS (--tls-client-ca), or listen on a Unix socket",
-            details={"listen": listen},
-        )
+    _check_transport(config)
     if (config.restore_on_start or config.capture_every) and not config.thread:
         raise SandboxCheckpointInvalidArgumentError(
             "--restore-on-start and --capture-every need --thread"
@@ -423,7 +439,29 @@ def resolve(
     problem = chunk_settings(config)
     if isinstance(problem, str):
         raise SandboxCheckpointInvalidArgumentError(f"--{problem.replace('_', '-')}")
-    return config
+
+
+def _check_transport(config: ServeConfig) -> None:
+    """TLS and authentication. Raises SandboxCheckpointInvalidArgumentError."""
+    if (config.tls_cert is None) != (config.tls_key is None):
+        raise SandboxCheckpointInvalidArgumentError("--tls-cert and --tls-key go together")
+    if config.tls_client_ca is not None and config.tls_cert is None:
+        raise SandboxCheckpointInvalidArgumentError(
+            "--tls-client-ca needs --tls-cert and --tls-key"
+        )
+    if config.tls and not config.is_tcp:
+        raise SandboxCheckpointInvalidArgumentError(
+            "TLS is for TCP; a Unix socket is protected by its file mode",
+            details={"listen": config.listen},
+        )
+    # Mutual TLS authenticates each client by its certificate; plain TLS only
+    # protects the wire, so it still needs the token.
+    if config.is_tcp and not config.token and not config.mutual_tls:
+        raise SandboxCheckpointInvalidArgumentError(
+            "refusing to listen on TCP without a bearer token (set --token, --token-file "
+            "or CHECKPOINTD_TOKEN) or mutual TLS (--tls-client-ca), or listen on a Unix socket",
+            details={"listen": config.listen},
+        )
 
 
 def chunk_settings(config: ServeConfig) -> ChunkSettings | None | str:

@@ -27,14 +27,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import socket
 import stat
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -57,6 +59,10 @@ from .servicer import CheckpointdServicer
 from .state import ServiceState
 from .status import UNKNOWN_SERVICE, ServiceError, abort
 from .watch import Verifier, start_journal
+
+if TYPE_CHECKING:
+    from ..journal import WorkspaceJournal
+    from .loop import CaptureLoop
 
 SERVICE_NAME = checkpointd_pb2.DESCRIPTOR.services_by_name["Checkpointd"].full_name
 # Upper bound on waiting for cancelled engine calls to release their leases.
@@ -307,8 +313,40 @@ async def run(
     open_remote: RemoteOpener | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT; returns the process exit code."""
-    from ..statcache_paths import resolve_data_dir
     from .loop import CaptureLoop
+
+    state = await _prepare(config)
+    # Watching starts first: its walk of the tree overlaps the stores' opening.
+    journal = state.journal = start_journal(config)
+    server, health_servicer = build_server(config, state)
+    await _set_health(health_servicer, False)
+    await server.start()
+    if config.socket_path is not None:
+        os.chmod(config.socket_path, 0o600)
+    _log.info("listening on %s (workspace %s)", config.listen, config.workspace)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    capture_loop = (
+        CaptureLoop(config, state, functools.partial(_set_service_health, health_servicer))
+        if config.thread
+        else None
+    )
+    daemon = _Daemon(config, state, server, health_servicer, journal, capture_loop)
+    try:
+        await daemon.serve(stop, ready, open_remote)
+        _log.info("draining (grace %.1fs)", config.grace_period)
+    finally:
+        exit_code = await daemon.shut_down()
+    return exit_code
+
+
+async def _prepare(config: ServeConfig) -> ServiceState:
+    """Check the workspace and the data dir, clear what an interrupted restore
+    left; the service's state. Raises SandboxCheckpointInvalidArgumentError."""
+    from ..statcache_paths import resolve_data_dir
 
     if not config.workspace.is_dir():
         # Never created: a typo'd --workspace would otherwise be captured as an
@@ -329,7 +367,7 @@ async def run(
     # workspace (a capture never holds it): removed before anything runs.
     for name in await asyncio.to_thread(remove_stale_staging, config.workspace):
         _log.info("removed %s, left in the workspace by an interrupted restore", name)
-    state = ServiceState(
+    return ServiceState(
         workspace_root=config.workspace,
         data_dir=data_dir,
         auth_mode=config.auth_mode,
@@ -338,72 +376,84 @@ async def run(
         auth_probes=config.auth_probes,
         stash_keep=config.stash_keep,
     )
-    # Watching starts first: its walk of the tree overlaps the stores' opening.
-    journal = state.journal = start_journal(config)
+
+
+async def _set_service_health(servicer: health.aio.HealthServicer, serving: bool) -> None:
+    await servicer.set(
+        SERVICE_NAME,
+        health_pb2.HealthCheckResponse.SERVING
+        if serving
+        else health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+
+
+@dataclass
+class _Daemon:
+    """A listening daemon's parts: ``serve`` until stopped, then ``shut_down``
+    in the order of the module docstring."""
+
+    config: ServeConfig
+    state: ServiceState
+    server: grpc.aio.Server
+    health_servicer: health.aio.HealthServicer
+    journal: WorkspaceJournal
+    capture_loop: CaptureLoop | None
     verifier: Verifier | None = None
-    server, health_servicer = build_server(config, state)
-    await _set_health(health_servicer, False)
-    await server.start()
-    if config.socket_path is not None:
-        os.chmod(config.socket_path, 0o600)
-    _log.info("listening on %s (workspace %s)", config.listen, config.workspace)
+    # Only a loop that served makes the final capture: after a failed or
+    # interrupted restore-on-start the workspace is not the thread's.
+    looping: bool = False
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-
-    async def set_service_health(serving: bool) -> None:
-        await health_servicer.set(
-            SERVICE_NAME,
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING,
-        )
-
-    capture_loop = CaptureLoop(config, state, set_service_health) if config.thread else None
-    exit_code = 0
-    looping = False
-    try:
+    async def serve(
+        self, stop: asyncio.Event, ready: asyncio.Event | None, open_remote: RemoteOpener | None
+    ) -> None:
+        """Open the stores (and restore on start), say SERVING, start the
+        verifier and the capture loop, and wait for ``stop``."""
+        config, state = self.config, self.state
         # A SIGTERM while the stores open or the first restore runs ends the wait.
         ready_to_serve = await _unless_stopped(open_stores(config, state, open_remote), stop)
-        if ready_to_serve and capture_loop is not None and config.restore_on_start:
-            ready_to_serve = await _unless_stopped(capture_loop.restore_on_start(), stop)
-        if ready_to_serve:
-            await _set_health(health_servicer, True)
-            _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
-            if ready is not None:
-                ready.set()
-            if config.watch_verify_every > 0 and state.store is not None:
-                verifier = Verifier(
-                    journal, state.store, config, data_dir, config.watch_verify_every
-                )
-                verifier.start()
-            if capture_loop is not None and (config.capture_every or config.capture_on_change):
-                capture_loop.start()
-                # Only a loop that served makes the final capture: after a failed or
-                # interrupted restore-on-start the workspace is not the thread's.
-                looping = True
-            await stop.wait()
-        _log.info("draining (grace %.1fs)", config.grace_period)
-    finally:
-        await health_servicer.enter_graceful_shutdown()
-        if capture_loop is not None:
-            await capture_loop.stop()
-        if verifier is not None:
-            await verifier.stop()
-        state.draining = True
+        if ready_to_serve and self.capture_loop is not None and config.restore_on_start:
+            ready_to_serve = await _unless_stopped(self.capture_loop.restore_on_start(), stop)
+        if not ready_to_serve:
+            return
+        await _set_health(self.health_servicer, True)
+        _log.info("serving (store %s, blobs %s)", state.store_backend, state.blob_backend)
+        if ready is not None:
+            ready.set()
+        if config.watch_verify_every > 0 and state.store is not None:
+            self.verifier = Verifier(
+                self.journal, state.store, config, state.data_dir, config.watch_verify_every
+            )
+            self.verifier.start()
+        if self.capture_loop is not None and (config.capture_every or config.capture_on_change):
+            self.capture_loop.start()
+            self.looping = True
+        await stop.wait()
+
+    async def shut_down(self) -> int:
+        """Drain and stop; the exit code (1 when the final capture failed)."""
+        exit_code = 0
+        await self.health_servicer.enter_graceful_shutdown()
+        if self.capture_loop is not None:
+            await self.capture_loop.stop()
+        if self.verifier is not None:
+            await self.verifier.stop()
+        self.state.draining = True
         # Refuses new calls at once; cancels the calls still running after the grace.
-        await server.stop(config.grace_period)
-        await _unwind(state)
-        if capture_loop is not None and looping and not await capture_loop.final_capture():
+        await self.server.stop(self.config.grace_period)
+        await _unwind(self.state)
+        if (
+            self.capture_loop is not None
+            and self.looping
+            and not await self.capture_loop.final_capture()
+        ):
             _log.error("the final capture failed: the last changes may not be saved")
             exit_code = 1
-        if state.store is not None:
-            await state.store.aclose()
-        journal.close()
-        if config.socket_path is not None:
+        if self.state.store is not None:
+            await self.state.store.aclose()
+        self.journal.close()
+        socket_path = self.config.socket_path
+        if socket_path is not None:
             with contextlib.suppress(FileNotFoundError):
-                config.socket_path.unlink()
+                socket_path.unlink()
         _log.info("stopped")
-    return exit_code
+        return exit_code
