@@ -188,6 +188,58 @@ class _PackPins:
                 await asyncio.shield(lease.release())
 
 
+class _Packer:
+    """The pack being filled (module docstring, step 3) and the totals of the
+    packs written so far."""
+
+    def __init__(self, store: CheckpointStore, bucket: BlobStore, pins: _PackPins | None) -> None:
+        self.store = store
+        self.bucket = bucket
+        self.pins = pins  # None: a dry run (nothing is uploaded or recorded)
+        self.writer = _native.PackWriter()
+        self.placed: list[tuple[str, tuple[int, int, int, int]]] = []
+        self.packed = self.packs_written = self.raw_bytes = self.stored_bytes = 0
+
+    async def add(self, good: list[tuple[str, bytes]]) -> None:
+        """Put checked blobs (key, bytes) in the pack being filled."""
+        items = [(_hex(key), data) for key, data in good]
+        result = await asyncio.to_thread(self.writer.add_many, items)
+        self.placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
+
+    @property
+    def full(self) -> bool:
+        return self.writer.size >= PACK_TARGET_BYTES
+
+    async def flush(self) -> MigrateProgress | None:
+        """Finish the pack being filled (None when it is empty): upload it
+        (durable) and record its rows, or in a dry run only count it."""
+        if not self.placed:
+            return None
+        done, self.writer = self.writer, _native.PackWriter()
+        rows_placed, self.placed = self.placed, []
+        digest, body = await asyncio.to_thread(done.finish)
+        name = pack_key(digest)
+        raw = sum(p[1][2] for p in rows_placed)
+        if self.pins is None:
+            self.packed += len(rows_placed)
+            self.raw_bytes += raw
+            self.stored_bytes += len(body)
+            return MigrateProgress("", len(rows_placed), raw, len(body))
+        assert isinstance(self.store, PackMaintenance)
+        await put_many(self.bucket, [(name, body)])  # durable before any row names it
+        rows = [
+            PackedBlob(row_key(key), name, offset, length, raw_size, codec)
+            for key, (offset, length, raw_size, codec) in rows_placed
+        ]
+        await self.pins.renew()
+        added = await self.store.add_packed_blobs(rows)
+        self.packed += len(added)
+        self.packs_written += 1
+        self.raw_bytes += raw
+        self.stored_bytes += len(body)
+        return MigrateProgress(name, len(added), raw, len(body))
+
+
 async def iter_migrate(
     store: CheckpointStore,
     blobs: BlobStore,
@@ -200,6 +252,52 @@ async def iter_migrate(
     MigrateSummary. Store and bucket failures raise as they are (whatever was
     recorded before stays valid)."""
     bucket = _check(store, blobs, dry_run)
+    candidates, already, large = await _candidates(store, threshold)
+    problems = 0
+    pins = None if dry_run else _PackPins(store)
+    packer = _Packer(store, bucket, pins)
+    try:
+        for start in range(0, len(candidates), MIGRATE_BATCH):
+            keys = candidates[start : start + MIGRATE_BATCH]
+            if pins is not None:
+                if not packer.placed:
+                    await pins.next_pack()
+                # Before the read, so before the pack's upload (the pack holds
+                # the keys' digests: their file forms, row_key).
+                await pins.pin(list(dict.fromkeys(map(row_key, keys))))
+            good: list[tuple[str, bytes]] = []
+            async for problem in _read_checked(bucket, keys, good):
+                problems += 1
+                yield problem
+            if not good:
+                continue
+            await packer.add(good)
+            if packer.full:
+                progress = await packer.flush()
+                if progress is not None:
+                    yield progress
+        progress = await packer.flush()
+        if progress is not None:
+            yield progress
+    finally:
+        if pins is not None:
+            await pins.release()
+    yield MigrateSummary(
+        candidates=len(candidates),
+        packed=packer.packed,
+        already_packed=already,
+        skipped_large=large,
+        problems=problems,
+        packs_written=packer.packs_written,
+        raw_bytes=packer.raw_bytes,
+        stored_bytes=packer.stored_bytes,
+        dry_run=dry_run,
+    )
+
+
+async def _candidates(store: CheckpointStore, threshold: int) -> tuple[list[str], int, int]:
+    """The keys to pack (module docstring, step 1), the referenced keys that
+    have a row already and the number of referenced blobs above ``threshold``."""
     assert isinstance(store, BlobAudit) and isinstance(store, PackIndex)
     audit: Sequence[BlobCount] = await store.audit_blob_references(with_sizes=True)
     used = [c for c in audit if c.manifests > 0]  # file blobs and artifacts
@@ -220,94 +318,30 @@ async def iter_migrate(
             elif row_key(key) not in forms:
                 forms.add(row_key(key))
                 candidates.append(key)
-    del small, forms
+    return candidates, already, large
 
-    packed = problems = packs_written = raw_total = stored_total = 0
-    writer = _native.PackWriter()
-    placed: list[tuple[str, tuple[int, int, int, int]]] = []
-    pins = None if dry_run else _PackPins(store)
 
-    async def flush() -> MigrateProgress | None:
-        nonlocal writer, placed, packed, packs_written, raw_total, stored_total
-        if not placed:
-            return None
-        done, writer = writer, _native.PackWriter()
-        rows_placed, placed = placed, []
-        digest, body = await asyncio.to_thread(done.finish)
-        name = pack_key(digest)
-        raw = sum(p[1][2] for p in rows_placed)
-        if pins is None:
-            packed += len(rows_placed)
-            raw_total += raw
-            stored_total += len(body)
-            return MigrateProgress("", len(rows_placed), raw, len(body))
-        assert isinstance(store, PackMaintenance)
-        await put_many(bucket, [(name, body)])  # durable before any row names it
-        rows = [
-            PackedBlob(row_key(key), name, offset, length, raw_size, codec)
-            for key, (offset, length, raw_size, codec) in rows_placed
-        ]
-        await pins.renew()
-        added = await store.add_packed_blobs(rows)
-        packed += len(added)
-        packs_written += 1
-        raw_total += raw
-        stored_total += len(body)
-        return MigrateProgress(name, len(added), raw, len(body))
-
+async def _read_checked(
+    bucket: BlobStore, keys: list[str], good: list[tuple[str, bytes]]
+) -> AsyncIterator[MigrateProblem]:
+    """Read the single objects of ``keys`` (module docstring, step 2): each
+    whose bytes are its key's goes into ``good``, each missing or damaged one
+    is yielded."""
     try:
-        for start in range(0, len(candidates), MIGRATE_BATCH):
-            keys = candidates[start : start + MIGRATE_BATCH]
-            if pins is not None:
-                if not placed:
-                    await pins.next_pack()
-                # Before the read, so before the pack's upload (the pack holds
-                # the keys' digests: their file forms, row_key).
-                await pins.pin(list(dict.fromkeys(map(row_key, keys))))
-            good: list[tuple[str, bytes]] = []
+        found = await get_many(bucket, keys)
+        pairs = list(zip(keys, found, strict=True))
+    except BlobNotFoundError:
+        pairs = []
+        for key in keys:  # find which: one at a time
             try:
-                found = await get_many(bucket, keys)
-                pairs = list(zip(keys, found, strict=True))
+                pairs.append((key, await bucket.get(key)))
             except BlobNotFoundError:
-                pairs = []
-                for key in keys:  # find which: one at a time
-                    try:
-                        pairs.append((key, await bucket.get(key)))
-                    except BlobNotFoundError:
-                        problems += 1
-                        yield MigrateProblem(key, "its single object is not in the bucket")
-            for key, data in pairs:
-                if blake3.blake3(data).hexdigest() != _hex(key):
-                    problems += 1
-                    yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
-                else:
-                    good.append((key, data))
-            if not good:
-                continue
-            items = [(_hex(key), data) for key, data in good]
-            result = await asyncio.to_thread(writer.add_many, items)
-            placed.extend((key, where) for (key, _), where in zip(good, result, strict=True))
-            if writer.size >= PACK_TARGET_BYTES:
-                progress = await flush()
-                if progress is not None:
-                    yield progress
-        progress = await flush()
-        if progress is not None:
-            yield progress
-    finally:
-        if pins is not None:
-            await pins.release()
-    yield MigrateSummary(
-        candidates=len(candidates),
-        packed=packed,
-        already_packed=already,
-        skipped_large=large,
-        problems=problems,
-        packs_written=packs_written,
-        raw_bytes=raw_total,
-        stored_bytes=stored_total,
-        dry_run=dry_run,
-    )
+                yield MigrateProblem(key, "its single object is not in the bucket")
+    for key, data in pairs:
+        if blake3.blake3(data).hexdigest() != _hex(key):
+            yield MigrateProblem(key, "its single object's BLAKE3 is not the key's")
+        else:
+            good.append((key, data))
 
 
 def _hex(key: str) -> str:
