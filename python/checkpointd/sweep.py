@@ -78,7 +78,9 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
+from ._keywords import check_keywords
 from ._sweep_delete import (
     COUNT_MISMATCH,
     HOLD_EXPIRING,
@@ -146,28 +148,53 @@ def _wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def _check_arguments(
-    store: CheckpointStore,
-    older_than_ms: int,
-    dry_run: bool,
-    hold_ms: int,
-    safety_margin_ms: int,
-    batch_size: int,
-    repack_below: float,
-) -> None:
+class SweepOptions(TypedDict, total=False):
+    """The keywords of ``sweep_blobs`` and ``iter_sweep_blobs`` (their docstrings)."""
+
+    now: Callable[[], int] | None
+    dry_run: bool
+    hold_ms: int
+    safety_margin_ms: int
+    batch_size: int
+    repack_below: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Settings:
+    """A sweep's arguments, the defaults filled in."""
+
+    older_than_ms: int
+    now: Callable[[], int] | None = None
+    dry_run: bool = False
+    hold_ms: int = DEFAULT_HOLD_MS
+    safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS
+    batch_size: int = DEFAULT_BATCH_SIZE
+    repack_below: float = DEFAULT_REPACK_BELOW
+
+
+def _settings(
+    function: str, store: CheckpointStore, older_than_ms: int, options: SweepOptions
+) -> _Settings:
+    """The arguments of a sweep, checked. Raises TypeError for an unknown
+    keyword and SandboxCheckpointInvalidArgumentError for a bad value or a
+    store a sweep cannot use."""
+    check_keywords(function, options, SweepOptions)
+    settings = _Settings(older_than_ms, **options)
     if not is_int(older_than_ms) or older_than_ms < 0:
         raise SandboxCheckpointInvalidArgumentError(
             f"older_than_ms must be an integer >= 0, got {older_than_ms!r}"
         )
+    hold_ms, safety_margin_ms = settings.hold_ms, settings.safety_margin_ms
     check_hold_ms(hold_ms)
     if not is_int(safety_margin_ms) or not 0 <= safety_margin_ms < hold_ms:
         raise SandboxCheckpointInvalidArgumentError(
             f"safety_margin_ms must be an integer in [0, hold_ms), got {safety_margin_ms!r}"
         )
-    if not is_int(batch_size) or batch_size < 1:
+    if not is_int(settings.batch_size) or settings.batch_size < 1:
         raise SandboxCheckpointInvalidArgumentError(
-            f"batch_size must be an integer >= 1, got {batch_size!r}"
+            f"batch_size must be an integer >= 1, got {settings.batch_size!r}"
         )
+    repack_below = settings.repack_below
     if (
         isinstance(repack_below, bool)
         or not isinstance(repack_below, int | float)
@@ -177,6 +204,11 @@ def _check_arguments(
             f"repack_below must be a fraction in [0, 1], got {repack_below!r}",
             details={"field": "repack_below", "value": str(repack_below)},
         )
+    _check_store(store, settings.dry_run)
+    return settings
+
+
+def _check_store(store: CheckpointStore, dry_run: bool) -> None:
     if not dry_run and not isinstance(store, BlobGuard):
         raise SandboxCheckpointInvalidArgumentError(
             f"{type(store).__name__} does not implement pin_blobs/condemn_blobs; "
@@ -193,23 +225,21 @@ async def sweep_blobs(
     store: CheckpointStore,
     blobs: BlobStore,
     older_than_ms: int,
-    *,
-    now: Callable[[], int] | None = None,
-    dry_run: bool = False,
-    hold_ms: int = DEFAULT_HOLD_MS,
-    safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    repack_below: float = DEFAULT_REPACK_BELOW,
+    **options: Unpack[SweepOptions],
 ) -> SweepReport:
     """Delete every blob no checkpoint uses that was uploaded at least
     ``older_than_ms`` ago (``now() - uploaded >= older_than_ms``; a packed
     blob's upload time is its pack's), and repack packs whose live bytes are
     below ``repack_below`` of their frames (module docstring).
 
-    ``now`` returns ms since the epoch (default: the wall clock) and is compared
-    with the objects' last-modified times. ``dry_run`` reports the candidates
-    without condemning, deleting or repacking anything. ``store`` must
-    implement BlobGuard (every store we ship does). Raises
+    Keywords (``SweepOptions``): ``now`` returns ms since the epoch (default:
+    the wall clock) and is compared with the objects' last-modified times.
+    ``dry_run`` (default False) reports the candidates without condemning,
+    deleting or repacking anything. ``hold_ms`` (default 120 s), how long a
+    batch's condemnations hold; ``safety_margin_ms`` (default 30 s), how long
+    before that deletes stop; ``batch_size`` (default 256) keys per batch;
+    ``repack_below`` (default 0.5). ``store`` must implement BlobGuard (every
+    store we ship does). Raises TypeError for an unknown keyword and
     SandboxCheckpointInvalidArgumentError for a bad argument; backend failures
     are reported per key in the result, and a failure to list the blobs, the
     packs, the index or the references deletes nothing.
@@ -217,18 +247,9 @@ async def sweep_blobs(
     The whole report in memory: for a bucket of millions of keys use
     ``iter_sweep_blobs``, which hands out the same results batch by batch.
     """
-    report = SweepReport(dry_run=dry_run)
-    async for batch in iter_sweep_blobs(
-        store,
-        blobs,
-        older_than_ms,
-        now=now,
-        dry_run=dry_run,
-        hold_ms=hold_ms,
-        safety_margin_ms=safety_margin_ms,
-        batch_size=batch_size,
-        repack_below=repack_below,
-    ):
+    report = SweepReport(dry_run=options.get("dry_run", False))
+    settings = _settings("sweep_blobs", store, older_than_ms, options)
+    async for batch in _Sweep(store, blobs, settings).run():
         report.deleted.extend(batch.deleted)
         report.kept.extend(batch.kept)
         report.failures.extend(batch.failures)
@@ -258,13 +279,7 @@ async def iter_sweep_blobs(
     store: CheckpointStore,
     blobs: BlobStore,
     older_than_ms: int,
-    *,
-    now: Callable[[], int] | None = None,
-    dry_run: bool = False,
-    hold_ms: int = DEFAULT_HOLD_MS,
-    safety_margin_ms: int = DEFAULT_SAFETY_MARGIN_MS,
-    batch_size: int = DEFAULT_BATCH_SIZE,
-    repack_below: float = DEFAULT_REPACK_BELOW,
+    **options: Unpack[SweepOptions],
 ) -> AsyncIterator[SweepBatch]:
     """``sweep_blobs`` as a stream of SweepBatch, each yielded as soon as it is
     known (same arguments, same rules, same errors).
@@ -277,210 +292,300 @@ async def iter_sweep_blobs(
     stops iterating stops the sweep after the batch in flight (its
     condemnations are released).
     """
-    _check_arguments(
-        store, older_than_ms, dry_run, hold_ms, safety_margin_ms, batch_size, repack_below
-    )
-    assert isinstance(store, BlobAudit)
-    bucket = _inner(blobs)
-    # Packs are swept where the store can change its index; elsewhere only the
-    # single objects are (a pack is then never touched).
-    index = store if isinstance(store, PackIndex) and isinstance(store, PackMaintenance) else None
-    try:
-        # Iterable, not list: store.base annotates with ``list`` inside a class
-        # that has a ``list`` method, which mypy then cannot resolve.
-        audit: Iterable[BlobCount] = await store.audit_blob_references()
-        # key -> kept reason: every key a count or a manifest names is kept.
-        referenced = {c.key: REFERENCED if c.agrees else COUNT_MISMATCH for c in audit}
-    except Exception as error:  # noqa: BLE001 - reported, and nothing is deleted
-        yield SweepBatch(failures=(("<references>", _describe(error)),))
-        return
-    del audit
+    settings = _settings("iter_sweep_blobs", store, older_than_ms, options)
+    async for batch in _Sweep(store, blobs, settings).run():
+        yield batch
 
-    cutoff = (now or _wall_clock_ms)()
-    candidates: list[str] = []
-    # (key, pack): a used key whose blob is also packed (``checkpointd migrate``).
-    maybe_superseded: list[tuple[str, str]] = []
-    listing_failed = False
-    for prefix in SWEPT_PREFIXES:
+
+class _Sweep:
+    """One sweep, phase by phase (``run``): what a phase learns is kept here
+    for the next, and dropped once no later phase needs it."""
+
+    def __init__(self, store: CheckpointStore, blobs: BlobStore, settings: _Settings) -> None:
+        self.store = store
+        self.bucket = _inner(blobs)
+        self.settings = settings
+        # Packs are swept where the store can change its index; elsewhere only
+        # the single objects are (a pack is then never touched).
+        self.index = (
+            store if isinstance(store, PackIndex) and isinstance(store, PackMaintenance) else None
+        )
+        self.cutoff = 0
+        # key -> kept reason: every key a count or a manifest names is kept.
+        self.referenced: dict[str, str] = {}
+        self.listing_failed = False
+        self.candidates: list[str] = []
+        # (key, pack): a used key whose blob is also packed (``checkpointd migrate``).
+        self.maybe_superseded: list[tuple[str, str]] = []
+        self.superseded: list[str] = []
+        self.packs: dict[str, BlobInfo] = {}
+        self.tallies: dict[str, _PackTally] = {}
+        self.dead_rows: list[PackedBlob] = []
+        # Keys deleted as single objects (not reported again for their rows).
+        self.single: set[str] = set()
+
+    def _young(self, info: BlobInfo) -> bool:
+        return self.cutoff - info.last_modified_ms < self.settings.older_than_ms
+
+    async def run(self) -> AsyncIterator[SweepBatch]:
+        """Read, list and walk everything first; delete only when nothing failed."""
+        assert isinstance(self.store, BlobAudit)
         try:
-            async for page in bucket.list_pages(prefix):
+            # Iterable, not list: store.base annotates with ``list`` inside a class
+            # that has a ``list`` method, which mypy then cannot resolve.
+            audit: Iterable[BlobCount] = await self.store.audit_blob_references()
+            self.referenced = {c.key: REFERENCED if c.agrees else COUNT_MISMATCH for c in audit}
+        except Exception as error:  # noqa: BLE001 - reported, and nothing is deleted
+            yield SweepBatch(failures=(("<references>", _describe(error)),))
+            return
+        del audit
+        self.cutoff = (self.settings.now or _wall_clock_ms)()
+        for prefix in SWEPT_PREFIXES:
+            async for batch in self._list_blobs(prefix):
+                yield batch
+        async for batch in self._list_packs():
+            yield batch
+        async for batch in self._walk_index():
+            yield batch
+        self.referenced = {}
+        if self.listing_failed:
+            return
+        phases = (
+            self._keep_young_unlisted_packs,
+            self._delete_single_objects,
+            self._delete_superseded,
+            self._drop_dead_rows,
+        )
+        for phase in phases:
+            async for batch in phase():
+                yield batch
+        if self.index is None:
+            return
+        async for batch in self._sweep_packs():
+            yield batch
+        async for batch in _sweep_staging(
+            self.bucket,
+            self.cutoff,
+            self.settings.older_than_ms,
+            self.settings.hold_ms,
+            self.settings.dry_run,
+        ):
+            yield batch
+
+    # ------------------------------------------------------------- listing
+
+    async def _list_blobs(self, prefix: str) -> AsyncIterator[SweepBatch]:
+        """The single objects under ``prefix``: kept, a delete candidate, or
+        (used, and packed too) maybe superseded by its row."""
+        try:
+            async for page in self.bucket.list_pages(prefix):
                 kept: list[tuple[str, str]] = []
                 used: list[BlobInfo] = []
                 for info in page:
                     if not valid_blob_key(info.key):
                         kept.append((info.key, NOT_A_BLOB_KEY))
-                    elif info.key in referenced:
-                        if index is not None:
+                    elif info.key in self.referenced:
+                        if self.index is not None:
                             used.append(info)
                         else:
-                            kept.append((info.key, referenced[info.key]))
-                    elif cutoff - info.last_modified_ms < older_than_ms:
+                            kept.append((info.key, self.referenced[info.key]))
+                    elif self._young(info):
                         kept.append((info.key, TOO_YOUNG))
                     else:
-                        candidates.append(info.key)
+                        self.candidates.append(info.key)
                 if used:
-                    assert index is not None
-                    # An artifact's packed copy is its digest's row (row_key).
-                    located = await index.locate_blobs([row_key(info.key) for info in used])
-                    for info in used:
-                        row = located.get(row_key(info.key))
-                        if row is None or row.key != info.key:
-                            # (An artifact: the index walk names its row's file form.)
-                            kept.append((info.key, referenced[info.key]))
-                        if row is not None and cutoff - info.last_modified_ms >= older_than_ms:
-                            maybe_superseded.append((info.key, row.pack))
-                        # else: also packed, and the index walk reports it
+                    kept.extend(await self._used(used))
                 yield SweepBatch(kept=tuple(kept), listed=len(page))
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
-            listing_failed = True
+            self.listing_failed = True
             yield SweepBatch(failures=((prefix, _describe(error)),))
 
-    packs: dict[str, BlobInfo] = {}
-    if index is not None and not listing_failed:
-        try:
-            async for page in bucket.list_pages(PACK_KEY_PREFIX):
-                kept = []
-                for info in page:
-                    if _valid_pack_key(info.key):
-                        packs[info.key] = info
-                    else:
-                        kept.append((info.key, NOT_A_BLOB_KEY))
-                yield SweepBatch(kept=tuple(kept), listed=len(page))
-        except Exception as error:  # noqa: BLE001 - a listing failure is reported
-            listing_failed = True
-            yield SweepBatch(failures=((PACK_KEY_PREFIX, _describe(error)),))
-    # Readers take the pack, so the single object goes once its pack is there
-    # (storage, not a key: the key stays, and the index walk reports it).
-    superseded = [key for key, pack in maybe_superseded if pack in packs]
-    del maybe_superseded
+    async def _used(self, used: list[BlobInfo]) -> list[tuple[str, str]]:
+        """The used single objects of a page kept as keys (the others the index
+        walk reports); each old one that is also packed may be superseded."""
+        assert self.index is not None
+        kept: list[tuple[str, str]] = []
+        # An artifact's packed copy is its digest's row (row_key).
+        located = await self.index.locate_blobs([row_key(info.key) for info in used])
+        for info in used:
+            row = located.get(row_key(info.key))
+            if row is None or row.key != info.key:
+                # (An artifact: the index walk names its row's file form.)
+                kept.append((info.key, self.referenced[info.key]))
+            if row is not None and not self._young(info):
+                self.maybe_superseded.append((info.key, row.pack))
+            # else: also packed, and the index walk reports it
+        return kept
 
-    tallies: dict[str, _PackTally] = {}
-    dead_rows: list[PackedBlob] = []
-    if index is not None and not listing_failed:
+    async def _list_packs(self) -> AsyncIterator[SweepBatch]:
+        if self.index is not None and not self.listing_failed:
+            try:
+                async for page in self.bucket.list_pages(PACK_KEY_PREFIX):
+                    kept = []
+                    for info in page:
+                        if _valid_pack_key(info.key):
+                            self.packs[info.key] = info
+                        else:
+                            kept.append((info.key, NOT_A_BLOB_KEY))
+                    yield SweepBatch(kept=tuple(kept), listed=len(page))
+            except Exception as error:  # noqa: BLE001 - a listing failure is reported
+                self.listing_failed = True
+                yield SweepBatch(failures=((PACK_KEY_PREFIX, _describe(error)),))
+        # Readers take the pack, so the single object goes once its pack is there
+        # (storage, not a key: the key stays, and the index walk reports it).
+        self.superseded = [key for key, pack in self.maybe_superseded if pack in self.packs]
+        self.maybe_superseded = []
+
+    async def _walk_index(self) -> AsyncIterator[SweepBatch]:
+        """Tally each pack's rows; a row no checkpoint uses, in an old pack, is dead."""
+        if self.index is None or self.listing_failed:
+            return
         try:
-            async for rows_page in _index_pages(index):
+            async for rows_page in _index_pages(self.index):
                 kept = []
                 for row in rows_page:
-                    tally = tallies.setdefault(row.pack, _PackTally())
+                    tally = self.tallies.setdefault(row.pack, _PackTally())
                     tally.rows += 1
                     tally.seen += 1
                     tally.live_bytes += row.length
-                    pack = packs.get(row.pack)
+                    pack = self.packs.get(row.pack)
                     # The row serves the digest's artifact key too (row_key).
-                    names = _referenced_names(row.key, referenced)
+                    names = _referenced_names(row.key, self.referenced)
                     if names:
                         kept.extend(names)
-                    elif pack is not None and cutoff - pack.last_modified_ms < older_than_ms:
+                    elif pack is not None and self._young(pack):
                         kept.append((row.key, TOO_YOUNG))
                     else:
                         # Also a row whose pack is gone: dropping it is harmless.
-                        dead_rows.append(row)
+                        self.dead_rows.append(row)
                 yield SweepBatch(kept=tuple(kept))
         except Exception as error:  # noqa: BLE001 - a listing failure is reported
-            listing_failed = True
+            self.listing_failed = True
             yield SweepBatch(failures=(("<pack index>", _describe(error)),))
-    del referenced
-    if listing_failed:
-        return
-    # A row whose pack the listing did not show: its pack is gone, or it was
-    # uploaded since (UploadArtifact packs an artifact no checkpoint names yet
-    # and records its row at once). A HEAD tells which: a young one keeps its rows.
-    unlisted = list(dict.fromkeys(row.pack for row in dead_rows if row.pack not in packs))
-    young: set[str] = set()
-    for pack_name in unlisted:
-        try:
-            found = await bucket.head(pack_name)
-        except Exception as error:  # noqa: BLE001 - reported; its rows are kept
-            young.add(pack_name)
-            yield SweepBatch(failures=((pack_name, _describe(error)),))
-            continue
-        if found is not None and cutoff - found.last_modified_ms < older_than_ms:
-            young.add(pack_name)
-    if young:
-        yield SweepBatch(kept=tuple((row.key, TOO_YOUNG) for row in dead_rows if row.pack in young))
-        dead_rows = [row for row in dead_rows if row.pack not in young]
 
-    # A key deleted as a single object is reported there, not again for its row.
-    single = set(candidates) if dead_rows else set()
-    for start in range(0, len(candidates), batch_size):
-        batch = candidates[start : start + batch_size]
-        if dry_run:
-            yield SweepBatch(deleted=tuple(batch))
-        else:
-            assert isinstance(store, BlobGuard)
-            yield await _sweep_batch(store, bucket, batch, hold_ms, safety_margin_ms)
-    del candidates
+    # ------------------------------------------------------------- deleting
 
-    for start in range(0, len(superseded), batch_size):
-        batch = superseded[start : start + batch_size]
-        if dry_run:
-            yield SweepBatch(deleted=tuple(batch))
-            continue
-        # No condemnation: the key is used, its row stays while it is (rows go
-        # only for condemned, unreferenced keys), and every reader prefers it.
-        outcomes = await _delete_before(bucket, batch, float("inf"))
-        failed = [(key, why) for key, why in zip(batch, outcomes, strict=True) if why is not None]
-        if failed:
-            yield SweepBatch(failures=tuple((f"{key} (single object)", why) for key, why in failed))
-    del superseded
-
-    for start in range(0, len(dead_rows), batch_size):
-        rows = dead_rows[start : start + batch_size]
-        if dry_run:
-            gone = rows
-            result = SweepBatch(deleted=tuple(row.key for row in rows))
-        else:
-            result, gone = await _drop_rows(store, rows, hold_ms, safety_margin_ms)
-        if single:
-            result = SweepBatch(
-                deleted=tuple(key for key in result.deleted if key not in single),
-                kept=tuple(item for item in result.kept if item[0] not in single),
-                failures=tuple(item for item in result.failures if item[0] not in single),
+    async def _keep_young_unlisted_packs(self) -> AsyncIterator[SweepBatch]:
+        """A row whose pack the listing did not show: its pack is gone, or it was
+        uploaded since (UploadArtifact packs an artifact no checkpoint names yet
+        and records its row at once). A HEAD tells which: a young one keeps its rows."""
+        dead_rows = self.dead_rows
+        unlisted = list(dict.fromkeys(row.pack for row in dead_rows if row.pack not in self.packs))
+        young: set[str] = set()
+        for pack_name in unlisted:
+            try:
+                found = await self.bucket.head(pack_name)
+            except Exception as error:  # noqa: BLE001 - reported; its rows are kept
+                young.add(pack_name)
+                yield SweepBatch(failures=((pack_name, _describe(error)),))
+                continue
+            if found is not None and self._young(found):
+                young.add(pack_name)
+        if young:
+            yield SweepBatch(
+                kept=tuple((row.key, TOO_YOUNG) for row in dead_rows if row.pack in young)
             )
-        yield result
-        for row in gone:
-            tally = tallies[row.pack]
-            tally.rows -= 1
-            tally.live_bytes -= row.length
-    del dead_rows
+            self.dead_rows = [row for row in dead_rows if row.pack not in young]
 
-    if index is None:
-        return
-    repack = _Repacker(store, bucket, hold_ms, safety_margin_ms) if not dry_run else None
-    kept = []
-    # Dead packs go after the repacks: a repack may rewrite a pack of the same
-    # bytes as one a killed sweep left behind, and then points rows at it.
-    dead_packs: list[tuple[str, BlobInfo]] = []
-    for key, info in packs.items():
-        tally = tallies.get(key, _PackTally())
-        if cutoff - info.last_modified_ms < older_than_ms:
-            kept.append((key, TOO_YOUNG))
-        elif tally.rows <= 0:
-            dead_packs.append((key, info))
-        elif tally.live_bytes < repack_below * _frame_bytes(info.size, tally.seen):
-            if repack is None:
-                kept.append((key, REPACKED))
+    async def _delete_single_objects(self) -> AsyncIterator[SweepBatch]:
+        # A key deleted as a single object is reported there, not again for its row.
+        self.single = set(self.candidates) if self.dead_rows else set()
+        settings = self.settings
+        for start in range(0, len(self.candidates), settings.batch_size):
+            batch = self.candidates[start : start + settings.batch_size]
+            if settings.dry_run:
+                yield SweepBatch(deleted=tuple(batch))
             else:
-                async for result in repack.add(key, info):
-                    yield result
-        else:
-            kept.append((key, REFERENCED))
-        if len(kept) >= batch_size:
-            yield SweepBatch(kept=tuple(kept))
-            kept = []
-    if kept:
-        yield SweepBatch(kept=tuple(kept))
-    if repack is not None:
-        async for result in repack.finish():
-            yield result
-    for key, info in dead_packs:
-        if dry_run:
-            yield SweepBatch(deleted=(key,))
-        else:
-            yield await _delete_pack(store, bucket, key, info, hold_ms, safety_margin_ms)
+                assert isinstance(self.store, BlobGuard)
+                yield await _sweep_batch(
+                    self.store, self.bucket, batch, settings.hold_ms, settings.safety_margin_ms
+                )
+        self.candidates = []
 
-    async for result in _sweep_staging(bucket, cutoff, older_than_ms, hold_ms, dry_run):
-        yield result
+    async def _delete_superseded(self) -> AsyncIterator[SweepBatch]:
+        batch_size = self.settings.batch_size
+        for start in range(0, len(self.superseded), batch_size):
+            batch = self.superseded[start : start + batch_size]
+            if self.settings.dry_run:
+                yield SweepBatch(deleted=tuple(batch))
+                continue
+            # No condemnation: the key is used, its row stays while it is (rows go
+            # only for condemned, unreferenced keys), and every reader prefers it.
+            outcomes = await _delete_before(self.bucket, batch, float("inf"))
+            failed = [
+                (key, why) for key, why in zip(batch, outcomes, strict=True) if why is not None
+            ]
+            if failed:
+                yield SweepBatch(
+                    failures=tuple((f"{key} (single object)", why) for key, why in failed)
+                )
+        self.superseded = []
+
+    async def _drop_dead_rows(self) -> AsyncIterator[SweepBatch]:
+        settings, single = self.settings, self.single
+        for start in range(0, len(self.dead_rows), settings.batch_size):
+            rows = self.dead_rows[start : start + settings.batch_size]
+            if settings.dry_run:
+                gone = rows
+                result = SweepBatch(deleted=tuple(row.key for row in rows))
+            else:
+                result, gone = await _drop_rows(
+                    self.store, rows, settings.hold_ms, settings.safety_margin_ms
+                )
+            if single:
+                result = SweepBatch(
+                    deleted=tuple(key for key in result.deleted if key not in single),
+                    kept=tuple(item for item in result.kept if item[0] not in single),
+                    failures=tuple(item for item in result.failures if item[0] not in single),
+                )
+            yield result
+            for row in gone:
+                tally = self.tallies[row.pack]
+                tally.rows -= 1
+                tally.live_bytes -= row.length
+        self.dead_rows = []
+
+    async def _sweep_packs(self) -> AsyncIterator[SweepBatch]:
+        """Keep, repack or delete each listed pack by its tally."""
+        settings = self.settings
+        repack = (
+            None
+            if settings.dry_run
+            else _Repacker(self.store, self.bucket, settings.hold_ms, settings.safety_margin_ms)
+        )
+        kept: list[tuple[str, str]] = []
+        # Dead packs go after the repacks: a repack may rewrite a pack of the same
+        # bytes as one a killed sweep left behind, and then points rows at it.
+        dead_packs: list[tuple[str, BlobInfo]] = []
+        for key, info in self.packs.items():
+            tally = self.tallies.get(key, _PackTally())
+            if self._young(info):
+                kept.append((key, TOO_YOUNG))
+            elif tally.rows <= 0:
+                dead_packs.append((key, info))
+            elif tally.live_bytes < settings.repack_below * _frame_bytes(info.size, tally.seen):
+                if repack is None:
+                    kept.append((key, REPACKED))
+                else:
+                    async for result in repack.add(key, info):
+                        yield result
+            else:
+                kept.append((key, REFERENCED))
+            if len(kept) >= settings.batch_size:
+                yield SweepBatch(kept=tuple(kept))
+                kept = []
+        if kept:
+            yield SweepBatch(kept=tuple(kept))
+        if repack is not None:
+            async for result in repack.finish():
+                yield result
+        for key, info in dead_packs:
+            if settings.dry_run:
+                yield SweepBatch(deleted=(key,))
+            else:
+                yield await _delete_pack(
+                    self.store, self.bucket, key, info, settings.hold_ms, settings.safety_margin_ms
+                )
 
 
 async def _index_pages(index: PackIndex) -> AsyncIterator[list[PackedBlob]]:
@@ -557,6 +662,7 @@ __all__ = [
     "SWEPT_PREFIXES",
     "TOO_YOUNG",
     "SweepBatch",
+    "SweepOptions",
     "SweepReport",
     "iter_sweep_blobs",
     "prune",
