@@ -21,11 +21,12 @@ import asyncio
 import tempfile
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable
-from typing import IO
+from typing import IO, TypedDict, Unpack
 
 import blake3
 
 from . import _native
+from ._keywords import check_keywords
 from .blobs.base import BlobStore, put_many
 from .blobs.packs import PackedBlobStore, pack_key, packed_blobs
 from .errors import SandboxCheckpointInvalidArgumentError
@@ -41,15 +42,20 @@ SPOOL_MEMORY_BYTES = 8 * 1024 * 1024
 READ_CHUNK_BYTES = 1024 * 1024
 
 
+class UploadOptions(TypedDict, total=False):
+    """The keywords of ``upload_artifact`` (its docstring)."""
+
+    artifact_id: str | None
+    now: Callable[[], int] | None
+    index: object | None
+
+
 async def upload_artifact(
     blobs: BlobStore,
     name: str,
     mime_type: str,
     data: bytes | AsyncIterable[bytes],
-    *,
-    artifact_id: str | None = None,
-    now: Callable[[], int] | None = None,
-    index: object | None = None,
+    **options: Unpack[UploadOptions],
 ) -> Artifact:
     """Upload ``data`` (bytes or an async iterable of bytes) as an artifact.
 
@@ -59,10 +65,12 @@ async def upload_artifact(
     bytes are already stored is not uploaded again. Raises
     SandboxCheckpointInvalidArgumentError for an empty ``name`` or ``mime_type``
     or ``data`` of another type, SandboxCheckpointInvalidIdError for a bad
-    ``artifact_id``, and BlobStoreError when the upload fails. ``index``: the
-    checkpoint store; a small artifact is packed when it keeps a pack index
-    (module docstring).
+    ``artifact_id``, BlobStoreError when the upload fails, and TypeError for an
+    unknown keyword. ``index``: the checkpoint store; a small artifact is
+    packed when it keeps a pack index (module docstring).
     """
+    check_keywords("upload_artifact", options, UploadOptions)
+    artifact_id, now, index = options.get("artifact_id"), options.get("now"), options.get("index")
     _check_text(name, "name")
     _check_text(mime_type, "mime_type")
     artifact_id = new_uuid7() if artifact_id is None else check_id(artifact_id, "artifact id")
@@ -155,4 +163,4 @@ async def _read_back(spool: IO[bytes]) -> AsyncIterator[bytes]:
         yield chunk
 
 
-__all__ = ["upload_artifact"]
+__all__ = ["UploadOptions", "upload_artifact"]

@@ -10,7 +10,9 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
+from typing import Any, Literal, Protocol, TypeAlias, TypedDict, Unpack, runtime_checkable
+
+from ._keywords import check_keywords
 
 # "restore": appended by a restore asked to record (the head then describes the
 # rewound workspace; ``restored_from_checkpoint_id`` names the target);
@@ -166,11 +168,20 @@ class Writer:
     fence: int
 
 
+class LeaseCallbacks(TypedDict):
+    """The store's side of a ``WriterLease`` (keywords of its constructor):
+    ``renew`` returns the new ``expires_at``; ``release`` removes the lease."""
+
+    renew: Callable[[WriterLease], Awaitable[int]]
+    release: Callable[[WriterLease], Awaitable[None]]
+
+
 class WriterLease:
     """A thread's writer lease as handed out by ``acquire_writer``.
 
     Not frozen: ``renew()`` moves ``expires_at``. The store supplies the two
-    callbacks; ``release()`` never raises, so it is safe in ``finally`` blocks.
+    callbacks (``renew=``, ``release=``: ``LeaseCallbacks``); ``release()``
+    never raises, so it is safe in ``finally`` blocks.
     """
 
     def __init__(
@@ -181,16 +192,16 @@ class WriterLease:
         fence: int,
         expires_at: int,
         renew_after_ms: int,
-        renew: Callable[[WriterLease], Awaitable[int]],
-        release: Callable[[WriterLease], Awaitable[None]],
+        **callbacks: Unpack[LeaseCallbacks],
     ) -> None:
+        check_keywords("WriterLease", callbacks, LeaseCallbacks)
         self.thread_id = thread_id
         self.owner_token = owner_token
         self.fence = fence
         self.expires_at = expires_at
         self.renew_after_ms = renew_after_ms
-        self._renew = renew
-        self._release = release
+        self._renew = callbacks["renew"]
+        self._release = callbacks["release"]
 
     async def renew(self) -> int:
         """Extend the lease to now + duration; returns the new ``expires_at``.
@@ -302,6 +313,7 @@ __all__ = [
     "DirEntry",
     "Entry",
     "FileEntry",
+    "LeaseCallbacks",
     "Policy",
     "Reason",
     "SecretSpan",

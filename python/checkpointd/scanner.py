@@ -29,8 +29,10 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TypedDict, Unpack
 
 from . import _native, chunks
+from ._keywords import check_keywords
 from .codec import decode_entries
 from .errors import SandboxCheckpointInvalidArgumentError, from_os_error
 from .manifest import ManifestSummary
@@ -140,19 +142,24 @@ def _log_policy_warnings(warnings: Iterable[tuple[str, str, str]]) -> None:
         )
 
 
+class ScanOptions(TypedDict, total=False):
+    """The keywords of ``scan_workspace`` (its docstring)."""
+
+    threads: int  # worker threads (0: one per core)
+    feed: _native.BlobFeed | None
+    root_fd: int | None
+    progress: _native.ScanProgress | None
+    previous: ManifestSummary | None
+    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None] | None
+
+
 def scan_workspace(
     root: str | os.PathLike[str],
     policy: Policy | None,
     secrets: Sequence[bytes],
     cache_path: str | os.PathLike[str] | None,
     cancel: _native.CancelToken | None = None,
-    *,
-    threads: int = 0,
-    feed: _native.BlobFeed | None = None,
-    root_fd: int | None = None,
-    progress: _native.ScanProgress | None = None,
-    previous: ManifestSummary | None = None,
-    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None] | None = None,
+    **options: Unpack[ScanOptions],
 ) -> ScanOutcome:
     """Scan ``root`` under ``policy``, zeroing ``secrets``, with the stat cache
     at ``cache_path`` (None: no cache).
@@ -167,11 +174,15 @@ def scan_workspace(
     (see ``checkpointd.journal``).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
-    root), ScanCancelled, or OSError for an unreadable entry.
+    root), ScanCancelled, or OSError for an unreadable entry; TypeError for an
+    unknown keyword.
     """
+    check_keywords("scan_workspace", options, ScanOptions)
     policy = policy if policy is not None else Policy()
     checked = check_secrets(secrets)
     root_text = os.fspath(root)
+    previous = options.get("previous")
+    journal = options.get("journal")
     try:
         result = _native.scan(
             root_text,
@@ -180,11 +191,11 @@ def scan_workspace(
             default_excludes=policy.default_excludes,
             secrets=checked,
             cache_path=os.fspath(cache_path) if cache_path is not None else None,
-            threads=threads,
+            threads=options.get("threads", 0),
             cancel=cancel,
-            feed=feed,
-            root_fd=root_fd,
-            progress=progress,
+            feed=options.get("feed"),
+            root_fd=options.get("root_fd"),
+            progress=options.get("progress"),
             previous_length=None if previous is None else previous.byte_length,
             previous_fingerprint=None if previous is None else previous.fingerprint,
             journal=None if journal is None else journal[0],
@@ -204,6 +215,10 @@ def scan_workspace(
             raise mapped from error
         raise
     _log_policy_warnings(result.policy_warnings)
+    return _outcome(result)
+
+
+def _outcome(result: _native.ScanResult) -> ScanOutcome:
     return ScanOutcome(
         manifest=result.manifest,
         unsupported=list(result.unsupported),
@@ -225,4 +240,4 @@ def scan_workspace(
     )
 
 
-__all__ = ["ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]
+__all__ = ["ScanOptions", "ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from .._keywords import check_keywords
 from ..v1 import checkpointd_pb2 as pb
 from ..v1 import checkpointd_pb2_grpc as pb_grpc
 from .auth import bearer_metadata
@@ -50,6 +51,48 @@ def rpc_error(error: grpc.aio.AioRpcError) -> RpcError:
     )
 
 
+class TlsOptions(TypedDict, total=False):
+    """The TLS keywords of ``Client`` (its docstring)."""
+
+    tls_ca: bytes | None
+    tls_cert: bytes | None
+    tls_key: bytes | None
+    tls_server_name: str | None
+
+
+class CaptureRequestOptions(TypedDict, total=False):
+    """The keywords of ``Client.capture``: the CaptureRequest fields (None: not set)."""
+
+    label: str | None
+    policy: pb.Policy | None
+    secrets: Sequence[bytes]
+    conversation: Sequence[str]
+    artifacts: Sequence[pb.Artifact]
+    workspace_subdir: str
+    request_id: str | None
+    source_run_id: str | None
+    skip_if_unchanged: bool
+    secret_names: Sequence[str]
+
+
+class UndoRequestOptions(TypedDict, total=False):
+    """The keywords of ``Client.undo``: the UndoRequest fields."""
+
+    workspace_subdir: str
+    dry_run: bool
+    record: bool
+    secrets: Sequence[bytes]
+    secret_names: Sequence[str]
+
+
+class RestoreRequestOptions(UndoRequestOptions, total=False):
+    """The keywords of ``Client.restore``: the RestoreRequest fields (None: not set)."""
+
+    checkpoint_id: str | None
+    policy: pb.Policy | None
+    discard_live_changes: bool
+
+
 class Client:
     """``async with Client(address, token=...) as client: await client.capture(...)``."""
 
@@ -59,24 +102,24 @@ class Client:
         *,
         token: str | None = None,
         timeout: float | None = None,
-        tls_ca: bytes | None = None,
-        tls_cert: bytes | None = None,
-        tls_key: bytes | None = None,
-        tls_server_name: str | None = None,
+        **tls: Unpack[TlsOptions],
     ) -> None:
         """TLS is used when any of ``tls_ca`` (PEM roots to verify the daemon;
         None: the system's), ``tls_cert``/``tls_key`` (a client certificate for
         mutual TLS) is given. ``tls_server_name`` overrides the name checked in
-        the daemon's certificate."""
+        the daemon's certificate. TypeError for an unknown keyword."""
+        check_keywords("Client", tls, TlsOptions)
         self.address = address
         self._metadata = bearer_metadata(token) if token else ()
         self._timeout = timeout
         options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 4 * 1024 * 1024)]
+        tls_server_name = tls.get("tls_server_name")
         if tls_server_name:
             options.append(("grpc.ssl_target_name_override", tls_server_name))
+        tls_ca, tls_cert = tls.get("tls_ca"), tls.get("tls_cert")
         if tls_ca is not None or tls_cert is not None:
             credentials = grpc.ssl_channel_credentials(
-                root_certificates=tls_ca, private_key=tls_key, certificate_chain=tls_cert
+                root_certificates=tls_ca, private_key=tls.get("tls_key"), certificate_chain=tls_cert
             )
             self._channel = grpc.aio.secure_channel(grpc_address(address), credentials, options)
         else:
@@ -142,36 +185,16 @@ class Client:
         self,
         thread_id: str,
         *,
-        label: str | None = None,
-        policy: pb.Policy | None = None,
-        secrets: Sequence[bytes] = (),
-        conversation: Sequence[str] = (),
-        artifacts: Sequence[pb.Artifact] = (),
-        workspace_subdir: str = "",
-        request_id: str | None = None,
-        source_run_id: str | None = None,
-        skip_if_unchanged: bool = False,
         on_event: Callable[[pb.CaptureEvent], None] | None = None,
-        secret_names: Sequence[str] = (),
+        **fields: Unpack[CaptureRequestOptions],
     ) -> pb.CaptureDone:
-        """Capture; ``on_event`` sees every event. Returns the done event."""
-        request = pb.CaptureRequest(
-            thread_id=thread_id,
-            secrets=list(secrets),
-            secret_names=list(secret_names),
-            conversation=list(conversation),
-            artifacts=list(artifacts),
-            workspace_subdir=workspace_subdir,
-            skip_if_unchanged=skip_if_unchanged,
-        )
-        if label is not None:
-            request.label = label
-        if policy is not None:
-            request.policy.CopyFrom(policy)
-        if request_id is not None:
-            request.request_id = request_id
-        if source_run_id is not None:
-            request.source_run_id = source_run_id
+        """Capture; ``on_event`` sees every event. Returns the done event.
+        ``fields``: ``label``, ``policy``, ``secrets``, ``secret_names``,
+        ``conversation``, ``artifacts``, ``workspace_subdir``, ``request_id``,
+        ``source_run_id``, ``skip_if_unchanged`` (CaptureRequestOptions).
+        TypeError for an unknown keyword."""
+        check_keywords("capture", fields, CaptureRequestOptions)
+        request = pb.CaptureRequest(thread_id=thread_id, **fields)
         done: pb.CaptureDone = await self._until_final(self.stub.Capture, request, "done", on_event)
         return done
 
@@ -179,31 +202,16 @@ class Client:
         self,
         thread_id: str,
         *,
-        checkpoint_id: str | None = None,
-        policy: pb.Policy | None = None,
-        workspace_subdir: str = "",
-        dry_run: bool = False,
         on_event: Callable[[pb.RestoreEvent], None] | None = None,
-        secrets: Sequence[bytes] = (),
-        secret_names: Sequence[str] = (),
-        discard_live_changes: bool = False,
-        record: bool = False,
+        **fields: Unpack[RestoreRequestOptions],
     ) -> pb.RestoreDone:
         """Restore (``dry_run``: plan only; ``on_event`` sees the plan_paths
-        chunks). Returns the done event."""
-        request = pb.RestoreRequest(
-            thread_id=thread_id,
-            workspace_subdir=workspace_subdir,
-            dry_run=dry_run,
-            secrets=list(secrets),
-            secret_names=list(secret_names),
-            discard_live_changes=discard_live_changes,
-            record=record,
-        )
-        if checkpoint_id is not None:
-            request.checkpoint_id = checkpoint_id
-        if policy is not None:
-            request.policy.CopyFrom(policy)
+        chunks). Returns the done event. ``fields``: ``checkpoint_id``,
+        ``policy``, ``workspace_subdir``, ``dry_run``, ``secrets``,
+        ``secret_names``, ``discard_live_changes``, ``record``
+        (RestoreRequestOptions). TypeError for an unknown keyword."""
+        check_keywords("restore", fields, RestoreRequestOptions)
+        request = pb.RestoreRequest(thread_id=thread_id, **fields)
         done: pb.RestoreDone = await self._until_final(self.stub.Restore, request, "done", on_event)
         return done
 
@@ -211,23 +219,15 @@ class Client:
         self,
         thread_id: str,
         *,
-        workspace_subdir: str = "",
-        dry_run: bool = False,
-        record: bool = False,
         on_event: Callable[[pb.RestoreEvent], None] | None = None,
-        secrets: Sequence[bytes] = (),
-        secret_names: Sequence[str] = (),
+        **fields: Unpack[UndoRequestOptions],
     ) -> pb.RestoreDone:
         """Restore the newest entry of the thread's stash (undo the last
-        restore). Returns the done event, as ``restore`` does."""
-        request = pb.UndoRequest(
-            thread_id=thread_id,
-            workspace_subdir=workspace_subdir,
-            dry_run=dry_run,
-            record=record,
-            secrets=list(secrets),
-            secret_names=list(secret_names),
-        )
+        restore). Returns the done event, as ``restore`` does. ``fields``:
+        ``workspace_subdir``, ``dry_run``, ``record``, ``secrets``,
+        ``secret_names`` (UndoRequestOptions). TypeError for an unknown keyword."""
+        check_keywords("undo", fields, UndoRequestOptions)
+        request = pb.UndoRequest(thread_id=thread_id, **fields)
         done: pb.RestoreDone = await self._until_final(self.stub.Undo, request, "done", on_event)
         return done
 
