@@ -1,0 +1,192 @@
+//! Deltas between manifests: runs of a base's rows to copy and rows to insert.
+
+use super::rows::{bad, row_path, rows, ManifestError};
+
+// ------------------------------------------------------------------ deltas
+//
+// A delta says how to build a manifest from a base manifest: runs of the base's
+// rows to copy and rows to insert, in order. Binary, little-endian:
+// `C start:u32 count:u32` copies base rows [start, start+count);
+// `A rows:u32 bytes:u32 <rows joined by ','>` inserts rows.
+
+/// The delta from `base` to `new` and how many rows it inserts.
+pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError> {
+    let base_rows = rows(base)?;
+    let new_rows = rows(new)?;
+    let mut delta = DeltaWriter::default();
+    // Both are sorted by path (as the scan writes them): one merge finds
+    // each new row's place in the base. A row found nowhere is inserted, so
+    // the delta rebuilds `new` exactly even from rows in another order (it is
+    // then merely larger).
+    let mut at = 0;
+    for row in &new_rows {
+        if base_rows.get(at) != Some(row) {
+            let path = row_path(row)?;
+            while let Some(earlier) = base_rows.get(at) {
+                if row_path(earlier)? >= path {
+                    break;
+                }
+                at += 1;
+            }
+        }
+        if base_rows.get(at) == Some(row) {
+            delta.copy(at as u32);
+            at += 1;
+        } else {
+            delta.add(row);
+        }
+    }
+    Ok(delta.finish())
+}
+
+/// A delta in [`apply`]'s encoding, written as its rows come: copy runs of
+/// the base's rows and runs of inserted rows.
+#[derive(Default)]
+struct DeltaWriter<'a> {
+    out: Vec<u8>,
+    added: Vec<&'a [u8]>,
+    added_total: usize,
+    start: u32,
+    count: u32,
+}
+
+impl<'a> DeltaWriter<'a> {
+    fn copy(&mut self, position: u32) {
+        if self.count > 0 && position == self.start + self.count {
+            self.count += 1;
+            return;
+        }
+        self.flush_add();
+        self.flush_copy();
+        (self.start, self.count) = (position, 1);
+    }
+
+    fn add(&mut self, row: &'a [u8]) {
+        self.flush_copy();
+        self.added.push(row);
+        self.added_total += 1;
+    }
+
+    fn flush_copy(&mut self) {
+        if self.count > 0 {
+            self.out.push(b'C');
+            self.out.extend_from_slice(&self.start.to_le_bytes());
+            self.out.extend_from_slice(&self.count.to_le_bytes());
+            self.count = 0;
+        }
+    }
+
+    fn flush_add(&mut self) {
+        if !self.added.is_empty() {
+            let joined = self.added.join(&b","[..]);
+            self.out.push(b'A');
+            self.out
+                .extend_from_slice(&(self.added.len() as u32).to_le_bytes());
+            self.out
+                .extend_from_slice(&(joined.len() as u32).to_le_bytes());
+            self.out.extend_from_slice(&joined);
+            self.added.clear();
+        }
+    }
+
+    fn finish(mut self) -> (Vec<u8>, usize) {
+        self.flush_add();
+        self.flush_copy();
+        (self.out, self.added_total)
+    }
+}
+
+fn read_u32(ops: &[u8], at: usize) -> Result<u32, ManifestError> {
+    let bytes = ops.get(at..at + 4).ok_or(bad(at, "short delta"))?;
+    Ok(u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+}
+
+/// The manifest `delta` describes on top of `base`.
+pub fn apply(base: &[u8], ops: &[u8]) -> Result<Vec<u8>, ManifestError> {
+    apply_chain(base, &[ops])
+}
+
+/// A chain of deltas applied in turn to `base` (each [`apply`]'s `ops`
+/// against the manifest the one before made), with one copy of the bytes at
+/// the end: the rows in between are references into `base` and the deltas,
+/// never joined. Loading the head of a chain of 31 deltas from its keyframe
+/// is then one parse and one copy, not 31 of each.
+pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestError> {
+    // Each delta's inserted runs, wrapped as manifests so `rows` reads them.
+    let mut wrapped: Vec<Vec<Vec<u8>>> = Vec::with_capacity(chain.len());
+    for ops in chain {
+        let mut runs = Vec::new();
+        for_each_op(ops, |op| {
+            if let Op::Insert(joined) = op {
+                runs.push([b"[".as_slice(), joined, b"]"].concat());
+            }
+            Ok(())
+        })?;
+        wrapped.push(runs);
+    }
+    let mut current: Vec<&[u8]> = rows(base)?;
+    for (ops, runs) in chain.iter().zip(&wrapped) {
+        let mut next: Vec<&[u8]> = Vec::with_capacity(current.len());
+        let mut inserted = runs.iter();
+        for_each_op(ops, |op| {
+            match op {
+                Op::Copy(start, count, at) => next.extend_from_slice(
+                    current
+                        .get(start..start + count)
+                        .ok_or(bad(at, "copy beyond the base"))?,
+                ),
+                Op::Insert(_) => {
+                    let run = inserted.next().expect("one wrapped run per insert");
+                    next.extend(rows(run)?);
+                }
+            }
+            Ok(())
+        })?;
+        current = next;
+    }
+    let size = current.iter().map(|r| r.len() + 1).sum::<usize>() + 1;
+    let mut out = Vec::with_capacity(size.max(2));
+    out.push(b'[');
+    for (i, row) in current.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(row);
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+/// One operation of a delta: copy `count` rows from row `start` of the base
+/// (the op at byte `at`), or insert rows (joined by commas; maybe none).
+enum Op<'a> {
+    Copy(usize, usize, usize),
+    Insert(&'a [u8]),
+}
+
+fn for_each_op<'a>(
+    ops: &'a [u8],
+    mut each: impl FnMut(Op<'a>) -> Result<(), ManifestError>,
+) -> Result<(), ManifestError> {
+    let mut i = 0;
+    while i < ops.len() {
+        match ops[i] {
+            b'C' => {
+                let start = read_u32(ops, i + 1)? as usize;
+                let count = read_u32(ops, i + 5)? as usize;
+                each(Op::Copy(start, count, i))?;
+                i += 9;
+            }
+            b'A' => {
+                let len = read_u32(ops, i + 5)? as usize;
+                let joined = ops.get(i + 9..i + 9 + len).ok_or(bad(i, "short insert"))?;
+                if !joined.is_empty() {
+                    each(Op::Insert(joined))?;
+                }
+                i += 9 + len;
+            }
+            _ => return Err(bad(i, "unknown delta operation")),
+        }
+    }
+    Ok(())
+}

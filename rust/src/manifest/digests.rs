@@ -1,0 +1,105 @@
+//! Blob digests of a manifest: the set it references, set differences of
+//! digest lists, and the file rows that hold given digests.
+
+use super::files::file_chunks;
+use super::rows::{file_row, json_string, row_end, rows, ManifestError};
+
+/// The distinct blob digests of the file rows, sorted: a file's content
+/// digest, or for a file stored as chunks, its chunks' digests.
+pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
+    let mut out = Vec::new();
+    for row in rows(data)? {
+        if let Some(f) = file_row(row)? {
+            match file_chunks(row, &f)? {
+                Some(chunks) => out.extend(chunks.iter().map(|c| c.digest)),
+                None => out.push(f.digest),
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// Sorted `a` minus sorted `b` (both distinct), each a flat list of 32-byte
+/// digests. Works on the bytes as they are: no copy of either list. When one
+/// list is much the shorter (a capture's few new digests against a parent's
+/// million), each of its digests is looked up in the other by bisection.
+pub fn difference(a: &[u8], b: &[u8]) -> Vec<u8> {
+    const D: usize = 32;
+    let (na, nb) = (a.len() / D, b.len() / D);
+    let digest = |i: usize| &b[i * D..(i + 1) * D];
+    let mut out = Vec::new();
+    if na.saturating_mul(32) < nb {
+        for x in a.chunks_exact(D) {
+            let (mut lo, mut hi) = (0, nb);
+            while lo < hi {
+                let mid = (lo + hi) / 2;
+                if digest(mid) < x {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            if lo == nb || digest(lo) != x {
+                out.extend_from_slice(x);
+            }
+        }
+        return out;
+    }
+    let mut j = 0;
+    for x in a.chunks_exact(D) {
+        while j < nb && digest(j) < x {
+            j += 1;
+        }
+        if j < nb && digest(j) == x {
+            continue;
+        }
+        out.extend_from_slice(x);
+    }
+    out
+}
+
+/// `(path, digest, size)` of each file row whose digest is in `wanted` (sorted).
+pub fn files_with_digests(
+    data: &[u8],
+    wanted: &[[u8; 32]],
+) -> Result<Vec<(String, [u8; 32], u64)>, ManifestError> {
+    let mut out = Vec::new();
+    if wanted.is_empty() {
+        return Ok(out);
+    }
+    // One digest (a capture's one new file): a single-needle search of the
+    // bytes, ~1 ms per 100,000 rows, reading only the file rows a find lies
+    // in (the hex may spell a name: the row's own digest decides). For more,
+    // a multi-pattern search's prefilter matches every hex digit of a
+    // manifest and ran 2-4x slower than reading every row (~35 ms).
+    let [digest] = wanted else {
+        for row in rows(data)? {
+            if let Some(f) = file_row(row)? {
+                if wanted.binary_search(&f.digest).is_ok() {
+                    out.push((json_string(f.path_json)?, f.digest, f.size));
+                }
+            }
+        }
+        return Ok(out);
+    };
+    let hex = crate::hash::to_hex(digest);
+    let mut last_row = None;
+    for found in memchr::memmem::find_iter(data, hex.as_bytes()) {
+        let Some(start) = memchr::memmem::rfind(&data[..found], b"[\"f\",\"") else {
+            continue;
+        };
+        let row = &data[start..row_end(data, start)?];
+        if last_row == Some(start) || start + row.len() < found + hex.len() {
+            continue;
+        }
+        if let Some(f) = file_row(row)? {
+            if f.digest == *digest {
+                out.push((json_string(f.path_json)?, f.digest, f.size));
+                last_row = Some(start);
+            }
+        }
+    }
+    Ok(out)
+}
