@@ -1,0 +1,547 @@
+//! One scan of a workspace: walk (reusing cached hashes as each directory is
+//! listed) → hash the rest in parallel → put the rows in path order (unless
+//! the stat cache vouches for the manifest) → encode the manifest → save the
+//! stat cache.
+
+mod cache;
+mod encode;
+mod freeing;
+mod hashing;
+mod order;
+
+#[cfg(test)]
+mod tests;
+
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use crate::cancel::Cancel;
+use crate::chunking::{Chunking, Sinks};
+use crate::classify::Unsupported;
+use crate::error::ScanError;
+use crate::feed::{BlobFeed, CloseOnDrop};
+use crate::fs;
+use crate::policy::PolicyMatcher;
+use crate::redact::SecretSet;
+use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
+use crate::walk::{Batch, Kind, ListedDir, ScanProgress, Walker};
+
+use cache::{cache_dir, cache_entries, outcome_key};
+use encode::{encode_manifest, Encoded};
+use freeing::{free_records, wait_for_freeing};
+use hashing::{HashTask, HASH_TASK_FILES};
+use order::{file_rows, in_path_order, join_path, keep_dirs_holding_entries, Rows};
+
+pub use cache::KeptCache;
+pub(crate) use encode::write_entry;
+pub use encode::{ManifestBuffer, Previous};
+pub use freeing::release_freed_memory;
+pub(crate) use hashing::hash_slot;
+
+/// Everything a scan needs, owned (so the binding can release the GIL).
+pub struct ScanRequest {
+    pub root: PathBuf,
+    pub policy: PolicyMatcher,
+    pub secrets: Vec<Vec<u8>>,
+    pub cache_path: Option<PathBuf>,
+    /// 0 = one per core.
+    pub threads: usize,
+    pub cancel: Cancel,
+    /// Where the zeroed bytes of small files just hashed go, and the open
+    /// files of larger ones (each file read once by the scan).
+    pub feed: Option<std::sync::Arc<BlobFeed>>,
+    /// Counters published while the scan runs (None: counted, not shared).
+    pub progress: Option<std::sync::Arc<ScanProgress>>,
+    /// A restore's live scan: the stat cache is not saved but handed back
+    /// ([`ScanOutput::kept_cache`]), for the restore to save once with what
+    /// it wrote merged in; no digests are collected (nothing is uploaded).
+    pub keep_cache: bool,
+    /// Files above the threshold are stored as content-defined chunks
+    /// (`crate::chunking`); None stores every file whole.
+    pub chunks: Option<crate::chunk::ChunkParams>,
+}
+
+#[derive(Debug, Default)]
+pub struct ScanOutput {
+    /// The codec's JSON rows, sorted by path bytes ([`scan`], [`scan_root`];
+    /// [`scan_into`] writes them into its buffer instead).
+    pub manifest: Vec<u8>,
+    /// Sorted by path bytes.
+    pub unsupported: Vec<(Vec<u8>, Unsupported)>,
+    pub entries: u64,
+    pub files_hashed: u64,
+    pub files_reused: u64,
+    pub bytes_hashed: u64,
+    /// Files in which secrets were zeroed (their rows carry the positions).
+    pub files_with_secrets: u64,
+    /// The distinct content digests of the manifest's files, sorted, 32
+    /// bytes each (what `manifest::digests` would compute from `manifest`);
+    /// empty when the manifest is the buffer's previous one (whose digests
+    /// the caller has).
+    pub digests: Vec<u8>,
+    /// File rows in the manifest and the sum of their sizes.
+    pub file_count: u64,
+    pub file_bytes: u64,
+    /// Directories entered, and how many of their listings the cache gave.
+    pub dirs_listed: u64,
+    pub dirs_reused: u64,
+    /// The manifest is the previous one on the stat cache's word (its
+    /// manifest witness): no row was encoded or compared.
+    pub manifest_witnessed: bool,
+    /// Wall milliseconds per phase, in order.
+    pub phases_ms: Vec<(&'static str, f64)>,
+    /// With [`ScanRequest::keep_cache`] and a cache path: the cache this
+    /// scan would have saved.
+    pub kept_cache: Option<KeptCache>,
+}
+
+/// Wall time per phase of a scan.
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(&'static str, f64)>,
+}
+
+impl Phases {
+    fn start() -> Phases {
+        Phases {
+            last: std::time::Instant::now(),
+            done: Vec::new(),
+        }
+    }
+
+    /// Close the phase that just ended.
+    fn end(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.done
+            .push((name, (now - self.last).as_secs_f64() * 1e3));
+        self.last = now;
+    }
+}
+
+/// An opened, validated workspace root.
+pub struct Root {
+    pub path: PathBuf,
+    pub fd: std::os::fd::OwnedFd,
+    /// The path as given (absolute, lexical) and as the kernel resolves it.
+    pub forms: Vec<Vec<u8>>,
+}
+
+impl Root {
+    /// Errors: RootIsSymlink, RootNotDirectory, or Io when it cannot be read.
+    pub fn open(root: &Path) -> Result<Root, ScanError> {
+        let path = if root.is_absolute() {
+            root.to_path_buf()
+        } else {
+            std::env::current_dir()
+                .map_err(|e| ScanError::io(root, "resolve", e))?
+                .join(root)
+        };
+        let stat = fs::lstat_path(&path).map_err(|e| ScanError::io(&path, "lstat", e))?;
+        if stat.is_symlink() {
+            return Err(ScanError::RootIsSymlink(path));
+        }
+        if !stat.is_dir() {
+            return Err(ScanError::RootNotDirectory(path));
+        }
+        let fd = fs::open_dir_path(&path).map_err(|e| ScanError::io(&path, "open", e))?;
+        let mut forms = vec![path.as_os_str().as_bytes().to_vec()];
+        if let Ok(real) = std::fs::canonicalize(&path) {
+            let real = real.as_os_str().as_bytes().to_vec();
+            if real != forms[0] {
+                forms.push(real);
+            }
+        }
+        Ok(Root { path, fd, forms })
+    }
+
+    /// A root already opened by the caller (restore opens a sub-root one
+    /// component at a time from the workspace fd, so the scan never resolves a
+    /// path through the sandbox). `path` names it in messages and judges
+    /// absolute symlink targets, together with the kernel's name for the fd.
+    pub fn from_fd(fd: std::os::fd::OwnedFd, path: PathBuf) -> Root {
+        let mut forms = vec![path.as_os_str().as_bytes().to_vec()];
+        let proc_name = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        if let Ok(real) = std::fs::read_link(proc_name) {
+            let real = real.as_os_str().as_bytes().to_vec();
+            if real != forms[0] {
+                forms.push(real);
+            }
+        }
+        Root { path, fd, forms }
+    }
+}
+
+pub fn build_pool(threads: usize) -> Result<rayon::ThreadPool, ScanError> {
+    let threads = if threads == 0 {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+    } else {
+        threads
+    };
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("checkpointd-scan-{i}"))
+        .build()
+        .map_err(|e| ScanError::io("<thread pool>", "start threads", std::io::Error::other(e)))
+}
+
+/// Run a scan. Errors: see [`ScanError`].
+pub fn scan(request: &ScanRequest) -> Result<ScanOutput, ScanError> {
+    scan_root(request, Root::open(&request.root)?)
+}
+
+/// [`scan`] of a root the caller opened (`request.root` only names it).
+pub fn scan_root(request: &ScanRequest, root: Root) -> Result<ScanOutput, ScanError> {
+    let mut manifest = Vec::new();
+    let mut out = scan_into(request, root, &mut manifest)?;
+    out.manifest = manifest;
+    Ok(out)
+}
+
+/// [`scan_root`] with the manifest written into `manifest` (untouched when
+/// the scan returns early for unsupported entries; `ScanOutput::manifest` stays empty).
+pub fn scan_into(
+    request: &ScanRequest,
+    root: Root,
+    manifest: &mut dyn ManifestBuffer,
+) -> Result<ScanOutput, ScanError> {
+    let mut phases = Phases::start();
+    // However the scan ends, the consumer of the feed learns it.
+    let _close_feed = CloseOnDrop(request.feed.as_deref());
+    let secrets = SecretSet::new(&request.secrets)?;
+    let fingerprint = secrets_fingerprint(&request.secrets);
+    let cancel = &request.cancel;
+    let chunking = request
+        .chunks
+        .map(|params| Chunking::new(params, request.cache_path.as_deref()));
+
+    // The reference time comes first, read on the WORKSPACE's filesystem (its
+    // timestamps may be coarser than the data dir's) and moved back by one of
+    // its timestamp ticks: a file stat'ed in a tick that could still change
+    // carries an mtime at or after it and is not trusted next time.
+    let (mut old_cache, reference_ns) = match &request.cache_path {
+        Some(path) => {
+            let dir = cache_dir(path)?;
+            let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
+                .map_err(|e| ScanError::io(&root.path, "read the clock of", e))?;
+            (LoadedCache::load(path), now)
+        }
+        None => (None, 0),
+    };
+
+    // The last scan's records are freed before this one makes its own (peak memory).
+    wait_for_freeing();
+    let pool = build_pool(request.threads)?;
+    let own_progress = ScanProgress::default();
+    let progress = request.progress.as_deref().unwrap_or(&own_progress);
+    phases.end("setup");
+    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+    // The cache's hashes were made with these secrets (else none is reused).
+    let reuse_hashes = old_cache
+        .as_ref()
+        .is_some_and(|c| c.fingerprint == fingerprint);
+    let walked = Walker {
+        root_fd: root.fd.as_raw_fd(),
+        root_path: &root.path,
+        roots: &root_forms,
+        policy: &request.policy,
+        secrets: &secrets,
+        cancel,
+        root_dev: fs::fstat(root.fd.as_raw_fd())
+            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
+            .dev,
+        cache: old_cache.as_ref(),
+        reuse_hashes,
+        progress,
+        direction: None,
+    }
+    .walk(&pool)?;
+    // The listings were looked up by the walk alone (it kept copies of those
+    // it reused): freed before the scan's records are all built (peak memory).
+    if let Some(cache) = old_cache.as_mut() {
+        cache.forget_listings();
+    }
+    let mut unsupported = walked.unsupported;
+    let mut dirs = walked.dirs;
+    let mut batches = walked.found;
+    let dirs_listed = dirs.len() as u64;
+    let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
+    // Every file of the walk: none has been hashed, so none vanished yet.
+    let (files_found, bytes_found, mut files_reused) =
+        (walked.files, walked.file_bytes, walked.files_reused);
+    // A chunked file's reused hash needs its chunk list (else it is read).
+    if let Some(chunking) = &chunking {
+        files_reused -= chunking.claim_reused(&mut batches);
+    }
+    phases.end("walk");
+
+    // Unsupported entries are never entered, so they are few: a plain sort.
+    unsupported.sort();
+    pool.install(|| dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
+    if !unsupported.is_empty() && request.feed.is_some() {
+        // A capture (the one scan that feeds uploads) refuses these: hash and
+        // upload nothing. A restore's live scan goes on: it plans around them.
+        return Ok(ScanOutput {
+            phases_ms: phases.done,
+            unsupported,
+            ..ScanOutput::default()
+        });
+    }
+    phases.end("sort");
+
+    // Hash what the cache did not vouch for (in the walk's order: which file
+    // is hashed first does not matter), a directory's files together: each
+    // task opens its directory once, beneath the root, and its files by name
+    // beneath that (one path component each, not the whole path per file:
+    // ~13% of a cold capture's scan time in 8-deep trees).
+    let all_reused = files_reused == files_found;
+    let mut tasks: Vec<HashTask> = Vec::new();
+    for batch in batches.iter_mut().filter(|_| !all_reused) {
+        let Batch {
+            dir,
+            names,
+            entries,
+        } = batch;
+        let mut task = HashTask::new(dir);
+        for entry in entries.iter_mut() {
+            if let Kind::File(slot) = &mut entry.kind {
+                if slot.hash.is_none() {
+                    let at = entry.name_at as usize;
+                    let name = &names[at..at + entry.name_len as usize];
+                    let mut path = String::new();
+                    join_path(dir, name, &mut path);
+                    task.files.push((path, name.len(), slot));
+                    if task.files.len() == HASH_TASK_FILES {
+                        tasks.push(std::mem::replace(&mut task, HashTask::new(dir)));
+                    }
+                }
+            }
+        }
+        if !task.files.is_empty() {
+            tasks.push(task);
+        }
+    }
+    let files_hashed = tasks.iter().map(|t| t.files.len() as u64).sum::<u64>();
+    let root_fd = root.fd.as_raw_fd();
+    // Collecting into a Result stops the other workers at the first error.
+    let sizes: Vec<u64> = pool
+        .install(|| {
+            tasks
+                .par_iter_mut()
+                .map(|task| {
+                    // Not opened (gone, or swapped for a link since the walk):
+                    // each file is opened by its whole path, which says how.
+                    let dir_fd = task.open_dir(root_fd);
+                    let mut read = 0;
+                    for (path, name_len, slot) in task.files.iter_mut() {
+                        let at = match &dir_fd {
+                            Some(fd) => (fd.as_raw_fd(), &path[path.len() - *name_len..]),
+                            None => (root_fd, path.as_str()),
+                        };
+                        let bytes = hash_slot(
+                            at,
+                            &root.path,
+                            path,
+                            slot,
+                            &secrets,
+                            cancel,
+                            Sinks {
+                                feed: request.feed.as_deref(),
+                                chunking: chunking.as_ref(),
+                            },
+                        )?;
+                        ScanProgress::add(&progress.files_hashed, 1);
+                        ScanProgress::add(&progress.bytes_hashed, bytes);
+                        read += bytes;
+                    }
+                    Ok(read)
+                })
+                .collect::<Result<Vec<u64>, ScanError>>()
+        })
+        .map_err(|e| {
+            if cancel.is_cancelled() {
+                ScanError::Cancelled
+            } else {
+                e
+            }
+        })?;
+    let bytes_hashed: u64 = sizes.iter().sum();
+    // Files holding secrets are never cached, so hashing them changes nothing there.
+    let hashed_for_cache = tasks
+        .iter()
+        .flat_map(|task| &task.files)
+        .filter(|(_, _, slot)| slot.secrets.is_empty())
+        .count();
+    drop(tasks);
+    // An untouched cache stays valid under its own (older) reference time:
+    // every listing came from it, it holds no others, and every file entry
+    // was reused.
+    let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
+        reuse_hashes
+            && hashed_for_cache == 0
+            && old.len() as u64 == files_reused
+            && dirs_reused == dirs_listed
+            && old.dir_count() as u64 == dirs_listed
+    });
+    let key = outcome_key(&request.policy, &root.forms, &fingerprint);
+    let key = crate::chunking::mix_key(key, request.chunks.as_ref());
+    let old_witness = old_cache.as_ref().and_then(|c| c.witness);
+    // Not needed any more: free it before the manifest is built (peak memory).
+    drop(old_cache);
+    phases.end("hash");
+
+    // The manifest's digest, once known (the previous manifest's, or the one written).
+    let mut digest: Option<[u8; 32]> = None;
+    // The cache vouches for these rows (see statcache's "manifest witness"):
+    // it is unchanged, was written under this key, and every file row is one
+    // of its entries (none hashed: a file holding secrets is never cached).
+    // Then the manifest is the one whose digest it recorded, and when that is
+    // the previous manifest's, nothing is encoded or compared.
+    let witnessed = match (&old_witness, manifest.previous()) {
+        (Some(witness), Some(previous))
+            if cache_unchanged
+                && witness.key == key
+                && unsupported.is_empty()
+                && (all_reused || file_rows(&batches) == files_reused) =>
+        {
+            // (The previous manifest's digest is its fingerprint.)
+            digest = Some(previous.fingerprint);
+            previous.fingerprint == witness.digest
+        }
+        _ => false,
+    };
+    // Rows in path order are for encoding them and for the cache; a
+    // witnessed manifest needs neither (unless an include list decides which
+    // directories are rows: that takes the order, see
+    // `keep_dirs_holding_entries`), so its rows are never put in order.
+    let in_order = !witnessed || request.policy.has_include() || request.keep_cache;
+    let mut rows = if in_order {
+        let mut rows = pool.install(|| in_path_order(batches));
+        if request.policy.has_include() {
+            keep_dirs_holding_entries(&mut rows);
+        }
+        rows
+    } else {
+        Rows::unordered(batches)
+    };
+    if cancel.is_cancelled() {
+        return Err(ScanError::Cancelled);
+    }
+    phases.end("order");
+    let (total, same) = if witnessed {
+        manifest.keep_previous();
+        let mut total = Encoded {
+            rows: match in_order {
+                true => rows.order.len() as u64,
+                // Without an include list every entry the walk kept is a row.
+                false => rows.batches.iter().map(|b| b.entries.len() as u64).sum(),
+            },
+            ..Encoded::default()
+        };
+        if all_reused {
+            (total.file_count, total.file_bytes) = (files_found, bytes_found);
+        } else {
+            for slot in rows.files_mut() {
+                total.file_count += 1;
+                total.file_bytes += slot.stat.size;
+            }
+        }
+        (total, true)
+    } else {
+        let (total, same, written) =
+            encode_manifest(&pool, &rows, manifest, digest, chunking.as_ref())?;
+        digest = Some(written);
+        (total, same)
+    };
+    phases.end("encode");
+
+    let witness = statcache::ManifestWitness {
+        key,
+        digest: digest.expect("the manifest's digest is known"),
+    };
+    // Rewrite the cache when something changed, or to record the witness
+    // (the first scan after an upgrade or a restore, or under another policy).
+    if let Some(path) = request.cache_path.as_ref().filter(|_| !request.keep_cache) {
+        if !cache_unchanged || old_witness != Some(witness) {
+            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| cache_entries(&rows, visit);
+            let listed = dirs.iter().map(ListedDir::as_listed);
+            // Streamed to the file from the rows: no copy of the cache in memory.
+            statcache::write_cache(
+                path,
+                &fingerprint,
+                reference_ns,
+                Some(&witness),
+                &files,
+                listed,
+            )
+            .map_err(|e| ScanError::io(path, "save stat cache", e))?;
+        }
+        if let Some(chunking) = &chunking {
+            chunking
+                .save(path)
+                .map_err(|e| ScanError::io(path, "save the chunk cache beside", e))?;
+        }
+    }
+    // Kept for a restore's one save, else freed before the digests (peak
+    // memory; a few allocations per directory, so freed here: the rows, ~25
+    // per 100 entries, go to `free_records` below).
+    let dirs = if request.keep_cache { dirs } else { Vec::new() };
+    phases.end("save_cache");
+
+    let (files_with_secrets, file_count, file_bytes) =
+        (total.files_with_secrets, total.file_count, total.file_bytes);
+    let entries = total.rows;
+    // (Every file is in the order: only directories leave it.) A manifest
+    // that is the previous one has its digests already: none are collected.
+    let mut digests: Vec<[u8; 32]> = Vec::new();
+    if !same && !request.keep_cache {
+        digests.reserve_exact(file_count as usize);
+        for slot in rows.files_mut().filter(|slot| !slot.vanished) {
+            match (slot.hash, &chunking) {
+                (Some(hash), Some(chunking)) => {
+                    chunking.blob_digests(&hash, slot.stat.size, &mut digests)
+                }
+                (Some(hash), None) => digests.push(hash),
+                (None, _) => {}
+            }
+        }
+    }
+    let kept_cache = if request.keep_cache && request.cache_path.is_some() {
+        Some(KeptCache {
+            fingerprint,
+            reference_ns,
+            rows,
+            dirs,
+        })
+    } else {
+        free_records(rows, entries);
+        None
+    };
+    pool.install(|| digests.par_sort_unstable());
+    digests.dedup();
+    let digests = digests.concat();
+    drop(pool);
+    phases.end("digests");
+
+    Ok(ScanOutput {
+        phases_ms: phases.done,
+        manifest: Vec::new(),
+        unsupported,
+        entries,
+        files_hashed,
+        files_reused,
+        bytes_hashed,
+        files_with_secrets,
+        digests,
+        file_count,
+        file_bytes,
+        dirs_listed,
+        dirs_reused,
+        manifest_witnessed: witnessed,
+        kept_cache,
+    })
+}
