@@ -35,7 +35,7 @@ use crate::manifest::{file_row, ManifestWriter};
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::scan::{
-    build_pool, hash_slot, write_entry, ManifestBuffer, Root, ScanOutput, ScanRequest,
+    build_pool, hash_slot, write_entry, HashContext, ManifestBuffer, Root, ScanOutput, ScanRequest,
 };
 use crate::statcache::{secrets_fingerprint, Listing, LoadedCache};
 use crate::walk::{Batch, Direction, Kind, ScanProgress, Walker};
@@ -508,23 +508,20 @@ fn hash_changed(
     }
     let count = files.len() as u64;
     let root_fd = root.fd.as_raw_fd();
-    let sinks = Sinks {
-        feed: scan.feed.as_deref(),
-        chunking,
+    let cx = HashContext {
+        root_path: &root.path,
+        secrets,
+        cancel: &scan.cancel,
+        sinks: Sinks {
+            feed: scan.feed.as_deref(),
+            chunking,
+        },
     };
     let bytes: u64 = pool.install(|| {
         files
             .par_iter_mut()
             .map(|(path, slot)| {
-                let read = hash_slot(
-                    (root_fd, path.as_str()),
-                    &root.path,
-                    path,
-                    slot,
-                    secrets,
-                    &scan.cancel,
-                    sinks,
-                )?;
+                let read = hash_slot((root_fd, path.as_str()), path, slot, &cx)?;
                 ScanProgress::add(&progress.files_hashed, 1);
                 ScanProgress::add(&progress.bytes_hashed, read);
                 Ok::<u64, ScanError>(read)

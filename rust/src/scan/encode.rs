@@ -170,21 +170,7 @@ pub(super) fn encode_manifest(
     let buffer = manifest
         .allocate(manifest_len)
         .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
-    buffer[0] = b'[';
-    buffer[manifest_len - 1] = b']';
-    let mut rest = &mut buffer[1..manifest_len - 1];
-    let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(lengths.len());
-    let mut first = true;
-    for &length in &lengths {
-        if length > 0 && !std::mem::take(&mut first) {
-            let (comma, after) = std::mem::take(&mut rest).split_at_mut(1);
-            comma[0] = b',';
-            rest = after;
-        }
-        let (piece, after) = std::mem::take(&mut rest).split_at_mut(length);
-        pieces.push(piece);
-        rest = after;
-    }
+    let pieces = manifest_pieces(&mut buffer[..manifest_len], &lengths);
     pool.install(|| {
         rows.order
             .par_chunks(chunk_rows)
@@ -201,6 +187,28 @@ pub(super) fn encode_manifest(
             })
     });
     Ok((total, false, digest_of(buffer)))
+}
+
+/// The manifest's brackets and commas written into `buffer`, and the pieces
+/// between them of `lengths` bytes each, for the rows to be written into.
+fn manifest_pieces<'b>(buffer: &'b mut [u8], lengths: &[usize]) -> Vec<&'b mut [u8]> {
+    let manifest_len = buffer.len();
+    buffer[0] = b'[';
+    buffer[manifest_len - 1] = b']';
+    let mut rest = &mut buffer[1..manifest_len - 1];
+    let mut pieces: Vec<&mut [u8]> = Vec::with_capacity(lengths.len());
+    let mut first = true;
+    for &length in lengths {
+        if length > 0 && !std::mem::take(&mut first) {
+            let (comma, after) = std::mem::take(&mut rest).split_at_mut(1);
+            comma[0] = b',';
+            rest = after;
+        }
+        let (piece, after) = std::mem::take(&mut rest).split_at_mut(length);
+        pieces.push(piece);
+        rest = after;
+    }
+    pieces
 }
 
 /// What a run of manifest rows counts.

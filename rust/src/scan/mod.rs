@@ -27,19 +27,19 @@ use crate::fs;
 use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::statcache::{self, secrets_fingerprint, CacheEntry, LoadedCache};
-use crate::walk::{Batch, Kind, ListedDir, ScanProgress, Walker};
+use crate::walk::{Batch, ListedDir, ScanProgress, WalkOutput, Walker};
 
 use cache::{cache_dir, cache_entries, outcome_key};
 use encode::{encode_manifest, Encoded};
 use freeing::{free_records, wait_for_freeing};
-use hashing::{HashTask, HASH_TASK_FILES};
-use order::{file_rows, in_path_order, join_path, keep_dirs_holding_entries, Rows};
+use hashing::{hash_files, Hashed};
+use order::{file_rows, in_path_order, keep_dirs_holding_entries, Rows};
 
 pub use cache::KeptCache;
 pub(crate) use encode::write_entry;
 pub use encode::{ManifestBuffer, Previous};
 pub use freeing::release_freed_memory;
-pub(crate) use hashing::hash_slot;
+pub(crate) use hashing::{hash_slot, HashContext};
 
 /// Everything a scan needs, owned (so the binding can release the GIL).
 pub struct ScanRequest {
@@ -212,296 +212,410 @@ pub fn scan_into(
     let mut phases = Phases::start();
     // However the scan ends, the consumer of the feed learns it.
     let _close_feed = CloseOnDrop(request.feed.as_deref());
-    let secrets = SecretSet::new(&request.secrets)?;
-    let fingerprint = secrets_fingerprint(&request.secrets);
-    let cancel = &request.cancel;
-    let chunking = request
-        .chunks
-        .map(|params| Chunking::new(params, request.cache_path.as_deref()));
-
-    // The reference time comes first, read on the WORKSPACE's filesystem (its
-    // timestamps may be coarser than the data dir's) and moved back by one of
-    // its timestamp ticks: a file stat'ed in a tick that could still change
-    // carries an mtime at or after it and is not trusted next time.
-    let (mut old_cache, reference_ns) = match &request.cache_path {
-        Some(path) => {
-            let dir = cache_dir(path)?;
-            let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
-                .map_err(|e| ScanError::io(&root.path, "read the clock of", e))?;
-            (LoadedCache::load(path), now)
-        }
-        None => (None, 0),
-    };
-
-    // The last scan's records are freed before this one makes its own (peak memory).
-    wait_for_freeing();
-    let pool = build_pool(request.threads)?;
     let own_progress = ScanProgress::default();
-    let progress = request.progress.as_deref().unwrap_or(&own_progress);
+    let (scan, mut old_cache) = Scan::start(request, &root, &own_progress)?;
     phases.end("setup");
-    let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
-    // The cache's hashes were made with these secrets (else none is reused).
-    let reuse_hashes = old_cache
-        .as_ref()
-        .is_some_and(|c| c.fingerprint == fingerprint);
-    let walked = Walker {
-        root_fd: root.fd.as_raw_fd(),
-        root_path: &root.path,
-        roots: &root_forms,
-        policy: &request.policy,
-        secrets: &secrets,
-        cancel,
-        root_dev: fs::fstat(root.fd.as_raw_fd())
-            .map_err(|e| ScanError::io(&root.path, "fstat", e))?
-            .dev,
-        cache: old_cache.as_ref(),
-        reuse_hashes,
-        progress,
-        direction: None,
-    }
-    .walk(&pool)?;
-    // The listings were looked up by the walk alone (it kept copies of those
-    // it reused): freed before the scan's records are all built (peak memory).
-    if let Some(cache) = old_cache.as_mut() {
-        cache.forget_listings();
-    }
-    let mut unsupported = walked.unsupported;
-    let mut dirs = walked.dirs;
-    let mut batches = walked.found;
-    let dirs_listed = dirs.len() as u64;
-    let dirs_reused = dirs.iter().filter(|d| d.reused).count() as u64;
-    // Every file of the walk: none has been hashed, so none vanished yet.
-    let (files_found, bytes_found, mut files_reused) =
-        (walked.files, walked.file_bytes, walked.files_reused);
-    // A chunked file's reused hash needs its chunk list (else it is read).
-    if let Some(chunking) = &chunking {
-        files_reused -= chunking.claim_reused(&mut batches);
-    }
+    let (mut walked, reuse_hashes) = scan.walk(&mut old_cache)?;
     phases.end("walk");
 
     // Unsupported entries are never entered, so they are few: a plain sort.
-    unsupported.sort();
-    pool.install(|| dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
-    if !unsupported.is_empty() && request.feed.is_some() {
+    walked.unsupported.sort();
+    scan.pool
+        .install(|| walked.dirs.par_sort_unstable_by(|a, b| a.path.cmp(&b.path)));
+    if !walked.unsupported.is_empty() && request.feed.is_some() {
         // A capture (the one scan that feeds uploads) refuses these: hash and
         // upload nothing. A restore's live scan goes on: it plans around them.
         return Ok(ScanOutput {
             phases_ms: phases.done,
-            unsupported,
+            unsupported: walked.unsupported,
             ..ScanOutput::default()
         });
     }
     phases.end("sort");
 
-    // Hash what the cache did not vouch for (in the walk's order: which file
-    // is hashed first does not matter), a directory's files together: each
-    // task opens its directory once, beneath the root, and its files by name
-    // beneath that (one path component each, not the whole path per file:
-    // ~13% of a cold capture's scan time in 8-deep trees).
-    let all_reused = files_reused == files_found;
-    let mut tasks: Vec<HashTask> = Vec::new();
-    for batch in batches.iter_mut().filter(|_| !all_reused) {
-        let Batch {
-            dir,
-            names,
-            entries,
-        } = batch;
-        let mut task = HashTask::new(dir);
-        for entry in entries.iter_mut() {
-            if let Kind::File(slot) = &mut entry.kind {
-                if slot.hash.is_none() {
-                    let at = entry.name_at as usize;
-                    let name = &names[at..at + entry.name_len as usize];
-                    let mut path = String::new();
-                    join_path(dir, name, &mut path);
-                    task.files.push((path, name.len(), slot));
-                    if task.files.len() == HASH_TASK_FILES {
-                        tasks.push(std::mem::replace(&mut task, HashTask::new(dir)));
-                    }
-                }
-            }
-        }
-        if !task.files.is_empty() {
-            tasks.push(task);
-        }
-    }
-    let files_hashed = tasks.iter().map(|t| t.files.len() as u64).sum::<u64>();
-    let root_fd = root.fd.as_raw_fd();
-    // Collecting into a Result stops the other workers at the first error.
-    let sizes: Vec<u64> = pool
-        .install(|| {
-            tasks
-                .par_iter_mut()
-                .map(|task| {
-                    // Not opened (gone, or swapped for a link since the walk):
-                    // each file is opened by its whole path, which says how.
-                    let dir_fd = task.open_dir(root_fd);
-                    let mut read = 0;
-                    for (path, name_len, slot) in task.files.iter_mut() {
-                        let at = match &dir_fd {
-                            Some(fd) => (fd.as_raw_fd(), &path[path.len() - *name_len..]),
-                            None => (root_fd, path.as_str()),
-                        };
-                        let bytes = hash_slot(
-                            at,
-                            &root.path,
-                            path,
-                            slot,
-                            &secrets,
-                            cancel,
-                            Sinks {
-                                feed: request.feed.as_deref(),
-                                chunking: chunking.as_ref(),
-                            },
-                        )?;
-                        ScanProgress::add(&progress.files_hashed, 1);
-                        ScanProgress::add(&progress.bytes_hashed, bytes);
-                        read += bytes;
-                    }
-                    Ok(read)
-                })
-                .collect::<Result<Vec<u64>, ScanError>>()
-        })
-        .map_err(|e| {
-            if cancel.is_cancelled() {
-                ScanError::Cancelled
-            } else {
-                e
-            }
-        })?;
-    let bytes_hashed: u64 = sizes.iter().sum();
-    // Files holding secrets are never cached, so hashing them changes nothing there.
-    let hashed_for_cache = tasks
-        .iter()
-        .flat_map(|task| &task.files)
-        .filter(|(_, _, slot)| slot.secrets.is_empty())
-        .count();
-    drop(tasks);
-    // An untouched cache stays valid under its own (older) reference time:
-    // every listing came from it, it holds no others, and every file entry
-    // was reused.
-    let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
-        reuse_hashes
-            && hashed_for_cache == 0
-            && old.len() as u64 == files_reused
-            && dirs_reused == dirs_listed
-            && old.dir_count() as u64 == dirs_listed
-    });
-    let key = outcome_key(&request.policy, &root.forms, &fingerprint);
-    let key = crate::chunking::mix_key(key, request.chunks.as_ref());
-    let old_witness = old_cache.as_ref().and_then(|c| c.witness);
-    // Not needed any more: free it before the manifest is built (peak memory).
-    drop(old_cache);
+    let hashed = scan.hash(&mut walked)?;
+    let settled = scan.settle(&walked, &hashed, old_cache, reuse_hashes);
     phases.end("hash");
 
-    // The manifest's digest, once known (the previous manifest's, or the one written).
-    let mut digest: Option<[u8; 32]> = None;
-    // The cache vouches for these rows (see statcache's "manifest witness"):
-    // it is unchanged, was written under this key, and every file row is one
-    // of its entries (none hashed: a file holding secrets is never cached).
-    // Then the manifest is the one whose digest it recorded, and when that is
-    // the previous manifest's, nothing is encoded or compared.
-    let witnessed = match (&old_witness, manifest.previous()) {
-        (Some(witness), Some(previous))
-            if cache_unchanged
-                && witness.key == key
-                && unsupported.is_empty()
-                && (all_reused || file_rows(&batches) == files_reused) =>
-        {
-            // (The previous manifest's digest is its fingerprint.)
-            digest = Some(previous.fingerprint);
-            previous.fingerprint == witness.digest
-        }
-        _ => false,
-    };
-    // Rows in path order are for encoding them and for the cache; a
-    // witnessed manifest needs neither (unless an include list decides which
-    // directories are rows: that takes the order, see
-    // `keep_dirs_holding_entries`), so its rows are never put in order.
-    let in_order = !witnessed || request.policy.has_include() || request.keep_cache;
-    let mut rows = if in_order {
-        let mut rows = pool.install(|| in_path_order(batches));
-        if request.policy.has_include() {
-            keep_dirs_holding_entries(&mut rows);
-        }
-        rows
-    } else {
-        Rows::unordered(batches)
-    };
-    if cancel.is_cancelled() {
-        return Err(ScanError::Cancelled);
-    }
+    let batches = std::mem::take(&mut walked.batches);
+    let (mut rows, witnessed, digest) = scan.order(batches, &walked, &settled, manifest)?;
     phases.end("order");
-    let (total, same) = if witnessed {
-        manifest.keep_previous();
-        let mut total = Encoded {
-            rows: match in_order {
-                true => rows.order.len() as u64,
-                // Without an include list every entry the walk kept is a row.
-                false => rows.batches.iter().map(|b| b.entries.len() as u64).sum(),
-            },
-            ..Encoded::default()
-        };
-        if all_reused {
-            (total.file_count, total.file_bytes) = (files_found, bytes_found);
-        } else {
-            for slot in rows.files_mut() {
-                total.file_count += 1;
-                total.file_bytes += slot.stat.size;
-            }
-        }
-        (total, true)
-    } else {
-        let (total, same, written) =
-            encode_manifest(&pool, &rows, manifest, digest, chunking.as_ref())?;
-        digest = Some(written);
-        (total, same)
-    };
+    let (total, same, digest) = scan.encode(&mut rows, &walked, witnessed, digest, manifest)?;
     phases.end("encode");
 
     let witness = statcache::ManifestWitness {
-        key,
-        digest: digest.expect("the manifest's digest is known"),
+        key: settled.key,
+        digest,
     };
-    // Rewrite the cache when something changed, or to record the witness
-    // (the first scan after an upgrade or a restore, or under another policy).
-    if let Some(path) = request.cache_path.as_ref().filter(|_| !request.keep_cache) {
-        if !cache_unchanged || old_witness != Some(witness) {
-            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| cache_entries(&rows, visit);
+    scan.save_cache(&rows, &walked.dirs, &settled, witness)?;
+    // Kept for a restore's one save, else freed before the digests (peak
+    // memory; a few allocations per directory, so freed here: the rows, ~25
+    // per 100 entries, go to `free_records` below).
+    let dirs = std::mem::take(&mut walked.dirs);
+    let dirs = if request.keep_cache { dirs } else { Vec::new() };
+    phases.end("save_cache");
+
+    let (digests, kept_cache) = scan.finish(rows, dirs, &total, same);
+    phases.end("digests");
+
+    Ok(ScanOutput {
+        phases_ms: phases.done,
+        manifest: Vec::new(),
+        unsupported: walked.unsupported,
+        entries: total.rows,
+        files_hashed: hashed.files,
+        files_reused: walked.files_reused,
+        bytes_hashed: hashed.bytes,
+        files_with_secrets: total.files_with_secrets,
+        digests,
+        file_count: total.file_count,
+        file_bytes: total.file_bytes,
+        dirs_listed: walked.dirs_listed,
+        dirs_reused: walked.dirs_reused,
+        manifest_witnessed: witnessed,
+        kept_cache,
+    })
+}
+
+/// One scan under way: what its stages share.
+struct Scan<'a> {
+    request: &'a ScanRequest,
+    root: &'a Root,
+    secrets: SecretSet,
+    fingerprint: [u8; 32],
+    chunking: Option<Chunking>,
+    pool: rayon::ThreadPool,
+    progress: &'a ScanProgress,
+    /// The racy-clean reference time of the cache this scan saves.
+    reference_ns: i64,
+}
+
+/// What the walk found, with its counts.
+struct Walked {
+    unsupported: Vec<(Vec<u8>, Unsupported)>,
+    dirs: Vec<ListedDir>,
+    batches: Vec<Batch>,
+    /// Every file of the walk (none has been hashed, so none vanished yet),
+    /// their bytes, and how many took their hash from the cache.
+    files_found: u64,
+    bytes_found: u64,
+    files_reused: u64,
+    dirs_listed: u64,
+    dirs_reused: u64,
+}
+
+impl Walked {
+    fn of(walked: WalkOutput, chunking: Option<&Chunking>) -> Walked {
+        let mut batches = walked.found;
+        let mut files_reused = walked.files_reused;
+        // A chunked file's reused hash needs its chunk list (else it is read).
+        if let Some(chunking) = chunking {
+            files_reused -= chunking.claim_reused(&mut batches);
+        }
+        let dirs = walked.dirs;
+        Walked {
+            unsupported: walked.unsupported,
+            dirs_listed: dirs.len() as u64,
+            dirs_reused: dirs.iter().filter(|d| d.reused).count() as u64,
+            dirs,
+            batches,
+            files_found: walked.files,
+            bytes_found: walked.file_bytes,
+            files_reused,
+        }
+    }
+
+    /// Every file took its hash from the cache.
+    fn all_reused(&self) -> bool {
+        self.files_reused == self.files_found
+    }
+}
+
+/// What the stages after the hashing know of the old cache, which is freed
+/// by then (peak memory).
+struct Settled {
+    /// The old cache stays valid under its own (older) reference time.
+    cache_unchanged: bool,
+    /// The key this scan's manifest witness is recorded under.
+    key: [u8; 32],
+    old_witness: Option<statcache::ManifestWitness>,
+}
+
+impl<'a> Scan<'a> {
+    /// Set a scan up: its secrets, chunking, thread pool, and the old stat
+    /// cache with the reference time of the new one.
+    fn start(
+        request: &'a ScanRequest,
+        root: &'a Root,
+        own_progress: &'a ScanProgress,
+    ) -> Result<(Scan<'a>, Option<LoadedCache>), ScanError> {
+        let secrets = SecretSet::new(&request.secrets)?;
+        let chunking = request
+            .chunks
+            .map(|params| Chunking::new(params, request.cache_path.as_deref()));
+        // The reference time comes first, read on the WORKSPACE's filesystem (its
+        // timestamps may be coarser than the data dir's) and moved back by one of
+        // its timestamp ticks: a file stat'ed in a tick that could still change
+        // carries an mtime at or after it and is not trusted next time.
+        let (old_cache, reference_ns) = match &request.cache_path {
+            Some(path) => {
+                let dir = cache_dir(path)?;
+                let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
+                    .map_err(|e| ScanError::io(&root.path, "read the clock of", e))?;
+                (LoadedCache::load(path), now)
+            }
+            None => (None, 0),
+        };
+        // The last scan's records are freed before this one makes its own (peak memory).
+        wait_for_freeing();
+        let scan = Scan {
+            request,
+            root,
+            secrets,
+            fingerprint: secrets_fingerprint(&request.secrets),
+            chunking,
+            pool: build_pool(request.threads)?,
+            progress: request.progress.as_deref().unwrap_or(own_progress),
+            reference_ns,
+        };
+        Ok((scan, old_cache))
+    }
+
+    /// Walk the root, with the old cache's listings and (when they were
+    /// made with these secrets: then `true`) its hashes.
+    fn walk(&self, old_cache: &mut Option<LoadedCache>) -> Result<(Walked, bool), ScanError> {
+        // The cache's hashes were made with these secrets (else none is reused).
+        let reuse_hashes = old_cache
+            .as_ref()
+            .is_some_and(|c| c.fingerprint == self.fingerprint);
+        let walked = self.walk_root(old_cache.as_ref(), reuse_hashes)?;
+        // The listings were looked up by the walk alone (it kept copies of those
+        // it reused): freed before the scan's records are all built (peak memory).
+        if let Some(cache) = old_cache.as_mut() {
+            cache.forget_listings();
+        }
+        Ok((Walked::of(walked, self.chunking.as_ref()), reuse_hashes))
+    }
+
+    fn walk_root(
+        &self,
+        cache: Option<&LoadedCache>,
+        reuse_hashes: bool,
+    ) -> Result<WalkOutput, ScanError> {
+        let root = self.root;
+        let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
+        Walker {
+            root_fd: root.fd.as_raw_fd(),
+            root_path: &root.path,
+            roots: &root_forms,
+            policy: &self.request.policy,
+            secrets: &self.secrets,
+            cancel: &self.request.cancel,
+            root_dev: fs::fstat(root.fd.as_raw_fd())
+                .map_err(|e| ScanError::io(&root.path, "fstat", e))?
+                .dev,
+            cache,
+            reuse_hashes,
+            progress: self.progress,
+            direction: None,
+        }
+        .walk(&self.pool)
+    }
+
+    /// Hash what the cache did not vouch for.
+    fn hash(&self, walked: &mut Walked) -> Result<Hashed, ScanError> {
+        let cx = HashContext {
+            root_path: &self.root.path,
+            secrets: &self.secrets,
+            cancel: &self.request.cancel,
+            sinks: Sinks {
+                feed: self.request.feed.as_deref(),
+                chunking: self.chunking.as_ref(),
+            },
+        };
+        let all_reused = walked.all_reused();
+        hash_files(
+            &self.pool,
+            &mut walked.batches,
+            all_reused,
+            self.root.fd.as_raw_fd(),
+            self.progress,
+            &cx,
+        )
+    }
+
+    /// What the old cache tells the stages after the hashing, which then
+    /// frees it.
+    fn settle(
+        &self,
+        walked: &Walked,
+        hashed: &Hashed,
+        old_cache: Option<LoadedCache>,
+        reuse_hashes: bool,
+    ) -> Settled {
+        // An untouched cache stays valid under its own (older) reference time:
+        // every listing came from it, it holds no others, and every file entry
+        // was reused.
+        let cache_unchanged = old_cache.as_ref().is_some_and(|old| {
+            reuse_hashes
+                && hashed.for_cache == 0
+                && old.len() as u64 == walked.files_reused
+                && walked.dirs_reused == walked.dirs_listed
+                && old.dir_count() as u64 == walked.dirs_listed
+        });
+        let key = outcome_key(&self.request.policy, &self.root.forms, &self.fingerprint);
+        let key = crate::chunking::mix_key(key, self.request.chunks.as_ref());
+        let old_witness = old_cache.as_ref().and_then(|c| c.witness);
+        // Not needed any more: free it before the manifest is built (peak memory).
+        drop(old_cache);
+        Settled {
+            cache_unchanged,
+            key,
+            old_witness,
+        }
+    }
+
+    /// Whether the rows are put in path order: they are for encoding them and
+    /// for the cache; a witnessed manifest needs neither (unless an include
+    /// list decides which directories are rows: that takes the order, see
+    /// `keep_dirs_holding_entries`).
+    fn in_order(&self, witnessed: bool) -> bool {
+        !witnessed || self.request.policy.has_include() || self.request.keep_cache
+    }
+
+    /// The rows, in path order unless the manifest is witnessed; whether it
+    /// is, and its digest when known already.
+    fn order(
+        &self,
+        batches: Vec<Batch>,
+        walked: &Walked,
+        settled: &Settled,
+        manifest: &dyn ManifestBuffer,
+    ) -> Result<(Rows, bool, Option<[u8; 32]>), ScanError> {
+        // The manifest's digest, once known (the previous manifest's, or the one written).
+        let mut digest: Option<[u8; 32]> = None;
+        // The cache vouches for these rows (see statcache's "manifest witness"):
+        // it is unchanged, was written under this key, and every file row is one
+        // of its entries (none hashed: a file holding secrets is never cached).
+        // Then the manifest is the one whose digest it recorded, and when that is
+        // the previous manifest's, nothing is encoded or compared.
+        let witnessed = match (&settled.old_witness, manifest.previous()) {
+            (Some(witness), Some(previous))
+                if settled.cache_unchanged
+                    && witness.key == settled.key
+                    && walked.unsupported.is_empty()
+                    && (walked.all_reused() || file_rows(&batches) == walked.files_reused) =>
+            {
+                // (The previous manifest's digest is its fingerprint.)
+                digest = Some(previous.fingerprint);
+                previous.fingerprint == witness.digest
+            }
+            _ => false,
+        };
+        let rows = if self.in_order(witnessed) {
+            let mut rows = self.pool.install(|| in_path_order(batches));
+            if self.request.policy.has_include() {
+                keep_dirs_holding_entries(&mut rows);
+            }
+            rows
+        } else {
+            Rows::unordered(batches)
+        };
+        if self.request.cancel.is_cancelled() {
+            return Err(ScanError::Cancelled);
+        }
+        Ok((rows, witnessed, digest))
+    }
+
+    /// Rewrite the cache when something changed, or to record the witness
+    /// (the first scan after an upgrade or a restore, or under another policy).
+    fn save_cache(
+        &self,
+        rows: &Rows,
+        dirs: &[ListedDir],
+        settled: &Settled,
+        witness: statcache::ManifestWitness,
+    ) -> Result<(), ScanError> {
+        let request = self.request;
+        let Some(path) = request.cache_path.as_ref().filter(|_| !request.keep_cache) else {
+            return Ok(());
+        };
+        if !settled.cache_unchanged || settled.old_witness != Some(witness) {
+            let files = |visit: &mut dyn FnMut(&str, CacheEntry)| cache_entries(rows, visit);
             let listed = dirs.iter().map(ListedDir::as_listed);
             // Streamed to the file from the rows: no copy of the cache in memory.
             statcache::write_cache(
                 path,
-                &fingerprint,
-                reference_ns,
+                &self.fingerprint,
+                self.reference_ns,
                 Some(&witness),
                 &files,
                 listed,
             )
             .map_err(|e| ScanError::io(path, "save stat cache", e))?;
         }
-        if let Some(chunking) = &chunking {
+        if let Some(chunking) = &self.chunking {
             chunking
                 .save(path)
                 .map_err(|e| ScanError::io(path, "save the chunk cache beside", e))?;
         }
+        Ok(())
     }
-    // Kept for a restore's one save, else freed before the digests (peak
-    // memory; a few allocations per directory, so freed here: the rows, ~25
-    // per 100 entries, go to `free_records` below).
-    let dirs = if request.keep_cache { dirs } else { Vec::new() };
-    phases.end("save_cache");
 
-    let (files_with_secrets, file_count, file_bytes) =
-        (total.files_with_secrets, total.file_count, total.file_bytes);
-    let entries = total.rows;
-    // (Every file is in the order: only directories leave it.) A manifest
-    // that is the previous one has its digests already: none are collected.
-    let mut digests: Vec<[u8; 32]> = Vec::new();
-    if !same && !request.keep_cache {
+    /// Encode the rows into `manifest` unless the manifest is witnessed:
+    /// their totals, whether the manifest is the previous one, and its digest.
+    fn encode(
+        &self,
+        rows: &mut Rows,
+        walked: &Walked,
+        witnessed: bool,
+        digest: Option<[u8; 32]>,
+        manifest: &mut dyn ManifestBuffer,
+    ) -> Result<(Encoded, bool, [u8; 32]), ScanError> {
+        if witnessed {
+            manifest.keep_previous();
+            let total = witnessed_totals(rows, walked, self.in_order(witnessed));
+            return Ok((total, true, digest.expect("the manifest's digest is known")));
+        }
+        encode_manifest(&self.pool, rows, manifest, digest, self.chunking.as_ref())
+    }
+
+    /// The manifest's blob digests and the cache a restore keeps; frees the
+    /// rows otherwise, then the scan's threads.
+    fn finish(
+        self,
+        mut rows: Rows,
+        dirs: Vec<ListedDir>,
+        total: &Encoded,
+        same: bool,
+    ) -> (Vec<u8>, Option<KeptCache>) {
+        let request = self.request;
+        // A manifest that is the previous one has its digests already: none are collected.
+        let digests = match !same && !request.keep_cache {
+            true => self.collect_digests(&mut rows, total.file_count),
+            false => Vec::new(),
+        };
+        let kept_cache = if request.keep_cache && request.cache_path.is_some() {
+            Some(KeptCache {
+                fingerprint: self.fingerprint,
+                reference_ns: self.reference_ns,
+                rows,
+                dirs,
+            })
+        } else {
+            free_records(rows, total.rows);
+            None
+        };
+        (self.sorted_digests(digests), kept_cache)
+    }
+
+    /// The blob digests of the manifest's files (every file is in the order:
+    /// only directories leave it), unsorted.
+    fn collect_digests(&self, rows: &mut Rows, file_count: u64) -> Vec<[u8; 32]> {
+        let mut digests: Vec<[u8; 32]> = Vec::new();
         digests.reserve_exact(file_count as usize);
         for slot in rows.files_mut().filter(|slot| !slot.vanished) {
-            match (slot.hash, &chunking) {
+            match (slot.hash, &self.chunking) {
                 (Some(hash), Some(chunking)) => {
                     chunking.blob_digests(&hash, slot.stat.size, &mut digests)
                 }
@@ -509,39 +623,34 @@ pub fn scan_into(
                 (None, _) => {}
             }
         }
+        digests
     }
-    let kept_cache = if request.keep_cache && request.cache_path.is_some() {
-        Some(KeptCache {
-            fingerprint,
-            reference_ns,
-            rows,
-            dirs,
-        })
-    } else {
-        free_records(rows, entries);
-        None
-    };
-    pool.install(|| digests.par_sort_unstable());
-    digests.dedup();
-    let digests = digests.concat();
-    drop(pool);
-    phases.end("digests");
 
-    Ok(ScanOutput {
-        phases_ms: phases.done,
-        manifest: Vec::new(),
-        unsupported,
-        entries,
-        files_hashed,
-        files_reused,
-        bytes_hashed,
-        files_with_secrets,
-        digests,
-        file_count,
-        file_bytes,
-        dirs_listed,
-        dirs_reused,
-        manifest_witnessed: witnessed,
-        kept_cache,
-    })
+    /// The distinct digests, sorted, 32 bytes each.
+    fn sorted_digests(&self, mut digests: Vec<[u8; 32]>) -> Vec<u8> {
+        self.pool.install(|| digests.par_sort_unstable());
+        digests.dedup();
+        digests.concat()
+    }
+}
+
+/// The totals of a witnessed manifest's rows, counted without encoding them.
+fn witnessed_totals(rows: &mut Rows, walked: &Walked, in_order: bool) -> Encoded {
+    let mut total = Encoded {
+        rows: match in_order {
+            true => rows.order.len() as u64,
+            // Without an include list every entry the walk kept is a row.
+            false => rows.batches.iter().map(|b| b.entries.len() as u64).sum(),
+        },
+        ..Encoded::default()
+    };
+    if walked.all_reused() {
+        (total.file_count, total.file_bytes) = (walked.files_found, walked.bytes_found);
+    } else {
+        for slot in rows.files_mut() {
+            total.file_count += 1;
+            total.file_bytes += slot.stat.size;
+        }
+    }
+    total
 }

@@ -79,40 +79,6 @@ pub(super) fn join_path(dir: &str, name: &str, out: &mut String) {
 /// its time in `memcmp` over their shared prefixes.) No entry moves: the
 /// order is a list of indexes.
 pub(super) fn in_path_order(mut batches: Vec<Batch>) -> Rows {
-    // `name` (+ "/" for a subtree) compared as bytes.
-    fn cmp_keys(a: (&[u8], bool), b: (&[u8], bool)) -> std::cmp::Ordering {
-        use std::cmp::Ordering::{Equal, Greater, Less};
-        let common = a.0.len().min(b.0.len());
-        match a.0[..common].cmp(&b.0[..common]) {
-            Equal => {}
-            other => return other,
-        }
-        // One name is a prefix of the other (names hold no "/"): what follows
-        // the shorter one is its subtree's "/" or nothing.
-        match a.0.len().cmp(&b.0.len()) {
-            Equal => a.1.cmp(&b.1),
-            Less if a.1 => b'/'.cmp(&b.0[common]),
-            Less => Less,
-            Greater if b.1 => a.0[common].cmp(&b'/'),
-            Greater => Greater,
-        }
-    }
-    /// A batch's rows and subtrees in order: (entry index, is the subtree).
-    fn sorted(batch: &Batch) -> std::vec::IntoIter<(u32, bool)> {
-        let mut items = Vec::with_capacity(batch.entries.len() + batch.entries.len() / 8);
-        for (i, entry) in batch.entries.iter().enumerate() {
-            if matches!(entry.kind, Kind::Dir { .. }) {
-                items.push((i as u32, true));
-            }
-            items.push((i as u32, false));
-        }
-        let key = |&(i, subtree): &(u32, bool)| {
-            (batch.name(&batch.entries[i as usize]).as_bytes(), subtree)
-        };
-        items.sort_unstable_by(|a, b| cmp_keys(key(a), key(b)));
-        items.into_iter()
-    }
-
     batches.par_sort_unstable_by(|a, b| a.dir.cmp(&b.dir));
     let find = |dir: &str| {
         batches
@@ -120,13 +86,6 @@ pub(super) fn in_path_order(mut batches: Vec<Batch>) -> Rows {
             .ok()
             .map(|i| i as u32)
     };
-    /// An item of a batch's plan: a row (its entry), or the subtree below a
-    /// directory entry (the batch listing it).
-    #[derive(Clone, Copy)]
-    enum Item {
-        Row(u32),
-        Below(u32),
-    }
     // Every batch's plan, on every core: its rows and subtrees in order, each
     // subtree with its batch found (an empty or vanished directory has none).
     let plans: Vec<Vec<Item>> = batches
@@ -178,6 +137,48 @@ pub(super) fn in_path_order(mut batches: Vec<Batch>) -> Rows {
         "rows in path order"
     );
     rows
+}
+
+/// `name` (+ "/" for a subtree) compared as bytes.
+fn cmp_keys(a: (&[u8], bool), b: (&[u8], bool)) -> std::cmp::Ordering {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    let common = a.0.len().min(b.0.len());
+    match a.0[..common].cmp(&b.0[..common]) {
+        Equal => {}
+        other => return other,
+    }
+    // One name is a prefix of the other (names hold no "/"): what follows
+    // the shorter one is its subtree's "/" or nothing.
+    match a.0.len().cmp(&b.0.len()) {
+        Equal => a.1.cmp(&b.1),
+        Less if a.1 => b'/'.cmp(&b.0[common]),
+        Less => Less,
+        Greater if b.1 => a.0[common].cmp(&b'/'),
+        Greater => Greater,
+    }
+}
+
+/// A batch's rows and subtrees in order: (entry index, is the subtree).
+fn sorted(batch: &Batch) -> std::vec::IntoIter<(u32, bool)> {
+    let mut items = Vec::with_capacity(batch.entries.len() + batch.entries.len() / 8);
+    for (i, entry) in batch.entries.iter().enumerate() {
+        if matches!(entry.kind, Kind::Dir { .. }) {
+            items.push((i as u32, true));
+        }
+        items.push((i as u32, false));
+    }
+    let key =
+        |&(i, subtree): &(u32, bool)| (batch.name(&batch.entries[i as usize]).as_bytes(), subtree);
+    items.sort_unstable_by(|a, b| cmp_keys(key(a), key(b)));
+    items.into_iter()
+}
+
+/// An item of a batch's plan: a row (its entry), or the subtree below a
+/// directory entry (the batch listing it).
+#[derive(Clone, Copy)]
+enum Item {
+    Row(u32),
+    Below(u32),
 }
 
 /// With a non-empty include list: keep a directory only if the list takes it

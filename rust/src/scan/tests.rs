@@ -1,7 +1,9 @@
 use std::os::fd::RawFd;
 
-use crate::walk::FileSlot;
+use crate::cancel::Cancel;
+use crate::walk::{FileSlot, Kind};
 
+use super::hashing::HashTask;
 use super::*;
 
 /// Names where the order of full paths differs from a depth-first walk
@@ -90,15 +92,13 @@ fn hash_at(
         vanished: false,
         secrets: crate::walk::SecretSpans::default(),
     };
-    let done = hash_slot(
-        at,
-        root,
-        path,
-        &mut slot,
-        &SecretSet::empty(),
-        &Cancel::new(),
-        Sinks::default(),
-    );
+    let cx = HashContext {
+        root_path: root,
+        secrets: &SecretSet::empty(),
+        cancel: &Cancel::new(),
+        sinks: Sinks::default(),
+    };
+    let done = hash_slot(at, path, &mut slot, &cx);
     (done, slot)
 }
 
