@@ -145,123 +145,11 @@ where
             hashing: false,
         };
         out.put(MAGIC)?;
-        let mut entry_bytes = 0u64;
-        let mut entry_count = 0u64;
-        let mut blocks: Vec<(String, BlockRef)> = Vec::new();
-        let mut failed: Option<io::Error> = None;
-        let mut close = |block: OpenBlock, out: &mut CacheWriter<'_>| -> io::Result<()> {
-            out.put(&block.bytes)?;
-            blocks.push((
-                block.dir,
-                BlockRef {
-                    at: entry_bytes,
-                    len: block.bytes.len() as u32,
-                    count: block.count,
-                    checksum: block_checksum(&block.bytes),
-                },
-            ));
-            entry_bytes += block.bytes.len() as u64;
-            entry_count += u64::from(block.count);
-            Ok(())
-        };
-        let mut open: Vec<OpenBlock> = Vec::new();
-        let mut record = [0u8; FIXED];
-        entries(&mut |path, e| {
-            let (dir, name) = split_path(path);
-            if failed.is_some() || path.len() > MAX_PATH || name.is_empty() {
-                return;
-            }
-            // The blocks of directories whose subtree is behind us are complete.
-            while open.last().is_some_and(|b| !within(dir, &b.dir)) {
-                let done = open.pop().expect("just seen");
-                if let Err(error) = close(done, &mut out) {
-                    failed = Some(error);
-                    return;
-                }
-            }
-            if open.last().map_or(true, |b| b.dir != dir) {
-                open.push(OpenBlock {
-                    dir: dir.to_string(),
-                    bytes: Vec::new(),
-                    count: 0,
-                });
-            }
-            let block = open.last_mut().expect("just pushed");
-            record[0..8].copy_from_slice(&e.dev.to_le_bytes());
-            record[8..16].copy_from_slice(&e.ino.to_le_bytes());
-            record[16..24].copy_from_slice(&e.size.to_le_bytes());
-            record[24..32].copy_from_slice(&e.mtime_ns.to_le_bytes());
-            record[32..40].copy_from_slice(&e.ctime_ns.to_le_bytes());
-            record[40..44].copy_from_slice(&e.mode.to_le_bytes());
-            record[44..76].copy_from_slice(&e.hash);
-            block
-                .bytes
-                .extend_from_slice(&(name.len() as u16).to_le_bytes());
-            block.bytes.extend_from_slice(name.as_bytes());
-            block.bytes.extend_from_slice(&record);
-            block.count += 1;
-        });
-        if let Some(error) = failed {
-            return Err(error);
-        }
-        while let Some(done) = open.pop() {
-            close(done, &mut out)?;
-        }
-        blocks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let section = write_blocks(&mut out, entries)?;
 
         // The directories: the listed ones and those holding a block, merged.
         out.hashing = true;
-        let (mut dir_count, mut dir_bytes) = (0u64, 0u64);
-        let mut put_dir = |out: &mut CacheWriter<'_>,
-                           path: &str,
-                           listed: Option<(DirStat, &[u8])>,
-                           block: BlockRef|
-         -> io::Result<()> {
-            let (stat, listing) = listed.unwrap_or((
-                DirStat {
-                    dev: 0,
-                    ino: 0,
-                    mtime_ns: 0,
-                    ctime_ns: 0,
-                },
-                &[],
-            ));
-            out.put(&(path.len() as u32).to_le_bytes())?;
-            out.put(path.as_bytes())?;
-            out.put(&[if listed.is_some() { LISTED } else { 0 }])?;
-            out.put(&stat.dev.to_le_bytes())?;
-            out.put(&stat.ino.to_le_bytes())?;
-            out.put(&stat.mtime_ns.to_le_bytes())?;
-            out.put(&stat.ctime_ns.to_le_bytes())?;
-            out.put(&(listing.len() as u32).to_le_bytes())?;
-            out.put(listing)?;
-            out.put(&block.at.to_le_bytes())?;
-            out.put(&block.len.to_le_bytes())?;
-            out.put(&block.count.to_le_bytes())?;
-            out.put(&block.checksum.to_le_bytes())?;
-            dir_count += 1;
-            dir_bytes +=
-                (4 + path.len() + DIR_BEFORE_LISTING + listing.len() + DIR_AFTER_LISTING) as u64;
-            Ok(())
-        };
-        let empty_block = BlockRef {
-            checksum: block_checksum(b""),
-            ..BlockRef::default()
-        };
-        let mut blocks = blocks.into_iter().peekable();
-        for (path, stat, listing) in dirs {
-            while let Some((dir, block)) = blocks.next_if(|(dir, _)| dir.as_str() < path) {
-                put_dir(&mut out, &dir, None, block)?;
-            }
-            let block = match blocks.next_if(|(dir, _)| dir.as_str() == path) {
-                Some((_, block)) => block,
-                None => empty_block,
-            };
-            put_dir(&mut out, path, Some((stat, listing)), block)?;
-        }
-        for (dir, block) in blocks {
-            put_dir(&mut out, &dir, None, block)?;
-        }
+        let (dir_count, dir_bytes) = write_dirs(&mut out, section.blocks, dirs)?;
         let none = ManifestWitness {
             key: [0; 32],
             digest: [0; 32],
@@ -269,12 +157,177 @@ where
         let witness = witness.unwrap_or(&none);
         out.put(fingerprint)?;
         out.put(&reference_ns.to_le_bytes())?;
-        out.put(&entry_count.to_le_bytes())?;
+        out.put(&section.entry_count.to_le_bytes())?;
         out.put(&dir_count.to_le_bytes())?;
         out.put(&dir_bytes.to_le_bytes())?;
-        out.put(&entry_bytes.to_le_bytes())?;
+        out.put(&section.entry_bytes.to_le_bytes())?;
         out.put(&witness.key)?;
         out.put(&witness.digest)?;
         out.finish()
     })
+}
+
+/// The entry section as written: each directory's block (sorted by its
+/// path), the bytes of all the blocks and their entries.
+struct EntrySection {
+    blocks: Vec<(String, BlockRef)>,
+    entry_bytes: u64,
+    entry_count: u64,
+}
+
+/// Write the entry section: `entries` gathered per directory (only the
+/// directories on the path being visited are open at a time), each
+/// directory's block written when its subtree has been passed.
+fn write_blocks(out: &mut CacheWriter<'_>, entries: &EntryVisitor<'_>) -> io::Result<EntrySection> {
+    let mut section = EntrySection {
+        blocks: Vec::new(),
+        entry_bytes: 0,
+        entry_count: 0,
+    };
+    let mut failed: Option<io::Error> = None;
+    let mut open: Vec<OpenBlock> = Vec::new();
+    entries(&mut |path, e| {
+        let (dir, name) = split_path(path);
+        if failed.is_some() || path.len() > MAX_PATH || name.is_empty() {
+            return;
+        }
+        // The blocks of directories whose subtree is behind us are complete.
+        while open.last().is_some_and(|b| !within(dir, &b.dir)) {
+            let done = open.pop().expect("just seen");
+            if let Err(error) = section.close(done, out) {
+                failed = Some(error);
+                return;
+            }
+        }
+        if open.last().map_or(true, |b| b.dir != dir) {
+            open.push(OpenBlock {
+                dir: dir.to_string(),
+                bytes: Vec::new(),
+                count: 0,
+            });
+        }
+        open.last_mut().expect("just pushed").push(name, &e);
+    });
+    if let Some(error) = failed {
+        return Err(error);
+    }
+    while let Some(done) = open.pop() {
+        section.close(done, out)?;
+    }
+    section.blocks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    Ok(section)
+}
+
+impl EntrySection {
+    /// Write a directory's complete block and note where it is.
+    fn close(&mut self, block: OpenBlock, out: &mut CacheWriter<'_>) -> io::Result<()> {
+        out.put(&block.bytes)?;
+        self.blocks.push((
+            block.dir,
+            BlockRef {
+                at: self.entry_bytes,
+                len: block.bytes.len() as u32,
+                count: block.count,
+                checksum: block_checksum(&block.bytes),
+            },
+        ));
+        self.entry_bytes += block.bytes.len() as u64;
+        self.entry_count += u64::from(block.count);
+        Ok(())
+    }
+}
+
+impl OpenBlock {
+    /// Add the entry `name` of this directory.
+    fn push(&mut self, name: &str, e: &CacheEntry) {
+        let mut record = [0u8; FIXED];
+        record[0..8].copy_from_slice(&e.dev.to_le_bytes());
+        record[8..16].copy_from_slice(&e.ino.to_le_bytes());
+        record[16..24].copy_from_slice(&e.size.to_le_bytes());
+        record[24..32].copy_from_slice(&e.mtime_ns.to_le_bytes());
+        record[32..40].copy_from_slice(&e.ctime_ns.to_le_bytes());
+        record[40..44].copy_from_slice(&e.mode.to_le_bytes());
+        record[44..76].copy_from_slice(&e.hash);
+        self.bytes
+            .extend_from_slice(&(name.len() as u16).to_le_bytes());
+        self.bytes.extend_from_slice(name.as_bytes());
+        self.bytes.extend_from_slice(&record);
+        self.count += 1;
+    }
+}
+
+/// Write the directory section: the listed directories `dirs` and those
+/// holding a block, merged in path order. Returns how many and their bytes.
+fn write_dirs<'b, D>(
+    out: &mut CacheWriter<'_>,
+    blocks: Vec<(String, BlockRef)>,
+    dirs: D,
+) -> io::Result<(u64, u64)>
+where
+    D: Iterator<Item = (&'b str, DirStat, &'b [u8])>,
+{
+    let (mut dir_count, mut dir_bytes) = (0u64, 0u64);
+    let mut put_dir = |out: &mut CacheWriter<'_>,
+                       path: &str,
+                       listed: Option<(DirStat, &[u8])>,
+                       block: BlockRef|
+     -> io::Result<()> {
+        dir_bytes += out.put_dir(path, listed, block)?;
+        dir_count += 1;
+        Ok(())
+    };
+    let empty_block = BlockRef {
+        checksum: block_checksum(b""),
+        ..BlockRef::default()
+    };
+    let mut blocks = blocks.into_iter().peekable();
+    for (path, stat, listing) in dirs {
+        while let Some((dir, block)) = blocks.next_if(|(dir, _)| dir.as_str() < path) {
+            put_dir(out, &dir, None, block)?;
+        }
+        let block = match blocks.next_if(|(dir, _)| dir.as_str() == path) {
+            Some((_, block)) => block,
+            None => empty_block,
+        };
+        put_dir(out, path, Some((stat, listing)), block)?;
+    }
+    for (dir, block) in blocks {
+        put_dir(out, &dir, None, block)?;
+    }
+    Ok((dir_count, dir_bytes))
+}
+
+impl CacheWriter<'_> {
+    /// One directory's record (a zero stat and no listing when it was not
+    /// listed); its bytes.
+    fn put_dir(
+        &mut self,
+        path: &str,
+        listed: Option<(DirStat, &[u8])>,
+        block: BlockRef,
+    ) -> io::Result<u64> {
+        let (stat, listing) = listed.unwrap_or((
+            DirStat {
+                dev: 0,
+                ino: 0,
+                mtime_ns: 0,
+                ctime_ns: 0,
+            },
+            &[],
+        ));
+        self.put(&(path.len() as u32).to_le_bytes())?;
+        self.put(path.as_bytes())?;
+        self.put(&[if listed.is_some() { LISTED } else { 0 }])?;
+        self.put(&stat.dev.to_le_bytes())?;
+        self.put(&stat.ino.to_le_bytes())?;
+        self.put(&stat.mtime_ns.to_le_bytes())?;
+        self.put(&stat.ctime_ns.to_le_bytes())?;
+        self.put(&(listing.len() as u32).to_le_bytes())?;
+        self.put(listing)?;
+        self.put(&block.at.to_le_bytes())?;
+        self.put(&block.len.to_le_bytes())?;
+        self.put(&block.count.to_le_bytes())?;
+        self.put(&block.checksum.to_le_bytes())?;
+        Ok((4 + path.len() + DIR_BEFORE_LISTING + listing.len() + DIR_AFTER_LISTING) as u64)
+    }
 }
