@@ -366,14 +366,13 @@ impl BlobDir {
     ) -> Result<bool, PutFileError> {
         let (dir, name) = split_key(key);
         let final_name = cstr(name).map_err(|e| PutFileError::Blob(self.error(key, "put", e)))?;
-        let written = self.put_file(
+        let target = PutTarget {
             key,
             dir,
-            Some(&final_name),
-            Some(&final_name),
-            reader,
-            cancel,
-        )?;
+            unless: Some(&final_name),
+            final_name: Some(&final_name),
+        };
+        let written = self.put_file(target, reader, cancel)?;
         Ok(written.unwrap_or(false))
     }
 
@@ -395,7 +394,13 @@ impl BlobDir {
         let beside_name =
             cstr(name).map_err(|e| PutFileError::Blob(self.error(beside, "put", e)))?;
         let present = unless_beside.then_some(&beside_name);
-        let Some(written) = self.put_file(beside, dir, present, None, reader, cancel)? else {
+        let target = PutTarget {
+            key: beside,
+            dir,
+            unless: present,
+            final_name: None,
+        };
+        let Some(written) = self.put_file(target, reader, cancel)? else {
             return Ok((beside.to_string(), false));
         };
         let name = crate::hash::to_hex(&reader.digest);
@@ -408,36 +413,25 @@ impl BlobDir {
     }
 
     /// The body of `put_verified` and `put_learned`: None, with nothing read,
-    /// when the blob `unless` exists; else whether the blob was written,
-    /// named `final_name` or, when None, by the reader's digest once the copy
-    /// is done (staging, where unnamed files are refused, is named after `key`).
+    /// when the blob `target.unless` exists; else whether the blob was written
+    /// (see [`PutTarget`]).
     fn put_file(
         &self,
-        key: &str,
-        dir: &str,
-        unless: Option<&CString>,
-        final_name: Option<&CString>,
+        target: PutTarget<'_>,
         reader: &mut VerifyingReader,
         cancel: &Cancel,
     ) -> Result<Option<bool>, PutFileError> {
+        let PutTarget {
+            key,
+            dir,
+            unless,
+            final_name,
+        } = target;
         let blob = |e| PutFileError::Blob(self.error(key, "put", e));
         let (_, staging_stem) = split_key(key);
         let dir_fd = self.open_dir(dir, true).map_err(blob)?;
-        if let Some(existing) = unless {
-            // SAFETY: zeroed stat is a valid out-parameter.
-            let mut st: libc::stat = unsafe { std::mem::zeroed() };
-            // SAFETY: valid fd, C string and out-pointer.
-            let r = unsafe {
-                libc::fstatat(
-                    dir_fd.as_raw_fd(),
-                    existing.as_ptr(),
-                    &mut st,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            };
-            if r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG {
-                return Ok(None); // content-addressed: already these bytes
-            }
+        if unless.is_some_and(|existing| is_regular_at(dir_fd.as_raw_fd(), existing)) {
+            return Ok(None); // content-addressed: already these bytes
         }
         let learned = std::cell::Cell::new(None::<[u8; 32]>);
         let mut failure: Option<ReadError> = None;
@@ -598,6 +592,26 @@ impl BlobDir {
         }
         Ok(out)
     }
+}
+
+/// Where [`BlobDir::put_file`] puts a blob: `key` names it in errors and
+/// names its staging file (where unnamed files are refused), in directory
+/// `dir`; nothing is read when the blob `unless` exists; the blob is named
+/// `final_name` or, when None, by the reader's digest once the copy is done.
+struct PutTarget<'a> {
+    key: &'a str,
+    dir: &'a str,
+    unless: Option<&'a CString>,
+    final_name: Option<&'a CString>,
+}
+
+/// Whether `name` in `dir_fd` is a regular file (not following a link).
+fn is_regular_at(dir_fd: RawFd, name: &CString) -> bool {
+    // SAFETY: zeroed stat is a valid out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid fd, C string and out-pointer.
+    let r = unsafe { libc::fstatat(dir_fd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) };
+    r == 0 && st.st_mode & libc::S_IFMT == libc::S_IFREG
 }
 
 #[cfg(test)]

@@ -77,15 +77,22 @@ pub fn hash_reader<R: Read>(
     scratch: &mut Vec<u8>,
 ) -> Result<Digest, HashError> {
     let mut found = Vec::new();
-    hash_reader_recording(
-        reader,
-        expected_size,
+    let options = HashOptions {
         secrets,
         cancel,
         parallel,
-        scratch,
-        &mut found,
-    )
+    };
+    hash_reader_recording(reader, expected_size, options, scratch, &mut found)
+}
+
+/// How [`hash_reader_recording`] hashes: the secrets zeroed in the bytes,
+/// the cancel flag checked between reads, and whether bytes past the
+/// whole-read limit are hashed on every core.
+#[derive(Clone, Copy)]
+pub struct HashOptions<'a> {
+    pub secrets: &'a SecretSet,
+    pub cancel: &'a Cancel,
+    pub parallel: bool,
 }
 
 /// [`hash_reader`], also appending where each secret was zeroed to `found`
@@ -93,12 +100,15 @@ pub fn hash_reader<R: Read>(
 pub fn hash_reader_recording<R: Read>(
     mut reader: R,
     expected_size: Option<u64>,
-    secrets: &SecretSet,
-    cancel: &Cancel,
-    parallel: bool,
+    options: HashOptions<'_>,
     scratch: &mut Vec<u8>,
     found: &mut Vec<SecretMatch>,
 ) -> Result<Digest, HashError> {
+    let HashOptions {
+        secrets,
+        cancel,
+        parallel,
+    } = options;
     // Whole-read fast path: fill the scratch buffer up to the limit.
     if scratch.len() < WHOLE_READ_LIMIT {
         scratch.resize(WHOLE_READ_LIMIT, 0);

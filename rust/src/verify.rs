@@ -161,6 +161,15 @@ pub struct VerifyingReader {
     _slot: Option<FdSlot>,
 }
 
+/// What [`VerifyingReader`]'s bytes are checked against at their end: the
+/// file (nothing past its size), its stat, and whether the digest is learned
+/// rather than checked.
+struct Expected<'r> {
+    file: &'r File,
+    stat: &'r Stat,
+    learning: bool,
+}
+
 fn stat_unchanged(file: &File, expected: &Stat) -> Result<(), ReadError> {
     match fs::fstat(file.as_raw_fd()) {
         Ok(now) if now == *expected => Ok(()),
@@ -326,14 +335,17 @@ impl VerifyingReader {
                 return Err(e);
             }
         }
+        let expected = Expected {
+            file: &self.file,
+            stat: &self.stat,
+            learning: self.learning,
+        };
         let result = Self::advance(
             &mut self.stream,
             &mut self.hasher,
             &mut self.emitted,
-            &self.file,
-            &self.stat,
             &mut self.digest,
-            self.learning,
+            expected,
         );
         match result {
             Ok(Some(_)) if self.emitted < self.size => {}
@@ -353,11 +365,14 @@ impl VerifyingReader {
         stream: &'a mut ZeroingStream<PreadAt>,
         hasher: &mut blake3::Hasher,
         emitted: &mut u64,
-        file: &File,
-        stat: &Stat,
         digest: &mut [u8; 32],
-        learning: bool,
+        expected: Expected<'_>,
     ) -> Result<Option<&'a [u8]>, ReadError> {
+        let Expected {
+            file,
+            stat,
+            learning,
+        } = expected;
         let size = stat.size;
         let chunk = stream.next_chunk().map_err(ReadError::Io)?;
         let len = chunk.map_or(0, |c| c.len() as u64);
@@ -490,12 +505,15 @@ pub fn rehash_beneath(
             file: file.clone(),
             offset: 0,
         };
+        let options = hash::HashOptions {
+            secrets,
+            cancel,
+            parallel: false,
+        };
         let (digest, size) = hash::hash_reader_recording(
             reader,
             Some(before.size),
-            secrets,
-            cancel,
-            false,
+            options,
             &mut scratch,
             &mut found,
         )

@@ -64,7 +64,7 @@ fn same(base: &ManifestRow, now: &ManifestRow) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::ManifestWriter;
+    use crate::manifest::{FileFields, ManifestWriter};
 
     #[test]
     fn rows_that_differ_are_named_once() {
@@ -72,12 +72,16 @@ mod tests {
         a.dir("d", 0o755);
         a.file("d/f", &[1; 32], 3, 0o644, 7);
         a.file("d/g", &[2; 32], 3, 0o644, 7);
-        a.file_with_secrets(
+        let fields = FileFields {
+            hash: &[3; 32],
+            size: 9,
+            mode: 0o600,
+            mtime_ns: 7,
+            chunks: None,
+        };
+        a.file_with_chunks(
             "s",
-            &[3; 32],
-            9,
-            0o600,
-            7,
+            &fields,
             &[crate::redact::SecretMatch {
                 offset: 1,
                 len: 4,

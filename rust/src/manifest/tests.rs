@@ -146,12 +146,16 @@ fn spans_are_read_from_the_rows_that_carry_them() {
     assert_eq!(spanned_files(&plain), Ok(vec![]));
     let mut spanned = ManifestWriter::with_capacity(0);
     spanned.file("a", &[1; 32], 3, 0o644, 5);
-    spanned.file_with_secrets(
+    let fields = FileFields {
+        hash: &[2; 32],
+        size: 9,
+        mode: 0o644,
+        mtime_ns: 5,
+        chunks: None,
+    };
+    spanned.file_with_chunks(
         "b",
-        &[2; 32],
-        9,
-        0o644,
-        5,
+        &fields,
         &[SecretMatch {
             offset: 1,
             len: 4,
@@ -267,7 +271,14 @@ fn counted_sliced_and_grown_encodings_agree() {
             len: 4,
             secret: 1,
         }];
-        w.file_with_secrets("d/s", &[1u8; 32], u64::MAX, 0o600, -1, &found);
+        let fields = FileFields {
+            hash: &[1u8; 32],
+            size: u64::MAX,
+            mode: 0o600,
+            mtime_ns: -1,
+            chunks: None,
+        };
+        w.file_with_chunks("d/s", &fields, &found);
         w.symlink(("a/b", "l"), "../t\\x");
         w.into_sink()
     }

@@ -183,23 +183,10 @@ impl<S: Sink> ManifestWriter<S> {
 
     /// A file row followed, when secrets were zeroed in it, by one flat
     /// `offset, length, secret index` triple per match (rows stay flat arrays:
-    /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`).
-    pub fn file_with_secrets(
-        &mut self,
-        path: impl JsonPath,
-        hash: &[u8; 32],
-        size: u64,
-        mode: u32,
-        mtime_ns: i64,
-        secrets: &[SecretMatch],
-    ) {
-        self.file_fields(path, hash, size, mode, mtime_ns);
-        self.secret_triples(secrets);
-    }
-
-    /// [`ManifestWriter::file_with_secrets`] of a file stored as the chunks
-    /// `chunks` lists (`crate::chunk::encode_list`'s text, written as it is:
-    /// it holds nothing JSON escapes), when given.
+    /// `["f", path, hex, size, mode, mtime_ns, off, len, idx, ...]`), and of a
+    /// file stored as the chunks `file.chunks` lists (`crate::chunk::encode_list`'s
+    /// text, written as it is: it holds nothing JSON escapes), when given, with
+    /// that list right after the mtime.
     pub fn file_with_chunks(
         &mut self,
         path: impl JsonPath,

@@ -216,12 +216,15 @@ impl WholeRead<'_> {
             } else {
                 u64::MAX
             };
+            let options = hash::HashOptions {
+                secrets: cx.secrets,
+                cancel: cx.cancel,
+                parallel: true,
+            };
             let (digest, size) = hash::hash_reader_recording(
                 std::io::Read::take(hash::FileBytes::of(self.file, before.size), limit),
                 Some(before.size),
-                cx.secrets,
-                cx.cancel,
-                true,
+                options,
                 &mut scratch,
                 found,
             )
