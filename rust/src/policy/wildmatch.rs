@@ -206,43 +206,7 @@ impl Glob {
                     glob.star_runs += 1;
                     i = end;
                 }
-                b'[' => match parse_class(pattern, i) {
-                    Ok(class) => {
-                        for (lo, hi) in &class.reversed {
-                            glob.note(
-                                &format!(
-                                    "the range {}-{} in `[...]` is reversed and matches no byte",
-                                    show(*lo),
-                                    show(*hi)
-                                ),
-                                false,
-                            );
-                        }
-                        let dead = if pathname {
-                            class.accepts.is_empty_apart_from_slash()
-                        } else {
-                            class.accepts.0 == [0; 4]
-                        };
-                        if dead {
-                            glob.note(
-                                &format!(
-                                    "the class {} matches no byte of a path",
-                                    String::from_utf8_lossy(&pattern[i..class.end])
-                                ),
-                                true,
-                            );
-                        }
-                        glob.tokens.push(Token::Class(glob.classes.len()));
-                        glob.classes.push(class.accepts);
-                        i = class.end;
-                    }
-                    Err(reason) => {
-                        glob.note(reason, true);
-                        glob.tokens.push(Token::BrokenClass);
-                        // git stops reading the pattern here.
-                        i = pattern.len();
-                    }
-                },
+                b'[' => i = glob.class_token(pattern, i),
                 _ => {
                     glob.tokens.push(Token::Byte(byte));
                     i += 1;
@@ -257,6 +221,48 @@ impl Glob {
         }
         glob.assign_memo_rows();
         Ok(glob)
+    }
+
+    /// Compile the `[...]` class at `pattern[start]`; where the pattern goes on.
+    fn class_token(&mut self, pattern: &[u8], start: usize) -> usize {
+        let pathname = self.pathname;
+        match parse_class(pattern, start) {
+            Ok(class) => {
+                for (lo, hi) in &class.reversed {
+                    self.note(
+                        &format!(
+                            "the range {}-{} in `[...]` is reversed and matches no byte",
+                            show(*lo),
+                            show(*hi)
+                        ),
+                        false,
+                    );
+                }
+                let dead = if pathname {
+                    class.accepts.is_empty_apart_from_slash()
+                } else {
+                    class.accepts.0 == [0; 4]
+                };
+                if dead {
+                    self.note(
+                        &format!(
+                            "the class {} matches no byte of a path",
+                            String::from_utf8_lossy(&pattern[start..class.end])
+                        ),
+                        true,
+                    );
+                }
+                self.tokens.push(Token::Class(self.classes.len()));
+                self.classes.push(class.accepts);
+                class.end
+            }
+            Err(reason) => {
+                self.note(reason, true);
+                self.tokens.push(Token::BrokenClass);
+                // git stops reading the pattern here.
+                pattern.len()
+            }
+        }
     }
 
     fn note(&mut self, reason: &str, never_matches: bool) {

@@ -229,6 +229,10 @@ type Journaled<'a> = (
     Option<&'a [u8]>,
 );
 
+/// A journal ticket with the parent manifest, its totals and its digests,
+/// held for a directed scan (see [`Journaled`]).
+type HeldJournal = (crate::journal::Ticket, Held, (u64, u64, u64), Option<Held>);
+
 /// A bytes object read in place while the scan runs without the GIL (a
 /// million-entry parent is ~180 MB): held until then, and bytes never change.
 struct Held {
@@ -345,20 +349,7 @@ pub fn scan(
     parent_totals: Option<(u64, u64, u64)>,
     parent_digests: Option<Bound<'_, PyBytes>>,
 ) -> PyResult<ScanResult> {
-    // A sub-root the caller opened fd by fd from the workspace root: scanned
-    // through (a duplicate of) that fd, `root` only names it.
-    let held = match root_fd {
-        Some(fd) => {
-            // SAFETY: the caller keeps `fd` open for the call; we only dup it.
-            let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
-            Some(
-                borrowed
-                    .try_clone_to_owned()
-                    .map_err(|e| to_py(ScanError::io(&root, "dup", e)))?,
-            )
-        }
-        None => None,
-    };
+    let held = dup_root_fd(&root, root_fd)?;
     let exclude = args::patterns(exclude)?;
     let include = args::patterns(include)?;
     let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
@@ -377,20 +368,7 @@ pub fn scan(
         keep_cache: false,
         chunks: super::args::chunk_params(chunk_threshold, chunk_average)?,
     };
-    let previous = match (previous_length, previous_fingerprint) {
-        (Some(len), Some(fingerprint)) => Some(core::Previous {
-            len,
-            fingerprint: fingerprint.try_into().map_err(|_| {
-                pyo3::exceptions::PyValueError::new_err("previous_fingerprint must be 32 bytes")
-            })?,
-        }),
-        (None, None) => None,
-        _ => {
-            return Err(pyo3::exceptions::PyValueError::new_err(
-                "previous_length and previous_fingerprint go together",
-            ))
-        }
-    };
+    let previous = previous_of(previous_length, previous_fingerprint)?;
     // A journal ticket directs the scan relative to the parent manifest.
     let journal = match (journal, parent, parent_totals) {
         (Some(ticket), Some(parent), Some(totals)) => Some((
@@ -411,27 +389,74 @@ pub fn scan(
             previous,
             ..PyBytesBuffer::default()
         };
-        let root = match held {
-            Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
-            None => core::Root::open(&request.root),
-        };
-        let out = root.and_then(|root| match &journal {
-            Some((ticket, parent, totals, digests)) => {
-                let known = digests.as_ref().map(Held::bytes);
-                directed(
-                    &request,
-                    root,
-                    &mut manifest,
-                    (ticket, parent.bytes(), *totals, known),
-                )
-            }
-            None => core::scan_into(&request, root, &mut manifest).map(|o| Scanned::full(o, None)),
-        });
+        let out = run_scan(&request, held, journal.as_ref(), &mut manifest);
         (out, manifest)
     })?;
     // (What the scan freed goes back to the system once its records are
     // freed, off this thread: see `scan::free_later`.)
     to_result(py, out.map_err(to_py)?, manifest, policy_warnings)
+}
+
+/// The scan `scan` runs without the GIL: of `held` (a sub-root's fd) or of
+/// the root it opens, directed by `journal` when given.
+fn run_scan(
+    request: &ScanRequest,
+    held: Option<std::os::fd::OwnedFd>,
+    journal: Option<&HeldJournal>,
+    manifest: &mut PyBytesBuffer,
+) -> Result<Scanned, ScanError> {
+    let root = match held {
+        Some(fd) => Ok(core::Root::from_fd(fd, request.root.clone())),
+        None => core::Root::open(&request.root),
+    };
+    root.and_then(|root| match journal {
+        Some((ticket, parent, totals, digests)) => {
+            let known = digests.as_ref().map(Held::bytes);
+            directed(
+                request,
+                root,
+                manifest,
+                (ticket, parent.bytes(), *totals, known),
+            )
+        }
+        None => core::scan_into(request, root, manifest).map(|o| Scanned::full(o, None)),
+    })
+}
+
+/// A sub-root the caller opened fd by fd from the workspace root: scanned
+/// through (a duplicate of) that fd, `root` only names it.
+fn dup_root_fd(
+    root: &std::path::Path,
+    root_fd: Option<std::os::fd::RawFd>,
+) -> PyResult<Option<std::os::fd::OwnedFd>> {
+    let Some(fd) = root_fd else {
+        return Ok(None);
+    };
+    // SAFETY: the caller keeps `fd` open for the call; we only dup it.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    let owned = borrowed
+        .try_clone_to_owned()
+        .map_err(|e| to_py(ScanError::io(root, "dup", e)))?;
+    Ok(Some(owned))
+}
+
+/// The manifest the scan is expected to equal, by its length and fingerprint.
+fn previous_of(
+    previous_length: Option<usize>,
+    previous_fingerprint: Option<&[u8]>,
+) -> PyResult<Option<core::Previous>> {
+    match (previous_length, previous_fingerprint) {
+        (Some(len), Some(fingerprint)) => Ok(Some(core::Previous {
+            len,
+            fingerprint: fingerprint.try_into().map_err(|_| {
+                pyo3::exceptions::PyValueError::new_err("previous_fingerprint must be 32 bytes")
+            })?,
+        })),
+        (None, None) => Ok(None),
+        _ => Err(pyo3::exceptions::PyValueError::new_err(
+            "previous_length and previous_fingerprint go together",
+        )),
+    }
 }
 
 /// Give freed heap back to the system when it is a lot
