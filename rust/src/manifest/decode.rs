@@ -1,6 +1,6 @@
 //! Full decoding of a manifest into rows, accepting any JSON whitespace.
 
-/// One decoded manifest row (the inverse of [`ManifestWriter`]).
+/// One decoded manifest row (the inverse of [`ManifestWriter`](super::ManifestWriter)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ManifestRow {
     File {

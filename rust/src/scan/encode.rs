@@ -41,7 +41,7 @@ pub struct Previous {
 const HASHED_PIECE_ROWS: usize = 4096;
 
 /// Hashes encoded pieces in order, a comma between non-empty ones (the
-/// manifest's layout, as [`scan_into`] writes it).
+/// manifest's layout, as [`scan_into`](super::scan_into) writes it).
 struct PieceHasher {
     hasher: blake3::Hasher,
     first: bool,
