@@ -427,6 +427,14 @@ def manifest_files_with_digests(data: bytes, digests: bytes) -> list[tuple[str, 
 def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
     """The delta that builds ``new`` from ``base``, and how many rows it inserts."""
 
+def manifest_delta_inserts_long_rows(ops: bytes) -> bool:
+    """Whether the delta ``ops`` inserts a row long enough to store as a patch."""
+
+def manifest_delta_compact(base: bytes, ops: bytes) -> tuple[bytes, int]:
+    """The delta ``ops`` (against ``base``) with each long inserted row that
+    replaces a base row of its path stored as a patch of that row, and how
+    many rows it still inserts whole."""
+
 def manifest_row(data: bytes, path: str) -> bytes | None:
     """The row of ``path`` in a manifest whose rows are in path order (as a
     scan writes them), found by bisecting the bytes; None when there is none

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -278,3 +279,26 @@ async def test_entry_details_carry_the_chunk_count(chunked, tmp_path: Path, stor
     big = entry_of(result, "big")
     assert entry_to_proto(big).chunk_count == chunks.chunk_count(big.chunks) > 1
     assert entry_to_proto(entry_of(result, "small")).chunk_count == 0
+
+
+async def test_a_small_edit_stores_a_small_manifest_delta(
+    chunked, tmp_path: Path, store, bucket
+) -> None:
+    """The chunk list lives in the file's manifest row; after an insertion the
+    new row is stored as a patch of the old one, not whole again."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    original = noise(64 * MIB, 12)
+    (ws / "big").write_bytes(original)
+    first = await capture(ws, store, bucket, tmp_path / "data")
+    middle = len(original) // 2
+    (ws / "big").write_bytes(original[:middle] + noise(4096, 13) + original[middle:])
+    second = await capture(ws, store, bucket, tmp_path / "data")
+    with sqlite3.connect(tmp_path / "store.db") as db:
+        sizes = dict(db.execute("select id, length(document) from checkpoints"))
+    # About 1,000 chunks: the keyframe holds their list, the delta a few of them.
+    assert sizes[first.checkpoint.id] > 30_000
+    assert sizes[second.checkpoint.id] < 3_000, sizes
+    out = tmp_path / "out"
+    await restore_checkpoint(out, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "d2"))
+    assert (out / "big").read_bytes() == (ws / "big").read_bytes()

@@ -281,6 +281,10 @@ def encode(content: Content, base_id: str | None, base: Content | None, base_dep
             if known is not None
             else _native.manifest_delta(base.manifest.data, content.manifest.data)
         )
+        if _native.manifest_delta_inserts_long_rows(files_ops):
+            # A changed file stored as chunks: its long row (the chunk list)
+            # is stored as a patch of its old one, not whole again.
+            files_ops, files_added = _native.manifest_delta_compact(base.manifest.data, files_ops)
     conversation = _operations(document["conversation"], base.conversation_index(), _value_key)
     new_items = files_added + _added(conversation)
     if new_items > MAX_DELTA_RATIO * (content.entry_count() + len(document["conversation"])):

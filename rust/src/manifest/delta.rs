@@ -7,7 +7,8 @@ use super::rows::{bad, row_path, rows, ManifestError};
 // A delta says how to build a manifest from a base manifest: runs of the base's
 // rows to copy and rows to insert, in order. Binary, little-endian:
 // `C start:u32 count:u32` copies base rows [start, start+count);
-// `A rows:u32 bytes:u32 <rows joined by ','>` inserts rows.
+// `A rows:u32 bytes:u32 <rows joined by ','>` inserts rows;
+// `P row:u32 bytes:u32 <patch>` inserts base row `row` patched (`rowpatch`).
 
 /// The delta from `base` to `new` and how many rows it inserts.
 pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError> {
@@ -40,9 +41,9 @@ pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError>
 }
 
 /// A delta in [`apply`]'s encoding, written as its rows come: copy runs of
-/// the base's rows and runs of inserted rows.
+/// the base's rows, runs of inserted rows, patched rows.
 #[derive(Default)]
-struct DeltaWriter<'a> {
+pub(super) struct DeltaWriter<'a> {
     out: Vec<u8>,
     added: Vec<&'a [u8]>,
     added_total: usize,
@@ -51,7 +52,7 @@ struct DeltaWriter<'a> {
 }
 
 impl<'a> DeltaWriter<'a> {
-    fn copy(&mut self, position: u32) {
+    pub(super) fn copy(&mut self, position: u32) {
         if self.count > 0 && position == self.start + self.count {
             self.count += 1;
             return;
@@ -61,10 +62,28 @@ impl<'a> DeltaWriter<'a> {
         (self.start, self.count) = (position, 1);
     }
 
-    fn add(&mut self, row: &'a [u8]) {
+    /// Copy `count` base rows from `start` (after what was written).
+    pub(super) fn copy_run(&mut self, start: u32, count: u32) {
+        for position in start..start + count {
+            self.copy(position);
+        }
+    }
+
+    pub(super) fn add(&mut self, row: &'a [u8]) {
         self.flush_copy();
         self.added.push(row);
         self.added_total += 1;
+    }
+
+    /// Base row `row` with the row patch `patch` applied.
+    pub(super) fn patch(&mut self, row: u32, patch: &[u8]) {
+        self.flush_add();
+        self.flush_copy();
+        self.out.push(b'P');
+        self.out.extend_from_slice(&row.to_le_bytes());
+        self.out
+            .extend_from_slice(&(patch.len() as u32).to_le_bytes());
+        self.out.extend_from_slice(patch);
     }
 
     fn flush_copy(&mut self) {
@@ -89,7 +108,7 @@ impl<'a> DeltaWriter<'a> {
         }
     }
 
-    fn finish(mut self) -> (Vec<u8>, usize) {
+    pub(super) fn finish(mut self) -> (Vec<u8>, usize) {
         self.flush_add();
         self.flush_copy();
         (self.out, self.added_total)
@@ -114,16 +133,24 @@ pub fn apply(base: &[u8], ops: &[u8]) -> Result<Vec<u8>, ManifestError> {
 pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestError> {
     // Each delta's inserted runs, wrapped as manifests so `rows` reads them.
     let mut wrapped: Vec<Vec<Vec<u8>>> = Vec::with_capacity(chain.len());
+    let mut patches = 0;
     for ops in chain {
         let mut runs = Vec::new();
         for_each_op(ops, |op| {
-            if let Op::Insert(joined) = op {
-                runs.push([b"[".as_slice(), joined, b"]"].concat());
+            match op {
+                Op::Insert(joined) => runs.push([b"[".as_slice(), joined, b"]"].concat()),
+                Op::Patch(..) => patches += 1,
+                Op::Copy(..) => {}
             }
             Ok(())
         })?;
         wrapped.push(runs);
     }
+    // The rows patches make, one slot per patch op: filled as the chain is
+    // applied, borrowed like the rest.
+    let made: Vec<std::cell::OnceCell<Vec<u8>>> =
+        (0..patches).map(|_| std::cell::OnceCell::new()).collect();
+    let mut slots = made.iter();
     let mut current: Vec<&[u8]> = rows(base)?;
     for (ops, runs) in chain.iter().zip(&wrapped) {
         let mut next: Vec<&[u8]> = Vec::with_capacity(current.len());
@@ -138,6 +165,14 @@ pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestErro
                 Op::Insert(_) => {
                     let run = inserted.next().expect("one wrapped run per insert");
                     next.extend(rows(run)?);
+                }
+                Op::Patch(row, patch, at) => {
+                    let old = current
+                        .get(row)
+                        .ok_or(bad(at, "patch of a row beyond the base"))?;
+                    let row = super::rowpatch::apply(old, patch)?;
+                    let slot = slots.next().ok_or(bad(at, "more patches than counted"))?;
+                    next.push(slot.get_or_init(|| row));
                 }
             }
             Ok(())
@@ -158,13 +193,15 @@ pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestErro
 }
 
 /// One operation of a delta: copy `count` rows from row `start` of the base
-/// (the op at byte `at`), or insert rows (joined by commas; maybe none).
-enum Op<'a> {
+/// (the op at byte `at`), insert rows (joined by commas; maybe none), or
+/// insert base row `row` with a row patch applied (the op at byte `at`).
+pub(super) enum Op<'a> {
     Copy(usize, usize, usize),
     Insert(&'a [u8]),
+    Patch(usize, &'a [u8], usize),
 }
 
-fn for_each_op<'a>(
+pub(super) fn for_each_op<'a>(
     ops: &'a [u8],
     mut each: impl FnMut(Op<'a>) -> Result<(), ManifestError>,
 ) -> Result<(), ManifestError> {
@@ -183,6 +220,13 @@ fn for_each_op<'a>(
                 if !joined.is_empty() {
                     each(Op::Insert(joined))?;
                 }
+                i += 9 + len;
+            }
+            b'P' => {
+                let row = read_u32(ops, i + 1)? as usize;
+                let len = read_u32(ops, i + 5)? as usize;
+                let patch = ops.get(i + 9..i + 9 + len).ok_or(bad(i, "short patch"))?;
+                each(Op::Patch(row, patch, i))?;
                 i += 9 + len;
             }
             _ => return Err(bad(i, "unknown delta operation")),

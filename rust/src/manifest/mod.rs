@@ -14,6 +14,7 @@ mod decode;
 mod delta;
 mod digests;
 mod files;
+mod rowpatch;
 mod rows;
 mod writer;
 
@@ -23,6 +24,7 @@ pub use digests::{difference, digests, files_with_digests};
 pub use files::{
     chunked_files, file_chunks, spanned_files, totals, ChunkedFile, SecretRef, Span, SpannedFile,
 };
+pub use rowpatch::{compact_delta, delta_inserts_long_rows};
 pub use rows::{file_row, json_string, row_chunks, row_path, rows, FileRow, ManifestError};
 pub use writer::{
     write_json_string, Counter, FileFields, JsonPath, ManifestWriter, Sink, SliceWriter,

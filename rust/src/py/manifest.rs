@@ -88,6 +88,25 @@ pub fn manifest_delta<'py>(
 
 /// See `_native.pyi`.
 #[pyfunction]
+pub fn manifest_delta_inserts_long_rows(ops: &[u8]) -> PyResult<bool> {
+    crate::manifest::delta_inserts_long_rows(ops).map_err(invalid)
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_delta_compact<'py>(
+    py: Python<'py>,
+    base: &[u8],
+    ops: &[u8],
+) -> PyResult<(Bound<'py, PyBytes>, usize)> {
+    let (ops, added) = py
+        .allow_threads(|| crate::manifest::compact_delta(base, ops))
+        .map_err(invalid)?;
+    Ok((PyBytes::new(py, &ops), added))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
 pub fn manifest_apply<'py>(
     py: Python<'py>,
     base: &[u8],

@@ -76,6 +76,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest::digest_difference, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_files_with_digests, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_delta, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        manifest::manifest_delta_inserts_long_rows,
+        m
+    )?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_delta_compact, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_apply, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_row, m)?)?;
     Ok(())
