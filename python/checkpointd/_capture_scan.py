@@ -33,6 +33,9 @@ from .store.base import CheckpointStore
 # stored (compressed) in their frames; the scan waits when this is full:
 # bounds a cold capture's memory.
 FEED_BYTES = 64 << 20
+# A parent manifest up to this size is loaded for its digests before a scan
+# (new_feed); a larger one only when its store has it loaded already.
+SMALL_PARENT_BYTES = 4 << 20
 # Open files of large files the scan has handed to the upload and the upload
 # has not closed yet (queued or streaming): a scan thread that would exceed it
 # waits, so a workspace of thousands of large files stays far below any fd limit.
@@ -138,10 +141,18 @@ class ScanRequest:
 
 def new_feed(parent: Manifest | None) -> _native.BlobFeed:
     """The feed from the scan to the upload. It skips the parent's digests
-    when they are at hand (a parent its store has not loaded is not loaded for
-    them: a no-change capture never needs them, and a file the feed hands over
-    anyway is found present by the upload's lookup)."""
-    parent_digests = parent.digests() if parent is not None and parent.loaded else b""
+    when they are at hand or cheap to have: a parent its store has loaded, or
+    a small one (up to SMALL_PARENT_BYTES, such as a workspace of a few large
+    files stored as chunks: a capture after an edit then neither uploads nor
+    pins the thousands of chunks the parent holds). A large parent its store
+    has not loaded is not loaded for them: a no-change capture never needs
+    them, and a file the feed hands over anyway is found present (and pinned)
+    by the upload's lookup."""
+    parent_digests = (
+        parent.digests()
+        if parent is not None and (parent.loaded or parent.byte_length() <= SMALL_PARENT_BYTES)
+        else b""
+    )
     return _native.BlobFeed(FEED_BYTES, SMALL_FILE_BYTES, parent_digests, max_held_files=HELD_FILES)
 
 
