@@ -26,7 +26,7 @@ from .check import missing_marks, without_marked
 from .chunk_blobs import upload_missing_chunks
 from .codec import encode_entries
 from .errors import ARTIFACT_NOT_UPLOADED, FILE_CHANGED, SandboxSnapshotError
-from .manifest import Manifest, manifest_of, split_digests
+from .manifest import Manifest, NewFiles, manifest_of, only_whole_files, split_digests
 from .model import (
     ARTIFACT_KEY_PREFIX,
     FILE_KEY_PREFIX,
@@ -254,14 +254,21 @@ class Uploader:
             raise
 
     async def store_blobs(
-        self, manifest: Manifest, artifacts: tuple[Artifact, ...], parent: Checkpoint | None
+        self,
+        manifest: Manifest,
+        artifacts: tuple[Artifact, ...],
+        parent: Checkpoint | None,
+        new_to_parent: NewFiles | None = None,
     ) -> Manifest:
         """Make sure every blob the manifest and artifacts use is in the bucket;
         returns the manifest, updated for files that changed under the capture.
+        ``new_to_parent``: what the manifest adds to the parent, when the
+        caller worked it out (``_native.manifest_new_files`` against the
+        parent's digests, nothing fed).
 
         Works on the manifest's bytes: only files whose content the parent does
         not reference become Python objects (none when nothing changed)."""
-        pending = await self._new_files(manifest, parent)
+        pending = await self._new_files(manifest, parent, new_to_parent)
         artifact_keys = list(dict.fromkeys(artifact.blob_key for artifact in artifacts))
         replaced: dict[str, FileEntry | None] = {}  # path → new entry, None = vanished
         first_round = True
@@ -308,40 +315,37 @@ class Uploader:
             details={"paths": [entry.path for entry in pending]},
         )
 
-    async def _new_files(self, manifest: Manifest, parent: Checkpoint | None) -> list[FileEntry]:
+    async def _new_files(
+        self, manifest: Manifest, parent: Checkpoint | None, new_to_parent: NewFiles | None
+    ) -> list[FileEntry]:
         """The manifest's files whose content neither the parent references
         nor the feed put, after the chunks of large files among them are
         uploaded (those the scan did not feed)."""
         parent_manifest = manifest_of(parent.files) if parent is not None else None
-        if (
+        if new_to_parent is not None and not self.rechecked and not self.present:
+            new_digests, files = new_to_parent
+        elif (
             parent_manifest is not None
             and not self.rechecked
             and parent_manifest.same_bytes(manifest)
         ):
             # The parent's files: every key is present (see store_blobs), and neither
             # manifest is loaded to find that out.
-            new_digests = b""
+            new_digests, files = b"", []
         else:
             parent_digests = parent_manifest.digests() if parent_manifest is not None else b""
             parent_digests = without_marked(parent_digests, self.rechecked)
-            new_digests = _native.digest_difference(manifest.digests(), parent_digests)
-        if self.present and new_digests:
-            fed = _native.sort_digests(b"".join(self.present))
-            new_digests = _native.digest_difference(new_digests, fed)
-        pending = (
-            [
-                FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size)
-                for path, digest, size in _native.manifest_files_with_digests(
-                    manifest.data, new_digests
-                )
-            ]
-            if new_digests
-            else []
-        )
-        # Chunks of large files the scan did not feed (checkpointd.chunk_blobs);
-        # with no new key the manifest is not even loaded (it may be the parent's).
+            fed = _native.sort_digests(b"".join(self.present)) if self.present else b""
+            new_digests, files = _native.manifest_new_files(manifest.data, parent_digests, fed)
+        pending = [
+            FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size) for path, digest, size in files
+        ]
+        # Chunks of large files the scan did not feed (checkpointd.chunk_blobs):
+        # only when some new digest is no whole file's.
         chunk_blobs, chunk_bytes = (
-            await upload_missing_chunks(
+            (0, 0)
+            if only_whole_files((new_digests, files))
+            else await upload_missing_chunks(
                 manifest.data,
                 new_digests,
                 self.root_fd,
@@ -350,8 +354,6 @@ class Uploader:
                 self._pin,
                 lambda read: self._in_thread(lambda _stop: read()),
             )
-            if new_digests
-            else (0, 0)
         )
         self.uploads.blobs += chunk_blobs
         self.uploads.bytes += chunk_bytes

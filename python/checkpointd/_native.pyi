@@ -427,6 +427,14 @@ def manifest_files_with_digests(data: bytes, digests: bytes) -> list[tuple[str, 
 def manifest_delta(base: bytes, new: bytes) -> tuple[bytes, int]:
     """The delta that builds ``new`` from ``base``, and how many rows it inserts."""
 
+def manifest_new_files(
+    data: bytes, known: bytes, fed: bytes
+) -> tuple[bytes, list[tuple[str, bytes, int]]]:
+    """What the manifest adds to ``known`` and ``fed`` (sorted flat digests),
+    in one pass: its new digests (a file's, or a chunked file's chunks'),
+    sorted and flat, and ``(path, digest, size)`` of each file stored whole
+    whose digest is new."""
+
 def manifest_delta_inserts_long_rows(ops: bytes) -> bool:
     """Whether the delta ``ops`` inserts a row long enough to store as a patch."""
 

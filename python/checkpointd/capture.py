@@ -102,7 +102,7 @@ from .errors import (
 )
 from .ids import new_uuid7
 from .journal import JournalUse, ScanKey, WorkspaceJournal, scan_input, scan_report
-from .manifest import Manifest, ManifestSummary, manifest_of
+from .manifest import Manifest, ManifestSummary, NewFiles, manifest_of
 from .model import Artifact, Checkpoint, FileEntry, Policy, Reason, WriterLease
 from .progress import ProgressCallback
 from .safefs import remove_stale_staging
@@ -561,6 +561,8 @@ class ScannedTree:
     secrets: SecretsArg = ()
     reason: Reason = "automatic"
     known: Checkpoint | None = None
+    # What the manifest adds to ``known``, when the caller worked it out.
+    new_to_known: NewFiles | None = None
 
 
 class PendingCheckpoint:
@@ -621,7 +623,9 @@ class PendingCheckpoint:
         engine = self._engine
         assert engine is not None, "enter the PendingCheckpoint first"
         await engine.distrust_marked()
-        manifest = await engine.store_blobs(self.tree.manifest, (), self.tree.known)
+        manifest = await engine.store_blobs(
+            self.tree.manifest, (), self.tree.known, self.tree.new_to_known
+        )
         if engine.session is not None:
             await engine.session.flush()
         self._manifest = _name_secret_spans(manifest, self._secrets, self.tree.with_secrets)

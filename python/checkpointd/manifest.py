@@ -403,4 +403,24 @@ def split_digests(digests: bytes) -> list[bytes]:
     return [digests[i : i + _DIGEST] for i in range(0, len(digests), _DIGEST)]
 
 
-__all__ = ["Manifest", "ManifestSummary", "fingerprint_of", "manifest_of", "split_digests"]
+# What a manifest adds to a set of known digests (``_native.manifest_new_files``):
+# its new digests, sorted and flat, and the files stored whole among them as
+# ``(path, digest, size)``.
+NewFiles = tuple[bytes, list[tuple[str, bytes, int]]]
+
+
+def only_whole_files(new: NewFiles) -> bool:
+    """Whether every new digest is a file stored whole's (none is a chunk's)."""
+    digests, files = new
+    return len({digest for _path, digest, _size in files}) * _DIGEST == len(digests)
+
+
+__all__ = [
+    "Manifest",
+    "ManifestSummary",
+    "NewFiles",
+    "fingerprint_of",
+    "manifest_of",
+    "only_whole_files",
+    "split_digests",
+]

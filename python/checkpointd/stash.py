@@ -34,7 +34,7 @@ from .capture import (
     ScannedTree,
     capture_checkpoint,
 )
-from .manifest import Manifest, manifest_of
+from .manifest import manifest_of, only_whole_files
 from .model import Checkpoint, Policy, stash_thread_id
 from .restore import PlannedRestore
 from .secrets import SecretsArg
@@ -188,14 +188,17 @@ class StashBeforeApply:
             checkpoint_id = base.checkpoint_id
             compared = await self.store.get(checkpoint_id)
         live = planned.live
-        if (
-            live is None
-            or _RESERVED_ROW in live.data
-            or not _whole_files_only(live, planned.checkpoint)
-        ):
+        if live is None or _RESERVED_ROW in live.data:
             return _Step(capture=True, compared=compared)
         if compared is not None and manifest_of(compared.files).same_bytes(live):
             return _Step()
+        # A changed file stored as chunks adds chunk digests no file row has:
+        # PendingCheckpoint reads files whole, so such a tree is captured afresh.
+        new = _native.manifest_new_files(
+            live.data, manifest_of(planned.checkpoint.files).digests(), b""
+        )
+        if not only_whole_files(new):
+            return _Step(capture=True, compared=compared)
         tree = ScannedTree(
             live,
             planned.live_with_secrets,
@@ -204,6 +207,7 @@ class StashBeforeApply:
             self.request.secrets,
             "stash",
             known=planned.checkpoint,
+            new_to_known=new,
         )
         pending_checkpoint = PendingCheckpoint(
             self.root, self.store, self.blobs, stash_thread_id(self.request.owner), tree
@@ -234,16 +238,6 @@ class StashBeforeApply:
             ),
         )
         return None if result.unchanged else result
-
-
-def _whole_files_only(live: Manifest, known: Checkpoint) -> bool:
-    """Whether every blob the live tree adds to ``known``'s is a whole file's
-    (a changed file stored as chunks adds chunk digests no file row has)."""
-    new = _native.digest_difference(live.digests(), manifest_of(known.files).digests())
-    if not new:
-        return True
-    files = _native.manifest_files_with_digests(live.data, new)
-    return len({digest for _path, digest, _size in files}) * 32 == len(new)
 
 
 __all__ = ["STAGING_EXCLUDE", "StashBeforeApply", "StashRequest", "Stashed", "stash_policy"]

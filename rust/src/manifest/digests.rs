@@ -103,3 +103,53 @@ pub fn files_with_digests(
     }
     Ok(out)
 }
+
+/// What a manifest adds to a set of known digests.
+pub struct NewFiles {
+    /// The distinct digests of the file rows (a file's, or the chunks' of a
+    /// file stored as chunks) in neither `known` nor `fed`, sorted, flat.
+    pub digests: Vec<u8>,
+    /// `(path, digest, size)` of each file stored whole whose digest is new.
+    pub files: Vec<(String, [u8; 32], u64)>,
+}
+
+/// The digests and files of `data` new to `known` and `fed` (each a sorted
+/// flat list of 32-byte digests), in one pass over the rows: what
+/// [`digests`], two [`difference`]s and [`files_with_digests`] give, without
+/// a list of every digest of the manifest.
+pub fn new_files(data: &[u8], known: &[u8], fed: &[u8]) -> Result<NewFiles, ManifestError> {
+    let is_new = |d: &[u8; 32]| !contains(known, d) && !contains(fed, d);
+    let mut digests: Vec<[u8; 32]> = Vec::new();
+    let mut files = Vec::new();
+    for row in rows(data)? {
+        let Some(f) = file_row(row)? else { continue };
+        match file_chunks(row, &f)? {
+            Some(chunks) => digests.extend(chunks.iter().map(|c| c.digest).filter(is_new)),
+            None if is_new(&f.digest) => {
+                digests.push(f.digest);
+                files.push((json_string(f.path_json)?, f.digest, f.size));
+            }
+            None => {}
+        }
+    }
+    digests.sort_unstable();
+    digests.dedup();
+    Ok(NewFiles {
+        digests: digests.concat(),
+        files,
+    })
+}
+
+/// Whether the sorted flat list of 32-byte digests `list` holds `digest`.
+fn contains(list: &[u8], digest: &[u8; 32]) -> bool {
+    let (mut lo, mut hi) = (0, list.len() / 32);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match list[mid * 32..mid * 32 + 32].cmp(digest.as_slice()) {
+            std::cmp::Ordering::Less => lo = mid + 1,
+            std::cmp::Ordering::Greater => hi = mid,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
+}

@@ -371,3 +371,29 @@ fn decode_inverts_the_writer() {
         assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
     }
 }
+
+#[test]
+fn new_files_match_digests_differences_and_files_with_digests() {
+    let mut w = ManifestWriter::with_capacity(0);
+    w.dir("d", 0o755);
+    for (path, tag) in [
+        ("d/a", 1u8),
+        ("d/b", 2),
+        ("d/c", 3),
+        ("d/copy", 3),
+        ("e", 4),
+    ] {
+        w.file(path, &[tag; 32], u64::from(tag), 0o644, 5);
+    }
+    let data = w.finish();
+    let known = [[1u8; 32], [9; 32]].concat();
+    let fed = [2u8; 32].to_vec();
+    let found = new_files(&data, &known, &fed).unwrap();
+    let all: Vec<u8> = digests(&data).unwrap().concat();
+    let expected = difference(&difference(&all, &known), &fed);
+    assert_eq!(found.digests, expected);
+    let wanted: Vec<[u8; 32]> = expected.chunks(32).map(|d| d.try_into().unwrap()).collect();
+    assert_eq!(found.files, files_with_digests(&data, &wanted).unwrap());
+    let paths: Vec<&str> = found.files.iter().map(|f| f.0.as_str()).collect();
+    assert_eq!(paths, ["d/c", "d/copy", "e"]);
+}

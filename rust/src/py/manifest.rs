@@ -56,13 +56,16 @@ pub fn digest_difference<'py>(
     Ok(PyBytes::new(py, &out))
 }
 
+/// A file row's `(path, digest, size)` for Python.
+type PyFile = (String, Py<PyBytes>, u64);
+
 /// See `_native.pyi`.
 #[pyfunction]
 pub fn manifest_files_with_digests(
     py: Python<'_>,
     data: &[u8],
     digests: &[u8],
-) -> PyResult<Vec<(String, Py<PyBytes>, u64)>> {
+) -> PyResult<Vec<PyFile>> {
     let wanted = split(digests)?;
     let found = py
         .allow_threads(|| core::files_with_digests(data, &wanted))
@@ -71,6 +74,30 @@ pub fn manifest_files_with_digests(
         .into_iter()
         .map(|(path, digest, size)| (path, PyBytes::new(py, &digest).unbind(), size))
         .collect())
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_new_files<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    known: &[u8],
+    fed: &[u8],
+) -> PyResult<(Bound<'py, PyBytes>, Vec<PyFile>)> {
+    if known.len() % 32 != 0 || fed.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    let found = py
+        .allow_threads(|| core::new_files(data, known, fed))
+        .map_err(invalid)?;
+    let files = found
+        .files
+        .into_iter()
+        .map(|(path, digest, size)| (path, PyBytes::new(py, &digest).unbind(), size))
+        .collect();
+    Ok((PyBytes::new(py, &found.digests), files))
 }
 
 /// See `_native.pyi`.
