@@ -23,7 +23,7 @@ from .blobs import base as blob_batches
 from .blobs.base import BlobNotFoundError, BlobStore, VerifiedFile
 from .blobs.packs import PackedBlobStore, PackSession
 from .check import missing_marks, without_marked
-from .chunk_blobs import upload_missing_chunks
+from .chunk_blobs import ChunkSource, upload_missing_chunks
 from .codec import encode_entries
 from .errors import ARTIFACT_NOT_UPLOADED, FILE_CHANGED, SandboxSnapshotError
 from .manifest import Manifest, NewFiles, manifest_of, only_whole_files, split_digests
@@ -348,11 +348,11 @@ class Uploader:
             else await upload_missing_chunks(
                 manifest.data,
                 new_digests,
-                self.root_fd,
-                self.secrets,
+                ChunkSource(
+                    self.root_fd, self.secrets, lambda read: self._in_thread(lambda _stop: read())
+                ),
                 self.blobs,
                 self._pin,
-                lambda read: self._in_thread(lambda _stop: read()),
             )
         )
         self.uploads.blobs += chunk_blobs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import blake3
 
@@ -28,19 +29,44 @@ from .model import FILE_KEY_PREFIX, FileEntry
 BATCH_CHUNKS = 256
 
 
+@dataclass(frozen=True)
+class ChunkSource:
+    """Where a capture reads the chunks it must upload: the directory it
+    scanned (held by fd), the secrets the scan zeroed, and ``run``, which runs
+    a blocking read in a worker thread."""
+
+    root_fd: int
+    secrets: tuple[bytes, ...]
+    run: Callable[[Callable[[], list[bytes]]], Awaitable[list[bytes]]]
+
+    async def read(self, path: str, batch: list[tuple[int, int, bytes]]) -> list[bytes]:
+        """The zeroed bytes of ``batch``'s chunks of ``path``, each checked
+        against its digest; FILE_CHANGED when the file no longer holds one."""
+        try:
+            return await self.run(
+                functools.partial(
+                    _native.read_chunks_beneath, self.root_fd, path, batch, self.secrets
+                )
+            )
+        except _native.FileChangedError:
+            raise SandboxSnapshotError(
+                FILE_CHANGED,
+                f"{path} changed while it was captured; capture again",
+                details={"path": path},
+            ) from None
+
+
 async def upload_missing_chunks(
     manifest: bytes,
     new_digests: bytes,
-    root_fd: int,
-    secrets: tuple[bytes, ...],
+    source: ChunkSource,
     blobs: BlobStore,
     pin: Callable[[list[str]], Awaitable[None]],
-    run: Callable[[Callable[[], list[bytes]]], Awaitable[list[bytes]]],
 ) -> tuple[int, int]:
     """Upload the chunks among ``new_digests`` (the keys new to the parent and
-    not fed) that chunked files of ``manifest`` use and ``blobs`` lacks.
-    ``pin`` pins keys before the store is asked; ``run`` runs a blocking read
-    in a worker thread. Returns the blobs and bytes written."""
+    not fed) that chunked files of ``manifest`` use and ``blobs`` lacks, read
+    from ``source``. ``pin`` pins keys before the store is asked. Returns the
+    blobs and bytes written."""
     if not new_digests:
         return 0, 0
     reads = _native.manifest_chunk_reads(manifest, new_digests)
@@ -56,14 +82,7 @@ async def upload_missing_chunks(
         wanted = [item for item in items if FILE_KEY_PREFIX + item[2].hex() in missing]
         for start in range(0, len(wanted), BATCH_CHUNKS):
             batch = wanted[start : start + BATCH_CHUNKS]
-            try:
-                datas = await run(functools.partial(_read, root_fd, path, batch, secrets))
-            except _native.FileChangedError:
-                raise SandboxSnapshotError(
-                    FILE_CHANGED,
-                    f"{path} changed while it was captured; capture again",
-                    details={"path": path},
-                ) from None
+            datas = await source.read(path, batch)
             items_out = [
                 (FILE_KEY_PREFIX + digest.hex(), data)
                 for (_o, _n, digest), data in zip(batch, datas, strict=True)
@@ -96,10 +115,4 @@ async def read_file_blobs(
             yield data[start : start + chunk_size]
 
 
-def _read(
-    root_fd: int, path: str, batch: list[tuple[int, int, bytes]], secrets: tuple[bytes, ...]
-) -> list[bytes]:
-    return _native.read_chunks_beneath(root_fd, path, batch, secrets)
-
-
-__all__ = ["read_file_blobs", "upload_missing_chunks"]
+__all__ = ["ChunkSource", "read_file_blobs", "upload_missing_chunks"]
