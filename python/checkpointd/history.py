@@ -330,10 +330,12 @@ async def preview_with_history(
         root,
         store,
         thread,
-        checkpoint_id=checkpoint_id,
-        policy=request.policy,
-        data_dir=data_dir,
-        workspace_subdir=request.workspace_subdir,
+        RestoreOptions(
+            checkpoint_id=checkpoint_id,
+            policy=request.policy,
+            data_dir=data_dir,
+            workspace_subdir=request.workspace_subdir,
+        ),
     )
     if preview is None:
         return HistoryPreview([], [], [], 0)
@@ -389,10 +391,12 @@ async def _differing_from_base(
         root,
         store,
         compared.thread_id,
-        checkpoint_id=compared.id,
-        policy=target.effective_policy(request.policy),
-        data_dir=data_dir,
-        workspace_subdir=request.workspace_subdir,
+        RestoreOptions(
+            checkpoint_id=compared.id,
+            policy=target.effective_policy(request.policy),
+            data_dir=data_dir,
+            workspace_subdir=request.workspace_subdir,
+        ),
     )
     return set() if changed is None else {*changed.written, *changed.deleted}
 

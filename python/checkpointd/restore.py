@@ -180,10 +180,7 @@ async def restore_checkpoint(
     check_id(thread_id, "thread id")
     check_optional_id(options.checkpoint_id, "checkpoint id")
     given_secrets = parse_secrets(options.secrets)
-    subdir = _checked_subdir(options.workspace_subdir)
-    root = _absolute(workspace_root)
-    target_root = os.path.join(root, subdir) if subdir else root
-    cache_path = stat_cache_path(resolve_data_dir(root, options.data_dir), root, subdir)
+    where = _restore_root(workspace_root, options)
     reporter = PhaseReporter(options.progress)
 
     reporter.phase("lease")
@@ -195,7 +192,7 @@ async def restore_checkpoint(
             checkpoint = await _resolve(store, thread_id, options.checkpoint_id)
             if checkpoint is not None:
                 validate_manifest(checkpoint)
-            _ensure_root(root)
+            _ensure_root(where.root)
             if checkpoint is None:
                 return None
 
@@ -204,28 +201,22 @@ async def restore_checkpoint(
             # restore never deletes what that capture left out (docs/design.md).
             policy = checkpoint.effective_policy(options.policy)
             session = await _open_session(
-                root,
-                subdir,
-                checkpoint,
-                policy,
-                cache_path,
-                given_secrets,
-                keep_live=options.before_apply is not None,
+                where, checkpoint, policy, given_secrets, keep_live=options.before_apply is not None
             )
             try:
                 keeper.check()
-                planned = _planned(checkpoint, policy, target_root, cache_path, session, reporter)
+                planned = _planned(checkpoint, policy, where, session, reporter)
                 # Small blobs are read out of their packs through the store's index.
                 source = packed_blobs(blobs, store)
                 await _fetch_and_apply(source, session, planned, options, reporter, keeper)
                 unfilled = await run_in_thread(session.fill_secrets)
-                prefix = f"{subdir}/" if subdir else ""
+                prefix = f"{where.subdir}/" if where.subdir else ""
                 unfilled = [prefix + path for path in unfilled]
                 _report_unfilled(checkpoint, unfilled, options.unfilled_secrets)
                 for path in session.skipped:
                     _log.warning(
                         "restore left %s alone: a mount point, or deeper than a checkpoint goes",
-                        os.path.join(target_root, path),
+                        os.path.join(where.target_root, path),
                     )
             finally:
                 await run_in_thread(session.close)
@@ -290,13 +281,14 @@ class PlannedRestore:
 def _planned(
     checkpoint: Checkpoint,
     policy: Policy,
-    target_root: str,
-    cache_path: str,
+    where: _RestoreRoot,
     session: _native.RestoreSession,
     reporter: PhaseReporter,
 ) -> PlannedRestore:
     changes = session.files_to_write + session.counts.get("deletions", 0)
-    planned = PlannedRestore(checkpoint, policy, target_root, cache_path, changes, reporter.phase)
+    planned = PlannedRestore(
+        checkpoint, policy, where.target_root, where.cache_path, changes, reporter.phase
+    )
     live = session.take_live()
     if live is None:
         return planned
@@ -331,15 +323,13 @@ async def preview_restore(
     workspace_root: str | os.PathLike[str],
     store: CheckpointStore,
     thread_id: str,
-    *,
-    checkpoint_id: str | None = None,
-    policy: Policy | None = None,
-    data_dir: str | os.PathLike[str] | None = None,
-    workspace_subdir: str = "",
+    options: RestoreOptions | None = None,
 ) -> RestorePreview | None:
     """The plan ``restore_checkpoint`` with the same arguments would carry out,
     without fetching a blob or changing the workspace (None when the thread has
     no checkpoint). Raises as ``restore_checkpoint`` does before its first change.
+    Of ``options`` it reads ``checkpoint_id``, ``policy``, ``data_dir`` and
+    ``workspace_subdir``: secrets, the lease and the hooks change no plan.
 
     Takes no lease, so a preview never fails with WRITER_CONFLICT while a
     capture (the serve loop's, say) holds the thread. A lease would buy the plan
@@ -349,26 +339,18 @@ async def preview_restore(
     again from the live tree. What a lease-free preview must not do is touch
     the workspace a restore may be working in: it plans only (no staging
     directory made, no leftover of an interrupted restore removed)."""
+    options = options or RestoreOptions()
     check_id(thread_id, "thread id")
-    check_optional_id(checkpoint_id, "checkpoint id")
-    subdir = _checked_subdir(workspace_subdir)
-    root = _absolute(workspace_root)
-    cache_path = stat_cache_path(resolve_data_dir(root, data_dir), root, subdir)
-    checkpoint = await _resolve(store, thread_id, checkpoint_id)
+    check_optional_id(options.checkpoint_id, "checkpoint id")
+    where = _restore_root(workspace_root, options)
+    checkpoint = await _resolve(store, thread_id, options.checkpoint_id)
     if checkpoint is None:
         return None
     validate_manifest(checkpoint)
     # Files that equal the checkpoint but for their secrets are kept, as a
     # restore would (the session finds them natively).
-    session = await _open_session(
-        root,
-        subdir,
-        checkpoint,
-        checkpoint.effective_policy(policy),
-        cache_path,
-        Secrets(),
-        plan_only=True,
-    )
+    policy = checkpoint.effective_policy(options.policy)
+    session = await _open_session(where, checkpoint, policy, Secrets(), plan_only=True)
     try:
         written = session.written_paths
         counts = session.counts
@@ -400,6 +382,30 @@ def _report_unfilled(checkpoint: Checkpoint, unfilled: list[str], out: list[str]
     )
     if out is not None:
         out.extend(unfilled)
+
+
+@dataclass(frozen=True)
+class _RestoreRoot:
+    """Where a restore works: the workspace root (absolute), the sub-root it
+    restores into ("" for the root itself) and that tree's stat cache."""
+
+    root: str
+    subdir: str
+    cache_path: str
+
+    @property
+    def target_root(self) -> str:
+        """The directory restored into."""
+        return os.path.join(self.root, self.subdir) if self.subdir else self.root
+
+
+def _restore_root(workspace_root: str | os.PathLike[str], options: RestoreOptions) -> _RestoreRoot:
+    """Where a restore as ``options`` say works (INVALID_PATH for a bad
+    ``workspace_subdir``, INVALID_ARGUMENT for a data dir in the workspace)."""
+    subdir = _checked_subdir(options.workspace_subdir)
+    root = _absolute(workspace_root)
+    cache_path = stat_cache_path(resolve_data_dir(root, options.data_dir), root, subdir)
+    return _RestoreRoot(root, subdir, cache_path)
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:
@@ -453,17 +459,16 @@ def _ensure_root(root: str) -> None:
 
 
 async def _open_session(
-    root: str,
-    subdir: str,
+    where: _RestoreRoot,
     checkpoint: Checkpoint,
     policy: Policy,
-    cache_path: str,
     secrets: Secrets,
     *,
     plan_only: bool = False,
     keep_live: bool = False,
 ) -> _native.RestoreSession:
-    """Open the restore root, scan it live and plan, natively (GIL released).
+    """Open the directory restored into, scan it live and plan, natively
+    (GIL released).
 
     The live scan zeroes the given secrets (a file still holding them equals
     its blob); a file equal to the checkpoint but for its secret spans is left
@@ -473,6 +478,7 @@ async def _open_session(
     """
     target = manifest_of(checkpoint.files).data
     token = _native.CancelToken()
+    root, subdir = where.root, where.subdir
 
     def open_session() -> _native.RestoreSession:
         return _native.RestoreSession(
@@ -482,7 +488,7 @@ async def _open_session(
             exclude=policy.exclude,
             include=policy.include,
             default_excludes=policy.default_excludes,
-            cache_path=cache_path,
+            cache_path=where.cache_path,
             cancel=token,
             secrets=secrets.values,
             secret_names=secrets.names,
