@@ -142,7 +142,8 @@ async def restore_with_history(
     Raises as ``restore_checkpoint`` does (WRITER_CONFLICT while the thread, or
     for a stash thread its owner, is held), and as ``capture_checkpoint`` does
     for the stash; ``stash_keep`` below 1 is INVALID_ARGUMENT."""
-    return await _restore(workspace_root, store, blobs, request, data_dir, progress, undo=False)
+    given = RestoreOptions(data_dir=data_dir, progress=progress)
+    return await _restore(workspace_root, store, blobs, request, given, undo=False)
 
 
 async def undo_restore(
@@ -158,7 +159,8 @@ async def undo_restore(
     whatever it overwrites (an undo of an undo is a redo). ``record`` makes
     the thread's head follow. Raises SandboxSnapshotError(MISSING_CHECKPOINT)
     when the stash is empty, else as ``restore_with_history``."""
-    return await _restore(workspace_root, store, blobs, request, data_dir, progress, undo=True)
+    given = RestoreOptions(data_dir=data_dir, progress=progress)
+    return await _restore(workspace_root, store, blobs, request, given, undo=True)
 
 
 async def _restore(
@@ -166,17 +168,20 @@ async def _restore(
     store: CheckpointStore,
     blobs: BlobStore,
     request: HistoryRestore,
-    data_dir: str | os.PathLike[str] | None,
-    progress: ProgressCallback | None,
+    given: RestoreOptions,
     *,
     undo: bool,
 ) -> RestoreOutcome:
+    """A restore (``undo``: of the newest stash entry) through history;
+    ``given`` holds the caller's ``data_dir`` and ``progress``, the rest of the
+    restore's options come from ``request``."""
     if request.stash_keep < 1:
         raise SandboxCheckpointInvalidArgumentError(
             f"stash_keep must be at least 1, got {request.stash_keep}",
             details={"field": "stash_keep"},
         )
     root = _absolute(workspace_root)
+    data_dir = given.data_dir
     owner = owner_of(request.thread_id)
     lease = await store.acquire_writer(owner)
     try:
@@ -207,11 +212,10 @@ async def _restore(
                 store,
                 blobs,
                 target_thread,
-                RestoreOptions(
+                replace(
+                    given,
                     checkpoint_id=target_id,
                     policy=request.policy,
-                    data_dir=data_dir,
-                    progress=progress,
                     workspace_subdir=request.workspace_subdir,
                     secrets=request.secrets,
                     unfilled_secrets=outcome.unfilled_secrets,
