@@ -143,34 +143,38 @@ impl Patch {
     /// Save into `undo` the bytes of `live` (`old_size` long) the pieces
     /// overwrite, end to end in piece order.
     fn save_overwritten(&self, live: &File, old_size: u64, undo: &File) -> io::Result<()> {
-        let mut buffer = self.buffer();
-        let mut at = 0u64;
-        for piece in &self.pieces {
-            let n = overwritten(piece, old_size);
-            if n > 0 {
-                let data = &mut buffer[..n as usize];
-                live.read_exact_at(data, piece.offset)?;
-                undo.write_all_at(data, at)?;
-                at += n;
-            }
-        }
-        Ok(())
+        self.copy_overwritten(old_size, |data, offset, at| {
+            live.read_exact_at(data, offset)?;
+            undo.write_all_at(data, at)
+        })
     }
 
     /// Write back what [`Patch::save_overwritten`] saved and the old length.
     fn put_back(&self, live: &File, old_size: u64, undo: &File) -> io::Result<()> {
+        self.copy_overwritten(old_size, |data, offset, at| {
+            undo.read_exact_at(data, at)?;
+            live.write_all_at(data, offset)
+        })?;
+        live.set_len(old_size)
+    }
+
+    /// `copy(buffer, offset in the file, offset in the undo file)` for each
+    /// piece's bytes that overwrite a file `old_size` long.
+    fn copy_overwritten(
+        &self,
+        old_size: u64,
+        mut copy: impl FnMut(&mut [u8], u64, u64) -> io::Result<()>,
+    ) -> io::Result<()> {
         let mut buffer = self.buffer();
         let mut at = 0u64;
         for piece in &self.pieces {
             let n = overwritten(piece, old_size);
             if n > 0 {
-                let data = &mut buffer[..n as usize];
-                undo.read_exact_at(data, at)?;
-                live.write_all_at(data, piece.offset)?;
+                copy(&mut buffer[..n as usize], piece.offset, at)?;
                 at += n;
             }
         }
-        live.set_len(old_size)
+        Ok(())
     }
 
     /// Copy every piece from the patch file into `live` and give it the
