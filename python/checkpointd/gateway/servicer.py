@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -48,9 +47,8 @@ from obstore.store import AzureStore, GCSStore, S3Store
 
 from ..blobs import base as blob_base
 from ..blobs.base import BlobNotFoundError, BlobStore
-from ..codec import decode_checkpoint, encode_checkpoint
+from ..codec import encode_checkpoint
 from ..errors import SandboxCheckpointInvalidArgumentError
-from ..ids import names_another_thread
 from ..model import Checkpoint, WriterLease, stash_owner
 from ..service import status
 from ..service.request_ids import SPENT_REQUEST_PREFIX
@@ -105,36 +103,6 @@ def _signing_store(blobs: BlobStore) -> Any:
     """The obstore store that can sign URLs behind ``blobs`` (S3, GCS, Azure), or None."""
     store = getattr(blobs, "object_store", None)
     return store if isinstance(store, (S3Store, GCSStore, AzureStore)) else None
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        return str(uuid.UUID(text)) == text
-    except ValueError:
-        return False
-
-
-def _refuse_foreign_id(checkpoint_id: str, thread_id: str) -> None:
-    """INVALID_ARGUMENT for a request-derived checkpoint id bound to another
-    thread (``ids.names_another_thread``): a tenant cannot take the id another
-    tenant's request_id names. The error names only the caller's thread."""
-    if names_another_thread(checkpoint_id, thread_id):
-        raise SandboxCheckpointInvalidArgumentError(
-            f"checkpoint id {checkpoint_id!r} is derived from a request_id of another thread"
-            f" than {thread_id!r}: a request_id's id is bound to its thread",
-            details={"field": "checkpoint_id", "checkpoint_id": checkpoint_id},
-        )
-
-
-def _decoded(document: bytes) -> Checkpoint:
-    """The checkpoint a sidecar sent; a document that does not decode is the
-    caller's error (the store validates the fields of one that does)."""
-    try:
-        return decode_checkpoint(document)
-    except (ValueError, KeyError, TypeError, IndexError) as exc:
-        raise SandboxCheckpointInvalidArgumentError(
-            f"the checkpoint document does not decode ({type(exc).__name__}: {exc})"
-        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,9 +252,9 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         self, request: gpb.GatewayAppendRequest, context: Any
     ) -> gpb.GatewayAppendResponse:
         async def work(scope: TokenScope) -> gpb.GatewayAppendResponse:
-            checkpoint = _decoded(request.document)
+            checkpoint = wire.decoded_checkpoint(request.document)
             scope.require(("capture",), checkpoint.thread_id)
-            _refuse_foreign_id(checkpoint.id, checkpoint.thread_id)
+            wire.refuse_foreign_id(checkpoint.id, checkpoint.thread_id)
             expected = request.expected_head_id if request.HasField("expected_head_id") else None
             writer = wire.writer_from_proto(request.writer)
             if request.packed_blobs:
@@ -381,7 +349,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
     ) -> gpb.GatewayCheckpoint:
         async def work(scope: TokenScope) -> gpb.GatewayCheckpoint:
             scope.require(("fork",), request.source_thread_id, request.destination_thread_id)
-            _refuse_foreign_id(request.destination_checkpoint_id, request.destination_thread_id)
+            wire.refuse_foreign_id(request.destination_checkpoint_id, request.destination_thread_id)
             checkpoint = await self.store.fork_from_checkpoint(
                 request.source_thread_id,
                 request.source_checkpoint_id,
@@ -626,7 +594,7 @@ class GatewayServicer(gpb_grpc.GatewayServicer):
         for an id no checkpoint has had: that would spend the id another
         tenant's request_id will name."""
         checkpoint_id = key[len(SPENT_REQUEST_PREFIX) :]
-        if data != SPENT_MARKER_BYTES or not _is_uuid(checkpoint_id):
+        if data != SPENT_MARKER_BYTES or not wire.is_uuid(checkpoint_id):
             raise SandboxCheckpointInvalidArgumentError(
                 f"not a spent-request marker: {key!r}", details={"key": key}
             )

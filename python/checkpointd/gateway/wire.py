@@ -10,6 +10,7 @@ gateway did: the conformance suite checks them.
 from __future__ import annotations
 
 import json
+import uuid
 from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -18,7 +19,9 @@ import grpc
 
 from .. import errors
 from ..blobs.base import BlobNotFoundError
-from ..model import Writer
+from ..codec import decode_checkpoint
+from ..ids import names_another_thread
+from ..model import Checkpoint, Writer
 from ..service import status
 from ..store._options import writer_fields
 from ..store._packindex import PackColumns, PackedRows, file_key
@@ -223,3 +226,34 @@ def located_from_proto(message: gpb.GatewayLocated) -> dict[str, PackedBlob | No
                 key, group.pack, group.offsets[i], group.lengths[i], group.raw_sizes[i], codec
             )
     return found
+
+
+def is_uuid(text: str) -> bool:
+    """Whether ``text`` is a UUID in its canonical form."""
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
+
+
+def refuse_foreign_id(checkpoint_id: str, thread_id: str) -> None:
+    """INVALID_ARGUMENT for a request-derived checkpoint id bound to another
+    thread (``ids.names_another_thread``): a tenant cannot take the id another
+    tenant's request_id names. The error names only the caller's thread."""
+    if names_another_thread(checkpoint_id, thread_id):
+        raise errors.SandboxCheckpointInvalidArgumentError(
+            f"checkpoint id {checkpoint_id!r} is derived from a request_id of another thread"
+            f" than {thread_id!r}: a request_id's id is bound to its thread",
+            details={"field": "checkpoint_id", "checkpoint_id": checkpoint_id},
+        )
+
+
+def decoded_checkpoint(document: bytes) -> Checkpoint:
+    """The checkpoint a sidecar sent; a document that does not decode is the
+    caller's error (the store validates the fields of one that does)."""
+    try:
+        return decode_checkpoint(document)
+    except (ValueError, KeyError, TypeError, IndexError) as exc:
+        raise errors.SandboxCheckpointInvalidArgumentError(
+            f"the checkpoint document does not decode ({type(exc).__name__}: {exc})"
+        ) from None
