@@ -308,47 +308,30 @@ pub fn file_holds(
     if bytes.is_some_and(|b| b.len() as u64 != size) {
         return Ok(false);
     }
-    if bytes.is_none() && size >= SPLIT_READ_MIN {
-        // SAFETY: as below.
-        let file = std::mem::ManuallyDrop::new(unsafe {
-            <File as std::os::fd::FromRawFd>::from_raw_fd(fd)
-        });
-        return Ok(hash_in_halves(&file, size)?.is_some_and(|digest| digest == *hash));
-    }
-    let mut buffer = vec![0u8; (size as usize).clamp(1, STREAM_CHUNK)];
-    let mut hasher = blake3::Hasher::new();
-    let mut at = 0u64;
     // Borrowed, not owned: the caller keeps the fd.
     // SAFETY: `fd` is open for the call; ManuallyDrop never closes it.
     let file =
         std::mem::ManuallyDrop::new(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(fd) });
-    let mut reader = HoleSkipping::new(&file, size);
-    while at < size {
-        let want = buffer.len().min((size - at) as usize);
-        let n = match reader.read(&mut buffer[..want]) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        };
-        if n == 0 {
-            return Ok(false);
-        }
-        let read = &buffer[..n];
-        match bytes {
-            Some(expected) if expected[at as usize..at as usize + read.len()] != *read => {
-                return Ok(false)
-            }
-            Some(_) => {}
-            None if read.len() >= 1 << 17 => {
-                hasher.update_rayon(read);
-            }
-            None => {
-                hasher.update(read);
-            }
-        }
-        at += n as u64;
+    if bytes.is_none() && size >= SPLIT_READ_MIN {
+        return Ok(hash_in_halves(&file, size)?.is_some_and(|digest| digest == *hash));
     }
-    Ok(bytes.is_some() || hasher.finalize().as_bytes() == hash)
+    let mut hasher = blake3::Hasher::new();
+    let mut same = true;
+    let read_all = read_range(&file, size, (0, size), |read, at| match bytes {
+        Some(expected) => {
+            same = expected[at as usize..at as usize + read.len()] == *read;
+            same
+        }
+        None if read.len() >= 1 << 17 => {
+            hasher.update_rayon(read);
+            true
+        }
+        None => {
+            hasher.update(read);
+            true
+        }
+    })?;
+    Ok(read_all && same && (bytes.is_some() || hasher.finalize().as_bytes() == hash))
 }
 
 /// Files at least this long are read back by two threads, each hashing its
@@ -387,8 +370,23 @@ pub fn hash_in_halves(file: &File, size: u64) -> io::Result<Option<[u8; 32]>> {
 fn hash_range(
     file: &File,
     size: u64,
-    (start, end): (u64, u64),
+    range: (u64, u64),
     hasher: &mut blake3::Hasher,
+) -> io::Result<bool> {
+    read_range(file, size, range, |read, _at| {
+        hasher.update(read);
+        true
+    })
+}
+
+/// Read bytes `start..end` of `file` (`size` bytes; holes read as zeros)
+/// in pieces of up to [`STREAM_CHUNK`], each given to `each` with its offset
+/// until it says stop. False when the file ends sooner or `each` stopped.
+fn read_range(
+    file: &File,
+    size: u64,
+    (start, end): (u64, u64),
+    mut each: impl FnMut(&[u8], u64) -> bool,
 ) -> io::Result<bool> {
     let mut buffer = vec![0u8; STREAM_CHUNK.min((end - start) as usize).max(1)];
     let mut reader = HoleSkipping::starting_at(file, size, start);
@@ -400,10 +398,9 @@ fn hash_range(
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        if n == 0 {
+        if n == 0 || !each(&buffer[..n], at) {
             return Ok(false);
         }
-        hasher.update(&buffer[..n]);
         at += n as u64;
     }
     Ok(true)
