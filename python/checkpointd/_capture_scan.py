@@ -149,7 +149,7 @@ def new_feed(parent: Manifest | None) -> _native.BlobFeed:
     them, and a file the feed hands over anyway is found present (and pinned)
     by the upload's lookup."""
     parent_digests = (
-        parent.digests()
+        parent.digests_leaving_unloaded()
         if parent is not None and (parent.loaded or parent.byte_length() <= SMALL_PARENT_BYTES)
         else b""
     )

@@ -290,6 +290,20 @@ class Manifest(Sequence["Entry"]):
             digests = self._digests = _native.manifest_digests(self.data)
         return digests
 
+    def digests_leaving_unloaded(self) -> bytes:
+        """:meth:`digests`, read from a store's unloaded manifest without
+        keeping its bytes (as :meth:`_summarize` does): a capture that wants
+        its parent's digests before the scan does not hold the parent too."""
+        if self._digests is None:
+            with _load_lock:
+                if self._data is not None or self._load is None:
+                    data = self.data
+                else:
+                    data = self._load()  # kept unloaded: only the digests are kept
+                self._digests = _native.manifest_digests(data)
+                del data
+        return self._digests
+
     def delta_from(self, base: Manifest) -> tuple[bytes, int] | None:
         """The native delta (``_native.manifest_delta``'s encoding) from
         ``base`` to this manifest and the rows it inserts, when this
