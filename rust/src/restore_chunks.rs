@@ -56,6 +56,8 @@ pub struct Assembly {
     places: DigestMap<(u32, Vec<(u32, u64)>)>,
     /// Chunks written already (a chunk is written once).
     staged: Mutex<DigestSet>,
+    /// The target of each write patched in place, by write index.
+    patched: std::collections::HashMap<usize, usize>,
     /// The chunk lists of the target's and the live tree's chunked files,
     /// for the chunk cache once the restore is done (with the params of the
     /// captures to come; None: not saved).
@@ -117,6 +119,7 @@ impl Assembly {
             wholes: lists.keys().copied().collect(),
             places: DigestMap::default(),
             staged: Mutex::new(DigestSet::default()),
+            patched: std::collections::HashMap::new(),
             cache: None,
         };
         for (whole, chunks) in lists {
@@ -172,6 +175,9 @@ impl Assembly {
             place.1.push((number, offset));
             offset += u64::from(c.len);
         }
+        if let Some(patch) = &patch {
+            self.patched.insert(patch.index, self.targets.len());
+        }
         self.targets.push(Target {
             whole,
             size,
@@ -182,12 +188,11 @@ impl Assembly {
         Ok(())
     }
 
-    /// The patch of the write of `index`, when it is patched in place.
+    /// The patch of the write of `index`, when it is patched in place
+    /// (asked for every write the apply renames in: one lookup).
     pub fn patch_for(&self, index: usize) -> Option<&Patch> {
-        self.targets
-            .iter()
-            .filter_map(|t| t.patch.as_ref())
-            .find(|p| p.index == index)
+        let target = *self.patched.get(&index)?;
+        self.targets[target].patch.as_ref()
     }
 
     /// The length of a chunk this assembly needs.

@@ -236,33 +236,21 @@ fn rows_in(parent: &Parent, (start, stop): Span) -> u32 {
 /// (sorted, as [`pieces`] leaves them) make, and how many rows it inserts:
 /// what the store would work out by indexing every row of both.
 pub fn delta(parent: &Parent, edits: &[Edit]) -> (Vec<u8>, usize) {
-    let mut out = Vec::new();
-    let (mut row, mut at, mut added_total) = (0u32, parent.next_row(1), 0usize);
-    let copy = |out: &mut Vec<u8>, start: u32, count: u32| {
-        if count > 0 {
-            out.push(b'C');
-            out.extend_from_slice(&start.to_le_bytes());
-            out.extend_from_slice(&count.to_le_bytes());
-        }
-    };
+    let mut out = crate::manifest::DeltaWriter::default();
+    let (mut row, mut at) = (0u32, parent.next_row(1));
     for edit in edits {
         let kept = rows_in(parent, (at, edit.span.0));
-        copy(&mut out, row, kept);
+        out.copy_run(row, kept);
         row += kept + rows_in(parent, edit.span);
         at = edit.span.1.max(edit.span.0);
         if !edit.rows.is_empty() {
             let wrapped = [b"[".as_slice(), &edit.rows, b"]"].concat();
             let added = crate::manifest::rows(&wrapped).map_or(0, |r| r.len());
-            added_total += added;
-            out.push(b'A');
-            out.extend_from_slice(&(added as u32).to_le_bytes());
-            out.extend_from_slice(&(edit.rows.len() as u32).to_le_bytes());
-            out.extend_from_slice(&edit.rows);
+            out.add_joined(&edit.rows, added as u32);
         }
     }
-    let rest = rows_in(parent, (at, parent.end()));
-    copy(&mut out, row, rest);
-    (out, added_total)
+    out.copy_run(row, rows_in(parent, (at, parent.end())));
+    out.finish()
 }
 
 /// The manifest of `pieces`: `[`, the pieces joined by commas, `]`, written

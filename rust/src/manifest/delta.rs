@@ -43,36 +43,49 @@ pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError>
 /// A delta in [`apply`]'s encoding, written as its rows come: copy runs of
 /// the base's rows, runs of inserted rows, patched rows.
 #[derive(Default)]
-pub(super) struct DeltaWriter<'a> {
+pub struct DeltaWriter<'a> {
     out: Vec<u8>,
+    /// The inserted run being written: pieces of rows joined by commas, and
+    /// how many rows they hold.
     added: Vec<&'a [u8]>,
+    added_rows: u32,
     added_total: usize,
     start: u32,
     count: u32,
 }
 
 impl<'a> DeltaWriter<'a> {
-    pub(super) fn copy(&mut self, position: u32) {
-        if self.count > 0 && position == self.start + self.count {
-            self.count += 1;
+    pub fn copy(&mut self, position: u32) {
+        self.copy_run(position, 1);
+    }
+
+    /// Copy `count` base rows from `start` (after what was written).
+    pub fn copy_run(&mut self, start: u32, count: u32) {
+        if count == 0 {
+            return;
+        }
+        if self.count > 0 && start == self.start + self.count {
+            self.count += count;
             return;
         }
         self.flush_add();
         self.flush_copy();
-        (self.start, self.count) = (position, 1);
+        (self.start, self.count) = (start, count);
     }
 
-    /// Copy `count` base rows from `start` (after what was written).
-    pub(super) fn copy_run(&mut self, start: u32, count: u32) {
-        for position in start..start + count {
-            self.copy(position);
+    pub fn add(&mut self, row: &'a [u8]) {
+        self.add_joined(row, 1);
+    }
+
+    /// Insert `rows` rows given joined by commas.
+    pub fn add_joined(&mut self, joined: &'a [u8], rows: u32) {
+        if rows == 0 {
+            return;
         }
-    }
-
-    pub(super) fn add(&mut self, row: &'a [u8]) {
         self.flush_copy();
-        self.added.push(row);
-        self.added_total += 1;
+        self.added.push(joined);
+        self.added_rows += rows;
+        self.added_total += rows as usize;
     }
 
     /// Base row `row` with the row patch `patch` applied.
@@ -99,16 +112,16 @@ impl<'a> DeltaWriter<'a> {
         if !self.added.is_empty() {
             let joined = self.added.join(&b","[..]);
             self.out.push(b'A');
-            self.out
-                .extend_from_slice(&(self.added.len() as u32).to_le_bytes());
+            self.out.extend_from_slice(&self.added_rows.to_le_bytes());
             self.out
                 .extend_from_slice(&(joined.len() as u32).to_le_bytes());
             self.out.extend_from_slice(&joined);
             self.added.clear();
+            self.added_rows = 0;
         }
     }
 
-    pub(super) fn finish(mut self) -> (Vec<u8>, usize) {
+    pub fn finish(mut self) -> (Vec<u8>, usize) {
         self.flush_add();
         self.flush_copy();
         (self.out, self.added_total)

@@ -9,7 +9,8 @@ use std::sync::atomic::Ordering;
 
 use super::dirs::{remove_tree, DirStack, Reached};
 use super::{
-    cname, flat_name, is_errno, split_parent, Dest, Doomed, Restore, RestoreError, Step, TargetFile,
+    cname, flat_name, in_place, is_errno, split_parent, Dest, Doomed, InPlace, Restore,
+    RestoreError, Step, TargetFile,
 };
 use crate::cancel::Cancel;
 use crate::fs::{self, Stat};
@@ -507,15 +508,16 @@ impl Restore {
                 }
                 Err(e) => return Err(RestoreError::raced(shown(), "open", e)),
             };
-            let (stat, links) = fs::fstat_links(fd.as_raw_fd())
-                .map_err(|e| RestoreError::raced(shown(), "fstat", e))?;
-            if !stat.is_file() || links != 1 || stat.dev != self.ws.dev {
-                continue;
-            }
-            if fs::is_mount_point_fd(fd.as_raw_fd(), &stat, self.ws.dev) {
-                // A file mounted there since the scan: its inode is not ours.
-                self.skip(entry.path.as_bytes().to_vec());
-                continue;
+            match in_place(fd.as_raw_fd(), self.ws.dev)
+                .map_err(|e| RestoreError::raced(shown(), "fstat", e))?
+            {
+                InPlace::Own(_) => {}
+                InPlace::Other => continue,
+                InPlace::MountPoint => {
+                    // A file mounted there since the scan: its inode is not ours.
+                    self.skip(entry.path.as_bytes().to_vec());
+                    continue;
+                }
             }
             let mode = entry.mode & 0o777;
             if by_path {

@@ -50,7 +50,7 @@
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
@@ -308,6 +308,30 @@ fn split_parent(rel: &[u8]) -> (&[u8], &[u8]) {
 
 fn is_errno(e: &io::Error, codes: &[i32]) -> bool {
     e.raw_os_error().is_some_and(|c| codes.contains(&c))
+}
+
+/// Whose inode an open file is, for a change made in place.
+pub(crate) enum InPlace {
+    /// The workspace's alone: a regular file with one link on the
+    /// workspace's device, not a mount point.
+    Own(Stat),
+    /// A file mounted there (a bind mount may bring one in from outside).
+    MountPoint,
+    /// Not a regular file, on another device, or shared with another name
+    /// (a hard link may name a file outside).
+    Other,
+}
+
+/// [`InPlace`] of the open file `fd` (`ws_dev`: the workspace's device).
+pub(crate) fn in_place(fd: RawFd, ws_dev: u64) -> io::Result<InPlace> {
+    let (stat, links) = fs::fstat_links(fd)?;
+    if !stat.is_file() || links != 1 || stat.dev != ws_dev {
+        return Ok(InPlace::Other);
+    }
+    if fs::is_mount_point_fd(fd, &stat, ws_dev) {
+        return Ok(InPlace::MountPoint);
+    }
+    Ok(InPlace::Own(stat))
 }
 
 /// The restore root, held by fd.

@@ -30,7 +30,7 @@ use std::os::unix::fs::FileExt;
 use std::sync::Mutex;
 
 use super::dirs::DirStack;
-use super::{Restore, RestoreError};
+use super::{in_place, InPlace, Restore, RestoreError};
 use crate::chunk::ChunkRef;
 use crate::fs::{self, Stat};
 use crate::hash::{self};
@@ -96,16 +96,13 @@ pub fn patchable(root_fd: RawFd, path: &str, ws_dev: u64, size: u64) -> Option<S
     own_inode(fd.as_raw_fd(), ws_dev).filter(|stat| stat.size == size)
 }
 
-/// The stat of the open file `fd` when its inode is the workspace's alone: a
-/// regular file with one link on the workspace's device, not a mount point
-/// (a hard link may name a file outside, a bind mount may bring one in).
+/// The stat of the open file `fd` when its inode is the workspace's alone
+/// ([`in_place`]).
 pub fn own_inode(fd: RawFd, ws_dev: u64) -> Option<Stat> {
-    let (stat, links) = fs::fstat_links(fd).ok()?;
-    (stat.is_file()
-        && links == 1
-        && stat.dev == ws_dev
-        && !fs::is_mount_point_fd(fd, &stat, ws_dev))
-    .then_some(stat)
+    match in_place(fd, ws_dev) {
+        Ok(InPlace::Own(stat)) => Some(stat),
+        _ => None,
+    }
 }
 
 fn same_inode(a: &Stat, b: &Stat) -> bool {
