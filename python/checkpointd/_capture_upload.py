@@ -101,6 +101,30 @@ class UploadScope:
     token: _native.CancelToken
 
 
+def _new_to(
+    manifest: Manifest, parent: Manifest | None, rechecked: set[str], present: list[bytes]
+) -> NewFiles:
+    """What ``manifest`` adds to the digests of ``parent`` (less those marked
+    for a recheck) and to the ``present`` (fed) ones. Read from the rows a
+    scan directed by the change journal inserted, when it made its delta
+    from this very parent; else from the digest lists when the scan gave
+    them (nothing new: no row is read), else from every row."""
+    known = without_marked(parent.digests(), rechecked) if parent is not None else b""
+    fed = _native.sort_digests(b"".join(present)) if present else b""
+    delta = manifest.delta_from(parent) if parent is not None and not rechecked else None
+    found = _native.manifest_delta_new_files(delta[0], known, fed) if delta is not None else None
+    if found is not None:
+        return found
+    digests = manifest.known_digests()
+    if digests is not None:
+        new = _native.digest_difference(digests, known)
+        new = _native.digest_difference(new, fed) if new and fed else new
+        if not new:
+            return b"", []
+        return new, _native.manifest_files_with_digests(manifest.data, new)
+    return _native.manifest_new_files(manifest.data, known, fed)
+
+
 class Uploader:
     """Steps 3-5: pin, find missing, upload; owns the upload counters."""
 
@@ -333,10 +357,10 @@ class Uploader:
             # manifest is loaded to find that out.
             new_digests, files = b"", []
         else:
-            parent_digests = parent_manifest.digests() if parent_manifest is not None else b""
-            parent_digests = without_marked(parent_digests, self.rechecked)
-            fed = _native.sort_digests(b"".join(self.present)) if self.present else b""
-            new_digests, files = _native.manifest_new_files(manifest.data, parent_digests, fed)
+            rechecked, present = self.rechecked, self.present
+            new_digests, files = await self._in_thread(
+                lambda _stop: _new_to(manifest, parent_manifest, rechecked, present)
+            )
         pending = [
             FileEntry(path, FILE_KEY_PREFIX + digest.hex(), size) for path, digest, size in files
         ]

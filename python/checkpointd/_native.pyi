@@ -435,6 +435,14 @@ def manifest_new_files(
     sorted and flat, and ``(path, digest, size)`` of each file stored whole
     whose digest is new."""
 
+def manifest_delta_new_files(
+    ops: bytes, known: bytes, fed: bytes
+) -> tuple[bytes, list[tuple[str, bytes, int]]] | None:
+    """``manifest_new_files`` of the manifest the delta ``ops`` makes from a
+    base whose digests are all in ``known``: read from the rows the delta
+    inserts alone (the rest are the base's). None when the delta patches
+    rows (their bytes are not in it)."""
+
 def manifest_delta_inserts_long_rows(ops: bytes) -> bool:
     """Whether the delta ``ops`` inserts a row long enough to store as a patch."""
 

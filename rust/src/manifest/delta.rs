@@ -205,6 +205,30 @@ pub fn apply_chain(base: &[u8], chain: &[&[u8]]) -> Result<Vec<u8>, ManifestErro
     Ok(out)
 }
 
+/// The rows a delta inserts, as a manifest of their own (`[row,...]`), or
+/// None when it patches rows of its base (their bytes are not in the
+/// delta). Every row of the manifest the delta makes that is not among
+/// these is a row of the base, copied.
+pub fn inserted_rows(ops: &[u8]) -> Result<Option<Vec<u8>>, ManifestError> {
+    let mut out = vec![b'['];
+    let mut patched = false;
+    for_each_op(ops, |op| {
+        match op {
+            Op::Insert(joined) => {
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(joined);
+            }
+            Op::Patch(..) => patched = true,
+            Op::Copy(..) => {}
+        }
+        Ok(())
+    })?;
+    out.push(b']');
+    Ok((!patched).then_some(out))
+}
+
 /// One operation of a delta: copy `count` rows from row `start` of the base
 /// (the op at byte `at`), insert rows (joined by commas; maybe none), or
 /// insert base row `row` with a row patch applied (the op at byte `at`).

@@ -397,3 +397,38 @@ fn new_files_match_digests_differences_and_files_with_digests() {
     let paths: Vec<&str> = found.files.iter().map(|f| f.0.as_str()).collect();
     assert_eq!(paths, ["d/c", "d/copy", "e"]);
 }
+
+/// What a manifest adds to its base's digests, read from the rows its
+/// delta inserts, is what reading every row gives; a delta that patches
+/// rows has no bytes for them and says so.
+#[test]
+fn new_files_of_a_delta_are_those_of_the_manifest_it_makes() {
+    let build = |rows: &[(&str, u8)]| {
+        let mut w = ManifestWriter::with_capacity(0);
+        for (name, tag) in rows {
+            w.file(*name, &[*tag; 32], u64::from(*tag), 0o644, 1);
+        }
+        w.finish()
+    };
+    let base = build(&[("a", 1), ("b", 2), ("c", 3), ("d", 4)]);
+    let known: Vec<u8> = digests(&base).unwrap().concat();
+    for rows in [
+        vec![("a", 1), ("b", 5), ("c", 3), ("d", 4), ("e", 6)],
+        vec![("a", 2), ("c", 7), ("c2", 7), ("d", 4)],
+        vec![("a", 1)],
+        vec![],
+    ] {
+        let new = build(&rows);
+        let (ops, _) = delta(&base, &new).unwrap();
+        let inserted = inserted_rows(&ops).unwrap().expect("no patches");
+        let fed = [6u8; 32].to_vec();
+        let from_delta = new_files(&inserted, &known, &fed).unwrap();
+        let whole = new_files(&new, &known, &fed).unwrap();
+        assert_eq!(from_delta.digests, whole.digests, "{rows:?}");
+        assert_eq!(from_delta.files, whole.files, "{rows:?}");
+    }
+    let mut patch = b"P".to_vec();
+    patch.extend_from_slice(&0u32.to_le_bytes());
+    patch.extend_from_slice(&0u32.to_le_bytes());
+    assert_eq!(inserted_rows(&patch).unwrap(), None);
+}

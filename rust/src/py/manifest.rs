@@ -92,12 +92,38 @@ pub fn manifest_new_files<'py>(
     let found = py
         .allow_threads(|| core::new_files(data, known, fed))
         .map_err(invalid)?;
+    Ok(new_files_to_py(py, found))
+}
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn manifest_delta_new_files<'py>(
+    py: Python<'py>,
+    ops: &[u8],
+    known: &[u8],
+    fed: &[u8],
+) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<PyFile>)>> {
+    if known.len() % 32 != 0 || fed.len() % 32 != 0 {
+        return Err(PyValueError::new_err(
+            "digest list length is not a multiple of 32",
+        ));
+    }
+    let found = py
+        .allow_threads(|| match core::inserted_rows(ops)? {
+            Some(rows) => core::new_files(&rows, known, fed).map(Some),
+            None => Ok(None),
+        })
+        .map_err(invalid)?;
+    Ok(found.map(|found| new_files_to_py(py, found)))
+}
+
+fn new_files_to_py(py: Python<'_>, found: core::NewFiles) -> (Bound<'_, PyBytes>, Vec<PyFile>) {
     let files = found
         .files
         .into_iter()
         .map(|(path, digest, size)| (path, PyBytes::new(py, &digest).unbind(), size))
         .collect();
-    Ok((PyBytes::new(py, &found.digests), files))
+    (PyBytes::new(py, &found.digests), files)
 }
 
 /// See `_native.pyi`.

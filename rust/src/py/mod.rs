@@ -77,6 +77,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(manifest::manifest_files_with_digests, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_delta, m)?)?;
     m.add_function(wrap_pyfunction!(manifest::manifest_new_files, m)?)?;
+    m.add_function(wrap_pyfunction!(manifest::manifest_delta_new_files, m)?)?;
     m.add_function(wrap_pyfunction!(
         manifest::manifest_delta_inserts_long_rows,
         m
