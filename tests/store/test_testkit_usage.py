@@ -36,13 +36,13 @@ _USER_TEST = textwrap.dedent(
 # A store that forgets the fence counter on release (fences must survive release).
 _BROKEN = textwrap.dedent(
     """
-    _release = InMemoryCheckpointStore._release
+    _release = InMemoryCheckpointStore.release_writer
 
     async def _forgetful_release(self, lease):
         await _release(self, lease)
         self._tables.fences.pop(lease.thread_id, None)
 
-    InMemoryCheckpointStore._release = _forgetful_release
+    InMemoryCheckpointStore.release_writer = _forgetful_release
     """
 )
 

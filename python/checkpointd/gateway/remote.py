@@ -174,15 +174,15 @@ class RemoteCheckpointStore:
             fence=reply.writer.fence,
             expires_at=reply.expires_at,
             renew_after_ms=reply.renew_after_ms,
-            renew=self._renew,
-            release=self._release,
+            renew=self.renew_writer,
+            release=self.release_writer,
         )
 
-    async def _renew(self, lease: WriterLease) -> int:
+    async def renew_writer(self, lease: WriterLease) -> int:
         reply = await self._connection.call("RenewWriter", _writer(lease), repeatable=True)
         return int(reply.expires_at)
 
-    async def _release(self, lease: WriterLease) -> None:
+    async def release_writer(self, lease: WriterLease) -> None:
         await self._connection.call("ReleaseWriter", _writer(lease), repeatable=True)
 
     async def list_blob_references(self) -> builtins.list[BlobReference]:

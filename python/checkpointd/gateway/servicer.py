@@ -86,11 +86,10 @@ MAX_SIGNED_URL_S = 3600
 def _lease_callbacks(
     store: CheckpointStore,
 ) -> tuple[Callable[[Any], Awaitable[int]], Callable[[Any], Awaitable[None]]]:
-    """The store's renew and release by writer fields. Every store we ship keeps
-    them as ``_renew``/``_release`` (the callbacks its WriterLease objects carry);
-    a store may name them ``renew_writer``/``release_writer`` instead."""
-    renew = getattr(store, "renew_writer", None) or getattr(store, "_renew", None)
-    release = getattr(store, "release_writer", None) or getattr(store, "_release", None)
+    """The store's renew and release by writer fields (``renew_writer`` and
+    ``release_writer``, the callbacks its WriterLease objects carry)."""
+    renew = getattr(store, "renew_writer", None)
+    release = getattr(store, "release_writer", None)
     if renew is None or release is None:
         raise SandboxCheckpointInvalidArgumentError(
             f"{type(store).__name__} cannot renew a lease by its fields "

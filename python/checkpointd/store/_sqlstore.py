@@ -500,11 +500,13 @@ class SqlCheckpointStore:
             fence=record.fence,
             expires_at=record.expires_at,
             renew_after_ms=self._options.renew_after_ms,
-            renew=self._renew,
-            release=self._release,
+            renew=self.renew_writer,
+            release=self.release_writer,
         )
 
-    async def _renew(self, lease: WriterLease) -> int:
+    async def renew_writer(self, lease: WriterLease) -> int:
+        """Extend the lease by its fields (a gateway renews for its clients);
+        returns the new expiry, or raises WriterLost when it is not current."""
         thread_id, token, fence = writer_fields(lease)
 
         async def body(tx: WriteTx) -> int:
@@ -518,7 +520,7 @@ class SqlCheckpointStore:
 
         return await self._write("renew", body)
 
-    async def _release(self, lease: WriterLease) -> None:
+    async def release_writer(self, lease: WriterLease) -> None:
         """Remove the lease's own record and its pins; never raises on a closed store."""
         if self._is_closed():
             return
