@@ -1,6 +1,6 @@
 //! Deltas between manifests: runs of a base's rows to copy and rows to insert.
 
-use super::rows::{bad, row_path, rows, ManifestError};
+use super::rows::{bad, row_end, row_path, rows, ManifestError};
 
 // ------------------------------------------------------------------ deltas
 //
@@ -11,33 +11,149 @@ use super::rows::{bad, row_path, rows, ManifestError};
 // `P row:u32 bytes:u32 <patch>` inserts base row `row` patched (`rowpatch`).
 
 /// The delta from `base` to `new` and how many rows it inserts.
+///
+/// Both are sorted by path (as the scan writes them), and a capture after a
+/// few edits shares nearly every byte with its parent: runs of equal bytes
+/// are compared in blocks and their rows counted by their separators (a
+/// `],["` occurs nowhere else: a `"` inside a JSON string is escaped), so
+/// only the rows around a difference are parsed. There, the row of the
+/// smaller path goes first: a new one is inserted, a base one dropped (the
+/// same path: the new row replaces it). A row found nowhere is inserted, so
+/// the delta rebuilds `new` exactly even from rows in another order (it is
+/// then merely larger).
 pub fn delta(base: &[u8], new: &[u8]) -> Result<(Vec<u8>, usize), ManifestError> {
-    let base_rows = rows(base)?;
-    let new_rows = rows(new)?;
+    let mut b = Cursor::new(base)?;
+    let mut n = Cursor::new(new)?;
+    let separator = memchr::memmem::Finder::new(b"],[\"");
     let mut delta = DeltaWriter::default();
-    // Both are sorted by path (as the scan writes them): one merge finds
-    // each new row's place in the base. A row found nowhere is inserted, so
-    // the delta rebuilds `new` exactly even from rows in another order (it is
-    // then merely larger).
-    let mut at = 0;
-    for row in &new_rows {
-        if base_rows.get(at) != Some(row) {
-            let path = row_path(row)?;
-            while let Some(earlier) = base_rows.get(at) {
-                if row_path(earlier)? >= path {
-                    break;
-                }
-                at += 1;
-            }
+    let mut row = 0u32;
+    loop {
+        let same = common_prefix(b.rest(), n.rest());
+        let (count, length) = b.equal_rows(same, &separator);
+        if count > 0 {
+            delta.copy_run(row, count);
+            row += count;
+            b.advance(length)?;
+            n.advance(length)?;
         }
-        if base_rows.get(at) == Some(row) {
-            delta.copy(at as u32);
-            at += 1;
-        } else {
-            delta.add(row);
+        match (b.done(), n.done()) {
+            (_, true) => break,
+            (true, false) => delta.add(n.take_row()?),
+            (false, false) => {
+                let (old, next) = (b.row()?, n.row()?);
+                match row_path(old)?.cmp(&row_path(next)?) {
+                    std::cmp::Ordering::Less => {
+                        b.take_row()?;
+                        row += 1;
+                    }
+                    std::cmp::Ordering::Equal => {
+                        b.take_row()?;
+                        row += 1;
+                        delta.add(n.take_row()?);
+                    }
+                    std::cmp::Ordering::Greater => delta.add(n.take_row()?),
+                }
+            }
         }
     }
     Ok(delta.finish())
+}
+
+/// The length of the longest common prefix of `a` and `b`: compared in
+/// blocks (a `memcmp` each), then byte by byte in the block that differs.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    const BLOCK: usize = 4096;
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + BLOCK <= n && a[i..i + BLOCK] == b[i..i + BLOCK] {
+        i += BLOCK;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .position(|(x, y)| x != y)
+        .unwrap_or(n - i)
+}
+
+/// A position in a manifest's rows: at a row's start, or at the closing `]`.
+struct Cursor<'a> {
+    data: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn new(data: &'a [u8]) -> Result<Cursor<'a>, ManifestError> {
+        if data.len() < 2 || data[0] != b'[' || data[data.len() - 1] != b']' {
+            return Err(bad(0, "expected a manifest array"));
+        }
+        Ok(Cursor { data, at: 1 })
+    }
+
+    fn end(&self) -> usize {
+        self.data.len() - 1
+    }
+
+    fn done(&self) -> bool {
+        self.at >= self.end()
+    }
+
+    /// The rows from here, without the closing `]`.
+    fn rest(&self) -> &'a [u8] {
+        &self.data[self.at.min(self.end())..self.end()]
+    }
+
+    /// Of the first `same` bytes from here (equal in the other manifest),
+    /// how many whole rows they hold and their length (to the end of the
+    /// last one): a row is whole when its closing `]` is among them.
+    fn equal_rows(&self, same: usize, separator: &memchr::memmem::Finder) -> (u32, usize) {
+        let rest = self.rest();
+        let searched = &rest[..(same + 3).min(rest.len())];
+        let (mut count, mut length) = (0u32, 0usize);
+        for found in separator.find_iter(searched) {
+            if found >= same {
+                break;
+            }
+            count += 1;
+            length = found + 1;
+        }
+        if same == rest.len() && !rest.is_empty() {
+            // The last row, closed right before the manifest's `]`.
+            count += 1;
+            length = rest.len();
+        }
+        (count, length)
+    }
+
+    /// Move past `length` bytes that end a row, and the comma after it.
+    fn advance(&mut self, length: usize) -> Result<(), ManifestError> {
+        self.at += length;
+        self.skip_comma()
+    }
+
+    fn skip_comma(&mut self) -> Result<(), ManifestError> {
+        match self.data.get(self.at) {
+            Some(b',') if self.at < self.end() => {
+                self.at += 1;
+                Ok(())
+            }
+            _ if self.at == self.end() => Ok(()),
+            _ => Err(bad(self.at, "expected ',' or ']' after a row")),
+        }
+    }
+
+    fn row(&self) -> Result<&'a [u8], ManifestError> {
+        if self.data[self.at] != b'[' {
+            return Err(bad(self.at, "expected a row"));
+        }
+        Ok(&self.data[self.at..row_end(self.data, self.at)?])
+    }
+
+    fn take_row(&mut self) -> Result<&'a [u8], ManifestError> {
+        let row = self.row()?;
+        self.at += row.len();
+        self.skip_comma()?;
+        Ok(row)
+    }
 }
 
 /// A delta in [`apply`]'s encoding, written as its rows come: copy runs of

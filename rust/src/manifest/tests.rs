@@ -432,3 +432,58 @@ fn new_files_of_a_delta_are_those_of_the_manifest_it_makes() {
     patch.extend_from_slice(&0u32.to_le_bytes());
     assert_eq!(inserted_rows(&patch).unwrap(), None);
 }
+
+/// Deltas of random edits (rows changed, dropped, added, and rows out of
+/// path order) rebuild the new manifest, and between sorted manifests they
+/// insert exactly the rows the base lacks.
+#[test]
+fn deltas_of_random_edits_rebuild_and_insert_only_new_rows() {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move |n: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % n
+    };
+    let build = |rows: &[(String, u8)]| {
+        let mut w = ManifestWriter::with_capacity(0);
+        for (path, version) in rows {
+            w.file(path.as_str(), &[*version; 32], u64::from(*version), 0o644, 1);
+        }
+        w.finish()
+    };
+    for case in 0..300 {
+        let count = next(60) as usize;
+        let base: Vec<(String, u8)> = (0..count).map(|i| (format!("d/{i:04}"), 1)).collect();
+        let mut new: Vec<(String, u8)> = Vec::new();
+        for (path, version) in &base {
+            match next(10) {
+                0 => {}
+                1 => new.push((path.clone(), version + 1)),
+                2 => {
+                    new.push((path.clone(), *version));
+                    new.push((format!("{path}x"), 3));
+                }
+                _ => new.push((path.clone(), *version)),
+            }
+        }
+        if next(4) == 0 {
+            new.push(("0".into(), 4));
+        }
+        let sorted = case % 5 != 0;
+        if sorted {
+            new.sort();
+        } else if !new.is_empty() {
+            let at = next(new.len() as u64) as usize;
+            let moved = new.remove(at);
+            new.push(moved);
+        }
+        let (old_bytes, new_bytes) = (build(&base), build(&new));
+        let (ops, added) = delta(&old_bytes, &new_bytes).unwrap();
+        assert_eq!(apply(&old_bytes, &ops).unwrap(), new_bytes, "case {case}");
+        if sorted {
+            let lacking = new.iter().filter(|row| !base.contains(row)).count();
+            assert_eq!(added, lacking, "case {case}");
+        }
+    }
+}
