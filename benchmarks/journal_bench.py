@@ -8,7 +8,9 @@ cached under the scratch dir like every corpus), in one session:
 2. a daemon watching the workspace (``--watch``, default inotify): after its
    cold capture (untimed) and the captures that make its journal trusted, a
    warm gRPC client times no-change captures and captures after editing
-   ``--edits`` files (10), with ``entries_examined`` and the append phase;
+   ``--edits`` files (10), with ``entries_examined`` and the append phase
+   (warm: the daemon has made one untimed capture after edits, which reads
+   its head's manifest back from the store);
 3. the same daemon with ``--watch off``: the same two captures, full scans;
 4. a ``--small-files`` corpus (10,000): a capture after one edit, end to end.
 
@@ -136,6 +138,11 @@ async def daemon_series(
         for _ in range(2):
             await asyncio.sleep(1.0)
             await client.capture(THREAD)
+        # One capture after edits, untimed: a daemon reads its head's manifest
+        # back from the store on the first capture that changes something
+        # (at 1,000,000 files about 3 s), once per daemon.
+        edit(daemon.workspace, files, edits, rng)
+        await client.capture(THREAD)
         still = Series(f"{label}: no-change capture")
         edited = Series(f"{label}: capture after {edits} edits")
         for _ in range(runs):
@@ -167,6 +174,11 @@ def with_watch(corpus: Path, base: Path, watch: str) -> Daemon:
     )
 
 
+# Each daemon's peak RSS (MiB) over its whole run, cold capture included,
+# by "<files>/<watch>".
+PEAK_RSS_MIB: dict[str, float] = {}
+
+
 def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Series]:
     corpus = ensure_corpus(
         CorpusSpec("many-small", "many-small", {"files": files}),
@@ -188,6 +200,7 @@ def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Se
                 one = asyncio.run(daemon_series(daemon, args.runs, 1, listed, f"--watch {mode}"))
                 out[f"{mode}/one-edit"] = one[1]
                 one[1].name = f"--watch {mode}: capture after 1 edit"
+            PEAK_RSS_MIB[f"{files}/{mode}"] = daemon.peak_rss_mib() or 0.0
         finally:
             daemon.close()
         for series in out.values():
@@ -254,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
             for n, r in ((args.files, big), (args.small_files, small))
         },
         "ratios": ratios,
+        "peak_rss_mib": PEAK_RSS_MIB,
     }
     name = f"journal-{args.files // 1000}k"
     (RESULTS / f"{name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -261,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     for n, r in ((args.files, big), (args.small_files, small)):
         lines += [f"## {n:,} files", "", "```", *(s.line() for s in r.values()), "```", ""]
     lines += ["## Ratios", "", *(f"- {k}: {v:.3f}" for k, v in ratios.items()), ""]
+    lines += [
+        "## Daemon peak RSS (MiB, cold capture included)",
+        "",
+        *(f"- {k}: {v:.0f}" for k, v in PEAK_RSS_MIB.items()),
+        "",
+    ]
     (RESULTS / f"{name}.md").write_text("\n".join(lines))
     return 0
 
