@@ -2,6 +2,15 @@ use crate::redact::SecretMatch;
 
 use super::*;
 
+/// A manifest of file rows `(path, tag)`: digest `[tag; 32]`, size `tag`.
+fn files<'a>(rows: impl IntoIterator<Item = (&'a str, u8)>) -> Vec<u8> {
+    let mut w = ManifestWriter::with_capacity(0);
+    for (path, tag) in rows {
+        w.file(path, &[tag; 32], u64::from(tag), 0o644, 1);
+    }
+    w.finish()
+}
+
 fn json(text: &str) -> String {
     let mut out = Vec::new();
     write_json_string(&mut out, text);
@@ -46,13 +55,7 @@ fn files_with_digests_search_as_rows_say() {
 /// rows the base lacks; rows out of path order still rebuild it.
 #[test]
 fn a_delta_rebuilds_the_new_manifest_and_inserts_only_new_rows() {
-    let build = |rows: &[(&str, u8)]| {
-        let mut w = ManifestWriter::with_capacity(0);
-        for (name, version) in rows {
-            w.file(*name, &[*version; 32], u64::from(*version), 0o644, 1);
-        }
-        w.finish()
-    };
+    let build = |rows: &[(&str, u8)]| files(rows.iter().copied());
     let base = build(&[("a", 1), ("b", 1), ("c", 1), ("d/e", 1), ("f", 1), ("g", 1)]);
     let cases: [(Vec<(&str, u8)>, usize); 5] = [
         (
@@ -403,13 +406,7 @@ fn new_files_match_digests_differences_and_files_with_digests() {
 /// rows has no bytes for them and says so.
 #[test]
 fn new_files_of_a_delta_are_those_of_the_manifest_it_makes() {
-    let build = |rows: &[(&str, u8)]| {
-        let mut w = ManifestWriter::with_capacity(0);
-        for (name, tag) in rows {
-            w.file(*name, &[*tag; 32], u64::from(*tag), 0o644, 1);
-        }
-        w.finish()
-    };
+    let build = |rows: &[(&str, u8)]| files(rows.iter().copied());
     let base = build(&[("a", 1), ("b", 2), ("c", 3), ("d", 4)]);
     let known: Vec<u8> = digests(&base).unwrap().concat();
     for rows in [
@@ -445,13 +442,7 @@ fn deltas_of_random_edits_rebuild_and_insert_only_new_rows() {
         state ^= state << 17;
         state % n
     };
-    let build = |rows: &[(String, u8)]| {
-        let mut w = ManifestWriter::with_capacity(0);
-        for (path, version) in rows {
-            w.file(path.as_str(), &[*version; 32], u64::from(*version), 0o644, 1);
-        }
-        w.finish()
-    };
+    let build = |rows: &[(String, u8)]| files(rows.iter().map(|(p, v)| (p.as_str(), *v)));
     for case in 0..300 {
         let count = next(60) as usize;
         let base: Vec<(String, u8)> = (0..count).map(|i| (format!("d/{i:04}"), 1)).collect();
