@@ -15,12 +15,18 @@ fn flat(digests: &[[u8; 32]]) -> Vec<u8> {
     digests.concat()
 }
 
-fn split(bytes: &[u8]) -> PyResult<Vec<[u8; 32]>> {
-    if bytes.len() % 32 != 0 {
+/// Each of `lists` is a flat list of 32-byte digests (ValueError if not).
+fn digest_lists(lists: &[&[u8]]) -> PyResult<()> {
+    if lists.iter().any(|list| list.len() % 32 != 0) {
         return Err(PyValueError::new_err(
             "digest list length is not a multiple of 32",
         ));
     }
+    Ok(())
+}
+
+fn split(bytes: &[u8]) -> PyResult<Vec<[u8; 32]>> {
+    digest_lists(&[bytes])?;
     Ok(bytes
         .chunks_exact(32)
         .map(|c| c.try_into().expect("32 bytes"))
@@ -47,11 +53,7 @@ pub fn digest_difference<'py>(
     a: &[u8],
     b: &[u8],
 ) -> PyResult<Bound<'py, PyBytes>> {
-    if a.len() % 32 != 0 || b.len() % 32 != 0 {
-        return Err(PyValueError::new_err(
-            "digest list length is not a multiple of 32",
-        ));
-    }
+    digest_lists(&[a, b])?;
     let out = py.allow_threads(|| core::difference(a, b));
     Ok(PyBytes::new(py, &out))
 }
@@ -84,11 +86,7 @@ pub fn manifest_new_files<'py>(
     known: &[u8],
     fed: &[u8],
 ) -> PyResult<(Bound<'py, PyBytes>, Vec<PyFile>)> {
-    if known.len() % 32 != 0 || fed.len() % 32 != 0 {
-        return Err(PyValueError::new_err(
-            "digest list length is not a multiple of 32",
-        ));
-    }
+    digest_lists(&[known, fed])?;
     let found = py
         .allow_threads(|| core::new_files(data, known, fed))
         .map_err(invalid)?;
@@ -103,11 +101,7 @@ pub fn manifest_delta_new_files<'py>(
     known: &[u8],
     fed: &[u8],
 ) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<PyFile>)>> {
-    if known.len() % 32 != 0 || fed.len() % 32 != 0 {
-        return Err(PyValueError::new_err(
-            "digest list length is not a multiple of 32",
-        ));
-    }
+    digest_lists(&[known, fed])?;
     let found = py
         .allow_threads(|| match core::inserted_rows(ops)? {
             Some(rows) => core::new_files(&rows, known, fed).map(Some),
