@@ -168,12 +168,12 @@ impl BlobFeed {
     }
 
     /// Feed one chunk of a large file (`crate::chunking`): as [`BlobFeed::push`],
-    /// with a quarter of the queue: a large file's chunks come at the speed
-    /// of a sequential read, so a short queue keeps the upload as busy and
-    /// the capture's memory low (a 2 GiB file: 400 MB peak with the whole
-    /// queue, 180 MB with a quarter and large allocations mapped apart).
+    /// with a queue of one batch: a large file's chunks come at the speed of
+    /// a sequential read, so a short queue keeps the upload as busy and the
+    /// capture's memory low (a 2 GiB file: 400 MB peak with the whole queue,
+    /// 180 MB with a quarter of it and large allocations mapped apart).
     pub fn push_chunk(&self, frame: Frame, cancel: &Cancel) {
-        self.push_within(frame, cancel, (self.capacity / 4).max(BATCH_BYTES));
+        self.push_within(frame, cancel, BATCH_BYTES);
     }
 
     fn push_within(&self, frame: Frame, cancel: &Cancel, capacity: usize) {

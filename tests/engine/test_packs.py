@@ -94,6 +94,21 @@ def test_pack_format_round_trips_and_describes_itself() -> None:
         _native.read_pack_trailer(pack[:-1], len(pack) - 1)
 
 
+def test_a_pack_larger_than_one_copy_piece_is_whole_and_in_order() -> None:
+    """A pack of many MiB reaches Python moved piece by piece from its end:
+    every byte in place, and each blob reads back from its offset."""
+    blobs = [os.urandom(700_000) for _ in range(15)]  # about 10 MiB, incompressible
+    writer = _native.PackWriter()
+    placed = writer.add_many([(blake3.blake3(b).hexdigest(), b) for b in blobs])
+    hex_digest, pack, *_columns = writer.finish_with_rows()
+    assert len(pack) > 8 << 20
+    assert hex_digest == blake3.blake3(pack).hexdigest()
+    assert pack[:4] == b"CKPK" and pack[-4:] == b"CKPK"
+    for blob, (offset, length, raw, codec) in zip(blobs, placed, strict=True):
+        item = (blake3.blake3(blob).hexdigest(), offset, length, raw, codec)
+        assert _native.unpack_many(pack[offset : offset + length], offset, [item]) == [blob]
+
+
 # ------------------------------------------------------------- round trips
 
 

@@ -136,8 +136,10 @@ DEFAULT_PACK_THRESHOLD = 1 << 20
 PACK_TARGET_BYTES = 16 << 20
 # Full packs a capture uploads at once while it goes on filling the next one:
 # the bucket's latency overlaps the scan and the compression, and a session holds
-# at most this many packs plus the open one in memory.
+# at most this many packs plus the open one in memory. A local dir writes a pack
+# with one system call and no latency to hide: one at a time (16 MiB less held).
 PACK_UPLOADS = 2
+LOCAL_PACK_UPLOADS = 1
 # Two blobs of one pack whose frames are at most this far apart are read with
 # one ranged GET (the bytes between them are cheaper than a request), up to
 # MAX_RANGE_BYTES per request.
@@ -230,6 +232,7 @@ class PackedBlobStore(BlobStore):
         # pread, so a pack read in a few pieces costs nothing; a bucket pays per
         # GET, so the whole plan is looked up first and each pack read about once.
         self.locate_in_slices = local_dir_of(inner) is not None
+        self.uploads = PACK_UPLOADS if local_dir_of(inner) is None else LOCAL_PACK_UPLOADS
         # A store that serves packs only frame by frame (``_frame_reader``):
         # a read must name the frames it wants (``PackRead.rows``).
         self.reads_by_frame = _frame_reader(inner) is not None
@@ -469,7 +472,7 @@ class PackSession(BlobStore):
         self._open = _OpenPack(_native.PackWriter())
         self._adding = asyncio.Lock()  # one add at a time on the open writer
         self._uploads: set[asyncio.Task[None]] = set()  # packs uploading (``_start_upload``)
-        self._upload_slots = asyncio.Semaphore(PACK_UPLOADS)
+        self._upload_slots = asyncio.Semaphore(packed.uploads)
         self._abandoned = False
 
     async def put(
@@ -667,7 +670,7 @@ class PackSession(BlobStore):
         )
 
     async def _start_upload(self, pack: _OpenPack) -> None:
-        """Upload ``pack`` in the background, once fewer than PACK_UPLOADS are
+        """Upload ``pack`` in the background, once fewer than ``packed.uploads`` are
         in flight; ``flush`` waits for it and raises what it raised."""
         await self._upload_slots.acquire()
         if self._abandoned:

@@ -5,6 +5,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
+use super::bytes::moved_into_bytes;
 use crate::manifest::{self as core, ManifestError};
 
 fn invalid(e: ManifestError) -> PyErr {
@@ -165,7 +166,7 @@ pub fn manifest_apply<'py>(
             core::apply_chain(base, &chain)
         })
         .map_err(invalid)?;
-    Ok(PyBytes::new(py, &out))
+    moved_into_bytes(py, out)
 }
 
 /// See `_native.pyi`.

@@ -3,6 +3,7 @@
 
 mod args;
 mod blobdir;
+mod bytes;
 mod cancel;
 mod chunk;
 mod errors;

@@ -11,6 +11,7 @@ use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
+use super::bytes::moved_into_bytes;
 use super::errors::to_py;
 use super::feed::FedBatch;
 use crate::hash::{self, from_hex, to_hex, DigestBuild};
@@ -150,7 +151,7 @@ impl PyPackWriter {
             let bytes = builder.finish();
             (blake3::hash(&bytes).to_hex().to_string(), bytes)
         });
-        Ok((hex, PyBytes::new(py, &bytes)))
+        Ok((hex, moved_into_bytes(py, bytes)?))
     }
 
     /// ``finish`` and the pack's index rows as columns (``crate::pack::index_columns``):
@@ -182,7 +183,7 @@ impl PyPackWriter {
         let (digests, offsets, lengths, raw_sizes, codecs) = columns_to_py(py, &columns);
         Ok((
             hex,
-            PyBytes::new(py, &bytes),
+            moved_into_bytes(py, bytes)?,
             digests,
             offsets,
             lengths,

@@ -11,6 +11,7 @@ use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
 use super::args;
+use super::bytes::moved_into_bytes;
 use super::cancel::CancelToken;
 use super::errors::to_py;
 use crate::cancel::Cancel;
@@ -131,11 +132,19 @@ impl RestoreSession {
     /// The live tree the scan saw (``keep_live``): ``(manifest, entries,
     /// files, file_bytes, files_with_secrets)``, once; None after that or
     /// without ``keep_live``.
-    fn take_live<'py>(&self, py: Python<'py>) -> Option<LiveTuple<'py>> {
+    fn take_live<'py>(&self, py: Python<'py>) -> PyResult<Option<LiveTuple<'py>>> {
         let taken = self.live.lock().unwrap_or_else(|e| e.into_inner()).take();
-        taken.map(|(rows, entries, files, bytes, with_secrets)| {
-            (PyBytes::new(py, &rows), entries, files, bytes, with_secrets)
-        })
+        taken
+            .map(|(rows, entries, files, bytes, with_secrets)| {
+                Ok((
+                    moved_into_bytes(py, rows)?,
+                    entries,
+                    files,
+                    bytes,
+                    with_secrets,
+                ))
+            })
+            .transpose()
     }
 
     /// The distinct blobs to fetch: (64-hex digest, size), in first-use order.

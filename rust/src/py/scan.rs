@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::args;
+use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use super::feed::PyBlobFeed;
@@ -123,20 +124,13 @@ impl core::ManifestBuffer for PyBytesBuffer {
     }
 
     fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
-        let size = pyo3::ffi::Py_ssize_t::try_from(len)
-            .map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
         let (object, data) = Python::with_gil(|py| {
-            // SAFETY: a new bytes object of `size` bytes (left uninitialised
-            // by the NULL source: the scan writes every byte), owned here.
-            let raw = unsafe { pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size) };
-            if raw.is_null() {
-                drop(PyErr::take(py));
-                return Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
-            }
-            // SAFETY: `raw` is a bytes object; its buffer lives as long as it does.
-            let data = unsafe { pyo3::ffi::PyBytes_AsString(raw) }.cast::<u8>();
-            // SAFETY: `raw` is a new (owned) reference.
-            Ok((unsafe { Py::<PyBytes>::from_owned_ptr(py, raw) }, data))
+            uninit_bytes(py, len)
+                .map(|(bytes, data)| (bytes.unbind(), data))
+                .map_err(|error| {
+                    drop(error);
+                    std::io::Error::from(std::io::ErrorKind::OutOfMemory)
+                })
         })?;
         self.object = Some(object);
         // SAFETY: the buffer of the bytes object held in `self.object` (alive
@@ -176,7 +170,7 @@ fn to_result(
     policy_warnings: Vec<(&'static str, String, String)>,
 ) -> PyResult<ScanResult> {
     let Scanned {
-        out,
+        mut out,
         mode,
         fallback,
         examined,
@@ -199,7 +193,7 @@ fn to_result(
         same_as_previous: manifest.kept_previous,
         manifest: match manifest.object {
             Some(object) => object,
-            None => PyBytes::new(py, &out.manifest).unbind(),
+            None => moved_into_bytes(py, std::mem::take(&mut out.manifest))?.unbind(),
         },
         digests: PyBytes::new(py, &out.digests).unbind(),
         file_count: out.file_count,
