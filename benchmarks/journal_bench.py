@@ -12,7 +12,8 @@ cached under the scratch dir like every corpus), in one session:
    (warm: the daemon has made one untimed capture after edits, which reads
    its head's manifest back from the store);
 3. the same daemon with ``--watch off``: the same two captures, full scans;
-4. a ``--small-files`` corpus (10,000): a capture after one edit, end to end.
+4. a ``--small-files`` corpus (10,000): a capture after one edit, end to end,
+   once the large corpus's load has settled (``settle``).
 
 Reported: medians and minimums, every ratio against ``git status`` (and
 "watching off: 10 edits / no change") from this run, and the answers are
@@ -179,6 +180,24 @@ def with_watch(corpus: Path, base: Path, watch: str) -> Daemon:
 PEAK_RSS_MIB: dict[str, float] = {}
 
 
+# After the large corpus: its daemons' exit and its page cache's writeback
+# load the machine for a while; the small corpus's milliseconds wait for it.
+SETTLE_LOAD, SETTLE_MAX_S = 1.0, 120.0
+
+
+def settle() -> None:
+    """Flush dirty pages, then wait until the 1-minute load average is below
+    SETTLE_LOAD (at most SETTLE_MAX_S), and say how long that took."""
+    started = time.perf_counter()
+    os.sync()
+    while os.getloadavg()[0] >= SETTLE_LOAD and time.perf_counter() - started < SETTLE_MAX_S:
+        time.sleep(2.0)
+    print(
+        f"   settled {time.perf_counter() - started:.0f} s (load {os.getloadavg()[0]:.2f})",
+        flush=True,
+    )
+
+
 def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Series]:
     corpus = ensure_corpus(
         CorpusSpec("many-small", "many-small", {"files": files}),
@@ -228,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"native build: {build.get('profile')} ({build.get('how')}); git {shutil.which('git')}")
     big = run_corpus(args, args.files, args.watch)
+    settle()
     small = run_corpus(args, args.small_files, args.watch)
     w = args.watch
     git = big["git"].median
