@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import validation
+from ..capture import CaptureOptions, capture_checkpoint
 from ..errors import SandboxCheckpointInvalidArgumentError, SandboxCheckpointWriterConflictError
 from ..ids import new_uuid7
 from ..model import Artifact, Checkpoint
@@ -129,8 +130,6 @@ class CaptureRpcs(RpcGroup):
     async def Capture(
         self, request: pb.CaptureRequest, context: Context
     ) -> AsyncIterator[pb.CaptureEvent]:
-        from ..capture import CaptureOptions, capture_checkpoint
-
         store, blobs = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
         # Validated here for an early error; the engine opens it by fd.
