@@ -28,9 +28,9 @@ pub use stat::{
     judge_mount_point, lstat_at, lstat_links_at, lstat_path, mount_id, readlink_at, stat_entry,
 };
 pub use write::{
-    create_file_at, create_file_mode_at, current_umask, fchmod, mkdir_at, open_dir_at,
-    open_dir_beneath_same_mount, open_leaf_at, open_subdir, rename_at, rmdir_at, set_mtime,
-    symlink_at, syncfs, unlink_at,
+    create_file_at, create_file_mode_at, current_umask, fchmod, mark_top_of_hierarchy, mkdir_at,
+    open_dir_at, open_dir_beneath_same_mount, open_leaf_at, open_subdir, rename_at, rmdir_at,
+    set_mtime, symlink_at, syncfs, unlink_at,
 };
 
 /// The stat fields the scanner uses.

@@ -175,3 +175,27 @@ fn filesystem_clock_moves_forward_and_leaves_nothing() {
     assert!(second >= first);
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+#[test]
+fn a_directory_marked_top_of_hierarchy_keeps_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let fd = open_dir_path(dir.path()).unwrap();
+    match mark_top_of_hierarchy(fd.as_raw_fd()) {
+        Ok(()) => {
+            let mut flags: libc::c_int = 0;
+            // SAFETY: valid fd; the kernel writes one int.
+            assert_eq!(
+                unsafe { libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) },
+                0
+            );
+            assert_ne!(flags & super::write::TOPDIR_FLAG, 0, "flags {flags:#x}");
+            // Marking it again changes nothing and is no error.
+            mark_top_of_hierarchy(fd.as_raw_fd()).unwrap();
+        }
+        // A filesystem without the flag (tmpfs) refuses it, and that is all.
+        Err(e) => assert!(
+            matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EOPNOTSUPP)),
+            "{e}"
+        ),
+    }
+}

@@ -101,6 +101,27 @@ pub fn mkdir_at(dir: RawFd, name: &CStr, mode: libc::mode_t) -> io::Result<()> {
     check(unsafe { libc::mkdirat(dir, name.as_ptr(), mode) }).map(drop)
 }
 
+/// `FS_TOPDIR_FL`: the directory is the top of a hierarchy of its own.
+pub(super) const TOPDIR_FLAG: libc::c_int = 0x0002_0000;
+
+/// Mark the directory `fd` as the top of a hierarchy of its own
+/// (`FS_TOPDIR_FL`), so ext2/3/4 place each directory made in it, and the
+/// inodes of the files made there, in a block group of its own (the Orlov
+/// spread it gives top-level directories) rather than beside its parent's.
+/// A filesystem without the flag refuses it (ENOTTY, EOPNOTSUPP): nothing
+/// depends on it but speed.
+pub fn mark_top_of_hierarchy(fd: RawFd) -> io::Result<()> {
+    let mut flags: libc::c_int = 0;
+    // SAFETY: valid fd; the kernel reads and writes one int through the pointer.
+    check(unsafe { libc::ioctl(fd, libc::FS_IOC_GETFLAGS, &mut flags) })?;
+    if flags & TOPDIR_FLAG != 0 {
+        return Ok(());
+    }
+    flags |= TOPDIR_FLAG;
+    // SAFETY: as above.
+    check(unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) }).map(drop)
+}
+
 pub fn unlink_at(dir: RawFd, name: &CStr) -> io::Result<()> {
     // SAFETY: valid fd and C string.
     check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) }).map(drop)

@@ -337,7 +337,13 @@ impl Restore {
         let Some((parent_fd, leaf)) = self.reach_parent(dirs, path)? else {
             return Ok(());
         };
-        if !self.rename_in(parent_fd, &flat_name(index), &leaf, path)? {
+        if !self.rename_from(
+            self.flat_dir(index),
+            &flat_name(index),
+            parent_fd,
+            &leaf,
+            path,
+        )? {
             return Ok(());
         }
         self.count_written([entry.size]);

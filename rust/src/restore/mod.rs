@@ -440,6 +440,9 @@ pub struct Restore {
     /// `staging/t`: the new directories of the plan, made and filled by
     /// staging, the empty ones at the start of apply.
     tree: OwnedFd,
+    /// `staging/f0`..: the flat files, write `i` in `flat[i % len]`, so the
+    /// threads that create them seldom wait for one directory's lock.
+    flat: Vec<OwnedFd>,
     dests: Vec<Dest>,
     /// The directories the workspace lacks whose parent it has (or that are
     /// top-level): each moves in from staging's tree with one rename.
@@ -539,20 +542,53 @@ fn remove_leftovers(ws: &Workspace) -> Result<Vec<Vec<u8>>, RestoreError> {
     Ok(skipped)
 }
 
-/// A fresh private staging directory at the top of the root (its name, its
-/// fd) and its empty tree `t` (the plan's new directories are made there).
-fn make_staging(ws: &Workspace) -> Result<(CString, OwnedFd, OwnedFd), RestoreError> {
-    let staging_name = CString::new(format!("{STAGING_PREFIX}{}", random_token())).expect("no NUL");
-    let shown = ws.shown(staging_name.to_bytes());
-    fs::mkdir_at(ws.fd.as_raw_fd(), &staging_name, 0o700)
+/// A fresh private staging directory at the top of the root.
+struct Staging {
+    name: CString,
+    fd: OwnedFd,
+    /// Its empty tree `t` (the plan's new directories are made there).
+    tree: OwnedFd,
+    /// Its directories of flat files, `f0` to `f{FLAT_DIRS - 1}`.
+    flat: Vec<OwnedFd>,
+}
+
+/// How many directories the flat files are spread over: creating a file
+/// holds its directory's lock (on ext4 without a journal, for as long as its
+/// search for an inode not freed in the last minute takes), so in one
+/// directory the staging threads would take turns.
+const FLAT_DIRS: usize = 16;
+
+fn make_staging(ws: &Workspace) -> Result<Staging, RestoreError> {
+    let name = CString::new(format!("{STAGING_PREFIX}{}", random_token())).expect("no NUL");
+    let shown = ws.shown(name.to_bytes());
+    fs::mkdir_at(ws.fd.as_raw_fd(), &name, 0o700)
         .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
-    let staging = fs::open_dir_at(ws.fd.as_raw_fd(), &staging_name)
+    let fd = fs::open_dir_at(ws.fd.as_raw_fd(), &name)
         .map_err(|e| RestoreError::io(shown.clone(), "open", e))?;
-    fs::mkdir_at(staging.as_raw_fd(), TREE, 0o700)
-        .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
-    let tree = fs::open_dir_at(staging.as_raw_fd(), TREE)
-        .map_err(|e| RestoreError::io(shown, "open", e))?;
-    Ok((staging_name, staging, tree))
+    // Where the files a restore replaces were staged, ext4 without a journal
+    // keeps their freed inodes from reuse for a minute, and every file made
+    // beside them searches past them all: staging's directories are placed
+    // in block groups of their own instead (any error: placed as usual).
+    let _ = fs::mark_top_of_hierarchy(fd.as_raw_fd());
+    let subdir = |sub: &CStr| {
+        fs::mkdir_at(fd.as_raw_fd(), sub, 0o700)
+            .and_then(|()| fs::open_dir_at(fd.as_raw_fd(), sub))
+            .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))
+    };
+    let tree = subdir(TREE)?;
+    let flat = (0..FLAT_DIRS)
+        .map(|shard| subdir(&flat_dir_name(shard)))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Staging {
+        name,
+        fd,
+        tree,
+        flat,
+    })
+}
+
+fn flat_dir_name(shard: usize) -> CString {
+    CString::new(format!("f{shard}")).expect("no NUL")
 }
 
 /// Where each write is prepared: the new roots (directories the workspace
@@ -644,7 +680,7 @@ impl Restore {
         record: bool,
     ) -> Result<Restore, RestoreError> {
         let skipped = remove_leftovers(&ws)?;
-        let (staging_name, staging, tree) = make_staging(&ws)?;
+        let staging = make_staging(&ws)?;
         let (new_roots, tree_dirs, dests) = staging_layout(&plan);
         let (blobs, next_use) = blob_uses(&plan);
         let threads = std::thread::available_parallelism()
@@ -659,9 +695,10 @@ impl Restore {
             next_use,
             ws,
             plan,
-            staging_name,
-            staging,
-            tree,
+            staging_name: staging.name,
+            staging: staging.fd,
+            tree: staging.tree,
+            flat: staging.flat,
             dests,
             new_roots,
             tree_dirs,
@@ -688,6 +725,19 @@ impl Restore {
         let mut prefix = self.staging_name.to_bytes().to_vec();
         prefix.extend_from_slice(b"/t");
         prefix
+    }
+
+    /// The directory write `index` is staged in when it is flat.
+    fn flat_dir(&self, index: usize) -> RawFd {
+        self.flat[index % self.flat.len()].as_raw_fd()
+    }
+
+    /// Where flat write `index` is staged, for messages.
+    fn shown_flat(&self, index: usize) -> String {
+        let mut rel = flat_dir_name(index % self.flat.len()).into_bytes();
+        rel.push(b'/');
+        rel.extend_from_slice(flat_name(index).to_bytes());
+        self.shown_staging(&CString::new(rel).expect("no NUL"))
     }
 
     fn shown_staging(&self, name: &CStr) -> String {

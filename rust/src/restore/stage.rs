@@ -225,7 +225,7 @@ impl Restore {
 
     fn shown_prepared(&self, index: usize) -> String {
         match self.dests[index] {
-            Dest::Flat => self.shown_staging(&flat_name(index)),
+            Dest::Flat => self.shown_flat(index),
             Dest::Tree => {
                 let mut rel = self.tree_prefix();
                 rel.push(b'/');
@@ -280,7 +280,7 @@ impl Restore {
             let mode = self.plan.writes[index].mode & 0o777;
             let fd = match self.dests[index] {
                 Dest::Flat => {
-                    fs::create_file_mode_at(self.staging.as_raw_fd(), &flat_name(index), mode)
+                    fs::create_file_mode_at(self.flat_dir(index), &flat_name(index), mode)
                 }
                 Dest::Tree => {
                     let (parent, leaf) = split_parent(self.plan.writes[index].path.as_bytes());
