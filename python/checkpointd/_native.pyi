@@ -462,6 +462,8 @@ def manifest_apply(base: bytes, chain: list[bytes]) -> bytes:
 
 # Top-level names reserved for a restore's staging (never captured, never deleted).
 STAGING_PREFIX: str
+# What the chunk cache's name adds to its stat cache's (the two go together).
+CHUNK_CACHE_SUFFIX: str
 
 class InvalidBlob(ValueError):
     """A blob is not what the checkpoint records; ``args`` = (64-hex digest, reason)."""

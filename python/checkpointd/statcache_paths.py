@@ -27,6 +27,7 @@ from pathlib import Path
 
 import blake3
 
+from . import _native
 from .errors import SandboxCheckpointInvalidArgumentError
 
 DEFAULT_DATA_DIR = "~/.local/state/checkpointd"
@@ -81,30 +82,40 @@ class PendingStatCache:
     of the live cache (``live``) until the scan saves, which replaces the link
     by a new file; ``commit`` makes it the live cache once the checkpoint is
     committed, ``discard`` drops it (a failed capture: the live cache stays as
-    it was). A killed capture leaves its file behind; the next one removes it
-    (each is named by the process that made it)."""
+    it was). The chunk cache beside each (its name plus
+    ``CHUNK_CACHE_SUFFIX``) goes with it. A killed capture leaves its files
+    behind; the next one removes them (each is named by the process that made
+    it)."""
 
     def __init__(self, live: str) -> None:
         self.live = live
         self.path = f"{live}{_PENDING}{os.getpid()}-{uuid.uuid4().hex[:12]}"
         _remove_orphans(live)
-        with contextlib.suppress(FileNotFoundError):  # no live cache yet: start empty
-            os.link(live, self.path)
+        for pending, current in self._pairs():
+            with contextlib.suppress(FileNotFoundError):  # none yet: the scan starts empty
+                os.link(current, pending)
+
+    def _pairs(self) -> tuple[tuple[str, str], ...]:
+        """(pending, live) for the stat cache and for its chunk cache."""
+        suffix = _native.CHUNK_CACHE_SUFFIX
+        return ((self.path, self.live), (self.path + suffix, self.live + suffix))
 
     def commit(self) -> None:
-        """Make the scan's cache the live one (a no-op when the scan saved
-        nothing: the pending file is then the live one, linked)."""
+        """Make the scan's caches the live ones (a no-op for one the scan did
+        not save: its pending file is then the live one, linked)."""
         try:
-            if not _same_file(self.path, self.live):
-                os.replace(self.path, self.live)
-        except FileNotFoundError:
-            pass  # the scan wrote none (or an orphan sweep took it): the live one stands
+            for pending, current in self._pairs():
+                with contextlib.suppress(FileNotFoundError):
+                    # (None written, or an orphan sweep took it: the live one stands.)
+                    if not _same_file(pending, current):
+                        os.replace(pending, current)
         finally:
             self.discard()
 
     def discard(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        for pending, _current in self._pairs():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(pending)
 
 
 _PENDING = ".pending-"

@@ -218,10 +218,13 @@ pub fn mix_key(key: [u8; 32], params: Option<&ChunkParams>) -> [u8; 32] {
     }
 }
 
+/// What the chunk cache's name adds to its stat cache's.
+pub const CACHE_SUFFIX: &str = ".chunks";
+
 /// The chunk cache beside a stat cache.
 pub fn list_path(cache_path: &Path) -> PathBuf {
     let mut name = cache_path.as_os_str().to_owned();
-    name.push(".chunks");
+    name.push(CACHE_SUFFIX);
     PathBuf::from(name)
 }
 

@@ -26,6 +26,8 @@ from checkpointd.service.convert import entry_to_proto
 from checkpointd.store import open_store
 from checkpointd.store.base import CheckpointStore
 
+from .conftest import settle_before_record, write_tree
+
 MIN, AVG, MAX = 16 << 10, 64 << 10, 256 << 10
 MIB = 1 << 20
 
@@ -207,6 +209,38 @@ async def test_a_warm_cache_into_an_empty_store_uploads_what_the_store_lacks(
         assert again.stats.bytes_uploaded == 5 * MIB
         await restore_checkpoint(out, two, other, "t", RestoreOptions(data_dir=tmp_path / "d2"))
     assert (out / "big").read_bytes() == (ws / "big").read_bytes()
+
+
+async def test_a_chunked_file_the_stat_cache_vouches_for_is_not_read_again(
+    chunked, tmp_path: Path, store, bucket
+) -> None:
+    """The chunk cache is committed with the stat cache: the next capture
+    takes the file's hash and chunk list without reading it, and a capture
+    leaves no pending cache behind."""
+    ws, data = tmp_path / "ws", tmp_path / "data"
+    write_tree(ws, {"big": noise(5 * MIB, 41)})
+    first = await capture(ws, store, bucket, data)
+    assert first.stats.files_hashed == 1
+    again = await capture(ws, store, bucket, data)
+    assert (again.stats.files_hashed, again.stats.files_reused) == (0, 1)
+    assert entry_of(again, "big").chunks == entry_of(first, "big").chunks
+    names = sorted(p.name for p in data.rglob("*") if p.is_file() and "pending" in p.name)
+    assert names == []
+
+
+async def test_a_restored_chunked_file_is_not_read_by_the_next_capture(
+    chunked, tmp_path: Path, store, bucket
+) -> None:
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    write_tree(ws, {"big": noise(5 * MIB, 43)})
+    first = await capture(ws, store, bucket, tmp_path / "data")
+    options = RestoreOptions(data_dir=tmp_path / "d2", progress=settle_before_record)
+    await restore_checkpoint(out, store, bucket, "t", options)
+    again = await capture_checkpoint(
+        out, store, bucket, "t2", CaptureOptions(data_dir=tmp_path / "d2")
+    )
+    assert (again.stats.files_hashed, again.stats.files_reused) == (0, 1)
+    assert entry_of(again, "big").chunks == entry_of(first, "big").chunks
 
 
 def _one_pack(tmp_path: Path) -> Path:

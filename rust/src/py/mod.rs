@@ -51,6 +51,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<pack::DigestSet>()?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;
     m.add("STAGING_PREFIX", crate::restore::STAGING_PREFIX)?;
+    m.add("CHUNK_CACHE_SUFFIX", crate::chunking::CACHE_SUFFIX)?;
     m.add("MIN_SECRET_LEN", crate::redact::MIN_SECRET_LEN)?;
     m.add(
         "DEFAULT_EXCLUDES",
