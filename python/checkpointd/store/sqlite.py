@@ -61,9 +61,11 @@ from .base import (
 )
 
 # Contents of recently appended or read checkpoints kept per store object, so the
-# next append of a thread makes its delta without reading its parent back. A
-# 100k-entry content is ~30 MB of Python lists: keep few.
-RECENT_CONTENTS = 2
+# next append of a thread makes its delta without reading its parent back, and a
+# restore, its stash and an undo find the checkpoints they go between (a head,
+# its target, the stash's head) without inflating them again. A 100k-entry
+# manifest is ~17 MB; RECENT_CONTENTS_BUDGET bounds the bytes whatever the count.
+RECENT_CONTENTS = 4
 # An append that leaves a WAL of more than this copies it into the database right
 # away (a passive checkpoint, which never waits for a reader; see
 # ``_sqlite_db.WAL_KEPT_BYTES``).
