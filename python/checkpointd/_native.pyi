@@ -570,6 +570,12 @@ class RestoreSession:
     def feed_range(self, handle: int, chunk: bytes) -> tuple[int, int]:
         """The read's next bytes: frames completed by them are decoded, verified
         and staged; (blobs, bytes) staged. Raises InvalidBlob."""
+    def stage_range_from(
+        self, handle: int, fd: int, span: tuple[int, int], piece: int
+    ) -> tuple[int, int]:
+        """A whole planned read from ``fd`` (a pack file), ``span`` (start,
+        end) read ``piece`` bytes at a time and staged natively; (blobs, bytes)
+        staged. Raises OSError, InvalidBlob."""
     def end_range(self, handle: int, discard: bool = False) -> None:
         """The read ended: InvalidBlob for a frame it did not hold whole."""
     def begin_blob(self, digest: str, size: int) -> None:

@@ -13,11 +13,18 @@ records INVALID_BLOB: the workspace is then unchanged.
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from . import _native
 from ._engine import PhaseReporter, run_bounded, run_in_thread
-from .blobs.base import BlobCorruptError, BlobNotFoundError, BlobStore, get_many
+from .blobs.base import (
+    BlobCorruptError,
+    BlobNotFoundError,
+    BlobStore,
+    BlobStoreError,
+    get_many,
+)
 from .blobs.packs import MAX_RANGE_BYTES, PACK_KEY_PREFIX, PackedBlobStore, PackRead
 from .errors import INVALID_BLOB, MISSING_BLOB, SandboxSnapshotError
 from .model import FILE_KEY_PREFIX
@@ -271,9 +278,21 @@ async def _fetch_pack_read(
     *,
     again: bool = True,
 ) -> None:
-    """Stream one ranged read of a pack into staging. A pack gone from the
-    bucket is looked up once more (``again``, ``_fetch_moved``)."""
+    """Stream one ranged read of a pack into staging (from a local dir, read
+    natively in one worker-thread trip: ``_stage_local_read``). A pack gone
+    from the bucket is looked up once more (``again``, ``_fetch_moved``)."""
     read_id, read = planned
+    try:
+        if await _stage_local_read(blobs, session, reporter, planned):
+            return
+    except BlobNotFoundError:
+        if not again:
+            raise _missing_blob(blobs, _first_key(session, read_id), read.pack) from None
+        await _fetch_moved(blobs, session, reporter, read.pack, [read_id])
+        return
+    except _native.InvalidBlob as error:
+        digest, reason = error.args
+        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
     session.begin_range(read_id)
     finished = False
     try:
@@ -299,6 +318,33 @@ async def _fetch_pack_read(
     finally:
         if not finished:
             session.end_range(read_id, discard=True)
+
+
+async def _stage_local_read(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    planned: _Planned,
+) -> bool:
+    """Stage ``planned`` from its pack file when the store is a local dir:
+    the native session reads it a FETCH_CHUNK_BYTES piece at a time into one
+    buffer (no ``bytes`` per piece, no trip through Python). False for any
+    other store. Raises BlobNotFoundError, BlobStoreError, InvalidBlob."""
+    read_id, read = planned
+    fd = await run_in_thread(functools.partial(blobs.open_pack, read.pack))
+    if fd is None:
+        return False
+    try:
+        stage = functools.partial(
+            session.stage_range_from, read_id, fd, (read.start, read.end), FETCH_CHUNK_BYTES
+        )
+        files, nbytes = await run_in_thread(stage)
+    except OSError as error:
+        raise BlobStoreError(f"cannot read pack {read.pack} from {blobs.url}: {error}") from error
+    finally:
+        os.close(fd)
+    reporter.advance(files=files, nbytes=nbytes)
+    return True
 
 
 def _first_key(session: _native.RestoreSession, read_id: int) -> str:

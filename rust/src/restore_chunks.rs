@@ -208,13 +208,24 @@ impl Assembly {
     /// The chunks still missing, concatenated digests, and their bytes.
     pub fn missing(&self) -> (Vec<u8>, u64) {
         let staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
+        // In the order of the first place each fills (file by file, chunk by
+        // chunk): the order a capture packed them in, so a slice of the list
+        // lies in few packs, side by side, and is read in a few long reads.
+        let mut wanted: Vec<(u32, u64, &[u8; 32], u32)> = self
+            .places
+            .iter()
+            .filter(|(digest, _)| !staged.contains(*digest))
+            .filter_map(|(digest, (len, places))| {
+                let &(target, offset) = places.iter().min()?;
+                Some((target, offset, digest, *len))
+            })
+            .collect();
+        wanted.sort_unstable();
+        let mut out = Vec::with_capacity(wanted.len() * 32);
         let mut bytes = 0;
-        for (digest, (len, _)) in &self.places {
-            if !staged.contains(digest) {
-                out.extend_from_slice(digest);
-                bytes += u64::from(*len);
-            }
+        for (_target, _offset, digest, len) in wanted {
+            out.extend_from_slice(digest);
+            bytes += u64::from(len);
         }
         (out, bytes)
     }

@@ -280,6 +280,35 @@ async def test_a_damaged_chunk_fails_the_restore_and_changes_nothing(
     assert not [p for p in ws.iterdir() if p.name.startswith(".checkpointd")]
 
 
+@pytest.mark.parametrize("damage", ["truncated", "missing"])
+async def test_a_long_pack_read_from_a_local_dir_fails_whole_on_a_damaged_pack(
+    chunked, tmp_path: Path, store, bucket, damage: str
+) -> None:
+    """A file's chunks lie side by side in one pack, read in one long read
+    (natively, from a blob directory): a pack cut short names a chunk it
+    lacks, a pack gone names a chunk too, and the target is left as it was."""
+    ws, out = tmp_path / "ws", tmp_path / "out"
+    ws.mkdir()
+    (ws / "big").write_bytes(noise(6 * MIB, 71))
+    first = await capture(ws, store, bucket, tmp_path / "data")
+    pack = _one_pack(tmp_path)
+    if damage == "missing":
+        pack.unlink()
+    else:
+        os.truncate(pack, pack.stat().st_size // 2)
+    out.mkdir()
+    (out / "mine").write_bytes(b"keep me")
+    with pytest.raises(SandboxSnapshotError) as raised:
+        await restore_checkpoint(out, store, bucket, "t", RestoreOptions(data_dir=tmp_path / "d2"))
+    code = {
+        "truncated": "SANDBOX_SNAPSHOT_INVALID_BLOB",
+        "missing": "SANDBOX_SNAPSHOT_MISSING_BLOB",
+    }
+    assert raised.value.code == code[damage], raised.value
+    assert raised.value.details["key"] in chunk_keys(entry_of(first, "big"))
+    assert sorted(p.name for p in out.iterdir()) == ["mine"]
+
+
 async def test_chunked_and_whole_checkpoints_both_stay_readable(
     tmp_path: Path, store, bucket
 ) -> None:

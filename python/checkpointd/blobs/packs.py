@@ -342,6 +342,21 @@ class PackedBlobStore(BlobStore):
 
         return await _gather_bounded(list(reads), one)
 
+    def open_pack(self, pack: str) -> int | None:
+        """A read-only descriptor of ``pack`` when it is a file in a local
+        directory, for the restore to read natively (the caller closes it);
+        None for any other store. Raises BlobNotFoundError (its ``pack``
+        set) when the pack is gone, BlobStoreError."""
+        local = local_dir_of(self.inner)
+        if local is None:
+            return None
+        try:
+            return local.open_for_reading(pack)
+        except BlobNotFoundError:
+            error = BlobNotFoundError(pack)
+            error.pack = pack  # type: ignore[attr-defined]
+            raise error from None
+
     async def stream_pack_read(
         self, read: PackRead, chunk_size: int = 1 << 20
     ) -> AsyncIterator[bytes]:

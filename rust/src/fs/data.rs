@@ -73,6 +73,36 @@ fn all_zero(bytes: &[u8]) -> bool {
     whole && words.remainder().iter().all(|&b| b == 0)
 }
 
+/// `pread` into `buf` from `offset` until it is full or the file ends
+/// (retrying short reads and EINTR); returns the bytes read.
+pub fn read_full_at(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        let rest = &mut buf[got..];
+        // SAFETY: `rest` is a live, writable slice; pread writes at most its length.
+        let n = unsafe {
+            libc::pread(
+                fd,
+                rest.as_mut_ptr().cast(),
+                rest.len(),
+                (offset + got as u64) as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            break;
+        }
+        got += n as usize;
+    }
+    Ok(got)
+}
+
 /// `pwrite` all of `data` at `offset` (retrying short writes and EINTR).
 fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     while !data.is_empty() {

@@ -20,7 +20,9 @@ mod tests;
 use std::ffi::CString;
 use std::io;
 
-pub use data::{copy_fd, seek_extent, set_len, write_all, write_sparse_at, HOLE_BLOCK};
+pub use data::{
+    copy_fd, read_full_at, seek_extent, set_len, write_all, write_sparse_at, HOLE_BLOCK,
+};
 pub use dir::{DirReader, DirentType};
 pub use open::{open_beneath, open_dir_path, open_to_read, DIR_FLAGS, READ_FLAGS};
 pub use stat::{

@@ -443,6 +443,52 @@ impl RestoreSession {
         result.map_err(to_py)
     }
 
+    /// A whole planned read from `fd` (a blob directory's pack file), read
+    /// `span` (start, end) a piece of `piece` bytes at a time into one buffer
+    /// and staged as ``feed_range`` stages, without a trip through Python
+    /// per piece, then ended as ``end_range`` ends it. Returns (blobs, bytes)
+    /// staged; OSError when the pack cannot be read, InvalidBlob as
+    /// ``feed_range`` and ``end_range`` raise it.
+    fn stage_range_from(
+        &self,
+        py: Python<'_>,
+        handle: u64,
+        fd: i32,
+        span: (u64, u64),
+        piece: usize,
+    ) -> PyResult<(u64, u64)> {
+        let mut stager = RangeStager::new(self.planned(handle)?);
+        let inner = self.inner()?;
+        let cancel = &self.cancel;
+        let staged = py.allow_threads(|| {
+            let (start, end) = span;
+            let mut buffer = vec![0u8; piece.clamp(1, 16 << 20)];
+            // (A read of empty blobs only has no bytes: fed nothing once.)
+            let mut staged = match start < end {
+                true => (0, 0),
+                false => stager.feed(inner, &[], cancel).map_err(to_py)?,
+            };
+            let mut at = start;
+            while at < end {
+                let want = buffer.len().min((end - at) as usize);
+                let got = crate::fs::read_full_at(fd, &mut buffer[..want], at)?;
+                if got == 0 {
+                    break; // the pack ends early: `finish` names the frame it lacks
+                }
+                let (blobs, bytes) = stager.feed(inner, &buffer[..got], cancel).map_err(to_py)?;
+                staged = (staged.0 + blobs, staged.1 + bytes);
+                at += got as u64;
+            }
+            stager.finish().map_err(to_py)?;
+            Ok::<_, PyErr>(staged)
+        })?;
+        self.reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&handle);
+        Ok(staged)
+    }
+
     /// The read ended: InvalidBlob naming the first frame it did not hold
     /// whole. The handle is released; ``discard`` releases it without that
     /// check (the read failed).
