@@ -423,18 +423,34 @@ pub fn from_hex(text: &str) -> Option<[u8; 32]> {
     if bytes.len() != 64 {
         return None;
     }
-    let nibble = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    };
+    // One table lookup per digit, one check per digest (a manifest parses
+    // one digest per file row).
     let mut out = [0u8; 32];
+    let mut bad = 0u8;
     for (i, pair) in bytes.chunks_exact(2).enumerate() {
-        out[i] = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+        let (high, low) = (HEX_VALUE[pair[0] as usize], HEX_VALUE[pair[1] as usize]);
+        bad |= high | low;
+        out[i] = (high << 4) | (low & 0x0f);
     }
-    Some(out)
+    (bad & 0xf0 == 0).then_some(out)
 }
+
+/// The value of each hex digit, upper or lower case; 0xff for anything else.
+const HEX_VALUE: [u8; 256] = {
+    let mut table = [0xffu8; 256];
+    let mut c = 0;
+    while c < 10 {
+        table[b'0' as usize + c] = c as u8;
+        c += 1;
+    }
+    let mut c = 0;
+    while c < 6 {
+        table[b'a' as usize + c] = 10 + c as u8;
+        table[b'A' as usize + c] = 10 + c as u8;
+        c += 1;
+    }
+    table
+};
 
 #[cfg(test)]
 mod tests {
@@ -554,6 +570,29 @@ mod tests {
         let d = *blake3::hash(b"x").as_bytes();
         assert_eq!(from_hex(&to_hex(&d)), Some(d));
         assert_eq!(from_hex("zz"), None);
+        assert_eq!(from_hex(&to_hex(&d).to_uppercase()), Some(d));
+        // Every byte value in every position of a digit pair: a digit or not.
+        let valid = |c: u8| c.is_ascii_hexdigit();
+        let base = to_hex(&d).into_bytes();
+        for at in [0, 1, 62, 63] {
+            for c in 0..=255u8 {
+                let mut text = base.clone();
+                text[at] = c;
+                let Ok(text) = String::from_utf8(text) else {
+                    continue;
+                };
+                let parsed = from_hex(&text);
+                assert_eq!(parsed.is_some(), valid(c), "byte {c:#x} at {at}");
+                if let Some(parsed) = parsed {
+                    let digit = (c as char).to_digit(16).unwrap() as u8;
+                    let byte = parsed[at / 2];
+                    let got = if at % 2 == 0 { byte >> 4 } else { byte & 0x0f };
+                    assert_eq!(got, digit, "byte {c:#x} at {at}");
+                }
+            }
+        }
+        assert_eq!(from_hex(&to_hex(&d)[..63]), None);
+        assert_eq!(from_hex(&format!("{}0", to_hex(&d))), None);
     }
 
     #[test]
