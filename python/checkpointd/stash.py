@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from . import _native
+from ._engine import run_in_thread
 from .blobs.base import BlobStore
 from .capture import (
     CaptureOptions,
@@ -34,7 +37,7 @@ from .capture import (
     ScannedTree,
     capture_checkpoint,
 )
-from .manifest import manifest_of, only_whole_files
+from .manifest import Manifest, NewFiles, manifest_of, only_whole_files
 from .model import Checkpoint, Policy, stash_thread_id
 from .restore import PlannedRestore
 from .secrets import SecretsArg
@@ -88,6 +91,23 @@ class _Step:
 def stash_policy(policy: Policy) -> Policy:
     """The policy a stash of a restore applying ``policy`` records."""
     return replace(policy, exclude=(*policy.exclude, STAGING_EXCLUDE))
+
+
+def _compared_live(
+    live: Manifest, compared: Checkpoint | None, target: Checkpoint
+) -> tuple[Literal["same", "capture", "stash"], NewFiles | None]:
+    """What the live tree a restore scanned asks of the stash: nothing
+    ("same": it is the base ``compared``), a capture afresh ("capture": it
+    holds a top-level ``.checkpointd*`` name, or a changed file stored as
+    chunks, which adds chunk digests no file row has and PendingCheckpoint
+    reads files whole), or the upload of the files it adds to the restore's
+    ``target`` ("stash", with them)."""
+    if _RESERVED_ROW in live.data:
+        return "capture", None
+    if compared is not None and manifest_of(compared.files).same_bytes(live):
+        return "same", None
+    new = _native.manifest_new_files(live.data, manifest_of(target.files).digests(), b"")
+    return ("stash", new) if only_whole_files(new) else ("capture", None)
 
 
 class StashBeforeApply:
@@ -188,17 +208,14 @@ class StashBeforeApply:
             checkpoint_id = base.checkpoint_id
             compared = await self.store.get(checkpoint_id)
         live = planned.live
-        if live is None or _RESERVED_ROW in live.data:
+        if live is None:
             return _Step(capture=True, compared=compared)
-        if compared is not None and manifest_of(compared.files).same_bytes(live):
-            return _Step()
-        # A changed file stored as chunks adds chunk digests no file row has:
-        # PendingCheckpoint reads files whole, so such a tree is captured afresh.
-        new = _native.manifest_new_files(
-            live.data, manifest_of(planned.checkpoint.files).digests(), b""
-        )
-        if not only_whole_files(new):
-            return _Step(capture=True, compared=compared)
+        # (Inflating, fingerprinting and diffing manifests: off the event loop,
+        # which drives the restore's fetch meanwhile.)
+        compared_live = functools.partial(_compared_live, live, compared, planned.checkpoint)
+        verdict, new = await run_in_thread(compared_live)
+        if verdict != "stash" or new is None:
+            return _Step(capture=verdict == "capture", compared=compared)
         tree = ScannedTree(
             live,
             planned.live_with_secrets,
