@@ -12,9 +12,10 @@ records INVALID_BLOB: the workspace is then unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 from . import _native
 from ._engine import PhaseReporter, run_bounded, run_in_thread
@@ -252,22 +253,18 @@ async def _fetch_pack_reads(
     decodes, verifies and stages every frame."""
     pack = reads[0][1].pack
     try:
-        wanted = [planned for planned in reads if planned[1].end > planned[1].start]
-        datas = await blobs.read_pack_ranges(pack, [read for _id, read in wanted])
-        found = {read_id: data for (read_id, _read), data in zip(wanted, datas, strict=True)}
-        staged = [(read_id, found.get(read_id, b"")) for read_id, _read in reads]
-        files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))
-        reporter.advance(files=files, nbytes=nbytes)
+        with _as_invalid_blob(pack):
+            wanted = [planned for planned in reads if planned[1].end > planned[1].start]
+            datas = await blobs.read_pack_ranges(pack, [read for _id, read in wanted])
+            found = {read_id: data for (read_id, _read), data in zip(wanted, datas, strict=True)}
+            staged = [(read_id, found.get(read_id, b"")) for read_id, _read in reads]
+            files, nbytes = await run_in_thread(functools.partial(session.stage_ranges, staged))
+            reporter.advance(files=files, nbytes=nbytes)
     except BlobNotFoundError:
         read_ids = [read_id for read_id, _read in reads]
         if not again:
             raise _missing_blob(blobs, _first_key(session, read_ids[0]), pack) from None
         await _fetch_moved(blobs, session, reporter, pack, read_ids)
-    except _native.InvalidBlob as error:
-        digest, reason = error.args
-        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
 
 
 async def _fetch_pack_read(
@@ -278,21 +275,42 @@ async def _fetch_pack_read(
     *,
     again: bool = True,
 ) -> None:
-    """Stream one ranged read of a pack into staging (from a local dir, read
-    natively in one worker-thread trip: ``_stage_local_read``). A pack gone
-    from the bucket is looked up once more (``again``, ``_fetch_moved``)."""
+    """Stage one long ranged read of a pack: from a local dir natively in one
+    worker-thread trip (``_stage_local_read``), else streamed
+    (``_stream_pack_read``). A pack gone from the bucket is looked up once
+    more (``again``, ``_fetch_moved``)."""
     read_id, read = planned
     try:
-        if await _stage_local_read(blobs, session, reporter, planned):
-            return
+        with _as_invalid_blob(read.pack):
+            if not await _stage_local_read(blobs, session, reporter, planned):
+                await _stream_pack_read(blobs, session, reporter, planned)
     except BlobNotFoundError:
         if not again:
             raise _missing_blob(blobs, _first_key(session, read_id), read.pack) from None
         await _fetch_moved(blobs, session, reporter, read.pack, [read_id])
-        return
+
+
+@contextlib.contextmanager
+def _as_invalid_blob(pack: str) -> Iterator[None]:
+    """A frame of ``pack`` that staging refused (InvalidBlob) or the store
+    found damaged (BlobCorruptError), raised as INVALID_BLOB naming both."""
+    try:
+        yield
     except _native.InvalidBlob as error:
         digest, reason = error.args
-        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
+        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, pack, reason)) from None
+    except BlobCorruptError as error:
+        raise _corrupt_blob(error) from None
+
+
+async def _stream_pack_read(
+    blobs: PackedBlobStore,
+    session: _native.RestoreSession,
+    reporter: PhaseReporter,
+    planned: _Planned,
+) -> None:
+    """Stream ``planned`` into staging, each chunk staged as it arrives."""
+    read_id, read = planned
     session.begin_range(read_id)
     finished = False
     try:
@@ -306,15 +324,6 @@ async def _fetch_pack_read(
             reporter.advance(files=files, nbytes=nbytes)
         finished = True
         session.end_range(read_id)
-    except BlobNotFoundError:
-        if not again:
-            raise _missing_blob(blobs, _first_key(session, read_id), read.pack) from None
-        await _fetch_moved(blobs, session, reporter, read.pack, [read_id])
-    except _native.InvalidBlob as error:
-        digest, reason = error.args
-        raise _corrupt_blob(BlobCorruptError(FILE_KEY_PREFIX + digest, read.pack, reason)) from None
-    except BlobCorruptError as error:
-        raise _corrupt_blob(error) from None
     finally:
         if not finished:
             session.end_range(read_id, discard=True)

@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::cancel::Cancel;
+use crate::fs::write_all;
 use crate::verify::{ReadError, VerifyingReader};
 
 /// A failure on one blob: which key, which operation, the OS error.
@@ -72,25 +73,6 @@ fn check(result: libc::c_int) -> io::Result<libc::c_int> {
     } else {
         Ok(result)
     }
-}
-
-fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
-    while !data.is_empty() {
-        // SAFETY: `data` is a live slice; write reads at most its length.
-        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        if n == 0 {
-            return Err(io::Error::from_raw_os_error(libc::EIO));
-        }
-        data = &data[n as usize..];
-    }
-    Ok(())
 }
 
 /// What opening an `O_TMPFILE` (or linking it through `/proc`) fails with

@@ -6,22 +6,30 @@ use std::os::fd::RawFd;
 
 use super::check;
 
+/// A read or write system call's result, called again while it fails with
+/// EINTR: the bytes it moved, or the error.
+fn retried(mut call: impl FnMut() -> isize) -> io::Result<usize> {
+    loop {
+        let n = call();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
 /// Write all of `data` (retrying short writes and EINTR).
 pub fn write_all(fd: RawFd, mut data: &[u8]) -> io::Result<()> {
     while !data.is_empty() {
         // SAFETY: `data` is a live slice; write reads at most its length.
-        let n = unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retried(|| unsafe { libc::write(fd, data.as_ptr().cast(), data.len()) })?;
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero));
         }
-        data = &data[n as usize..];
+        data = &data[n..];
     }
     Ok(())
 }
@@ -79,26 +87,13 @@ pub fn read_full_at(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize>
     let mut got = 0;
     while got < buf.len() {
         let rest = &mut buf[got..];
+        let at = (offset + got as u64) as libc::off_t;
         // SAFETY: `rest` is a live, writable slice; pread writes at most its length.
-        let n = unsafe {
-            libc::pread(
-                fd,
-                rest.as_mut_ptr().cast(),
-                rest.len(),
-                (offset + got as u64) as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retried(|| unsafe { libc::pread(fd, rest.as_mut_ptr().cast(), rest.len(), at) })?;
         if n == 0 {
             break;
         }
-        got += n as usize;
+        got += n;
     }
     Ok(got)
 }
@@ -106,20 +101,13 @@ pub fn read_full_at(fd: RawFd, buf: &mut [u8], offset: u64) -> io::Result<usize>
 /// `pwrite` all of `data` at `offset` (retrying short writes and EINTR).
 fn pwrite_all(fd: RawFd, mut data: &[u8], mut offset: u64) -> io::Result<()> {
     while !data.is_empty() {
+        let at = offset as libc::off_t;
         // SAFETY: `data` is a live slice; pwrite reads at most its length.
-        let n =
-            unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), offset as libc::off_t) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
+        let n = retried(|| unsafe { libc::pwrite(fd, data.as_ptr().cast(), data.len(), at) })?;
         if n == 0 {
             return Err(io::Error::from(io::ErrorKind::WriteZero));
         }
-        data = &data[n as usize..];
+        data = &data[n..];
         offset += n as u64;
     }
     Ok(())

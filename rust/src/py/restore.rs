@@ -464,9 +464,10 @@ impl RestoreSession {
             let (start, end) = span;
             let mut buffer = vec![0u8; piece.clamp(1, 16 << 20)];
             // (A read of empty blobs only has no bytes: fed nothing once.)
-            let mut staged = match start < end {
-                true => (0, 0),
-                false => stager.feed(inner, &[], cancel).map_err(to_py)?,
+            let mut staged = if start < end {
+                (0, 0)
+            } else {
+                stager.feed(inner, &[], cancel).map_err(to_py)?
             };
             let mut at = start;
             while at < end {
