@@ -66,6 +66,8 @@ class ScanResult:
     phases_ms: dict[str, float]
     # The manifest's distinct file digests, sorted, 32 bytes each.
     digests: bytes
+    # How many references each digest has: a u32, little-endian, per digest.
+    digest_counts: bytes
     # The manifest is the one previous_length/previous_fingerprint name.
     same_as_previous: bool
     file_count: int  # file rows in the manifest
@@ -151,7 +153,7 @@ def scan(
     journal: JournalTicket | None = None,
     parent: bytes | None = None,
     parent_totals: tuple[int, int, int] | None = None,
-    parent_digests: bytes | None = None,
+    parent_digests: tuple[bytes, bytes] | None = None,
 ) -> ScanResult:
     """Walk ``root`` (never following symlinks) and build its manifest.
 
@@ -160,8 +162,8 @@ def scan(
     names is examined and every other row is the parent's (``scan_mode``
     "journal"); when its changes cannot be applied consistently the scan is a
     full one and ``fallback`` says why. ``parent_digests`` (the parent's
-    ``digests``, when known) lets the new ``digests`` be worked out from the
-    changes instead of read from the whole manifest.
+    ``digests`` and ``digest_counts``, when known) lets the new ones be worked
+    out from the changes instead of read from the whole manifest.
 
     ``previous_length``/``previous_fingerprint`` (given together: the parent
     checkpoint's manifest length in bytes and its BLAKE3 hash): when the bytes

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from .scanner import ScanOutcome
 
 # What a directed scan is given: the ticket, the parent's bytes, its totals
-# and (when known) its digests.
-ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None]
+# and (when known) its digests with their counts.
+ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int], tuple[bytes, bytes] | None]
 
 WATCH_MODES = ("auto", "fanotify", "inotify", "off")
 
@@ -80,9 +80,11 @@ class Baseline:
     byte_length: int
     fingerprint: bytes
     checkpoint_id: str
-    # Its blob digests, when the capture knew them (a directed scan's next
-    # digests are worked out from these and the changes).
+    # Its blob digests, when the capture knew them, and how many references
+    # each has (``ScanOutcome.digest_counts``): a directed scan's next
+    # digests are worked out from these and the changes.
     digests: bytes | None = None
+    counts: bytes | None = None
 
 
 class JournalUse:
@@ -100,6 +102,8 @@ class JournalUse:
         self.ticket = ticket
         self.reason = reason
         self.settled = False
+        # The scan's digests and their counts (see ``scanned``).
+        self.counted: tuple[bytes, bytes] | None = None
 
     @property
     def directed(self) -> bool:
@@ -116,12 +120,15 @@ class JournalUse:
         from now on."""
         if not self.settled:
             self.settled = True
+            digests = stored.known_digests()
+            counted = self.counted
             baseline = Baseline(
                 key,
                 stored.byte_length(),
                 stored.fingerprint(),
                 checkpoint_id,
-                stored.known_digests(),
+                digests,
+                counted[1] if counted is not None and counted[0] == digests else None,
             )
             self.journal._settle(self.ticket, baseline)
 
@@ -273,22 +280,29 @@ class WorkspaceJournal:
             with self._lock:
                 before = self._baseline
                 if (
-                    baseline.digests is None
+                    (baseline.digests is None or baseline.counts is None)
                     and before is not None
+                    and before.digests is not None
                     and before.fingerprint == baseline.fingerprint
                 ):
                     # The same bytes (a capture that changed nothing): the same digests.
-                    baseline = dataclasses.replace(baseline, digests=before.digests)
+                    baseline = dataclasses.replace(
+                        baseline, digests=before.digests, counts=before.counts
+                    )
                 self._baseline = baseline
             self._native.commit(ticket)
         finally:
             with self._lock:
                 self._held = False
 
-    def baseline_digests(self) -> bytes | None:
-        """The blob digests of the manifest the changes are relative to, when known."""
+    def baseline_counted(self) -> tuple[bytes, bytes] | None:
+        """The blob digests of the manifest the changes are relative to and
+        their counts, when both are known."""
         with self._lock:
-            return self._baseline.digests if self._baseline is not None else None
+            baseline = self._baseline
+        if baseline is None or baseline.digests is None or baseline.counts is None:
+            return None
+        return baseline.digests, baseline.counts
 
     def quiescent(self) -> tuple[Baseline, int] | None:
         """The baseline and a count of the captures begun so far, when no
@@ -320,14 +334,19 @@ async def scan_input(
         use.reason = "the parent checkpoint cannot be read"
         return None
     data = await run_in_thread(lambda: manifest.data)
-    return (use.ticket, data, manifest.totals(), use.journal.baseline_digests())
+    return (use.ticket, data, manifest.totals(), use.journal.baseline_counted())
 
 
 def scanned(use: JournalUse | None, outcome: ScanOutcome) -> None:
-    """A scan the journal was to direct found the tree inconsistent with the
-    journal (it scanned everything instead, ``outcome.fallback`` says why):
-    the journal is not trusted until it has walked the tree again."""
-    if use is not None and use.directed and outcome.fallback is not None:
+    """Tell ``use`` its scan's digests and their counts. A scan the journal
+    was to direct found the tree inconsistent with the journal (it scanned
+    everything instead, ``outcome.fallback`` says why): the journal is not
+    trusted until it has walked the tree again."""
+    if use is None:
+        return
+    if outcome.digests and outcome.digest_counts:
+        use.counted = (outcome.digests, outcome.digest_counts)
+    if use.directed and outcome.fallback is not None:
         use.journal.distrust(outcome.fallback, find_links=True)
 
 

@@ -61,6 +61,7 @@ class ScanOutcome:
     bytes_hashed: int
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
     digests: bytes | None = None  # distinct file digests, sorted (b"" when same_as_previous)
+    digest_counts: bytes | None = None  # references per digest (u32 little-endian each)
     file_count: int = 0  # file rows in the manifest
     file_bytes: int = 0  # the sum of their sizes
     dirs_listed: int = 0  # directories entered
@@ -150,7 +151,9 @@ class ScanOptions(TypedDict, total=False):
     root_fd: int | None
     progress: _native.ScanProgress | None
     previous: ManifestSummary | None
-    journal: tuple[_native.JournalTicket, bytes, tuple[int, int, int], bytes | None] | None
+    journal: (
+        tuple[_native.JournalTicket, bytes, tuple[int, int, int], tuple[bytes, bytes] | None] | None
+    )
 
 
 def scan_workspace(
@@ -170,8 +173,8 @@ def scan_workspace(
     and fingerprint), ``ScanOutcome.same_as_previous`` is True and no second
     copy is made (the parent's manifest itself is never needed).
     ``journal``: a change journal's ticket, the parent's manifest bytes, its
-    totals and (when known) its digests: only what the ticket names is examined
-    (see ``checkpointd.journal``).
+    totals and (when known) its digests with their counts: only what the
+    ticket names is examined (see ``checkpointd.journal``).
 
     Raises SandboxCheckpointInvalidArgumentError (bad secret, bad pattern, bad
     root), ScanCancelled, or OSError for an unreadable entry; TypeError for an
@@ -228,6 +231,7 @@ def _outcome(result: _native.ScanResult) -> ScanOutcome:
         bytes_hashed=result.bytes_hashed,
         files_with_secrets=result.files_with_secrets,
         digests=result.digests,
+        digest_counts=result.digest_counts,
         file_count=result.file_count,
         file_bytes=result.file_bytes,
         dirs_listed=result.dirs_listed,

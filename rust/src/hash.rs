@@ -249,8 +249,9 @@ impl Read for HoleSkipping<'_> {
         let want = if self.plain {
             buf.len()
         } else {
+            // (Past the end, no extent is ahead: nothing is read.)
             buf.len()
-                .min((self.data_end - self.at).min(usize::MAX as u64) as usize)
+                .min(self.data_end.saturating_sub(self.at).min(usize::MAX as u64) as usize)
         };
         let n = self.file.read_at(&mut buf[..want], self.at)?;
         if n == 0 {

@@ -270,7 +270,7 @@ def run_differential(
         ticket = journal.take()
         assert ticket.full and "fresh daemon" in ticket.full
         first = _full(root, cache)
-        parent, digests = first.manifest, first.digests
+        parent, digests = first.manifest, (first.digests, first.digest_counts)
         journal.commit(ticket)
         started = time.monotonic()
         for step in range(STEPS):
@@ -291,7 +291,7 @@ def run_differential(
                 # other names it did not know): a full scan, as a capture would.
                 counts["full"] += 1
                 full = _full(root, cache)
-                parent, digests = full.manifest, full.digests
+                parent, digests = full.manifest, (full.digests, full.digest_counts)
                 journal.commit(ticket)
                 continue
             totals = _native.manifest_totals(parent)
@@ -328,18 +328,19 @@ def run_differential(
                 assert directed.file_bytes == reference.file_bytes
                 if not directed.same_as_previous:
                     assert directed.digests == reference.digests
+                    assert directed.digest_counts == reference.digest_counts
             else:
                 # As a capture does (checkpointd.journal.scanned): the tree
                 # disagreed with the journal, which walks it again.
                 counts["fallback"] += 1
                 journal.commit(ticket)
                 journal.distrust(str(directed.fallback), find_links=True)
-                parent, digests = got, reference.digests
+                parent, digests = got, (reference.digests, reference.digest_counts)
                 continue
             journal.commit(ticket)
             parent = got
             if not directed.same_as_previous:
-                digests = directed.digests
+                digests = (directed.digests, directed.digest_counts)
     finally:
         journal.close()
     return counts

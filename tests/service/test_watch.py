@@ -129,19 +129,27 @@ def test_a_capture_after_a_few_edits_examines_them_and_stores_a_full_scan(
     printed = cli(daemon, "capture", THREAD)
     assert printed.returncode == 0, printed.stderr
     assert "; journal scan, 0 examined" in printed.stdout, printed.stdout
-    # The blobs and the store's counts (worked out from the changes) are right.
+    # The blobs and the store's counts (worked out from the changes) are
+    # right, for a blob two files hold as well: when one of them changes,
+    # the other still holds it.
     (ws / "dir04" / "file1.txt").write_bytes(b"once more")
+    (ws / "dir06" / "file1.txt").write_bytes(b"once more")
     (ws / "dir05" / "file1.txt").unlink()
+    assert capture(daemon).stats.scan_mode == "journal"
+    (ws / "dir04" / "file1.txt").write_bytes(b"and again")
     last = capture(daemon)
     assert last.stats.scan_mode == "journal"
 
-    async def check() -> tuple[bytes, pb.CheckSummary]:
+    async def check() -> tuple[list[bytes], pb.CheckSummary]:
         async with daemon.client() as client:
-            read = await client.read_file(last.checkpoint.id, "dir04/file1.txt")
+            read = [
+                await client.read_file(last.checkpoint.id, path)
+                for path in ("dir04/file1.txt", "dir06/file1.txt")
+            ]
             return read, await client.check(read_data=True)
 
     read, summary = asyncio.run(check())
-    assert read == b"once more"
+    assert read == [b"and again", b"once more"]
     assert summary.ok and summary.count_mismatches == summary.missing == 0, summary
 
 

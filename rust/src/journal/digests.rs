@@ -1,190 +1,217 @@
 //! A new manifest's blob digests worked out from its parent's and the
 //! changes (see `journal::scan`), instead of read from every row.
 
-use std::collections::HashSet;
-
 use super::splice::{Edit, Parent};
-use crate::manifest::{file_chunks, file_row};
+use crate::manifest::{file_chunks, file_row, search, Counted};
 
-/// The new manifest's blob digests (`new`, the parent with `edits` applied),
-/// from the parent's (`known`): theirs, less those only the removed rows
-/// held, plus the added rows' (None when a changed row is stored as chunks:
-/// then they are read from `new` whole). Whether a removed row's digest is
-/// still held by another row (a file's, or a chunk of a large one) is one
-/// search of `new` for all such digests at once, each find confirmed by
-/// parsing the row it lies in (a name could spell a digest).
-pub fn digests_after(parent: &Parent, edits: &[Edit], known: &[u8], new: &[u8]) -> Option<Vec<u8>> {
-    if known.len() % 32 != 0 {
+/// A manifest's distinct digests and their counts, as [`Counted`] holds them.
+pub type Known<'a> = (&'a [u8], &'a [u8]);
+
+/// The new manifest's blob digests and their reference counts, from the
+/// parent's (`known`) and the rows the edits remove and add: each count
+/// less the removed rows' references plus the added rows', a digest left
+/// with none dropped. None when `known` does not fit the edits (a removed
+/// row's digest it does not count as often): the caller reads every row.
+pub fn digests_after(parent: &Parent, edits: &[Edit], known: Known) -> Option<Counted> {
+    if !Counted::fits(known.0, known.1) {
         return None;
     }
-    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let mut changes: Vec<([u8; 32], i64)> = Vec::new();
     for edit in edits {
-        file_digests(parent.rows(edit.span), &mut removed)?;
-        file_digests(&edit.rows, &mut added)?;
+        file_digests(parent.rows(edit.span), -1, &mut changes)?;
+        file_digests(&edit.rows, 1, &mut changes)?;
     }
-    added.sort_unstable();
-    added.dedup();
-    removed.sort_unstable();
-    removed.dedup();
-    removed.retain(|d| added.binary_search(d).is_err());
-    let held = still_held(new, &removed)?;
-    removed.retain(|d| !held.contains(d));
-    Some(merged(known, &removed, &added))
-}
-
-/// Sorted, distinct `known` less `removed` plus `added` (both sorted and
-/// distinct): one merge, written straight into the flat list.
-fn merged(known: &[u8], removed: &[[u8; 32]], added: &[[u8; 32]]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(known.len() + added.len() * 32);
-    let mut added = added.iter().peekable();
-    let mut removed = removed.iter().peekable();
-    for digest in known.chunks_exact(32) {
-        while let Some(new) = added.next_if(|new| new.as_slice() < digest) {
-            out.extend_from_slice(new);
-        }
-        added.next_if(|new| new.as_slice() == digest);
-        while removed.next_if(|gone| gone.as_slice() < digest).is_some() {}
-        if removed.next_if(|gone| gone.as_slice() == digest).is_none() {
-            out.extend_from_slice(digest);
+    changes.sort_unstable_by_key(|change| change.0);
+    let mut net: Vec<([u8; 32], i64)> = Vec::with_capacity(changes.len());
+    for (digest, by) in changes {
+        match net.last_mut() {
+            Some(last) if last.0 == digest => last.1 += by,
+            _ => net.push((digest, by)),
         }
     }
-    for new in added {
-        out.extend_from_slice(new);
-    }
-    out
+    merged(known, &net)
 }
 
-/// The content digests of the file rows of `rows` (rows joined by commas),
-/// into `out`; None when one is stored as chunks.
-fn file_digests(rows: &[u8], out: &mut Vec<[u8; 32]>) -> Option<()> {
+/// `known` with each of `net` (sorted, distinct) added to its count: the
+/// runs of `known` between them copied whole.
+fn merged((digests, counts): Known, net: &[([u8; 32], i64)]) -> Option<Counted> {
+    let mut out = Counted {
+        digests: Vec::with_capacity(digests.len() + net.len() * 32),
+        counts: Vec::with_capacity(counts.len() + net.len() * 4),
+    };
+    let mut from = 0;
+    for (digest, by) in net {
+        let found = search(digests, digest);
+        let at = match found {
+            Ok(at) | Err(at) => at,
+        };
+        out.digests
+            .extend_from_slice(digests.get(from * 32..at * 32)?);
+        out.counts.extend_from_slice(counts.get(from * 4..at * 4)?);
+        match found {
+            Ok(at) => {
+                let count = u32::from_le_bytes(counts[at * 4..at * 4 + 4].try_into().ok()?);
+                match u32::try_from(i64::from(count) + by).ok()? {
+                    0 => {}
+                    left => out.push(digest, left),
+                }
+                from = at + 1;
+            }
+            Err(at) => {
+                out.push(digest, held(*by)?);
+                from = at;
+            }
+        }
+    }
+    out.digests.extend_from_slice(&digests[from * 32..]);
+    out.counts.extend_from_slice(&counts[from * 4..]);
+    Some(out)
+}
+
+/// The count of a digest the parent did not reference: what the edits add
+/// (None when they remove it, or add and remove it as often: the parent's
+/// rows referenced it, and `known` says they did not).
+fn held(by: i64) -> Option<u32> {
+    u32::try_from(by).ok().filter(|&count| count > 0)
+}
+
+/// The blob references of the file rows of `rows` (rows joined by commas):
+/// each file's content digest, or its chunks' for a file stored as chunks,
+/// pushed with `by`. None when a row does not parse.
+fn file_digests(rows: &[u8], by: i64, out: &mut Vec<([u8; 32], i64)>) -> Option<()> {
     if rows.is_empty() {
         return Some(());
     }
     let wrapped = [b"[".as_slice(), rows, b"]"].concat();
     for row in crate::manifest::rows(&wrapped).ok()? {
         if let Some(file) = file_row(row).ok()? {
-            if file_chunks(row, &file).ok()?.is_some() {
-                return None;
+            match file_chunks(row, &file).ok()? {
+                Some(chunks) => out.extend(chunks.iter().map(|c| (c.digest, by))),
+                None => out.push((file.digest, by)),
             }
-            out.push(file.digest);
         }
     }
     Some(())
 }
 
-/// Which of `digests` a file row of `manifest` still holds as a blob (its
-/// content, or one of its chunks): one pass that reads each file row's digest
-/// field (after `["f","` and the path, the only place a raw `["f","` occurs:
-/// a `"` inside a JSON string is escaped) and, for a row stored as chunks,
-/// its chunk list.
-fn still_held(manifest: &[u8], digests: &[[u8; 32]]) -> Option<HashSet<[u8; 32]>> {
-    let mut held = HashSet::new();
-    if digests.is_empty() {
-        return Some(held);
-    }
-    let hexes: Vec<String> = digests.iter().map(crate::hash::to_hex).collect();
-    // Leftmost-first lets the search run on its SIMD prefilter (Teddy): with
-    // the default match kind ten digests were a byte-at-a-time automaton,
-    // ~1 s over a million rows. (A field cannot start inside another find: a
-    // `"` comes before it, and a find is hex digits alone.)
-    let search = aho_corasick::AhoCorasick::builder()
-        .match_kind(aho_corasick::MatchKind::LeftmostFirst)
-        .build(&hexes)
-        .ok()?;
-    for found in search.find_iter(manifest) {
-        let digest = digests[found.pattern().as_usize()];
-        if !held.contains(&digest) && is_blob_field(manifest, found.start())? {
-            held.insert(digest);
-            if held.len() == digests.len() {
-                break;
-            }
-        }
-    }
-    Some(held)
-}
-
-/// Whether the digest spelled at `at` is a file row's content digest or one
-/// of its chunks (not a name, a link target, or part of one). The file row
-/// it could lie in starts at the last `["f","` before it: that run occurs
-/// nowhere else (a `"` inside a JSON string is escaped).
-fn is_blob_field(manifest: &[u8], at: usize) -> Option<bool> {
-    let Some(row) = memchr::memmem::rfind(&manifest[..at], b"[\"f\",\"") else {
-        return Some(false);
-    };
-    let path_end = string_end(manifest, row + 5)?;
-    if at == path_end + 2 {
-        return Some(true);
-    }
-    if at < path_end {
-        return Some(false);
-    }
-    // `",size,mode,mtime` and then, for a chunked file, `,"<list>"`.
-    let mut i = path_end + 67;
-    for _ in 0..3 {
-        i += 1 + manifest
-            .get(i + 1..)?
-            .iter()
-            .position(|b| !b.is_ascii_digit() && *b != b'-')?;
-    }
-    if manifest.get(i..i + 2) != Some(b",\"") {
-        return Some(false);
-    }
-    let list_end = string_end(manifest, i + 1)?;
-    let list_start = i + 2;
-    Some(at >= list_start && at + 64 < list_end && (at == list_start || manifest[at - 1] == b','))
-}
-
-/// The end (exclusive) of the JSON string whose opening quote is at `start`.
-fn string_end(data: &[u8], start: usize) -> Option<usize> {
-    let mut i = start + 1;
-    loop {
-        i += memchr::memchr2(b'"', b'\\', data.get(i..)?)?;
-        if data[i] == b'"' {
-            return Some(i + 1);
-        }
-        i += 2;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::{FileFields, ManifestWriter};
+    use crate::journal::splice;
+    use crate::manifest::{digests_counted, FileFields, ManifestWriter};
 
-    #[test]
-    fn a_digest_is_held_by_a_file_row_or_a_chunk_never_by_a_name() {
-        let (gone, chunk, named, spelled) = ([1u8; 32], [2u8; 32], [3u8; 32], [4u8; 32]);
-        let list = crate::chunk::encode_list(&[
-            crate::chunk::ChunkRef {
-                digest: [9; 32],
-                len: 7,
-            },
-            crate::chunk::ChunkRef {
-                digest: chunk,
-                len: 70_000,
-            },
-        ]);
+    /// A writer's rows without the brackets: what an edit inserts.
+    fn rows(write: impl FnOnce(&mut ManifestWriter)) -> Vec<u8> {
         let mut w = ManifestWriter::with_capacity(0);
-        // A name that spells a digest, and a link whose target does.
-        w.file(
-            crate::hash::to_hex(&spelled).as_str(),
-            &[5; 32],
-            1,
-            0o644,
-            1,
-        );
-        w.symlink("l", &crate::hash::to_hex(&gone));
+        write(&mut w);
+        let data = w.finish();
+        data[1..data.len() - 1].to_vec()
+    }
+
+    fn chunked(w: &mut ManifestWriter, path: &str, chunks: &[[u8; 32]]) {
+        let refs: Vec<_> = chunks
+            .iter()
+            .map(|&digest| crate::chunk::ChunkRef {
+                digest,
+                len: 70_000,
+            })
+            .collect();
+        let list = crate::chunk::encode_list(&refs);
         let fields = FileFields {
-            hash: &[8; 32],
-            size: 70_007,
+            hash: &[0xee; 32],
+            size: 70_000 * chunks.len() as u64,
             mode: 0o644,
-            mtime_ns: -5,
+            mtime_ns: 1,
             chunks: Some(&list),
         };
-        w.file_with_chunks("big", &fields, &[]);
-        w.file("held", &named, 3, 0o600, 12);
-        let manifest = w.finish();
-        let held = still_held(&manifest, &[gone, chunk, named, spelled]).unwrap();
-        assert_eq!(held, [chunk, named].into_iter().collect());
+        w.file_with_chunks(path, &fields, &[]);
+    }
+
+    fn parent() -> Vec<u8> {
+        let mut w = ManifestWriter::with_capacity(0);
+        w.file("a", &[1; 32], 1, 0o644, 1);
+        w.file("b", &[1; 32], 1, 0o644, 1);
+        chunked(&mut w, "big", &[[9; 32], [2; 32], [9; 32]]);
+        w.file("c", &[2; 32], 1, 0o644, 1);
+        w.symlink("l", &crate::hash::to_hex(&[3; 32]));
+        w.file("z", &[3; 32], 1, 0o644, 1);
+        w.finish()
+    }
+
+    fn edit(parent: &Parent, path: &str, new: Vec<u8>) -> Edit {
+        let span = match parent.find(path).unwrap() {
+            Some((span, _)) => span,
+            None => {
+                let at = parent.lower_bound(path.as_bytes()).unwrap();
+                (at, at)
+            }
+        };
+        Edit {
+            span,
+            key: path.into(),
+            rows: new,
+        }
+    }
+
+    #[test]
+    fn counts_follow_the_edits_as_a_count_of_every_row_would() {
+        let data = parent();
+        let parent = Parent::new(&data).unwrap();
+        let known = digests_counted(&data).unwrap();
+        let mut edits = vec![
+            // One of two references to [1] goes: it stays.
+            edit(&parent, "a", rows(|w| w.file("a", &[4; 32], 1, 0o644, 2))),
+            // The big file loses both references to [9]; [2] keeps c's.
+            edit(
+                &parent,
+                "big",
+                rows(|w| chunked(w, "big", &[[5; 32], [2; 32]])),
+            ),
+            // The only file row of [3] goes (a link spelling it is no reference).
+            edit(&parent, "z", Vec::new()),
+            // A new file shares a chunk's digest.
+            edit(&parent, "m", rows(|w| w.file("m", &[5; 32], 1, 0o644, 2))),
+        ];
+        let after = digests_after(&parent, &edits, (&known.digests, &known.counts)).unwrap();
+        let pieces = splice::pieces(&parent, &mut edits).unwrap();
+        let mut new = vec![0; splice::joined_len(&pieces)];
+        splice::join_into(&pieces, &mut new);
+        assert_eq!(after, digests_counted(&new).unwrap());
+        let distinct: Vec<[u8; 32]> = after
+            .digests
+            .chunks_exact(32)
+            .map(|d| d.try_into().unwrap())
+            .collect();
+        assert_eq!(distinct, vec![[1; 32], [2; 32], [4; 32], [5; 32]]);
+        let counts: Vec<u32> = after
+            .counts
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(counts, vec![1, 2, 1, 2]);
+    }
+
+    #[test]
+    fn counts_that_do_not_fit_the_edits_are_refused() {
+        let data = parent();
+        let parent = Parent::new(&data).unwrap();
+        let mut known = digests_counted(&data).unwrap();
+        let edits = vec![edit(&parent, "z", Vec::new())];
+        // [3] counted as never referenced: its row's removal does not fit.
+        let at = known
+            .digests
+            .chunks_exact(32)
+            .position(|d| d == [3; 32])
+            .unwrap();
+        known.counts[at * 4..at * 4 + 4].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(
+            digests_after(&parent, &edits, (&known.digests, &known.counts)),
+            None
+        );
+        known.counts.pop();
+        assert_eq!(
+            digests_after(&parent, &edits, (&known.digests, &known.counts)),
+            None
+        );
     }
 }

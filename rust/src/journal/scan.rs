@@ -24,7 +24,7 @@ use std::os::fd::AsRawFd;
 
 use rayon::prelude::*;
 
-use super::digests::digests_after;
+use super::digests::{digests_after, Known};
 use super::dirty::{join, split, DirChanges, Dirty};
 use super::splice::{self, Edit, Parent};
 use super::tree;
@@ -50,9 +50,10 @@ pub struct Request<'a> {
     pub dirty: &'a Dirty,
     /// Inodes of the hard-linked files whose names the journal knows.
     pub linked: &'a std::collections::HashSet<(u64, u64)>,
-    /// The parent manifest's blob digests (sorted, distinct, 32 bytes each),
-    /// when known: the new manifest's are then worked out from the changes.
-    pub parent_digests: Option<&'a [u8]>,
+    /// The parent manifest's blob digests and their counts (see
+    /// `manifest::Counted`), when known: the new manifest's are then worked
+    /// out from the changes, else read from every row.
+    pub parent_digests: Option<Known<'a>>,
 }
 
 /// A delta in the store's encoding and the rows it inserts.
@@ -417,13 +418,13 @@ fn write(
     splice::join_into(&pieces, buffer);
     let incremental = request
         .parent_digests
-        .and_then(|known| digests_after(parent, &edits, known, buffer));
-    out.digests = match incremental {
-        Some(digests) => digests,
-        None => crate::manifest::digests(buffer)
-            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?
-            .concat(),
+        .and_then(|known| digests_after(parent, &edits, known));
+    let counted = match incremental {
+        Some(counted) => counted,
+        None => crate::manifest::digests_counted(buffer)
+            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?,
     };
+    (out.digests, out.digest_counts) = (counted.digests, counted.counts);
     Ok(Some((false, Some(splice::delta(parent, &edits)))))
 }
 

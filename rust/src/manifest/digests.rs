@@ -7,6 +7,22 @@ use super::rows::{file_row, json_string, row_end, rows, ManifestError};
 /// The distinct blob digests of the file rows, sorted: a file's content
 /// digest, or for a file stored as chunks, its chunks' digests.
 pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
+    let mut out = every_digest(data)?;
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+/// [`digests`] with how many times each is referenced (by file rows and
+/// chunks of chunked files).
+pub fn digests_counted(data: &[u8]) -> Result<Counted, ManifestError> {
+    let mut out = every_digest(data)?;
+    out.sort_unstable();
+    Ok(Counted::of_sorted(&out))
+}
+
+/// Every blob digest the file rows reference, in row order, repeats kept.
+fn every_digest(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
     let mut out = Vec::new();
     for row in rows(data)? {
         if let Some(f) = file_row(row)? {
@@ -16,9 +32,41 @@ pub fn digests(data: &[u8]) -> Result<Vec<[u8; 32]>, ManifestError> {
             }
         }
     }
-    out.sort_unstable();
-    out.dedup();
     Ok(out)
+}
+
+/// A manifest's distinct blob digests (sorted, flat, 32 bytes each) and,
+/// beside them, how many references each has (`u32` little-endian, one per
+/// digest): with the counts, the digests of a manifest a few rows away are
+/// worked out from the rows alone (see `journal::digests`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Counted {
+    pub digests: Vec<u8>,
+    pub counts: Vec<u8>,
+}
+
+impl Counted {
+    /// Of `sorted` digests, repeats kept.
+    pub fn of_sorted(sorted: &[[u8; 32]]) -> Counted {
+        let mut out = Counted::default();
+        let mut rest = sorted;
+        while let Some(first) = rest.first() {
+            let run = rest.iter().take_while(|d| *d == first).count();
+            out.push(first, run as u32);
+            rest = &rest[run..];
+        }
+        out
+    }
+
+    pub fn push(&mut self, digest: &[u8; 32], count: u32) {
+        self.digests.extend_from_slice(digest);
+        self.counts.extend_from_slice(&count.to_le_bytes());
+    }
+
+    /// Whether `counts` has one count per digest of `digests`.
+    pub fn fits(digests: &[u8], counts: &[u8]) -> bool {
+        digests.len() % 32 == 0 && counts.len() * 8 == digests.len()
+    }
 }
 
 /// Sorted `a` minus sorted `b` (both distinct), each a flat list of 32-byte
@@ -133,14 +181,20 @@ pub fn new_files(data: &[u8], known: &[u8], fed: &[u8]) -> Result<NewFiles, Mani
 
 /// Whether the sorted flat list of 32-byte digests `list` holds `digest`.
 fn contains(list: &[u8], digest: &[u8; 32]) -> bool {
+    search(list, digest).is_ok()
+}
+
+/// Where `digest` is in the sorted flat list of 32-byte digests `list`:
+/// `Ok(index)`, or `Err(index)` where it would go.
+pub fn search(list: &[u8], digest: &[u8; 32]) -> Result<usize, usize> {
     let (mut lo, mut hi) = (0, list.len() / 32);
     while lo < hi {
         let mid = (lo + hi) / 2;
         match list[mid * 32..mid * 32 + 32].cmp(digest.as_slice()) {
             std::cmp::Ordering::Less => lo = mid + 1,
             std::cmp::Ordering::Greater => hi = mid,
-            std::cmp::Ordering::Equal => return true,
+            std::cmp::Ordering::Equal => return Ok(mid),
         }
     }
-    false
+    Err(lo)
 }

@@ -20,7 +20,9 @@ mod writer;
 
 pub use decode::{decode, ManifestRow};
 pub use delta::{apply, apply_chain, delta, inserted_rows, DeltaWriter};
-pub use digests::{difference, digests, files_with_digests, new_files, NewFiles};
+pub use digests::{
+    difference, digests, digests_counted, files_with_digests, new_files, search, Counted, NewFiles,
+};
 pub use files::{
     chunked_files, file_chunks, spanned_files, totals, ChunkedFile, SecretRef, Span, SpannedFile,
 };

@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::args;
-use super::bytes::{moved_into_bytes, uninit_bytes};
+use super::bytes::{moved_into_bytes, populate, uninit_bytes};
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use super::feed::PyBlobFeed;
@@ -59,6 +59,10 @@ pub struct ScanResult {
     /// The distinct file digests, sorted, 32 bytes each.
     #[pyo3(get)]
     digests: Py<PyBytes>,
+    /// Each digest's count of references, `u32` little-endian (empty with
+    /// the digests).
+    #[pyo3(get)]
+    digest_counts: Py<PyBytes>,
     /// The manifest is the previous one (`manifest` and `digests` are empty).
     #[pyo3(get)]
     same_as_previous: bool,
@@ -133,6 +137,8 @@ impl core::ManifestBuffer for PyBytesBuffer {
                 })
         })?;
         self.object = Some(object);
+        // (Written whole by the scan right away.)
+        populate(data, len);
         // SAFETY: the buffer of the bytes object held in `self.object` (alive
         // while `self` is borrowed); no Python code sees that object until
         // the scan has returned, so this is its only writer and reader.
@@ -196,6 +202,7 @@ fn to_result(
             None => moved_into_bytes(py, std::mem::take(&mut out.manifest))?.unbind(),
         },
         digests: PyBytes::new(py, &out.digests).unbind(),
+        digest_counts: PyBytes::new(py, &out.digest_counts).unbind(),
         file_count: out.file_count,
         file_bytes: out.file_bytes,
         dirs_listed: out.dirs_listed,
@@ -215,17 +222,23 @@ fn to_result(
     })
 }
 
-/// A journal ticket, the parent manifest, its totals and (when known) its digests.
+/// A journal ticket, the parent manifest, its totals and (when known) its
+/// digests and their counts.
 type Journaled<'a> = (
     &'a crate::journal::Ticket,
     &'a [u8],
     (u64, u64, u64),
-    Option<&'a [u8]>,
+    Option<(&'a [u8], &'a [u8])>,
 );
 
 /// A journal ticket with the parent manifest, its totals and its digests,
 /// held for a directed scan (see [`Journaled`]).
-type HeldJournal = (crate::journal::Ticket, Held, (u64, u64, u64), Option<Held>);
+type HeldJournal = (
+    crate::journal::Ticket,
+    Held,
+    (u64, u64, u64),
+    Option<(Held, Held)>,
+);
 
 /// A bytes object read in place while the scan runs without the GIL (a
 /// million-entry parent is ~180 MB): held until then, and bytes never change.
@@ -341,7 +354,7 @@ pub fn scan(
     journal: Option<&Bound<'_, super::journal::PyTicket>>,
     parent: Option<Bound<'_, PyBytes>>,
     parent_totals: Option<(u64, u64, u64)>,
-    parent_digests: Option<Bound<'_, PyBytes>>,
+    parent_digests: Option<(Bound<'_, PyBytes>, Bound<'_, PyBytes>)>,
 ) -> PyResult<ScanResult> {
     let held = dup_root_fd(&root, root_fd)?;
     let exclude = args::patterns(exclude)?;
@@ -369,7 +382,7 @@ pub fn scan(
             ticket.get().ticket()?,
             Held::of(parent),
             totals,
-            parent_digests.map(Held::of),
+            parent_digests.map(|(digests, counts)| (Held::of(digests), Held::of(counts))),
         )),
         (None, _, _) => None,
         _ => {
@@ -405,7 +418,7 @@ fn run_scan(
     };
     root.and_then(|root| match journal {
         Some((ticket, parent, totals, digests)) => {
-            let known = digests.as_ref().map(Held::bytes);
+            let known = digests.as_ref().map(|(d, c)| (d.bytes(), c.bytes()));
             directed(
                 request,
                 root,

@@ -82,6 +82,8 @@ pub struct ScanOutput {
     /// empty when the manifest is the buffer's previous one (whose digests
     /// the caller has).
     pub digests: Vec<u8>,
+    /// How many references each of `digests` has (`manifest::Counted`).
+    pub digest_counts: Vec<u8>,
     /// File rows in the manifest and the sum of their sizes.
     pub file_count: u64,
     pub file_bytes: u64,
@@ -267,7 +269,8 @@ pub fn scan_into(
         files_reused: walked.files_reused,
         bytes_hashed: hashed.bytes,
         files_with_secrets: total.files_with_secrets,
-        digests,
+        digests: digests.digests,
+        digest_counts: digests.counts,
         file_count: total.file_count,
         file_bytes: total.file_bytes,
         dirs_listed: walked.dirs_listed,
@@ -588,7 +591,7 @@ impl<'a> Scan<'a> {
         dirs: Vec<ListedDir>,
         total: &Encoded,
         same: bool,
-    ) -> (Vec<u8>, Option<KeptCache>) {
+    ) -> (crate::manifest::Counted, Option<KeptCache>) {
         let request = self.request;
         // A manifest that is the previous one has its digests already: none are collected.
         let digests = match !same && !request.keep_cache {
@@ -626,11 +629,10 @@ impl<'a> Scan<'a> {
         digests
     }
 
-    /// The distinct digests, sorted, 32 bytes each.
-    fn sorted_digests(&self, mut digests: Vec<[u8; 32]>) -> Vec<u8> {
+    /// The distinct digests, sorted, and their counts.
+    fn sorted_digests(&self, mut digests: Vec<[u8; 32]>) -> crate::manifest::Counted {
         self.pool.install(|| digests.par_sort_unstable());
-        digests.dedup();
-        digests.concat()
+        crate::manifest::Counted::of_sorted(&digests)
     }
 }
 
