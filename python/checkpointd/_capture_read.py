@@ -4,7 +4,7 @@ The upload (``_capture_upload``) reads a file the scan did not hand over, or
 one that changed under the capture, here: opened beneath the root fd the
 capture holds, never following a symlink in any component, verified against
 the scanned digest and fstat (``_native.VerifyingReader``), or hashed again as
-it is now (``_native.rehash_beneath``).
+it is now (``_native.rehash_beneath``, many files in one call).
 """
 
 from __future__ import annotations
@@ -66,6 +66,10 @@ def read_verified(
         reader.close()
 
 
+# What ``rehash_in`` gives: the file's entry as it is now and its kept bytes.
+Rehashed = tuple[FileEntry | None, Kept | None]
+
+
 def rehash_in(
     root_fd: int,
     entry: FileEntry,
@@ -74,7 +78,7 @@ def rehash_in(
     *,
     keep_small: bool = False,
     unread_above: int | None = None,
-) -> tuple[FileEntry | None, Kept | None]:
+) -> Rehashed:
     """The file's entry as it is now (None when it is gone) and, with
     ``keep_small``, the zeroed bytes that pass hashed when the file is under
     1 MiB (else None), so a changed small file is read once more in all (blocks:
@@ -83,16 +87,43 @@ def rehash_in(
     be read (a symlink now, unreadable, changing on every read) or stopped being
     a regular file. With ``unread_above``, a file larger than that is not read:
     NowLarge."""
-    try:
-        found = _native.rehash_beneath(
-            root_fd, entry.path, secrets, token, keep_small, unread_above
-        )
-    except _native.ScanCancelled:
-        raise
-    except OSError as error:
+    (found,) = rehash_each(
+        root_fd, [entry], secrets, token, keep_small=keep_small, unread_above=unread_above
+    )
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
+def rehash_each(
+    root_fd: int,
+    entries: list[FileEntry],
+    secrets: tuple[bytes, ...],
+    token: _native.CancelToken,
+    *,
+    keep_small: bool = False,
+    unread_above: int | None = None,
+) -> list[Rehashed | SandboxSnapshotError | NowLarge]:
+    """``rehash_in`` of each entry, in one native call (one trip without the
+    GIL for them all): per entry what it returns, or the error it raises.
+    Raises ScanCancelled."""
+    found = _native.rehash_beneath(
+        root_fd, [entry.path for entry in entries], secrets, token, keep_small, unread_above
+    )
+    out: list[Rehashed | SandboxSnapshotError | NowLarge] = []
+    for entry, item in zip(entries, found, strict=True):
+        try:
+            out.append(_rehashed(entry, item))
+        except (SandboxSnapshotError, NowLarge) as error:
+            out.append(error)
+    return out
+
+
+def _rehashed(entry: FileEntry, found: _native.Rehashed | OSError | None) -> Rehashed:
+    if isinstance(found, OSError):
         raise SandboxSnapshotError(
             FILE_CHANGED,
-            f"{entry.path} changed while it was captured and can no longer be read: {error}",
+            f"{entry.path} changed while it was captured and can no longer be read: {found}",
             details={"path": entry.path},
         ) from None
     if found is None:

@@ -17,7 +17,16 @@ from typing import Literal, TypeVar
 import blake3
 
 from . import _native
-from ._capture_read import FileChanged, Kept, NowLarge, open_verified, read_verified, rehash_in
+from ._capture_read import (
+    FileChanged,
+    Kept,
+    NowLarge,
+    Rehashed,
+    open_verified,
+    read_verified,
+    rehash_each,
+    rehash_in,
+)
 from ._engine import LeaseKeeper, PhaseReporter, StopFlag, run_bounded, run_in_thread
 from .blobs import base as blob_batches
 from .blobs.base import BlobNotFoundError, BlobStore, VerifiedFile
@@ -543,6 +552,11 @@ class Uploader:
         the manifest's hash, else kept for the next round under the new hash
         (and sent then without a read while the file's fstat is unchanged)."""
         outcome = _BatchOutcome()
+        # The first file of each group is read by one native call for all.
+        firsts = [group[0] for group in groups if group[0].path not in kept]
+        read = dict(
+            zip((entry.path for entry in firsts), self._rehash_small_now(firsts), strict=True)
+        )
         for group in groups:
             for entry in group:
                 stop.raise_if_set()
@@ -555,18 +569,13 @@ class Uploader:
                 ):
                     data = held.data
                 else:
-                    try:
-                        fresh, now = rehash_in(
-                            self.root_fd,
-                            entry,
-                            self.secrets,
-                            self.token,
-                            keep_small=True,
-                            unread_above=SMALL_FILE_BYTES,
-                        )
-                    except NowLarge:
+                    found = read.pop(entry.path, None) or self._rehash_small_now([entry])[0]
+                    if isinstance(found, NowLarge):
                         outcome.grown.append(entry)  # streamed as it is, in one read
                         continue
+                    if isinstance(found, Exception):
+                        raise found
+                    fresh, now = found
                     if fresh is None or fresh.blob_key != entry.blob_key:
                         outcome.replaced.append((entry.path, fresh))
                         if now is not None:
@@ -583,6 +592,19 @@ class Uploader:
                 self.reporter.advance(files=1, nbytes=len(data))
                 break
         return outcome
+
+    def _rehash_small_now(
+        self, entries: list[FileEntry]
+    ) -> list[Rehashed | SandboxSnapshotError | NowLarge]:
+        """``rehash_each`` of small files, their bytes kept (blocks)."""
+        return rehash_each(
+            self.root_fd,
+            entries,
+            self.secrets,
+            self.token,
+            keep_small=True,
+            unread_above=SMALL_FILE_BYTES,
+        )
 
     async def _upload_one_of(
         self,

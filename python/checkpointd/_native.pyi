@@ -243,22 +243,28 @@ class VerifyingReader:
 # (dev, ino, st_mode, size, mtime_ns, ctime_ns) of an fstat.
 Stamp = tuple[int, int, int, int, int, int]
 
+# What ``rehash_beneath`` says of a file: (64-hex digest, size, secret spans,
+# st_mode, mtime_ns, kept).
+Rehashed = tuple[str, int, list[tuple[int, int, int]], int, int, tuple[bytes, Stamp] | None]
+
 def rehash_beneath(
     root_fd: int,
-    path: str,
+    paths: Sequence[str],
     secrets: Sequence[bytes] = (),
     cancel: CancelToken | None = None,
     keep_small: bool = False,
     unread_above: int | None = None,
-) -> tuple[str, int, list[tuple[int, int, int]], int, int, tuple[bytes, Stamp] | None] | None:
-    """Hash ``path`` again, opened beneath ``root_fd`` (no symlink in any
-    component; fstat equal before and after the read): (64-hex digest, size,
-    secret spans, st_mode, mtime_ns, kept); the digest is "" when it is no
-    longer a regular file, and for a regular file larger than ``unread_above``
-    (not read then); None when it is gone. ``kept`` is (the zeroed bytes
-    hashed, the fstat they were read under) when ``keep_small`` and the file is
-    under 1 MiB (read whole in that same pass), else None. Raises
-    FileChangedError when it kept changing, OSError (ELOOP: now a symlink)."""
+) -> list[Rehashed | OSError | None]:
+    """Hash each of ``paths`` again, opened beneath ``root_fd`` (no symlink in
+    any component; fstat equal before and after the read), all without the
+    GIL: per path (64-hex digest, size, secret spans, st_mode, mtime_ns,
+    kept); the digest is "" when it is no longer a regular file, and for a
+    regular file larger than ``unread_above`` (not read then); None when it is
+    gone. ``kept`` is (the zeroed bytes hashed, the fstat they were read
+    under) when ``keep_small`` and the file is under 1 MiB (read whole in that
+    same pass), else None. A path that could not be read is the error it
+    raised: FileChangedError when it kept changing, OSError (ELOOP: now a
+    symlink). Raises ScanCancelled."""
 
 def stat_beneath(root_fd: int, path: str) -> Stamp | None:
     """The fstat of ``path`` opened beneath ``root_fd`` (no symlink in any

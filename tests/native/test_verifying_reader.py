@@ -114,12 +114,17 @@ def test_read_all_and_stop(root: tuple[Path, int]) -> None:
         stopped.read_chunk()
 
 
+def _rehash(fd: int, path: str, *args: object, **kwargs: object) -> object:
+    (found,) = _native.rehash_beneath(fd, [path], *args, **kwargs)  # type: ignore[arg-type]
+    return found
+
+
 def test_rehash_beneath(root: tuple[Path, int], tmp_path: Path) -> None:
     place, fd = root
     data = b"a" * 100 + SECRET + b"b" * 100
     (place / "f.bin").write_bytes(data)
-    found = _native.rehash_beneath(fd, "f.bin", (SECRET,))
-    assert found is not None
+    found = _rehash(fd, "f.bin", (SECRET,))
+    assert isinstance(found, tuple)
     hex_digest, size, spans, mode, mtime_ns, kept = found
     assert hex_digest == blake3.blake3(_zeroed(data)).hexdigest()
     assert (size, spans) == (len(data), [(100, len(SECRET), 0)])
@@ -127,7 +132,9 @@ def test_rehash_beneath(root: tuple[Path, int], tmp_path: Path) -> None:
     assert kept is None  # only asked for with keep_small
     # keep_small: the zeroed bytes that very pass hashed, with the fstat they
     # were read under (what stat_beneath says while the file is unchanged).
-    *_, kept = _native.rehash_beneath(fd, "f.bin", (SECRET,), keep_small=True) or (None,)
+    found = _rehash(fd, "f.bin", (SECRET,), keep_small=True)
+    assert isinstance(found, tuple)
+    kept = found[-1]
     assert kept is not None
     zeroed, stamp = kept
     assert zeroed == _zeroed(data) and stamp == _native.stat_beneath(fd, "f.bin")
@@ -137,17 +144,21 @@ def test_rehash_beneath(root: tuple[Path, int], tmp_path: Path) -> None:
     assert _native.stat_beneath(fd, "gone.bin") is None
     big = os.urandom(CHUNK + 1)  # not read whole: hashed, never kept
     (place / "big.bin").write_bytes(big)
-    *_, kept = _native.rehash_beneath(fd, "big.bin", keep_small=True) or (None,)
-    assert kept is None
-    assert _native.rehash_beneath(fd, "gone.bin") is None
+    found = _rehash(fd, "big.bin", keep_small=True)
+    assert isinstance(found, tuple) and found[-1] is None
+    assert _rehash(fd, "gone.bin") is None
     (place / "link").symlink_to(place / "f.bin")
-    with pytest.raises(OSError):
-        _native.rehash_beneath(fd, "link")
     os.mkfifo(place / "fifo")
-    hex_digest, _size, _spans, mode, _mtime, _kept = _native.rehash_beneath(fd, "fifo") or (
-        ("x",) * 6
-    )
-    assert hex_digest == "" and stat.S_ISFIFO(int(mode))
+    # Many paths in one call: each one's answer, a failure among them.
+    link, fifo, gone, again = _native.rehash_beneath(fd, ["link", "fifo", "gone.bin", "f.bin"])
+    assert isinstance(link, OSError)
+    assert isinstance(fifo, tuple) and fifo[0] == "" and stat.S_ISFIFO(fifo[3])
+    assert gone is None
+    assert isinstance(again, tuple) and again[1] == len(data) + 4
+    stopped = _native.CancelToken()
+    stopped.cancel()
+    with pytest.raises(_native.ScanCancelled):
+        _native.rehash_beneath(fd, ["f.bin"], (), stopped)
 
 
 def test_the_feed_never_holds_more_open_files_than_its_bound(tmp_path: Path) -> None:

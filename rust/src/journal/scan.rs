@@ -415,6 +415,7 @@ fn write(
     let buffer = manifest
         .allocate(splice::joined_len(&pieces))
         .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
+    crate::scan::populate(buffer);
     splice::join_into(&pieces, buffer);
     let incremental = request
         .parent_digests

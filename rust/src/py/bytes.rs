@@ -45,38 +45,3 @@ pub fn uninit_bytes(py: Python<'_>, len: usize) -> PyResult<(Bound<'_, PyBytes>,
         Ok((bytes, ffi::PyBytes_AsString(object).cast::<u8>()))
     }
 }
-
-/// Buffers from this size on are faulted in before they are written, on
-/// two threads: a million-entry manifest (~180 MB) is otherwise written
-/// through ~46,000 page faults, at a million files the largest cost of a
-/// capture after one edit. (Only for a buffer written whole right away: a
-/// buffer filled as another is freed, as `moved_into_bytes` does, would
-/// hold both at once.)
-const POPULATE_FROM: usize = 16 << 20;
-
-/// Fault in the pages of the `len` bytes at `data` (best effort: a kernel
-/// without `MADV_POPULATE_WRITE` faults them in as they are written).
-pub fn populate(data: *mut u8, len: usize) {
-    if len < POPULATE_FROM {
-        return;
-    }
-    let page = 4096;
-    let start = (data as usize).next_multiple_of(page);
-    let end = (data as usize + len) / page * page;
-    let middle = (start + (end - start) / 2) / page * page;
-    let advise = |from: usize, to: usize| {
-        // SAFETY: the range lies inside the buffer just allocated, which
-        // nothing reads yet; populating writes no byte of it.
-        unsafe {
-            libc::madvise(
-                from as *mut libc::c_void,
-                to - from,
-                libc::MADV_POPULATE_WRITE,
-            );
-        }
-    };
-    std::thread::scope(|s| {
-        s.spawn(|| advise(start, middle));
-        advise(middle, end);
-    });
-}

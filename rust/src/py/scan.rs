@@ -7,7 +7,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::args;
-use super::bytes::{moved_into_bytes, populate, uninit_bytes};
+use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use super::feed::PyBlobFeed;
@@ -137,8 +137,6 @@ impl core::ManifestBuffer for PyBytesBuffer {
                 })
         })?;
         self.object = Some(object);
-        // (Written whole by the scan right away.)
-        populate(data, len);
         // SAFETY: the buffer of the bytes object held in `self.object` (alive
         // while `self` is borrowed); no Python code sees that object until
         // the scan has returned, so this is its only writer and reader.

@@ -231,39 +231,68 @@ pub fn stat_beneath(py: Python<'_>, root_fd: RawFd, path: String) -> PyResult<Op
 
 /// See `_native.pyi`.
 #[pyfunction]
-#[pyo3(signature = (root_fd, path, secrets=None, cancel=None, keep_small=false, unread_above=None))]
+#[pyo3(signature = (root_fd, paths, secrets=None, cancel=None, keep_small=false, unread_above=None))]
 pub fn rehash_beneath(
     py: Python<'_>,
     root_fd: RawFd,
-    path: String,
+    paths: Vec<String>,
     secrets: Option<&Bound<'_, PyAny>>,
     cancel: Option<&Bound<'_, CancelToken>>,
     keep_small: bool,
     unread_above: Option<u64>,
-) -> PyResult<Option<Rehashed>> {
+) -> PyResult<Vec<PyObject>> {
     let secrets =
         SecretSet::new(&args::secrets(secrets)?).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
     let cancel = cancel_of(cancel);
-    let found = py.allow_threads(|| {
-        core::rehash_beneath(root_fd, &path, &secrets, &cancel, keep_small, unread_above)
+    // One trip without the GIL for every path: a worker thread taking it
+    // back per file waits for the event loop each time.
+    let found: Vec<_> = py.allow_threads(|| {
+        let mut found = Vec::with_capacity(paths.len());
+        for path in &paths {
+            if cancel.is_cancelled() {
+                found.push(Err(ReadError::Cancelled));
+                break;
+            }
+            let one =
+                core::rehash_beneath(root_fd, path, &secrets, &cancel, keep_small, unread_above);
+            let cancelled = matches!(one, Err(ReadError::Cancelled));
+            found.push(one);
+            if cancelled {
+                break;
+            }
+        }
+        found
     });
-    match found.map_err(|e| read_error(&path, e))? {
-        Rehash::Gone => Ok(None),
-        Rehash::NotRegular(stat) | Rehash::Larger(stat) => Ok(Some((
+    let mut out = Vec::with_capacity(found.len());
+    for (path, one) in paths.iter().zip(found) {
+        out.push(match one {
+            Err(ReadError::Cancelled) => return Err(to_py(ScanError::Cancelled)),
+            Err(e) => read_error(path, e).into_value(py).into_any(),
+            Ok(rehash) => rehashed(py, rehash).into_pyobject(py)?.into_any().unbind(),
+        });
+    }
+    Ok(out)
+}
+
+/// What `rehash_beneath` says of one file (see `_native.pyi`).
+fn rehashed(py: Python<'_>, rehash: Rehash) -> Option<Rehashed> {
+    match rehash {
+        Rehash::Gone => None,
+        Rehash::NotRegular(stat) | Rehash::Larger(stat) => Some((
             String::new(),
             stat.size,
             Vec::new(),
             stat.mode,
             stat.mtime_ns,
             None,
-        ))),
-        Rehash::Hashed(digest, stat, spans, kept) => Ok(Some((
+        )),
+        Rehash::Hashed(digest, stat, spans, kept) => Some((
             hash::to_hex(&digest),
             stat.size,
             spans.iter().map(|m| (m.offset, m.len, m.secret)).collect(),
             stat.mode,
             stat.mtime_ns,
             kept.map(|data| (PyBytes::new(py, &data).unbind(), stamp(&stat))),
-        ))),
+        )),
     }
 }

@@ -37,7 +37,7 @@ use order::{file_rows, in_path_order, keep_dirs_holding_entries, Rows};
 
 pub use cache::KeptCache;
 pub(crate) use encode::write_entry;
-pub use encode::{ManifestBuffer, Previous};
+pub use encode::{populate, ManifestBuffer, Previous};
 pub use freeing::release_freed_memory;
 pub(crate) use hashing::{hash_slot, HashContext};
 
