@@ -220,6 +220,7 @@ def scanned_manifest(
         trusted=True,
         digests=outcome.digests,
         totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
+        fingerprint=None if outcome.same_as_previous else outcome.fingerprint,
         delta=(previous, *outcome.delta)
         if outcome.delta is not None and previous is not None
         else None,

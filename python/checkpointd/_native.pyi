@@ -68,6 +68,9 @@ class ScanResult:
     digests: bytes
     # How many references each digest has: a u32, little-endian, per digest.
     digest_counts: bytes
+    # The manifest's fingerprint (BLAKE3 of its bytes), when the scan worked it
+    # out (the previous manifest's when same_as_previous).
+    fingerprint: bytes | None
     # The manifest is the one previous_length/previous_fingerprint name.
     same_as_previous: bool
     file_count: int  # file rows in the manifest

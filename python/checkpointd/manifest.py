@@ -111,10 +111,12 @@ class Manifest(Sequence["Entry"]):
         digests: bytes | None = None,
         totals: tuple[int, int, int] | None = None,
         delta: tuple[ManifestSummary, bytes, int] | None = None,
+        fingerprint: bytes | None = None,
     ) -> None:
-        """``digests`` and ``totals``: what :meth:`digests` and :meth:`totals`
-        return, when the maker of ``data`` already knows them (the scan does);
-        only for bytes that same code made. ``delta``: the manifest ``data``
+        """``digests``, ``totals`` and ``fingerprint``: what :meth:`digests`,
+        :meth:`totals` and :meth:`fingerprint` return, when the maker of
+        ``data`` already knows them (the scan does); only for bytes that same
+        code made. ``delta``: the manifest ``data``
         is made from (its summary), the native delta from it and the rows it
         inserts (a scan the change journal directed knows them: see
         :meth:`delta_from`)."""
@@ -123,7 +125,7 @@ class Manifest(Sequence["Entry"]):
         self._source: object = None
         self._held = 0
         self._byte_length = len(self._data)
-        self._fingerprint: bytes | None = None
+        self._fingerprint: bytes | None = fingerprint
         self._len = length
         self._decoded: tuple[Entry, ...] | None = None
         self._trusted = trusted

@@ -62,6 +62,7 @@ class ScanOutcome:
     files_with_secrets: int = 0  # files whose entries say where secrets were zeroed
     digests: bytes | None = None  # distinct file digests, sorted (b"" when same_as_previous)
     digest_counts: bytes | None = None  # references per digest (u32 little-endian each)
+    fingerprint: bytes | None = None  # BLAKE3 of ``manifest``, when the scan worked it out
     file_count: int = 0  # file rows in the manifest
     file_bytes: int = 0  # the sum of their sizes
     dirs_listed: int = 0  # directories entered
@@ -232,6 +233,7 @@ def _outcome(result: _native.ScanResult) -> ScanOutcome:
         files_with_secrets=result.files_with_secrets,
         digests=result.digests,
         digest_counts=result.digest_counts,
+        fingerprint=result.fingerprint,
         file_count=result.file_count,
         file_bytes=result.file_bytes,
         dirs_listed=result.dirs_listed,

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import blake3
 import pytest
 
 from checkpointd import _native
@@ -329,6 +330,7 @@ def run_differential(
                 if not directed.same_as_previous:
                     assert directed.digests == reference.digests
                     assert directed.digest_counts == reference.digest_counts
+                    assert directed.fingerprint == blake3.blake3(got).digest()
             else:
                 # As a capture does (checkpointd.journal.scanned): the tree
                 # disagreed with the journal, which walks it again.

@@ -28,6 +28,8 @@ def test_scan_workspace_outcome(workspace: Path, cache_path: str) -> None:
     assert entry.blob_key.endswith(blake3.blake3(b"token=\0\0\0\0\0\0\0").hexdigest())
     assert (outcome.files_hashed, outcome.files_reused, outcome.bytes_hashed) == (1, 0, 13)
     assert outcome.unsupported == []
+    # The manifest's fingerprint, as the scan hashed the bytes it wrote.
+    assert outcome.fingerprint == blake3.blake3(outcome.manifest).digest()
     again = scan_workspace(
         str(workspace),
         Policy(exclude=("*.log",)),

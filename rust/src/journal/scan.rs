@@ -242,7 +242,7 @@ pub fn scan(
     let edits = plan_edits(&plan, &parent, &batches, chunking.as_ref())?;
     let totals = totals_after(&parent, &edits, request.parent_totals)?;
     let mut out = counted(totals, (hashed, bytes_hashed), &batches, starts.len());
-    let Some((same, delta)) = write(request, &parent, edits, &mut out, manifest)? else {
+    let Some((same, delta)) = write(request, &parent, edits, &mut out, manifest, &pool)? else {
         return Ok(Outcome::Fallback(
             "the journal's changes overlap (the tree moved under the scan)".into(),
         ));
@@ -404,6 +404,7 @@ fn write(
     mut edits: Vec<Edit>,
     out: &mut ScanOutput,
     manifest: &mut dyn ManifestBuffer,
+    pool: &rayon::ThreadPool,
 ) -> Result<Option<(bool, Option<Delta>)>, ScanError> {
     if edits.is_empty() {
         manifest.keep_previous();
@@ -417,16 +418,29 @@ fn write(
         .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
     crate::scan::populate(buffer);
     splice::join_into(&pieces, buffer);
-    let incremental = request
-        .parent_digests
-        .and_then(|known| digests_after(parent, &edits, known));
-    let counted = match incremental {
-        Some(counted) => counted,
-        None => crate::manifest::digests_counted(buffer)
-            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?,
-    };
+    let (buffer, known): (&[u8], _) = (buffer, request.parent_digests);
+    // The fingerprint on every core beside the digests and the delta.
+    let (fingerprint, (counted, delta)) = pool.join(
+        || {
+            *blake3::Hasher::new()
+                .update_rayon(buffer)
+                .finalize()
+                .as_bytes()
+        },
+        || {
+            let incremental = known.and_then(|known| digests_after(parent, &edits, known));
+            let counted = match incremental {
+                Some(counted) => Ok(counted),
+                None => crate::manifest::digests_counted(buffer),
+            };
+            (counted, splice::delta(parent, &edits))
+        },
+    );
+    let counted =
+        counted.map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?;
     (out.digests, out.digest_counts) = (counted.digests, counted.counts);
-    Ok(Some((false, Some(splice::delta(parent, &edits)))))
+    out.fingerprint = Some(fingerprint);
+    Ok(Some((false, Some(delta))))
 }
 
 fn ms(since: std::time::Instant) -> f64 {

@@ -63,6 +63,10 @@ pub struct ScanResult {
     /// the digests).
     #[pyo3(get)]
     digest_counts: Py<PyBytes>,
+    /// The manifest's fingerprint (BLAKE3 of its bytes), when the scan
+    /// worked it out.
+    #[pyo3(get)]
+    fingerprint: Option<Py<PyBytes>>,
     /// The manifest is the previous one (`manifest` and `digests` are empty).
     #[pyo3(get)]
     same_as_previous: bool,
@@ -201,6 +205,7 @@ fn to_result(
         },
         digests: PyBytes::new(py, &out.digests).unbind(),
         digest_counts: PyBytes::new(py, &out.digest_counts).unbind(),
+        fingerprint: out.fingerprint.map(|f| PyBytes::new(py, &f).unbind()),
         file_count: out.file_count,
         file_bytes: out.file_bytes,
         dirs_listed: out.dirs_listed,

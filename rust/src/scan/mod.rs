@@ -84,6 +84,9 @@ pub struct ScanOutput {
     pub digests: Vec<u8>,
     /// How many references each of `digests` has (`manifest::Counted`).
     pub digest_counts: Vec<u8>,
+    /// The manifest's fingerprint (the BLAKE3 hash of its bytes), when the
+    /// scan worked it out.
+    pub fingerprint: Option<[u8; 32]>,
     /// File rows in the manifest and the sum of their sizes.
     pub file_count: u64,
     pub file_bytes: u64,
@@ -271,6 +274,7 @@ pub fn scan_into(
         files_with_secrets: total.files_with_secrets,
         digests: digests.digests,
         digest_counts: digests.counts,
+        fingerprint: Some(digest),
         file_count: total.file_count,
         file_bytes: total.file_bytes,
         dirs_listed: walked.dirs_listed,
