@@ -5,6 +5,7 @@ policy, classifies entries, zeroes secrets, hashes with BLAKE3 and consults a
 persistent stat cache. Results cross into Python as compact bytes.
 """
 
+import os
 from collections.abc import Sequence
 
 __version__: str
@@ -272,6 +273,13 @@ def rehash_beneath(
 def stat_beneath(root_fd: int, path: str) -> Stamp | None:
     """The fstat of ``path`` opened beneath ``root_fd`` (no symlink in any
     component), None when it is gone or no longer reachable that way."""
+
+def remove_stale_staging(root: str | os.PathLike[str]) -> list[str]:
+    """Remove the staging directories (``STAGING_PREFIX``) interrupted restores
+    left at the top of ``root`` and nothing else: an entry named like one that
+    is not a directory stays, never followed, and so does a running restore's
+    (it holds its staging directory's ``flock``). Returns the names removed;
+    raises OSError naming the path."""
 
 def secrets_fingerprint(secrets: Sequence[bytes]) -> str:
     """A keyed hash of the secret set, stored in the stat cache (never the secrets)."""

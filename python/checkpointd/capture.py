@@ -105,7 +105,6 @@ from .journal import JournalUse, ScanKey, WorkspaceJournal, scan_input, scan_rep
 from .manifest import Manifest, ManifestSummary, NewFiles, manifest_of
 from .model import Artifact, Checkpoint, FileEntry, Policy, Reason, WriterLease
 from .progress import ProgressCallback
-from .safefs import remove_stale_staging
 from .scanner import ScanOutcome
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import PendingStatCache, resolve_data_dir, stat_cache_path
@@ -688,7 +687,7 @@ async def _remove_stale_staging(workspace: str) -> None:
     """What an interrupted restore left at the top of the workspace (never a
     running restore's): a failure to remove it is no reason to fail the capture."""
     try:
-        await asyncio.to_thread(remove_stale_staging, workspace)
+        await asyncio.to_thread(_native.remove_stale_staging, workspace)
     except OSError:
         pass
 

@@ -2,10 +2,11 @@
 (``.checkpointd-staging-*``) in the workspace. The daemon removes such
 leftovers when it starts and before each capture, and nothing else: other
 ``.checkpointd*`` names and the workspace's files stay, and a staging directory
-some process holds open (a restore running now) is left alone."""
+a running restore holds (its ``flock``) is left alone."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -68,7 +69,7 @@ async def test_a_restore_killed_with_its_daemon_leaves_nothing_after_a_restart(
     assert tree_state(restarted.workspace) == tree_state(source.workspace)
 
 
-async def test_a_capture_removes_leftover_staging_but_not_one_held_open(
+async def test_a_capture_removes_leftover_staging_but_not_a_running_restores(
     daemons: DaemonFactory,
 ) -> None:
     daemon = daemons.start()
@@ -77,7 +78,8 @@ async def test_a_capture_removes_leftover_staging_but_not_one_held_open(
     _leftover(daemon.workspace)
     held = _leftover(daemon.workspace, STAGING_PREFIX + "fedcba9876543210")
     (daemon.workspace / (STAGING_PREFIX + "file")).write_text("a file, not a staging directory\n")
-    fd = os.open(held / "t", os.O_RDONLY | os.O_DIRECTORY)  # a restore at work in it
+    fd = os.open(held, os.O_RDONLY | os.O_DIRECTORY)  # a restore at work in it
+    fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         async with daemon.client() as client:
             done = await client.capture("t")

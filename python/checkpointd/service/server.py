@@ -42,9 +42,8 @@ from urllib.parse import urlsplit
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from .. import chunks
+from .. import _native, chunks
 from ..errors import SandboxCheckpointInvalidArgumentError
-from ..safefs import remove_stale_staging
 from ..v1 import checkpointd_pb2, checkpointd_pb2_grpc
 from .auth import BearerTokenInterceptor
 from .config import ServeConfig, chunk_settings, grpc_address
@@ -365,7 +364,7 @@ async def _prepare(config: ServeConfig) -> ServiceState:
     _check_private_data_dir(data_dir)
     # A restore killed with the daemon left its staging directory in the
     # workspace (a capture never holds it): removed before anything runs.
-    for name in await asyncio.to_thread(remove_stale_staging, config.workspace):
+    for name in await asyncio.to_thread(_native.remove_stale_staging, config.workspace):
         _log.info("removed %s, left in the workspace by an interrupted restore", name)
     return ServiceState(
         workspace_root=config.workspace,

@@ -32,7 +32,7 @@ pub use stat::{
 pub use write::{
     create_file_at, create_file_mode_at, current_umask, fchmod, mark_top_of_hierarchy, mkdir_at,
     open_dir_at, open_dir_beneath_same_mount, open_leaf_at, open_subdir, rename_at, rmdir_at,
-    set_mtime, symlink_at, syncfs, unlink_at,
+    set_mtime, symlink_at, syncfs, try_lock_exclusive, unlink_at,
 };
 
 /// The stat fields the scanner uses.

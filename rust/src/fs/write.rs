@@ -122,6 +122,18 @@ pub fn mark_top_of_hierarchy(fd: RawFd) -> io::Result<()> {
     check(unsafe { libc::ioctl(fd, libc::FS_IOC_SETFLAGS, &flags) }).map(drop)
 }
 
+/// Take `flock(LOCK_EX)` on `fd` without waiting: false when another open
+/// file description holds it (released when the holder's fd closes, or its
+/// process dies).
+pub fn try_lock_exclusive(fd: RawFd) -> io::Result<bool> {
+    // SAFETY: plain syscall on a valid fd.
+    match check(unsafe { libc::flock(fd, libc::LOCK_EX | libc::LOCK_NB) }) {
+        Ok(_) => Ok(true),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 pub fn unlink_at(dir: RawFd, name: &CStr) -> io::Result<()> {
     // SAFETY: valid fd and C string.
     check(unsafe { libc::unlinkat(dir, name.as_ptr(), 0) }).map(drop)

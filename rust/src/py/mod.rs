@@ -47,6 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify::rehash_beneath, m)?)?;
     m.add_function(wrap_pyfunction!(verify::stat_beneath, m)?)?;
     m.add_class::<restore::RestoreSession>()?;
+    m.add_function(wrap_pyfunction!(restore::remove_stale_staging, m)?)?;
     m.add_class::<pack::PyPackWriter>()?;
     m.add_class::<pack::DigestSet>()?;
     m.add("PACK_FOOTER_LEN", crate::pack::FOOTER_LEN)?;

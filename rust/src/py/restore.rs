@@ -687,3 +687,19 @@ impl RestoreSession {
             .ok_or_else(|| PyValueError::new_err(format!("no blob {} being staged", to_hex(hash))))
     }
 }
+
+/// See `_native.pyi`.
+#[pyfunction]
+pub fn remove_stale_staging(py: Python<'_>, root: PathBuf) -> PyResult<Vec<String>> {
+    let removed = py
+        .allow_threads(|| {
+            let ws = core::Workspace::open(&root, "")?;
+            core::remove_stale_staging(&ws)
+        })
+        .map_err(to_py)?;
+    Ok(removed
+        .removed
+        .iter()
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect())
+}

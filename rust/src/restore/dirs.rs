@@ -5,7 +5,7 @@ use std::ffi::{CStr, CString};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 
-use super::{cname, is_errno, RestoreError, Workspace};
+use super::{cname, is_errno, RestoreError, Workspace, STAGING_PREFIX};
 use crate::fs;
 use crate::walk::MAX_DEPTH;
 
@@ -237,6 +237,11 @@ pub(super) fn remove_tree(
     if fs::is_mount_point_fd(fd.as_raw_fd(), &inner, ws.dev) {
         skipped.push(rel.to_vec());
         return Ok(());
+    }
+    if inner.mode & 0o700 != 0o700 && rel.starts_with(STAGING_PREFIX.as_bytes()) {
+        // Staging's own, so an owner that is not root can list and empty it
+        // (any error: the removal below says what failed).
+        let _ = fs::fchmod(fd.as_raw_fd(), (inner.mode & 0o7777) | 0o700);
     }
     let dir_fd = fd
         .try_clone()

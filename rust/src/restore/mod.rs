@@ -518,10 +518,21 @@ fn parent_of(path: &str) -> Option<&str> {
     path.rfind('/').map(|at| &path[..at])
 }
 
-/// Remove the staging directories an interrupted restore left at the top of
-/// the root; returns the paths it left (mount points inside, too deep).
-fn remove_leftovers(ws: &Workspace) -> Result<Vec<Vec<u8>>, RestoreError> {
-    let mut leftovers = Vec::new();
+/// What [`remove_stale_staging`] did: the staging directories it removed
+/// (their names) and the paths it left (mount points inside, too deep).
+#[derive(Debug, Default)]
+pub struct StaleStaging {
+    pub removed: Vec<Vec<u8>>,
+    pub skipped: Vec<Vec<u8>>,
+}
+
+/// Remove the staging directories interrupted restores left at the top of
+/// the root, and nothing else: an entry named like one that is not a
+/// directory (a symlink, a file) stays, never followed, and a staging
+/// directory a running restore holds (its `flock`, taken by
+/// [`make_staging`] and released when that restore ends or dies) stays.
+pub fn remove_stale_staging(ws: &Workspace) -> Result<StaleStaging, RestoreError> {
+    let mut names = Vec::new();
     {
         let fd = ws.dup_fd()?;
         let mut reader =
@@ -531,15 +542,34 @@ fn remove_leftovers(ws: &Workspace) -> Result<Vec<Vec<u8>>, RestoreError> {
             .map_err(|e| RestoreError::io(ws.shown(b""), "list", e))?
         {
             if name.to_bytes().starts_with(STAGING_PREFIX.as_bytes()) {
-                leftovers.push(name.to_owned());
+                names.push(name.to_owned());
             }
         }
     }
-    let mut skipped = Vec::new();
-    for name in leftovers {
-        remove_tree(ws, ws.fd.as_raw_fd(), &name, name.to_bytes(), &mut skipped)?;
+    let mut done = StaleStaging::default();
+    for name in names {
+        let shown = ws.shown(name.to_bytes());
+        let held = match fs::open_dir_at(ws.fd.as_raw_fd(), &name) {
+            Ok(fd) => fd,
+            // A symlink or a non-directory: not a staging directory; gone: done.
+            Err(e) if is_errno(&e, &[libc::ENOENT, libc::ELOOP, libc::ENOTDIR]) => continue,
+            Err(e) => return Err(RestoreError::io(shown, "open", e)),
+        };
+        if !fs::try_lock_exclusive(held.as_raw_fd())
+            .map_err(|e| RestoreError::io(shown, "flock", e))?
+        {
+            continue; // a running restore's
+        }
+        remove_tree(
+            ws,
+            ws.fd.as_raw_fd(),
+            &name,
+            name.to_bytes(),
+            &mut done.skipped,
+        )?;
+        done.removed.push(name.into_bytes());
     }
-    Ok(skipped)
+    Ok(done)
 }
 
 /// A fresh private staging directory at the top of the root.
@@ -565,6 +595,14 @@ fn make_staging(ws: &Workspace) -> Result<Staging, RestoreError> {
         .map_err(|e| RestoreError::io(shown.clone(), "mkdir", e))?;
     let fd = fs::open_dir_at(ws.fd.as_raw_fd(), &name)
         .map_err(|e| RestoreError::io(shown.clone(), "open", e))?;
+    // Held for the whole restore: remove_stale_staging leaves it alone.
+    fs::try_lock_exclusive(fd.as_raw_fd())
+        .and_then(|locked| {
+            locked
+                .then_some(())
+                .ok_or_else(|| io::Error::from_raw_os_error(libc::EWOULDBLOCK))
+        })
+        .map_err(|e| RestoreError::io(shown.clone(), "flock", e))?;
     // Where the files a restore replaces were staged, ext4 without a journal
     // keeps their freed inodes from reuse for a minute, and every file made
     // beside them searches past them all: staging's directories are placed
@@ -679,7 +717,7 @@ impl Restore {
         kept_cache: Option<KeptCache>,
         record: bool,
     ) -> Result<Restore, RestoreError> {
-        let skipped = remove_leftovers(&ws)?;
+        let skipped = remove_stale_staging(&ws)?.skipped;
         let staging = make_staging(&ws)?;
         let (new_roots, tree_dirs, dests) = staging_layout(&plan);
         let (blobs, next_use) = blob_uses(&plan);
