@@ -24,7 +24,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .journal import JournalUse, ScanInput, scanned
-from .manifest import Manifest, ManifestSummary, manifest_of
+from .manifest import Known, Manifest, ManifestSummary, manifest_of
 from .model import Checkpoint, Policy
 from .scanner import ScanOutcome, scan_workspace
 from .store.base import CheckpointStore
@@ -218,9 +218,11 @@ def scanned_manifest(
         outcome.manifest,
         length=outcome.entries_count,
         trusted=True,
-        digests=outcome.digests,
-        totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
-        fingerprint=None if outcome.same_as_previous else outcome.fingerprint,
+        known=Known(
+            digests=outcome.digests,
+            totals=(outcome.entries_count, outcome.file_count, outcome.file_bytes),
+            fingerprint=outcome.fingerprint,
+        ),
         delta=(previous, *outcome.delta)
         if outcome.delta is not None and previous is not None
         else None,

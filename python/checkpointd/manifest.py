@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, overload
 import blake3
 
 from . import _native
+from .codec import decode_entries, encode_entries
 
 if TYPE_CHECKING:
     from .model import Entry
@@ -83,6 +84,20 @@ class ManifestSummary:
         return summary if len(summary.fingerprint) == _DIGEST else None
 
 
+@dataclass(frozen=True, slots=True)
+class Known:
+    """What the maker of a manifest's bytes already computed from them: what
+    :meth:`Manifest.digests`, :meth:`Manifest.totals` and
+    :meth:`Manifest.fingerprint` would otherwise compute again."""
+
+    digests: bytes | None = None
+    totals: tuple[int, int, int] | None = None
+    fingerprint: bytes | None = None
+
+
+_NOTHING_KNOWN = Known()
+
+
 class Manifest(Sequence["Entry"]):
     """An immutable, lazily decoded sequence of entries over the codec's bytes
     (loaded on first use too when a store made it with :meth:`stored`)."""
@@ -108,29 +123,26 @@ class Manifest(Sequence["Entry"]):
         *,
         length: int | None = None,
         trusted: bool = False,
-        digests: bytes | None = None,
-        totals: tuple[int, int, int] | None = None,
+        known: Known | None = None,
         delta: tuple[ManifestSummary, bytes, int] | None = None,
-        fingerprint: bytes | None = None,
     ) -> None:
-        """``digests``, ``totals`` and ``fingerprint``: what :meth:`digests`,
-        :meth:`totals` and :meth:`fingerprint` return, when the maker of
-        ``data`` already knows them (the scan does); only for bytes that same
-        code made. ``delta``: the manifest ``data``
-        is made from (its summary), the native delta from it and the rows it
-        inserts (a scan the change journal directed knows them: see
+        """``known``: what the maker of ``data`` already computed from it (the
+        scan does); only for bytes that same code made. ``delta``: the manifest
+        ``data`` is made from (its summary), the native delta from it and the
+        rows it inserts (a scan the change journal directed knows them: see
         :meth:`delta_from`)."""
+        known = known or _NOTHING_KNOWN
         self._data: bytes | None = bytes(data)
         self._load: Callable[[], bytes] | None = None
         self._source: object = None
         self._held = 0
         self._byte_length = len(self._data)
-        self._fingerprint: bytes | None = fingerprint
+        self._fingerprint: bytes | None = known.fingerprint
         self._len = length
         self._decoded: tuple[Entry, ...] | None = None
         self._trusted = trusted
-        self._digests = digests
-        self._totals = totals
+        self._digests = known.digests
+        self._totals = known.totals
         self._delta = delta
 
     @classmethod
@@ -173,8 +185,6 @@ class Manifest(Sequence["Entry"]):
         """The manifest of caller-given entries (encoded in Python; not trusted)."""
         if isinstance(entries, Manifest):
             return entries
-        from .codec import encode_entries
-
         decoded = tuple(entries)
         manifest = cls(encode_entries(decoded), length=len(decoded))
         manifest._decoded = decoded
@@ -349,8 +359,6 @@ class Manifest(Sequence["Entry"]):
         """The decoded entries (decoded once, then shared: they are frozen)."""
         decoded = self._decoded
         if decoded is None:
-            from .codec import decode_entries
-
             with _decode_lock:
                 if self._decoded is None:
                     self._decoded = decode_entries(self.data)

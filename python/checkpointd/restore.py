@@ -67,7 +67,7 @@ from .errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
-from .manifest import Manifest, manifest_of
+from .manifest import Known, Manifest, manifest_of
 from .model import Checkpoint, FileEntry, Policy, WriterLease
 from .progress import ProgressCallback
 from .secrets import Secrets, SecretsArg, parse_secrets
@@ -294,7 +294,9 @@ def _planned(
         return planned
     rows, entries, files, nbytes, with_secrets = live
     # (A restore's live scan collects no digests: computed from the rows when asked.)
-    manifest = Manifest(rows, length=entries, trusted=True, totals=(entries, files, nbytes))
+    manifest = Manifest(
+        rows, length=entries, trusted=True, known=Known(totals=(entries, files, nbytes))
+    )
     return dataclasses.replace(planned, live=manifest, live_with_secrets=with_secrets > 0)
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from .errors import SandboxCheckpointInvalidArgumentError
 from .model import SecretSpan
+from .scanner import check_secrets
 
 SecretsArg = Iterable[bytes | bytearray | memoryview] | Mapping[str, bytes | bytearray | memoryview]
 
@@ -48,8 +49,6 @@ def parse_secrets(secrets: SecretsArg | Secrets) -> Secrets:
     shorter than 4 bytes, or a name that is not a non-empty string (the message
     never shows a value).
     """
-    from .scanner import check_secrets
-
     if isinstance(secrets, Secrets):
         return secrets
     if isinstance(secrets, Mapping):
