@@ -68,7 +68,7 @@ from .errors import (
     SandboxSnapshotError,
 )
 from .manifest import Known, Manifest, manifest_of
-from .model import Checkpoint, FileEntry, Policy, WriterLease
+from .model import Checkpoint, Policy, WriterLease
 from .progress import ProgressCallback
 from .secrets import Secrets, SecretsArg, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
@@ -357,7 +357,7 @@ async def preview_restore(
         written = session.written_paths
         counts = session.counts
         planned_blobs = session.blobs
-        files = sum(1 for entry in checkpoint.files if isinstance(entry, FileEntry))
+        files = manifest_of(checkpoint.files).totals()[1]
         return RestorePreview(
             checkpoint=checkpoint,
             written=written,
