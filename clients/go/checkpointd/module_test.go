@@ -103,7 +103,31 @@ func goDoc(t *testing.T) string {
 	if err != nil {
 		t.Fatalf("go doc: %v: %s", err, stderr.String())
 	}
+	// When go doc cannot have `go list` name the directory's import path, its
+	// first line says `import "."` and every other line is as usual: the path
+	// is then this module's (go.mod) plus the package's directory.
+	const unnamed = "package checkpointd // import \".\"\n"
+	if rest, found := strings.CutPrefix(string(out), unnamed); found {
+		goMod, err := os.ReadFile(filepath.Join("..", "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		module := modulePath(goMod)
+		t.Logf("go doc did not name the import path (%s); it is %s/checkpointd by go.mod",
+			strings.TrimSpace(stderr.String()), module)
+		return fmt.Sprintf("package checkpointd // import %q\n", module+"/checkpointd") + rest
+	}
 	return string(out)
+}
+
+// modulePath is the path on go.mod's module line.
+func modulePath(goMod []byte) string {
+	for _, line := range strings.Split(string(goMod), "\n") {
+		if rest, found := strings.CutPrefix(strings.TrimSpace(line), "module "); found {
+			return strings.Trim(strings.TrimSpace(rest), "\"")
+		}
+	}
+	return ""
 }
 
 // firstDifference names the first line where a and b differ, with both texts.
