@@ -57,6 +57,9 @@ export async function startDaemon({ tcp = false, token, extra = [], tls } = {}) 
   const daemon = {
     address, token, workspace, dataDir, blobsDir, store, base,
     log: () => readFileSync(logPath, "utf8"),
+    /** SIGSTOP: the daemon answers nothing until `resume()` (a call's deadline must pass). */
+    pause: () => proc.kill("SIGSTOP"),
+    resume: () => proc.kill("SIGCONT"),
     async stop() {
       if (proc.exitCode === null) {
         proc.kill("SIGTERM");
