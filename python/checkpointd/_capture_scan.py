@@ -23,10 +23,10 @@ from .errors import (
     SandboxCheckpointInvalidArgumentError,
     SandboxSnapshotError,
 )
-from .journal import JournalUse, ScanInput, scanned
+from .journal import JournalUse, scanned
 from .manifest import Known, Manifest, ManifestSummary, manifest_of
 from .model import Checkpoint, Policy
-from .scanner import ScanOutcome, scan_workspace
+from .scanner import JournalInput, ScanOutcome, scan_workspace
 from .store.base import CheckpointStore
 
 # Zeroed bytes of small files waiting between the scan and the upload, as
@@ -136,7 +136,7 @@ class ScanRequest:
     cache_path: str
     token: _native.CancelToken
     previous: ManifestSummary | None
-    journal: ScanInput | None
+    journal: JournalInput | None
 
 
 def new_feed(parent: Manifest | None) -> _native.BlobFeed:

@@ -25,19 +25,12 @@ import dataclasses
 import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from . import _native, chunks
 from ._engine import run_in_thread
 from .manifest import Manifest, ManifestSummary
 from .model import Policy
-
-if TYPE_CHECKING:
-    from .scanner import ScanOutcome
-
-# What a directed scan is given: the ticket, the parent's bytes, its totals
-# and (when known) its digests with their counts.
-ScanInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int], tuple[bytes, bytes] | None]
+from .scanner import JournalInput, ScanOutcome
 
 WATCH_MODES = ("auto", "fanotify", "inotify", "off")
 
@@ -320,7 +313,7 @@ async def scan_input(
     previous: ManifestSummary | None,
     parent: Manifest | None,
     load_parent: Callable[[], Awaitable[Manifest | None]],
-) -> ScanInput | None:
+) -> JournalInput | None:
     """What the scan needs when the journal directs it (None: it scans
     everything): the parent's bytes, loaded now when the capture has not
     (none are needed when nothing changed: its summary says the totals)."""
@@ -370,7 +363,6 @@ __all__ = [
     "WATCH_MODES",
     "Baseline",
     "JournalUse",
-    "ScanInput",
     "ScanKey",
     "WorkspaceJournal",
     "scan_input",

@@ -144,6 +144,12 @@ def _log_policy_warnings(warnings: Iterable[tuple[str, str, str]]) -> None:
         )
 
 
+# What a scan the change journal directs takes: the journal's ticket, the
+# parent's manifest bytes, its totals (entries, files, file bytes) and, when
+# known, its digests with their counts.
+JournalInput = tuple[_native.JournalTicket, bytes, tuple[int, int, int], tuple[bytes, bytes] | None]
+
+
 class ScanOptions(TypedDict, total=False):
     """The keywords of ``scan_workspace`` (its docstring)."""
 
@@ -152,9 +158,7 @@ class ScanOptions(TypedDict, total=False):
     root_fd: int | None
     progress: _native.ScanProgress | None
     previous: ManifestSummary | None
-    journal: (
-        tuple[_native.JournalTicket, bytes, tuple[int, int, int], tuple[bytes, bytes] | None] | None
-    )
+    journal: JournalInput | None
 
 
 def scan_workspace(
@@ -246,4 +250,11 @@ def _outcome(result: _native.ScanResult) -> ScanOutcome:
     )
 
 
-__all__ = ["ScanOptions", "ScanOutcome", "check_secrets", "policy_matcher", "scan_workspace"]
+__all__ = [
+    "JournalInput",
+    "ScanOptions",
+    "ScanOutcome",
+    "check_secrets",
+    "policy_matcher",
+    "scan_workspace",
+]
