@@ -643,8 +643,9 @@ class BlobFeed:
 
     Pass it to ``scan(feed=...)``; consume with ``next_batch`` from another
     thread while the scan runs. Files larger than ``max_file_bytes``, digests in
-    ``skip`` (concatenated 32-byte digests) and digests already fed are not
-    fed. At most ``capacity_bytes`` (stored, i.e. compressed, bytes) wait in
+    ``skip`` (sorted, distinct 32-byte digests laid end to end, such as
+    ``Manifest.digests()``: searched in place, never copied) and digests
+    already fed are not fed. At most ``capacity_bytes`` (stored, i.e. compressed, bytes) wait in
     the queue: the scan waits beyond.
 
     A file too large to copy (at least 1 MiB) is handed over as the open file

@@ -73,11 +73,18 @@ struct State {
     abandoned: bool,
 }
 
+/// The digests a feed skips (the parent's): distinct 32-byte digests laid end
+/// to end in sorted order, searched where they lie. A million-file parent
+/// holds 32 MB of them; copied and sorted for every capture they cost more
+/// than a capture after one edit. (Out of order, the feed only skips less: a
+/// digest is skipped only where the search finds it.)
+pub type Skip = Box<dyn AsRef<[u8]> + Send + Sync>;
+
 pub struct BlobFeed {
     capacity: usize,
     /// Files larger than this are never fed.
     pub max_file: usize,
-    skip: Vec<[u8; 32]>,
+    skip: Skip,
     state: Mutex<State>,
     changed: Condvar,
     /// Open files handed over and not yet dropped by the upload.
@@ -87,13 +94,7 @@ pub struct BlobFeed {
 }
 
 impl BlobFeed {
-    pub fn new(
-        capacity: usize,
-        max_file: usize,
-        mut skip: Vec<[u8; 32]>,
-        max_held_files: usize,
-    ) -> BlobFeed {
-        skip.sort_unstable();
+    pub fn new(capacity: usize, max_file: usize, skip: Skip, max_held_files: usize) -> BlobFeed {
         BlobFeed {
             capacity: capacity.max(BATCH_BYTES),
             max_file,
@@ -159,7 +160,8 @@ impl BlobFeed {
 
     /// Whether `digest` is worth feeding (not skipped, not fed yet).
     pub fn wants(&self, digest: &[u8; 32]) -> bool {
-        self.skip.binary_search(digest).is_err() && !self.lock().seen.contains(digest)
+        crate::manifest::search((*self.skip).as_ref(), digest).is_err()
+            && !self.lock().seen.contains(digest)
     }
 
     /// Feed one file's verified bytes, as a frame (waits while the queue is full).
@@ -278,7 +280,7 @@ mod tests {
 
     #[test]
     fn feeds_once_skips_and_drains() {
-        let feed = BlobFeed::new(0, 1 << 20, vec![[9u8; 32]], 4);
+        let feed = BlobFeed::new(0, 1 << 20, Box::new([9u8; 32].to_vec()), 4);
         let cancel = Cancel::new();
         assert!(!feed.wants(&[9u8; 32]));
         assert!(feed.wants(&[1u8; 32]));

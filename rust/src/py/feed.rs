@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::pybacked::PyBackedBytes;
 use pyo3::types::PyBytes;
 
 use super::errors::to_py;
 use super::verify::PyVerifyingReader;
-use crate::feed::{Batch, BlobFeed, Next, NextFile};
+use crate::feed::{Batch, BlobFeed, Next, NextFile, Skip};
 use crate::verify::VerifyingReader;
 
 /// `(digest, zeroed bytes)` pairs, as Python sees a batch.
@@ -89,19 +90,19 @@ impl PyBlobFeed {
     fn new(
         capacity_bytes: usize,
         max_file_bytes: usize,
-        skip: Option<&[u8]>,
+        skip: Option<PyBackedBytes>,
         max_held_files: usize,
     ) -> PyResult<Self> {
-        let skip = skip.unwrap_or_default();
-        if skip.len() % 32 != 0 {
+        if skip.as_ref().is_some_and(|s| s.len() % 32 != 0) {
             return Err(PyValueError::new_err(
                 "skip must be concatenated 32-byte digests",
             ));
         }
-        let skip = skip
-            .chunks_exact(32)
-            .map(|c| c.try_into().expect("32 bytes"))
-            .collect();
+        // Held, not copied: the bytes object stays alive with the feed.
+        let skip: Skip = match skip {
+            Some(skip) => Box::new(skip),
+            None => Box::new(Vec::new()),
+        };
         Ok(PyBlobFeed {
             inner: Arc::new(BlobFeed::new(
                 capacity_bytes,
