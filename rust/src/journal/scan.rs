@@ -326,7 +326,10 @@ fn walk(
     (starts, pool, secrets, progress): WalkWith<'_>,
 ) -> Result<crate::walk::WalkOutput, ScanError> {
     let scan = request.scan;
-    let cache = scan.cache_path.as_deref().and_then(LoadedCache::load);
+    let cache = scan
+        .cache_path
+        .as_deref()
+        .and_then(LoadedCache::load_shared);
     let fingerprint = secrets_fingerprint(&scan.secrets);
     let root_forms: Vec<&[u8]> = root.forms.iter().map(|f| f.as_slice()).collect();
     Walker {
@@ -339,7 +342,7 @@ fn walk(
         root_dev: fs::fstat(root.fd.as_raw_fd())
             .map_err(|e| ScanError::io(&root.path, "fstat", e))?
             .dev,
-        cache: cache.as_ref(),
+        cache: cache.as_deref(),
         reuse_hashes: cache.as_ref().is_some_and(|c| c.fingerprint == fingerprint),
         progress,
         direction: Some(plan),

@@ -369,6 +369,7 @@ impl<'a> Scan<'a> {
                 let dir = cache_dir(path)?;
                 let now = statcache::racy_reference_ns(root.fd.as_raw_fd(), &dir)
                     .map_err(|e| ScanError::io(&root.path, "read the clock of", e))?;
+                LoadedCache::release_shared();
                 (LoadedCache::load(path), now)
             }
             None => (None, 0),

@@ -2,7 +2,8 @@
 //! directory's file entries read from the file when it is listed.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::fs::Stat;
 
@@ -47,14 +48,86 @@ pub struct LoadedCache {
     file: fs::File,
 }
 
+/// Which file a kept cache was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    fn of(meta: &fs::Metadata) -> FileIdentity {
+        use std::os::unix::fs::MetadataExt;
+        FileIdentity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// The cache [`LoadedCache::load_shared`] read last.
+struct Kept {
+    path: PathBuf,
+    identity: FileIdentity,
+    cache: Arc<LoadedCache>,
+}
+
+static KEPT: Mutex<Option<Kept>> = Mutex::new(None);
+
 impl LoadedCache {
     /// Open the cache at `path`; None when missing, of another version, or
     /// when its trailer or directories do not verify (each directory's block
     /// is verified when it is read).
     pub fn load(path: &Path) -> Option<LoadedCache> {
-        use std::os::unix::fs::FileExt;
         let file = fs::File::open(path).ok()?;
         let len = file.metadata().ok()?.len();
+        Self::load_from(file, len)
+    }
+
+    /// [`LoadedCache::load`], the cache kept in memory for the next call
+    /// while its file stays the same file (device, inode, size, modification
+    /// and change times: a cache is only ever replaced by renaming a new file
+    /// over it). A directed scan never saves the cache, so the captures the
+    /// change journal directs load the same file one after another, and at a
+    /// million files reading and verifying its directory section (~20 MB)
+    /// would cost more than the rest of such a scan. One cache is kept (the
+    /// daemon serves one workspace); another path or file replaces it.
+    pub fn load_shared(path: &Path) -> Option<Arc<LoadedCache>> {
+        let file = fs::File::open(path).ok()?;
+        let meta = file.metadata().ok()?;
+        let identity = FileIdentity::of(&meta);
+        let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(kept) = kept
+            .as_ref()
+            .filter(|k| k.path == path && k.identity == identity)
+        {
+            return Some(Arc::clone(&kept.cache));
+        }
+        // The old one goes before the new one is read (peak memory).
+        *kept = None;
+        let cache = Arc::new(Self::load_from(file, meta.len())?);
+        *kept = Some(Kept {
+            path: path.to_path_buf(),
+            identity,
+            cache: Arc::clone(&cache),
+        });
+        Some(cache)
+    }
+
+    /// Let go of the cache [`LoadedCache::load_shared`] keeps: a full scan
+    /// reads the file afresh and then replaces it (peak memory).
+    pub fn release_shared() {
+        *KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+
+    fn load_from(file: fs::File, len: u64) -> Option<LoadedCache> {
+        use std::os::unix::fs::FileExt;
         let mut magic = [0u8; 8];
         file.read_exact_at(&mut magic, 0).ok()?;
         if &magic != MAGIC || len < ENTRIES_AT + (TRAILER + CHECKSUM) as u64 {

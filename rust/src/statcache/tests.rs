@@ -302,3 +302,31 @@ fn fingerprint_is_order_free_and_length_prefixed() {
         secrets_fingerprint(&[b"abcdefgh".as_slice()])
     );
 }
+
+/// A shared load is the kept cache while the file is the same file, and the
+/// new file's cache once another was renamed over it.
+#[test]
+fn a_shared_load_is_kept_until_the_file_is_replaced() {
+    let cache = sample();
+    let (dir, path, _) = saved(&cache);
+    let first = LoadedCache::load_shared(&path).unwrap();
+    let again = LoadedCache::load_shared(&path).unwrap();
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    assert_eq!(first.len(), cache.entries.len());
+
+    let mut fewer = cache.clone();
+    fewer.entries.pop();
+    let other = dir.path().join("other.bin");
+    fewer.save(&other).unwrap();
+    std::fs::rename(&other, &path).unwrap();
+    let replaced = LoadedCache::load_shared(&path).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&first, &replaced));
+    assert_eq!(replaced.len(), fewer.entries.len());
+
+    LoadedCache::release_shared();
+    let reread = LoadedCache::load_shared(&path).unwrap();
+    assert!(!std::sync::Arc::ptr_eq(&replaced, &reread));
+
+    std::fs::remove_file(&path).unwrap();
+    assert!(LoadedCache::load_shared(&path).is_none());
+}
