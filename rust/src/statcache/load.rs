@@ -2,7 +2,7 @@
 //! directory's file entries read from the file when it is listed.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::fs::Stat;
@@ -55,7 +55,6 @@ struct FileIdentity {
     ino: u64,
     size: u64,
     mtime: (i64, i64),
-    ctime: (i64, i64),
 }
 
 impl FileIdentity {
@@ -66,14 +65,12 @@ impl FileIdentity {
             ino: meta.ino(),
             size: meta.size(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
-            ctime: (meta.ctime(), meta.ctime_nsec()),
         }
     }
 }
 
 /// The cache [`LoadedCache::load_shared`] read last.
 struct Kept {
-    path: PathBuf,
     identity: FileIdentity,
     cache: Arc<LoadedCache>,
 }
@@ -91,29 +88,28 @@ impl LoadedCache {
     }
 
     /// [`LoadedCache::load`], the cache kept in memory for the next call
-    /// while its file stays the same file (device, inode, size, modification
-    /// and change times: a cache is only ever replaced by renaming a new file
-    /// over it). A directed scan never saves the cache, so the captures the
-    /// change journal directs load the same file one after another, and at a
-    /// million files reading and verifying its directory section (~20 MB)
-    /// would cost more than the rest of such a scan. One cache is kept (the
-    /// daemon serves one workspace); another path or file replaces it.
+    /// while `path` names the same file: same device and inode (the kept
+    /// cache holds it open, so its inode number is not reused), size and
+    /// modification time (a cache is only ever replaced by renaming a new
+    /// file over it, never written in place). Not its name or change time:
+    /// each capture loads a hard link of the live cache under a name of its
+    /// own. A directed scan never saves the cache, so the captures the change
+    /// journal directs load the same file one after another, and at a million
+    /// files reading and verifying its directory section (~20 MB) would cost
+    /// more than the rest of such a scan. One cache is kept (the daemon serves
+    /// one workspace); another file replaces it.
     pub fn load_shared(path: &Path) -> Option<Arc<LoadedCache>> {
         let file = fs::File::open(path).ok()?;
         let meta = file.metadata().ok()?;
         let identity = FileIdentity::of(&meta);
         let mut kept = KEPT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(kept) = kept
-            .as_ref()
-            .filter(|k| k.path == path && k.identity == identity)
-        {
+        if let Some(kept) = kept.as_ref().filter(|k| k.identity == identity) {
             return Some(Arc::clone(&kept.cache));
         }
         // The old one goes before the new one is read (peak memory).
         *kept = None;
         let cache = Arc::new(Self::load_from(file, meta.len())?);
         *kept = Some(Kept {
-            path: path.to_path_buf(),
             identity,
             cache: Arc::clone(&cache),
         });

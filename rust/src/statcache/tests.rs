@@ -303,15 +303,19 @@ fn fingerprint_is_order_free_and_length_prefixed() {
     );
 }
 
-/// A shared load is the kept cache while the file is the same file, and the
-/// new file's cache once another was renamed over it.
+/// A shared load is the kept cache while the file is the same file (under
+/// any name), and the new file's cache once another was renamed over it.
 #[test]
 fn a_shared_load_is_kept_until_the_file_is_replaced() {
     let cache = sample();
     let (dir, path, _) = saved(&cache);
     let first = LoadedCache::load_shared(&path).unwrap();
-    let again = LoadedCache::load_shared(&path).unwrap();
+    // A capture loads a hard link of the live cache under a name of its own.
+    let link = dir.path().join("link.bin");
+    std::fs::hard_link(&path, &link).unwrap();
+    let again = LoadedCache::load_shared(&link).unwrap();
     assert!(std::sync::Arc::ptr_eq(&first, &again));
+    std::fs::remove_file(&link).unwrap();
     assert_eq!(first.len(), cache.entries.len());
 
     let mut fewer = cache.clone();
