@@ -12,11 +12,17 @@ cached under the scratch dir like every corpus), in one session:
    (warm: the daemon has made one untimed capture after edits, which reads
    its head's manifest back from the store);
 3. the same daemon with ``--watch off``: the same two captures, full scans;
-4. a ``--small-files`` corpus (10,000): a capture after one edit, end to end,
+   each daemon also times captures right after ``git checkout -f`` switched
+   the workspace between two branches of a repository whose git dir lies
+   outside it (a tenth of the files differ; made once, untimed);
+4. cold captures (a fresh daemon, an empty store, no stat cache) watching
+   and not, two of each in alternating order;
+5. a ``--small-files`` corpus (10,000): a capture after one edit, end to end,
    once the large corpus's load has settled (``settle``).
 
 Reported: medians and minimums, every ratio against ``git status`` (and
-"watching off: 10 edits / no change") from this run, and the answers are
+"watching off: 10 edits / no change", the checkout captures journal over
+watching off, the cold captures watching over not) from this run, and the answers are
 checked (each timed journal capture hashes only what was edited). Results go
 to ``benchmarks/results/journal-<files>.json`` and ``.md``.
 """
@@ -117,6 +123,86 @@ def corpus_files(corpus: Path) -> list[Path]:
     return out
 
 
+def branch_repo(corpus: Path, base: Path) -> list[str]:
+    """A git repository of the corpus, its git dir outside the workspace, with
+    branch ``main`` (the corpus) and ``other`` (every tenth file rewritten):
+    made once, kept under ``base``. Returns the git command that works on it."""
+    git_dir = base / "branch.git"
+    git = ["git", f"--git-dir={git_dir}", f"--work-tree={corpus}",
+           "-c", "user.name=b", "-c", "user.email=b@b"]  # fmt: skip
+    if (git_dir / "made").is_file():
+        return git
+    print("   making branches main and other for git checkout (untimed) ...", flush=True)
+    shutil.rmtree(git_dir, ignore_errors=True)
+    base.mkdir(parents=True, exist_ok=True)
+    subprocess.run([*git, "init", "-q", "-b", "main"], check=True)
+    copy_objects = base / "git-copy" / ".git" / "objects"
+    if copy_objects.is_dir():  # the git status copy holds most of the blobs
+        (git_dir / "objects" / "info" / "alternates").write_text(f"{copy_objects}\n")
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "main"], check=True)
+    subprocess.run([*git, "checkout", "-q", "-b", "other"], check=True)
+    rng = random.Random(10)
+    for path in sorted(corpus_files(corpus))[::10]:
+        path.write_bytes(rng.randbytes(max(1, path.stat().st_size)))
+    subprocess.run([*git, "commit", "-q", "-a", "-m", "other"], check=True)
+    subprocess.run([*git, "checkout", "-q", "main"], check=True)
+    (git_dir / "made").write_text("main, and other with every tenth file rewritten\n")
+    return git
+
+
+async def checkout(git: list[str], branch: str) -> None:
+    """``git checkout -f branch`` (the edits of the other series are discarded)."""
+    command = [*git, "checkout", "-q", "-f", branch]
+    await asyncio.to_thread(subprocess.run, command, check=True)
+
+
+async def checkout_series(daemon: Daemon, git: list[str], runs: int, label: str) -> Series:
+    """Captures right after ``git checkout`` switched the workspace between
+    ``main`` and ``other`` (a tenth of the files differ): the checkout is
+    untimed, the capture timed."""
+    from checkpointd.service.client import Client
+
+    series = Series(f"{label}: capture after git checkout (10%)")
+    async with Client(daemon.address, timeout=3600) as client:
+        await checkout(git, "main")
+        await client.capture(THREAD)
+        for run in range(runs * 2):
+            branch = "other" if run % 2 == 0 else "main"
+            await checkout(git, branch)
+            started = time.perf_counter()
+            done = await client.capture(THREAD)
+            series.seconds.append(time.perf_counter() - started)
+            series.examined.append(int(done.stats.entries_examined))
+            series.append_ms.append(int(done.stats.phases_ms.get("append", 0)))
+            series.modes.append(done.stats.scan_mode)
+        await checkout(git, "main")
+    return series
+
+
+def cold_capture(corpus: Path, base: Path, watch: str) -> float:
+    """Seconds of the first capture by a fresh daemon into an empty store (no
+    stat cache), watching as ``watch`` says; its store is removed after."""
+    from checkpointd.service.client import Client
+
+    cold = base / f"cold-{watch}"
+    shutil.rmtree(cold, ignore_errors=True)
+    daemon = with_watch(corpus, cold, watch)
+
+    async def one() -> float:
+        async with Client(daemon.address, timeout=3600) as client:
+            started = time.perf_counter()
+            await client.capture(THREAD)
+            return time.perf_counter() - started
+
+    try:
+        daemon.start()
+        return asyncio.run(one())
+    finally:
+        daemon.close()
+        shutil.rmtree(cold, ignore_errors=True)
+
+
 async def daemon_series(
     daemon: Daemon, runs: int, edits: int, files: list[Path], label: str
 ) -> tuple[Series, Series]:
@@ -207,6 +293,7 @@ def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Se
     print(f"### many-small: {files:,} files at {corpus}; load {os.getloadavg()}", flush=True)
     listed = corpus_files(corpus)
     out: dict[str, Series] = {}
+    git = branch_repo(corpus, base)
     for mode in (watch, "off"):
         daemon = with_watch(corpus, base, mode)
         try:
@@ -219,12 +306,22 @@ def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Se
                 one = asyncio.run(daemon_series(daemon, args.runs, 1, listed, f"--watch {mode}"))
                 out[f"{mode}/one-edit"] = one[1]
                 one[1].name = f"--watch {mode}: capture after 1 edit"
+            out[f"{mode}/checkout"] = asyncio.run(
+                checkout_series(daemon, git, max(1, args.runs // 2), f"--watch {mode}")
+            )
             PEAK_RSS_MIB[f"{files}/{mode}"] = daemon.peak_rss_mib() or 0.0
         finally:
             daemon.close()
         for series in out.values():
             if series.name.startswith(f"--watch {mode}"):
                 print(series.line(), flush=True)
+    # Cold captures in both orders, so neither always finds a warmer cache.
+    cold: dict[str, list[float]] = {watch: [], "off": []}
+    for mode in (watch, "off", "off", watch):
+        cold[mode].append(cold_capture(corpus, base, mode))
+    for mode, seconds in cold.items():
+        out[f"{mode}/cold"] = Series(f"--watch {mode}: cold capture", seconds)
+        print(out[f"{mode}/cold"].line(), flush=True)
     # git status last, so its copy's page cache does not evict the corpus.
     out["git"] = git_status(corpus, base / "git-copy", args.runs)
     print(out["git"].line(), flush=True)
@@ -265,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
             "off/no-change"
         ].median
         / git,
+        f"{args.files:,} files: capture after git checkout (10%), journal / watching off": big[
+            f"{w}/checkout"
+        ].median
+        / big["off/checkout"].median,
+        f"{args.files:,} files: cold capture, watching / watching off": big[f"{w}/cold"].median
+        / big["off/cold"].median,
         f"{args.small_files:,} files: capture after 1 edit (ms)": small[f"{w}/one-edit"].median
         * 1e3,
         f"{args.small_files:,} files: no-change capture / git status": small[
