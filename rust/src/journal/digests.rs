@@ -173,7 +173,8 @@ mod tests {
             edit(&parent, "m", rows(|w| w.file("m", &[5; 32], 1, 0o644, 2))),
         ];
         let after = digests_after(&parent, &edits, (&known.digests, &known.counts)).unwrap();
-        let pieces = splice::pieces(&parent, &mut edits).unwrap();
+        splice::sort_edits(&mut edits);
+        let pieces = splice::pieces(&parent, &edits).unwrap();
         let mut new = vec![0; splice::joined_len(&pieces)];
         splice::join_into(&pieces, &mut new);
         assert_eq!(after, digests_counted(&new).unwrap());

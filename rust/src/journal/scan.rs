@@ -413,34 +413,29 @@ fn write(
         manifest.keep_previous();
         return Ok(Some((true, None)));
     }
-    let Some(pieces) = splice::pieces(parent, &mut edits) else {
+    splice::sort_edits(&mut edits);
+    let Some(pieces) = splice::pieces(parent, &edits) else {
         return Ok(None);
     };
     let buffer = manifest
         .allocate(splice::joined_len(&pieces))
         .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
     crate::scan::populate(buffer);
-    splice::join_into(&pieces, buffer);
-    let (buffer, known): (&[u8], _) = (buffer, request.parent_digests);
-    // The fingerprint on every core beside the digests and the delta.
-    let (fingerprint, (counted, delta)) = pool.join(
-        || {
-            *blake3::Hasher::new()
-                .update_rayon(buffer)
-                .finalize()
-                .as_bytes()
-        },
+    let known = request.parent_digests;
+    // The join and its fingerprint on every core, beside the digests and
+    // the delta (which need only the parent and the edits).
+    let (fingerprint, (incremental, delta)) = pool.join(
+        || splice::join_hashed(&pieces, buffer),
         || {
             let incremental = known.and_then(|known| digests_after(parent, &edits, known));
-            let counted = match incremental {
-                Some(counted) => Ok(counted),
-                None => crate::manifest::digests_counted(buffer),
-            };
-            (counted, splice::delta(parent, &edits))
+            (incremental, splice::delta(parent, &edits))
         },
     );
-    let counted =
-        counted.map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?;
+    let counted = match incremental {
+        Some(counted) => counted,
+        None => crate::manifest::digests_counted(buffer)
+            .map_err(|e| ScanError::io("<manifest>", "read", std::io::Error::other(e)))?,
+    };
     (out.digests, out.digest_counts) = (counted.digests, counted.counts);
     out.fingerprint = Some(fingerprint);
     Ok(Some((false, Some(delta))))
