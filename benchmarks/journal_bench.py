@@ -41,6 +41,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .corpus import CorpusSpec, ensure_corpus
 from .daemon import THREAD, Daemon
@@ -76,6 +77,13 @@ class Series:
             f"   {self.name:<44} median {self.median * 1e3:9.1f} ms"
             f"  min {min(self.seconds) * 1e3:9.1f} ms{extra}"
         )
+
+    def add(self, seconds: float, done: Any) -> None:
+        """One timed capture: its seconds and what its ``CaptureDone`` said."""
+        self.seconds.append(seconds)
+        self.examined.append(int(done.stats.entries_examined))
+        self.append_ms.append(int(done.stats.phases_ms.get("append", 0)))
+        self.modes.append(done.stats.scan_mode)
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -172,10 +180,7 @@ async def checkout_series(daemon: Daemon, git: list[str], runs: int, label: str)
             await checkout(git, branch)
             started = time.perf_counter()
             done = await client.capture(THREAD)
-            series.seconds.append(time.perf_counter() - started)
-            series.examined.append(int(done.stats.entries_examined))
-            series.append_ms.append(int(done.stats.phases_ms.get("append", 0)))
-            series.modes.append(done.stats.scan_mode)
+            series.add(time.perf_counter() - started, done)
         await checkout(git, "main")
     return series
 
@@ -238,10 +243,7 @@ async def daemon_series(
                     edit(daemon.workspace, files, changes, rng)
                 started = time.perf_counter()
                 done = await client.capture(THREAD)
-                series.seconds.append(time.perf_counter() - started)
-                series.examined.append(int(done.stats.entries_examined))
-                series.append_ms.append(int(done.stats.phases_ms.get("append", 0)))
-                series.modes.append(done.stats.scan_mode)
+                series.add(time.perf_counter() - started, done)
                 if done.stats.scan_mode == "journal" and done.stats.files_hashed > changes:
                     raise SystemExit(f"{series.name}: hashed {done.stats.files_hashed} files")
     return still, edited

@@ -261,7 +261,9 @@ pub fn delta(parent: &Parent, edits: &[Edit]) -> (Vec<u8>, usize) {
 }
 
 /// The manifest of `pieces`: `[`, the pieces joined by commas, `]`, written
-/// into `out` (exactly [`joined_len`] bytes).
+/// into `out` (exactly [`joined_len`] bytes) the plain way: what the tests
+/// hold [`join_hashed`] and the splices to.
+#[cfg(test)]
 pub fn join_into(pieces: &[&[u8]], out: &mut [u8]) {
     out[0] = b'[';
     let mut at = 1;
@@ -284,19 +286,20 @@ pub fn joined_len(pieces: &[&[u8]]) -> usize {
 /// BLAKE3 tree, hashed while its bytes are in that thread's cache.
 const LEAF: usize = 1 << 20;
 
-/// [`join_into`] and the BLAKE3 hash of what it wrote, in one pass on the
+/// The manifest of `pieces` (`[`, the pieces joined by commas, `]`) written
+/// into `out` (exactly [`joined_len`] bytes) and its BLAKE3 hash, in one pass on the
 /// current rayon pool: the output is split along BLAKE3's own subtree
 /// boundaries, each leaf copied and then hashed by one thread, and the
 /// leaves' chaining values merged up to the root (`blake3::hazmat`). So the
 /// parent's bytes (~180 MB at a million entries) are read from memory once,
 /// not once to copy and again to hash.
 pub fn join_hashed(pieces: &[&[u8]], out: &mut [u8]) -> [u8; 32] {
-    if out.len() <= LEAF {
-        join_into(pieces, out);
-        return *blake3::hash(out).as_bytes();
-    }
     let source = Joined::new(pieces);
     debug_assert_eq!(source.len, out.len());
+    if out.len() <= LEAF {
+        source.copy(0, out);
+        return *blake3::hash(out).as_bytes();
+    }
     let split = hazmat::left_subtree_len(out.len() as u64) as usize;
     let (left, right) = out.split_at_mut(split);
     let (l, r) = rayon::join(
@@ -325,7 +328,8 @@ fn subtree(source: &Joined, at: usize, out: &mut [u8]) -> hazmat::ChainingValue 
     hazmat::merge_subtrees_non_root(&l, &r, hazmat::Mode::Hash)
 }
 
-/// The bytes [`join_into`] writes, as the parts they come from.
+/// The manifest of some pieces (`[`, the pieces joined by commas, `]`), as
+/// the parts its bytes come from: what [`join_hashed`] copies.
 struct Joined<'a> {
     parts: Vec<&'a [u8]>,
     /// Where each part begins in the joined bytes.
