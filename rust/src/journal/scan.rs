@@ -418,9 +418,8 @@ fn write(
         return Ok(None);
     };
     let buffer = manifest
-        .allocate(splice::joined_len(&pieces))
+        .allocate_whole(splice::joined_len(&pieces))
         .map_err(|e| ScanError::io("<manifest>", "allocate", e))?;
-    crate::scan::populate(buffer);
     let known = request.parent_digests;
     // The join and its fingerprint on every core, beside the digests and
     // the delta (which need only the parent and the edits).

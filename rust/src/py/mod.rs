@@ -12,6 +12,7 @@ mod journal;
 mod manifest;
 mod pack;
 mod policy;
+mod recycle;
 mod restore;
 mod scan;
 mod stream;

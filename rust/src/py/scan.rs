@@ -11,6 +11,7 @@ use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use super::feed::PyBlobFeed;
+use super::recycle;
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
@@ -133,19 +134,40 @@ impl core::ManifestBuffer for PyBytesBuffer {
 
     fn allocate(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
         let (object, data) = Python::with_gil(|py| {
-            uninit_bytes(py, len)
-                .map(|(bytes, data)| (bytes.unbind(), data))
-                .map_err(|error| {
-                    drop(error);
-                    std::io::Error::from(std::io::ErrorKind::OutOfMemory)
-                })
-        })?;
+            // (A full scan's manifest grows beside the entries it encodes:
+            // the kept buffers nobody holds go first.)
+            recycle::release_unheld(py);
+            uninit_bytes(py, len).map(|(bytes, data)| (bytes.unbind(), data))
+        })
+        .map_err(out_of_memory)?;
+        Ok(self.hold(object, data, len))
+    }
+
+    fn allocate_whole(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
+        let (object, data, resident) =
+            Python::with_gil(|py| recycle::whole_bytes(py, len)).map_err(out_of_memory)?;
+        let buffer = self.hold(object, data, len);
+        if !resident {
+            core::populate(buffer);
+        }
+        Ok(buffer)
+    }
+}
+
+impl PyBytesBuffer {
+    /// Keep `object`, whose buffer `data` holds `len` bytes, and lend it.
+    fn hold(&mut self, object: Py<PyBytes>, data: *mut u8, len: usize) -> &mut [u8] {
         self.object = Some(object);
         // SAFETY: the buffer of the bytes object held in `self.object` (alive
         // while `self` is borrowed); no Python code sees that object until
         // the scan has returned, so this is its only writer and reader.
-        Ok(unsafe { std::slice::from_raw_parts_mut(data, len) })
+        unsafe { std::slice::from_raw_parts_mut(data, len) }
     }
+}
+
+fn out_of_memory(error: PyErr) -> std::io::Error {
+    drop(error);
+    std::io::Error::from(std::io::ErrorKind::OutOfMemory)
 }
 
 /// How a scan went: the journal's word on it (see `Scanned`).

@@ -26,6 +26,15 @@ pub trait ManifestBuffer {
 
     /// The scan's manifest is byte for byte the one [`ManifestBuffer::previous`] names.
     fn keep_previous(&mut self) {}
+
+    /// A buffer of `len` bytes about to be written whole at once (a directed
+    /// scan's spliced manifest), its pages resident: by default a new one,
+    /// faulted in by [`populate`]; a binding may hand out one it has kept.
+    fn allocate_whole(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
+        let buffer = self.allocate(len)?;
+        populate(buffer);
+        Ok(buffer)
+    }
 }
 
 /// Buffers from this size on are faulted in by [`populate`].
