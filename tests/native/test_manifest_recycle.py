@@ -1,6 +1,6 @@
-"""A directed scan writes its manifest into a buffer kept from an earlier
-one that nobody holds any more: a manifest Python still holds is never
-rewritten, and a reused one has its new length, bytes and hash."""
+"""A directed scan writes its manifest (and its digests) into a buffer kept
+from an earlier one that nobody holds any more: bytes Python still holds are
+never rewritten, and a reused buffer has its new length, bytes and hash."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ class Directed:
             time.sleep(0.01)
         ticket = self.journal.take()
         self.parent: bytes = _native.scan(str(root)).manifest
+        self.digests = b""
         self.journal.commit(ticket)
 
     def scan(self) -> bytes:
@@ -40,7 +41,7 @@ class Directed:
         assert done.scan_mode == "journal", done.fallback
         self.journal.commit(ticket)
         if not done.same_as_previous:
-            self.parent = done.manifest
+            self.parent, self.digests = done.manifest, done.digests
         return self.parent
 
 
@@ -74,9 +75,10 @@ def test_a_manifest_python_still_holds_is_never_rewritten(directed: Directed) ->
         _edit(directed.root, step)
         manifest = directed.scan()
         held.append((manifest, bytes(bytearray(manifest))))
-    for manifest, copy in held:
-        assert manifest == copy
-    assert len({id(manifest) for manifest, _ in held}) == len(held)
+        held.append((directed.digests, bytes(bytearray(directed.digests))))
+    for kept, copy in held:
+        assert kept == copy
+    assert len({id(kept) for kept, _ in held}) == len(held)
 
 
 def test_a_reused_manifest_has_its_new_length_bytes_and_hash(directed: Directed) -> None:
@@ -84,15 +86,19 @@ def test_a_reused_manifest_has_its_new_length_bytes_and_hash(directed: Directed)
     reused = 0
     for step in range(12):
         _edit(directed.root, step)
-        before = id(directed.parent)
+        before = (id(directed.parent), id(directed.digests))
         hash(directed.parent)  # (cached in the object: must not survive reuse)
+        hash(directed.digests)
         manifest = directed.scan()
-        reused += id(manifest) in let_go
-        copy = bytes(bytearray(manifest))
-        assert len(manifest) == len(copy)
-        assert hash(manifest) == hash(copy)
-        assert manifest == copy == _native.scan(str(directed.root)).manifest
-        let_go.add(before)
-        del manifest
-    # Each scan's manifest was let go of two scans later: most were reused.
+        digests = directed.digests
+        reused += id(manifest) in let_go and id(digests) in let_go
+        full = _native.scan(str(directed.root))
+        for got, expected in ((manifest, full.manifest), (digests, full.digests)):
+            copy = bytes(bytearray(got))
+            assert len(got) == len(copy)
+            assert hash(got) == hash(copy)
+            assert got == copy == expected
+        let_go.update(before)
+        del manifest, digests, full
+    # Each scan's bytes were let go of two scans later: most were reused.
     assert reused >= 8

@@ -1,4 +1,4 @@
-//! Manifest buffers kept for the next directed scan.
+//! Manifest and digest buffers kept for the next directed scan.
 //!
 //! A scan the change journal directs writes a whole new manifest (the
 //! parent's rows with the changed ones spliced in). At a million files a new
@@ -8,7 +8,8 @@
 //! kept here too, with room to grow, and one that nobody else holds any more
 //! (Python let go of it: the only reference left is ours) becomes the next
 //! directed scan's buffer, its pages still resident. Nothing can observe it
-//! then, so giving it new contents and a new length is invisible.
+//! then, so giving it new contents and a new length is invisible. The
+//! scan's sorted blob digests (~32 MB at a million files) are kept likewise.
 //!
 //! At most [`KEPT`] are kept; one nobody holds stays only until the next
 //! scan asks for a buffer (a full scan lets the large ones go first). Where
@@ -23,8 +24,8 @@ use pyo3::types::PyBytes;
 
 use super::bytes::uninit_bytes;
 
-/// Manifests kept at most (a daemon's workspaces each keep two: the parent
-/// and the one before, which the next directed scan reuses).
+/// Buffers kept at most for each purpose (a daemon's workspace keeps two:
+/// the parent's and the one before, which the next directed scan reuses).
 const KEPT: usize = 4;
 
 /// Kept buffers from this size on go before a full scan (smaller ones wait
@@ -34,9 +35,19 @@ const RELEASED_BEFORE_FULL_SCANS: usize = 16 << 20;
 /// The least room a kept buffer leaves for its manifest to grow.
 const ROOM_MIN: usize = 64 << 10;
 
+/// What a kept buffer holds: each is reused only for its own kind.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Purpose {
+    /// A directed scan's manifest.
+    Manifest,
+    /// A directed scan's sorted blob digests.
+    Digests,
+}
+
 struct Kept {
     object: Py<PyBytes>,
     capacity: usize,
+    purpose: Purpose,
 }
 
 static BUFFERS: Mutex<Vec<Kept>> = Mutex::new(Vec::new());
@@ -91,13 +102,17 @@ unsafe fn reshape(object: *mut ffi::PyObject, len: usize) -> *mut u8 {
 /// A `bytes` of exactly `len` bytes for a manifest about to be written whole,
 /// its data, and whether its pages are resident already (a kept one reused).
 /// The caller writes every byte before Python code sees it.
-pub fn whole_bytes(py: Python<'_>, len: usize) -> PyResult<(Py<PyBytes>, *mut u8, bool)> {
+pub fn whole_bytes(
+    py: Python<'_>,
+    len: usize,
+    purpose: Purpose,
+) -> PyResult<(Py<PyBytes>, *mut u8, bool)> {
     if !hash_slot_known(py) {
         let (object, data) = uninit_bytes(py, len)?;
         return Ok((object.unbind(), data, false));
     }
     let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
-    let mut unheld_now = take_unheld(py, &mut buffers);
+    let mut unheld_now = take_unheld(py, &mut buffers, Some(purpose));
     let reuse = unheld_now
         .iter()
         .enumerate()
@@ -119,19 +134,34 @@ pub fn whole_bytes(py: Python<'_>, len: usize) -> PyResult<(Py<PyBytes>, *mut u8
     // SAFETY: new, seen by nobody, allocated with `capacity` >= `len` bytes.
     let data = unsafe { reshape(object.as_ptr(), len) };
     let object = object.unbind();
-    if buffers.len() < KEPT {
+    if buffers
+        .iter()
+        .filter(|kept| kept.purpose == purpose)
+        .count()
+        < KEPT
+    {
         buffers.push(Kept {
             object: object.clone_ref(py),
             capacity,
+            purpose,
         });
     }
     Ok((object, data, false))
 }
 
-/// Take the kept buffers nobody else holds out of `buffers`.
-fn take_unheld(py: Python<'_>, buffers: &mut Vec<Kept>) -> Vec<Kept> {
-    let (unheld_now, held): (Vec<Kept>, Vec<Kept>) =
-        buffers.drain(..).partition(|kept| unheld(py, kept));
+/// `bytes` equal to `data`, in a kept buffer when one fits (see [`whole_bytes`]).
+pub fn copied_bytes(py: Python<'_>, data: &[u8], purpose: Purpose) -> PyResult<Py<PyBytes>> {
+    let (object, out, _) = whole_bytes(py, data.len(), purpose)?;
+    // SAFETY: `out` is the data of `object`, `data.len()` bytes, seen by no one yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), out, data.len()) };
+    Ok(object)
+}
+
+/// Take the kept buffers nobody else holds (of `purpose`, or all) out of `buffers`.
+fn take_unheld(py: Python<'_>, buffers: &mut Vec<Kept>, purpose: Option<Purpose>) -> Vec<Kept> {
+    let (unheld_now, held): (Vec<Kept>, Vec<Kept>) = buffers.drain(..).partition(|kept| {
+        purpose.map_or(true, |purpose| kept.purpose == purpose) && unheld(py, kept)
+    });
     *buffers = held;
     unheld_now
 }
@@ -140,7 +170,7 @@ fn take_unheld(py: Python<'_>, buffers: &mut Vec<Kept>) -> Vec<Kept> {
 /// scan, whose manifest grows while the entries it encodes are resident).
 pub fn release_unheld(py: Python<'_>) {
     let mut buffers = BUFFERS.lock().unwrap_or_else(PoisonError::into_inner);
-    let (large, small): (Vec<Kept>, Vec<Kept>) = take_unheld(py, &mut buffers)
+    let (large, small): (Vec<Kept>, Vec<Kept>) = take_unheld(py, &mut buffers, None)
         .into_iter()
         .partition(|kept| kept.capacity >= RELEASED_BEFORE_FULL_SCANS);
     buffers.extend(small);

@@ -11,7 +11,7 @@ use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::{run_released, CancelToken};
 use super::errors::to_py;
 use super::feed::PyBlobFeed;
-use super::recycle;
+use super::recycle::{self, Purpose};
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
@@ -145,7 +145,8 @@ impl core::ManifestBuffer for PyBytesBuffer {
 
     fn allocate_whole(&mut self, len: usize) -> std::io::Result<&mut [u8]> {
         let (object, data, resident) =
-            Python::with_gil(|py| recycle::whole_bytes(py, len)).map_err(out_of_memory)?;
+            Python::with_gil(|py| recycle::whole_bytes(py, len, Purpose::Manifest))
+                .map_err(out_of_memory)?;
         let buffer = self.hold(object, data, len);
         if !resident {
             core::populate(buffer);
@@ -225,7 +226,11 @@ fn to_result(
             Some(object) => object,
             None => moved_into_bytes(py, std::mem::take(&mut out.manifest))?.unbind(),
         },
-        digests: PyBytes::new(py, &out.digests).unbind(),
+        // (A directed scan's are as large as a full scan's: see `recycle`.)
+        digests: match mode {
+            "journal" => recycle::copied_bytes(py, &out.digests, Purpose::Digests)?,
+            _ => PyBytes::new(py, &out.digests).unbind(),
+        },
         digest_counts: PyBytes::new(py, &out.digest_counts).unbind(),
         fingerprint: out.fingerprint.map(|f| PyBytes::new(py, &f).unbind()),
         file_count: out.file_count,
