@@ -271,14 +271,44 @@ PEAK_RSS_MIB: dict[str, float] = {}
 # After the large corpus: its daemons' exit and its page cache's writeback
 # load the machine for a while; the small corpus's milliseconds wait for it.
 SETTLE_LOAD, SETTLE_MAX_S = 1.0, 120.0
+# The disk counts as idle below this share of a 2-second window spent on I/O
+# (deletions with synchronous discards and writeback outlast the load average).
+SETTLE_DISK_BUSY = 0.05
+
+
+def disk_busy_share(window_s: float = 2.0) -> float:
+    """The largest share of ``window_s`` any disk spent doing I/O (0.0 where
+    /proc/diskstats cannot be read)."""
+
+    def ticks() -> dict[str, int]:
+        try:
+            lines = Path("/proc/diskstats").read_text().splitlines()
+        except OSError:
+            return {}
+        # Whole disks only (field 13: milliseconds spent doing I/O).
+        return {
+            f[2]: int(f[12])
+            for f in (line.split() for line in lines)
+            if len(f) > 12 and not f[2].startswith(("loop", "ram")) and f[1] == "0"
+        }
+
+    before = ticks()
+    time.sleep(window_s)
+    after = ticks()
+    return max(
+        ((after[d] - before[d]) / (window_s * 1000) for d in after if d in before), default=0.0
+    )
 
 
 def settle() -> None:
     """Flush dirty pages, then wait until the 1-minute load average is below
-    SETTLE_LOAD (at most SETTLE_MAX_S), and say how long that took."""
+    SETTLE_LOAD and the disks are idle (at most SETTLE_MAX_S), and say how
+    long that took."""
     started = time.perf_counter()
     os.sync()
-    while os.getloadavg()[0] >= SETTLE_LOAD and time.perf_counter() - started < SETTLE_MAX_S:
+    while time.perf_counter() - started < SETTLE_MAX_S:
+        if os.getloadavg()[0] < SETTLE_LOAD and disk_busy_share() < SETTLE_DISK_BUSY:
+            break
         time.sleep(2.0)
     print(
         f"   settled {time.perf_counter() - started:.0f} s (load {os.getloadavg()[0]:.2f})",
@@ -296,6 +326,7 @@ def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Se
     listed = corpus_files(corpus)
     out: dict[str, Series] = {}
     git = branch_repo(corpus, base)
+    settle()
     for mode in (watch, "off"):
         daemon = with_watch(corpus, base, mode)
         try:
@@ -317,7 +348,11 @@ def run_corpus(args: argparse.Namespace, files: int, watch: str) -> dict[str, Se
         for series in out.values():
             if series.name.startswith(f"--watch {mode}"):
                 print(series.line(), flush=True)
-    # Cold captures in both orders, so neither always finds a warmer cache.
+    # Cold captures in both orders, so neither always finds a warmer cache,
+    # after an untimed one: the first after the series above ran up to 6x
+    # slower than the rest, watching or not (the disk still busy with them).
+    settle()
+    cold_capture(corpus, base, "off")
     cold: dict[str, list[float]] = {watch: [], "off": []}
     for mode in (watch, "off", "off", watch):
         cold[mode].append(cold_capture(corpus, base, mode))
