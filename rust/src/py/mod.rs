@@ -15,6 +15,7 @@ mod policy;
 mod recycle;
 mod restore;
 mod scan;
+mod scan_args;
 mod stream;
 mod verify;
 

@@ -8,10 +8,10 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 
 use super::args;
 use super::bytes::{moved_into_bytes, uninit_bytes};
-use super::cancel::{run_released, CancelToken};
+use super::cancel::run_released;
 use super::errors::to_py;
-use super::feed::PyBlobFeed;
 use super::recycle::{self, Purpose};
+use super::scan_args::ScanArgs;
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
@@ -354,60 +354,62 @@ fn directed(
     }
 }
 
-/// See `_native.pyi`. Raises OSError, ValueError, ScanCancelled.
+/// See `_native.pyi` for the keywords. Raises OSError, ValueError, ScanCancelled.
 #[pyfunction]
-#[pyo3(signature = (
-    root, *, exclude=None, include=None, default_excludes=true, secrets=None,
-    cache_path=None, threads=0, cancel=None, feed=None, root_fd=None, progress=None,
-    previous_length=None, previous_fingerprint=None,
-    chunk_threshold=None, chunk_average=crate::chunk::DEFAULT_AVG,
-    journal=None, parent=None, parent_totals=None, parent_digests=None
-))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (root, **options))]
 pub fn scan(
     py: Python<'_>,
     root: PathBuf,
-    exclude: Option<&Bound<'_, PyAny>>,
-    include: Option<&Bound<'_, PyAny>>,
-    default_excludes: bool,
-    secrets: Option<&Bound<'_, PyAny>>,
-    cache_path: Option<PathBuf>,
-    threads: usize,
-    cancel: Option<&Bound<'_, CancelToken>>,
-    feed: Option<&Bound<'_, PyBlobFeed>>,
-    root_fd: Option<std::os::fd::RawFd>,
-    progress: Option<&Bound<'_, PyScanProgress>>,
-    previous_length: Option<usize>,
-    previous_fingerprint: Option<&[u8]>,
-    chunk_threshold: Option<u64>,
-    chunk_average: u32,
-    journal: Option<&Bound<'_, super::journal::PyTicket>>,
-    parent: Option<Bound<'_, PyBytes>>,
-    parent_totals: Option<(u64, u64, u64)>,
-    parent_digests: Option<(Bound<'_, PyBytes>, Bound<'_, PyBytes>)>,
+    options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<ScanResult> {
+    let ScanArgs {
+        exclude,
+        include,
+        default_excludes,
+        secrets,
+        cache_path,
+        threads,
+        cancel,
+        feed,
+        root_fd,
+        progress,
+        previous_length,
+        previous_fingerprint,
+        chunk_threshold,
+        chunk_average,
+        journal,
+        parent,
+        parent_totals,
+        parent_digests,
+    } = ScanArgs::of(options)?;
     let held = dup_root_fd(&root, root_fd)?;
-    let exclude = args::patterns(exclude)?;
-    let include = args::patterns(include)?;
+    let exclude = args::patterns(exclude.as_ref())?;
+    let include = args::patterns(include.as_ref())?;
     let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
         .map_err(|e| to_py(ScanError::Pattern(e)))?;
     let policy_warnings = super::policy::warning_tuples(policy.warnings());
-    let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
+    let cancel = cancel
+        .as_ref()
+        .map(|c| c.get().inner.clone())
+        .unwrap_or_default();
     let request = ScanRequest {
         root,
         policy,
-        secrets: args::secrets(secrets)?,
+        secrets: args::secrets(secrets.as_ref())?,
         cache_path,
         threads,
         cancel: cancel.clone(),
-        feed: feed.map(|f| f.get().inner.clone()),
-        progress: progress.map(|p| p.get().inner.clone()),
+        feed: feed.as_ref().map(|f| f.get().inner.clone()),
+        progress: progress.as_ref().map(|p| p.get().inner.clone()),
         keep_cache: false,
         chunks: super::args::chunk_params(chunk_threshold, chunk_average)?,
     };
-    let previous = previous_of(previous_length, previous_fingerprint)?;
+    let previous = previous_of(
+        previous_length,
+        previous_fingerprint.as_ref().map(|f| f.as_bytes()),
+    )?;
     // A journal ticket directs the scan relative to the parent manifest.
-    let journal = match (journal, parent, parent_totals) {
+    let journal = match (journal.as_ref(), parent, parent_totals) {
         (Some(ticket), Some(parent), Some(totals)) => Some((
             ticket.get().ticket()?,
             Held::of(parent),
