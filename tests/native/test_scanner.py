@@ -201,11 +201,3 @@ def test_wide_and_deep_trees_are_walked_whole(workspace: Path, cache_path: str) 
     again = scan_workspace(workspace, Policy(), (), cache_path)
     assert again.entries == outcome.entries
     assert (again.files_hashed, again.files_reused) == (0, 601)
-
-
-def test_scan_refuses_an_unknown_keyword_and_names_a_mistyped_one(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument 'thread'"):
-        _native.scan(str(tmp_path), thread=2)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="argument 'threads'"):
-        _native.scan(str(tmp_path), threads="two")  # type: ignore[arg-type]
-    assert _native.scan(str(tmp_path), threads=1, exclude=None).entries == 0

@@ -9,13 +9,13 @@ mod chunk;
 mod errors;
 mod feed;
 mod journal;
+mod keywords;
 mod manifest;
 mod pack;
 mod policy;
 mod recycle;
 mod restore;
 mod scan;
-mod scan_args;
 mod stream;
 mod verify;
 

@@ -8,12 +8,12 @@ use std::sync::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::args;
 use super::bytes::moved_into_bytes;
-use super::cancel::CancelToken;
 use super::errors::to_py;
+use super::keywords::{RestoreArgs, TreeArgs};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
@@ -61,46 +61,48 @@ impl RestoreSession {
     /// Raises OSError, ValueError (bad pattern or manifest), InvalidBlob,
     /// ScanCancelled.
     #[new]
-    #[pyo3(signature = (
-        root, target, *, subdir="", exclude=None, include=None, default_excludes=true,
-        cache_path=None, cancel=None, secrets=None, secret_names=None, plan_only=false,
-        chunk_threshold=None,
-        chunk_average=crate::chunk::DEFAULT_AVG,
-        keep_live=false
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (root, target, **options))]
     fn new(
         py: Python<'_>,
         root: PathBuf,
         target: &[u8],
-        subdir: &str,
-        exclude: Option<&Bound<'_, PyAny>>,
-        include: Option<&Bound<'_, PyAny>>,
-        default_excludes: bool,
-        cache_path: Option<PathBuf>,
-        cancel: Option<&Bound<'_, CancelToken>>,
-        secrets: Option<&Bound<'_, PyAny>>,
-        secret_names: Option<Vec<String>>,
-        plan_only: bool,
-        chunk_threshold: Option<u64>,
-        chunk_average: u32,
-        keep_live: bool,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let RestoreArgs {
+            tree:
+                TreeArgs {
+                    exclude,
+                    include,
+                    default_excludes,
+                    secrets,
+                    cache_path,
+                    cancel,
+                    chunk_threshold,
+                    chunk_average,
+                },
+            subdir,
+            secret_names,
+            plan_only,
+            keep_live,
+        } = RestoreArgs::of(options)?;
         let chunks_params = args::chunk_params(chunk_threshold, chunk_average)?;
         // The live scan zeroes the caller's secrets, so a file that still holds
         // them compares equal to its zeroed blob; a file equal to the
         // checkpoint but for its secret spans is never rewritten (`spans`).
-        let secrets = args::secrets(secrets)?;
+        let secrets = args::secrets(secrets.as_ref())?;
         let secret_set = SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
         let given = GivenSecrets::new(secrets.clone(), secret_names);
-        let exclude = args::patterns(exclude)?;
-        let include = args::patterns(include)?;
+        let exclude = args::patterns(exclude.as_ref())?;
+        let include = args::patterns(include.as_ref())?;
         let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
             .map_err(|e| to_py(ScanError::Pattern(e)))?;
-        let cancel = cancel.map(|c| c.get().inner.clone()).unwrap_or_default();
+        let cancel = cancel
+            .as_ref()
+            .map(|c| c.get().inner.clone())
+            .unwrap_or_default();
         let request = core::Request {
             root,
-            subdir: subdir.to_string(),
+            subdir,
             target: target.to_vec(),
             policy,
             secrets,

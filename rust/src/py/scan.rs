@@ -10,8 +10,8 @@ use super::args;
 use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::run_released;
 use super::errors::to_py;
+use super::keywords::{ScanArgs, TreeArgs};
 use super::recycle::{self, Purpose};
-use super::scan_args::ScanArgs;
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
@@ -363,20 +363,23 @@ pub fn scan(
     options: Option<&Bound<'_, PyDict>>,
 ) -> PyResult<ScanResult> {
     let ScanArgs {
-        exclude,
-        include,
-        default_excludes,
-        secrets,
-        cache_path,
+        tree:
+            TreeArgs {
+                exclude,
+                include,
+                default_excludes,
+                secrets,
+                cache_path,
+                cancel,
+                chunk_threshold,
+                chunk_average,
+            },
         threads,
-        cancel,
         feed,
         root_fd,
         progress,
         previous_length,
         previous_fingerprint,
-        chunk_threshold,
-        chunk_average,
         journal,
         parent,
         parent_totals,
