@@ -23,3 +23,9 @@ def test_a_restore_session_refuses_an_unknown_keyword(tmp_path: Path) -> None:
         _native.RestoreSession(str(tmp_path), b"[]", dry_run=True)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="argument 'subdir'"):
         _native.RestoreSession(str(tmp_path), b"[]", subdir=3)  # type: ignore[arg-type]
+
+
+def test_a_journal_refuses_an_unknown_keyword(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="Journal\\(\\) got an unexpected keyword argument 'dir'"):
+        _native.Journal(str(tmp_path), "off", dir=3)  # type: ignore[call-arg]
+    _native.Journal(str(tmp_path), "off", dirs=3, exclude=["x"]).close()

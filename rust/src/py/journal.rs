@@ -10,6 +10,7 @@ use pyo3::types::PyDict;
 
 use super::args;
 use super::errors::io_to_py;
+use super::keywords::{JournalArgs, PolicyArgs};
 use crate::journal::{self as core, Limits, Requested, Ticket};
 use crate::policy::PolicyMatcher;
 
@@ -90,31 +91,33 @@ impl PyJournal {
     /// Start watching `root` (see `_native.pyi`). Raises ValueError for a bad
     /// mode or pattern, OSError when the root cannot be opened.
     #[new]
-    #[pyo3(signature = (
-        root, mode="auto", *, exclude=None, include=None, default_excludes=true,
-        names_per_dir=None, dirs=None, bytes=None, linked_files=None
-    ))]
-    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (root, mode="auto", **options))]
     fn new(
         py: Python<'_>,
         root: std::path::PathBuf,
         mode: &str,
-        exclude: Option<&Bound<'_, PyAny>>,
-        include: Option<&Bound<'_, PyAny>>,
-        default_excludes: bool,
-        names_per_dir: Option<usize>,
-        dirs: Option<usize>,
-        bytes: Option<usize>,
-        linked_files: Option<usize>,
+        options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
+        let JournalArgs {
+            policy:
+                PolicyArgs {
+                    exclude,
+                    include,
+                    default_excludes,
+                },
+            names_per_dir,
+            dirs,
+            bytes,
+            linked_files,
+        } = JournalArgs::of(options)?;
         let requested = Requested::parse(mode).ok_or_else(|| {
             PyValueError::new_err(format!(
                 "watch mode {mode:?}: expected auto, fanotify, inotify or off"
             ))
         })?;
         let policy = PolicyMatcher::new(
-            &args::patterns(exclude)?,
-            &args::patterns(include)?,
+            &args::patterns(exclude.as_ref())?,
+            &args::patterns(include.as_ref())?,
             default_excludes,
         )
         .map_err(|e| PyValueError::new_err(e.to_string()))?;

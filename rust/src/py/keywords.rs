@@ -1,9 +1,10 @@
 //! Keyword arguments of the binding's larger calls (`scan`,
-//! `RestoreSession`), documented in `_native.pyi`, read from `**options`
-//! into one typed value per call: an unknown keyword is refused and a value
-//! of the wrong type names its keyword, as Python does for any function.
-//! The keywords both calls take about the tree (its policy, secrets, stat
-//! cache, cancel token and chunking) are read in one place, [`TreeArgs`].
+//! `RestoreSession`, `Journal`), documented in `_native.pyi`, read from
+//! `**options` into one typed value per call: an unknown keyword is refused
+//! and a value of the wrong type names its keyword, as Python does for any
+//! function. The keywords they share are read in one place each: the policy
+//! in [`PolicyArgs`], the rest of what a scan of the tree takes (secrets,
+//! stat cache, cancel token, chunking) in [`TreeArgs`].
 
 use std::os::fd::RawFd;
 use std::path::PathBuf;
@@ -47,11 +48,39 @@ fn read<'py>(
     Ok(())
 }
 
-/// The keywords about the tree that `scan` and `RestoreSession` share.
-pub struct TreeArgs<'py> {
+/// The policy's keywords (`scan`, `RestoreSession`, `Journal`).
+pub struct PolicyArgs<'py> {
     pub exclude: Option<Bound<'py, PyAny>>,
     pub include: Option<Bound<'py, PyAny>>,
     pub default_excludes: bool,
+}
+
+impl Default for PolicyArgs<'_> {
+    fn default() -> Self {
+        PolicyArgs {
+            exclude: None,
+            include: None,
+            default_excludes: true,
+        }
+    }
+}
+
+impl<'py> PolicyArgs<'py> {
+    fn set(&mut self, key: &str, value: &Bound<'py, PyAny>) -> PyResult<bool> {
+        let given = (!value.is_none()).then(|| value.clone());
+        match key {
+            "exclude" => self.exclude = given,
+            "include" => self.include = given,
+            "default_excludes" => self.default_excludes = value.extract()?,
+            _ => return Ok(false),
+        }
+        Ok(true)
+    }
+}
+
+/// The keywords about the tree that `scan` and `RestoreSession` share.
+pub struct TreeArgs<'py> {
+    pub policy: PolicyArgs<'py>,
     pub secrets: Option<Bound<'py, PyAny>>,
     pub cache_path: Option<PathBuf>,
     pub cancel: Option<Bound<'py, CancelToken>>,
@@ -62,9 +91,7 @@ pub struct TreeArgs<'py> {
 impl Default for TreeArgs<'_> {
     fn default() -> Self {
         TreeArgs {
-            exclude: None,
-            include: None,
-            default_excludes: true,
+            policy: PolicyArgs::default(),
             secrets: None,
             cache_path: None,
             cancel: None,
@@ -76,17 +103,13 @@ impl Default for TreeArgs<'_> {
 
 impl<'py> TreeArgs<'py> {
     fn set(&mut self, key: &str, value: &Bound<'py, PyAny>) -> PyResult<bool> {
-        let given = (!value.is_none()).then(|| value.clone());
         match key {
-            "exclude" => self.exclude = given,
-            "include" => self.include = given,
-            "secrets" => self.secrets = given,
-            "default_excludes" => self.default_excludes = value.extract()?,
+            "secrets" => self.secrets = (!value.is_none()).then(|| value.clone()),
             "cache_path" => self.cache_path = value.extract()?,
             "cancel" => self.cancel = value.extract()?,
             "chunk_threshold" => self.chunk_threshold = value.extract()?,
             "chunk_average" => self.chunk_average = value.extract()?,
-            _ => return Ok(false),
+            _ => return self.policy.set(key, value),
         }
         Ok(true)
     }
@@ -157,6 +180,35 @@ impl<'py> RestoreArgs<'py> {
             "plan_only" => self.plan_only = value.extract()?,
             "keep_live" => self.keep_live = value.extract()?,
             _ => return self.tree.set(key, value),
+        }
+        Ok(true)
+    }
+}
+
+/// `Journal`'s keywords: the policy and the journal's bounds (None: the default).
+#[derive(Default)]
+pub struct JournalArgs<'py> {
+    pub policy: PolicyArgs<'py>,
+    pub names_per_dir: Option<usize>,
+    pub dirs: Option<usize>,
+    pub bytes: Option<usize>,
+    pub linked_files: Option<usize>,
+}
+
+impl<'py> JournalArgs<'py> {
+    pub fn of(options: Option<&Bound<'py, PyDict>>) -> PyResult<Self> {
+        let mut args = JournalArgs::default();
+        read("Journal", options, |key, value| args.set(key, value))?;
+        Ok(args)
+    }
+
+    fn set(&mut self, key: &str, value: &Bound<'py, PyAny>) -> PyResult<bool> {
+        match key {
+            "names_per_dir" => self.names_per_dir = value.extract()?,
+            "dirs" => self.dirs = value.extract()?,
+            "bytes" => self.bytes = value.extract()?,
+            "linked_files" => self.linked_files = value.extract()?,
+            _ => return self.policy.set(key, value),
         }
         Ok(true)
     }

@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::args;
 use super::bytes::moved_into_bytes;
 use super::errors::to_py;
-use super::keywords::{RestoreArgs, TreeArgs};
+use super::keywords::{PolicyArgs, RestoreArgs, TreeArgs};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
@@ -71,9 +71,12 @@ impl RestoreSession {
         let RestoreArgs {
             tree:
                 TreeArgs {
-                    exclude,
-                    include,
-                    default_excludes,
+                    policy:
+                        PolicyArgs {
+                            exclude,
+                            include,
+                            default_excludes,
+                        },
                     secrets,
                     cache_path,
                     cancel,

@@ -10,7 +10,7 @@ use super::args;
 use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::run_released;
 use super::errors::to_py;
-use super::keywords::{ScanArgs, TreeArgs};
+use super::keywords::{PolicyArgs, ScanArgs, TreeArgs};
 use super::recycle::{self, Purpose};
 use crate::error::ScanError;
 use crate::policy::PolicyMatcher;
@@ -365,9 +365,12 @@ pub fn scan(
     let ScanArgs {
         tree:
             TreeArgs {
-                exclude,
-                include,
-                default_excludes,
+                policy:
+                    PolicyArgs {
+                        exclude,
+                        include,
+                        default_excludes,
+                    },
                 secrets,
                 cache_path,
                 cancel,
