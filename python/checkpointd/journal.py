@@ -76,8 +76,12 @@ class Baseline:
     # Its blob digests, when the capture knew them, and how many references
     # each has (``ScanOutcome.digest_counts``): a directed scan's next
     # digests are worked out from these and the changes.
-    digests: bytes | None = None
-    counts: bytes | None = None
+    digests: bytes | None = dataclasses.field(default=None, repr=False)
+    counts: bytes | None = dataclasses.field(default=None, repr=False)
+    # Its bytes, when the capture held them: the next directed scan's parent
+    # (a store keeps a large keyframe compressed, and inflating it again at a
+    # million entries costs most of a second).
+    data: bytes | None = dataclasses.field(default=None, repr=False, compare=False)
 
 
 class JournalUse:
@@ -122,6 +126,7 @@ class JournalUse:
                 checkpoint_id,
                 digests,
                 counted[1] if counted is not None and counted[0] == digests else None,
+                stored.data if stored.loaded else None,
             )
             self.journal._settle(self.ticket, baseline)
 
@@ -206,6 +211,21 @@ class WorkspaceJournal:
             baseline.fingerprint,
         )
 
+    def parent_data(self, previous: ManifestSummary | None) -> bytes | None:
+        """The bytes of ``previous`` when it is the manifest the journal last
+        saw captured and that capture held them."""
+        with self._lock:
+            baseline = self._baseline
+        if (
+            baseline is None
+            or baseline.data is None
+            or previous is None
+            or (previous.byte_length, previous.fingerprint)
+            != (baseline.byte_length, baseline.fingerprint)
+        ):
+            return None
+        return baseline.data
+
     def lend_digests(self, stored: Manifest) -> None:
         """Tell ``stored`` its blob digests when it is the manifest the journal
         last saw captured and their digests are known: a head read back from
@@ -282,6 +302,12 @@ class WorkspaceJournal:
                     baseline = dataclasses.replace(
                         baseline, digests=before.digests, counts=before.counts
                     )
+                if (
+                    baseline.data is None
+                    and before is not None
+                    and before.fingerprint == baseline.fingerprint
+                ):
+                    baseline = dataclasses.replace(baseline, data=before.data)
                 self._baseline = baseline
             self._native.commit(ticket)
         finally:
@@ -322,6 +348,10 @@ async def scan_input(
     if use.changes == 0 and previous is not None:
         totals = (previous.entries, previous.files, previous.file_bytes)
         return (use.ticket, b"[]", totals, None)
+    data = use.journal.parent_data(previous)
+    if data is not None and previous is not None:
+        totals = (previous.entries, previous.files, previous.file_bytes)
+        return (use.ticket, data, totals, use.journal.baseline_counted())
     manifest = parent if parent is not None else await load_parent()
     if manifest is None:
         use.reason = "the parent checkpoint cannot be read"

@@ -27,6 +27,7 @@ import pytest
 
 from checkpointd import _native
 from checkpointd.store import open_store
+from checkpointd.store._documents import MAX_DEPTH
 from checkpointd.v1 import checkpointd_pb2 as pb
 
 from .conftest import Daemon, DaemonFactory
@@ -151,6 +152,24 @@ def test_a_capture_after_a_few_edits_examines_them_and_stores_a_full_scan(
     read, summary = asyncio.run(check())
     assert read == [b"and again", b"once more"]
     assert summary.ok and summary.count_mismatches == summary.missing == 0, summary
+
+
+def test_captures_past_a_keyframe_stay_exact(daemons: DaemonFactory) -> None:
+    """A long chain of directed captures: the store writes a keyframe every
+    so many checkpoints and keeps a large one compressed, while the journal
+    hands the next scan the bytes its capture held. Every capture, before,
+    at and after the keyframe, stores what a full scan finds."""
+    daemon = start(daemons, "--watch", "inotify")
+    capture(daemon)
+    until_journal(daemon)
+    ws = daemon.workspace
+    for step in range(MAX_DEPTH + 4):
+        (ws / f"dir{step % 12:02d}" / "file3.txt").write_bytes(b"step %d\n" % step * (step + 1))
+        if step % 5 == 0:
+            (ws / f"dir{step % 12:02d}" / f"added{step}.txt").write_text("added\n")
+        done = capture(daemon)
+        assert done.stats.scan_mode == "journal", (step, done.stats)
+        assert stored(daemon, done.checkpoint.id) == full_scan(ws), step
 
 
 def test_server_info_says_how_the_daemon_watches(daemons: DaemonFactory) -> None:
