@@ -22,6 +22,7 @@ import pytest
 
 from checkpointd.blobs import open_blobs
 from checkpointd.capture import CaptureOptions, capture_checkpoint
+from checkpointd.codec import encode_entries
 from checkpointd.manifest import Manifest
 from checkpointd.model import FileEntry
 from checkpointd.store import open_store
@@ -312,3 +313,49 @@ async def test_a_large_appended_keyframe_is_cached_unloaded(
         assert read is not None and read.files.data == changed.checkpoint.files.data
         read = await store.get(again.checkpoint.id)
         assert read is not None and read.files.data == first.checkpoint.files.data
+
+
+async def test_a_cached_keyframe_keeps_its_digests_known(
+    tmp_path: Path, workspace: Path, data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large keyframe cached unloaded (by its summary alone) keeps its
+    digests known, and so does its row read again: the next append counts
+    keys against them without inflating the row."""
+    from checkpointd.store import _documents as documents
+
+    monkeypatch.setattr(documents, "KEEP_LOADED_BYTES", 0)
+    write_tree(workspace, _tree())
+    blobs = open_blobs(f"file://{tmp_path / 'blobs'}")
+    async with await open_store(f"sqlite:///{tmp_path / 'store.db'}") as store:
+        first = await capture_checkpoint(
+            workspace, store, blobs, "t", CaptureOptions(data_dir=data_dir)
+        )
+        digests = first.checkpoint.files.digests()
+        (held,) = store._recent._items.values()
+        assert documents.is_summary_only(held)
+        assert held.manifest.known_digests() == digests
+        read = await store.get(first.checkpoint.id)  # the row read again
+        assert read is not None and not read.files.loaded
+        (held,) = store._recent._items.values()
+        assert held.manifest.known_digests() == digests
+        assert not read.files.loaded
+
+
+def test_an_append_with_a_known_delta_needs_no_parent_bytes() -> None:
+    from checkpointd import _native
+    from checkpointd.store import _documents as documents
+
+    def content(entries: list[FileEntry], **manifest: Any) -> documents.Content:
+        data = encode_entries(entries)
+        return documents.Content({"id": "x"}, Manifest(data, trusted=True, **manifest))
+
+    key = "sandbox-files/blake3/"
+    old = [FileEntry(f"f{n}", key + "0" * 64, 1) for n in range(5)]
+    new = [*old[:4], FileEntry("f4", key + "1" * 64, 2)]
+    parent = content(old)
+    ops, added = _native.manifest_delta(parent.manifest.data, encode_entries(new))
+    delta = (parent.manifest.summary(), ops, added)
+    assert documents.needs_parent_bytes(content(new), parent)  # no delta known
+    assert documents.needs_parent_bytes(content(new, delta=delta), parent)  # nor digests
+    parent.manifest.digests()
+    assert not documents.needs_parent_bytes(content(new, delta=delta), parent)

@@ -231,7 +231,32 @@ def held_lightly(content: Content) -> Content:
     summary = manifest.known_summary()
     if manifest.loaded or summary is None or manifest.held_bytes() <= KEEP_LOADED_BYTES:
         return content
-    return Content(content.document, Manifest.stored(_never_loaded, summary, 0, _SUMMARY_ONLY))
+    light = Manifest.stored(_never_loaded, summary, 0, _SUMMARY_ONLY)
+    keep_digests(manifest, light)
+    return Content(content.document, light)
+
+
+def keep_digests(manifest: Manifest, kept: Manifest) -> None:
+    """``kept`` (``manifest``'s bytes, held another way or read again from
+    the same row) knows its digests when ``manifest`` does: the next append
+    counts keys against them, and working them out again would read and
+    inflate the row (most of a second at a million entries)."""
+    known = manifest.known_digests()
+    if known is not None:
+        kept.learn_digests(known)
+
+
+def needs_parent_bytes(content: Content, parent: Content) -> bool:
+    """Whether appending ``content`` on ``parent`` (a cache's summary-only
+    form, ``is_summary_only``) needs the parent's bytes: not when a scan the
+    change journal directed knows its delta from that very parent, the
+    parent's digests are known, and no chunk list is patched."""
+    known = content.manifest.delta_from(parent.manifest)
+    return (
+        known is None
+        or parent.manifest.known_digests() is None
+        or _native.manifest_delta_inserts_long_rows(known[0])
+    )
 
 
 def is_summary_only(content: Content) -> bool:
@@ -260,6 +285,7 @@ def unloaded(content: Content, stored: Stored) -> Content:
         len(stored.data),
         _PackedManifest(stored.data),
     )
+    keep_digests(manifest, lazy)
     return Content(content.document, lazy)
 
 

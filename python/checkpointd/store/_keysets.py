@@ -217,6 +217,10 @@ class RecentContents:
 
     def put(self, checkpoint_id: str, version: int, content: documents.Content) -> None:
         row = (checkpoint_id, version)
+        replaced = self._items.get(row)
+        if replaced is not None:
+            # The same row read again: what was known of its bytes still holds.
+            documents.keep_digests(replaced.manifest, content.manifest)
         self._items[row] = documents.held_lightly(content)
         self._items.move_to_end(row)
         held = sum(item.manifest.held_bytes() for item in self._items.values())

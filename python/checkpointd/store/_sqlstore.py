@@ -173,8 +173,10 @@ class SqlCheckpointStore:
         keyframe rather than a delta on a row nobody can read."""
         try:
             parent = await self._content(tx, parent_id, version, summary_will_do=True)
-            if documents.is_summary_only(parent) and not content.manifest.same_bytes(
-                parent.manifest
+            if (
+                documents.is_summary_only(parent)
+                and not content.manifest.same_bytes(parent.manifest)
+                and documents.needs_parent_bytes(content, parent)
             ):
                 # Not the parent's files: the delta needs the parent's bytes.
                 parent = await self._content(tx, parent_id, version)
