@@ -138,11 +138,23 @@ async def test_a_tokenless_upload_is_refused_while_it_is_still_sending(
             yield gpb.GatewayBlobChunk(key="sandbox-files/blake3/" + "0" * 64, data=bytes(MIB))
             await asyncio.sleep(0)
 
+    codes: list[grpc.StatusCode] = []
     async with _channel(process) as channel:
         stub = gpb_grpc.GatewayStub(channel)
-        with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.BlobPut(body(), timeout=60)
-    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value
+        # A write in flight when the gateway closes the stream makes the
+        # client library report its own INTERNAL "execute_batch" failure
+        # instead of the gateway's status: such attempts are tried again.
+        for _attempt in range(3):
+            sent = 0
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await stub.BlobPut(body(), timeout=60)
+            codes.append(caught.value.code())
+            lost_race = caught.value.code() == grpc.StatusCode.INTERNAL and "execute_batch" in str(
+                caught.value.debug_error_string()
+            )
+            if not lost_race:
+                break
+    assert codes[-1] == grpc.StatusCode.UNAUTHENTICATED, (codes, caught.value)
     peak = process.peak_mib()
     print(f"tokenless upload: {sent} of {chunks} MiB sent when refused; peak {peak - idle:.0f} MiB")
     assert sent < chunks // 2, sent
