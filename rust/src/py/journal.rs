@@ -8,11 +8,9 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use super::args;
 use super::errors::io_to_py;
-use super::keywords::{JournalArgs, PolicyArgs};
+use super::keywords::JournalArgs;
 use crate::journal::{self as core, Limits, Requested, Ticket};
-use crate::policy::PolicyMatcher;
 
 /// What a capture took from the journal (see `Journal.take`). Given back
 /// once with `Journal.commit` or `Journal.abort`.
@@ -99,12 +97,7 @@ impl PyJournal {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Self> {
         let JournalArgs {
-            policy:
-                PolicyArgs {
-                    exclude,
-                    include,
-                    default_excludes,
-                },
+            policy,
             names_per_dir,
             dirs,
             bytes,
@@ -115,12 +108,7 @@ impl PyJournal {
                 "watch mode {mode:?}: expected auto, fanotify, inotify or off"
             ))
         })?;
-        let policy = PolicyMatcher::new(
-            &args::patterns(exclude.as_ref())?,
-            &args::patterns(include.as_ref())?,
-            default_excludes,
-        )
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let policy = policy.matcher()?;
         let defaults = Limits::default();
         let limits = Limits {
             names_per_dir: names_per_dir.unwrap_or(defaults.names_per_dir),

@@ -14,9 +14,12 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 
 use super::cancel::CancelToken;
+use super::errors::to_py;
 use super::feed::PyBlobFeed;
 use super::journal::PyTicket;
 use super::scan::PyScanProgress;
+use crate::error::ScanError;
+use crate::policy::PolicyMatcher;
 
 /// Give each keyword in `options` to `set`, which returns false for one
 /// `function` does not take.
@@ -66,6 +69,16 @@ impl Default for PolicyArgs<'_> {
 }
 
 impl<'py> PolicyArgs<'py> {
+    /// The policy these keywords give (ValueError for a bad pattern).
+    pub fn matcher(&self) -> PyResult<PolicyMatcher> {
+        PolicyMatcher::new(
+            &super::args::patterns(self.exclude.as_ref())?,
+            &super::args::patterns(self.include.as_ref())?,
+            self.default_excludes,
+        )
+        .map_err(|e| to_py(ScanError::Pattern(e)))
+    }
+
     fn set(&mut self, key: &str, value: &Bound<'py, PyAny>) -> PyResult<bool> {
         let given = (!value.is_none()).then(|| value.clone());
         match key {
@@ -113,6 +126,11 @@ impl<'py> TreeArgs<'py> {
         }
         Ok(true)
     }
+}
+
+/// The call's cancel token (`cancel`; a new one when none was given).
+pub fn cancel_token(cancel: Option<&Bound<'_, CancelToken>>) -> crate::cancel::Cancel {
+    cancel.map(|c| c.get().inner.clone()).unwrap_or_default()
 }
 
 /// `scan`'s keywords.

@@ -13,13 +13,12 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::args;
 use super::bytes::moved_into_bytes;
 use super::errors::to_py;
-use super::keywords::{PolicyArgs, RestoreArgs, TreeArgs};
+use super::keywords::{cancel_token, RestoreArgs, TreeArgs};
 use crate::cancel::Cancel;
 use crate::error::ScanError;
 use crate::hash::{from_hex, to_hex, DigestMap};
 use crate::manifest::SpannedFile;
 use crate::pack::{self as pack_core, Entry, KIND_FILE};
-use crate::policy::PolicyMatcher;
 use crate::redact::SecretSet;
 use crate::restore::{self as core, RangeStager, Restore, RestoreError, StagedWriter};
 use crate::spans::{self, GivenSecrets};
@@ -71,12 +70,7 @@ impl RestoreSession {
         let RestoreArgs {
             tree:
                 TreeArgs {
-                    policy:
-                        PolicyArgs {
-                            exclude,
-                            include,
-                            default_excludes,
-                        },
+                    policy,
                     secrets,
                     cache_path,
                     cancel,
@@ -95,14 +89,8 @@ impl RestoreSession {
         let secrets = args::secrets(secrets.as_ref())?;
         let secret_set = SecretSet::new(&secrets).map_err(|e| to_py(ScanError::ShortSecret(e)))?;
         let given = GivenSecrets::new(secrets.clone(), secret_names);
-        let exclude = args::patterns(exclude.as_ref())?;
-        let include = args::patterns(include.as_ref())?;
-        let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
-            .map_err(|e| to_py(ScanError::Pattern(e)))?;
-        let cancel = cancel
-            .as_ref()
-            .map(|c| c.get().inner.clone())
-            .unwrap_or_default();
+        let policy = policy.matcher()?;
+        let cancel = cancel_token(cancel.as_ref());
         let request = core::Request {
             root,
             subdir,

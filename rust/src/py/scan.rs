@@ -10,10 +10,9 @@ use super::args;
 use super::bytes::{moved_into_bytes, uninit_bytes};
 use super::cancel::run_released;
 use super::errors::to_py;
-use super::keywords::{PolicyArgs, ScanArgs, TreeArgs};
+use super::keywords::{cancel_token, ScanArgs, TreeArgs};
 use super::recycle::{self, Purpose};
 use crate::error::ScanError;
-use crate::policy::PolicyMatcher;
 use crate::scan::{self as core, ScanOutput, ScanRequest};
 use crate::walk;
 
@@ -365,12 +364,7 @@ pub fn scan(
     let ScanArgs {
         tree:
             TreeArgs {
-                policy:
-                    PolicyArgs {
-                        exclude,
-                        include,
-                        default_excludes,
-                    },
+                policy,
                 secrets,
                 cache_path,
                 cancel,
@@ -389,15 +383,9 @@ pub fn scan(
         parent_digests,
     } = ScanArgs::of(options)?;
     let held = dup_root_fd(&root, root_fd)?;
-    let exclude = args::patterns(exclude.as_ref())?;
-    let include = args::patterns(include.as_ref())?;
-    let policy = PolicyMatcher::new(&exclude, &include, default_excludes)
-        .map_err(|e| to_py(ScanError::Pattern(e)))?;
+    let policy = policy.matcher()?;
     let policy_warnings = super::policy::warning_tuples(policy.warnings());
-    let cancel = cancel
-        .as_ref()
-        .map(|c| c.get().inner.clone())
-        .unwrap_or_default();
+    let cancel = cancel_token(cancel.as_ref());
     let request = ScanRequest {
         root,
         policy,
