@@ -28,6 +28,7 @@ from .manifest import Known, Manifest, ManifestSummary, manifest_of
 from .model import Checkpoint, Policy
 from .scanner import JournalInput, ScanOutcome, scan_workspace
 from .store.base import CheckpointStore
+from .validation import checked_subdir
 
 # Zeroed bytes of small files waiting between the scan and the upload, as
 # stored (compressed) in their frames; the scan waits when this is full:
@@ -70,6 +71,38 @@ def _forget_feed_waiters() -> None:
 os.register_at_fork(after_in_child=_forget_feed_waiters)
 
 
+def _beneath(fd: int, subdir: str, requested: str) -> int:
+    """``subdir`` opened beneath ``fd`` (``_native.open_beneath``), or
+    SandboxSnapshotError(INVALID_PATH) naming ``requested``."""
+    try:
+        return _native.open_beneath(fd, subdir)
+    except OSError as error:
+        raise SandboxSnapshotError(
+            INVALID_PATH,
+            f"workspace_subdir {requested!r} cannot be opened without following "
+            f"links: {error.strerror or error}",
+            details={"path": requested},
+        ) from error
+
+
+def check_subroot(workspace: str, requested: str) -> None:
+    """A request's sub-root checked early, before any work: INVALID_PATH
+    (naming ``requested``) for a path that is not workspace-relative, or
+    that meets a symlink or a file on its way down. A missing component
+    passes: a restore makes the sub-root, a capture fails opening it."""
+    subdir = checked_subdir(requested)
+    if not subdir:
+        return
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.close(_beneath(fd, subdir, requested))
+    except SandboxSnapshotError as error:
+        if not isinstance(error.__cause__, FileNotFoundError):
+            raise
+    finally:
+        os.close(fd)
+
+
 class SubRoot:
     """The directory scanned (the workspace root, or the sub-root opened from it
     one component at a time with O_NOFOLLOW), held by fd for the whole capture:
@@ -99,22 +132,9 @@ class SubRoot:
                 ) from None
         fd = os.open(workspace, flags)  # the operator's path; it may be a symlink
         try:
-            for part in subdir.split("/"):
-                try:
-                    child = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
-                except OSError as error:
-                    raise SandboxSnapshotError(
-                        INVALID_PATH,
-                        f"workspace_subdir {subdir!r} cannot be opened without following "
-                        f"links: {error.strerror or error}",
-                        details={"path": subdir},
-                    ) from None
-                os.close(fd)
-                fd = child
-        except BaseException:
+            return cls(_beneath(fd, subdir, subdir))
+        finally:
             os.close(fd)
-            raise
-        return cls(fd)
 
     def close(self) -> None:
         if self.fd is not None:

@@ -270,6 +270,13 @@ def rehash_beneath(
     raised: FileChangedError when it kept changing, OSError (ELOOP: now a
     symlink). Raises ScanCancelled."""
 
+def open_beneath(root_fd: int, subdir: str, create: bool = False) -> int:
+    """A new fd of the directory ``subdir`` beneath ``root_fd``, opened one
+    component at a time without following links (``create``: a missing last
+    component is made). OSError (its filename ``subdir``): ELOOP or ENOTDIR
+    for a symlink or a file on the way, EXDEV for a "." or ".." segment,
+    ENOENT for a missing component."""
+
 def stat_beneath(root_fd: int, path: str) -> Stamp | None:
     """The fstat of ``path`` opened beneath ``root_fd`` (no symlink in any
     component), None when it is gone or no longer reachable that way."""

@@ -70,6 +70,7 @@ from . import _native
 from ._capture_scan import (
     ScanRequest,
     SubRoot,
+    check_subroot,
     finish_scan,
     new_feed,
     parent_again,
@@ -94,11 +95,9 @@ from .codec import encode_entries
 from .diffing import diff_entries
 from .errors import (
     FILE_CHANGED,
-    INVALID_PATH,
     SandboxCheckpointDuplicateIdError,
     SandboxCheckpointInvalidArgumentError,
     SandboxCheckpointInvalidEntryError,
-    SandboxSnapshotError,
 )
 from .ids import new_uuid7
 from .journal import JournalUse, ScanKey, WorkspaceJournal, scan_input, scan_report
@@ -109,7 +108,7 @@ from .scanner import ScanOutcome
 from .secrets import Secrets, SecretsArg, named_spans, parse_secrets
 from .statcache_paths import PendingStatCache, resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore
-from .validation import artifact_problem, check_id, check_optional_id, path_problem
+from .validation import artifact_problem, check_id, check_optional_id, checked_subdir
 from .workspace_base import record_base
 
 
@@ -152,18 +151,6 @@ def _check_artifacts(artifacts: Iterable[Artifact]) -> tuple[Artifact, ...]:
         if problem:
             raise SandboxCheckpointInvalidEntryError(f"invalid artifact: {problem}")
     return checked
-
-
-def _checked_subdir(subdir: str) -> str:
-    """``workspace_subdir`` normalised ("" for the whole workspace);
-    SandboxSnapshotError(INVALID_PATH) unless a workspace-relative path."""
-    normal = "" if subdir in ("", ".", "./") else subdir.rstrip("/")
-    problem = path_problem(normal) if normal else None
-    if problem is not None:
-        raise SandboxSnapshotError(
-            INVALID_PATH, f"bad workspace_subdir {subdir!r}: {problem}", details={"path": subdir}
-        )
-    return normal
 
 
 def _workspace_path(workspace_root: str | os.PathLike[str]) -> str:
@@ -275,7 +262,7 @@ class _Capture:
         given_secrets = parse_secrets(options.secrets)
         artifacts = _check_artifacts(options.artifacts)
         workspace = _workspace_path(workspace_root)
-        subdir = _checked_subdir(options.workspace_subdir)
+        subdir = checked_subdir(options.workspace_subdir)
         data_dir = resolve_data_dir(workspace, options.data_dir)
         return cls(
             store=store,
@@ -513,7 +500,7 @@ async def _append_stage(
         label=options.label,
         source_run_id=options.source_run_id,
         policy=run.policy,
-        workspace_subdir=options.workspace_subdir,
+        workspace_subdir=run.subdir,
     )
     engine.keeper.check()
     await _append(run.store, checkpoint, head_id, engine.lease, engine.session)
@@ -586,7 +573,7 @@ class PendingCheckpoint:
         self.store, self.blobs, self.tree = store, blobs, tree
         self._secrets = parse_secrets(tree.secrets)
         self._workspace = _workspace_path(workspace_root)
-        self._subdir = _checked_subdir(tree.workspace_subdir)
+        self._subdir = checked_subdir(tree.workspace_subdir)
         self._exit = contextlib.AsyncExitStack()
         self._manifest: Manifest | None = None
         self._engine: Uploader | None = None
@@ -647,7 +634,7 @@ class PendingCheckpoint:
             reason=self.tree.reason,
             files=manifest,
             policy=self.tree.policy,
-            workspace_subdir=self.tree.workspace_subdir,
+            workspace_subdir=self._subdir,
         )
         engine.keeper.check()
         await _append(self.store, checkpoint, head_id, engine.lease, engine.session)
@@ -767,5 +754,6 @@ __all__ = [
     "PendingCheckpoint",
     "ScannedTree",
     "capture_checkpoint",
+    "check_subroot",
     "store_scanned",
 ]

@@ -50,6 +50,7 @@ from .secrets import SecretsArg
 from .stash import StashBeforeApply, Stashed, StashRequest
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore, ThreadListing, ThreadSummary
+from .validation import checked_subdir
 from .workspace_base import read_base, record_base
 
 
@@ -110,14 +111,9 @@ def _absolute(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.fspath(path))
 
 
-def _normal_subdir(subdir: str) -> str:
-    cleaned = subdir.rstrip("/")
-    return "" if cleaned in ("", ".") else cleaned
-
-
 def _tree(root: str, data_dir: str | os.PathLike[str] | None, subdir: str) -> tuple[str, str]:
     """(the directory a restore of ``subdir`` works in, its stat cache)."""
-    subdir = _normal_subdir(subdir)
+    subdir = checked_subdir(subdir)
     cache = stat_cache_path(resolve_data_dir(root, data_dir), root, subdir)
     return (os.path.join(root, subdir) if subdir else root), cache
 
@@ -198,7 +194,7 @@ async def _restore(
             blobs,
             StashRequest(
                 owner,
-                _normal_subdir(request.workspace_subdir),
+                checked_subdir(request.workspace_subdir),
                 request.secrets,
                 always=undo,
                 discard=request.discard_live_changes,

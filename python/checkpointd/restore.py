@@ -73,7 +73,7 @@ from .progress import ProgressCallback
 from .secrets import Secrets, SecretsArg, parse_secrets
 from .statcache_paths import resolve_data_dir, stat_cache_path
 from .store.base import CheckpointStore
-from .validation import check_id, check_optional_id, entries_problem, path_problem
+from .validation import check_id, check_optional_id, checked_subdir, entries_problem
 from .workspace_base import record_base
 
 _log = logging.getLogger("checkpointd.restore")
@@ -404,7 +404,7 @@ class _RestoreRoot:
 def _restore_root(workspace_root: str | os.PathLike[str], options: RestoreOptions) -> _RestoreRoot:
     """Where a restore as ``options`` say works (INVALID_PATH for a bad
     ``workspace_subdir``, INVALID_ARGUMENT for a data dir in the workspace)."""
-    subdir = _checked_subdir(options.workspace_subdir)
+    subdir = checked_subdir(options.workspace_subdir)
     root = _absolute(workspace_root)
     cache_path = stat_cache_path(resolve_data_dir(root, options.data_dir), root, subdir)
     return _RestoreRoot(root, subdir, cache_path)
@@ -412,20 +412,6 @@ def _restore_root(workspace_root: str | os.PathLike[str], options: RestoreOption
 
 def _absolute(path: str | os.PathLike[str]) -> str:
     return os.path.abspath(os.fspath(path))
-
-
-def _checked_subdir(subdir: str) -> str:
-    """The sub-root without surrounding '/' ("" for the root itself), or
-    SandboxSnapshotError(INVALID_PATH) for '..', an absolute path and the like."""
-    cleaned = subdir.rstrip("/")
-    if cleaned in ("", "."):
-        return ""
-    problem = path_problem(cleaned)
-    if problem is not None:
-        raise SandboxSnapshotError(
-            INVALID_PATH, f"bad workspace_subdir {subdir!r}: {problem}", details={"path": subdir}
-        )
-    return cleaned
 
 
 async def _resolve(

@@ -16,8 +16,10 @@ from typing import Any
 from . import _native
 from .chunks import chunks_problem
 from .errors import (
+    INVALID_PATH,
     SandboxCheckpointInvalidEntryError,
     SandboxCheckpointInvalidIdError,
+    SandboxSnapshotError,
 )
 from .model import (
     ARTIFACT_KEY_PREFIX,
@@ -115,6 +117,23 @@ def path_problem(path: object) -> str | None:
         if segment in (".", ".."):
             return f"'{segment}' segment"
     return None
+
+
+def checked_subdir(subdir: str) -> str:
+    """A request's ``workspace_subdir`` as a checkpoint records it: "" for the
+    whole workspace (also "." and either with trailing "/"), else without its
+    trailing "/". SandboxSnapshotError(INVALID_PATH), naming the path as
+    given, unless a workspace-relative path: the sub-root is opened beneath
+    the root's fd later, one component at a time, never by this string."""
+    cleaned = subdir.rstrip("/")
+    if cleaned in ("", "."):
+        return ""
+    problem = path_problem(cleaned)
+    if problem is not None:
+        raise SandboxSnapshotError(
+            INVALID_PATH, f"bad workspace_subdir {subdir!r}: {problem}", details={"path": subdir}
+        )
+    return cleaned
 
 
 def blob_key_problem(key: object, prefix: str) -> str | None:

@@ -27,7 +27,7 @@ from ..v1 import checkpointd_pb2 as pb
 from . import convert
 from .calls import RpcGroup, log, streaming, unary
 from .request_ids import derive_checkpoint_id, refuse_spent_request_id
-from .state import Context, normal_subdir, with_progress
+from .state import Context, with_progress
 
 # How often a retry polls for the first attempt's checkpoint on another daemon.
 REPLAY_POLL_S = 0.1
@@ -133,12 +133,12 @@ class CaptureRpcs(RpcGroup):
         store, blobs = self.state.stores()
         thread_id = validation.check_id(request.thread_id, "thread_id")
         # Validated here for an early error; the engine opens it by fd.
-        self.state.resolve_root(request.workspace_subdir)
+        self.state.check_subroot(request.workspace_subdir)
         policy = convert.policy_from_proto(request.policy, request.HasField("policy"))
         asked = _Asked(
             label=request.label if request.HasField("label") else None,
             source_run_id=request.source_run_id if request.HasField("source_run_id") else None,
-            workspace_subdir=normal_subdir(request.workspace_subdir),
+            workspace_subdir=validation.checked_subdir(request.workspace_subdir),
             conversation=tuple(convert.conversation_from_proto(request.conversation)),
             artifacts=tuple(convert.artifact_from_proto(a) for a in request.artifacts),
         )
@@ -161,7 +161,7 @@ class CaptureRpcs(RpcGroup):
 
         async def work(progress: Callable[[Progress], None]) -> Any:
             # The engine opens the sub-root from the workspace fd, component by
-            # component (``resolve_root`` above only validated it early).
+            # component (``check_subroot`` above only checked it early).
             return await capture_checkpoint(
                 self.state.workspace_root,
                 store,

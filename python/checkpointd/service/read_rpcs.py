@@ -26,7 +26,7 @@ from ..v1 import checkpointd_pb2 as pb
 from . import convert, live
 from .calls import RpcGroup, chunk_size, chunks, streaming, unary
 from .guard import MAX_MESSAGE_BYTES
-from .state import Context, normal_subdir, recorded_subdir
+from .state import Context, recorded_subdir
 from .status import MESSAGE_TOO_LARGE, MISSING_ARTIFACT, MISSING_ENTRY, ServiceError
 
 DEFAULT_PAGE_SIZE = 100
@@ -179,14 +179,14 @@ class ReadRpcs(RpcGroup):
             subdir = recorded_subdir(request.workspace_subdir, old)
             # Validated here for an early error; the scan itself opens the
             # sub-root from the workspace fd, component by component.
-            self.state.resolve_root(subdir)
+            self.state.check_subroot(subdir)
             policy = old.effective_policy(
                 convert.policy_from_proto(request.policy, request.HasField("policy"))
             )
             secrets = convert.secrets_from_proto(request.secrets, request.secret_names)
             new_entries = await live.scan_live(
                 self.state.workspace_root,
-                normal_subdir(subdir),
+                validation.checked_subdir(subdir),
                 policy,
                 tuple(parse_secrets(secrets).values),
                 self.state.data_dir,

@@ -101,7 +101,7 @@ class RestoreRpcs(RpcGroup):
         store, blobs = self.state.stores()
         # Validated here for an early error; the engine itself opens the sub-root
         # from the workspace fd, component by component (never by this path).
-        self.state.resolve_root(wanted.workspace_subdir)
+        self.state.check_subroot(wanted.workspace_subdir)
         started = pb.RestoreStarted(thread_id=wanted.thread_id)
         if wanted.checkpoint_id is not None:
             started.checkpoint_id = wanted.checkpoint_id

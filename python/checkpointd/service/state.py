@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +13,8 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 
-from .. import validation
 from ..blobs.base import BlobStore
-from ..errors import INVALID_PATH
+from ..capture import check_subroot
 from ..history import DEFAULT_STASH_KEEP
 from ..journal import WorkspaceJournal
 from ..model import Checkpoint
@@ -115,41 +113,11 @@ class ServiceState:
             raise ServiceError(DRAINING, "the daemon is not serving (starting or draining)")
         return self.store, self.blobs
 
-    def resolve_root(self, subdir: str) -> Path:
-        """The workspace root, or a relative sub-root that stays inside it.
-
-        Raises ServiceError(INVALID_PATH) for an absolute path, ``..`` segments, or
-        a path that leaves the root through a symlink.
-        """
-        subdir = normal_subdir(subdir)
-        if not subdir:
-            return self.workspace_root
-        problem = validation.path_problem(subdir)
-        if problem is not None:
-            raise ServiceError(INVALID_PATH, f"bad workspace_subdir: {problem}", path=subdir)
-        candidate = self.workspace_root / subdir
-        try:
-            resolved = Path(os.path.realpath(candidate))
-        except OSError as error:
-            # A component swapped between realpath's lstat and readlink (EINVAL):
-            # the sandbox is racing us; the engines open the sub-root by fd anyway.
-            raise ServiceError(
-                INVALID_PATH,
-                f"workspace_subdir cannot be resolved: {error.strerror or error}",
-                path=subdir,
-            ) from None
-        root = Path(os.path.realpath(self.workspace_root))
-        if resolved != root and root not in resolved.parents:
-            raise ServiceError(
-                INVALID_PATH, "workspace_subdir leaves the workspace root", path=subdir
-            )
-        return candidate
-
-
-def normal_subdir(subdir: str) -> str:
-    """A request's ``workspace_subdir`` as a checkpoint records it: "" for the
-    whole workspace (also spelled "." or "./"), else without a trailing "/"."""
-    return "" if subdir in ("", ".", "./") else subdir.rstrip("/")
+    def check_subroot(self, subdir: str) -> None:
+        """A request's ``workspace_subdir`` checked for an early error
+        (INVALID_PATH): the engines open it themselves, from the workspace's
+        fd, one component at a time."""
+        check_subroot(str(self.workspace_root), subdir)
 
 
 def recorded_subdir(requested: str, checkpoint: Checkpoint | None) -> str:

@@ -48,6 +48,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<verify::PyVerifyingReader>()?;
     m.add_function(wrap_pyfunction!(verify::rehash_beneath, m)?)?;
     m.add_function(wrap_pyfunction!(verify::stat_beneath, m)?)?;
+    m.add_function(wrap_pyfunction!(verify::open_beneath, m)?)?;
     m.add_class::<restore::RestoreSession>()?;
     m.add_function(wrap_pyfunction!(restore::remove_stale_staging, m)?)?;
     m.add_class::<pack::PyPackWriter>()?;

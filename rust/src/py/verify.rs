@@ -229,6 +229,23 @@ pub fn stat_beneath(py: Python<'_>, root_fd: RawFd, path: String) -> PyResult<Op
         .map(|stat| stamp(&stat)))
 }
 
+/// See `_native.pyi`: the one component-by-component rule
+/// (`fs::open_subdir`), for Python's sub-roots. The fd returned is the
+/// caller's to close.
+#[pyfunction]
+#[pyo3(signature = (root_fd, subdir, create=false))]
+pub fn open_beneath(
+    py: Python<'_>,
+    root_fd: RawFd,
+    subdir: String,
+    create: bool,
+) -> PyResult<RawFd> {
+    let opened = py.allow_threads(|| crate::fs::open_subdir(root_fd, subdir.as_bytes(), create));
+    opened
+        .map(std::os::fd::IntoRawFd::into_raw_fd)
+        .map_err(|e| io_to_py(&subdir, "open", e))
+}
+
 /// See `_native.pyi`.
 #[pyfunction]
 #[pyo3(signature = (root_fd, paths, secrets=None, cancel=None, keep_small=false, unread_above=None))]
