@@ -430,7 +430,7 @@ impl VerifyingReader {
     }
 }
 
-/// What [`rehash_beneath`] found at a path.
+/// What [`Rehasher::rehash`] found at a path.
 pub enum Rehash {
     /// Gone (or a parent is no longer a directory).
     Gone,
@@ -446,7 +446,7 @@ pub enum Rehash {
 
 /// The fstat of `rel` beneath `root_fd` (no symlink in any component), None
 /// when it is gone or no longer reachable that way: to tell, without reading
-/// it, whether a file is still the one a [`rehash_beneath`] read.
+/// it, whether a file is still the one a [`Rehasher::rehash`] read.
 pub fn stat_beneath(root_fd: RawFd, rel: &str) -> io::Result<Option<Stat>> {
     match fs::open_beneath(root_fd, rel.as_bytes(), fs::READ_FLAGS) {
         Ok(fd) => fs::fstat(fd.as_raw_fd()).map(Some),
@@ -465,72 +465,90 @@ pub fn stat_beneath(root_fd: RawFd, rel: &str) -> io::Result<Option<Stat>> {
 /// How often a file that changes while it is hashed again is retried.
 const REHASH_ATTEMPTS: usize = 3;
 
-/// Hash `rel` beneath `root_fd` again (no symlink in any component; the fstat
-/// before and after the read must match), for a file that changed after the
-/// scan. `Changed` when it kept changing; `Io` for ELOOP (now a symlink) and
-/// other failures to read it.
-///
-/// `keep_small`: a file small enough to be read whole also hands back the
-/// zeroed bytes it hashed, so the upload sends them as they are: a changed
-/// small file is read once more, not once to hash and once again to upload.
-/// `unread_above`: a file larger than that is not read (`Larger`), so a caller
-/// that expected a small file can stream a large one instead, in its one read.
-pub fn rehash_beneath(
-    root_fd: RawFd,
-    rel: &str,
-    secrets: &SecretSet,
-    cancel: &Cancel,
-    keep_small: bool,
-    unread_above: Option<u64>,
-) -> Result<Rehash, ReadError> {
-    let fd = match fs::open_to_read(root_fd, rel.as_bytes()) {
-        Ok(fd) => fd,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
-            return Ok(Rehash::Gone)
-        }
-        Err(e) => return Err(ReadError::Io(e)),
-    };
-    let file = Arc::new(File::from(fd));
-    let mut scratch = Vec::new();
-    for _ in 0..REHASH_ATTEMPTS {
-        let before = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
-        if !before.is_file() {
-            return Ok(Rehash::NotRegular(before));
-        }
-        if unread_above.is_some_and(|limit| before.size > limit) {
-            return Ok(Rehash::Larger(before));
-        }
-        let mut found = Vec::new();
-        let reader = PreadAt {
-            file: file.clone(),
-            offset: 0,
-        };
-        let options = hash::HashOptions {
+/// Hashes files beneath a root again (no symlink in any component; the fstat
+/// before and after the read must match), for files that changed after the
+/// scan. How [`Rehasher::rehash`] reads: the secrets to zero and the cancel
+/// token; `keep_small`: a file small enough to be read whole also hands back
+/// the zeroed bytes it hashed, so the upload sends them as they are (a
+/// changed small file is read once more, not once to hash and once again to
+/// upload); `unread_above`: a file larger than that is not read (`Larger`),
+/// so a caller that expected a small file can stream a large one instead, in
+/// its one read.
+pub struct Rehasher<'a> {
+    pub secrets: &'a SecretSet,
+    pub cancel: &'a Cancel,
+    pub keep_small: bool,
+    pub unread_above: Option<u64>,
+    /// The whole-read buffer, kept from file to file: made afresh (1 MiB,
+    /// zeroed) for each of a thousand small files it cost ~0.5 s of page
+    /// faults and memset where the reads took 25 ms.
+    scratch: Vec<u8>,
+}
+
+impl<'a> Rehasher<'a> {
+    pub fn new(secrets: &'a SecretSet, cancel: &'a Cancel) -> Rehasher<'a> {
+        Rehasher {
             secrets,
             cancel,
-            parallel: false,
-        };
-        let (digest, size) = hash::hash_reader_recording(
-            reader,
-            Some(before.size),
-            options,
-            &mut scratch,
-            &mut found,
-        )
-        .map_err(|e| match e {
-            HashError::Io(e) => ReadError::Io(e),
-            HashError::Cancelled => ReadError::Cancelled,
-        })?;
-        let after = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
-        if after == before && size == before.size {
-            // Read whole (under the limit): the scratch holds exactly the
-            // zeroed bytes just hashed (see `hash::hash_reader_recording`).
-            let kept = (keep_small && (size as usize) < hash::WHOLE_READ_LIMIT)
-                .then(|| scratch[..size as usize].to_vec());
-            return Ok(Rehash::Hashed(digest, before, found, kept));
+            keep_small: false,
+            unread_above: None,
+            scratch: Vec::new(),
         }
     }
-    Err(ReadError::Changed)
+
+    /// Hash `rel` again: `Gone` when it no longer exists, `NotRegular` when
+    /// something else stands there, otherwise `Hashed` with the stat it was
+    /// read under. `Changed` when it kept changing; `Io` for ELOOP (now a
+    /// symlink) and other failures to read it.
+    pub fn rehash(&mut self, root_fd: RawFd, rel: &str) -> Result<Rehash, ReadError> {
+        let fd = match fs::open_to_read(root_fd, rel.as_bytes()) {
+            Ok(fd) => fd,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR)) => {
+                return Ok(Rehash::Gone)
+            }
+            Err(e) => return Err(ReadError::Io(e)),
+        };
+        let file = Arc::new(File::from(fd));
+        for _ in 0..REHASH_ATTEMPTS {
+            let before = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
+            if !before.is_file() {
+                return Ok(Rehash::NotRegular(before));
+            }
+            if self.unread_above.is_some_and(|limit| before.size > limit) {
+                return Ok(Rehash::Larger(before));
+            }
+            let mut found = Vec::new();
+            let reader = PreadAt {
+                file: file.clone(),
+                offset: 0,
+            };
+            let options = hash::HashOptions {
+                secrets: self.secrets,
+                cancel: self.cancel,
+                parallel: false,
+            };
+            let (digest, size) = hash::hash_reader_recording(
+                reader,
+                Some(before.size),
+                options,
+                &mut self.scratch,
+                &mut found,
+            )
+            .map_err(|e| match e {
+                HashError::Io(e) => ReadError::Io(e),
+                HashError::Cancelled => ReadError::Cancelled,
+            })?;
+            let after = fs::fstat(file.as_raw_fd()).map_err(ReadError::Io)?;
+            if after == before && size == before.size {
+                // Read whole (under the limit): the scratch holds exactly the
+                // zeroed bytes just hashed (see `hash::hash_reader_recording`).
+                let kept = (self.keep_small && (size as usize) < hash::WHOLE_READ_LIMIT)
+                    .then(|| self.scratch[..size as usize].to_vec());
+                return Ok(Rehash::Hashed(digest, before, found, kept));
+            }
+        }
+        Err(ReadError::Changed)
+    }
 }
 
 #[cfg(test)]

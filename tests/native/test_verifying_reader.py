@@ -161,6 +161,27 @@ def test_rehash_beneath(root: tuple[Path, int], tmp_path: Path) -> None:
         _native.rehash_beneath(fd, ["f.bin"], (), stopped)
 
 
+def test_one_call_keeps_each_small_file_exactly(root: tuple[Path, int]) -> None:
+    """One call reads every path through one buffer: a short file after a
+    long one keeps its own bytes, never the tail of the one before."""
+    place, fd = root
+    sizes = [CHUNK - 1, 10, 0, 5000, CHUNK - 1, 3]
+    files = {f"{n}.bin": os.urandom(size) + SECRET for n, size in enumerate(sizes)}
+    files["last.bin"] = b"x" * 200
+    for name, data in files.items():
+        (place / name).write_bytes(data)
+    found = _native.rehash_beneath(fd, list(files), (SECRET,), keep_small=True)
+    for (name, data), one in zip(files.items(), found, strict=True):
+        assert isinstance(one, tuple), name
+        hex_digest, size, _spans, _mode, _mtime_ns, kept = one
+        zeroed = _zeroed(data)
+        assert (hex_digest, size) == (blake3.blake3(zeroed).hexdigest(), len(data)), name
+        if len(data) < CHUNK:
+            assert kept is not None and kept[0] == zeroed, name
+        else:
+            assert kept is None, name
+
+
 def test_the_feed_never_holds_more_open_files_than_its_bound(tmp_path: Path) -> None:
     files = {f"{n}.bin": os.urandom(CHUNK + n) for n in range(12)}
     for name, data in files.items():

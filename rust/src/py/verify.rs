@@ -265,13 +265,15 @@ pub fn rehash_beneath(
     // back per file waits for the event loop each time.
     let found: Vec<_> = py.allow_threads(|| {
         let mut found = Vec::with_capacity(paths.len());
+        let mut rehasher = core::Rehasher::new(&secrets, &cancel);
+        rehasher.keep_small = keep_small;
+        rehasher.unread_above = unread_above;
         for path in &paths {
             if cancel.is_cancelled() {
                 found.push(Err(ReadError::Cancelled));
                 break;
             }
-            let one =
-                core::rehash_beneath(root_fd, path, &secrets, &cancel, keep_small, unread_above);
+            let one = rehasher.rehash(root_fd, path);
             let cancelled = matches!(one, Err(ReadError::Cancelled));
             found.push(one);
             if cancelled {
