@@ -16,6 +16,9 @@ sidecar's connection would call it:
 3. each run: an **undo** right after the stash restore (it restores the stash
    entry and stashes the tree it replaces), beside a **no-change capture** of
    the tree it left (a second capture of a thread whose head already holds it).
+   The daemon keeps 2 stash entries (``--stash-keep``), so every timed
+   restore that stashes also drops the oldest entry, as each does in a
+   long-lived sandbox whose stash is full.
    The daemon runs with ``--watch off`` by default (``--watch auto`` to give it
    its change journal): a no-change capture is then a walk of the tree, the
    cost the stash was designed against; with the journal it costs next to
@@ -76,6 +79,12 @@ class _Phases:
             return 0.0
         return self.began["apply"] - self.began["stash"]
 
+    def lengths(self, ended: float) -> dict[str, float]:
+        """Each phase's length, up to the next phase or ``ended`` (the reply)."""
+        order = sorted(self.began.items(), key=lambda item: item[1])
+        ends = [began for _, began in order[1:]] + [ended]
+        return {name: end - began for (name, began), end in zip(order, ends, strict=True)}
+
 
 class _Bench:
     """The daemon's client and the two checkpoints every run restores between."""
@@ -86,6 +95,8 @@ class _Bench:
         self.seed = 1000
         self.edits: dict[str, bytes] = {}
         self.phases = _Phases()
+        # kind of restore -> its phase -> that phase's length in each run
+        self.phase_times: dict[str, dict[str, list[float]]] = {}
 
     async def setup(self) -> None:
         self.first = (await self.client.capture(THREAD)).checkpoint.id
@@ -103,7 +114,7 @@ class _Bench:
         if stash:
             self.edits = await self._edited_bytes()
         self.phases = _Phases()
-        return await _timed(
+        timed = await _timed(
             self.client.restore(
                 THREAD,
                 checkpoint_id=self.first,
@@ -111,6 +122,12 @@ class _Bench:
                 on_event=self.phases,
             )
         )
+        self._keep_phases("stash" if stash else "discard")
+        return timed
+
+    def _keep_phases(self, kind: str) -> None:
+        for name, seconds in self.phases.lengths(time.perf_counter()).items():
+            self.phase_times.setdefault(kind, {}).setdefault(name, []).append(seconds)
 
     async def _edited_bytes(self) -> dict[str, bytes]:
         """The live bytes of the files that differ from the second checkpoint."""
@@ -130,6 +147,7 @@ class _Bench:
         then a no-change capture of the tree it left (its first capture untimed)."""
         self.phases = _Phases()
         undo_s, done = await _timed(self.client.undo(THREAD, on_event=self.phases))
+        self._keep_phases("undo")
         if not done.restored or not self.edits:
             raise RuntimeError("undo restored nothing")
         for path, data in self.edits.items():
@@ -184,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--scratch", type=Path, default=default_scratch())
     parser.add_argument("--watch", choices=("off", "auto"), default="off")
+    # A long-lived sandbox's stash is full: every restore that stashes also
+    # drops the oldest entry. With 2 kept, every timed one does.
+    parser.add_argument("--stash-keep", type=int, default=2)
     args = parser.parse_args(argv)
     try:
         check_native_build(args.scratch)
@@ -205,23 +226,37 @@ def main(argv: list[str] | None = None) -> int:
         f"file://{base / 'store' / 'blobs'}",
         base / "data",
         base / "daemon.log",
-        env={**os.environ, "CHECKPOINTD_WATCH": args.watch},
+        env={
+            **os.environ,
+            "CHECKPOINTD_WATCH": args.watch,
+            "CHECKPOINTD_STASH_KEEP": str(args.stash_keep),
+        },
     )
     daemon.start()
     try:
 
-        async def session() -> dict[str, list[float]]:
+        async def session() -> tuple[dict[str, list[float]], dict[str, dict[str, list[float]]]]:
             async with Client(daemon.address, timeout=600) as client:
-                return await _run(_Bench(client, work), args.runs)
+                bench = _Bench(client, work)
+                return await _run(bench, args.runs), bench.phase_times
 
-        times = asyncio.run(session())
+        times, phase_times = asyncio.run(session())
     finally:
         daemon.close()
-    return _report(times, args.files, args.watch)
+    return _report(times, phase_times, args.files, args.watch)
 
 
-def _report(times: dict[str, list[float]], files: int, watch: str) -> int:
+def _report(
+    times: dict[str, list[float]],
+    phase_times: dict[str, dict[str, list[float]]],
+    files: int,
+    watch: str,
+) -> int:
     medians = {name: statistics.median(values) for name, values in times.items()}
+    phases = {
+        kind: {name: round(statistics.median(values), 4) for name, values in named.items()}
+        for kind, named in phase_times.items()
+    }
     stash_ratio = medians["stash"] / medians["discard"]
     undo_ratio = medians["undo"] / medians["nochange"]
     # Each run's own pair (the two restores shared its load), then their median.
@@ -237,12 +272,17 @@ def _report(times: dict[str, list[float]], files: int, watch: str) -> int:
         f"  the stash phase: {medians['stash_phase_of_restore']:.3f} s of the restore, "
         f"{medians['stash_phase_of_undo']:.3f} s of the undo"
     )
+    for kind, named in phases.items():
+        print(
+            f"  {kind} by phase (median s): " + ", ".join(f"{n} {s:.3f}" for n, s in named.items())
+        )
     RESULTS.mkdir(exist_ok=True)
     result = {
         "files": files,
         "watch": watch,
         "runs": times,
         "medians_s": medians,
+        "phase_medians_s": phases,
         "stash_over_discard": round(stash_ratio, 3),
         "stash_over_discard_paired": round(paired, 3),
         "undo_over_nochange_capture": round(undo_ratio, 3),

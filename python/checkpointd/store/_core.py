@@ -98,6 +98,7 @@ from ._keysets import (
     Rows,
     RunChange,
     count_change,
+    key_counts,
     offload,
     paused,
 )
@@ -231,6 +232,7 @@ __all__ = [
     "duplicate_id",
     "head_key_sets",
     "is_request_derived",
+    "key_counts",
     "not_head",
     "offload",
     "paused",

@@ -110,6 +110,14 @@ class KeySet:
         """The content's artifact keys alone (its files' are left out)."""
         return cls(b"", tuple(sorted(content.artifact_keys())))
 
+    @classmethod
+    def union(cls, sets: Sequence[KeySet]) -> KeySet:
+        """Every key of any of ``sets`` (the file part natively)."""
+        if len(sets) == 1:
+            return sets[0]
+        digests = _native.sort_digests(b"".join(keys.digests for keys in sets))
+        return cls(digests, tuple(sorted({key for keys in sets for key in keys.artifacts})))
+
     def __bool__(self) -> bool:
         return bool(self.digests or self.artifacts)
 
@@ -136,6 +144,15 @@ class KeySet:
 
 
 EMPTY = KeySet()
+
+
+def key_counts(sets: Sequence[KeySet]) -> dict[bytes, int]:
+    """How many of ``sets`` hold each key (33-byte form)."""
+    counts: dict[bytes, int] = {}
+    for keys in sets:
+        for key in keys.keys():
+            counts[key] = counts.get(key, 0) + 1
+    return counts
 
 
 @dataclass(frozen=True, slots=True)

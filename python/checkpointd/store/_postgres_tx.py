@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import asyncpg
@@ -18,6 +18,7 @@ from ._core import (
     RunChange,
     StoredRow,
     ThreadState,
+    key_counts,
 )
 from ._options import (
     LeaseRecord,
@@ -250,9 +251,8 @@ class PostgresTx:
                 *key_args(keys),
             )
 
-    async def subtract_counts(
-        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
-    ) -> None:
+    async def subtract_counts(self, thread_id: str, deleted: Sequence[KeySet], cutoff: int) -> None:
+        counts = key_counts(deleted)
         if not counts:
             return
         keys = sorted(counts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiosqlite
@@ -256,24 +256,18 @@ class SqliteTx:
             key_params(keys, thread=thread_id, at=new),
         )
 
-    async def subtract_counts(
-        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
-    ) -> None:
-        ordered = sorted(counts)  # key order: the updates walk the B-tree left to right
-        parameters = [
-            {"key": key, "n": counts[key], "cutoff": cutoff, "thread": thread_id} for key in ordered
-        ]
-        await self.conn.executemany(
-            "UPDATE blob_references SET refs = refs - :n + coalesce((SELECT"
-            " max(:cutoff - open_since, 0) FROM blob_runs"
-            " WHERE key = :key AND thread_id = :thread), 0) WHERE key = :key",
-            parameters,
-        )
-        await self.conn.executemany(
-            "UPDATE blob_runs SET open_since = :cutoff"
-            " WHERE key = :key AND thread_id = :thread AND open_since < :cutoff",
-            parameters,
-        )
+    async def subtract_counts(self, thread_id: str, deleted: Sequence[KeySet], cutoff: int) -> None:
+        # One set-based statement per deleted checkpoint, its runs left where
+        # they began (``refs + head_ordinal - open_since`` counts the same
+        # with ``refs`` one lower). Moving them too cost a statement per key
+        # and run: ~1.3 s to drop one 100,000-entry stash entry, now ~0.1 s.
+        for keys in deleted:
+            if keys:
+                await self.conn.execute(
+                    KEYS + "UPDATE blob_references SET refs = refs - 1"
+                    " WHERE key IN (SELECT key FROM ks)",
+                    key_params(keys),
+                )
 
     async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:
         if keys:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -361,25 +360,26 @@ class SqlCheckpointStore:
             kept_bases = {b for b, _ in loaded.rows.values() if b is not None} - set(loaded.rows)
             await tx.fetch_chains(sorted(kept_bases), loaded.rows)
 
-            def count_keys() -> Counter[bytes]:
-                counts: Counter[bytes] = Counter()
+            def deleted_keys() -> builtins.list[KeySet]:
+                """Each deleted checkpoint's distinct keys (natively, from its
+                manifest's digests: no Python object per key)."""
+                deleted: builtins.list[KeySet] = []
                 for checkpoint_id in ordered:
                     try:
                         content = documents.materialize(checkpoint_id, loaded.rows, loaded.memo)
-                        keys = content.blob_keys()
+                        deleted.append(KeySet.of_content(content))
                     except SandboxCheckpointDamagedError:
                         # Its keys are unknown: their counts stay one too high
                         # (a sweep keeps them; `check --repair` sets them).
                         continue
-                    counts.update(keys)
-                return counts
+                return deleted
 
-            counts = await asyncio.to_thread(paused, count_keys)
+            deleted = await asyncio.to_thread(paused, deleted_keys)
             await self._rewrite_dependents(tx, ordered, loaded)
             # Every kept checkpoint is on the head chain: ordinals ordinal-kept+1..ordinal.
             cutoff = state.ordinal - kept + 1
-            await tx.subtract_counts(thread_id, counts, cutoff)
-            await tx.forget_zero_counts(thread_id, KeySet.of(counts))
+            await tx.subtract_counts(thread_id, deleted, cutoff)
+            await tx.forget_zero_counts(thread_id, KeySet.union(deleted))
             await tx.mark_spent(spent_ids(ordered))
             return ordered
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -188,11 +188,12 @@ class WriteTx(Protocol):
         head lacked: open their runs at ``new``, counts unchanged."""
         ...
 
-    async def subtract_counts(
-        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
-    ) -> None:
-        """Prune: ``refs -= n`` per key, after moving a run that began before
-        ``cutoff`` (the oldest kept ordinal) up to it."""
+    async def subtract_counts(self, thread_id: str, deleted: Sequence[KeySet], cutoff: int) -> None:
+        """Prune: each key counted once less per deleted checkpoint that used
+        it (``deleted``: their distinct keys); ``cutoff`` is the oldest kept
+        ordinal, which a run that began before it may be moved up to (a
+        store may leave the run where it began and lower ``refs`` instead:
+        ``refs + ordinal - open_since`` counts the same)."""
         ...
 
     async def forget_zero_counts(self, thread_id: str, keys: KeySet) -> None:

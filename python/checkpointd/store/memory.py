@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ from ._core import (
     audited,
     checkpoints_of,
     damaged_of,
+    key_counts,
     offload,
     paused,
     repair_of,
@@ -329,9 +330,8 @@ class _MemoryTx:
         for key in keys.keys():
             self._set(runs, key, new)
 
-    async def subtract_counts(
-        self, thread_id: str, counts: Mapping[bytes, int], cutoff: int
-    ) -> None:
+    async def subtract_counts(self, thread_id: str, deleted: Sequence[KeySet], cutoff: int) -> None:
+        counts = key_counts(deleted)
         runs = self.t.runs.get(thread_id, {})
         for key, n in counts.items():
             open_since = runs.get(key)
