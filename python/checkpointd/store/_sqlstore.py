@@ -153,6 +153,18 @@ class SqlCheckpointStore:
             self._recent.put(checkpoint_id, version, content)
         return content
 
+    async def _cached_keys(self, tx: WriteTx, checkpoint_id: str | None) -> KeySet | None:
+        """A stored checkpoint's keys when this store's cache knows them
+        without reading its document (the head an append just wrote), else None."""
+        row = None if checkpoint_id is None else await tx.row(checkpoint_id)
+        if checkpoint_id is None or row is None:
+            return None
+        content = self._recent.get(checkpoint_id, row.version, summary_will_do=True)
+        digests = None if content is None else content.manifest.known_digests()
+        if content is None or digests is None:
+            return None
+        return KeySet(digests, tuple(sorted(content.artifact_keys())))
+
     async def _content_or_none(
         self, tx: WriteTx, checkpoint_id: str, version: int
     ) -> documents.Content | None:
@@ -379,7 +391,12 @@ class SqlCheckpointStore:
             # Every kept checkpoint is on the head chain: ordinals ordinal-kept+1..ordinal.
             cutoff = state.ordinal - kept + 1
             await tx.subtract_counts(thread_id, deleted, cutoff)
-            await tx.forget_zero_counts(thread_id, KeySet.union(deleted))
+            forgettable = KeySet.union(deleted)
+            # A key the head still uses has an open run: its count is not zero.
+            head_keys = await self._cached_keys(tx, state.head_id)
+            if head_keys is not None:
+                forgettable = forgettable.minus(head_keys)
+            await tx.forget_zero_counts(thread_id, forgettable)
             await tx.mark_spent(spent_ids(ordered))
             return ordered
 
