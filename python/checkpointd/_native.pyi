@@ -108,6 +108,9 @@ class ScanProgress:
 DEFAULT_EXCLUDES: tuple[str, ...]
 # Secrets shorter than this are refused: they would zero too much by accident.
 MIN_SECRET_LEN: int
+# Characters per row of ``decimal_rows``'s columns: four 10-digit integers and
+# the codec's digit.
+DECIMAL_ROW_CHARS: int
 
 class PolicyMatcher:
     """The declarative policy of docs/contract.md#capture, compiled once (gitignore dialect)."""

@@ -55,7 +55,7 @@ BLOB_PIECE_BYTES = 1 << 20
 # Characters per row of ``SqliteTx._index_columns``'s integers: pack id,
 # offset, length and raw size as 10 decimal digits each (< 2**32), then the
 # codec's digit (``_native.decimal_rows``).
-_ROW_CHARS = 41
+_ROW_CHARS = _native.DECIMAL_ROW_CHARS
 
 
 class SqliteTx:

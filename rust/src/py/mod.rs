@@ -57,6 +57,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STAGING_PREFIX", crate::restore::STAGING_PREFIX)?;
     m.add("CHUNK_CACHE_SUFFIX", crate::chunking::CACHE_SUFFIX)?;
     m.add("MIN_SECRET_LEN", crate::redact::MIN_SECRET_LEN)?;
+    m.add("DECIMAL_ROW_CHARS", pack::ROW_CHARS)?;
     m.add(
         "DEFAULT_EXCLUDES",
         PyTuple::new(m.py(), crate::policy::DEFAULT_EXCLUDES)?,

@@ -284,7 +284,7 @@ pub fn decimal_rows<'py>(
 }
 
 /// Characters per row of ``decimal_rows``'s columns.
-const ROW_CHARS: usize = 41;
+pub const ROW_CHARS: usize = 41;
 
 /// `value` as exactly 10 ASCII decimal digits, zero-padded (a u32 has at
 /// most 10): what `format!("{value:010}")` gives, without a String per value
