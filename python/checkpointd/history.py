@@ -198,6 +198,7 @@ async def _restore(
                 request.secrets,
                 always=undo,
                 discard=request.discard_live_changes,
+                keep=request.stash_keep,
             ),
             data_dir,
         )
@@ -220,6 +221,7 @@ async def _restore(
                     after_plan=hook.after_plan,
                 ),
             )
+            await hook.trimmed()
         finally:
             await hook.close()
         outcome.stashed, outcome.planned = hook.stashed, hook.planned
@@ -228,8 +230,6 @@ async def _restore(
             if outcome.recorded is not None and outcome.planned is not None:
                 planned = outcome.planned
                 record_base(planned.cache_path, planned.target_root, owner, outcome.recorded.id)
-        if outcome.stashed is not None and not outcome.stashed.resumed:
-            await _trim_stash(store, stash_thread_id(owner), request.stash_keep)
         return outcome
     finally:
         await lease.release()
@@ -297,15 +297,6 @@ async def _record(
     )
     await store.append(checkpoint, head_id, lease)
     return checkpoint
-
-
-async def _trim_stash(store: CheckpointStore, stash_thread: str, keep: int) -> None:
-    """Keep the newest ``keep`` stash entries (their blobs go at the next sweep)."""
-    stash_lease = await store.acquire_writer(stash_thread)
-    try:
-        await store.delete_checkpoints(stash_thread, keep, stash_lease)
-    finally:
-        await stash_lease.release()
 
 
 async def preview_with_history(
