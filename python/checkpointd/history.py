@@ -221,15 +221,14 @@ async def _restore(
                     after_plan=hook.after_plan,
                 ),
             )
+            outcome.stashed, outcome.planned = hook.stashed, hook.planned
+            if request.record and outcome.restored is not None:
+                await _record_restored(store, lease, owner, outcome)
+            # (An undo's trim starts only now: it may delete the entry just
+            # restored, which the record above still names.)
             await hook.trimmed()
         finally:
             await hook.close()
-        outcome.stashed, outcome.planned = hook.stashed, hook.planned
-        if request.record and outcome.restored is not None:
-            outcome.recorded = await _record(store, lease, owner, outcome.restored)
-            if outcome.recorded is not None and outcome.planned is not None:
-                planned = outcome.planned
-                record_base(planned.cache_path, planned.target_root, owner, outcome.recorded.id)
         return outcome
     finally:
         await lease.release()
@@ -266,6 +265,18 @@ async def _undo_target(
     ):
         return stash_thread, pending.checkpoint_id, subdir
     return stash_thread, newest.id, subdir
+
+
+async def _record_restored(
+    store: CheckpointStore, lease: WriterLease, owner: str, outcome: RestoreOutcome
+) -> None:
+    """``record``: the head follows the workspace (see ``_record``), and the
+    workspace's base is that new head."""
+    assert outcome.restored is not None
+    outcome.recorded = await _record(store, lease, owner, outcome.restored)
+    if outcome.recorded is not None and outcome.planned is not None:
+        planned = outcome.planned
+        record_base(planned.cache_path, planned.target_root, owner, outcome.recorded.id)
 
 
 async def _record(

@@ -134,6 +134,7 @@ class StashBeforeApply:
         self._decided: asyncio.Future[bool] | None = None
         self._task: asyncio.Future[_Step] | None = None
         self._trimming: asyncio.Future[None] | None = None
+        self._trim_due = False
 
     def after_plan(self, planned: PlannedRestore) -> None:
         self.planned = planned
@@ -156,11 +157,14 @@ class StashBeforeApply:
             return
         saved = result.checkpoint
         self.stashed = Stashed(saved, result.stats.blobs_uploaded, result.stats.bytes_uploaded)
-        # The oldest entries go while the restore applies (a prune of a
-        # 100,000-entry entry is ~0.3 s of the store's work, beside the
-        # renames); ``trimmed`` waits for it.
-        trim = trim_stash(self.store, saved.thread_id, self.request.keep)
-        self._trimming = asyncio.ensure_future(trim)
+        self._trim_due = True
+        if not self.request.always:
+            # The oldest entries go while the restore applies (a prune of a
+            # 100,000-entry entry is ~0.3 s of the store's work, beside the
+            # renames); ``trimmed`` waits for it. (An undo restores a stash
+            # entry: its trim waits for ``trimmed``.)
+            trim = trim_stash(self.store, saved.thread_id, self.request.keep)
+            self._trimming = asyncio.ensure_future(trim)
         record_restoring(
             planned.cache_path,
             planned.target_root,
@@ -169,11 +173,14 @@ class StashBeforeApply:
         )
 
     async def trimmed(self) -> None:
-        """Wait for the stash's trim that ``before_apply`` started (its error,
-        if any, is the caller's)."""
+        """Trim the stash after a new entry (or wait for the trim that
+        ``before_apply`` started); its error, if any, is the caller's."""
         trimming, self._trimming = self._trimming, None
+        due, self._trim_due = self._trim_due, False
         if trimming is not None:
             await trimming
+        elif due and self.stashed is not None:
+            await trim_stash(self.store, self.stashed.checkpoint.thread_id, self.request.keep)
 
     async def close(self) -> None:
         """Stop what ``after_plan`` started and let go of its lease (a restore

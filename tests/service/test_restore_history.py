@@ -259,6 +259,30 @@ async def test_the_stash_keeps_its_newest_and_survives_sweep_and_check(
         assert (root / "edited.txt").read_text() == "round 2\n"
 
 
+async def test_a_recorded_undo_with_one_stash_entry_kept_keeps_its_blobs(
+    daemons: DaemonFactory,
+) -> None:
+    """An undo restores a stash entry that its own trim deletes (one kept):
+    the head it records still names every blob, through a sweep."""
+    daemon = daemons.start(env={"CHECKPOINTD_STASH_KEEP": "1"})
+    root = daemon.workspace
+    async with daemon.client(timeout=120) as client:
+        first, _second = await _two_checkpoints(client, root, "t-one")
+        (root / "edited.txt").write_text("only in the stash\n" * 50)
+        await client.restore("t-one", checkpoint_id=first)
+        done = await client.undo("t-one", record=True)
+        assert done.HasField("recorded")
+        assert (root / "edited.txt").read_text() == "only in the stash\n" * 50
+        assert len(await _stash(client, "t-one")) == 1
+        await client.sweep(older_than_ms=0)
+        findings: list[pb.CheckEvent] = []
+        summary = await client.check(read_data=True, on_event=findings.append)
+        assert summary.ok, findings
+        (root / "edited.txt").unlink()
+        await client.restore("t-one")
+        assert (root / "edited.txt").read_text() == "only in the stash\n" * 50
+
+
 async def test_kill_between_the_stash_and_the_apply(daemons: DaemonFactory) -> None:
     daemon = daemons.start()
     root = daemon.workspace
