@@ -70,6 +70,37 @@ pub struct Dirty {
 }
 
 impl Dirty {
+    /// Whether a change at `path` is examined by a capture directed by this set.
+    pub fn covers(&self, path: &str) -> bool {
+        if self.everything.is_some() {
+            return true;
+        }
+        let (dir, name) = split(path);
+        if let Some(changes) = self.dirs.get(dir) {
+            if changes
+                .names
+                .as_ref()
+                .map_or(true, |n| n.contains(name.as_bytes()))
+            {
+                return true;
+            }
+        }
+        // Below a directory walked whole.
+        let mut at = dir;
+        while !at.is_empty() {
+            let (parent, name) = split(at);
+            if self
+                .dirs
+                .get(parent)
+                .is_some_and(|c| c.is_deep(name.as_bytes()))
+            {
+                return true;
+            }
+            at = parent;
+        }
+        false
+    }
+
     pub fn is_empty(&self) -> bool {
         self.dirs.is_empty() && self.everything.is_none()
     }

@@ -762,39 +762,6 @@ impl State {
     }
 }
 
-impl Dirty {
-    /// Whether a change at `path` is examined by a capture directed by this set.
-    pub fn covers(&self, path: &str) -> bool {
-        if self.everything.is_some() {
-            return true;
-        }
-        let (dir, name) = dirty::split(path);
-        if let Some(changes) = self.dirs.get(dir) {
-            if changes
-                .names
-                .as_ref()
-                .map_or(true, |n| n.contains(name.as_bytes()))
-            {
-                return true;
-            }
-        }
-        // Below a directory walked whole.
-        let mut at = dir;
-        while !at.is_empty() {
-            let (parent, name) = dirty::split(at);
-            if self
-                .dirs
-                .get(parent)
-                .is_some_and(|c| c.is_deep(name.as_bytes()))
-            {
-                return true;
-            }
-            at = parent;
-        }
-        false
-    }
-}
-
 /// `31000` as `31,000`.
 pub fn thousands(n: u64) -> String {
     let digits = n.to_string();
